@@ -1,0 +1,1 @@
+"""The hardware catalogue shared by the broker and the node agent. Standard library only."""

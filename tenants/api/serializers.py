@@ -1,0 +1,118 @@
+from rest_framework import serializers
+
+from tenants.choices import Role, TokenScope
+from tenants.models import ApiToken, Membership, Project, Quota, SloContract, SloCreditStep, Tenant, TenantQuota
+
+
+class StrictSerializer(serializers.Serializer):
+    """Input serializer that refuses fields it does not know, naming them."""
+
+    def to_internal_value(self, data):
+        if not isinstance(data, dict):
+            raise serializers.ValidationError({"body": ["Expected a JSON object."]})
+        unknown = sorted(set(data) - set(self.fields))
+        if unknown:
+            raise serializers.ValidationError({name: ["Unknown field."] for name in unknown})
+        return super().to_internal_value(data)
+
+
+class TenantOutput(serializers.ModelSerializer):
+    role = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Tenant
+        fields = ["slug", "name", "status", "billing_email", "currency", "created_at", "role"]
+
+    def get_role(self, obj) -> str:
+        return self.context["actor"].role
+
+
+class TenantUpdateInput(StrictSerializer):
+    name = serializers.CharField(required=False, max_length=200)
+    billing_email = serializers.EmailField(required=False)
+
+
+class ProjectOutput(serializers.ModelSerializer):
+    class Meta:
+        model = Project
+        fields = ["slug", "name", "description", "created_at"]
+
+
+class ProjectCreateInput(StrictSerializer):
+    slug = serializers.CharField(max_length=63)
+    name = serializers.CharField(max_length=200)
+    description = serializers.CharField(required=False, allow_blank=True, default="")
+
+
+class ProjectUpdateInput(StrictSerializer):
+    name = serializers.CharField(required=False, max_length=200)
+    description = serializers.CharField(required=False, allow_blank=True)
+
+
+class QuotaOutput(serializers.ModelSerializer):
+    project = serializers.SlugRelatedField(slug_field="slug", read_only=True)
+
+    class Meta:
+        model = Quota
+        fields = ["project", "tier", "deserved_gpu_milli", "limit_gpu_milli", "over_quota_weight"]
+
+
+class TenantQuotaOutput(serializers.ModelSerializer):
+    class Meta:
+        model = TenantQuota
+        fields = ["tier", "deserved_gpu_milli", "limit_gpu_milli"]
+
+
+class QuotasOutput(serializers.Serializer):
+    tenant = TenantQuotaOutput(many=True)
+    projects = QuotaOutput(many=True)
+
+
+class MembershipOutput(serializers.ModelSerializer):
+    username = serializers.CharField(source="user.username")
+    email = serializers.CharField(source="user.email")
+
+    class Meta:
+        model = Membership
+        fields = ["id", "username", "email", "role", "created_at"]
+
+
+class MembershipUpdateInput(StrictSerializer):
+    role = serializers.ChoiceField(choices=Role.choices)
+
+
+class ApiTokenOutput(serializers.ModelSerializer):
+    username = serializers.CharField(source="user.username")
+
+    class Meta:
+        model = ApiToken
+        fields = ["id", "name", "prefix", "scopes", "username", "created_at", "expires_at", "last_used_at",
+                  "revoked_at"]
+
+
+class ApiTokenCreatedOutput(ApiTokenOutput):
+    token = serializers.CharField(help_text="The secret. Shown once; store it now.")
+
+    class Meta(ApiTokenOutput.Meta):
+        fields = [*ApiTokenOutput.Meta.fields, "token"]
+
+
+class ApiTokenCreateInput(StrictSerializer):
+    name = serializers.CharField(max_length=100)
+    scopes = serializers.ListField(child=serializers.ChoiceField(choices=TokenScope.choices), min_length=1)
+    expires_at = serializers.DateTimeField(required=False, allow_null=True, default=None)
+
+
+class SloCreditStepOutput(serializers.ModelSerializer):
+    class Meta:
+        model = SloCreditStep
+        fields = ["metric", "threshold", "credit_pct"]
+
+
+class SloContractOutput(serializers.ModelSerializer):
+    credit_steps = SloCreditStepOutput(many=True)
+
+    class Meta:
+        model = SloContract
+        fields = ["id", "name", "effective_from", "effective_to", "time_to_gpu_p95_seconds",
+                  "availability_target_pct", "preemption_notice_seconds", "max_credit_pct", "credit_steps"]

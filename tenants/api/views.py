@@ -1,0 +1,155 @@
+"""Tenant-facing REST API: the tenant, projects, quotas, members, tokens and SLO contracts.
+
+Views parse input, fetch through the tenant-scoped selectors, call one service and render. Objects of
+another tenant are not found (404); actions the role does not allow are refused (403).
+"""
+
+from __future__ import annotations
+
+from drf_spectacular.utils import extend_schema
+from rest_framework import status
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from tenants import selectors, services
+from tenants.api import serializers as s
+
+
+def _paginate(view: APIView, request, queryset, serializer_class, **kwargs):
+    paginator = view.pagination_class() if view.pagination_class else None
+    if paginator is None:
+        return Response(serializer_class(queryset, many=True, **kwargs).data)
+    page = paginator.paginate_queryset(queryset, request, view=view)
+    return paginator.get_paginated_response(serializer_class(page, many=True, **kwargs).data)
+
+
+def _parse(serializer_class, request, **kwargs) -> dict:
+    serializer = serializer_class(data=request.data, **kwargs)
+    serializer.is_valid(raise_exception=True)
+    return serializer.validated_data
+
+
+class TenantApi(APIView):
+    write_action = "own"
+
+    @extend_schema(responses=s.TenantOutput, summary="The caller's tenant and role")
+    def get(self, request):
+        tenant = selectors.tenant_get(actor=request.actor)
+        return Response(s.TenantOutput(tenant, context={"actor": request.actor}).data)
+
+    @extend_schema(request=s.TenantUpdateInput, responses=s.TenantOutput, summary="Rename or change billing email")
+    def patch(self, request):
+        data = _parse(s.TenantUpdateInput, request)
+        tenant = services.tenant_update(actor=request.actor, **data)
+        return Response(s.TenantOutput(tenant, context={"actor": request.actor}).data)
+
+
+class ProjectListApi(APIView):
+    write_action = "manage"
+
+    @extend_schema(responses=s.ProjectOutput(many=True), summary="Projects (queues) of the tenant")
+    def get(self, request):
+        return _paginate(self, request, selectors.project_list(actor=request.actor), s.ProjectOutput)
+
+    @extend_schema(request=s.ProjectCreateInput, responses={201: s.ProjectOutput}, summary="Create a project")
+    def post(self, request):
+        data = _parse(s.ProjectCreateInput, request)
+        project = services.project_create(actor=request.actor, **data)
+        return Response(s.ProjectOutput(project).data, status=status.HTTP_201_CREATED)
+
+
+class ProjectDetailApi(APIView):
+    write_action = "manage"
+
+    @extend_schema(responses=s.ProjectOutput, summary="One project")
+    def get(self, request, slug: str):
+        return Response(s.ProjectOutput(selectors.project_get(actor=request.actor, slug=slug)).data)
+
+    @extend_schema(request=s.ProjectUpdateInput, responses=s.ProjectOutput, summary="Update a project")
+    def patch(self, request, slug: str):
+        project = selectors.project_get(actor=request.actor, slug=slug)
+        data = _parse(s.ProjectUpdateInput, request)
+        return Response(s.ProjectOutput(services.project_update(actor=request.actor, project=project, **data)).data)
+
+    @extend_schema(responses={204: None}, summary="Delete a project")
+    def delete(self, request, slug: str):
+        project = selectors.project_get(actor=request.actor, slug=slug)
+        services.project_delete(actor=request.actor, project=project)
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+class QuotaListApi(APIView):
+    @extend_schema(responses=s.QuotasOutput, summary="Tenant-level and per-project quotas (milli-GPU)")
+    def get(self, request):
+        project_slug = request.query_params.get("project")
+        project = selectors.project_get(actor=request.actor, slug=project_slug) if project_slug else None
+        return Response({
+            "tenant": s.TenantQuotaOutput(selectors.tenant_quota_list(actor=request.actor), many=True).data,
+            "projects": s.QuotaOutput(selectors.quota_list(actor=request.actor, project=project), many=True).data,
+        })
+
+
+class MemberListApi(APIView):
+    @extend_schema(responses=s.MembershipOutput(many=True), summary="Members of the tenant and their roles")
+    def get(self, request):
+        return _paginate(self, request, selectors.membership_list(actor=request.actor), s.MembershipOutput)
+
+
+class MemberDetailApi(APIView):
+    def required_action(self, request) -> str:
+        if request.method == "DELETE":
+            return "view"  # leaving the tenant yourself; removing others is checked by the service
+        return "view" if request.method in ("GET", "HEAD", "OPTIONS") else "manage"
+
+    @extend_schema(responses=s.MembershipOutput, summary="One member")
+    def get(self, request, pk: int):
+        return Response(s.MembershipOutput(selectors.membership_get(actor=request.actor, pk=pk)).data)
+
+    @extend_schema(request=s.MembershipUpdateInput, responses=s.MembershipOutput, summary="Change a member's role")
+    def patch(self, request, pk: int):
+        membership = selectors.membership_get(actor=request.actor, pk=pk)
+        data = _parse(s.MembershipUpdateInput, request)
+        membership = services.membership_change_role(actor=request.actor, membership=membership, role=data["role"])
+        return Response(s.MembershipOutput(membership).data)
+
+    @extend_schema(responses={204: None}, summary="Remove a member (their tokens are revoked)")
+    def delete(self, request, pk: int):
+        membership = selectors.membership_get(actor=request.actor, pk=pk)
+        services.membership_remove(actor=request.actor, membership=membership)
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+class TokenListApi(APIView):
+    write_action = "view"  # anyone may create their own tokens; the service caps the scopes by role
+
+    @extend_schema(responses=s.ApiTokenOutput(many=True), summary="API tokens (own; admins see all)")
+    def get(self, request):
+        return _paginate(self, request, selectors.api_token_list(actor=request.actor), s.ApiTokenOutput)
+
+    @extend_schema(request=s.ApiTokenCreateInput, responses={201: s.ApiTokenCreatedOutput},
+                   summary="Create a token; the secret is in the response, once")
+    def post(self, request):
+        data = _parse(s.ApiTokenCreateInput, request)
+        token, secret = services.api_token_create(actor=request.actor, **data)
+        body = s.ApiTokenOutput(token).data
+        body["token"] = secret
+        return Response(body, status=status.HTTP_201_CREATED)
+
+
+class TokenDetailApi(APIView):
+    write_action = "view"  # own tokens; the service requires `manage` for others'
+
+    @extend_schema(responses=s.ApiTokenOutput, summary="One token (never its secret)")
+    def get(self, request, pk: int):
+        return Response(s.ApiTokenOutput(selectors.api_token_get(actor=request.actor, pk=pk)).data)
+
+    @extend_schema(responses=s.ApiTokenOutput, summary="Revoke a token")
+    def delete(self, request, pk: int):
+        token = selectors.api_token_get(actor=request.actor, pk=pk)
+        return Response(s.ApiTokenOutput(services.api_token_revoke(actor=request.actor, token=token)).data)
+
+
+class SloContractListApi(APIView):
+    @extend_schema(responses=s.SloContractOutput(many=True), summary="SLO contracts of the tenant")
+    def get(self, request):
+        return _paginate(self, request, selectors.slo_contract_list(actor=request.actor), s.SloContractOutput)

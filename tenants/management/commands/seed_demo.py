@@ -1,0 +1,99 @@
+"""Seed a demo: two tenants with projects, quotas, SLO contracts, members and a platform admin.
+
+Idempotent: a second run changes nothing and prints the same credentials. Passwords are generated on
+the first run and kept in ``var/demo-credentials.json`` (mode 0600) so later runs can print them.
+"""
+
+import json
+import secrets
+from datetime import UTC, datetime
+from decimal import Decimal
+
+from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.core.management.base import BaseCommand
+
+from tenants import services
+from tenants.models import Membership, Project, Quota, SloContract, Tenant, TenantQuota
+
+DEMO = {
+    "acme": {
+        "name": "Acme Research", "currency": "USD",
+        "quotas": {"H100-80GB": (16000, 24000), "A100-80GB": (8000, 16000), "L4": (4000, 8000)},
+        "projects": {
+            "vision": ("Vision models", {"H100-80GB": (8000, 16000, 2), "A100-80GB": (4000, 8000, 1)}),
+            "llm": ("LLM fine-tuning", {"H100-80GB": (8000, 24000, 3), "L4": (4000, 8000, 1)}),
+        },
+        "members": {"alice": "owner", "adam": "member", "vera": "viewer"},
+    },
+    "globex": {
+        "name": "Globex AI", "currency": "EUR",
+        "quotas": {"H100-80GB": (8000, 16000), "L4": (8000, 8000)},
+        "projects": {
+            "inference": ("Inference fleet", {"L4": (8000, 8000, 1), "H100-80GB": (2000, 8000, 1)}),
+            "research": ("Research", {"H100-80GB": (6000, 16000, 1)}),
+        },
+        "members": {"carol": "owner", "dan": "member"},
+    },
+}
+
+
+class Command(BaseCommand):
+    help = "Create the demo tenants, projects, quotas, SLO contracts and users (idempotent)."
+
+    def handle(self, *args, **opts):
+        credentials = self._credentials()
+        User = get_user_model()
+        admin = User.objects.filter(username="admin").first()
+        if admin is None:
+            admin = User.objects.create_superuser("admin", "admin@gpubroker.example", credentials["admin"])
+        for slug, spec in DEMO.items():
+            tenant = Tenant.objects.filter(slug=slug).first() or services.tenant_create(
+                name=spec["name"], slug=slug, billing_email=f"billing@{slug}.example", currency=spec["currency"],
+                by_user=admin,
+            )
+            for tier, (deserved, limit) in spec["quotas"].items():
+                if not TenantQuota.objects.filter(tenant=tenant, tier=tier).exists():
+                    services.tenant_quota_set(tenant=tenant, tier=tier, deserved_gpu_milli=deserved,
+                                              limit_gpu_milli=limit, by_user=admin)
+            for project_slug, (name, quotas) in spec["projects"].items():
+                project = Project.objects.filter(tenant=tenant, slug=project_slug).first()
+                if project is None:
+                    project = Project.objects.create(tenant=tenant, slug=project_slug, name=name)
+                for tier, (deserved, limit, weight) in quotas.items():
+                    if not Quota.objects.filter(project=project, tier=tier).exists():
+                        services.quota_set(project=project, tier=tier, deserved_gpu_milli=deserved,
+                                           limit_gpu_milli=limit, over_quota_weight=weight, by_user=admin)
+            for username, role in spec["members"].items():
+                user, created = services.user_get_or_create(username=username, email=f"{username}@{slug}.example",
+                                                            password=credentials["users"])
+                if not Membership.objects.filter(user=user, tenant=tenant).exists():
+                    services.membership_add(tenant=tenant, user=user, role=role, by_user=admin)
+            if not SloContract.objects.filter(tenant=tenant).exists():
+                services.slo_contract_create(
+                    tenant=tenant, name="Standard", effective_from=datetime(2026, 1, 1, tzinfo=UTC),
+                    effective_to=None, time_to_gpu_p95_seconds=60, availability_target_pct=Decimal("99.5"),
+                    preemption_notice_seconds=120,
+                    credit_steps=[
+                        {"metric": "availability", "threshold": "99.5", "credit_pct": "10"},
+                        {"metric": "availability", "threshold": "99.0", "credit_pct": "25"},
+                        {"metric": "time_to_gpu_p95", "threshold": "60", "credit_pct": "10"},
+                        {"metric": "time_to_gpu_p95", "threshold": "300", "credit_pct": "25"},
+                    ],
+                    by_user=admin,
+                )
+        self.stdout.write("Demo data ready:")
+        self.stdout.write(f"  platform admin: admin / {credentials['admin']}")
+        for slug, spec in DEMO.items():
+            people = ", ".join(f"{u} ({r})" for u, r in spec["members"].items())
+            self.stdout.write(f"  {slug}: {people}; password {credentials['users']}")
+
+    def _credentials(self) -> dict:
+        path = settings.VAR_DIR / "demo-credentials.json"
+        if path.exists():
+            return json.loads(path.read_text())
+        settings.VAR_DIR.mkdir(exist_ok=True)
+        data = {"admin": secrets.token_urlsafe(12), "users": secrets.token_urlsafe(9)}
+        path.write_text(json.dumps(data))
+        path.chmod(0o600)
+        return data

@@ -1,0 +1,307 @@
+"""Tenants, their projects (queues), members, API tokens, quotas and SLO contracts.
+
+Every rule that the database can hold is a constraint here, so that two racing workers or a stray
+script cannot break it: slugs and currency codes by CHECK, uniqueness per tenant, ``limit >= deserved``,
+non-overlapping SLO contracts by an exclusion constraint, and the two-level quota bound (the sum of a
+tenant's project quotas within the tenant quota) by a constraint trigger (migration 0002).
+
+Each tenant-owned model names the lookup from itself to its tenant in ``tenant_lookup``; the one
+scoping helper (``tenants.access.restrict``) uses it, so no view writes its own tenant filter.
+"""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.contrib.postgres.constraints import ExclusionConstraint
+from django.contrib.postgres.fields import ArrayField, DateTimeRangeField, RangeBoundary, RangeOperators
+from django.db import models
+from django.db.models import F, Func, Q
+from django.utils import timezone
+
+from tenants.choices import CURRENCIES, Role, SloMetric, TenantStatus, TokenScope
+
+SLUG_REGEX = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"
+
+
+class TsTzRange(Func):
+    function = "TSTZRANGE"
+    output_field = DateTimeRangeField()
+
+
+class Tenant(models.Model):
+    """An organisation that leases GPU capacity and receives one invoice per month.
+
+    A suspended tenant keeps read access but can start no new work.
+    """
+
+    tenant_lookup = ""
+
+    name = models.CharField(max_length=200)
+    slug = models.SlugField(max_length=63, unique=True)
+    status = models.CharField(max_length=16, choices=TenantStatus.choices, default=TenantStatus.ACTIVE)
+    billing_email = models.EmailField()
+    currency = models.CharField(max_length=3, default="USD")
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["slug"]
+        constraints = [
+            models.CheckConstraint(condition=Q(slug__regex=SLUG_REGEX), name="tenant_slug_format"),
+            models.CheckConstraint(condition=Q(status__in=TenantStatus.values), name="tenant_status_valid"),
+            models.CheckConstraint(condition=Q(currency__in=CURRENCIES), name="tenant_currency_iso4217"),
+            models.CheckConstraint(condition=Q(name__regex=r"\S"), name="tenant_name_not_blank"),
+            models.CheckConstraint(condition=Q(billing_email__contains="@"), name="tenant_billing_email_format"),
+        ]
+
+    def __str__(self) -> str:
+        return self.slug
+
+    @property
+    def is_active(self) -> bool:
+        return self.status == TenantStatus.ACTIVE
+
+
+class Project(models.Model):
+    """A queue inside a tenant: leases are requested for a project and counted against its quotas."""
+
+    tenant_lookup = "tenant"
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="projects")
+    slug = models.SlugField(max_length=63)
+    name = models.CharField(max_length=200)
+    description = models.TextField(blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["tenant_id", "slug"]
+        constraints = [
+            models.UniqueConstraint(fields=["tenant", "slug"], name="project_slug_unique_per_tenant"),
+            models.CheckConstraint(condition=Q(slug__regex=SLUG_REGEX), name="project_slug_format"),
+            models.CheckConstraint(condition=Q(name__regex=r"\S"), name="project_name_not_blank"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.tenant_id}/{self.slug}"
+
+
+class Membership(models.Model):
+    """A user's role in one tenant. A user may belong to several tenants."""
+
+    tenant_lookup = "tenant"
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="memberships")
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="memberships")
+    role = models.CharField(max_length=16, choices=Role.choices, default=Role.MEMBER)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["tenant_id", "user_id"]
+        constraints = [
+            models.UniqueConstraint(fields=["user", "tenant"], name="membership_unique_user_tenant"),
+            models.CheckConstraint(condition=Q(role__in=Role.values), name="membership_role_valid"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.user_id}@{self.tenant_id}:{self.role}"
+
+
+class ApiToken(models.Model):
+    """A bearer token acting for one member in one tenant.
+
+    The secret is shown once at creation; only its SHA-256 is stored, and the ``prefix`` is kept for
+    display and lookup. A token's power is the member's current role, narrowed by its scopes
+    (``read`` alone never writes). Revocation and expiry take effect on the next request.
+    """
+
+    tenant_lookup = "tenant"
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="api_tokens")
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="api_tokens")
+    name = models.CharField(max_length=100)
+    prefix = models.CharField(max_length=16, unique=True)
+    secret_hash = models.CharField(max_length=64, unique=True)
+    scopes = ArrayField(models.CharField(max_length=8, choices=TokenScope.choices), size=2)
+    created_at = models.DateTimeField(default=timezone.now)
+    expires_at = models.DateTimeField(null=True, blank=True)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["tenant_id", "-created_at", "id"]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(scopes__contained_by=TokenScope.values) & Q(scopes__len__gte=1),
+                name="apitoken_scopes_valid",
+            ),
+            models.CheckConstraint(condition=Q(secret_hash__regex=r"^[0-9a-f]{64}$"), name="apitoken_hash_sha256"),
+            models.CheckConstraint(condition=Q(prefix__regex=r"^[a-z0-9]{8,16}$"), name="apitoken_prefix_format"),
+            models.CheckConstraint(
+                condition=Q(expires_at__isnull=True) | Q(expires_at__gt=F("created_at")),
+                name="apitoken_expires_after_creation",
+            ),
+            models.CheckConstraint(
+                condition=Q(revoked_at__isnull=True) | Q(revoked_at__gte=F("created_at")),
+                name="apitoken_revoked_after_creation",
+            ),
+            models.CheckConstraint(condition=Q(name__regex=r"\S"), name="apitoken_name_not_blank"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.prefix} ({self.name})"
+
+
+class TenantQuota(models.Model):
+    """The tenant-level bound per GPU tier. The sum of the tenant's project ``deserved`` stays within
+    this ``deserved``, and no project ``limit`` exceeds this ``limit`` (constraint trigger)."""
+
+    tenant_lookup = "tenant"
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="tenant_quotas")
+    tier = models.CharField(max_length=32)
+    deserved_gpu_milli = models.PositiveBigIntegerField()
+    limit_gpu_milli = models.PositiveBigIntegerField()
+
+    class Meta:
+        ordering = ["tenant_id", "tier"]
+        constraints = [
+            models.UniqueConstraint(fields=["tenant", "tier"], name="tenantquota_unique_tier"),
+            models.CheckConstraint(condition=Q(limit_gpu_milli__gte=F("deserved_gpu_milli")),
+                                   name="tenantquota_limit_gte_deserved"),
+            models.CheckConstraint(condition=Q(tier__regex=r"^[A-Za-z0-9][A-Za-z0-9.-]*$"),
+                                   name="tenantquota_tier_format"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.tenant_id}:{self.tier}"
+
+
+class Quota(models.Model):
+    """A project's share of one GPU tier, in milli-GPU (a whole GPU is 1000, a 3g MIG slice 3000/7).
+
+    ``deserved`` is guaranteed and non-preemptible, ``limit`` is never exceeded, and
+    ``over_quota_weight`` is the project's weight when idle capacity is divided among over-quota
+    demand (0: the project never borrows).
+    """
+
+    tenant_lookup = "project__tenant"
+
+    project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="quotas")
+    tier = models.CharField(max_length=32)
+    deserved_gpu_milli = models.PositiveBigIntegerField()
+    limit_gpu_milli = models.PositiveBigIntegerField()
+    over_quota_weight = models.PositiveIntegerField(default=1)
+
+    class Meta:
+        ordering = ["project_id", "tier"]
+        constraints = [
+            models.UniqueConstraint(fields=["project", "tier"], name="quota_unique_project_tier"),
+            models.CheckConstraint(condition=Q(limit_gpu_milli__gte=F("deserved_gpu_milli")),
+                                   name="quota_limit_gte_deserved"),
+            models.CheckConstraint(condition=Q(over_quota_weight__lte=1000), name="quota_weight_range"),
+            models.CheckConstraint(condition=Q(tier__regex=r"^[A-Za-z0-9][A-Za-z0-9.-]*$"),
+                                   name="quota_tier_format"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.project_id}:{self.tier}"
+
+
+class SloContract(models.Model):
+    """Service-level targets a tenant buys for a period, with the credits owed when they are missed.
+
+    Contracts of one tenant never overlap in time (exclusion constraint); ``effective_to`` null means
+    open-ended.
+    """
+
+    tenant_lookup = "tenant"
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="slo_contracts")
+    name = models.CharField(max_length=100)
+    effective_from = models.DateTimeField()
+    effective_to = models.DateTimeField(null=True, blank=True)
+    time_to_gpu_p95_seconds = models.PositiveIntegerField(help_text="In-quota requests: p95 request→ACTIVE.")
+    availability_target_pct = models.DecimalField(max_digits=6, decimal_places=3)
+    preemption_notice_seconds = models.PositiveIntegerField(help_text="Minimum notice before preemption.")
+    max_credit_pct = models.DecimalField(max_digits=5, decimal_places=2, default=100)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["tenant_id", "effective_from"]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(effective_to__isnull=True) | Q(effective_to__gt=F("effective_from")),
+                name="slocontract_period_ordered",
+            ),
+            models.CheckConstraint(
+                condition=Q(availability_target_pct__gt=0) & Q(availability_target_pct__lte=100),
+                name="slocontract_availability_pct_range",
+            ),
+            models.CheckConstraint(condition=Q(time_to_gpu_p95_seconds__gt=0), name="slocontract_ttg_positive"),
+            models.CheckConstraint(
+                condition=Q(max_credit_pct__gt=0) & Q(max_credit_pct__lte=100), name="slocontract_max_credit_range"
+            ),
+            ExclusionConstraint(
+                name="slocontract_no_overlap_per_tenant",
+                expressions=[
+                    (TsTzRange("effective_from", "effective_to", RangeBoundary()), RangeOperators.OVERLAPS),
+                    ("tenant", RangeOperators.EQUAL),
+                ],
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.tenant_id}:{self.name}"
+
+
+class SloCreditStep(models.Model):
+    """One step of a contract's credit schedule: when ``metric`` crosses ``threshold`` (above it for
+    time-to-GPU seconds, below it for percentages) the tenant is credited ``credit_pct`` of the period's
+    charges. The largest step reached per metric applies; the sum is capped by ``max_credit_pct``."""
+
+    tenant_lookup = "contract__tenant"
+
+    contract = models.ForeignKey(SloContract, on_delete=models.CASCADE, related_name="credit_steps")
+    metric = models.CharField(max_length=24, choices=SloMetric.choices)
+    threshold = models.DecimalField(max_digits=10, decimal_places=3)
+    credit_pct = models.DecimalField(max_digits=5, decimal_places=2)
+
+    class Meta:
+        ordering = ["contract_id", "metric", "threshold"]
+        constraints = [
+            models.UniqueConstraint(fields=["contract", "metric", "threshold"], name="slocreditstep_unique"),
+            models.CheckConstraint(condition=Q(metric__in=SloMetric.values), name="slocreditstep_metric_valid"),
+            models.CheckConstraint(condition=Q(threshold__gte=0), name="slocreditstep_threshold_nonnegative"),
+            models.CheckConstraint(
+                condition=Q(credit_pct__gt=0) & Q(credit_pct__lte=100), name="slocreditstep_credit_range"
+            ),
+            models.CheckConstraint(
+                condition=Q(metric=SloMetric.TIME_TO_GPU_P95) | Q(threshold__lte=100),
+                name="slocreditstep_pct_threshold_range",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.metric}<{self.threshold}:{self.credit_pct}%"
+
+
+
+class AuditEvent(models.Model):
+    """Append-only record of a change made by a service: who, what, when. A trigger (migration 0002)
+    refuses UPDATE and DELETE, so history cannot be rewritten."""
+
+    tenant_lookup = "tenant"
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, null=True, related_name="audit_events")
+    actor = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, null=True, related_name="+")
+    action = models.CharField(max_length=64)
+    target = models.CharField(max_length=200)
+    data = models.JSONField(default=dict, blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        indexes = [models.Index(fields=["tenant", "-created_at"], name="auditevent_tenant_time")]
+
+    def __str__(self) -> str:
+        return f"{self.created_at:%Y-%m-%d %H:%M} {self.action} {self.target}"

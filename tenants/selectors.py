@@ -1,0 +1,98 @@
+"""Readers. Every tenant-facing query is built here on ``tenants.access.restrict``."""
+
+from __future__ import annotations
+
+from django.db.models import QuerySet
+
+from config.errors import NotFound
+from tenants.access import Actor, restrict
+from tenants.choices import Role
+from tenants.models import ApiToken, Membership, Project, Quota, SloContract, Tenant, TenantQuota
+
+SESSION_TENANT_KEY = "tenant_slug"
+
+
+def membership_list_for_user(*, user) -> QuerySet[Membership]:
+    if not user.is_authenticated:
+        return Membership.objects.none()
+    return Membership.objects.filter(user=user).select_related("tenant").order_by("tenant__slug")
+
+
+def actor_for_request(request) -> Actor | None:
+    """The actor behind a request: the token's tenant for API tokens, else the session's chosen tenant
+    (the first one the user belongs to when none was chosen)."""
+    cached = getattr(request, "_cached_actor", None)
+    if cached is not None and cached.user == request.user:
+        return cached
+    token = getattr(request, "auth", None)
+    if isinstance(token, ApiToken):
+        actor = Actor(user=request.user, tenant=token.tenant, role=Role(token.role),
+                      scopes=frozenset(token.scopes), token=token)
+    else:
+        memberships = list(membership_list_for_user(user=request.user))
+        if not memberships:
+            return None
+        chosen = request.session.get(SESSION_TENANT_KEY) if hasattr(request, "session") else None
+        membership = next((m for m in memberships if m.tenant.slug == chosen), memberships[0])
+        actor = Actor(user=request.user, tenant=membership.tenant, role=Role(membership.role))
+    request._cached_actor = actor
+    from config.logging import tenant_var
+
+    tenant_var.set(actor.tenant.slug)
+    return actor
+
+
+def tenant_get(*, actor: Actor) -> Tenant:
+    return restrict(Tenant.objects.all(), actor).get()
+
+
+def project_list(*, actor: Actor) -> QuerySet[Project]:
+    return restrict(Project.objects.all(), actor).order_by("slug")
+
+
+def project_get(*, actor: Actor, slug: str) -> Project:
+    project = project_list(actor=actor).filter(slug=slug).first()
+    if project is None:
+        raise NotFound(f"No project '{slug}' in this tenant.", field="project")
+    return project
+
+
+def quota_list(*, actor: Actor, project: Project | None = None) -> QuerySet[Quota]:
+    quotas = restrict(Quota.objects.select_related("project"), actor)
+    if project is not None:
+        quotas = quotas.filter(project=project)
+    return quotas.order_by("project__slug", "tier")
+
+
+def tenant_quota_list(*, actor: Actor) -> QuerySet[TenantQuota]:
+    return restrict(TenantQuota.objects.all(), actor).order_by("tier")
+
+
+def membership_list(*, actor: Actor) -> QuerySet[Membership]:
+    return restrict(Membership.objects.select_related("user"), actor).order_by("user__username")
+
+
+def membership_get(*, actor: Actor, pk: int) -> Membership:
+    membership = membership_list(actor=actor).filter(pk=pk).first()
+    if membership is None:
+        raise NotFound("No such member in this tenant.")
+    return membership
+
+
+def api_token_list(*, actor: Actor) -> QuerySet[ApiToken]:
+    """Admins see every token of the tenant; others only their own."""
+    tokens = restrict(ApiToken.objects.select_related("user"), actor)
+    if not actor.can("manage"):
+        tokens = tokens.filter(user=actor.user)
+    return tokens.order_by("-created_at", "id")
+
+
+def api_token_get(*, actor: Actor, pk: int) -> ApiToken:
+    token = api_token_list(actor=actor).filter(pk=pk).first()
+    if token is None:
+        raise NotFound("No such token.")
+    return token
+
+
+def slo_contract_list(*, actor: Actor) -> QuerySet[SloContract]:
+    return restrict(SloContract.objects.prefetch_related("credit_steps"), actor).order_by("-effective_from")

@@ -1,0 +1,436 @@
+"""The only writers of tenant data. Each top-level service is one durable transaction that also
+writes its ``AuditEvent``; input is validated first and errors name the field, so nothing is
+half-written. The database constraints behind them are the last line of defence against races."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from decimal import Decimal
+
+from django.contrib.auth import get_user_model
+from django.core.exceptions import ValidationError as DjangoValidationError
+from django.core.validators import validate_email
+from django.db import IntegrityError, transaction
+from django.db.models import Q, Sum
+from django.utils import timezone
+
+from config.errors import Conflict, PermissionDenied, QuotaExceeded, ValidationFailed
+from gpus.catalogue import UnknownModel, model_get
+from tenants.access import Actor
+from tenants.choices import CURRENCIES, ROLE_RANK, Role, SloMetric, TenantStatus, TokenScope
+from tenants.models import (
+    ApiToken,
+    AuditEvent,
+    Membership,
+    Project,
+    Quota,
+    SloContract,
+    SloCreditStep,
+    Tenant,
+    TenantQuota,
+)
+from tenants.tokens import token_generate
+
+SLUG_HELP = "lowercase letters, digits and hyphens, 1-63 characters, not starting or ending with a hyphen"
+MAX_TOKEN_LIFETIME = timedelta(days=366)
+
+
+def _audit(*, tenant: Tenant | None, actor_user, action: str, target: str, **data) -> None:
+    AuditEvent.objects.create(
+        tenant=tenant, actor=actor_user if actor_user and actor_user.is_authenticated else None,
+        action=action, target=target, data=data,
+    )
+
+
+def _validate_slug(value: str, field: str) -> str:
+    import re
+
+    from tenants.models import SLUG_REGEX
+
+    if not isinstance(value, str) or not re.match(SLUG_REGEX, value):
+        raise ValidationFailed(f"{field} must be {SLUG_HELP}.", field=field)
+    return value
+
+
+def _validate_name(value: str, field: str = "name", max_length: int = 200) -> str:
+    value = (value or "").strip()
+    if not value:
+        raise ValidationFailed(f"{field} must not be blank.", field=field)
+    if len(value) > max_length:
+        raise ValidationFailed(f"{field} must be at most {max_length} characters.", field=field)
+    return value
+
+
+def _validate_tier(tier: str) -> str:
+    try:
+        return model_get(tier).code
+    except UnknownModel as exc:
+        raise ValidationFailed(str(exc.args[0]), field="tier") from None
+
+
+def _validate_milli(value, field: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValidationFailed(f"{field} must be a whole number of milli-GPU >= 0.", field=field)
+    return value
+
+
+# --- tenants -----------------------------------------------------------------------------------
+
+
+def tenant_create(*, name: str, slug: str, billing_email: str, currency: str = "USD", by_user=None) -> Tenant:
+    """Create an active tenant. Slug and currency are checked here and by the database."""
+    name = _validate_name(name)
+    _validate_slug(slug, "slug")
+    try:
+        validate_email(billing_email)
+    except DjangoValidationError:
+        raise ValidationFailed("billing_email must be an email address.", field="billing_email") from None
+    if currency not in CURRENCIES:
+        raise ValidationFailed(f"currency must be one of {', '.join(CURRENCIES)}.", field="currency")
+    with transaction.atomic(durable=True):
+        if Tenant.objects.filter(slug=slug).exists():
+            raise Conflict(f"A tenant with slug '{slug}' already exists.", field="slug")
+        tenant = Tenant.objects.create(name=name, slug=slug, billing_email=billing_email, currency=currency)
+        _audit(tenant=tenant, actor_user=by_user, action="tenant.create", target=slug)
+    return tenant
+
+
+def tenant_set_status(*, tenant: Tenant, status: str, by_user=None, reason: str = "") -> Tenant:
+    """Suspend or reactivate a tenant (platform staff). Conditional update: concurrent calls converge."""
+    if status not in TenantStatus.values:
+        raise ValidationFailed(f"status must be one of {', '.join(TenantStatus.values)}.", field="status")
+    with transaction.atomic(durable=True):
+        changed = Tenant.objects.filter(pk=tenant.pk).exclude(status=status).update(
+            status=status, updated_at=timezone.now()
+        )
+        if changed:
+            _audit(tenant=tenant, actor_user=by_user, action=f"tenant.{status}", target=tenant.slug, reason=reason)
+    tenant.refresh_from_db()
+    return tenant
+
+
+def tenant_update(*, actor: Actor, name: str | None = None, billing_email: str | None = None) -> Tenant:
+    actor.require("own")
+    changes = {}
+    if name is not None:
+        changes["name"] = _validate_name(name)
+    if billing_email is not None:
+        try:
+            validate_email(billing_email)
+        except DjangoValidationError:
+            raise ValidationFailed("billing_email must be an email address.", field="billing_email") from None
+        changes["billing_email"] = billing_email
+    with transaction.atomic(durable=True):
+        if changes:
+            Tenant.objects.filter(pk=actor.tenant.pk).update(**changes, updated_at=timezone.now())
+            _audit(tenant=actor.tenant, actor_user=actor.user, action="tenant.update", target=actor.tenant.slug,
+                   fields=sorted(changes))
+    return Tenant.objects.get(pk=actor.tenant.pk)
+
+
+# --- projects ----------------------------------------------------------------------------------
+
+
+def project_create(*, actor: Actor, slug: str, name: str, description: str = "") -> Project:
+    actor.require("manage")
+    _validate_slug(slug, "slug")
+    name = _validate_name(name)
+    with transaction.atomic(durable=True):
+        if Project.objects.filter(tenant=actor.tenant, slug=slug).exists():
+            raise Conflict(f"Project '{slug}' already exists in this tenant.", field="slug")
+        project = Project.objects.create(tenant=actor.tenant, slug=slug, name=name, description=description or "")
+        _audit(tenant=actor.tenant, actor_user=actor.user, action="project.create", target=slug)
+    return project
+
+
+def project_update(*, actor: Actor, project: Project, name: str | None = None,
+                   description: str | None = None) -> Project:
+    actor.require("manage")
+    changes = {}
+    if name is not None:
+        changes["name"] = _validate_name(name)
+    if description is not None:
+        changes["description"] = description
+    with transaction.atomic(durable=True):
+        if changes:
+            Project.objects.filter(pk=project.pk, tenant=actor.tenant).update(**changes)
+            _audit(tenant=actor.tenant, actor_user=actor.user, action="project.update", target=project.slug,
+                   fields=sorted(changes))
+    project.refresh_from_db()
+    return project
+
+
+def project_delete(*, actor: Actor, project: Project) -> None:
+    """Delete a project and its quotas. Refused (409) while anything still references it."""
+    actor.require("manage")
+    from django.db.models import ProtectedError
+
+    try:
+        with transaction.atomic(durable=True):
+            Project.objects.filter(pk=project.pk, tenant=actor.tenant).delete()
+            _audit(tenant=actor.tenant, actor_user=actor.user, action="project.delete", target=project.slug)
+    except ProtectedError:
+        raise Conflict(f"Project '{project.slug}' still has leases or usage; it cannot be deleted.",
+                       field="project") from None
+
+
+# --- members -----------------------------------------------------------------------------------
+
+
+def membership_add(*, tenant: Tenant, user, role: str, by_user=None) -> Membership:
+    """Add a user to a tenant (or change nothing if already a member with that role)."""
+    if role not in Role.values:
+        raise ValidationFailed(f"role must be one of {', '.join(Role.values)}.", field="role")
+    with transaction.atomic(durable=True):
+        membership, created = Membership.objects.get_or_create(user=user, tenant=tenant, defaults={"role": role})
+        if not created and membership.role != role:
+            raise Conflict(f"{user.get_username()} is already a {membership.role} of '{tenant.slug}'.",
+                           field="user")
+        if created:
+            _audit(tenant=tenant, actor_user=by_user, action="member.add", target=user.get_username(), role=role)
+    return membership
+
+
+def _ensure_owner_remains(tenant: Tenant, leaving: Membership) -> None:
+    owners = (Membership.objects.select_for_update().filter(tenant=tenant, role=Role.OWNER)
+              .order_by("pk").values_list("pk", flat=True))
+    if list(owners) == [leaving.pk]:
+        raise Conflict("A tenant must keep at least one owner.", field="role")
+
+
+def membership_change_role(*, actor: Actor, membership: Membership, role: str) -> Membership:
+    """Admins change roles below owner; only owners grant or take away ownership. The last owner stays."""
+    actor.require("manage")
+    if role not in Role.values:
+        raise ValidationFailed(f"role must be one of {', '.join(Role.values)}.", field="role")
+    touches_owner = Role.OWNER in (role, membership.role)
+    if touches_owner:
+        actor.require("own")
+    with transaction.atomic(durable=True):
+        if membership.role == Role.OWNER and role != Role.OWNER:
+            _ensure_owner_remains(actor.tenant, membership)
+        Membership.objects.filter(pk=membership.pk, tenant=actor.tenant).update(role=role)
+        _audit(tenant=actor.tenant, actor_user=actor.user, action="member.role", target=str(membership.user_id),
+               old=membership.role, new=role)
+    membership.refresh_from_db()
+    return membership
+
+
+def membership_remove(*, actor: Actor, membership: Membership) -> None:
+    """Remove a member; their tokens for this tenant are revoked in the same transaction."""
+    if membership.user_id != actor.user.pk:
+        actor.require("manage")
+        if membership.role == Role.OWNER:
+            actor.require("own")
+    now = timezone.now()
+    with transaction.atomic(durable=True):
+        if membership.role == Role.OWNER:
+            _ensure_owner_remains(actor.tenant, membership)
+        ApiToken.objects.filter(tenant=actor.tenant, user_id=membership.user_id, revoked_at__isnull=True).update(
+            revoked_at=now
+        )
+        Membership.objects.filter(pk=membership.pk, tenant=actor.tenant).delete()
+        _audit(tenant=actor.tenant, actor_user=actor.user, action="member.remove", target=str(membership.user_id))
+
+
+# --- API tokens --------------------------------------------------------------------------------
+
+
+def api_token_create(*, actor: Actor, name: str, scopes: list[str], expires_at: datetime | None = None,
+                     now: datetime | None = None) -> tuple[ApiToken, str]:
+    """Create a token for the acting member; return it with its secret, which is never shown again.
+
+    Viewers may only hold read tokens; a token can never grant more than its member's role.
+    """
+    actor.require("view")
+    now = now or timezone.now()
+    name = _validate_name(name, "name", 100)
+    if not scopes or not isinstance(scopes, list | tuple) or any(s not in TokenScope.values for s in scopes):
+        raise ValidationFailed("scopes must be a non-empty list of 'read' and 'write'.", field="scopes")
+    scopes = sorted(set(scopes))
+    if TokenScope.WRITE in scopes:
+        if ROLE_RANK[Role(actor.role)] < ROLE_RANK[Role.MEMBER]:
+            raise PermissionDenied("Viewers can only create tokens with read scope.", field="scopes")
+        if TokenScope.WRITE not in actor.scopes:
+            raise PermissionDenied("A read-only token cannot create a write token.", field="scopes")
+    if expires_at is not None:
+        if expires_at <= now:
+            raise ValidationFailed("expires_at must be in the future.", field="expires_at")
+        if expires_at - now > MAX_TOKEN_LIFETIME:
+            raise ValidationFailed("expires_at must be within 366 days.", field="expires_at")
+    token_text, prefix, secret_hash = token_generate()
+    with transaction.atomic(durable=True):
+        token = ApiToken.objects.create(
+            tenant=actor.tenant, user=actor.user, name=name, prefix=prefix, secret_hash=secret_hash,
+            scopes=scopes, created_at=now, expires_at=expires_at,
+        )
+        _audit(tenant=actor.tenant, actor_user=actor.user, action="token.create", target=prefix, scopes=scopes)
+    return token, token_text
+
+
+def api_token_revoke(*, actor: Actor, token: ApiToken, now: datetime | None = None) -> ApiToken:
+    """Revoke a token (own tokens; admins any of the tenant). Revoking twice is harmless."""
+    if token.user_id != actor.user.pk:
+        actor.require("manage")
+    now = now or timezone.now()
+    with transaction.atomic(durable=True):
+        changed = ApiToken.objects.filter(pk=token.pk, tenant=actor.tenant, revoked_at__isnull=True).update(
+            revoked_at=now
+        )
+        if changed:
+            _audit(tenant=actor.tenant, actor_user=actor.user, action="token.revoke", target=token.prefix)
+    token.refresh_from_db()
+    return token
+
+
+def api_token_mark_used(*, token: ApiToken, now: datetime) -> None:
+    """Record use at most once a minute per token (a conditional update, never a write per request)."""
+    ApiToken.objects.filter(pk=token.pk).filter(
+        Q(last_used_at__isnull=True) | Q(last_used_at__lt=now - timedelta(seconds=60))
+    ).update(last_used_at=now)
+
+
+# --- quotas (platform staff) -------------------------------------------------------------------
+
+
+def tenant_quota_set(*, tenant: Tenant, tier: str, deserved_gpu_milli: int, limit_gpu_milli: int,
+                     by_user=None) -> TenantQuota:
+    """Set a tenant's bound for one tier. Lowering it below what its projects already hold is refused."""
+    tier = _validate_tier(tier)
+    deserved = _validate_milli(deserved_gpu_milli, "deserved_gpu_milli")
+    limit = _validate_milli(limit_gpu_milli, "limit_gpu_milli")
+    if limit < deserved:
+        raise ValidationFailed("limit_gpu_milli must be >= deserved_gpu_milli.", field="limit_gpu_milli")
+    with transaction.atomic(durable=True):
+        quota, _ = TenantQuota.objects.select_for_update().get_or_create(
+            tenant=tenant, tier=tier, defaults={"deserved_gpu_milli": deserved, "limit_gpu_milli": limit}
+        )
+        projects = Quota.objects.filter(project__tenant=tenant, tier=tier)
+        held = projects.aggregate(total=Sum("deserved_gpu_milli"))["total"] or 0
+        if held > deserved:
+            raise QuotaExceeded(
+                f"Projects of '{tenant.slug}' already hold {held} milli-GPU deserved on {tier}; "
+                f"the tenant quota cannot go below that.", field="deserved_gpu_milli",
+            )
+        widest = max(projects.values_list("limit_gpu_milli", flat=True), default=0)
+        if widest > limit:
+            raise QuotaExceeded(f"A project of '{tenant.slug}' has limit {widest} on {tier}; "
+                                f"the tenant limit cannot go below that.", field="limit_gpu_milli")
+        TenantQuota.objects.filter(pk=quota.pk).update(deserved_gpu_milli=deserved, limit_gpu_milli=limit)
+        _audit(tenant=tenant, actor_user=by_user, action="tenant_quota.set", target=tier,
+               deserved_gpu_milli=deserved, limit_gpu_milli=limit)
+    quota.refresh_from_db()
+    return quota
+
+
+def quota_check(*, project: Project, tier: str, deserved_gpu_milli: int, limit_gpu_milli: int,
+                over_quota_weight: int = 1, lock: bool = False) -> tuple[str, int, int, int]:
+    """Validate a project quota against its tenant's bound; return the normalised values.
+
+    With ``lock`` the tenant quota row is locked (inside a transaction), so racing writers serialise.
+    """
+    tier = _validate_tier(tier)
+    deserved = _validate_milli(deserved_gpu_milli, "deserved_gpu_milli")
+    limit = _validate_milli(limit_gpu_milli, "limit_gpu_milli")
+    if limit < deserved:
+        raise ValidationFailed("limit_gpu_milli must be >= deserved_gpu_milli.", field="limit_gpu_milli")
+    if isinstance(over_quota_weight, bool) or not isinstance(over_quota_weight, int) or not (
+        0 <= over_quota_weight <= 1000
+    ):
+        raise ValidationFailed("over_quota_weight must be a whole number from 0 to 1000.", field="over_quota_weight")
+    bounds = TenantQuota.objects.filter(tenant_id=project.tenant_id, tier=tier)
+    bound = (bounds.select_for_update() if lock else bounds).first()
+    if bound is None:
+        raise QuotaExceeded(f"Tenant has no quota for {tier}; set the tenant quota first.", field="tier")
+    others = (Quota.objects.filter(project__tenant_id=project.tenant_id, tier=tier).exclude(project=project)
+              .aggregate(total=Sum("deserved_gpu_milli"))["total"] or 0)
+    if others + deserved > bound.deserved_gpu_milli:
+        raise QuotaExceeded(
+            f"deserved_gpu_milli {deserved} plus the tenant's other projects ({others}) exceeds the tenant "
+            f"quota for {tier} ({bound.deserved_gpu_milli}).", field="deserved_gpu_milli",
+        )
+    if limit > bound.limit_gpu_milli:
+        raise QuotaExceeded(f"limit_gpu_milli {limit} exceeds the tenant limit for {tier} "
+                            f"({bound.limit_gpu_milli}).", field="limit_gpu_milli")
+    return tier, deserved, limit, over_quota_weight
+
+
+def quota_set(*, project: Project, tier: str, deserved_gpu_milli: int, limit_gpu_milli: int,
+              over_quota_weight: int = 1, by_user=None) -> Quota:
+    """Set a project's quota for one tier, within its tenant's bound (locked, so racing calls cannot
+    together oversell the tenant quota)."""
+    with transaction.atomic(durable=True):
+        tier, deserved, limit, weight = quota_check(
+            project=project, tier=tier, deserved_gpu_milli=deserved_gpu_milli, limit_gpu_milli=limit_gpu_milli,
+            over_quota_weight=over_quota_weight, lock=True,
+        )
+        quota, _ = Quota.objects.update_or_create(
+            project=project, tier=tier,
+            defaults={"deserved_gpu_milli": deserved, "limit_gpu_milli": limit, "over_quota_weight": weight},
+        )
+        _audit(tenant=project.tenant, actor_user=by_user, action="quota.set", target=f"{project.slug}/{tier}",
+               deserved_gpu_milli=deserved, limit_gpu_milli=limit, over_quota_weight=weight)
+    return quota
+
+
+# --- SLO contracts (platform staff) ------------------------------------------------------------
+
+
+def slo_contract_create(*, tenant: Tenant, name: str, effective_from: datetime, effective_to: datetime | None,
+                        time_to_gpu_p95_seconds: int, availability_target_pct: Decimal,
+                        preemption_notice_seconds: int, credit_steps: list[dict], max_credit_pct: Decimal = Decimal(100),
+                        by_user=None) -> SloContract:
+    """Create a contract with its credit schedule; periods of one tenant's contracts never overlap."""
+    name = _validate_name(name, "name", 100)
+    if effective_to is not None and effective_to <= effective_from:
+        raise ValidationFailed("effective_to must be after effective_from.", field="effective_to")
+    if not isinstance(time_to_gpu_p95_seconds, int) or time_to_gpu_p95_seconds <= 0:
+        raise ValidationFailed("time_to_gpu_p95_seconds must be a positive integer.", field="time_to_gpu_p95_seconds")
+    availability = Decimal(availability_target_pct)
+    if not Decimal(0) < availability <= Decimal(100):
+        raise ValidationFailed("availability_target_pct must be in (0, 100].", field="availability_target_pct")
+    for index, step in enumerate(credit_steps):
+        if step.get("metric") not in SloMetric.values:
+            raise ValidationFailed(f"metric must be one of {', '.join(SloMetric.values)}.",
+                                   field=f"credit_steps[{index}].metric")
+        credit = Decimal(str(step.get("credit_pct", "0")))
+        if not Decimal(0) < credit <= Decimal(100):
+            raise ValidationFailed("credit_pct must be in (0, 100].", field=f"credit_steps[{index}].credit_pct")
+    with transaction.atomic(durable=True):
+        overlapping = SloContract.objects.filter(tenant=tenant).filter(
+            Q(effective_to__isnull=True) | Q(effective_to__gt=effective_from)
+        )
+        if effective_to is not None:
+            overlapping = overlapping.filter(effective_from__lt=effective_to)
+        if overlapping.exists():
+            raise Conflict("The period overlaps another SLO contract of this tenant.", field="effective_from")
+        try:
+            contract = SloContract.objects.create(
+                tenant=tenant, name=name, effective_from=effective_from, effective_to=effective_to,
+                time_to_gpu_p95_seconds=time_to_gpu_p95_seconds, availability_target_pct=availability,
+                preemption_notice_seconds=preemption_notice_seconds, max_credit_pct=max_credit_pct,
+            )
+        except IntegrityError:
+            raise Conflict("The period overlaps another SLO contract of this tenant.", field="effective_from") from None
+        SloCreditStep.objects.bulk_create(
+            SloCreditStep(contract=contract, metric=s["metric"], threshold=Decimal(str(s["threshold"])),
+                          credit_pct=Decimal(str(s["credit_pct"])))
+            for s in credit_steps
+        )
+        _audit(tenant=tenant, actor_user=by_user, action="slo_contract.create", target=name)
+    return contract
+
+
+# --- bootstrap ---------------------------------------------------------------------------------
+
+
+def user_get_or_create(*, username: str, email: str = "", password: str | None = None, is_staff: bool = False):
+    User = get_user_model()
+    user, created = User.objects.get_or_create(username=username, defaults={"email": email, "is_staff": is_staff})
+    if created:
+        if password:
+            user.set_password(password)
+        else:
+            user.set_unusable_password()
+        user.save(update_fields=["password"])
+    return user, created
