@@ -43,6 +43,9 @@ def _flatten(detail: Any, prefix: str = "") -> list[dict[str, str]]:
     if isinstance(detail, dict):
         out: list[dict[str, str]] = []
         for key, value in detail.items():
+            if isinstance(key, int):
+                out += _flatten(value, f"{prefix}[{key}]")
+                continue
             name = "" if key in ("non_field_errors", "__all__") else str(key)
             out += _flatten(value, f"{prefix}.{name}" if prefix and name else (prefix or name))
         return out

@@ -37,8 +37,11 @@ MAX_TOKEN_LIFETIME = timedelta(days=366)
 
 def _audit(*, tenant: Tenant | None, actor_user, action: str, target: str, **data) -> None:
     AuditEvent.objects.create(
-        tenant=tenant, actor=actor_user if actor_user and actor_user.is_authenticated else None,
-        action=action, target=target, data=data,
+        tenant=tenant,
+        actor=actor_user if actor_user and actor_user.is_authenticated else None,
+        action=action,
+        target=target,
+        data=data,
     )
 
 
@@ -100,8 +103,8 @@ def tenant_set_status(*, tenant: Tenant, status: str, by_user=None, reason: str 
     if status not in TenantStatus.values:
         raise ValidationFailed(f"status must be one of {', '.join(TenantStatus.values)}.", field="status")
     with transaction.atomic(durable=True):
-        changed = Tenant.objects.filter(pk=tenant.pk).exclude(status=status).update(
-            status=status, updated_at=timezone.now()
+        changed = (
+            Tenant.objects.filter(pk=tenant.pk).exclude(status=status).update(status=status, updated_at=timezone.now())
         )
         if changed:
             _audit(tenant=tenant, actor_user=by_user, action=f"tenant.{status}", target=tenant.slug, reason=reason)
@@ -123,8 +126,13 @@ def tenant_update(*, actor: Actor, name: str | None = None, billing_email: str |
     with transaction.atomic(durable=True):
         if changes:
             Tenant.objects.filter(pk=actor.tenant.pk).update(**changes, updated_at=timezone.now())
-            _audit(tenant=actor.tenant, actor_user=actor.user, action="tenant.update", target=actor.tenant.slug,
-                   fields=sorted(changes))
+            _audit(
+                tenant=actor.tenant,
+                actor_user=actor.user,
+                action="tenant.update",
+                target=actor.tenant.slug,
+                fields=sorted(changes),
+            )
     return Tenant.objects.get(pk=actor.tenant.pk)
 
 
@@ -143,8 +151,9 @@ def project_create(*, actor: Actor, slug: str, name: str, description: str = "")
     return project
 
 
-def project_update(*, actor: Actor, project: Project, name: str | None = None,
-                   description: str | None = None) -> Project:
+def project_update(
+    *, actor: Actor, project: Project, name: str | None = None, description: str | None = None
+) -> Project:
     actor.require("manage")
     changes = {}
     if name is not None:
@@ -154,8 +163,13 @@ def project_update(*, actor: Actor, project: Project, name: str | None = None,
     with transaction.atomic(durable=True):
         if changes:
             Project.objects.filter(pk=project.pk, tenant=actor.tenant).update(**changes)
-            _audit(tenant=actor.tenant, actor_user=actor.user, action="project.update", target=project.slug,
-                   fields=sorted(changes))
+            _audit(
+                tenant=actor.tenant,
+                actor_user=actor.user,
+                action="project.update",
+                target=project.slug,
+                fields=sorted(changes),
+            )
     project.refresh_from_db()
     return project
 
@@ -170,8 +184,9 @@ def project_delete(*, actor: Actor, project: Project) -> None:
             Project.objects.filter(pk=project.pk, tenant=actor.tenant).delete()
             _audit(tenant=actor.tenant, actor_user=actor.user, action="project.delete", target=project.slug)
     except ProtectedError:
-        raise Conflict(f"Project '{project.slug}' still has leases or usage; it cannot be deleted.",
-                       field="project") from None
+        raise Conflict(
+            f"Project '{project.slug}' still has leases or usage; it cannot be deleted.", field="project"
+        ) from None
 
 
 # --- members -----------------------------------------------------------------------------------
@@ -184,16 +199,19 @@ def membership_add(*, tenant: Tenant, user, role: str, by_user=None) -> Membersh
     with transaction.atomic(durable=True):
         membership, created = Membership.objects.get_or_create(user=user, tenant=tenant, defaults={"role": role})
         if not created and membership.role != role:
-            raise Conflict(f"{user.get_username()} is already a {membership.role} of '{tenant.slug}'.",
-                           field="user")
+            raise Conflict(f"{user.get_username()} is already a {membership.role} of '{tenant.slug}'.", field="user")
         if created:
             _audit(tenant=tenant, actor_user=by_user, action="member.add", target=user.get_username(), role=role)
     return membership
 
 
 def _ensure_owner_remains(tenant: Tenant, leaving: Membership) -> None:
-    owners = (Membership.objects.select_for_update().filter(tenant=tenant, role=Role.OWNER)
-              .order_by("pk").values_list("pk", flat=True))
+    owners = (
+        Membership.objects.select_for_update()
+        .filter(tenant=tenant, role=Role.OWNER)
+        .order_by("pk")
+        .values_list("pk", flat=True)
+    )
     if list(owners) == [leaving.pk]:
         raise Conflict("A tenant must keep at least one owner.", field="role")
 
@@ -210,8 +228,14 @@ def membership_change_role(*, actor: Actor, membership: Membership, role: str) -
         if membership.role == Role.OWNER and role != Role.OWNER:
             _ensure_owner_remains(actor.tenant, membership)
         Membership.objects.filter(pk=membership.pk, tenant=actor.tenant).update(role=role)
-        _audit(tenant=actor.tenant, actor_user=actor.user, action="member.role", target=str(membership.user_id),
-               old=membership.role, new=role)
+        _audit(
+            tenant=actor.tenant,
+            actor_user=actor.user,
+            action="member.role",
+            target=str(membership.user_id),
+            old=membership.role,
+            new=role,
+        )
     membership.refresh_from_db()
     return membership
 
@@ -236,8 +260,9 @@ def membership_remove(*, actor: Actor, membership: Membership) -> None:
 # --- API tokens --------------------------------------------------------------------------------
 
 
-def api_token_create(*, actor: Actor, name: str, scopes: list[str], expires_at: datetime | None = None,
-                     now: datetime | None = None) -> tuple[ApiToken, str]:
+def api_token_create(
+    *, actor: Actor, name: str, scopes: list[str], expires_at: datetime | None = None, now: datetime | None = None
+) -> tuple[ApiToken, str]:
     """Create a token for the acting member; return it with its secret, which is never shown again.
 
     Viewers may only hold read tokens; a token can never grant more than its member's role.
@@ -261,8 +286,14 @@ def api_token_create(*, actor: Actor, name: str, scopes: list[str], expires_at: 
     token_text, prefix, secret_hash = token_generate()
     with transaction.atomic(durable=True):
         token = ApiToken.objects.create(
-            tenant=actor.tenant, user=actor.user, name=name, prefix=prefix, secret_hash=secret_hash,
-            scopes=scopes, created_at=now, expires_at=expires_at,
+            tenant=actor.tenant,
+            user=actor.user,
+            name=name,
+            prefix=prefix,
+            secret_hash=secret_hash,
+            scopes=scopes,
+            created_at=now,
+            expires_at=expires_at,
         )
         _audit(tenant=actor.tenant, actor_user=actor.user, action="token.create", target=prefix, scopes=scopes)
     return token, token_text
@@ -293,8 +324,9 @@ def api_token_mark_used(*, token: ApiToken, now: datetime) -> None:
 # --- quotas (platform staff) -------------------------------------------------------------------
 
 
-def tenant_quota_set(*, tenant: Tenant, tier: str, deserved_gpu_milli: int, limit_gpu_milli: int,
-                     by_user=None) -> TenantQuota:
+def tenant_quota_set(
+    *, tenant: Tenant, tier: str, deserved_gpu_milli: int, limit_gpu_milli: int, by_user=None
+) -> TenantQuota:
     """Set a tenant's bound for one tier. Lowering it below what its projects already hold is refused."""
     tier = _validate_tier(tier)
     deserved = _validate_milli(deserved_gpu_milli, "deserved_gpu_milli")
@@ -310,21 +342,37 @@ def tenant_quota_set(*, tenant: Tenant, tier: str, deserved_gpu_milli: int, limi
         if held > deserved:
             raise QuotaExceeded(
                 f"Projects of '{tenant.slug}' already hold {held} milli-GPU deserved on {tier}; "
-                f"the tenant quota cannot go below that.", field="deserved_gpu_milli",
+                f"the tenant quota cannot go below that.",
+                field="deserved_gpu_milli",
             )
         widest = max(projects.values_list("limit_gpu_milli", flat=True), default=0)
         if widest > limit:
-            raise QuotaExceeded(f"A project of '{tenant.slug}' has limit {widest} on {tier}; "
-                                f"the tenant limit cannot go below that.", field="limit_gpu_milli")
+            raise QuotaExceeded(
+                f"A project of '{tenant.slug}' has limit {widest} on {tier}; the tenant limit cannot go below that.",
+                field="limit_gpu_milli",
+            )
         TenantQuota.objects.filter(pk=quota.pk).update(deserved_gpu_milli=deserved, limit_gpu_milli=limit)
-        _audit(tenant=tenant, actor_user=by_user, action="tenant_quota.set", target=tier,
-               deserved_gpu_milli=deserved, limit_gpu_milli=limit)
+        _audit(
+            tenant=tenant,
+            actor_user=by_user,
+            action="tenant_quota.set",
+            target=tier,
+            deserved_gpu_milli=deserved,
+            limit_gpu_milli=limit,
+        )
     quota.refresh_from_db()
     return quota
 
 
-def quota_check(*, project: Project, tier: str, deserved_gpu_milli: int, limit_gpu_milli: int,
-                over_quota_weight: int = 1, lock: bool = False) -> tuple[str, int, int, int]:
+def quota_check(
+    *,
+    project: Project,
+    tier: str,
+    deserved_gpu_milli: int,
+    limit_gpu_milli: int,
+    over_quota_weight: int = 1,
+    lock: bool = False,
+) -> tuple[str, int, int, int]:
     """Validate a project quota against its tenant's bound; return the normalised values.
 
     With ``lock`` the tenant quota row is locked (inside a transaction), so racing writers serialise.
@@ -334,52 +382,89 @@ def quota_check(*, project: Project, tier: str, deserved_gpu_milli: int, limit_g
     limit = _validate_milli(limit_gpu_milli, "limit_gpu_milli")
     if limit < deserved:
         raise ValidationFailed("limit_gpu_milli must be >= deserved_gpu_milli.", field="limit_gpu_milli")
-    if isinstance(over_quota_weight, bool) or not isinstance(over_quota_weight, int) or not (
-        0 <= over_quota_weight <= 1000
+    if (
+        isinstance(over_quota_weight, bool)
+        or not isinstance(over_quota_weight, int)
+        or not (0 <= over_quota_weight <= 1000)
     ):
         raise ValidationFailed("over_quota_weight must be a whole number from 0 to 1000.", field="over_quota_weight")
     bounds = TenantQuota.objects.filter(tenant_id=project.tenant_id, tier=tier)
     bound = (bounds.select_for_update() if lock else bounds).first()
     if bound is None:
         raise QuotaExceeded(f"Tenant has no quota for {tier}; set the tenant quota first.", field="tier")
-    others = (Quota.objects.filter(project__tenant_id=project.tenant_id, tier=tier).exclude(project=project)
-              .aggregate(total=Sum("deserved_gpu_milli"))["total"] or 0)
+    others = (
+        Quota.objects.filter(project__tenant_id=project.tenant_id, tier=tier)
+        .exclude(project=project)
+        .aggregate(total=Sum("deserved_gpu_milli"))["total"]
+        or 0
+    )
     if others + deserved > bound.deserved_gpu_milli:
         raise QuotaExceeded(
             f"deserved_gpu_milli {deserved} plus the tenant's other projects ({others}) exceeds the tenant "
-            f"quota for {tier} ({bound.deserved_gpu_milli}).", field="deserved_gpu_milli",
+            f"quota for {tier} ({bound.deserved_gpu_milli}).",
+            field="deserved_gpu_milli",
         )
     if limit > bound.limit_gpu_milli:
-        raise QuotaExceeded(f"limit_gpu_milli {limit} exceeds the tenant limit for {tier} "
-                            f"({bound.limit_gpu_milli}).", field="limit_gpu_milli")
+        raise QuotaExceeded(
+            f"limit_gpu_milli {limit} exceeds the tenant limit for {tier} ({bound.limit_gpu_milli}).",
+            field="limit_gpu_milli",
+        )
     return tier, deserved, limit, over_quota_weight
 
 
-def quota_set(*, project: Project, tier: str, deserved_gpu_milli: int, limit_gpu_milli: int,
-              over_quota_weight: int = 1, by_user=None) -> Quota:
+def quota_set(
+    *,
+    project: Project,
+    tier: str,
+    deserved_gpu_milli: int,
+    limit_gpu_milli: int,
+    over_quota_weight: int = 1,
+    by_user=None,
+) -> Quota:
     """Set a project's quota for one tier, within its tenant's bound (locked, so racing calls cannot
     together oversell the tenant quota)."""
     with transaction.atomic(durable=True):
         tier, deserved, limit, weight = quota_check(
-            project=project, tier=tier, deserved_gpu_milli=deserved_gpu_milli, limit_gpu_milli=limit_gpu_milli,
-            over_quota_weight=over_quota_weight, lock=True,
+            project=project,
+            tier=tier,
+            deserved_gpu_milli=deserved_gpu_milli,
+            limit_gpu_milli=limit_gpu_milli,
+            over_quota_weight=over_quota_weight,
+            lock=True,
         )
         quota, _ = Quota.objects.update_or_create(
-            project=project, tier=tier,
+            project=project,
+            tier=tier,
             defaults={"deserved_gpu_milli": deserved, "limit_gpu_milli": limit, "over_quota_weight": weight},
         )
-        _audit(tenant=project.tenant, actor_user=by_user, action="quota.set", target=f"{project.slug}/{tier}",
-               deserved_gpu_milli=deserved, limit_gpu_milli=limit, over_quota_weight=weight)
+        _audit(
+            tenant=project.tenant,
+            actor_user=by_user,
+            action="quota.set",
+            target=f"{project.slug}/{tier}",
+            deserved_gpu_milli=deserved,
+            limit_gpu_milli=limit,
+            over_quota_weight=weight,
+        )
     return quota
 
 
 # --- SLO contracts (platform staff) ------------------------------------------------------------
 
 
-def slo_contract_create(*, tenant: Tenant, name: str, effective_from: datetime, effective_to: datetime | None,
-                        time_to_gpu_p95_seconds: int, availability_target_pct: Decimal,
-                        preemption_notice_seconds: int, credit_steps: list[dict], max_credit_pct: Decimal = Decimal(100),
-                        by_user=None) -> SloContract:
+def slo_contract_create(
+    *,
+    tenant: Tenant,
+    name: str,
+    effective_from: datetime,
+    effective_to: datetime | None,
+    time_to_gpu_p95_seconds: int,
+    availability_target_pct: Decimal,
+    preemption_notice_seconds: int,
+    credit_steps: list[dict],
+    max_credit_pct: Decimal = Decimal(100),
+    by_user=None,
+) -> SloContract:
     """Create a contract with its credit schedule; periods of one tenant's contracts never overlap."""
     name = _validate_name(name, "name", 100)
     if effective_to is not None and effective_to <= effective_from:
@@ -391,8 +476,9 @@ def slo_contract_create(*, tenant: Tenant, name: str, effective_from: datetime, 
         raise ValidationFailed("availability_target_pct must be in (0, 100].", field="availability_target_pct")
     for index, step in enumerate(credit_steps):
         if step.get("metric") not in SloMetric.values:
-            raise ValidationFailed(f"metric must be one of {', '.join(SloMetric.values)}.",
-                                   field=f"credit_steps[{index}].metric")
+            raise ValidationFailed(
+                f"metric must be one of {', '.join(SloMetric.values)}.", field=f"credit_steps[{index}].metric"
+            )
         credit = Decimal(str(step.get("credit_pct", "0")))
         if not Decimal(0) < credit <= Decimal(100):
             raise ValidationFailed("credit_pct must be in (0, 100].", field=f"credit_steps[{index}].credit_pct")
@@ -406,15 +492,24 @@ def slo_contract_create(*, tenant: Tenant, name: str, effective_from: datetime, 
             raise Conflict("The period overlaps another SLO contract of this tenant.", field="effective_from")
         try:
             contract = SloContract.objects.create(
-                tenant=tenant, name=name, effective_from=effective_from, effective_to=effective_to,
-                time_to_gpu_p95_seconds=time_to_gpu_p95_seconds, availability_target_pct=availability,
-                preemption_notice_seconds=preemption_notice_seconds, max_credit_pct=max_credit_pct,
+                tenant=tenant,
+                name=name,
+                effective_from=effective_from,
+                effective_to=effective_to,
+                time_to_gpu_p95_seconds=time_to_gpu_p95_seconds,
+                availability_target_pct=availability,
+                preemption_notice_seconds=preemption_notice_seconds,
+                max_credit_pct=max_credit_pct,
             )
         except IntegrityError:
             raise Conflict("The period overlaps another SLO contract of this tenant.", field="effective_from") from None
         SloCreditStep.objects.bulk_create(
-            SloCreditStep(contract=contract, metric=s["metric"], threshold=Decimal(str(s["threshold"])),
-                          credit_pct=Decimal(str(s["credit_pct"])))
+            SloCreditStep(
+                contract=contract,
+                metric=s["metric"],
+                threshold=Decimal(str(s["threshold"])),
+                credit_pct=Decimal(str(s["credit_pct"])),
+            )
             for s in credit_steps
         )
         _audit(tenant=tenant, actor_user=by_user, action="slo_contract.create", target=name)

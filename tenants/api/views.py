@@ -9,6 +9,7 @@ from __future__ import annotations
 from drf_spectacular.utils import extend_schema
 from rest_framework import status
 from rest_framework.response import Response
+from rest_framework.settings import api_settings
 from rest_framework.views import APIView
 
 from tenants import selectors, services
@@ -16,9 +17,7 @@ from tenants.api import serializers as s
 
 
 def _paginate(view: APIView, request, queryset, serializer_class, **kwargs):
-    paginator = view.pagination_class() if view.pagination_class else None
-    if paginator is None:
-        return Response(serializer_class(queryset, many=True, **kwargs).data)
+    paginator = api_settings.DEFAULT_PAGINATION_CLASS()
     page = paginator.paginate_queryset(queryset, request, view=view)
     return paginator.get_paginated_response(serializer_class(page, many=True, **kwargs).data)
 

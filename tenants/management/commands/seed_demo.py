@@ -65,7 +65,7 @@ class Command(BaseCommand):
                         services.quota_set(project=project, tier=tier, deserved_gpu_milli=deserved,
                                            limit_gpu_milli=limit, over_quota_weight=weight, by_user=admin)
             for username, role in spec["members"].items():
-                user, created = services.user_get_or_create(username=username, email=f"{username}@{slug}.example",
+                user, _created = services.user_get_or_create(username=username, email=f"{username}@{slug}.example",
                                                             password=credentials["users"])
                 if not Membership.objects.filter(user=user, tenant=tenant).exists():
                     services.membership_add(tenant=tenant, user=user, role=role, by_user=admin)

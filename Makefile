@@ -1,0 +1,33 @@
+# Two commands for a fresh machine with Python 3.11+:
+#   make run   - the whole service with a demo (embedded PostgreSQL where none is configured)
+#   make test  - linter and every test, against real PostgreSQL
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PORT ?= 8000
+
+.PHONY: run test lint venv clean-var help
+
+help:
+	@echo "make run    start the service with a demo fleet (PORT=$(PORT))"
+	@echo "make test   install test needs, lint, run the whole suite"
+
+$(VENV)/.installed: requirements.txt requirements-dev.txt
+	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "Python 3.11+ is required, found " + sys.version' 
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements.txt -r requirements-dev.txt
+	@touch $@
+
+venv: $(VENV)/.installed
+
+run: venv
+	$(PY) -m infra.run --port $(PORT)
+
+test: venv
+	$(PY) -m infra.test $(PYTEST_ARGS)
+
+lint: venv
+	$(VENV)/bin/ruff check .
+
+clean-var:
+	@echo "var/ holds the embedded database and demo credentials; remove it by hand if you mean it: rm -rf var"

@@ -1,0 +1,167 @@
+"""``make run``: the whole service on one machine, with what it needs started or reused.
+
+Finds or starts PostgreSQL and the Celery broker (``infra/services.py``), migrates, seeds the demo,
+then starts the web server (gunicorn), a Celery worker and Celery beat as child processes. Prints
+what it started and where. Ctrl-C (or SIGTERM) stops exactly those children, then the services it
+started itself, by their PIDs, and nothing else.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from infra import services
+from infra.services import ROOT, VAR, say
+
+BIN = Path(sys.executable).parent
+
+
+def _port_free(port: int) -> bool:
+    import socket
+
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def _manage(*args: str) -> None:
+    subprocess.run([sys.executable, str(ROOT / "manage.py"), *args], check=True, cwd=ROOT)
+
+
+def _wait_http(url: str, timeout: float) -> bool:
+    import urllib.request
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(url, timeout=2) as response:  # noqa: S310 - loopback URL we built
+                if response.status == 200:
+                    return True
+        except OSError:
+            time.sleep(0.2)
+    return False
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--port", type=int, default=int(os.environ.get("PORT", "8000")))
+    parser.add_argument("--workers", type=int, default=2, help="gunicorn worker processes")
+    args = parser.parse_args(argv)
+
+    if not _port_free(args.port):
+        say(f"port {args.port} on 127.0.0.1 is in use; stop what holds it or run: make run PORT=8001")
+        return 2
+
+    VAR.mkdir(exist_ok=True)
+    started_services: list[services.Service] = []
+    children: list[tuple[str, subprocess.Popen]] = []
+    stopping = False
+
+    def stop_all(*_):
+        nonlocal stopping
+        if stopping:
+            return
+        stopping = True
+        say("stopping…")
+        for _name, process in reversed(children):
+            if process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+        for name, process in reversed(children):
+            try:
+                process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                say(f"{name} (pid {process.pid}) did not stop in 15 s; killing it")
+                process.kill()
+                process.wait()
+            say(f"stopped {name} (pid {process.pid})")
+        for service in reversed(started_services):
+            service.shutdown()
+
+    signal.signal(signal.SIGINT, stop_all)
+    signal.signal(signal.SIGTERM, stop_all)
+
+    try:
+        database = services.ensure_postgres()
+        started_services.append(database)
+        broker = services.ensure_broker(redis_db=0)
+        started_services.append(broker)
+        site = f"http://127.0.0.1:{args.port}"
+        env_values = {
+            "DATABASE_URL": database.url,
+            "CELERY_BROKER_URL": broker.url,
+            "CELERY_RESULT_BACKEND": services.result_backend_for(broker.url),
+            "SECRET_KEY": services.secret_key(),
+            "SITE_URL": site,
+            "CSRF_TRUSTED_ORIGINS": f"{site},http://localhost:{args.port}",
+        }
+        # What the launcher chose, for manage.py commands run by hand while the service is up.
+        runtime = VAR / "runtime.env"
+        runtime.write_text("".join(f"{k}={v}\n" for k, v in env_values.items() if k != "SECRET_KEY"))
+        os.environ.update(env_values)
+        os.environ.setdefault("LOG_FORMAT", "text")
+
+        _manage("migrate", "--noinput", "-v", "0")
+        _manage("collectstatic", "--noinput", "-v", "0")
+        _manage("seed_demo")
+
+        specs = [
+            ("web", [str(BIN / "gunicorn"), "config.wsgi", "--bind", f"127.0.0.1:{args.port}", "--workers",
+                     str(args.workers), "--graceful-timeout", "10", "--access-logfile", "-"]),
+            ("worker", [str(BIN / "celery"), "-A", "config", "worker", "--loglevel", "INFO", "--concurrency", "2",
+                        "--hostname", f"worker-{os.getpid()}@%h"]),
+            ("beat", [str(BIN / "celery"), "-A", "config", "beat", "--loglevel", "INFO", "--schedule",
+                      str(VAR / "celerybeat-schedule")]),
+        ]
+        for name, command in specs:
+            # Own session: the terminal's Ctrl-C reaches only us, and we stop the children in order.
+            process = subprocess.Popen(command, cwd=ROOT, start_new_session=True)
+            children.append((name, process))
+
+        if not _wait_http(f"{site}/healthz", timeout=30):
+            say("the web server did not answer /healthz within 30 s")
+            stop_all()
+            return 1
+
+        lines = [
+            "",
+            "GPU broker is running:",
+            f"  portal      {site}/",
+            f"  admin       {site}/admin/",
+            f"  API docs    {site}/api/docs/",
+            f"  health      {site}/healthz   readiness {site}/readyz",
+            f"  PostgreSQL  {database.how} ({services.redact(database.url)})",
+            f"  broker      {broker.how} ({services.redact(broker.url)})",
+            "  processes   " + ", ".join(f"{name} pid {p.pid}" for name, p in children),
+            "Ctrl-C stops everything listed here (and the embedded servers it started), nothing else.",
+            "",
+        ]
+        print("\n".join(lines), flush=True)
+
+        while not stopping:
+            for name, process in children:
+                if process.poll() is not None and not stopping:
+                    say(f"{name} exited with status {process.returncode}; stopping the rest")
+                    stop_all()
+                    return 1
+            time.sleep(0.5)
+        return 0
+    except subprocess.CalledProcessError as exc:
+        say(f"set-up step failed: {' '.join(map(str, exc.cmd))} (exit {exc.returncode})")
+        stop_all()
+        return 1
+    except BaseException:
+        stop_all()
+        raise
+
+
+if __name__ == "__main__":
+    sys.exit(main())

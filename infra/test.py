@@ -1,0 +1,53 @@
+"""``make test``: system packages the tests need, the linter, then the whole pytest suite.
+
+On a Debian machine as root, missing system packages are installed with apt-get; elsewhere the
+command says what is missing and the tests that need it fail with that reason.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+
+from infra.services import ROOT, say
+
+# binary -> Debian package. Redis is optional (the tests fall back to a broker in var/), but a real
+# one is what production runs, so install it where we can.
+SYSTEM_PACKAGES: dict[str, str] = {
+    "redis-server": "redis-server",
+}
+
+
+def ensure_system_packages() -> None:
+    missing = {binary: package for binary, package in SYSTEM_PACKAGES.items() if shutil.which(binary) is None}
+    if not missing:
+        return
+    packages = sorted(set(missing.values()))
+    if os.geteuid() == 0 and shutil.which("apt-get"):
+        say(f"installing system packages: {' '.join(packages)}")
+        env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+        update = subprocess.run(["apt-get", "update", "-qq"], env=env, check=False)
+        install = subprocess.run(["apt-get", "install", "-y", "-qq", "--no-install-recommends", *packages],
+                                 env=env, check=False)
+        if update.returncode == 0 and install.returncode == 0:
+            return
+        say("apt-get failed; continuing without: " + " ".join(packages))
+    else:
+        say("missing system packages (install them for the full suite): " + " ".join(packages))
+
+
+def main(argv: list[str]) -> int:
+    ensure_system_packages()
+    bin_dir = os.path.dirname(sys.executable)
+    say("ruff check")
+    lint = subprocess.run([os.path.join(bin_dir, "ruff"), "check", "."], cwd=ROOT)
+    if lint.returncode != 0:
+        return lint.returncode
+    say("pytest")
+    return subprocess.run([sys.executable, "-m", "pytest", *argv], cwd=ROOT).returncode
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,98 @@
+"""Tenant isolation: with two tenants, no API route shows or changes the other tenant's objects.
+
+The route table below must name every route of the tenant API; a new route without an isolation case
+fails ``test_isolation_every_route_is_covered``.
+"""
+
+import pytest
+from django.urls import URLPattern
+
+from tenants.api.urls import urlpatterns
+from tenants.models import ApiToken, Membership, Project
+
+
+def _other_ids(world):
+    return {
+        "slug": world.other_project.slug,
+        "member": Membership.objects.get(user=world.outsider).pk,
+        "token": ApiToken.objects.filter(user=world.outsider).first().pk,
+    }
+
+
+# (route name, method, path template, body) — the path names an object of the *other* tenant.
+CASES = [
+    ("api-project", "get", "/api/v1/projects/{slug}", None),
+    ("api-project", "patch", "/api/v1/projects/{slug}", {"name": "pwned"}),
+    ("api-project", "delete", "/api/v1/projects/{slug}", None),
+    ("api-member", "get", "/api/v1/members/{member}", None),
+    ("api-member", "patch", "/api/v1/members/{member}", {"role": "viewer"}),
+    ("api-member", "delete", "/api/v1/members/{member}", None),
+    ("api-token", "get", "/api/v1/tokens/{token}", None),
+    ("api-token", "delete", "/api/v1/tokens/{token}", None),
+    ("api-quotas", "get", "/api/v1/quotas?project={slug}", None),
+]
+# Routes without an object id: their lists must not contain the other tenant's objects.
+LIST_ROUTES = {"api-tenant", "api-projects", "api-quotas", "api-members", "api-tokens", "api-slo-contracts"}
+
+
+def test_isolation_every_route_is_covered():
+    names = {p.name for p in urlpatterns if isinstance(p, URLPattern)}
+    covered = {case[0] for case in CASES} | LIST_ROUTES
+    assert names <= covered, f"routes without an isolation case: {names - covered}"
+
+
+@pytest.mark.parametrize("who", ["owner", "admin", "viewer"])
+@pytest.mark.parametrize(("name", "method", "path", "body"), CASES)
+def test_isolation_other_tenants_objects_are_404(world, who, name, method, path, body):
+    url = path.format(**_other_ids(world))
+    response = getattr(world.client(who), method)(url, body, format="json")
+    assert response["Content-Type"] == "application/problem+json"
+    if response.status_code == 403:
+        # A role that may not write at all is refused before any lookup: the answer is the same for an
+        # object that does not exist, so it reveals nothing about the other tenant.
+        missing = path.format(slug="no-such-project", member=10**9, token=10**9)
+        assert getattr(world.client(who), method)(missing, body, format="json").status_code == 403
+    else:
+        assert response.status_code == 404, (url, response.content)
+    # and nothing changed
+    assert Project.objects.get(pk=world.other_project.pk).name == "Secret"
+    assert Membership.objects.get(user=world.outsider).role == "owner"
+    assert ApiToken.objects.filter(user=world.outsider, revoked_at__isnull=True).exists()
+
+
+def test_isolation_lists_hold_only_own_objects(world):
+    client = world.client("owner")
+    assert client.get("/api/v1/tenant").json()["slug"] == "acme"
+    projects = [p["slug"] for p in client.get("/api/v1/projects").json()["results"]]
+    assert projects == ["vision"]
+    quotas = client.get("/api/v1/quotas").json()
+    assert [q["project"] for q in quotas["projects"]] == ["vision"]
+    members = {m["username"] for m in client.get("/api/v1/members").json()["results"]}
+    assert "bob" not in members
+    tokens = {t["username"] for t in client.get("/api/v1/tokens").json()["results"]}
+    assert "bob" not in tokens
+    slo = client.get("/api/v1/slo-contracts").json()["results"]
+    assert slo == []
+
+
+def test_isolation_same_slug_in_two_tenants_resolves_to_own(world):
+    from tests.factories import make_project
+
+    make_project(world.globex, "vision", name="Globex vision")
+    response = world.client("owner").get("/api/v1/projects/vision")
+    assert response.json()["name"] == "Vision"
+    response = world.client("outsider").get("/api/v1/projects/vision")
+    assert response.json()["name"] == "Globex vision"
+
+
+def test_isolation_portal_dashboard_shows_only_own_tenant(world, client):
+    client.login(username="alice", password="pw-alice")
+    page = client.get("/").content.decode()
+    assert "Vision" in page and "Secret" not in page
+
+
+def test_isolation_portal_cannot_switch_to_foreign_tenant(world, client):
+    client.login(username="alice", password="pw-alice")
+    client.post("/tenant/switch", {"tenant": "globex"})
+    page = client.get("/").content.decode()
+    assert "Secret" not in page and "Acme" in page
