@@ -25,11 +25,21 @@ def _check_database() -> str | None:
     return None
 
 
+def _broker_url() -> str:
+    from config.celery import app
+
+    return app.conf.broker_url
+
+
 def _check_broker() -> str | None:
+    from kombu import Connection
+
     from config.celery import app
 
     try:
-        with app.connection_for_write() as conn:
+        # A fresh connection each probe: a pooled one could hide a broker that has gone away.
+        with Connection(_broker_url(), transport_options=app.conf.broker_transport_options,
+                        connect_timeout=3) as conn:
             conn.ensure_connection(max_retries=1, interval_start=0, interval_step=0.2, timeout=3)
     except Exception as exc:  # noqa: BLE001
         return f"{type(exc).__name__}: {exc}".strip()

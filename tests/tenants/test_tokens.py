@@ -51,7 +51,7 @@ def test_token_invalid_is_401_problem(acme_alice, header):
 
 def test_token_with_right_prefix_wrong_secret_is_refused(acme_alice):
     acme, alice = acme_alice
-    token, secret = make_token(acme, alice)
+    token, _secret = make_token(acme, alice)
     forged = f"gpub_{token.prefix}_" + "x" * 43
     assert api_client(forged).get("/api/v1/tenant").status_code == 401
 
@@ -60,7 +60,7 @@ def test_token_revoked_stops_working_and_revoke_is_idempotent(acme_alice):
     acme, alice = acme_alice
     token, secret = make_token(acme, alice)
     client = api_client(secret)
-    other, other_secret = make_token(acme, alice, name="second")
+    _other, other_secret = make_token(acme, alice, name="second")
     assert api_client(other_secret).delete(f"/api/v1/tokens/{token.pk}").status_code == 200
     response = client.get("/api/v1/tenant")
     assert response.status_code == 401 and "revoked" in response.json()["detail"]
@@ -80,7 +80,7 @@ def test_token_expired_is_refused(acme_alice):
 
 
 def test_token_dies_with_membership(acme_alice):
-    acme, alice = acme_alice
+    acme, _alice = acme_alice
     bob = make_member(acme, "bob", "member")
     _, secret = make_token(acme, bob)
     Membership.objects.filter(user=bob).delete()
