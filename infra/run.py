@@ -26,6 +26,7 @@ def _port_free(port: int) -> bool:
     import socket
 
     with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as gunicorn binds; ignores TIME_WAIT
         try:
             sock.bind(("127.0.0.1", port))
         except OSError:
