@@ -17,6 +17,7 @@ from infra.services import ROOT, say
 # one is what production runs, so install it where we can.
 SYSTEM_PACKAGES: dict[str, str] = {
     "redis-server": "redis-server",
+    "chromium": "chromium",  # portal browser tests (Playwright drives /usr/bin/chromium)
 }
 
 
