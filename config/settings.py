@@ -8,6 +8,7 @@ set in the real environment always win over it.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from django.core.exceptions import ImproperlyConfigured
@@ -27,7 +28,7 @@ BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = BASE_DIR / "var"
 
 read_env_file(BASE_DIR / ".env")
-read_env_file(VAR_DIR / "runtime.env")
+read_env_file(Path(os.environ.get("RUNTIME_ENV_FILE", VAR_DIR / "runtime.env")))
 
 DEBUG = env_bool("DJANGO_DEBUG", False)
 SECRET_KEY = env_str("SECRET_KEY", "")

@@ -26,6 +26,7 @@ def pytest_load_initial_conftests(early_config, parser, args):
     os.environ["CELERY_BROKER_URL"] = broker.url
     os.environ["CELERY_RESULT_BACKEND"] = services.result_backend_for(broker.url)
     os.environ.setdefault("SECRET_KEY", "test-secret-key-not-for-production")
+    os.environ["RUNTIME_ENV_FILE"] = os.devnull  # never pick up what a running `make run` chose
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
     os.environ.setdefault("DATABASE_CONN_MAX_AGE", "0")  # threads of live_server must not hold connections
     os.environ.setdefault("LOG_FORMAT", "text")

@@ -106,7 +106,9 @@ def main(argv: list[str] | None = None) -> int:
         }
         # What the launcher chose, for manage.py commands run by hand while the service is up.
         runtime = VAR / "runtime.env"
-        runtime.write_text("".join(f"{k}={v}\n" for k, v in env_values.items() if k != "SECRET_KEY"))
+        runtime.touch(mode=0o600)
+        runtime.chmod(0o600)
+        runtime.write_text("".join(f"{k}={v}\n" for k, v in env_values.items()))
         os.environ.update(env_values)
         os.environ.setdefault("LOG_FORMAT", "text")
 

@@ -93,5 +93,4 @@ def test_errors_missing_secret_key_fails_at_start():
     result = subprocess.run([sys.executable, "-c", "import django, os; os.environ.setdefault("
                              "'DJANGO_SETTINGS_MODULE','config.settings'); from django.conf import settings; "
                              "settings.SECRET_KEY"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
-    # var/runtime.env never holds the key; var/secret_key is read only by the launcher
     assert result.returncode != 0 and "SECRET_KEY" in result.stderr
