@@ -77,6 +77,15 @@ def _validate_milli(value, field: str) -> int:
     return value
 
 
+def _validate_quota_values(tier: str, deserved_gpu_milli, limit_gpu_milli) -> tuple[str, int, int]:
+    tier = _validate_tier(tier)
+    deserved = _validate_milli(deserved_gpu_milli, "deserved_gpu_milli")
+    limit = _validate_milli(limit_gpu_milli, "limit_gpu_milli")
+    if limit < deserved:
+        raise ValidationFailed("limit_gpu_milli must be >= deserved_gpu_milli.", field="limit_gpu_milli")
+    return tier, deserved, limit
+
+
 # --- tenants -----------------------------------------------------------------------------------
 
 
@@ -328,11 +337,7 @@ def tenant_quota_set(
     *, tenant: Tenant, tier: str, deserved_gpu_milli: int, limit_gpu_milli: int, by_user=None
 ) -> TenantQuota:
     """Set a tenant's bound for one tier. Lowering it below what its projects already hold is refused."""
-    tier = _validate_tier(tier)
-    deserved = _validate_milli(deserved_gpu_milli, "deserved_gpu_milli")
-    limit = _validate_milli(limit_gpu_milli, "limit_gpu_milli")
-    if limit < deserved:
-        raise ValidationFailed("limit_gpu_milli must be >= deserved_gpu_milli.", field="limit_gpu_milli")
+    tier, deserved, limit = _validate_quota_values(tier, deserved_gpu_milli, limit_gpu_milli)
     with transaction.atomic(durable=True):
         quota, _ = TenantQuota.objects.select_for_update().get_or_create(
             tenant=tenant, tier=tier, defaults={"deserved_gpu_milli": deserved, "limit_gpu_milli": limit}
@@ -377,11 +382,7 @@ def quota_check(
 
     With ``lock`` the tenant quota row is locked (inside a transaction), so racing writers serialise.
     """
-    tier = _validate_tier(tier)
-    deserved = _validate_milli(deserved_gpu_milli, "deserved_gpu_milli")
-    limit = _validate_milli(limit_gpu_milli, "limit_gpu_milli")
-    if limit < deserved:
-        raise ValidationFailed("limit_gpu_milli must be >= deserved_gpu_milli.", field="limit_gpu_milli")
+    tier, deserved, limit = _validate_quota_values(tier, deserved_gpu_milli, limit_gpu_milli)
     if (
         isinstance(over_quota_weight, bool)
         or not isinstance(over_quota_weight, int)
