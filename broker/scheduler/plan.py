@@ -1,0 +1,297 @@
+"""One scheduling cycle: requests in, decisions out.
+
+Order: higher priority first, then in-quota before over-quota, then submission time, then id. Over-quota
+requests of a tier are admitted in order of their project's over-quota usage divided by its weight
+(recomputed after every admission), which divides idle capacity by weighted max-min fairness.
+
+For each request:
+1. Tiers: the allowed models, or for ``auto`` every model that satisfies the shape, cheapest first.
+2. Quota: ``limit`` is never exceeded (project and tenant); the request is *in-quota* when the
+   project's and the tenant's non-preemptible use plus the request stay within ``deserved``, else it is
+   *over-quota* (preemptible, idle capacity only).
+3. Placement through the policy (``placement.Placer``).
+4. An in-quota request that does not fit **reclaims**: over-quota allocations of the tier are preempted,
+   taking first those of the projects furthest above their fair share (over-quota use / weight), then
+   lowest priority, then youngest; only allocations past the minimum runtime; the node needing the
+   fewest victims wins. Evaluated on the state and undone when it does not help.
+5. Otherwise the request waits, with the reason.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from broker.scheduler.placement import Need, Placer, Policy, need_for, policy_get
+from broker.scheduler.state import ClusterState
+from broker.scheduler.types import Allocation, Decision, DecisionMode, Kind, Request, Snapshot
+from gpus.catalogue import MODELS
+from gpus.mig import profiles_for
+
+
+@dataclass
+class _Quota:
+    deserved: int
+    limit: int
+    weight: int = 1
+
+
+class Scheduler:
+    """Holds the working state across cycles (the simulator) or for one cycle (``plan``)."""
+
+    def __init__(self, snapshot: Snapshot, *, policy: Policy | str = "default", seed: int = 0,
+                 workload=None):
+        self.snapshot = snapshot
+        self.cluster = ClusterState.from_snapshot(snapshot)
+        self.policy = policy if isinstance(policy, Policy) else policy_get(policy, seed=seed, workload=workload)
+        self.placer = Placer(self.cluster, self.policy)
+        self.quotas = {(q.project, q.tier): _Quota(q.deserved_milli, q.limit_milli, q.weight)
+                       for q in snapshot.quotas}
+        self.tenant_quotas = {(q.tenant, q.tier): _Quota(q.deserved_milli, q.limit_milli)
+                              for q in snapshot.tenant_quotas}
+        self.models_present = sorted(self.cluster.capacity_milli_by_model)
+
+    # -- tiers ------------------------------------------------------------------------------------
+    def tiers_for(self, request: Request) -> list[tuple[str, Need]]:
+        shape = request.shape
+        models = shape.models or tuple(self.models_present)
+        out = []
+        for model in models:
+            if model not in self.cluster.capacity_milli_by_model:
+                continue
+            need = need_for(shape, model)
+            if need is not None:
+                out.append((model, need))
+        if not shape.models:  # auto: cheapest per unit of work first, then smallest model
+            prices = self.snapshot.prices
+            memory = {m.code: m.memory_mib for m in MODELS}
+            out.sort(key=lambda item: (prices.get(item[0], 10**12) * item[1].milli, memory.get(item[0], 0), item[0]))
+        return out
+
+    # -- quota ------------------------------------------------------------------------------------
+    def quota_check(self, request: Request, tier: str, need: Need) -> tuple[str | None, bool]:
+        """(reason it must wait, in_quota)."""
+        if not self.snapshot.enforce_quotas:
+            return None, True
+        quota = self.quotas.get((request.project, tier))
+        if quota is None:
+            return f"project {request.project} has no quota for {tier}", False
+        used_in, used_over = self.cluster.project_usage.get((request.project, tier), [0, 0])
+        amount = need.total_milli
+        if used_in + used_over + amount > quota.limit:
+            return (f"project quota limit for {tier} exhausted ({used_in + used_over}/{quota.limit} milli in use, "
+                    f"request needs {amount})"), False
+        tenant_quota = self.tenant_quotas.get((request.tenant, tier))
+        tenant_in, tenant_over = self.cluster.tenant_usage.get((request.tenant, tier), [0, 0])
+        if tenant_quota is not None and tenant_in + tenant_over + amount > tenant_quota.limit:
+            return (f"tenant quota limit for {tier} exhausted ({tenant_in + tenant_over}/{tenant_quota.limit} "
+                    f"milli in use)"), False
+        in_quota = used_in + amount <= quota.deserved and (
+            tenant_quota is None or tenant_in + amount <= tenant_quota.deserved
+        )
+        if not in_quota and quota.weight == 0:
+            return (f"project quota for {tier} exhausted ({used_in}/{quota.deserved} milli guaranteed in use) "
+                    f"and the project does not borrow (over-quota weight 0)"), False
+        return None, in_quota
+
+    def over_share(self, project: str, tier: str) -> float:
+        quota = self.quotas.get((project, tier))
+        over = self.cluster.project_usage.get((project, tier), [0, 0])[1]
+        return over / max(quota.weight if quota else 1, 1e-9)
+
+    # -- one cycle --------------------------------------------------------------------------------
+    def schedule(self, requests: list[Request], *, now: float) -> list[Decision]:
+        decisions: dict[str, Decision] = {}
+        pending = sorted(requests, key=lambda r: (-r.priority, r.submitted_at, r.id))
+        # in-quota-first: a request that is in-quota now is served before over-quota ones of its priority
+        waiting_position = 0
+        deferred: list[Request] = []
+        for request in pending:
+            decision = self._try(request, now=now, allow_over_quota=False)
+            if decision is None:
+                deferred.append(request)
+            else:
+                decisions[request.id] = decision
+        # over-quota admissions: fairest project first, re-ranked after each admission
+        while deferred:
+            deferred.sort(key=lambda r: (-r.priority, self._fair_key(r), r.submitted_at, r.id))
+            request = deferred.pop(0)
+            decision = self._try(request, now=now, allow_over_quota=True)
+            assert decision is not None
+            decisions[request.id] = decision
+        ordered = []
+        for request in pending:
+            decision = decisions[request.id]
+            if decision.mode == DecisionMode.WAITING:
+                waiting_position += 1
+                decision = Decision(decision.request, decision.mode, decision.reason, queue_position=waiting_position)
+            ordered.append(decision)
+        return ordered
+
+    def _fair_key(self, request: Request) -> float:
+        tiers = self.tiers_for(request)
+        return min((self.over_share(request.project, tier) for tier, _ in tiers), default=0.0)
+
+    def _try(self, request: Request, *, now: float, allow_over_quota: bool) -> Decision | None:
+        """A decision, or None when the request is over-quota and over-quota admission comes later."""
+        tiers = self.tiers_for(request)
+        if not tiers:
+            wanted = ", ".join(request.shape.models) or "any model here"
+            return self._waiting(request, f"no GPU model offers this shape ({_describe(request)}) on {wanted}")
+        reasons: list[str] = []
+        over_quota_candidates: list[tuple[str, Need]] = []
+        for tier, need in tiers:
+            reason, in_quota = self.quota_check(request, tier, need)
+            if reason:
+                reasons.append(reason)
+                continue
+            if not in_quota:
+                over_quota_candidates.append((tier, need))
+                continue
+            placed = self._place(request, tier, need, preemptible=False, now=now)
+            if placed:
+                return placed
+            reclaimed = self._reclaim(request, tier, need, now=now)
+            if reclaimed:
+                return reclaimed
+            reasons.append(self._no_fit_reason(tier, need))
+        if over_quota_candidates:
+            if not allow_over_quota:
+                return None
+            for tier, need in over_quota_candidates:
+                placed = self._place(request, tier, need, preemptible=True, now=now)
+                if placed:
+                    return placed
+                reasons.append(f"over quota on {tier} and no idle capacity: {self._no_fit_reason(tier, need)}")
+        return self._waiting(request, "; ".join(dict.fromkeys(reasons)))
+
+    def place(self, request: Request, tier: str, need: Need, *, preemptible: bool, now: float) -> Decision | None:
+        """Place one resolved need through the policy, without quota checks (the trace simulator's entry)."""
+        return self._place(request, tier, need, preemptible=preemptible, now=now)
+
+    def _place(self, request: Request, tier: str, need: Need, *, preemptible: bool, now: float):
+        found = self._find(need)
+        if found is None:
+            return None
+        allocation = self._allocation(request, tier, need, found, preemptible=preemptible, now=now)
+        self.cluster.apply(allocation)
+        kind = "over quota, preemptible" if preemptible else "within quota"
+        return Decision(request.id, DecisionMode.PLACED, f"placed on {allocation.node} ({tier}, {kind})",
+                        allocation=allocation)
+
+    def _find(self, need: Need):
+        if need.gang or need.count == 1:
+            return self.placer.find(need)
+        # not a gang: place units one at a time (all-or-nothing), possibly on several nodes
+        single = Need(need.kind, 1, need.models, need.milli, need.memory_mib, need.profile, True, 0, 0)
+        held = []
+        for index in range(need.count):
+            found = self.placer.find(single)
+            if found is None:
+                break
+            temp = Allocation(f"__tmp{index}", "", "", "", found[0], found[1], True)
+            self.cluster.apply(temp)
+            held.append(temp)
+        for temp in held:
+            self.cluster.remove(temp.id)
+        if len(held) < need.count:
+            return None
+        return "multi", tuple(held)
+
+    def _allocation(self, request, tier, need, found, *, preemptible, now) -> Allocation:
+        node_id, units = found
+        if node_id == "multi":  # spread over nodes: one allocation per request, first node recorded
+            units = tuple(unit for temp in units for unit in temp.units)
+            node_id = found[1][0].node
+        return Allocation(
+            id=request.id, project=request.project, tenant=request.tenant, tier=tier, node=node_id, units=units,
+            preemptible=preemptible, started_at=now, priority=request.priority,
+            cpu_milli=need.cpu_milli, host_memory_mib=need.host_memory_mib,
+        )
+
+    # -- reclaim ----------------------------------------------------------------------------------
+    def _reclaim(self, request: Request, tier: str, need: Need, *, now: float) -> Decision | None:
+        min_runtime = self.snapshot.min_runtime_seconds
+        candidates = [
+            a for a in self.cluster.allocations.values()
+            if a.preemptible and a.tier == tier and a.started_at + min_runtime <= now and a.id != request.id
+        ]
+        if not candidates:
+            return None
+        candidates.sort(key=lambda a: (-self.over_share(a.project, tier), a.priority, -a.started_at, a.id))
+        by_node: dict[str, list[Allocation]] = {}
+        for allocation in candidates:
+            by_node.setdefault(allocation.node, []).append(allocation)
+        best: tuple[int, str, list[Allocation]] | None = None
+        for node_id, victims_here in by_node.items():
+            removed: list[Allocation] = []
+            fitted = False
+            for victim in victims_here:
+                removed.append(self.cluster.remove(victim.id))
+                if self._fits_on(node_id, need):
+                    fitted = True
+                    break
+            if fitted:  # drop victims that turn out unnecessary (newest-removed kept)
+                for victim in list(removed[:-1]):
+                    self.cluster.apply(victim)
+                    if self._fits_on(node_id, need):
+                        removed.remove(victim)
+                    else:
+                        self.cluster.remove(victim.id)
+            for victim in removed:
+                self.cluster.apply(victim)
+            if fitted and (best is None or (len(removed), node_id) < (best[0], best[1])):
+                best = (len(removed), node_id, removed)
+        if best is None:
+            return None
+        _, node_id, victims = best
+        for victim in victims:
+            self.cluster.remove(victim.id)
+        units = self.placer.policy.node_options(self.cluster.nodes[node_id], need)
+        allocation = self._allocation(request, tier, need, (node_id, units[0]), preemptible=False, now=now)
+        self.cluster.apply(allocation)
+        names = ", ".join(f"{v.id} ({v.project})" for v in victims)
+        return Decision(request.id, DecisionMode.PREEMPT,
+                        f"in quota on {tier}: reclaiming from over-quota work: {names}",
+                        allocation=allocation, victims=tuple(v.id for v in victims))
+
+    def _fits_on(self, node_id: str, need: Need) -> bool:
+        return bool(self.placer.policy.node_options(self.cluster.nodes[node_id], need))
+
+    # -- reasons ----------------------------------------------------------------------------------
+    def _no_fit_reason(self, tier: str, need: Need) -> str:
+        if need.kind == Kind.MIG and need.profile is not None:
+            profile = need.profile
+            repartitionable = sum(
+                1 for gpu in self.cluster.gpus.values()
+                if gpu.gpu.model == tier and gpu.gpu.mode.value == "mig" and not gpu.mig_starts(profile)
+                and 7 - gpu.compute_used >= profile.compute_slices
+                and 8 - bin(gpu.slot_mask).count("1") >= profile.memory_slots
+            )
+            text = f"no {profile.name} slot free on {tier}"
+            if repartitionable:
+                text += f"; {repartitionable} GPUs have the slices free in other slots and could be repartitioned"
+            return text
+        if need.kind == Kind.WHOLE:
+            return f"no node has {need.count} free {tier} GPU{'s' if need.count > 1 else ''}"
+        return f"no {tier} GPU has {need.milli} milli and {need.memory_mib} MiB free"
+
+    def _waiting(self, request: Request, reason: str) -> Decision:
+        return Decision(request.id, DecisionMode.WAITING, f"waiting: {reason}")
+
+
+def _describe(request: Request) -> str:
+    shape = request.shape
+    if shape.kind == Kind.MIG:
+        return f"{shape.count} x MIG {shape.profile}"
+    if shape.kind == Kind.SHARE:
+        return f"{shape.count} x share {shape.milli} milli / {shape.memory_mib} MiB"
+    return f"{shape.count} x whole GPU"
+
+
+def plan(snapshot: Snapshot, requests: list[Request], *, now: float, policy: str | Policy = "default",
+         seed: int = 0, workload=None) -> list[Decision]:
+    """Decisions for ``requests`` on ``snapshot``; pure: the snapshot is not changed."""
+    return Scheduler(snapshot, policy=policy, seed=seed, workload=workload).schedule(requests, now=now)
+
+
+__all__ = ["Scheduler", "plan", "profiles_for"]

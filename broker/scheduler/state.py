@@ -1,0 +1,183 @@
+"""Mutable working state of one planning cycle, built from a frozen ``Snapshot``.
+
+Nodes with the same free-capacity signature are interchangeable for every placement policy, so the
+state keeps an index ``signature -> node ids``; a request is evaluated once per distinct signature,
+not once per node. That is what makes a cycle over 10,000 GPUs cheap: a fleet has few distinct node
+states. ``apply`` / ``remove`` keep the index exact, and undo each other (what-if evaluation).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from broker.scheduler.types import Allocation, Gpu, GpuMode, Node, Snapshot, Unit
+from gpus.catalogue import model_get
+from gpus.mig import COMPUTE_SLICES, MigPlacement, MigProfile, layout_problem, profile_get
+
+FULL = 1000
+
+
+@dataclass(slots=True)
+class GpuState:
+    gpu: Gpu
+    memory_mib: int
+    used_milli: int = 0
+    used_memory_mib: int = 0
+    slot_mask: int = 0  # MIG: memory slots in use
+    compute_used: int = 0  # MIG: compute slices in use
+    media_used: int = 0  # MIG: +me instances
+    units: int = 0  # number of units held (whole/shared)
+
+    @property
+    def free_milli(self) -> int:
+        if self.gpu.mode == GpuMode.MIG:
+            return (COMPUTE_SLICES - self.compute_used) * FULL // COMPUTE_SLICES
+        return FULL - self.used_milli
+
+    def signature(self) -> tuple:
+        if self.gpu.mode == GpuMode.MIG:
+            return ("M", self.gpu.model, self.gpu.nvlink_domain, self.slot_mask, self.compute_used, self.media_used)
+        return (self.gpu.mode.value[0].upper(), self.gpu.model, self.gpu.nvlink_domain, self.used_milli,
+                self.used_memory_mib, self.units)
+
+    # -- fit --------------------------------------------------------------------------------------
+    def fits_whole(self) -> bool:
+        if self.gpu.mode == GpuMode.MIG:
+            return False
+        return self.used_milli == 0 and self.units == 0
+
+    def fits_share(self, milli: int, memory_mib: int) -> bool:
+        return (
+            self.gpu.mode == GpuMode.SHARED
+            and self.used_milli + milli <= FULL
+            and self.used_memory_mib + memory_mib <= self.memory_mib
+        )
+
+    def mig_starts(self, profile: MigProfile) -> tuple[int, ...]:
+        """Valid start slots for ``profile`` given this GPU's layout (bit arithmetic, no allocation)."""
+        if self.gpu.mode != GpuMode.MIG or profile.model != self.gpu.model:
+            return ()
+        if self.compute_used + profile.compute_slices > COMPUTE_SLICES:
+            return ()
+        if profile.shape.media_extensions and self.media_used:
+            return ()
+        width = (1 << profile.memory_slots) - 1
+        return tuple(start for start in profile.starts if not (self.slot_mask >> start) & width)
+
+
+@dataclass(slots=True)
+class NodeState:
+    node: Node
+    gpus: list[GpuState]
+    free_cpu_milli: int = 0
+    free_memory_mib: int = 0
+
+    def signature(self) -> tuple:
+        return (self.node.cordoned, self.free_cpu_milli, self.free_memory_mib,
+                tuple(sorted(g.signature() for g in self.gpus)))
+
+    @property
+    def free_milli(self) -> int:
+        return sum(g.free_milli for g in self.gpus)
+
+
+@dataclass
+class ClusterState:
+    nodes: dict[str, NodeState]
+    gpus: dict[str, GpuState]
+    allocations: dict[str, Allocation] = field(default_factory=dict)
+    by_signature: dict[tuple, set[str]] = field(default_factory=dict)
+    node_signature: dict[str, tuple] = field(default_factory=dict)
+    capacity_milli_by_model: dict[str, int] = field(default_factory=dict)
+    # usage: (project, tier) -> [in-quota milli, over-quota milli]; (tenant, tier) likewise
+    project_usage: dict[tuple[str, str], list[int]] = field(default_factory=dict)
+    tenant_usage: dict[tuple[str, str], list[int]] = field(default_factory=dict)
+
+    @classmethod
+    def from_snapshot(cls, snapshot: Snapshot) -> ClusterState:
+        nodes: dict[str, NodeState] = {}
+        for node in snapshot.nodes:
+            nodes[node.id] = NodeState(node, [], node.cpu_milli, node.memory_mib)
+        gpus: dict[str, GpuState] = {}
+        capacity: dict[str, int] = {}
+        for gpu in sorted(snapshot.gpus, key=lambda g: (g.node, g.index, g.id)):
+            state = GpuState(gpu, model_get(gpu.model).memory_mib)
+            gpus[gpu.id] = state
+            nodes[gpu.node].gpus.append(state)
+            capacity[gpu.model] = capacity.get(gpu.model, 0) + FULL
+        cluster = cls(nodes=nodes, gpus=gpus, capacity_milli_by_model=capacity)
+        for node_id in nodes:
+            cluster._index(node_id)
+        for allocation in snapshot.allocations:
+            cluster.apply(allocation)
+        return cluster
+
+    # -- signature index --------------------------------------------------------------------------
+    def _index(self, node_id: str) -> None:
+        old = self.node_signature.get(node_id)
+        if old is not None:
+            members = self.by_signature[old]
+            members.discard(node_id)
+            if not members:
+                del self.by_signature[old]
+        new = self.nodes[node_id].signature()
+        self.node_signature[node_id] = new
+        self.by_signature.setdefault(new, set()).add(node_id)
+
+    # -- changes ------------------------------------------------------------------------------------
+    def apply(self, allocation: Allocation) -> None:
+        """Hold the capacity of ``allocation`` (raises ValueError if it does not fit: a bug upstream)."""
+        node = self.nodes[allocation.node]
+        for unit in allocation.units:
+            self._apply_unit(self.gpus[unit.gpu], unit, sign=1)
+        node.free_cpu_milli -= allocation.cpu_milli
+        node.free_memory_mib -= allocation.host_memory_mib
+        self.allocations[allocation.id] = allocation
+        column = 1 if allocation.preemptible else 0
+        for usage, key in ((self.project_usage, (allocation.project, allocation.tier)),
+                           (self.tenant_usage, (allocation.tenant, allocation.tier))):
+            usage.setdefault(key, [0, 0])[column] += allocation.milli
+        self._index(allocation.node)
+
+    def remove(self, allocation_id: str) -> Allocation:
+        allocation = self.allocations.pop(allocation_id)
+        node = self.nodes[allocation.node]
+        for unit in allocation.units:
+            self._apply_unit(self.gpus[unit.gpu], unit, sign=-1)
+        node.free_cpu_milli += allocation.cpu_milli
+        node.free_memory_mib += allocation.host_memory_mib
+        column = 1 if allocation.preemptible else 0
+        self.project_usage[(allocation.project, allocation.tier)][column] -= allocation.milli
+        self.tenant_usage[(allocation.tenant, allocation.tier)][column] -= allocation.milli
+        self._index(allocation.node)
+        return allocation
+
+    def _apply_unit(self, gpu: GpuState, unit: Unit, sign: int) -> None:
+        if gpu.gpu.mode == GpuMode.MIG:
+            profile = profile_get(gpu.gpu.model, unit.mig_profile)
+            mask = MigPlacement(unit.mig_start, profile).slot_mask
+            if sign > 0:
+                if unit.mig_start not in gpu.mig_starts(profile):
+                    layout = self.mig_layout(gpu)
+                    raise ValueError(f"MIG unit does not fit {gpu.gpu.id}: "
+                                     f"{layout_problem((*layout, MigPlacement(unit.mig_start, profile)))}")
+                gpu.slot_mask |= mask
+            else:
+                gpu.slot_mask &= ~mask
+            gpu.compute_used += sign * profile.compute_slices
+            gpu.media_used += sign * int(profile.shape.media_extensions)
+        else:
+            if sign > 0 and (gpu.used_milli + unit.milli > FULL
+                             or gpu.used_memory_mib + unit.memory_mib > gpu.memory_mib):
+                raise ValueError(f"unit does not fit {gpu.gpu.id}")
+            gpu.used_milli += sign * unit.milli
+            gpu.used_memory_mib += sign * unit.memory_mib
+        gpu.units += sign
+
+    def mig_layout(self, gpu: GpuState) -> tuple[MigPlacement, ...]:
+        return tuple(
+            MigPlacement(unit.mig_start, profile_get(gpu.gpu.model, unit.mig_profile))
+            for allocation in self.allocations.values()
+            for unit in allocation.units
+            if unit.gpu == gpu.gpu.id and unit.mig_profile
+        )

@@ -1,0 +1,157 @@
+"""Inputs and outputs of the scheduling core: frozen dataclasses, integer quantities.
+
+Units: GPU capacity in milli-GPU (a whole GPU 1000, a MIG instance compute_slices/7 of 1000, a share its
+milli), memory in MiB, CPU in milli-cores, time in seconds (``now`` and timestamps are floats of seconds
+on any epoch the caller chooses, as long as it is one epoch).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+
+class GpuMode(StrEnum):
+    WHOLE = "whole"  # one lease at a time
+    MIG = "mig"  # MIG instances following the model's placement rules
+    SHARED = "shared"  # fractional shares (milli) with memory caps; a whole lease when empty
+
+
+class Kind(StrEnum):
+    WHOLE = "whole"
+    MIG = "mig"
+    SHARE = "share"
+
+
+class WorkloadClass(StrEnum):
+    INTERACTIVE = "interactive"
+    TRAINING = "training"
+    INFERENCE = "inference"
+
+
+class DecisionMode(StrEnum):
+    PLACED = "placed"
+    PREEMPT = "preempt-then-place"
+    WAITING = "waiting"
+
+
+@dataclass(frozen=True, slots=True)
+class Node:
+    id: str
+    cpu_milli: int = 0  # 0: CPU not tracked
+    memory_mib: int = 0  # host memory; 0: not tracked
+    cordoned: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Gpu:
+    id: str
+    node: str
+    model: str
+    mode: GpuMode = GpuMode.WHOLE
+    index: int = 0
+    nvlink_domain: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Shape:
+    """What a request asks for: ``count`` units of one kind.
+
+    ``models``: allowed GPU models; empty means ``auto``: the cheapest model that satisfies
+    ``memory_mib`` (per unit) and ``min_compute_slices`` for MIG. ``gang``: all units on one node
+    (all-or-nothing either way). ``cpu_milli`` / ``host_memory_mib`` are per request, on the node.
+    """
+
+    kind: Kind
+    count: int = 1
+    profile: str = ""  # MIG profile name, e.g. "3g.40gb"; with auto: its compute size, e.g. "3g"
+    milli: int = 0  # shares: GPU fraction
+    memory_mib: int = 0  # shares: memory cap; auto: memory needed per unit
+    models: tuple[str, ...] = ()
+    gang: bool = True
+    cpu_milli: int = 0
+    host_memory_mib: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    id: str
+    project: str
+    tenant: str
+    shape: Shape
+    submitted_at: float = 0.0
+    priority: int = 0
+    workload_class: WorkloadClass = WorkloadClass.TRAINING
+
+
+@dataclass(frozen=True, slots=True)
+class Unit:
+    """One placed unit of a request on one GPU."""
+
+    gpu: str
+    milli: int  # quota units
+    memory_mib: int
+    mig_profile: str = ""
+    mig_start: int = -1
+
+
+@dataclass(frozen=True, slots=True)
+class Allocation:
+    """Capacity held by a request: its units, the tier counted, and whether it may be preempted."""
+
+    id: str
+    project: str
+    tenant: str
+    tier: str
+    node: str
+    units: tuple[Unit, ...]
+    preemptible: bool
+    started_at: float = 0.0
+    priority: int = 0
+    cpu_milli: int = 0
+    host_memory_mib: int = 0
+
+    @property
+    def milli(self) -> int:
+        return sum(unit.milli for unit in self.units)
+
+
+@dataclass(frozen=True, slots=True)
+class QuotaSpec:
+    project: str
+    tenant: str
+    tier: str
+    deserved_milli: int
+    limit_milli: int
+    weight: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class TenantQuotaSpec:
+    tenant: str
+    tier: str
+    deserved_milli: int
+    limit_milli: int
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    nodes: tuple[Node, ...]
+    gpus: tuple[Gpu, ...]
+    allocations: tuple[Allocation, ...] = ()
+    quotas: tuple[QuotaSpec, ...] = ()
+    tenant_quotas: tuple[TenantQuotaSpec, ...] = ()
+    # price per GPU-hour per tier, in any currency's minor units; used by `auto` and shown in reasons
+    prices: dict[str, int] = field(default_factory=dict)
+    enforce_quotas: bool = True
+    min_runtime_seconds: float = 0.0  # before an over-quota allocation may be preempted
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    request: str
+    mode: DecisionMode
+    reason: str
+    allocation: Allocation | None = None
+    victims: tuple[str, ...] = ()  # allocation ids that get a preemption notice
+    queue_position: int = 0
