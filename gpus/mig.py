@@ -57,23 +57,18 @@ class MigProfile:
     model: str
     shape: MigShape
     memory_mib: int
+    # copied from the shape for speed (the scheduler reads them in its inner loops)
+    compute_slices: int = 0
+    memory_slots: int = 0
+    starts: tuple[int, ...] = ()
+    # the GPU units the profile counts against quotas: compute slices of 7, in milli-GPU (rounded)
+    gpu_milli: int = 0
 
-    @property
-    def compute_slices(self) -> int:
-        return self.shape.compute_slices
-
-    @property
-    def memory_slots(self) -> int:
-        return self.shape.memory_slots
-
-    @property
-    def starts(self) -> tuple[int, ...]:
-        return self.shape.starts
-
-    @property
-    def gpu_milli(self) -> int:
-        """The GPU units the profile counts against quotas: compute slices of 7, in milli-GPU (rounded)."""
-        return round(self.shape.compute_slices * 1000 / COMPUTE_SLICES)
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "compute_slices", self.shape.compute_slices)
+        object.__setattr__(self, "memory_slots", self.shape.memory_slots)
+        object.__setattr__(self, "starts", self.shape.starts)
+        object.__setattr__(self, "gpu_milli", round(self.shape.compute_slices * 1000 / COMPUTE_SLICES))
 
 
 # Usable memory (MiB) by memory-slot count per model: 1 slot, 2 slots, 4 slots, 8 slots. A100 and H100

@@ -11,6 +11,7 @@ descent, Weng et al., USENIX ATC 2023, as published) and ``default`` (ours; see 
 
 from __future__ import annotations
 
+import heapq
 import random as _random
 from dataclasses import dataclass
 
@@ -327,20 +328,87 @@ def node_stranding(node: NodeState, free: list[int], free_cpu: int, free_memory:
     return result
 
 
+def mig_copies(slot_mask: int, compute_used: int, profile: MigProfile) -> int:
+    """How many more instances of ``profile`` fit a MIG GPU with this layout (lowest starts first, which
+    is optimal for one profile: its starts are aligned to its size)."""
+    count = 0
+    width = (1 << profile.memory_slots) - 1
+    for start in profile.starts:
+        if compute_used + profile.compute_slices > COMPUTE_SLICES:
+            break
+        if not (slot_mask >> start) & width:
+            slot_mask |= width << start
+            compute_used += profile.compute_slices
+            count += 1
+    return count
+
+
+def mig_stranding(gpu: GpuState, slot_mask: int, compute_used: int, workload: list[tuple[Need, float]]) -> float:
+    """Expected compute (milli) of one MIG GPU that the typical MIG demand could not use."""
+    free = (COMPUTE_SLICES - compute_used) * FULL // COMPUTE_SLICES
+    result = 0.0
+    for profile, probability in _mig_demand(gpu.gpu.model, workload):
+        result += probability * (free - mig_copies(slot_mask, compute_used, profile) * profile.gpu_milli)
+    return result
+
+
+_MIG_DEMAND: dict[tuple[str, int], list[tuple[MigProfile, float]]] = {}
+
+
+def _mig_demand(model: str, workload: list[tuple[Need, float]]) -> list[tuple[MigProfile, float]]:
+    """The MIG profiles in demand on ``model`` with normalised probabilities; with no history, every
+    profile of the model (but +me) equally likely. Cached per workload object."""
+    key = (model, id(workload))
+    cached = _MIG_DEMAND.get(key)
+    if cached is not None:
+        return cached
+    demand = [(n.profile, p) for n, p in workload
+              if n.kind == Kind.MIG and n.profile is not None and n.profile.model == model]
+    if not demand:
+        from gpus.mig import profiles_for
+
+        offered = [p for p in profiles_for(model) if not p.shape.media_extensions]
+        demand = [(p, 1.0) for p in offered]
+    total = sum(p for _, p in demand)
+    cached = _MIG_DEMAND[key] = [(profile, p / total) for profile, p in demand]
+    return cached
+
+
 class DefaultPolicy(Policy):
     """Ours: minimise the increase of the node's *stranded* capacity (``node_stranding``): FGD's idea,
     measured by how many copies of each typical need the node could still take given its free GPU,
-    CPU and memory together; best-fit breaks ties, which keeps empty nodes for large gangs."""
+    CPU and memory together; best-fit breaks ties, which keeps empty nodes for large gangs. For MIG, the
+    same measure per GPU over its slot layout picks start slots that keep larger profiles possible
+    (a 3g goes to slot 4 so that a 4g can still start at 0)."""
 
     name = "default"
     best_fit_weight = 1.0
 
     def score(self, cluster, node, units, need):
+        if need.kind == Kind.MIG:
+            return self._mig_score(node, units) + self.best_fit_weight * BestFitPolicy.score(
+                self, cluster, node, units, need)
         before = node_stranding(node, [g.free_milli for g in node.gpus], node.free_cpu_milli,
                                 node.free_memory_mib, self.workload)
         after = node_stranding(node, _after(node, units), node.free_cpu_milli - need.cpu_milli,
                                node.free_memory_mib - need.host_memory_mib, self.workload)
         return (after - before) + self.best_fit_weight * BestFitPolicy.score(self, cluster, node, units, need)
+
+    def _mig_score(self, node: NodeState, units: tuple[Unit, ...]) -> float:
+        gpus = {gpu.gpu.id: gpu for gpu in node.gpus}
+        layout: dict[str, list[int]] = {}
+        for unit in units:
+            gpu = gpus[unit.gpu]
+            mask, compute = layout.get(unit.gpu, [gpu.slot_mask, gpu.compute_used])
+            profile = profile_get(gpu.gpu.model, unit.mig_profile)
+            layout[unit.gpu] = [mask | (((1 << profile.memory_slots) - 1) << unit.mig_start),
+                                compute + profile.compute_slices]
+        delta = 0.0
+        for gpu_id, (mask, compute) in layout.items():
+            gpu = gpus[gpu_id]
+            delta += mig_stranding(gpu, mask, compute, self.workload) - mig_stranding(
+                gpu, gpu.slot_mask, gpu.compute_used, self.workload)
+        return delta
 
 
 POLICIES: dict[str, type[Policy]] = {
@@ -366,6 +434,8 @@ class Placer:
         self.cluster = cluster
         self.policy = policy
         self._memo: dict[tuple, tuple[float, tuple] | None] = {}
+        # per need: a heap of (score, node signature, units) and how far into the signature log it is
+        self._heaps: dict[tuple, list] = {}
 
     def _best_on_signature(self, node: NodeState, signature: tuple, need: Need):
         key = (signature, need.key())
@@ -375,52 +445,78 @@ class Placer:
         for units in self.policy.node_options(node, need):
             score = self.policy.score(self.cluster, node, units, need)
             if best is None or score < best[0]:
-                best = (score, _relative(node, units))
+                best = (score, units)
+        if best is not None:
+            best = (best[0], _relative(node, best[1]))
         self._memo[key] = best
         return best
 
     def find(self, need: Need) -> tuple[str, tuple[Unit, ...]] | None:
         """The chosen node and units, or None when nothing fits."""
+        if self.policy.uses_random:
+            return self._find_random(need)
         cluster = self.cluster
-        scored: list[tuple[float, tuple, tuple, int]] = []
+        key = need.key()
+        entry = self._heaps.get(key)
+        if entry is None:
+            entry = self._heaps[key] = [[], 0]
+        heap, position = entry
+        log = cluster.signature_log
+        # catch up with node states that appeared since this need was last placed
+        for signature in log[position:]:
+            members = cluster.by_signature.get(signature)
+            if not members:
+                continue
+            sample = cluster.nodes[next(iter(members))]
+            if need.models and (not sample.gpus or sample.gpus[0].gpu.model not in need.models):
+                continue
+            best = self._best_on_signature(sample, signature, need)
+            if best is not None:
+                heapq.heappush(heap, (best[0], signature, best[1]))
+        entry[1] = len(log)
+        # the best state that still has nodes; stale states are dropped on the way
+        while heap:
+            _score, signature, relative = heap[0]
+            members = cluster.by_signature.get(signature)
+            if members:
+                node_id = min(members)
+                return node_id, _materialise(cluster.nodes[node_id], relative)
+            heapq.heappop(heap)
+        return None
+
+    def _find_random(self, need: Need) -> tuple[str, tuple[Unit, ...]] | None:
+        cluster = self.cluster
+        scored: list[tuple[tuple, tuple, int]] = []
         for signature, members in cluster.by_signature.items():
             sample = cluster.nodes[next(iter(members))]
             if need.models and (not sample.gpus or sample.gpus[0].gpu.model not in need.models):
                 continue
             best = self._best_on_signature(sample, signature, need)
             if best is not None:
-                scored.append((best[0], signature, best[1], len(members)))
+                scored.append((signature, best[1], len(members)))
         if not scored:
             return None
-        if self.policy.uses_random:
-            _, signature, relative, _ = self.policy.rng.choices(scored, weights=[s[3] for s in scored])[0]
-            members = sorted(cluster.by_signature[signature])
-            node_id = members[self.policy.rng.randrange(len(members))]
-        else:
-            low = min(item[0] for item in scored)
-            node_id, relative = min(
-                (min(cluster.by_signature[signature]), relative)
-                for score, signature, relative, _ in scored
-                if score <= low + 1e-9
-            )
+        signature, relative, _ = self.policy.rng.choices(scored, weights=[s[2] for s in scored])[0]
+        members = sorted(cluster.by_signature[signature])
+        node_id = members[self.policy.rng.randrange(len(members))]
         return node_id, _materialise(cluster.nodes[node_id], relative)
 
 
 def _relative(node: NodeState, units: tuple[Unit, ...]) -> tuple:
     """Units described by GPU state and rank among equal GPUs, valid on any node of the same signature."""
-    by_id = {gpu.gpu.id: gpu for gpu in node.gpus}
+    signatures = {gpu.gpu.id: gpu.signature() for gpu in node.gpus}
     out = []
     for unit in units:
-        gpu = by_id[unit.gpu]
-        signature = gpu.signature()
-        rank = [g.gpu.id for g in node.gpus if g.signature() == signature].index(unit.gpu)
+        signature = signatures[unit.gpu]
+        rank = [gpu_id for gpu_id, other in signatures.items() if other == signature].index(unit.gpu)
         out.append((signature, rank, unit.milli, unit.memory_mib, unit.mig_profile, unit.mig_start))
     return tuple(out)
 
 
 def _materialise(node: NodeState, relative: tuple) -> tuple[Unit, ...]:
+    signatures = [(gpu, gpu.signature()) for gpu in node.gpus]
     units = []
     for signature, rank, milli, memory, profile, start in relative:
-        same = [g for g in node.gpus if g.signature() == signature]
+        same = [gpu for gpu, other in signatures if other == signature]
         units.append(Unit(same[rank].gpu.id, milli, memory, profile, start))
     return tuple(units)

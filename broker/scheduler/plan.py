@@ -38,16 +38,15 @@ class _Quota:
 class Scheduler:
     """Holds the working state across cycles (the simulator) or for one cycle (``plan``)."""
 
-    def __init__(self, snapshot: Snapshot, *, policy: Policy | str = "default", seed: int = 0,
-                 workload=None):
+    def __init__(self, snapshot: Snapshot, *, policy: Policy | str = "default", seed: int = 0, workload=None):
         self.snapshot = snapshot
         self.cluster = ClusterState.from_snapshot(snapshot)
         self.policy = policy if isinstance(policy, Policy) else policy_get(policy, seed=seed, workload=workload)
         self.placer = Placer(self.cluster, self.policy)
-        self.quotas = {(q.project, q.tier): _Quota(q.deserved_milli, q.limit_milli, q.weight)
-                       for q in snapshot.quotas}
-        self.tenant_quotas = {(q.tenant, q.tier): _Quota(q.deserved_milli, q.limit_milli)
-                              for q in snapshot.tenant_quotas}
+        self.quotas = {(q.project, q.tier): _Quota(q.deserved_milli, q.limit_milli, q.weight) for q in snapshot.quotas}
+        self.tenant_quotas = {
+            (q.tenant, q.tier): _Quota(q.deserved_milli, q.limit_milli) for q in snapshot.tenant_quotas
+        }
         self.models_present = sorted(self.cluster.capacity_milli_by_model)
 
     # -- tiers ------------------------------------------------------------------------------------
@@ -78,19 +77,24 @@ class Scheduler:
         used_in, used_over = self.cluster.project_usage.get((request.project, tier), [0, 0])
         amount = need.total_milli
         if used_in + used_over + amount > quota.limit:
-            return (f"project quota limit for {tier} exhausted ({used_in + used_over}/{quota.limit} milli in use, "
-                    f"request needs {amount})"), False
+            return (
+                f"project quota limit for {tier} exhausted ({used_in + used_over}/{quota.limit} milli in use, "
+                f"request needs {amount})"
+            ), False
         tenant_quota = self.tenant_quotas.get((request.tenant, tier))
         tenant_in, tenant_over = self.cluster.tenant_usage.get((request.tenant, tier), [0, 0])
         if tenant_quota is not None and tenant_in + tenant_over + amount > tenant_quota.limit:
-            return (f"tenant quota limit for {tier} exhausted ({tenant_in + tenant_over}/{tenant_quota.limit} "
-                    f"milli in use)"), False
+            return (
+                f"tenant quota limit for {tier} exhausted ({tenant_in + tenant_over}/{tenant_quota.limit} milli in use)"
+            ), False
         in_quota = used_in + amount <= quota.deserved and (
             tenant_quota is None or tenant_in + amount <= tenant_quota.deserved
         )
         if not in_quota and quota.weight == 0:
-            return (f"project quota for {tier} exhausted ({used_in}/{quota.deserved} milli guaranteed in use) "
-                    f"and the project does not borrow (over-quota weight 0)"), False
+            return (
+                f"project quota for {tier} exhausted ({used_in}/{quota.deserved} milli guaranteed in use) "
+                f"and the project does not borrow (over-quota weight 0)"
+            ), False
         return None, in_quota
 
     def over_share(self, project: str, tier: str) -> float:
@@ -111,10 +115,26 @@ class Scheduler:
                 deferred.append(request)
             else:
                 decisions[request.id] = decision
-        # over-quota admissions: fairest project first, re-ranked after each admission
-        while deferred:
-            deferred.sort(key=lambda r: (-r.priority, self._fair_key(r), r.submitted_at, r.id))
-            request = deferred.pop(0)
+        # over-quota admissions: the project with the least over-quota use per weight first, re-ranked
+        # after each admission (weighted max-min fairness of the idle capacity); FIFO within a project
+        by_project: dict[str, list[Request]] = {}
+        for request in deferred:  # already in priority / submission order
+            by_project.setdefault(request.project, []).append(request)
+        heads = {project: 0 for project in by_project}
+        while heads:
+            project = min(
+                heads,
+                key=lambda p: (
+                    -by_project[p][heads[p]].priority,
+                    self._fair_key(by_project[p][heads[p]]),
+                    by_project[p][heads[p]].submitted_at,
+                    p,
+                ),
+            )
+            request = by_project[project][heads[project]]
+            heads[project] += 1
+            if heads[project] == len(by_project[project]):
+                del heads[project]
             decision = self._try(request, now=now, allow_over_quota=True)
             assert decision is not None
             decisions[request.id] = decision
@@ -175,8 +195,9 @@ class Scheduler:
         allocation = self._allocation(request, tier, need, found, preemptible=preemptible, now=now)
         self.cluster.apply(allocation)
         kind = "over quota, preemptible" if preemptible else "within quota"
-        return Decision(request.id, DecisionMode.PLACED, f"placed on {allocation.node} ({tier}, {kind})",
-                        allocation=allocation)
+        return Decision(
+            request.id, DecisionMode.PLACED, f"placed on {allocation.node} ({tier}, {kind})", allocation=allocation
+        )
 
     def _find(self, need: Need):
         if need.gang or need.count == 1:
@@ -203,16 +224,25 @@ class Scheduler:
             units = tuple(unit for temp in units for unit in temp.units)
             node_id = found[1][0].node
         return Allocation(
-            id=request.id, project=request.project, tenant=request.tenant, tier=tier, node=node_id, units=units,
-            preemptible=preemptible, started_at=now, priority=request.priority,
-            cpu_milli=need.cpu_milli, host_memory_mib=need.host_memory_mib,
+            id=request.id,
+            project=request.project,
+            tenant=request.tenant,
+            tier=tier,
+            node=node_id,
+            units=units,
+            preemptible=preemptible,
+            started_at=now,
+            priority=request.priority,
+            cpu_milli=need.cpu_milli,
+            host_memory_mib=need.host_memory_mib,
         )
 
     # -- reclaim ----------------------------------------------------------------------------------
     def _reclaim(self, request: Request, tier: str, need: Need, *, now: float) -> Decision | None:
         min_runtime = self.snapshot.min_runtime_seconds
         candidates = [
-            a for a in self.cluster.allocations.values()
+            a
+            for a in self.cluster.allocations.values()
             if a.preemptible and a.tier == tier and a.started_at + min_runtime <= now and a.id != request.id
         ]
         if not candidates:
@@ -250,9 +280,13 @@ class Scheduler:
         allocation = self._allocation(request, tier, need, (node_id, units[0]), preemptible=False, now=now)
         self.cluster.apply(allocation)
         names = ", ".join(f"{v.id} ({v.project})" for v in victims)
-        return Decision(request.id, DecisionMode.PREEMPT,
-                        f"in quota on {tier}: reclaiming from over-quota work: {names}",
-                        allocation=allocation, victims=tuple(v.id for v in victims))
+        return Decision(
+            request.id,
+            DecisionMode.PREEMPT,
+            f"in quota on {tier}: reclaiming from over-quota work: {names}",
+            allocation=allocation,
+            victims=tuple(v.id for v in victims),
+        )
 
     def _fits_on(self, node_id: str, need: Need) -> bool:
         return bool(self.placer.policy.node_options(self.cluster.nodes[node_id], need))
@@ -262,8 +296,11 @@ class Scheduler:
         if need.kind == Kind.MIG and need.profile is not None:
             profile = need.profile
             repartitionable = sum(
-                1 for gpu in self.cluster.gpus.values()
-                if gpu.gpu.model == tier and gpu.gpu.mode.value == "mig" and not gpu.mig_starts(profile)
+                1
+                for gpu in self.cluster.gpus.values()
+                if gpu.gpu.model == tier
+                and gpu.gpu.mode.value == "mig"
+                and not gpu.mig_starts(profile)
                 and 7 - gpu.compute_used >= profile.compute_slices
                 and 8 - bin(gpu.slot_mask).count("1") >= profile.memory_slots
             )
@@ -288,8 +325,15 @@ def _describe(request: Request) -> str:
     return f"{shape.count} x whole GPU"
 
 
-def plan(snapshot: Snapshot, requests: list[Request], *, now: float, policy: str | Policy = "default",
-         seed: int = 0, workload=None) -> list[Decision]:
+def plan(
+    snapshot: Snapshot,
+    requests: list[Request],
+    *,
+    now: float,
+    policy: str | Policy = "default",
+    seed: int = 0,
+    workload=None,
+) -> list[Decision]:
     """Decisions for ``requests`` on ``snapshot``; pure: the snapshot is not changed."""
     return Scheduler(snapshot, policy=policy, seed=seed, workload=workload).schedule(requests, now=now)
 

@@ -88,6 +88,8 @@ class ClusterState:
     allocations: dict[str, Allocation] = field(default_factory=dict)
     by_signature: dict[tuple, set[str]] = field(default_factory=dict)
     node_signature: dict[str, tuple] = field(default_factory=dict)
+    # every signature that came into existence, in order: placers catch up on it incrementally
+    signature_log: list[tuple] = field(default_factory=list)
     capacity_milli_by_model: dict[str, int] = field(default_factory=dict)
     # usage: (project, tier) -> [in-quota milli, over-quota milli]; (tenant, tier) likewise
     project_usage: dict[tuple[str, str], list[int]] = field(default_factory=dict)
@@ -122,7 +124,11 @@ class ClusterState:
                 del self.by_signature[old]
         new = self.nodes[node_id].signature()
         self.node_signature[node_id] = new
-        self.by_signature.setdefault(new, set()).add(node_id)
+        members = self.by_signature.get(new)
+        if members is None:
+            members = self.by_signature[new] = set()
+            self.signature_log.append(new)
+        members.add(node_id)
 
     # -- changes ------------------------------------------------------------------------------------
     def apply(self, allocation: Allocation) -> None:
