@@ -18,7 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from broker.scheduler import (  # noqa: E402
+from broker.scheduler import (
     Gpu,
     GpuMode,
     Kind,
@@ -29,7 +29,7 @@ from broker.scheduler import (  # noqa: E402
     Snapshot,
     TenantQuotaSpec,
 )
-from broker.scheduler.plan import Scheduler  # noqa: E402
+from broker.scheduler.plan import Scheduler
 
 MODEL = "H100-80GB"
 SHAPES = [
