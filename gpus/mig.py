@@ -61,14 +61,16 @@ class MigProfile:
     compute_slices: int = 0
     memory_slots: int = 0
     starts: tuple[int, ...] = ()
-    # the GPU units the profile counts against quotas: compute slices of 7, in milli-GPU (rounded)
+    # the GPU units the profile counts against quotas: compute slices of 7, in milli-GPU, rounded down so
+    # that any valid layout sums to at most 1000 (7 x 1g = 994); the full 7g is exactly 1000
     gpu_milli: int = 0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "compute_slices", self.shape.compute_slices)
         object.__setattr__(self, "memory_slots", self.shape.memory_slots)
         object.__setattr__(self, "starts", self.shape.starts)
-        object.__setattr__(self, "gpu_milli", round(self.shape.compute_slices * 1000 / COMPUTE_SLICES))
+        slices = self.shape.compute_slices
+        object.__setattr__(self, "gpu_milli", 1000 if slices == COMPUTE_SLICES else slices * 1000 // COMPUTE_SLICES)
 
 
 # Usable memory (MiB) by memory-slot count per model: 1 slot, 2 slots, 4 slots, 8 slots. A100 and H100

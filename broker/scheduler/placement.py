@@ -112,7 +112,8 @@ class Policy:
 
     def __init__(self, *, seed: int = 0, workload: list[tuple[Need, float]] | None = None):
         self.rng = _random.Random(seed)
-        self.workload = workload or []
+        self.workload = list(workload or [])  # a copy: later changes by the caller do not leak in
+        self._demand: dict[str, list[tuple[MigProfile, float]]] = {}
 
     # How a node's units are chosen for a multi-unit need: by default tightest GPUs first.
     def unit_order(self, gpu: GpuState, unit: Unit) -> tuple:
@@ -123,7 +124,7 @@ class Policy:
         if not _node_can_host(node, need):
             return []
         if need.count == 0:
-            return [()] if not node.gpus or need.allows(node.gpus[0].gpu.model) else []
+            return [()] if not node.gpus or not need.models or not node.models.isdisjoint(need.models) else []
         per_gpu = [(gpu, gpu_options(gpu, need)) for gpu in node.gpus]
         per_gpu = [(gpu, units) for gpu, units in per_gpu if units]
         if need.count == 1:
@@ -158,14 +159,18 @@ class Policy:
             profile = need.profile
             assert profile is not None
             width = (1 << profile.memory_slots) - 1
+            media = gpu.media_used
             for start in profile.starts:
                 if len(chosen) == need.count:
                     break
                 if compute + profile.compute_slices > COMPUTE_SLICES:
                     break
+                if profile.shape.media_extensions and media:
+                    break  # at most one +me instance per GPU
                 if not (slots >> start) & width:
                     slots |= width << start
                     compute += profile.compute_slices
+                    media += int(profile.shape.media_extensions)
                     chosen.append(Unit(gpu.gpu.id, need.milli, need.memory_mib, profile.name, start))
             if len(chosen) == need.count:
                 return [tuple(chosen)]
@@ -310,19 +315,19 @@ def node_stranding(node: NodeState, free: list[int], free_cpu: int, free_memory:
     total_free = sum(free)
     if total_free == 0:
         return 0.0
-    model = node.gpus[0].gpu.model if node.gpus else ""
     result = 0.0
     for need, probability in workload:
-        if need.total_milli == 0 or not need.allows(model):
+        usable = [f for gpu, f in zip(node.gpus, free, strict=True) if need.allows(gpu.gpu.model)]
+        if need.total_milli == 0 or not usable:
             result += probability * total_free
             continue
         copies_cpu = free_cpu // need.cpu_milli if node.node.cpu_milli and need.cpu_milli else 10**6
         copies_mem = (free_memory // need.host_memory_mib
                       if node.node.memory_mib and need.host_memory_mib else 10**6)
         if need.kind == Kind.WHOLE:
-            copies_gpu = sum(1 for f in free if f == FULL) // need.count
+            copies_gpu = sum(1 for f in usable if f == FULL) // need.count
         else:
-            copies_gpu = sum(f // need.milli for f in free)
+            copies_gpu = sum(f // need.milli for f in usable)
         copies = min(copies_cpu, copies_mem, copies_gpu)
         result += probability * (total_free - copies * need.total_milli)
     return result
@@ -343,25 +348,18 @@ def mig_copies(slot_mask: int, compute_used: int, profile: MigProfile) -> int:
     return count
 
 
-def mig_stranding(gpu: GpuState, slot_mask: int, compute_used: int, workload: list[tuple[Need, float]]) -> float:
-    """Expected compute (milli) of one MIG GPU that the typical MIG demand could not use."""
+def mig_stranding(slot_mask: int, compute_used: int, demand: list[tuple[MigProfile, float]]) -> float:
+    """Expected compute (milli) of one MIG GPU that the MIG demand could not use."""
     free = (COMPUTE_SLICES - compute_used) * FULL // COMPUTE_SLICES
     result = 0.0
-    for profile, probability in _mig_demand(gpu.gpu.model, workload):
+    for profile, probability in demand:
         result += probability * (free - mig_copies(slot_mask, compute_used, profile) * profile.gpu_milli)
     return result
 
 
-_MIG_DEMAND: dict[tuple[str, int], list[tuple[MigProfile, float]]] = {}
-
-
-def _mig_demand(model: str, workload: list[tuple[Need, float]]) -> list[tuple[MigProfile, float]]:
+def mig_demand(model: str, workload: list[tuple[Need, float]]) -> list[tuple[MigProfile, float]]:
     """The MIG profiles in demand on ``model`` with normalised probabilities; with no history, every
-    profile of the model (but +me) equally likely. Cached per workload object."""
-    key = (model, id(workload))
-    cached = _MIG_DEMAND.get(key)
-    if cached is not None:
-        return cached
+    profile of the model (but +me) equally likely."""
     demand = [(n.profile, p) for n, p in workload
               if n.kind == Kind.MIG and n.profile is not None and n.profile.model == model]
     if not demand:
@@ -370,8 +368,7 @@ def _mig_demand(model: str, workload: list[tuple[Need, float]]) -> list[tuple[Mi
         offered = [p for p in profiles_for(model) if not p.shape.media_extensions]
         demand = [(p, 1.0) for p in offered]
     total = sum(p for _, p in demand)
-    cached = _MIG_DEMAND[key] = [(profile, p / total) for profile, p in demand]
-    return cached
+    return [(profile, p / total) for profile, p in demand]
 
 
 class DefaultPolicy(Policy):
@@ -406,8 +403,10 @@ class DefaultPolicy(Policy):
         delta = 0.0
         for gpu_id, (mask, compute) in layout.items():
             gpu = gpus[gpu_id]
-            delta += mig_stranding(gpu, mask, compute, self.workload) - mig_stranding(
-                gpu, gpu.slot_mask, gpu.compute_used, self.workload)
+            demand = self._demand.get(gpu.gpu.model)
+            if demand is None:  # the workload is fixed for the policy's life
+                demand = self._demand[gpu.gpu.model] = mig_demand(gpu.gpu.model, self.workload)
+            delta += mig_stranding(mask, compute, demand) - mig_stranding(gpu.slot_mask, gpu.compute_used, demand)
         return delta
 
 
@@ -468,7 +467,7 @@ class Placer:
             if not members:
                 continue
             sample = cluster.nodes[next(iter(members))]
-            if need.models and (not sample.gpus or sample.gpus[0].gpu.model not in need.models):
+            if need.models and sample.models.isdisjoint(need.models):
                 continue
             best = self._best_on_signature(sample, signature, need)
             if best is not None:
@@ -489,7 +488,7 @@ class Placer:
         scored: list[tuple[tuple, tuple, int]] = []
         for signature, members in cluster.by_signature.items():
             sample = cluster.nodes[next(iter(members))]
-            if need.models and (not sample.gpus or sample.gpus[0].gpu.model not in need.models):
+            if need.models and sample.models.isdisjoint(need.models):
                 continue
             best = self._best_on_signature(sample, signature, need)
             if best is not None:

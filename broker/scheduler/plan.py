@@ -1,8 +1,8 @@
 """One scheduling cycle: requests in, decisions out.
 
-Order: higher priority first, then in-quota before over-quota, then submission time, then id. Over-quota
-requests of a tier are admitted in order of their project's over-quota usage divided by its weight
-(recomputed after every admission), which divides idle capacity by weighted max-min fairness.
+Order: every request that is in quota is served first (by priority, then submission time, then id);
+over-quota requests follow, by priority and then the project with the least over-quota usage per
+weight (recomputed after every admission), which divides idle capacity by weighted max-min fairness.
 
 For each request:
 1. Tiers: the allowed models, or for ``auto`` every model that satisfies the shape, cheapest first.
@@ -154,6 +154,10 @@ class Scheduler:
     def _try(self, request: Request, *, now: float, allow_over_quota: bool) -> Decision | None:
         """A decision, or None when the request is over-quota and over-quota admission comes later."""
         tiers = self.tiers_for(request)
+        shape = request.shape
+        if not shape.gang and shape.count > 1 and (shape.cpu_milli or shape.host_memory_mib):
+            return self._waiting(request, "a request spread over several nodes (gang off) cannot reserve host "
+                                          "CPU or memory; ask for a gang or leave them out")
         if not tiers:
             wanted = ", ".join(request.shape.models) or "any model here"
             return self._waiting(request, f"no GPU model offers this shape ({_describe(request)}) on {wanted}")
@@ -200,8 +204,10 @@ class Scheduler:
         )
 
     def _find(self, need: Need):
-        if need.gang or need.count == 1:
+        if need.gang or need.count <= 1:
             return self.placer.find(need)
+        if need.cpu_milli or need.host_memory_mib:
+            return None  # a request spread over nodes cannot reserve host CPU/memory (reason in _try)
         # not a gang: place units one at a time (all-or-nothing), possibly on several nodes
         single = Need(need.kind, 1, need.models, need.milli, need.memory_mib, need.profile, True, 0, 0)
         held = []
@@ -241,36 +247,27 @@ class Scheduler:
     def _reclaim(self, request: Request, tier: str, need: Need, *, now: float) -> Decision | None:
         min_runtime = self.snapshot.min_runtime_seconds
         candidates = [
-            a
-            for a in self.cluster.allocations.values()
+            a for a in self.cluster.allocations.values()
             if a.preemptible and a.tier == tier and a.started_at + min_runtime <= now and a.id != request.id
         ]
         if not candidates:
             return None
+        # the preferred victims first: furthest above fair share, lowest priority, youngest
         candidates.sort(key=lambda a: (-self.over_share(a.project, tier), a.priority, -a.started_at, a.id))
+        rank = {allocation.id: position for position, allocation in enumerate(candidates)}
         by_node: dict[str, list[Allocation]] = {}
         for allocation in candidates:
-            by_node.setdefault(allocation.node, []).append(allocation)
-        best: tuple[int, str, list[Allocation]] | None = None
+            for node_id in self.cluster._nodes_of(allocation):
+                by_node.setdefault(node_id, []).append(allocation)
+        best: tuple[tuple, str, list[Allocation]] | None = None
         for node_id, victims_here in by_node.items():
-            removed: list[Allocation] = []
-            fitted = False
-            for victim in victims_here:
-                removed.append(self.cluster.remove(victim.id))
-                if self._fits_on(node_id, need):
-                    fitted = True
-                    break
-            if fitted:  # drop victims that turn out unnecessary (newest-removed kept)
-                for victim in list(removed[:-1]):
-                    self.cluster.apply(victim)
-                    if self._fits_on(node_id, need):
-                        removed.remove(victim)
-                    else:
-                        self.cluster.remove(victim.id)
-            for victim in removed:
-                self.cluster.apply(victim)
-            if fitted and (best is None or (len(removed), node_id) < (best[0], best[1])):
-                best = (len(removed), node_id, removed)
+            chosen = self._victims_on(node_id, victims_here, need)
+            if chosen is None:
+                continue
+            # fewest victims, then the set whose members rank best as victims, then the node id
+            key = (len(chosen), sorted(rank[v.id] for v in chosen), node_id)
+            if best is None or key < best[0]:
+                best = (key, node_id, chosen)
         if best is None:
             return None
         _, node_id, victims = best
@@ -280,13 +277,38 @@ class Scheduler:
         allocation = self._allocation(request, tier, need, (node_id, units[0]), preemptible=False, now=now)
         self.cluster.apply(allocation)
         names = ", ".join(f"{v.id} ({v.project})" for v in victims)
-        return Decision(
-            request.id,
-            DecisionMode.PREEMPT,
-            f"in quota on {tier}: reclaiming from over-quota work: {names}",
-            allocation=allocation,
-            victims=tuple(v.id for v in victims),
-        )
+        return Decision(request.id, DecisionMode.PREEMPT,
+                        f"in quota on {tier}: reclaiming from over-quota work: {names}",
+                        allocation=allocation, victims=tuple(v.id for v in victims))
+
+    def _victims_on(self, node_id: str, ordered: list[Allocation], need: Need) -> list[Allocation] | None:
+        """The fewest victims on one node (in victim order) whose removal lets ``need`` fit, or None.
+
+        One victim is tried alone first (each, in order); otherwise victims are removed in order until it
+        fits and those not needed are put back. The state is unchanged afterwards."""
+        for victim in ordered:
+            self.cluster.remove(victim.id)
+            fits = self._fits_on(node_id, need)
+            self.cluster.apply(victim)
+            if fits:
+                return [victim]
+        removed: list[Allocation] = []
+        fitted = False
+        for victim in ordered:
+            removed.append(self.cluster.remove(victim.id))
+            if self._fits_on(node_id, need):
+                fitted = True
+                break
+        if fitted:
+            for victim in list(removed[:-1]):
+                self.cluster.apply(victim)
+                if self._fits_on(node_id, need):
+                    removed.remove(victim)
+                else:
+                    self.cluster.remove(victim.id)
+        for victim in removed:
+            self.cluster.apply(victim)
+        return removed if fitted else None
 
     def _fits_on(self, node_id: str, need: Need) -> bool:
         return bool(self.placer.policy.node_options(self.cluster.nodes[node_id], need))

@@ -73,8 +73,13 @@ class NodeState:
     free_memory_mib: int = 0
 
     def signature(self) -> tuple:
-        return (self.node.cordoned, self.free_cpu_milli, self.free_memory_mib,
-                tuple(sorted(g.signature() for g in self.gpus)))
+        # totals are part of the state: policies normalise by them, and 0 means "not tracked"
+        return (self.node.cordoned, self.node.cpu_milli, self.free_cpu_milli, self.node.memory_mib,
+                self.free_memory_mib, tuple(sorted(g.signature() for g in self.gpus)))
+
+    @property
+    def models(self) -> frozenset[str]:
+        return frozenset(g.gpu.model for g in self.gpus)
 
     @property
     def free_milli(self) -> int:
@@ -143,7 +148,8 @@ class ClusterState:
         for usage, key in ((self.project_usage, (allocation.project, allocation.tier)),
                            (self.tenant_usage, (allocation.tenant, allocation.tier))):
             usage.setdefault(key, [0, 0])[column] += allocation.milli
-        self._index(allocation.node)
+        for node_id in self._nodes_of(allocation):
+            self._index(node_id)
 
     def remove(self, allocation_id: str) -> Allocation:
         allocation = self.allocations.pop(allocation_id)
@@ -155,8 +161,18 @@ class ClusterState:
         column = 1 if allocation.preemptible else 0
         self.project_usage[(allocation.project, allocation.tier)][column] -= allocation.milli
         self.tenant_usage[(allocation.tenant, allocation.tier)][column] -= allocation.milli
-        self._index(allocation.node)
+        for node_id in self._nodes_of(allocation):
+            self._index(node_id)
         return allocation
+
+    def _nodes_of(self, allocation: Allocation) -> list[str]:
+        """The allocation's node first, then any other node its units are on (spread requests)."""
+        nodes = [allocation.node]
+        for unit in allocation.units:
+            node_id = self.gpus[unit.gpu].gpu.node
+            if node_id not in nodes:
+                nodes.append(node_id)
+        return nodes
 
     def _apply_unit(self, gpu: GpuState, unit: Unit, sign: int) -> None:
         if gpu.gpu.mode == GpuMode.MIG:
@@ -165,8 +181,9 @@ class ClusterState:
             if sign > 0:
                 if unit.mig_start not in gpu.mig_starts(profile):
                     layout = self.mig_layout(gpu)
-                    raise ValueError(f"MIG unit does not fit {gpu.gpu.id}: "
-                                     f"{layout_problem((*layout, MigPlacement(unit.mig_start, profile)))}")
+                    problem = layout_problem((*layout, MigPlacement(unit.mig_start, profile)))
+                    raise ValueError(f"MIG unit {profile.name}@{unit.mig_start} does not fit {gpu.gpu.id}: "
+                                     f"{problem or 'layout of this cycle conflicts'}")
                 gpu.slot_mask |= mask
             else:
                 gpu.slot_mask &= ~mask

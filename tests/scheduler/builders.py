@@ -23,6 +23,7 @@ from broker.scheduler import (
     Shape,
     Snapshot,
     TenantQuotaSpec,
+    Unit,
 )
 from gpus.catalogue import model_get
 from gpus.mig import MigPlacement, layout_problem, profile_get
@@ -45,11 +46,19 @@ def fleet(*specs: tuple[str, str, int, GpuMode], cordoned: tuple[str, ...] = ())
     return nodes, gpus
 
 
-def snapshot(*specs, cordoned=(), allocations=(), quotas=(), tenant_quotas=(), prices=None,
-             min_runtime_seconds=0.0) -> Snapshot:
+def snapshot(
+    *specs, cordoned=(), allocations=(), quotas=(), tenant_quotas=(), prices=None, min_runtime_seconds=0.0
+) -> Snapshot:
     nodes, gpus = fleet(*specs, cordoned=cordoned)
-    return Snapshot(nodes, gpus, tuple(allocations), tuple(quotas), tuple(tenant_quotas), dict(prices or {}),
-                    min_runtime_seconds=min_runtime_seconds)
+    return Snapshot(
+        nodes,
+        gpus,
+        tuple(allocations),
+        tuple(quotas),
+        tuple(tenant_quotas),
+        dict(prices or {}),
+        min_runtime_seconds=min_runtime_seconds,
+    )
 
 
 def quota(project: str, tier: str, deserved: int, limit: int, weight: int = 1, tenant: str = "acme") -> QuotaSpec:
@@ -60,30 +69,69 @@ def tenant_quota(tenant: str, tier: str, deserved: int, limit: int) -> TenantQuo
     return TenantQuotaSpec(tenant, tier, deserved, limit)
 
 
-def whole(request_id: str, project: str, count: int = 1, *, models=(H100,), tenant: str = "acme",
-          submitted_at: float = 0.0, priority: int = 0, gang: bool = True, memory_mib: int = 0,
-          cpu_milli: int = 0) -> Request:
+def whole(
+    request_id: str,
+    project: str,
+    count: int = 1,
+    *,
+    models=(H100,),
+    tenant: str = "acme",
+    submitted_at: float = 0.0,
+    priority: int = 0,
+    gang: bool = True,
+    memory_mib: int = 0,
+    cpu_milli: int = 0,
+) -> Request:
     shape = Shape(Kind.WHOLE, count, models=tuple(models), gang=gang, memory_mib=memory_mib, cpu_milli=cpu_milli)
     return Request(request_id, project, tenant, shape, submitted_at, priority)
 
 
-def mig(request_id: str, project: str, profile: str, count: int = 1, *, models=(H100,), tenant: str = "acme",
-        submitted_at: float = 0.0, priority: int = 0, gang: bool = True, memory_mib: int = 0) -> Request:
+def mig(
+    request_id: str,
+    project: str,
+    profile: str,
+    count: int = 1,
+    *,
+    models=(H100,),
+    tenant: str = "acme",
+    submitted_at: float = 0.0,
+    priority: int = 0,
+    gang: bool = True,
+    memory_mib: int = 0,
+) -> Request:
     shape = Shape(Kind.MIG, count, profile=profile, models=tuple(models), gang=gang, memory_mib=memory_mib)
     return Request(request_id, project, tenant, shape, submitted_at, priority)
 
 
-def share(request_id: str, project: str, milli: int, memory_mib: int, count: int = 1, *, models=(H100,),
-          tenant: str = "acme", submitted_at: float = 0.0, priority: int = 0, gang: bool = True) -> Request:
+def share(
+    request_id: str,
+    project: str,
+    milli: int,
+    memory_mib: int,
+    count: int = 1,
+    *,
+    models=(H100,),
+    tenant: str = "acme",
+    submitted_at: float = 0.0,
+    priority: int = 0,
+    gang: bool = True,
+) -> Request:
     shape = Shape(Kind.SHARE, count, milli=milli, memory_mib=memory_mib, models=tuple(models), gang=gang)
     return Request(request_id, project, tenant, shape, submitted_at, priority)
 
 
-def held(allocation_id: str, project: str, gpu_ids, *, tier: str = H100, preemptible: bool = True,
-         started_at: float = 0.0, priority: int = 0, tenant: str = "acme") -> Allocation:
+def held(
+    allocation_id: str,
+    project: str,
+    gpu_ids,
+    *,
+    tier: str = H100,
+    preemptible: bool = True,
+    started_at: float = 0.0,
+    priority: int = 0,
+    tenant: str = "acme",
+) -> Allocation:
     """An existing whole-GPU allocation on ``gpu_ids`` (all on one node, ``<node>-g<i>`` ids)."""
-    from broker.scheduler import Unit
-
     gpu_ids = (gpu_ids,) if isinstance(gpu_ids, str) else tuple(gpu_ids)
     memory = model_get(tier).memory_mib
     units = tuple(Unit(gpu_id, FULL, memory) for gpu_id in gpu_ids)
@@ -137,8 +185,9 @@ def gpu_problems(snap: Snapshot, allocations) -> list[str]:
             if any(not unit.mig_profile for _, unit in held_units):
                 problems.append(f"{gpu_id} (mig) holds a non-MIG unit: {ids}")
                 continue
-            layout = tuple(MigPlacement(unit.mig_start, profile_get(gpu.model, unit.mig_profile))
-                           for _, unit in held_units)
+            layout = tuple(
+                MigPlacement(unit.mig_start, profile_get(gpu.model, unit.mig_profile)) for _, unit in held_units
+            )
             problem = layout_problem(layout)
             if problem:
                 problems.append(f"{gpu_id}: invalid MIG layout {ids}: {problem}")
@@ -163,22 +212,25 @@ def quota_problems(snap: Snapshot, allocations) -> list[str]:
     project_use: dict[tuple[str, str], list[int]] = defaultdict(lambda: [0, 0])
     tenant_use: dict[tuple[str, str], list[int]] = defaultdict(lambda: [0, 0])
     for allocation in allocations:
-        for use in (project_use[(allocation.project, allocation.tier)], tenant_use[(allocation.tenant, allocation.tier)]):
+        project = project_use[(allocation.project, allocation.tier)]
+        for use in (project, tenant_use[(allocation.tenant, allocation.tier)]):
             use[1] += allocation.milli
             if not allocation.preemptible:
                 use[0] += allocation.milli
     for spec in snap.quotas:
         in_quota, total = project_use.get((spec.project, spec.tier), (0, 0))
         if in_quota > spec.deserved_milli:
-            problems.append(f"project {spec.project} {spec.tier}: non-preemptible {in_quota} > deserved "
-                            f"{spec.deserved_milli}")
+            problems.append(
+                f"project {spec.project} {spec.tier}: non-preemptible {in_quota} > deserved {spec.deserved_milli}"
+            )
         if total > spec.limit_milli:
             problems.append(f"project {spec.project} {spec.tier}: use {total} > limit {spec.limit_milli}")
     for spec in snap.tenant_quotas:
         in_quota, total = tenant_use.get((spec.tenant, spec.tier), (0, 0))
         if in_quota > spec.deserved_milli:
-            problems.append(f"tenant {spec.tenant} {spec.tier}: non-preemptible {in_quota} > deserved "
-                            f"{spec.deserved_milli}")
+            problems.append(
+                f"tenant {spec.tenant} {spec.tier}: non-preemptible {in_quota} > deserved {spec.deserved_milli}"
+            )
         if total > spec.limit_milli:
             problems.append(f"tenant {spec.tenant} {spec.tier}: use {total} > limit {spec.limit_milli}")
     if snap.enforce_quotas:
@@ -220,14 +272,16 @@ def placement_problems(snap: Snapshot, requests: list[Request], decisions: list[
                 problems.append(f"{label}: on {gpu.model}, allowed {shape.models}")
             if shape.kind == Kind.WHOLE and (unit.milli != FULL or gpu.mode == GpuMode.MIG):
                 problems.append(f"{label}: whole request got {unit}")
-            if shape.kind == Kind.SHARE and (gpu.mode != GpuMode.SHARED or unit.milli != shape.milli
-                                             or unit.memory_mib != shape.memory_mib):
+            if shape.kind == Kind.SHARE and (
+                gpu.mode != GpuMode.SHARED or unit.milli != shape.milli or unit.memory_mib != shape.memory_mib
+            ):
                 problems.append(f"{label}: share request got {unit} on a {gpu.mode} GPU")
             if shape.kind == Kind.MIG:
                 if gpu.mode != GpuMode.MIG or not unit.mig_profile:
                     problems.append(f"{label}: MIG request got {unit} on a {gpu.mode} GPU")
                 elif not unit.mig_profile.startswith(shape.profile.split(".")[0] + ".") or (
-                        "." in shape.profile and unit.mig_profile != shape.profile):
+                    "." in shape.profile and unit.mig_profile != shape.profile
+                ):
                     problems.append(f"{label}: MIG {shape.profile} got {unit.mig_profile}")
                 elif unit.memory_mib < shape.memory_mib:
                     problems.append(f"{label}: MIG unit with {unit.memory_mib} MiB < {shape.memory_mib}")
@@ -294,8 +348,13 @@ def node_problems(snap: Snapshot, allocations) -> list[str]:
 
 def invariant_problems(snap: Snapshot, requests: list[Request], decisions: list[Decision]) -> list[str]:
     after = list(outcome(snap, decisions).allocations.values())
-    return (decision_problems(requests, decisions, snap) + placement_problems(snap, requests, decisions)
-            + gpu_problems(snap, after) + node_problems(snap, after) + quota_problems(snap, after))
+    return (
+        decision_problems(requests, decisions, snap)
+        + placement_problems(snap, requests, decisions)
+        + gpu_problems(snap, after)
+        + node_problems(snap, after)
+        + quota_problems(snap, after)
+    )
 
 
 def mig_layouts(snap: Snapshot, allocations) -> dict[str, tuple[MigPlacement, ...]]:

@@ -12,6 +12,7 @@ from tests.scheduler.builders import (
     H100,
     L4,
     by_request,
+    held,
     invariant_problems,
     mig,
     mig_layouts,
@@ -47,7 +48,7 @@ def _run(snap, requests, **kwargs):
         (["1g.10gb", "3g.40gb", "3g.40gb"], 2, None),  # any 1g blocks one of the two 3g starts
         (["1g.10gb+me", "1g.10gb+me"], 1, None),  # one media-extension instance per GPU
         (["1g.20gb"] * 5, 4, [0, 2, 4, 6]),
-        (["3g.40gb", "1g.10gb", "1g.10gb", "1g.10gb", "1g.10gb", "1g.10gb"], 4, None),  # 3g leaves 3 of 4 slots
+        (["3g.40gb"] + ["1g.10gb"] * 5, 5, [0, 1, 2, 3, 4]),  # 3g at 4, four 1g in slots 0-3: 7 slices
     ],
 )
 def test_placement_mig_one_gpu_valid_start_slots(profiles, placed, starts):
@@ -62,12 +63,9 @@ def test_placement_mig_one_gpu_valid_start_slots(profiles, placed, starts):
         assert sorted(p.start for p in layouts["n1-g0"]) == starts
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "placement quality: on an empty MIG GPU the default policy (Policy.node_options lists starts in order, "
-    "the scores tie, the first wins) starts a 3g at slot 0, which blocks the 4g (start 0 only) and a second 2g; slot 4 leaves "
-    "0-3 free and dominates"))
 @pytest.mark.parametrize(("profiles", "placed"), [(["3g.40gb", "4g.40gb"], 2), (["3g.40gb", "2g.20gb", "2g.20gb"], 3)])
 def test_placement_mig_3g_leaves_room_for_the_rest(profiles, placed):
+    # a 3g at slot 4 leaves slots 0-3 for a 4g or two 2g; at slot 0 it would block them
     snap = snapshot(("n1", H100, 1, GpuMode.MIG), quotas=QUOTAS)
     requests = [mig(f"r{i}", "p", profile, submitted_at=i) for i, profile in enumerate(profiles)]
     decisions, _ = _run(snap, requests)
@@ -88,16 +86,13 @@ def test_placement_mig_3g_starts_only_at_0_or_4():
 def test_placement_mig_gang_on_one_node_valid_layouts(model, profile):
     snap = snapshot(("n1", model, 2, GpuMode.MIG), quotas=QUOTAS)
     requests = [mig("r", "p", profile, count=3, models=(model,))]
-    decisions, found = _run(snap, requests)
+    _, found = _run(snap, requests)
     allocation = found["r"].allocation
     assert len(allocation.units) == 3
     for layout in mig_layouts(snap, [allocation]).values():
         assert layout_problem(layout) is None
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "Policy._multi_mig ignores the one-+me-instance-per-GPU rule: it puts both units of a 2 x 1g.10gb+me gang "
-    "on one GPU, and ClusterState.apply then raises ValueError ('MIG unit does not fit n1-g0: None')"))
 def test_placement_mig_gang_of_media_extension_profiles_uses_two_gpus():
     snap = snapshot(("n1", H100, 2, GpuMode.MIG), quotas=QUOTAS)
     requests = [mig("r", "p", "1g.10gb+me", count=2)]
@@ -156,7 +151,7 @@ def test_placement_share_larger_than_any_gpu_memory_waits():
 def test_placement_whole_gpus_are_exclusive():
     snap = snapshot(("n1", H100, 2, GpuMode.WHOLE), quotas=QUOTAS)
     requests = [whole(f"r{i}", "p", submitted_at=i) for i in range(3)]
-    decisions, found = _run(snap, requests)
+    _, found = _run(snap, requests)
     assert {found["r0"].allocation.units[0].gpu, found["r1"].allocation.units[0].gpu} == {"n1-g0", "n1-g1"}
     assert found["r2"].mode == DecisionMode.WAITING
     assert found["r2"].reason == f"waiting: no node has 1 free {H100} GPU"
@@ -170,8 +165,12 @@ def test_placement_share_never_on_whole_mode_gpu():
 
 def test_placement_whole_request_takes_an_empty_shared_gpu_only():
     snap = snapshot(("n1", H100, 2, GpuMode.SHARED), quotas=QUOTAS)
-    requests = [share("s", "p", 100, 1000, submitted_at=1), whole("w1", "p", submitted_at=2),
-                whole("w2", "p", submitted_at=3), share("s2", "p", 100, 1000, submitted_at=4)]
+    requests = [
+        share("s", "p", 100, 1000, submitted_at=1),
+        whole("w1", "p", submitted_at=2),
+        whole("w2", "p", submitted_at=3),
+        share("s2", "p", 100, 1000, submitted_at=4),
+    ]
     _, found = _run(snap, requests)
     assert found["w1"].mode == DecisionMode.PLACED
     assert found["w1"].allocation.units[0].gpu != found["s"].allocation.units[0].gpu
@@ -196,7 +195,7 @@ def test_placement_gang_that_cannot_fit_places_nothing():
     # 4 GPUs free in all but never 3 on one node: the gang waits and holds nothing
     snap = snapshot(("n1", H100, 2, GpuMode.WHOLE), ("n2", H100, 2, GpuMode.WHOLE), quotas=QUOTAS)
     requests = [whole("gang", "p", 3, submitted_at=1)] + [whole(f"r{i}", "p", submitted_at=2 + i) for i in range(4)]
-    decisions, found = _run(snap, requests)
+    _, found = _run(snap, requests)
     assert found["gang"].mode == DecisionMode.WAITING
     assert found["gang"].allocation is None
     assert found["gang"].reason == f"waiting: no node has 3 free {H100} GPUs"
@@ -209,10 +208,6 @@ def test_placement_non_gang_spreads_over_nodes():
     assert sorted(unit.gpu for unit in found["r"].allocation.units) == ["n1-g0", "n2-g0"]
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "ClusterState.apply/remove re-index only allocation.node; a non-gang allocation from Scheduler._find "
-    "('multi') has units on other nodes whose by_signature entry goes stale, so the next request's Placer "
-    "memo hit materialises on a GPU that no longer has that signature: IndexError in placement._materialise"))
 def test_placement_capacity_of_non_gang_spread_is_held():
     snap = snapshot(("n1", H100, 1, GpuMode.WHOLE), ("n2", H100, 1, GpuMode.WHOLE), quotas=QUOTAS)
     requests = [whole("spread", "p", 2, gang=False, submitted_at=1), whole("next", "p", submitted_at=2)]
@@ -232,21 +227,32 @@ def test_placement_non_gang_that_cannot_fit_places_nothing():
 
 
 def test_placement_cordoned_nodes_get_nothing():
-    snap = snapshot(("n1", H100, 4, GpuMode.WHOLE), ("n2", H100, 1, GpuMode.WHOLE), ("n3", H100, 2, GpuMode.MIG),
-                    ("n4", H100, 2, GpuMode.SHARED), cordoned=("n1", "n3", "n4"), quotas=QUOTAS)
-    requests = [whole("w1", "p", submitted_at=1), whole("w2", "p", submitted_at=2),
-                mig("m", "p", "1g.10gb", submitted_at=3), share("s", "p", 100, 100, submitted_at=4)]
+    snap = snapshot(
+        ("n1", H100, 4, GpuMode.WHOLE),
+        ("n2", H100, 1, GpuMode.WHOLE),
+        ("n3", H100, 2, GpuMode.MIG),
+        ("n4", H100, 2, GpuMode.SHARED),
+        cordoned=("n1", "n3", "n4"),
+        quotas=QUOTAS,
+    )
+    requests = [
+        whole("w1", "p", submitted_at=1),
+        whole("w2", "p", submitted_at=2),
+        mig("m", "p", "1g.10gb", submitted_at=3),
+        share("s", "p", 100, 100, submitted_at=4),
+    ]
     _, found = _run(snap, requests)
     assert found["w1"].allocation.node == "n2"
     assert [found[r].mode for r in ("w2", "m", "s")] == [DecisionMode.WAITING] * 3
 
 
 def test_placement_cordoned_node_work_is_not_reclaimed_for_new_work():
-    from tests.scheduler.builders import held
-
-    snap = snapshot(("n1", H100, 1, GpuMode.WHOLE), cordoned=("n1",),
-                    quotas=[quota("a", H100, 0, 8000), quota("b", H100, 1000, 1000)],
-                    allocations=[held("a1", "a", "n1-g0")])
+    snap = snapshot(
+        ("n1", H100, 1, GpuMode.WHOLE),
+        cordoned=("n1",),
+        quotas=[quota("a", H100, 0, 8000), quota("b", H100, 1000, 1000)],
+        allocations=[held("a1", "a", "n1-g0")],
+    )
     [decision] = plan(snap, [whole("rb", "b")], now=100)
     assert decision.mode == DecisionMode.WAITING
     assert decision.victims == ()
@@ -257,8 +263,13 @@ def test_placement_cordoned_node_work_is_not_reclaimed_for_new_work():
     [((L4,), {L4}), ((A100,), {A100}), ((A100, L4), {A100, L4}), ((H100, L4), {H100, L4})],
 )
 def test_placement_models_constraint_respected(models, tiers):
-    snap = snapshot(("n1", H100, 2, GpuMode.WHOLE), ("n2", A100, 2, GpuMode.WHOLE), ("n3", L4, 2, GpuMode.WHOLE),
-                    quotas=QUOTAS, prices=PRICES)
+    snap = snapshot(
+        ("n1", H100, 2, GpuMode.WHOLE),
+        ("n2", A100, 2, GpuMode.WHOLE),
+        ("n3", L4, 2, GpuMode.WHOLE),
+        quotas=QUOTAS,
+        prices=PRICES,
+    )
     requests = [whole(f"r{i}", "p", models=models, submitted_at=i) for i in range(5)]
     decisions, _ = _run(snap, requests)
     placed = [d.allocation for d in decisions if d.allocation]
@@ -275,12 +286,25 @@ def test_placement_model_not_in_fleet_waits():
 
 @pytest.mark.parametrize(
     ("memory_mib", "tier"),
-    [(0, L4), (20_000, L4), (23_034, L4), (23_035, A100), (30_000, A100), (40_960, A100), (50_000, H100),
-     (90_000, None)],
+    [
+        (0, L4),
+        (20_000, L4),
+        (23_034, L4),
+        (23_035, A100),
+        (30_000, A100),
+        (40_960, A100),
+        (50_000, H100),
+        (90_000, None),
+    ],
 )
 def test_placement_auto_whole_picks_cheapest_model_with_enough_memory(memory_mib, tier):
-    snap = snapshot(("n1", H100, 1, GpuMode.WHOLE), ("n2", A100, 1, GpuMode.WHOLE), ("n3", L4, 1, GpuMode.WHOLE),
-                    quotas=QUOTAS, prices=PRICES)
+    snap = snapshot(
+        ("n1", H100, 1, GpuMode.WHOLE),
+        ("n2", A100, 1, GpuMode.WHOLE),
+        ("n3", L4, 1, GpuMode.WHOLE),
+        quotas=QUOTAS,
+        prices=PRICES,
+    )
     _, found = _run(snap, [whole("r", "p", models=(), memory_mib=memory_mib)])
     if tier is None:
         assert found["r"].mode == DecisionMode.WAITING
@@ -290,20 +314,34 @@ def test_placement_auto_whole_picks_cheapest_model_with_enough_memory(memory_mib
 
 @pytest.mark.parametrize(
     ("prices", "tier"),
-    [({H100: 100, A100: 200, L4: 300}, H100), ({H100: 300, A100: 100, L4: 200}, A100),
-     ({A100: 100, L4: 200}, A100), ({L4: 1}, L4)],
+    [
+        ({H100: 100, A100: 200, L4: 300}, H100),
+        ({H100: 300, A100: 100, L4: 200}, A100),
+        ({A100: 100, L4: 200}, A100),
+        ({L4: 1}, L4),
+    ],
 )
 def test_placement_auto_follows_the_price_book(prices, tier):
     # a model without a price comes last
-    snap = snapshot(("n1", H100, 1, GpuMode.WHOLE), ("n2", A100, 1, GpuMode.WHOLE), ("n3", L4, 1, GpuMode.WHOLE),
-                    quotas=QUOTAS, prices=prices)
+    snap = snapshot(
+        ("n1", H100, 1, GpuMode.WHOLE),
+        ("n2", A100, 1, GpuMode.WHOLE),
+        ("n3", L4, 1, GpuMode.WHOLE),
+        quotas=QUOTAS,
+        prices=prices,
+    )
     _, found = _run(snap, [whole("r", "p", models=())])
     assert found["r"].allocation.tier == tier
 
 
 def test_placement_auto_falls_back_to_next_cheapest_when_full():
-    snap = snapshot(("n1", H100, 1, GpuMode.WHOLE), ("n2", A100, 1, GpuMode.WHOLE), ("n3", L4, 1, GpuMode.WHOLE),
-                    quotas=QUOTAS, prices=PRICES)
+    snap = snapshot(
+        ("n1", H100, 1, GpuMode.WHOLE),
+        ("n2", A100, 1, GpuMode.WHOLE),
+        ("n3", L4, 1, GpuMode.WHOLE),
+        quotas=QUOTAS,
+        prices=PRICES,
+    )
     requests = [whole(f"r{i}", "p", models=(), submitted_at=i) for i in range(4)]
     _, found = _run(snap, requests)
     assert [found[f"r{i}"].allocation.tier for i in range(3)] == [L4, A100, H100]
@@ -315,28 +353,40 @@ def test_placement_auto_falls_back_to_next_cheapest_when_full():
     [(1000, L4), (23_034, L4), (30_000, A100), (60_000, H100)],
 )
 def test_placement_auto_share_picks_cheapest_model_with_enough_memory(memory_mib, tier):
-    snap = snapshot(("n1", H100, 1, GpuMode.SHARED), ("n2", A100, 1, GpuMode.SHARED), ("n3", L4, 1, GpuMode.SHARED),
-                    quotas=QUOTAS, prices=PRICES)
+    snap = snapshot(
+        ("n1", H100, 1, GpuMode.SHARED),
+        ("n2", A100, 1, GpuMode.SHARED),
+        ("n3", L4, 1, GpuMode.SHARED),
+        quotas=QUOTAS,
+        prices=PRICES,
+    )
     _, found = _run(snap, [share("r", "p", 250, memory_mib, models=())])
     assert found["r"].allocation.tier == tier
 
 
 @pytest.mark.parametrize(
     ("profile", "memory_mib", "tier", "placed_profile"),
-    [("1g", 0, A100, "1g.5gb"), ("3g", 0, A100, "3g.20gb"), ("3g", 30_000, H100, "3g.40gb"),
-     ("1g", 9_000, A100, "1g.10gb"), ("7g", 50_000, H100, "7g.80gb")],
+    [
+        ("1g", 0, A100, "1g.5gb"),
+        ("3g", 0, A100, "3g.20gb"),
+        ("3g", 30_000, H100, "3g.40gb"),
+        ("1g", 9_000, A100, "1g.10gb"),
+        ("7g", 50_000, H100, "7g.80gb"),
+    ],
 )
 def test_placement_auto_mig_picks_cheapest_profile_with_enough_memory(profile, memory_mib, tier, placed_profile):
-    snap = snapshot(("n1", H100, 1, GpuMode.MIG), ("n2", A100, 1, GpuMode.MIG), ("n3", L4, 1, GpuMode.WHOLE),
-                    quotas=QUOTAS, prices=PRICES)
+    snap = snapshot(
+        ("n1", H100, 1, GpuMode.MIG),
+        ("n2", A100, 1, GpuMode.MIG),
+        ("n3", L4, 1, GpuMode.WHOLE),
+        quotas=QUOTAS,
+        prices=PRICES,
+    )
     _, found = _run(snap, [mig("r", "p", profile, models=(), memory_mib=memory_mib)])
     assert found["r"].allocation.tier == tier
     assert found["r"].allocation.units[0].mig_profile == placed_profile
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "Placer.find skips a node whose *first* GPU's model is not allowed (`sample.gpus[0].gpu.model not in "
-    "need.models`), so the H100 of a node whose GPU 0 is an L4 is never offered"))
 def test_placement_node_with_mixed_models_offers_each_model():
     nodes = (Node("n1"),)
     gpus = (Gpu("n1-g0", "n1", L4, GpuMode.WHOLE, 0), Gpu("n1-g1", "n1", H100, GpuMode.WHOLE, 1))
@@ -346,10 +396,6 @@ def test_placement_node_with_mixed_models_offers_each_model():
     assert found["r"].allocation.units[0].gpu == "n1-g1"
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "NodeState.signature() has free CPU/memory but not whether the node tracks them (Node.cpu_milli 0 = "
-    "untracked); Placer memoises node_options by signature, so a CPU-exhausted tracked node with the same "
-    "signature as an untracked one is taken as able to host: node a gets 2000 of its 1000 CPU milli"))
 def test_placement_host_cpu_never_overcommitted():
     nodes = (Node("a", cpu_milli=1000), Node("b"))
     gpus = node_gpus("a", L4, 2) + node_gpus("b", L4, 2)
@@ -374,18 +420,34 @@ def test_placement_host_cpu_respected():
 
 @pytest.mark.parametrize("policy", sorted(POLICIES))
 def test_placement_every_policy_places_validly(policy):
-    snap = snapshot(("n1", H100, 2, GpuMode.MIG), ("n2", A100, 2, GpuMode.MIG), ("n3", H100, 2, GpuMode.SHARED),
-                    ("n4", L4, 4, GpuMode.WHOLE), ("n5", L4, 2, GpuMode.SHARED), quotas=QUOTAS, prices=PRICES)
+    snap = snapshot(
+        ("n1", H100, 2, GpuMode.MIG),
+        ("n2", A100, 2, GpuMode.MIG),
+        ("n3", H100, 2, GpuMode.SHARED),
+        ("n4", L4, 4, GpuMode.WHOLE),
+        ("n5", L4, 2, GpuMode.SHARED),
+        quotas=QUOTAS,
+        prices=PRICES,
+    )
     requests = []
     for i in range(6):
-        requests += [mig(f"m3-{i}", "p", "3g", models=(), submitted_at=i),
-                     mig(f"m1-{i}", "p", "1g.10gb", submitted_at=i),
-                     share(f"s-{i}", "p", 300, 8000, models=(), submitted_at=i),
-                     whole(f"w-{i}", "p", models=(L4,), submitted_at=i),
-                     whole(f"g-{i}", "p", 2, models=(L4,), submitted_at=i)]
+        requests += [
+            mig(f"m3-{i}", "p", "3g", models=(), submitted_at=i),
+            mig(f"m1-{i}", "p", "1g.10gb", submitted_at=i),
+            share(f"s-{i}", "p", 300, 8000, models=(), submitted_at=i),
+            whole(f"w-{i}", "p", models=(L4,), submitted_at=i),
+            whole(f"g-{i}", "p", 2, models=(L4,), submitted_at=i),
+        ]
     decisions, _ = _run(snap, requests, policy=policy, seed=7)
     placed = [d for d in decisions if d.mode == DecisionMode.PLACED]
     assert len(placed) >= 20  # the fleet has room for most of it
     allocations = outcome(snap, decisions).allocations.values()
     for layout in mig_layouts(snap, allocations).values():
         assert layout_problem(layout) is None
+
+
+def test_placement_non_gang_host_cpu_never_overcommitted():
+    nodes = (Node("n1", cpu_milli=2000), Node("n2", cpu_milli=2000))
+    snap = Snapshot(nodes, node_gpus("n1", H100, 1) + node_gpus("n2", H100, 1), quotas=tuple(QUOTAS))
+    _, found = _run(snap, [whole("r", "p", 2, gang=False, cpu_milli=4000)])
+    assert found["r"].mode == DecisionMode.WAITING

@@ -1,6 +1,8 @@
 """Quotas (DESIGN.md §3): deserved is guaranteed and non-preemptible, over-quota work borrows idle capacity
 preemptibly, ``limit`` (project and tenant) is never exceeded, weight 0 never borrows."""
 
+from dataclasses import replace
+
 import pytest
 
 from broker.scheduler import DecisionMode, GpuMode, plan
@@ -46,8 +48,9 @@ def test_quota_request_mode_follows_deserved_and_limit(deserved, limit, count, m
 
 def test_quota_counts_existing_use_towards_deserved():
     # 1 of 2 deserved GPUs already held: the next one is in quota, the one after that borrowed
-    snap = snapshot(FOUR_H100, quotas=[quota("a", H100, 2000, 4000)],
-                    allocations=[held("old", "a", "n1-g0", preemptible=False)])
+    snap = snapshot(
+        FOUR_H100, quotas=[quota("a", H100, 2000, 4000)], allocations=[held("old", "a", "n1-g0", preemptible=False)]
+    )
     requests = [whole("r1", "a", submitted_at=1), whole("r2", "a", submitted_at=2)]
     decisions = by_request(plan(snap, requests, now=10))
     assert decisions["r1"].allocation.preemptible is False
@@ -56,26 +59,31 @@ def test_quota_counts_existing_use_towards_deserved():
 
 
 def test_quota_mig_and_shares_count_in_gpu_units():
-    # a 3g slice counts 3/7 GPU (429 milli) and a 250-milli share 0.25 GPU against the tier
-    snap = snapshot(("n1", H100, 1, GpuMode.MIG), ("n2", H100, 1, GpuMode.SHARED),
-                    quotas=[quota("a", H100, 700, 1000)])
-    requests = [mig("m", "a", "3g.40gb", submitted_at=1), share("s", "a", 250, 10_000, submitted_at=2),
-                share("s2", "a", 250, 10_000, submitted_at=3), share("s3", "a", 400, 10_000, submitted_at=4)]
+    # a 3g slice counts 3/7 GPU (428 milli, rounded down so a full layout never exceeds 1000) and a 250-milli share 0.25 GPU against the tier
+    snap = snapshot(("n1", H100, 1, GpuMode.MIG), ("n2", H100, 1, GpuMode.SHARED), quotas=[quota("a", H100, 700, 1000)])
+    requests = [
+        mig("m", "a", "3g.40gb", submitted_at=1),
+        share("s", "a", 250, 10_000, submitted_at=2),
+        share("s2", "a", 250, 10_000, submitted_at=3),
+        share("s3", "a", 400, 10_000, submitted_at=4),
+    ]
     decisions = by_request(plan(snap, requests, now=0))
-    assert decisions["m"].allocation.milli == 429
+    assert decisions["m"].allocation.milli == 428
     assert decisions["m"].allocation.preemptible is False
     assert decisions["s"].allocation.milli == 250
-    assert decisions["s"].allocation.preemptible is False  # 679 <= 700
-    assert decisions["s2"].allocation.preemptible is True  # 929 > 700, <= 1000
-    assert decisions["s3"].mode == DecisionMode.WAITING  # 1329 > limit 1000
+    assert decisions["s"].allocation.preemptible is False  # 678 <= 700
+    assert decisions["s2"].allocation.preemptible is True  # 928 > 700, <= 1000
+    assert decisions["s3"].mode == DecisionMode.WAITING  # 1328 > limit 1000
     assert "1000" in decisions["s3"].reason and "400" in decisions["s3"].reason
 
 
 def test_quota_over_quota_takes_only_idle_capacity():
     # b holds every GPU over quota; a's over-quota request does not preempt it, it waits
-    snap = snapshot(("n1", H100, 2, GpuMode.WHOLE),
-                    quotas=[quota("a", H100, 0, 4000), quota("b", H100, 0, 4000)],
-                    allocations=[held("b1", "b", "n1-g0"), held("b2", "b", "n1-g1")])
+    snap = snapshot(
+        ("n1", H100, 2, GpuMode.WHOLE),
+        quotas=[quota("a", H100, 0, 4000), quota("b", H100, 0, 4000)],
+        allocations=[held("b1", "b", "n1-g0"), held("b2", "b", "n1-g1")],
+    )
     requests = [whole("r", "a")]
     [decision] = plan(snap, requests, now=100)
     assert decision.mode == DecisionMode.WAITING
@@ -85,8 +93,9 @@ def test_quota_over_quota_takes_only_idle_capacity():
 
 
 def test_quota_beyond_limit_waits_naming_tier_and_figures():
-    snap = snapshot(FOUR_H100, quotas=[quota("a", H100, 1000, 2000)],
-                    allocations=[held("old", "a", "n1-g0", preemptible=False)])
+    snap = snapshot(
+        FOUR_H100, quotas=[quota("a", H100, 1000, 2000)], allocations=[held("old", "a", "n1-g0", preemptible=False)]
+    )
     [decision] = plan(snap, [whole("r", "a", 2)], now=0)
     assert decision.mode == DecisionMode.WAITING
     assert decision.reason.startswith("waiting: ")
@@ -100,11 +109,16 @@ def test_quota_beyond_limit_waits_naming_tier_and_figures():
 
 def test_quota_tenant_limit_bounds_the_sum_of_projects():
     # each project may use 3 GPUs, the tenant only 4 in all
-    snap = snapshot(("n1", H100, 8, GpuMode.WHOLE),
-                    quotas=[quota("a", H100, 3000, 3000), quota("b", H100, 3000, 3000)],
-                    tenant_quotas=[tenant_quota("acme", H100, 4000, 4000)])
-    requests = [whole("ra", "a", 3, submitted_at=1), whole("rb", "b", 2, submitted_at=2),
-                whole("rb1", "b", 1, submitted_at=3)]
+    snap = snapshot(
+        ("n1", H100, 8, GpuMode.WHOLE),
+        quotas=[quota("a", H100, 3000, 3000), quota("b", H100, 3000, 3000)],
+        tenant_quotas=[tenant_quota("acme", H100, 4000, 4000)],
+    )
+    requests = [
+        whole("ra", "a", 3, submitted_at=1),
+        whole("rb", "b", 2, submitted_at=2),
+        whole("rb1", "b", 1, submitted_at=3),
+    ]
     decisions = by_request(plan(snap, requests, now=0))
     assert decisions["ra"].mode == DecisionMode.PLACED
     assert decisions["rb"].mode == DecisionMode.WAITING
@@ -116,8 +130,9 @@ def test_quota_tenant_limit_bounds_the_sum_of_projects():
 
 def test_quota_tenant_deserved_makes_project_work_over_quota():
     # the project deserves 3 but the tenant only 2: the third GPU is borrowed (preemptible)
-    snap = snapshot(FOUR_H100, quotas=[quota("a", H100, 3000, 4000)],
-                    tenant_quotas=[tenant_quota("acme", H100, 2000, 4000)])
+    snap = snapshot(
+        FOUR_H100, quotas=[quota("a", H100, 3000, 4000)], tenant_quotas=[tenant_quota("acme", H100, 2000, 4000)]
+    )
     requests = [whole("r1", "a", 2, submitted_at=1), whole("r2", "a", 1, submitted_at=2)]
     decisions = by_request(plan(snap, requests, now=0))
     assert decisions["r1"].allocation.preemptible is False
@@ -145,16 +160,24 @@ def test_quota_missing_for_tier_waits_with_reason(quotas):
 
 def test_quota_auto_uses_a_tier_with_quota():
     # auto: L4 is cheaper but the project has quota only for H100
-    snap = snapshot(FOUR_H100, ("n2", L4, 2, GpuMode.WHOLE), quotas=[quota("a", H100, 4000, 4000)],
-                    prices={H100: 400, L4: 80})
+    snap = snapshot(
+        FOUR_H100, ("n2", L4, 2, GpuMode.WHOLE), quotas=[quota("a", H100, 4000, 4000)], prices={H100: 400, L4: 80}
+    )
     [decision] = plan(snap, [whole("r", "a", models=())], now=0)
     assert decision.mode == DecisionMode.PLACED
     assert decision.allocation.tier == H100
 
 
 def test_quota_not_enforced_places_without_quota():
-    from dataclasses import replace
-
     snap = replace(snapshot(FOUR_H100), enforce_quotas=False)
     [decision] = plan(snap, [whole("r", "a", 2)], now=0)
     assert decision.mode == DecisionMode.PLACED
+
+
+@pytest.mark.parametrize(("profiles"), [["1g.10gb"] * 7, ["2g.20gb"] * 3 + ["1g.10gb"]])
+def test_quota_one_full_mig_gpu_fits_a_one_gpu_quota(profiles):
+    snap = snapshot(("n1", H100, 1, GpuMode.MIG), quotas=[quota("a", H100, 1000, 1000)])
+    requests = [mig(f"r{i}", "a", profile, submitted_at=i) for i, profile in enumerate(profiles)]
+    decisions = plan(snap, requests, now=0)
+    assert [d.mode for d in decisions] == [DecisionMode.PLACED] * len(profiles)
+    assert all(not d.allocation.preemptible for d in decisions)

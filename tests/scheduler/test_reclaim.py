@@ -3,7 +3,7 @@ lowest priority, youngest first, never non-preemptible work, never work younger 
 
 import pytest
 
-from broker.scheduler import DecisionMode, GpuMode, plan
+from broker.scheduler import Allocation, DecisionMode, GpuMode, Unit, plan
 from broker.scheduler.plan import Scheduler
 from tests.scheduler.builders import (
     H100,
@@ -16,20 +16,28 @@ from tests.scheduler.builders import (
     whole,
 )
 
-QUOTAS = [quota("a", H100, 1000, 8000), quota("b", H100, 2000, 2000), quota("c", H100, 0, 8000),
-          quota("d", H100, 2000, 2000)]
+QUOTAS = [
+    quota("a", H100, 1000, 8000),
+    quota("b", H100, 2000, 2000),
+    quota("c", H100, 0, 8000),
+    quota("d", H100, 2000, 2000),
+]
 # n3 (2 GPUs) held within d's deserved: nothing to reclaim there
 N3_FULL = [held("d0", "d", "n3-g0", preemptible=False), held("d1", "d", "n3-g1", preemptible=False)]
 
 
 def test_reclaim_in_quota_request_preempts_over_quota_project():
     # a deserves 1 GPU but holds all 4 (3 over quota); b asks for 1 within its deserved
-    snap = snapshot(("n1", H100, 4, GpuMode.WHOLE), quotas=QUOTAS, allocations=[
-        held("a0", "a", "n1-g0", preemptible=False, started_at=0),
-        held("a1", "a", "n1-g1", started_at=1),
-        held("a2", "a", "n1-g2", started_at=2),
-        held("a3", "a", "n1-g3", started_at=3),
-    ])
+    snap = snapshot(
+        ("n1", H100, 4, GpuMode.WHOLE),
+        quotas=QUOTAS,
+        allocations=[
+            held("a0", "a", "n1-g0", preemptible=False, started_at=0),
+            held("a1", "a", "n1-g1", started_at=1),
+            held("a2", "a", "n1-g2", started_at=2),
+            held("a3", "a", "n1-g3", started_at=3),
+        ],
+    )
     requests = [whole("rb", "b")]
     [decision] = plan(snap, requests, now=100)
     assert decision.mode == DecisionMode.PREEMPT
@@ -42,10 +50,11 @@ def test_reclaim_in_quota_request_preempts_over_quota_project():
 
 def test_reclaim_never_preempts_non_preemptible_work():
     # every GPU is held within deserved: b's in-quota request waits, nobody is preempted
-    snap = snapshot(("n1", H100, 2, GpuMode.WHOLE),
-                    quotas=[quota("a", H100, 2000, 8000), quota("b", H100, 1000, 1000)],
-                    allocations=[held("a0", "a", "n1-g0", preemptible=False),
-                                 held("a1", "a", "n1-g1", preemptible=False)])
+    snap = snapshot(
+        ("n1", H100, 2, GpuMode.WHOLE),
+        quotas=[quota("a", H100, 2000, 8000), quota("b", H100, 1000, 1000)],
+        allocations=[held("a0", "a", "n1-g0", preemptible=False), held("a1", "a", "n1-g1", preemptible=False)],
+    )
     [decision] = plan(snap, [whole("rb", "b")], now=100)
     assert decision.mode == DecisionMode.WAITING
     assert decision.victims == ()
@@ -54,11 +63,17 @@ def test_reclaim_never_preempts_non_preemptible_work():
 
 def test_reclaim_victims_are_only_the_over_quota_allocations_needed():
     # b needs 2 GPUs on one node; n1 has a non-preemptible and a preemptible, n2 two preemptible
-    snap = snapshot(("n1", H100, 2, GpuMode.WHOLE), ("n2", H100, 2, GpuMode.WHOLE), quotas=QUOTAS,
-                    allocations=[held("a0", "a", "n1-g0", preemptible=False),
-                                 held("a1", "a", "n1-g1"),
-                                 held("a2", "a", "n2-g0"),
-                                 held("a3", "a", "n2-g1")])
+    snap = snapshot(
+        ("n1", H100, 2, GpuMode.WHOLE),
+        ("n2", H100, 2, GpuMode.WHOLE),
+        quotas=QUOTAS,
+        allocations=[
+            held("a0", "a", "n1-g0", preemptible=False),
+            held("a1", "a", "n1-g1"),
+            held("a2", "a", "n2-g0"),
+            held("a3", "a", "n2-g1"),
+        ],
+    )
     requests = [whole("rb", "b", 2)]
     [decision] = plan(snap, requests, now=100)
     assert decision.mode == DecisionMode.PREEMPT
@@ -69,9 +84,16 @@ def test_reclaim_victims_are_only_the_over_quota_allocations_needed():
 
 def test_reclaim_prefers_the_node_with_fewest_victims():
     # n1: two single-GPU victims; n2: one two-GPU victim
-    snap = snapshot(("n1", H100, 2, GpuMode.WHOLE), ("n2", H100, 2, GpuMode.WHOLE), quotas=QUOTAS,
-                    allocations=[held("a1", "a", "n1-g0", started_at=5), held("a2", "a", "n1-g1", started_at=6),
-                                 held("a3", "a", ("n2-g0", "n2-g1"), started_at=1)])
+    snap = snapshot(
+        ("n1", H100, 2, GpuMode.WHOLE),
+        ("n2", H100, 2, GpuMode.WHOLE),
+        quotas=QUOTAS,
+        allocations=[
+            held("a1", "a", "n1-g0", started_at=5),
+            held("a2", "a", "n1-g1", started_at=6),
+            held("a3", "a", ("n2-g0", "n2-g1"), started_at=1),
+        ],
+    )
     requests = [whole("rb", "b", 2)]
     [decision] = plan(snap, requests, now=100)
     assert decision.mode == DecisionMode.PREEMPT
@@ -85,11 +107,23 @@ def test_reclaim_prefers_the_node_with_fewest_victims():
         # same node: the youngest of equals
         ([held("old", "a", "n1-g0", started_at=10), held("young", "a", "n1-g1", started_at=20)], "young"),
         # same node: the lowest priority, even when older
-        ([held("low", "a", "n1-g0", started_at=10, priority=0),
-          held("high", "a", "n1-g1", started_at=20, priority=5)], "low"),
+        (
+            [
+                held("low", "a", "n1-g0", started_at=10, priority=0),
+                held("high", "a", "n1-g1", started_at=20, priority=5),
+            ],
+            "low",
+        ),
         # same node: the project furthest above its fair share (a: 2 over, c: 1 over, equal weights)
-        ([held("c1", "c", "n1-g0", started_at=30), held("a1", "a", "n1-g1", started_at=10),
-          held("a2", "a", "n1-g2", started_at=11), held("a0", "a", "n1-g3", preemptible=False)], "a2"),
+        (
+            [
+                held("c1", "c", "n1-g0", started_at=30),
+                held("a1", "a", "n1-g1", started_at=10),
+                held("a2", "a", "n1-g2", started_at=11),
+                held("a0", "a", "n1-g3", preemptible=False),
+            ],
+            "a2",
+        ),
     ],
     ids=["youngest", "lowest-priority", "furthest-above-fair-share"],
 )
@@ -103,25 +137,38 @@ def test_reclaim_victim_order_on_one_node(allocations, victim):
     assert invariant_problems(snap, requests, [decision]) == []
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "Scheduler._reclaim picks among nodes needing equally few victims by node id "
-    "(`(len(removed), node_id) < (best[0], best[1])`), ignoring the victim order it computed: "
-    "the older / higher-priority / fairer-project allocation on the lower node id is preempted"))
 @pytest.mark.parametrize(
     ("allocations", "victim"),
     [
-        ([held("old", "a", "n1-g0", started_at=10), held("young", "a", "n2-g0", started_at=20), *N3_FULL],
-         "young"),
-        ([held("high", "a", "n1-g0", started_at=20, priority=5),
-          held("low", "a", "n2-g0", started_at=10, priority=0), *N3_FULL], "low"),
-        ([held("c1", "c", "n1-g0", started_at=30), held("a1", "a", "n2-g0", started_at=10),
-          held("a2", "a", "n3-g0", started_at=11), held("a0", "a", "n3-g1", preemptible=False)], "a2"),
+        ([held("old", "a", "n1-g0", started_at=10), held("young", "a", "n2-g0", started_at=20), *N3_FULL], "young"),
+        (
+            [
+                held("high", "a", "n1-g0", started_at=20, priority=5),
+                held("low", "a", "n2-g0", started_at=10, priority=0),
+                *N3_FULL,
+            ],
+            "low",
+        ),
+        (
+            [
+                held("c1", "c", "n1-g0", started_at=30),
+                held("a1", "a", "n2-g0", started_at=10),
+                held("a2", "a", "n3-g0", started_at=11),
+                held("a0", "a", "n3-g1", preemptible=False),
+            ],
+            "a2",
+        ),
     ],
     ids=["youngest", "lowest-priority", "furthest-above-fair-share"],
 )
 def test_reclaim_victim_order_across_nodes(allocations, victim):
-    snap = snapshot(("n1", H100, 1, GpuMode.WHOLE), ("n2", H100, 1, GpuMode.WHOLE),
-                    ("n3", H100, 2, GpuMode.WHOLE), quotas=QUOTAS, allocations=allocations)
+    snap = snapshot(
+        ("n1", H100, 1, GpuMode.WHOLE),
+        ("n2", H100, 1, GpuMode.WHOLE),
+        ("n3", H100, 2, GpuMode.WHOLE),
+        quotas=QUOTAS,
+        allocations=allocations,
+    )
     requests = [whole("rb", "b")]
     decisions = plan(snap, requests, now=100)
     [decision] = decisions
@@ -130,8 +177,12 @@ def test_reclaim_victim_order_across_nodes(allocations, victim):
 
 
 def test_reclaim_min_runtime_protects_young_allocations_then_waits():
-    snap = snapshot(("n1", H100, 2, GpuMode.WHOLE), quotas=QUOTAS, min_runtime_seconds=60,
-                    allocations=[held("a1", "a", "n1-g0", started_at=50), held("a2", "a", "n1-g1", started_at=60)])
+    snap = snapshot(
+        ("n1", H100, 2, GpuMode.WHOLE),
+        quotas=QUOTAS,
+        min_runtime_seconds=60,
+        allocations=[held("a1", "a", "n1-g0", started_at=50), held("a2", "a", "n1-g1", started_at=60)],
+    )
     [decision] = plan(snap, [whole("rb", "b")], now=100)
     assert decision.mode == DecisionMode.WAITING
     assert decision.victims == ()
@@ -139,8 +190,12 @@ def test_reclaim_min_runtime_protects_young_allocations_then_waits():
 
 
 def test_reclaim_min_runtime_takes_an_old_enough_allocation_over_a_younger_one():
-    snap = snapshot(("n1", H100, 2, GpuMode.WHOLE), quotas=QUOTAS, min_runtime_seconds=60,
-                    allocations=[held("a1", "a", "n1-g0", started_at=40), held("a2", "a", "n1-g1", started_at=60)])
+    snap = snapshot(
+        ("n1", H100, 2, GpuMode.WHOLE),
+        quotas=QUOTAS,
+        min_runtime_seconds=60,
+        allocations=[held("a1", "a", "n1-g0", started_at=40), held("a2", "a", "n1-g1", started_at=60)],
+    )
     [decision] = plan(snap, [whole("rb", "b")], now=100)
     assert decision.mode == DecisionMode.PREEMPT
     assert decision.victims == ("a1",)  # a2 is younger but has run only 40 of its 60 seconds
@@ -148,8 +203,9 @@ def test_reclaim_min_runtime_takes_an_old_enough_allocation_over_a_younger_one()
 
 def test_reclaim_only_for_in_quota_requests():
     # c deserves nothing: its request is over quota and may not preempt a's over-quota work
-    snap = snapshot(("n1", H100, 2, GpuMode.WHOLE), quotas=QUOTAS,
-                    allocations=[held("a1", "a", "n1-g0"), held("a2", "a", "n1-g1")])
+    snap = snapshot(
+        ("n1", H100, 2, GpuMode.WHOLE), quotas=QUOTAS, allocations=[held("a1", "a", "n1-g0"), held("a2", "a", "n1-g1")]
+    )
     [decision] = plan(snap, [whole("rc", "c")], now=100)
     assert decision.mode == DecisionMode.WAITING
     assert decision.victims == ()
@@ -163,12 +219,17 @@ def test_reclaim_uses_free_capacity_before_preempting():
 
 
 def test_reclaim_several_requests_take_distinct_victims():
-    snap = snapshot(("n1", H100, 4, GpuMode.WHOLE), quotas=QUOTAS, allocations=[
-        held("a0", "a", "n1-g0", preemptible=False),
-        held("a1", "a", "n1-g1", started_at=1), held("a2", "a", "n1-g2", started_at=2),
-        held("a3", "a", "n1-g3", started_at=3)])
-    requests = [whole("rb1", "b", submitted_at=1), whole("rb2", "b", submitted_at=2),
-                whole("rb3", "b", submitted_at=3)]
+    snap = snapshot(
+        ("n1", H100, 4, GpuMode.WHOLE),
+        quotas=QUOTAS,
+        allocations=[
+            held("a0", "a", "n1-g0", preemptible=False),
+            held("a1", "a", "n1-g1", started_at=1),
+            held("a2", "a", "n1-g2", started_at=2),
+            held("a3", "a", "n1-g3", started_at=3),
+        ],
+    )
+    requests = [whole("rb1", "b", submitted_at=1), whole("rb2", "b", submitted_at=2), whole("rb3", "b", submitted_at=3)]
     decisions = plan(snap, requests, now=100)
     found = by_request(decisions)
     assert found["rb1"].victims == ("a3",)
@@ -180,14 +241,32 @@ def test_reclaim_several_requests_take_distinct_victims():
 
 def test_reclaim_scheduler_keeps_state_across_cycles():
     # the live service and the simulator hold a Scheduler: the victim's capacity stays with b next cycle
-    snap = snapshot(("n1", H100, 2, GpuMode.WHOLE), quotas=QUOTAS,
-                    allocations=[held("a1", "a", "n1-g0"), held("a2", "a", "n1-g1", started_at=5)])
+    snap = snapshot(
+        ("n1", H100, 2, GpuMode.WHOLE),
+        quotas=QUOTAS,
+        allocations=[held("a1", "a", "n1-g0"), held("a2", "a", "n1-g1", started_at=5)],
+    )
     scheduler = Scheduler(snap)
     [first] = scheduler.schedule([whole("rb", "b")], now=100)
     assert first.mode == DecisionMode.PREEMPT and first.victims == ("a2",)
-    # next cycle: a asks for its deserved GPU again; the only over-quota work left is a1 (a's own)
+    # next cycle: b asks for its second deserved GPU; the only over-quota work left is a1
     [second] = scheduler.schedule([whole("rb2", "b", submitted_at=101)], now=200)
     assert second.mode == DecisionMode.PREEMPT and second.victims == ("a1",)
     [third] = scheduler.schedule([whole("rb3", "b", submitted_at=201)], now=300)
-    assert third.mode == DecisionMode.WAITING
+    assert third.mode == DecisionMode.WAITING  # b is at its limit of 2 GPUs
     assert "limit" in third.reason
+
+
+def test_reclaim_fewest_victims_on_one_node():
+    def on(gpu, allocation_id, milli, started_at):
+        return Allocation(allocation_id, "a", "acme", H100, "n1", (Unit(gpu, milli, 1000),), True, started_at)
+
+    snap = snapshot(
+        ("n1", H100, 2, GpuMode.SHARED),
+        quotas=QUOTAS,
+        allocations=[on("n1-g0", "v1", 300, 20), on("n1-g0", "v2", 300, 19), on("n1-g1", "v3", 1000, 10)],
+    )
+    requests = [whole("rb", "b")]
+    [decision] = plan(snap, requests, now=100)
+    assert decision.mode == DecisionMode.PREEMPT
+    assert decision.victims == ("v3",)
