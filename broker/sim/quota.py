@@ -366,6 +366,12 @@ class Replay:
         gpus`` in quota; and requests of one (project, shape) are tried in submission order, so the
         earliest that many are the only ones that can be placed. Weight-0 projects never borrow. FIFO
         without quotas: per shape, the earliest ``free // gpus`` over all projects.
+
+        What a reclaim can free is bounded by the core's method: it evicts, on one node, victims
+        anchored there, each freeing at least one GPU of that node, so at most ``gpus`` victims of at
+        most the largest over-quota allocation each; a need larger than a node never reclaims (a core
+        limitation, see ``docs``/report). Should the core learn to reclaim for those, this bound would
+        only delay their follow-on over-quota admissions to the next cycle.
         """
         states = self.states
         if not self.prune:
@@ -393,7 +399,8 @@ class Replay:
             if n_in:
                 for index in group[:n_in]:
                     out.append(states[index].request)
-                reclaim_need += gpus * min(n_in, len(group))
+                if gpus <= GPUS_PER_NODE:  # the core reclaims on one node at a time
+                    reclaim_need += gpus * min(n_in, len(group))
             if len(group) > n_in and self.weight[project] > 0:
                 over_groups.append((gpus, group, n_in))
         idle = self.free_total
@@ -422,6 +429,7 @@ class Replay:
                     break
                 decisions.append(decision)
                 self._apply(decision, now)
+            self._compact_signature_log()
             return
         requests = self._candidates()
         if not requests:
@@ -434,6 +442,21 @@ class Replay:
         for decision in decisions:
             if decision.mode != DecisionMode.WAITING:
                 self._apply(decision, now)
+        self._compact_signature_log()
+
+    def _compact_signature_log(self) -> None:
+        """Work-around for a core leak (reported): ``ClusterState.signature_log`` gets a new entry each
+        time a node signature (re)appears, forever, and each ``Placer`` heap gains one per entry; over a
+        long-lived ``Scheduler`` (this replay: millions of applies) that is gigabytes. When the log is
+        long, keep only the live signatures and let the placer rebuild its heaps from them (what a fresh
+        ``Placer`` on the same state would do; decisions do not change)."""
+        cluster = self.scheduler.cluster
+        log = getattr(cluster, "signature_log", None)
+        if log is not None and len(log) > 4096 + 4 * len(cluster.by_signature):
+            log[:] = list(cluster.by_signature)
+            heaps = getattr(self.scheduler.placer, "_heaps", None)
+            if heaps is not None:
+                heaps.clear()
 
     def _apply(self, decision, now: float) -> None:
         index = job_index(decision.request)

@@ -59,7 +59,8 @@ def test_quota_counts_existing_use_towards_deserved():
 
 
 def test_quota_mig_and_shares_count_in_gpu_units():
-    # a 3g slice counts 3/7 GPU (428 milli, rounded down so a full layout never exceeds 1000) and a 250-milli share 0.25 GPU against the tier
+    # a 3g slice counts 3/7 GPU (428 milli, rounded down so a full layout never exceeds 1000) and a
+    # 250-milli share 0.25 GPU against the tier
     snap = snapshot(("n1", H100, 1, GpuMode.MIG), ("n2", H100, 1, GpuMode.SHARED), quotas=[quota("a", H100, 700, 1000)])
     requests = [
         mig("m", "a", "3g.40gb", submitted_at=1),
