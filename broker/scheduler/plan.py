@@ -199,9 +199,27 @@ class Scheduler:
         allocation = self._allocation(request, tier, need, found, preemptible=preemptible, now=now)
         self.cluster.apply(allocation)
         kind = "over quota, preemptible" if preemptible else "within quota"
-        return Decision(
-            request.id, DecisionMode.PLACED, f"placed on {allocation.node} ({tier}, {kind})", allocation=allocation
-        )
+        reason = f"placed on {allocation.node} ({tier}, {kind})"
+        if request.shape is not None and not request.shape.models:
+            reason += "; " + self.auto_reason(request, tier)
+        return Decision(request.id, DecisionMode.PLACED, reason, allocation=allocation)
+
+    def auto_reason(self, request: Request, tier: str) -> str:
+        """Why ``auto`` chose ``tier``: its price, and why cheaper models were passed over."""
+        price = self.snapshot.prices.get(tier)
+        text = f"auto: {tier}" + (f" at {price} per GPU-hour" if price is not None else "")
+        passed = []
+        for model in self.models_present:
+            if model == tier:
+                continue
+            other = self.snapshot.prices.get(model)
+            if other is None or price is None or other >= price:
+                continue
+            if need_for(request.shape, model) is None:
+                passed.append(f"{model} ({other}) cannot serve the shape")
+            else:
+                passed.append(f"{model} ({other}) has no room or quota")
+        return text + ("; cheaper: " + ", ".join(passed) if passed else ", the cheapest that fits")
 
     def _find(self, need: Need):
         if need.gang or need.count <= 1:
