@@ -471,16 +471,22 @@ class Placer:
                 continue
             best = self._best_on_signature(sample, signature, need)
             if best is not None:
-                heapq.heappush(heap, (best[0], signature, best[1]))
+                # scores are sums of float terms: round so that equal placements tie exactly
+                heapq.heappush(heap, (round(best[0], 6), min(members), signature, best[1]))
         entry[1] = len(log)
-        # the best state that still has nodes; stale states are dropped on the way
+        # the best state that still has nodes, ties broken on the lowest node id; entries whose state has
+        # no nodes any more are dropped, and those whose lowest node id rose are re-ranked
         while heap:
-            _score, signature, relative = heap[0]
+            score, lowest, signature, relative = heap[0]
             members = cluster.by_signature.get(signature)
-            if members:
-                node_id = min(members)
-                return node_id, _materialise(cluster.nodes[node_id], relative)
-            heapq.heappop(heap)
+            if not members:
+                heapq.heappop(heap)
+                continue
+            node_id = min(members)
+            if node_id != lowest:
+                heapq.heapreplace(heap, (score, node_id, signature, relative))
+                continue
+            return node_id, _materialise(cluster.nodes[node_id], relative)
         return None
 
     def _find_random(self, need: Need) -> tuple[str, tuple[Unit, ...]] | None:

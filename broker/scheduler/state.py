@@ -133,6 +133,8 @@ class ClusterState:
         if members is None:
             members = self.by_signature[new] = set()
             self.signature_log.append(new)
+        elif node_id < min(members):
+            self.signature_log.append(new)  # its lowest node id changed: placers re-rank it
         members.add(node_id)
 
     # -- changes ------------------------------------------------------------------------------------
