@@ -307,29 +307,36 @@ class FgdPolicy(Policy):
 
 
 def node_stranding(node: NodeState, free: list[int], free_cpu: int, free_memory: int,
-                   workload: list[tuple[Need, float]]) -> float:
+                   workload: list[tuple[Need, float]], *, host_weight: float = 0.25) -> float:
     """Expected GPU capacity (milli) of a node that the typical workload could *not* consume if it kept
-    arriving: for each typical need m, the free GPU minus what as many copies of m as fit (by GPU,
-    CPU and host memory together) would take. Unlike FGD's measure it sees that free GPUs behind
-    exhausted CPU are lost, and that a 810-milli share leaves 190 of a GPU behind."""
+    arriving. For each typical need m: all free GPU when m cannot run there at all (model, CPU, memory,
+    or m needs no GPU); otherwise the free GPU minus what as many copies of m as the free GPUs hold would
+    take (an 810-milli share leaves 190 of a GPU behind), plus ``host_weight`` times the GPU capacity of
+    the copies that the free CPU / host memory could not feed (GPUs stranded behind exhausted CPU).
+
+    ``host_weight`` 0.25 was chosen on the openb traces (docs/scheduling.md): 1.0 over-weights CPU
+    stranding where multi-GPU tasks dominate, 0 ignores it where CPU-heavy shares dominate."""
     total_free = sum(free)
     if total_free == 0:
         return 0.0
     result = 0.0
+    tracks_cpu, tracks_memory = bool(node.node.cpu_milli), bool(node.node.memory_mib)
     for need, probability in workload:
         usable = [f for gpu, f in zip(node.gpus, free, strict=True) if need.allows(gpu.gpu.model)]
-        if need.total_milli == 0 or not usable:
+        if (need.total_milli == 0 or not usable or (tracks_cpu and free_cpu < need.cpu_milli)
+                or (tracks_memory and free_memory < need.host_memory_mib)):
             result += probability * total_free
             continue
-        copies_cpu = free_cpu // need.cpu_milli if node.node.cpu_milli and need.cpu_milli else 10**6
-        copies_mem = (free_memory // need.host_memory_mib
-                      if node.node.memory_mib and need.host_memory_mib else 10**6)
         if need.kind == Kind.WHOLE:
             copies_gpu = sum(1 for f in usable if f == FULL) // need.count
         else:
             copies_gpu = sum(f // need.milli for f in usable)
-        copies = min(copies_cpu, copies_mem, copies_gpu)
-        result += probability * (total_free - copies * need.total_milli)
+        copies_host = min(
+            free_cpu // need.cpu_milli if tracks_cpu and need.cpu_milli else copies_gpu,
+            free_memory // need.host_memory_mib if tracks_memory and need.host_memory_mib else copies_gpu,
+        )
+        unfed = max(0, copies_gpu - copies_host)
+        result += probability * (total_free - copies_gpu * need.total_milli + host_weight * unfed * need.total_milli)
     return result
 
 
