@@ -582,7 +582,7 @@ class Replay:
             while heap and heap[0][0] <= now:
                 when, kind, _, index, token = heapq.heappop(heap)
                 state = self.states[index]
-                if kind == _ARRIVE or kind == _REQUEUE:
+                if kind in (_ARRIVE, _REQUEUE):
                     self._enqueue(index, when)
                 elif token == state.token:  # completion still valid
                     if state.in_core:
