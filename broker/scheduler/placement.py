@@ -97,7 +97,6 @@ def gpu_options(gpu: GpuState, need: Need) -> list[Unit]:
     if need.kind == Kind.SHARE:
         if gpu.fits_share(need.milli, need.memory_mib):
             return [Unit(gpu.gpu.id, need.milli, need.memory_mib)]
-        # an empty whole-mode GPU can take a share as if whole? No: whole mode is one lease, whole GPU.
         return []
     assert need.profile is not None
     return [Unit(gpu.gpu.id, need.milli, need.memory_mib, need.profile.name, start)

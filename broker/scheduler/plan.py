@@ -25,7 +25,6 @@ from broker.scheduler.placement import Need, Placer, Policy, need_for, policy_ge
 from broker.scheduler.state import ClusterState
 from broker.scheduler.types import Allocation, Decision, DecisionMode, Kind, Request, Snapshot
 from gpus.catalogue import MODELS
-from gpus.mig import profiles_for
 
 
 @dataclass
@@ -378,4 +377,4 @@ def plan(
     return Scheduler(snapshot, policy=policy, seed=seed, workload=workload).schedule(requests, now=now)
 
 
-__all__ = ["Scheduler", "plan", "profiles_for"]
+__all__ = ["Scheduler", "plan"]
