@@ -116,7 +116,7 @@ def partitions(trace: Trace, gpus: int, *, floor: bool = True) -> dict[str, int]
     return dict(sorted(out.items()))
 
 
-def build_snapshot(gpus: int, policy: str, parts: dict[str, int]) -> Snapshot:
+def build_snapshot(gpus: int, policy: str, parts: dict[str, int], min_runtime: float = 0.0) -> Snapshot:
     nodes, devices = [], []
     for n in range(gpus // GPUS_PER_NODE):
         node = f"n{n:04d}"
@@ -128,7 +128,8 @@ def build_snapshot(gpus: int, policy: str, parts: dict[str, int]) -> Snapshot:
         quotas = tuple(QuotaSpec(p, TENANT, MODEL, n * FULL, n * FULL, 0) for p, n in parts.items())
     elif policy == "ours":
         quotas = tuple(QuotaSpec(p, TENANT, MODEL, n * FULL, gpus * FULL, 1) for p, n in parts.items())
-    return Snapshot(nodes=tuple(nodes), gpus=tuple(devices), quotas=quotas, enforce_quotas=policy != "fifo")
+    return Snapshot(nodes=tuple(nodes), gpus=tuple(devices), quotas=quotas, enforce_quotas=policy != "fifo",
+                    min_runtime_seconds=min_runtime)
 
 
 def shape_for(gpus: int) -> Shape:
@@ -137,13 +138,12 @@ def shape_for(gpus: int) -> Shape:
 
 
 class _SpreadIndexFix(ClusterState):
-    """Work-around for a core bug (reported, not fixed here: broker/scheduler is not ours to edit).
+    """Work-around for a core bug in some versions (``_core_reindexes_spread`` probes for it).
 
-    ``ClusterState.apply`` / ``remove`` re-index only ``allocation.node``, but an allocation that is not a
-    gang and is spread over nodes (``Shape(gang=False)``, count > 8 here) holds units on other nodes too:
-    their signature index goes stale, and a later ``Placer.find`` picks a full node as free
-    (``IndexError`` in ``_materialise``, or a double placement). This re-indexes every node the units
-    touch; everything else is the core's code. ``--no-fix`` runs without it.
+    ``ClusterState.apply`` / ``remove`` re-indexed only ``allocation.node``, but an allocation that is not
+    a gang and is spread over nodes (``Shape(gang=False)``, count > 8 here) holds units on other nodes
+    too: their signature index went stale, and a later ``Placer.find`` picked a full node as free
+    (``IndexError`` in ``_materialise``). This re-indexes every node the units touch.
     """
 
     def apply(self, allocation):
@@ -159,6 +159,27 @@ class _SpreadIndexFix(ClusterState):
         for node in {self.gpus[unit.gpu].gpu.node for unit in allocation.units}:
             if node != allocation.node:
                 self._index(node)
+
+
+def _probe_scheduler(parts: dict[str, int], gpus: int = 2 * GPUS_PER_NODE) -> Scheduler:
+    return Scheduler(build_snapshot(gpus, "ours", parts))
+
+
+def _core_reindexes_spread() -> bool:
+    """Does the core keep the signature index exact for allocations spread over nodes?"""
+    scheduler = _probe_scheduler({"a": 2 * GPUS_PER_NODE})
+    scheduler.schedule([Request("x", "a", TENANT, shape_for(2 * GPUS_PER_NODE))], now=0.0)
+    cluster = scheduler.cluster
+    return all(cluster.node_signature[n] == cluster.nodes[n].signature() for n in cluster.nodes)
+
+
+def _core_reclaims_spread() -> bool:
+    """Can an in-quota request larger than a node reclaim from over-quota work (spread over nodes)?"""
+    size = 2 * GPUS_PER_NODE
+    scheduler = _probe_scheduler({"a": 0, "b": size})
+    scheduler.schedule([Request("x", "a", TENANT, shape_for(size))], now=0.0)
+    decision = scheduler.schedule([Request("y", "b", TENANT, shape_for(size), submitted_at=1.0)], now=1.0)[0]
+    return decision.mode == DecisionMode.PREEMPT
 
 
 # -- results ---------------------------------------------------------------------------------------
@@ -207,12 +228,20 @@ class Result:
     preemptions: int = 0  # victims that lost their GPUs (and were requeued)
     preemptions_finished_in_notice: int = 0  # victims that completed within the notice period anyway
     preempted_jobs: int = 0
+    max_preemptions_per_job: int = 0
+    # victims whose project held no more than its deserved in total (in + over quota) when preempted:
+    # over-quota allocations stay preemptible for life, even once the project is back within its share
+    preemptions_within_deserved: int = 0
     gpu_hours_lost: float = 0.0  # GPU-time since the last checkpoint, thrown away by preemptions
     gpu_hours_useful: float = 0.0
     reclaim_decisions: int = 0
     jain_over_quota: float | None = None  # time-averaged over contended intervals; None: never contended
     contended_fraction: float = 0.0  # of the makespan, share of time with >= 2 contending projects
+    # in-quota requests kept waiting > notice + tick while over-quota allocations of other projects held
+    # GPUs they could use (with the free ones; for a gang, on one node); counted once per waiting episode
     guarantee_violations: int = 0
+    # ... the same, but only in total, not on one node: gangs behind fragmentation (not violations)
+    in_quota_fragmented_waits: int = 0
     violation_jobs: int = 0
     violations_by_shape: dict = field(default_factory=dict)
     schedule_calls: int = 0
@@ -242,12 +271,14 @@ class _State:
     nodes: dict | None = None  # node index -> GPUs of the current allocation
     preemptions: int = 0
     violated: bool = False
+    fragmented: bool = False
 
 
 class Replay:
     def __init__(self, trace: Trace, *, policy: str, gpus: int, parts: dict[str, int], notice: float = 30.0,
                  checkpoint: float = 600.0, tick: float = 0.0, hol: bool = False, prune: bool = True,
-                 placement: str = "default", window: float | None = None, fix_spread_index: bool = True):
+                 placement: str = "default", window: float | None = None, fix_spread_index: bool = True,
+                 min_runtime: float = 0.0):
         if policy not in POLICIES:
             raise ValueError(f"unknown policy {policy!r}; known: {', '.join(POLICIES)}")
         self.trace = trace
@@ -260,13 +291,15 @@ class Replay:
         self.hol = hol and policy == "fifo"
         self.prune = prune
         self.window = trace.span_seconds if window is None else window
-        self.snapshot = build_snapshot(gpus, policy, parts)
+        self.snapshot = build_snapshot(gpus, policy, parts, min_runtime)
         needs = [need_for(shape_for(n), MODEL) for n in sorted({job.gpus for job in trace.jobs})]
         counts = Counter(job.gpus for job in trace.jobs)
         workload = workload_from_needs([need for need in needs for _ in range(counts[need.count])])
         self.scheduler = Scheduler(self.snapshot, policy=placement, workload=workload)
-        if fix_spread_index:
+        self.core_reindexes_spread = _core_reindexes_spread()
+        if fix_spread_index and not self.core_reindexes_spread:
             self.scheduler.cluster.__class__ = _SpreadIndexFix
+        self.core_reclaims_spread = _core_reclaims_spread()
         self.weight = {p: (0 if policy == "static" else 1) for p in parts}
         self.threshold = notice + tick + 1e-6
         # bookkeeping mirrored from the decisions (GPUs, not milli)
@@ -285,6 +318,7 @@ class Replay:
         self.waiting = 0
         self.inq_since: dict[tuple, float] = {}
         self.viol_since: dict[tuple, float] = {}
+        self.frag_since: dict[tuple, float] = {}
         self.states: list[_State] = []
         for job in trace.jobs:
             shape = shape_for(job.gpus)
@@ -314,7 +348,7 @@ class Replay:
     def _enqueue(self, index: int, when: float) -> None:
         state = self.states[index]
         state.enqueued_at = when
-        state.violated = False
+        state.violated = state.fragmented = False
         bisect.insort(self.groups.setdefault(state.key, []), index)
         self.waiting += 1
 
@@ -359,59 +393,77 @@ class Replay:
     def _candidates(self) -> list[Request]:
         """The waiting requests that might be placed this cycle, in any order (the core sorts).
 
-        Exact pruning (``--no-prune`` checks it): within a cycle the core only fills capacity, except
-        that a reclaim may free more than it takes (a victim larger than the reclaiming need). So at
-        most ``idle // gpus`` requests of one (project, shape) can be placed over quota, where ``idle``
-        is the free capacity plus what reclaims could free; and at most ``(deserved - in-quota use) //
-        gpus`` in quota; and requests of one (project, shape) are tried in submission order, so the
-        earliest that many are the only ones that can be placed. Weight-0 projects never borrow. FIFO
-        without quotas: per shape, the earliest ``free // gpus`` over all projects.
+        Pruning that changes no decision (``--no-prune`` passes everything; the tests compare). Within a
+        cycle the core tries the requests of one (project, shape) in submission order, and what it places
+        of them is a prefix: capacity only fills up (free + over-quota GPUs of a node never grow; reclaims
+        run before any over-quota admission), so once one fails the later ones fail too. So only the
+        first ``n`` of each (project, shape) are passed, ``n`` bounding what the cycle can place of them:
 
-        What a reclaim can free is bounded by the core's method: it evicts, on one node, victims
-        anchored there, each freeing at least one GPU of that node, so at most ``gpus`` victims of at
-        most the largest over-quota allocation each; a need larger than a node never reclaims (a core
-        limitation, see ``docs``/report). Should the core learn to reclaim for those, this bound would
-        only delay their follow-on over-quota admissions to the next cycle.
+        - in quota at most ``(deserved - in-quota use) // gpus``; over quota (weight > 0) at most
+          ``idle // gpus``, ``idle`` being the free GPUs plus what reclaims could set free beyond their
+          own need (at most ``8 - gpus`` on their node, plus over-quota allocations spread over nodes);
+        - a gang of at most a node: no more than fit, node by node, into the GPUs free or held by
+          over-quota work (placement and reclaim both need one such node);
+        - a request larger than a node cannot reclaim in the core (probed at start:
+          ``_core_reclaims_spread``), so in quota or not it is placed only onto idle capacity.
+
+        FIFO without quotas: per shape, the earliest ``free // gpus`` over all projects (none for a gang
+        when no node has that many free).
         """
         states = self.states
         if not self.prune:
             return [states[i].request for group in self.groups.values() for i in group]
         out: list[Request] = []
+        free_node = max(self.node_free)
         if self.policy == "fifo":
             by_count: dict[tuple, list[list[int]]] = {}
             for key, group in self.groups.items():
                 if group:
                     by_count.setdefault(key[1:], []).append(group)
-            for (gpus, _), groups in by_count.items():
-                n = self.free_total // gpus
+            for (gpus, gang), groups in by_count.items():
+                n = self.free_total // gpus if not gang or gpus <= free_node else 0
                 if n:
                     merged = heapq.merge(*groups) if len(groups) > 1 else iter(groups[0])
                     for _, index in zip(range(n), merged, strict=False):
                         out.append(states[index].request)
             return out
-        over_groups = []
-        reclaim_need = 0
+        reclaimable = [f + o for f, o in zip(self.node_free, self.node_over, strict=True)]
+        slots: dict[int, int] = {}  # gpus -> how many such gangs fit, node by node, in free + over-quota GPUs
+        node_sized = self.core_reclaims_spread
+        groups = []
+        extra, reclaimers = 0, False
         for key, group in self.groups.items():
             if not group:
                 continue
-            project, gpus, _ = key
+            project, gpus, gang = key
             n_in = max(0, self.parts[project] - self.used_in[project]) // gpus
-            if n_in:
-                for index in group[:n_in]:
-                    out.append(states[index].request)
-                if gpus <= GPUS_PER_NODE:  # the core reclaims on one node at a time
-                    reclaim_need += gpus * min(n_in, len(group))
-            if len(group) > n_in and self.weight[project] > 0:
-                over_groups.append((gpus, group, n_in))
+            if gpus <= GPUS_PER_NODE:
+                if gpus not in slots:
+                    slots[gpus] = sum(x // gpus for x in reclaimable)
+                limit = slots[gpus]
+                reclaiming = min(n_in, limit, len(group))
+                if reclaiming:
+                    reclaimers = True
+                    extra += (GPUS_PER_NODE - gpus) * reclaiming
+            else:
+                limit = len(group)
+                if node_sized and n_in:
+                    reclaimers = True
+            groups.append((gpus, gang, group, n_in, limit, self.weight[project] > 0))
         idle = self.free_total
-        if reclaim_need and self.over_total:
-            largest = max(size for size, count in self.over_sizes.items() if count > 0)
-            idle += min(self.over_total, reclaim_need * largest)
-        for gpus, group, n_in in over_groups:
-            n = idle // gpus
-            if n:
-                for index in group[n_in:n_in + n]:
-                    out.append(states[index].request)
+        if reclaimers and self.over_total:
+            spread = sum(size * count for size, count in self.over_sizes.items() if size > GPUS_PER_NODE)
+            idle += min(self.over_total, extra + spread)
+        for gpus, gang, group, n_in, limit, borrows in groups:
+            n_over = idle // gpus if borrows else 0
+            if gang and gpus > free_node and idle == self.free_total:
+                n_over = 0
+            if gpus > GPUS_PER_NODE and not node_sized:  # in quota or not, only onto idle capacity
+                n = min(n_in + n_over, idle // gpus)
+            else:
+                n = min(n_in + n_over, limit)
+            for index in group[:n]:
+                out.append(states[index].request)
         return out
 
     def _schedule(self, now: float) -> None:
@@ -479,9 +531,10 @@ class Replay:
         if not state.over:
             since = max(state.enqueued_at, self.inq_since.get(state.key, self.batch_start))
             self.ttg.append(start - since)
-        vsince = self.viol_since.get(state.key)
-        if vsince is not None and not state.violated and start - max(vsince, state.enqueued_at) > self.threshold:
-            self._violation(state)
+        for since_by_key, kind in ((self.viol_since, "violated"), (self.frag_since, "fragmented")):
+            since = since_by_key.get(state.key)
+            if since is not None and start - max(since, state.enqueued_at) > self.threshold:
+                self._flag(state, kind)
         if state.first_start is None:
             state.first_start = start
         state.seg_start = start
@@ -491,6 +544,9 @@ class Replay:
 
     def _preempt(self, index: int, now: float) -> None:
         state = self.states[index]
+        project = state.job.project
+        if self.used_in[project] + self.used_over[project] <= self.parts[project]:
+            self.result.preemptions_within_deserved += 1
         self._hold(state, None, -1)  # the core already removed the allocation
         stop = now + self.notice
         end = state.seg_start + state.remaining
@@ -508,22 +564,31 @@ class Replay:
         self.result.preemptions += 1
         self._push(stop, _REQUEUE, index)
 
-    def _violation(self, state: _State) -> None:
-        state.violated = True
-        self.result.guarantee_violations += 1
-        self.violation_shapes[f"{state.job.gpus}{'' if state.key[2] else ' (spread)'}"] += 1
+    def _flag(self, state: _State, kind: str) -> None:
+        """Count a waiting episode of an in-quota request: a guarantee violation, or a wait behind
+        fragmentation (enough free + over-quota GPUs in total, but not on one node for a gang)."""
+        if getattr(state, kind):
+            return
+        setattr(state, kind, True)
+        if kind == "violated":
+            self.result.guarantee_violations += 1
+            self.violation_shapes[f"{state.job.gpus}{'' if state.key[2] else ' (spread)'}"] += 1
+        else:
+            self.result.in_quota_fragmented_waits += 1
 
     # -- per-cycle observations ---------------------------------------------------------------------
-    def _could_use(self, project: str, gpus: int, gang: bool) -> bool:
-        """Could over-quota allocations of other projects, with the free GPUs, hold this request?"""
+    def _could_use(self, project: str, gpus: int, gang: bool) -> int:
+        """Could the GPUs that over-quota allocations of *other* projects hold, with the free ones, hold
+        this request (without touching in-quota work)? 2: yes; 1: only in total, not on one node (a
+        gang behind fragmentation); 0: no."""
         others = self.over_total - self.used_over[project]
-        if others <= 0:
-            return False
+        if others <= 0 or self.free_total + others < gpus:
+            return 0
         if gpus == 1 or not gang:
-            return self.free_total + others >= gpus
+            return 2
         mine = self.node_over_p[project]
         free, over = self.node_free, self.node_over
-        return any(free[n] + over[n] - mine[n] >= gpus for n in range(len(free)))
+        return 2 if any(free[n] + over[n] - mine[n] >= gpus for n in range(len(free))) else 1
 
     def _observe(self, now: float) -> None:
         contended: list[str] = []
@@ -532,6 +597,7 @@ class Replay:
             if not group:
                 self.inq_since.pop(key, None)
                 self.viol_since.pop(key, None)
+                self.frag_since.pop(key, None)
                 continue
             contended.append(project)
             in_quota = self.used_in[project] + gpus <= self.parts[project]
@@ -539,11 +605,12 @@ class Replay:
                 self.inq_since.setdefault(key, self.batch_start)
             else:
                 self.inq_since.pop(key, None)
-            if in_quota and self._could_use(project, gpus, gang):
-                self.viol_since.setdefault(key, self.batch_start)
-            elif key in self.viol_since:
-                since = self.viol_since.pop(key)
-                self._close_violations(group, since, now)
+            usable = self._could_use(project, gpus, gang) if in_quota else 0
+            for since_by_key, level, kind in ((self.viol_since, 2, "violated"), (self.frag_since, 1, "fragmented")):
+                if usable == level:
+                    since_by_key.setdefault(key, self.batch_start)
+                elif key in since_by_key:
+                    self._close(group, since_by_key.pop(key), now, kind)
         # fairness: Jain's index of over-quota use / weight over the projects with waiting work
         self.jain_now = None
         if self.policy != "static":
@@ -556,11 +623,11 @@ class Replay:
                 else:
                     self.jain_now = None
 
-    def _close_violations(self, group: list[int], since: float, now: float) -> None:
+    def _close(self, group: list[int], since: float, now: float, kind: str) -> None:
         for index in group:
             state = self.states[index]
-            if not state.violated and now - max(since, state.enqueued_at) > self.threshold:
-                self._violation(state)
+            if now - max(since, state.enqueued_at) > self.threshold:
+                self._flag(state, kind)
 
     # -- main loop -----------------------------------------------------------------------------------
     def run(self) -> Result:
@@ -598,8 +665,9 @@ class Replay:
             last_cycle = last_time = now
         # anything still waiting can never be placed
         for key, group in self.groups.items():
-            if key in self.viol_since:
-                self._close_violations(group, self.viol_since[key], last_time)
+            for since_by_key, kind in ((self.viol_since, "violated"), (self.frag_since, "fragmented")):
+                if key in since_by_key:
+                    self._close(group, since_by_key[key], last_time, kind)
         r.stuck = self.waiting
         self._finish(time.perf_counter() - wall)
         return r
@@ -615,6 +683,7 @@ class Replay:
         r.jct_s = _summary([s.completed_at - s.job.arrival for s in done])
         r.in_quota_ttg_s = _summary(self.ttg)
         r.preempted_jobs = sum(1 for s in self.states if s.preemptions)
+        r.max_preemptions_per_job = max((s.preemptions for s in self.states), default=0)
         r.gpu_hours_lost = round(self.lost / 3600, 1)
         r.jain_over_quota = round(self.jain_area / self.jain_time, 4) if self.jain_time > 0 else None
         r.contended_fraction = round(self.jain_time / max(end, 1e-9), 4)
@@ -684,6 +753,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--notice", type=float, default=30.0, help="preemption notice, simulated seconds")
     parser.add_argument("--checkpoint", type=float, default=600.0,
                         help="checkpoint interval, simulated seconds (0: no checkpoints)")
+    parser.add_argument("--min-runtime", type=float, default=0.0,
+                        help="ours: seconds an over-quota allocation runs before it may be preempted (the core's "
+                             "Snapshot.min_runtime_seconds)")
     parser.add_argument("--tick", type=float, default=0.0,
                         help="schedule at most once per this many simulated seconds (0: after every event batch)")
     parser.add_argument("--hol", action="store_true", help="fifo: strict FIFO, the head of the queue blocks")
@@ -715,7 +787,7 @@ def main_quota(argv: list[str] | None = None) -> int:
         result = replay(trace, policy=policy, load_factor=args.load, gpus=args.gpus, floor=not args.no_floor,
                         notice=args.notice, checkpoint=args.checkpoint, tick=args.tick, hol=args.hol,
                         prune=not args.no_prune, placement=args.placement,
-                        fix_spread_index=not args.no_fix)
+                        fix_spread_index=not args.no_fix, min_runtime=args.min_runtime)
         results.append(result)
         print(f"  {policy}: {result.wall_seconds:.1f}s wall, {result.schedule_calls} schedule calls", flush=True)
     print(table(results))
