@@ -29,6 +29,10 @@ already held its reference share when it was placed.
 Speed: waiting requests that provably cannot be placed this cycle are not passed to the core (see
 ``Replay._candidates``); ``--no-prune`` passes the whole queue every cycle (same decisions, slower).
 ``--tick`` schedules at most once per that many simulated seconds.
+
+Two work-arounds for the core, each switched on only where the core needs it (see their docstrings):
+``_SpreadIndexFix`` (stale signature index after spread allocations; probed, fixed in the core since)
+and ``Replay._compact_signature_log`` (``ClusterState.signature_log`` grows without bound).
 """
 
 from __future__ import annotations
@@ -784,10 +788,14 @@ def main_quota(argv: list[str] | None = None) -> int:
     print(f"{len(trace.jobs)} jobs over {trace.span_seconds / 86400:.1f} days from {args.jobs} (dropped {dropped})")
     results = []
     for policy in policies:
-        result = replay(trace, policy=policy, load_factor=args.load, gpus=args.gpus, floor=not args.no_floor,
-                        notice=args.notice, checkpoint=args.checkpoint, tick=args.tick, hol=args.hol,
-                        prune=not args.no_prune, placement=args.placement,
-                        fix_spread_index=not args.no_fix, min_runtime=args.min_runtime)
+        try:
+            result = replay(trace, policy=policy, load_factor=args.load, gpus=args.gpus, floor=not args.no_floor,
+                            notice=args.notice, checkpoint=args.checkpoint, tick=args.tick, hol=args.hol,
+                            prune=not args.no_prune, placement=args.placement,
+                            fix_spread_index=not args.no_fix, min_runtime=args.min_runtime)
+        except (KeyError, ValueError) as error:
+            print(f"error: {error}", file=sys.stderr)
+            return 2
         results.append(result)
         print(f"  {policy}: {result.wall_seconds:.1f}s wall, {result.schedule_calls} schedule calls", flush=True)
     print(table(results))
