@@ -441,6 +441,7 @@ class Placer:
         self._memo: dict[tuple, tuple[float, tuple] | None] = {}
         # per need: a heap of (score, node signature, units) and how far into the signature log it is
         self._heaps: dict[tuple, list] = {}
+        self._generation = cluster.log_generation
 
     def _best_on_signature(self, node: NodeState, signature: tuple, need: Need):
         key = (signature, need.key())
@@ -461,6 +462,9 @@ class Placer:
         if self.policy.uses_random:
             return self._find_random(need)
         cluster = self.cluster
+        if cluster.log_generation != self._generation:  # the log was compacted: rebuild from live states
+            self._heaps.clear()
+            self._generation = cluster.log_generation
         key = need.key()
         entry = self._heaps.get(key)
         if entry is None:

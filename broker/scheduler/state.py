@@ -95,6 +95,7 @@ class ClusterState:
     node_signature: dict[str, tuple] = field(default_factory=dict)
     # every signature that came into existence, in order: placers catch up on it incrementally
     signature_log: list[tuple] = field(default_factory=list)
+    log_generation: int = 0  # bumped when the log is compacted; placers then rebuild their heaps
     capacity_milli_by_model: dict[str, int] = field(default_factory=dict)
     # usage: (project, tier) -> [in-quota milli, over-quota milli]; (tenant, tier) likewise
     project_usage: dict[tuple[str, str], list[int]] = field(default_factory=dict)
@@ -136,6 +137,10 @@ class ClusterState:
         elif node_id < min(members):
             self.signature_log.append(new)  # its lowest node id changed: placers re-rank it
         members.add(node_id)
+        if len(self.signature_log) > 4096 + 4 * len(self.by_signature):
+            # a long-lived state (the simulator, a warm scheduler) would otherwise grow without bound
+            self.signature_log = list(self.by_signature)
+            self.log_generation += 1
 
     # -- changes ------------------------------------------------------------------------------------
     def apply(self, allocation: Allocation) -> None:

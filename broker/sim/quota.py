@@ -30,9 +30,9 @@ Speed: waiting requests that provably cannot be placed this cycle are not passed
 ``Replay._candidates``); ``--no-prune`` passes the whole queue every cycle (same decisions, slower).
 ``--tick`` schedules at most once per that many simulated seconds.
 
-Two work-arounds for the core, each switched on only where the core needs it (see their docstrings):
-``_SpreadIndexFix`` (stale signature index after spread allocations; probed, fixed in the core since)
-and ``Replay._compact_signature_log`` (``ClusterState.signature_log`` grows without bound).
+One work-around for the core, switched on only where the core needs it (see its docstring):
+``_SpreadIndexFix`` (stale signature index after spread allocations; probed, fixed in the core since).
+The core compacts ``ClusterState.signature_log`` itself.
 """
 
 from __future__ import annotations
@@ -485,7 +485,6 @@ class Replay:
                     break
                 decisions.append(decision)
                 self._apply(decision, now)
-            self._compact_signature_log()
             return
         requests = self._candidates()
         if not requests:
@@ -498,21 +497,6 @@ class Replay:
         for decision in decisions:
             if decision.mode != DecisionMode.WAITING:
                 self._apply(decision, now)
-        self._compact_signature_log()
-
-    def _compact_signature_log(self) -> None:
-        """Work-around for a core leak (reported): ``ClusterState.signature_log`` gets a new entry each
-        time a node signature (re)appears, forever, and each ``Placer`` heap gains one per entry; over a
-        long-lived ``Scheduler`` (this replay: millions of applies) that is gigabytes. When the log is
-        long, keep only the live signatures and let the placer rebuild its heaps from them (what a fresh
-        ``Placer`` on the same state would do; decisions do not change)."""
-        cluster = self.scheduler.cluster
-        log = getattr(cluster, "signature_log", None)
-        if log is not None and len(log) > 4096 + 4 * len(cluster.by_signature):
-            log[:] = list(cluster.by_signature)
-            heaps = getattr(self.scheduler.placer, "_heaps", None)
-            if heaps is not None:
-                heaps.clear()
 
     def _apply(self, decision, now: float) -> None:
         index = job_index(decision.request)
