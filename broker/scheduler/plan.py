@@ -13,7 +13,8 @@ For each request:
 4. An in-quota request that does not fit **reclaims**: over-quota allocations of the tier are preempted,
    taking first those of the projects furthest above their fair share (over-quota use / weight), then
    lowest priority, then youngest; only allocations past the minimum runtime; the node needing the
-   fewest victims wins. Evaluated on the state and undone when it does not help.
+   fewest victims wins (a request that may spread over nodes takes victims anywhere, in that order,
+   keeping only those needed). Evaluated on the state and undone when it does not help.
 5. Otherwise the request waits, with the reason.
 """
 
@@ -22,9 +23,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from broker.scheduler.placement import Need, Placer, Policy, need_for, policy_get
-from broker.scheduler.state import ClusterState
-from broker.scheduler.types import Allocation, Decision, DecisionMode, Kind, Request, Snapshot
+from broker.scheduler.state import FULL, ClusterState
+from broker.scheduler.types import Allocation, Decision, DecisionMode, GpuMode, Kind, Request, Snapshot
 from gpus.catalogue import MODELS
+from gpus.mig import COMPUTE_SLICES
 
 
 @dataclass
@@ -271,6 +273,8 @@ class Scheduler:
             return None
         # the preferred victims first: furthest above fair share, lowest priority, youngest
         candidates.sort(key=lambda a: (-self.over_share(a.project, tier), a.priority, -a.started_at, a.id))
+        if not need.gang and need.count > 1:
+            return self._reclaim_spread(request, tier, need, candidates, now=now)
         rank = {allocation.id: position for position, allocation in enumerate(candidates)}
         by_node: dict[str, list[Allocation]] = {}
         for allocation in candidates:
@@ -297,6 +301,60 @@ class Scheduler:
         return Decision(request.id, DecisionMode.PREEMPT,
                         f"in quota on {tier}: reclaiming from over-quota work: {names}",
                         allocation=allocation, victims=tuple(v.id for v in victims))
+
+    def _reclaim_spread(self, request, tier, need, candidates, *, now) -> Decision | None:
+        """Reclaim for a request that may spread over nodes: victims anywhere in the tier, in victim order.
+
+        Victims are removed in order while a cheap per-GPU count says the request cannot fit yet; then
+        the placement search confirms, and the victims not needed are put back (latest first, so the
+        preferred victims stay chosen). The state is unchanged when it does not help."""
+        room = {gpu_id: self._units_room(gpu, need) for gpu_id, gpu in self.cluster.gpus.items()
+                if gpu.gpu.model == tier and not self.cluster.nodes[gpu.gpu.node].node.cordoned}
+        total = sum(room.values())
+        removed: list[Allocation] = []
+        found = self._find(need) if total >= need.count else None
+        for victim in candidates:
+            if found is not None:
+                break
+            removed.append(self.cluster.remove(victim.id))
+            for unit in victim.units:
+                if unit.gpu in room:
+                    now_room = self._units_room(self.cluster.gpus[unit.gpu], need)
+                    total += now_room - room[unit.gpu]
+                    room[unit.gpu] = now_room
+            if total >= need.count:
+                found = self._find(need)
+        if found is None:
+            for victim in reversed(removed):
+                self.cluster.apply(victim)
+            return None
+        for victim in reversed(removed[:-1]):
+            self.cluster.apply(victim)
+            if self._find(need) is not None:
+                removed.remove(victim)
+            else:
+                self.cluster.remove(victim.id)
+        found = self._find(need)
+        allocation = self._allocation(request, tier, need, found, preemptible=False, now=now)
+        self.cluster.apply(allocation)
+        names = ", ".join(f"{v.id} ({v.project})" for v in removed)
+        return Decision(request.id, DecisionMode.PREEMPT,
+                        f"in quota on {tier}: reclaiming from over-quota work: {names}",
+                        allocation=allocation, victims=tuple(v.id for v in removed))
+
+    @staticmethod
+    def _units_room(gpu, need: Need) -> int:
+        """An upper bound on how many single units of ``need`` this GPU could take now."""
+        if need.kind == Kind.WHOLE:
+            return int(gpu.fits_whole())
+        if need.kind == Kind.MIG:
+            if not gpu.mig_starts(need.profile):
+                return 0
+            return (COMPUTE_SLICES - gpu.compute_used) // need.profile.compute_slices
+        if gpu.gpu.mode != GpuMode.SHARED:
+            return 0
+        by_memory = (gpu.memory_mib - gpu.used_memory_mib) // need.memory_mib if need.memory_mib else need.count
+        return max(0, min((FULL - gpu.used_milli) // max(need.milli, 1), by_memory))
 
     def _victims_on(self, node_id: str, ordered: list[Allocation], need: Need) -> list[Allocation] | None:
         """The fewest victims on one node (in victim order) whose removal lets ``need`` fit, or None.
@@ -347,6 +405,8 @@ class Scheduler:
             if repartitionable:
                 text += f"; {repartitionable} GPUs have the slices free in other slots and could be repartitioned"
             return text
+        if need.kind == Kind.WHOLE and not need.gang and need.count > 1:
+            return f"fewer than {need.count} {tier} GPUs free in total"
         if need.kind == Kind.WHOLE:
             return f"no node has {need.count} free {tier} GPU{'s' if need.count > 1 else ''}"
         return f"no {tier} GPU has {need.milli} milli and {need.memory_mib} MiB free"

@@ -29,10 +29,6 @@ already held its reference share when it was placed.
 Speed: waiting requests that provably cannot be placed this cycle are not passed to the core (see
 ``Replay._candidates``); ``--no-prune`` passes the whole queue every cycle (same decisions, slower).
 ``--tick`` schedules at most once per that many simulated seconds.
-
-One work-around for the core, switched on only where the core needs it (see its docstring):
-``_SpreadIndexFix`` (stale signature index after spread allocations; probed, fixed in the core since).
-The core compacts ``ClusterState.signature_log`` itself.
 """
 
 from __future__ import annotations
@@ -50,7 +46,6 @@ from pathlib import Path
 
 from broker.scheduler.placement import need_for, workload_from_needs
 from broker.scheduler.plan import Scheduler
-from broker.scheduler.state import ClusterState
 from broker.scheduler.types import (
     DecisionMode,
     Gpu,
@@ -139,51 +134,6 @@ def build_snapshot(gpus: int, policy: str, parts: dict[str, int], min_runtime: f
 def shape_for(gpus: int) -> Shape:
     # up to a node: one node (gang); larger: any nodes, all-or-nothing
     return Shape(Kind.WHOLE, count=gpus, models=(MODEL,), gang=gpus <= GPUS_PER_NODE)
-
-
-class _SpreadIndexFix(ClusterState):
-    """Work-around for a core bug in some versions (``_core_reindexes_spread`` probes for it).
-
-    ``ClusterState.apply`` / ``remove`` re-indexed only ``allocation.node``, but an allocation that is not
-    a gang and is spread over nodes (``Shape(gang=False)``, count > 8 here) holds units on other nodes
-    too: their signature index went stale, and a later ``Placer.find`` picked a full node as free
-    (``IndexError`` in ``_materialise``). This re-indexes every node the units touch.
-    """
-
-    def apply(self, allocation):
-        super().apply(allocation)
-        self._reindex_spread(allocation)
-
-    def remove(self, allocation_id):
-        allocation = super().remove(allocation_id)
-        self._reindex_spread(allocation)
-        return allocation
-
-    def _reindex_spread(self, allocation) -> None:
-        for node in {self.gpus[unit.gpu].gpu.node for unit in allocation.units}:
-            if node != allocation.node:
-                self._index(node)
-
-
-def _probe_scheduler(parts: dict[str, int], gpus: int = 2 * GPUS_PER_NODE) -> Scheduler:
-    return Scheduler(build_snapshot(gpus, "ours", parts))
-
-
-def _core_reindexes_spread() -> bool:
-    """Does the core keep the signature index exact for allocations spread over nodes?"""
-    scheduler = _probe_scheduler({"a": 2 * GPUS_PER_NODE})
-    scheduler.schedule([Request("x", "a", TENANT, shape_for(2 * GPUS_PER_NODE))], now=0.0)
-    cluster = scheduler.cluster
-    return all(cluster.node_signature[n] == cluster.nodes[n].signature() for n in cluster.nodes)
-
-
-def _core_reclaims_spread() -> bool:
-    """Can an in-quota request larger than a node reclaim from over-quota work (spread over nodes)?"""
-    size = 2 * GPUS_PER_NODE
-    scheduler = _probe_scheduler({"a": 0, "b": size})
-    scheduler.schedule([Request("x", "a", TENANT, shape_for(size))], now=0.0)
-    decision = scheduler.schedule([Request("y", "b", TENANT, shape_for(size), submitted_at=1.0)], now=1.0)[0]
-    return decision.mode == DecisionMode.PREEMPT
 
 
 # -- results ---------------------------------------------------------------------------------------
@@ -281,7 +231,7 @@ class _State:
 class Replay:
     def __init__(self, trace: Trace, *, policy: str, gpus: int, parts: dict[str, int], notice: float = 30.0,
                  checkpoint: float = 600.0, tick: float = 0.0, hol: bool = False, prune: bool = True,
-                 placement: str = "default", window: float | None = None, fix_spread_index: bool = True,
+                 placement: str = "default", window: float | None = None,
                  min_runtime: float = 0.0):
         if policy not in POLICIES:
             raise ValueError(f"unknown policy {policy!r}; known: {', '.join(POLICIES)}")
@@ -300,10 +250,6 @@ class Replay:
         counts = Counter(job.gpus for job in trace.jobs)
         workload = workload_from_needs([need for need in needs for _ in range(counts[need.count])])
         self.scheduler = Scheduler(self.snapshot, policy=placement, workload=workload)
-        self.core_reindexes_spread = _core_reindexes_spread()
-        if fix_spread_index and not self.core_reindexes_spread:
-            self.scheduler.cluster.__class__ = _SpreadIndexFix
-        self.core_reclaims_spread = _core_reclaims_spread()
         self.weight = {p: (0 if policy == "static" else 1) for p in parts}
         self.threshold = notice + tick + 1e-6
         # bookkeeping mirrored from the decisions (GPUs, not milli)
@@ -408,8 +354,8 @@ class Replay:
           own need (at most ``8 - gpus`` on their node, plus over-quota allocations spread over nodes);
         - a gang of at most a node: no more than fit, node by node, into the GPUs free or held by
           over-quota work (placement and reclaim both need one such node);
-        - a request larger than a node cannot reclaim in the core (probed at start:
-          ``_core_reclaims_spread``), so in quota or not it is placed only onto idle capacity.
+        - a request larger than a node reclaims across nodes: its victims' leftovers may become idle for
+          over-quota work of the same cycle, so while one is in quota every over-quota GPU counts as idle.
 
         FIFO without quotas: per shape, the earliest ``free // gpus`` over all projects (none for a gang
         when no node has that many free).
@@ -433,7 +379,6 @@ class Replay:
             return out
         reclaimable = [f + o for f, o in zip(self.node_free, self.node_over, strict=True)]
         slots: dict[int, int] = {}  # gpus -> how many such gangs fit, node by node, in free + over-quota GPUs
-        node_sized = self.core_reclaims_spread
         groups = []
         extra, reclaimers = 0, False
         for key, group in self.groups.items():
@@ -451,8 +396,9 @@ class Replay:
                     extra += (GPUS_PER_NODE - gpus) * reclaiming
             else:
                 limit = len(group)
-                if node_sized and n_in:
+                if n_in:
                     reclaimers = True
+                    extra += self.over_total
             groups.append((gpus, gang, group, n_in, limit, self.weight[project] > 0))
         idle = self.free_total
         if reclaimers and self.over_total:
@@ -462,10 +408,7 @@ class Replay:
             n_over = idle // gpus if borrows else 0
             if gang and gpus > free_node and idle == self.free_total:
                 n_over = 0
-            if gpus > GPUS_PER_NODE and not node_sized:  # in quota or not, only onto idle capacity
-                n = min(n_in + n_over, idle // gpus)
-            else:
-                n = min(n_in + n_over, limit)
+            n = min(n_in + n_over, limit)
             for index in group[:n]:
                 out.append(states[index].request)
         return out
@@ -750,8 +693,6 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--no-floor", action="store_true",
                         help="partitions purely proportional (no floor of each project's largest job); not static")
     parser.add_argument("--no-prune", action="store_true", help="pass the whole queue to the core every cycle")
-    parser.add_argument("--no-fix", action="store_true",
-                        help="run without the work-around for the core's stale index after spread allocations")
     parser.add_argument("--placement", default="default", help="placement policy of the core")
     parser.add_argument("--json", type=Path, default=None, help="write the results here")
     return parser
@@ -776,7 +717,7 @@ def main_quota(argv: list[str] | None = None) -> int:
             result = replay(trace, policy=policy, load_factor=args.load, gpus=args.gpus, floor=not args.no_floor,
                             notice=args.notice, checkpoint=args.checkpoint, tick=args.tick, hol=args.hol,
                             prune=not args.no_prune, placement=args.placement,
-                            fix_spread_index=not args.no_fix, min_runtime=args.min_runtime)
+                            min_runtime=args.min_runtime)
         except (KeyError, ValueError) as error:
             print(f"error: {error}", file=sys.stderr)
             return 2

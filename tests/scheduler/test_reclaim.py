@@ -270,3 +270,63 @@ def test_reclaim_fewest_victims_on_one_node():
     [decision] = plan(snap, requests, now=100)
     assert decision.mode == DecisionMode.PREEMPT
     assert decision.victims == ("v3",)
+
+
+def test_reclaim_for_a_spread_request_takes_victims_on_several_nodes():
+    # b asks for 3 GPUs without a gang: no node alone can free 3, but victims on n1 and n2 together can
+    snap = snapshot(
+        ("n1", H100, 2, GpuMode.WHOLE),
+        ("n2", H100, 2, GpuMode.WHOLE),
+        quotas=[quota("a", H100, 1000, 8000), quota("b", H100, 3000, 3000)],
+        allocations=[
+            held("a0", "a", "n1-g0", preemptible=False, started_at=0),
+            held("a1", "a", "n1-g1", started_at=1),
+            held("a2", "a", "n2-g0", started_at=2),
+            held("a3", "a", "n2-g1", started_at=3),
+        ],
+    )
+    requests = [whole("rb", "b", 3, gang=False)]
+    [decision] = plan(snap, requests, now=100)
+    assert decision.mode == DecisionMode.PREEMPT
+    assert sorted(decision.victims) == ["a1", "a2", "a3"]
+    assert sorted(unit.gpu for unit in decision.allocation.units) == ["n1-g1", "n2-g0", "n2-g1"]
+    assert invariant_problems(snap, requests, [decision]) == []
+
+
+def test_reclaim_for_a_spread_request_uses_free_gpus_and_only_the_victims_needed():
+    # one GPU free on n1; b needs 2 spread: one victim suffices, the youngest of a's over-quota work
+    snap = snapshot(
+        ("n1", H100, 2, GpuMode.WHOLE),
+        ("n2", H100, 2, GpuMode.WHOLE),
+        quotas=[quota("a", H100, 1000, 8000), quota("b", H100, 2000, 2000)],
+        allocations=[
+            held("a0", "a", "n1-g0", preemptible=False, started_at=0),
+            held("a2", "a", "n2-g0", started_at=2),
+            held("a3", "a", "n2-g1", started_at=3),
+        ],
+    )
+    requests = [whole("rb", "b", 2, gang=False)]
+    [decision] = plan(snap, requests, now=100)
+    assert decision.mode == DecisionMode.PREEMPT
+    assert decision.victims == ("a3",)
+    assert invariant_problems(snap, requests, [decision]) == []
+
+
+def test_reclaim_for_a_spread_request_that_cannot_be_met_changes_nothing():
+    # b needs 3 spread GPUs but only 2 are preemptible: it waits, nobody is preempted
+    snap = snapshot(
+        ("n1", H100, 2, GpuMode.WHOLE),
+        ("n2", H100, 2, GpuMode.WHOLE),
+        quotas=[quota("a", H100, 2000, 8000), quota("b", H100, 3000, 3000)],
+        allocations=[
+            held("a0", "a", "n1-g0", preemptible=False),
+            held("a1", "a", "n2-g0", preemptible=False),
+            held("a2", "a", "n1-g1"),
+            held("a3", "a", "n2-g1"),
+        ],
+    )
+    scheduler = Scheduler(snap)
+    [decision] = scheduler.schedule([whole("rb", "b", 3, gang=False)], now=100)
+    assert decision.mode == DecisionMode.WAITING
+    assert "fewer than 3" in decision.reason
+    assert sorted(scheduler.cluster.allocations) == ["a0", "a1", "a2", "a3"]
