@@ -20,20 +20,23 @@ class GpuModel:
     mig_capable: bool
     nvlink: bool
     aliases: tuple[str, ...] = ()
+    # board power: the limit and a typical idle draw, in watts (the simulated agent's power model)
+    max_power_w: int = 300
+    idle_power_w: int = 40
 
 
 MODELS: tuple[GpuModel, ...] = (
-    GpuModel("A100-40GB", "NVIDIA A100-SXM4-40GB", 40_960, True, True),
-    GpuModel("A100-80GB", "NVIDIA A100-SXM4-80GB", 81_920, True, True),
-    GpuModel("H100-80GB", "NVIDIA H100 80GB HBM3", 81_559, True, True),
-    GpuModel("H100-NVL-94GB", "NVIDIA H100 NVL", 95_830, True, True),
-    GpuModel("H200-141GB", "NVIDIA H200", 143_771, True, True),
-    GpuModel("L4", "NVIDIA L4", 23_034, False, False),
-    GpuModel("T4", "Tesla T4", 15_360, False, False),
+    GpuModel("A100-40GB", "NVIDIA A100-SXM4-40GB", 40_960, True, True, max_power_w=400, idle_power_w=50),
+    GpuModel("A100-80GB", "NVIDIA A100-SXM4-80GB", 81_920, True, True, max_power_w=400, idle_power_w=60),
+    GpuModel("H100-80GB", "NVIDIA H100 80GB HBM3", 81_559, True, True, max_power_w=700, idle_power_w=70),
+    GpuModel("H100-NVL-94GB", "NVIDIA H100 NVL", 95_830, True, True, max_power_w=400, idle_power_w=60),
+    GpuModel("H200-141GB", "NVIDIA H200", 143_771, True, True, max_power_w=700, idle_power_w=75),
+    GpuModel("L4", "NVIDIA L4", 23_034, False, False, max_power_w=72, idle_power_w=16),
+    GpuModel("T4", "Tesla T4", 15_360, False, False, max_power_w=70, idle_power_w=10),
     GpuModel("V100-16GB", "Tesla V100-SXM2-16GB", 16_384, False, True, aliases=("V100M16",)),
     GpuModel("V100-32GB", "Tesla V100-SXM2-32GB", 32_768, False, True, aliases=("V100M32",)),
-    GpuModel("A10", "NVIDIA A10", 23_028, False, False),
-    GpuModel("P100", "Tesla P100-PCIE-16GB", 16_384, False, False),
+    GpuModel("A10", "NVIDIA A10", 23_028, False, False, max_power_w=150, idle_power_w=20),
+    GpuModel("P100", "Tesla P100-PCIE-16GB", 16_384, False, False, max_power_w=250, idle_power_w=30),
     # Model codes of the Alibaba openb trace whose hardware the trace does not name.
     GpuModel("G2", "openb G2", 16_384, False, False),
     GpuModel("G3", "openb G3", 32_768, False, False),

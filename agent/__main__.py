@@ -1,0 +1,5 @@
+import sys
+
+from agent.daemon import main
+
+sys.exit(main())

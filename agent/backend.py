@@ -1,0 +1,191 @@
+"""The interface every agent backend implements (``sim`` and ``nvml``), and the request it validates.
+
+Backends are synchronous and not thread-safe: the HTTP server serialises every call to one backend
+(one lock per node) and runs them off its event loop. A backend raises ``AgentError`` subclasses; the
+server turns them into problem responses with the status and the reason, and nothing has changed.
+
+Instances are keyed by the broker's allocation id. ``create`` is idempotent: the same id with the same
+spec returns the existing instance; the same id with another spec is ``Conflict``.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import asdict, dataclass
+
+KINDS = ("whole", "mig", "share")
+MODES = ("whole", "mig", "shared")
+
+
+class AgentError(Exception):
+    """A request the agent refuses; ``status`` is the HTTP status, ``field`` the input at fault."""
+
+    status = 400
+    code = "invalid"
+
+    def __init__(self, message: str, *, field: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.field = field
+
+
+class InvalidRequest(AgentError):
+    status = 422
+    code = "invalid"
+
+
+class NotFound(AgentError):
+    status = 404
+    code = "not_found"
+
+
+class Conflict(AgentError):
+    status = 409
+    code = "conflict"
+
+
+class Unavailable(AgentError):
+    """The device or the library is not there or does not answer (NVML missing, GPU lost, injected)."""
+
+    status = 503
+    code = "unavailable"
+
+
+class NotPermitted(AgentError):
+    status = 403
+    code = "not_permitted"
+
+
+@dataclass(frozen=True, slots=True)
+class InstanceSpec:
+    """What the broker asks for on one GPU: a whole GPU, a MIG profile at a start slot, or a share."""
+
+    kind: str
+    gpu: str  # GPU UUID
+    profile: str = ""  # mig: "3g.40gb"
+    start: int = -1  # mig: memory slot
+    milli: int = 0  # share: thousandths of the GPU's compute
+    memory_mib: int = 0  # share: memory cap
+
+    @classmethod
+    def from_json(cls, body: object) -> InstanceSpec:
+        """Validate the JSON body of ``PUT /v1/instances/{id}``; errors name the field."""
+        if not isinstance(body, dict):
+            raise InvalidRequest("the body must be a JSON object", field="body")
+        unknown = sorted(set(body) - {"kind", "gpu", "profile", "start", "milli", "memory_mib"})
+        if unknown:
+            raise InvalidRequest(f"unknown field {unknown[0]!r}", field=unknown[0])
+        kind = body.get("kind")
+        if kind not in KINDS:
+            raise InvalidRequest(f"kind must be one of {', '.join(KINDS)}", field="kind")
+        gpu = body.get("gpu")
+        if not isinstance(gpu, str) or not gpu:
+            raise InvalidRequest("gpu must be the GPU's UUID", field="gpu")
+
+        def integer(name: str, low: int, high: int | None = None) -> int:
+            value = body.get(name)
+            wrong_type = not isinstance(value, int) or isinstance(value, bool)
+            if wrong_type or value < low or (high is not None and value > high):
+                bound = f"{low}..{high}" if high is not None else f">= {low}"
+                raise InvalidRequest(f"{name} must be an integer {bound}", field=name)
+            return value
+
+        def absent(*names: str) -> None:
+            for name in names:
+                if name in body:
+                    raise InvalidRequest(f"{name} does not apply to kind {kind!r}", field=name)
+
+        if kind == "mig":
+            profile = body.get("profile")
+            if not isinstance(profile, str) or not profile:
+                raise InvalidRequest("profile is required for a MIG instance (e.g. '1g.10gb')", field="profile")
+            absent("milli", "memory_mib")
+            return cls(kind, gpu, profile=profile, start=integer("start", 0, 7))
+        if kind == "share":
+            absent("profile", "start")
+            return cls(kind, gpu, milli=integer("milli", 1, 1000), memory_mib=integer("memory_mib", 1))
+        absent("profile", "start", "milli", "memory_mib")
+        return cls(kind, gpu)
+
+    def to_json(self) -> dict:
+        data = {"kind": self.kind, "gpu": self.gpu}
+        if self.kind == "mig":
+            data.update(profile=self.profile, start=self.start)
+        elif self.kind == "share":
+            data.update(milli=self.milli, memory_mib=self.memory_mib)
+        return data
+
+
+@dataclass(slots=True)
+class GpuReading:
+    """Whole-GPU telemetry (power and energy exist only here: never per instance)."""
+
+    index: int
+    uuid: str
+    model: str
+    power_w: float
+    energy_mj: int  # monotonically growing
+    util_pct: float | None  # None on MIG-mode GPUs (the device does not report it there)
+    fb_used_mib: int | None  # None on MIG and shared GPUs (reported per instance / share)
+    fb_free_mib: int | None
+    allocation_id: str = ""  # the holder of a whole GPU
+
+
+@dataclass(slots=True)
+class InstanceReading:
+    """Telemetry of one MIG instance or share."""
+
+    gpu_index: int
+    gpu_uuid: str
+    model: str
+    allocation_id: str
+    engine_active: float  # ratio 0..1 of the instance's own capacity (MIG: its slices; share: its milli)
+    fb_used_mib: int
+    fb_free_mib: int
+    gpu_instance_id: int | None = None  # MIG only
+    profile: str = ""  # MIG only
+
+
+@dataclass(slots=True)
+class Readings:
+    gpus: list[GpuReading]
+    instances: list[InstanceReading]
+
+    def to_json(self) -> dict:
+        return {"gpus": [asdict(g) for g in self.gpus], "instances": [asdict(i) for i in self.instances]}
+
+
+class Backend(abc.ABC):
+    """One node's GPUs. ``inventory`` and ``instance`` return JSON-ready dicts (see docs/agent-protocol.md)."""
+
+    name: str = ""
+
+    @abc.abstractmethod
+    def inventory(self) -> dict:
+        """``{"gpus": [...], "instances": [...]}``: every GPU (uuid, index, model, memory_mib, mode,
+        mig_layout) and every instance this agent holds."""
+
+    @abc.abstractmethod
+    def create(self, allocation_id: str, spec: InstanceSpec) -> tuple[dict, bool]:
+        """(the instance, created now?) — the same id and spec again returns the same instance."""
+
+    @abc.abstractmethod
+    def destroy(self, allocation_id: str) -> bool:
+        """Destroy the instance; False when it was already gone (which is success)."""
+
+    @abc.abstractmethod
+    def notice(self, allocation_id: str, deadline: float, reason: str) -> dict:
+        """Record a preemption notice on the instance (``NotFound`` when there is none)."""
+
+    @abc.abstractmethod
+    def readings(self, now: float) -> Readings:
+        """Telemetry for ``/metrics``."""
+
+    def instance(self, allocation_id: str) -> dict:
+        for item in self.inventory()["instances"]:
+            if item["allocation_id"] == allocation_id:
+                return item
+        raise NotFound(f"no instance for allocation {allocation_id!r}", field="allocation_id")
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Persist and release what the backend holds (called on shutdown)."""

@@ -1,0 +1,104 @@
+"""A client for the agent protocol: signs every request, sets timeouts, retries idempotent calls.
+
+Used by the broker's workers and by the tests. Standard library only (``urllib``). Every call in the
+protocol is idempotent (PUT with the same body returns the same instance, DELETE of a missing instance
+succeeds, a notice overwrites), so all of them are retried on connection errors, timeouts and 5xx, with
+exponential back-off and jitter; each attempt is signed afresh (new timestamp and nonce). 4xx answers
+are not retried: they raise ``AgentHTTPError`` with the problem body.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+import urllib.error
+import urllib.request
+from urllib.parse import quote, urlsplit
+
+from agent.signing import sign
+
+
+class AgentHTTPError(Exception):
+    def __init__(self, status: int, problem: dict):
+        self.status = status
+        self.problem = problem
+        super().__init__(f"{status}: {problem.get('detail') or problem}")
+
+
+class AgentUnreachable(Exception):
+    """No answer after every retry (connection refused, timeout, 5xx)."""
+
+
+class AgentClient:
+    def __init__(self, base_url: str, node_id: str, secret: str, *, timeout: float = 5.0, retries: int = 3,
+                 backoff: float = 0.2, sleep=time.sleep):
+        if urlsplit(base_url).scheme not in ("http", "https"):
+            raise ValueError(f"agent URL must be http(s)://…, got {base_url!r}")
+        self.base_url = base_url.rstrip("/")
+        self.prefix = urlsplit(self.base_url).path
+        self.node_id = node_id
+        self.secret = secret
+        self.timeout = timeout
+        self.retries = retries
+        self.backoff = backoff
+        self.sleep = sleep
+
+    # -- protocol ---------------------------------------------------------------------------------
+    def inventory(self) -> dict:
+        return self.request("GET", "/v1/inventory")
+
+    def instance(self, allocation_id: str) -> dict:
+        return self.request("GET", f"/v1/instances/{quote(allocation_id, safe='')}")
+
+    def create(self, allocation_id: str, spec: dict) -> dict:
+        return self.request("PUT", f"/v1/instances/{quote(allocation_id, safe='')}", spec)
+
+    def destroy(self, allocation_id: str) -> dict:
+        return self.request("DELETE", f"/v1/instances/{quote(allocation_id, safe='')}")
+
+    def notice(self, allocation_id: str, deadline: float, reason: str = "") -> dict:
+        return self.request("POST", f"/v1/instances/{quote(allocation_id, safe='')}/notice",
+                            {"deadline": deadline, "reason": reason})
+
+    def faults(self, **switches) -> dict:
+        return self.request("POST", "/v1/faults", switches)
+
+    def healthz(self) -> dict:
+        return self.request("GET", "/healthz", signed=False)
+
+    def metrics(self) -> str:
+        return self.request("GET", "/metrics", signed=False, raw=True)
+
+    # -- transport --------------------------------------------------------------------------------
+    def request(self, method: str, path: str, body: dict | None = None, *, signed: bool = True, raw: bool = False):
+        data = b"" if body is None else json.dumps(body, separators=(",", ":")).encode()
+        attempt = 0
+        while True:
+            headers = {"Accept": "application/json"}
+            if body is not None:
+                headers["Content-Type"] = "application/json"
+            if signed:
+                headers.update(sign(self.secret, self.node_id, method, self.prefix + path, data))
+            request = urllib.request.Request(self.base_url + path, data=data or None, method=method,  # noqa: S310
+                                             headers=headers)
+            try:
+                with urllib.request.urlopen(request, timeout=self.timeout) as response:  # noqa: S310 (checked)
+                    payload = response.read()
+                    return payload.decode() if raw else (json.loads(payload) if payload else {})
+            except urllib.error.HTTPError as error:
+                payload = error.read()
+                try:
+                    problem = json.loads(payload)
+                except ValueError:
+                    problem = {"detail": payload.decode(errors="replace")[:500]}
+                if error.code < 500 or attempt >= self.retries:
+                    if error.code >= 500:
+                        raise AgentUnreachable(f"{method} {path}: {error.code} after {attempt + 1} attempts: "
+                                               f"{problem.get('detail')}") from None
+                    raise AgentHTTPError(error.code, problem) from None
+            except (urllib.error.URLError, TimeoutError, ConnectionError) as error:
+                if attempt >= self.retries:
+                    raise AgentUnreachable(f"{method} {path}: {error} after {attempt + 1} attempts") from None
+            attempt += 1
+            self.sleep(self.backoff * 2 ** (attempt - 1) * random.uniform(0.5, 1.0))

@@ -1,0 +1,288 @@
+"""Running an agent: configuration, the backend, enrollment and heartbeats with the broker.
+
+Configuration: a TOML file (``--config``) and/or flags (flags win)::
+
+    node_id = "gpu-node-01"
+    listen = "0.0.0.0:9400"
+    broker_url = "https://broker.example/"      # optional: standalone without it
+    enrollment_token = "gpub_enroll_..."          # one-time; the secret it buys is kept in state_dir
+    backend = "sim"                               # or "nvml"
+    state_dir = "/var/lib/gpubroker-agent"
+    gpus = "h100-80gb:8:mig"                      # sim only
+    secret = ""                                   # a fixed per-node secret instead of enrolling
+    metrics_token = ""                            # optional bearer token for /metrics
+    allow_mig_changes = false                     # nvml only: permit creating/destroying MIG instances
+
+Enrollment (``POST {broker}/api/v1/agents/enroll``, the token in the body) returns the per-node secret,
+saved as ``state_dir/secret`` (0600); later starts reuse it. Heartbeats (``POST
+{broker}/api/v1/agents/{node}/heartbeat``) are signed like every other request; when the broker does not
+answer they back off exponentially with jitter, up to ``MAX_BACKOFF``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import random
+import secrets
+import socket
+import time
+import tomllib
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+import aiohttp
+
+from agent import PROTOCOL, __version__
+from agent.backend import AgentError, Backend
+from agent.signing import sign
+
+logger = logging.getLogger("agent")
+MAX_BACKOFF = 60.0
+
+
+@dataclass
+class AgentConfig:
+    node_id: str = ""
+    listen: str = "127.0.0.1:9400"
+    broker_url: str = ""
+    enrollment_token: str = ""
+    backend: str = "sim"
+    state_dir: str = "var/agent"
+    gpus: str = "h100-80gb:8:mig"
+    secret: str = ""
+    metrics_token: str = ""
+    hostname: str = ""
+    advertise_url: str = ""
+    allow_mig_changes: bool = False
+    heartbeat_seconds: float = 15.0
+
+    def validate(self) -> AgentConfig:
+        if not self.node_id:
+            raise ValueError("node_id is required (--node-id or node_id in the config file)")
+        if self.backend not in ("sim", "nvml"):
+            raise ValueError(f"backend must be sim or nvml, got {self.backend!r}")
+        host, _, port = self.listen.rpartition(":")
+        if not host or not port.isdigit():
+            raise ValueError(f"listen must be HOST:PORT, got {self.listen!r}")
+        if self.broker_url and not self.broker_url.startswith(("http://", "https://")):
+            raise ValueError(f"broker_url must be http(s)://..., got {self.broker_url!r}")
+        self.hostname = self.hostname or socket.gethostname()
+        self.advertise_url = self.advertise_url or f"http://{self.listen}"
+        return self
+
+    @property
+    def host_port(self) -> tuple[str, int]:
+        host, _, port = self.listen.rpartition(":")
+        return host, int(port)
+
+
+def load_config(path: str | None, overrides: dict) -> AgentConfig:
+    values: dict = {}
+    if path:
+        with open(path, "rb") as handle:
+            values = tomllib.load(handle)
+        known = {f.name for f in fields(AgentConfig)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ValueError(f"{path}: unknown setting {unknown[0]!r}; known: {', '.join(sorted(known))}")
+    values.update({key: value for key, value in overrides.items() if value is not None})
+    return AgentConfig(**values).validate()
+
+
+def build_backend(config: AgentConfig, state_dir: Path | None = None) -> Backend:
+    state = Path(state_dir or config.state_dir)
+    if config.backend == "nvml":
+        from agent.nvml_backend import NvmlBackend
+
+        return NvmlBackend(state, config.hostname, allow_mig_changes=config.allow_mig_changes)
+    from agent.sim import SimBackend, parse_gpu_specs
+
+    return SimBackend(state, config.node_id, parse_gpu_specs(config.gpus))
+
+
+# -- secret ---------------------------------------------------------------------------------------
+def stored_secret(state_dir: Path) -> str:
+    path = state_dir / "secret"
+    return path.read_text().strip() if path.exists() else ""
+
+
+def store_secret(state_dir: Path, secret: str) -> None:
+    state_dir.mkdir(parents=True, exist_ok=True)
+    path = state_dir / "secret"
+    temporary = path.with_suffix(".tmp")
+    descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(descriptor, "w") as handle:
+        handle.write(secret)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(temporary, path)
+
+
+def generated_secret(state_dir: Path) -> str:
+    """A standalone node's secret: made once, kept in the state directory."""
+    secret = stored_secret(state_dir)
+    if not secret:
+        secret = secrets.token_urlsafe(32)
+        store_secret(state_dir, secret)
+    return secret
+
+
+def backoff_delay(failures: int, base: float = 1.0, cap: float = MAX_BACKOFF) -> float:
+    """Exponential back-off with jitter (half to full of the step), capped."""
+    return min(cap, base * 2 ** max(0, failures - 1)) * random.uniform(0.5, 1.0)
+
+
+# -- broker exchange ------------------------------------------------------------------------------
+class BrokerLink:
+    """Enrollment and heartbeats for one node (many of them share one session in a fleet)."""
+
+    def __init__(self, node, config: AgentConfig, state_dir: Path, session: aiohttp.ClientSession):
+        self.node = node  # agent.server.AgentNode; its secret is set on enrollment
+        self.config = config
+        self.state_dir = state_dir
+        self.session = session
+        self.heartbeats = 0
+        self.failures = 0
+        self.last_error = ""
+
+    def _url(self, path: str) -> str:
+        return self.config.broker_url.rstrip("/") + path
+
+    async def enroll(self) -> None:
+        """Until it succeeds: trade the one-time token for the node's secret (kept on disk)."""
+        while not self.node.secret:
+            inventory = await self.node.call(self.node.backend.inventory)
+            body = {"node_id": self.config.node_id, "token": self.config.enrollment_token,
+                    "address": self.config.advertise_url, "hostname": self.config.hostname,
+                    "agent_version": __version__, "protocol": PROTOCOL, "inventory": inventory}
+            try:
+                async with self.session.post(self._url("/api/v1/agents/enroll"), json=body) as response:
+                    payload = await response.json(content_type=None)
+                    if response.status in (200, 201) and payload.get("secret"):
+                        store_secret(self.state_dir, payload["secret"])
+                        self.node.secret = payload["secret"]
+                        self.config.heartbeat_seconds = float(payload.get("heartbeat_seconds")
+                                                              or self.config.heartbeat_seconds)
+                        logger.info("enrolled %s with %s", self.config.node_id, self.config.broker_url)
+                        return
+                    self.last_error = f"{response.status}: {payload.get('detail', payload)}"
+            except (aiohttp.ClientError, TimeoutError, ValueError) as error:
+                self.last_error = str(error) or type(error).__name__
+            self.failures += 1
+            delay = backoff_delay(self.failures)
+            logger.warning("enrollment of %s failed (%s); retrying in %.1f s", self.config.node_id,
+                           self.last_error, delay)
+            await asyncio.sleep(delay)
+
+    async def heartbeat_once(self) -> bool:
+        inventory = await self.node.call(self.node.backend.inventory)
+        body = json.dumps({
+            "time": time.time(), "address": self.config.advertise_url, "agent_version": __version__,
+            "gpus": len(inventory["gpus"]), "instances": [i["allocation_id"] for i in inventory["instances"]],
+        }).encode()
+        path = f"/api/v1/agents/{self.config.node_id}/heartbeat"
+        headers = {"Content-Type": "application/json",
+                   **sign(self.node.secret, self.config.node_id, "POST", _path_of(self._url(path)), body)}
+        try:
+            async with self.session.post(self._url(path), data=body, headers=headers) as response:
+                payload = await response.json(content_type=None)
+                if response.status == 200:
+                    self.heartbeats += 1
+                    self.failures = 0
+                    self.config.heartbeat_seconds = float(payload.get("heartbeat_seconds")
+                                                          or self.config.heartbeat_seconds)
+                    return True
+                self.last_error = f"{response.status}: {payload.get('detail', payload)}"
+        except (aiohttp.ClientError, TimeoutError, ValueError) as error:
+            self.last_error = str(error) or type(error).__name__
+        self.failures += 1
+        return False
+
+    async def run(self) -> None:
+        await self.enroll()
+        while True:
+            ok = await self.heartbeat_once()
+            if ok:
+                delay = self.config.heartbeat_seconds * random.uniform(0.9, 1.1)
+            else:
+                delay = backoff_delay(self.failures, base=1.0, cap=max(MAX_BACKOFF, self.config.heartbeat_seconds))
+                logger.warning("heartbeat of %s failed (%s); retrying in %.1f s", self.config.node_id,
+                               self.last_error, delay)
+            await asyncio.sleep(delay)
+
+
+def _path_of(url: str) -> str:
+    from urllib.parse import urlsplit
+
+    return urlsplit(url).path
+
+
+# -- one agent ------------------------------------------------------------------------------------
+def resolve_secret(config: AgentConfig, state_dir: Path) -> str:
+    """The secret to start with: configured, stored from an earlier enrollment, or (standalone) made here."""
+    if config.secret:
+        return config.secret
+    secret = stored_secret(state_dir)
+    if secret:
+        return secret
+    if config.broker_url:
+        if not config.enrollment_token:
+            raise ValueError("no stored secret: an enrollment_token is needed to enroll with the broker")
+        return ""  # enrolled by BrokerLink
+    return generated_secret(state_dir)
+
+
+def serve(config: AgentConfig) -> None:
+    from aiohttp import web
+
+    from agent.server import AgentNode, node_app
+
+    state_dir = Path(config.state_dir)
+    state_dir.mkdir(parents=True, exist_ok=True)
+    backend = build_backend(config, state_dir)
+    node = AgentNode(config.node_id, backend, resolve_secret(config, state_dir), config.hostname,
+                     metrics_token=config.metrics_token)
+    app = node_app(node)
+
+    async def broker_link(app_):
+        if not config.broker_url:
+            logger.info("standalone (no broker_url); secret in %s/secret", state_dir)
+            yield
+            return
+        session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10))
+        task = asyncio.create_task(BrokerLink(node, config, state_dir, session).run())
+        yield
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await session.close()
+
+    app.cleanup_ctx.append(broker_link)
+    host, port = config.host_port
+    logger.info("agent %s (%s backend) listening on %s", config.node_id, backend.name, config.listen)
+    # SIGTERM / SIGINT: aiohttp stops accepting, lets requests in flight finish, then runs the cleanups
+    # (the backend persists its state), and the process exits 0
+    web.run_app(app, host=host, port=port, shutdown_timeout=10, print=None, access_log=None)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m agent", description="GPU broker node agent")
+    parser.add_argument("--config", help="TOML configuration file")
+    for name in ("node-id", "listen", "broker-url", "enrollment-token", "backend", "state-dir", "gpus", "secret",
+                 "metrics-token", "hostname", "advertise-url"):
+        parser.add_argument(f"--{name}", dest=name.replace("-", "_"))
+    parser.add_argument("--allow-mig-changes", action="store_true", default=None)
+    parser.add_argument("--log-level", default="INFO")
+    args = vars(parser.parse_args(argv))
+    logging.basicConfig(level=args.pop("log_level"), format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    config_path = args.pop("config")
+    try:
+        config = load_config(config_path, args)
+        serve(config)
+    except (ValueError, OSError, AgentError) as error:
+        logger.error("%s", error)
+        return 2
+    return 0

@@ -1,0 +1,210 @@
+"""The agent's HTTP server (aiohttp): protocol v1, see docs/agent-protocol.md.
+
+One ``AgentNode`` = one node: its backend, its secret and a lock. ``node_app(node)`` serves it at the
+root (one agent per machine) or under ``/n/{node_id}`` inside a fleet (``agent.fleet``). Backend calls
+are serialised per node and run off the event loop (the sim backend fsyncs every change).
+
+``/healthz`` and ``/metrics`` are read-only and unsigned, as dcgm-exporter's are (Prometheus cannot sign);
+``metrics_token`` makes ``/metrics`` require ``Authorization: Bearer <token>``. Everything under ``/v1``
+must be signed by the broker (``agent.signing``); an unsigned, forged, stale or replayed request is 401
+and changes nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import logging
+import re
+import time
+from dataclasses import dataclass, field
+
+from aiohttp import web
+
+from agent import PROTOCOL, __version__
+from agent.backend import AgentError, Backend, InstanceSpec, InvalidRequest, NotFound
+from agent.metrics import render
+from agent.signing import NonceCache, SignatureError, verify
+
+logger = logging.getLogger("agent")
+ALLOCATION_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
+MAX_BODY = 64 * 1024
+TYPE_BASE = "https://gpubroker.dev/problems/"
+NODE_KEY = web.AppKey("node", object)
+
+
+@dataclass
+class AgentNode:
+    node_id: str
+    backend: Backend
+    secret: str
+    hostname: str
+    metrics_token: str = ""
+    nonces: NonceCache = field(default_factory=NonceCache)
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    started_at: float = field(default_factory=time.time)
+    requests_in_flight: int = 0
+
+    async def call(self, function, *args):
+        """Run one backend call: serialised for this node, off the event loop."""
+        async with self.lock:
+            return await asyncio.get_running_loop().run_in_executor(None, function, *args)
+
+
+def problem(status: int, code: str, title: str, detail: str, field_name: str | None = None) -> web.Response:
+    body = {"type": TYPE_BASE + code, "title": title, "status": status, "detail": detail, "code": code,
+            "field": field_name}
+    return web.json_response(body, status=status, content_type="application/problem+json")
+
+
+def _node(request: web.Request) -> AgentNode:
+    return request.app[NODE_KEY]
+
+
+@web.middleware
+async def protocol_middleware(request: web.Request, handler):
+    node = _node(request)
+    node.requests_in_flight += 1
+    try:
+        if request.path.endswith("/healthz") or request.path.endswith("/metrics"):
+            return await handler(request)
+        body = await request.read()
+        if len(body) > MAX_BODY:
+            return problem(413, "too_large", "Request too large", f"bodies are limited to {MAX_BODY} bytes")
+        try:
+            verify(request.headers, request.method, request.rel_url.raw_path, request.rel_url.raw_query_string, body,
+                   lambda node_id: node.secret if node_id == node.node_id else None, node.nonces)
+        except SignatureError as error:
+            logger.warning("refused %s %s: %s", request.method, request.path, error)
+            return problem(401, "unauthenticated", "Not authenticated", str(error))
+        hang = getattr(node.backend, "take_hang", None)
+        if hang is not None and (seconds := hang()):
+            await asyncio.sleep(seconds)  # fault injection (sim): the next request hangs
+        try:
+            return await handler(request)
+        except AgentError as error:
+            return problem(error.status, error.code, type(error).__name__, error.message, error.field)
+    finally:
+        node.requests_in_flight -= 1
+
+
+async def _json_body(request: web.Request) -> object:
+    raw = await request.read()
+    if not raw:
+        raise InvalidRequest("a JSON body is required", field="body")
+    try:
+        return json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as error:
+        raise InvalidRequest(f"the body is not valid JSON: {error}", field="body") from None
+
+
+def _allocation_id(request: web.Request) -> str:
+    value = request.match_info["allocation_id"]
+    if not ALLOCATION_ID.match(value):
+        raise InvalidRequest("allocation_id must be 1-128 of A-Z a-z 0-9 . _ : - (starting alphanumeric)",
+                             field="allocation_id")
+    return value
+
+
+async def healthz(request: web.Request) -> web.Response:
+    node = _node(request)
+    return web.json_response({"status": "ok", "node_id": node.node_id, "backend": node.backend.name,
+                              "version": __version__, "protocol": PROTOCOL})
+
+
+async def metrics(request: web.Request) -> web.Response:
+    node = _node(request)
+    if node.metrics_token:
+        given = request.headers.get("Authorization", "").removeprefix("Bearer ")
+        if not hmac.compare_digest(given, node.metrics_token):
+            return problem(401, "unauthenticated", "Not authenticated", "metrics need the bearer token")
+    async with node.lock:
+        readings = node.backend.readings(time.time())
+    extra = [
+        "# HELP gpubroker_agent_instances Instances this agent holds.",
+        "# TYPE gpubroker_agent_instances gauge",
+        f'gpubroker_agent_instances{{Hostname="{node.hostname}"}} '
+        f"{len({i.allocation_id for i in readings.instances}) + sum(1 for g in readings.gpus if g.allocation_id)}",
+    ]
+    return web.Response(text=render(readings, node.hostname, extra=extra),
+                        content_type="text/plain", charset="utf-8", headers={"X-Prometheus-Format": "0.0.4"})
+
+
+async def inventory(request: web.Request) -> web.Response:
+    node = _node(request)
+    data = await node.call(node.backend.inventory)
+    return web.json_response({"node_id": node.node_id, "protocol": PROTOCOL, "agent_version": __version__,
+                              "backend": node.backend.name, **data})
+
+
+async def instance_get(request: web.Request) -> web.Response:
+    node = _node(request)
+    return web.json_response(await node.call(node.backend.instance, _allocation_id(request)))
+
+
+async def instance_put(request: web.Request) -> web.Response:
+    node = _node(request)
+    allocation_id = _allocation_id(request)
+    spec = InstanceSpec.from_json(await _json_body(request))
+    instance, created = await node.call(node.backend.create, allocation_id, spec)
+    if created:
+        logger.info("created %s: %s", allocation_id, json.dumps(spec.to_json(), sort_keys=True))
+    return web.json_response(instance, status=201 if created else 200)
+
+
+async def instance_delete(request: web.Request) -> web.Response:
+    node = _node(request)
+    allocation_id = _allocation_id(request)
+    existed = await node.call(node.backend.destroy, allocation_id)
+    if existed:
+        logger.info("destroyed %s", allocation_id)
+    return web.json_response({"allocation_id": allocation_id, "existed": existed})
+
+
+async def instance_notice(request: web.Request) -> web.Response:
+    node = _node(request)
+    allocation_id = _allocation_id(request)
+    body = await _json_body(request)
+    if not isinstance(body, dict):
+        raise InvalidRequest("the body must be a JSON object", field="body")
+    deadline = body.get("deadline")
+    if not isinstance(deadline, int | float) or isinstance(deadline, bool) or deadline <= 0:
+        raise InvalidRequest("deadline must be a unix time in seconds", field="deadline")
+    reason = body.get("reason", "")
+    if not isinstance(reason, str) or len(reason) > 500:
+        raise InvalidRequest("reason must be a string of at most 500 characters", field="reason")
+    instance = await node.call(node.backend.notice, allocation_id, float(deadline), reason)
+    logger.info("preemption notice for %s: deadline %s (%s)", allocation_id, deadline, reason)
+    return web.json_response(instance)
+
+
+async def faults(request: web.Request) -> web.Response:
+    node = _node(request)
+    apply = getattr(node.backend, "apply_faults", None)
+    if apply is None:
+        raise NotFound(f"the {node.backend.name} backend has no fault switches")
+    body = await _json_body(request)
+    if not isinstance(body, dict):
+        raise InvalidRequest("the body must be a JSON object", field="body")
+    return web.json_response(await node.call(apply, body))
+
+
+def node_app(node: AgentNode) -> web.Application:
+    app = web.Application(middlewares=[protocol_middleware], client_max_size=MAX_BODY + 1024)
+    app[NODE_KEY] = node
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/v1/inventory", inventory)
+    app.router.add_get("/v1/instances/{allocation_id}", instance_get)
+    app.router.add_put("/v1/instances/{allocation_id}", instance_put)
+    app.router.add_delete("/v1/instances/{allocation_id}", instance_delete)
+    app.router.add_post("/v1/instances/{allocation_id}/notice", instance_notice)
+    app.router.add_post("/v1/faults", faults)
+
+    async def close_backend(_app):
+        async with node.lock:
+            node.backend.close()
+
+    app.on_cleanup.append(close_backend)
+    return app

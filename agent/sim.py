@@ -1,0 +1,340 @@
+"""The simulated backend: GPUs of any catalogue model in ``whole``, ``mig`` or ``shared`` mode.
+
+Faithful where the broker depends on it: MIG placement exactly as ``gpus.mig`` rules it (start slots,
+overlaps, Σ compute ≤ 7, one ``+me``), shares within 1000 milli and the GPU's memory, one whole-GPU
+instance per GPU in ``whole`` mode. Every change is written to ``state_dir/sim-state.json`` (temp file,
+fsync, rename) before it is answered, so a restart, even after ``kill -9``, shows the same inventory.
+
+Telemetry: each instance replays a real utilisation/memory series (``agent.telemetry``); a GPU's power
+is idle + (max − idle) × its compute-weighted activity, and its energy counter is the closed-form
+integral of that power since the last change, so it only grows and needs no background thread.
+
+Fault switches (for tests, over ``POST /v1/faults``): fail the next create, hang the next request,
+drop an instance or a whole GPU as if it fell off the bus.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+import uuid
+from pathlib import Path
+
+from agent.backend import (
+    AgentError,
+    Backend,
+    Conflict,
+    GpuReading,
+    InstanceReading,
+    InstanceSpec,
+    InvalidRequest,
+    NotFound,
+    Readings,
+    Unavailable,
+)
+from agent.telemetry import all_series, pick
+from gpus.catalogue import UnknownModel, model_get
+from gpus.mig import COMPUTE_SLICES, MigPlacement, UnknownProfile, layout_problem, profile_get
+
+STATE_FILE = "sim-state.json"
+STATE_VERSION = 1
+_UUID_NAMESPACE = uuid.UUID("6f1d3c52-3a57-4b8e-9d43-2b1f0f6a9c11")
+_SPEC = re.compile(r"^(?P<model>[^:]+):(?P<count>\d+)(?::(?P<mode>whole|mig|shared))?$")
+
+
+def parse_gpu_specs(text: str) -> list[tuple[str, int, str]]:
+    """``"h100-80gb:8:mig,l4:2"`` → [("H100-80GB", 8, "mig"), ("L4", 2, "whole")]; errors name the part."""
+    out = []
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        match = _SPEC.match(part)
+        if not match:
+            raise ValueError(f"GPU spec {part!r}: expected MODEL:COUNT[:whole|mig|shared]")
+        try:
+            model = model_get(match["model"])
+        except UnknownModel as error:
+            raise ValueError(f"GPU spec {part!r}: {error.args[0]}") from None
+        mode = match["mode"] or "whole"
+        if mode == "mig" and not model.mig_capable:
+            raise ValueError(f"GPU spec {part!r}: {model.code} has no MIG")
+        count = int(match["count"])
+        if not 1 <= count <= 64:
+            raise ValueError(f"GPU spec {part!r}: count must be 1..64")
+        out.append((model.code, count, mode))
+    if not out:
+        raise ValueError("no GPUs given (e.g. --gpus h100-80gb:8:mig)")
+    return out
+
+
+class SimBackend(Backend):
+    name = "sim"
+
+    def __init__(self, state_dir: Path, node_id: str, gpus: list[tuple[str, int, str]], *, clock=time.time):
+        self.state_dir = Path(state_dir)
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        self.node_id = node_id
+        self.clock = clock
+        self.fail_next_create = ""  # a reason: the next create fails with it
+        self.hang_seconds = 0.0  # the server sleeps this long before the next request (one-shot)
+        path = self.state_dir / STATE_FILE
+        if path.exists():
+            self.state = json.loads(path.read_text())
+            if self.state.get("version") != STATE_VERSION or self.state.get("node_id") != node_id:
+                raise ValueError(f"{path} belongs to another node or version; move it away to start afresh")
+        else:
+            now = self.clock()
+            self.state = {"version": STATE_VERSION, "node_id": node_id, "gpus": [], "instances": {}}
+            index = 0
+            for model, count, mode in gpus:
+                for _ in range(count):
+                    gpu_uuid = f"GPU-{uuid.uuid5(_UUID_NAMESPACE, f'{node_id}/{index}')}"
+                    self.state["gpus"].append({"index": index, "uuid": gpu_uuid, "model": model, "mode": mode,
+                                               "lost": False, "energy_mj": 0.0, "energy_at": now})
+                    index += 1
+            self._save()
+        self._by_uuid = {gpu["uuid"]: gpu for gpu in self.state["gpus"]}
+
+    # -- persistence --------------------------------------------------------------------------------
+    def _save(self) -> None:
+        path = self.state_dir / STATE_FILE
+        temporary = path.with_suffix(".tmp")
+        with open(temporary, "w", encoding="utf-8") as handle:
+            json.dump(self.state, handle, separators=(",", ":"), sort_keys=True)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temporary, path)
+        directory = os.open(self.state_dir, os.O_RDONLY)
+        try:
+            os.fsync(directory)
+        finally:
+            os.close(directory)
+
+    # -- inventory ----------------------------------------------------------------------------------
+    def _instances_on(self, gpu_uuid: str) -> list[dict]:
+        return [item for item in self.state["instances"].values() if item["gpu"] == gpu_uuid]
+
+    def inventory(self) -> dict:
+        gpus = []
+        for gpu in self.state["gpus"]:
+            if gpu["lost"]:
+                continue
+            model = model_get(gpu["model"])
+            entry = {"index": gpu["index"], "uuid": gpu["uuid"], "model": gpu["model"], "name": model.vendor_name,
+                     "memory_mib": model.memory_mib, "mode": gpu["mode"], "mig_layout": []}
+            held = self._instances_on(gpu["uuid"])
+            if gpu["mode"] == "mig":
+                entry["mig_layout"] = sorted(
+                    ({"gpu_instance_id": i["gpu_instance_id"], "profile": i["profile"], "start": i["start"],
+                      "size": profile_get(gpu["model"], i["profile"]).memory_slots, "device_uuid": i["device_uuid"]}
+                     for i in held), key=lambda x: x["start"])
+            if gpu["mode"] == "shared":
+                entry["shares"] = {"milli_used": sum(i["milli"] for i in held),
+                                   "memory_used_mib": sum(i["memory_mib"] for i in held)}
+            gpus.append(entry)
+        instances = sorted((self._public(item) for item in self.state["instances"].values()),
+                           key=lambda x: x["allocation_id"])
+        return {"gpus": gpus, "instances": instances}
+
+    @staticmethod
+    def _public(item: dict) -> dict:
+        return {key: value for key, value in item.items() if not key.startswith("_")}
+
+    # -- create ---------------------------------------------------------------------------------------
+    def create(self, allocation_id: str, spec: InstanceSpec) -> tuple[dict, bool]:
+        existing = self.state["instances"].get(allocation_id)
+        if existing is not None:
+            if existing["_spec"] != spec.to_json():
+                raise Conflict(f"allocation {allocation_id!r} already has an instance with another spec: "
+                               f"{json.dumps(existing['_spec'], sort_keys=True)}", field="allocation_id")
+            return self._public(existing), False
+        gpu = self._by_uuid.get(spec.gpu)
+        if gpu is None or gpu["lost"]:
+            raise InvalidRequest(f"no GPU {spec.gpu!r} on node {self.node_id}", field="gpu")
+        wanted_mode = {"whole": "whole", "mig": "mig", "share": "shared"}[spec.kind]
+        if gpu["mode"] != wanted_mode:
+            raise InvalidRequest(f"GPU {gpu['index']} is in {gpu['mode']} mode; a {spec.kind} instance needs "
+                                 f"{wanted_mode} mode", field="kind")
+        model = model_get(gpu["model"])
+        held = self._instances_on(gpu["uuid"])
+        record = {"allocation_id": allocation_id, "kind": spec.kind, "gpu": gpu["uuid"], "gpu_index": gpu["index"],
+                  "profile": "", "start": -1, "milli": 0, "memory_mib": 0, "gpu_instance_id": None,
+                  "compute_instance_id": None, "device_uuid": gpu["uuid"], "notice": None, "state": "active"}
+        if spec.kind == "mig":
+            try:
+                profile = profile_get(model.code, spec.profile)
+            except UnknownProfile as error:
+                raise InvalidRequest(error.args[0], field="profile") from None
+            layout = [MigPlacement(i["start"], profile_get(model.code, i["profile"])) for i in held]
+            problem = layout_problem((*layout, MigPlacement(spec.start, profile)))
+            if problem:
+                raise InvalidRequest(f"cannot place {profile.name} at slot {spec.start} on GPU {gpu['index']}: "
+                                     f"{problem}", field="start")
+            used_ids = {i["gpu_instance_id"] for i in held}
+            gi_id = next(n for n in range(1, 15) if n not in used_ids)
+            record.update(profile=profile.name, start=spec.start, memory_mib=profile.memory_mib,
+                          milli=profile.gpu_milli, gpu_instance_id=gi_id, compute_instance_id=0,
+                          device_uuid=f"MIG-{uuid.uuid5(_UUID_NAMESPACE, gpu['uuid'] + '/' + allocation_id)}")
+        elif spec.kind == "share":
+            milli = sum(i["milli"] for i in held) + spec.milli
+            memory = sum(i["memory_mib"] for i in held) + spec.memory_mib
+            if milli > 1000:
+                raise InvalidRequest(f"GPU {gpu['index']} has {1000 - milli + spec.milli} milli free; asked "
+                                     f"{spec.milli}", field="milli")
+            if memory > model.memory_mib:
+                raise InvalidRequest(f"GPU {gpu['index']} has {model.memory_mib - memory + spec.memory_mib} MiB "
+                                     f"free; asked {spec.memory_mib}", field="memory_mib")
+            record.update(milli=spec.milli, memory_mib=spec.memory_mib)
+        else:
+            if held:
+                raise Conflict(f"GPU {gpu['index']} is held by allocation {held[0]['allocation_id']!r}", field="gpu")
+            record.update(milli=1000, memory_mib=model.memory_mib)
+        if self.fail_next_create:
+            reason, self.fail_next_create = self.fail_next_create, ""
+            raise Unavailable(f"create failed on GPU {gpu['index']}: {reason}")
+        record["access"] = _access(record)
+        now = self.clock()
+        self._settle_energy(gpu, now)
+        series, offset = pick(allocation_id)
+        record.update(created_at=now, _spec=spec.to_json(), _series=series, _offset=offset)
+        self.state["instances"][allocation_id] = record
+        self._save()
+        return self._public(record), True
+
+    # -- destroy / notice -------------------------------------------------------------------------------
+    def destroy(self, allocation_id: str) -> bool:
+        record = self.state["instances"].get(allocation_id)
+        if record is None:
+            return False
+        gpu = self._by_uuid[record["gpu"]]
+        self._settle_energy(gpu, self.clock())
+        del self.state["instances"][allocation_id]
+        self._save()
+        return True
+
+    def notice(self, allocation_id: str, deadline: float, reason: str) -> dict:
+        record = self.state["instances"].get(allocation_id)
+        if record is None:
+            raise NotFound(f"no instance for allocation {allocation_id!r}", field="allocation_id")
+        record["notice"] = {"deadline": deadline, "reason": reason}
+        self._save()
+        return self._public(record)
+
+    # -- faults -----------------------------------------------------------------------------------------
+    def apply_faults(self, faults: dict) -> dict:
+        """``{"fail_next_create": reason, "hang_seconds": s, "drop_instance": id, "drop_gpu": uuid}``."""
+        known = {"fail_next_create", "hang_seconds", "drop_instance", "drop_gpu"}
+        for key in faults:
+            if key not in known:
+                raise InvalidRequest(f"unknown fault {key!r}; known: {', '.join(sorted(known))}", field=key)
+        if "fail_next_create" in faults:
+            self.fail_next_create = str(faults["fail_next_create"] or "injected fault")
+        if "hang_seconds" in faults:
+            value = faults["hang_seconds"]
+            if not isinstance(value, int | float) or not 0 <= value <= 600:
+                raise InvalidRequest("hang_seconds must be a number 0..600", field="hang_seconds")
+            self.hang_seconds = float(value)
+        if "drop_instance" in faults:
+            # the instance vanishes as if its GPU instance were destroyed behind the agent's back
+            record = self.state["instances"].get(faults["drop_instance"])
+            if record is None:
+                raise NotFound(f"no instance {faults['drop_instance']!r}", field="drop_instance")
+            self._settle_energy(self._by_uuid[record["gpu"]], self.clock())
+            del self.state["instances"][record["allocation_id"]]
+        if "drop_gpu" in faults:
+            gpu = self._by_uuid.get(faults["drop_gpu"])
+            if gpu is None:
+                raise NotFound(f"no GPU {faults['drop_gpu']!r}", field="drop_gpu")
+            self._settle_energy(gpu, self.clock())
+            gpu["lost"] = True  # fell off the bus: the GPU and its instances vanish
+            for allocation_id in [i["allocation_id"] for i in self._instances_on(gpu["uuid"])]:
+                del self.state["instances"][allocation_id]
+        self._save()
+        return {"fail_next_create": self.fail_next_create, "hang_seconds": self.hang_seconds}
+
+    def take_hang(self) -> float:
+        hang, self.hang_seconds = self.hang_seconds, 0.0
+        return hang
+
+    # -- telemetry --------------------------------------------------------------------------------------
+    def _activity(self, record: dict, at: float) -> tuple[float, float]:
+        """(utilisation 0..1 of the instance's own capacity, memory used MiB) at time ``at``."""
+        series = all_series()[record["_series"]]
+        phase = at - record["created_at"] + record["_offset"]
+        return series.util(phase) / 100, series.memory_fraction(phase) * record["memory_mib"]
+
+    @staticmethod
+    def _weight(record: dict) -> float:
+        """The instance's share of its GPU's compute."""
+        if record["kind"] == "mig":
+            return _compute_slices(record) / COMPUTE_SLICES
+        return record["milli"] / 1000
+
+    def _energy_since(self, gpu: dict, at: float) -> float:
+        """Energy (mJ) the GPU used from its last settlement to ``at``: closed form, no sampling."""
+        start = gpu["energy_at"]
+        if at <= start:
+            return 0.0
+        model = model_get(gpu["model"])
+        busy = 0.0  # ∫ Σ weight × util(t) dt, util in 0..1
+        for record in self._instances_on(gpu["uuid"]):
+            series = all_series()[record["_series"]]
+            origin = record["created_at"] - record["_offset"]
+            busy += self._weight(record) * series.util_integral(max(start, record["created_at"]) - origin,
+                                                                at - origin) / 100
+        joules = model.idle_power_w * (at - start) + (model.max_power_w - model.idle_power_w) * busy
+        return joules * 1000
+
+    def _settle_energy(self, gpu: dict, at: float) -> None:
+        """Fold the energy up to ``at`` into the GPU's counter before its set of instances changes."""
+        if at > gpu["energy_at"]:
+            gpu["energy_mj"] += self._energy_since(gpu, at)
+            gpu["energy_at"] = at
+
+    def readings(self, now: float) -> Readings:
+        gpus: list[GpuReading] = []
+        instances: list[InstanceReading] = []
+        for gpu in self.state["gpus"]:
+            if gpu["lost"]:
+                continue
+            model = model_get(gpu["model"])
+            held = self._instances_on(gpu["uuid"])
+            load = 0.0
+            used = 0.0
+            for record in held:
+                util, memory = self._activity(record, now)
+                load += self._weight(record) * util
+                used += memory
+                if gpu["mode"] != "whole":
+                    instances.append(InstanceReading(
+                        gpu["index"], gpu["uuid"], gpu["model"], record["allocation_id"], round(util, 4),
+                        int(memory), int(record["memory_mib"] - memory),
+                        gpu_instance_id=record["gpu_instance_id"], profile=record["profile"]))
+            power = model.idle_power_w + (model.max_power_w - model.idle_power_w) * load
+            energy = int(gpu["energy_mj"] + self._energy_since(gpu, max(now, gpu["energy_at"])))
+            whole = gpu["mode"] == "whole"
+            holder = held[0]["allocation_id"] if whole and held else ""
+            gpus.append(GpuReading(
+                gpu["index"], gpu["uuid"], gpu["model"], round(power, 1), energy,
+                None if gpu["mode"] == "mig" else round(load * 100, 1),
+                int(used) if whole else None, int(model.memory_mib - used) if whole else None, holder))
+        return Readings(gpus, instances)
+
+    def close(self) -> None:
+        self._save()
+
+
+def _compute_slices(record: dict) -> int:
+    return int(record["profile"].split("g", 1)[0])
+
+
+def _access(record: dict) -> dict:
+    """What the holder's container needs to see its device (as a device plugin would inject it)."""
+    access = {"CUDA_VISIBLE_DEVICES": record["device_uuid"]}
+    if record["kind"] == "share":
+        access["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(max(1, -(-record["milli"] // 10)))
+        access["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = f"0={record['memory_mib']}M"
+    return access
+
+
+__all__ = ["AgentError", "SimBackend", "parse_gpu_specs"]
