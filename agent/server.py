@@ -63,6 +63,18 @@ def _node(request: web.Request) -> AgentNode:
 
 
 @web.middleware
+async def problem_middleware(request: web.Request, handler):
+    """Routing errors (404, 405) as problem+json too."""
+    try:
+        return await handler(request)
+    except web.HTTPException as error:
+        if error.status < 400:
+            raise
+        return problem(error.status, "not_found" if error.status == 404 else "method_not_allowed", error.reason,
+                       f"{request.method} {request.path}: {error.reason}")
+
+
+@web.middleware
 async def protocol_middleware(request: web.Request, handler):
     node = _node(request)
     node.requests_in_flight += 1
@@ -191,7 +203,7 @@ async def faults(request: web.Request) -> web.Response:
 
 
 def node_app(node: AgentNode) -> web.Application:
-    app = web.Application(middlewares=[protocol_middleware], client_max_size=MAX_BODY + 1024)
+    app = web.Application(middlewares=[problem_middleware, protocol_middleware], client_max_size=MAX_BODY + 1024)
     app[NODE_KEY] = node
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/metrics", metrics)

@@ -308,7 +308,7 @@ class SimBackend(Backend):
                 if gpu["mode"] != "whole":
                     instances.append(InstanceReading(
                         gpu["index"], gpu["uuid"], gpu["model"], record["allocation_id"], round(util, 4),
-                        int(memory), int(record["memory_mib"] - memory),
+                        int(memory), record["memory_mib"] - int(memory),
                         gpu_instance_id=record["gpu_instance_id"], profile=record["profile"]))
             power = model.idle_power_w + (model.max_power_w - model.idle_power_w) * load
             energy = int(gpu["energy_mj"] + self._energy_since(gpu, max(now, gpu["energy_at"])))
@@ -317,7 +317,7 @@ class SimBackend(Backend):
             gpus.append(GpuReading(
                 gpu["index"], gpu["uuid"], gpu["model"], round(power, 1), energy,
                 None if gpu["mode"] == "mig" else round(load * 100, 1),
-                int(used) if whole else None, int(model.memory_mib - used) if whole else None, holder))
+                int(used) if whole else None, model.memory_mib - int(used) if whole else None, holder))
         return Readings(gpus, instances)
 
     def close(self) -> None:

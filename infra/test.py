@@ -18,6 +18,7 @@ from infra.services import ROOT, say
 SYSTEM_PACKAGES: dict[str, str] = {
     "redis-server": "redis-server",
     "chromium": "chromium",  # portal browser tests (Playwright drives /usr/bin/chromium)
+    "prometheus": "prometheus",  # a real Prometheus scrapes the simulated agents (tests/agent)
 }
 
 

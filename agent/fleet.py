@@ -1,0 +1,152 @@
+"""Many simulated nodes in one process: ``python -m agent.fleet --nodes N --shape h100-80gb:8:mig ...``.
+
+Each node is a full agent (its own node id, secret, state directory and sim backend) served under
+``/n/{node_id}`` on one port: ``http://HOST:PORT/n/sim-0001/v1/inventory``. With ``--broker-url`` every
+node enrolls and heartbeats like a standalone agent; without it each makes its own secret. The fleet
+writes ``fleet.json`` (node id, URL, secret: what a broker or a test needs to call them; mode 0600)
+and ``prometheus-targets.json`` (a file_sd list with one target per node) into ``--state-dir``.
+
+``--shape`` may repeat: the nodes cycle through the shapes (``--shape h100-80gb:8:mig --shape
+a100-80gb:8:whole``); one shape may list several GPU groups (``h100-80gb:4:mig,l4:2:shared``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import signal
+from pathlib import Path
+
+import aiohttp
+from aiohttp import web
+
+from agent.daemon import AgentConfig, BrokerLink, generated_secret, stored_secret
+from agent.server import AgentNode, node_app, problem_middleware
+from agent.sim import SimBackend, parse_gpu_specs
+
+logger = logging.getLogger("agent.fleet")
+
+
+class Fleet:
+    def __init__(self, nodes: int, shapes: list[str], state_dir: Path, *, host: str = "127.0.0.1", port: int = 9400,
+                 prefix: str = "sim", broker_url: str = "", enrollment_token: str = "", metrics_token: str = ""):
+        if nodes < 1:
+            raise ValueError("--nodes must be at least 1")
+        self.shapes = [parse_gpu_specs(shape) for shape in shapes or ["h100-80gb:8:mig"]]
+        self.state_dir = Path(state_dir)
+        self.host, self.port = host, port
+        self.broker_url = broker_url
+        self.enrollment_token = enrollment_token
+        self.nodes: list[AgentNode] = []
+        self.configs: list[AgentConfig] = []
+        self.links: list[BrokerLink] = []
+        for number in range(1, nodes + 1):
+            node_id = f"{prefix}-{number:04d}"
+            directory = self.state_dir / node_id
+            directory.mkdir(parents=True, exist_ok=True)
+            backend = SimBackend(directory, node_id, self.shapes[(number - 1) % len(self.shapes)])
+            secret = stored_secret(directory) if broker_url else generated_secret(directory)
+            self.nodes.append(AgentNode(node_id, backend, secret, node_id, metrics_token=metrics_token))
+            self.configs.append(AgentConfig(
+                node_id=node_id, listen=f"{host}:{port}", broker_url=broker_url, enrollment_token=enrollment_token,
+                state_dir=str(directory), hostname=node_id, advertise_url=self.url(node_id)).validate())
+
+    def url(self, node_id: str) -> str:
+        return f"http://{self.host}:{self.port}/n/{node_id}"
+
+    def app(self) -> web.Application:
+        root = web.Application(middlewares=[problem_middleware])
+        for node in self.nodes:
+            root.add_subapp(f"/n/{node.node_id}", node_app(node))
+
+        async def healthz(_request):
+            return web.json_response({"status": "ok", "nodes": len(self.nodes),
+                                      "enrolled": sum(1 for n in self.nodes if n.secret)})
+
+        root.router.add_get("/healthz", healthz)
+        root.cleanup_ctx.append(self._broker_links)
+        return root
+
+    async def _broker_links(self, _app):
+        if not self.broker_url:
+            yield
+            return
+        session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10),
+                                        connector=aiohttp.TCPConnector(limit=32))
+        tasks = []
+        for node, config in zip(self.nodes, self.configs, strict=True):
+            link = BrokerLink(node, config, Path(config.state_dir), session)
+            self.links.append(link)
+            tasks.append(asyncio.create_task(link.run()))
+        yield
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await session.close()
+
+    def write_manifest(self) -> None:
+        """fleet.json (secrets: 0600) and a Prometheus file_sd target list."""
+        manifest = {"nodes": [{"node_id": n.node_id, "url": self.url(n.node_id), "secret": n.secret}
+                              for n in self.nodes]}
+        path = self.state_dir / "fleet.json"
+        descriptor = os.open(path.with_suffix(".tmp"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(descriptor, "w") as handle:
+            json.dump(manifest, handle, indent=1)
+        os.replace(path.with_suffix(".tmp"), path)
+        targets = [{"targets": [f"{self.host}:{self.port}"],
+                    "labels": {"__metrics_path__": f"/n/{n.node_id}/metrics", "instance": n.node_id}}
+                   for n in self.nodes]
+        (self.state_dir / "prometheus-targets.json").write_text(json.dumps(targets, indent=1))
+
+
+async def run_fleet(fleet: Fleet, *, ready_file: str = "") -> None:
+    runner = web.AppRunner(fleet.app(), access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, fleet.host, fleet.port, backlog=1024)
+    await site.start()
+    fleet.write_manifest()
+    logger.info("fleet of %d simulated nodes on http://%s:%d/n/<node>/", len(fleet.nodes), fleet.host, fleet.port)
+    if ready_file:
+        Path(ready_file).write_text(str(os.getpid()))
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    await stop.wait()
+    logger.info("stopping: finishing requests in flight, saving state")
+    await runner.cleanup()  # stops listening, waits for handlers, runs each node's cleanup (state saved)
+    if fleet.broker_url:
+        fleet.write_manifest()  # secrets bought since the start
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m agent.fleet", description="A fleet of simulated GPU nodes")
+    parser.add_argument("--nodes", type=int, default=4)
+    parser.add_argument("--shape", action="append", default=[], help="GPUs of a node, e.g. h100-80gb:8:mig")
+    parser.add_argument("--listen", default="127.0.0.1:9400")
+    parser.add_argument("--state-dir", default="var/fleet")
+    parser.add_argument("--prefix", default="sim", help="node ids are PREFIX-0001, ...")
+    parser.add_argument("--broker-url", default="")
+    parser.add_argument("--enrollment-token", default="", help="a token the broker accepts for --nodes enrollments")
+    parser.add_argument("--metrics-token", default="")
+    parser.add_argument("--ready-file", default="", help="written (with the PID) once the fleet listens")
+    parser.add_argument("--log-level", default="INFO")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    host, _, port = args.listen.rpartition(":")
+    try:
+        fleet = Fleet(args.nodes, args.shape, Path(args.state_dir), host=host, port=int(port), prefix=args.prefix,
+                      broker_url=args.broker_url, enrollment_token=args.enrollment_token,
+                      metrics_token=args.metrics_token)
+        asyncio.run(run_fleet(fleet, ready_file=args.ready_file))
+    except (ValueError, OSError) as error:
+        logger.error("%s", error)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,826 @@
+"""The nvml backend against a fake NVML: an H100 in MIG mode and an L4, behind the same functions,
+return types (the real pynvml ctypes structures and opaque handle pointers) and error classes as pynvml.
+
+There is no GPU here, so the fake stands in for the device; it enforces what the real library does where
+the backend could get it wrong (handle types, a placement passed by reference, GPU-instance profile ids
+that are not the profile constants, overlapping placements refused, a GPU instance with a compute
+instance in use).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import sys
+from dataclasses import asdict, dataclass, field
+
+import pynvml
+import pytest
+
+from agent import nvml_check
+from agent.backend import Conflict, InstanceSpec, InvalidRequest, NotFound, NotPermitted, Unavailable
+from agent.nvml_backend import NVML_MISSING, PYNVML_MISSING, STATE_FILE, NvmlBackend, model_for_device_name
+
+MIB = 2**20
+H100 = "GPU-11111111-1111-1111-1111-111111111111"
+L4 = "GPU-22222222-2222-2222-2222-222222222222"
+CHANGING = {
+    "nvmlDeviceCreateGpuInstanceWithPlacement",
+    "nvmlGpuInstanceCreateComputeInstance",
+    "nvmlComputeInstanceDestroy",
+    "nvmlGpuInstanceDestroy",
+}
+
+# An H100 80GB as `nvidia-smi mig -lgip` shows it: profile constant -> (profile id, compute slices,
+# instances per GPU, memory MiB, valid starts, memory slots, name).
+H100_GI_PROFILES = {
+    pynvml.NVML_GPU_INSTANCE_PROFILE_1_SLICE: (19, 1, 7, 9_984, (0, 1, 2, 3, 4, 5, 6), 1, "MIG 1g.10gb"),
+    pynvml.NVML_GPU_INSTANCE_PROFILE_1_SLICE_REV1: (20, 1, 1, 9_984, (0, 1, 2, 3, 4, 5, 6), 1, "MIG 1g.10gb+me"),
+    pynvml.NVML_GPU_INSTANCE_PROFILE_1_SLICE_REV2: (15, 1, 4, 20_096, (0, 2, 4, 6), 2, "MIG 1g.20gb"),
+    pynvml.NVML_GPU_INSTANCE_PROFILE_2_SLICE: (14, 2, 3, 20_096, (0, 2, 4), 2, "MIG 2g.20gb"),
+    pynvml.NVML_GPU_INSTANCE_PROFILE_3_SLICE: (9, 3, 2, 40_320, (0, 4), 4, "MIG 3g.40gb"),
+    pynvml.NVML_GPU_INSTANCE_PROFILE_4_SLICE: (5, 4, 1, 40_320, (0,), 4, "MIG 4g.40gb"),
+    pynvml.NVML_GPU_INSTANCE_PROFILE_7_SLICE: (0, 7, 1, 81_152, (0,), 8, "MIG 7g.80gb"),
+}
+CI_SLICES = {
+    pynvml.NVML_COMPUTE_INSTANCE_PROFILE_1_SLICE: 1,
+    pynvml.NVML_COMPUTE_INSTANCE_PROFILE_2_SLICE: 2,
+    pynvml.NVML_COMPUTE_INSTANCE_PROFILE_3_SLICE: 3,
+    pynvml.NVML_COMPUTE_INSTANCE_PROFILE_4_SLICE: 4,
+    pynvml.NVML_COMPUTE_INSTANCE_PROFILE_7_SLICE: 7,
+}
+
+
+@dataclass
+class FakeCi:
+    id: int
+    profile_id: int
+    mig_index: int
+    uuid: str
+    used_mib: int = 1_024
+
+
+@dataclass
+class FakeGi:
+    id: int
+    profile: int  # the profile constant
+    start: int
+    cis: dict[int, FakeCi] = field(default_factory=dict)
+
+
+@dataclass
+class FakeGpu:
+    name: str
+    uuid: str
+    memory_mib: int
+    mig: bool | None  # None: the GPU has no MIG
+    profiles: dict = field(default_factory=dict)
+    gis: dict[int, FakeGi] = field(default_factory=dict)
+    power_mw: int = 312_500
+    energy_mj: int = 123_456_789
+    util_pct: int = 40
+    used_mib: int = 2_000
+    not_supported: set[str] = field(default_factory=set)
+
+
+def _ptr(kind, address: int):
+    return ctypes.cast(ctypes.c_void_p(address), kind)
+
+
+def _address(handle, kind) -> int:
+    assert isinstance(handle, kind), f"expected a {kind.__name__} handle, got {handle!r}"
+    return ctypes.cast(handle, ctypes.c_void_p).value
+
+
+def _referenced(ref, kind):
+    """What a ``byref()`` or ``pointer()`` argument points at (C takes these arguments as pointers)."""
+    target = ref._obj if type(ref).__name__ == "CArgObject" else getattr(ref, "contents", None)
+    if not isinstance(target, kind):
+        raise TypeError(f"expected a pointer to {kind.__name__} (byref), got {ref!r}: C takes a pointer here")
+    return target
+
+
+class FakeNvml:
+    """The pynvml functions the backend calls. Constants, ctypes types and NVMLError classes are pynvml's."""
+
+    def __init__(self, gpus: list[FakeGpu]):
+        self.gpus = gpus
+        self.calls: list[tuple[str, dict]] = []
+        self.fail: dict[str, type[pynvml.NVMLError]] = {}
+        self.initialised = False
+
+    def __getattr__(self, name):
+        if name.startswith(("NVML_", "NVMLError", "c_nvml")):
+            return getattr(pynvml, name)
+        raise AttributeError(f"the fake has no {name}: add it if the backend needs it")
+
+    def changes(self) -> list[tuple[str, dict]]:
+        return [call for call in self.calls if call[0] in CHANGING]
+
+    def _call(self, name: str, gpu: FakeGpu | None = None, **details):
+        self.calls.append((name, details))
+        if name in self.fail:
+            raise self.fail[name]()
+        if gpu is not None and name in gpu.not_supported:
+            raise pynvml.NVMLError_NotSupported()
+
+    # handles: a GPU 0x1000 * (i + 1), its MIG devices + 0x10 * (index + 1); GPU instances
+    # 0x100000 * (i + 1) + 0x100 * (id + 1); compute instances that + ci id + 1
+    def _device(self, handle) -> tuple[FakeGpu, FakeCi | None, FakeGi | None]:
+        address = _address(handle, pynvml.c_nvmlDevice_t)
+        gpu = self.gpus[address // 0x1000 - 1]
+        mig_index = (address % 0x1000) // 0x10 - 1
+        if mig_index < 0:
+            return gpu, None, None
+        for gi in gpu.gis.values():
+            for ci in gi.cis.values():
+                if ci.mig_index == mig_index:
+                    return gpu, ci, gi
+        raise pynvml.NVMLError_InvalidArgument()
+
+    def _gi(self, handle) -> tuple[int, FakeGpu, FakeGi]:
+        address = _address(handle, pynvml.c_nvmlGpuInstance_t)
+        index = address // 0x100000 - 1
+        gi = self.gpus[index].gis.get((address % 0x100000) // 0x100 - 1)
+        if gi is None:
+            raise pynvml.NVMLError_InvalidArgument()
+        return index, self.gpus[index], gi
+
+    def _ci(self, handle) -> tuple[FakeGpu, FakeGi, FakeCi]:
+        address = _address(handle, pynvml.c_nvmlComputeInstance_t)
+        _, gpu, gi = self._gi(_ptr(pynvml.c_nvmlGpuInstance_t, address & ~0xFF))
+        ci = gi.cis.get((address & 0xFF) - 1)
+        if ci is None:
+            raise pynvml.NVMLError_InvalidArgument()
+        return gpu, gi, ci
+
+    @staticmethod
+    def _gi_handle(index: int, gi_id: int):
+        return _ptr(pynvml.c_nvmlGpuInstance_t, 0x100000 * (index + 1) + 0x100 * (gi_id + 1))
+
+    # --- library and system ---
+    def nvmlInit(self):
+        self._call("nvmlInit")
+        self.initialised = True
+
+    def nvmlShutdown(self):
+        self._call("nvmlShutdown")
+        self.initialised = False
+
+    def nvmlSystemGetDriverVersion(self):
+        self._call("nvmlSystemGetDriverVersion")
+        return "550.54.15"
+
+    def nvmlSystemGetNVMLVersion(self):
+        self._call("nvmlSystemGetNVMLVersion")
+        return "12.550.54.15"
+
+    # --- devices ---
+    def nvmlDeviceGetCount(self):
+        self._call("nvmlDeviceGetCount")
+        return len(self.gpus)
+
+    def nvmlDeviceGetHandleByIndex(self, index):
+        self._call("nvmlDeviceGetHandleByIndex")
+        return _ptr(pynvml.c_nvmlDevice_t, 0x1000 * (index + 1))
+
+    def nvmlDeviceGetName(self, handle):
+        gpu, _, _ = self._device(handle)
+        self._call("nvmlDeviceGetName", gpu)
+        return gpu.name
+
+    def nvmlDeviceGetUUID(self, handle):
+        gpu, ci, _ = self._device(handle)
+        self._call("nvmlDeviceGetUUID", gpu)
+        return ci.uuid if ci else gpu.uuid
+
+    def nvmlDeviceGetMemoryInfo(self, handle, version=None):
+        gpu, ci, gi = self._device(handle)
+        self._call("nvmlDeviceGetMemoryInfo", gpu)
+        if ci is not None:
+            total, used = gpu.profiles[gi.profile][3], ci.used_mib
+        else:
+            total, used = gpu.memory_mib, gpu.used_mib
+        return pynvml.c_nvmlMemory_t(total * MIB, (total - used) * MIB, used * MIB)
+
+    def nvmlDeviceGetPowerUsage(self, handle):
+        gpu, _, _ = self._device(handle)
+        self._call("nvmlDeviceGetPowerUsage", gpu)
+        return gpu.power_mw
+
+    def nvmlDeviceGetTotalEnergyConsumption(self, handle):
+        gpu, _, _ = self._device(handle)
+        self._call("nvmlDeviceGetTotalEnergyConsumption", gpu)
+        return gpu.energy_mj
+
+    def nvmlDeviceGetUtilizationRates(self, handle):
+        gpu, _, _ = self._device(handle)
+        self._call("nvmlDeviceGetUtilizationRates", gpu)
+        if gpu.mig:
+            raise pynvml.NVMLError_NotSupported()
+        return pynvml.c_nvmlUtilization_t(gpu.util_pct, 10)
+
+    # --- MIG: reading ---
+    def nvmlDeviceGetMigMode(self, device):
+        gpu, _, _ = self._device(device)
+        self._call("nvmlDeviceGetMigMode", gpu)
+        if gpu.mig is None:
+            raise pynvml.NVMLError_NotSupported()
+        mode = pynvml.NVML_DEVICE_MIG_ENABLE if gpu.mig else pynvml.NVML_DEVICE_MIG_DISABLE
+        return [mode, mode]
+
+    def nvmlDeviceGetGpuInstanceProfileInfo(self, device, profile, version=2):
+        gpu, _, _ = self._device(device)
+        self._call("nvmlDeviceGetGpuInstanceProfileInfo", gpu)
+        if not gpu.mig or profile not in gpu.profiles:
+            raise pynvml.NVMLError_NotSupported()
+        profile_id, slices, count, memory_mib, _, _, name = gpu.profiles[profile]
+        info = pynvml.c_nvmlGpuInstanceProfileInfo_v2_t()
+        info.id, info.sliceCount, info.instanceCount, info.memorySizeMB = profile_id, slices, count, memory_mib
+        info.name = name.encode()
+        return info
+
+    def nvmlDeviceGetGpuInstances(self, device, profileId, gpuInstancesRef, countRef):
+        gpu, _, _ = self._device(device)
+        self._call("nvmlDeviceGetGpuInstances", gpu)
+        count = _referenced(countRef, ctypes.c_uint)
+        index = self.gpus.index(gpu)
+        found = [gi for gi in gpu.gis.values() if gpu.profiles[gi.profile][0] == profileId]
+        if len(gpuInstancesRef) < len(found):
+            raise pynvml.NVMLError_InsufficientSize()
+        for slot, gi in enumerate(found):
+            gpuInstancesRef[slot] = self._gi_handle(index, gi.id)
+        count.value = len(found)
+        return pynvml.NVML_SUCCESS
+
+    def nvmlGpuInstanceGetInfo(self, gpuInstance):
+        index, gpu, gi = self._gi(gpuInstance)
+        self._call("nvmlGpuInstanceGetInfo", gpu)
+        info = pynvml.c_nvmlGpuInstanceInfo_t()
+        info.device = _ptr(pynvml.c_nvmlDevice_t, 0x1000 * (index + 1))
+        info.id, info.profileId = gi.id, gpu.profiles[gi.profile][0]
+        info.placement = pynvml.c_nvmlGpuInstancePlacement_t(gi.start, gpu.profiles[gi.profile][5])
+        return info
+
+    def nvmlDeviceGetGpuInstanceById(self, device, gpuInstanceId):
+        gpu, _, _ = self._device(device)
+        self._call("nvmlDeviceGetGpuInstanceById", gpu)
+        if gpuInstanceId not in gpu.gis:
+            raise pynvml.NVMLError_NotFound()
+        return self._gi_handle(self.gpus.index(gpu), gpuInstanceId)
+
+    def nvmlGpuInstanceGetComputeInstanceById(self, gpuInstance, computeInstanceId):
+        _, gpu, gi = self._gi(gpuInstance)
+        self._call("nvmlGpuInstanceGetComputeInstanceById", gpu)
+        if computeInstanceId not in gi.cis:
+            raise pynvml.NVMLError_NotFound()
+        return _ptr(
+            pynvml.c_nvmlComputeInstance_t, _address(gpuInstance, pynvml.c_nvmlGpuInstance_t) + computeInstanceId + 1
+        )
+
+    def nvmlComputeInstanceGetInfo(self, computeInstance):
+        gpu, _, ci = self._ci(computeInstance)
+        self._call("nvmlComputeInstanceGetInfo", gpu)
+        info = pynvml.c_nvmlComputeInstanceInfo_t()
+        info.id, info.profileId = ci.id, ci.profile_id
+        return info
+
+    def nvmlGpuInstanceGetComputeInstanceProfileInfo(self, device, profile, engProfile, version=2):
+        _, gpu, gi = self._gi(device)  # pynvml names it device; it takes the GPU instance
+        self._call("nvmlGpuInstanceGetComputeInstanceProfileInfo", gpu)
+        if profile not in CI_SLICES or CI_SLICES[profile] > gpu.profiles[gi.profile][1]:
+            raise pynvml.NVMLError_NotSupported()
+        assert engProfile == pynvml.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED
+        info = pynvml.c_nvmlComputeInstanceProfileInfo_v2_t()
+        info.id, info.sliceCount = profile, CI_SLICES[profile]
+        return info
+
+    def nvmlDeviceGetMaxMigDeviceCount(self, device):
+        gpu, _, _ = self._device(device)
+        self._call("nvmlDeviceGetMaxMigDeviceCount", gpu)
+        return 7 if gpu.mig is not None else 0
+
+    def nvmlDeviceGetMigDeviceHandleByIndex(self, device, index):
+        gpu, _, _ = self._device(device)
+        self._call("nvmlDeviceGetMigDeviceHandleByIndex", gpu)
+        if not any(ci.mig_index == index for gi in gpu.gis.values() for ci in gi.cis.values()):
+            raise pynvml.NVMLError_NotFound()
+        return _ptr(pynvml.c_nvmlDevice_t, 0x1000 * (self.gpus.index(gpu) + 1) + 0x10 * (index + 1))
+
+    def nvmlDeviceGetGpuInstanceId(self, device):
+        gpu, _, gi = self._device(device)
+        self._call("nvmlDeviceGetGpuInstanceId", gpu)
+        if gi is None:
+            raise pynvml.NVMLError_InvalidArgument()
+        return gi.id
+
+    def nvmlDeviceGetComputeInstanceId(self, device):
+        gpu, ci, _ = self._device(device)
+        self._call("nvmlDeviceGetComputeInstanceId", gpu)
+        if ci is None:
+            raise pynvml.NVMLError_InvalidArgument()
+        return ci.id
+
+    # --- MIG: changing ---
+    def nvmlDeviceCreateGpuInstanceWithPlacement(self, device, profileId, placement):
+        gpu, _, _ = self._device(device)
+        placement = _referenced(placement, pynvml.c_nvmlGpuInstancePlacement_t)
+        self._call(
+            "nvmlDeviceCreateGpuInstanceWithPlacement",
+            gpu,
+            device=gpu.uuid,
+            profile_id=profileId,
+            start=placement.start,
+            size=placement.size,
+        )
+        constant = next((c for c, p in gpu.profiles.items() if p[0] == profileId), None)
+        if constant is None:
+            raise pynvml.NVMLError_InvalidArgument()
+        _, _, count, _, starts, slots, _ = gpu.profiles[constant]
+        if placement.start not in starts or placement.size != slots:
+            raise pynvml.NVMLError_InvalidArgument()
+        wanted = ((1 << slots) - 1) << placement.start
+        used = 0
+        for gi in gpu.gis.values():
+            used |= ((1 << gpu.profiles[gi.profile][5]) - 1) << gi.start
+        if used & wanted or sum(gi.profile == constant for gi in gpu.gis.values()) >= count:
+            raise pynvml.NVMLError_InsufficientResources()
+        gi_id = min(set(range(1, 15)) - set(gpu.gis))
+        gpu.gis[gi_id] = FakeGi(gi_id, constant, placement.start)
+        return self._gi_handle(self.gpus.index(gpu), gi_id)
+
+    def nvmlGpuInstanceCreateComputeInstance(self, gpuInstance, profileId):
+        index, gpu, gi = self._gi(gpuInstance)
+        self._call("nvmlGpuInstanceCreateComputeInstance", gpu, gi=gi.id, profile_id=profileId)
+        if CI_SLICES.get(profileId) != gpu.profiles[gi.profile][1]:
+            raise pynvml.NVMLError_InvalidArgument()  # the fake only makes a GI's default CI
+        mig_index = min(set(range(7)) - {ci.mig_index for g in gpu.gis.values() for ci in g.cis.values()})
+        ci = FakeCi(len(gi.cis), profileId, mig_index, f"MIG-{index}{gi.id:03d}aaaa-bbbb-cccc-dddd-eeeeeeeeeeee")
+        gi.cis[ci.id] = ci
+        return _ptr(pynvml.c_nvmlComputeInstance_t, _address(gpuInstance, pynvml.c_nvmlGpuInstance_t) + ci.id + 1)
+
+    def nvmlComputeInstanceDestroy(self, computeInstance):
+        gpu, gi, ci = self._ci(computeInstance)
+        self._call("nvmlComputeInstanceDestroy", gpu, gi=gi.id, ci=ci.id)
+        del gi.cis[ci.id]
+        return pynvml.NVML_SUCCESS
+
+    def nvmlGpuInstanceDestroy(self, gpuInstance):
+        _, gpu, gi = self._gi(gpuInstance)
+        self._call("nvmlGpuInstanceDestroy", gpu, gi=gi.id)
+        if gi.cis:
+            raise pynvml.NVMLError_InUse()
+        del gpu.gis[gi.id]
+        return pynvml.NVML_SUCCESS
+
+
+def h100(**changes) -> FakeGpu:
+    """An H100 in MIG mode holding someone else's instances: a 3g.40gb at slot 4 (with its compute
+    instance) and a bare 2g.20gb at slot 2. Slots 0-1 and two compute slices are free."""
+    gpu = FakeGpu("NVIDIA H100 80GB HBM3", H100, 81_559, True, profiles=dict(H100_GI_PROFILES))
+    three = FakeGi(2, pynvml.NVML_GPU_INSTANCE_PROFILE_3_SLICE, 4)
+    three.cis[0] = FakeCi(
+        0, pynvml.NVML_COMPUTE_INSTANCE_PROFILE_3_SLICE, 0, "MIG-0c0ffee0-0000-0000-0000-000000000002"
+    )
+    gpu.gis = {2: three, 5: FakeGi(5, pynvml.NVML_GPU_INSTANCE_PROFILE_2_SLICE, 2)}
+    for name, value in changes.items():
+        setattr(gpu, name, value)
+    return gpu
+
+
+def l4(**changes) -> FakeGpu:
+    gpu = FakeGpu("NVIDIA L4", L4, 23_034, None, power_mw=35_250, energy_mj=5_000, util_pct=40, used_mib=4_000)
+    for name, value in changes.items():
+        setattr(gpu, name, value)
+    return gpu
+
+
+@pytest.fixture
+def fake() -> FakeNvml:
+    return FakeNvml([h100(), l4()])
+
+
+@pytest.fixture
+def backend(fake, tmp_path):
+    backend = NvmlBackend(tmp_path, "node-a", allow_mig_changes=True, nvml=fake)
+    yield backend
+    backend.close()
+
+
+def mig(profile: str, start: int) -> InstanceSpec:
+    return InstanceSpec("mig", H100, profile=profile, start=start)
+
+
+def layout(fake: FakeNvml) -> set[tuple[int, int, int]]:
+    """The H100's GPU instances as (id, profile constant, start)."""
+    return {(gi.id, gi.profile, gi.start) for gi in fake.gpus[0].gis.values()}
+
+
+# --- inventory and models ---
+
+
+def test_nvml_backend_inventory_lists_gpus_with_the_mig_layout_in_catalogue_names(backend):
+    inventory = backend.inventory()
+
+    h100_gpu, l4_gpu = inventory["gpus"]
+    assert h100_gpu == {
+        "index": 0,
+        "uuid": H100,
+        "model": "H100-80GB",
+        "name": "NVIDIA H100 80GB HBM3",
+        "memory_mib": 81_559,
+        "mig_capable": True,
+        "mode": "mig",
+        "mig_layout": [
+            {"gpu_instance_id": 5, "profile": "2g.20gb", "start": 2, "size": 2, "device_uuid": ""},
+            {
+                "gpu_instance_id": 2,
+                "profile": "3g.40gb",
+                "start": 4,
+                "size": 4,
+                "device_uuid": "MIG-0c0ffee0-0000-0000-0000-000000000002",
+            },
+        ],
+    }
+    assert l4_gpu == {
+        "index": 1,
+        "uuid": L4,
+        "model": "L4",
+        "name": "NVIDIA L4",
+        "memory_mib": 23_034,
+        "mig_capable": False,
+        "mode": "whole",
+        "mig_layout": [],
+    }
+    assert inventory["instances"] == []
+
+
+def test_nvml_backend_inventory_names_the_profiles_the_catalogue_does_not_model(tmp_path):
+    gpu = h100(gis={})
+    gpu.profiles[pynvml.NVML_GPU_INSTANCE_PROFILE_1_SLICE_NO_ME] = (21, 1, 7, 9_984, (0, 1), 1, "MIG 1g.10gb-me")
+    gpu.gis = {9: FakeGi(9, pynvml.NVML_GPU_INSTANCE_PROFILE_1_SLICE_NO_ME, 0)}
+    backend = NvmlBackend(tmp_path, "node-a", allow_mig_changes=True, nvml=FakeNvml([gpu]))
+
+    assert backend.inventory()["gpus"][0]["mig_layout"] == [
+        {"gpu_instance_id": 9, "profile": "1g.10gb-me", "start": 0, "size": 1, "device_uuid": ""}
+    ]
+    with pytest.raises(InvalidRequest) as refused:
+        backend.create("a1", mig("1g.10gb", 0))  # its memory slot is taken all the same
+    assert refused.value.field == "start"
+    assert "overlaps" in refused.value.message
+
+
+@pytest.mark.parametrize(
+    ("name", "code"),
+    [
+        ("NVIDIA H100 80GB HBM3", "H100-80GB"),
+        ("NVIDIA H100 PCIe", "H100-80GB"),
+        ("NVIDIA H100 NVL", "H100-NVL-94GB"),
+        ("NVIDIA A100-SXM4-80GB", "A100-80GB"),
+        ("NVIDIA A100 80GB PCIe", "A100-80GB"),
+        ("NVIDIA A100-PCIE-40GB", "A100-40GB"),
+        ("NVIDIA H200", "H200-141GB"),
+        ("NVIDIA H200 NVL", "H200-141GB"),
+        ("nvidia l4", "L4"),
+        ("NVIDIA A10", "A10"),
+        ("NVIDIA GH200 480GB", None),
+        ("NVIDIA GeForce RTX 4090", None),
+    ],
+)
+def test_nvml_backend_maps_device_names_to_catalogue_models(name, code):
+    model = model_for_device_name(name)
+    assert (model.code if model else None) == code
+
+
+def test_nvml_backend_lists_an_unknown_gpu_under_its_own_name(tmp_path):
+    unknown = l4(name="NVIDIA Future X1", uuid="GPU-33333333-3333-3333-3333-333333333333")
+    backend = NvmlBackend(tmp_path, "node-a", nvml=FakeNvml([unknown]))
+
+    (gpu,) = backend.inventory()["gpus"]
+    assert (gpu["model"], gpu["name"], gpu["mig_capable"], gpu["mode"]) == (
+        "NVIDIA Future X1",
+        "NVIDIA Future X1",
+        False,
+        "whole",
+    )
+
+
+# --- NVML missing ---
+
+
+@pytest.mark.parametrize(
+    ("error", "message"),
+    [
+        (pynvml.NVMLError_LibraryNotFound, NVML_MISSING),
+        (pynvml.NVMLError_DriverNotLoaded, "NVML is not available: the NVIDIA kernel driver is not loaded"),
+    ],
+)
+def test_nvml_backend_without_the_library_is_unavailable(tmp_path, error, message):
+    fake = FakeNvml([l4()])
+    fake.fail["nvmlInit"] = error
+
+    with pytest.raises(Unavailable) as unavailable:
+        NvmlBackend(tmp_path, "node-a", nvml=fake)
+    assert unavailable.value.message.startswith(message)
+    assert unavailable.value.status == 503
+    assert NVML_MISSING == "NVML is not available: libnvidia-ml.so not found; is the NVIDIA driver installed?"
+
+
+def test_nvml_backend_without_pynvml_is_unavailable(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # `import pynvml` raises ImportError
+
+    with pytest.raises(Unavailable) as unavailable:
+        NvmlBackend(tmp_path, "node-a")
+    assert unavailable.value.message == PYNVML_MISSING
+
+
+# --- MIG create and destroy ---
+
+
+def test_nvml_backend_creates_and_destroys_a_mig_instance(backend, fake, tmp_path):
+    before = layout(fake)
+
+    instance, created = backend.create("a1", mig("2g.20gb", 0))
+
+    assert created
+    assert fake.changes() == [
+        (
+            "nvmlDeviceCreateGpuInstanceWithPlacement",
+            {"device": H100, "profile_id": 14, "start": 0, "size": 2},  # 14: the 2g profile id, not 2_SLICE (1)
+        ),
+        (
+            "nvmlGpuInstanceCreateComputeInstance",
+            {"gi": 1, "profile_id": pynvml.NVML_COMPUTE_INSTANCE_PROFILE_2_SLICE},
+        ),
+    ]
+    device_uuid = fake.gpus[0].gis[1].cis[0].uuid
+    assert instance | {"created_at": 0} == {
+        "allocation_id": "a1",
+        "kind": "mig",
+        "gpu": H100,
+        "gpu_index": 0,
+        "profile": "2g.20gb",
+        "start": 0,
+        "milli": 285,
+        "memory_mib": 20_096,
+        "gpu_instance_id": 1,
+        "compute_instance_id": 0,
+        "device_uuid": device_uuid,
+        "created_at": 0,
+        "notice": None,
+        "access": {"CUDA_VISIBLE_DEVICES": device_uuid},
+        "state": "active",
+    }
+    inventory = backend.inventory()
+    assert inventory["instances"] == [instance]
+    assert {"gpu_instance_id": 1, "profile": "2g.20gb", "start": 0, "size": 2, "device_uuid": device_uuid} in (
+        inventory["gpus"][0]["mig_layout"]
+    )
+    assert json.loads((tmp_path / STATE_FILE).read_text())["instances"] == {"a1": instance}
+
+    fake.calls.clear()
+    assert backend.destroy("a1") is True
+    assert [name for name, _ in fake.changes()] == ["nvmlComputeInstanceDestroy", "nvmlGpuInstanceDestroy"]
+    assert layout(fake) == before
+    assert backend.inventory()["instances"] == []
+    assert backend.destroy("a1") is False
+
+
+def test_nvml_backend_destroys_the_gpu_instance_when_its_compute_instance_fails(backend, fake, tmp_path):
+    before = layout(fake)
+    fake.fail["nvmlGpuInstanceCreateComputeInstance"] = pynvml.NVMLError_InsufficientResources
+
+    with pytest.raises(Unavailable) as failed:
+        backend.create("a1", mig("2g.20gb", 0))
+
+    assert "compute instance" in failed.value.message
+    assert [name for name, _ in fake.changes()] == [
+        "nvmlDeviceCreateGpuInstanceWithPlacement",
+        "nvmlGpuInstanceCreateComputeInstance",
+        "nvmlGpuInstanceDestroy",
+    ]
+    assert layout(fake) == before
+    assert backend.inventory()["instances"] == []
+    assert not (tmp_path / STATE_FILE).exists()
+
+
+def test_nvml_backend_makes_no_mig_change_when_mig_changes_are_off(fake, tmp_path):
+    backend = NvmlBackend(tmp_path, "node-a", nvml=fake)  # allow_mig_changes defaults to off
+    fake.calls.clear()
+
+    with pytest.raises(NotPermitted) as refused:
+        backend.create("a1", mig("2g.20gb", 0))
+
+    assert refused.value.status == 403
+    assert refused.value.message.startswith("MIG changes are disabled on this agent (allow_mig_changes is off)")
+    assert fake.calls == []
+    assert backend.inventory()["instances"] == []
+
+
+def test_nvml_backend_does_not_destroy_mig_instances_when_mig_changes_are_off(backend, fake, tmp_path):
+    backend.create("a1", mig("2g.20gb", 0))
+    backend.close()
+    locked = NvmlBackend(tmp_path, "node-a", nvml=fake)
+    fake.calls.clear()
+
+    with pytest.raises(NotPermitted):
+        locked.destroy("a1")
+
+    assert fake.changes() == []
+    assert 1 in fake.gpus[0].gis
+    assert [i["allocation_id"] for i in locked.inventory()["instances"]] == ["a1"]
+
+
+# --- idempotency, conflicts, bad requests ---
+
+
+def test_nvml_backend_create_is_idempotent_and_another_spec_conflicts(backend, fake):
+    first, _ = backend.create("a1", mig("2g.20gb", 0))
+    fake.calls.clear()
+
+    again, created = backend.create("a1", mig("2g.20gb", 0))
+    assert (again, created) == (first, False)
+    assert fake.changes() == []
+
+    with pytest.raises(Conflict) as conflict:
+        backend.create("a1", mig("1g.20gb", 0))
+    assert conflict.value.field == "allocation_id"
+    assert fake.changes() == []
+
+
+@pytest.mark.parametrize(
+    ("spec", "error_field", "words"),
+    [
+        (InstanceSpec("whole", "GPU-nope"), "gpu", "no GPU 'GPU-nope'"),
+        (InstanceSpec("mig", L4, profile="1g.10gb", start=0), "kind", "is not in MIG mode"),
+        (InstanceSpec("whole", H100), "kind", "is in MIG mode"),
+        (InstanceSpec("share", H100, milli=100, memory_mib=1_000), "kind", "is in MIG mode"),
+        (mig("5g.50gb", 0), "profile", "profile '5g.50gb' is not offered on H100-80GB; offered: 1g.10gb"),
+        (mig("3g.40gb", 2), "start", "3g.40gb cannot start at slot 2 (valid: 0, 4)"),
+        (mig("1g.10gb", 3), "start", "overlaps another instance"),
+        (mig("1g.10gb", 7), "start", "1g.10gb cannot start at slot 7"),
+        (mig("3g.40gb", 0), "start", "overlaps another instance"),
+        (InstanceSpec("share", L4, milli=1_000, memory_mib=24_000), "memory_mib", "23034 MiB free"),
+    ],
+)
+def test_nvml_backend_refuses_a_bad_request_and_changes_nothing(backend, fake, tmp_path, spec, error_field, words):
+    before = layout(fake)
+
+    with pytest.raises(InvalidRequest) as refused:
+        backend.create("a1", spec)
+
+    assert refused.value.field == error_field
+    assert words in refused.value.message
+    assert fake.changes() == []
+    assert layout(fake) == before
+    assert backend.inventory()["instances"] == []
+    assert not (tmp_path / STATE_FILE).exists()
+
+
+def test_nvml_backend_shares_fit_in_the_gpu_and_exclude_a_whole_lease(backend, fake):
+    share, _ = backend.create("s1", InstanceSpec("share", L4, milli=600, memory_mib=20_000))
+    assert share["access"] == {
+        "CUDA_VISIBLE_DEVICES": L4,
+        "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "60",
+        "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=20000M",
+    }
+    assert backend.inventory()["gpus"][1]["mode"] == "shared"
+
+    with pytest.raises(InvalidRequest) as too_much:
+        backend.create("s2", InstanceSpec("share", L4, milli=401, memory_mib=1_000))
+    assert too_much.value.field == "milli"
+    with pytest.raises(InvalidRequest) as too_big:
+        backend.create("s2", InstanceSpec("share", L4, milli=100, memory_mib=3_035))
+    assert too_big.value.field == "memory_mib"
+    with pytest.raises(Conflict):
+        backend.create("w1", InstanceSpec("whole", L4))
+    assert [i["allocation_id"] for i in backend.inventory()["instances"]] == ["s1"]
+
+    backend.destroy("s1")
+    whole, _ = backend.create("w1", InstanceSpec("whole", L4))
+    assert whole["access"] == {"CUDA_VISIBLE_DEVICES": L4}
+    with pytest.raises(Conflict):
+        backend.create("s1", InstanceSpec("share", L4, milli=100, memory_mib=100))
+    assert fake.changes() == []
+
+
+# --- NVML errors ---
+
+
+@pytest.mark.parametrize(
+    ("error", "agent_error", "words"),
+    [
+        (pynvml.NVMLError_NoPermission, NotPermitted, "insufficient permissions"),
+        (pynvml.NVMLError_NotSupported, InvalidRequest, "creating GPU instance 2g.20gb at slot 0"),
+        (pynvml.NVMLError_GpuIsLost, Unavailable, "NVML error: GPU is lost"),
+    ],
+)
+def test_nvml_backend_maps_nvml_errors(backend, fake, error, agent_error, words):
+    fake.fail["nvmlDeviceCreateGpuInstanceWithPlacement"] = error
+
+    with pytest.raises(agent_error) as failed:
+        backend.create("a1", mig("2g.20gb", 0))
+
+    assert type(failed.value) is agent_error
+    assert words in failed.value.message
+    assert backend.inventory()["instances"] == []
+
+
+def test_nvml_backend_keeps_an_instance_whose_gpu_instance_is_in_use(backend, fake):
+    backend.create("a1", mig("2g.20gb", 0))
+    fake.fail["nvmlComputeInstanceDestroy"] = pynvml.NVMLError_InUse
+
+    with pytest.raises(Conflict):
+        backend.destroy("a1")
+    assert [i["allocation_id"] for i in backend.inventory()["instances"]] == ["a1"]
+
+
+# --- state across restarts, vanished instances, notices ---
+
+
+def test_nvml_backend_restart_keeps_instances_and_notices(backend, fake, tmp_path):
+    backend.create("a1", mig("2g.20gb", 0))
+    backend.create("w1", InstanceSpec("whole", L4))
+    noticed = backend.notice("w1", deadline=1_700_000_000.0, reason="preempted by a higher priority")
+    assert noticed["notice"] == {"deadline": 1_700_000_000.0, "reason": "preempted by a higher priority"}
+    held = backend.inventory()["instances"]
+    backend.close()
+
+    restarted = NvmlBackend(tmp_path, "node-a", nvml=fake)
+
+    assert restarted.inventory()["instances"] == held
+    assert restarted.create("a1", mig("2g.20gb", 0)) == (held[0], False)
+    assert [p for p in tmp_path.iterdir()] == [tmp_path / STATE_FILE]  # no temporary file left behind
+
+
+def test_nvml_backend_reports_an_instance_gone_from_the_device_as_vanished(backend, fake):
+    backend.create("a1", mig("2g.20gb", 0))
+    del fake.gpus[0].gis[1]  # someone destroyed it behind the agent's back
+
+    (instance,) = backend.inventory()["instances"]
+    assert instance["state"] == "vanished"
+    assert backend.readings(0.0).instances == []
+    assert backend.destroy("a1") is True
+    assert backend.inventory()["instances"] == []
+
+
+def test_nvml_backend_notice_on_an_unknown_allocation_is_not_found(backend):
+    with pytest.raises(NotFound):
+        backend.notice("nope", deadline=1.0, reason="x")
+
+
+# --- readings ---
+
+
+def test_nvml_backend_readings_give_gpu_power_and_energy_and_instance_memory(backend, fake):
+    backend.create("a1", mig("2g.20gb", 0))
+    backend.create("s1", InstanceSpec("share", L4, milli=250, memory_mib=8_000))
+    backend.create("s2", InstanceSpec("share", L4, milli=750, memory_mib=8_000))
+
+    readings = backend.readings(1_700_000_000.0)
+
+    h100_reading, l4_reading = readings.gpus
+    assert (h100_reading.power_w, h100_reading.energy_mj) == (312.5, 123_456_789)
+    assert (h100_reading.util_pct, h100_reading.fb_used_mib, h100_reading.fb_free_mib) == (None, None, None)
+    assert (l4_reading.power_w, l4_reading.util_pct, l4_reading.fb_used_mib) == (35.25, 40.0, 4_000)
+    assert l4_reading.fb_free_mib == 23_034 - 4_000
+    mig_reading, s1, s2 = readings.instances
+    assert (mig_reading.allocation_id, mig_reading.gpu_instance_id, mig_reading.profile) == ("a1", 1, "2g.20gb")
+    assert (mig_reading.fb_used_mib, mig_reading.fb_free_mib, mig_reading.engine_active) == (1_024, 19_072, 0.0)
+    assert (s1.allocation_id, s1.engine_active, s1.fb_used_mib, s1.fb_free_mib) == ("s1", 0.1, 2_000, 6_000)
+    assert (s2.allocation_id, s2.engine_active) == ("s2", 0.3)
+    assert all("power_w" not in asdict(reading) for reading in readings.instances)
+    json.dumps(readings.to_json())
+
+
+def test_nvml_backend_readings_report_a_field_nvml_does_not_support_as_zero(tmp_path):
+    fake = FakeNvml([l4(not_supported={"nvmlDeviceGetPowerUsage", "nvmlDeviceGetTotalEnergyConsumption"})])
+    backend = NvmlBackend(tmp_path, "node-a", nvml=fake)
+    backend.create("w1", InstanceSpec("whole", L4))
+
+    (reading,) = backend.readings(0.0).gpus
+
+    assert (reading.power_w, reading.energy_mj, reading.util_pct) == (0.0, 0, 40.0)
+    assert reading.allocation_id == "w1"
+
+
+# --- the read-only check command ---
+
+
+def test_nvml_check_prints_inventory_and_readings_without_changing_anything(fake, capsys):
+    assert nvml_check.main([], nvml=fake) == 0
+
+    report = json.loads(capsys.readouterr().out)
+    assert (report["driver"], report["nvml"]) == ("550.54.15", "12.550.54.15")
+    assert [gpu["model"] for gpu in report["inventory"]["gpus"]] == ["H100-80GB", "L4"]
+    assert report["readings"]["gpus"][0]["power_w"] == 312.5
+    assert fake.changes() == []
+    assert not fake.initialised
+
+
+def test_nvml_check_exits_2_when_nvml_is_missing(capsys):
+    fake = FakeNvml([])
+    fake.fail["nvmlInit"] = pynvml.NVMLError_LibraryNotFound
+
+    assert nvml_check.main([], nvml=fake) == 2
+    assert capsys.readouterr().err.strip() == NVML_MISSING

@@ -1,0 +1,151 @@
+"""The simulated backend directly: MIG placement rules for every profile, shares, telemetry and energy."""
+
+import itertools
+
+import pytest
+
+from agent.backend import Conflict, InstanceSpec, InvalidRequest, Unavailable
+from agent.sim import SimBackend, parse_gpu_specs
+from gpus.mig import MigPlacement, layout_problem, profiles_for
+
+
+class Clock:
+    def __init__(self, now=1_000_000.0):
+        self.now = now
+
+    def __call__(self):
+        return self.now
+
+
+def backend(tmp_path, gpus="h100-80gb:1:mig", clock=None):
+    return SimBackend(tmp_path, "n1", parse_gpu_specs(gpus), clock=clock or Clock())
+
+
+@pytest.mark.parametrize("profile", profiles_for("H100-80GB"), ids=lambda p: p.name)
+def test_every_profile_is_accepted_exactly_at_its_valid_start_slots(tmp_path, profile):
+    sim = backend(tmp_path)
+    gpu = sim.inventory()["gpus"][0]["uuid"]
+    for start in range(8):
+        spec = InstanceSpec("mig", gpu, profile=profile.name, start=start)
+        if start in profile.starts:
+            sim.create(f"a{start}", spec)
+            sim.destroy(f"a{start}")
+        else:
+            with pytest.raises(InvalidRequest) as error:
+                sim.create(f"a{start}", spec)
+            assert error.value.field == "start"
+    assert sim.inventory()["instances"] == []
+
+
+@pytest.mark.parametrize("model", ["A100-40GB", "A100-80GB", "H100-80GB", "H100-NVL-94GB", "H200-141GB"])
+def test_a_full_layout_then_any_more_is_refused_with_the_rules_reason(tmp_path, model):
+    sim = backend(tmp_path, f"{model}:1:mig")
+    gpu = sim.inventory()["gpus"][0]["uuid"]
+    by_key = {p.shape.key: p for p in profiles_for(model)}
+    for index, (key, start) in enumerate((("4g", 0), ("2g", 4), ("1g", 6))):
+        sim.create(f"i{index}", InstanceSpec("mig", gpu, profile=by_key[key].name, start=start))
+    layout = sim.inventory()["gpus"][0]["mig_layout"]
+    assert [(p["start"], p["size"]) for p in layout] == [(0, 4), (4, 2), (6, 1)]
+    with pytest.raises(InvalidRequest) as error:
+        sim.create("more", InstanceSpec("mig", gpu, profile=by_key["1g"].name, start=7 - 1))
+    expected = layout_problem([MigPlacement(0, by_key["4g"]), MigPlacement(4, by_key["2g"]),
+                               MigPlacement(6, by_key["1g"]), MigPlacement(6, by_key["1g"])])
+    assert expected and expected in error.value.message
+    # slot 7 is free but 7 compute slices are in use
+    with pytest.raises(InvalidRequest, match=r"compute slices|cannot start"):
+        sim.create("more", InstanceSpec("mig", gpu, profile=by_key["1g"].name, start=7))
+
+
+def test_one_media_extension_instance_per_gpu(tmp_path):
+    sim = backend(tmp_path)
+    gpu = sim.inventory()["gpus"][0]["uuid"]
+    sim.create("m1", InstanceSpec("mig", gpu, profile="1g.10gb+me", start=0))
+    with pytest.raises(InvalidRequest, match=r"\+me"):
+        sim.create("m2", InstanceSpec("mig", gpu, profile="1g.10gb+me", start=1))
+
+
+def test_same_spec_returns_same_instance_other_spec_conflicts(tmp_path):
+    sim = backend(tmp_path)
+    gpu = sim.inventory()["gpus"][0]["uuid"]
+    spec = InstanceSpec("mig", gpu, profile="7g.80gb", start=0)
+    first, created = sim.create("a", spec)
+    assert created and sim.create("a", spec) == (first, False)
+    with pytest.raises(Conflict):
+        sim.create("a", InstanceSpec("mig", gpu, profile="3g.40gb", start=0))
+
+
+def test_fail_next_create_fails_once_and_creates_nothing(tmp_path):
+    sim = backend(tmp_path)
+    gpu = sim.inventory()["gpus"][0]["uuid"]
+    sim.apply_faults({"fail_next_create": "ECC error"})
+    with pytest.raises(Unavailable, match="ECC error"):
+        sim.create("a", InstanceSpec("mig", gpu, profile="1g.10gb", start=0))
+    assert sim.inventory()["instances"] == []
+    sim.create("a", InstanceSpec("mig", gpu, profile="1g.10gb", start=0))
+
+
+def test_dropped_gpu_vanishes_with_its_instances(tmp_path):
+    sim = backend(tmp_path, "h100-80gb:2:mig")
+    first, second = (g["uuid"] for g in sim.inventory()["gpus"])
+    sim.create("a", InstanceSpec("mig", first, profile="1g.10gb", start=0))
+    sim.create("b", InstanceSpec("mig", second, profile="1g.10gb", start=0))
+    sim.apply_faults({"drop_gpu": first})
+    inventory = sim.inventory()
+    assert [g["uuid"] for g in inventory["gpus"]] == [second]
+    assert [i["allocation_id"] for i in inventory["instances"]] == ["b"]
+    sim.apply_faults({"drop_instance": "b"})
+    assert sim.inventory()["instances"] == []
+    # and that survives a restart
+    again = SimBackend(tmp_path, "n1", parse_gpu_specs("h100-80gb:2:mig"))
+    assert again.inventory() == sim.inventory()
+
+
+def test_unknown_fault_is_named(tmp_path):
+    with pytest.raises(InvalidRequest) as error:
+        backend(tmp_path).apply_faults({"explode": True})
+    assert error.value.field == "explode"
+
+
+def test_energy_grows_monotonically_and_power_follows_activity(tmp_path):
+    clock = Clock()
+    sim = backend(tmp_path, "h100-80gb:1:whole", clock)
+    gpu = sim.inventory()["gpus"][0]["uuid"]
+    idle = sim.readings(clock.now).gpus[0]
+    assert idle.power_w == 70.0 and idle.util_pct == 0.0
+    sim.create("w", InstanceSpec("whole", gpu))
+    energies, powers = [], []
+    for _ in range(2000):  # ~33 hours at 60 s: wraps the replayed series
+        clock.now += 60
+        reading = sim.readings(clock.now).gpus[0]
+        energies.append(reading.energy_mj)
+        powers.append(reading.power_w)
+    assert all(b >= a for a, b in itertools.pairwise(energies))
+    assert max(powers) > 70.0 and min(powers) >= 70.0 and max(powers) <= 700.0
+    # the counter is the integral of power: between idle-only and full-power bounds
+    span = 2000 * 60
+    assert 70 * span * 1000 <= energies[-1] - idle.energy_mj <= 700 * span * 1000
+    sim.destroy("w")  # settles the counter; it keeps growing at idle power
+    after = sim.readings(clock.now + 10).gpus[0].energy_mj
+    assert after >= energies[-1] + 70 * 10 * 1000 - 1
+
+
+def test_telemetry_is_deterministic_per_allocation(tmp_path):
+    clock = Clock()
+    one = backend(tmp_path / "a", clock=clock)
+    two = backend(tmp_path / "b", clock=clock)
+    for sim in (one, two):
+        gpu = sim.inventory()["gpus"][0]["uuid"]
+        sim.create("same-id", InstanceSpec("mig", gpu, profile="3g.40gb", start=0))
+    clock.now += 3600
+    a, b = one.readings(clock.now).instances[0], two.readings(clock.now).instances[0]
+    assert (a.engine_active, a.fb_used_mib) == (b.engine_active, b.fb_used_mib)
+    assert a.fb_used_mib + a.fb_free_mib == 40_320
+
+
+def test_gpu_spec_errors_name_the_part():
+    with pytest.raises(ValueError, match=r"'l4:2:mig'.*no MIG"):
+        parse_gpu_specs("h100-80gb:8:mig,l4:2:mig")
+    with pytest.raises(ValueError, match="unknown GPU model"):
+        parse_gpu_specs("b200:8")
+    with pytest.raises(ValueError, match="MODEL:COUNT"):
+        parse_gpu_specs("h100")
