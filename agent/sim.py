@@ -166,7 +166,16 @@ class SimBackend(Backend):
             except UnknownProfile as error:
                 raise InvalidRequest(error.args[0], field="profile") from None
             layout = [MigPlacement(i["start"], profile_get(model.code, i["profile"])) for i in held]
-            problem = layout_problem((*layout, MigPlacement(spec.start, profile)))
+            wanted = MigPlacement(spec.start, profile)
+            problem = layout_problem((*layout, wanted))
+            if spec.start in profile.starts:
+                for other, placed in zip(held, layout, strict=True):
+                    if placed.slot_mask & wanted.slot_mask:
+                        slots = (f"memory slot {spec.start} overlaps" if wanted.end - spec.start == 1
+                                 else f"memory slots {spec.start}-{wanted.end - 1} overlap")
+                        problem = (f"{slots} {other['profile']} at slot {other['start']} "
+                                   f"(allocation {other['allocation_id']!r})")
+                        break
             if problem:
                 raise InvalidRequest(f"cannot place {profile.name} at slot {spec.start} on GPU {gpu['index']}: "
                                      f"{problem}", field="start")

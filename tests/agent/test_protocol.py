@@ -119,7 +119,8 @@ def test_overlapping_mig_instance_is_refused(client):
     before = snapshot_of(client)
     with pytest.raises(AgentHTTPError) as error:
         client.create("b", {"kind": "mig", "gpu": gpu, "profile": "3g.40gb", "start": 0})
-    assert error.value.problem["field"] == "start" and "overlaps" in error.value.problem["detail"]
+    assert error.value.problem["field"] == "start"
+    assert "slots 0-3 overlap 2g.20gb at slot 2 (allocation 'a')" in error.value.problem["detail"]
     assert snapshot_of(client) == before
 
 

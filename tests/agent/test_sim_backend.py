@@ -48,9 +48,9 @@ def test_a_full_layout_then_any_more_is_refused_with_the_rules_reason(tmp_path, 
     assert [(p["start"], p["size"]) for p in layout] == [(0, 4), (4, 2), (6, 1)]
     with pytest.raises(InvalidRequest) as error:
         sim.create("more", InstanceSpec("mig", gpu, profile=by_key["1g"].name, start=7 - 1))
-    expected = layout_problem([MigPlacement(0, by_key["4g"]), MigPlacement(4, by_key["2g"]),
-                               MigPlacement(6, by_key["1g"]), MigPlacement(6, by_key["1g"])])
-    assert expected and expected in error.value.message
+    assert layout_problem([MigPlacement(0, by_key["4g"]), MigPlacement(4, by_key["2g"]),
+                           MigPlacement(6, by_key["1g"]), MigPlacement(6, by_key["1g"])])
+    assert f"memory slot 6 overlaps {by_key['1g'].name} at slot 6 (allocation 'i2')" in error.value.message
     # slot 7 is free but 7 compute slices are in use
     with pytest.raises(InvalidRequest, match=r"compute slices|cannot start"):
         sim.create("more", InstanceSpec("mig", gpu, profile=by_key["1g"].name, start=7))
