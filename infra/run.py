@@ -1,7 +1,8 @@
 """``make run``: the whole service on one machine, with what it needs started or reused.
 
 Finds or starts PostgreSQL and the Celery broker (``infra/services.py``), migrates, seeds the demo,
-then starts the web server (gunicorn), a Celery worker and Celery beat as child processes. Prints
+then starts the web server (gunicorn), a Celery worker, Celery beat, a fleet of simulated GPU nodes
+(``agent.fleet``) and, where it is installed, Prometheus scraping them, as child processes. Prints
 what it started and where. Ctrl-C (or SIGTERM) stops exactly those children, then the services it
 started itself, by their PIDs, and nothing else.
 """
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -56,11 +58,16 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--port", type=int, default=int(os.environ.get("PORT", "8000")))
     parser.add_argument("--workers", type=int, default=2, help="gunicorn worker processes")
+    parser.add_argument("--fleet-nodes", type=int, default=4, help="simulated GPU nodes (agent.fleet)")
+    parser.add_argument("--fleet-port", type=int, default=9400)
+    parser.add_argument("--prometheus-port", type=int, default=9090)
     args = parser.parse_args(argv)
 
-    if not _port_free(args.port):
-        say(f"port {args.port} on 127.0.0.1 is in use; stop what holds it or run: make run PORT=8001")
-        return 2
+    for port, what in ((args.port, "PORT"), (args.fleet_port, "--fleet-port"), (args.prometheus_port,
+                                                                              "--prometheus-port")):
+        if not _port_free(port):
+            say(f"port {port} on 127.0.0.1 is in use; stop what holds it or choose another ({what})")
+            return 2
 
     VAR.mkdir(exist_ok=True)
     started_services: list[services.Service] = []
@@ -124,6 +131,22 @@ def main(argv: list[str] | None = None) -> int:
             ("beat", [str(BIN / "celery"), "-A", "config", "beat", "--loglevel", "INFO", "--schedule",
                       str(VAR / "celerybeat-schedule")]),
         ]
+        # The demo fleet: simulated nodes (H100s in MIG mode, A100s whole, L4 shares) and, where Debian's
+        # prometheus is installed, a Prometheus scraping them (infra/prometheus.yml).
+        fleet_dir = VAR / "fleet"
+        specs.append(("fleet", [str(BIN / "python"), "-m", "agent.fleet", "--nodes", str(args.fleet_nodes),
+                                "--listen", f"127.0.0.1:{args.fleet_port}", "--state-dir", str(fleet_dir),
+                                "--shape", "h100-80gb:8:mig", "--shape", "a100-80gb:8:whole",
+                                "--shape", "h100-80gb:4:mig,l4:4:shared"]))
+        prometheus = shutil.which("prometheus")
+        if prometheus:
+            config = (ROOT / "infra" / "prometheus.yml").read_text()
+            (VAR / "prometheus.yml").write_text(config.replace("__TARGETS__",
+                                                               str(fleet_dir / "prometheus-targets.json")))
+            specs.append(("prometheus", [prometheus, f"--config.file={VAR / 'prometheus.yml'}",
+                                         f"--storage.tsdb.path={VAR / 'prometheus'}",
+                                         f"--web.listen-address=127.0.0.1:{args.prometheus_port}",
+                                         "--log.level=warn"]))
         for name, command in specs:
             # Own session: the terminal's Ctrl-C reaches only us, and we stop the children in order.
             process = subprocess.Popen(command, cwd=ROOT, start_new_session=True)
@@ -143,6 +166,10 @@ def main(argv: list[str] | None = None) -> int:
             f"  health      {site}/healthz   readiness {site}/readyz",
             f"  PostgreSQL  {database.how} ({services.redact(database.url)})",
             f"  broker      {broker.how} ({services.redact(broker.url)})",
+            f"  GPU nodes   {args.fleet_nodes} simulated at http://127.0.0.1:{args.fleet_port}/n/<node>/ "
+            f"(secrets in {fleet_dir / 'fleet.json'})",
+            (f"  Prometheus  http://127.0.0.1:{args.prometheus_port}/ scraping them" if prometheus
+             else "  Prometheus  not installed (apt-get install prometheus) — metrics at the nodes' /metrics"),
             "  processes   " + ", ".join(f"{name} pid {p.pid}" for name, p in children),
             "Ctrl-C stops everything listed here (and the embedded servers it started), nothing else.",
             "",
