@@ -185,6 +185,7 @@ if CELERY_BROKER_URL.startswith("filesystem://"):
         "data_folder_in": _folder,
         "data_folder_out": _folder,
         "processed_folder": str(VAR_DIR / "celery-processed"),
+        "control_folder": str(VAR_DIR / "celery-control"),  # else "control/" in the working directory
         "store_processed": False,
     }
 # Periodic tasks are declared here, in one place (STYLE.md "Celery tasks stay thin").
