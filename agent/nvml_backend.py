@@ -314,6 +314,8 @@ class NvmlBackend(Backend):
                 if memory is not None:
                     fb_used_mib, fb_free_mib = memory.used // MIB, memory.free // MIB
             holder = next((i["allocation_id"] for i in held if i["kind"] == "whole" and not mig), "")
+            shares = [] if mig else [i for i in held if i["kind"] == "share"]
+            gpu_fb = (None, None) if shares else (fb_used_mib, fb_free_mib)  # memory per consumer (metrics.py)
             gpu_readings.append(
                 GpuReading(
                     index=gpu.index,
@@ -322,15 +324,14 @@ class NvmlBackend(Backend):
                     power_w=power_mw / 1000,
                     energy_mj=int(energy_mj),
                     util_pct=util_pct,
-                    fb_used_mib=fb_used_mib,
-                    fb_free_mib=fb_free_mib,
+                    fb_used_mib=gpu_fb[0],
+                    fb_free_mib=gpu_fb[1],
                     allocation_id=holder,
                 )
             )
             if mig:
                 instance_readings.extend(self._mig_readings(gpu, [i for i in held if i["kind"] == "mig"]))
             else:
-                shares = [i for i in held if i["kind"] == "share"]
                 instance_readings.extend(self._share_readings(gpu, shares, util_pct, fb_used_mib))
         return Readings(gpus=gpu_readings, instances=instance_readings)
 
@@ -645,12 +646,13 @@ class NvmlBackend(Backend):
         self, gpu: _Gpu, shares: list[dict], util_pct: float | None, fb_used_mib: int | None
     ) -> list[InstanceReading]:
         # NVML cannot tell which MPS client uses what, so both figures are estimates: the GPU's utilisation
-        # and used memory split among the shares in proportion to their milli and memory caps.
+        # and used memory split among the shares in proportion to their milli and memory caps. Engine
+        # activity is relative to the share's own capacity (its milli), as for every consumer.
         milli_total = sum(s["milli"] for s in shares) or 1
         memory_total = sum(s["memory_mib"] for s in shares) or 1
         out = []
         for share in shares:
-            engine = (util_pct or 0.0) / 100 * share["milli"] / milli_total
+            engine = min(1.0, (util_pct or 0.0) / 100 * 1000 / milli_total)
             used = min(share["memory_mib"], (fb_used_mib or 0) * share["memory_mib"] // memory_total)
             out.append(
                 InstanceReading(

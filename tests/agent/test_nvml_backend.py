@@ -782,13 +782,15 @@ def test_nvml_backend_readings_give_gpu_power_and_energy_and_instance_memory(bac
     h100_reading, l4_reading = readings.gpus
     assert (h100_reading.power_w, h100_reading.energy_mj) == (312.5, 123_456_789)
     assert (h100_reading.util_pct, h100_reading.fb_used_mib, h100_reading.fb_free_mib) == (None, None, None)
-    assert (l4_reading.power_w, l4_reading.util_pct, l4_reading.fb_used_mib) == (35.25, 40.0, 4_000)
-    assert l4_reading.fb_free_mib == 23_034 - 4_000
+    assert (l4_reading.power_w, l4_reading.util_pct) == (35.25, 40.0)
+    # a GPU with shares reports memory per share only (the metrics never count a MiB twice)
+    assert (l4_reading.fb_used_mib, l4_reading.fb_free_mib) == (None, None)
     mig_reading, s1, s2 = readings.instances
     assert (mig_reading.allocation_id, mig_reading.gpu_instance_id, mig_reading.profile) == ("a1", 1, "2g.20gb")
     assert (mig_reading.fb_used_mib, mig_reading.fb_free_mib, mig_reading.engine_active) == (1_024, 19_072, 0.0)
-    assert (s1.allocation_id, s1.engine_active, s1.fb_used_mib, s1.fb_free_mib) == ("s1", 0.1, 2_000, 6_000)
-    assert (s2.allocation_id, s2.engine_active) == ("s2", 0.3)
+    # the GPU's 40 % split by milli: each share at 40 % of its own capacity
+    assert (s1.allocation_id, s1.engine_active, s1.fb_used_mib, s1.fb_free_mib) == ("s1", 0.4, 2_000, 6_000)
+    assert (s2.allocation_id, s2.engine_active) == ("s2", 0.4)
     assert all("power_w" not in asdict(reading) for reading in readings.instances)
     json.dumps(readings.to_json())
 
