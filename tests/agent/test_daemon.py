@@ -1,0 +1,55 @@
+"""Configuration, secrets and back-off of ``python -m agent``."""
+
+import subprocess
+import sys
+
+import pytest
+
+from agent.daemon import AgentConfig, backoff_delay, load_config, resolve_secret, stored_secret
+from tests.agent.conftest import ROOT
+
+
+def test_config_file_with_flags_winning(tmp_path):
+    path = tmp_path / "agent.toml"
+    path.write_text('node_id = "gpu-7"\nlisten = "127.0.0.1:9500"\nbackend = "sim"\ngpus = "l4:2:shared"\n')
+    config = load_config(str(path), {"listen": "127.0.0.1:9600", "gpus": None})
+    assert (config.node_id, config.listen, config.gpus) == ("gpu-7", "127.0.0.1:9600", "l4:2:shared")
+    assert config.advertise_url == "http://127.0.0.1:9600" and config.hostname
+
+
+@pytest.mark.parametrize(("text", "words"), [
+    ('node_id = "n"\ncolour = "red"\n', "unknown setting 'colour'"),
+    ('listen = "127.0.0.1:1"\n', "node_id is required"),
+    ('node_id = "n"\nbackend = "cuda"\n', "backend must be sim or nvml"),
+    ('node_id = "n"\nlisten = "9400"\n', "listen must be HOST:PORT"),
+    ('node_id = "n"\nbroker_url = "ftp://x"\n', "broker_url must be http"),
+])
+def test_bad_configuration_is_named(tmp_path, text, words):
+    path = tmp_path / "agent.toml"
+    path.write_text(text)
+    with pytest.raises(ValueError, match=words):
+        load_config(str(path), {})
+
+
+def test_the_command_refuses_bad_input_with_exit_2(tmp_path):
+    result = subprocess.run([sys.executable, "-m", "agent", "--node-id", "n", "--gpus", "b200:8",
+                             "--state-dir", str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=30)
+    assert result.returncode == 2 and "unknown GPU model" in result.stderr
+
+
+def test_secrets_configured_stored_or_made_once(tmp_path):
+    assert resolve_secret(AgentConfig(node_id="n", secret="fixed").validate(), tmp_path) == "fixed"
+    made = resolve_secret(AgentConfig(node_id="n").validate(), tmp_path)
+    assert made and stored_secret(tmp_path) == made
+    assert (tmp_path / "secret").stat().st_mode & 0o777 == 0o600
+    assert resolve_secret(AgentConfig(node_id="n").validate(), tmp_path) == made  # kept across restarts
+    enrolling = AgentConfig(node_id="m", broker_url="http://127.0.0.1:1", enrollment_token="t").validate()
+    assert resolve_secret(enrolling, tmp_path / "fresh") == ""  # the broker will give it
+    with pytest.raises(ValueError, match="enrollment_token"):
+        resolve_secret(AgentConfig(node_id="m", broker_url="http://127.0.0.1:1").validate(), tmp_path / "other")
+
+
+def test_backoff_grows_with_jitter_and_is_capped():
+    for failures, (low, high) in {1: (0.5, 1), 2: (1, 2), 4: (4, 8), 20: (30, 60)}.items():
+        delays = [backoff_delay(failures) for _ in range(200)]
+        assert all(low <= d <= high for d in delays) and len(set(delays)) > 1
