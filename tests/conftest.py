@@ -4,6 +4,22 @@ from django.core.cache import cache
 from tests.factories import make_world
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _fast_password_hashing():
+    """Django's PBKDF2 takes about a second per password on this machine; tests need no strength."""
+    from django.conf import settings
+    from django.contrib.auth import hashers
+
+    previous = settings.PASSWORD_HASHERS
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+    hashers.get_hashers.cache_clear()
+    hashers.get_hashers_by_algorithm.cache_clear()
+    yield
+    settings.PASSWORD_HASHERS = previous
+    hashers.get_hashers.cache_clear()
+    hashers.get_hashers_by_algorithm.cache_clear()
+
+
 @pytest.fixture(autouse=True)
 def _clear_cache():
     cache.clear()  # throttle counters
