@@ -51,6 +51,9 @@ class EnrollmentToken(models.Model):
     expires_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(default=timezone.now)
 
+    def __str__(self) -> str:
+        return f"enrollment token {self.prefix}"
+
 
 class Gpu(models.Model):
     """One physical GPU of a node, as its agent reported it. ``model`` is the tier (catalogue code)."""
@@ -157,6 +160,9 @@ class Allocation(models.Model):
                 name="allocation_freed_iff_freed_at"),
         ]
 
+    def __str__(self) -> str:
+        return f"{self.instance_id} on {self.gpu_id}"
+
     @property
     def instance_id(self) -> str:
         return f"alloc-{self.pk}"
@@ -177,3 +183,6 @@ class LeaseEvent(models.Model):
     class Meta:
         indexes = [models.Index(fields=["lease", "at"])]
         ordering = ["at", "pk"]
+
+    def __str__(self) -> str:
+        return f"lease {self.lease_id}: {self.from_state or '-'} -> {self.to_state}"

@@ -189,7 +189,18 @@ if CELERY_BROKER_URL.startswith("filesystem://"):
         "store_processed": False,
     }
 # Periodic tasks are declared here, in one place (STYLE.md "Celery tasks stay thin").
-CELERY_BEAT_SCHEDULE: dict = {}
+CELERY_BEAT_SCHEDULE: dict = {
+    "lease-expire": {"task": "broker.lease_expire_due", "schedule": 15.0},
+    "schedule-cycle": {"task": "broker.schedule_cycle", "schedule": 10.0},
+}
+
+# --- Leasing ----------------------------------------------------------------------------------
+LEASE_MIN_DURATION_SECONDS = env_int("LEASE_MIN_DURATION_SECONDS", 60, minimum=1)
+LEASE_MAX_DURATION_SECONDS = env_int("LEASE_MAX_DURATION_SECONDS", 30 * 86400, minimum=60)
+LEASE_PREEMPTION_NOTICE_SECONDS = env_int("LEASE_PREEMPTION_NOTICE_SECONDS", 30, minimum=0)
+LEASE_MIN_RUNTIME_SECONDS = env_int("LEASE_MIN_RUNTIME_SECONDS", 60, minimum=0)
+AGENT_TIMEOUT_SECONDS = env_int("AGENT_TIMEOUT_SECONDS", 5, minimum=1)
+AGENT_HEARTBEAT_SECONDS = env_int("AGENT_HEARTBEAT_SECONDS", 15, minimum=1)
 CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
 
 # --- Outside services -----------------------------------------------------------------------

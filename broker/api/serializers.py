@@ -1,0 +1,81 @@
+from rest_framework import serializers
+
+from broker.choices import WorkloadClass
+from broker.models import Allocation, Lease, LeaseEvent
+from tenants.api.serializers import StrictSerializer
+
+
+class LeaseCreateInput(StrictSerializer):
+    project = serializers.CharField(max_length=63)
+    gpu = serializers.JSONField(help_text='{"kind": "mig", "profile": "1g.10gb"} | {"kind": "whole", "count": 2, '
+                                          '"model": "H100-80GB"} | {"kind": "share", "milli": 250, "memory_mib": 8192}')
+    workload_class = serializers.ChoiceField(choices=WorkloadClass.choices, default=WorkloadClass.TRAINING)
+    priority = serializers.IntegerField(default=0)
+    duration_seconds = serializers.IntegerField(default=3600)
+
+
+class LeaseRenewInput(StrictSerializer):
+    duration_seconds = serializers.IntegerField()
+
+
+class DeviceOutput(serializers.ModelSerializer):
+    node = serializers.CharField(source="gpu.node.node_id")
+    gpu_uuid = serializers.CharField(source="gpu.uuid")
+    gpu_index = serializers.IntegerField(source="gpu.index")
+    model = serializers.CharField(source="tier")
+    instance_id = serializers.CharField()
+
+    class Meta:
+        model = Allocation
+        fields = ["instance_id", "node", "gpu_uuid", "gpu_index", "model", "kind", "mig_profile", "mig_start",
+                  "milli", "memory_mib", "state", "device_uuid", "gpu_instance_id", "access"]
+
+
+class EventOutput(serializers.ModelSerializer):
+    class Meta:
+        model = LeaseEvent
+        fields = ["at", "from_state", "to_state", "reason", "actor"]
+
+
+class LeaseOutput(serializers.ModelSerializer):
+    project = serializers.CharField(source="project.slug")
+    gpu = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Lease
+        fields = ["id", "project", "state", "reason", "queue_position", "gpu", "workload_class", "priority",
+                  "duration_seconds", "tier", "over_quota", "requested_at", "active_at", "ends_at",
+                  "notice_deadline", "finished_at"]
+
+    def get_gpu(self, obj) -> dict:
+        shape = {"kind": obj.kind, "count": obj.count, "model": obj.models_allowed[0] if obj.models_allowed else "auto",
+                 "gang": obj.gang}
+        if obj.profile:
+            shape["profile"] = obj.profile
+        if obj.milli:
+            shape["milli"] = obj.milli
+        if obj.memory_mib:
+            shape["memory_mib"] = obj.memory_mib
+        return shape
+
+
+class LeaseDetailOutput(LeaseOutput):
+    devices = serializers.SerializerMethodField()
+    events = EventOutput(many=True)
+
+    class Meta(LeaseOutput.Meta):
+        fields = [*LeaseOutput.Meta.fields, "devices", "events"]
+
+    def get_devices(self, obj) -> list:
+        live = [a for a in obj.allocations.all() if a.freed_at is None]
+        return DeviceOutput(live, many=True).data
+
+
+class EnrollInput(StrictSerializer):
+    node_id = serializers.RegexField(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
+    token = serializers.CharField(max_length=200)
+    address = serializers.URLField(max_length=300)
+    hostname = serializers.CharField(max_length=255, required=False, allow_blank=True)
+    agent_version = serializers.CharField(max_length=32, required=False, allow_blank=True)
+    protocol = serializers.CharField(max_length=8, required=False)
+    inventory = serializers.JSONField()

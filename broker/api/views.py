@@ -1,0 +1,122 @@
+"""Leasing REST API (tenant-facing) and the agents' enrollment and heartbeat endpoints."""
+
+from __future__ import annotations
+
+import json
+
+from django.conf import settings
+from drf_spectacular.utils import OpenApiParameter, extend_schema
+from rest_framework import status
+from rest_framework.permissions import AllowAny
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from agent.signing import NonceCache, SignatureError, verify
+from broker import selectors, services
+from broker.api import serializers as s
+from broker.models import Node
+from config.errors import ApplicationError
+from tenants.api.views import _paginate, _parse
+
+
+def _actor_label(request) -> str:
+    return f"user:{request.user.get_username()}"
+
+
+class LeaseListApi(APIView):
+    write_action = "use"
+
+    @extend_schema(
+        parameters=[OpenApiParameter("state", str, description="comma-separated states"),
+                    OpenApiParameter("project", str, description="project slug")],
+        responses=s.LeaseOutput(many=True), summary="Leases of the tenant, newest first")
+    def get(self, request):
+        leases = selectors.lease_list(actor=request.actor, state=request.query_params.get("state", ""),
+                                      project=request.query_params.get("project", ""))
+        return _paginate(self, request, leases, s.LeaseOutput)
+
+    @extend_schema(
+        request=s.LeaseCreateInput, responses={201: s.LeaseOutput, 200: s.LeaseOutput},
+        parameters=[OpenApiParameter("Idempotency-Key", str, OpenApiParameter.HEADER,
+                                     description="same key + same body → the same lease; other body → 409")],
+        summary="Request GPU capacity (a whole GPU, a MIG slice or a share)")
+    def post(self, request):
+        data = _parse(s.LeaseCreateInput, request)
+        lease, created = services.lease_request(actor=request.actor,
+                                                idempotency_key=request.headers.get("Idempotency-Key", ""), **data)
+        return Response(s.LeaseOutput(lease).data, status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
+
+
+class LeaseDetailApi(APIView):
+    write_action = "use"
+
+    @extend_schema(responses=s.LeaseDetailOutput, summary="A lease with its devices and events")
+    def get(self, request, pk: int):
+        return Response(s.LeaseDetailOutput(selectors.lease_get(actor=request.actor, lease_id=pk)).data)
+
+    @extend_schema(responses={202: s.LeaseOutput}, summary="Release a lease (202; it becomes RELEASED)")
+    def delete(self, request, pk: int):
+        lease = selectors.lease_get(actor=request.actor, lease_id=pk)
+        lease = services.lease_release(lease=lease, actor=_actor_label(request))
+        return Response(s.LeaseOutput(lease).data, status=status.HTTP_202_ACCEPTED)
+
+
+class LeaseRenewApi(APIView):
+    write_action = "use"
+
+    @extend_schema(request=s.LeaseRenewInput, responses=s.LeaseOutput, summary="Extend an active lease")
+    def post(self, request, pk: int):
+        data = _parse(s.LeaseRenewInput, request)
+        lease = selectors.lease_get(actor=request.actor, lease_id=pk)
+        lease = services.lease_renew(lease=lease, actor=_actor_label(request), **data)
+        return Response(s.LeaseOutput(lease).data)
+
+
+class AgentEnrollApi(APIView):
+    """An agent trades its one-time enrollment token for the node's secret (docs/agent-protocol.md)."""
+
+    authentication_classes: list = []
+    permission_classes = [AllowAny]
+
+    @extend_schema(request=s.EnrollInput, responses={201: dict}, summary="Agent enrollment")
+    def post(self, request):
+        data = _parse(s.EnrollInput, request)
+        node = services.node_enroll(node_id=data["node_id"], token=data["token"], address=data["address"],
+                                    inventory=data["inventory"], hostname=data.get("hostname", ""),
+                                    agent_version=data.get("agent_version", ""))
+        return Response({"node_id": node.node_id, "secret": node.secret,
+                         "heartbeat_seconds": settings.AGENT_HEARTBEAT_SECONDS}, status=status.HTTP_201_CREATED)
+
+
+_NONCES = NonceCache()
+
+
+class AgentHeartbeatApi(APIView):
+    """Signed by the node's secret (agent.signing); 401 otherwise."""
+
+    authentication_classes: list = []
+    permission_classes = [AllowAny]
+
+    @extend_schema(request=dict, responses=dict, summary="Agent heartbeat (signed)")
+    def post(self, request, node_id: str):
+        body = request.body
+        try:
+            verify(request.headers, "POST", request.path, request.META.get("QUERY_STRING", ""), body,
+                   lambda nid: Node.objects.filter(node_id=nid).values_list("secret", flat=True).first()
+                   if nid == node_id else None, _NONCES)
+        except SignatureError as error:
+            raise _Unauthenticated(str(error)) from None
+        try:
+            json.loads(body or b"{}")
+        except ValueError:
+            raise _Unauthenticated("the body is not JSON") from None
+        node = Node.objects.get(node_id=node_id)
+        services.node_heartbeat(node=node)
+        return Response({"heartbeat_seconds": settings.AGENT_HEARTBEAT_SECONDS})
+
+
+class _Unauthenticated(ApplicationError):
+    status = 401
+    code = "unauthenticated"
+    title = "Not authenticated"
+

@@ -1,0 +1,581 @@
+"""The only writers of leasing data (DESIGN.md §4-5).
+
+Every lease change is a conditional update (``WHERE state = <the state we read>``) plus a ``LeaseEvent``
+in the same transaction; a change that lost a race raises ``LeaseStateConflict`` and writes nothing.
+Follow-up work (the schedule cycle, provisioning, releases) is enqueued with ``transaction.on_commit``.
+Agent calls happen outside transactions; their results are written afterwards by the same rules, so a
+worker killed at any point leaves state that the next run (or the reconcile) converges.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.db import IntegrityError, connection, transaction
+from django.db.backends.postgresql.psycopg_any import NumericRange
+from django.utils import timezone
+
+from broker.choices import (
+    FINAL_STATES,
+    TRANSITIONS,
+    AllocationState,
+    GpuKind,
+    GpuMode,
+    LeaseState,
+    WorkloadClass,
+)
+from broker.models import Allocation, Gpu, Lease, LeaseEvent, Node
+from config.errors import IdempotencyConflict, LeaseStateConflict, NotFound, QuotaExceeded, ValidationFailed
+from gpus.catalogue import UnknownModel, model_get
+from gpus.mig import UnknownProfile, profile_get, profiles_for
+from tenants.access import Actor
+from tenants.models import Project, Quota
+
+logger = logging.getLogger(__name__)
+MAX_COUNT = 64
+
+
+# -- transitions -------------------------------------------------------------------------------------
+def lease_transition(*, lease: Lease, to: str, reason: str, actor: str, now: datetime, **fields) -> Lease:
+    """Move ``lease`` from the state it was read in to ``to`` (must be inside a transaction)."""
+    if to not in TRANSITIONS[lease.state]:
+        raise LeaseStateConflict(f"A {lease.state} lease cannot become {to}.", field="state")
+    changed = Lease.objects.filter(pk=lease.pk, state=lease.state).update(state=to, reason=reason, **fields)
+    if changed != 1:
+        current = Lease.objects.filter(pk=lease.pk).values_list("state", flat=True).first()
+        raise LeaseStateConflict(f"The lease changed meanwhile (now {current}).", field="state")
+    LeaseEvent.objects.create(lease=lease, from_state=lease.state, to_state=to, reason=reason, actor=actor, at=now)
+    previous = lease.state
+    lease.state = to
+    lease.reason = reason
+    for name, value in fields.items():
+        setattr(lease, name, value)
+    logger.info("lease %s: %s -> %s (%s)", lease.pk, previous, to, reason)
+    return lease
+
+
+def _enqueue(task_name: str, *args) -> None:
+    from broker import tasks
+
+    transaction.on_commit(lambda: getattr(tasks, task_name).delay(*args))
+
+
+# -- request -----------------------------------------------------------------------------------------
+def _shape_from(gpu: object) -> dict:
+    """Validate the ``gpu`` object of a request; errors name the field (``gpu.profile``)."""
+    if not isinstance(gpu, dict):
+        raise ValidationFailed("gpu must be an object, e.g. {\"kind\": \"mig\", \"profile\": \"1g.10gb\"}.",
+                               field="gpu")
+    known = {"kind", "count", "model", "profile", "milli", "memory_mib", "gang"}
+    for key in gpu:
+        if key not in known:
+            raise ValidationFailed(f"Unknown field {key!r}; known: {', '.join(sorted(known))}.", field=f"gpu.{key}")
+    kind = gpu.get("kind")
+    if kind not in GpuKind.values:
+        raise ValidationFailed(f"gpu.kind must be one of {', '.join(GpuKind.values)}.", field="gpu.kind")
+
+    def integer(name: str, default: int, low: int, high: int) -> int:
+        value = gpu.get(name, default)
+        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+            raise ValidationFailed(f"gpu.{name} must be a whole number from {low} to {high}.", field=f"gpu.{name}")
+        return value
+
+    count = integer("count", 1, 1, MAX_COUNT)
+    gang = gpu.get("gang", True)
+    if not isinstance(gang, bool):
+        raise ValidationFailed("gpu.gang must be true or false.", field="gpu.gang")
+    model = gpu.get("model", "auto")
+    if not isinstance(model, str):
+        raise ValidationFailed("gpu.model must be a model code or \"auto\".", field="gpu.model")
+    models: list[str] = []
+    if model != "auto":
+        try:
+            models = [model_get(model).code]
+        except UnknownModel as error:
+            raise ValidationFailed(error.args[0], field="gpu.model") from None
+    shape = {"kind": kind, "count": count, "gang": gang, "models": models, "profile": "", "milli": 0,
+             "memory_mib": 0}
+    if kind == GpuKind.MIG:
+        profile = gpu.get("profile")
+        if not isinstance(profile, str) or not profile:
+            raise ValidationFailed("gpu.profile is required for a MIG slice, e.g. \"1g.10gb\".", field="gpu.profile")
+        candidates = models or [m for m in ("A100-40GB", "A100-80GB", "H100-80GB", "H100-NVL-94GB", "H200-141GB")]
+        offered = []
+        for code in candidates:
+            try:
+                offered.append(profile_get(code, profile).name)
+            except UnknownProfile:
+                continue
+        if not offered:
+            if models:
+                names = ", ".join(p.name for p in profiles_for(models[0])) or "none (no MIG on this model)"
+                raise ValidationFailed(f"Profile {profile!r} is not offered on {models[0]}; offered: {names}.",
+                                       field="gpu.profile")
+            raise ValidationFailed(f"No GPU model offers MIG profile {profile!r}.", field="gpu.profile")
+        shape["profile"] = offered[0]
+    elif kind == GpuKind.SHARE:
+        shape["milli"] = integer("milli", 0, 1, 999)
+        shape["memory_mib"] = integer("memory_mib", 0, 1, 1 << 20)
+    else:
+        for name in ("profile", "milli"):
+            if name in gpu:
+                raise ValidationFailed(f"gpu.{name} does not apply to a whole GPU.", field=f"gpu.{name}")
+        if "memory_mib" in gpu:
+            shape["memory_mib"] = integer("memory_mib", 0, 1, 1 << 20)  # with model "auto": the need
+    return shape
+
+
+def _validate_duration(value: object) -> int:
+    low, high = settings.LEASE_MIN_DURATION_SECONDS, settings.LEASE_MAX_DURATION_SECONDS
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise ValidationFailed(f"duration_seconds must be a whole number from {low} to {high}.",
+                               field="duration_seconds")
+    return value
+
+
+def _request_hash(payload: dict) -> str:
+    return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def _quota_units(shape: dict, tier: str) -> int:
+    if shape["kind"] == GpuKind.WHOLE:
+        per = 1000
+    elif shape["kind"] == GpuKind.MIG:
+        per = profile_get(tier, shape["profile"]).gpu_milli
+    else:
+        per = shape["milli"]
+    return per * shape["count"]
+
+
+def lease_request(*, actor: Actor, project: str, gpu: object, workload_class: str = WorkloadClass.TRAINING,
+                  priority: int = 0, duration_seconds: object = 3600, idempotency_key: str = "",
+                  now: datetime | None = None) -> tuple[Lease, bool]:
+    """Validate and queue a request: (the lease, created now?). The same idempotency key with the same
+    body returns the first lease; with another body it is ``IdempotencyConflict``."""
+    actor.require("use")
+    now = now or timezone.now()
+    if not isinstance(project, str):
+        raise ValidationFailed("project must be a project slug.", field="project")
+    shape = _shape_from(gpu)
+    if workload_class not in WorkloadClass.values:
+        raise ValidationFailed(f"workload_class must be one of {', '.join(WorkloadClass.values)}.",
+                               field="workload_class")
+    if isinstance(priority, bool) or not isinstance(priority, int) or not -100 <= priority <= 100:
+        raise ValidationFailed("priority must be a whole number from -100 to 100.", field="priority")
+    _validate_duration(duration_seconds)
+    if len(idempotency_key) > 200:
+        raise ValidationFailed("Idempotency-Key is at most 200 characters.", field="Idempotency-Key")
+    payload = {"project": project, "gpu": shape, "workload_class": workload_class, "priority": priority,
+               "duration_seconds": duration_seconds}
+    digest = _request_hash(payload)
+    if idempotency_key:
+        existing = Lease.objects.filter(tenant=actor.tenant, idempotency_key=idempotency_key).first()
+        if existing is not None:
+            if existing.request_hash != digest:
+                raise IdempotencyConflict("This Idempotency-Key was used with another request body.",
+                                          field="Idempotency-Key")
+            return existing, False
+    target = Project.objects.filter(tenant=actor.tenant, slug=project).first()
+    if target is None:
+        raise NotFound(f"No project {project!r} in this tenant.", field="project")
+    quotas = {q.tier: q for q in Quota.objects.filter(project=target)}
+    tiers = shape["models"] or sorted(quotas)
+    fitting = []
+    for tier in tiers:
+        quota = quotas.get(tier)
+        if quota is None:
+            continue
+        try:
+            units = _quota_units(shape, tier)
+        except UnknownProfile:
+            continue
+        if units <= quota.limit_gpu_milli:
+            fitting.append(tier)
+    if not fitting:
+        wanted = ", ".join(tiers) or "any model"
+        raise QuotaExceeded(f"Project {project!r} has no quota on {wanted} whose limit allows this request.",
+                            field="gpu")
+    try:
+        with transaction.atomic(durable=True):
+            lease = Lease.objects.create(
+                tenant=actor.tenant, project=target, created_by=actor.user if actor.user.is_authenticated else None,
+                kind=shape["kind"], count=shape["count"], models_allowed=shape["models"], profile=shape["profile"],
+                milli=shape["milli"], memory_mib=shape["memory_mib"], gang=shape["gang"],
+                workload_class=workload_class, priority=priority, duration_seconds=duration_seconds,
+                requested_at=now, idempotency_key=idempotency_key, request_hash=digest)
+            LeaseEvent.objects.create(lease=lease, from_state="", to_state=LeaseState.REQUESTED, reason="requested",
+                                      actor=f"user:{actor.user.get_username()}", at=now)
+            lease_transition(lease=lease, to=LeaseState.QUEUED, reason="waiting for the scheduler", actor="broker",
+                             now=now, queued_at=now)
+            _enqueue("schedule_cycle")
+    except IntegrityError:
+        # the same key raced us: the winner's lease is the answer (or a conflict when its body differs)
+        existing = Lease.objects.get(tenant=actor.tenant, idempotency_key=idempotency_key)
+        if existing.request_hash != digest:
+            raise IdempotencyConflict("This Idempotency-Key was used with another request body.",
+                                      field="Idempotency-Key") from None
+        return existing, False
+    return lease, True
+
+
+# -- release / renew / expire ---------------------------------------------------------------------------
+def lease_release(*, lease: Lease, actor: str, reason: str = "released by the holder",
+                  final: str = LeaseState.RELEASED, now: datetime | None = None) -> Lease:
+    """Give a lease back (idempotent): queued → released at once; holding → releasing, then the agent
+    instances are destroyed by ``allocation_release_run`` and the lease becomes ``final``."""
+    now = now or timezone.now()
+    with transaction.atomic(durable=True):
+        lease = Lease.objects.select_for_update().get(pk=lease.pk)
+        if lease.state in FINAL_STATES or lease.state == LeaseState.RELEASING:
+            return lease
+        if lease.state in (LeaseState.REQUESTED, LeaseState.QUEUED):
+            return lease_transition(lease=lease, to=LeaseState.RELEASED, reason=reason, actor=actor, now=now,
+                                    finished_at=now)
+        lease_transition(lease=lease, to=LeaseState.RELEASING, reason=reason, actor=actor, now=now)
+        lease.allocations.filter(freed_at__isnull=True).update(state=AllocationState.RELEASING)
+        _enqueue("lease_release_run", lease.pk, final)
+    return lease
+
+
+def lease_renew(*, lease: Lease, actor: str, duration_seconds: object, now: datetime | None = None) -> Lease:
+    """Extend an active lease to ``now + duration_seconds``."""
+    now = now or timezone.now()
+    _validate_duration(duration_seconds)
+    with transaction.atomic(durable=True):
+        lease = Lease.objects.select_for_update().get(pk=lease.pk)
+        if lease.state != LeaseState.ACTIVE:
+            raise LeaseStateConflict(f"Only an active lease can be renewed; this one is {lease.state}.",
+                                     field="state")
+        ends = now + timedelta(seconds=duration_seconds)
+        Lease.objects.filter(pk=lease.pk).update(ends_at=ends, duration_seconds=duration_seconds)
+        LeaseEvent.objects.create(lease=lease, from_state=lease.state, to_state=lease.state, actor=actor, at=now,
+                                  reason=f"renewed until {ends.isoformat(timespec='seconds')}")
+        lease.ends_at = ends
+    return lease
+
+
+def lease_expire_due(*, now: datetime | None = None) -> int:
+    """Active leases past their end go to RELEASING and then EXPIRED."""
+    now = now or timezone.now()
+    count = 0
+    for lease in Lease.objects.filter(state=LeaseState.ACTIVE, ends_at__lte=now).order_by("pk")[:500]:
+        try:
+            lease_release(lease=lease, actor="broker", reason="the lease reached its end", final=LeaseState.EXPIRED,
+                          now=now)
+            count += 1
+        except LeaseStateConflict:
+            continue
+    return count
+
+
+# -- allocations -----------------------------------------------------------------------------------------
+def allocation_spec(allocation: Allocation) -> dict:
+    """The agent's ``PUT /v1/instances/{id}`` body for ``allocation``."""
+    if allocation.kind == GpuKind.MIG:
+        return {"kind": "mig", "gpu": allocation.gpu.uuid, "profile": allocation.mig_profile,
+                "start": allocation.mig_start}
+    if allocation.kind == GpuKind.SHARE:
+        return {"kind": "share", "gpu": allocation.gpu.uuid, "milli": allocation.milli,
+                "memory_mib": allocation.memory_mib}
+    return {"kind": "whole", "gpu": allocation.gpu.uuid}
+
+
+def agent_client(node: Node):
+    from agent.client import AgentClient
+
+    return AgentClient(node.address, node.node_id, node.secret, timeout=settings.AGENT_TIMEOUT_SECONDS, retries=1)
+
+
+def allocation_ready(*, allocation: Allocation, instance: dict, now: datetime) -> bool:
+    """Record what the agent created; when every allocation of the lease is ready, the lease is ACTIVE."""
+    with transaction.atomic(durable=True):
+        changed = Allocation.objects.filter(pk=allocation.pk, state=AllocationState.PENDING).update(
+            state=AllocationState.READY, ready_at=now, device_uuid=instance.get("device_uuid", ""),
+            gpu_instance_id=instance.get("gpu_instance_id"), access=instance.get("access", {}))
+        if not changed:
+            return False
+        lease = Lease.objects.select_for_update().get(pk=allocation.lease_id)
+        pending = lease.allocations.filter(freed_at__isnull=True).exclude(state=AllocationState.READY).exists()
+        if lease.state == LeaseState.PROVISIONING and not pending:
+            lease_transition(lease=lease, to=LeaseState.ACTIVE, reason=f"running on {allocation.gpu.node.node_id}",
+                             actor="worker", now=now, active_at=now,
+                             ends_at=now + timedelta(seconds=lease.duration_seconds))
+    return True
+
+
+def allocations_free(*, lease: Lease, now: datetime, to: str, reason: str, actor: str = "worker") -> Lease:
+    """Free every live allocation of the lease and move it to ``to`` (QUEUED to retry, FAILED, RELEASED,
+    EXPIRED) in one transaction; then trigger a schedule cycle."""
+    with transaction.atomic(durable=True):
+        lease = Lease.objects.select_for_update().get(pk=lease.pk)
+        if lease.state in FINAL_STATES:
+            return lease
+        lease.allocations.filter(freed_at__isnull=True).update(state=AllocationState.FREED, freed_at=now)
+        extra = {"finished_at": now} if to in FINAL_STATES else {"queued_at": now, "tier": "", "over_quota": False}
+        if to == LeaseState.QUEUED:
+            extra.update(active_at=None, ends_at=None, notice_deadline=None)
+        lease_transition(lease=lease, to=to, reason=reason, actor=actor, now=now, **extra)
+        _enqueue("schedule_cycle")
+    return lease
+
+
+# -- the schedule cycle -------------------------------------------------------------------------------
+ADVISORY_LOCK = 0x6770_7562  # "gpub"
+
+
+def _snapshot(now: datetime):
+    from broker.scheduler import Allocation as CoreAllocation
+    from broker.scheduler import Gpu as CoreGpu
+    from broker.scheduler import GpuMode as CoreMode
+    from broker.scheduler import Node as CoreNode
+    from broker.scheduler import QuotaSpec, Snapshot, TenantQuotaSpec, Unit
+    from tenants.models import TenantQuota
+
+    nodes = list(Node.objects.all())
+    gpus = list(Gpu.objects.filter(lost_at__isnull=True, node__in=nodes).select_related("node"))
+    core_nodes = tuple(CoreNode(n.node_id, cordoned=n.cordoned or n.status != "ready") for n in nodes)
+    core_gpus = tuple(CoreGpu(f"g{g.pk}", g.node.node_id, g.model, CoreMode(g.mode), g.index, g.nvlink_domain)
+                      for g in gpus)
+    units: dict[int, list] = {}
+    meta: dict[int, Allocation] = {}
+    for allocation in Allocation.objects.filter(freed_at__isnull=True, gpu__in=gpus).select_related("lease", "gpu"):
+        units.setdefault(allocation.lease_id, []).append(Unit(
+            f"g{allocation.gpu_id}", allocation.milli, allocation.memory_mib, allocation.mig_profile,
+            allocation.mig_start if allocation.mig_start is not None else -1))
+        meta.setdefault(allocation.lease_id, allocation)
+    gpu_node = {g.pk: g.node.node_id for g in gpus}
+    core_allocations = []
+    for lease_id, held in units.items():
+        first = meta[lease_id]
+        lease = first.lease
+        core_allocations.append(CoreAllocation(
+            id=str(lease_id), project=str(lease.project_id), tenant=str(lease.tenant_id), tier=first.tier,
+            node=gpu_node[first.gpu_id], units=tuple(held), preemptible=first.preemptible,
+            started_at=(lease.active_at or lease.queued_at or now).timestamp(), priority=lease.priority))
+    quotas = tuple(QuotaSpec(str(q.project_id), str(q.project.tenant_id), q.tier, q.deserved_gpu_milli,
+                             q.limit_gpu_milli, q.over_quota_weight)
+                   for q in Quota.objects.select_related("project"))
+    tenant_quotas = tuple(TenantQuotaSpec(str(q.tenant_id), q.tier, q.deserved_gpu_milli, q.limit_gpu_milli)
+                          for q in TenantQuota.objects.all())
+    return Snapshot(nodes=core_nodes, gpus=core_gpus, allocations=tuple(core_allocations), quotas=quotas,
+                    tenant_quotas=tenant_quotas, min_runtime_seconds=settings.LEASE_MIN_RUNTIME_SECONDS)
+
+
+def _core_request(lease: Lease):
+    from broker.scheduler import Kind, Request, Shape
+
+    shape = Shape(Kind(lease.kind), lease.count, profile=lease.profile, milli=lease.milli,
+                  memory_mib=lease.memory_mib, models=tuple(lease.models_allowed), gang=lease.gang)
+    return Request(str(lease.pk), str(lease.project_id), str(lease.tenant_id), shape,
+                   (lease.queued_at or lease.requested_at).timestamp(), lease.priority)
+
+
+def schedule_cycle(*, now: datetime | None = None) -> dict:
+    """One cycle for the pool (serialised by a PostgreSQL advisory lock): snapshot → core → one
+    transaction of decisions; provisioning and notices are enqueued after commit."""
+    from broker.scheduler import DecisionMode, plan
+
+    now = now or timezone.now()
+    counts = {"placed": 0, "preempt": 0, "waiting": 0}
+    with transaction.atomic(durable=True):
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_xact_lock(%s)", [ADVISORY_LOCK])
+        queued = list(Lease.objects.filter(state=LeaseState.QUEUED).order_by("queued_at", "pk")[:5000])
+        if not queued:
+            return counts
+        snapshot = _snapshot(now)
+        by_id = {str(lease.pk): lease for lease in queued}
+        decisions = plan(snapshot, [_core_request(lease) for lease in queued], now=now.timestamp())
+        gpu_by_key = {f"g{g.pk}": g for g in Gpu.objects.filter(pk__in={
+            int(u.gpu[1:]) for d in decisions if d.allocation for u in d.allocation.units})}
+        for decision in decisions:
+            lease = by_id[decision.request]
+            if decision.mode == DecisionMode.PLACED:
+                try:
+                    with transaction.atomic():
+                        _place(lease, decision, gpu_by_key, now)
+                    counts["placed"] += 1
+                    continue
+                except IntegrityError:
+                    reason = "waiting: the capacity chosen is still being vacated; retrying next cycle"
+            elif decision.mode == DecisionMode.PREEMPT:
+                counts["preempt"] += 1
+                _preempt(decision, now)
+                reason = f"waiting: {decision.reason}; starts when the preempted leases have left"
+            else:
+                counts["waiting"] += 1
+                reason = decision.reason
+            Lease.objects.filter(pk=lease.pk, state=LeaseState.QUEUED).update(
+                reason=reason, queue_position=decision.queue_position)
+    return counts
+
+
+def _place(lease: Lease, decision, gpu_by_key: dict, now: datetime) -> None:
+    allocation = decision.allocation
+    for unit in allocation.units:
+        gpu = gpu_by_key[unit.gpu]
+        if unit.mig_profile:
+            size = profile_get(gpu.model, unit.mig_profile).memory_slots
+            slots = NumericRange(unit.mig_start, unit.mig_start + size)
+            kind = GpuKind.MIG
+        elif gpu.mode == GpuMode.SHARED:
+            slots, kind = NumericRange(0, 0), GpuKind.SHARE
+        else:
+            slots, kind = NumericRange(0, 8), GpuKind.WHOLE
+        Allocation.objects.create(lease=lease, gpu=gpu, tier=allocation.tier, kind=kind,
+                                  mig_profile=unit.mig_profile or "",
+                                  mig_start=unit.mig_start if unit.mig_profile else None, slots=slots,
+                                  milli=unit.milli, memory_mib=unit.memory_mib, preemptible=allocation.preemptible,
+                                  created_at=now)
+    lease_transition(lease=lease, to=LeaseState.PROVISIONING, reason=decision.reason, actor="scheduler", now=now,
+                     tier=allocation.tier, over_quota=allocation.preemptible, queue_position=None)
+    _enqueue("lease_provision_run", lease.pk)
+
+
+def _preempt(decision, now: datetime) -> None:
+    """Victims get a notice and a deadline; at the deadline they are released and requeued."""
+    deadline = now + timedelta(seconds=settings.LEASE_PREEMPTION_NOTICE_SECONDS)
+    for victim_id in decision.victims:
+        victim = Lease.objects.select_for_update().filter(pk=int(victim_id)).first()
+        if victim is None or victim.state != LeaseState.ACTIVE:
+            continue
+        lease_transition(lease=victim, to=LeaseState.PREEMPTED, actor="scheduler", now=now, notice_deadline=deadline,
+                         reason=f"preempted for in-quota work (lease {decision.request}); notice until "
+                                f"{deadline.isoformat(timespec='seconds')}")
+        _enqueue("lease_notice_run", victim.pk)
+    from broker import tasks
+
+    seconds = settings.LEASE_PREEMPTION_NOTICE_SECONDS
+    transaction.on_commit(lambda: tasks.lease_expire_due.apply_async(countdown=seconds + 0.5))
+
+
+def lease_preempt_due(*, now: datetime | None = None) -> int:
+    """Preempted leases past their notice deadline: instances destroyed, lease back in the queue."""
+    now = now or timezone.now()
+    due = list(Lease.objects.filter(state=LeaseState.PREEMPTED, notice_deadline__lte=now).order_by("pk")[:500])
+    for lease in due:
+        lease_release_instances(lease=lease)
+        allocations_free(lease=lease, now=timezone.now(), to=LeaseState.QUEUED, actor="broker",
+                         reason="preempted: requeued, restarts when capacity frees")
+    return len(due)
+
+
+# -- agent work (outside transactions) ----------------------------------------------------------------
+def lease_provision(*, lease_id: int) -> str:
+    """Create every pending instance of the lease on its node (idempotent). Returns the lease state."""
+    from agent.client import AgentHTTPError
+
+    lease = Lease.objects.get(pk=lease_id)
+    if lease.state != LeaseState.PROVISIONING:
+        return lease.state
+    for allocation in lease.allocations.filter(state=AllocationState.PENDING).select_related("gpu__node"):
+        try:
+            instance = agent_client(allocation.gpu.node).create(allocation.instance_id, allocation_spec(allocation))
+        except AgentHTTPError as error:  # the agent refuses (4xx): retrying will not help
+            allocations_free(lease=lease, now=timezone.now(), to=LeaseState.QUEUED,
+                             reason=f"the node refused the instance ({error.problem.get('detail')}); requeued")
+            lease_release_instances(lease=lease)
+            return LeaseState.QUEUED
+        allocation_ready(allocation=allocation, instance=instance, now=timezone.now())
+    return Lease.objects.values_list("state", flat=True).get(pk=lease_id)
+
+
+def lease_release_instances(*, lease: Lease) -> None:
+    """Destroy the agent instances of every live allocation (already gone is success)."""
+    for allocation in lease.allocations.filter(freed_at__isnull=True).select_related("gpu__node"):
+        agent_client(allocation.gpu.node).destroy(allocation.instance_id)
+
+
+def lease_release_finish(*, lease_id: int, final: str) -> str:
+    lease = Lease.objects.get(pk=lease_id)
+    if lease.state != LeaseState.RELEASING:
+        return lease.state
+    lease_release_instances(lease=lease)
+    reason = "the lease reached its end" if final == LeaseState.EXPIRED else "released"
+    return allocations_free(lease=lease, now=timezone.now(), to=final, reason=reason).state
+
+
+def lease_notice(*, lease_id: int) -> None:
+    lease = Lease.objects.get(pk=lease_id)
+    if lease.state != LeaseState.PREEMPTED or lease.notice_deadline is None:
+        return
+    for allocation in lease.allocations.filter(freed_at__isnull=True).select_related("gpu__node"):
+        agent_client(allocation.gpu.node).notice(allocation.instance_id, lease.notice_deadline.timestamp(),
+                                                 lease.reason)
+
+
+# -- nodes: enrollment and heartbeats --------------------------------------------------------------------
+ENROLL_PREFIX = "gpub_enroll_"
+
+
+def enrollment_token_create(*, uses: int = 1, pool: str = "default", ttl_seconds: int = 86400,
+                            now: datetime | None = None) -> str:
+    """A token good for ``uses`` enrollments within ``ttl_seconds``; only its hash is stored."""
+    import secrets
+
+    from broker.models import EnrollmentToken
+
+    if isinstance(uses, bool) or not isinstance(uses, int) or not 1 <= uses <= 100_000:
+        raise ValidationFailed("uses must be a whole number from 1 to 100000.", field="uses")
+    now = now or timezone.now()
+    prefix = secrets.token_hex(4)
+    secret = secrets.token_urlsafe(24)
+    token = f"{ENROLL_PREFIX}{prefix}_{secret}"
+    EnrollmentToken.objects.create(prefix=prefix, secret_hash=hashlib.sha256(token.encode()).hexdigest(), pool=pool,
+                                   uses_left=uses, expires_at=now + timedelta(seconds=ttl_seconds), created_at=now)
+    return token
+
+
+def node_enroll(*, node_id: str, token: str, address: str, inventory: object, hostname: str = "",
+                agent_version: str = "", now: datetime | None = None) -> Node:
+    """Trade an enrollment token for the node's secret (a new one on every enrollment); record its GPUs."""
+    import secrets
+
+    from broker.models import EnrollmentToken
+    from config.errors import PermissionDenied
+
+    now = now or timezone.now()
+    digest = hashlib.sha256(token.encode()).hexdigest()
+    with transaction.atomic(durable=True):
+        # one use, taken by a conditional update: racing enrollments cannot overspend a token
+        record = EnrollmentToken.objects.select_for_update().filter(secret_hash=digest).first()
+        if record is None or record.uses_left < 1 or (record.expires_at and record.expires_at <= now):
+            raise PermissionDenied("Invalid, expired or spent enrollment token.", field="token")
+        EnrollmentToken.objects.filter(pk=record.pk).update(uses_left=record.uses_left - 1)
+        node, _ = Node.objects.update_or_create(node_id=node_id, defaults={
+            "address": address, "hostname": hostname, "agent_version": agent_version, "pool": record.pool,
+            "secret": secrets.token_urlsafe(32), "status": "ready", "enrolled_at": now, "last_heartbeat_at": now})
+        node_inventory_sync(node=node, inventory=inventory, now=now)
+    return node
+
+
+def node_inventory_sync(*, node: Node, inventory: object, now: datetime) -> None:
+    """The node's GPUs as its agent reports them; GPUs no longer reported are marked lost."""
+    gpus = inventory.get("gpus") if isinstance(inventory, dict) else None
+    if not isinstance(gpus, list):
+        raise ValidationFailed("inventory.gpus must be a list.", field="inventory.gpus")
+    seen = []
+    for index, item in enumerate(gpus):
+        try:
+            uuid, model, mode = item["uuid"], model_get(item["model"]).code, item["mode"]
+            if mode not in GpuMode.values:
+                raise ValueError(mode)
+            Gpu.objects.update_or_create(uuid=uuid, defaults={
+                "node": node, "index": int(item["index"]), "model": model, "mode": mode,
+                "memory_mib": int(item["memory_mib"]), "lost_at": None})
+        except (KeyError, TypeError, ValueError, UnknownModel) as error:
+            raise ValidationFailed(f"inventory.gpus[{index}] is not a GPU the broker knows: {error}",
+                                   field=f"inventory.gpus[{index}]") from None
+        seen.append(uuid)
+    Gpu.objects.filter(node=node, lost_at__isnull=True).exclude(uuid__in=seen).update(lost_at=now)
+
+
+def node_heartbeat(*, node: Node, now: datetime | None = None) -> Node:
+    now = now or timezone.now()
+    Node.objects.filter(pk=node.pk).update(last_heartbeat_at=now, status="ready")
+    node.last_heartbeat_at = now
+    return node

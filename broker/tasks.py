@@ -1,0 +1,66 @@
+"""Celery tasks of the leasing flow: thin, idempotent, ids in, one service call each (STYLE.md)."""
+
+from __future__ import annotations
+
+import logging
+
+from celery import shared_task
+from django.utils import timezone
+
+from agent.client import AgentUnreachable
+from broker import services
+from broker.choices import LeaseState
+from broker.models import Lease
+
+logger = logging.getLogger(__name__)
+AGENT_RETRIES = 4
+
+
+def _backoff(retries: int) -> float:
+    return min(30.0, 0.5 * 2**retries)
+
+
+@shared_task(name="broker.schedule_cycle", acks_late=True)
+def schedule_cycle() -> dict:
+    return services.schedule_cycle()
+
+
+@shared_task(name="broker.lease_provision_run", bind=True, acks_late=True, max_retries=AGENT_RETRIES)
+def lease_provision_run(self, lease_id: int) -> str:
+    try:
+        return services.lease_provision(lease_id=lease_id)
+    except AgentUnreachable as error:
+        if self.request.retries < AGENT_RETRIES:
+            raise self.retry(countdown=_backoff(self.request.retries)) from error
+        lease = Lease.objects.get(pk=lease_id)
+        services.allocations_free(lease=lease, now=timezone.now(), to=LeaseState.QUEUED,
+                                  reason=f"the node did not answer ({error}); requeued")
+        return LeaseState.QUEUED
+
+
+@shared_task(name="broker.lease_release_run", bind=True, acks_late=True, max_retries=AGENT_RETRIES)
+def lease_release_run(self, lease_id: int, final: str = LeaseState.RELEASED) -> str:
+    try:
+        return services.lease_release_finish(lease_id=lease_id, final=final)
+    except AgentUnreachable as error:
+        if self.request.retries < AGENT_RETRIES:
+            raise self.retry(countdown=_backoff(self.request.retries)) from error
+        # give the capacity back anyway; the reconcile destroys the instance when the node answers again
+        lease = Lease.objects.get(pk=lease_id)
+        return services.allocations_free(lease=lease, now=timezone.now(), to=final,
+                                         reason=f"released; the node did not answer ({error})").state
+
+
+@shared_task(name="broker.lease_notice_run", bind=True, acks_late=True, max_retries=AGENT_RETRIES)
+def lease_notice_run(self, lease_id: int) -> None:
+    try:
+        services.lease_notice(lease_id=lease_id)
+    except AgentUnreachable as error:
+        if self.request.retries < AGENT_RETRIES:
+            raise self.retry(countdown=_backoff(self.request.retries)) from error
+        logger.warning("preemption notice for lease %s not delivered: %s", lease_id, error)
+
+
+@shared_task(name="broker.lease_expire_due", acks_late=True)
+def lease_expire_due() -> dict:
+    return {"expired": services.lease_expire_due(), "preempted": services.lease_preempt_due()}
