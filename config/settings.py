@@ -171,6 +171,7 @@ CELERY_BROKER_URL = env_url(
     schemes=("redis", "rediss", "amqp", "amqps", "pyamqp", "filesystem", "memory"),
 )
 CELERY_RESULT_BACKEND = env_str("CELERY_RESULT_BACKEND", "") or None
+CELERY_TASK_DEFAULT_QUEUE = env_str("CELERY_TASK_DEFAULT_QUEUE", "celery")
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
