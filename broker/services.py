@@ -342,7 +342,11 @@ def _snapshot(now: datetime):
                       for g in gpus)
     units: dict[int, list] = {}
     meta: dict[int, Allocation] = {}
-    for allocation in Allocation.objects.filter(freed_at__isnull=True, gpu__in=gpus).select_related("lease", "gpu"):
+    # capacity of preempted leases counts as free: it is promised to whoever reclaimed it, and a placement
+    # on it before the holder has left fails on the exclusion constraint and waits for the next cycle
+    live = (Allocation.objects.filter(freed_at__isnull=True, gpu__in=gpus).exclude(lease__state=LeaseState.PREEMPTED)
+            .select_related("lease", "gpu"))
+    for allocation in live:
         units.setdefault(allocation.lease_id, []).append(Unit(
             f"g{allocation.gpu_id}", allocation.milli, allocation.memory_mib, allocation.mig_profile,
             allocation.mig_start if allocation.mig_start is not None else -1))
