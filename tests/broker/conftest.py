@@ -36,46 +36,65 @@ def _test_database_url() -> str:
     return urllib.parse.urlunsplit(parts._replace(path="/" + connection.settings_dict["NAME"]))
 
 
-@pytest.fixture
-def worker(transactional_db, settings):
-    """A real Celery worker process on its own queue, reading and writing the test database."""
+def start_workers(count: int = 1):
+    """``count`` real Celery worker processes (prefork, 2 children each) on a queue of their own,
+    reading and writing the test database."""
     from config.celery import app
 
     queue = f"lease-test-{os.getpid()}-{time.monotonic_ns()}"
-    previous = app.conf.task_default_queue
     app.conf.task_default_queue = queue
     env = {**os.environ, "DATABASE_URL": _test_database_url(), "CELERY_TASK_DEFAULT_QUEUE": queue,
            "LEASE_MIN_DURATION_SECONDS": "1", "LEASE_PREEMPTION_NOTICE_SECONDS": "2",
            "LEASE_MIN_RUNTIME_SECONDS": "0", "AGENT_TIMEOUT_SECONDS": "2"}
-    process = subprocess.Popen(
+    return [subprocess.Popen(
         [sys.executable, "-m", "celery", "-A", "config", "worker", "--pool", "prefork", "--concurrency", "2",
-         "--queues", queue, "--loglevel", "WARNING", "--without-gossip", "--without-mingle", "--without-heartbeat"],
-        cwd=ROOT, env=env)
+         "--queues", queue, "--hostname", f"w{number}-{queue}@%h", "--loglevel", "WARNING", "--without-gossip",
+         "--without-mingle", "--without-heartbeat"], cwd=ROOT, env=env) for number in range(count)]
+
+
+def stop_workers(processes) -> None:
+    from config.celery import app
+
+    app.conf.task_default_queue = "celery"
+    for process in processes:
+        process.terminate()
+    for process in processes:
+        try:
+            process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+@pytest.fixture
+def worker(transactional_db, settings):
     settings.LEASE_MIN_DURATION_SECONDS = 1
     settings.LEASE_PREEMPTION_NOTICE_SECONDS = 2
     settings.LEASE_MIN_RUNTIME_SECONDS = 0
-    yield process
-    app.conf.task_default_queue = previous
-    process.terminate()
-    try:
-        process.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait()
+    processes = start_workers(1)
+    yield processes[0]
+    stop_workers(processes)
+
+
+def start_fleet(broker_url: str, state_dir, nodes: int, *shapes: str) -> subprocess.Popen:
+    """Simulated nodes enrolled with the broker at ``broker_url`` (a token good for ``nodes`` uses)."""
+    token = services.enrollment_token_create(uses=nodes)
+    port = free_port()
+    command = [sys.executable, "-m", "agent.fleet", "--nodes", str(nodes), "--listen", f"127.0.0.1:{port}",
+               "--state-dir", str(state_dir), "--broker-url", broker_url, "--enrollment-token", token,
+               "--log-level", "WARNING"]
+    for shape in shapes:
+        command += ["--shape", shape]
+    process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    wait_http(f"http://127.0.0.1:{port}/healthz", process)
+    wait_until(lambda: Node.objects.count() == nodes, timeout=60)
+    return process
 
 
 @pytest.fixture
 def fleet(live_server, tmp_path, transactional_db):
     """Two simulated nodes (one of 2 x H100 in MIG mode, one of 2 x A100 whole) enrolled with the broker."""
-    token = services.enrollment_token_create(uses=2)
-    port = free_port()
-    process = subprocess.Popen(
-        [sys.executable, "-m", "agent.fleet", "--nodes", "2", "--listen", f"127.0.0.1:{port}",
-         "--state-dir", str(tmp_path / "fleet"), "--shape", "h100-80gb:2:mig", "--shape", "a100-80gb:2:whole",
-         "--broker-url", live_server.url, "--enrollment-token", token, "--log-level", "WARNING"],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    wait_http(f"http://127.0.0.1:{port}/healthz", process)
-    wait_until(lambda: Node.objects.count() == 2)
+    process = start_fleet(live_server.url, tmp_path / "fleet", 2, "h100-80gb:2:mig", "a100-80gb:2:whole")
     yield process
     process.terminate()
     process.wait(30)
