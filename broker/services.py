@@ -583,3 +583,73 @@ def node_heartbeat(*, node: Node, now: datetime | None = None) -> Node:
     Node.objects.filter(pk=node.pk).update(last_heartbeat_at=now, status="ready")
     node.last_heartbeat_at = now
     return node
+
+
+# -- reconcile ---------------------------------------------------------------------------------------
+STUCK_AFTER = timedelta(seconds=30)
+
+
+def leases_resume_stuck(*, now: datetime | None = None) -> int:
+    """Leases left mid-flight by a worker that died (its message may come back only much later):
+    provisioning or releasing for longer than ``STUCK_AFTER`` → the idempotent task again."""
+    now = now or timezone.now()
+    from broker import tasks
+
+    count = 0
+    stale = now - STUCK_AFTER
+    for lease_id in Lease.objects.filter(state=LeaseState.PROVISIONING, allocations__freed_at__isnull=True,
+                                         allocations__created_at__lte=stale).values_list("pk", flat=True).distinct():
+        tasks.lease_provision_run.delay(lease_id)
+        count += 1
+    releasing = Lease.objects.filter(state=LeaseState.RELEASING, events__to_state=LeaseState.RELEASING,
+                                     events__at__lte=stale).values_list("pk", flat=True).distinct()
+    for lease_id in releasing:
+        final = LeaseState.EXPIRED if Lease.objects.filter(pk=lease_id, ends_at__lte=now).exists() \
+            else LeaseState.RELEASED
+        tasks.lease_release_run.delay(lease_id, final)
+        count += 1
+    return count
+
+
+def node_reconcile(*, node: Node, now: datetime | None = None) -> dict:
+    """The agent's inventory against the database: instances no live allocation owns are destroyed
+    (orphans); live, ready allocations whose instance vanished fail their lease at that moment."""
+    now = now or timezone.now()
+    asked_at = timezone.now()
+    inventory = agent_client(node).inventory()
+    node_inventory_sync(node=node, inventory=inventory, now=now)
+    present = {item["allocation_id"] for item in inventory["instances"]}
+    live = {a.instance_id: a for a in Allocation.objects.filter(gpu__node=node, freed_at__isnull=True)
+            .select_related("lease")}
+    orphans = [instance for instance in present if instance not in live]
+    for instance in orphans:
+        # made by a create whose answer never arrived, or left behind by a release that gave up
+        agent_client(node).destroy(instance)
+    # only what was ready before the inventory was asked for (a create racing the reconcile is not lost)
+    vanished = [a for a in live.values() if a.instance_id not in present and a.state == AllocationState.READY
+                and a.ready_at is not None and a.ready_at < asked_at]
+    for lease_id in sorted({a.lease_id for a in vanished}):
+        lease = Lease.objects.get(pk=lease_id)
+        if lease.state in FINAL_STATES:
+            continue
+        lease_release_instances(lease=lease)  # the rest of a multi-GPU lease goes too
+        allocations_free(lease=lease, now=now, to=LeaseState.FAILED, actor=f"agent:{node.node_id}",
+                         reason=f"the instance vanished from {node.node_id} (GPU lost or destroyed outside the "
+                                f"broker) at {now.isoformat(timespec='seconds')}")
+    return {"orphans": len(orphans), "vanished": len(vanished)}
+
+
+def nodes_check_heartbeats(*, now: datetime | None = None) -> int:
+    """Nodes silent for three heartbeat periods are taken out of scheduling; their leases are lost."""
+    now = now or timezone.now()
+    limit = now - timedelta(seconds=3 * settings.AGENT_HEARTBEAT_SECONDS)
+    silent = list(Node.objects.filter(status="ready", last_heartbeat_at__lt=limit))
+    for node in silent:
+        Node.objects.filter(pk=node.pk, status="ready").update(status="silent")
+        held = Lease.objects.filter(allocations__gpu__node=node, allocations__freed_at__isnull=True).exclude(
+            state__in=FINAL_STATES).distinct()
+        for lease in held:
+            allocations_free(lease=lease, now=now, to=LeaseState.FAILED, actor="broker",
+                             reason=f"node {node.node_id} stopped answering (last heartbeat "
+                                    f"{node.last_heartbeat_at.isoformat(timespec='seconds')})")
+    return len(silent)

@@ -64,3 +64,21 @@ def lease_notice_run(self, lease_id: int) -> None:
 @shared_task(name="broker.lease_expire_due", acks_late=True)
 def lease_expire_due() -> dict:
     return {"expired": services.lease_expire_due(), "preempted": services.lease_preempt_due()}
+
+
+@shared_task(name="broker.reconcile", acks_late=True)
+def reconcile() -> dict:
+    """Periodic: resume stuck leases, check heartbeats, reconcile every answering node."""
+    from broker.models import Node
+
+    totals = {"resumed": services.leases_resume_stuck(), "silent": services.nodes_check_heartbeats(),
+              "orphans": 0, "vanished": 0, "unreachable": 0}
+    for node in Node.objects.filter(status="ready").order_by("pk"):
+        try:
+            found = services.node_reconcile(node=node)
+        except AgentUnreachable:
+            totals["unreachable"] += 1
+            continue
+        totals["orphans"] += found["orphans"]
+        totals["vanished"] += found["vanished"]
+    return totals

@@ -193,6 +193,7 @@ if CELERY_BROKER_URL.startswith("filesystem://"):
 CELERY_BEAT_SCHEDULE: dict = {
     "lease-expire": {"task": "broker.lease_expire_due", "schedule": 15.0},
     "schedule-cycle": {"task": "broker.schedule_cycle", "schedule": 10.0},
+    "reconcile": {"task": "broker.reconcile", "schedule": 30.0},
 }
 
 # --- Leasing ----------------------------------------------------------------------------------
