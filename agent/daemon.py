@@ -190,6 +190,15 @@ class BrokerLink:
         try:
             async with self.session.post(self._url(path), data=body, headers=headers) as response:
                 payload = await response.json(content_type=None)
+                if response.status == 401 and self.config.enrollment_token:
+                    # the broker no longer knows this secret (its database was reset, the node removed):
+                    # forget it and enroll again with the token
+                    logger.warning("broker refused %s's heartbeat (%s); enrolling again", self.config.node_id,
+                                   payload.get("detail", payload))
+                    self.node.secret = ""
+                    (self.state_dir / "secret").unlink(missing_ok=True)
+                    self.failures += 1
+                    return False
                 if response.status == 200:
                     self.heartbeats += 1
                     self.failures = 0
@@ -203,8 +212,8 @@ class BrokerLink:
         return False
 
     async def run(self) -> None:
-        await self.enroll()
         while True:
+            await self.enroll()
             ok = await self.heartbeat_once()
             if ok:
                 delay = self.config.heartbeat_seconds * random.uniform(0.9, 1.1)

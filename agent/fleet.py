@@ -99,7 +99,9 @@ class Fleet:
         targets = [{"targets": [f"{self.host}:{self.port}"],
                     "labels": {"__metrics_path__": f"/n/{n.node_id}/metrics", "instance": n.node_id}}
                    for n in self.nodes]
-        (self.state_dir / "prometheus-targets.json").write_text(json.dumps(targets, indent=1))
+        path = self.state_dir / "prometheus-targets.json"  # Prometheus watches it: replace, never rewrite
+        path.with_suffix(".tmp").write_text(json.dumps(targets, indent=1))
+        os.replace(path.with_suffix(".tmp"), path)
 
 
 async def run_fleet(fleet: Fleet, *, ready_file: str = "") -> None:

@@ -134,7 +134,11 @@ def main(argv: list[str] | None = None) -> int:
         # The demo fleet: simulated nodes (H100s in MIG mode, A100s whole, L4 shares) and, where Debian's
         # prometheus is installed, a Prometheus scraping them (infra/prometheus.yml).
         fleet_dir = VAR / "fleet"
+        token = subprocess.run([str(BIN / "python"), "manage.py", "agent_token_create", "--uses",
+                                str(args.fleet_nodes)], cwd=ROOT, check=True, capture_output=True,
+                               text=True).stdout.strip()
         specs.append(("fleet", [str(BIN / "python"), "-m", "agent.fleet", "--nodes", str(args.fleet_nodes),
+                                "--broker-url", site, "--enrollment-token", token,
                                 "--listen", f"127.0.0.1:{args.fleet_port}", "--state-dir", str(fleet_dir),
                                 "--shape", "h100-80gb:8:mig", "--shape", "a100-80gb:8:whole",
                                 "--shape", "h100-80gb:4:mig,l4:4:shared"]))
