@@ -387,10 +387,16 @@ def schedule_cycle(*, now: datetime | None = None) -> dict:
     counts = {"placed": 0, "preempt": 0, "waiting": 0}
     with transaction.atomic(durable=True):
         with connection.cursor() as cursor:
-            cursor.execute("SELECT pg_advisory_xact_lock(%s)", [ADVISORY_LOCK])
+            cursor.execute("SELECT pg_try_advisory_xact_lock(%s)", [ADVISORY_LOCK])
+            if not cursor.fetchone()[0]:
+                # a cycle is running: it looks again for what it did not see once it has committed
+                return {**counts, "skipped": 1}
         queued = list(Lease.objects.filter(state=LeaseState.QUEUED).order_by("queued_at", "pk")[:5000])
+        seen = [lease.pk for lease in queued]
+        transaction.on_commit(lambda: _cycle_again_if_new(seen))
         if not queued:
             return counts
+        counts["seen"] = len(queued)
         snapshot = _snapshot(now)
         by_id = {str(lease.pk): lease for lease in queued}
         decisions = plan(snapshot, [_core_request(lease) for lease in queued], now=now.timestamp())
@@ -416,6 +422,14 @@ def schedule_cycle(*, now: datetime | None = None) -> dict:
             Lease.objects.filter(pk=lease.pk, state=LeaseState.QUEUED).update(
                 reason=reason, queue_position=decision.queue_position)
     return counts
+
+
+def _cycle_again_if_new(seen: list[int]) -> None:
+    """Requests queued while this cycle ran (their own trigger found the lock taken) get a cycle now."""
+    if Lease.objects.filter(state=LeaseState.QUEUED).exclude(pk__in=seen).exists():
+        from broker import tasks
+
+        tasks.schedule_cycle.delay()
 
 
 def _place(lease: Lease, decision, gpu_by_key: dict, now: datetime) -> None:
