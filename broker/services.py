@@ -412,6 +412,8 @@ def schedule_cycle(*, now: datetime | None = None) -> dict:
                     continue
                 except IntegrityError:
                     reason = "waiting: the capacity chosen is still being vacated; retrying next cycle"
+                except LeaseStateConflict:
+                    continue  # released (or changed) since the cycle read it: its placement is undone
             elif decision.mode == DecisionMode.PREEMPT:
                 counts["preempt"] += 1
                 _preempt(decision, now)
@@ -476,7 +478,7 @@ def lease_preempt_due(*, now: datetime | None = None) -> int:
     now = now or timezone.now()
     due = list(Lease.objects.filter(state=LeaseState.PREEMPTED, notice_deadline__lte=now).order_by("pk")[:500])
     for lease in due:
-        lease_release_instances(lease=lease)
+        _release_instances_quietly(lease)
         allocations_free(lease=lease, now=timezone.now(), to=LeaseState.QUEUED, actor="broker",
                          reason="preempted: requeued, restarts when capacity frees")
     return len(due)
@@ -494,9 +496,9 @@ def lease_provision(*, lease_id: int) -> str:
         try:
             instance = agent_client(allocation.gpu.node).create(allocation.instance_id, allocation_spec(allocation))
         except AgentHTTPError as error:  # the agent refuses (4xx): retrying will not help
+            _release_instances_quietly(lease)  # what was already made for this lease goes
             allocations_free(lease=lease, now=timezone.now(), to=LeaseState.QUEUED,
                              reason=f"the node refused the instance ({error.problem.get('detail')}); requeued")
-            lease_release_instances(lease=lease)
             return LeaseState.QUEUED
         allocation_ready(allocation=allocation, instance=instance, now=timezone.now())
     return Lease.objects.values_list("state", flat=True).get(pk=lease_id)
@@ -506,6 +508,16 @@ def lease_release_instances(*, lease: Lease) -> None:
     """Destroy the agent instances of every live allocation (already gone is success)."""
     for allocation in lease.allocations.filter(freed_at__isnull=True).select_related("gpu__node"):
         agent_client(allocation.gpu.node).destroy(allocation.instance_id)
+
+
+def _release_instances_quietly(lease: Lease) -> None:
+    """Best effort: an unreachable node keeps its instance until the reconcile destroys it as an orphan."""
+    from agent.client import AgentUnreachable
+
+    try:
+        lease_release_instances(lease=lease)
+    except AgentUnreachable as error:
+        logger.warning("lease %s: instances not destroyed now (%s); the reconcile will", lease.pk, error)
 
 
 def lease_release_finish(*, lease_id: int, final: str) -> str:
@@ -646,7 +658,7 @@ def node_reconcile(*, node: Node, now: datetime | None = None) -> dict:
         lease = Lease.objects.get(pk=lease_id)
         if lease.state in FINAL_STATES:
             continue
-        lease_release_instances(lease=lease)  # the rest of a multi-GPU lease goes too
+        _release_instances_quietly(lease)  # the rest of a multi-GPU lease goes too
         allocations_free(lease=lease, now=now, to=LeaseState.FAILED, actor=f"agent:{node.node_id}",
                          reason=f"the instance vanished from {node.node_id} (GPU lost or destroyed outside the "
                                 f"broker) at {now.isoformat(timespec='seconds')}")
