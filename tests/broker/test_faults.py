@@ -49,7 +49,7 @@ def test_faults_worker_killed_mid_provisioning_converges(fleet, api, world, sett
         stop_workers(workers)
 
 
-def test_faults_hanging_agent_requeues_and_the_orphan_is_destroyed(worker, fleet, api, world):
+def test_faults_hanging_agent_converges_with_no_orphan(worker, fleet, api, world):
     node = _mig_node()
     agent_client(node).faults(hang_seconds=6)  # longer than the worker's 2 s timeout, twice
     lease_id = _request(api("member"))
