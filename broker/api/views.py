@@ -72,6 +72,12 @@ class LeaseRenewApi(APIView):
         return Response(s.LeaseOutput(lease).data)
 
 
+class OfferListApi(APIView):
+    @extend_schema(responses=dict, summary="GPU models on offer with their free capacity now")
+    def get(self, request):
+        return Response({"offers": selectors.offer_list()})
+
+
 class AgentEnrollApi(APIView):
     """An agent trades its one-time enrollment token for the node's secret (docs/agent-protocol.md)."""
 

@@ -50,17 +50,43 @@ class ProjectUpdateInput(StrictSerializer):
 
 
 class QuotaOutput(serializers.ModelSerializer):
+    """With ``context["usage"]`` ((project id, tier) → in-quota / over-quota milli of live allocations)."""
+
     project = serializers.SlugRelatedField(slug_field="slug", read_only=True)
+    in_use_gpu_milli = serializers.SerializerMethodField()
+    over_quota_in_use_gpu_milli = serializers.SerializerMethodField()
 
     class Meta:
         model = Quota
-        fields = ["project", "tier", "deserved_gpu_milli", "limit_gpu_milli", "over_quota_weight"]
+        fields = ["project", "tier", "deserved_gpu_milli", "limit_gpu_milli", "over_quota_weight",
+                  "in_use_gpu_milli", "over_quota_in_use_gpu_milli"]
+
+    def _usage(self, obj) -> dict:
+        return self.context.get("usage", {}).get((obj.project_id, obj.tier), {"in_use": 0, "over": 0})
+
+    def get_in_use_gpu_milli(self, obj) -> int:
+        return self._usage(obj)["in_use"]
+
+    def get_over_quota_in_use_gpu_milli(self, obj) -> int:
+        return self._usage(obj)["over"]
 
 
 class TenantQuotaOutput(serializers.ModelSerializer):
+    in_use_gpu_milli = serializers.SerializerMethodField()
+    over_quota_in_use_gpu_milli = serializers.SerializerMethodField()
+
     class Meta:
         model = TenantQuota
-        fields = ["tier", "deserved_gpu_milli", "limit_gpu_milli"]
+        fields = ["tier", "deserved_gpu_milli", "limit_gpu_milli", "in_use_gpu_milli", "over_quota_in_use_gpu_milli"]
+
+    def _sum(self, obj, key: str) -> int:
+        return sum(v[key] for (_, tier), v in self.context.get("usage", {}).items() if tier == obj.tier)
+
+    def get_in_use_gpu_milli(self, obj) -> int:
+        return self._sum(obj, "in_use")
+
+    def get_over_quota_in_use_gpu_milli(self, obj) -> int:
+        return self._sum(obj, "over")
 
 
 class QuotasOutput(serializers.Serializer):

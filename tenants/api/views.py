@@ -82,9 +82,14 @@ class QuotaListApi(APIView):
     def get(self, request):
         project_slug = request.query_params.get("project")
         project = selectors.project_get(actor=request.actor, slug=project_slug) if project_slug else None
+        from broker.selectors import quota_usage
+
+        context = {"usage": quota_usage(actor=request.actor)}
         return Response({
-            "tenant": s.TenantQuotaOutput(selectors.tenant_quota_list(actor=request.actor), many=True).data,
-            "projects": s.QuotaOutput(selectors.quota_list(actor=request.actor, project=project), many=True).data,
+            "tenant": s.TenantQuotaOutput(selectors.tenant_quota_list(actor=request.actor), many=True,
+                                          context=context).data,
+            "projects": s.QuotaOutput(selectors.quota_list(actor=request.actor, project=project), many=True,
+                                      context=context).data,
         })
 
 
