@@ -201,16 +201,20 @@ def lease_request(*, actor: Actor, project: str, gpu: object, workload_class: st
                             field="gpu")
     try:
         with transaction.atomic(durable=True):
+            # born queued: both events of the first two steps written with it (one insert each)
             lease = Lease.objects.create(
                 tenant=actor.tenant, project=target, created_by=actor.user if actor.user.is_authenticated else None,
                 kind=shape["kind"], count=shape["count"], models_allowed=shape["models"], profile=shape["profile"],
                 milli=shape["milli"], memory_mib=shape["memory_mib"], gang=shape["gang"],
                 workload_class=workload_class, priority=priority, duration_seconds=duration_seconds,
-                requested_at=now, idempotency_key=idempotency_key, request_hash=digest)
-            LeaseEvent.objects.create(lease=lease, from_state="", to_state=LeaseState.REQUESTED, reason="requested",
-                                      actor=f"user:{actor.user.get_username()}", at=now)
-            lease_transition(lease=lease, to=LeaseState.QUEUED, reason="waiting for the scheduler", actor="broker",
-                             now=now, queued_at=now)
+                requested_at=now, idempotency_key=idempotency_key, request_hash=digest, state=LeaseState.QUEUED,
+                reason="waiting for the scheduler", queued_at=now)
+            LeaseEvent.objects.bulk_create([
+                LeaseEvent(lease=lease, from_state="", to_state=LeaseState.REQUESTED, reason="requested",
+                           actor=f"user:{actor.user.get_username()}", at=now),
+                LeaseEvent(lease=lease, from_state=LeaseState.REQUESTED, to_state=LeaseState.QUEUED,
+                           reason="waiting for the scheduler", actor="broker", at=now),
+            ])
             _enqueue("schedule_cycle")
     except IntegrityError:
         # the same key raced us: the winner's lease is the answer (or a conflict when its body differs)

@@ -325,6 +325,8 @@ def api_token_revoke(*, actor: Actor, token: ApiToken, now: datetime | None = No
 
 def api_token_mark_used(*, token: ApiToken, now: datetime) -> None:
     """Record use at most once a minute per token (a conditional update, never a write per request)."""
+    if token.last_used_at is not None and token.last_used_at >= now - timedelta(seconds=60):
+        return  # the row as loaded for this request is recent enough: no query at all
     ApiToken.objects.filter(pk=token.pk).filter(
         Q(last_used_at__isnull=True) | Q(last_used_at__lt=now - timedelta(seconds=60))
     ).update(last_used_at=now)
