@@ -71,3 +71,49 @@ def test_lease_events_are_append_only(world):
 def test_lease_api_is_in_the_openapi_schema(world):
     schema = world.client("member").get("/api/schema/?format=json").json()
     assert {"/api/v1/leases", "/api/v1/leases/{id}", "/api/v1/leases/{id}/renew"} <= set(schema["paths"])
+
+
+def test_lease_api_openapi_document_validates_without_warnings(db, tmp_path):
+    from django.core.management import call_command
+
+    call_command("spectacular", "--validate", "--fail-on-warn", "--file", str(tmp_path / "schema.yaml"))
+    assert "/api/v1/leases" in (tmp_path / "schema.yaml").read_text()
+
+
+@pytest.mark.parametrize(("body", "status", "field"), [
+    ({"project": "vision", "gpu": {"kind": "share", "milli": 0, "memory_mib": 1024}}, 400, "gpu.milli"),
+    ({"project": "vision", "gpu": {"kind": "share", "milli": 1000, "memory_mib": 1024}}, 400, "gpu.milli"),
+    ({"project": "vision", "gpu": {"kind": "share", "milli": 250}}, 400, "gpu.memory_mib"),
+    ({"project": "vision", "gpu": {"kind": "whole", "gang": "yes"}}, 400, "gpu.gang"),
+    ({"project": "vision", "gpu": {"kind": "whole", "colour": "red"}}, 400, "gpu.colour"),
+    ({"project": "vision", "gpu": {"kind": "whole", "profile": "1g.10gb"}}, 400, "gpu.profile"),
+    ({"project": "vision", "gpu": {"kind": "mig"}}, 400, "gpu.profile"),
+    ({"project": "vision", "gpu": "a100"}, 400, "gpu"),
+    ({"project": "vision", "gpu": {"kind": "whole", "count": 65}}, 400, "gpu.count"),
+    ({"project": "vision", "gpu": {"kind": "whole"}, "priority": 1000}, 400, "priority"),
+    ({"project": "vision", "gpu": {"kind": "whole"}, "workload_class": "mining"}, 400, "workload_class"),
+    ({"project": "vision", "gpu": {"kind": "whole"}, "duration_seconds": 10**9}, 400, "duration_seconds"),
+    ({"project": "vision", "gpu": {"kind": "whole"}, "extra": 1}, 400, "extra"),
+    ({"project": "nowhere", "gpu": {"kind": "whole"}}, 404, "project"),
+    ({"project": "vision", "gpu": {"kind": "whole", "model": "L4"}}, 409, "gpu"),  # no L4 quota
+])
+def test_lease_api_every_bad_request_names_its_field_and_writes_nothing(world, body, status, field):
+    response = world.client("member").post("/api/v1/leases", body, format="json")
+    assert response.status_code == status, response.json()
+    assert response["Content-Type"] == "application/problem+json"
+    assert response.json()["field"] == field
+    assert not Lease.objects.exists()
+
+
+def test_lease_api_suspended_tenant_cannot_request(world):
+    from tenants import services as tenant_services
+
+    tenant_services.tenant_set_status(tenant=world.acme, status="suspended")
+    response = world.client("member").post("/api/v1/leases", {"project": "vision", "gpu": {"kind": "whole"}},
+                                           format="json")
+    assert response.status_code == 403 and not Lease.objects.exists()
+
+
+def test_lease_api_body_must_be_an_object(world):
+    response = world.client("member").post("/api/v1/leases", ["whole"], format="json")
+    assert response.status_code == 400 and response.json()["field"] == "body"
