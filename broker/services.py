@@ -461,20 +461,29 @@ def _place(lease: Lease, decision, gpu_by_key: dict, now: datetime) -> None:
 
 
 def _preempt(decision, now: datetime) -> None:
-    """Victims get a notice and a deadline; at the deadline they are released and requeued."""
-    deadline = now + timedelta(seconds=settings.LEASE_PREEMPTION_NOTICE_SECONDS)
+    """Victims get a notice and a deadline — the notice their tenant's SLO contract promises, else
+    ``LEASE_PREEMPTION_NOTICE_SECONDS`` — and at the deadline they are released and requeued."""
+    from django.db.models import Q
+
+    from tenants.models import SloContract
+
+    longest = settings.LEASE_PREEMPTION_NOTICE_SECONDS
     for victim_id in decision.victims:
         victim = Lease.objects.select_for_update().filter(pk=int(victim_id)).first()
         if victim is None or victim.state != LeaseState.ACTIVE:
             continue
+        contract = (SloContract.objects.filter(tenant_id=victim.tenant_id, effective_from__lte=now)
+                    .filter(Q(effective_to__isnull=True) | Q(effective_to__gt=now)).first())
+        notice = contract.preemption_notice_seconds if contract else settings.LEASE_PREEMPTION_NOTICE_SECONDS
+        longest = max(longest, notice)
+        deadline = now + timedelta(seconds=notice)
         lease_transition(lease=victim, to=LeaseState.PREEMPTED, actor="scheduler", now=now, notice_deadline=deadline,
                          reason=f"preempted for in-quota work (lease {decision.request}); notice until "
                                 f"{deadline.isoformat(timespec='seconds')}")
         _enqueue("lease_notice_run", victim.pk)
     from broker import tasks
 
-    seconds = settings.LEASE_PREEMPTION_NOTICE_SECONDS
-    transaction.on_commit(lambda: tasks.lease_expire_due.apply_async(countdown=seconds + 0.5))
+    transaction.on_commit(lambda: tasks.lease_expire_due.apply_async(countdown=longest + 0.5))
 
 
 def lease_preempt_due(*, now: datetime | None = None) -> int:

@@ -76,3 +76,37 @@ def test_heartbeat_must_be_signed(world):
     refused = client.generic("POST", "/api/v1/agents/n1/heartbeat", body, content_type="application/json",
                              **{f"HTTP_{k.upper().replace('-', '_')}": v for k, v in forged.items()})
     assert refused.status_code == 401
+
+
+def test_preemption_notice_is_the_victims_slo_contract(world, settings):
+    from datetime import timedelta
+    from decimal import Decimal
+
+    from django.utils import timezone
+
+    from broker.models import Lease
+    from tenants import services as tenant_services
+    from tests.factories import make_project, make_quota
+
+    settings.LEASE_MIN_RUNTIME_SECONDS = 0
+    now = timezone.now()
+    tenant_services.slo_contract_create(
+        tenant=world.acme, name="gold", effective_from=now - timedelta(days=1), effective_to=None,
+        time_to_gpu_p95_seconds=60, availability_target_pct=Decimal("99.5"), preemption_notice_seconds=300,
+        credit_steps=[])
+    make_quota(world.project, "A100-80GB", deserved=0, limit=1000, tenant_deserved=1000, tenant_limit=2000)
+    nlp = make_project(world.acme, "nlp")
+    make_quota(nlp, "A100-80GB", deserved=1000, limit=1000, tenant_deserved=1000, tenant_limit=2000)
+    actor = Actor(user=world.member, tenant=world.acme, role=Role.MEMBER)
+    borrowed, _ = services.lease_request(actor=actor, project="vision", gpu={"kind": "whole", "model": "A100-80GB"})
+    services.schedule_cycle()
+    allocation = Allocation.objects.get(lease=borrowed)
+    services.allocation_ready(allocation=allocation, instance={"device_uuid": "GPU-a100-0"}, now=timezone.now())
+    assert Lease.objects.get(pk=borrowed.pk).state == "active"
+    claim, _ = services.lease_request(actor=actor, project="nlp", gpu={"kind": "whole", "model": "A100-80GB"})
+    assert services.schedule_cycle()["preempt"] == 1
+    victim = Lease.objects.get(pk=borrowed.pk)
+    assert victim.state == "preempted"
+    notice = (victim.notice_deadline - victim.events.last().at).total_seconds()
+    assert notice == 300
+    assert "waiting" in Lease.objects.get(pk=claim.pk).reason
