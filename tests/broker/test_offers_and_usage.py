@@ -110,3 +110,44 @@ def test_preemption_notice_is_the_victims_slo_contract(world, settings):
     notice = (victim.notice_deadline - victim.events.last().at).total_seconds()
     assert notice == 300
     assert "waiting" in Lease.objects.get(pk=claim.pk).reason
+
+
+def _placed_lease(world, profile="1g.10gb"):
+    actor = Actor(user=world.member, tenant=world.acme, role=Role.MEMBER)
+    lease, _ = services.lease_request(actor=actor, project="vision", gpu={"kind": "mig", "profile": profile})
+    assert services.schedule_cycle()["placed"] == 1
+    return lease
+
+
+def test_provisioning_on_a_dead_agent_requeues_with_the_reason(world, settings):
+    from broker.models import Lease
+    from broker.tasks import lease_provision_run
+
+    settings.AGENT_TIMEOUT_SECONDS = 1
+    lease = _placed_lease(world)  # node n1's address is a closed port: the agent is dead
+    result = lease_provision_run.apply(args=[lease.pk])
+    assert result.get() == "queued"
+    lease = Lease.objects.get(pk=lease.pk)
+    assert lease.state == "queued" and "did not answer" in lease.reason
+    assert not Allocation.objects.filter(lease=lease, freed_at__isnull=True).exists()
+
+
+def test_silent_node_is_taken_out_and_its_leases_fail(world):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from broker.models import Lease, Node
+
+    lease = _placed_lease(world)
+    allocation = Allocation.objects.get(lease=lease)
+    services.allocation_ready(allocation=allocation, instance={"device_uuid": "MIG-x"}, now=timezone.now())
+    later = timezone.now() + timedelta(minutes=5)
+    assert services.nodes_check_heartbeats(now=later) == 1
+    assert Node.objects.get(node_id="n1").status == "silent"
+    lease = Lease.objects.get(pk=lease.pk)
+    assert lease.state == "failed" and "stopped answering" in lease.reason
+    # a silent node takes no new work
+    actor = Actor(user=world.member, tenant=world.acme, role=Role.MEMBER)
+    services.lease_request(actor=actor, project="vision", gpu={"kind": "mig", "profile": "1g.10gb"})
+    assert services.schedule_cycle()["placed"] == 0
