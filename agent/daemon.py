@@ -33,6 +33,7 @@ import time
 import tomllib
 from dataclasses import dataclass, fields
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import aiohttp
 
@@ -186,7 +187,7 @@ class BrokerLink:
         }).encode()
         path = f"/api/v1/agents/{self.config.node_id}/heartbeat"
         headers = {"Content-Type": "application/json",
-                   **sign(self.node.secret, self.config.node_id, "POST", _path_of(self._url(path)), body)}
+                   **sign(self.node.secret, self.config.node_id, "POST", urlsplit(self._url(path)).path, body)}
         try:
             async with self.session.post(self._url(path), data=body, headers=headers) as response:
                 payload = await response.json(content_type=None)
@@ -222,12 +223,6 @@ class BrokerLink:
                 logger.warning("heartbeat of %s failed (%s); retrying in %.1f s", self.config.node_id,
                                self.last_error, delay)
             await asyncio.sleep(delay)
-
-
-def _path_of(url: str) -> str:
-    from urllib.parse import urlsplit
-
-    return urlsplit(url).path
 
 
 # -- one agent ------------------------------------------------------------------------------------

@@ -42,7 +42,6 @@ class Fleet:
         self.enrollment_token = enrollment_token
         self.nodes: list[AgentNode] = []
         self.configs: list[AgentConfig] = []
-        self.links: list[BrokerLink] = []
         for number in range(1, nodes + 1):
             node_id = f"{prefix}-{number:04d}"
             directory = self.state_dir / node_id
@@ -79,7 +78,6 @@ class Fleet:
         tasks = []
         for node, config in zip(self.nodes, self.configs, strict=True):
             link = BrokerLink(node, config, Path(config.state_dir), session)
-            self.links.append(link)
             tasks.append(asyncio.create_task(link.run()))
         yield
         for task in tasks:

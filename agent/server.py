@@ -43,8 +43,6 @@ class AgentNode:
     metrics_token: str = ""
     nonces: NonceCache = field(default_factory=NonceCache)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-    started_at: float = field(default_factory=time.time)
-    requests_in_flight: int = 0
 
     async def call(self, function, *args):
         """Run one backend call: serialised for this node, off the event loop."""
@@ -77,28 +75,24 @@ async def problem_middleware(request: web.Request, handler):
 @web.middleware
 async def protocol_middleware(request: web.Request, handler):
     node = _node(request)
-    node.requests_in_flight += 1
+    if request.path.endswith("/healthz") or request.path.endswith("/metrics"):
+        return await handler(request)
+    body = await request.read()
+    if len(body) > MAX_BODY:
+        return problem(413, "too_large", "Request too large", f"bodies are limited to {MAX_BODY} bytes")
     try:
-        if request.path.endswith("/healthz") or request.path.endswith("/metrics"):
-            return await handler(request)
-        body = await request.read()
-        if len(body) > MAX_BODY:
-            return problem(413, "too_large", "Request too large", f"bodies are limited to {MAX_BODY} bytes")
-        try:
-            verify(request.headers, request.method, request.rel_url.raw_path, request.rel_url.raw_query_string, body,
-                   lambda node_id: node.secret if node_id == node.node_id else None, node.nonces)
-        except SignatureError as error:
-            logger.warning("refused %s %s: %s", request.method, request.path, error)
-            return problem(401, "unauthenticated", "Not authenticated", str(error))
-        hang = getattr(node.backend, "take_hang", None)
-        if hang is not None and (seconds := hang()):
-            await asyncio.sleep(seconds)  # fault injection (sim): the next request hangs
-        try:
-            return await handler(request)
-        except AgentError as error:
-            return problem(error.status, error.code, type(error).__name__, error.message, error.field)
-    finally:
-        node.requests_in_flight -= 1
+        verify(request.headers, request.method, request.rel_url.raw_path, request.rel_url.raw_query_string, body,
+               lambda node_id: node.secret if node_id == node.node_id else None, node.nonces)
+    except SignatureError as error:
+        logger.warning("refused %s %s: %s", request.method, request.path, error)
+        return problem(401, "unauthenticated", "Not authenticated", str(error))
+    hang = getattr(node.backend, "take_hang", None)
+    if hang is not None and (seconds := hang()):
+        await asyncio.sleep(seconds)  # fault injection (sim): the next request hangs
+    try:
+        return await handler(request)
+    except AgentError as error:
+        return problem(error.status, error.code, type(error).__name__, error.message, error.field)
 
 
 async def _json_body(request: web.Request) -> object:

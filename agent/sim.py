@@ -23,7 +23,6 @@ import uuid
 from pathlib import Path
 
 from agent.backend import (
-    AgentError,
     Backend,
     Conflict,
     GpuReading,
@@ -346,4 +345,4 @@ def _access(record: dict) -> dict:
     return access
 
 
-__all__ = ["AgentError", "SimBackend", "parse_gpu_specs"]
+__all__ = ["SimBackend", "parse_gpu_specs"]

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from datetime import datetime
+
+from django.conf import settings
 from django.db.models import Prefetch, QuerySet
 
 from broker.choices import LeaseState
-from broker.models import Allocation, Lease, LeaseEvent
+from broker.models import Allocation, Gpu, Lease, LeaseEvent, Node
 from config.errors import NotFound, ValidationFailed
 from tenants.access import Actor, restrict
 
@@ -53,11 +56,10 @@ def offer_list(*, now=None) -> list[dict]:
     from django.utils import timezone
 
     from broker.scheduler.state import ClusterState
-    from broker.services import _snapshot
     from gpus.catalogue import model_get
     from gpus.mig import COMPUTE_SLICES, profiles_for
 
-    cluster = ClusterState.from_snapshot(_snapshot(now or timezone.now()))
+    cluster = ClusterState.from_snapshot(scheduler_snapshot(now=now or timezone.now()))
     offers: dict[str, dict] = {}
     for gpu in cluster.gpus.values():
         if cluster.nodes[gpu.gpu.node].node.cordoned:
@@ -93,3 +95,47 @@ def offer_list(*, now=None) -> list[dict]:
     for offer in offers.values():
         offer["mig"] = sorted(offer["mig"].values(), key=lambda item: item["memory_mib"])
     return sorted(offers.values(), key=lambda item: item["model"])
+
+
+def scheduler_snapshot(*, now: datetime):
+    """What the scheduling core sees: nodes (silent or cordoned ones closed to new work), GPUs not lost,
+    live allocations grouped by lease, quotas."""
+    from broker.scheduler import Allocation as CoreAllocation
+    from broker.scheduler import Gpu as CoreGpu
+    from broker.scheduler import GpuMode as CoreMode
+    from broker.scheduler import Node as CoreNode
+    from broker.scheduler import QuotaSpec, Snapshot, TenantQuotaSpec, Unit
+    from tenants.models import Quota, TenantQuota
+
+    nodes = list(Node.objects.all())
+    gpus = list(Gpu.objects.filter(lost_at__isnull=True, node__in=nodes).select_related("node"))
+    core_nodes = tuple(CoreNode(n.node_id, cordoned=n.cordoned or n.status != "ready") for n in nodes)
+    core_gpus = tuple(CoreGpu(f"g{g.pk}", g.node.node_id, g.model, CoreMode(g.mode), g.index, g.nvlink_domain)
+                      for g in gpus)
+    units: dict[int, list] = {}
+    meta: dict[int, Allocation] = {}
+    # capacity of preempted leases counts as free: it is promised to whoever reclaimed it, and a placement
+    # on it before the holder has left fails on the exclusion constraint and waits for the next cycle
+    live = (Allocation.objects.filter(freed_at__isnull=True, gpu__in=gpus).exclude(lease__state=LeaseState.PREEMPTED)
+            .select_related("lease", "gpu"))
+    for allocation in live:
+        units.setdefault(allocation.lease_id, []).append(Unit(
+            f"g{allocation.gpu_id}", allocation.milli, allocation.memory_mib, allocation.mig_profile,
+            allocation.mig_start if allocation.mig_start is not None else -1))
+        meta.setdefault(allocation.lease_id, allocation)
+    gpu_node = {g.pk: g.node.node_id for g in gpus}
+    core_allocations = []
+    for lease_id, held in units.items():
+        first = meta[lease_id]
+        lease = first.lease
+        core_allocations.append(CoreAllocation(
+            id=str(lease_id), project=str(lease.project_id), tenant=str(lease.tenant_id), tier=first.tier,
+            node=gpu_node[first.gpu_id], units=tuple(held), preemptible=first.preemptible,
+            started_at=(lease.active_at or lease.queued_at or now).timestamp(), priority=lease.priority))
+    quotas = tuple(QuotaSpec(str(q.project_id), str(q.project.tenant_id), q.tier, q.deserved_gpu_milli,
+                             q.limit_gpu_milli, q.over_quota_weight)
+                   for q in Quota.objects.select_related("project"))
+    tenant_quotas = tuple(TenantQuotaSpec(str(q.tenant_id), q.tier, q.deserved_gpu_milli, q.limit_gpu_milli)
+                          for q in TenantQuota.objects.all())
+    return Snapshot(nodes=core_nodes, gpus=core_gpus, allocations=tuple(core_allocations), quotas=quotas,
+                    tenant_quotas=tenant_quotas, min_runtime_seconds=settings.LEASE_MIN_RUNTIME_SECONDS)

@@ -29,6 +29,7 @@ from broker.choices import (
     WorkloadClass,
 )
 from broker.models import Allocation, Gpu, Lease, LeaseEvent, Node
+from broker.selectors import scheduler_snapshot
 from config.errors import IdempotencyConflict, LeaseStateConflict, NotFound, QuotaExceeded, ValidationFailed
 from gpus.catalogue import UnknownModel, model_get
 from gpus.mig import UnknownProfile, profile_get, profiles_for
@@ -331,48 +332,6 @@ def allocations_free(*, lease: Lease, now: datetime, to: str, reason: str, actor
 ADVISORY_LOCK = 0x6770_7562  # "gpub"
 
 
-def _snapshot(now: datetime):
-    from broker.scheduler import Allocation as CoreAllocation
-    from broker.scheduler import Gpu as CoreGpu
-    from broker.scheduler import GpuMode as CoreMode
-    from broker.scheduler import Node as CoreNode
-    from broker.scheduler import QuotaSpec, Snapshot, TenantQuotaSpec, Unit
-    from tenants.models import TenantQuota
-
-    nodes = list(Node.objects.all())
-    gpus = list(Gpu.objects.filter(lost_at__isnull=True, node__in=nodes).select_related("node"))
-    core_nodes = tuple(CoreNode(n.node_id, cordoned=n.cordoned or n.status != "ready") for n in nodes)
-    core_gpus = tuple(CoreGpu(f"g{g.pk}", g.node.node_id, g.model, CoreMode(g.mode), g.index, g.nvlink_domain)
-                      for g in gpus)
-    units: dict[int, list] = {}
-    meta: dict[int, Allocation] = {}
-    # capacity of preempted leases counts as free: it is promised to whoever reclaimed it, and a placement
-    # on it before the holder has left fails on the exclusion constraint and waits for the next cycle
-    live = (Allocation.objects.filter(freed_at__isnull=True, gpu__in=gpus).exclude(lease__state=LeaseState.PREEMPTED)
-            .select_related("lease", "gpu"))
-    for allocation in live:
-        units.setdefault(allocation.lease_id, []).append(Unit(
-            f"g{allocation.gpu_id}", allocation.milli, allocation.memory_mib, allocation.mig_profile,
-            allocation.mig_start if allocation.mig_start is not None else -1))
-        meta.setdefault(allocation.lease_id, allocation)
-    gpu_node = {g.pk: g.node.node_id for g in gpus}
-    core_allocations = []
-    for lease_id, held in units.items():
-        first = meta[lease_id]
-        lease = first.lease
-        core_allocations.append(CoreAllocation(
-            id=str(lease_id), project=str(lease.project_id), tenant=str(lease.tenant_id), tier=first.tier,
-            node=gpu_node[first.gpu_id], units=tuple(held), preemptible=first.preemptible,
-            started_at=(lease.active_at or lease.queued_at or now).timestamp(), priority=lease.priority))
-    quotas = tuple(QuotaSpec(str(q.project_id), str(q.project.tenant_id), q.tier, q.deserved_gpu_milli,
-                             q.limit_gpu_milli, q.over_quota_weight)
-                   for q in Quota.objects.select_related("project"))
-    tenant_quotas = tuple(TenantQuotaSpec(str(q.tenant_id), q.tier, q.deserved_gpu_milli, q.limit_gpu_milli)
-                          for q in TenantQuota.objects.all())
-    return Snapshot(nodes=core_nodes, gpus=core_gpus, allocations=tuple(core_allocations), quotas=quotas,
-                    tenant_quotas=tenant_quotas, min_runtime_seconds=settings.LEASE_MIN_RUNTIME_SECONDS)
-
-
 def _core_request(lease: Lease):
     from broker.scheduler import Kind, Request, Shape
 
@@ -401,7 +360,7 @@ def schedule_cycle(*, now: datetime | None = None) -> dict:
         if not queued:
             return counts
         counts["seen"] = len(queued)
-        snapshot = _snapshot(now)
+        snapshot = scheduler_snapshot(now=now)
         by_id = {str(lease.pk): lease for lease in queued}
         decisions = plan(snapshot, [_core_request(lease) for lease in queued], now=now.timestamp())
         gpu_by_key = {f"g{g.pk}": g for g in Gpu.objects.filter(pk__in={
