@@ -1,9 +1,14 @@
-"""Metered usage. ``AllocationUsage`` is one row per lease per UTC hour: the exact seconds it held its
-GPU capacity in that hour and the units held. Unique per (lease, hour), written by upsert, so metering
-any window again changes nothing."""
+"""Billing data: metered usage, price books, invoices, SLO evaluations, spend caps and the Stripe mirror.
+
+Metering rows are unique per (lease, hour) and written by upsert, so metering any window again changes
+nothing. Rates are ``Decimal``; amounts are integer minor units of the invoice currency. A finalized
+invoice and its lines cannot change: triggers (migration 0003) refuse it, whatever code tries.
+"""
 
 from django.db import models
-from django.db.models import Q
+from django.db.models import F, Q
+
+from billing.choices import CapAction, InvoiceStatus, LineKind, MeterSource, RateKind, StripeState
 
 
 class AllocationUsage(models.Model):
@@ -32,3 +37,306 @@ class AllocationUsage(models.Model):
 
     def __str__(self) -> str:
         return f"lease {self.lease_id} {self.hour_start:%Y-%m-%d %H}:00 {self.seconds} s"
+
+
+class UtilisationUsage(models.Model):
+    """What a lease did with its capacity in one UTC hour, from Prometheus (DCGM metrics): the average
+    engine-active fraction over its consumers, average framebuffer used and the energy apportioned to it
+    (a MIG instance gets its GPU's energy by compute-slice share; a share by milli)."""
+
+    tenant_lookup = "tenant"
+
+    tenant = models.ForeignKey("tenants.Tenant", on_delete=models.PROTECT, related_name="+")
+    lease = models.ForeignKey("broker.Lease", on_delete=models.PROTECT, related_name="utilisation")
+    hour_start = models.DateTimeField()
+    engine_active_avg = models.DecimalField(max_digits=7, decimal_places=6, null=True)  # 0..1
+    fb_used_avg_mib = models.DecimalField(max_digits=12, decimal_places=3, null=True)
+    energy_wh = models.DecimalField(max_digits=16, decimal_places=6, null=True)
+    samples = models.PositiveIntegerField(default=0)
+    metered_at = models.DateTimeField()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["lease", "hour_start"], name="utilisation_one_row_per_lease_hour"),
+            models.CheckConstraint(condition=Q(engine_active_avg__isnull=True)
+                                   | (Q(engine_active_avg__gte=0) & Q(engine_active_avg__lte=1)),
+                                   name="utilisation_engine_active_fraction"),
+        ]
+        indexes = [models.Index(fields=["tenant", "hour_start"])]
+
+    def __str__(self) -> str:
+        return f"lease {self.lease_id} {self.hour_start:%Y-%m-%d %H}:00 utilisation"
+
+
+class MeterWindow(models.Model):
+    """One hour of one meter: open until every source answered for it (Prometheus down or late keeps a
+    utilisation window open; a later run fills it). ``closed_at`` null = still to do."""
+
+    source = models.CharField(max_length=16, choices=MeterSource.choices)
+    hour_start = models.DateTimeField()
+    closed_at = models.DateTimeField(null=True, blank=True)
+    attempts = models.PositiveIntegerField(default=0)
+    last_error = models.TextField(blank=True)
+    rows = models.PositiveIntegerField(default=0)
+
+    class Meta:
+        ordering = ["source", "hour_start"]
+        constraints = [
+            models.UniqueConstraint(fields=["source", "hour_start"], name="meterwindow_unique"),
+            models.CheckConstraint(condition=Q(source__in=MeterSource.values), name="meterwindow_source_valid"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.source} {self.hour_start:%Y-%m-%d %H}:00 {'closed' if self.closed_at else 'open'}"
+
+
+class PriceBook(models.Model):
+    """Prices in force from ``effective_from`` until the next book of the same scope (the general list in
+    one currency, or one tenant's own list). Multipliers apply to the base rate of a line."""
+
+    name = models.CharField(max_length=100)
+    currency = models.CharField(max_length=3, default="USD")
+    tenant = models.ForeignKey("tenants.Tenant", on_delete=models.PROTECT, null=True, blank=True,
+                               related_name="price_books", help_text="Empty: the general price list.")
+    effective_from = models.DateTimeField()
+    over_quota_multiplier = models.DecimalField(max_digits=6, decimal_places=4, default="0.6000",
+                                                help_text="Preemptible (over-quota) work pays base × this.")
+    interactive_multiplier = models.DecimalField(max_digits=6, decimal_places=4, default="1.2500",
+                                                 help_text="Interactive reservations pay base × this.")
+    energy_per_kwh = models.DecimalField(max_digits=10, decimal_places=6, null=True, blank=True,
+                                         help_text="Optional energy pass-through per kWh.")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["currency", "-effective_from"]
+        constraints = [
+            models.UniqueConstraint(fields=["currency", "effective_from"], condition=Q(tenant__isnull=True),
+                                    name="pricebook_one_general_per_start"),
+            models.UniqueConstraint(fields=["tenant", "effective_from"], condition=Q(tenant__isnull=False),
+                                    name="pricebook_one_tenant_per_start"),
+            models.CheckConstraint(condition=Q(over_quota_multiplier__gt=0) & Q(interactive_multiplier__gt=0),
+                                   name="pricebook_multipliers_positive"),
+            models.CheckConstraint(condition=Q(energy_per_kwh__isnull=True) | Q(energy_per_kwh__gte=0),
+                                   name="pricebook_energy_nonnegative"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.currency}, from {self.effective_from:%Y-%m-%d})"
+
+
+class PriceRate(models.Model):
+    """A base price per hour: a whole GPU of ``tier``, one MIG instance of ``mig_profile`` (when absent,
+    the whole-GPU rate × compute slices / 7), or a whole GPU's worth of shares (when absent, the
+    whole-GPU rate)."""
+
+    book = models.ForeignKey(PriceBook, on_delete=models.CASCADE, related_name="rates")
+    tier = models.CharField(max_length=32)
+    kind = models.CharField(max_length=8, choices=RateKind.choices, default=RateKind.WHOLE)
+    mig_profile = models.CharField(max_length=32, blank=True)
+    per_hour = models.DecimalField(max_digits=14, decimal_places=6)
+
+    class Meta:
+        ordering = ["book_id", "tier", "kind", "mig_profile"]
+        constraints = [
+            models.UniqueConstraint(fields=["book", "tier", "kind", "mig_profile"], name="pricerate_unique"),
+            models.CheckConstraint(condition=Q(per_hour__gte=0), name="pricerate_nonnegative"),
+            models.CheckConstraint(condition=Q(kind__in=RateKind.values), name="pricerate_kind_valid"),
+            models.CheckConstraint(condition=(Q(kind=RateKind.MIG) & ~Q(mig_profile=""))
+                                   | (~Q(kind=RateKind.MIG) & Q(mig_profile="")),
+                                   name="pricerate_profile_iff_mig"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.tier} {self.mig_profile or self.kind}: {self.per_hour}/h"
+
+
+class BillingTerms(models.Model):
+    """A tenant's commercial terms from ``effective_from``: a discount on usage and a committed monthly
+    minimum (a shortfall is billed as a line of its own)."""
+
+    tenant_lookup = "tenant"
+
+    tenant = models.ForeignKey("tenants.Tenant", on_delete=models.CASCADE, related_name="billing_terms")
+    effective_from = models.DateTimeField()
+    discount_pct = models.DecimalField(max_digits=5, decimal_places=2, default=0)
+    monthly_commit_minor = models.BigIntegerField(default=0)
+
+    class Meta:
+        ordering = ["tenant_id", "-effective_from"]
+        constraints = [
+            models.UniqueConstraint(fields=["tenant", "effective_from"], name="billingterms_one_per_start"),
+            models.CheckConstraint(condition=Q(discount_pct__gte=0) & Q(discount_pct__lte=100),
+                                   name="billingterms_discount_range"),
+            models.CheckConstraint(condition=Q(monthly_commit_minor__gte=0), name="billingterms_commit_nonneg"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.tenant_id} from {self.effective_from:%Y-%m-%d}: -{self.discount_pct}%"
+
+
+class SpendCap(models.Model):
+    """A monthly spend cap for a tenant (project empty) or one project: a request whose forecast would
+    take the month's spend over it is refused (or only warned)."""
+
+    tenant_lookup = "tenant"
+
+    tenant = models.ForeignKey("tenants.Tenant", on_delete=models.CASCADE, related_name="spend_caps")
+    project = models.ForeignKey("tenants.Project", on_delete=models.CASCADE, null=True, blank=True,
+                                related_name="spend_caps")
+    monthly_minor = models.BigIntegerField()
+    action = models.CharField(max_length=8, choices=CapAction.choices, default=CapAction.REFUSE)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["tenant"], condition=Q(project__isnull=True),
+                                    name="spendcap_one_per_tenant"),
+            models.UniqueConstraint(fields=["project"], condition=Q(project__isnull=False),
+                                    name="spendcap_one_per_project"),
+            models.CheckConstraint(condition=Q(monthly_minor__gt=0), name="spendcap_positive"),
+            models.CheckConstraint(condition=Q(action__in=CapAction.values), name="spendcap_action_valid"),
+        ]
+
+    def __str__(self) -> str:
+        return f"cap {self.monthly_minor} ({self.action}) for {self.project_id or self.tenant_id}"
+
+
+class Invoice(models.Model):
+    """One per tenant per calendar month (UTC). A draft is recomputed by every ``invoice_run``; once
+    finalized its lines and amounts never change (corrections go into a later invoice)."""
+
+    tenant_lookup = "tenant"
+
+    tenant = models.ForeignKey("tenants.Tenant", on_delete=models.PROTECT, related_name="invoices")
+    period = models.DateField(help_text="First day of the month billed (UTC).")
+    currency = models.CharField(max_length=3)
+    status = models.CharField(max_length=12, choices=InvoiceStatus.choices, default=InvoiceStatus.DRAFT)
+    number = models.CharField(max_length=32, unique=True, null=True, blank=True)
+    subtotal_minor = models.BigIntegerField(default=0)  # usage + energy + commit + corrections
+    discount_minor = models.BigIntegerField(default=0)  # ≤ 0
+    credit_minor = models.BigIntegerField(default=0)  # SLO credits, ≤ 0
+    total_minor = models.BigIntegerField(default=0)
+    computed_at = models.DateTimeField()
+    finalized_at = models.DateTimeField(null=True, blank=True)
+    paid_at = models.DateTimeField(null=True, blank=True)
+    voided_at = models.DateTimeField(null=True, blank=True)
+    payment_error = models.TextField(blank=True)
+    stripe_invoice_id = models.CharField(max_length=64, blank=True)
+    stripe_state = models.CharField(max_length=8, choices=StripeState.choices, default=StripeState.NOT_SENT,
+                                    blank=True)
+    stripe_attempts = models.PositiveIntegerField(default=0)
+    stripe_error = models.TextField(blank=True)
+    stripe_event_at = models.DateTimeField(null=True, blank=True, help_text="Newest Stripe event applied.")
+
+    class Meta:
+        ordering = ["-period", "tenant_id"]
+        constraints = [
+            models.UniqueConstraint(fields=["tenant", "period"], name="invoice_one_per_tenant_month"),
+            models.CheckConstraint(condition=Q(status__in=InvoiceStatus.values), name="invoice_status_valid"),
+            models.CheckConstraint(condition=Q(period__day=1), name="invoice_period_first_of_month"),
+            models.CheckConstraint(
+                condition=Q(total_minor=F("subtotal_minor") + F("discount_minor") + F("credit_minor")),
+                name="invoice_total_adds_up"),
+            models.CheckConstraint(condition=Q(status=InvoiceStatus.DRAFT) | Q(finalized_at__isnull=False),
+                                   name="invoice_finalized_has_time"),
+        ]
+
+    def __str__(self) -> str:
+        return self.number or f"draft {self.tenant_id} {self.period:%Y-%m}"
+
+
+class InvoiceLine(models.Model):
+    """One line: usage by project × model/profile × class × over-quota, with the utilisation beside the
+    allocation; or an energy, discount, committed-minimum, SLO-credit or correction line with evidence."""
+
+    tenant_lookup = "invoice__tenant"
+
+    invoice = models.ForeignKey(Invoice, on_delete=models.CASCADE, related_name="lines")
+    position = models.PositiveIntegerField()
+    kind = models.CharField(max_length=12, choices=LineKind.choices)
+    description = models.CharField(max_length=300)
+    project = models.ForeignKey("tenants.Project", on_delete=models.PROTECT, null=True, blank=True,
+                                related_name="+")
+    tier = models.CharField(max_length=32, blank=True)
+    mig_profile = models.CharField(max_length=32, blank=True)
+    workload_class = models.CharField(max_length=16, blank=True)
+    over_quota = models.BooleanField(default=False)
+    unit = models.CharField(max_length=40)
+    quantity = models.DecimalField(max_digits=18, decimal_places=6)
+    unit_price = models.DecimalField(max_digits=18, decimal_places=6)
+    amount_minor = models.BigIntegerField()
+    gpu_hours = models.DecimalField(max_digits=18, decimal_places=6, default=0)  # whole-GPU equivalents
+    engine_active_avg = models.DecimalField(max_digits=7, decimal_places=6, null=True, blank=True)
+    memory_used_avg_mib = models.DecimalField(max_digits=12, decimal_places=3, null=True, blank=True)
+    idle_gpu_hours = models.DecimalField(max_digits=18, decimal_places=6, null=True, blank=True)
+    evidence = models.JSONField(default=dict, blank=True)
+
+    class Meta:
+        ordering = ["invoice_id", "position"]
+        constraints = [
+            models.UniqueConstraint(fields=["invoice", "position"], name="invoiceline_position_unique"),
+            models.CheckConstraint(condition=Q(kind__in=LineKind.values), name="invoiceline_kind_valid"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.invoice_id}#{self.position} {self.description}"
+
+
+class SloEvaluation(models.Model):
+    """A tenant's SLO result for one month under its contract: each metric measured, the credit steps
+    reached and the credit owed (as a percent of the period's charges)."""
+
+    tenant_lookup = "tenant"
+
+    tenant = models.ForeignKey("tenants.Tenant", on_delete=models.PROTECT, related_name="slo_evaluations")
+    contract = models.ForeignKey("tenants.SloContract", on_delete=models.PROTECT, related_name="evaluations")
+    period = models.DateField()
+    time_to_gpu_p95_seconds = models.DecimalField(max_digits=12, decimal_places=3, null=True)
+    in_quota_requests = models.PositiveIntegerField(default=0)
+    availability_pct = models.DecimalField(max_digits=7, decimal_places=3, null=True)
+    preemption_notice_pct = models.DecimalField(max_digits=7, decimal_places=3, null=True)
+    preemptions = models.PositiveIntegerField(default=0)
+    credit_pct = models.DecimalField(max_digits=5, decimal_places=2, default=0)
+    evidence = models.JSONField(default=dict)
+    evaluated_at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["-period", "tenant_id"]
+        constraints = [
+            models.UniqueConstraint(fields=["tenant", "period"], name="sloevaluation_one_per_tenant_month"),
+            models.CheckConstraint(condition=Q(credit_pct__gte=0) & Q(credit_pct__lte=100),
+                                   name="sloevaluation_credit_range"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.tenant_id} {self.period:%Y-%m}: credit {self.credit_pct}%"
+
+
+class BillingAccount(models.Model):
+    """The tenant's customer at the payment provider (Stripe)."""
+
+    tenant_lookup = "tenant"
+
+    tenant = models.OneToOneField("tenants.Tenant", on_delete=models.PROTECT, related_name="billing_account")
+    stripe_customer_id = models.CharField(max_length=64, unique=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return f"{self.tenant_id} → {self.stripe_customer_id}"
+
+
+class StripeEvent(models.Model):
+    """A webhook event received from Stripe, once per event id (replays are recognised and ignored)."""
+
+    event_id = models.CharField(max_length=64, unique=True)
+    type = models.CharField(max_length=64)
+    created = models.DateTimeField(help_text="When Stripe created the event (orders out-of-order events).")
+    received_at = models.DateTimeField()
+    invoice = models.ForeignKey(Invoice, on_delete=models.PROTECT, null=True, blank=True, related_name="events")
+    outcome = models.CharField(max_length=200, blank=True)
+    payload = models.JSONField()
+
+    class Meta:
+        ordering = ["-created"]
+
+    def __str__(self) -> str:
+        return f"{self.event_id} {self.type}"

@@ -71,6 +71,16 @@ def env_int(name: str, default: int, *, minimum: int | None = None) -> int:
     return _read(name, default, parse, expected)
 
 
+def env_float(name: str, default: float, *, minimum: float, maximum: float) -> float:
+    def parse(raw: str) -> float:
+        value = float(raw)
+        if not minimum <= value <= maximum:
+            raise ValueError(raw)
+        return value
+
+    return _read(name, default, parse, f"a number from {minimum} to {maximum}")
+
+
 def env_list(name: str, default: list[str]) -> list[str]:
     def parse(raw: str) -> list[str]:
         items = [item.strip() for item in raw.split(",") if item.strip()]

@@ -1,0 +1,45 @@
+from django.db import models
+
+
+class InvoiceStatus(models.TextChoices):
+    """Draft (recomputed by every run) → finalized (immutable, sent) → paid | void."""
+
+    DRAFT = "draft", "Draft"
+    FINALIZED = "finalized", "Finalized"
+    PAID = "paid", "Paid"
+    VOID = "void", "Void"
+
+
+class LineKind(models.TextChoices):
+    USAGE = "usage", "GPU usage"
+    ENERGY = "energy", "Energy pass-through"
+    DISCOUNT = "discount", "Discount"
+    COMMIT = "commit", "Committed-use minimum"
+    SLO_CREDIT = "slo_credit", "SLO credit"
+    CORRECTION = "correction", "Correction of an earlier invoice"
+
+
+class RateKind(models.TextChoices):
+    """What a price-book rate is per hour of: a whole GPU, one MIG instance of a profile, or the
+    equivalent of one whole GPU in shares (a 250-milli share costs a quarter of it)."""
+
+    WHOLE = "whole", "Whole GPU-hour"
+    MIG = "mig", "MIG instance-hour"
+    SHARE = "share", "Shared GPU-hour (per 1000 milli)"
+
+
+class StripeState(models.TextChoices):
+    NOT_SENT = "", "Not sent"
+    SENDING = "sending", "Sending"
+    SENT = "sent", "Sent"
+    FAILED = "failed", "Failed (will retry)"
+
+
+class CapAction(models.TextChoices):
+    REFUSE = "refuse", "Refuse requests over the cap"
+    WARN = "warn", "Warn only"
+
+
+class MeterSource(models.TextChoices):
+    ALLOCATION = "allocation", "Allocation (lease events)"
+    UTILISATION = "utilisation", "Utilisation (Prometheus)"

@@ -1,0 +1,19 @@
+"""Celery tasks of billing: thin, idempotent, one service call each (STYLE.md)."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from celery import shared_task
+from django.utils import timezone
+
+from billing import services
+
+
+@shared_task(name="billing.invoice_run_due", acks_late=True)
+def invoice_run_due() -> list[dict]:
+    """Last month's invoices (finalized once the month is closed) and this month's drafts."""
+    now = timezone.now()
+    this_month = now.date().replace(day=1)
+    last_month = (this_month - timedelta(days=1)).replace(day=1)
+    return [services.invoice_run(period=last_month, now=now), services.invoice_run(period=this_month, now=now)]
