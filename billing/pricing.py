@@ -29,7 +29,7 @@ def to_minor(amount: Decimal, currency: str) -> int:
 
 
 def from_minor(amount: int, currency: str) -> Decimal:
-    return Decimal(amount) / (Decimal(10) ** minor_exponent(currency))
+    return Decimal(amount).scaleb(-minor_exponent(currency))
 
 
 def format_money(amount_minor: int, currency: str) -> str:
@@ -90,3 +90,19 @@ def quantity(seconds: Decimal, *, kind: str, tier: str, profile: str, gpu_milli:
 def gpu_hours(seconds: Decimal, gpu_milli: int) -> Decimal:
     """Whole-GPU equivalents held: the common yardstick across shapes (reports, idle cost)."""
     return Decimal(seconds) / HOUR_SECONDS * Decimal(gpu_milli) / 1000
+
+
+MILLI_HOUR = Decimal(3600 * 1000)
+
+
+def gpu_hours_of(milli_seconds) -> Decimal:
+    """Σ seconds × milli → whole-GPU-hours."""
+    return Decimal(milli_seconds) / MILLI_HOUR
+
+
+def units_of(kind: str, tier: str, profile: str, milli_seconds) -> Decimal:
+    """Σ seconds × milli of rows of one shape → unit-hours of its rate: instance-hours for MIG (÷ the
+    profile's milli), else GPU-hours (whole GPUs and share equivalents)."""
+    if kind == "mig":
+        return Decimal(milli_seconds) / Decimal(profile_get(tier, profile).gpu_milli) / HOUR_SECONDS
+    return Decimal(milli_seconds) / MILLI_HOUR

@@ -132,3 +132,82 @@ def invoice_get(*, actor: Actor, invoice_id: int) -> Invoice:
 
 def slo_evaluation_list(*, actor: Actor) -> QuerySet[SloEvaluation]:
     return restrict(SloEvaluation.objects.all(), actor)
+
+
+# -- usage ------------------------------------------------------------------------------------------------
+_GROUP_KEYS = {
+    "project": "p.slug",
+    "model": "u.tier",
+    "day": "to_char(u.hour_start AT TIME ZONE 'UTC', 'YYYY-MM-DD')",
+}
+
+_USAGE_SUMMARY_SQL = """
+SELECT {key} AS key, u.tier, u.kind, u.mig_profile, u.workload_class, u.over_quota,
+       SUM(u.seconds * u.gpu_milli)                                                   AS milli_seconds,
+       SUM(CASE WHEN t.engine_active_avg IS NOT NULL THEN u.seconds * u.gpu_milli END) AS measured_ms,
+       SUM(u.seconds * u.gpu_milli * t.engine_active_avg)                              AS active_ms,
+       SUM(CASE WHEN t.engine_active_avg < %(idle)s THEN u.seconds * u.gpu_milli END)  AS idle_ms
+  FROM billing_allocationusage u
+  JOIN tenants_project p ON p.id = u.project_id
+  LEFT JOIN billing_utilisationusage t ON t.lease_id = u.lease_id AND t.hour_start = u.hour_start
+ WHERE u.tenant_id = %(tenant)s AND u.hour_start >= %(start)s AND u.hour_start < %(end)s
+ GROUP BY 1, 2, 3, 4, 5, 6
+ ORDER BY 1
+"""
+
+
+def usage_summary(*, actor: Actor, start: datetime, end: datetime, group_by: str) -> dict:
+    """Metered usage of the actor's tenant in [start, end) by project, model or UTC day: GPU-hours held,
+    engine-active average where measured, idle GPU-hours and the cost at the prices in force."""
+    from django.conf import settings
+    from django.db import connection
+
+    from billing.pricing import MILLI_HOUR, gpu_hours_of, to_minor, units_of
+    from config.errors import ValidationFailed
+
+    if group_by not in _GROUP_KEYS:
+        raise ValidationFailed(f"group_by must be one of {', '.join(_GROUP_KEYS)}.", field="group_by")
+    if end <= start:
+        raise ValidationFailed("to must be after from.", field="to")
+    if end - start > timedelta(days=400):
+        raise ValidationFailed("At most 400 days at a time.", field="to")
+    tenant = actor.tenant
+    books = price_books_for(tenant=tenant, start=start, end=end)
+    bounds = [moment for moment, _b, _t in books] + [end]
+    groups: dict[str, dict] = {}
+    pieces = [(start if i == 0 else m, bounds[i + 1], table) for i, (m, _b, table) in enumerate(books)] or [
+        (start, end, None)]
+    for piece_start, piece_end, table in pieces:
+        with connection.cursor() as cursor:
+            cursor.execute(_USAGE_SUMMARY_SQL.format(key=_GROUP_KEYS[group_by]),
+                           {"tenant": tenant.pk, "start": piece_start, "end": piece_end,
+                            "idle": settings.BILLING_IDLE_ENGINE_ACTIVE})
+            names = [c[0] for c in cursor.description]
+            rows = [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
+        for row in rows:
+            entry = groups.setdefault(row["key"], {
+                "key": row["key"], "gpu_hours": Decimal(0), "measured": Decimal(0), "active": Decimal(0),
+                "idle_gpu_hours": Decimal(0), "amount": Decimal(0), "priced": True})
+            entry["gpu_hours"] += gpu_hours_of(row["milli_seconds"])
+            entry["measured"] += Decimal(row["measured_ms"] or 0)
+            entry["active"] += Decimal(row["active_ms"] or 0)
+            entry["idle_gpu_hours"] += Decimal(row["idle_ms"] or 0) / MILLI_HOUR
+            found = table.unit_price(row["tier"], row["kind"], row["mig_profile"], over_quota=row["over_quota"],
+                                     workload_class=row["workload_class"]) if table else None
+            if found is None:
+                entry["priced"] = False
+            else:
+                units = units_of(row["kind"], row["tier"], row["mig_profile"], row["milli_seconds"])
+                entry["amount"] += units * found[0]
+    out = []
+    for entry in groups.values():
+        measured = entry.pop("measured")
+        active = entry.pop("active")
+        amount = entry.pop("amount")
+        priced = entry.pop("priced")
+        entry["gpu_hours"] = entry["gpu_hours"].quantize(Decimal("0.000001"))
+        entry["idle_gpu_hours"] = entry["idle_gpu_hours"].quantize(Decimal("0.000001")) if measured else None
+        entry["engine_active_avg"] = (active / measured).quantize(Decimal("0.0001")) if measured else None
+        entry["amount_minor"] = to_minor(amount, tenant.currency) if priced else None
+        out.append(entry)
+    return {"from": start, "to": end, "group_by": group_by, "currency": tenant.currency, "groups": out}

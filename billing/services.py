@@ -25,7 +25,7 @@ from billing.models import (
     PriceRate,
     SloEvaluation,
 )
-from billing.pricing import HOUR_SECONDS, format_money, from_minor, to_minor
+from billing.pricing import MILLI_HOUR, format_money, from_minor, to_minor, units_of
 from broker.models import Allocation, Lease, LeaseEvent
 from config.errors import ValidationFailed
 from gpus.catalogue import MODELS
@@ -157,7 +157,6 @@ SELECT u.project_id, u.tier, u.kind, u.mig_profile, u.workload_class, u.over_quo
  ORDER BY 1, 2, 3, 4, 5, 6
 """
 
-MILLI_HOUR = Decimal(3600 * 1000)
 SIX = Decimal("0.000001")
 
 
@@ -167,14 +166,6 @@ def _usage_groups(tenant: Tenant, start: datetime, end: datetime) -> list[dict]:
                                    "idle": settings.BILLING_IDLE_ENGINE_ACTIVE})
         names = [column[0] for column in cursor.description]
         return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
-
-
-def _line_quantity(group: dict) -> Decimal:
-    """Unit-hours: instance-hours for MIG (milli-seconds ÷ the profile's milli), else GPU-hours."""
-    milli_seconds = Decimal(group["milli_seconds"])
-    if group["kind"] == "mig":
-        return milli_seconds / Decimal(profile_get(group["tier"], group["mig_profile"]).gpu_milli) / HOUR_SECONDS
-    return milli_seconds / MILLI_HOUR
 
 
 def invoice_lines_compute(*, tenant: Tenant, period: date, slo_credit_pct: Decimal = Decimal(0),
@@ -201,7 +192,7 @@ def invoice_lines_compute(*, tenant: Tenant, period: date, slo_credit_pct: Decim
                     f"Price book {book.name!r} has no price for {group['mig_profile'] or group['kind']} on "
                     f"{group['tier']} (used by project {project.slug}).", field="price_book")
             unit_price, unit = found
-            qty = _line_quantity(group)
+            qty = units_of(group["kind"], group["tier"], group["mig_profile"], group["milli_seconds"])
             held = Decimal(group["milli_seconds"]) / MILLI_HOUR
             measured = Decimal(group["measured_ms"] or 0)
             active = (Decimal(group["active_ms"]) / measured) if measured else None

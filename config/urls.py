@@ -18,5 +18,6 @@ urlpatterns = [
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),
     path("api/v1/", include("tenants.api.urls")),
     path("api/v1/", include("broker.api.urls")),
+    path("api/v1/", include("billing.api.urls")),
     path("", include("portal.urls")),
 ]
