@@ -211,3 +211,39 @@ def usage_summary(*, actor: Actor, start: datetime, end: datetime, group_by: str
         entry["amount_minor"] = to_minor(amount, tenant.currency) if priced else None
         out.append(entry)
     return {"from": start, "to": end, "group_by": group_by, "currency": tenant.currency, "groups": out}
+
+
+_SPEND_SQL = """
+SELECT u.tier, u.kind, u.mig_profile, u.workload_class, u.over_quota, SUM(u.seconds * u.gpu_milli)
+  FROM billing_allocationusage u
+ WHERE u.tenant_id = %(tenant)s AND u.hour_start >= %(start)s AND u.hour_start < %(end)s {project}
+ GROUP BY 1, 2, 3, 4, 5
+"""
+
+
+def spend_minor(*, tenant: Tenant, start: datetime, end: datetime,
+                project_id: int | None = None) -> tuple[int, datetime]:
+    """Metered charges of the tenant (or one project) in [start, end) at the prices in force, before
+    discounts and credits, and the end of the metered time (the latest metered hour's end)."""
+    from django.db import connection
+
+    from billing.models import AllocationUsage
+    from billing.pricing import to_minor, units_of
+
+    amount = Decimal(0)
+    books = price_books_for(tenant=tenant, start=start, end=end)
+    bounds = [moment for moment, _b, _t in books] + [end]
+    for index, (moment, _book, table) in enumerate(books):
+        params = {"tenant": tenant.pk, "start": moment, "end": bounds[index + 1], "project": project_id}
+        sql = _SPEND_SQL.format(project="AND u.project_id = %(project)s" if project_id else "")
+        with connection.cursor() as cursor:
+            cursor.execute(sql, params)
+            for tier, kind, profile, workload_class, over_quota, milli_seconds in cursor.fetchall():
+                found = table.unit_price(tier, kind, profile, over_quota=over_quota, workload_class=workload_class)
+                if found is not None:
+                    amount += units_of(kind, tier, profile, milli_seconds) * found[0]
+    scope = AllocationUsage.objects.filter(tenant=tenant, hour_start__gte=start, hour_start__lt=end)
+    if project_id:
+        scope = scope.filter(project_id=project_id)
+    last = scope.order_by("-hour_start").values_list("hour_start", flat=True).first()
+    return to_minor(amount, tenant.currency), (last + timedelta(hours=1)) if last else start

@@ -13,7 +13,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from billing import selectors, slo
-from billing.choices import InvoiceStatus, LineKind, RateKind
+from billing.choices import CapAction, InvoiceStatus, LineKind, RateKind
 from billing.metering import HOLDING, held_intervals, hour_floor, split_hours
 from billing.models import (
     AllocationUsage,
@@ -24,8 +24,10 @@ from billing.models import (
     PriceBook,
     PriceRate,
     SloEvaluation,
+    SpendCap,
 )
-from billing.pricing import MILLI_HOUR, format_money, from_minor, to_minor, units_of
+from billing.pricing import HOUR_SECONDS, MILLI_HOUR, format_money, from_minor, to_minor, units_of
+from broker.choices import FINAL_STATES as FINAL_LEASE_STATES
 from broker.models import Allocation, Lease, LeaseEvent
 from config.errors import ValidationFailed
 from gpus.catalogue import MODELS
@@ -431,3 +433,69 @@ def price_book_create(*, name: str, currency: str, effective_from: datetime, rat
             row.book = book
         PriceRate.objects.bulk_create(rows)
     return book
+
+
+# -- budget guard ----------------------------------------------------------------------------------------------
+class BudgetExceeded(ValidationFailed):
+    status = 402
+    code = "budget_exceeded"
+    title = "Monthly spend cap reached"
+
+
+def _lease_gpu(lease: Lease) -> dict:
+    model = lease.tier or (lease.models_allowed[0] if lease.models_allowed else "auto")
+    gpu = {"kind": lease.kind, "count": lease.count, "model": model}
+    if lease.kind == "mig":
+        gpu["profile"] = lease.profile
+    if lease.kind == "share":
+        gpu["milli"] = lease.milli
+    return gpu
+
+
+def budget_check(*, tenant: Tenant, project: Project, gpu: dict, workload_class: str, duration_seconds: int,
+                 over_quota: bool = False, now: datetime | None = None) -> str:
+    """Refuse (``BudgetExceeded``, 402, with the figures) a request whose forecast would take the month's
+    spend of its tenant or project over a ``refuse`` cap; return a warning for a ``warn`` cap; "" when
+    within every cap or none is set. Forecast = charges metered this month + what the tenant's live leases
+    cost until their end (or the month's) + this request for its duration (within the month)."""
+    caps = list(SpendCap.objects.filter(tenant=tenant).filter(Q(project__isnull=True) | Q(project=project)))
+    if not caps:
+        return ""
+    now = now or timezone.now()
+    period = now.date().replace(day=1)
+    start, end = period_bounds(period)
+    quote = selectors.price_quote(tenant=tenant, gpu=gpu, workload_class=workload_class, over_quota=over_quota,
+                                  at=now)
+    request_hours = Decimal(min(duration_seconds, max(0, (end - now).total_seconds()))) / HOUR_SECONDS
+    request_minor = to_minor(quote.per_hour * request_hours, tenant.currency) if quote else 0
+    warnings = []
+    for cap in sorted(caps, key=lambda c: c.project_id is None):
+        project_id = cap.project_id
+        spent, metered_until = selectors.spend_minor(tenant=tenant, start=start, end=end, project_id=project_id)
+        live = Lease.objects.filter(tenant=tenant).exclude(state__in=FINAL_LEASE_STATES)
+        if project_id:
+            live = live.filter(project_id=project_id)
+        committed = Decimal(0)
+        for lease in live:
+            price = selectors.price_quote(tenant=tenant, gpu=_lease_gpu(lease), workload_class=lease.workload_class,
+                                          over_quota=lease.over_quota, at=now)
+            if price is None:
+                continue
+            since = max(metered_until, lease.active_at or now)
+            until = min(end, lease.ends_at or (now + timedelta(seconds=lease.duration_seconds)))
+            if until > since:
+                committed += price.per_hour * Decimal((until - since).total_seconds()) / HOUR_SECONDS
+        forecast = spent + to_minor(committed, tenant.currency) + request_minor
+        if forecast <= cap.monthly_minor:
+            continue
+        scope = f"project {project.slug}" if project_id else f"tenant {tenant.slug}"
+        money = lambda minor: format_money(minor, tenant.currency)  # noqa: E731
+        message = (f"The monthly spend cap of {scope} is {money(cap.monthly_minor)}; spent {money(spent)}, "
+                   f"running leases {money(forecast - spent - request_minor)}, this request "
+                   f"{money(request_minor)}: forecast {money(forecast)}.")
+        if cap.action == CapAction.REFUSE:
+            raise BudgetExceeded(message, field="project", extra={
+                "cap_minor": cap.monthly_minor, "spent_minor": spent, "request_minor": request_minor,
+                "forecast_minor": forecast, "currency": tenant.currency})
+        warnings.append(message)
+    return " ".join(warnings)
