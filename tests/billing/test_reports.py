@@ -11,7 +11,7 @@ from tests.billing.test_invoicing import world as world
 
 
 def test_revenue_idle_cost_over_quota_share_and_idle_leases(world):
-    mig, whole = two_leases(world)
+    mig, _whole = two_leases(world)
     billing.usage_meter_window(start=t(1, 0), end=t(2, 0), now=AFTER)
     # the MIG lease was idle (2 % engine-active) in its 11:00 hour and busy (80 %) in the others
     for usage in AllocationUsage.objects.filter(lease=mig):
