@@ -64,7 +64,8 @@ class InvoiceDocumentApi(APIView):
     """``/invoices/{id}.pdf`` and ``.csv``: the documents, from the stored invoice."""
 
     @extend_schema(responses={(200, "application/pdf"): OpenApiTypes.BINARY,
-                              (200, "text/csv"): OpenApiTypes.STR}, summary="Invoice as PDF or CSV")
+                              (200, "text/csv"): OpenApiTypes.STR}, summary="Invoice as PDF or CSV",
+                   operation_id="v1_invoices_document")
     def get(self, request, pk: int, fmt: str):
         invoice = selectors.invoice_get(actor=request.actor, invoice_id=pk)
         name = invoice.number or f"draft-{invoice.tenant.slug}-{invoice.period:%Y-%m}"
