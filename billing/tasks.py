@@ -7,7 +7,7 @@ from datetime import timedelta
 from celery import shared_task
 from django.utils import timezone
 
-from billing import services
+from billing import metering_run, services
 
 
 @shared_task(name="billing.invoice_run_due", acks_late=True)
@@ -17,3 +17,9 @@ def invoice_run_due() -> list[dict]:
     this_month = now.date().replace(day=1)
     last_month = (this_month - timedelta(days=1)).replace(day=1)
     return [services.invoice_run(period=last_month, now=now), services.invoice_run(period=this_month, now=now)]
+
+
+@shared_task(name="billing.meter_pending", acks_late=True)
+def meter_pending() -> dict:
+    """Every complete hour metered (allocations and utilisation); open windows retried (idempotent)."""
+    return metering_run.meter_pending()

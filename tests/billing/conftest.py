@@ -1,0 +1,105 @@
+"""A real Prometheus server for billing tests: history backfilled with promtool, or live scraping.
+
+Each server scrapes itself every second (so ``up`` always has a fresh sample, as on any real
+Prometheus) plus the targets a test gives it; it runs as a child process stopped by its own PID.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import time
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from tests.agent.conftest import free_port, wait_http
+
+PROMETHEUS = shutil.which("prometheus")
+PROMTOOL = shutil.which("promtool")
+needs_prometheus = pytest.mark.skipif(
+    PROMETHEUS is None or PROMTOOL is None,
+    reason="Debian's prometheus package is not installed (make test installs it)")
+
+
+class PrometheusServer:
+    """``prometheus`` on 127.0.0.1 with its TSDB in ``directory/tsdb``; ``stop`` and ``start`` again keep
+    the data and the port."""
+
+    def __init__(self, directory: Path, *, targets: tuple[str, ...] = ()):
+        self.directory = directory
+        self.data = directory / "tsdb"
+        self.data.mkdir(parents=True, exist_ok=True)
+        self.port = free_port()
+        self.targets = targets
+        self.process: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def backfill(self, openmetrics: str) -> None:
+        """History through ``promtool tsdb create-blocks-from openmetrics`` (before ``start``)."""
+        source = self.directory / "history.om"
+        source.write_text(openmetrics)
+        subprocess.run([PROMTOOL, "tsdb", "create-blocks-from", "openmetrics", str(source), str(self.data)],
+                       check=True, capture_output=True, timeout=120)
+
+    def _config(self) -> Path:
+        jobs = [{"job_name": "prometheus", "static_configs": [{"targets": [f"127.0.0.1:{self.port}"]}]}]
+        if self.targets:
+            jobs.append({"job_name": "gpu-agents", "static_configs": [{"targets": list(self.targets)}]})
+        config = {"global": {"scrape_interval": "1s", "scrape_timeout": "1s"}, "scrape_configs": jobs}
+        path = self.directory / "prometheus.yml"
+        path.write_text(json.dumps(config))  # JSON is YAML
+        return path
+
+    def start(self) -> PrometheusServer:
+        self.process = subprocess.Popen(
+            [PROMETHEUS, f"--config.file={self._config()}", f"--storage.tsdb.path={self.data}",
+             "--storage.tsdb.retention.time=30d", f"--web.listen-address=127.0.0.1:{self.port}"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        wait_http(f"{self.url}/-/ready", self.process, timeout=30)
+        self.wait_for("up", timeout=30)  # the first scrape: data is fresh from here on
+        return self
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(20)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(10)
+
+    def query(self, expression: str, at: float | None = None) -> list:
+        params = {"query": expression, **({"time": f"{at:.3f}"} if at is not None else {})}
+        with urllib.request.urlopen(f"{self.url}/api/v1/query?" + urllib.parse.urlencode(params), timeout=5) as answer:
+            return json.loads(answer.read())["data"]["result"]
+
+    def wait_for(self, expression: str, predicate=bool, timeout: float = 30.0) -> list:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            result = self.query(expression)
+            if predicate(result):
+                return result
+            time.sleep(0.2)
+        raise AssertionError(f"{expression!r} did not come true within {timeout} s")
+
+
+@pytest.fixture
+def prometheus_server(tmp_path):
+    """Makes Prometheus servers (``prometheus_server(targets=...)``); every one is stopped at the end."""
+    servers: list[PrometheusServer] = []
+
+    def make(*, targets: tuple[str, ...] = ()) -> PrometheusServer:
+        server = PrometheusServer(tmp_path / f"prometheus-{len(servers)}", targets=targets)
+        servers.append(server)
+        return server
+
+    yield make
+    for server in servers:
+        server.stop()
