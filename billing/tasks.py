@@ -8,6 +8,7 @@ from celery import shared_task
 from django.utils import timezone
 
 from billing import metering_run, services
+from billing.stripe_sync import invoice_push_task, invoices_push_due  # noqa: F401  (registers the Stripe tasks)
 
 
 @shared_task(name="billing.invoice_run_due", acks_late=True)

@@ -110,6 +110,7 @@ def main(argv: list[str] | None = None) -> int:
             "SECRET_KEY": services.secret_key(),
             "SITE_URL": site,
             "CSRF_TRUSTED_ORIGINS": f"{site},http://localhost:{args.port}",
+            "PROMETHEUS_URL": f"http://127.0.0.1:{args.prometheus_port}",
         }
         # What the launcher chose, for manage.py commands run by hand while the service is up.
         runtime = VAR / "runtime.env"

@@ -1,5 +1,8 @@
+"""Billing routes under ``/api/v1/``: the tenants' usage and invoices, and Stripe's webhook."""
+
 from django.urls import path, re_path
 
+from billing import webhooks
 from billing.api import views
 
 urlpatterns = [
@@ -8,4 +11,5 @@ urlpatterns = [
     path("invoices/<int:pk>", views.InvoiceDetailApi.as_view(), name="api-invoice"),
     re_path(r"^invoices/(?P<pk>[0-9]+)\.(?P<fmt>pdf|csv)$", views.InvoiceDocumentApi.as_view(),
             name="api-invoice-document"),
+    path("billing/stripe/webhook", webhooks.stripe_webhook, name="billing-stripe-webhook"),
 ]
