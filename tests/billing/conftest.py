@@ -29,8 +29,9 @@ class PrometheusServer:
     """``prometheus`` on 127.0.0.1 with its TSDB in ``directory/tsdb``; ``stop`` and ``start`` again keep
     the data and the port."""
 
-    def __init__(self, directory: Path, *, targets: tuple[str, ...] = ()):
+    def __init__(self, directory: Path, *, targets: tuple[str, ...] = (), file_sd: Path | None = None):
         self.directory = directory
+        self.file_sd = file_sd  # a fleet's prometheus-targets.json (agent.fleet)
         self.data = directory / "tsdb"
         self.data.mkdir(parents=True, exist_ok=True)
         self.port = free_port()
@@ -52,6 +53,9 @@ class PrometheusServer:
         jobs = [{"job_name": "prometheus", "static_configs": [{"targets": [f"127.0.0.1:{self.port}"]}]}]
         if self.targets:
             jobs.append({"job_name": "gpu-agents", "static_configs": [{"targets": list(self.targets)}]})
+        if self.file_sd:
+            jobs.append({"job_name": "gpu-fleet", "file_sd_configs": [{"files": [str(self.file_sd)],
+                                                                         "refresh_interval": "1s"}]})
         config = {"global": {"scrape_interval": "1s", "scrape_timeout": "1s"}, "scrape_configs": jobs}
         path = self.directory / "prometheus.yml"
         path.write_text(json.dumps(config))  # JSON is YAML
@@ -95,8 +99,8 @@ def prometheus_server(tmp_path):
     """Makes Prometheus servers (``prometheus_server(targets=...)``); every one is stopped at the end."""
     servers: list[PrometheusServer] = []
 
-    def make(*, targets: tuple[str, ...] = ()) -> PrometheusServer:
-        server = PrometheusServer(tmp_path / f"prometheus-{len(servers)}", targets=targets)
+    def make(*, targets: tuple[str, ...] = (), file_sd: Path | None = None) -> PrometheusServer:
+        server = PrometheusServer(tmp_path / f"prometheus-{len(servers)}", targets=targets, file_sd=file_sd)
         servers.append(server)
         return server
 
