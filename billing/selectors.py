@@ -247,3 +247,40 @@ def spend_minor(*, tenant: Tenant, start: datetime, end: datetime,
         scope = scope.filter(project_id=project_id)
     last = scope.order_by("-hour_start").values_list("hour_start", flat=True).first()
     return to_minor(amount, tenant.currency), (last + timedelta(hours=1)) if last else start
+
+
+def _lease_gpu(lease) -> dict:
+    model = lease.tier or (lease.models_allowed[0] if lease.models_allowed else "auto")
+    gpu = {"kind": lease.kind, "count": lease.count, "model": model}
+    if lease.kind == "mig":
+        gpu["profile"] = lease.profile
+    if lease.kind == "share":
+        gpu["milli"] = lease.milli
+    return gpu
+
+
+def spend_forecast(*, tenant: Tenant, project_id: int | None = None, now: datetime | None = None) -> tuple[int, int]:
+    """(charges metered this month, what the live leases will cost from the end of metering until their
+    end or the month's), in minor units, at current prices, before discounts and credits."""
+    from billing.pricing import HOUR_SECONDS, to_minor
+    from broker.choices import FINAL_STATES
+    from broker.models import Lease
+
+    now = now or timezone.now()
+    start = now.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
+    end = (start + timedelta(days=32)).replace(day=1)
+    spent, metered_until = spend_minor(tenant=tenant, start=start, end=end, project_id=project_id)
+    live = Lease.objects.filter(tenant=tenant).exclude(state__in=FINAL_STATES)
+    if project_id:
+        live = live.filter(project_id=project_id)
+    running = Decimal(0)
+    for lease in live:
+        price = price_quote(tenant=tenant, gpu=_lease_gpu(lease), workload_class=lease.workload_class,
+                            over_quota=lease.over_quota, at=now)
+        if price is None:
+            continue
+        since = max(metered_until, lease.active_at or now)
+        until = min(end, lease.ends_at or (now + timedelta(seconds=lease.duration_seconds)))
+        if until > since:
+            running += price.per_hour * Decimal((until - since).total_seconds()) / HOUR_SECONDS
+    return spent, to_minor(running, tenant.currency)

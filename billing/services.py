@@ -27,7 +27,6 @@ from billing.models import (
     SpendCap,
 )
 from billing.pricing import HOUR_SECONDS, MILLI_HOUR, format_money, from_minor, to_minor, units_of
-from broker.choices import FINAL_STATES as FINAL_LEASE_STATES
 from broker.models import Allocation, Lease, LeaseEvent
 from config.errors import ValidationFailed
 from gpus.catalogue import MODELS
@@ -464,16 +463,6 @@ class BudgetExceeded(ValidationFailed):
     title = "Monthly spend cap reached"
 
 
-def _lease_gpu(lease: Lease) -> dict:
-    model = lease.tier or (lease.models_allowed[0] if lease.models_allowed else "auto")
-    gpu = {"kind": lease.kind, "count": lease.count, "model": model}
-    if lease.kind == "mig":
-        gpu["profile"] = lease.profile
-    if lease.kind == "share":
-        gpu["milli"] = lease.milli
-    return gpu
-
-
 def budget_check(*, tenant: Tenant, project: Project, gpu: dict, workload_class: str, duration_seconds: int,
                  over_quota: bool = False, now: datetime | None = None) -> str:
     """Refuse (``BudgetExceeded``, 402, with the figures) a request whose forecast would take the month's
@@ -485,7 +474,7 @@ def budget_check(*, tenant: Tenant, project: Project, gpu: dict, workload_class:
         return ""
     now = now or timezone.now()
     period = now.date().replace(day=1)
-    start, end = period_bounds(period)
+    _start, end = period_bounds(period)
     quote = selectors.price_quote(tenant=tenant, gpu=gpu, workload_class=workload_class, over_quota=over_quota,
                                   at=now)
     request_hours = Decimal(min(duration_seconds, max(0, (end - now).total_seconds()))) / HOUR_SECONDS
@@ -493,21 +482,8 @@ def budget_check(*, tenant: Tenant, project: Project, gpu: dict, workload_class:
     warnings = []
     for cap in sorted(caps, key=lambda c: c.project_id is None):
         project_id = cap.project_id
-        spent, metered_until = selectors.spend_minor(tenant=tenant, start=start, end=end, project_id=project_id)
-        live = Lease.objects.filter(tenant=tenant).exclude(state__in=FINAL_LEASE_STATES)
-        if project_id:
-            live = live.filter(project_id=project_id)
-        committed = Decimal(0)
-        for lease in live:
-            price = selectors.price_quote(tenant=tenant, gpu=_lease_gpu(lease), workload_class=lease.workload_class,
-                                          over_quota=lease.over_quota, at=now)
-            if price is None:
-                continue
-            since = max(metered_until, lease.active_at or now)
-            until = min(end, lease.ends_at or (now + timedelta(seconds=lease.duration_seconds)))
-            if until > since:
-                committed += price.per_hour * Decimal((until - since).total_seconds()) / HOUR_SECONDS
-        forecast = spent + to_minor(committed, tenant.currency) + request_minor
+        spent, running = selectors.spend_forecast(tenant=tenant, project_id=project_id, now=now)
+        forecast = spent + running + request_minor
         if forecast <= cap.monthly_minor:
             continue
         scope = f"project {project.slug}" if project_id else f"tenant {tenant.slug}"
