@@ -17,6 +17,7 @@ from django.db import connection
 
 from billing.choices import InvoiceStatus, LineKind
 from billing.models import InvoiceLine, SloEvaluation
+from billing.pricing import format_money
 from billing.services import period_bounds
 
 
@@ -32,6 +33,14 @@ class Row:
     idle_cost_minor: Decimal = Decimal(0)
     over_quota_gpu_hours: Decimal = Decimal(0)
     drafts: int = 0
+
+    @property
+    def amount(self) -> str:
+        return format_money(self.amount_minor, self.currency)
+
+    @property
+    def idle_cost(self) -> str:
+        return format_money(round(self.idle_cost_minor), self.currency)
 
     @property
     def used_pct(self) -> float | None:

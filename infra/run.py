@@ -123,6 +123,7 @@ def main(argv: list[str] | None = None) -> int:
         _manage("migrate", "--noinput", "-v", "0")
         _manage("collectstatic", "--noinput", "-v", "0")
         _manage("seed_demo")
+        _manage("seed_prices")
 
         specs = [
             ("web", [str(BIN / "gunicorn"), "config.wsgi", "--bind", f"127.0.0.1:{args.port}", "--workers",
