@@ -29,6 +29,15 @@ class AgentError(Exception):
         self.field = field
 
 
+TYPE_BASE = "https://gpubroker.dev/problems/"
+
+
+def problem_body(error: AgentError) -> dict:
+    """The problem+json body for a refusal (the fields of the broker's API errors)."""
+    return {"type": TYPE_BASE + error.code, "title": type(error).__name__, "status": error.status,
+            "detail": error.message, "code": error.code, "field": error.field}
+
+
 class InvalidRequest(AgentError):
     status = 422
     code = "invalid"
@@ -168,6 +177,19 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def create(self, allocation_id: str, spec: InstanceSpec) -> tuple[dict, bool]:
         """(the instance, created now?) — the same id and spec again returns the same instance."""
+
+    def create_many(self, specs: dict[str, InstanceSpec]) -> dict[str, dict]:
+        """Create several instances; each answer is ``{"status": 201 | 200, "instance": {...}}`` or
+        ``{"status": 4xx | 5xx, "problem": {...}}`` (one refusal does not stop the others)."""
+        answers = {}
+        for allocation_id, spec in specs.items():
+            try:
+                instance, created = self.create(allocation_id, spec)
+            except AgentError as error:
+                answers[allocation_id] = {"status": error.status, "problem": problem_body(error)}
+                continue
+            answers[allocation_id] = {"status": 201 if created else 200, "instance": instance}
+        return answers
 
     @abc.abstractmethod
     def destroy(self, allocation_id: str) -> bool:

@@ -18,6 +18,8 @@ from urllib.parse import quote, urlsplit
 
 from agent.signing import sign
 
+MAX_BATCH = 64  # instances per PUT /v1/instances (the agent's limit)
+
 
 class AgentHTTPError(Exception):
     def __init__(self, status: int, problem: dict):
@@ -53,6 +55,26 @@ class AgentClient:
 
     def create(self, allocation_id: str, spec: dict) -> dict:
         return self.request("PUT", f"/v1/instances/{quote(allocation_id, safe='')}", spec)
+
+    def create_many(self, specs: dict[str, dict]) -> dict[str, dict]:
+        """Create several instances with one request per ``MAX_BATCH`` (``PUT /v1/instances``): allocation id
+        → ``{"status": 201 | 200, "instance": {...}}`` or ``{"status": 4xx | 5xx, "problem": {...}}``. An
+        agent that predates the call (404/405) gets one ``PUT /v1/instances/{id}`` per instance instead."""
+        answers: dict[str, dict] = {}
+        ids = list(specs)
+        for first in range(0, len(ids), MAX_BATCH):
+            chunk = {allocation_id: specs[allocation_id] for allocation_id in ids[first:first + MAX_BATCH]}
+            try:
+                answers.update(self.request("PUT", "/v1/instances", {"instances": chunk})["instances"])
+            except AgentHTTPError as error:
+                if error.status not in (404, 405):
+                    raise
+                for allocation_id, spec in chunk.items():
+                    try:
+                        answers[allocation_id] = {"status": 200, "instance": self.create(allocation_id, spec)}
+                    except AgentHTTPError as refused:
+                        answers[allocation_id] = {"status": refused.status, "problem": refused.problem}
+        return answers
 
     def destroy(self, allocation_id: str) -> dict:
         return self.request("DELETE", f"/v1/instances/{quote(allocation_id, safe='')}")

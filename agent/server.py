@@ -23,14 +23,14 @@ from dataclasses import dataclass, field
 from aiohttp import web
 
 from agent import PROTOCOL, __version__
-from agent.backend import AgentError, Backend, InstanceSpec, InvalidRequest, NotFound
+from agent.backend import TYPE_BASE, AgentError, Backend, InstanceSpec, InvalidRequest, NotFound, problem_body
 from agent.metrics import render
 from agent.signing import NonceCache, SignatureError, verify
 
 logger = logging.getLogger("agent")
 ALLOCATION_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
 MAX_BODY = 64 * 1024
-TYPE_BASE = "https://gpubroker.dev/problems/"
+MAX_BATCH = 64  # instances in one PUT /v1/instances
 NODE_KEY = web.AppKey("node", object)
 
 
@@ -159,6 +159,34 @@ async def instance_put(request: web.Request) -> web.Response:
     return web.json_response(instance, status=201 if created else 200)
 
 
+async def instances_put(request: web.Request) -> web.Response:
+    """Create several instances in one call: ``{"instances": {allocation_id: spec, ...}}`` →
+    ``{"instances": {allocation_id: {"status": 201 | 200, "instance": ...} | {"status": 4xx, "problem":
+    ...}}}``. Each item is exactly a ``PUT /v1/instances/{allocation_id}``; the sim saves its state once
+    for the whole call, before answering."""
+    node = _node(request)
+    body = await _json_body(request)
+    items = body.get("instances") if isinstance(body, dict) else None
+    if not isinstance(items, dict) or not 1 <= len(items) <= MAX_BATCH:
+        raise InvalidRequest(f"instances must be an object of 1 to {MAX_BATCH} allocation id: spec",
+                             field="instances")
+    answers, specs = {}, {}
+    for allocation_id, raw in items.items():
+        try:
+            if not ALLOCATION_ID.match(allocation_id):
+                raise InvalidRequest("allocation_id must be 1-128 of A-Z a-z 0-9 . _ : - (starting alphanumeric)",
+                                     field="allocation_id")
+            specs[allocation_id] = InstanceSpec.from_json(raw)
+        except AgentError as error:
+            answers[allocation_id] = {"status": error.status, "problem": problem_body(error)}
+    if specs:
+        answers.update(await node.call(node.backend.create_many, specs))
+    for allocation_id, answer in answers.items():
+        if answer["status"] == 201:
+            logger.info("created %s: %s", allocation_id, json.dumps(specs[allocation_id].to_json(), sort_keys=True))
+    return web.json_response({"instances": answers})
+
+
 async def instance_delete(request: web.Request) -> web.Response:
     node = _node(request)
     allocation_id = _allocation_id(request)
@@ -202,6 +230,7 @@ def node_app(node: AgentNode) -> web.Application:
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/v1/inventory", inventory)
+    app.router.add_put("/v1/instances", instances_put)
     app.router.add_get("/v1/instances/{allocation_id}", instance_get)
     app.router.add_put("/v1/instances/{allocation_id}", instance_put)
     app.router.add_delete("/v1/instances/{allocation_id}", instance_delete)

@@ -76,6 +76,8 @@ class SimBackend(Backend):
         self.clock = clock
         self.fail_next_create = ""  # a reason: the next create fails with it
         self.hang_seconds = 0.0  # the server sleeps this long before the next request (one-shot)
+        self._save_deferred = False  # inside create_many: one save at its end
+        self._unsaved = False
         path = self.state_dir / STATE_FILE
         if path.exists():
             self.state = json.loads(path.read_text())
@@ -95,7 +97,20 @@ class SimBackend(Backend):
         self._by_uuid = {gpu["uuid"]: gpu for gpu in self.state["gpus"]}
 
     # -- persistence --------------------------------------------------------------------------------
+    def create_many(self, specs: dict[str, InstanceSpec]) -> dict[str, dict]:
+        """As ``Backend.create_many``, with one save (one fsync) for the whole call, before it returns."""
+        self._save_deferred, self._unsaved = True, False
+        try:
+            return super().create_many(specs)
+        finally:
+            self._save_deferred = False
+            if self._unsaved:
+                self._save()
+
     def _save(self) -> None:
+        if self._save_deferred:
+            self._unsaved = True
+            return
         path = self.state_dir / STATE_FILE
         temporary = path.with_suffix(".tmp")
         with open(temporary, "w", encoding="utf-8") as handle:

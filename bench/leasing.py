@@ -1,20 +1,29 @@
-"""Leases per second from request to ACTIVE, and the latency, on the simulated fleet.
+"""Leases per second from request to ACTIVE, their latency, and the CPU each part of the path spends on one.
 
-    .venv/bin/python bench/leasing.py --leases 400 --nodes 50 --clients 8 --workers 2
+    .venv/bin/python bench/leasing.py --leases 300 --nodes 20
 
-Starts the whole path on this machine in a scratch database (``gpubroker_bench``): PostgreSQL and the
-Celery broker as ``make run`` finds them, gunicorn (the REST API), ``--workers`` Celery worker processes
-(2 children each), and a fleet of ``--nodes`` simulated nodes (8 x H100 in MIG mode each) enrolled with
-the broker. ``--clients`` threads POST ``--leases`` requests for 1g.10gb MIG slices over HTTP, each with
-an Idempotency-Key. Figures come from the lease events in the database: latency = ACTIVE event −
-REQUESTED event per lease; throughput = leases / (last ACTIVE − first REQUESTED).
+Starts the whole path on this machine: a PostgreSQL server of its own (embedded, data in ``var/bench-pg``;
+``DATABASE_URL``'s server instead when that is set), the Celery broker as ``make run`` finds it, gunicorn
+(the REST API, ``--web-workers`` processes x ``--threads``), ``--workers`` Celery worker processes (2
+children each) and a fleet of ``--nodes`` simulated nodes (8 x H100 in MIG mode each) enrolled with the
+broker. ``--clients`` threads POST ``--leases`` requests for 1g.10gb MIG slices over HTTP/1.1 keep-alive
+connections, each with an Idempotency-Key (a request cut off by a closed connection is simply sent again).
+
+Figures come from the lease events in the database: latency = ACTIVE event - REQUESTED event per lease;
+throughput = leases / (last ACTIVE - first REQUESTED). CPU per lease: user + system seconds of each part
+(process trees, children included) from the first request until every lease is ACTIVE, divided by the
+leases. PostgreSQL is its whole private server, or on a shared server the backends of the bench database
+only. Unlike the wall-clock figures this does not depend on what else runs on the machine, and it bounds
+the throughput: all cores busy with nothing else gives at most cores / (CPU per lease).
 """
 
 from __future__ import annotations
 
 import argparse
+import http.client
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -24,13 +33,79 @@ import time
 import urllib.request
 from pathlib import Path
 
+import psutil
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from infra import services  # noqa: E402
-from tests.agent.conftest import free_port, wait_http  # noqa: E402
+from tests.agent.conftest import free_port  # noqa: E402
 
 BIN = Path(sys.executable).parent
+PGDATA = ROOT / "var" / "bench-pg"
+DATABASE = "gpubroker_bench"
+
+
+class CpuMeter:
+    """CPU seconds (user, system) used by named groups of processes between ``begin()`` and ``since()``.
+
+    A group is a callable returning PIDs: a positive PID counts the whole process tree (its live members
+    plus what their reaped children used, so processes that come and go inside the tree are counted); a
+    negative PID counts that one process alone (the backends of a shared PostgreSQL server). ``poll()``
+    (called while waiting) remembers processes that end before ``since()``."""
+
+    def __init__(self) -> None:
+        self.groups: dict[str, object] = {}
+        self.start: dict[str, dict[int, tuple[float, float]]] = {}
+        self.last: dict[str, dict[int, tuple[float, float]]] = {}
+
+    def add(self, name: str, pids) -> None:
+        self.groups[name] = pids
+
+    @staticmethod
+    def _seconds(pid: int) -> tuple[float, float] | None:
+        try:
+            root = psutil.Process(abs(pid))
+            members = [root] if pid < 0 else [root, *root.children(recursive=True)]
+        except psutil.Error:
+            return None
+        user = system = 0.0
+        for process in members:
+            try:
+                times = process.cpu_times()
+            except psutil.Error:
+                continue
+            user += times.user + (times.children_user if pid > 0 else 0.0)
+            system += times.system + (times.children_system if pid > 0 else 0.0)
+        return user, system
+
+    def _sample(self) -> dict[str, dict[int, tuple[float, float]]]:
+        found: dict[str, dict[int, tuple[float, float]]] = {}
+        for name, pids in self.groups.items():
+            found[name] = {}
+            for pid in pids():
+                seconds = self._seconds(pid)
+                if seconds is not None:
+                    found[name][pid] = seconds
+        return found
+
+    def begin(self) -> None:
+        self.start = self._sample()
+        self.last = {name: dict(values) for name, values in self.start.items()}
+
+    def poll(self) -> None:
+        for name, values in self._sample().items():
+            self.last[name].update(values)
+
+    def since(self) -> dict[str, tuple[float, float]]:
+        """Per group: (user, system) seconds."""
+        self.poll()
+        used = {}
+        for name, values in self.last.items():
+            before = self.start[name]
+            used[name] = (sum(user - before.get(pid, (0.0, 0.0))[0] for pid, (user, _) in values.items()),
+                          sum(system - before.get(pid, (0.0, 0.0))[1] for pid, (_, system) in values.items()))
+        return used
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -38,24 +113,159 @@ def _pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--leases", type=int, default=400)
-    parser.add_argument("--nodes", type=int, default=50)
-    parser.add_argument("--clients", type=int, default=8)
-    parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--web-workers", type=int, default=2)
-    args = parser.parse_args()
-    print(time.strftime("%Y-%m-%d %H:%M"), f"on {os.cpu_count()} cores;", vars(args))
-
-    database = services.ensure_postgres()
-    broker = services.ensure_broker(redis_db=3)
-    url = services._with_database(database.url, "gpubroker_bench")
+def _postgres(args) -> tuple[services.Service, bool]:
+    """(the server, private?): a private embedded one unless DATABASE_URL is set; pg_stat_statements
+    preloaded exactly when ``--statements`` asks for it (a restart of the private server when that changes)."""
     import psycopg
 
+    private = not os.environ.get("DATABASE_URL", "").strip()
+    database = services.ensure_postgres(pgdata=PGDATA) if private else services.ensure_postgres()
     with psycopg.connect(database.url, autocommit=True) as connection:
-        connection.execute("DROP DATABASE IF EXISTS gpubroker_bench WITH (FORCE)")
-        connection.execute("CREATE DATABASE gpubroker_bench")
+        loaded = "pg_stat_statements" in connection.execute("SHOW shared_preload_libraries").fetchone()[0]
+        if private and loaded != bool(args.statements):
+            if args.statements:
+                connection.execute("ALTER SYSTEM SET shared_preload_libraries = 'pg_stat_statements'")
+            else:
+                connection.execute("ALTER SYSTEM RESET shared_preload_libraries")
+    if private and loaded != bool(args.statements):
+        services.embedded_restart(PGDATA)
+    return database, private
+
+
+def _meter(database: services.Service, private: bool, broker: services.Service, children: dict,
+           url: str) -> CpuMeter:
+    """The processes of the path: gunicorn, the Celery workers, the fleet, PostgreSQL, Redis, this client."""
+    import psycopg
+    import redis
+
+    meter = CpuMeter()
+    meter.add("API (gunicorn)", lambda: [children["api"].pid])
+    meter.add("Celery workers", lambda: [child.pid for child in children["workers"]])
+    meter.add("agents (fleet)", lambda: [children["fleet"].pid])
+    watch = psycopg.connect(url, autocommit=True)
+    own = watch.execute("SELECT pg_backend_pid()").fetchone()[0]
+    if private:  # the postmaster's whole tree: backends, WAL writer, checkpointer, autovacuum
+        postmaster = psutil.Process(own).ppid()
+        meter.add("PostgreSQL (server)", lambda: [postmaster])
+    else:
+        meter.add("PostgreSQL (backends)", lambda: [-pid for (pid,) in watch.execute(
+            "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND pid <> %s", [own])])
+    try:
+        redis_pid = redis.Redis.from_url(broker.url).info("server")["process_id"]
+    except (redis.RedisError, KeyError):
+        pass
+    else:
+        meter.add("Redis" if broker.how == "started" else "Redis (shared server)", lambda: [-redis_pid])
+    meter.add("bench client", lambda: [-os.getpid()])
+    return meter
+
+
+def _print_cpu(used: dict[str, tuple[float, float]], busy: float, leases: int) -> None:
+    total = sum(user + system for user, system in used.values())
+    print(f"CPU per lease (ms, user + system, first request to last ACTIVE, {leases} leases):")
+    for name, (user, system) in used.items():
+        print(f"  {name:<26} {(user + system) * 1000 / leases:7.2f}  ({system * 1000 / leases:.2f} in the kernel)")
+    cores = psutil.cpu_count()
+    print(f"  {'all of the above':<26} {total * 1000 / leases:7.2f}  -> at most "
+          f"{cores * leases / total:.0f} leases/s on {cores} cores doing nothing else")
+    print(f"  machine busy: {busy:.1f} CPU s in that time, {total:.1f} of them this benchmark's")
+
+
+def _statements_reset(url: str):
+    import psycopg
+
+    connection = psycopg.connect(url, autocommit=True)
+    try:
+        connection.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+        connection.execute("SELECT pg_stat_statements_reset()")
+    except psycopg.Error as error:
+        print(f"no statement statistics: {error}".strip())
+        return None
+    return connection
+
+
+def _print_statements(connection, limit: int, leases: int) -> None:
+    mine = "dbid = (SELECT oid FROM pg_database WHERE datname = current_database())"
+    calls, spent = connection.execute(
+        f"SELECT sum(calls), sum(total_exec_time) FROM pg_stat_statements WHERE {mine}").fetchone()  # noqa: S608
+    print(f"SQL: {calls / leases:.1f} statements, {spent / leases:.2f} ms executing per lease; costliest:")
+    rows = connection.execute(f"SELECT calls, total_exec_time, query FROM pg_stat_statements WHERE {mine} "  # noqa: S608
+                              "ORDER BY total_exec_time DESC LIMIT %s", [limit])
+    for count, milliseconds, query in rows:
+        print(f"  {count / leases:6.2f}/lease {milliseconds / leases:6.3f} ms  {' '.join(query.split())[:130]}")
+
+
+def _queue_delete(url: str, queue: str) -> None:
+    """The run's Celery queue (and its bindings) goes with it."""
+    from kombu import Connection
+
+    try:
+        with Connection(url, connect_timeout=3) as connection:
+            connection.default_channel.queue_delete(queue)
+    except Exception as error:  # noqa: BLE001 - tidying only
+        print(f"queue {queue} not deleted: {error}", file=sys.stderr)
+
+
+def _wait_http(url: str, process: subprocess.Popen, log: Path, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"{process.args[0]} exited with {process.returncode}:\n{log.read_text()[-3000:]}")
+        try:
+            with urllib.request.urlopen(url, timeout=1):  # noqa: S310 - loopback
+                return
+        except OSError:
+            time.sleep(0.1)
+    raise TimeoutError(f"{url} did not answer in {timeout} s")
+
+
+class Client:
+    """One keep-alive HTTP/1.1 connection, as a tenant's script with a session would hold."""
+
+    def __init__(self, port: int, token: str):
+        self.port = port
+        self.headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
+        self.connection = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+
+    def call(self, method: str, path: str, body: bytes | None = None, headers: dict | None = None) -> tuple:
+        for attempt in range(2):
+            try:
+                self.connection.request(method, path, body=body, headers={**self.headers, **(headers or {})})
+                response = self.connection.getresponse()
+                return response.status, response.read()
+            except (http.client.HTTPException, ConnectionError):
+                # the server closed an idle connection: open another and send again (POSTs carry an
+                # Idempotency-Key, so a request that did arrive is not made twice)
+                self.connection.close()
+                self.connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
+                if attempt:
+                    raise
+        raise AssertionError("unreachable")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--leases", type=int, default=300)
+    parser.add_argument("--nodes", type=int, default=20)
+    parser.add_argument("--clients", type=int, default=8, help="client threads, one connection each")
+    parser.add_argument("--workers", type=int, default=2, help="Celery worker processes (2 children each)")
+    parser.add_argument("--web-workers", type=int, default=2, help="gunicorn worker processes")
+    parser.add_argument("--threads", type=int, default=4, help="threads per gunicorn worker")
+    parser.add_argument("--pause", type=float, default=0.0, metavar="SECONDS",
+                        help="wait this long before submitting, with the PIDs printed (to attach a profiler)")
+    parser.add_argument("--statements", type=int, default=0, metavar="N",
+                        help="also print the N costliest SQL statements (pg_stat_statements; it costs a little)")
+    args = parser.parse_args()
+    print(time.strftime("%Y-%m-%d %H:%M"), f"on {psutil.cpu_count()} cores;", vars(args))
+
+    import psycopg
+
+    database, private = _postgres(args)
+    broker = services.ensure_broker(redis_db=3)
+    url = services._with_database(database.url, DATABASE)
+    with psycopg.connect(database.url, autocommit=True) as connection:
+        connection.execute(f"DROP DATABASE IF EXISTS {DATABASE} WITH (FORCE)")
+        connection.execute(f"CREATE DATABASE {DATABASE}")
     queue = f"bench-{os.getpid()}"
     port = free_port()
     env = {**os.environ, "DATABASE_URL": url, "CELERY_BROKER_URL": broker.url, "SECRET_KEY": "bench",
@@ -72,25 +282,29 @@ def main() -> None:
     output = subprocess.run([*manage, "shell", "-c", setup], cwd=ROOT, env=env, check=True, capture_output=True,
                             text=True).stdout.split()
     api_token, enroll_token = output[-2], output[-1]
-    children = []
-    folder = tempfile.mkdtemp(prefix="bench-leasing-")
+    folder = Path(tempfile.mkdtemp(prefix="bench-leasing-"))
+    logs = {name: open(folder / f"{name}.log", "w") for name in ("api", "workers", "fleet")}  # noqa: SIM115
+    children: dict = {"workers": []}
+    finished = False
     try:
-        children.append(subprocess.Popen(
+        children["api"] = subprocess.Popen(
             [str(BIN / "gunicorn"), "config.wsgi", "--bind", f"127.0.0.1:{port}", "--workers",
-             str(args.web_workers), "--threads", "4", "--log-level", "warning"], cwd=ROOT, env=env))
+             str(args.web_workers), "--threads", str(args.threads), "--log-level", "warning"], cwd=ROOT, env=env,
+            stdout=logs["api"], stderr=subprocess.STDOUT)
         for number in range(args.workers):
-            children.append(subprocess.Popen(
+            children["workers"].append(subprocess.Popen(
                 [str(BIN / "celery"), "-A", "config", "worker", "--concurrency", "2", "--queues", queue, "--hostname",
                  f"bench{number}@%h", "--loglevel", "WARNING", "--without-gossip", "--without-mingle",
-                 "--without-heartbeat"], cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+                 "--without-heartbeat"], cwd=ROOT, env=env, stdout=logs["workers"], stderr=subprocess.STDOUT))
         site = f"http://127.0.0.1:{port}"
-        wait_http(site + "/healthz", children[0])
+        _wait_http(site + "/healthz", children["api"], folder / "api.log")
         fleet_port = free_port()
-        children.append(subprocess.Popen(
+        children["fleet"] = subprocess.Popen(
             [str(BIN / "python"), "-m", "agent.fleet", "--nodes", str(args.nodes), "--listen",
-             f"127.0.0.1:{fleet_port}", "--state-dir", folder, "--shape", "h100-80gb:8:mig", "--broker-url", site,
-             "--enrollment-token", enroll_token, "--log-level", "ERROR"], cwd=ROOT, env=env))
-        wait_http(f"http://127.0.0.1:{fleet_port}/healthz", children[-1])
+             f"127.0.0.1:{fleet_port}", "--state-dir", str(folder / "fleet"), "--shape", "h100-80gb:8:mig",
+             "--broker-url", site, "--enrollment-token", enroll_token, "--log-level", "ERROR"], cwd=ROOT, env=env,
+            stdout=logs["fleet"], stderr=subprocess.STDOUT)
+        _wait_http(f"http://127.0.0.1:{fleet_port}/healthz", children["fleet"], folder / "fleet.log")
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
             with urllib.request.urlopen(f"http://127.0.0.1:{fleet_port}/healthz") as response:
@@ -98,18 +312,27 @@ def main() -> None:
                     break
             time.sleep(0.5)
         print(f"{args.nodes} nodes ({args.nodes * 8} GPUs, {args.nodes * 56} 1g slots) enrolled")
+        clients = [Client(port, api_token) for _ in range(args.clients)]
+        for client in clients:  # every connection open, and the web worker behind it past its first request
+            assert client.call("GET", "/api/v1/leases?limit=1")[0] == 200
+        if args.pause:
+            print(f"pids: api {children['api'].pid} workers {' '.join(str(c.pid) for c in children['workers'])} "
+                  f"fleet {children['fleet'].pid}; submitting in {args.pause:.0f} s", flush=True)
+            time.sleep(args.pause)
+
+        body = json.dumps({"project": "load", "gpu": {"kind": "mig", "profile": "1g.10gb"},
+                           "duration_seconds": 3600}).encode()
 
         def submit(number: int) -> None:
             for index in range(number, args.leases, args.clients):
-                body = json.dumps({"project": "load", "gpu": {"kind": "mig", "profile": "1g.10gb"},
-                                   "duration_seconds": 3600}).encode()
-                request = urllib.request.Request(  # noqa: S310 - loopback
-                    site + "/api/v1/leases", data=body, method="POST",
-                    headers={"Authorization": f"Bearer {api_token}", "Content-Type": "application/json",
-                             "Idempotency-Key": f"bench-{index}"})
-                with urllib.request.urlopen(request, timeout=30) as response:  # noqa: S310
-                    assert response.status == 201
+                status, answer = clients[number].call("POST", "/api/v1/leases", body,
+                                                      {"Idempotency-Key": f"bench-{index}"})
+                assert status in (200, 201), (status, answer[:500])  # 200: a resent request's first answer
 
+        meter = _meter(database, private, broker, children, url)
+        statements = _statements_reset(url) if args.statements else None
+        machine = psutil.cpu_times()
+        meter.begin()
         started = time.monotonic()
         threads = [threading.Thread(target=submit, args=(n,)) for n in range(args.clients)]
         for thread in threads:
@@ -123,9 +346,14 @@ def main() -> None:
         from broker.models import Lease, LeaseEvent
 
         while time.monotonic() - started < 300:
+            meter.poll()
             if Lease.objects.filter(state="active").count() >= args.leases:
                 break
-            time.sleep(0.5)
+            time.sleep(0.2)
+        used = meter.since()
+        after = psutil.cpu_times()
+        busy = (sum(after) - after.idle - getattr(after, "iowait", 0)) - (
+            sum(machine) - machine.idle - getattr(machine, "iowait", 0))
         events = LeaseEvent.objects.filter(to_state__in=["requested", "active"]).values_list("lease_id", "to_state",
                                                                                             "at")
         times: dict[int, dict[str, float]] = {}
@@ -138,16 +366,31 @@ def main() -> None:
         print(f"active: {len(done)}/{args.leases}; {len(done) / span:.1f} leases/s from request to ACTIVE; "
               f"latency p50 {statistics.median(latencies):.2f} s, p99 {_pct(latencies, 0.99):.2f} s, "
               f"max {max(latencies):.2f} s")
+        _print_cpu(used, busy, len(done) or 1)
+        if statements is not None:
+            _print_statements(statements, args.statements, len(done) or 1)
+        finished = True
     finally:
-        for child in reversed(children):
-            child.terminate()
-        for child in children:
+        everything = [children.get("fleet"), *children["workers"], children.get("api")]
+        for child in everything:
+            if child is not None:
+                child.terminate()
+        for child in everything:
+            if child is None:
+                continue
             try:
                 child.wait(30)
             except subprocess.TimeoutExpired:
                 child.kill()
+        for log in logs.values():
+            log.close()
+        _queue_delete(broker.url, queue)
         broker.shutdown()
         database.shutdown()
+        if finished:
+            shutil.rmtree(folder, ignore_errors=True)
+        else:
+            print(f"logs of the API, the workers and the fleet: {folder}", file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime
 
 from django.conf import settings
 from django.db.models import Prefetch, QuerySet
+from django.utils import timezone
 
 from broker.choices import LeaseState
 from broker.models import Allocation, Gpu, Lease, LeaseEvent, Node
@@ -99,7 +101,8 @@ def offer_list(*, now=None) -> list[dict]:
 
 def scheduler_snapshot(*, now: datetime):
     """What the scheduling core sees: nodes (silent or cordoned ones closed to new work), GPUs not lost,
-    live allocations grouped by lease, quotas."""
+    live allocations grouped by lease, quotas. Read as plain values (no model instances): every cycle reads
+    every live allocation, so this is the part of a cycle that grows with the fleet."""
     from broker.scheduler import Allocation as CoreAllocation
     from broker.scheduler import Gpu as CoreGpu
     from broker.scheduler import GpuMode as CoreMode
@@ -107,35 +110,219 @@ def scheduler_snapshot(*, now: datetime):
     from broker.scheduler import QuotaSpec, Snapshot, TenantQuotaSpec, Unit
     from tenants.models import Quota, TenantQuota
 
-    nodes = list(Node.objects.all())
-    gpus = list(Gpu.objects.filter(lost_at__isnull=True, node__in=nodes).select_related("node"))
-    core_nodes = tuple(CoreNode(n.node_id, cordoned=n.cordoned or n.status != "ready") for n in nodes)
-    core_gpus = tuple(CoreGpu(f"g{g.pk}", g.node.node_id, g.model, CoreMode(g.mode), g.index, g.nvlink_domain)
-                      for g in gpus)
+    nodes = list(Node.objects.values_list("pk", "node_id", "cordoned", "status"))
+    node_ids = {pk: node_id for pk, node_id, _, _ in nodes}
+    core_nodes = tuple(CoreNode(node_id, cordoned=cordoned or status != "ready")
+                       for _, node_id, cordoned, status in nodes)
+    gpus = list(Gpu.objects.filter(lost_at__isnull=True, node__in=node_ids).values_list(
+        "pk", "node_id", "model", "mode", "index", "nvlink_domain"))
+    core_gpus = tuple(CoreGpu(f"g{pk}", node_ids[node], model, CoreMode(mode), index, nvlink_domain)
+                      for pk, node, model, mode, index, nvlink_domain in gpus)
+    gpu_node = {pk: node_ids[node] for pk, node, *_ in gpus}
     units: dict[int, list] = {}
-    meta: dict[int, Allocation] = {}
+    first: dict[int, tuple] = {}
     # capacity of preempted leases counts as free: it is promised to whoever reclaimed it, and a placement
     # on it before the holder has left fails on the exclusion constraint and waits for the next cycle
-    live = (Allocation.objects.filter(freed_at__isnull=True, gpu__in=gpus).exclude(lease__state=LeaseState.PREEMPTED)
-            .select_related("lease", "gpu"))
-    for allocation in live:
-        units.setdefault(allocation.lease_id, []).append(Unit(
-            f"g{allocation.gpu_id}", allocation.milli, allocation.memory_mib, allocation.mig_profile,
-            allocation.mig_start if allocation.mig_start is not None else -1))
-        meta.setdefault(allocation.lease_id, allocation)
-    gpu_node = {g.pk: g.node.node_id for g in gpus}
+    live = (Allocation.objects.filter(freed_at__isnull=True, gpu__lost_at__isnull=True)
+            .exclude(lease__state=LeaseState.PREEMPTED).order_by("pk")
+            .values_list("lease_id", "gpu_id", "milli", "memory_mib", "mig_profile", "mig_start", "tier", "preemptible",
+                         "lease__project_id", "lease__tenant_id", "lease__active_at", "lease__queued_at",
+                         "lease__priority"))
+    for row in live:
+        lease_id, gpu_id, milli, memory_mib, mig_profile, mig_start = row[:6]
+        units.setdefault(lease_id, []).append(Unit(
+            f"g{gpu_id}", milli, memory_mib, mig_profile, mig_start if mig_start is not None else -1))
+        first.setdefault(lease_id, row)
     core_allocations = []
     for lease_id, held in units.items():
-        first = meta[lease_id]
-        lease = first.lease
+        gpu_id, tier, preemptible, project_id, tenant_id, active_at, queued_at, priority = (
+            first[lease_id][1], *first[lease_id][6:])
         core_allocations.append(CoreAllocation(
-            id=str(lease_id), project=str(lease.project_id), tenant=str(lease.tenant_id), tier=first.tier,
-            node=gpu_node[first.gpu_id], units=tuple(held), preemptible=first.preemptible,
-            started_at=(lease.active_at or lease.queued_at or now).timestamp(), priority=lease.priority))
-    quotas = tuple(QuotaSpec(str(q.project_id), str(q.project.tenant_id), q.tier, q.deserved_gpu_milli,
-                             q.limit_gpu_milli, q.over_quota_weight)
-                   for q in Quota.objects.select_related("project"))
-    tenant_quotas = tuple(TenantQuotaSpec(str(q.tenant_id), q.tier, q.deserved_gpu_milli, q.limit_gpu_milli)
-                          for q in TenantQuota.objects.all())
+            id=str(lease_id), project=str(project_id), tenant=str(tenant_id), tier=tier, node=gpu_node[gpu_id],
+            units=tuple(held), preemptible=preemptible, started_at=(active_at or queued_at or now).timestamp(),
+            priority=priority))
+    quotas = tuple(QuotaSpec(str(project_id), str(tenant_id), tier, deserved, limit, weight)
+                   for project_id, tenant_id, tier, deserved, limit, weight in Quota.objects.values_list(
+                       "project_id", "project__tenant_id", "tier", "deserved_gpu_milli", "limit_gpu_milli",
+                       "over_quota_weight"))
+    tenant_quotas = tuple(TenantQuotaSpec(str(tenant_id), tier, deserved, limit)
+                          for tenant_id, tier, deserved, limit in TenantQuota.objects.values_list(
+                              "tenant_id", "tier", "deserved_gpu_milli", "limit_gpu_milli"))
     return Snapshot(nodes=core_nodes, gpus=core_gpus, allocations=tuple(core_allocations), quotas=quotas,
                     tenant_quotas=tenant_quotas, min_runtime_seconds=settings.LEASE_MIN_RUNTIME_SECONDS)
+
+
+# -- portal: request preview, utilisation, fleet and queue ----------------------------------------------
+@dataclass(frozen=True)
+class LeasePreview:
+    """What would happen to a request if it were made now (nothing is written).
+
+    ``outcome``: ``fits`` (placed at the next cycle), ``reclaims`` (placed once over-quota work of
+    others has been given notice) or ``waits`` (with ``queue_position`` and ``reason``). ``tier`` is
+    the GPU model it would run on (or the first one whose quota allows it when it waits), ``gpu`` the
+    request's ``gpu`` object with that model filled in when the request said ``auto``.
+    """
+
+    outcome: str
+    reason: str
+    tier: str
+    over_quota: bool
+    queue_position: int | None
+    units_milli: int
+    gpu: dict
+
+
+def lease_preview(*, actor: Actor, project: object, gpu: object, workload_class: object = "training",
+                  priority: object = 0, duration_seconds: object = 3600, now: datetime | None = None) -> LeasePreview:
+    """Dry run of ``services.lease_request``: the same checks and errors (each naming its field), then one
+    scheduling plan over the current queue with this request appended last among its priority. Reads only."""
+    from broker import services  # the request rules live with the writer (which imports this module)
+    from broker.choices import WorkloadClass
+    from broker.scheduler import DecisionMode, Kind, Request, Shape
+    from broker.scheduler.plan import Scheduler
+    from config.errors import QuotaExceeded
+    from gpus.mig import UnknownProfile
+    from tenants.selectors import project_get, quota_list
+
+    actor.require("view")
+    now = now or timezone.now()
+    if not isinstance(project, str):
+        raise ValidationFailed("project must be a project slug.", field="project")
+    shape = services._shape_from(gpu)
+    if workload_class not in WorkloadClass.values:
+        raise ValidationFailed(f"workload_class must be one of {', '.join(WorkloadClass.values)}.",
+                               field="workload_class")
+    if isinstance(priority, bool) or not isinstance(priority, int) or not -100 <= priority <= 100:
+        raise ValidationFailed("priority must be a whole number from -100 to 100.", field="priority")
+    services._validate_duration(duration_seconds)
+    target = project_get(actor=actor, slug=project)
+    quotas = {q.tier: q for q in quota_list(actor=actor, project=target)}
+    tiers = shape["models"] or sorted(quotas)
+    units: dict[str, int] = {}
+    for tier in tiers:
+        if tier in quotas:
+            try:
+                units[tier] = services._quota_units(shape, tier)
+            except UnknownProfile:  # the profile does not exist on this model
+                continue
+    if not any(amount <= quotas[tier].limit_gpu_milli for tier, amount in units.items()):
+        wanted = ", ".join(tiers) or "any model"
+        raise QuotaExceeded(f"Project {project!r} has no quota on {wanted} whose limit allows this request.",
+                            field="gpu")
+
+    core_shape = Shape(Kind(shape["kind"]), shape["count"], profile=shape["profile"], milli=shape["milli"],
+                       memory_mib=shape["memory_mib"], models=tuple(shape["models"]), gang=shape["gang"])
+    mine = Request("preview", str(target.pk), str(actor.tenant.pk), core_shape, now.timestamp(), priority)
+    queued = Lease.objects.filter(state=LeaseState.QUEUED).order_by("queued_at", "pk")[:5000]
+    snapshot = scheduler_snapshot(now=now)
+    decisions = Scheduler(snapshot).schedule([*map(services._core_request, queued), mine], now=now.timestamp())
+    decision = next(d for d in decisions if d.request == "preview")
+    resolved = dict(gpu) if isinstance(gpu, dict) else {}
+
+    def result(outcome: str, reason: str, tier: str, over: bool, position: int | None) -> LeasePreview:
+        if tier and resolved.get("model", "auto") == "auto":
+            resolved["model"] = tier
+        return LeasePreview(outcome, reason, tier, over, position, units.get(tier, 0), resolved)
+
+    if decision.mode == DecisionMode.PLACED:
+        allocation = decision.allocation
+        kind = "over quota: preemptible, billed at the over-quota rate" if allocation.preemptible else "within quota"
+        return result("fits", f"on {allocation.tier}, {kind}", allocation.tier, allocation.preemptible, None)
+    if decision.mode == DecisionMode.PREEMPT:
+        tier = decision.allocation.tier
+        return result("reclaims", f"in quota on {tier}: starts once over-quota work of other projects has had its "
+                                  f"preemption notice", tier, False, None)
+    # waiting: would it be in quota or over quota on the first model whose quota admits it now?
+    fresh = Scheduler(snapshot)
+    for tier, need in fresh.tiers_for(mine):
+        blocked, in_quota = fresh.quota_check(mine, tier, need)
+        if blocked is None:
+            return result("waits", decision.reason, tier, not in_quota, decision.queue_position)
+    # no GPU of an allowed model is in the fleet now: judge by the project's own quota
+    used = quota_usage(actor=actor)
+    for tier, amount in units.items():
+        quota = quotas[tier]
+        in_use = used.get((target.pk, tier), {"in_use": 0})["in_use"]
+        if amount <= quota.limit_gpu_milli:
+            return result("waits", decision.reason, tier, in_use + amount > quota.deserved_gpu_milli,
+                          decision.queue_position)
+    return result("waits", decision.reason, "", False, decision.queue_position)
+
+
+def _prometheus(path: str, params: dict) -> list | None:
+    """One Prometheus HTTP API query; None when Prometheus does not answer (telemetry is optional)."""
+    import json
+    import urllib.error
+    import urllib.parse
+    import urllib.request
+
+    url = f"{settings.PROMETHEUS_URL.rstrip('/')}/api/v1/{path}?{urllib.parse.urlencode(params)}"
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:  # noqa: S310 (a configured http(s) URL)
+            body = json.loads(response.read())
+    except (OSError, ValueError):
+        return None
+    if body.get("status") != "success":
+        return None
+    return body["data"]["result"]
+
+
+def lease_utilisation(*, lease: Lease, now: datetime | None = None, points: int = 60) -> list[float] | None:
+    """The lease's compute utilisation (0-100 %, mean over its devices) from DCGM metrics in Prometheus,
+    ``points`` samples over its time on GPUs; [] when there is none yet, None when Prometheus is down."""
+    if lease.active_at is None:
+        return []
+    ids = "|".join(f"alloc-{pk}" for pk in Allocation.objects.filter(lease=lease).values_list("pk", flat=True))
+    if not ids:
+        return []
+    end = lease.finished_at or now or timezone.now()
+    start = lease.active_at
+    step = max(1.0, (end - start).total_seconds() / points)
+    result = _prometheus("query_range", {
+        "query": f'avg(DCGM_FI_PROF_GR_ENGINE_ACTIVE{{allocation_id=~"{ids}"}})',
+        "start": start.timestamp(), "end": end.timestamp(), "step": f"{step:.3f}"})
+    if result is None:
+        return None
+    values = result[0]["values"] if result else []
+    return [round(float(value) * 100, 1) for _, value in values]
+
+
+def fleet_utilisation() -> dict[str, float] | None:
+    """Platform staff: compute utilisation now (0-100 %) per allocation instance id and per GPU UUID
+    (whole and shared GPUs), from Prometheus; None when it does not answer."""
+    consumers = _prometheus("query", {"query": 'DCGM_FI_PROF_GR_ENGINE_ACTIVE{allocation_id!=""}'})
+    if consumers is None:
+        return None
+    gpus = _prometheus("query", {"query": "DCGM_FI_DEV_GPU_UTIL"}) or []
+    found = {row["metric"]["allocation_id"]: round(float(row["value"][1]) * 100, 1) for row in consumers}
+    found.update({row["metric"]["UUID"]: round(float(row["value"][1]), 1) for row in gpus})
+    return found
+
+
+def node_list() -> QuerySet[Node]:
+    """Platform staff: every node with its GPUs (lost ones excluded), by pool and id."""
+    return Node.objects.prefetch_related(
+        Prefetch("gpus", queryset=Gpu.objects.filter(lost_at__isnull=True).order_by("index"))
+    ).order_by("pool", "node_id")
+
+
+def node_get(*, node_id: str) -> Node:
+    node = Node.objects.filter(node_id=node_id).first()
+    if node is None:
+        raise NotFound(f"No node {node_id!r}.", field="node")
+    return node
+
+
+def allocation_list_live() -> QuerySet[Allocation]:
+    """Platform staff: every allocation that holds capacity now, with its lease, tenant and project."""
+    return (Allocation.objects.filter(freed_at__isnull=True)
+            .select_related("lease__tenant", "lease__project", "gpu").order_by("gpu_id", "mig_start", "pk"))
+
+
+def queue_list() -> QuerySet[Lease]:
+    """Platform staff: every waiting lease of every tenant in the scheduler's order (its last position)."""
+    from django.db.models import F
+
+    return (Lease.objects.filter(state__in=(LeaseState.REQUESTED, LeaseState.QUEUED))
+            .select_related("tenant", "project")
+            .order_by(F("queue_position").asc(nulls_last=True), "-priority", "queued_at", "pk"))

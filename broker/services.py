@@ -12,11 +12,15 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+from contextlib import nullcontext
 from datetime import datetime, timedelta
 
 from django.conf import settings
+from django.contrib.postgres.expressions import ArraySubquery
 from django.db import IntegrityError, connection, transaction
 from django.db.backends.postgresql.psycopg_any import NumericRange
+from django.db.models import IntegerField, OuterRef, Subquery, Value
+from django.db.models.functions import JSONObject
 from django.utils import timezone
 
 from broker.choices import (
@@ -29,6 +33,7 @@ from broker.choices import (
     WorkloadClass,
 )
 from broker.models import Allocation, Gpu, Lease, LeaseEvent, Node
+from broker.scheduler import DecisionMode, Kind, Request, Shape, plan
 from broker.selectors import scheduler_snapshot
 from config.errors import IdempotencyConflict, LeaseStateConflict, NotFound, QuotaExceeded, ValidationFailed
 from gpus.catalogue import UnknownModel, model_get
@@ -59,10 +64,98 @@ def lease_transition(*, lease: Lease, to: str, reason: str, actor: str, now: dat
     return lease
 
 
+def _update_each(model, rows: list, fields: list[str], **only) -> int:
+    """Write ``fields`` of many rows, each with its own values, in one statement (``UPDATE … FROM
+    unnest(<one array per column>)``); ``only`` adds equality conditions (``state=LeaseState.QUEUED``).
+    Django's ``bulk_update`` builds a CASE per field per row: for a few dozen rows that cost more CPU
+    than the rest of a schedule cycle. Returns the number of rows changed."""
+    if not rows:
+        return 0
+    meta = model._meta
+    columns = [meta.pk, *(meta.get_field(name) for name in fields)]
+    quote = connection.ops.quote_name
+    arrays = [[meta.pk.get_db_prep_value(row.pk, connection) for row in rows]]
+    arrays += [[field.get_db_prep_save(getattr(row, field.attname), connection) for row in rows]
+               for field in columns[1:]]
+    unnest = ", ".join(f"%s::{field.db_type(connection)}[]" for field in columns)
+    names = ", ".join(quote(field.column) for field in columns)
+    assignments = ", ".join(f"{quote(field.column)} = v.{quote(field.column)}" for field in columns[1:])
+    conditions = "".join(f" AND t.{quote(meta.get_field(name).column)} = %s" for name in only)
+    sql = (f"UPDATE {quote(meta.db_table)} AS t SET {assignments} FROM unnest({unnest}) AS v({names}) "  # noqa: S608
+           f"WHERE t.{quote(meta.pk.column)} = v.{quote(meta.pk.column)}{conditions}")
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [*arrays, *only.values()])
+        return cursor.rowcount
+
+
 def _enqueue(task_name: str, *args) -> None:
+    """Send the task once the current transaction commits (a schedule cycle: ``schedule_cycle_request``)."""
+    if task_name == "schedule_cycle" and not args:
+        transaction.on_commit(schedule_cycle_request)
+        return
     from broker import tasks
 
     transaction.on_commit(lambda: getattr(tasks, task_name).delay(*args))
+
+
+# -- schedule-cycle triggers -------------------------------------------------------------------------
+# Every request, release and requeue asks for a cycle, but one cycle serves many: a flag in the Celery
+# broker's Redis means "a cycle has been sent whose look at the queue after its commit is still to come".
+# A trigger sets it (SET NX) once its own transaction has committed, and sends the task only when it was
+# not set already. A cycle, after it commits, clears the flag and only then looks for queued leases it did
+# not see (sending the next cycle when there are). So a trigger that found the flag set committed before
+# that look and is found by it; while cycles run back to back, requests send no tasks at all. A cycle that
+# finds another one running skips: the running one's look comes after it. The flag expires (a lost message
+# costs at most CYCLE_FLAG_SECONDS, and beat sends a cycle every 10 s anyway); without Redis (amqp,
+# filesystem) every trigger sends its task, as before.
+CYCLE_FLAG_SECONDS = 10
+_cycle_flags: dict[str, object] = {}
+
+
+def _cycle_flag():
+    """(Redis client, key) of this deployment's flag (its database and queue), or None without Redis."""
+    from config.celery import app
+
+    url = settings.CELERY_BROKER_URL
+    if not url.startswith(("redis://", "rediss://")):
+        return None
+    client = _cycle_flags.get(url)
+    if client is None:
+        import redis
+
+        client = _cycle_flags[url] = redis.Redis.from_url(url, socket_timeout=2, socket_connect_timeout=2)
+    key = f"gpubroker:cycle-requested:{connection.settings_dict['NAME']}:{app.conf.task_default_queue}"
+    return client, key
+
+
+def schedule_cycle_request() -> None:
+    """Ask for a schedule cycle; call it after the change it is for has committed (``_enqueue`` does)."""
+    import redis
+
+    from broker import tasks
+
+    flag = _cycle_flag()
+    if flag is not None:
+        client, key = flag
+        try:
+            if not client.set(key, b"1", nx=True, ex=CYCLE_FLAG_SECONDS):
+                return  # a requested cycle has not read the queue yet: it will see this change
+        except redis.RedisError as error:
+            logger.warning("schedule-cycle flag not set (%s); sending the task anyway", error)
+    tasks.schedule_cycle.delay()
+
+
+def _cycle_flag_clear() -> None:
+    """A cycle is about to look at the queue: changes committed after this must ask for another one."""
+    import redis
+
+    flag = _cycle_flag()
+    if flag is not None:
+        client, key = flag
+        try:
+            client.delete(key)
+        except redis.RedisError as error:
+            logger.warning("schedule-cycle flag not cleared (%s); it expires in %s s", error, CYCLE_FLAG_SECONDS)
 
 
 # -- request -----------------------------------------------------------------------------------------
@@ -173,50 +266,53 @@ def lease_request(*, actor: Actor, project: str, gpu: object, workload_class: st
     payload = {"project": project, "gpu": shape, "workload_class": workload_class, "priority": priority,
                "duration_seconds": duration_seconds}
     digest = _request_hash(payload)
-    if idempotency_key:
-        existing = Lease.objects.filter(tenant=actor.tenant, idempotency_key=idempotency_key).first()
-        if existing is not None:
-            if existing.request_hash != digest:
-                raise IdempotencyConflict("This Idempotency-Key was used with another request body.",
-                                          field="Idempotency-Key")
-            return existing, False
-    target = Project.objects.filter(tenant=actor.tenant, slug=project).first()
+    # one query: the project, its quota limits and the lease this idempotency key already made, if any
+    keyed = Lease.objects.filter(tenant=actor.tenant, idempotency_key=idempotency_key).order_by()
+    found = list(Project.objects.filter(tenant=actor.tenant, slug=project).order_by().annotate(
+        limits=ArraySubquery(Quota.objects.filter(project=OuterRef("pk")).order_by().values(
+            json=JSONObject(tier="tier", limit="limit_gpu_milli"))),
+        replayed=Subquery(keyed.values("pk")[:1]) if idempotency_key else Value(None, IntegerField()))[:1])
+    target = found[0] if found else None
+    replayed = target.replayed if target is not None else (
+        keyed.values_list("pk", flat=True).first() if idempotency_key else None)
+    if replayed is not None:
+        existing = Lease.objects.select_related("project").get(pk=replayed)
+        if existing.request_hash != digest:
+            raise IdempotencyConflict("This Idempotency-Key was used with another request body.",
+                                      field="Idempotency-Key")
+        return existing, False
     if target is None:
         raise NotFound(f"No project {project!r} in this tenant.", field="project")
-    quotas = {q.tier: q for q in Quota.objects.filter(project=target)}
-    tiers = shape["models"] or sorted(quotas)
+    limits = {quota["tier"]: quota["limit"] for quota in target.limits}
+    tiers = shape["models"] or sorted(limits)
     fitting = []
     for tier in tiers:
-        quota = quotas.get(tier)
-        if quota is None:
+        if tier not in limits:
             continue
         try:
             units = _quota_units(shape, tier)
         except UnknownProfile:
             continue
-        if units <= quota.limit_gpu_milli:
+        if units <= limits[tier]:
             fitting.append(tier)
     if not fitting:
         wanted = ", ".join(tiers) or "any model"
         raise QuotaExceeded(f"Project {project!r} has no quota on {wanted} whose limit allows this request.",
                             field="gpu")
+    # born queued: the events of its first two steps are written with it
+    lease = Lease(
+        tenant=actor.tenant, project=target, created_by=actor.user if actor.user.is_authenticated else None,
+        kind=shape["kind"], count=shape["count"], models_allowed=shape["models"], profile=shape["profile"],
+        milli=shape["milli"], memory_mib=shape["memory_mib"], gang=shape["gang"], workload_class=workload_class,
+        priority=priority, duration_seconds=duration_seconds, requested_at=now, idempotency_key=idempotency_key,
+        request_hash=digest, state=LeaseState.QUEUED, reason="waiting for the scheduler", queued_at=now)
+    events = [LeaseEvent(from_state="", to_state=LeaseState.REQUESTED, reason="requested",
+                         actor=f"user:{actor.user.get_username()}", at=now),
+              LeaseEvent(from_state=LeaseState.REQUESTED, to_state=LeaseState.QUEUED,
+                         reason="waiting for the scheduler", actor="broker", at=now)]
     try:
-        with transaction.atomic(durable=True):
-            # born queued: both events of the first two steps written with it (one insert each)
-            lease = Lease.objects.create(
-                tenant=actor.tenant, project=target, created_by=actor.user if actor.user.is_authenticated else None,
-                kind=shape["kind"], count=shape["count"], models_allowed=shape["models"], profile=shape["profile"],
-                milli=shape["milli"], memory_mib=shape["memory_mib"], gang=shape["gang"],
-                workload_class=workload_class, priority=priority, duration_seconds=duration_seconds,
-                requested_at=now, idempotency_key=idempotency_key, request_hash=digest, state=LeaseState.QUEUED,
-                reason="waiting for the scheduler", queued_at=now)
-            LeaseEvent.objects.bulk_create([
-                LeaseEvent(lease=lease, from_state="", to_state=LeaseState.REQUESTED, reason="requested",
-                           actor=f"user:{actor.user.get_username()}", at=now),
-                LeaseEvent(lease=lease, from_state=LeaseState.REQUESTED, to_state=LeaseState.QUEUED,
-                           reason="waiting for the scheduler", actor="broker", at=now),
-            ])
-            _enqueue("schedule_cycle")
+        _lease_insert(lease, events)
+        _enqueue("schedule_cycle")
     except IntegrityError:
         # the same key raced us: the winner's lease is the answer (or a conflict when its body differs)
         existing = Lease.objects.get(tenant=actor.tenant, idempotency_key=idempotency_key)
@@ -225,6 +321,30 @@ def lease_request(*, actor: Actor, project: str, gpu: object, workload_class: st
                                       field="Idempotency-Key") from None
         return existing, False
     return lease, True
+
+
+def _lease_insert(lease: Lease, events: list[LeaseEvent]) -> None:
+    """Insert a new lease and its first events in one statement — a transaction of its own (or part of
+    the caller's), one round trip instead of five (BEGIN, two inserts, COMMIT) on the request path. The
+    events keep their order (their ids follow it). Sets ``lease.pk``; an IntegrityError writes nothing."""
+    quote = connection.ops.quote_name
+    fields = [field for field in Lease._meta.concrete_fields if not field.primary_key]
+    values = [field.get_db_prep_save(field.pre_save(lease, True), connection) for field in fields]
+    event_fields = [LeaseEvent._meta.get_field(name) for name in ("from_state", "to_state", "reason", "actor", "at")]
+    arrays = [[field.get_db_prep_save(getattr(event, field.attname), connection) for event in events]
+              for field in event_fields]
+    columns = ", ".join(quote(field.column) for field in event_fields)
+    sql = (f"WITH lease AS (INSERT INTO {quote(Lease._meta.db_table)} "  # noqa: S608 (names from the models)
+           f"({', '.join(quote(field.column) for field in fields)}) VALUES ({', '.join(['%s'] * len(fields))}) "
+           f"RETURNING {quote(Lease._meta.pk.column)} AS id) "
+           f"INSERT INTO {quote(LeaseEvent._meta.db_table)} ({quote('lease_id')}, {columns}) "
+           f"SELECT lease.id, {columns} FROM lease, unnest("
+           f"{', '.join(f'%s::{field.db_type(connection)}[]' for field in event_fields)}) WITH ORDINALITY "
+           f"AS e({columns}, position) ORDER BY e.position RETURNING {quote('lease_id')}")
+    with transaction.atomic() if connection.in_atomic_block else nullcontext(), connection.cursor() as cursor:
+        cursor.execute(sql, [*values, *arrays])
+        lease.pk = cursor.fetchone()[0]
+    lease._state.adding, lease._state.db = False, connection.alias
 
 
 # -- release / renew / expire ---------------------------------------------------------------------------
@@ -296,20 +416,51 @@ def agent_client(node: Node):
 
 
 def allocation_ready(*, allocation: Allocation, instance: dict, now: datetime) -> bool:
-    """Record what the agent created; when every allocation of the lease is ready, the lease is ACTIVE."""
+    """Record what the agent created; when every allocation of the lease is ready, the lease is ACTIVE.
+    False when the allocation was no longer pending (recorded before, or freed)."""
+    return allocations_ready(items=[(allocation, instance)], now=now)["ready"] == 1
+
+
+def allocations_ready(*, items: list[tuple[Allocation, dict]], now: datetime) -> dict[str, int]:
+    """Record what the agents created, in one transaction: each allocation still pending becomes READY
+    with its device; each lease still PROVISIONING whose live allocations are now all ready becomes ACTIVE
+    until ``now`` + its duration, with its event. The leases are locked first, in key order (as
+    ``allocations_free`` does), so a release racing this waits or wins cleanly. Returns how many
+    allocations were recorded (``ready``) and how many leases became ACTIVE (``active``)."""
+    instances = {allocation.pk: instance for allocation, instance in items}
+    lease_ids = sorted({allocation.lease_id for allocation, _ in items})
     with transaction.atomic(durable=True):
-        changed = Allocation.objects.filter(pk=allocation.pk, state=AllocationState.PENDING).update(
-            state=AllocationState.READY, ready_at=now, device_uuid=instance.get("device_uuid", ""),
-            gpu_instance_id=instance.get("gpu_instance_id"), access=instance.get("access", {}))
-        if not changed:
-            return False
-        lease = Lease.objects.select_for_update().get(pk=allocation.lease_id)
-        pending = lease.allocations.filter(freed_at__isnull=True).exclude(state=AllocationState.READY).exists()
-        if lease.state == LeaseState.PROVISIONING and not pending:
-            lease_transition(lease=lease, to=LeaseState.ACTIVE, reason=f"running on {allocation.gpu.node.node_id}",
-                             actor="worker", now=now, active_at=now,
-                             ends_at=now + timedelta(seconds=lease.duration_seconds))
-    return True
+        leases = {lease.pk: lease for lease in Lease.objects.select_for_update().filter(pk__in=lease_ids)
+                  .order_by("pk").only("pk", "state", "duration_seconds")}
+        pending = Allocation.objects.filter(pk__in=instances, state=AllocationState.PENDING).values_list(
+            "pk", flat=True)
+        recorded = []
+        for pk in sorted(pending):
+            instance = instances[pk]
+            recorded.append(Allocation(pk=pk, state=AllocationState.READY, ready_at=now,
+                                       device_uuid=instance.get("device_uuid", ""),
+                                       gpu_instance_id=instance.get("gpu_instance_id"),
+                                       access=instance.get("access", {})))
+        if not recorded:
+            return {"ready": 0, "active": 0}
+        _update_each(Allocation, recorded, ["state", "ready_at", "device_uuid", "gpu_instance_id", "access"])
+        unfinished = set(Allocation.objects.filter(lease_id__in=lease_ids, freed_at__isnull=True)
+                         .exclude(state=AllocationState.READY).values_list("lease_id", flat=True))
+        node_of = {allocation.lease_id: allocation.gpu.node.node_id for allocation, _ in items}
+        active, events = [], []
+        for lease_id in lease_ids:
+            lease = leases.get(lease_id)
+            if lease is None or lease.state != LeaseState.PROVISIONING or lease_id in unfinished:
+                continue
+            reason = f"running on {node_of[lease_id]}"
+            active.append(Lease(pk=lease_id, state=LeaseState.ACTIVE, reason=reason, active_at=now,
+                                ends_at=now + timedelta(seconds=lease.duration_seconds)))
+            events.append(LeaseEvent(lease_id=lease_id, from_state=LeaseState.PROVISIONING,
+                                     to_state=LeaseState.ACTIVE, reason=reason, actor="worker", at=now))
+        _update_each(Lease, active, ["state", "reason", "active_at", "ends_at"])
+        LeaseEvent.objects.bulk_create(events)
+    logger.info("%d instances recorded, %d leases active", len(recorded), len(active))
+    return {"ready": len(recorded), "active": len(active)}
 
 
 def allocations_free(*, lease: Lease, now: datetime, to: str, reason: str, actor: str = "worker") -> Lease:
@@ -333,8 +484,6 @@ ADVISORY_LOCK = 0x6770_7562  # "gpub"
 
 
 def _core_request(lease: Lease):
-    from broker.scheduler import Kind, Request, Shape
-
     shape = Shape(Kind(lease.kind), lease.count, profile=lease.profile, milli=lease.milli,
                   memory_mib=lease.memory_mib, models=tuple(lease.models_allowed), gang=lease.gang)
     return Request(str(lease.pk), str(lease.project_id), str(lease.tenant_id), shape,
@@ -343,9 +492,7 @@ def _core_request(lease: Lease):
 
 def schedule_cycle(*, now: datetime | None = None) -> dict:
     """One cycle for the pool (serialised by a PostgreSQL advisory lock): snapshot → core → one
-    transaction of decisions; provisioning and notices are enqueued after commit."""
-    from broker.scheduler import DecisionMode, plan
-
+    transaction of decisions; provisioning (one task per node) and notices are enqueued after commit."""
     now = now or timezone.now()
     counts = {"placed": 0, "preempt": 0, "waiting": 0}
     with transaction.atomic(durable=True):
@@ -364,19 +511,17 @@ def schedule_cycle(*, now: datetime | None = None) -> dict:
         by_id = {str(lease.pk): lease for lease in queued}
         decisions = plan(snapshot, [_core_request(lease) for lease in queued], now=now.timestamp())
         gpu_by_key = {f"g{g.pk}": g for g in Gpu.objects.filter(pk__in={
-            int(u.gpu[1:]) for d in decisions if d.allocation for u in d.allocation.units})}
+            int(u.gpu[1:]) for d in decisions if d.allocation for u in d.allocation.units}).select_related("node")}
+        placements = [(by_id[d.request], d) for d in decisions if d.mode == DecisionMode.PLACED]
+        placed, refused = _place_all(placements, gpu_by_key, now)
+        counts["placed"] = len(placed)
+        waiting = []
         for decision in decisions:
             lease = by_id[decision.request]
             if decision.mode == DecisionMode.PLACED:
-                try:
-                    with transaction.atomic():
-                        _place(lease, decision, gpu_by_key, now)
-                    counts["placed"] += 1
-                    continue
-                except IntegrityError:
-                    reason = "waiting: the capacity chosen is still being vacated; retrying next cycle"
-                except LeaseStateConflict:
-                    continue  # released (or changed) since the cycle read it: its placement is undone
+                if lease.pk not in refused:
+                    continue  # placed, or released since the cycle read it (its placement is undone)
+                reason = "waiting: the capacity chosen is still being vacated; retrying next cycle"
             elif decision.mode == DecisionMode.PREEMPT:
                 counts["preempt"] += 1
                 _preempt(decision, now)
@@ -384,21 +529,25 @@ def schedule_cycle(*, now: datetime | None = None) -> dict:
             else:
                 counts["waiting"] += 1
                 reason = decision.reason
-            Lease.objects.filter(pk=lease.pk, state=LeaseState.QUEUED).update(
-                reason=reason, queue_position=decision.queue_position)
+            if (lease.reason, lease.queue_position) != (reason, decision.queue_position):
+                lease.reason, lease.queue_position = reason, decision.queue_position
+                waiting.append(lease)
+        # what waits, and why: one statement for all whose reason or place changed (still queued only)
+        _update_each(Lease, waiting, ["reason", "queue_position"], state=LeaseState.QUEUED)
     return counts
 
 
 def _cycle_again_if_new(seen: list[int]) -> None:
-    """Requests queued while this cycle ran (their own trigger found the lock taken) get a cycle now."""
+    """After a cycle commits: requests queued while it ran (their trigger found the flag set, or the lock
+    taken) get the next cycle."""
+    _cycle_flag_clear()
     if Lease.objects.filter(state=LeaseState.QUEUED).exclude(pk__in=seen).exists():
-        from broker import tasks
-
-        tasks.schedule_cycle.delay()
+        schedule_cycle_request()
 
 
-def _place(lease: Lease, decision, gpu_by_key: dict, now: datetime) -> None:
+def _allocation_rows(lease: Lease, decision, gpu_by_key: dict, now: datetime) -> list[Allocation]:
     allocation = decision.allocation
+    rows = []
     for unit in allocation.units:
         gpu = gpu_by_key[unit.gpu]
         if unit.mig_profile:
@@ -409,14 +558,63 @@ def _place(lease: Lease, decision, gpu_by_key: dict, now: datetime) -> None:
             slots, kind = NumericRange(0, 0), GpuKind.SHARE
         else:
             slots, kind = NumericRange(0, 8), GpuKind.WHOLE
-        Allocation.objects.create(lease=lease, gpu=gpu, tier=allocation.tier, kind=kind,
-                                  mig_profile=unit.mig_profile or "",
-                                  mig_start=unit.mig_start if unit.mig_profile else None, slots=slots,
-                                  milli=unit.milli, memory_mib=unit.memory_mib, preemptible=allocation.preemptible,
-                                  created_at=now)
-    lease_transition(lease=lease, to=LeaseState.PROVISIONING, reason=decision.reason, actor="scheduler", now=now,
-                     tier=allocation.tier, over_quota=allocation.preemptible, queue_position=None)
-    _enqueue("lease_provision_run", lease.pk)
+        rows.append(Allocation(lease=lease, gpu=gpu, tier=allocation.tier, kind=kind,
+                               mig_profile=unit.mig_profile or "",
+                               mig_start=unit.mig_start if unit.mig_profile else None, slots=slots,
+                               milli=unit.milli, memory_mib=unit.memory_mib, preemptible=allocation.preemptible,
+                               created_at=now))
+    return rows
+
+
+def _place_all(placements: list, gpu_by_key: dict, now: datetime) -> tuple[list[int], set[int]]:
+    """Write the cycle's placements: (ids placed, ids whose capacity the database refused).
+
+    All at once first — the leases still queued locked in key order, their allocations in one insert, their
+    transitions in one update and one insert of events, in a savepoint. When the database refuses one
+    allocation (capacity of a preempted lease not yet vacated: the exclusion constraint), the savepoint is
+    undone and each lease is placed in a savepoint of its own, so only the refused ones wait."""
+    if not placements:
+        return [], set()
+    try:
+        with transaction.atomic():
+            placed = _place_many(placements, gpu_by_key, now)
+        return placed, set()
+    except IntegrityError:
+        pass
+    placed, refused = [], set()
+    for lease, decision in placements:
+        try:
+            with transaction.atomic():
+                placed += _place_many([(lease, decision)], gpu_by_key, now)
+        except IntegrityError:
+            refused.add(lease.pk)
+    return placed, refused
+
+
+def _place_many(placements: list, gpu_by_key: dict, now: datetime) -> list[int]:
+    """Placements → PROVISIONING with their allocations and events (inside a transaction); leases no longer
+    queued (released since the cycle read them) are skipped. Provisioning is enqueued per node on commit."""
+    claimed = set(Lease.objects.select_for_update().filter(
+        pk__in=[lease.pk for lease, _ in placements], state=LeaseState.QUEUED).order_by("pk")
+        .values_list("pk", flat=True))
+    rows, changed, events, by_node = [], [], [], {}
+    for lease, decision in placements:
+        if lease.pk not in claimed:
+            continue
+        allocation = decision.allocation
+        rows += _allocation_rows(lease, decision, gpu_by_key, now)
+        changed.append(Lease(pk=lease.pk, state=LeaseState.PROVISIONING, reason=decision.reason,
+                             tier=allocation.tier, over_quota=allocation.preemptible, queue_position=None))
+        events.append(LeaseEvent(lease_id=lease.pk, from_state=LeaseState.QUEUED, to_state=LeaseState.PROVISIONING,
+                                 reason=decision.reason, actor="scheduler", at=now))
+        by_node.setdefault(gpu_by_key[allocation.units[0].gpu].node_id, []).append(lease.pk)
+    Allocation.objects.bulk_create(rows)
+    _update_each(Lease, changed, ["state", "reason", "tier", "over_quota", "queue_position"])
+    LeaseEvent.objects.bulk_create(events)
+    for lease_ids in by_node.values():
+        _enqueue("leases_provision_run", lease_ids)
+    logger.info("placed %d leases on %d nodes", len(changed), len(by_node))
+    return [lease.pk for lease in changed]
 
 
 def _preempt(decision, now: datetime) -> None:
@@ -459,21 +657,62 @@ def lease_preempt_due(*, now: datetime | None = None) -> int:
 # -- agent work (outside transactions) ----------------------------------------------------------------
 def lease_provision(*, lease_id: int) -> str:
     """Create every pending instance of the lease on its node (idempotent). Returns the lease state."""
-    from agent.client import AgentHTTPError
-
-    lease = Lease.objects.get(pk=lease_id)
-    if lease.state != LeaseState.PROVISIONING:
-        return lease.state
-    for allocation in lease.allocations.filter(state=AllocationState.PENDING).select_related("gpu__node"):
-        try:
-            instance = agent_client(allocation.gpu.node).create(allocation.instance_id, allocation_spec(allocation))
-        except AgentHTTPError as error:  # the agent refuses (4xx): retrying will not help
-            _release_instances_quietly(lease)  # what was already made for this lease goes
-            allocations_free(lease=lease, now=timezone.now(), to=LeaseState.QUEUED,
-                             reason=f"the node refused the instance ({error.problem.get('detail')}); requeued")
-            return LeaseState.QUEUED
-        allocation_ready(allocation=allocation, instance=instance, now=timezone.now())
+    leases_provision(lease_ids=[lease_id])
     return Lease.objects.values_list("state", flat=True).get(pk=lease_id)
+
+
+def leases_provision(*, lease_ids: list[int]) -> dict[str, int]:
+    """Create the pending instances of these leases (idempotent): one batch call per node
+    (``AgentClient.create_many``), then one transaction records them all (``allocations_ready``). A
+    refusal (4xx) requeues that lease with the reason, its other instances destroyed. A node that does
+    not answer (or answers 5xx) raises ``AgentUnreachable`` once what the other nodes made is recorded;
+    running this again is harmless (the agent returns the instances it already made)."""
+    from agent.client import AgentHTTPError, AgentUnreachable
+
+    pending = (Allocation.objects.filter(lease_id__in=lease_ids, lease__state=LeaseState.PROVISIONING,
+                                         state=AllocationState.PENDING).select_related("gpu__node").order_by("pk"))
+    by_node: dict[int, list[Allocation]] = {}
+    for allocation in pending:
+        by_node.setdefault(allocation.gpu.node_id, []).append(allocation)
+    ready, refused, unreachable = [], {}, []
+    for allocations in by_node.values():
+        node = allocations[0].gpu.node
+        try:
+            answers = agent_client(node).create_many({a.instance_id: allocation_spec(a) for a in allocations})
+        except AgentUnreachable as error:
+            unreachable.append(str(error))
+            continue
+        except AgentHTTPError as error:  # the call as a whole refused
+            answers = {a.instance_id: {"status": error.status, "problem": error.problem} for a in allocations}
+        for allocation in allocations:
+            answer = answers.get(allocation.instance_id) or {"status": 502, "problem": {"detail": "no answer"}}
+            if answer["status"] < 300:
+                ready.append((allocation, answer["instance"]))
+            elif answer["status"] < 500:  # the agent refuses: retrying will not help
+                refused.setdefault(allocation.lease_id, answer["problem"].get("detail"))
+            else:
+                unreachable.append(f"{node.node_id}: {allocation.instance_id}: {answer['problem'].get('detail')}")
+    counts = {"active": 0, "requeued": 0}
+    if ready:
+        counts["active"] = allocations_ready(items=ready, now=timezone.now())["active"]
+    for lease_id, detail in refused.items():
+        lease = Lease.objects.get(pk=lease_id)
+        _release_instances_quietly(lease)  # what was already made for this lease goes
+        allocations_free(lease=lease, now=timezone.now(), to=LeaseState.QUEUED,
+                         reason=f"the node refused the instance ({detail}); requeued")
+        counts["requeued"] += 1
+    if unreachable:
+        raise AgentUnreachable("; ".join(unreachable))
+    return counts
+
+
+def leases_provision_give_up(*, lease_ids: list[int], reason: str) -> int:
+    """After the last retry: the leases still provisioning free their allocations and wait again."""
+    count = 0
+    for lease in Lease.objects.filter(pk__in=lease_ids, state=LeaseState.PROVISIONING).order_by("pk"):
+        allocations_free(lease=lease, now=timezone.now(), to=LeaseState.QUEUED, reason=reason)
+        count += 1
+    return count
 
 
 def lease_release_instances(*, lease: Lease) -> None:
@@ -651,3 +890,31 @@ def nodes_check_heartbeats(*, now: datetime | None = None) -> int:
                              reason=f"node {node.node_id} stopped answering (last heartbeat "
                                     f"{node.last_heartbeat_at.isoformat(timespec='seconds')})")
     return len(silent)
+
+
+# -- nodes: cordon ---------------------------------------------------------------------------------------
+def node_cordon(*, node: Node, by_user=None, reason: str = "") -> Node:
+    """Close a node to new placements (platform staff). Leases running there keep running; the scheduler
+    snapshot treats the node as full from the next cycle. Idempotent; the change is audited."""
+    return _node_set_cordoned(node=node, cordoned=True, by_user=by_user, reason=reason)
+
+
+def node_uncordon(*, node: Node, by_user=None, reason: str = "") -> Node:
+    """Open a cordoned node to new placements again and trigger a cycle for what waits. Idempotent."""
+    return _node_set_cordoned(node=node, cordoned=False, by_user=by_user, reason=reason)
+
+
+def _node_set_cordoned(*, node: Node, cordoned: bool, by_user, reason: str) -> Node:
+    from tenants.models import AuditEvent
+
+    with transaction.atomic(durable=True):
+        changed = Node.objects.filter(pk=node.pk, cordoned=not cordoned).update(cordoned=cordoned)
+        if changed:
+            AuditEvent.objects.create(
+                tenant=None, actor=by_user if by_user is not None and by_user.is_authenticated else None,
+                action="node.cordon" if cordoned else "node.uncordon", target=node.node_id,
+                data={"reason": reason} if reason else {})
+            if not cordoned:
+                _enqueue("schedule_cycle")
+    node.refresh_from_db()
+    return node

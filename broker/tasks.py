@@ -25,6 +25,18 @@ def schedule_cycle() -> dict:
     return services.schedule_cycle()
 
 
+@shared_task(name="broker.leases_provision_run", bind=True, acks_late=True, max_retries=AGENT_RETRIES)
+def leases_provision_run(self, lease_ids: list[int]) -> dict:
+    """The leases one schedule cycle placed on one node: one agent call, one transaction."""
+    try:
+        return services.leases_provision(lease_ids=lease_ids)
+    except AgentUnreachable as error:
+        if self.request.retries < AGENT_RETRIES:
+            raise self.retry(countdown=_backoff(self.request.retries)) from error
+        return {"requeued": services.leases_provision_give_up(
+            lease_ids=lease_ids, reason=f"the node did not answer ({error}); requeued")}
+
+
 @shared_task(name="broker.lease_provision_run", bind=True, acks_late=True, max_retries=AGENT_RETRIES)
 def lease_provision_run(self, lease_id: int) -> str:
     try:
@@ -32,10 +44,8 @@ def lease_provision_run(self, lease_id: int) -> str:
     except AgentUnreachable as error:
         if self.request.retries < AGENT_RETRIES:
             raise self.retry(countdown=_backoff(self.request.retries)) from error
-        lease = Lease.objects.get(pk=lease_id)
-        services.allocations_free(lease=lease, now=timezone.now(), to=LeaseState.QUEUED,
-                                  reason=f"the node did not answer ({error}); requeued")
-        return LeaseState.QUEUED
+        services.leases_provision_give_up(lease_ids=[lease_id], reason=f"the node did not answer ({error}); requeued")
+        return Lease.objects.values_list("state", flat=True).get(pk=lease_id)
 
 
 @shared_task(name="broker.lease_release_run", bind=True, acks_late=True, max_retries=AGENT_RETRIES)

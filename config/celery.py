@@ -22,15 +22,27 @@ def _bind_task_context(task_id=None, task=None, **_):
     from config.logging import request_id_var
 
     _tokens[task_id] = request_id_var.set(f"task:{task_id}")
+    _close_old_connections(task)
 
 
 @task_postrun.connect
-def _unbind_task_context(task_id=None, **_):
+def _unbind_task_context(task_id=None, task=None, **_):
     from config.logging import request_id_var
 
     token = _tokens.pop(task_id, None)
     if token is not None:
         request_id_var.reset(token)
+    _close_old_connections(task)
+
+
+def _close_old_connections(task) -> None:
+    """A task in a worker is a request: its database connection lives CONN_MAX_AGE and a broken one is
+    replaced, as in Django's request cycle (settings.CELERY_DB_REUSE_MAX keeps Celery's Django fixup from
+    closing it after every task). A task run eagerly uses its caller's connection, which is left alone."""
+    from django.db import close_old_connections
+
+    if task is not None and not getattr(task.request, "is_eager", False):
+        close_old_connections()
 
 
 @app.task(name="health.ping")

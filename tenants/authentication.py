@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from django.db.models import OuterRef, Subquery
 from django.utils import timezone
 from rest_framework import authentication, exceptions
 
@@ -24,7 +25,13 @@ class BearerTokenAuthentication(authentication.BaseAuthentication):
         prefix = token_parse_prefix(credentials)
         if not credentials or prefix is None:
             raise exceptions.AuthenticationFailed("Malformed bearer token; expected gpub_<prefix>_<secret>.")
-        token = ApiToken.objects.select_related("tenant", "user").filter(prefix=prefix).first()
+        # one query: the token, its tenant and user, and the user's current role in that tenant (read fresh
+        # on every request, so a removed member or a changed role counts at once)
+        role = (Membership.objects.filter(user=OuterRef("user_id"), tenant=OuterRef("tenant_id")).order_by()
+                .values("role")[:1])  # (user, tenant) is unique, like the prefix: no ordering to compile
+        found = list(ApiToken.objects.select_related("tenant", "user").annotate(member_role=Subquery(role))
+                     .filter(prefix=prefix).order_by()[:1])
+        token = found[0] if found else None
         if token is None or not token_matches(credentials, token.secret_hash):
             raise exceptions.AuthenticationFailed("Invalid token.")
         now = timezone.now()
@@ -34,11 +41,10 @@ class BearerTokenAuthentication(authentication.BaseAuthentication):
             raise exceptions.AuthenticationFailed("Token expired.")
         if not token.user.is_active:
             raise exceptions.AuthenticationFailed("The token's user is deactivated.")
-        membership = Membership.objects.filter(user=token.user, tenant=token.tenant).first()
-        if membership is None:
+        if token.member_role is None:
             raise exceptions.AuthenticationFailed("The token's user is no longer a member of its tenant.")
         services.api_token_mark_used(token=token, now=now)
-        token.role = membership.role  # the member's current role, read fresh on every request
+        token.role = token.member_role
         return token.user, token
 
     def authenticate_header(self, request):

@@ -96,3 +96,41 @@ def api_token_get(*, actor: Actor, pk: int) -> ApiToken:
 
 def slo_contract_list(*, actor: Actor) -> QuerySet[SloContract]:
     return restrict(SloContract.objects.prefetch_related("credit_steps"), actor).order_by("-effective_from")
+
+
+# --- platform staff (not restricted to a tenant: never call these from a tenant-facing view) ---------
+
+
+def platform_tenant_list() -> QuerySet[Tenant]:
+    """Every tenant with its number of projects and members."""
+    from django.db.models import Count
+
+    return Tenant.objects.annotate(
+        project_count=Count("projects", distinct=True), member_count=Count("memberships", distinct=True)
+    ).order_by("slug")
+
+
+def platform_tenant_get(*, slug: str) -> Tenant:
+    tenant = Tenant.objects.filter(slug=slug).first()
+    if tenant is None:
+        raise NotFound(f"No tenant '{slug}'.", field="tenant")
+    return tenant
+
+
+def platform_tenant_quota_list(*, tenant: Tenant) -> QuerySet[TenantQuota]:
+    return TenantQuota.objects.filter(tenant=tenant).order_by("tier")
+
+
+def platform_project_list(*, tenant: Tenant) -> QuerySet[Project]:
+    return Project.objects.filter(tenant=tenant).prefetch_related("quotas").order_by("slug")
+
+
+def platform_slo_contract_list(*, tenant: Tenant) -> QuerySet[SloContract]:
+    return SloContract.objects.filter(tenant=tenant).prefetch_related("credit_steps").order_by("-effective_from")
+
+
+def platform_slo_contract_get(*, tenant: Tenant, pk: int) -> SloContract:
+    contract = platform_slo_contract_list(tenant=tenant).filter(pk=pk).first()
+    if contract is None:
+        raise NotFound("No such SLO contract.", field="contract")
+    return contract

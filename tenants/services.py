@@ -266,6 +266,22 @@ def membership_remove(*, actor: Actor, membership: Membership) -> None:
         _audit(tenant=actor.tenant, actor_user=actor.user, action="member.remove", target=str(membership.user_id))
 
 
+def membership_invite(*, actor: Actor, username: str, role: str) -> Membership:
+    """Add an existing user to the actor's tenant (admins; only owners add owners)."""
+    actor.require("manage")
+    if role not in Role.values:
+        raise ValidationFailed(f"role must be one of {', '.join(Role.values)}.", field="role")
+    if role == Role.OWNER:
+        actor.require("own")
+    user = get_user_model().objects.filter(username=(username or "").strip()).first()
+    if user is None:
+        raise ValidationFailed(f"No user named {username!r}; they must sign in once or be created first.",
+                               field="username")
+    if Membership.objects.filter(tenant=actor.tenant, user=user).exists():
+        raise Conflict(f"{user.get_username()} is already a member of '{actor.tenant.slug}'.", field="username")
+    return membership_add(tenant=actor.tenant, user=user, role=role, by_user=actor.user)
+
+
 # --- API tokens --------------------------------------------------------------------------------
 
 
@@ -516,6 +532,99 @@ def slo_contract_create(
             for s in credit_steps
         )
         _audit(tenant=tenant, actor_user=by_user, action="slo_contract.create", target=name)
+    return contract
+
+
+def _decimal(value, field: str) -> Decimal:
+    from decimal import InvalidOperation
+
+    try:
+        number = Decimal(str(value))
+    except (InvalidOperation, ValueError):
+        raise ValidationFailed(f"{field} must be a number.", field=field) from None
+    if not number.is_finite():
+        raise ValidationFailed(f"{field} must be a number.", field=field)
+    return number
+
+
+def slo_contract_check(
+    *,
+    name: str,
+    effective_from: datetime,
+    effective_to: datetime | None,
+    time_to_gpu_p95_seconds: int,
+    availability_target_pct,
+    preemption_notice_seconds: int,
+    max_credit_pct,
+    credit_steps: list[dict],
+) -> dict:
+    """Validate every value of a contract and its credit steps (errors name the field); the normalised
+    values."""
+    name = _validate_name(name, "name", 100)
+    if not isinstance(effective_from, datetime) or timezone.is_naive(effective_from):
+        raise ValidationFailed("effective_from must be a date and time with a time zone.", field="effective_from")
+    if effective_to is not None:
+        if not isinstance(effective_to, datetime) or timezone.is_naive(effective_to):
+            raise ValidationFailed("effective_to must be a date and time with a time zone.", field="effective_to")
+        if effective_to <= effective_from:
+            raise ValidationFailed("effective_to must be after effective_from.", field="effective_to")
+    for field, value, low in (("time_to_gpu_p95_seconds", time_to_gpu_p95_seconds, 1),
+                              ("preemption_notice_seconds", preemption_notice_seconds, 0)):
+        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= 2**31 - 1:
+            raise ValidationFailed(f"{field} must be a whole number of seconds >= {low}.", field=field)
+    availability = _decimal(availability_target_pct, "availability_target_pct")
+    if not Decimal(0) < availability <= Decimal(100):
+        raise ValidationFailed("availability_target_pct must be in (0, 100].", field="availability_target_pct")
+    max_credit = _decimal(max_credit_pct, "max_credit_pct")
+    if not Decimal(0) < max_credit <= Decimal(100):
+        raise ValidationFailed("max_credit_pct must be in (0, 100].", field="max_credit_pct")
+    steps, seen = [], set()
+    for index, step in enumerate(credit_steps):
+        where = f"credit_steps[{index}]"
+        metric = step.get("metric")
+        if metric not in SloMetric.values:
+            raise ValidationFailed(f"metric must be one of {', '.join(SloMetric.values)}.", field=f"{where}.metric")
+        threshold = _decimal(step.get("threshold"), f"{where}.threshold")
+        if threshold < 0 or (metric != SloMetric.TIME_TO_GPU_P95 and threshold > 100):
+            limit = "be >= 0" if metric == SloMetric.TIME_TO_GPU_P95 else "be in [0, 100] (a percentage)"
+            raise ValidationFailed(f"threshold must {limit}.", field=f"{where}.threshold")
+        credit = _decimal(step.get("credit_pct"), f"{where}.credit_pct")
+        if not Decimal(0) < credit <= Decimal(100):
+            raise ValidationFailed("credit_pct must be in (0, 100].", field=f"{where}.credit_pct")
+        if (metric, threshold) in seen:
+            raise ValidationFailed("Two credit steps have the same metric and threshold.", field=f"{where}.threshold")
+        seen.add((metric, threshold))
+        steps.append({"metric": metric, "threshold": threshold, "credit_pct": credit})
+    return {"name": name, "effective_from": effective_from, "effective_to": effective_to,
+            "time_to_gpu_p95_seconds": time_to_gpu_p95_seconds, "availability_target_pct": availability,
+            "preemption_notice_seconds": preemption_notice_seconds, "max_credit_pct": max_credit,
+            "credit_steps": steps}
+
+
+def slo_contract_save(*, tenant: Tenant, contract: SloContract | None = None, by_user=None, **values) -> SloContract:
+    """Create a contract (``contract`` None) or replace every value of one, credit steps included, after
+    ``slo_contract_check``. Periods of one tenant's contracts never overlap (checked, and the exclusion
+    constraint holds it against races)."""
+    values = slo_contract_check(**values)
+    if contract is None:
+        return slo_contract_create(tenant=tenant, by_user=by_user, **values)
+    steps = values.pop("credit_steps")
+    overlap = Conflict("The period overlaps another SLO contract of this tenant.", field="effective_from")
+    try:
+        with transaction.atomic(durable=True):
+            others = SloContract.objects.filter(tenant=tenant).exclude(pk=contract.pk).filter(
+                Q(effective_to__isnull=True) | Q(effective_to__gt=values["effective_from"]))
+            if values["effective_to"] is not None:
+                others = others.filter(effective_from__lt=values["effective_to"])
+            if others.exists():
+                raise overlap
+            SloContract.objects.filter(pk=contract.pk, tenant=tenant).update(**values)
+            SloCreditStep.objects.filter(contract=contract).delete()
+            SloCreditStep.objects.bulk_create(SloCreditStep(contract=contract, **step) for step in steps)
+            _audit(tenant=tenant, actor_user=by_user, action="slo_contract.update", target=values["name"])
+    except IntegrityError:
+        raise overlap from None
+    contract.refresh_from_db()
     return contract
 
 

@@ -66,6 +66,13 @@ def stop_workers(processes) -> None:
             process.wait()
 
 
+@pytest.fixture(autouse=True)
+def _no_cycle_pending():
+    """Each test starts with no schedule cycle pending for its database and queue (the trigger flag lives
+    in the broker's Redis, outside the test database)."""
+    services._cycle_flag_clear()
+
+
 @pytest.fixture
 def worker(transactional_db, settings):
     settings.LEASE_MIN_DURATION_SECONDS = 1

@@ -1,18 +1,36 @@
-"""The portal in a real browser: Debian's Chromium driven by Playwright (no downloaded browser)."""
+"""The portal in a real browser: Debian's Chromium driven by Playwright (no downloaded browser), against the
+live server, a real Celery worker, a simulated GPU fleet enrolled over HTTP and (where installed) a real
+Prometheus scraping it. The tests also take the screenshots of docs/screenshots/."""
+
+from __future__ import annotations
 
 import os
+import re
 import shutil
+import subprocess
+import urllib.error
+import urllib.request
+from datetime import timedelta
+from decimal import Decimal
 from pathlib import Path
 
 import pytest
+from django.utils import timezone
 
-from tests.factories import make_world
+from broker.models import Allocation, Lease
+from tests.agent.conftest import ROOT, free_port, wait_http
+from tests.broker.conftest import start_fleet, start_workers, stop_workers, wait_until
+from tests.factories import make_project, make_user, make_world
 
 CHROMIUM = "/usr/bin/chromium"
+PROMETHEUS = shutil.which("prometheus")
 SCREENSHOTS = Path(__file__).resolve().parents[2] / "docs" / "screenshots"
-pytestmark = pytest.mark.skipif(
-    not shutil.which(CHROMIUM), reason="Debian's chromium is not installed (make test installs it as root)"
-)
+VIEWPORT = {"width": 1280, "height": 860}
+pytestmark = [
+    pytest.mark.skipif(not shutil.which(CHROMIUM),
+                       reason="Debian's chromium is not installed (make test installs it as root)"),
+    pytest.mark.slow,
+]
 
 
 @pytest.fixture
@@ -23,11 +41,16 @@ def browser():
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(
             executable_path=CHROMIUM, headless=True,
-            args=["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+            args=["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--font-render-hinting=none",
                   "--disable-background-networking", "--disable-component-update", "--disable-sync"],
         )
         yield browser
         browser.close()
+        # code run inside Playwright's greenlet has Django connections of its own (asgiref's context-local
+        # storage): close them here, before the test database goes
+        from django.db import connections
+
+        connections.close_all()
 
 
 @pytest.fixture
@@ -41,29 +64,392 @@ def _close_server_connections():
                        "WHERE datname = current_database() AND pid <> pg_backend_pid()")
 
 
+def open_page(browser, base: str, username: str):
+    """A fresh browser context signed in as ``username`` (password ``pw-<username>``)."""
+    context = browser.new_context(viewport=VIEWPORT, device_scale_factor=1, reduced_motion="reduce",
+                                  timezone_id="UTC", locale="en-US")
+    context.set_default_timeout(15_000)
+    page = context.new_page()
+    page.goto(f"{base}/accounts/login/")
+    page.get_by_label("Username").fill(username)
+    page.get_by_label("Password").fill(f"pw-{username}")
+    page.get_by_role("button", name="Sign in").click()
+    page.wait_for_load_state()
+    assert "/accounts/login/" not in page.url
+    return page
+
+
+def shoot(page, name: str) -> None:
+    """A screenshot for the docs, once the page is still (no request in flight, fonts loaded)."""
+    page.wait_for_load_state("networkidle")
+    page.evaluate("document.activeElement && document.activeElement.blur()")
+    page.evaluate("document.fonts.ready")
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(SCREENSHOTS / f"{name}.png"), full_page=True, animations="disabled", caret="hide")
+
+
+@pytest.fixture
+def portal_world(transactional_db):
+    """make_world (acme: alice owner, ann admin, max member, vic viewer; globex: bob) with more quota, a
+    second project and a platform operator, so that the pages look like a real tenant's."""
+    from tenants import services
+
+    world = make_world()
+    services.tenant_quota_set(tenant=world.acme, tier="H100-80GB", deserved_gpu_milli=4000, limit_gpu_milli=8000)
+    services.tenant_quota_set(tenant=world.acme, tier="A100-80GB", deserved_gpu_milli=2000, limit_gpu_milli=4000)
+    services.tenant_quota_set(tenant=world.acme, tier="L4", deserved_gpu_milli=1000, limit_gpu_milli=2000)
+    services.quota_set(project=world.project, tier="A100-80GB", deserved_gpu_milli=1000, limit_gpu_milli=2000)
+    llm = make_project(world.acme, "llm", name="LLM fine-tuning")
+    services.quota_set(project=llm, tier="H100-80GB", deserved_gpu_milli=2000, limit_gpu_milli=6000,
+                       over_quota_weight=2)
+    services.quota_set(project=llm, tier="L4", deserved_gpu_milli=1000, limit_gpu_milli=2000)
+    services.slo_contract_create(
+        tenant=world.acme, name="Standard", effective_from=timezone.now() - timedelta(days=30), effective_to=None,
+        time_to_gpu_p95_seconds=300, availability_target_pct=Decimal("99.5"), preemption_notice_seconds=120,
+        credit_steps=[{"metric": "availability", "threshold": "99.5", "credit_pct": "10"},
+                      {"metric": "time_to_gpu_p95", "threshold": "600", "credit_pct": "5"}])
+    make_user("root", is_staff=True)
+    world.prices = _set_prices()
+    return world
+
+
+def _set_prices() -> bool:
+    """A general USD price list."""
+    from billing.models import PriceBook, PriceRate
+
+    book = PriceBook.objects.create(name="List prices", currency="USD", effective_from=timezone.now() - timedelta(90))
+    for tier, kind, profile, price in [("H100-80GB", "whole", "", "4.20"), ("H100-80GB", "mig", "1g.10gb", "0.70"),
+                                       ("A100-80GB", "whole", "", "2.90"), ("L4", "whole", "", "0.80")]:
+        PriceRate.objects.create(book=book, tier=tier, kind=kind, mig_profile=profile, per_hour=Decimal(price))
+    return True
+
+
+@pytest.fixture
+def worker(portal_world, settings):
+    settings.LEASE_MIN_RUNTIME_SECONDS = 0
+    processes = start_workers(1)
+    yield processes[0]
+    stop_workers(processes)
+
+
+@pytest.fixture
+def fleet(live_server, tmp_path, portal_world):
+    """Three simulated nodes: 2 x H100 in MIG mode, 2 x A100 whole, 2 x L4 shared."""
+    process = start_fleet(live_server.url, tmp_path / "fleet", 3, "h100-80gb:2:mig", "a100-80gb:2:whole",
+                          "l4:2:shared")
+    yield tmp_path / "fleet"
+    process.terminate()
+    process.wait(30)
+
+
+@pytest.fixture
+def prometheus(fleet, tmp_path, settings):
+    """A real Prometheus scraping the fleet every second; the portal reads utilisation from it."""
+    if PROMETHEUS is None:
+        yield None
+        return
+    port = free_port()
+    config = (ROOT / "infra" / "prometheus.yml").read_text()
+    config = config.replace("__TARGETS__", str(fleet / "prometheus-targets.json"))
+    config = config.replace("scrape_interval: 15s", "scrape_interval: 1s").replace("scrape_timeout: 10s",
+                                                                                   "scrape_timeout: 1s")
+    (tmp_path / "prometheus.yml").write_text(config)
+    process = subprocess.Popen(
+        [PROMETHEUS, f"--config.file={tmp_path / 'prometheus.yml'}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+         f"--web.listen-address=127.0.0.1:{port}"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    wait_http(f"http://127.0.0.1:{port}/-/ready", process, timeout=30)
+    settings.PROMETHEUS_URL = f"http://127.0.0.1:{port}"
+    yield settings.PROMETHEUS_URL
+    process.terminate()
+    process.wait(20)
+
+
+def api_status(base: str, token: str, path: str = "/api/v1/leases") -> int:
+    request = urllib.request.Request(base + path, headers={"Authorization": f"Bearer {token}"})
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status
+    except urllib.error.HTTPError as error:
+        return error.code
+
+
+# -- the tests ---------------------------------------------------------------------------------------------
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.usefixtures("_close_server_connections")
-def test_portal_login_and_dashboard_in_browser(live_server, browser):
-    world = make_world()
-    page = browser.new_page(viewport={"width": 1100, "height": 700})
+def test_browser_login_is_required_and_errors_are_shown(live_server, browser):
+    make_world()
+    context = browser.new_context(viewport=VIEWPORT, device_scale_factor=1, reduced_motion="reduce")
+    page = context.new_page()
     page.goto(f"{live_server.url}/")
     assert "/accounts/login/" in page.url  # login required
-    page.screenshot(path=str(SCREENSHOTS / "login.png"))
-
+    shoot(page, "login")
     page.get_by_label("Username").fill("alice")
     page.get_by_label("Password").fill("wrong")
     page.get_by_role("button", name="Sign in").click()
     assert page.get_by_role("alert").is_visible()  # the error is shown, not hidden
-
     page.get_by_label("Password").fill("pw-alice")
     page.get_by_role("button", name="Sign in").click()
     page.wait_for_url(f"{live_server.url}/")
     assert page.get_by_role("heading", name="Acme").is_visible()
-    assert page.get_by_text("vision").first.is_visible()
-    assert page.get_by_text("secret").count() == 0  # the other tenant's project
-    page.screenshot(path=str(SCREENSHOTS / "dashboard.png"), full_page=True)
-
+    assert page.get_by_text("Vision").first.is_visible()
+    assert page.get_by_text("Secret").count() == 0  # the other tenant's project
     page.get_by_role("button", name="Log out").click()
     page.goto(f"{live_server.url}/")
     assert "/accounts/login/" in page.url
-    assert world.acme.slug == "acme"
+
+
+@pytest.mark.usefixtures("_close_server_connections")
+def test_browser_request_a_mig_slice_watch_it_turn_active_and_release_it(live_server, browser, portal_world, worker,
+                                                                         fleet, prometheus):
+    from portal.pricing import price_quote
+
+    base = live_server.url
+    # some work of both tenants on the fleet already, so that the map and the dashboard have something to show
+    from broker.services import lease_request
+    from tenants.access import Actor
+    from tenants.choices import Role
+
+    acme_admin = Actor(user=portal_world.admin, tenant=portal_world.acme, role=Role.ADMIN)
+    globex = Actor(user=portal_world.outsider, tenant=portal_world.globex, role=Role.OWNER)
+    lease_request(actor=acme_admin, project="llm", gpu={"kind": "mig", "profile": "3g.40gb"}, duration_seconds=7200)
+    lease_request(actor=acme_admin, project="vision", gpu={"kind": "whole", "model": "A100-80GB"},
+                  workload_class="interactive", duration_seconds=3600)
+    lease_request(actor=acme_admin, project="vision", gpu={"kind": "whole", "model": "A100-80GB"},
+                  duration_seconds=3600)  # beyond vision's guaranteed A100: over quota, on idle capacity
+    lease_request(actor=acme_admin, project="llm", gpu={"kind": "share", "milli": 500, "memory_mib": 8192},
+                  workload_class="inference", duration_seconds=86400)
+    lease_request(actor=globex, project="secret", gpu={"kind": "mig", "profile": "2g.20gb"}, duration_seconds=3600)
+    waiting, _ = lease_request(actor=acme_admin, project="vision", gpu={"kind": "whole", "model": "H100-80GB"},
+                               duration_seconds=3600)  # the H100s are in MIG mode: it waits, with the reason
+    lease_request(actor=globex, project="secret", gpu={"kind": "whole", "model": "H100-80GB"}, priority=10)
+    lease_request(actor=acme_admin, project="llm", gpu={"kind": "mig", "profile": "7g.80gb", "count": 2},
+                  duration_seconds=3600)  # two full H100s: over the project's guarantee, and no idle pair
+    wait_until(lambda: Lease.objects.filter(state="active").count() == 5, timeout=60)
+    assert Lease.objects.filter(state="active", over_quota=True).count() == 1
+    wait_until(lambda: Lease.objects.filter(state="queued", reason__startswith="waiting:").count() == 3, timeout=30)
+
+    page = open_page(browser, base, "max")
+    page.get_by_role("link", name="Request GPUs").first.click()
+    page.wait_for_url(f"{base}/leases/new")
+    page.get_by_label("Project").select_option("vision")
+    page.get_by_label("MIG slice").check()
+    page.get_by_label("MIG profile").select_option("1g.10gb")
+    preview = page.locator("#preview")
+    fit = preview.locator(".preview-fit")
+    fit.get_by_text("Fits now", exact=True).wait_for()
+    assert "Within the guaranteed quota" in preview.inner_text()
+    quote = price_quote(tenant=portal_world.acme, gpu={"kind": "mig", "profile": "1g.10gb", "count": 1,
+                                                        "gang": True, "model": "H100-80GB"},
+                        workload_class="training", over_quota=False)
+    if quote is not None:  # billing's price books exist: the preview shows the price
+        assert portal_world.prices
+        preview.get_by_text(f"{quote.currency} {quote.per_hour:.2f} per hour").wait_for()
+    else:
+        preview.get_by_text("No price set for this shape yet").wait_for()
+    # changing the shape updates the preview live: two full H100s would run over quota
+    page.get_by_label("MIG profile").select_option("7g.80gb")
+    page.get_by_label("How many").fill("2")
+    preview.get_by_text("Over quota", exact=True).wait_for()
+    page.get_by_label("How many").fill("1")
+    page.get_by_label("MIG profile").select_option("1g.10gb")
+    preview.get_by_text("Within the guaranteed quota").wait_for()
+    fit.get_by_text("Fits now", exact=True).wait_for()
+    shoot(page, "request")
+
+    page.get_by_role("button", name="Request", exact=True).click()
+    page.wait_for_url(f"{base}/leases/*")
+    lease = Lease.objects.order_by("-pk").first()
+    assert page.url == f"{base}/leases/{lease.pk}"
+    assert (lease.kind, lease.profile, lease.created_by.username) == ("mig", "1g.10gb", "max")
+    # the page turns ACTIVE by itself: no reload (a marker set on this document survives)
+    page.evaluate("window.__sameDocument = true")
+    page.locator('#lease-live[data-state="active"]').wait_for(timeout=30_000)
+    assert page.evaluate("window.__sameDocument") is True
+    live = page.locator("#lease-live")
+    assert "Active" in live.locator(".lease-state").inner_text()
+    allocation = Allocation.objects.get(lease=lease)
+    device = live.locator(f'tr[data-instance="alloc-{allocation.pk}"]')
+    assert allocation.device_uuid.startswith("MIG-") and allocation.device_uuid in device.inner_text()
+    assert f"CUDA_VISIBLE_DEVICES={allocation.device_uuid}" in live.locator("pre.access").inner_text()
+    # the actions arrived with the state: renew and release
+    assert page.get_by_role("button", name="Renew").is_visible()
+    if prometheus:  # utilisation from DCGM metrics, also without a reload
+        live.locator(".spark svg").wait_for(timeout=30_000)
+    assert page.evaluate("window.__sameDocument") is True
+    shoot(page, "lease")
+
+    # the dashboard and the lease list show it
+    page.get_by_role("link", name="Dashboard").click()
+    page.locator(f'#dashboard-leases tr[data-lease="{lease.pk}"]').wait_for()
+    shoot(page, "dashboard")
+    page.set_viewport_size({"width": 390, "height": 844})  # readable at phone width
+    assert page.evaluate("document.documentElement.scrollWidth <= window.innerWidth + 1")
+    shoot(page, "dashboard-phone")
+    page.set_viewport_size(VIEWPORT)
+    page.get_by_role("link", name="Leases", exact=True).click()
+    page.locator(f'#lease-table tr[data-lease="{lease.pk}"]').wait_for()
+    shoot(page, "leases")
+
+    # the platform operator's fleet map: the new slice on the GPU and slots the database holds
+    admin = open_page(browser, base, "root")
+    admin.goto(f"{base}/ops/fleet")
+    segment = admin.locator(f'.seg[data-lease="{lease.pk}"]')
+    segment.wait_for()
+    gpu = admin.locator(f'.gpu:has(.seg[data-lease="{lease.pk}"])')
+    assert gpu.get_attribute("data-gpu-uuid") == allocation.gpu.uuid
+    assert gpu.get_attribute("data-gpu-index") == str(allocation.gpu.index)
+    assert admin.locator(f'section.node:has(.seg[data-lease="{lease.pk}"])').get_attribute("data-node") == \
+        allocation.gpu.node.node_id
+    start = allocation.mig_start
+    assert segment.get_attribute("data-slots") == str(start)  # a 1g slice holds one memory slot
+    assert segment.get_attribute("data-tenant") == "acme"
+    bar = gpu.locator(".gpu-bar").bounding_box()
+    box = segment.bounding_box()
+    assert abs((box["x"] - bar["x"]) / bar["width"] - start / 8) < 0.02  # drawn to scale: slot start / 8
+    assert abs(box["width"] / bar["width"] - 1 / 8) < 0.02
+    if prometheus:
+        admin.get_by_text("% busy").first.wait_for(timeout=20_000)
+    shoot(admin, "fleet")
+    admin.goto(f"{base}/ops/queue")
+    admin.locator(f'tr[data-lease="{waiting.pk}"]').wait_for()
+    assert "H100-80GB" in admin.locator(f'tr[data-lease="{waiting.pk}"]').inner_text()
+    shoot(admin, "queue")
+    admin.goto(f"{base}/ops/tenants/acme")
+    admin.locator('details.contract[data-contract="Standard"] > summary').click()
+    shoot(admin, "tenant")
+
+    # release, with confirmation; the page follows it to RELEASED
+    page.goto(f"{base}/leases/{lease.pk}")
+    page.get_by_text("Release…").click()
+    page.get_by_role("button", name="Yes, release it").click()
+    page.locator('#lease-live[data-state="released"]').wait_for(timeout=30_000)
+    assert page.get_by_text("This lease is finished.").is_visible()
+    assert Lease.objects.get(pk=lease.pk).state == "released"
+    assert not Allocation.objects.filter(lease=lease, freed_at__isnull=True).exists()
+
+
+@pytest.mark.usefixtures("_close_server_connections")
+def test_browser_viewer_cannot_request_and_another_tenant_gets_404(live_server, browser, portal_world):
+    from broker.services import lease_request
+    from tenants.access import Actor
+    from tenants.choices import Role
+
+    lease, _ = lease_request(actor=Actor(user=portal_world.member, tenant=portal_world.acme, role=Role.MEMBER),
+                             project="vision", gpu={"kind": "mig", "profile": "1g.10gb"})
+    viewer = open_page(browser, live_server.url, "vic")
+    assert viewer.locator(".page-head").get_by_role("link", name="Request GPUs").count() == 0
+    viewer.goto(f"{live_server.url}/leases/new")
+    assert "does not allow this (needs member or higher)" in viewer.get_by_role("alert").inner_text()
+    assert viewer.locator("#request-form").count() == 0
+    viewer.goto(f"{live_server.url}/leases/{lease.pk}")
+    assert "can look at this lease but not change it" in viewer.inner_text("#lease-actions")
+    assert viewer.get_by_text("Release…").count() == 0
+
+    outsider = open_page(browser, live_server.url, "bob")
+    response = outsider.goto(f"{live_server.url}/leases/{lease.pk}")
+    assert response.status == 404
+    assert outsider.get_by_role("heading", name="Not found").is_visible()
+    assert outsider.get_by_text("No such lease.").is_visible()
+    assert "1g.10gb" not in outsider.content()
+
+
+@pytest.mark.usefixtures("_close_server_connections")
+def test_browser_token_create_use_and_revoke(live_server, browser, portal_world):
+    base = live_server.url
+    owner = open_page(browser, base, "alice")
+    owner.get_by_role("link", name="Settings").click()
+    assert owner.get_by_label("Role of max").input_value() == "member"  # owners manage roles
+    shoot(owner, "members")
+    page = open_page(browser, base, "max")
+    page.get_by_role("link", name="Settings").click()
+    assert page.get_by_label("Role of alice").count() == 0  # members do not
+    page.get_by_role("link", name="API tokens").click()
+    page.get_by_label("Name").fill("training pipeline")
+    page.get_by_label("Write").check()
+    page.get_by_role("button", name="Create token").click()
+    secret = page.get_by_label("Your token").input_value()
+    assert secret.startswith("gpub_")
+    assert page.get_by_text("this is the only time the secret is shown").is_visible()
+    assert api_status(base, secret) == 200  # it works
+    shoot(page, "token-created")
+    page.get_by_role("link", name="Done").click()
+    row = page.locator("tr", has_text="training pipeline")
+    assert secret not in page.content()  # never shown again, only its prefix
+    assert row.get_by_text("Active").is_visible()
+    shoot(page, "tokens")
+    row.get_by_text("Revoke…").click()
+    row.get_by_role("button", name="Yes, revoke").click()
+    page.get_by_text("revoked: it stops working now").wait_for()
+    assert page.locator("tr", has_text="training pipeline").get_by_text("Revoked").is_visible()
+    assert api_status(base, secret) == 401
+
+
+@pytest.mark.usefixtures("_close_server_connections")
+def test_browser_usage_invoice_and_billing_reports(live_server, browser, portal_world):
+    """A month of history (leases on two projects over ten days, utilisation as Prometheus would have
+    metered it), invoiced: the tenant's usage chart and invoice, the platform's billing report."""
+    import time_machine
+
+    from billing import services as billing
+    from billing.models import AllocationUsage, Invoice, UtilisationUsage
+    from broker import services as leasing
+    from broker.choices import LeaseState
+    from tenants.access import Actor
+    from tenants.choices import Role
+
+    world = portal_world
+    token = leasing.enrollment_token_create()
+    leasing.node_enroll(node_id="gpu-a", token=token, address="http://127.0.0.1:9/n/gpu-a", inventory={"gpus": [
+        {"index": i, "uuid": f"GPU-a-{i}", "model": "H100-80GB", "mode": "mig" if i < 2 else "whole",
+         "memory_mib": 81559} for i in range(4)]})
+    actor = Actor(user=world.member, tenant=world.acme, role=Role.MEMBER)
+    month = (timezone.now().replace(day=1) - timedelta(days=1)).replace(day=1, hour=0, minute=0, second=0,
+                                                                        microsecond=0)
+    shapes = [("vision", {"kind": "mig", "profile": "3g.40gb", "model": "H100-80GB"}, "training"),
+              ("llm", {"kind": "whole", "model": "H100-80GB", "count": 2}, "training"),
+              ("vision", {"kind": "mig", "profile": "1g.10gb", "model": "H100-80GB"}, "interactive")]
+    for day in range(10):
+        for index, (project, gpu, klass) in enumerate(shapes):
+            start = month + timedelta(days=day, hours=8 + index)
+            with time_machine.travel(start, tick=False):
+                lease, _ = leasing.lease_request(actor=actor, project=project, gpu=gpu, workload_class=klass,
+                                                 duration_seconds=86400)
+                leasing.schedule_cycle()
+                for allocation in Allocation.objects.filter(lease=lease):
+                    leasing.allocation_ready(allocation=allocation, instance={"device_uuid": "X"},
+                                             now=start + timedelta(seconds=40))
+            finish = start + timedelta(hours=2 + (day * 3 + index * 5) % 9)
+            with time_machine.travel(finish, tick=False):
+                leasing.lease_release(lease=lease, actor="user:max", now=finish)
+                leasing.allocations_free(lease=Lease.objects.get(pk=lease.pk), now=finish, to=LeaseState.RELEASED,
+                                         reason="released")
+    end = (month + timedelta(days=32)).replace(day=1)
+    billing.usage_meter_window(start=month, end=end, now=end)
+    for number, usage in enumerate(AllocationUsage.objects.all()):
+        UtilisationUsage.objects.create(tenant=world.acme, lease=usage.lease, hour_start=usage.hour_start,
+                                        engine_active_avg=Decimal(("0.02", "0.35", "0.71", "0.93")[number % 4]),
+                                        fb_used_avg_mib=Decimal(20000 + number % 5 * 9000), samples=60,
+                                        metered_at=end)
+    billing.invoice_run(period=month.date(), finalize=True, now=end + timedelta(days=1))
+    invoice = Invoice.objects.get(tenant=world.acme)
+
+    page = open_page(browser, live_server.url, "max")
+    page.goto(f"{live_server.url}/usage?month={month:%Y-%m}")
+    assert page.get_by_role("img", name="GPU-hours per day").is_visible()
+    assert page.get_by_role("row", name=re.compile(r"^llm ")).is_visible()
+    shoot(page, "usage")
+    page.get_by_role("link", name="Invoices").click()
+    page.get_by_role("link", name=f"{month:%B %Y}").click()
+    assert page.get_by_role("heading", name=re.compile(f"Invoice {invoice.number}")).is_visible()
+    with page.expect_download() as download:
+        page.get_by_role("link", name="Download PDF").click()
+    assert download.value.suggested_filename == f"{invoice.number}.pdf"
+    shoot(page, "invoice")
+    page.context.close()
+
+    staff = open_page(browser, live_server.url, "root")
+    staff.goto(f"{live_server.url}/ops/billing?month={month:%Y-%m}")
+    assert staff.get_by_role("heading", name="SLO attainment").is_visible()
+    assert staff.get_by_role("row", name=re.compile(r"^acme ")).first.is_visible()
+    shoot(staff, "billing-report")
+    staff.context.close()

@@ -1,0 +1,167 @@
+"""Form posts turned into the same input the REST API takes, and service errors put next to their field.
+
+The portal does not validate on its own: it shapes what the browser sent like the API's JSON body
+(``{"project": ..., "gpu": {"kind": ..., ...}, ...}``) and lets the service decide. A value that is not a
+number is passed on as the text that was typed, so the service's message (``gpu.count must be a whole
+number from 1 to 64.``) is the one the user reads, exactly as an API client would.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import UTC, datetime
+
+from django.http import QueryDict
+
+from config.errors import ApplicationError, ValidationFailed
+
+_INTEGER = re.compile(r"^[+-]?\d{1,12}$")
+
+# choices for the request form (values in seconds, as the API takes them)
+DURATIONS: tuple[tuple[int, str], ...] = (
+    (900, "15 minutes"), (3600, "1 hour"), (4 * 3600, "4 hours"), (8 * 3600, "8 hours"), (86400, "1 day"),
+    (3 * 86400, "3 days"), (7 * 86400, "7 days"), (30 * 86400, "30 days"),
+)
+TOKEN_LIFETIMES: tuple[tuple[str, str], ...] = (("30", "30 days"), ("90", "90 days"), ("365", "1 year"),
+                                                  ("", "Never"))
+
+
+def field_key(field: str | None) -> str:
+    """``gpu.count`` → ``gpu_count``, ``credit_steps[1].metric`` → ``credit_steps_1_metric``: a key a
+    template can look up (and an element id)."""
+    if not field:
+        return "__all__"
+    return re.sub(r"[^A-Za-z0-9]+", "_", field).strip("_")
+
+
+class FieldErrors(dict):
+    """Messages by field key; ``__all__`` for those that name no field the form shows."""
+
+    def __init__(self, error: ApplicationError | None = None, *, shown: set[str] | None = None):
+        super().__init__()
+        if error is not None:
+            self.add(error, shown=shown)
+
+    def add(self, error: ApplicationError, *, shown: set[str] | None = None) -> None:
+        key = field_key(error.field)
+        if shown is not None and key not in shown:
+            key = "__all__"
+        self[key] = error.message
+
+    @property
+    def general(self) -> str:
+        return self.get("__all__", "")
+
+
+def number(value: str | None):
+    """An integer when the text is one; otherwise the text itself (the service names the field)."""
+    text = (value or "").strip()
+    return int(text) if _INTEGER.match(text) else text
+
+
+def last_value(data: QueryDict, name: str, default: str = "") -> str:
+    values = data.getlist(name)
+    return values[-1] if values else default
+
+
+# -- lease request ---------------------------------------------------------------------------------------
+LEASE_FIELDS = {"project", "gpu", "gpu_kind", "gpu_model", "gpu_profile", "gpu_count", "gpu_gang", "gpu_milli",
+                "gpu_memory_mib", "workload_class", "priority", "duration_seconds"}
+
+
+def lease_request_input(data: QueryDict) -> dict:
+    """The API body of ``POST /api/v1/leases`` from the request form: only the keys of the chosen kind."""
+    kind = data.get("gpu.kind", "").strip()
+    gpu: dict = {"kind": kind}
+    model = data.get("gpu.model", "auto").strip() or "auto"
+    if model != "auto":
+        gpu["model"] = model
+    if data.get("gpu.count", "").strip():
+        gpu["count"] = number(data.get("gpu.count"))
+    gang = last_value(data, "gpu.gang", "true")
+    gpu["gang"] = gang == "true"
+    memory = data.get("gpu.memory_mib", "").strip()
+    if kind == "mig":
+        gpu["profile"] = data.get("gpu.profile", "").strip()
+    elif kind == "share":
+        gpu["milli"] = number(data.get("gpu.milli"))
+        gpu["memory_mib"] = number(memory)
+    elif kind == "whole" and memory:
+        gpu["memory_mib"] = number(memory)
+    return {
+        "project": data.get("project", "").strip(),
+        "gpu": gpu,
+        "workload_class": data.get("workload_class", "training").strip(),
+        "priority": number(data.get("priority", "0") or "0"),
+        "duration_seconds": number(data.get("duration_seconds", "3600")),
+    }
+
+
+# -- API tokens ------------------------------------------------------------------------------------------
+def token_create_input(data: QueryDict, *, now: datetime) -> dict:
+    from datetime import timedelta
+
+    days = data.get("expires_in_days", "").strip()
+    expires_at = None
+    if days:
+        if not days.isdigit():
+            raise ValidationFailed("expires_at must be a number of days from now.", field="expires_at")
+        expires_at = now + timedelta(days=int(days))
+    return {"name": data.get("name", ""), "scopes": data.getlist("scopes"), "expires_at": expires_at}
+
+
+# -- platform staff: quotas and SLO contracts -------------------------------------------------------------
+def quota_input(data: QueryDict, *, with_weight: bool) -> dict:
+    values = {"tier": data.get("tier", "").strip(),
+              "deserved_gpu_milli": number(data.get("deserved_gpu_milli")),
+              "limit_gpu_milli": number(data.get("limit_gpu_milli"))}
+    if with_weight:
+        values["over_quota_weight"] = number(data.get("over_quota_weight", "1"))
+    return values
+
+
+def _moment(text: str, field: str, *, required: bool) -> datetime | None:
+    text = (text or "").strip()
+    if not text:
+        if required:
+            raise ValidationFailed(f"{field} is required.", field=field)
+        return None
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        raise ValidationFailed(f"{field} must be a date and time (YYYY-MM-DD HH:MM, UTC).", field=field) from None
+    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
+
+
+SLO_STEP_ROWS = 4
+
+
+def slo_contract_input(data: QueryDict) -> tuple[dict, list[int]]:
+    """The values ``slo_contract_save`` takes, and the form row of each credit step (blank rows are left
+    out, so the service's ``credit_steps[1]`` may be the form's third row)."""
+    steps, rows = [], []
+    for row in range(SLO_STEP_ROWS):
+        metric = data.get(f"step-{row}-metric", "").strip()
+        threshold = data.get(f"step-{row}-threshold", "").strip()
+        credit = data.get(f"step-{row}-credit_pct", "").strip()
+        if metric or threshold or credit:
+            steps.append({"metric": metric, "threshold": threshold, "credit_pct": credit})
+            rows.append(row)
+    return {
+        "name": data.get("name", ""),
+        "effective_from": _moment(data.get("effective_from", ""), "effective_from", required=True),
+        "effective_to": _moment(data.get("effective_to", ""), "effective_to", required=False),
+        "time_to_gpu_p95_seconds": number(data.get("time_to_gpu_p95_seconds")),
+        "availability_target_pct": data.get("availability_target_pct", "").strip(),
+        "preemption_notice_seconds": number(data.get("preemption_notice_seconds")),
+        "max_credit_pct": data.get("max_credit_pct", "100").strip() or "100",
+        "credit_steps": steps,
+    }, rows
+
+
+def slo_step_field(field: str | None, rows: list[int]) -> str | None:
+    """``credit_steps[1].metric`` → ``step-<form row>-metric``."""
+    match = re.match(r"^credit_steps\[(\d+)\]\.(\w+)$", field or "")
+    if match and int(match.group(1)) < len(rows):
+        return f"step-{rows[int(match.group(1))]}-{match.group(2)}"
+    return field

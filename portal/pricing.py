@@ -1,0 +1,34 @@
+"""What the portal asks billing for outside the billing pages: a price for the request form's live
+preview and the month's spend for the dashboard."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from django.utils import timezone
+
+from billing import selectors as billing
+from billing.pricing import format_money
+from config.errors import ApplicationError
+
+
+def price_quote(*, tenant, gpu: dict, workload_class: str, over_quota: bool):
+    """Billing's quote for this request shape — an object with ``currency``, ``per_hour`` (``Decimal``,
+    major units) and ``description`` — or None when no price book applies."""
+    try:
+        return billing.price_quote(tenant=tenant, gpu=gpu, workload_class=workload_class, over_quota=over_quota,
+                                   at=None)
+    except ApplicationError:
+        return None
+
+
+def dashboard_spend(actor) -> dict | None:
+    """This month's spend so far (metered, at current prices) and the forecast to the month's end with the
+    live leases; None when no price book applies to the tenant."""
+    tenant = actor.tenant
+    now = timezone.now()
+    if not billing.price_books_for(tenant=tenant, start=now, end=now + timedelta(seconds=1)):
+        return None
+    spent, running = billing.spend_forecast(tenant=tenant, now=now)
+    return {"spent": format_money(spent, tenant.currency), "running": format_money(running, tenant.currency),
+            "forecast": format_money(spent + running, tenant.currency)}

@@ -1,0 +1,39 @@
+// Progressive enhancement only: every page works without this file (and without htmx).
+(function () {
+  "use strict";
+  document.documentElement.classList.add("js");
+
+  // Preemption notices: count down to the deadline the server rendered.
+  function remaining(seconds) {
+    if (seconds <= 0) return "0 s";
+    var d = Math.floor(seconds / 86400), h = Math.floor(seconds % 86400 / 3600),
+        m = Math.floor(seconds % 3600 / 60), s = Math.floor(seconds % 60), parts = [];
+    if (d) parts.push(d + " d");
+    if (h) parts.push(h + " h");
+    if (m) parts.push(m + " min");
+    if (s) parts.push(s + " s");
+    return parts.slice(0, 2).join(" ");
+  }
+  function tick() {
+    document.querySelectorAll("[data-countdown-to]").forEach(function (el) {
+      var left = (Date.parse(el.getAttribute("data-countdown-to")) - Date.now()) / 1000;
+      el.textContent = remaining(Math.max(0, Math.round(left)));
+    });
+  }
+  setInterval(tick, 1000);
+
+  // "Copy" next to a secret shown once.
+  document.addEventListener("DOMContentLoaded", function () {
+    tick();
+    document.querySelectorAll("[data-copy]").forEach(function (button) {
+      button.hidden = false;
+      button.addEventListener("click", function () {
+        var field = document.querySelector(button.getAttribute("data-copy"));
+        field.select();
+        var done = function () { button.textContent = "Copied"; };
+        if (navigator.clipboard) navigator.clipboard.writeText(field.value).then(done, function () {});
+        else { document.execCommand("copy"); done(); }
+      });
+    });
+  });
+})();
