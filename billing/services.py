@@ -293,6 +293,7 @@ def invoice_build(*, tenant: Tenant, period: date, now: datetime | None = None) 
             tenant=tenant, period=period, now=now,
             slo_credit_pct=evaluation.credit_pct if evaluation else Decimal(0),
             slo_evidence=evaluation.evidence if evaluation else None)
+        lines += _corrections(tenant=tenant, period=period, now=now, start=len(lines) + 1)
         if not lines and existing is None:
             return None
         invoice = existing or Invoice(tenant=tenant, period=period)
@@ -306,6 +307,40 @@ def invoice_build(*, tenant: Tenant, period: date, now: datetime | None = None) 
             line.invoice = invoice
         InvoiceLine.objects.bulk_create(lines)
     return invoice
+
+
+def _corrections(*, tenant: Tenant, period: date, now: datetime, start: int) -> list[InvoiceLine]:
+    """Correction lines for the previous month's finalized invoice, when usage metered after it was
+    finalized (late events, a window filled later) changes what it should have charged: the difference
+    between a recomputation (with the SLO credit as evaluated then) and what was invoiced plus the
+    corrections already made in other finalized invoices. A finalized invoice itself never changes."""
+    previous_month = (period - timedelta(days=1)).replace(day=1)
+    earlier = Invoice.objects.filter(tenant=tenant, period=previous_month,
+                                     status__in=[InvoiceStatus.FINALIZED, InvoiceStatus.PAID]).first()
+    if earlier is None:
+        return []
+    evaluation = SloEvaluation.objects.filter(tenant=tenant, period=previous_month).first()
+    recomputed = invoice_lines_compute(
+        tenant=tenant, period=previous_month, now=now,
+        slo_credit_pct=evaluation.credit_pct if evaluation else Decimal(0),
+        slo_evidence=evaluation.evidence if evaluation else None)
+    should = sum(line.amount_minor for line in recomputed)
+    corrected = sum(InvoiceLine.objects.filter(
+        kind=LineKind.CORRECTION, evidence__corrects=earlier.pk,
+        invoice__status__in=[InvoiceStatus.FINALIZED, InvoiceStatus.PAID]).exclude(
+        invoice__period=period).values_list("amount_minor", flat=True))
+    # what the earlier invoice charged for its own month (its correction lines were about the month before)
+    invoiced = sum(earlier.lines.exclude(kind=LineKind.CORRECTION).values_list("amount_minor", flat=True))
+    difference = should - invoiced - corrected
+    if difference == 0:
+        return []
+    return [InvoiceLine(
+        kind=LineKind.CORRECTION, position=start, unit="invoice", quantity=Decimal(1),
+        unit_price=from_minor(difference, tenant.currency), amount_minor=difference,
+        description=f"Correction of invoice {earlier.number} ({previous_month:%B %Y}): usage metered after it "
+                    f"was issued",
+        evidence={"corrects": earlier.pk, "number": earlier.number, "invoiced_minor": invoiced,
+                  "earlier_corrections_minor": corrected, "recomputed_minor": should})]
 
 
 def invoice_finalize(*, invoice: Invoice, now: datetime | None = None) -> Invoice:
@@ -365,6 +400,10 @@ def invoice_run(*, period: date, tenant: Tenant | None = None, finalize: bool | 
         ids |= set(BillingTerms.objects.filter(monthly_commit_minor__gt=0, effective_from__lt=end)
                    .values_list("tenant_id", flat=True))
         ids |= set(Invoice.objects.filter(period=period).values_list("tenant_id", flat=True))
+        previous_month = (period - timedelta(days=1)).replace(day=1)  # a correction may be due
+        ids |= set(Invoice.objects.filter(period=previous_month, status__in=[InvoiceStatus.FINALIZED,
+                                                                             InvoiceStatus.PAID])
+                   .values_list("tenant_id", flat=True))
         tenants = list(Tenant.objects.filter(pk__in=ids).order_by("pk"))
     result = {"period": f"{period:%Y-%m}", "tenants": len(tenants), "drafts": 0, "finalized": 0, "unchanged": 0,
               "total_minor": defaultdict(int), "open_reason": "" if closed else why_open, "errors": {}}

@@ -197,3 +197,27 @@ def test_price_book_validation_names_the_field(world):
         with pytest.raises(ValidationFailed) as caught:
             billing.price_book_create(**arguments)
         assert caught.value.field == field
+
+
+def test_late_usage_of_a_finalized_month_becomes_a_correction_next_month(world):
+    from billing.models import AllocationUsage
+
+    two_leases(world)
+    billing.invoice_run(period=JANUARY, now=AFTER)
+    january = Invoice.objects.get(period=JANUARY)
+    assert january.status == InvoiceStatus.FINALIZED and january.total_minor == 366
+    # an hour of the whole GPU metered late (say a window filled after the invoice was issued)
+    row = AllocationUsage.objects.filter(gpu_milli=1000).first()
+    AllocationUsage.objects.filter(pk=row.pk).update(seconds=row.seconds + 1200)  # +20 min at 3.00/h = 100
+    february = date(2026, 2, 1)
+    billing.invoice_run(period=february, now=t(10, 0, month=2))
+    draft = Invoice.objects.get(period=february)
+    [correction] = draft.lines.filter(kind=LineKind.CORRECTION)
+    assert correction.amount_minor == 100 and correction.evidence["corrects"] == january.pk
+    assert january.number in correction.description
+    assert Invoice.objects.get(pk=january.pk).total_minor == 366  # the finalized one is untouched
+    # once February is finalized, March does not correct January again
+    billing.invoice_run(period=february, now=t(2, 12, month=3))
+    billing.invoice_run(period=date(2026, 3, 1), now=t(10, 0, month=3))
+    march = Invoice.objects.filter(period=date(2026, 3, 1)).first()
+    assert march is None or not march.lines.filter(kind=LineKind.CORRECTION).exists()
