@@ -284,3 +284,28 @@ def spend_forecast(*, tenant: Tenant, project_id: int | None = None, now: dateti
         if until > since:
             running += price.per_hour * Decimal((until - since).total_seconds()) / HOUR_SECONDS
     return spent, to_minor(running, tenant.currency)
+
+
+def offer_prices(*, tenant: Tenant, offers: list[dict], at: datetime | None = None) -> list[dict]:
+    """The offers (``broker.selectors.offer_list``) with the tenant's prices per hour in force now: a whole
+    GPU, each MIG profile (per instance) and a whole GPU's worth of shares; in-quota, non-interactive rates
+    (over-quota and interactive multipliers are in ``multipliers``)."""
+    at = at or timezone.now()
+    books = price_books_for(tenant=tenant, start=at, end=at + timedelta(seconds=1))
+    if not books:
+        return offers
+    _moment, book, table = books[-1]
+
+    def price(tier: str, kind: str, profile: str = "") -> str | None:
+        found = table.base(tier, kind, profile)
+        return None if found is None else str(found[0])
+
+    for offer in offers:
+        offer["currency"] = book.currency
+        offer["price_per_gpu_hour"] = price(offer["model"], "whole")
+        offer["share"]["price_per_gpu_hour"] = price(offer["model"], "share")
+        for entry in offer["mig"]:
+            entry["price_per_hour"] = price(offer["model"], "mig", entry["profile"])
+        offer["multipliers"] = {"over_quota": str(book.over_quota_multiplier),
+                                "interactive": str(book.interactive_multiplier)}
+    return offers

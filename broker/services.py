@@ -19,10 +19,11 @@ from django.conf import settings
 from django.contrib.postgres.expressions import ArraySubquery
 from django.db import IntegrityError, connection, transaction
 from django.db.backends.postgresql.psycopg_any import NumericRange
-from django.db.models import IntegerField, OuterRef, Subquery, Value
+from django.db.models import Exists, IntegerField, OuterRef, Q, Subquery, Value
 from django.db.models.functions import JSONObject
 from django.utils import timezone
 
+from billing.models import SpendCap
 from broker.choices import (
     FINAL_STATES,
     TRANSITIONS,
@@ -271,7 +272,9 @@ def lease_request(*, actor: Actor, project: str, gpu: object, workload_class: st
     found = list(Project.objects.filter(tenant=actor.tenant, slug=project).order_by().annotate(
         limits=ArraySubquery(Quota.objects.filter(project=OuterRef("pk")).order_by().values(
             json=JSONObject(tier="tier", limit="limit_gpu_milli"))),
-        replayed=Subquery(keyed.values("pk")[:1]) if idempotency_key else Value(None, IntegerField()))[:1])
+        replayed=Subquery(keyed.values("pk")[:1]) if idempotency_key else Value(None, IntegerField()),
+        capped=Exists(SpendCap.objects.filter(tenant=actor.tenant).filter(
+            Q(project__isnull=True) | Q(project=OuterRef("pk")))))[:1])
     target = found[0] if found else None
     replayed = target.replayed if target is not None else (
         keyed.values_list("pk", flat=True).first() if idempotency_key else None)
@@ -299,6 +302,13 @@ def lease_request(*, actor: Actor, project: str, gpu: object, workload_class: st
         wanted = ", ".join(tiers) or "any model"
         raise QuotaExceeded(f"Project {project!r} has no quota on {wanted} whose limit allows this request.",
                             field="gpu")
+    budget_warning = ""
+    if target.capped:  # a monthly spend cap applies: refuse (402 with the figures) or warn
+        from billing.services import budget_check
+
+        budget_warning = budget_check(
+            tenant=actor.tenant, project=target, gpu={**gpu, "model": fitting[0]} if len(fitting) == 1 else gpu,
+            workload_class=workload_class, duration_seconds=duration_seconds, now=now)
     # born queued: the events of its first two steps are written with it
     lease = Lease(
         tenant=actor.tenant, project=target, created_by=actor.user if actor.user.is_authenticated else None,
@@ -306,7 +316,8 @@ def lease_request(*, actor: Actor, project: str, gpu: object, workload_class: st
         milli=shape["milli"], memory_mib=shape["memory_mib"], gang=shape["gang"], workload_class=workload_class,
         priority=priority, duration_seconds=duration_seconds, requested_at=now, idempotency_key=idempotency_key,
         request_hash=digest, state=LeaseState.QUEUED, reason="waiting for the scheduler", queued_at=now)
-    events = [LeaseEvent(from_state="", to_state=LeaseState.REQUESTED, reason="requested",
+    events = [LeaseEvent(from_state="", to_state=LeaseState.REQUESTED,
+                         reason=f"requested; {budget_warning}" if budget_warning else "requested",
                          actor=f"user:{actor.user.get_username()}", at=now),
               LeaseEvent(from_state=LeaseState.REQUESTED, to_state=LeaseState.QUEUED,
                          reason="waiting for the scheduler", actor="broker", at=now)]
@@ -620,7 +631,6 @@ def _place_many(placements: list, gpu_by_key: dict, now: datetime) -> list[int]:
 def _preempt(decision, now: datetime) -> None:
     """Victims get a notice and a deadline — the notice their tenant's SLO contract promises, else
     ``LEASE_PREEMPTION_NOTICE_SECONDS`` — and at the deadline they are released and requeued."""
-    from django.db.models import Q
 
     from tenants.models import SloContract
 

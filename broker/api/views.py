@@ -73,7 +73,9 @@ class LeaseRenewApi(APIView):
 class OfferListApi(APIView):
     @extend_schema(responses=dict, summary="GPU models on offer with their free capacity now")
     def get(self, request):
-        return Response({"offers": selectors.offer_list()})
+        from billing.selectors import offer_prices
+
+        return Response({"offers": offer_prices(tenant=request.actor.tenant, offers=selectors.offer_list())})
 
 
 class AgentEnrollApi(APIView):

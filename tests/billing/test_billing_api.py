@@ -76,3 +76,17 @@ def test_another_tenants_invoice_is_not_found(invoiced):
                  f"/api/v1/invoices/{invoice.pk}.csv"):
         assert client.get(path).status_code == 404
     assert client.get("/api/v1/invoices").json()["results"] == []
+
+
+def test_offers_carry_the_tenants_prices(world):
+    from broker import services
+
+    token = services.enrollment_token_create()
+    services.node_enroll(node_id="n2", token=token, address="http://127.0.0.1:9/n/n2", inventory={"gpus": [
+        {"index": 0, "uuid": "GPU-l4-0", "model": "L4", "mode": "shared", "memory_mib": 22491}]})
+    offers = {o["model"]: o for o in world.client("viewer").get("/api/v1/offers").json()["offers"]}
+    h100 = offers["H100-80GB"]
+    assert h100["currency"] == "USD" and h100["price_per_gpu_hour"] == "4.000000"
+    assert {m["profile"]: m["price_per_hour"] for m in h100["mig"]}["3g.40gb"] == "1.714286"
+    assert h100["multipliers"] == {"over_quota": "0.5000", "interactive": "1.5000"}
+    assert offers["L4"]["price_per_gpu_hour"] is None  # no L4 rate in this book

@@ -54,3 +54,25 @@ def test_metered_spend_and_running_leases_count(world):
     SpendCap.objects.filter(project=world.project).update(action="refuse")
     with pytest.raises(billing.BudgetExceeded):
         check(world, hours=1, now=t(3, 0, 30))
+
+
+def test_the_api_refuses_a_request_over_a_cap_with_the_figures_and_writes_nothing(world):
+    from broker.models import Lease
+
+    SpendCap.objects.create(tenant=world.acme, monthly_minor=1000)
+    client = world.client("member")
+    body = {"project": "vision", "gpu": {"kind": "whole", "model": "H100-80GB"}, "duration_seconds": 3 * 3600}
+    answer = client.post("/api/v1/leases", body, format="json")
+    assert answer.status_code == 402 and answer["Content-Type"].startswith("application/problem+json")
+    problem = answer.json()
+    assert problem["code"] == "budget_exceeded" and problem["field"] == "project"
+    assert "The monthly spend cap of tenant acme is 10.00 USD" in problem["detail"]
+    assert not Lease.objects.exists()
+    body["duration_seconds"] = 3600  # 4.00 at the test price: within the cap
+    assert client.post("/api/v1/leases", body, format="json").status_code == 201
+    SpendCap.objects.update(action="warn")
+    body["duration_seconds"] = 3 * 3600
+    answer = client.post("/api/v1/leases", body, format="json")
+    assert answer.status_code == 201
+    reason = Lease.objects.get(pk=answer.json()["id"]).events.get(to_state="requested").reason
+    assert reason.startswith("requested; The monthly spend cap of tenant acme")
