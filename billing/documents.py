@@ -63,3 +63,16 @@ def invoice_pdf(invoice: Invoice) -> bytes:
 
     html = render_to_string("billing/invoice_pdf.html", invoice_context(invoice))
     return HTML(string=html).write_pdf()
+
+
+def invoice_download(invoice: Invoice, fmt: str):
+    """The invoice as an attachment: ``fmt`` is ``pdf`` or ``csv`` (the API and the portal both serve it)."""
+    from django.http import HttpResponse
+
+    name = invoice.number or f"draft-{invoice.tenant.slug}-{invoice.period:%Y-%m}"
+    if fmt == "csv":
+        response = HttpResponse(invoice_csv(invoice), content_type="text/csv; charset=utf-8")
+    else:
+        response = HttpResponse(invoice_pdf(invoice), content_type="application/pdf")
+    response["Content-Disposition"] = f'attachment; filename="{name}.{fmt}"'
+    return response

@@ -93,14 +93,7 @@ class InvoiceDetailView(TenantView):
 
 class InvoiceDocumentView(TenantView):
     def get(self, request, pk: int, fmt: str):
-        invoice = billing.invoice_get(actor=self.actor, invoice_id=pk)
-        name = invoice.number or f"draft-{invoice.tenant.slug}-{invoice.period:%Y-%m}"
-        if fmt == "csv":
-            response = HttpResponse(documents.invoice_csv(invoice), content_type="text/csv; charset=utf-8")
-        else:
-            response = HttpResponse(documents.invoice_pdf(invoice), content_type="application/pdf")
-        response["Content-Disposition"] = f'attachment; filename="{name}.{fmt}"'
-        return response
+        return documents.invoice_download(billing.invoice_get(actor=self.actor, invoice_id=pk), fmt)
 
 
 # -- platform staff ------------------------------------------------------------------------------------------

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from django.http import HttpResponse
 from django.utils import timezone
 from django.utils.dateparse import parse_date, parse_datetime
 from drf_spectacular.types import OpenApiTypes
@@ -67,11 +66,4 @@ class InvoiceDocumentApi(APIView):
                               (200, "text/csv"): OpenApiTypes.STR}, summary="Invoice as PDF or CSV",
                    operation_id="v1_invoices_document")
     def get(self, request, pk: int, fmt: str):
-        invoice = selectors.invoice_get(actor=request.actor, invoice_id=pk)
-        name = invoice.number or f"draft-{invoice.tenant.slug}-{invoice.period:%Y-%m}"
-        if fmt == "csv":
-            response = HttpResponse(documents.invoice_csv(invoice), content_type="text/csv; charset=utf-8")
-        else:
-            response = HttpResponse(documents.invoice_pdf(invoice), content_type="application/pdf")
-        response["Content-Disposition"] = f'attachment; filename="{name}.{fmt}"'
-        return response
+        return documents.invoice_download(selectors.invoice_get(actor=request.actor, invoice_id=pk), fmt)
