@@ -14,7 +14,7 @@ from django.utils import timezone
 
 from billing import selectors, slo
 from billing.choices import CapAction, InvoiceStatus, LineKind, RateKind
-from billing.metering import HOLDING, held_intervals, hour_floor, split_hours
+from billing.metering import HOLDING, HOUR, held_intervals, hour_floor, split_hours
 from billing.models import (
     AllocationUsage,
     BillingTerms,
@@ -378,6 +378,10 @@ def period_closed(*, period: date, now: datetime) -> tuple[bool, str]:
     if count:
         first = open_windows.order_by("hour_start").first()
         return False, f"{count} metering window(s) still open (first {first.source} {first.hour_start:%Y-%m-%d %H}:00)"
+    last_hour = end - HOUR
+    if MeterWindow.objects.exists() and not MeterWindow.objects.filter(
+            source="allocation", hour_start=last_hour, closed_at__isnull=False).exists():
+        return False, f"the meter has not reached the month's last hour ({last_hour:%Y-%m-%d %H}:00) yet"
     return True, ""
 
 

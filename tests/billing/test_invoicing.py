@@ -221,3 +221,15 @@ def test_late_usage_of_a_finalized_month_becomes_a_correction_next_month(world):
     billing.invoice_run(period=date(2026, 3, 1), now=t(10, 0, month=3))
     march = Invoice.objects.filter(period=date(2026, 3, 1)).first()
     assert march is None or not march.lines.filter(kind=LineKind.CORRECTION).exists()
+
+
+def test_a_month_the_meter_has_not_reached_stays_a_draft(world):
+    from billing.models import MeterWindow
+
+    two_leases(world)
+    # metering is in use and closed up to 30 Jan: the month's last hour has no closed window yet
+    MeterWindow.objects.create(source="allocation", hour_start=t(30, 0), closed_at=t(30, 2))
+    result = billing.invoice_run(period=JANUARY, now=AFTER)
+    assert result["drafts"] == 1 and "has not reached the month's last hour" in result["open_reason"]
+    MeterWindow.objects.create(source="allocation", hour_start=t(31, 23), closed_at=t(1, 1, month=2))
+    assert billing.invoice_run(period=JANUARY, now=AFTER)["finalized"] == 1
