@@ -79,19 +79,6 @@ class RateTable:
         return price.quantize(RATE_PLACES, rounding=ROUND_HALF_UP), unit
 
 
-def quantity(seconds: Decimal, *, kind: str, tier: str, profile: str, gpu_milli: int) -> Decimal:
-    """Unit-hours of one usage row: GPU-hours (whole), instance-hours (MIG), GPU-hour equivalents (share)."""
-    hours = Decimal(seconds) / HOUR_SECONDS
-    if kind == "mig":
-        return hours * max(1, round(gpu_milli / profile_get(tier, profile).gpu_milli))
-    return hours * Decimal(gpu_milli) / 1000
-
-
-def gpu_hours(seconds: Decimal, gpu_milli: int) -> Decimal:
-    """Whole-GPU equivalents held: the common yardstick across shapes (reports, idle cost)."""
-    return Decimal(seconds) / HOUR_SECONDS * Decimal(gpu_milli) / 1000
-
-
 MILLI_HOUR = Decimal(3600 * 1000)
 
 

@@ -12,8 +12,8 @@ from decimal import Decimal
 from django.db.models import Q, QuerySet
 from django.utils import timezone
 
-from billing.models import Invoice, PriceBook, SloEvaluation
-from billing.pricing import RateTable
+from billing.models import Invoice, PriceBook
+from billing.pricing import HOUR_SECONDS, MILLI_HOUR, RateTable, gpu_hours_of, to_minor, units_of
 from gpus.catalogue import MODELS
 from gpus.mig import UnknownProfile, profile_get
 from tenants.access import Actor, restrict
@@ -53,14 +53,6 @@ def price_books_for(*, tenant: Tenant, start: datetime, end: datetime) -> list[t
     return out
 
 
-def book_at(books: list[tuple[datetime, PriceBook, RateTable]], at: datetime) -> tuple[PriceBook, RateTable] | None:
-    found = None
-    for moment, book, table in books:
-        if moment <= at:
-            found = (book, table)
-    return found
-
-
 @dataclass(frozen=True)
 class Quote:
     currency: str
@@ -76,12 +68,15 @@ def price_quote(*, tenant: Tenant, gpu: dict, workload_class: str, over_quota: b
     may run on that has a price, with over-quota and interactive multipliers applied. None when no
     price book applies or the shape is not understood."""
     at = at or timezone.now()
-    if not isinstance(gpu, dict) or gpu.get("kind") not in ("whole", "mig", "share"):
-        return None
     books = price_books_for(tenant=tenant, start=at, end=at + timedelta(seconds=1))
     if not books:
         return None
-    book, table = books[-1][1], books[-1][2]
+    return _quote(books[-1][1], books[-1][2], gpu=gpu, workload_class=workload_class, over_quota=over_quota)
+
+
+def _quote(book: PriceBook, table: RateTable, *, gpu: dict, workload_class: str, over_quota: bool) -> Quote | None:
+    if not isinstance(gpu, dict) or gpu.get("kind") not in ("whole", "mig", "share"):
+        return None
     kind = gpu["kind"]
     count = gpu.get("count", 1) if isinstance(gpu.get("count", 1), int) else 1
     model = gpu.get("model", "auto")
@@ -130,10 +125,6 @@ def invoice_get(*, actor: Actor, invoice_id: int) -> Invoice:
     return invoice
 
 
-def slo_evaluation_list(*, actor: Actor) -> QuerySet[SloEvaluation]:
-    return restrict(SloEvaluation.objects.all(), actor)
-
-
 # -- usage ------------------------------------------------------------------------------------------------
 _GROUP_KEYS = {
     "project": "p.slug",
@@ -162,7 +153,6 @@ def usage_summary(*, actor: Actor, start: datetime, end: datetime, group_by: str
     from django.conf import settings
     from django.db import connection
 
-    from billing.pricing import MILLI_HOUR, gpu_hours_of, to_minor, units_of
     from config.errors import ValidationFailed
 
     if group_by not in _GROUP_KEYS:
@@ -228,7 +218,6 @@ def spend_minor(*, tenant: Tenant, start: datetime, end: datetime,
     from django.db import connection
 
     from billing.models import AllocationUsage
-    from billing.pricing import to_minor, units_of
 
     amount = Decimal(0)
     books = price_books_for(tenant=tenant, start=start, end=end)
@@ -262,7 +251,6 @@ def _lease_gpu(lease) -> dict:
 def spend_forecast(*, tenant: Tenant, project_id: int | None = None, now: datetime | None = None) -> tuple[int, int]:
     """(charges metered this month, what the live leases will cost from the end of metering until their
     end or the month's), in minor units, at current prices, before discounts and credits."""
-    from billing.pricing import HOUR_SECONDS, to_minor
     from broker.choices import FINAL_STATES
     from broker.models import Lease
 
@@ -270,13 +258,17 @@ def spend_forecast(*, tenant: Tenant, project_id: int | None = None, now: dateti
     start = now.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
     end = (start + timedelta(days=32)).replace(day=1)
     spent, metered_until = spend_minor(tenant=tenant, start=start, end=end, project_id=project_id)
+    books = price_books_for(tenant=tenant, start=now, end=now + timedelta(seconds=1))
+    if not books:
+        return spent, 0
+    book, table = books[-1][1], books[-1][2]
     live = Lease.objects.filter(tenant=tenant).exclude(state__in=FINAL_STATES)
     if project_id:
         live = live.filter(project_id=project_id)
     running = Decimal(0)
     for lease in live:
-        price = price_quote(tenant=tenant, gpu=_lease_gpu(lease), workload_class=lease.workload_class,
-                            over_quota=lease.over_quota, at=now)
+        price = _quote(book, table, gpu=_lease_gpu(lease), workload_class=lease.workload_class,
+                       over_quota=lease.over_quota)
         if price is None:
             continue
         since = max(metered_until, lease.active_at or now)

@@ -192,7 +192,7 @@ def _usage_groups(tenant: Tenant, start: datetime, end: datetime) -> list[dict]:
 
 
 def invoice_lines_compute(*, tenant: Tenant, period: date, slo_credit_pct: Decimal = Decimal(0),
-                          slo_evidence: dict | None = None, now: datetime | None = None) -> list[InvoiceLine]:
+                          slo_evidence: dict | None = None) -> list[InvoiceLine]:
     """The lines of the tenant's invoice for ``period`` from metered usage (unsaved). Usage lines by
     project × model/profile × class × over-quota (and price book, where one changed mid-month); then
     energy, discount, committed minimum and the SLO credit. Usage without a price is refused."""
@@ -290,10 +290,10 @@ def invoice_build(*, tenant: Tenant, period: date, now: datetime | None = None) 
             return existing
         evaluation = slo_evaluate(tenant=tenant, period=period, now=now)
         lines = invoice_lines_compute(
-            tenant=tenant, period=period, now=now,
+            tenant=tenant, period=period,
             slo_credit_pct=evaluation.credit_pct if evaluation else Decimal(0),
             slo_evidence=evaluation.evidence if evaluation else None)
-        lines += _corrections(tenant=tenant, period=period, now=now, start=len(lines) + 1)
+        lines += _corrections(tenant=tenant, period=period, start=len(lines) + 1)
         if not lines and existing is None:
             return None
         invoice = existing or Invoice(tenant=tenant, period=period)
@@ -309,7 +309,7 @@ def invoice_build(*, tenant: Tenant, period: date, now: datetime | None = None) 
     return invoice
 
 
-def _corrections(*, tenant: Tenant, period: date, now: datetime, start: int) -> list[InvoiceLine]:
+def _corrections(*, tenant: Tenant, period: date, start: int) -> list[InvoiceLine]:
     """Correction lines for the previous month's finalized invoice, when usage metered after it was
     finalized (late events, a window filled later) changes what it should have charged: the difference
     between a recomputation (with the SLO credit as evaluated then) and what was invoiced plus the
@@ -321,7 +321,7 @@ def _corrections(*, tenant: Tenant, period: date, now: datetime, start: int) -> 
         return []
     evaluation = SloEvaluation.objects.filter(tenant=tenant, period=previous_month).first()
     recomputed = invoice_lines_compute(
-        tenant=tenant, period=previous_month, now=now,
+        tenant=tenant, period=previous_month,
         slo_credit_pct=evaluation.credit_pct if evaluation else Decimal(0),
         slo_evidence=evaluation.evidence if evaluation else None)
     should = sum(line.amount_minor for line in recomputed)
