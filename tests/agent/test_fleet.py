@@ -130,6 +130,9 @@ def test_fleet_nodes_enroll_heartbeat_signed_and_back_off_while_the_broker_is_do
         names = ["sim-0001", "sim-0002", "sim-0003"]
         assert wait_until(lambda: all(len(broker.heartbeats.get(n, [])) >= 3 for n in names))
         assert broker.refused == []
+        # fleet.json, written when the fleet started listening, is rewritten with the secrets bought since
+        bought = [broker.secrets[n] for n in names]
+        assert wait_until(lambda: [n["secret"] for n in fleet.manifest()["nodes"]] == bought)
         # the secret the broker handed out is what the node now checks: the broker can call it
         node = names[1]
         client = AgentClient(f"http://127.0.0.1:{fleet.port}/n/{node}", node, broker.secrets[node], retries=0)
