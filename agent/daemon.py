@@ -5,7 +5,8 @@ Configuration: a TOML file (``--config``) and/or flags (flags win)::
     node_id = "gpu-node-01"
     listen = "0.0.0.0:9400"
     broker_url = "https://broker.example/"      # optional: standalone without it
-    enrollment_token = "gpub_enroll_..."          # one-time; the secret it buys is kept in state_dir
+    enrollment_token_file = "/etc/gpubroker-agent/token"  # one-time token (0600 file); or the environment
+                                                  # variable GPUB_ENROLLMENT_TOKEN; never a command-line flag
     backend = "sim"                               # or "nvml"
     state_dir = "/var/lib/gpubroker-agent"
     gpus = "h100-80gb:8:mig"                      # sim only
@@ -17,6 +18,11 @@ Enrollment (``POST {broker}/api/v1/agents/enroll``, the token in the body) retur
 saved as ``state_dir/secret`` (0600); later starts reuse it. Heartbeats (``POST
 {broker}/api/v1/agents/{node}/heartbeat``) are signed like every other request; when the broker does not
 answer they back off exponentially with jitter, up to ``MAX_BACKOFF``.
+
+When the broker refuses a heartbeat (401) the agent keeps its secret and enrolls again, the request signed
+with that secret (the broker gives a node that proves its secret a new one) and carrying the token if it
+has one (accepted for a node id the broker does not know, or once a staff member approved it). A refusal
+is logged with what to do (a new token; staff approval), and retried with back-off.
 """
 
 from __future__ import annotations
@@ -50,7 +56,8 @@ class AgentConfig:
     node_id: str = ""
     listen: str = "127.0.0.1:9400"
     broker_url: str = ""
-    enrollment_token: str = ""
+    enrollment_token: str = ""  # the config file's; else enrollment_token_file, else $GPUB_ENROLLMENT_TOKEN
+    enrollment_token_file: str = ""
     backend: str = "sim"
     state_dir: str = "var/agent"
     gpus: str = "h100-80gb:8:mig"
@@ -72,6 +79,8 @@ class AgentConfig:
         if self.broker_url and not self.broker_url.startswith(("http://", "https://")):
             raise ValueError(f"broker_url must be http(s)://..., got {self.broker_url!r}")
         self.hostname = self.hostname or socket.gethostname()
+        if not self.enrollment_token:
+            self.enrollment_token = read_enrollment_token(self.enrollment_token_file)
         self.advertise_url = self.advertise_url or f"http://{self.listen}"
         return self
 
@@ -106,6 +115,22 @@ def build_backend(config: AgentConfig, state_dir: Path | None = None) -> Backend
 
 
 # -- secret ---------------------------------------------------------------------------------------
+TOKEN_ENV = "GPUB_ENROLLMENT_TOKEN"
+
+
+def read_enrollment_token(path: str = "") -> str:
+    """The enrollment token from a file (refused when others may read it) or ``$GPUB_ENROLLMENT_TOKEN``.
+    Never from the command line: argv is visible to every user in ``ps``."""
+    if path:
+        file = Path(path)
+        if not file.exists():
+            return os.environ.get(TOKEN_ENV, "").strip()  # used up and removed: a stored secret will do
+        if file.stat().st_mode & 0o077:
+            raise ValueError(f"{path}: an enrollment token file must not be readable by others (chmod 600)")
+        return file.read_text().strip()
+    return os.environ.get(TOKEN_ENV, "").strip()
+
+
 def stored_secret(state_dir: Path) -> str:
     path = state_dir / "secret"
     return path.read_text().strip() if path.exists() else ""
@@ -149,28 +174,50 @@ class BrokerLink:
         self.heartbeats = 0
         self.failures = 0
         self.last_error = ""
+        self.must_enroll = not node.secret
 
     def _url(self, path: str) -> str:
         return self.config.broker_url.rstrip("/") + path
 
     async def enroll(self) -> None:
-        """Until it succeeds: trade the one-time token for the node's secret (kept on disk)."""
-        while not self.node.secret:
+        """Until it succeeds: trade the token (or, holding a secret, a request signed with it) for the
+        node's secret, kept on disk. A refusal is logged with what a person must do, and retried."""
+        while self.must_enroll:
             inventory = await self.node.call(self.node.backend.inventory)
-            body = {"node_id": self.config.node_id, "token": self.config.enrollment_token,
-                    "address": self.config.advertise_url, "hostname": self.config.hostname,
-                    "agent_version": __version__, "protocol": PROTOCOL, "inventory": inventory}
+            body = {"node_id": self.config.node_id, "address": self.config.advertise_url,
+                    "hostname": self.config.hostname, "agent_version": __version__, "protocol": PROTOCOL,
+                    "inventory": inventory}
+            if self.config.enrollment_token:
+                body["token"] = self.config.enrollment_token
+            raw = json.dumps(body).encode()
+            url = self._url("/api/v1/agents/enroll")
+            headers = {"Content-Type": "application/json"}
+            if self.node.secret:  # proves it is this node: the broker re-enrolls it without a token
+                headers.update(sign(self.node.secret, self.config.node_id, "POST", urlsplit(url).path, raw))
             try:
-                async with self.session.post(self._url("/api/v1/agents/enroll"), json=body) as response:
+                async with self.session.post(url, data=raw, headers=headers) as response:
                     payload = await response.json(content_type=None)
                     if response.status in (200, 201) and payload.get("secret"):
                         store_secret(self.state_dir, payload["secret"])
                         self.node.secret = payload["secret"]
+                        self.must_enroll = False
                         self.config.heartbeat_seconds = float(payload.get("heartbeat_seconds")
                                                               or self.config.heartbeat_seconds)
                         logger.info("enrolled %s with %s", self.config.node_id, self.config.broker_url)
                         return
                     self.last_error = f"{response.status}: {payload.get('detail', payload)}"
+                    if response.status == 409:
+                        logger.error(
+                            "enrollment of %s refused: %s -- staff approval is needed (on the broker: manage.py "
+                            "node_reenroll_approve %s, or gpu_release for a GPU another node holds); retrying",
+                            self.config.node_id, payload.get("detail", payload), self.config.node_id)
+                    elif response.status == 401:
+                        logger.error(
+                            "enrollment of %s refused: %s -- %s", self.config.node_id, payload.get("detail", payload),
+                            "the broker does not accept this node's secret; an enrolled node id needs staff "
+                            "approval (manage.py node_reenroll_approve) and a new enrollment token"
+                            if not self.config.enrollment_token else
+                            "the enrollment token is invalid, expired or spent: provide a new one")
             except (aiohttp.ClientError, TimeoutError, ValueError) as error:
                 self.last_error = str(error) or type(error).__name__
             self.failures += 1
@@ -191,13 +238,13 @@ class BrokerLink:
         try:
             async with self.session.post(self._url(path), data=body, headers=headers) as response:
                 payload = await response.json(content_type=None)
-                if response.status == 401 and self.config.enrollment_token:
-                    # the broker no longer knows this secret (its database was reset, the node removed):
-                    # forget it and enroll again with the token
+                if response.status == 401:
+                    # the broker no longer accepts this secret (its database was reset, the node removed or
+                    # re-enrolled elsewhere): keep it (it proves who we are) and enroll again
                     logger.warning("broker refused %s's heartbeat (%s); enrolling again", self.config.node_id,
                                    payload.get("detail", payload))
-                    self.node.secret = ""
-                    (self.state_dir / "secret").unlink(missing_ok=True)
+                    self.last_error = f"401: {payload.get('detail', payload)}"
+                    self.must_enroll = True
                     self.failures += 1
                     return False
                 if response.status == 200:
@@ -235,7 +282,8 @@ def resolve_secret(config: AgentConfig, state_dir: Path) -> str:
         return secret
     if config.broker_url:
         if not config.enrollment_token:
-            raise ValueError("no stored secret: an enrollment_token is needed to enroll with the broker")
+            raise ValueError("no stored secret: an enrollment token is needed to enroll with the broker "
+                         f"(enrollment_token_file, or the environment variable {TOKEN_ENV})")
         return ""  # enrolled by BrokerLink
     return generated_secret(state_dir)
 
@@ -275,7 +323,7 @@ def serve(config: AgentConfig) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m agent", description="GPU broker node agent")
     parser.add_argument("--config", help="TOML configuration file")
-    for name in ("node-id", "listen", "broker-url", "enrollment-token", "backend", "state-dir", "gpus", "secret",
+    for name in ("node-id", "listen", "broker-url", "enrollment-token-file", "backend", "state-dir", "gpus", "secret",
                  "metrics-token", "hostname", "advertise-url"):
         parser.add_argument(f"--{name}", dest=name.replace("-", "_"))
     parser.add_argument("--allow-mig-changes", action="store_true", default=None)

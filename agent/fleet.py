@@ -2,9 +2,12 @@
 
 Each node is a full agent (its own node id, secret, state directory and sim backend) served under
 ``/n/{node_id}`` on one port: ``http://HOST:PORT/n/sim-0001/v1/inventory``. With ``--broker-url`` every
-node enrolls and heartbeats like a standalone agent; without it each makes its own secret. The fleet
-writes ``fleet.json`` (node id, URL, secret: what a broker or a test needs to call them; mode 0600)
-and ``prometheus-targets.json`` (a file_sd list with one target per node) into ``--state-dir``.
+node enrolls and heartbeats like a standalone agent; without it each makes its own secret. The
+enrollment token (good for as many enrollments as there are nodes) comes from ``--enrollment-token-file``
+(a 0600 file) or ``$GPUB_ENROLLMENT_TOKEN``, never from the command line (``ps`` shows argv to everyone).
+The fleet writes ``fleet.json`` (node id, URL, secret: what a broker or a test needs to call them; mode
+0600; rewritten whenever a node's secret changes, e.g. once the nodes have enrolled) and
+``prometheus-targets.json`` (a file_sd list with one target per node) into ``--state-dir``.
 
 ``--shape`` may repeat: the nodes cycle through the shapes (``--shape h100-80gb:8:mig --shape
 a100-80gb:8:whole``); one shape may list several GPU groups (``h100-80gb:4:mig,l4:2:shared``).
@@ -23,7 +26,7 @@ from pathlib import Path
 import aiohttp
 from aiohttp import web
 
-from agent.daemon import AgentConfig, BrokerLink, generated_secret, stored_secret
+from agent.daemon import AgentConfig, BrokerLink, generated_secret, read_enrollment_token, stored_secret
 from agent.server import AgentNode, node_app, problem_middleware
 from agent.sim import SimBackend, parse_gpu_specs
 
@@ -79,11 +82,23 @@ class Fleet:
         for node, config in zip(self.nodes, self.configs, strict=True):
             link = BrokerLink(node, config, Path(config.state_dir), session)
             tasks.append(asyncio.create_task(link.run()))
+        tasks.append(asyncio.create_task(self._manifest_follows_secrets()))
         yield
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         await session.close()
+
+    async def _manifest_follows_secrets(self, every: float = 0.5) -> None:
+        """fleet.json is written when the fleet starts listening, before the nodes have enrolled: write it
+        again whenever a secret changes (enrollment, re-enrollment)."""
+        written = [n.secret for n in self.nodes]
+        while True:
+            await asyncio.sleep(every)
+            current = [n.secret for n in self.nodes]
+            if current != written:
+                self.write_manifest()
+                written = current
 
     def write_manifest(self) -> None:
         """fleet.json (secrets: 0600) and a Prometheus file_sd target list."""
@@ -130,7 +145,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--state-dir", default="var/fleet")
     parser.add_argument("--prefix", default="sim", help="node ids are PREFIX-0001, ...")
     parser.add_argument("--broker-url", default="")
-    parser.add_argument("--enrollment-token", default="", help="a token the broker accepts for --nodes enrollments")
+    parser.add_argument("--enrollment-token-file", default="",
+                        help="a file (mode 0600) holding a token the broker accepts for --nodes enrollments; "
+                             "or set GPUB_ENROLLMENT_TOKEN")
     parser.add_argument("--metrics-token", default="")
     parser.add_argument("--ready-file", default="", help="written (with the PID) once the fleet listens")
     parser.add_argument("--log-level", default="INFO")
@@ -139,7 +156,8 @@ def main(argv: list[str] | None = None) -> int:
     host, _, port = args.listen.rpartition(":")
     try:
         fleet = Fleet(args.nodes, args.shape, Path(args.state_dir), host=host, port=int(port), prefix=args.prefix,
-                      broker_url=args.broker_url, enrollment_token=args.enrollment_token,
+                      broker_url=args.broker_url,
+                      enrollment_token=read_enrollment_token(args.enrollment_token_file) if args.broker_url else "",
                       metrics_token=args.metrics_token)
         asyncio.run(run_fleet(fleet, ready_file=args.ready_file))
     except (ValueError, OSError) as error:

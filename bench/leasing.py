@@ -302,7 +302,8 @@ def main() -> None:
         children["fleet"] = subprocess.Popen(
             [str(BIN / "python"), "-m", "agent.fleet", "--nodes", str(args.nodes), "--listen",
              f"127.0.0.1:{fleet_port}", "--state-dir", str(folder / "fleet"), "--shape", "h100-80gb:8:mig",
-             "--broker-url", site, "--enrollment-token", enroll_token, "--log-level", "ERROR"], cwd=ROOT, env=env,
+             "--broker-url", site, "--log-level", "ERROR"], cwd=ROOT,
+            env={**env, "GPUB_ENROLLMENT_TOKEN": enroll_token},
             stdout=logs["fleet"], stderr=subprocess.STDOUT)
         _wait_http(f"http://127.0.0.1:{fleet_port}/healthz", children["fleet"], folder / "fleet.log")
         deadline = time.monotonic() + 120

@@ -36,9 +36,28 @@ class Node(models.Model):
     cordoned = models.BooleanField(default=False)
     enrolled_at = models.DateTimeField(default=timezone.now)
     last_heartbeat_at = models.DateTimeField(null=True, blank=True)
+    silent_since = models.DateTimeField(null=True, blank=True)  # when the broker took it out for silence
+    # staff let the next token enrollment of this node id through once (``node_reenroll_approve``)
+    reenroll_approved_at = models.DateTimeField(null=True, blank=True)
 
     def __str__(self) -> str:
         return self.node_id
+
+
+class AgentNonce(models.Model):
+    """A nonce of a signed agent request, kept until its timestamp can no longer pass the window. The
+    unique (node, nonce) makes a replay fail in every web process (``INSERT ... ON CONFLICT DO NOTHING``
+    inserts nothing the second time); ``nodes_check_heartbeats`` prunes expired rows."""
+
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="+")
+    nonce = models.CharField(max_length=64)
+    expires_at = models.DateTimeField(db_index=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["node", "nonce"], name="agentnonce_unique_per_node")]
+
+    def __str__(self) -> str:
+        return f"nonce {self.nonce} of node {self.node_id}"
 
 
 class EnrollmentToken(models.Model):
@@ -66,6 +85,9 @@ class Gpu(models.Model):
     memory_mib = models.PositiveIntegerField()
     nvlink_domain = models.CharField(max_length=63, blank=True)
     lost_at = models.DateTimeField(null=True, blank=True)
+    # staff released it from its node (``gpu_release``): the next node that reports it may claim it.
+    # Until then a GPU belongs to the node that enrolled it, whatever another node reports.
+    released_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["node", "index"], name="gpu_unique_index_per_node")]

@@ -219,6 +219,9 @@ LEASE_PREEMPTION_NOTICE_SECONDS = env_int("LEASE_PREEMPTION_NOTICE_SECONDS", 30,
 LEASE_MIN_RUNTIME_SECONDS = env_int("LEASE_MIN_RUNTIME_SECONDS", 60, minimum=0)
 AGENT_TIMEOUT_SECONDS = env_int("AGENT_TIMEOUT_SECONDS", 5, minimum=1)
 AGENT_HEARTBEAT_SECONDS = env_int("AGENT_HEARTBEAT_SECONDS", 15, minimum=1)
+# a node silent for 3 heartbeats leaves scheduling at once; its leases keep their capacity until it has been
+# silent this long (counted from its last heartbeat), then fail (docs/operations.md, "A silent node")
+AGENT_LOST_AFTER_SECONDS = env_int("AGENT_LOST_AFTER_SECONDS", 300, minimum=1)
 CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
 
 # --- Billing ----------------------------------------------------------------------------------

@@ -136,11 +136,17 @@ def main(argv: list[str] | None = None) -> int:
         # The demo fleet: simulated nodes (H100s in MIG mode, A100s whole, L4 shares) and, where Debian's
         # prometheus is installed, a Prometheus scraping them (infra/prometheus.yml).
         fleet_dir = VAR / "fleet"
+        # One use per node, valid for 10 minutes, handed over in a 0600 file (argv is visible in ps).
         token = subprocess.run([str(BIN / "python"), "manage.py", "agent_token_create", "--uses",
-                                str(args.fleet_nodes)], cwd=ROOT, check=True, capture_output=True,
-                               text=True).stdout.strip()
+                                str(args.fleet_nodes), "--ttl-seconds", "600"], cwd=ROOT, check=True,
+                               capture_output=True, text=True).stdout.strip()
+        fleet_dir.mkdir(parents=True, exist_ok=True)
+        token_file = fleet_dir / "enrollment-token"
+        token_file.unlink(missing_ok=True)
+        with os.fdopen(os.open(token_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as handle:
+            handle.write(token)
         specs.append(("fleet", [str(BIN / "python"), "-m", "agent.fleet", "--nodes", str(args.fleet_nodes),
-                                "--broker-url", site, "--enrollment-token", token,
+                                "--broker-url", site, "--enrollment-token-file", str(token_file),
                                 "--listen", f"127.0.0.1:{args.fleet_port}", "--state-dir", str(fleet_dir),
                                 "--shape", "h100-80gb:8:mig", "--shape", "a100-80gb:8:whole",
                                 "--shape", "h100-80gb:4:mig,l4:4:shared"]))

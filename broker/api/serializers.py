@@ -95,7 +95,7 @@ class LeaseDetailOutput(LeaseOutput):
 
 class EnrollInput(StrictSerializer):
     node_id = serializers.RegexField(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
-    token = serializers.CharField(max_length=200)
+    token = serializers.CharField(max_length=200, required=False, allow_blank=True)  # not when signed by the node
     address = serializers.URLField(max_length=300)
     hostname = serializers.CharField(max_length=255, required=False, allow_blank=True)
     agent_version = serializers.CharField(max_length=32, required=False, allow_blank=True)

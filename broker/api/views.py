@@ -9,11 +9,9 @@ from rest_framework.permissions import AllowAny
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from agent.signing import NonceCache, SignatureError, verify
+from agent.signing import HEADER_NODE
 from broker import selectors, services
 from broker.api import serializers as s
-from broker.models import Node
-from config.errors import ApplicationError
 from tenants.api.views import _paginate, _parse
 
 
@@ -79,46 +77,43 @@ class OfferListApi(APIView):
 
 
 class AgentEnrollApi(APIView):
-    """An agent trades its one-time enrollment token for the node's secret (docs/agent-protocol.md)."""
+    """An agent trades an enrollment token for its node's secret, or (an enrolled node) re-enrolls with a
+    request signed with its current secret (docs/agent-protocol.md)."""
 
     authentication_classes: list = []
     permission_classes = [AllowAny]
 
     @extend_schema(request=s.EnrollInput, responses={201: dict}, summary="Agent enrollment")
     def post(self, request):
+        body = request.body
         data = _parse(s.EnrollInput, request)
-        node = services.node_enroll(node_id=data["node_id"], token=data["token"], address=data["address"],
+        signed = False
+        if request.headers.get(HEADER_NODE):
+            try:
+                services.node_request_verify(node_id=data["node_id"], headers=request.headers, method="POST",
+                                             path=request.path, query=request.META.get("QUERY_STRING", ""), body=body)
+                signed = True
+            except services.AgentUnauthenticated:
+                if not data.get("token"):
+                    raise
+        node = services.node_enroll(node_id=data["node_id"], token=data.get("token", ""), address=data["address"],
                                     inventory=data["inventory"], hostname=data.get("hostname", ""),
-                                    agent_version=data.get("agent_version", ""))
+                                    agent_version=data.get("agent_version", ""), signed_by_node=signed)
         return Response({"node_id": node.node_id, "secret": node.secret,
                          "heartbeat_seconds": settings.AGENT_HEARTBEAT_SECONDS}, status=status.HTTP_201_CREATED)
 
 
-_NONCES = NonceCache()
-
-
 class AgentHeartbeatApi(APIView):
-    """Signed by the node's secret (agent.signing); 401 otherwise."""
+    """Signed by the node's secret (agent.signing), each nonce accepted once across all web processes;
+    401 otherwise."""
 
     authentication_classes: list = []
     permission_classes = [AllowAny]
 
     @extend_schema(request=dict, responses=dict, summary="Agent heartbeat (signed)")
     def post(self, request, node_id: str):
-        body = request.body
-        try:
-            verify(request.headers, "POST", request.path, request.META.get("QUERY_STRING", ""), body,
-                   lambda nid: Node.objects.filter(node_id=nid).values_list("secret", flat=True).first()
-                   if nid == node_id else None, _NONCES)
-        except SignatureError as error:
-            raise _Unauthenticated(str(error)) from None
-        node = Node.objects.get(node_id=node_id)
+        node = services.node_request_verify(node_id=node_id, headers=request.headers, method="POST",
+                                            path=request.path, query=request.META.get("QUERY_STRING", ""),
+                                            body=request.body)
         services.node_heartbeat(node=node)
         return Response({"heartbeat_seconds": settings.AGENT_HEARTBEAT_SECONDS})
-
-
-class _Unauthenticated(ApplicationError):
-    status = 401
-    code = "unauthenticated"
-    title = "Not authenticated"
-

@@ -8,6 +8,7 @@ serves exactly the documented exchange (docs/agent-protocol.md) and checks signa
 
 import asyncio
 import json
+import os
 import secrets
 import shutil
 import subprocess
@@ -86,7 +87,8 @@ class EnrollmentEndpoint:
 
 
 class FleetProcess:
-    def __init__(self, state_dir: Path, nodes: int, *extra: str):
+    def __init__(self, state_dir: Path, nodes: int, *extra: str, env: dict | None = None):
+        self.env = env or {}
         self.state_dir = state_dir
         self.nodes = nodes
         self.port = free_port()
@@ -99,7 +101,7 @@ class FleetProcess:
             [sys.executable, "-m", "agent.fleet", "--nodes", str(self.nodes), "--listen", f"127.0.0.1:{self.port}",
              "--state-dir", str(self.state_dir), "--ready-file", str(ready), "--log-level", "ERROR",
              "--shape", "h100-80gb:8:mig", "--shape", "a100-80gb:4:whole,l4:2:shared", *self.extra],
-            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ, **self.env})
         wait_http(f"http://127.0.0.1:{self.port}/healthz", self.process, timeout=60)
         return self
 
@@ -123,11 +125,14 @@ def wait_until(predicate, timeout=15.0, step=0.05):
 def test_fleet_nodes_enroll_heartbeat_signed_and_back_off_while_the_broker_is_down(tmp_path):
     broker = EnrollmentEndpoint(uses=3).start()
     fleet = FleetProcess(tmp_path / "fleet", 3, "--broker-url", f"http://127.0.0.1:{broker.port}",
-                         "--enrollment-token", TOKEN).start()
+                         env={"GPUB_ENROLLMENT_TOKEN": TOKEN}).start()
     try:
         names = ["sim-0001", "sim-0002", "sim-0003"]
         assert wait_until(lambda: all(len(broker.heartbeats.get(n, [])) >= 3 for n in names))
         assert broker.refused == []
+        # fleet.json, written when the fleet started listening, is rewritten with the secrets bought since
+        bought = [broker.secrets[n] for n in names]
+        assert wait_until(lambda: [n["secret"] for n in fleet.manifest()["nodes"]] == bought)
         # the secret the broker handed out is what the node now checks: the broker can call it
         node = names[1]
         client = AgentClient(f"http://127.0.0.1:{fleet.port}/n/{node}", node, broker.secrets[node], retries=0)

@@ -88,11 +88,11 @@ def start_fleet(broker_url: str, state_dir, nodes: int, *shapes: str) -> subproc
     token = services.enrollment_token_create(uses=nodes)
     port = free_port()
     command = [sys.executable, "-m", "agent.fleet", "--nodes", str(nodes), "--listen", f"127.0.0.1:{port}",
-               "--state-dir", str(state_dir), "--broker-url", broker_url, "--enrollment-token", token,
-               "--log-level", "WARNING"]
+               "--state-dir", str(state_dir), "--broker-url", broker_url, "--log-level", "WARNING"]
     for shape in shapes:
         command += ["--shape", shape]
-    process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                               env={**os.environ, "GPUB_ENROLLMENT_TOKEN": token})
     wait_http(f"http://127.0.0.1:{port}/healthz", process)
     wait_until(lambda: Node.objects.count() == nodes, timeout=60)
     return process

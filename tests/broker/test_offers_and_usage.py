@@ -52,7 +52,7 @@ def test_enrollment_refuses_a_spent_token_and_names_bad_inventory(world):
     client = world.client("member")
     body = {"node_id": "n3", "token": token, "address": "http://127.0.0.1:9/n/n3", "inventory": {"gpus": []}}
     response = client.post("/api/v1/agents/enroll", body, format="json")
-    assert response.status_code == 403 and response.json()["field"] == "token"
+    assert response.status_code == 401 and response.json()["field"] == "token"
     fresh = services.enrollment_token_create()
     bad = client.post("/api/v1/agents/enroll", {**body, "token": fresh, "inventory": {"gpus": [{"uuid": "x"}]}},
                       format="json")
@@ -132,13 +132,14 @@ def test_provisioning_on_a_dead_agent_requeues_with_the_reason(world, settings):
     assert not Allocation.objects.filter(lease=lease, freed_at__isnull=True).exists()
 
 
-def test_silent_node_is_taken_out_and_its_leases_fail(world):
+def test_silent_node_is_taken_out_and_its_leases_fail(world, settings):
     from datetime import timedelta
 
     from django.utils import timezone
 
     from broker.models import Lease, Node
 
+    settings.AGENT_LOST_AFTER_SECONDS = 120  # the grace has passed 5 minutes later
     lease = _placed_lease(world)
     allocation = Allocation.objects.get(lease=lease)
     services.allocation_ready(allocation=allocation, instance={"device_uuid": "MIG-x"}, now=timezone.now())

@@ -10,7 +10,7 @@ class Command(BaseCommand):
     def add_arguments(self, parser):
         parser.add_argument("--uses", type=int, default=1, help="how many nodes may enroll with it")
         parser.add_argument("--pool", default="default")
-        parser.add_argument("--ttl-seconds", type=int, default=86400)
+        parser.add_argument("--ttl-seconds", type=int, default=3600, help="valid this long (default one hour)")
 
     def handle(self, *args, uses, pool, ttl_seconds, **options):
         try:
