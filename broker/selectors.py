@@ -99,6 +99,16 @@ def offer_list(*, now=None) -> list[dict]:
     return sorted(offers.values(), key=lambda item: item["model"])
 
 
+def lease_queue() -> QuerySet[Lease]:
+    """The queue the scheduler works on, oldest first: QUEUED leases of active tenants. A suspended
+    tenant's queued leases are held (tenants.services.tenant_set_status): never placed, never counted ahead
+    of anyone, until the tenant is reactivated."""
+    from tenants.choices import TenantStatus
+
+    return Lease.objects.filter(state=LeaseState.QUEUED, tenant__status=TenantStatus.ACTIVE).order_by("queued_at",
+                                                                                                       "pk")
+
+
 def scheduler_snapshot(*, now: datetime):
     """What the scheduling core sees: nodes (silent or cordoned ones closed to new work), GPUs not lost,
     live allocations grouped by lease, quotas. Read as plain values (no model instances): every cycle reads
@@ -210,10 +220,14 @@ def lease_preview(*, actor: Actor, project: object, gpu: object, workload_class:
         raise QuotaExceeded(f"Project {project!r} has no quota on {wanted} whose limit allows this request.",
                             field="gpu")
 
+    if not actor.tenant.is_active:  # its requests would be held, not scheduled
+        first = next((tier for tier, amount in units.items() if amount <= quotas[tier].limit_gpu_milli), "")
+        return LeasePreview("waits", f"held: tenant '{actor.tenant.slug}' is suspended", first, False, None,
+                            units.get(first, 0), dict(gpu) if isinstance(gpu, dict) else {})
     core_shape = Shape(Kind(shape["kind"]), shape["count"], profile=shape["profile"], milli=shape["milli"],
                        memory_mib=shape["memory_mib"], models=tuple(shape["models"]), gang=shape["gang"])
     mine = Request("preview", str(target.pk), str(actor.tenant.pk), core_shape, now.timestamp(), priority)
-    queued = Lease.objects.filter(state=LeaseState.QUEUED).order_by("queued_at", "pk")[:5000]
+    queued = lease_queue()[:5000]
     snapshot = scheduler_snapshot(now=now)
     decisions = Scheduler(snapshot).schedule([*map(services._core_request, queued), mine], now=now.timestamp())
     decision = next(d for d in decisions if d.request == "preview")

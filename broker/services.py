@@ -35,7 +35,7 @@ from broker.choices import (
 )
 from broker.models import Allocation, Gpu, Lease, LeaseEvent, Node
 from broker.scheduler import DecisionMode, Kind, Request, Shape, plan
-from broker.selectors import scheduler_snapshot
+from broker.selectors import lease_queue, scheduler_snapshot
 from config.errors import (
     ApplicationError,
     IdempotencyConflict,
@@ -384,6 +384,48 @@ def lease_release(*, lease: Lease, actor: str, reason: str = "released by the ho
     return lease
 
 
+# -- tenant suspension (called by tenants.services.tenant_set_status) ------------------------------------
+HOLD_RELEASED_REASON = "waiting for the scheduler"
+
+
+def schedule_cycle_wait() -> None:
+    """Inside a transaction: wait until no schedule cycle runs, and keep cycles out until it commits (the
+    cycle's advisory lock). Whatever a running cycle placed is committed when this returns."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_advisory_xact_lock(%s)", [ADVISORY_LOCK])
+
+
+def leases_hold(*, tenant_id: int, reason: str, actor: str, now: datetime) -> int:
+    """The tenant's waiting leases are held (part of the caller's transaction): they stay QUEUED, out of
+    the queue the schedule cycle reads (``broker.selectors.lease_queue``), with ``reason`` and an event."""
+    held = list(Lease.objects.select_for_update().filter(
+        tenant_id=tenant_id, state__in=(LeaseState.REQUESTED, LeaseState.QUEUED)).order_by("pk"))
+    Lease.objects.filter(pk__in=[lease.pk for lease in held]).update(reason=reason, queue_position=None)
+    LeaseEvent.objects.bulk_create(LeaseEvent(lease=lease, from_state=lease.state, to_state=lease.state,
+                                              reason=reason, actor=actor, at=now) for lease in held)
+    return len(held)
+
+
+def leases_unhold(*, tenant_id: int, actor: str, now: datetime) -> int:
+    """The tenant's held leases go back to the scheduler (part of the caller's transaction); a cycle is
+    asked for after commit."""
+    count = leases_hold(tenant_id=tenant_id, reason=HOLD_RELEASED_REASON, actor=actor, now=now)
+    if count:
+        _enqueue("schedule_cycle")
+    return count
+
+
+def leases_release_all(*, tenant_id: int, reason: str, actor: str, now: datetime | None = None) -> int:
+    """Release every lease of the tenant that holds capacity (provisioning, active, preempted), each with
+    ``lease_release`` (its own transaction; its instances are destroyed by the worker). Returns how many."""
+    count = 0
+    holding = (LeaseState.PROVISIONING, LeaseState.ACTIVE, LeaseState.PREEMPTED)
+    for lease in Lease.objects.filter(tenant_id=tenant_id, state__in=holding).order_by("pk"):
+        lease = lease_release(lease=lease, actor=actor, reason=reason, now=now)
+        count += lease.state == LeaseState.RELEASING
+    return count
+
+
 def lease_renew(*, lease: Lease, actor: str, duration_seconds: object, now: datetime | None = None) -> Lease:
     """Extend an active lease to ``now + duration_seconds``."""
     now = now or timezone.now()
@@ -519,7 +561,7 @@ def schedule_cycle(*, now: datetime | None = None) -> dict:
             if not cursor.fetchone()[0]:
                 # a cycle is running: it looks again for what it did not see once it has committed
                 return {**counts, "skipped": 1}
-        queued = list(Lease.objects.filter(state=LeaseState.QUEUED).order_by("queued_at", "pk")[:5000])
+        queued = list(lease_queue()[:5000])  # suspended tenants' leases are held, never placed
         seen = [lease.pk for lease in queued]
         transaction.on_commit(lambda: _cycle_again_if_new(seen))
         if not queued:
@@ -559,7 +601,7 @@ def _cycle_again_if_new(seen: list[int]) -> None:
     """After a cycle commits: requests queued while it ran (their trigger found the flag set, or the lock
     taken) get the next cycle."""
     _cycle_flag_clear()
-    if Lease.objects.filter(state=LeaseState.QUEUED).exclude(pk__in=seen).exists():
+    if lease_queue().exclude(pk__in=seen).exists():
         schedule_cycle_request()
 
 

@@ -140,7 +140,8 @@ class TenantStatusView(TenantDetailView):
         except ApplicationError as error:
             return self.render_page(request, slug, form="status", error=error, status=error.status)
         messages.success(request, f"{tenant.name} is {tenant.get_status_display().lower()}."
-                         + (" Its members can look but start no new work." if tenant.status == "suspended" else ""))
+                         + (" Its running leases are being released and its queued ones held; members can look and "
+                            "release but start no new work." if tenant.status == "suspended" else ""))
         return redirect("portal:ops-tenant", slug=slug)
 
 

@@ -23,6 +23,7 @@ from portal import forms, presenters
 from portal.pricing import dashboard_spend, price_quote
 from tenants import selectors, services
 from tenants.choices import Role, TokenScope
+from tenants.permissions import SAFE_METHODS
 
 STATE_GROUPS = {
     "live": ",".join(s for s in LeaseState.values if s not in FINAL_STATES),
@@ -63,7 +64,17 @@ class PortalView(LoginRequiredMixin, View):
 
 
 class TenantView(PortalView):
-    """A page of the acting tenant (``self.actor``); users without a tenant see why."""
+    """A page of the acting tenant (``self.actor``); users without a tenant see why.
+
+    The portal's half of the one permission rule (the API's is ``tenants.permissions``): a GET needs
+    ``view``; any other method is a write and needs the view's ``write_action`` (default ``manage``, or
+    ``required_action(request)``), checked here before the handler runs, so a view cannot forget it.
+    The services check their finer rules again."""
+
+    write_action = "manage"
+
+    def required_action(self, request) -> str:
+        return "view" if request.method in SAFE_METHODS else self.write_action
 
     def dispatch(self, request, *args, **kwargs):
         if request.user.is_authenticated:
@@ -72,6 +83,12 @@ class TenantView(PortalView):
                 if request.user.is_staff:
                     return redirect("portal:fleet")
                 return render(request, "portal/no_tenant.html", status=403)
+            handler = getattr(self, request.method.lower(), None)
+            if request.method.lower() in self.http_method_names and handler is not None:
+                try:
+                    self.actor.require(self.required_action(request))
+                except (PermissionDenied, TenantSuspended) as error:
+                    return error_page(request, 403, error.message)
         return super().dispatch(request, *args, **kwargs)
 
     def actor_label(self) -> str:
@@ -142,6 +159,12 @@ class LeaseRequestView(TenantView):
     fields); with htmx the preview beside it follows every change."""
 
     template_name = "portal/lease_request.html"
+    write_action = "use"
+
+    def required_action(self, request) -> str:
+        if request.method == "POST" and "preview" in request.POST:
+            return "view"  # the no-JS preview button: a dry run, nothing is written
+        return super().required_action(request)
 
     def context(self, data=None, errors=None, preview=None, idempotency_key=None) -> dict:
         projects = list(selectors.project_list(actor=self.actor))
@@ -231,6 +254,7 @@ class LeaseDetailView(TenantView):
             "telemetry_down": series is None,
             "poll": presenters.poll_seconds(lease),
             "can_use": self.actor.can("use"),
+            "can_release": self.actor.can("release"),
             "live": presenters.is_live(lease),
             "durations": forms.DURATIONS,
             "now": now,
@@ -249,9 +273,9 @@ class LeaseDetailView(TenantView):
 
 class LeaseReleaseView(LeaseDetailView):
     http_method_names = ["post"]
+    write_action = "release"  # allowed while the tenant is suspended: giving back stops the meter
 
     def post(self, request, pk: int):
-        self.actor.require("use")
         lease = leasing.lease_get(actor=self.actor, lease_id=pk)
         try:
             lease = leasing_services.lease_release(lease=lease, actor=self.actor_label())
@@ -266,9 +290,9 @@ class LeaseReleaseView(LeaseDetailView):
 
 class LeaseRenewView(LeaseDetailView):
     http_method_names = ["post"]
+    write_action = "use"
 
     def post(self, request, pk: int):
-        self.actor.require("use")
         lease = leasing.lease_get(actor=self.actor, lease_id=pk)
         try:
             lease = leasing_services.lease_renew(lease=lease, actor=self.actor_label(),
@@ -333,6 +357,8 @@ class MemberRoleView(MembersView):
 
 
 class MemberRemoveView(MembersView):
+    write_action = "leave"  # leaving oneself; removing others needs `revoke` (the service)
+
     def post(self, request, pk: int):
         membership = selectors.membership_get(actor=self.actor, pk=pk)
         try:
@@ -351,6 +377,7 @@ class MemberRemoveView(MembersView):
 # -- settings: API tokens ----------------------------------------------------------------------------------
 class TokensView(TenantView):
     template_name = "portal/settings_tokens.html"
+    write_action = "self"  # one's own tokens (not while suspended); the service caps the scopes by role
 
     def render_page(self, request, *, errors=None, values=None, status=200):
         context = {
@@ -386,6 +413,9 @@ class TokensView(TenantView):
 
 
 class TokenRevokeView(TenantView):
+    http_method_names = ["post"]
+    write_action = "leave"  # one's own token; others' need `revoke` (the service)
+
     def post(self, request, pk: int):
         token = selectors.api_token_get(actor=self.actor, pk=pk)
         try:

@@ -2,15 +2,21 @@
 
 Every tenant-facing query goes through ``restrict(queryset, actor)``, which keeps only the actor's
 tenant's rows (via the model's ``tenant_lookup``). Objects of another tenant are therefore simply not
-found (404), by any route. Within the tenant, ``actor.require(action)`` refuses with 403 what the role
-or the token's scopes do not allow.
+found (404), by any route. Within the tenant, ``actor.require(action)`` refuses with 403 what the role,
+the token's scopes or the tenant's status do not allow.
 
-Actions, from weakest to strongest:
-  ``view``   read anything of the tenant                          viewer, member, admin, owner
-  ``use``    request and manage leases, own tokens with write     member, admin, owner
-  ``manage`` projects, members below owner, all tokens            admin, owner
-  ``own``    owners, billing settings, the tenant itself          owner
-Any action but ``view`` also needs the ``write`` scope when a token acts, and an active tenant.
+Actions (``ACTIONS``: the weakest role allowed, and whether a suspended tenant may still do it):
+  ``view``     read anything of the tenant                               viewer and up    suspended too
+  ``leave``    give up one's own access: revoke one's own token, leave    viewer and up    suspended too
+  ``self``     create one's own API tokens                               viewer and up    active only
+  ``release``  give a lease back (stops its meter)                       member and up    suspended too
+  ``use``      request and renew leases                                  member and up    active only
+  ``revoke``   take access away from others: their tokens, memberships   admin and up     suspended too
+  ``manage``   projects, roles below owner                               admin and up     active only
+  ``own``      owners, billing settings, the tenant itself               owner            active only
+Every action but ``view`` changes something, so it also needs the ``write`` scope when a token acts.
+A suspended tenant may read and may only give things back (leases, tokens, memberships): it can start
+nothing that costs money or grants access (docs/tenancy.md, "Suspension").
 """
 
 from __future__ import annotations
@@ -28,13 +34,26 @@ if TYPE_CHECKING:
 
     from tenants.models import ApiToken, Tenant
 
-Action = Literal["view", "use", "manage", "own"]
-ACTION_MIN_ROLE: dict[str, Role] = {
-    "view": Role.VIEWER,
-    "use": Role.MEMBER,
-    "manage": Role.ADMIN,
-    "own": Role.OWNER,
+Action = Literal["view", "leave", "self", "release", "use", "revoke", "manage", "own"]
+
+
+@dataclass(frozen=True)
+class ActionRule:
+    min_role: Role
+    while_suspended: bool  # giving things back is always allowed; starting or granting anything is not
+
+
+ACTIONS: dict[str, ActionRule] = {
+    "view": ActionRule(Role.VIEWER, True),
+    "leave": ActionRule(Role.VIEWER, True),
+    "self": ActionRule(Role.VIEWER, False),
+    "release": ActionRule(Role.MEMBER, True),
+    "use": ActionRule(Role.MEMBER, False),
+    "revoke": ActionRule(Role.ADMIN, True),
+    "manage": ActionRule(Role.ADMIN, False),
+    "own": ActionRule(Role.OWNER, False),
 }
+ACTION_MIN_ROLE: dict[str, Role] = {action: rule.min_role for action, rule in ACTIONS.items()}
 
 
 @dataclass(frozen=True)
@@ -47,22 +66,32 @@ class Actor:
     scopes: frozenset[str] = field(default_factory=lambda: frozenset(TokenScope.values))
     token: ApiToken | None = None
 
+    @property
+    def can_write(self) -> bool:
+        """False for a read-only API token: it may only read, whatever its member's role."""
+        return TokenScope.WRITE in self.scopes
+
     def can(self, action: Action) -> bool:
-        if ROLE_RANK[Role(self.role)] < ROLE_RANK[ACTION_MIN_ROLE[action]]:
+        rule = ACTIONS[action]
+        if ROLE_RANK[Role(self.role)] < ROLE_RANK[rule.min_role]:
             return False
-        return action == "view" or TokenScope.WRITE in self.scopes
+        if action != "view" and not self.can_write:
+            return False
+        return rule.while_suspended or self.tenant.is_active
 
     def require(self, action: Action) -> None:
         """Raise 403 unless the actor may perform ``action`` now."""
-        if not self.can(action):
-            if action != "view" and TokenScope.WRITE not in self.scopes:
-                raise PermissionDenied("This API token has read scope only.")
+        rule = ACTIONS[action]
+        if action != "view" and not self.can_write:
+            raise PermissionDenied("This API token has read scope only.")
+        if ROLE_RANK[Role(self.role)] < ROLE_RANK[rule.min_role]:
             raise PermissionDenied(
                 f"Your role '{self.role}' in tenant '{self.tenant.slug}' does not allow this "
-                f"(needs {ACTION_MIN_ROLE[action].value} or higher)."
+                f"(needs {rule.min_role.value} or higher)."
             )
-        if action != "view" and not self.tenant.is_active:
-            raise TenantSuspended(f"Tenant '{self.tenant.slug}' is suspended; only reading is allowed.")
+        if not rule.while_suspended and not self.tenant.is_active:
+            raise TenantSuspended(f"Tenant '{self.tenant.slug}' is suspended; only reading and giving back "
+                                  f"(releasing leases, revoking tokens) are allowed.")
 
 
 def restrict(queryset: QuerySet, actor: Actor) -> QuerySet:

@@ -1,4 +1,15 @@
-"""DRF permission that resolves the acting tenant and enforces the role rules of ``tenants.access``."""
+"""DRF permission that resolves the acting tenant and enforces the role rules of ``tenants.access``.
+
+It is the default permission class of every tenant-facing API view (``REST_FRAMEWORK`` settings), so the
+rules below hold for a view that declares nothing:
+
+- a read (GET, HEAD, OPTIONS) needs the ``view`` action;
+- any other method is a write: it needs the token's ``write`` scope, whatever the view declares (checked
+  here, before the view runs, so a view cannot forget it), and the view's action for that method —
+  ``required_action(request)`` when the view defines it, else ``write_action``, else ``manage``.
+
+The services check their own, finer rules again (``actor.require``), e.g. revoking another member's token.
+"""
 
 from __future__ import annotations
 
@@ -8,13 +19,24 @@ from config.errors import PermissionDenied
 from tenants.selectors import actor_for_request
 
 SAFE_METHODS = ("GET", "HEAD", "OPTIONS")
+DEFAULT_WRITE_ACTION = "manage"
+
+
+def view_action(view, request) -> str:
+    """The ``tenants.access`` action a request to ``view`` needs (reads: ``view``)."""
+    if hasattr(view, "required_action"):
+        action = view.required_action(request)
+    elif request.method in SAFE_METHODS:
+        action = "view"
+    else:
+        action = getattr(view, "write_action", DEFAULT_WRITE_ACTION)
+    if request.method not in SAFE_METHODS and action == "view":
+        raise ValueError(f"{type(view).__name__}: a {request.method} is a write; declare its action")
+    return action
 
 
 class TenantRolePermission(permissions.BasePermission):
-    """Authenticated, a member of a tenant, and allowed the view's action for this method.
-
-    Views declare ``write_action`` (default ``manage``) or override ``required_action(request)``.
-    """
+    """Authenticated, a member of a tenant, and allowed the view's action for this method."""
 
     def has_permission(self, request, view) -> bool:
         if not (request.user and request.user.is_authenticated):
@@ -23,9 +45,7 @@ class TenantRolePermission(permissions.BasePermission):
         if actor is None:
             raise PermissionDenied("You are not a member of any tenant.")
         request.actor = actor
-        if hasattr(view, "required_action"):
-            action = view.required_action(request)
-        else:
-            action = "view" if request.method in SAFE_METHODS else getattr(view, "write_action", "manage")
-        actor.require(action)
+        if request.method not in SAFE_METHODS and not actor.can_write:
+            raise PermissionDenied("This API token has read scope only.")
+        actor.require(view_action(view, request))
         return True

@@ -6,7 +6,7 @@ from django.db.models import QuerySet
 
 from config.errors import NotFound
 from tenants.access import Actor, restrict
-from tenants.choices import Role
+from tenants.choices import ROLE_RANK, Role
 from tenants.models import ApiToken, Membership, Project, Quota, SloContract, Tenant, TenantQuota
 
 SESSION_TENANT_KEY = "tenant_slug"
@@ -80,9 +80,10 @@ def membership_get(*, actor: Actor, pk: int) -> Membership:
 
 
 def api_token_list(*, actor: Actor) -> QuerySet[ApiToken]:
-    """Admins see every token of the tenant; others only their own."""
+    """Admins see every token of the tenant (seeing is a read: also through their read-only tokens);
+    others only their own."""
     tokens = restrict(ApiToken.objects.select_related("user"), actor)
-    if not actor.can("manage"):
+    if ROLE_RANK[Role(actor.role)] < ROLE_RANK[Role.ADMIN]:
         tokens = tokens.filter(user=actor.user)
     return tokens.order_by("-created_at", "id")
 

@@ -108,16 +108,38 @@ def tenant_create(*, name: str, slug: str, billing_email: str, currency: str = "
 
 
 def tenant_set_status(*, tenant: Tenant, status: str, by_user=None, reason: str = "") -> Tenant:
-    """Suspend or reactivate a tenant (platform staff). Conditional update: concurrent calls converge."""
+    """Suspend or reactivate a tenant (platform staff). Conditional update: concurrent calls converge.
+
+    Suspension is about money, so it stops the meter (docs/tenancy.md, "Suspension"): in the same
+    transaction as the status and its audit row, the tenant's queued leases are *held* (the schedule cycle
+    no longer reads them; their reason says why); once that has committed, every lease holding capacity is
+    released through ``lease_release`` with a reason naming the suspension. The transaction first waits
+    for a schedule cycle that is running (its advisory lock), so a cycle that read the queue before the
+    suspension has committed its placements before the release sweep looks, and every later cycle sees the
+    tenant suspended. Suspending again sweeps again. Reactivation gives the held leases back to the
+    scheduler (a cycle is asked for); released leases stay released.
+    """
+    from broker import services as leasing  # leasing builds on tenants: imported here, one way at import time
+
     if status not in TenantStatus.values:
         raise ValidationFailed(f"status must be one of {', '.join(TenantStatus.values)}.", field="status")
+    now = timezone.now()
+    by = f"staff:{by_user.get_username()}" if by_user is not None and by_user.is_authenticated else "broker"
+    note = f" ({reason})" if reason else ""
     with transaction.atomic(durable=True):
-        changed = (
-            Tenant.objects.filter(pk=tenant.pk).exclude(status=status).update(status=status, updated_at=timezone.now())
-        )
+        leasing.schedule_cycle_wait()
+        changed = Tenant.objects.filter(pk=tenant.pk).exclude(status=status).update(status=status, updated_at=now)
         if changed:
             _audit(tenant=tenant, actor_user=by_user, action=f"tenant.{status}", target=tenant.slug, reason=reason)
+            if status == TenantStatus.SUSPENDED:
+                leasing.leases_hold(tenant_id=tenant.pk, reason=f"held: tenant '{tenant.slug}' is suspended{note}",
+                                    actor=by, now=now)
+            else:
+                leasing.leases_unhold(tenant_id=tenant.pk, actor=by, now=now)
     tenant.refresh_from_db()
+    if tenant.status == TenantStatus.SUSPENDED:
+        leasing.leases_release_all(tenant_id=tenant.pk, actor=by,
+                                   reason=f"released: tenant '{tenant.slug}' was suspended{note}")
     return tenant
 
 
@@ -250,9 +272,13 @@ def membership_change_role(*, actor: Actor, membership: Membership, role: str) -
 
 
 def membership_remove(*, actor: Actor, membership: Membership) -> None:
-    """Remove a member; their tokens for this tenant are revoked in the same transaction."""
-    if membership.user_id != actor.user.pk:
-        actor.require("manage")
+    """Remove a member; their tokens for this tenant are revoked in the same transaction. Leaving
+    oneself (``leave``) and removing others (``revoke``, owners: ``own``) take access away, so a suspended
+    tenant may still do them; a read-only token never can."""
+    if membership.user_id == actor.user.pk:
+        actor.require("leave")
+    else:
+        actor.require("revoke")
         if membership.role == Role.OWNER:
             actor.require("own")
     now = timezone.now()
@@ -290,9 +316,10 @@ def api_token_create(
 ) -> tuple[ApiToken, str]:
     """Create a token for the acting member; return it with its secret, which is never shown again.
 
-    Viewers may only hold read tokens; a token can never grant more than its member's role.
+    Viewers may only hold read tokens; a token can never grant more than its member's role. A read-only
+    token cannot create tokens, and no token is created while the tenant is suspended (``self``).
     """
-    actor.require("view")
+    actor.require("self")
     now = now or timezone.now()
     name = _validate_name(name, "name", 100)
     if not scopes or not isinstance(scopes, list | tuple) or any(s not in TokenScope.values for s in scopes):
@@ -325,9 +352,9 @@ def api_token_create(
 
 
 def api_token_revoke(*, actor: Actor, token: ApiToken, now: datetime | None = None) -> ApiToken:
-    """Revoke a token (own tokens; admins any of the tenant). Revoking twice is harmless."""
-    if token.user_id != actor.user.pk:
-        actor.require("manage")
+    """Revoke a token (own tokens: ``leave``; admins any of the tenant: ``revoke``). Revoking twice is
+    harmless; it takes access away, so a suspended tenant may still do it."""
+    actor.require("leave" if token.user_id == actor.user.pk else "revoke")
     now = now or timezone.now()
     with transaction.atomic(durable=True):
         changed = ApiToken.objects.filter(pk=token.pk, tenant=actor.tenant, revoked_at__isnull=True).update(

@@ -44,7 +44,7 @@ class LeaseListApi(APIView):
 
 
 class LeaseDetailApi(APIView):
-    write_action = "use"
+    write_action = "release"  # DELETE gives the lease back: allowed while the tenant is suspended
 
     @extend_schema(responses=s.LeaseDetailOutput, summary="A lease with its devices and events")
     def get(self, request, pk: int):

@@ -102,7 +102,7 @@ class MemberListApi(APIView):
 class MemberDetailApi(APIView):
     def required_action(self, request) -> str:
         if request.method == "DELETE":
-            return "view"  # leaving the tenant yourself; removing others is checked by the service
+            return "leave"  # leaving the tenant yourself; removing others needs `revoke` (the service)
         return "view" if request.method in ("GET", "HEAD", "OPTIONS") else "manage"
 
     @extend_schema(responses=s.MembershipOutput, summary="One member")
@@ -124,7 +124,7 @@ class MemberDetailApi(APIView):
 
 
 class TokenListApi(APIView):
-    write_action = "view"  # anyone may create their own tokens; the service caps the scopes by role
+    write_action = "self"  # anyone may create their own tokens (not while suspended); scopes capped by role
 
     @extend_schema(responses=s.ApiTokenOutput(many=True), summary="API tokens (own; admins see all)")
     def get(self, request):
@@ -141,7 +141,7 @@ class TokenListApi(APIView):
 
 
 class TokenDetailApi(APIView):
-    write_action = "view"  # own tokens; the service requires `manage` for others'
+    write_action = "leave"  # revoking one's own token; the service requires `revoke` for others'
 
     @extend_schema(responses=s.ApiTokenOutput, summary="One token (never its secret)")
     def get(self, request, pk: int):

@@ -1,0 +1,296 @@
+"""Every URL pattern of the project, route by route and method by method: who may do what.
+
+``get_resolver()`` is walked for every pattern; each must be in ``ROUTES`` (with a case for every HTTP
+method its view answers) or on ``ALLOWED`` (with the reason it needs none). A new route, or a new method
+on a view, without its cases fails ``test_routes_every_pattern_and_method_has_cases``.
+
+For each case, with two tenants (acme is "ours", globex the outsider's):
+- anonymous: 401 problem+json on the API, a redirect to the login page on the portal;
+- the outsider (globex's owner, a write token / a session) on acme's object: 404 for every method;
+- a read-only token (acme's owner, ``read`` scope): reads answer, every write method 403 on the API;
+  the portal does not take tokens at all (a redirect to the login page);
+- a viewer: 403 on every write (API: viewers hold read-only tokens; portal: the viewer's session);
+- platform pages (``staff``): a tenant member who is not staff gets 403;
+- agent routes: unsigned → 401 (they authenticate by the node's signature, not by tenant).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import UTC, date, datetime
+
+import pytest
+from django.test import Client
+from django.urls import URLPattern, URLResolver, get_resolver
+
+from billing.models import Invoice
+from broker import services as leasing
+from tenants.access import Actor
+from tenants.choices import Role
+from tenants.models import ApiToken, Membership, Project
+from tests.factories import api_client
+
+WRITE_METHODS = {"post", "put", "patch", "delete"}
+
+
+@dataclass(frozen=True)
+class Route:
+    """``kind``: api (tenant REST API), portal (a tenant's pages), staff (platform pages), agent (signed
+    by a node). ``path`` has ``{id}`` where the object of ``obj`` goes (None: the route names no object).
+    ``methods``: every method the view answers → the body sent with it. ``viewer``: a method a viewer may
+    do there, with the status it gets (only where the role rules allow it, each with its reason)."""
+
+    kind: str
+    path: str
+    methods: dict[str, dict | None]
+    obj: str | None = None
+    viewer: dict[str, int] = field(default_factory=dict)
+
+
+READ = {"get": None}
+ROUTES: dict[str, Route] = {
+    # -- tenant API (tenants/api) ---------------------------------------------------------------------
+    "api-tenant": Route("api", "/api/v1/tenant", {"get": None, "patch": {"name": "x"}}),
+    "api-projects": Route("api", "/api/v1/projects", {"get": None, "post": {"slug": "p2", "name": "P2"}}),
+    "api-project": Route("api", "/api/v1/projects/{id}", {"get": None, "patch": {"name": "x"}, "delete": None},
+                         obj="project"),
+    "api-quotas": Route("api", "/api/v1/quotas?project={id}", READ, obj="project"),
+    "api-members": Route("api", "/api/v1/members", READ),
+    "api-member": Route("api", "/api/v1/members/{id}", {"get": None, "patch": {"role": "viewer"}, "delete": None},
+                        obj="member"),
+    "api-tokens": Route("api", "/api/v1/tokens", {"get": None, "post": {"name": "t", "scopes": ["read"]}}),
+    "api-token": Route("api", "/api/v1/tokens/{id}", {"get": None, "delete": None}, obj="token"),
+    "api-slo-contracts": Route("api", "/api/v1/slo-contracts", READ),
+    # -- leasing API (broker/api) ---------------------------------------------------------------------
+    "api-leases": Route("api", "/api/v1/leases", {
+        "get": None, "post": {"project": "vision", "gpu": {"kind": "mig", "profile": "1g.10gb"}}}),
+    "api-lease": Route("api", "/api/v1/leases/{id}", {"get": None, "delete": None}, obj="lease"),
+    "api-lease-renew": Route("api", "/api/v1/leases/{id}/renew", {"post": {"duration_seconds": 600}}, obj="lease"),
+    "api-offers": Route("api", "/api/v1/offers", READ),
+    "api-agent-enroll": Route("agent", "/api/v1/agents/enroll", {
+        "post": {"node_id": "n-x", "token": "gpub-enroll-forged", "address": "http://127.0.0.1:1", "inventory": []}}),
+    "api-agent-heartbeat": Route("agent", "/api/v1/agents/node-1/heartbeat", {"post": {}}),
+    # -- billing API (billing/api) --------------------------------------------------------------------
+    "api-usage": Route("api", "/api/v1/usage", READ),
+    "api-invoices": Route("api", "/api/v1/invoices", READ),
+    "api-invoice": Route("api", "/api/v1/invoices/{id}", READ, obj="invoice"),
+    "api-invoice-document": Route("api", "/api/v1/invoices/{id}.csv", READ, obj="invoice"),
+    # -- tenant portal (portal/views.py, portal/billing.py) --------------------------------------------
+    "portal:dashboard": Route("portal", "/", READ),
+    # switching to another of one's own tenants changes the session only (a foreign slug is refused:
+    # test_isolation_portal_cannot_switch_to_foreign_tenant); a viewer may, like anyone signed in
+    "portal:tenant-switch": Route("portal", "/tenant/switch", {"post": {"tenant": "acme"}}, viewer={"post": 302}),
+    "portal:leases": Route("portal", "/leases/", READ),
+    "portal:lease-new": Route("portal", "/leases/new", {
+        "get": None, "post": {"project": "vision", "gpu.kind": "mig", "gpu.profile": "1g.10gb",
+                              "duration_seconds": "600"}}),
+    "portal:lease-preview": Route("portal", "/leases/preview?project=vision&gpu.kind=mig&gpu.profile=1g.10gb", READ),
+    "portal:lease": Route("portal", "/leases/{id}", READ, obj="lease"),
+    "portal:lease-release": Route("portal", "/leases/{id}/release", {"post": {}}, obj="lease"),
+    "portal:lease-renew": Route("portal", "/leases/{id}/renew", {"post": {"duration_seconds": "600"}}, obj="lease"),
+    "portal:usage": Route("portal", "/usage", READ),
+    "portal:invoices": Route("portal", "/invoices/", READ),
+    "portal:invoice": Route("portal", "/invoices/{id}", READ, obj="invoice"),
+    "portal:invoice-document": Route("portal", "/invoices/{id}.csv", READ, obj="invoice"),
+    "portal:members": Route("portal", "/settings/members", READ),
+    "portal:member-invite": Route("portal", "/settings/members/invite",
+                                  {"post": {"username": "bob", "role": "viewer"}}),
+    "portal:member-role": Route("portal", "/settings/members/{id}/role", {"post": {"role": "viewer"}}, obj="member"),
+    "portal:member-remove": Route("portal", "/settings/members/{id}/remove", {"post": {}}, obj="member"),
+    # a write token: viewers may create read tokens only (the read case is in test_tokens.py)
+    "portal:tokens": Route("portal", "/settings/tokens", {"get": None, "post": {"name": "t", "scopes": "write"}}),
+    # another member's token is not even visible to a viewer (non-admins see their own tokens only): 404
+    "portal:token-revoke": Route("portal", "/settings/tokens/{id}/revoke", {"post": {}}, obj="token",
+                                 viewer={"post": 404}),
+    # -- platform staff pages (portal/ops.py, portal/billing.py): staff act across tenants by design, so
+    #    there is no "other tenant" case; a tenant member who is not staff gets 403
+    "portal:fleet": Route("staff", "/ops/fleet", READ),
+    "portal:node-cordon": Route("staff", "/ops/nodes/node-1/cordon", {"post": {"action": "cordon"}}),
+    "portal:queue": Route("staff", "/ops/queue", READ),
+    "portal:ops-billing": Route("staff", "/ops/billing", READ),
+    "portal:ops-tenants": Route("staff", "/ops/tenants", READ),
+    "portal:ops-tenant": Route("staff", "/ops/tenants/acme", READ),
+    "portal:ops-tenant-status": Route("staff", "/ops/tenants/acme/status", {"post": {"status": "suspended"}}),
+    "portal:ops-tenant-quota": Route("staff", "/ops/tenants/acme/tenant-quota", {"post": {"tier": "H100-80GB"}}),
+    "portal:ops-project-quota": Route("staff", "/ops/tenants/acme/project-quota", {"post": {"project": "vision"}}),
+    "portal:ops-slo-new": Route("staff", "/ops/tenants/acme/slo-contracts", {"post": {"name": "x"}}),
+    "portal:ops-slo": Route("staff", "/ops/tenants/acme/slo-contracts/1", {"post": {"name": "x"}}),
+}
+
+# Patterns that need no tenant or permission case, each with the reason.
+ALLOWED = {
+    "healthz": "liveness probe: public by design, reveals nothing",
+    "readyz": "readiness probe: public by design, reveals only up/down",
+    "login": "the login form itself (throttled by tenants/throttling.py)",
+    "logout": "ends the caller's own session",
+    "api-schema": "the OpenAPI document: public, describes routes, holds no data",
+    "api-docs": "Swagger UI over the public schema",
+    "billing-stripe-webhook": "Stripe's callback: authenticated by the Stripe-Signature HMAC "
+                              "(tests/billing/test_stripe_sync.py refuses unsigned and forged events)",
+}
+ALLOWED_PREFIXES = {
+    "admin/": "the Django admin: staff only, by Django's own AdminSite.has_permission",
+    "static/": "static files",
+}
+
+
+def _patterns(patterns=None, prefix="", namespace=""):
+    """(route text, name, callback) of every URL pattern of the project."""
+    for pattern in get_resolver().url_patterns if patterns is None else patterns:
+        if isinstance(pattern, URLResolver):
+            inner = ":".join(n for n in (namespace, pattern.namespace or "") if n)
+            yield from _patterns(pattern.url_patterns, prefix + str(pattern.pattern), inner)
+        elif isinstance(pattern, URLPattern):
+            name = f"{namespace}:{pattern.name}" if namespace and pattern.name else pattern.name
+            yield prefix + str(pattern.pattern), name, pattern.callback
+
+
+def _methods(callback) -> set[str]:
+    """The HTTP methods a view answers (HEAD and OPTIONS aside: they follow GET and are never writes)."""
+    view_class = getattr(callback, "view_class", None) or getattr(callback, "cls", None)
+    if view_class is None:
+        return {"get", "post"}  # a plain function view: whatever it accepts must be on the table or allowed
+    names = getattr(callback, "view_initkwargs", {}).get("http_method_names", view_class.http_method_names)
+    return {m for m in names if m not in ("head", "options") and hasattr(view_class, m)}
+
+
+def test_routes_every_pattern_and_method_has_cases():
+    missing, methods_wrong = [], []
+    for route, name, callback in _patterns():
+        if name in ALLOWED or any(route.startswith(p) for p in ALLOWED_PREFIXES):
+            continue
+        if name not in ROUTES:
+            missing.append(f"{name or '(unnamed)'} {route}")
+            continue
+        declared = set(ROUTES[name].methods)
+        if declared != _methods(callback):
+            methods_wrong.append(f"{name}: view answers {sorted(_methods(callback))}, cases for {sorted(declared)}")
+    assert not missing, f"URL patterns with no permission/isolation cases and not on ALLOWED: {missing}"
+    assert not methods_wrong, methods_wrong
+    stale = set(ROUTES) - {name for _, name, _ in _patterns()}
+    assert not stale, f"cases for routes that no longer exist: {stale}"
+
+
+# -- the world: two tenants with an object of each kind ----------------------------------------------------
+@pytest.fixture
+def objects(world):
+    """An object of each kind per tenant: ``own`` (acme's, not the viewer's), ``mine`` (acme's, the
+    owner's own token and membership where a rule differs for one's own) and ``other`` (globex's)."""
+
+    def lease(tenant, user, project):
+        role = Membership.objects.get(tenant=tenant, user=user).role
+        return leasing.lease_request(actor=Actor(user=user, tenant=tenant, role=Role(role)), project=project.slug,
+                                     gpu={"kind": "mig", "profile": "1g.10gb"})[0]
+
+    def invoice(tenant):
+        return Invoice.objects.create(tenant=tenant, period=date(2026, 1, 1), currency="USD",
+                                      computed_at=datetime(2026, 2, 1, tzinfo=UTC))
+
+    own = {"project": world.project.slug, "member": Membership.objects.get(user=world.member).pk,
+                "token": ApiToken.objects.filter(user=world.admin).first().pk,
+                "lease": lease(world.acme, world.member, world.project).pk, "invoice": invoice(world.acme).pk}
+    mine = {**own, "member": Membership.objects.get(user=world.owner).pk,
+            "token": ApiToken.objects.filter(user=world.owner, scopes__contains=["write"]).first().pk}
+    return {
+        "own": own,
+        "mine": mine,
+        "other": {"project": world.other_project.slug, "member": Membership.objects.get(user=world.outsider).pk,
+                  "token": ApiToken.objects.filter(user=world.outsider).first().pk,
+                  "lease": lease(world.globex, world.outsider, world.other_project).pk,
+                  "invoice": invoice(world.globex).pk},
+    }
+
+
+def _url(route: Route, objects: dict, whose: str) -> str:
+    return route.path.format(id=objects[whose][route.obj]) if route.obj else route.path
+
+
+def _call(client, kind: str, method: str, url: str, body):
+    if kind in ("api", "agent"):
+        return getattr(client, method)(url, body, format="json")
+    return getattr(client, method)(url, body or {})
+
+
+def _portal(username: str | None) -> Client:
+    client = Client()
+    if username:
+        client.login(username=username, password=f"pw-{username}")
+    return client
+
+
+CASES = [(name, method) for name, route in ROUTES.items() for method in route.methods]
+
+
+def _is_login_redirect(response) -> bool:
+    return response.status_code == 302 and response["Location"].startswith("/accounts/login/")
+
+
+@pytest.mark.parametrize(("name", "method"), CASES)
+def test_routes_anonymous_is_refused(world, objects, name, method):
+    route = ROUTES[name]
+    url, body = _url(route, objects, "own"), route.methods[method]
+    if route.kind in ("api", "agent"):
+        response = _call(api_client(), route.kind, method, url, body)
+        # agent routes: unsigned (or, for enrollment, a forged token) is 401 like every unauthenticated call
+        assert response.status_code == 401, (url, response.content)
+        assert response["Content-Type"] == "application/problem+json"
+    else:
+        assert _is_login_redirect(_call(_portal(None), route.kind, method, url, body)), url
+
+
+@pytest.mark.parametrize(("name", "method"), [c for c in CASES if ROUTES[c[0]].obj])
+def test_routes_outsider_gets_404_on_other_tenants_object(world, objects, name, method):
+    route = ROUTES[name]
+    url, body = _url(route, objects, "own"), route.methods[method]  # acme's object, globex's caller
+    client = world.client("outsider") if route.kind == "api" else _portal("bob")
+    response = _call(client, route.kind, method, url, body)
+    assert response.status_code == 404, (url, method, response.status_code, response.content[:300])
+
+
+@pytest.mark.parametrize(("name", "method"), [c for c in CASES if ROUTES[c[0]].kind != "agent"])
+def test_routes_read_only_token_cannot_write(world, objects, name, method):
+    """The owner's read-only token: not even on the owner's own things (its write token, its membership)."""
+    route = ROUTES[name]
+    url, body = _url(route, objects, "mine"), route.methods[method]
+    response = _call(world.client("owner_read"), "api", method, url, body)
+    if route.kind != "api":  # the portal takes sessions, never tokens
+        assert _is_login_redirect(response), (url, response.status_code)
+    elif method in WRITE_METHODS:
+        assert response.status_code == 403, (url, method, response.status_code, response.content[:300])
+        assert response.json()["detail"] == "This API token has read scope only."
+    else:
+        assert response.status_code < 400, (url, response.status_code, response.content[:300])
+
+
+@pytest.mark.parametrize(("name", "method"), [c for c in CASES if c[1] in WRITE_METHODS
+                                              and ROUTES[c[0]].kind != "agent"])
+def test_routes_viewer_cannot_write(world, objects, name, method):
+    route = ROUTES[name]
+    url, body = _url(route, objects, "own"), route.methods[method]
+    if route.kind == "api":
+        response = _call(world.client("viewer"), "api", method, url, body)
+    else:
+        response = _call(_portal("vic"), route.kind, method, url, body)
+    expected = route.viewer.get(method, 403)
+    assert response.status_code == expected, (url, method, response.status_code, response.content[:300])
+
+
+@pytest.mark.parametrize(("name", "method"), [c for c in CASES if ROUTES[c[0]].kind == "staff"])
+def test_routes_staff_pages_refuse_tenant_members(world, objects, name, method):
+    route = ROUTES[name]
+    response = _call(_portal("alice"), "staff", method, route.path, route.methods[method])  # acme's owner
+    assert response.status_code == 403, (route.path, response.status_code)
+
+
+def test_routes_nothing_changed_for_the_other_tenant(world, objects):
+    """After every outsider case: globex's caller changed nothing of acme."""
+    for name, method in [c for c in CASES if ROUTES[c[0]].obj and c[1] in WRITE_METHODS]:
+        route = ROUTES[name]
+        client = world.client("outsider") if route.kind == "api" else _portal("bob")
+        _call(client, route.kind, method, _url(route, objects, "own"), route.methods[method])
+    assert Membership.objects.get(user=world.member).role == Role.MEMBER
+    assert ApiToken.objects.get(pk=objects["own"]["token"]).revoked_at is None
+    from broker.models import Lease
+
+    assert Lease.objects.get(pk=objects["own"]["lease"]).state == "queued"
+    assert Project.objects.get(pk=world.project.pk).name == "Vision"
