@@ -26,7 +26,7 @@ from config.env import (
 )
 
 BASE_DIR = Path(__file__).resolve().parent.parent
-VAR_DIR = BASE_DIR / "var"
+VAR_DIR = Path(os.environ.get("GPUBROKER_VAR_DIR") or BASE_DIR / "var").resolve()  # infra/services.py: VAR
 
 read_env_file(BASE_DIR / ".env")
 read_env_file(Path(os.environ.get("RUNTIME_ENV_FILE", VAR_DIR / "runtime.env")))
