@@ -61,6 +61,14 @@ def _http_ok(url: str) -> bool:
         return False
 
 
+def web_command(*, port: int, workers: int = 2, threads: int = 4) -> list[str]:
+    """gunicorn as make run starts it. Threads (gthread): a worker answers /healthz and pages while other
+    threads check passwords (PBKDF2 releases the GIL); at most LOGIN_CONCURRENCY of them do at once."""
+    return [str(BIN / "gunicorn"), "config.wsgi", "--bind", f"127.0.0.1:{port}", "--workers", str(workers),
+            "--worker-class", "gthread", "--threads", str(threads), "--graceful-timeout", "10",
+            "--access-logfile", "-"]
+
+
 def describe_exit(returncode: int) -> str:
     """``status 1`` or ``signal SIGKILL`` (Popen reports death by a signal as a negative code)."""
     if returncode < 0:
@@ -237,10 +245,7 @@ def main(argv: list[str] | None = None) -> int:
         _manage("seed_prices")
 
         specs = [
-            # gthread: a few threads per worker, so /healthz never queues behind requests hashing passwords
-            ("web", [str(BIN / "gunicorn"), "config.wsgi", "--bind", f"127.0.0.1:{args.port}", "--workers",
-                     str(args.workers), "--worker-class", "gthread", "--threads", str(args.threads),
-                     "--graceful-timeout", "10", "--access-logfile", "-"]),
+            ("web", web_command(port=args.port, workers=args.workers, threads=args.threads)),
             ("worker", [str(BIN / "celery"), "-A", "config", "worker", "--loglevel", "INFO", "--concurrency", "2",
                         "--hostname", f"worker-{os.getpid()}@%h"]),
             ("beat", [str(BIN / "celery"), "-A", "config", "beat", "--loglevel", "INFO", "--schedule",

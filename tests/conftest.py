@@ -20,6 +20,15 @@ def _fast_password_hashing():
     hashers.get_hashers_by_algorithm.cache_clear()
 
 
+@pytest.fixture(scope="session")
+def django_db_setup(django_db_setup, django_db_blocker):
+    """The test database gets the cache table too, where the shared cache is PostgreSQL's (no Redis)."""
+    from django.core.management import call_command
+
+    with django_db_blocker.unblock():
+        call_command("createcachetable", verbosity=0)
+
+
 @pytest.fixture(autouse=True)
 def _clear_cache():
     cache.clear()  # throttle counters
