@@ -221,8 +221,8 @@ CELERY_BEAT_SCHEDULE: dict = {
 # and database with this deployment's key prefix (its clear() deletes only those keys), else PostgreSQL's
 # cache table (``createcachetable``, run by make run and the tests). Never a per-process cache.
 _broker_is_redis = CELERY_BROKER_URL.startswith(("redis://", "rediss://"))
-CACHE_URL = env_url("CACHE_URL", CELERY_BROKER_URL if _broker_is_redis else "db://",
-                    schemes=("redis", "rediss", "db"))
+CACHE_URL = (env_url("CACHE_URL", "", schemes=("redis", "rediss", "db")) if env_str("CACHE_URL", "")
+             else CELERY_BROKER_URL if _broker_is_redis else "db://")
 CACHE_KEY_PREFIX = env_str("CACHE_KEY_PREFIX", "gpubroker")
 if CACHE_URL.startswith("db://"):
     CACHES = {"default": {"BACKEND": "django.core.cache.backends.db.DatabaseCache", "LOCATION": "django_cache",

@@ -12,13 +12,14 @@ from django.urls import reverse
 from rest_framework.throttling import BaseThrottle, SimpleRateThrottle
 
 
-def client_ip(request) -> str:
+def client_ip(request) -> str | None:
     """The client's address, one definition for the login lockout and the API throttles.
 
     ``REMOTE_ADDR``; with ``TRUSTED_PROXY_COUNT`` = N > 0 (DRF's ``NUM_PROXIES``), the address the N-th
     proxy from us saw in ``X-Forwarded-For``. A client cannot choose its address by sending that header.
+    ``None`` for a request without one (``Client.login`` in tests).
     """
-    return BaseThrottle().get_ident(request) or "unknown"
+    return BaseThrottle().get_ident(request) or None
 
 
 class TenantRateThrottle(SimpleRateThrottle):
@@ -33,7 +34,7 @@ class TenantRateThrottle(SimpleRateThrottle):
         elif request.user and request.user.is_authenticated:
             ident = f"user:{request.user.pk}"
         else:
-            ident = f"ip:{client_ip(request)}"
+            ident = f"ip:{client_ip(request) or 'unknown'}"
         return self.cache_format % {"scope": self.scope, "ident": ident}
 
 
@@ -54,7 +55,7 @@ class FailedTokenThrottle:
         return int(now // self.window_seconds) * self.window_seconds
 
     def _key(self, request, window_start: int) -> str:
-        return f"throttle:token-failures:{client_ip(request)}:{window_start}"
+        return f"throttle:token-failures:{client_ip(request) or 'unknown'}:{window_start}"
 
     def wait(self, request) -> float | None:
         """Seconds until this address may try a token again; ``None`` when it may now."""

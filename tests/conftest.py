@@ -30,8 +30,16 @@ def django_db_setup(django_db_setup, django_db_blocker):
 
 
 @pytest.fixture(autouse=True)
-def _clear_cache():
-    cache.clear()  # throttle counters
+def _clear_cache(request):
+    """Throttle counters and lockouts start from zero in every test (the shared cache outlives a test)."""
+    from django.conf import settings
+
+    if not settings.CACHES["default"]["BACKEND"].endswith("DatabaseCache"):
+        cache.clear()  # Redis: only this run's keys (config.cache.PrefixedRedisCache)
+    elif {"db", "transactional_db", "live_server", "world"} & set(request.fixturenames):
+        request.getfixturevalue("django_db_setup")
+        with request.getfixturevalue("django_db_blocker").unblock():
+            cache.clear()  # PostgreSQL's cache table (no Redis here)
     yield
 
 
