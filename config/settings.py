@@ -9,6 +9,7 @@ set in the real environment always win over it.
 from __future__ import annotations
 
 import os
+from datetime import timedelta
 from pathlib import Path
 
 from django.core.exceptions import ImproperlyConfigured
@@ -26,7 +27,7 @@ from config.env import (
 )
 
 BASE_DIR = Path(__file__).resolve().parent.parent
-VAR_DIR = BASE_DIR / "var"
+VAR_DIR = Path(os.environ.get("GPUBROKER_VAR_DIR") or BASE_DIR / "var").resolve()  # infra/services.py: VAR
 
 read_env_file(BASE_DIR / ".env")
 read_env_file(Path(os.environ.get("RUNTIME_ENV_FILE", VAR_DIR / "runtime.env")))
@@ -57,6 +58,7 @@ INSTALLED_APPS = [
     "rest_framework",
     "drf_spectacular",
     "django_htmx",
+    "axes",
     "tenants",
     "broker",
     "billing",
@@ -65,6 +67,7 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "config.middleware.RequestContextMiddleware",
+    "tenants.throttling.LoginConcurrencyMiddleware",  # early: a refused sign-in costs next to nothing
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -75,6 +78,7 @@ MIDDLEWARE = [
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
     "tenants.middleware.CurrentTenantMiddleware",
+    "axes.middleware.AxesMiddleware",  # last: turns a login refused by the lockout into its 429 page
 ]
 
 ROOT_URLCONF = "config.urls"
@@ -131,8 +135,6 @@ STORAGES = {
 WHITENOISE_USE_FINDERS = True
 
 SESSION_COOKIE_HTTPONLY = True
-SESSION_COOKIE_SECURE = env_bool("SECURE_COOKIES", False)
-CSRF_COOKIE_SECURE = SESSION_COOKIE_SECURE
 X_FRAME_OPTIONS = "DENY"
 SECURE_CONTENT_TYPE_NOSNIFF = True
 
@@ -155,6 +157,9 @@ REST_FRAMEWORK = {
     "DEFAULT_THROTTLE_CLASSES": ["tenants.throttling.TenantRateThrottle"],
     "DEFAULT_THROTTLE_RATES": {"tenant": env_str("API_RATE_LIMIT", "6000/min")},
     "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",
+    # the client address of throttles: REMOTE_ADDR, or behind N trusted proxies the one they saw (never a
+    # client-supplied X-Forwarded-For without a proxy: DRF's default, None, would trust it)
+    "NUM_PROXIES": env_int("TRUSTED_PROXY_COUNT", 0, minimum=0),
 }
 SPECTACULAR_SETTINGS = {
     "TITLE": "GPU broker API",
@@ -167,7 +172,6 @@ SPECTACULAR_SETTINGS = {
         "InvoiceStatusEnum": "billing.choices.InvoiceStatus",
     },
 }
-CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
 
 # --- Celery ---------------------------------------------------------------------------------
 CELERY_BROKER_URL = env_url(
@@ -211,6 +215,56 @@ CELERY_BEAT_SCHEDULE: dict = {
     # finalized invoices not in Stripe yet (never pushed, failed, or left half-way) pushed again
     "stripe-push-due": {"task": "billing.stripe_sync.invoices_push_due", "schedule": 1800.0},
 }
+
+# --- Security: shared cache, login lockout, failed-token throttle, HTTPS (docs/operations.md) ------------
+# One cache for every process (throttle counters, lockouts): Redis, by default the Celery broker's server
+# and database with this deployment's key prefix (its clear() deletes only those keys), else PostgreSQL's
+# cache table (``createcachetable``, run by make run and the tests). Never a per-process cache.
+_broker_is_redis = CELERY_BROKER_URL.startswith(("redis://", "rediss://"))
+CACHE_URL = (env_url("CACHE_URL", "", schemes=("redis", "rediss", "db")) if env_str("CACHE_URL", "")
+             else CELERY_BROKER_URL if _broker_is_redis else "db://")
+CACHE_KEY_PREFIX = env_str("CACHE_KEY_PREFIX", "gpubroker")
+if CACHE_URL.startswith("db://"):
+    CACHES = {"default": {"BACKEND": "django.core.cache.backends.db.DatabaseCache", "LOCATION": "django_cache",
+                          "KEY_PREFIX": CACHE_KEY_PREFIX}}
+else:
+    CACHES = {"default": {"BACKEND": "config.cache.PrefixedRedisCache", "LOCATION": CACHE_URL,
+                          "KEY_PREFIX": CACHE_KEY_PREFIX,
+                          "OPTIONS": {"socket_connect_timeout": 2, "socket_timeout": 2}}}
+
+# Login lockout (django-axes; portal and admin sign-in): after LOGIN_FAILURE_LIMIT failures from one
+# address, or for one username from anywhere, that address / username is refused (429) for
+# LOGIN_LOCKOUT_SECONDS, before any password is hashed. Attempts live in PostgreSQL (admin "Access attempts",
+# ``manage.py axes_reset_username NAME`` unlocks).
+AUTHENTICATION_BACKENDS = [
+    "tenants.authentication.LoginLockoutBackend",  # first: refuses a locked-out login before hashing
+    "django.contrib.auth.backends.ModelBackend",
+]
+AXES_FAILURE_LIMIT = env_int("LOGIN_FAILURE_LIMIT", 10, minimum=1)
+AXES_COOLOFF_TIME = timedelta(seconds=env_int("LOGIN_LOCKOUT_SECONDS", 900, minimum=1))
+AXES_LOCKOUT_PARAMETERS = ["ip_address", "username"]  # each on its own: per address and per account
+AXES_RESET_COOL_OFF_ON_FAILURE_DURING_LOCKOUT = False  # a lockout ends on time, however hard it is hammered
+AXES_RESET_ON_SUCCESS = False  # an attacker's own good login must not wipe an address's failures
+AXES_CLIENT_IP_CALLABLE = "tenants.throttling.client_ip"  # the same address as the API throttles
+AXES_LOCKOUT_CALLABLE = "tenants.authentication.login_lockout_response"
+AXES_VERBOSE = False
+LOGIN_CONCURRENCY = env_int("LOGIN_CONCURRENCY", 2, minimum=1)  # password checks at once per web process
+
+# Failed API-token authentications per client address (wrong, malformed, revoked or expired bearer tokens):
+# past the limit in a window, every bearer request from that address gets 429 with Retry-After.
+API_TOKEN_FAILURE_LIMIT = env_int("API_TOKEN_FAILURE_LIMIT", 30, minimum=1)
+API_TOKEN_FAILURE_WINDOW_SECONDS = env_int("API_TOKEN_FAILURE_WINDOW_SECONDS", 300, minimum=1)
+
+# HTTPS: on unless DJANGO_DEBUG (make run and the tests set HTTPS=0: plain HTTP on the loopback). Cookies
+# only over HTTPS, HSTS; behind TRUSTED_PROXY_COUNT proxies, X-Forwarded-Proto says whether it was HTTPS.
+HTTPS = env_bool("HTTPS", not DEBUG)
+SESSION_COOKIE_SECURE = HTTPS
+CSRF_COOKIE_SECURE = HTTPS
+SECURE_HSTS_SECONDS = env_int("SECURE_HSTS_SECONDS", 31536000 if HTTPS else 0, minimum=0)
+SECURE_SSL_REDIRECT = env_bool("SECURE_SSL_REDIRECT", False)  # usually the proxy's job
+SECURE_REDIRECT_EXEMPT = [r"^healthz$", r"^readyz$"]  # probes speak plain HTTP to the process
+if REST_FRAMEWORK["NUM_PROXIES"]:
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
 
 # --- Leasing ----------------------------------------------------------------------------------
 LEASE_MIN_DURATION_SECONDS = env_int("LEASE_MIN_DURATION_SECONDS", 60, minimum=1)

@@ -18,7 +18,11 @@ _started: list[services.Service] = []
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_load_initial_conftests(early_config, parser, args):
-    if os.environ.get("PYTEST_XDIST_WORKER"):
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    # The shared cache (Redis) is one per broker database: each xdist worker counts throttles under keys of
+    # its own, and its cache.clear() between tests deletes only those.
+    os.environ["CACHE_KEY_PREFIX"] = f"test-{worker or 'main'}"
+    if worker:
         return  # the controller already chose and exported the services
     database = services.ensure_postgres()
     broker = services.ensure_broker(redis_db=1)
@@ -26,6 +30,7 @@ def pytest_load_initial_conftests(early_config, parser, args):
     os.environ["CELERY_BROKER_URL"] = broker.url
     os.environ["CELERY_RESULT_BACKEND"] = services.result_backend_for(broker.url)
     os.environ.setdefault("SECRET_KEY", "test-secret-key-not-for-production")
+    os.environ.setdefault("HTTPS", "0")  # the test client and the live servers speak plain HTTP
     os.environ["RUNTIME_ENV_FILE"] = os.devnull  # never pick up what a running `make run` chose
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
     os.environ.setdefault("DATABASE_CONN_MAX_AGE", "0")  # threads of live_server must not hold connections

@@ -2,26 +2,37 @@
 
 Finds or starts PostgreSQL and the Celery broker (``infra/services.py``), migrates, seeds the demo,
 then starts the web server (gunicorn), a Celery worker, Celery beat, a fleet of simulated GPU nodes
-(``agent.fleet``) and, where it is installed, Prometheus scraping them, as child processes. Prints
-what it started and where. Ctrl-C (or SIGTERM) stops exactly those children, then the services it
-started itself, by their PIDs, and nothing else.
+(``agent.fleet``) and, where it is installed, Prometheus scraping them, as child processes, and
+supervises them: a child that exits is restarted after a back-off (1 s, doubling up to 30 s; back to
+1 s once it has stayed up for a minute), with one log line per restart naming the child, how it ended
+and the delay. Their PIDs are in ``var/run.json``. Only Ctrl-C (or SIGTERM) stops everything: each
+child by its own process group, then the services it started itself, by their PIDs, and nothing else.
+
+``GPUBROKER_VAR_DIR`` moves ``var/`` (a second instance beside a developer's ``make run``).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import signal
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from infra import services
 from infra.services import ROOT, VAR, say
 
 BIN = Path(sys.executable).parent
+
+RESTART_FIRST_DELAY_SECONDS = 1.0
+RESTART_MAX_DELAY_SECONDS = 30.0
+STABLE_AFTER_SECONDS = 60.0  # a child up this long is healthy again: its next restart waits the first delay
+STOP_TIMEOUT_SECONDS = 15.0
 
 
 def _port_free(port: int) -> bool:
@@ -40,24 +51,134 @@ def _manage(*args: str) -> None:
     subprocess.run([sys.executable, str(ROOT / "manage.py"), *args], check=True, cwd=ROOT)
 
 
-def _wait_http(url: str, timeout: float) -> bool:
+def _http_ok(url: str) -> bool:
     import urllib.request
 
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:  # noqa: S310 - loopback URL we built
+            return response.status == 200
+    except OSError:
+        return False
+
+
+def web_command(*, port: int, workers: int = 2, threads: int = 4) -> list[str]:
+    """gunicorn as make run starts it. Threads (gthread): a worker answers /healthz and pages while other
+    threads check passwords (PBKDF2 releases the GIL); at most LOGIN_CONCURRENCY of them do at once."""
+    return [str(BIN / "gunicorn"), "config.wsgi", "--bind", f"127.0.0.1:{port}", "--workers", str(workers),
+            "--worker-class", "gthread", "--threads", str(threads), "--graceful-timeout", "10",
+            "--access-logfile", "-"]
+
+
+def describe_exit(returncode: int) -> str:
+    """``status 1`` or ``signal SIGKILL`` (Popen reports death by a signal as a negative code)."""
+    if returncode < 0:
         try:
-            with urllib.request.urlopen(url, timeout=2) as response:  # noqa: S310 - loopback URL we built
-                if response.status == 200:
-                    return True
-        except OSError:
-            time.sleep(0.2)
-    return False
+            return f"signal {signal.Signals(-returncode).name}"
+        except ValueError:
+            return f"signal {-returncode}"
+    return f"status {returncode}"
+
+
+def next_delay(previous: float, uptime: float, *, first: float = RESTART_FIRST_DELAY_SECONDS,
+               cap: float = RESTART_MAX_DELAY_SECONDS, stable_after: float = STABLE_AFTER_SECONDS) -> float:
+    """Exponential back-off with a cap, reset when the child had stayed up ``stable_after`` seconds."""
+    if previous <= 0 or uptime >= stable_after:
+        return first
+    return min(previous * 2, cap)
+
+
+def _signal_group(pgid: int, sig: int) -> bool:
+    """Signal a child's own process group (its session: ``start_new_session``). False when it is empty."""
+    try:
+        os.killpg(pgid, sig)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+@dataclass
+class Child:
+    name: str
+    command: list[str]
+    process: subprocess.Popen | None = None
+    started_at: float = 0.0
+    delay: float = 0.0  # the back-off used for the last restart; 0 until one was needed
+    restart_at: float | None = None  # when an exited child is due to start again
+    restarts: int = 0
+
+
+class Supervisor:
+    """Starts the children, restarts one that exits (back-off per child), stops them all by process group.
+
+    Every child is the leader of its own session, so its PID is also its process group: signals reach
+    the child and what it forked (gunicorn's and Celery's workers), and nothing else on the machine.
+    """
+
+    def __init__(self, pid_file: Path):
+        self.children: list[Child] = []
+        self.pid_file = pid_file
+
+    def add(self, name: str, command: list[str]) -> Child:
+        child = Child(name, command)
+        self.children.append(child)
+        self._start(child)
+        return child
+
+    def _start(self, child: Child) -> None:
+        # Own session: the terminal's Ctrl-C reaches only us, and we stop the children in order.
+        child.process = subprocess.Popen(child.command, cwd=ROOT, start_new_session=True)
+        child.started_at = time.monotonic()
+        child.restart_at = None
+        self._write_pid_file()
+
+    def _write_pid_file(self) -> None:
+        body = {"launcher": os.getpid(),
+                "children": {c.name: c.process.pid for c in self.children if c.process is not None}}
+        tmp = self.pid_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps(body, indent=1))
+        tmp.replace(self.pid_file)
+
+    def check(self) -> None:
+        """Notice exited children and restart those whose back-off has passed. Called every half second."""
+        now = time.monotonic()
+        for child in self.children:
+            process = child.process
+            if child.restart_at is None and process is not None and process.poll() is not None:
+                _signal_group(process.pid, signal.SIGTERM)  # what it forked and left behind
+                child.delay = next_delay(child.delay, now - child.started_at)
+                child.restart_at = now + child.delay
+                child.restarts += 1
+                say(f"{child.name} (pid {process.pid}) exited with {describe_exit(process.returncode)}; "
+                    f"restart #{child.restarts} in {child.delay:g} s")
+            elif child.restart_at is not None and now >= child.restart_at:
+                if process is not None:
+                    _signal_group(process.pid, signal.SIGKILL)  # leftovers that ignored SIGTERM
+                self._start(child)
+                say(f"restarted {child.name} (pid {child.process.pid})")
+
+    def stop(self) -> None:
+        running = [c for c in reversed(self.children) if c.process is not None]
+        for child in running:
+            _signal_group(child.process.pid, signal.SIGTERM)
+        for child in running:
+            process = child.process
+            try:
+                process.wait(timeout=STOP_TIMEOUT_SECONDS)
+            except subprocess.TimeoutExpired:
+                say(f"{child.name} (pid {process.pid}) did not stop in {STOP_TIMEOUT_SECONDS:g} s; killing it")
+                _signal_group(process.pid, signal.SIGKILL)
+                process.wait()
+            _signal_group(process.pid, signal.SIGKILL)  # anything of its group still there
+            say(f"stopped {child.name} (pid {process.pid})")
+        self.pid_file.unlink(missing_ok=True)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--port", type=int, default=int(os.environ.get("PORT", "8000")))
     parser.add_argument("--workers", type=int, default=2, help="gunicorn worker processes")
+    parser.add_argument("--threads", type=int, default=4,
+                        help="threads per gunicorn worker (health probes are answered while others hash passwords)")
     parser.add_argument("--fleet-nodes", type=int, default=4, help="simulated GPU nodes (agent.fleet)")
     parser.add_argument("--fleet-port", type=int, default=9400)
     parser.add_argument("--prometheus-port", type=int, default=9090)
@@ -69,33 +190,27 @@ def main(argv: list[str] | None = None) -> int:
             say(f"port {port} on 127.0.0.1 is in use; stop what holds it or choose another ({what})")
             return 2
 
-    VAR.mkdir(exist_ok=True)
+    VAR.mkdir(parents=True, exist_ok=True)
     started_services: list[services.Service] = []
-    children: list[tuple[str, subprocess.Popen]] = []
-    stopping = False
+    supervisor = Supervisor(VAR / "run.json")
+    state = {"supervising": False, "stop_requested": False, "stopped": False}
 
-    def stop_all(*_):
-        nonlocal stopping
-        if stopping:
+    def stop_all() -> None:
+        if state["stopped"]:
             return
-        stopping = True
+        state["stopped"] = True
         say("stopping…")
-        for _name, process in reversed(children):
-            if process.poll() is None:
-                process.send_signal(signal.SIGTERM)
-        for name, process in reversed(children):
-            try:
-                process.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                say(f"{name} (pid {process.pid}) did not stop in 15 s; killing it")
-                process.kill()
-                process.wait()
-            say(f"stopped {name} (pid {process.pid})")
+        supervisor.stop()
         for service in reversed(started_services):
             service.shutdown()
 
-    signal.signal(signal.SIGINT, stop_all)
-    signal.signal(signal.SIGTERM, stop_all)
+    def on_signal(signum, _frame):
+        state["stop_requested"] = True
+        if not state["supervising"]:
+            raise KeyboardInterrupt  # still setting up: abandon the step in progress, then stop
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
 
     try:
         database = services.ensure_postgres()
@@ -111,6 +226,7 @@ def main(argv: list[str] | None = None) -> int:
             "SITE_URL": site,
             "CSRF_TRUSTED_ORIGINS": f"{site},http://localhost:{args.port}",
             "PROMETHEUS_URL": f"http://127.0.0.1:{args.prometheus_port}",
+            "HTTPS": "0",  # served over plain HTTP on the loopback: cookies without Secure
         }
         # What the launcher chose, for manage.py commands run by hand while the service is up.
         runtime = VAR / "runtime.env"
@@ -118,16 +234,18 @@ def main(argv: list[str] | None = None) -> int:
         runtime.chmod(0o600)
         runtime.write_text("".join(f"{k}={v}\n" for k, v in env_values.items()))
         os.environ.update(env_values)
+        os.environ["RUNTIME_ENV_FILE"] = str(runtime)
+        os.environ["GPUBROKER_VAR_DIR"] = str(VAR)
         os.environ.setdefault("LOG_FORMAT", "text")
 
         _manage("migrate", "--noinput", "-v", "0")
+        _manage("createcachetable")  # the login-throttle cache's table, where no Redis is used (a no-op else)
         _manage("collectstatic", "--noinput", "-v", "0")
         _manage("seed_demo")
         _manage("seed_prices")
 
         specs = [
-            ("web", [str(BIN / "gunicorn"), "config.wsgi", "--bind", f"127.0.0.1:{args.port}", "--workers",
-                     str(args.workers), "--graceful-timeout", "10", "--access-logfile", "-"]),
+            ("web", web_command(port=args.port, workers=args.workers, threads=args.threads)),
             ("worker", [str(BIN / "celery"), "-A", "config", "worker", "--loglevel", "INFO", "--concurrency", "2",
                         "--hostname", f"worker-{os.getpid()}@%h"]),
             ("beat", [str(BIN / "celery"), "-A", "config", "beat", "--loglevel", "INFO", "--schedule",
@@ -160,14 +278,20 @@ def main(argv: list[str] | None = None) -> int:
                                          f"--web.listen-address=127.0.0.1:{args.prometheus_port}",
                                          "--log.level=warn"]))
         for name, command in specs:
-            # Own session: the terminal's Ctrl-C reaches only us, and we stop the children in order.
-            process = subprocess.Popen(command, cwd=ROOT, start_new_session=True)
-            children.append((name, process))
+            supervisor.add(name, command)
+        state["supervising"] = True
 
-        if not _wait_http(f"{site}/healthz", timeout=30):
-            say("the web server did not answer /healthz within 30 s")
-            stop_all()
-            return 1
+        deadline = time.monotonic() + 30
+        while not _http_ok(f"{site}/healthz"):
+            if state["stop_requested"]:
+                stop_all()
+                return 0
+            if time.monotonic() > deadline:
+                say("the web server did not answer /healthz within 30 s")
+                stop_all()
+                return 1
+            supervisor.check()
+            time.sleep(0.2)
 
         lines = [
             "",
@@ -182,24 +306,25 @@ def main(argv: list[str] | None = None) -> int:
             f"(secrets in {fleet_dir / 'fleet.json'})",
             (f"  Prometheus  http://127.0.0.1:{args.prometheus_port}/ scraping them" if prometheus
              else "  Prometheus  not installed (apt-get install prometheus) — metrics at the nodes' /metrics"),
-            "  processes   " + ", ".join(f"{name} pid {p.pid}" for name, p in children),
+            "  processes   " + ", ".join(f"{c.name} pid {c.process.pid}" for c in supervisor.children)
+            + f" (also in {supervisor.pid_file}); a child that exits is restarted",
             "Ctrl-C stops everything listed here (and the embedded servers it started), nothing else.",
             "",
         ]
         print("\n".join(lines), flush=True)
 
-        while not stopping:
-            for name, process in children:
-                if process.poll() is not None and not stopping:
-                    say(f"{name} exited with status {process.returncode}; stopping the rest")
-                    stop_all()
-                    return 1
+        while not state["stop_requested"]:
+            supervisor.check()
             time.sleep(0.5)
+        stop_all()
         return 0
     except subprocess.CalledProcessError as exc:
         say(f"set-up step failed: {' '.join(map(str, exc.cmd))} (exit {exc.returncode})")
         stop_all()
         return 1
+    except KeyboardInterrupt:
+        stop_all()
+        return 130
     except BaseException:
         stop_all()
         raise

@@ -26,7 +26,9 @@ from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 ROOT = Path(__file__).resolve().parent.parent
-VAR = ROOT / "var"
+# Where make run keeps its state (embedded PostgreSQL, secrets, pid file). GPUBROKER_VAR_DIR moves it, so a
+# second instance (the supervision test, a developer's second checkout) never touches the first one's.
+VAR = Path(os.environ.get("GPUBROKER_VAR_DIR") or ROOT / "var").resolve()
 PG_DATA = VAR / "pg"
 DB_NAME = "gpubroker"
 

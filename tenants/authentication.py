@@ -1,14 +1,53 @@
-"""``Authorization: Bearer <token>`` for the REST API."""
+"""``Authorization: Bearer <token>`` for the REST API, and the login lockout of the portal and admin.
+
+Failed token authentications are counted per client address (``tenants.throttling.FailedTokenThrottle``);
+failed password logins by django-axes, per address and per username (``LoginLockoutBackend``).
+"""
 
 from __future__ import annotations
 
+import math
+
+from axes.backends import AxesBackend
+from axes.helpers import get_cool_off
+from django.conf import settings
 from django.db.models import OuterRef, Subquery
+from django.shortcuts import render
 from django.utils import timezone
 from rest_framework import authentication, exceptions
 
 from tenants import services
 from tenants.models import ApiToken, Membership
+from tenants.throttling import FailedTokenThrottle
 from tenants.tokens import token_matches, token_parse_prefix
+
+
+class LoginLockoutBackend(AxesBackend):
+    """django-axes' lockout check, first in ``AUTHENTICATION_BACKENDS``: a locked-out address or username is
+    refused before ``ModelBackend`` hashes the password (so a burst of guesses cannot tie up the web workers).
+
+    Only logins that come with a request are counted and checked (the portal and admin sign-in forms); a
+    call without one (``Client.login`` in tests, a shell) has no address to count and goes to the next
+    backend.
+    """
+
+    def authenticate(self, request, username=None, password=None, **kwargs):
+        if request is None:
+            return None
+        return super().authenticate(request, username=username, password=password, **kwargs)
+
+
+def login_lockout_response(request, original_response=None, credentials=None):
+    """The page shown while locked out: 429 with Retry-After (the cool-off) and how staff unlock."""
+    cool_off = get_cool_off(request)
+    seconds = math.ceil(cool_off.total_seconds()) if cool_off else None
+    response = render(request, "registration/locked_out.html",
+                      {"minutes": math.ceil(seconds / 60) if seconds else None,
+                       "failure_limit": settings.AXES_FAILURE_LIMIT},
+                      status=settings.AXES_HTTP_RESPONSE_CODE)
+    if seconds:
+        response["Retry-After"] = str(seconds)
+    return response
 
 
 class BearerTokenAuthentication(authentication.BaseAuthentication):
@@ -21,7 +60,18 @@ class BearerTokenAuthentication(authentication.BaseAuthentication):
         scheme, _, credentials = header.partition(" ")
         if scheme.lower() != self.keyword.lower():
             return None
-        credentials = credentials.strip()
+        throttle = FailedTokenThrottle()
+        wait = throttle.wait(request)
+        if wait is not None:
+            raise exceptions.Throttled(wait=wait, detail="Too many failed token authentications from this "
+                                                         "address; try again later.")
+        try:
+            return self._authenticate_credentials(credentials.strip())
+        except exceptions.AuthenticationFailed:
+            throttle.record_failure(request)
+            raise
+
+    def _authenticate_credentials(self, credentials: str):
         prefix = token_parse_prefix(credentials)
         if not credentials or prefix is None:
             raise exceptions.AuthenticationFailed("Malformed bearer token; expected gpub_<prefix>_<secret>.")

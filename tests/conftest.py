@@ -20,9 +20,26 @@ def _fast_password_hashing():
     hashers.get_hashers_by_algorithm.cache_clear()
 
 
+@pytest.fixture(scope="session")
+def django_db_setup(django_db_setup, django_db_blocker):
+    """The test database gets the cache table too, where the shared cache is PostgreSQL's (no Redis)."""
+    from django.core.management import call_command
+
+    with django_db_blocker.unblock():
+        call_command("createcachetable", verbosity=0)
+
+
 @pytest.fixture(autouse=True)
-def _clear_cache():
-    cache.clear()  # throttle counters
+def _clear_cache(request):
+    """Throttle counters and lockouts start from zero in every test (the shared cache outlives a test)."""
+    from django.conf import settings
+
+    if not settings.CACHES["default"]["BACKEND"].endswith("DatabaseCache"):
+        cache.clear()  # Redis: only this run's keys (config.cache.PrefixedRedisCache)
+    elif {"db", "transactional_db", "live_server", "world"} & set(request.fixturenames):
+        request.getfixturevalue("django_db_setup")
+        with request.getfixturevalue("django_db_blocker").unblock():
+            cache.clear()  # PostgreSQL's cache table (no Redis here)
     yield
 
 
