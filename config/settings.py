@@ -291,3 +291,11 @@ LOGGING = {
 MIDDLEWARE.insert(MIDDLEWARE.index("config.middleware.RequestContextMiddleware") + 1,
                   "config.middleware.RejectNulMiddleware")
 REST_FRAMEWORK["DEFAULT_PARSER_CLASSES"] = ["config.parsers.SafeJSONParser"]
+SPECTACULAR_SETTINGS["POSTPROCESSING_HOOKS"] = [
+    "drf_spectacular.hooks.postprocess_schema_enums",
+    "config.openapi.add_error_responses",
+]
+SPECTACULAR_SETTINGS["ENUM_NAME_OVERRIDES"].update({
+    "LeaseStateEnum": "broker.choices.LeaseState",
+    "AllocationStateEnum": "broker.choices.AllocationState",
+})
