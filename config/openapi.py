@@ -48,8 +48,8 @@ def problem(description: str) -> OpenApiResponse:
 
 
 PAGE_PARAMETERS = [
-    OpenApiParameter("limit", int, description="page size (default 50)"),
-    OpenApiParameter("offset", int, description="index of the first result"),
+    OpenApiParameter("limit", int, description="page size (default 50, at most 500)"),
+    OpenApiParameter("offset", int, description="index of the first result (at most 10,000,000)"),
 ]
 
 
@@ -87,6 +87,9 @@ def add_error_responses(result, generator, request, public):
     """drf-spectacular post-processing hook: document the errors every operation can answer."""
     result.setdefault("components", {}).setdefault("schemas", {})["Problem"] = PROBLEM_SCHEMA
     problem_ref = {"$ref": "#/components/schemas/Problem"}
+    for name, component in result["components"]["schemas"].items():
+        if name.endswith("Request") and component.get("type") == "object":
+            component["additionalProperties"] = False  # StrictSerializer: unknown fields are a 400
     for operations in result.get("paths", {}).values():
         for method, operation in operations.items():
             if method not in ("get", "post", "put", "patch", "delete"):

@@ -299,3 +299,4 @@ SPECTACULAR_SETTINGS["ENUM_NAME_OVERRIDES"].update({
     "LeaseStateEnum": "broker.choices.LeaseState",
     "AllocationStateEnum": "broker.choices.AllocationState",
 })
+REST_FRAMEWORK["DEFAULT_PAGINATION_CLASS"] = "config.pagination.BoundedLimitOffsetPagination"
