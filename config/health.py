@@ -70,4 +70,9 @@ def readyz(request):
     broker_scheme = settings.CELERY_BROKER_URL.split("://", 1)[0]
     body = {"status": "ready" if not failing else "unavailable", "failing": failing, "checks": checks,
             "broker": broker_scheme}
-    return JsonResponse(body, status=200 if not failing else 503)
+    response = JsonResponse(body, status=200 if not failing else 503)
+    if failing:
+        from config.problems import RETRY_AFTER_SECONDS
+
+        response["Retry-After"] = str(RETRY_AFTER_SECONDS)
+    return response

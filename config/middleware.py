@@ -8,6 +8,8 @@ import re
 import time
 import uuid
 
+from django.http.multipartparser import MultiPartParserError
+
 from config.logging import request_id_var, tenant_var, user_var
 
 logger = logging.getLogger("gpubroker.access")
@@ -48,3 +50,48 @@ class RequestContextMiddleware:
         finally:
             for var, token in zip((request_id_var, tenant_var, user_var), tokens, strict=True):
                 var.reset(token)
+
+
+class RejectNulMiddleware:
+    """Refuse a NUL character in the path, a query parameter or a form field with 400 naming it.
+
+    PostgreSQL text cannot hold NUL: psycopg raises ``ValueError`` for any query that carries one, which
+    surfaced as a 500 wherever a parameter reaches a query. Checked once here so every route benefits;
+    JSON bodies are checked by ``config.parsers.SafeJSONParser``. API routes answer problem+json, the
+    portal an HTML page with the same message.
+    """
+
+    def __init__(self, get_response):
+        self.get_response = get_response
+
+    def __call__(self, request):
+        try:
+            field = self._offending_field(request)
+            message = "NUL characters are not allowed."
+        except MultiPartParserError as exc:
+            field, message = "body", f"malformed multipart body ({exc})."
+        if field is not None:
+            from config.parsers import printable
+            from config.problems import _json_problem, error_page
+
+            name = printable(field)
+            detail = f"{name}: {message}"
+            if request.path.startswith("/api/"):
+                return _json_problem(request, 400, "Invalid input", "invalid", detail, field=name)
+            return error_page(request, status=400, title="Invalid input", message=detail)
+        return self.get_response(request)
+
+    @staticmethod
+    def _offending_field(request) -> str | None:
+        if "\x00" in request.path_info:
+            return "path"
+        for key, values in request.GET.lists():
+            if "\x00" in key or any("\x00" in value for value in values):
+                return key
+        content_type = request.content_type or ""
+        if request.method == "POST" and content_type in ("application/x-www-form-urlencoded",
+                                                         "multipart/form-data"):
+            for key, values in request.POST.lists():  # too large: RequestDataTooBig → handler400 (413)
+                if "\x00" in key or any("\x00" in value for value in values if isinstance(value, str)):
+                    return key
+        return None

@@ -7,11 +7,14 @@ nested fields, or null) and, for validation errors, ``errors``: every field with
 from __future__ import annotations
 
 import logging
+import sys
 from typing import Any
 
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
-from django.db import IntegrityError
-from django.http import Http404, JsonResponse
+from django.core.exceptions import RequestDataTooBig
+from django.db import IntegrityError, InterfaceError, OperationalError
+from django.http import Http404, HttpResponse, JsonResponse
+from django.template.loader import render_to_string
 from rest_framework import exceptions as drf_exceptions
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_default_handler
@@ -21,6 +24,14 @@ from config.errors import ApplicationError
 logger = logging.getLogger(__name__)
 PROBLEM_CONTENT_TYPE = "application/problem+json"
 TYPE_BASE = "https://gpubroker.dev/problems/"
+# what a client is told to wait before retrying while the database cannot be reached
+RETRY_AFTER_SECONDS = 5
+UNAVAILABLE_DETAIL = "The database cannot be reached; retry after a few seconds."
+
+
+def database_unavailable(exc: BaseException | None) -> bool:
+    """Whether ``exc`` says the database cannot be reached (refused, reset, shut down), not a bad query."""
+    return isinstance(exc, OperationalError | InterfaceError)
 
 
 def problem_body(
@@ -78,9 +89,17 @@ def problem_exception_handler(exc: Exception, context: dict[str, Any]) -> Respon
     elif isinstance(exc, drf_exceptions.ValidationError):
         body = _validation_problem(exc)
     elif isinstance(exc, drf_exceptions.ParseError):
-        body = problem_body(
-            status=400, title="Malformed request body", detail=f"body: {exc.detail}", code="parse_error", field="body"
-        )
+        field = getattr(exc, "field", "body")
+        detail = str(exc.detail) if str(exc.detail).startswith(f"{field}:") else f"{field}: {exc.detail}"
+        body = problem_body(status=400, title="Malformed request body", detail=detail, code="parse_error",
+                            field=field)
+    elif isinstance(exc, RequestDataTooBig):
+        body = problem_body(status=413, title="Request body too large", detail=f"body: {exc}",
+                            code="request_too_large", field="body")
+    elif database_unavailable(exc):
+        logger.warning("database unavailable, answering 503", extra={"error": f"{type(exc).__name__}: {exc}"})
+        body = problem_body(status=503, title="Service unavailable", detail=UNAVAILABLE_DETAIL, code="unavailable")
+        headers = {"Retry-After": str(RETRY_AFTER_SECONDS)}
     elif isinstance(exc, Http404 | drf_exceptions.NotFound):
         body = problem_body(status=404, title="Not found", detail="No such object.", code="not_found")
     elif isinstance(exc, DjangoPermissionDenied):
@@ -102,20 +121,48 @@ def problem_exception_handler(exc: Exception, context: dict[str, Any]) -> Respon
         headers = {k: v for k, v in response.items() if k in ("WWW-Authenticate", "Retry-After", "Allow")}
         detail = exc.detail if isinstance(exc.detail, str) else str(exc.detail)
         code = exc.get_codes() if isinstance(exc.get_codes(), str) else exc.default_code
-        body = problem_body(
-            status=exc.status_code, title=str(exc.default_detail).rstrip("."), detail=str(detail), code=code
-        )
+        body = problem_body(status=exc.status_code, title=_title(exc), detail=str(detail), code=code)
     else:
         return None
     return Response(body, status=body["status"], content_type=PROBLEM_CONTENT_TYPE, headers=headers)
 
 
-def _json_problem(request, status: int, title: str, code: str, detail: str) -> JsonResponse:
-    return JsonResponse(
-        problem_body(status=status, title=title, detail=detail, code=code),
+def _title(exc: drf_exceptions.APIException) -> str:
+    """A fixed title per kind of error; DRF's default details are templates ("{media_type}") or sentences."""
+    titles = {415: "Unsupported media type", 429: "Too many requests", 406: "Not acceptable",
+              405: "Method not allowed", 401: "Not authenticated", 403: "Permission denied"}
+    return titles.get(exc.status_code) or str(exc.default_detail).rstrip(".")
+
+
+def _json_problem(request, status: int, title: str, code: str, detail: str, field: str | None = None,
+                  headers: dict[str, str] | None = None) -> JsonResponse:
+    response = JsonResponse(
+        problem_body(status=status, title=title, detail=detail, code=code, field=field),
         status=status,
         content_type=PROBLEM_CONTENT_TYPE,
     )
+    for name, value in (headers or {}).items():
+        response[name] = value
+    return response
+
+
+def error_page(request, *, status: int, title: str, message: str, headers: dict[str, str] | None = None):
+    """The portal's error page: standalone HTML (no database, no session) with the same message."""
+    response = HttpResponse(render_to_string("error.html", {"title": title, "message": message}), status=status)
+    for name, value in (headers or {}).items():
+        response[name] = value
+    return response
+
+
+def handler400(request, exception=None):
+    """Django's 400s (oversized bodies, bad form data seen by middleware): problem+json under /api/."""
+    if isinstance(exception, RequestDataTooBig):
+        status, title, code, detail = 413, "Request body too large", "request_too_large", f"body: {exception}"
+    else:
+        status, title, code, detail = 400, "Bad request", "bad_request", "The request could not be read."
+    if request.path.startswith("/api/"):
+        return _json_problem(request, status, title, code, detail, field="body")
+    return error_page(request, status=status, title=title, message=detail)
 
 
 def handler404(request, exception=None):
@@ -127,6 +174,14 @@ def handler404(request, exception=None):
 
 
 def handler500(request):
+    # Django calls this while handling the uncaught exception, so it is still in sys.exc_info().
+    if database_unavailable(sys.exc_info()[1]):
+        retry = {"Retry-After": str(RETRY_AFTER_SECONDS)}
+        if request.path.startswith("/api/"):
+            return _json_problem(request, 503, "Service unavailable", "unavailable", UNAVAILABLE_DETAIL,
+                                 headers=retry)
+        return error_page(request, status=503, title="Service unavailable", message=UNAVAILABLE_DETAIL,
+                          headers=retry)
     if request.path.startswith("/api/"):
         return _json_problem(request, 500, "Internal error", "internal_error",
                              "The server failed; the request id in X-Request-ID identifies it in the logs.")

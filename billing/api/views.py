@@ -14,6 +14,7 @@ from rest_framework.views import APIView
 from billing import documents, selectors
 from billing.api import serializers as s
 from config.errors import ValidationFailed
+from config.openapi import PAGE_PARAMETERS, paginated
 from tenants.api.views import _paginate
 
 
@@ -48,7 +49,8 @@ class UsageApi(APIView):
 
 
 class InvoiceListApi(APIView):
-    @extend_schema(responses=s.InvoiceOutput(many=True), summary="Invoices of the tenant, newest month first")
+    @extend_schema(responses=paginated(s.InvoiceOutput), parameters=PAGE_PARAMETERS,
+                   operation_id="v1_invoices_list", summary="Invoices of the tenant, newest month first")
     def get(self, request):
         return _paginate(self, request, selectors.invoice_list(actor=request.actor), s.InvoiceOutput)
 

@@ -1,13 +1,32 @@
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from broker.choices import WorkloadClass
+from broker.choices import GpuKind, WorkloadClass
 from broker.models import Allocation, Lease, LeaseEvent
 from tenants.api.serializers import StrictSerializer
+
+_GPU_PROPERTIES = {
+    "kind": {"type": "string", "enum": list(GpuKind.values)},
+    "count": {"type": "integer", "minimum": 1, "maximum": 64, "description": "GPUs or slices (default 1)"},
+    "model": {"type": "string", "description": 'a model code such as "H100-80GB", or "auto" (default)'},
+    "profile": {"type": "string", "description": 'MIG profile, required for kind "mig" (e.g. "1g.10gb")'},
+    "milli": {"type": "integer", "minimum": 1, "maximum": 999, "description": 'share of a GPU, kind "share"'},
+    "memory_mib": {"type": "integer", "minimum": 1, "maximum": 1 << 20},
+    "gang": {"type": "boolean", "description": "all count devices at once or none (default true)"},
+}
+GPU_REQUEST_SCHEMA = {"type": "object", "properties": _GPU_PROPERTIES, "required": ["kind"],
+                      "additionalProperties": False}
+GPU_OUTPUT_SCHEMA = {"type": "object", "properties": _GPU_PROPERTIES, "required": ["kind", "count", "model", "gang"]}
+
+
+@extend_schema_field(GPU_REQUEST_SCHEMA)
+class GpuRequestField(serializers.JSONField):
+    """The ``gpu`` object of a request; ``broker.services`` validates it, naming ``gpu.<key>``."""
 
 
 class LeaseCreateInput(StrictSerializer):
     project = serializers.CharField(max_length=63)
-    gpu = serializers.JSONField(help_text='{"kind": "mig", "profile": "1g.10gb"} | {"kind": "whole", "count": 2, '
+    gpu = GpuRequestField(help_text='{"kind": "mig", "profile": "1g.10gb"} | {"kind": "whole", "count": 2, '
                                           '"model": "H100-80GB"} | {"kind": "share", "milli": 250, "memory_mib": 8192}')
     workload_class = serializers.ChoiceField(choices=WorkloadClass.choices, default=WorkloadClass.TRAINING)
     priority = serializers.IntegerField(default=0)
@@ -47,6 +66,7 @@ class LeaseOutput(serializers.ModelSerializer):
                   "duration_seconds", "tier", "over_quota", "requested_at", "active_at", "ends_at",
                   "notice_deadline", "finished_at"]
 
+    @extend_schema_field(GPU_OUTPUT_SCHEMA)
     def get_gpu(self, obj) -> dict:
         shape = {"kind": obj.kind, "count": obj.count, "model": obj.models_allowed[0] if obj.models_allowed else "auto",
                  "gang": obj.gang}
@@ -88,6 +108,7 @@ class LeaseDetailOutput(LeaseOutput):
     def to_representation(self, instance) -> dict:
         return serializers.ModelSerializer.to_representation(self, instance)  # devices and events too
 
+    @extend_schema_field(DeviceOutput(many=True))
     def get_devices(self, obj) -> list:
         live = [a for a in obj.allocations.all() if a.freed_at is None]
         return DeviceOutput(live, many=True).data
@@ -101,3 +122,18 @@ class EnrollInput(StrictSerializer):
     agent_version = serializers.CharField(max_length=32, required=False, allow_blank=True)
     protocol = serializers.CharField(max_length=8, required=False)
     inventory = serializers.JSONField()
+
+
+class EnrolledOutput(serializers.Serializer):
+    node_id = serializers.CharField()
+    secret = serializers.CharField(help_text="the node's signing secret; shown once")
+    heartbeat_seconds = serializers.IntegerField()
+
+
+class HeartbeatOutput(serializers.Serializer):
+    heartbeat_seconds = serializers.IntegerField()
+
+
+class OfferListOutput(serializers.Serializer):
+    offers = serializers.ListField(child=serializers.DictField(), help_text="GPU models with free capacity and "
+                                   "the tenant's prices per hour")

@@ -12,6 +12,7 @@ from rest_framework.views import APIView
 from agent.signing import HEADER_NODE
 from broker import selectors, services
 from broker.api import serializers as s
+from config.openapi import PAGE_PARAMETERS, paginated, problem
 from tenants.api.views import _paginate, _parse
 
 
@@ -24,15 +25,19 @@ class LeaseListApi(APIView):
 
     @extend_schema(
         parameters=[OpenApiParameter("state", str, description="comma-separated states"),
-                    OpenApiParameter("project", str, description="project slug")],
-        responses=s.LeaseOutput(many=True), summary="Leases of the tenant, newest first")
+                    OpenApiParameter("project", str, description="project slug"), *PAGE_PARAMETERS],
+        responses=paginated(s.LeaseOutput), operation_id="v1_leases_list",
+        summary="Leases of the tenant, newest first")
     def get(self, request):
         leases = selectors.lease_list(actor=request.actor, state=request.query_params.get("state", ""),
                                       project=request.query_params.get("project", ""))
         return _paginate(self, request, leases, s.LeaseOutput)
 
     @extend_schema(
-        request=s.LeaseCreateInput, responses={201: s.LeaseOutput, 200: s.LeaseOutput},
+        request=s.LeaseCreateInput,
+        responses={201: s.LeaseOutput, 200: s.LeaseOutput,
+                   402: problem("A monthly spend cap would be exceeded (the figures are in the body)"),
+                   409: problem("Quota exceeded, or the Idempotency-Key was used with another body")},
         parameters=[OpenApiParameter("Idempotency-Key", str, OpenApiParameter.HEADER,
                                      description="same key + same body → the same lease; other body → 409")],
         summary="Request GPU capacity (a whole GPU, a MIG slice or a share)")
@@ -50,7 +55,8 @@ class LeaseDetailApi(APIView):
     def get(self, request, pk: int):
         return Response(s.LeaseDetailOutput(selectors.lease_get(actor=request.actor, lease_id=pk)).data)
 
-    @extend_schema(responses={202: s.LeaseOutput}, summary="Release a lease (202; it becomes RELEASED)")
+    @extend_schema(responses={202: s.LeaseOutput, 409: problem("The lease is not in a state that can be released")},
+                   summary="Release a lease (202; it becomes RELEASED)")
     def delete(self, request, pk: int):
         lease = selectors.lease_get(actor=request.actor, lease_id=pk)
         lease = services.lease_release(lease=lease, actor=_actor_label(request))
@@ -60,7 +66,9 @@ class LeaseDetailApi(APIView):
 class LeaseRenewApi(APIView):
     write_action = "use"
 
-    @extend_schema(request=s.LeaseRenewInput, responses=s.LeaseOutput, summary="Extend an active lease")
+    @extend_schema(request=s.LeaseRenewInput,
+                   responses={200: s.LeaseOutput, 409: problem("Only an active lease can be renewed")},
+                   summary="Extend an active lease")
     def post(self, request, pk: int):
         data = _parse(s.LeaseRenewInput, request)
         lease = selectors.lease_get(actor=request.actor, lease_id=pk)
@@ -69,7 +77,7 @@ class LeaseRenewApi(APIView):
 
 
 class OfferListApi(APIView):
-    @extend_schema(responses=dict, summary="GPU models on offer with their free capacity now")
+    @extend_schema(responses=s.OfferListOutput, summary="GPU models on offer with their free capacity now")
     def get(self, request):
         from billing.selectors import offer_prices
 
@@ -83,7 +91,10 @@ class AgentEnrollApi(APIView):
     authentication_classes: list = []
     permission_classes = [AllowAny]
 
-    @extend_schema(request=s.EnrollInput, responses={201: dict}, summary="Agent enrollment")
+    @extend_schema(request=s.EnrollInput,
+                   responses={201: s.EnrolledOutput, 401: problem("Invalid, expired or spent enrollment token"),
+                              409: problem("The node id is enrolled, or a GPU belongs to another node")},
+                   summary="Agent enrollment")
     def post(self, request):
         body = request.body
         data = _parse(s.EnrollInput, request)
@@ -110,7 +121,9 @@ class AgentHeartbeatApi(APIView):
     authentication_classes: list = []
     permission_classes = [AllowAny]
 
-    @extend_schema(request=dict, responses=dict, summary="Agent heartbeat (signed)")
+    @extend_schema(request={"application/json": {"type": "object", "additionalProperties": True}},
+                   responses={200: s.HeartbeatOutput, 401: problem("Missing, stale or wrong signature")},
+                   summary="Agent heartbeat (signed)")
     def post(self, request, node_id: str):
         node = services.node_request_verify(node_id=node_id, headers=request.headers, method="POST",
                                             path=request.path, query=request.META.get("QUERY_STRING", ""),

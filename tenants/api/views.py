@@ -6,12 +6,13 @@ another tenant are not found (404); actions the role does not allow are refused 
 
 from __future__ import annotations
 
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import status
 from rest_framework.response import Response
 from rest_framework.settings import api_settings
 from rest_framework.views import APIView
 
+from config.openapi import PAGE_PARAMETERS, paginated, problem
 from tenants import selectors, services
 from tenants.api import serializers as s
 
@@ -46,11 +47,13 @@ class TenantApi(APIView):
 class ProjectListApi(APIView):
     write_action = "manage"
 
-    @extend_schema(responses=s.ProjectOutput(many=True), summary="Projects (queues) of the tenant")
+    @extend_schema(responses=paginated(s.ProjectOutput), parameters=PAGE_PARAMETERS,
+                   operation_id="v1_projects_list", summary="Projects (queues) of the tenant")
     def get(self, request):
         return _paginate(self, request, selectors.project_list(actor=request.actor), s.ProjectOutput)
 
-    @extend_schema(request=s.ProjectCreateInput, responses={201: s.ProjectOutput}, summary="Create a project")
+    @extend_schema(request=s.ProjectCreateInput, responses={201: s.ProjectOutput, 409: problem("The slug is taken")},
+                   summary="Create a project")
     def post(self, request):
         data = _parse(s.ProjectCreateInput, request)
         project = services.project_create(actor=request.actor, **data)
@@ -70,7 +73,8 @@ class ProjectDetailApi(APIView):
         data = _parse(s.ProjectUpdateInput, request)
         return Response(s.ProjectOutput(services.project_update(actor=request.actor, project=project, **data)).data)
 
-    @extend_schema(responses={204: None}, summary="Delete a project")
+    @extend_schema(responses={204: None, 409: problem("The project still has leases or usage")},
+                   summary="Delete a project")
     def delete(self, request, slug: str):
         project = selectors.project_get(actor=request.actor, slug=slug)
         services.project_delete(actor=request.actor, project=project)
@@ -78,7 +82,9 @@ class ProjectDetailApi(APIView):
 
 
 class QuotaListApi(APIView):
-    @extend_schema(responses=s.QuotasOutput, summary="Tenant-level and per-project quotas (milli-GPU)")
+    @extend_schema(responses={200: s.QuotasOutput, 404: problem("No such project")},
+                   parameters=[OpenApiParameter("project", str, description="only this project's quotas")],
+                   summary="Tenant-level and per-project quotas (milli-GPU)")
     def get(self, request):
         project_slug = request.query_params.get("project")
         project = selectors.project_get(actor=request.actor, slug=project_slug) if project_slug else None
@@ -94,7 +100,8 @@ class QuotaListApi(APIView):
 
 
 class MemberListApi(APIView):
-    @extend_schema(responses=s.MembershipOutput(many=True), summary="Members of the tenant and their roles")
+    @extend_schema(responses=paginated(s.MembershipOutput), parameters=PAGE_PARAMETERS,
+                   operation_id="v1_members_list", summary="Members of the tenant and their roles")
     def get(self, request):
         return _paginate(self, request, selectors.membership_list(actor=request.actor), s.MembershipOutput)
 
@@ -109,14 +116,17 @@ class MemberDetailApi(APIView):
     def get(self, request, pk: int):
         return Response(s.MembershipOutput(selectors.membership_get(actor=request.actor, pk=pk)).data)
 
-    @extend_schema(request=s.MembershipUpdateInput, responses=s.MembershipOutput, summary="Change a member's role")
+    @extend_schema(request=s.MembershipUpdateInput,
+                   responses={200: s.MembershipOutput, 409: problem("A tenant must keep at least one owner")},
+                   summary="Change a member's role")
     def patch(self, request, pk: int):
         membership = selectors.membership_get(actor=request.actor, pk=pk)
         data = _parse(s.MembershipUpdateInput, request)
         membership = services.membership_change_role(actor=request.actor, membership=membership, role=data["role"])
         return Response(s.MembershipOutput(membership).data)
 
-    @extend_schema(responses={204: None}, summary="Remove a member (their tokens are revoked)")
+    @extend_schema(responses={204: None, 409: problem("A tenant must keep at least one owner")},
+                   summary="Remove a member (their tokens are revoked)")
     def delete(self, request, pk: int):
         membership = selectors.membership_get(actor=request.actor, pk=pk)
         services.membership_remove(actor=request.actor, membership=membership)
@@ -126,7 +136,8 @@ class MemberDetailApi(APIView):
 class TokenListApi(APIView):
     write_action = "self"  # anyone may create their own tokens (not while suspended); scopes capped by role
 
-    @extend_schema(responses=s.ApiTokenOutput(many=True), summary="API tokens (own; admins see all)")
+    @extend_schema(responses=paginated(s.ApiTokenOutput), parameters=PAGE_PARAMETERS,
+                   operation_id="v1_tokens_list", summary="API tokens (own; admins see all)")
     def get(self, request):
         return _paginate(self, request, selectors.api_token_list(actor=request.actor), s.ApiTokenOutput)
 
@@ -147,13 +158,14 @@ class TokenDetailApi(APIView):
     def get(self, request, pk: int):
         return Response(s.ApiTokenOutput(selectors.api_token_get(actor=request.actor, pk=pk)).data)
 
-    @extend_schema(responses=s.ApiTokenOutput, summary="Revoke a token")
+    @extend_schema(responses={200: s.ApiTokenOutput}, summary="Revoke a token (idempotent; 200 with the token)")
     def delete(self, request, pk: int):
         token = selectors.api_token_get(actor=request.actor, pk=pk)
         return Response(s.ApiTokenOutput(services.api_token_revoke(actor=request.actor, token=token)).data)
 
 
 class SloContractListApi(APIView):
-    @extend_schema(responses=s.SloContractOutput(many=True), summary="SLO contracts of the tenant")
+    @extend_schema(responses=paginated(s.SloContractOutput), parameters=PAGE_PARAMETERS,
+                   operation_id="v1_slo_contracts_list", summary="SLO contracts of the tenant")
     def get(self, request):
         return _paginate(self, request, selectors.slo_contract_list(actor=request.actor), s.SloContractOutput)

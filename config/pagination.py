@@ -1,0 +1,33 @@
+"""The API's page: DRF's limit/offset, with both bounded and a bad value named (400), not passed to SQL.
+
+An offset past PostgreSQL's bigint was a 500 ("bigint out of range", found by Schemathesis).
+"""
+
+from __future__ import annotations
+
+from rest_framework.exceptions import ValidationError
+from rest_framework.pagination import LimitOffsetPagination
+
+MAX_OFFSET = 10_000_000
+
+
+class BoundedLimitOffsetPagination(LimitOffsetPagination):
+    max_limit = 500
+
+    def _bounded(self, request, name: str, default: int | None, low: int, high: int) -> int | None:
+        raw = request.query_params.get(name)
+        if raw is None or raw == "":
+            return default
+        try:
+            value = int(raw)
+        except ValueError:
+            raise ValidationError({name: [f"Must be a whole number from {low} to {high}."]}) from None
+        if not low <= value <= high:
+            raise ValidationError({name: [f"Must be a whole number from {low} to {high}."]})
+        return value
+
+    def get_limit(self, request):
+        return self._bounded(request, self.limit_query_param, self.default_limit, 1, self.max_limit)
+
+    def get_offset(self, request):
+        return self._bounded(request, self.offset_query_param, 0, 0, MAX_OFFSET)
