@@ -34,18 +34,23 @@ def stripe_webhook(request: HttpRequest) -> JsonResponse:
     if request.method != "POST":
         return _problem(405, "Method not allowed", "method_not_allowed", "Stripe delivers events with POST.",
                         headers={"Allow": "POST"})
-    secret = settings.STRIPE_WEBHOOK_SECRET
-    if not secret:
+    # comma-separated: the new signing secret first and, while Stripe rolls it, the old one (docs/security.md)
+    secrets = [part.strip() for part in settings.STRIPE_WEBHOOK_SECRET.split(",") if part.strip()]
+    if not secrets:
         return _problem(503, "Stripe webhooks are not configured", "stripe_webhooks_disabled",
                         "STRIPE_WEBHOOK_SECRET is empty; no event can be verified.")
     payload = request.body
-    try:
-        stripe.WebhookSignature.verify_header(payload, request.headers.get("Stripe-Signature"), secret,
-                                              tolerance=stripe.Webhook.DEFAULT_TOLERANCE)
-    except stripe.SignatureVerificationError as error:
-        logger.warning("Stripe webhook refused: %s", error.user_message or error)
-        return _problem(400, "Invalid Stripe signature", "invalid_signature",
-                        f"Stripe-Signature: {error.user_message or error}", field="Stripe-Signature")
+    for number, secret in enumerate(secrets, start=1):
+        try:
+            stripe.WebhookSignature.verify_header(payload, request.headers.get("Stripe-Signature"), secret,
+                                                  tolerance=stripe.Webhook.DEFAULT_TOLERANCE)
+            break
+        except stripe.SignatureVerificationError as error:
+            if number < len(secrets):
+                continue
+            logger.warning("Stripe webhook refused: %s", error.user_message or error)
+            return _problem(400, "Invalid Stripe signature", "invalid_signature",
+                            f"Stripe-Signature: {error.user_message or error}", field="Stripe-Signature")
     try:
         event = json.loads(payload)
     except (ValueError, UnicodeDecodeError) as error:

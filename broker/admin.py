@@ -4,7 +4,7 @@ node's re-enrollment, release a GPU), which go through the services. Secrets are
 from django.contrib import admin, messages
 
 from broker import services
-from broker.models import Gpu, Node
+from broker.models import EnrollmentToken, Gpu, Node
 from config.errors import ApplicationError
 
 
@@ -65,3 +65,27 @@ class GpuAdmin(admin.ModelAdmin):
                 services.gpu_release(gpu=gpu, by_user=request.user, reason="admin")
             except ApplicationError as error:
                 self.message_user(request, f"{gpu.uuid}: {error.message}", level=messages.ERROR)
+
+
+@admin.register(EnrollmentToken)
+class EnrollmentTokenAdmin(admin.ModelAdmin):
+    """Tokens are created by ``manage.py agent_token_create`` (printed once; only the hash is stored)."""
+
+    list_display = ["prefix", "pool", "uses_left", "expires_at", "created_at"]
+    list_filter = ["pool"]
+    search_fields = ["prefix"]
+    fields = ["prefix", "pool", "uses_left", "expires_at", "created_at"]
+    readonly_fields = fields
+    actions = ["revoke"]
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+    @admin.action(description="Revoke the selected enrollment tokens (their remaining uses are taken away)")
+    def revoke(self, request, queryset):
+        taken = sum(services.enrollment_token_revoke(prefix=token.prefix, by_user=request.user, reason="admin")
+                    for token in queryset.order_by("pk"))
+        self.message_user(request, f"{taken} enrollment use(s) revoked.")

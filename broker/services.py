@@ -828,7 +828,7 @@ class EnrollmentConflict(ApplicationError):
     title = "Enrollment refused"
 
 
-def enrollment_token_create(*, uses: int = 1, pool: str = "default", ttl_seconds: int = 3600,
+def enrollment_token_create(*, uses: int = 1, pool: str = "default", ttl_seconds: int = 3600, by_user=None,
                             now: datetime | None = None) -> str:
     """A token good for ``uses`` enrollments (one by default) within ``ttl_seconds``; only its hash is
     stored. A token enrolls new node ids only: an enrolled node re-enrolls with its own secret or with
@@ -845,9 +845,30 @@ def enrollment_token_create(*, uses: int = 1, pool: str = "default", ttl_seconds
     prefix = secrets.token_hex(4)
     secret = secrets.token_urlsafe(24)
     token = f"{ENROLL_PREFIX}{prefix}_{secret}"
-    EnrollmentToken.objects.create(prefix=prefix, secret_hash=hashlib.sha256(token.encode()).hexdigest(), pool=pool,
-                                   uses_left=uses, expires_at=now + timedelta(seconds=ttl_seconds), created_at=now)
+    with transaction.atomic():
+        EnrollmentToken.objects.create(prefix=prefix, secret_hash=hashlib.sha256(token.encode()).hexdigest(),
+                                       pool=pool, uses_left=uses, expires_at=now + timedelta(seconds=ttl_seconds),
+                                       created_at=now)
+        _audit(action="node.enrollment_token_create", target=prefix, by_user=by_user,
+               data={"pool": pool, "uses": uses, "ttl_seconds": ttl_seconds})
     return token
+
+
+def enrollment_token_revoke(*, prefix: str, by_user=None, reason: str = "") -> int:
+    """Spend what is left of an enrollment token at once (a token that leaked, or one no longer needed).
+    Idempotent; audited with the uses it took away. Returns that number (0: already spent or unknown)."""
+    from broker.models import EnrollmentToken
+
+    with transaction.atomic():
+        record = EnrollmentToken.objects.select_for_update().filter(prefix=prefix).first()
+        if record is None:
+            raise NotFound(f"No enrollment token with prefix {prefix!r}.", field="prefix")
+        taken = record.uses_left
+        if taken:
+            EnrollmentToken.objects.filter(pk=record.pk).update(uses_left=0)
+            _audit(action="node.enrollment_token_revoke", target=prefix, by_user=by_user,
+                   data={"uses_taken": taken, **({"reason": reason} if reason else {})})
+    return taken
 
 
 def _audit(*, action: str, target: str, data: dict, by_user=None) -> None:

@@ -42,6 +42,8 @@ if not SECRET_KEY:
             "Environment variable SECRET_KEY is required when DJANGO_DEBUG is off "
             "(make run writes one to var/runtime.env)."
         )
+# Rotation (docs/security.md): the new key in SECRET_KEY, the old one here until sessions signed with it lapse
+SECRET_KEY_FALLBACKS = env_list("SECRET_KEY_FALLBACKS", [])
 ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["127.0.0.1", "localhost", "[::1]", "testserver"])
 CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", ["http://127.0.0.1:8000", "http://localhost:8000"])
 SITE_URL = env_url("SITE_URL", "http://127.0.0.1:8000", schemes=("http", "https"))

@@ -418,3 +418,20 @@ def test_stripe_webhook_over_http_end_to_end(stripe_server, live_server, transac
     assert invoice.status == InvoiceStatus.PAID and invoice.stripe_state == StripeState.SENT
     assert set(StripeEvent.objects.values_list("type", flat=True)) >= {"invoice.finalized", "invoice.sent",
                                                                        "invoice.paid"}
+
+
+def test_stripe_webhook_secret_rotation_accepts_the_old_and_new_secret_only(stripe_server, tenant, settings):
+    """While Stripe rolls the endpoint's signing secret, STRIPE_WEBHOOK_SECRET lists the new one and the old
+    one (docs/security.md): events signed with either are applied, anything else is still refused."""
+    invoice, stripe_id = pushed(stripe_server, tenant)
+    old = stripe_server.webhook_secret
+    settings.STRIPE_WEBHOOK_SECRET = f"whsec_new_secret_of_the_roll, {old}"
+    event = build_event("invoice.paid", stripe_server.invoice(stripe_id))
+    forged = post_signed(Client(), WEBHOOK, event, "whsec_someone_else")
+    assert forged.status_code == 400 and forged.json()["field"] == "Stripe-Signature"
+    assert post_signed(Client(), WEBHOOK, event, old).status_code == 200
+    settings.STRIPE_WEBHOOK_SECRET = "whsec_new_secret_of_the_roll"
+    assert post_signed(Client(), WEBHOOK, event, old).status_code == 400  # the old one is gone after the roll
+    assert post_signed(Client(), WEBHOOK, event, "whsec_new_secret_of_the_roll").status_code == 200
+    invoice.refresh_from_db()
+    assert invoice.status == InvoiceStatus.PAID

@@ -143,3 +143,20 @@ def test_node_admin_actions_are_audited(world, victim, admin_client):
     gpu = Gpu.objects.get(uuid="GPU-victim-0")
     admin_client.post("/admin/broker/gpu/", {"action": "release", "_selected_action": [gpu.pk]})
     assert AuditEvent.objects.filter(action="gpu.release", target="GPU-victim-0", actor__isnull=False).exists()
+
+
+def test_node_enrollment_token_revoked_by_staff_enrolls_nothing(world, admin_client):
+    token, other = services.enrollment_token_create(uses=5), services.enrollment_token_create(uses=2)
+    prefix = token.split("_")[2]
+    assert AuditEvent.objects.filter(action="node.enrollment_token_create", target=prefix).exists()
+    call_command("agent_token_revoke", prefix, "--reason", "leaked in a ticket")
+    response = world.client("outsider").post(ENROLL, _body("late", token, _gpu("GPU-late")), format="json")
+    assert response.status_code == 401 and not Node.objects.filter(node_id="late").exists()
+    assert AuditEvent.objects.get(action="node.enrollment_token_revoke", target=prefix).data == {
+        "uses_taken": 5, "reason": "leaked in a ticket"}
+    # the admin action does the same, audited with the staff member
+    record = EnrollmentToken.objects.get(prefix=other.split("_")[2])
+    admin_client.post("/admin/broker/enrollmenttoken/", {"action": "revoke", "_selected_action": [record.pk]})
+    assert _uses_left(other) == 0
+    assert AuditEvent.objects.filter(action="node.enrollment_token_revoke", target=record.prefix,
+                                     actor__isnull=False).exists()
