@@ -36,7 +36,14 @@ from broker.choices import (
 from broker.models import Allocation, Gpu, Lease, LeaseEvent, Node
 from broker.scheduler import DecisionMode, Kind, Request, Shape, plan
 from broker.selectors import scheduler_snapshot
-from config.errors import IdempotencyConflict, LeaseStateConflict, NotFound, QuotaExceeded, ValidationFailed
+from config.errors import (
+    IdempotencyConflict,
+    LeaseStateConflict,
+    NotFound,
+    PermissionDenied,
+    QuotaExceeded,
+    ValidationFailed,
+)
 from gpus.catalogue import UnknownModel, model_get
 from gpus.mig import UnknownProfile, profile_get, profiles_for
 from tenants.access import Actor
@@ -44,6 +51,10 @@ from tenants.models import Project, Quota
 
 logger = logging.getLogger(__name__)
 MAX_COUNT = 64
+# The highest priority a member may send; above it (up to 100) needs the tenant's admin or owner role.
+# Priority orders requests inside one project only (the scheduler never compares it across projects), so
+# this bound keeps one member from jumping every colleague's queue without an admin's say.
+MEMBER_MAX_PRIORITY = 10
 
 
 # -- transitions -------------------------------------------------------------------------------------
@@ -261,6 +272,10 @@ def lease_request(*, actor: Actor, project: str, gpu: object, workload_class: st
                                field="workload_class")
     if isinstance(priority, bool) or not isinstance(priority, int) or not -100 <= priority <= 100:
         raise ValidationFailed("priority must be a whole number from -100 to 100.", field="priority")
+    if priority > MEMBER_MAX_PRIORITY and not actor.can("manage"):
+        raise PermissionDenied(f"A priority above {MEMBER_MAX_PRIORITY} needs the admin or owner role in tenant "
+                               f"'{actor.tenant.slug}'; members may send -100 to {MEMBER_MAX_PRIORITY}.",
+                               field="priority")
     _validate_duration(duration_seconds)
     if len(idempotency_key) > 200:
         raise ValidationFailed("Idempotency-Key is at most 200 characters.", field="Idempotency-Key")
