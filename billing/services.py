@@ -282,9 +282,17 @@ def _totals(lines: list[InvoiceLine]) -> dict[str, int]:
 
 def invoice_build(*, tenant: Tenant, period: date, now: datetime | None = None) -> Invoice | None:
     """Create or recompute the tenant's draft for ``period`` in one transaction; a finalized, paid or
-    void invoice is returned untouched. None when the tenant has no usage and no commitment."""
+    void invoice is returned untouched. None when the tenant has no usage and no commitment.
+
+    Builds of one tenant-month are serialised by a PostgreSQL advisory lock held until the transaction
+    ends: ``select_for_update`` locks nothing while the invoice does not exist yet, so two runs at once
+    would both insert it and one would die on the unique constraint. The second waits, then finds the
+    first one's invoice (a draft it recomputes, or a final one it leaves alone)."""
     now = now or timezone.now()
     with transaction.atomic():
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))",
+                           [f"billing.invoice_build:{tenant.pk}:{period:%Y-%m}"])
         existing = Invoice.objects.select_for_update().filter(tenant=tenant, period=period).first()
         if existing is not None and existing.status != InvoiceStatus.DRAFT:
             return existing
