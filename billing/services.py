@@ -530,6 +530,33 @@ def budget_check(*, tenant: Tenant, project: Project, gpu: dict, workload_class:
                                   at=now)
     request_hours = Decimal(min(duration_seconds, max(0, (end - now).total_seconds()))) / HOUR_SECONDS
     request_minor = to_minor(quote.per_hour * request_hours, tenant.currency) if quote else 0
+    return _budget_against_caps(caps=caps, tenant=tenant, project=project, request_minor=request_minor, now=now,
+                                what="this request", field="project")
+
+
+def budget_check_renewal(*, lease, ends_at: datetime, now: datetime | None = None) -> str:
+    """The budget guard of ``lease_renew``: the same caps and forecast as a request, where "this request"
+    is what the renewal adds — the lease's price from its current end (or now) to ``ends_at``, within the
+    month (its cost until the current end is already in the forecast of live leases). Refuses with
+    ``BudgetExceeded`` (402, figures, field ``duration_seconds``) or returns the warning, or ""."""
+    tenant, project = lease.tenant, lease.project
+    caps = list(SpendCap.objects.filter(tenant=tenant).filter(Q(project__isnull=True) | Q(project=project)))
+    if not caps:
+        return ""
+    now = now or timezone.now()
+    _start, end = period_bounds(now.date().replace(day=1))
+    since = max(lease.ends_at or now, now)
+    until = min(ends_at, end)
+    quote = selectors.price_quote(tenant=tenant, gpu=selectors._lease_gpu(lease),
+                                  workload_class=lease.workload_class, over_quota=lease.over_quota, at=now)
+    added_hours = Decimal(max(0.0, (until - since).total_seconds())) / HOUR_SECONDS
+    added_minor = to_minor(quote.per_hour * added_hours, tenant.currency) if quote else 0
+    return _budget_against_caps(caps=caps, tenant=tenant, project=project, request_minor=added_minor, now=now,
+                                what="this renewal", field="duration_seconds")
+
+
+def _budget_against_caps(*, caps: list[SpendCap], tenant: Tenant, project: Project, request_minor: int,
+                         now: datetime, what: str, field: str) -> str:
     warnings = []
     for cap in sorted(caps, key=lambda c: c.project_id is None):
         project_id = cap.project_id
@@ -540,10 +567,10 @@ def budget_check(*, tenant: Tenant, project: Project, gpu: dict, workload_class:
         scope = f"project {project.slug}" if project_id else f"tenant {tenant.slug}"
         money = lambda minor: format_money(minor, tenant.currency)  # noqa: E731
         message = (f"The monthly spend cap of {scope} is {money(cap.monthly_minor)}; spent {money(spent)}, "
-                   f"running leases {money(forecast - spent - request_minor)}, this request "
+                   f"running leases {money(forecast - spent - request_minor)}, {what} "
                    f"{money(request_minor)}: forecast {money(forecast)}.")
         if cap.action == CapAction.REFUSE:
-            raise BudgetExceeded(message, field="project", extra={
+            raise BudgetExceeded(message, field=field, extra={
                 "cap_minor": cap.monthly_minor, "spent_minor": spent, "request_minor": request_minor,
                 "forecast_minor": forecast, "currency": tenant.currency})
         warnings.append(message)

@@ -393,18 +393,24 @@ def lease_release(*, lease: Lease, actor: str, reason: str = "released by the ho
 
 
 def lease_renew(*, lease: Lease, actor: str, duration_seconds: object, now: datetime | None = None) -> Lease:
-    """Extend an active lease to ``now + duration_seconds``."""
+    """Extend an active lease to ``now + duration_seconds``. The spend caps apply as on the request path:
+    a renewal whose added cost takes the month's forecast over a ``refuse`` cap is refused (402 with the
+    figures, nothing written); a ``warn`` cap's warning goes into the renewal event."""
     now = now or timezone.now()
     _validate_duration(duration_seconds)
     with transaction.atomic(durable=True):
-        lease = Lease.objects.select_for_update().get(pk=lease.pk)
+        lease = Lease.objects.select_for_update().select_related("tenant", "project").get(pk=lease.pk)
         if lease.state != LeaseState.ACTIVE:
             raise LeaseStateConflict(f"Only an active lease can be renewed; this one is {lease.state}.",
                                      field="state")
         ends = now + timedelta(seconds=duration_seconds)
+        from billing.services import budget_check_renewal
+
+        budget_warning = budget_check_renewal(lease=lease, ends_at=ends, now=now)
         Lease.objects.filter(pk=lease.pk).update(ends_at=ends, duration_seconds=duration_seconds)
+        reason = f"renewed until {ends.isoformat(timespec='seconds')}"
         LeaseEvent.objects.create(lease=lease, from_state=lease.state, to_state=lease.state, actor=actor, at=now,
-                                  reason=f"renewed until {ends.isoformat(timespec='seconds')}")
+                                  reason=f"{reason}; {budget_warning}" if budget_warning else reason)
         lease.ends_at = ends
     return lease
 
