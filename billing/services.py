@@ -9,7 +9,8 @@ from decimal import Decimal
 
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import Q
+from django.db.models import OuterRef, Q, Subquery
+from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from billing import selectors, slo
@@ -113,9 +114,16 @@ def period_bounds(period: date) -> tuple[datetime, datetime]:
 
 # -- SLO evaluation ----------------------------------------------------------------------------------------
 def _histories(tenant: Tenant, start: datetime, end: datetime) -> list[slo.LeaseHistory]:
+    """The leases' histories as of ``end``: only what cannot change afterwards, so a month evaluates the
+    same whenever it runs. Over quota is read from the lease's first allocation (its first placement),
+    not from ``Lease.over_quota``, which a requeue resets and a later placement rewrites; leases in id order
+    (the evidence lists keep that order)."""
+    first_placement = (Allocation.objects.filter(lease=OuterRef("pk")).order_by("created_at", "pk")
+                       .values("preemptible")[:1])
     leases = list(Lease.objects.filter(tenant=tenant, requested_at__lt=end)
                   .filter(Q(finished_at__isnull=True) | Q(finished_at__gte=start))
-                  .values_list("pk", "requested_at", "over_quota", "ends_at"))
+                  .annotate(first_over_quota=Coalesce(Subquery(first_placement), "over_quota"))
+                  .order_by("pk").values_list("pk", "requested_at", "first_over_quota", "ends_at"))
     events: dict[int, list] = defaultdict(list)
     for lease_id, at, from_state, to_state, actor in (
             LeaseEvent.objects.filter(lease_id__in=[row[0] for row in leases], at__lt=end)
