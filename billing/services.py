@@ -9,7 +9,8 @@ from decimal import Decimal
 
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import Q
+from django.db.models import OuterRef, Q, Subquery
+from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from billing import selectors, slo
@@ -113,9 +114,16 @@ def period_bounds(period: date) -> tuple[datetime, datetime]:
 
 # -- SLO evaluation ----------------------------------------------------------------------------------------
 def _histories(tenant: Tenant, start: datetime, end: datetime) -> list[slo.LeaseHistory]:
+    """The leases' histories as of ``end``: only what cannot change afterwards, so a month evaluates the
+    same whenever it runs. Over quota is read from the lease's first allocation (its first placement),
+    not from ``Lease.over_quota``, which a requeue resets and a later placement rewrites; leases in id order
+    (the evidence lists keep that order)."""
+    first_placement = (Allocation.objects.filter(lease=OuterRef("pk")).order_by("created_at", "pk")
+                       .values("preemptible")[:1])
     leases = list(Lease.objects.filter(tenant=tenant, requested_at__lt=end)
                   .filter(Q(finished_at__isnull=True) | Q(finished_at__gte=start))
-                  .values_list("pk", "requested_at", "over_quota", "ends_at"))
+                  .annotate(first_over_quota=Coalesce(Subquery(first_placement), "over_quota"))
+                  .order_by("pk").values_list("pk", "requested_at", "first_over_quota", "ends_at"))
     events: dict[int, list] = defaultdict(list)
     for lease_id, at, from_state, to_state, actor in (
             LeaseEvent.objects.filter(lease_id__in=[row[0] for row in leases], at__lt=end)
@@ -282,9 +290,17 @@ def _totals(lines: list[InvoiceLine]) -> dict[str, int]:
 
 def invoice_build(*, tenant: Tenant, period: date, now: datetime | None = None) -> Invoice | None:
     """Create or recompute the tenant's draft for ``period`` in one transaction; a finalized, paid or
-    void invoice is returned untouched. None when the tenant has no usage and no commitment."""
+    void invoice is returned untouched. None when the tenant has no usage and no commitment.
+
+    Builds of one tenant-month are serialised by a PostgreSQL advisory lock held until the transaction
+    ends: ``select_for_update`` locks nothing while the invoice does not exist yet, so two runs at once
+    would both insert it and one would die on the unique constraint. The second waits, then finds the
+    first one's invoice (a draft it recomputes, or a final one it leaves alone)."""
     now = now or timezone.now()
     with transaction.atomic():
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))",
+                           [f"billing.invoice_build:{tenant.pk}:{period:%Y-%m}"])
         existing = Invoice.objects.select_for_update().filter(tenant=tenant, period=period).first()
         if existing is not None and existing.status != InvoiceStatus.DRAFT:
             return existing
@@ -522,6 +538,33 @@ def budget_check(*, tenant: Tenant, project: Project, gpu: dict, workload_class:
                                   at=now)
     request_hours = Decimal(min(duration_seconds, max(0, (end - now).total_seconds()))) / HOUR_SECONDS
     request_minor = to_minor(quote.per_hour * request_hours, tenant.currency) if quote else 0
+    return _budget_against_caps(caps=caps, tenant=tenant, project=project, request_minor=request_minor, now=now,
+                                what="this request", field="project")
+
+
+def budget_check_renewal(*, lease, ends_at: datetime, now: datetime | None = None) -> str:
+    """The budget guard of ``lease_renew``: the same caps and forecast as a request, where "this request"
+    is what the renewal adds — the lease's price from its current end (or now) to ``ends_at``, within the
+    month (its cost until the current end is already in the forecast of live leases). Refuses with
+    ``BudgetExceeded`` (402, figures, field ``duration_seconds``) or returns the warning, or ""."""
+    tenant, project = lease.tenant, lease.project
+    caps = list(SpendCap.objects.filter(tenant=tenant).filter(Q(project__isnull=True) | Q(project=project)))
+    if not caps:
+        return ""
+    now = now or timezone.now()
+    _start, end = period_bounds(now.date().replace(day=1))
+    since = max(lease.ends_at or now, now)
+    until = min(ends_at, end)
+    quote = selectors.price_quote(tenant=tenant, gpu=selectors._lease_gpu(lease),
+                                  workload_class=lease.workload_class, over_quota=lease.over_quota, at=now)
+    added_hours = Decimal(max(0.0, (until - since).total_seconds())) / HOUR_SECONDS
+    added_minor = to_minor(quote.per_hour * added_hours, tenant.currency) if quote else 0
+    return _budget_against_caps(caps=caps, tenant=tenant, project=project, request_minor=added_minor, now=now,
+                                what="this renewal", field="duration_seconds")
+
+
+def _budget_against_caps(*, caps: list[SpendCap], tenant: Tenant, project: Project, request_minor: int,
+                         now: datetime, what: str, field: str) -> str:
     warnings = []
     for cap in sorted(caps, key=lambda c: c.project_id is None):
         project_id = cap.project_id
@@ -532,10 +575,10 @@ def budget_check(*, tenant: Tenant, project: Project, gpu: dict, workload_class:
         scope = f"project {project.slug}" if project_id else f"tenant {tenant.slug}"
         money = lambda minor: format_money(minor, tenant.currency)  # noqa: E731
         message = (f"The monthly spend cap of {scope} is {money(cap.monthly_minor)}; spent {money(spent)}, "
-                   f"running leases {money(forecast - spent - request_minor)}, this request "
+                   f"running leases {money(forecast - spent - request_minor)}, {what} "
                    f"{money(request_minor)}: forecast {money(forecast)}.")
         if cap.action == CapAction.REFUSE:
-            raise BudgetExceeded(message, field="project", extra={
+            raise BudgetExceeded(message, field=field, extra={
                 "cap_minor": cap.monthly_minor, "spent_minor": spent, "request_minor": request_minor,
                 "forecast_minor": forecast, "currency": tenant.currency})
         warnings.append(message)

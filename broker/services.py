@@ -41,6 +41,7 @@ from config.errors import (
     IdempotencyConflict,
     LeaseStateConflict,
     NotFound,
+    PermissionDenied,
     QuotaExceeded,
     ValidationFailed,
 )
@@ -51,6 +52,10 @@ from tenants.models import Project, Quota
 
 logger = logging.getLogger(__name__)
 MAX_COUNT = 64
+# The highest priority a member may send; above it (up to 100) needs the tenant's admin or owner role.
+# Priority orders requests inside one project only (the scheduler never compares it across projects), so
+# this bound keeps one member from jumping every colleague's queue without an admin's say.
+MEMBER_MAX_PRIORITY = 10
 
 
 # -- transitions -------------------------------------------------------------------------------------
@@ -268,6 +273,10 @@ def lease_request(*, actor: Actor, project: str, gpu: object, workload_class: st
                                field="workload_class")
     if isinstance(priority, bool) or not isinstance(priority, int) or not -100 <= priority <= 100:
         raise ValidationFailed("priority must be a whole number from -100 to 100.", field="priority")
+    if priority > MEMBER_MAX_PRIORITY and not actor.can("manage"):
+        raise PermissionDenied(f"A priority above {MEMBER_MAX_PRIORITY} needs the admin or owner role in tenant "
+                               f"'{actor.tenant.slug}'; members may send -100 to {MEMBER_MAX_PRIORITY}.",
+                               field="priority")
     _validate_duration(duration_seconds)
     if len(idempotency_key) > 200:
         raise ValidationFailed("Idempotency-Key is at most 200 characters.", field="Idempotency-Key")
@@ -427,18 +436,24 @@ def leases_release_all(*, tenant_id: int, reason: str, actor: str, now: datetime
 
 
 def lease_renew(*, lease: Lease, actor: str, duration_seconds: object, now: datetime | None = None) -> Lease:
-    """Extend an active lease to ``now + duration_seconds``."""
+    """Extend an active lease to ``now + duration_seconds``. The spend caps apply as on the request path:
+    a renewal whose added cost takes the month's forecast over a ``refuse`` cap is refused (402 with the
+    figures, nothing written); a ``warn`` cap's warning goes into the renewal event."""
     now = now or timezone.now()
     _validate_duration(duration_seconds)
     with transaction.atomic(durable=True):
-        lease = Lease.objects.select_for_update().get(pk=lease.pk)
+        lease = Lease.objects.select_for_update().select_related("tenant", "project").get(pk=lease.pk)
         if lease.state != LeaseState.ACTIVE:
             raise LeaseStateConflict(f"Only an active lease can be renewed; this one is {lease.state}.",
                                      field="state")
         ends = now + timedelta(seconds=duration_seconds)
+        from billing.services import budget_check_renewal
+
+        budget_warning = budget_check_renewal(lease=lease, ends_at=ends, now=now)
         Lease.objects.filter(pk=lease.pk).update(ends_at=ends, duration_seconds=duration_seconds)
+        reason = f"renewed until {ends.isoformat(timespec='seconds')}"
         LeaseEvent.objects.create(lease=lease, from_state=lease.state, to_state=lease.state, actor=actor, at=now,
-                                  reason=f"renewed until {ends.isoformat(timespec='seconds')}")
+                                  reason=f"{reason}; {budget_warning}" if budget_warning else reason)
         lease.ends_at = ends
     return lease
 

@@ -22,6 +22,26 @@ def price_quote(*, tenant, gpu: dict, workload_class: str, over_quota: bool):
         return None
 
 
+def budget_outcome(*, actor, project: str, gpu: dict, workload_class: str, duration_seconds: int,
+                   over_quota: bool) -> dict | None:
+    """What the budget guard would say about this request now, with the same check as the request path
+    (``billing.services.budget_check``): ``{"outcome": "refused", "message", "figures"}`` for a ``refuse``
+    cap it would break, ``{"outcome": "warning", "message"}`` for a ``warn`` cap, None when within every
+    cap or none is set. Reads only."""
+    from billing.services import BudgetExceeded, budget_check
+    from tenants.selectors import project_get
+
+    try:
+        target = project_get(actor=actor, slug=project)
+        warning = budget_check(tenant=actor.tenant, project=target, gpu=gpu, workload_class=workload_class,
+                               duration_seconds=duration_seconds, over_quota=over_quota)
+    except BudgetExceeded as error:
+        return {"outcome": "refused", "message": error.message, "figures": error.extra}
+    except ApplicationError:
+        return None
+    return {"outcome": "warning", "message": warning} if warning else None
+
+
 def dashboard_spend(actor) -> dict | None:
     """This month's spend so far (metered, at current prices) and the forecast to the month's end with the
     live leases; None when no price book applies to the tenant."""

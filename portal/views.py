@@ -20,7 +20,7 @@ from broker import services as leasing_services
 from broker.choices import FINAL_STATES, HOLDING_STATES, LeaseState, WorkloadClass
 from config.errors import ApplicationError, NotFound, PermissionDenied, TenantSuspended
 from portal import forms, presenters
-from portal.pricing import dashboard_spend, price_quote
+from portal.pricing import budget_outcome, dashboard_spend, price_quote
 from tenants import selectors, services
 from tenants.choices import Role, TokenScope
 from tenants.permissions import SAFE_METHODS
@@ -228,7 +228,10 @@ def _preview(actor, body: dict) -> dict:
         return {"error": error.message, "field": error.field}
     quote = price_quote(tenant=actor.tenant, gpu=result.gpu, workload_class=body["workload_class"],
                         over_quota=result.over_quota)
-    return {"result": result, "quote": quote}
+    budget = budget_outcome(actor=actor, project=body["project"], gpu=result.gpu,
+                            workload_class=body["workload_class"], duration_seconds=body["duration_seconds"],
+                            over_quota=result.over_quota)
+    return {"result": result, "quote": quote, "budget": budget}
 
 
 class LeasePreviewView(TenantView):

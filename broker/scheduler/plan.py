@@ -1,8 +1,11 @@
 """One scheduling cycle: requests in, decisions out.
 
-Order: every request that is in quota is served first (by priority, then submission time, then id);
-over-quota requests follow, by priority and then the project with the least over-quota usage per
-weight (recomputed after every admission), which divides idle capacity by weighted max-min fairness.
+Order: across projects by fair share, never by priority. Every request that is in quota is served first,
+the project using the smallest part of its guarantee first; over-quota requests follow, the project with
+the least over-quota usage per weight first; both re-ranked after every admission, which divides idle
+capacity by weighted max-min fairness. Priority (then submission time, then id) orders the requests of
+one project only. Without quotas (``enforce_quotas=False``, the simulator's baselines) one queue in
+priority / submission order.
 
 For each request:
 1. Tiers: the allowed models, or for ``auto`` every model that satisfies the shape, cheapest first.
@@ -11,9 +14,9 @@ For each request:
    *over-quota* (preemptible, idle capacity only).
 3. Placement through the policy (``placement.Placer``).
 4. An in-quota request that does not fit **reclaims**: over-quota allocations of the tier are preempted,
-   taking first those of the projects furthest above their fair share (over-quota use / weight), then
-   lowest priority, then youngest; only allocations past the minimum runtime; the node needing the
-   fewest victims wins (a request that may spread over nodes takes victims anywhere, in that order,
+   taking first those of the projects furthest above their fair share (over-quota use / weight), and
+   within a project the lowest priority, then the youngest; only allocations past the minimum runtime;
+   the node needing the fewest victims wins (a request that may spread over nodes takes victims anywhere, in that order,
    keeping only those needed). Evaluated on the state and undone when it does not help.
 5. Otherwise the request waits, with the reason.
 """
@@ -105,48 +108,80 @@ class Scheduler:
 
     # -- one cycle --------------------------------------------------------------------------------
     def schedule(self, requests: list[Request], *, now: float) -> list[Decision]:
+        """Decide every request. Across projects the order is fair share, never priority: the in-quota
+        pass serves the project using the smallest part of its guarantee first, the over-quota pass the
+        project with the least over-quota use per weight; both re-rank after every admission. Priority
+        (then submission time, then id) orders the requests of one project only, so what one project
+        sends as priority cannot move another project's work."""
         decisions: dict[str, Decision] = {}
-        pending = sorted(requests, key=lambda r: (-r.priority, r.submitted_at, r.id))
-        # in-quota-first: a request that is in-quota now is served before over-quota ones of its priority
-        waiting_position = 0
-        deferred: list[Request] = []
-        for request in pending:
+        served: list[str] = []
+        by_project: dict[str, list[Request]] = {}
+        for request in sorted(requests, key=lambda r: (-r.priority, r.submitted_at, r.id)):
+            # without quotas (the simulator's FIFO baseline) there is no share to keep: one queue
+            by_project.setdefault(request.project if self.snapshot.enforce_quotas else "", []).append(request)
+        # in-quota pass: a request that is in-quota now is served before any over-quota one
+        deferred: dict[str, list[Request]] = {}
+
+        def in_quota_pass(request: Request) -> None:
             decision = self._try(request, now=now, allow_over_quota=False)
             if decision is None:
-                deferred.append(request)
+                deferred.setdefault(request.project if self.snapshot.enforce_quotas else "", []).append(request)
             else:
                 decisions[request.id] = decision
-        # over-quota admissions: the project with the least over-quota use per weight first, re-ranked
-        # after each admission (weighted max-min fairness of the idle capacity); FIFO within a project
-        by_project: dict[str, list[Request]] = {}
-        for request in deferred:  # already in priority / submission order
-            by_project.setdefault(request.project, []).append(request)
-        heads = {project: 0 for project in by_project}
-        while heads:
-            project = min(
-                heads,
-                key=lambda p: (
-                    -by_project[p][heads[p]].priority,
-                    self._fair_key(by_project[p][heads[p]]),
-                    by_project[p][heads[p]].submitted_at,
-                    p,
-                ),
-            )
-            request = by_project[project][heads[project]]
-            heads[project] += 1
-            if heads[project] == len(by_project[project]):
-                del heads[project]
+                served.append(request.id)
+
+        self._fair_rounds(by_project, self._guarantee_key, in_quota_pass)
+
+        # over-quota pass: weighted max-min fairness of the idle capacity
+        def over_quota_pass(request: Request) -> None:
             decision = self._try(request, now=now, allow_over_quota=True)
             assert decision is not None
             decisions[request.id] = decision
+            served.append(request.id)
+
+        self._fair_rounds(deferred, self._fair_key, over_quota_pass)
         ordered = []
-        for request in pending:
-            decision = decisions[request.id]
+        waiting_position = 0
+        for request_id in served:
+            decision = decisions[request_id]
             if decision.mode == DecisionMode.WAITING:
                 waiting_position += 1
                 decision = Decision(decision.request, decision.mode, decision.reason, queue_position=waiting_position)
             ordered.append(decision)
         return ordered
+
+    @staticmethod
+    def _fair_rounds(queues: dict[str, list[Request]], project_key, serve) -> None:
+        """Serve every queue (one per project, already in its own priority order): each step the project
+        whose head has the smallest ``project_key`` (ties: the project id), re-ranked after each step.
+        The tie-break depends neither on priorities nor on which requests failed (the simulator prunes
+        those that cannot be placed and must reach the same decisions). Only the served project's key is
+        recomputed: serving one project changes no other's key (in-quota use grows only with its own
+        admissions, over-quota use likewise; reclaim takes over-quota work, which the guarantee key does
+        not count)."""
+        heads = {project: 0 for project in queues}
+        keys = {project: project_key(queues[project][0]) for project in queues}
+        while keys:
+            project = min(keys, key=lambda p: (keys[p], p))
+            request = queues[project][heads[project]]
+            serve(request)
+            heads[project] += 1
+            if heads[project] == len(queues[project]):
+                del keys[project]
+            else:
+                keys[project] = project_key(queues[project][heads[project]])
+
+    def _guarantee_key(self, request: Request) -> float:
+        """The part of its guarantee (``deserved``) the request's project already uses, on the best of the
+        request's tiers: the project furthest from its guarantee is served first."""
+        shares = []
+        for tier, _need in self.tiers_for(request):
+            quota = self.quotas.get((request.project, tier))
+            if quota is None or quota.deserved <= 0:
+                continue
+            used_in = self.cluster.project_usage.get((request.project, tier), [0, 0])[0]
+            shares.append(used_in / quota.deserved)
+        return min(shares, default=0.0)
 
     def _fair_key(self, request: Request) -> float:
         tiers = self.tiers_for(request)
@@ -271,8 +306,17 @@ class Scheduler:
         ]
         if not candidates:
             return None
-        # the preferred victims first: furthest above fair share, lowest priority, youngest
-        candidates.sort(key=lambda a: (-self.over_share(a.project, tier), a.priority, -a.started_at, a.id))
+        # the preferred victims first: the project furthest above its fair share (ties: the project whose
+        # newest borrowed work is youngest, then the project id), and within a project the lowest priority,
+        # then the youngest. Priority compares allocations of one project only: a project cannot shield
+        # its borrowed work from reclaim by sending a high priority.
+        share = {a.project: self.over_share(a.project, tier) for a in candidates}
+        newest: dict[str, float] = {}
+        for allocation in candidates:
+            newest[allocation.project] = max(newest.get(allocation.project, allocation.started_at),
+                                             allocation.started_at)
+        candidates.sort(key=lambda a: (-share[a.project], -newest[a.project], a.project, a.priority,
+                                       -a.started_at, a.id))
         if not need.gang and need.count > 1:
             return self._reclaim_spread(request, tier, need, candidates, now=now)
         rank = {allocation.id: position for position, allocation in enumerate(candidates)}
