@@ -202,8 +202,7 @@ def lease_preview(*, actor: Actor, project: object, gpu: object, workload_class:
     if workload_class not in WorkloadClass.values:
         raise ValidationFailed(f"workload_class must be one of {', '.join(WorkloadClass.values)}.",
                                field="workload_class")
-    if isinstance(priority, bool) or not isinstance(priority, int) or not -100 <= priority <= 100:
-        raise ValidationFailed("priority must be a whole number from -100 to 100.", field="priority")
+    services._validate_priority(actor, priority)
     services._validate_duration(duration_seconds)
     target = project_get(actor=actor, slug=project)
     quotas = {q.tier: q for q in quota_list(actor=actor, project=target)}

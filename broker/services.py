@@ -236,6 +236,17 @@ def _shape_from(gpu: object) -> dict:
     return shape
 
 
+def _validate_priority(actor: Actor, priority: object) -> None:
+    """Priority orders work inside a project only (docs/scheduling.md); members may send up to
+    ``MEMBER_MAX_PRIORITY``, admins and owners up to 100. Shared by the request and its preview."""
+    if isinstance(priority, bool) or not isinstance(priority, int) or not -100 <= priority <= 100:
+        raise ValidationFailed("priority must be a whole number from -100 to 100.", field="priority")
+    if priority > MEMBER_MAX_PRIORITY and not actor.can("manage"):
+        raise PermissionDenied(f"A priority above {MEMBER_MAX_PRIORITY} needs the admin or owner role in tenant "
+                               f"'{actor.tenant.slug}'; members may send -100 to {MEMBER_MAX_PRIORITY}.",
+                               field="priority")
+
+
 def _validate_duration(value: object) -> int:
     low, high = settings.LEASE_MIN_DURATION_SECONDS, settings.LEASE_MAX_DURATION_SECONDS
     if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
@@ -271,12 +282,7 @@ def lease_request(*, actor: Actor, project: str, gpu: object, workload_class: st
     if workload_class not in WorkloadClass.values:
         raise ValidationFailed(f"workload_class must be one of {', '.join(WorkloadClass.values)}.",
                                field="workload_class")
-    if isinstance(priority, bool) or not isinstance(priority, int) or not -100 <= priority <= 100:
-        raise ValidationFailed("priority must be a whole number from -100 to 100.", field="priority")
-    if priority > MEMBER_MAX_PRIORITY and not actor.can("manage"):
-        raise PermissionDenied(f"A priority above {MEMBER_MAX_PRIORITY} needs the admin or owner role in tenant "
-                               f"'{actor.tenant.slug}'; members may send -100 to {MEMBER_MAX_PRIORITY}.",
-                               field="priority")
+    _validate_priority(actor, priority)
     _validate_duration(duration_seconds)
     if len(idempotency_key) > 200:
         raise ValidationFailed("Idempotency-Key is at most 200 characters.", field="Idempotency-Key")

@@ -203,7 +203,9 @@ class LeaseRequestView(TenantView):
                 error.field, key = None, ""
                 error.message = "This form was already submitted with other values; check them and send again."
             errors = forms.FieldErrors(error, shown=forms.LEASE_FIELDS)
-            status = 403 if isinstance(error, PermissionDenied | TenantSuspended) else 400
+            # the API's status where it says more than "fix the form": refused by role/suspension, or by budget
+            status = 403 if isinstance(error, PermissionDenied | TenantSuspended) else \
+                402 if error.status == 402 else 400
             return render(request, self.template_name, self.context(request.POST, errors=errors,
                                                                     idempotency_key=key), status=status)
         if created:

@@ -66,3 +66,24 @@ def test_priority_api_does_not_take_an_equal_weight_projects_share(world):
     services.schedule_cycle()
     placed = Counter(Lease.objects.exclude(state=LeaseState.QUEUED).values_list("project__slug", flat=True))
     assert placed == {"vision": 2, "nlp": 2}
+
+
+
+@pytest.mark.parametrize(("who", "priority", "refused"), [("member", 100, True), ("member", 10, False),
+                                                          ("admin", 100, False)])
+def test_priority_preview_applies_the_members_bound(world, who, priority, refused):
+    """The preview (portal) says what the request would: a member's priority above the bound is refused,
+    naming the field; an admin's is not."""
+    from broker import selectors
+    from config.errors import PermissionDenied
+    from tenants.access import Actor
+
+    user = {"member": world.member, "admin": world.admin}[who]
+    actor = Actor(user=user, tenant=world.acme, role="member" if who == "member" else "admin")
+    if refused:
+        with pytest.raises(PermissionDenied) as error:
+            selectors.lease_preview(actor=actor, project="vision", gpu={"kind": "whole"}, priority=priority)
+        assert error.value.field == "priority"
+    else:
+        assert selectors.lease_preview(actor=actor, project="vision", gpu={"kind": "whole"},
+                                       priority=priority).gpu

@@ -32,7 +32,7 @@ def test_budget_preview_refuse_cap_says_refused_not_fits_now(world, client):
     # the request itself is refused the same way, and nothing is written
     response = client.post("/leases/new", {**PREVIEW, "gpu.count": "1", "gpu.gang": "true",
                                            "workload_class": "training", "priority": "0"})
-    assert response.status_code == 400 and not Lease.objects.exists()  # the form answers its errors with 400
+    assert response.status_code == 402 and not Lease.objects.exists()  # refused by the budget, as the API says
     assert "The monthly spend cap of tenant acme is 1.00 USD" in text(response)
 
 
