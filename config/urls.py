@@ -21,5 +21,6 @@ urlpatterns = [
     path("api/v1/", include("broker.api.urls")),
     path("api/v1/", include("billing.api.urls")),
     path("api/v1/", include("notifications.api.urls")),
+    path("settings/notifications/", include("notifications.urls")),
     path("", include("portal.urls")),
 ]
