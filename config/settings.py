@@ -65,6 +65,7 @@ INSTALLED_APPS = [
     "broker",
     "billing",
     "portal",
+    "notifications",
 ]
 
 MIDDLEWARE = [
@@ -216,6 +217,9 @@ CELERY_BEAT_SCHEDULE: dict = {
     "invoice-run": {"task": "billing.invoice_run_due", "schedule": 3600.0},
     # finalized invoices not in Stripe yet (never pushed, failed, or left half-way) pushed again
     "stripe-push-due": {"task": "billing.stripe_sync.invoices_push_due", "schedule": 1800.0},
+    # lease events → webhook and e-mail deliveries (docs/notifications.md); deliveries due for (re)sending
+    "notifications-outbox": {"task": "notifications.outbox_process", "schedule": 5.0},
+    "notifications-deliver-due": {"task": "notifications.deliveries_send_due", "schedule": 5.0},
 }
 
 # --- Security: shared cache, login lockout, failed-token throttle, HTTPS (docs/operations.md) ------------
@@ -310,6 +314,33 @@ if 3600 % METERING_STEP_SECONDS:
     raise ImproperlyConfigured("METERING_STEP_SECONDS must divide 3600 (e.g. 15, 30, 60).")
 # open windows metered per source in one run (a backlog is worked off run by run, oldest first)
 METERING_BATCH_HOURS = env_int("METERING_BATCH_HOURS", 48, minimum=1)
+
+# --- Notifications (docs/notifications.md) ----------------------------------------------------------
+# e-mail through Django's mail framework; the console backend by default (make run prints the mail)
+EMAIL_BACKEND = env_str("EMAIL_BACKEND", "django.core.mail.backends.console.EmailBackend")
+EMAIL_HOST = env_str("EMAIL_HOST", "localhost")
+EMAIL_PORT = env_int("EMAIL_PORT", 25, minimum=1)
+EMAIL_HOST_USER = env_str("EMAIL_HOST_USER", "")
+EMAIL_HOST_PASSWORD = env_str("EMAIL_HOST_PASSWORD", "")
+EMAIL_USE_TLS = env_bool("EMAIL_USE_TLS", False)
+DEFAULT_FROM_EMAIL = env_str("DEFAULT_FROM_EMAIL", "GPU broker <noreply@gpubroker.invalid>")
+# outbound webhooks: a POST waits this long; back-off base and cap between attempts; give up after this
+# many attempts or this long after the event, whichever comes first
+WEBHOOK_TIMEOUT_SECONDS = env_float("WEBHOOK_TIMEOUT_SECONDS", 5.0, minimum=0.1, maximum=30.0)
+WEBHOOK_BACKOFF_BASE_SECONDS = env_float("WEBHOOK_BACKOFF_BASE_SECONDS", 30.0, minimum=0.01, maximum=3600.0)
+WEBHOOK_BACKOFF_MAX_SECONDS = env_float("WEBHOOK_BACKOFF_MAX_SECONDS", 3600.0, minimum=0.01, maximum=86400.0)
+WEBHOOK_MAX_ATTEMPTS = env_int("WEBHOOK_MAX_ATTEMPTS", 12, minimum=1)
+WEBHOOK_MAX_AGE_SECONDS = env_int("WEBHOOK_MAX_AGE_SECONDS", 86400, minimum=1)
+# an endpoint whose every delivery failed for this long (and at least WEBHOOK_DISABLE_AFTER_FAILURES in a
+# row) is disabled, audited
+WEBHOOK_DISABLE_AFTER_SECONDS = env_int("WEBHOOK_DISABLE_AFTER_SECONDS", 3 * 86400, minimum=1)
+WEBHOOK_DISABLE_AFTER_FAILURES = env_int("WEBHOOK_DISABLE_AFTER_FAILURES", 20, minimum=1)
+# how long the old signing secret still signs after a rotation
+WEBHOOK_SECRET_GRACE_SECONDS = env_int("WEBHOOK_SECRET_GRACE_SECONDS", 86400, minimum=0)
+# development and tests only: http:// and loopback addresses allowed as webhook targets (never in production)
+WEBHOOK_ALLOW_LOOPBACK = env_bool("WEBHOOK_ALLOW_LOOPBACK", False)
+# events re-read behind the cursor, so an event whose transaction committed after a later one is not missed
+NOTIFICATIONS_OUTBOX_LOOKBACK_EVENTS = env_int("NOTIFICATIONS_OUTBOX_LOOKBACK_EVENTS", 1000, minimum=0)
 
 # --- Logging --------------------------------------------------------------------------------
 LOG_LEVEL = env_choice("LOG_LEVEL", "INFO", ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"))

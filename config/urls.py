@@ -20,5 +20,7 @@ urlpatterns = [
     path("api/v1/", include("tenants.api.urls")),
     path("api/v1/", include("broker.api.urls")),
     path("api/v1/", include("billing.api.urls")),
+    path("api/v1/", include("notifications.api.urls")),
+    path("settings/notifications/", include("notifications.urls")),
     path("", include("portal.urls")),
 ]

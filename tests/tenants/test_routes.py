@@ -25,6 +25,7 @@ from django.urls import URLPattern, URLResolver, get_resolver
 
 from billing.models import Invoice
 from broker import services as leasing
+from notifications.models import WebhookEndpoint
 from tenants.access import Actor
 from tenants.choices import Role
 from tenants.models import ApiToken, Membership, Project
@@ -75,6 +76,13 @@ ROUTES: dict[str, Route] = {
     "api-invoices": Route("api", "/api/v1/invoices", READ),
     "api-invoice": Route("api", "/api/v1/invoices/{id}", READ, obj="invoice"),
     "api-invoice-document": Route("api", "/api/v1/invoices/{id}.csv", READ, obj="invoice"),
+    # -- webhooks (notifications/api): admins manage, everyone in the tenant reads ------------------------
+    "api-webhooks": Route("api", "/api/v1/webhooks", {
+        "get": None, "post": {"url": "https://93.184.215.14/hook", "event_types": ["lease.released"]}}),
+    "api-webhook": Route("api", "/api/v1/webhooks/{id}", {"get": None, "patch": {"description": "x"},
+                                                          "delete": None}, obj="webhook"),
+    "api-webhook-rotate": Route("api", "/api/v1/webhooks/{id}/rotate", {"post": None}, obj="webhook"),
+    "api-webhook-deliveries": Route("api", "/api/v1/webhooks/{id}/deliveries", READ, obj="webhook"),
     # -- tenant portal (portal/views.py, portal/billing.py) --------------------------------------------
     "portal:dashboard": Route("portal", "/", READ),
     # switching to another of one's own tenants changes the session only (a foreign slug is refused:
@@ -102,6 +110,17 @@ ROUTES: dict[str, Route] = {
     # another member's token is not even visible to a viewer (non-admins see their own tokens only): 404
     "portal:token-revoke": Route("portal", "/settings/tokens/{id}/revoke", {"post": {}}, obj="token",
                                  viewer={"post": 404}),
+    "notifications:settings": Route("portal", "/settings/notifications/", {
+        "get": None, "post": {"url": "https://93.184.215.14/hook", "event_types": "lease.released"}}),
+    # a viewer may turn their own lease mail off (their own preference, nothing of the tenant's)
+    "notifications:preference": Route("portal", "/settings/notifications/preference",
+                                            {"post": {"email_lease_events": ""}}, viewer={"post": 302}),
+    "notifications:webhook-rotate": Route("portal", "/settings/notifications/webhooks/{id}/rotate", {"post": {}},
+                                   obj="webhook"),
+    "notifications:webhook-toggle": Route("portal", "/settings/notifications/webhooks/{id}/toggle", {"post": {}},
+                                   obj="webhook"),
+    "notifications:webhook-delete": Route("portal", "/settings/notifications/webhooks/{id}/delete", {"post": {}},
+                                   obj="webhook"),
     # -- platform staff pages (portal/ops.py, portal/billing.py): staff act across tenants by design, so
     #    there is no "other tenant" case; a tenant member who is not staff gets 403
     "portal:fleet": Route("staff", "/ops/fleet", READ),
@@ -186,7 +205,12 @@ def objects(world):
         return Invoice.objects.create(tenant=tenant, period=date(2026, 1, 1), currency="USD",
                                       computed_at=datetime(2026, 2, 1, tzinfo=UTC))
 
-    own = {"project": world.project.slug, "member": Membership.objects.get(user=world.member).pk,
+    def webhook(tenant):
+        return WebhookEndpoint.objects.create(tenant=tenant, url="https://93.184.215.14/hook",
+                                              event_types=["lease.released"], secret="whsec_test").pk
+
+    own = {"webhook": webhook(world.acme),
+           "project": world.project.slug, "member": Membership.objects.get(user=world.member).pk,
                 "token": ApiToken.objects.filter(user=world.admin).first().pk,
                 "lease": lease(world.acme, world.member, world.project).pk, "invoice": invoice(world.acme).pk}
     mine = {**own, "member": Membership.objects.get(user=world.owner).pk,
@@ -197,7 +221,7 @@ def objects(world):
         "other": {"project": world.other_project.slug, "member": Membership.objects.get(user=world.outsider).pk,
                   "token": ApiToken.objects.filter(user=world.outsider).first().pk,
                   "lease": lease(world.globex, world.outsider, world.other_project).pk,
-                  "invoice": invoice(world.globex).pk},
+                  "invoice": invoice(world.globex).pk, "webhook": webhook(world.globex)},
     }
 
 
@@ -294,3 +318,6 @@ def test_routes_nothing_changed_for_the_other_tenant(world, objects):
 
     assert Lease.objects.get(pk=objects["own"]["lease"]).state == "queued"
     assert Project.objects.get(pk=world.project.pk).name == "Vision"
+    webhook = WebhookEndpoint.objects.get(pk=objects["own"]["webhook"])
+    assert (webhook.secret, webhook.is_active, webhook.deleted_at, webhook.description) == \
+        ("whsec_test", True, None, "")

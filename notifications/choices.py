@@ -1,0 +1,33 @@
+from django.db import models
+
+
+class EventKind(models.TextChoices):
+    """What a tenant can subscribe to. Lease kinds come from ``broker.models.LeaseEvent`` rows (the outbox);
+    ``advice`` from ``notification_emit`` (the capacity loop)."""
+
+    LEASE_NOTICE = "lease.notice", "Notice given (preemption or reclaim deadline)"
+    LEASE_PREEMPTED = "lease.preempted", "Preempted and back in the queue"
+    LEASE_REQUEUED = "lease.requeued", "Back in the queue (provisioning did not finish)"
+    LEASE_ACTIVE = "lease.active", "Active"
+    LEASE_RELEASED = "lease.released", "Released"
+    LEASE_EXPIRED = "lease.expired", "Expired"
+    LEASE_FAILED = "lease.failed", "Failed"
+    ADVICE = "advice", "Advice"
+
+
+# what the lease holder is e-mailed about (unless they opted out)
+EMAIL_KINDS = frozenset({EventKind.LEASE_NOTICE, EventKind.LEASE_PREEMPTED, EventKind.LEASE_FAILED})
+
+
+class Channel(models.TextChoices):
+    WEBHOOK = "webhook", "Webhook"
+    EMAIL = "email", "E-mail"
+
+
+class DeliveryStatus(models.TextChoices):
+    """PENDING: to be sent at ``next_attempt_at`` (again, after a failure that may pass). SUCCEEDED: the
+    receiver answered 2xx (e-mail: handed to the mail backend). FAILED: given up."""
+
+    PENDING = "pending", "Pending"
+    SUCCEEDED = "succeeded", "Succeeded"
+    FAILED = "failed", "Failed"

@@ -1,0 +1,28 @@
+"""Thin tasks: the outbox run, one delivery's send (re-enqueued with its back-off when it must be retried),
+and the sweep of due deliveries (periodic, ``settings.CELERY_BEAT_SCHEDULE``)."""
+
+from __future__ import annotations
+
+from celery import shared_task
+
+from notifications import services
+
+
+@shared_task(name="notifications.outbox_process", acks_late=True, ignore_result=True)
+def outbox_process_task() -> int:
+    return services.outbox_process()
+
+
+@shared_task(name="notifications.delivery_send", acks_late=True, ignore_result=True)
+def delivery_send_task(delivery_id: int) -> None:
+    delay = services.delivery_send(delivery_id=delivery_id)
+    if delay is not None:
+        delivery_send_task.apply_async((delivery_id,), countdown=delay)
+
+
+@shared_task(name="notifications.deliveries_send_due", acks_late=True, ignore_result=True)
+def deliveries_send_due_task() -> int:
+    due = services.deliveries_due()
+    for delivery_id in due:
+        delivery_send_task.delay(delivery_id)
+    return len(due)

@@ -1,0 +1,124 @@
+"""The outbound HTTP of webhooks, and the SSRF guard in front of it.
+
+A webhook URL is the tenant's input, and the broker POSTs to it from inside the platform's network. So:
+- only ``https://`` (``http://`` only with ``WEBHOOK_ALLOW_LOOPBACK``, development and tests);
+- the host must resolve, and every address it resolves to must be global: private, loopback, link-local
+  (cloud metadata at 169.254.169.254), shared, reserved, multicast and unspecified addresses are refused
+  (loopback alone is let through with ``WEBHOOK_ALLOW_LOOPBACK``);
+- the check runs when the endpoint is saved *and* before every send, and the connection goes to the very
+  address that was checked (pinned; the Host header and TLS name stay the URL's), so DNS that answers a
+  public address at the check and a private one at the connect (rebinding) reaches nothing inside;
+- redirects are never followed, and every POST has a timeout.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import socket
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+import urllib3
+from django.conf import settings
+
+from config.errors import ApplicationError
+
+
+class UnsafeUrl(ApplicationError):
+    status = 422
+    code = "unsafe_url"
+    title = "Webhook URL refused"
+
+
+@dataclass(frozen=True)
+class Target:
+    scheme: str
+    host: str
+    port: int
+    path: str
+    address: str  # the checked IP the connection goes to
+
+
+def _address_allowed(address: ipaddress.IPv4Address | ipaddress.IPv6Address, allow_loopback: bool) -> bool:
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped
+    if address.is_loopback:
+        return allow_loopback
+    return address.is_global and not address.is_multicast
+
+
+def url_check(url: str, *, resolve: bool = True) -> Target:
+    """The target of ``url`` if it is safe to POST to, else ``UnsafeUrl`` naming ``url``."""
+    allow_loopback = settings.WEBHOOK_ALLOW_LOOPBACK
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError:
+        raise UnsafeUrl("url is not a valid URL.", field="url") from None
+    schemes = ("https", "http") if allow_loopback else ("https",)
+    if parts.scheme not in schemes:
+        raise UnsafeUrl("url must start with https://.", field="url")
+    if not parts.hostname or parts.username is not None or parts.password is not None:
+        raise UnsafeUrl("url must name a host and carry no user name or password.", field="url")
+    if parts.fragment:
+        raise UnsafeUrl("url must not have a #fragment.", field="url")
+    host = parts.hostname
+    port = port or (443 if parts.scheme == "https" else 80)
+    path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    try:
+        literal = ipaddress.ip_address(host)
+    except ValueError:
+        literal = None
+    if literal is not None:
+        addresses = [literal]
+    elif not resolve:
+        return Target(parts.scheme, host, port, path, "")
+    else:
+        try:
+            infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        except (OSError, UnicodeError):
+            raise UnsafeUrl(f"url: the host '{host}' does not resolve.", field="url") from None
+        addresses = [ipaddress.ip_address(info[4][0].split("%", 1)[0]) for info in infos]
+    if not addresses:
+        raise UnsafeUrl(f"url: the host '{host}' does not resolve.", field="url")
+    refused = [str(a) for a in addresses if not _address_allowed(a, allow_loopback)]
+    if refused:
+        raise UnsafeUrl(f"url resolves to an address that is not public ({', '.join(refused)}); webhooks are "
+                        f"sent only to public addresses.", field="url")
+    return Target(parts.scheme, host, port, path, str(addresses[0]))
+
+
+@dataclass(frozen=True)
+class Response:
+    status: int | None  # None: no answer (timeout, refused, TLS error)
+    error: str = ""
+
+
+def post(url: str, body: bytes, headers: dict[str, str], *, timeout_seconds: float) -> Response:
+    """POST ``body`` to ``url`` through the guard (``UnsafeUrl`` if it resolves somewhere refused)."""
+    target = url_check(url)
+    host_header = target.host if ":" not in target.host else f"[{target.host}]"
+    default_port = 443 if target.scheme == "https" else 80
+    if target.port != default_port:
+        host_header += f":{target.port}"
+    pool_kwargs = {"timeout": urllib3.Timeout(total=timeout_seconds), "retries": False, "maxsize": 1}
+    if target.scheme == "https":
+        pool = urllib3.HTTPSConnectionPool(target.address, target.port, server_hostname=target.host,
+                                           assert_hostname=target.host, cert_reqs="CERT_REQUIRED",
+                                           **pool_kwargs)
+    else:
+        pool = urllib3.HTTPConnectionPool(target.address, target.port, **pool_kwargs)
+    try:
+        response = pool.urlopen("POST", target.path, body=body, headers={**headers, "Host": host_header},
+                                redirect=False, retries=False, preload_content=False)
+        try:
+            response.read(64 * 1024, decode_content=False)  # a bounded look at the answer, then hang up
+        finally:
+            response.release_conn()
+        return Response(response.status)
+    except urllib3.exceptions.HTTPError as error:
+        return Response(None, f"{type(error).__name__}: {error}"[:300])
+    except OSError as error:
+        return Response(None, f"{type(error).__name__}: {error}"[:300])
+    finally:
+        pool.close()
