@@ -201,6 +201,10 @@ def _shape_from(gpu: object) -> dict:
             raise ValidationFailed(error.args[0], field="gpu.model") from None
     shape = {"kind": kind, "count": count, "gang": gang, "models": models, "profile": "", "milli": 0,
              "memory_mib": 0}
+    # a key that does not apply to the kind is refused, not ignored (the OpenAPI document says so too)
+    for name in {GpuKind.MIG: ("milli", "memory_mib"), GpuKind.SHARE: ("profile",)}.get(kind, ()):
+        if name in gpu:
+            raise ValidationFailed(f"gpu.{name} does not apply to kind {kind!r}.", field=f"gpu.{name}")
     if kind == GpuKind.MIG:
         profile = gpu.get("profile")
         if not isinstance(profile, str) or not profile:

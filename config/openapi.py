@@ -47,9 +47,11 @@ def problem(description: str) -> OpenApiResponse:
     return OpenApiResponse(description=description)
 
 
-PAGE_PARAMETERS = [
-    OpenApiParameter("limit", int, description="page size (default 50, at most 500)"),
-    OpenApiParameter("offset", int, description="index of the first result (at most 10,000,000)"),
+PAGE_PARAMETERS = [  # the bounds BoundedLimitOffsetPagination enforces (a value outside them, or empty: 400)
+    OpenApiParameter("limit", {"type": "integer", "minimum": 1, "maximum": 500},
+                     description="page size (default 50, at most 500)"),
+    OpenApiParameter("offset", {"type": "integer", "minimum": 0, "maximum": 10_000_000},
+                     description="index of the first result (at most 10,000,000)"),
 ]
 
 
