@@ -51,6 +51,8 @@ from tenants.models import Project, Quota
 
 logger = logging.getLogger(__name__)
 MAX_COUNT = 64
+MAX_GPU_INDEX = 1023  # Gpu.index is a smallint; past it was a 500 ("smallint out of range")
+MAX_GPU_MEMORY_MIB = 1 << 24  # 16 TiB; Gpu.memory_mib is an integer
 
 
 # -- transitions -------------------------------------------------------------------------------------
@@ -923,8 +925,10 @@ def node_inventory_sync(*, node: Node, inventory: object, now: datetime, strict:
             uuid, model, mode = str(item["uuid"]), model_get(item["model"]).code, item["mode"]
             if mode not in GpuMode.values or not uuid or len(uuid) > 80:
                 raise ValueError(mode)
-            parsed.append((index, uuid, {"index": int(item["index"]), "model": model, "mode": mode,
-                                         "memory_mib": int(item["memory_mib"])}))
+            gpu_index, memory_mib = int(item["index"]), int(item["memory_mib"])
+            if not 0 <= gpu_index <= MAX_GPU_INDEX or not 1 <= memory_mib <= MAX_GPU_MEMORY_MIB:
+                raise ValueError(f"index 0-{MAX_GPU_INDEX}, memory_mib 1-{MAX_GPU_MEMORY_MIB}")
+            parsed.append((index, uuid, {"index": gpu_index, "model": model, "mode": mode, "memory_mib": memory_mib}))
         except (KeyError, TypeError, ValueError, UnknownModel) as error:
             raise ValidationFailed(f"inventory.gpus[{index}] is not a GPU the broker knows: {error}",
                                    field=f"inventory.gpus[{index}]") from None

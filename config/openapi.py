@@ -82,6 +82,8 @@ _GENERIC = {
 }
 # the heartbeat's node is looked up only once its signature verified (an unknown node: 401)
 _NO_NOT_FOUND = {"v1_agents_heartbeat_create"}
+# the heartbeat's body is hashed for its signature, never parsed: no content type is refused (no 415)
+_NOT_PARSED = {"v1_agents_heartbeat_create"}
 _RETRY_AFTER = {"Retry-After": {"schema": {"type": "integer"}, "description": "seconds to wait"}}
 
 
@@ -104,7 +106,7 @@ def add_error_responses(result, generator, request, public):
                     operation.get("operationId") not in _NO_NOT_FOUND:
                 statuses.add(404)
             if "requestBody" in operation:
-                statuses |= {413, 415}
+                statuses |= {413} if operation.get("operationId") in _NOT_PARSED else {413, 415}
             for status in statuses:
                 responses.setdefault(str(status), {"description": _GENERIC[status]})
             for status, response in responses.items():

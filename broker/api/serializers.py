@@ -4,6 +4,7 @@ from rest_framework import serializers
 
 from broker.choices import GpuKind, GpuMode, WorkloadClass
 from broker.models import Allocation, Lease, LeaseEvent
+from broker.services import MAX_GPU_INDEX, MAX_GPU_MEMORY_MIB
 from gpus.catalogue import MODELS
 from gpus.mig import profiles_for
 from tenants.api.serializers import StrictSerializer
@@ -55,10 +56,10 @@ INVENTORY_SCHEMA = {
     "properties": {"gpus": {"type": "array", "items": {
         "type": "object", "required": ["uuid", "index", "model", "mode", "memory_mib"],
         "properties": {"uuid": {"type": "string", "minLength": 1, "maxLength": 80},
-                       "index": {"type": "integer", "minimum": 0},
+                       "index": {"type": "integer", "minimum": 0, "maximum": MAX_GPU_INDEX},
                        "model": {"type": "string", "enum": [m.code for m in MODELS]},
                        "mode": {"type": "string", "enum": list(GpuMode.values)},
-                       "memory_mib": {"type": "integer", "minimum": 1}}}}},
+                       "memory_mib": {"type": "integer", "minimum": 1, "maximum": MAX_GPU_MEMORY_MIB}}}}},
 }
 
 

@@ -102,11 +102,16 @@ def scripted_session(url: str, contract: Contract) -> set[tuple[str, str, int]]:
         return json.loads(content) if content and content[:1] in (b"{", b"[") else {}
 
     v1 = "/api/v1"
+    for read in ("tenant", "projects", "leases", "members", "tokens", "invoices", "slo-contracts", "quotas",
+                 "offers", "usage"):  # every read answers 200 without relying on the fuzzer's draws
+        step(f"{v1}/{read}", "get", 200, token=owner)
+    step(f"{v1}/tenant", "patch", 200, token=owner, body={"name": "Acme"})
     step(f"{v1}/projects", "post", 201, token=owner, body={"slug": "scratch", "name": "Scratch"})
     step(f"{v1}/projects", "post", 409, token=owner, body={"slug": "scratch", "name": "Again"})  # slug taken
     step(f"{v1}/projects/{{slug}}", "get", 200, f"{v1}/projects/scratch", token=owner)
     step(f"{v1}/projects/{{slug}}", "patch", 200, f"{v1}/projects/scratch", token=owner, body={"description": "x"})
     step(f"{v1}/projects/{{slug}}", "delete", 204, f"{v1}/projects/scratch", token=owner)
+    step(f"{v1}/projects/{{slug}}", "get", 404, f"{v1}/projects/scratch", token=owner)  # gone
 
     request = {"project": world.project.slug, "gpu": {"kind": "whole", "model": "H100-80GB"}}
     keyed = {"Idempotency-Key": "contract-1"}
@@ -120,9 +125,11 @@ def scripted_session(url: str, contract: Contract) -> set[tuple[str, str, int]]:
     step(f"{v1}/leases", "post", 404, token=owner, body={**request, "project": "no-such-project"})
     renew = f"{v1}/leases/{{id}}/renew"
     step(renew, "post", 409, f"{v1}/leases/{queued['id']}/renew", token=owner, body={"duration_seconds": 600})
+    step(renew, "post", 404, f"{v1}/leases/999999999/renew", token=owner, body={"duration_seconds": 600})
 
     enroll = {"node_id": "contract-node", "token": contract.enrollment_token, "address": "http://127.0.0.1:9/",
               "inventory": INVENTORY}
+    step(f"{v1}/agents/enroll", "post", 401, body={**enroll, "token": "gpub_enroll_00000000_forged"})
     node = step(f"{v1}/agents/enroll", "post", 201, body=enroll)
     step(f"{v1}/agents/enroll", "post", 409, body=enroll)  # the node id is enrolled; only its secret re-enrolls
     beat_path = f"{v1}/agents/contract-node/heartbeat"
@@ -144,6 +151,7 @@ def scripted_session(url: str, contract: Contract) -> set[tuple[str, str, int]]:
     step(members, "delete", 409, f"{v1}/members/{mine}", token=owner)  # the last owner cannot leave
     step(members, "patch", 200, f"{v1}/members/{contract.leaver_id}", token=owner, body={"role": "viewer"})
     step(members, "delete", 204, f"{v1}/members/{contract.leaver_id}", token=owner)
+    step(members, "get", 404, f"{v1}/members/{contract.leaver_id}", token=owner)  # gone
 
     token = step(f"{v1}/tokens", "post", 201, token=owner, body={"name": "ci", "scopes": ["read"]})
     step(f"{v1}/tokens/{{id}}", "get", 200, f"{v1}/tokens/{token['id']}", token=owner)

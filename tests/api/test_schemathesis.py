@@ -21,8 +21,10 @@ from tests.api.server import ROOT, api_server, free_port, test_database_url
 from tests.factories import make_world
 
 pytestmark = pytest.mark.slow
-MAX_EXAMPLES = int(os.environ.get("SCHEMATHESIS_MAX_EXAMPLES", "12"))
-MAX_SECONDS = int(os.environ.get("SCHEMATHESIS_MAX_SECONDS", "150"))
+MAX_EXAMPLES = int(os.environ.get("SCHEMATHESIS_MAX_EXAMPLES", "5"))
+# the run's budget; Schemathesis stops there (a ~2 minute test on a 2-core machine); coverage and fuzzing
+# come first and take ~75 s of it there
+MAX_SECONDS = int(os.environ.get("SCHEMATHESIS_MAX_SECONDS", "80"))
 METHODS = ("get", "post", "put", "patch", "delete")
 
 
@@ -106,10 +108,11 @@ def _sweep(schema: dict, database_url: str, expected: int, world, **environment)
             if path.endswith("/agents/enroll"):  # valid, so that it reaches the database (no token checked before)
                 body = {"node_id": "sweep", "token": "x", "address": "http://127.0.0.1:9/", "inventory": INVENTORY}
             for _ in range(2):
-                status, headers, _ = call(url, method, _concrete(path, fmt="pdf"), token=world.tokens["viewer"],
+                # the owner: a viewer's write is refused (403) before DRF counts it against the rate
+                status, headers, _ = call(url, method, _concrete(path, fmt="pdf"), token=world.tokens["owner"],
                                           body=body)
             assert status == expected, (path, method, status)
-            assert int(headers["Retry-After"]) > 0
+            assert int(headers.get("Retry-After", 0)) > 0, (path, method, headers)
             produced.add((path, method, status))
     return produced
 
@@ -134,10 +137,14 @@ def _hand_written_cases(url: str, schema: dict, world) -> set:
             else:  # 403 on writes: a read-only token
                 record(path, method, call(url, method, concrete, token=world.tokens["viewer"], body=body)[0])
         if "requestBody" in op:
-            record(path, method, call(url, method, concrete, token=world.tokens["owner"], raw=b"x=1",
-                                       content_type="text/plain")[0])  # 415
-            record(path, method, call(url, method, concrete, token=world.tokens["owner"],
-                                       raw=b'{"a": "' + b"x" * 3_000_000 + b'"}')[0])  # 413
+            # an object that exists where the view looks it up before reading the body (nothing changes)
+            own = {"id": str(Membership.objects.get(user=world.owner, tenant=world.acme).pk)} \
+                if path.endswith("/members/{id}") else {}
+            existing = _concrete(path, fmt="pdf", slug=world.project.slug, **own)
+            record(path, method, call(url, method, existing, token=world.tokens["owner"], raw=b"x=1",
+                                      content_type="text/plain")[0])  # 415
+            record(path, method, call(url, method, existing, token=world.tokens["owner"],
+                                      raw=b'{"a": "' + b"x" * 3_000_000 + b'"}')[0])  # 413
         if "{" in path:
             record(path, method, call(url, method, _concrete(path, fmt="pdf"), token=world.tokens["owner"],
                                        body=body)[0])  # 404 (or 401 for the unsigned heartbeat)

@@ -143,3 +143,14 @@ def test_node_admin_actions_are_audited(world, victim, admin_client):
     gpu = Gpu.objects.get(uuid="GPU-victim-0")
     admin_client.post("/admin/broker/gpu/", {"action": "release", "_selected_action": [gpu.pk]})
     assert AuditEvent.objects.filter(action="gpu.release", target="GPU-victim-0", actor__isnull=False).exists()
+
+
+@pytest.mark.parametrize("key,value", [("index", 40_000), ("index", -1), ("memory_mib", 1 << 40), ("memory_mib", 0)])
+def test_node_enrollment_with_out_of_range_inventory_numbers_is_400(world, key, value):
+    """A GPU index or memory past what its column holds was a 500 (smallint/integer out of range)."""
+    token = services.enrollment_token_create()
+    gpu = {**_gpu("GPU-odd"), key: value}
+    response = world.client("outsider").post(ENROLL, _body("odd", token, gpu), format="json")
+    assert response.status_code == 400, response.content
+    assert response.json()["field"] in ("inventory.gpus[0]", f"inventory.gpus[0].{key}")
+    assert not Node.objects.filter(node_id="odd").exists() and _uses_left(token) == 1
