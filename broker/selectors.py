@@ -18,7 +18,7 @@ from tenants.access import Actor, restrict
 def lease_list(*, actor: Actor, state: str = "", project: str = "") -> QuerySet[Lease]:
     queryset = restrict(Lease.objects.all(), actor).select_related("project").order_by("-requested_at", "-pk")
     if state:
-        states = [s.strip() for s in state.split(",") if s.strip()]
+        states = state.split(",")  # exactly the states, comma-separated: " queued" or "a,,b" is a 400
         unknown = [s for s in states if s not in LeaseState.values]
         if unknown:
             raise ValidationFailed(f"Unknown state {unknown[0]!r}; states: {', '.join(LeaseState.values)}.",

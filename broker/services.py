@@ -56,6 +56,8 @@ MAX_COUNT = 64
 # Priority orders requests inside one project only (the scheduler never compares it across projects), so
 # this bound keeps one member from jumping every colleague's queue without an admin's say.
 MEMBER_MAX_PRIORITY = 10
+MAX_GPU_INDEX = 1023  # Gpu.index is a smallint; past it was a 500 ("smallint out of range")
+MAX_GPU_MEMORY_MIB = 1 << 24  # 16 TiB; Gpu.memory_mib is an integer
 
 
 # -- transitions -------------------------------------------------------------------------------------
@@ -206,6 +208,10 @@ def _shape_from(gpu: object) -> dict:
             raise ValidationFailed(error.args[0], field="gpu.model") from None
     shape = {"kind": kind, "count": count, "gang": gang, "models": models, "profile": "", "milli": 0,
              "memory_mib": 0}
+    # a key that does not apply to the kind is refused, not ignored (the OpenAPI document says so too)
+    for name in {GpuKind.MIG: ("milli", "memory_mib"), GpuKind.SHARE: ("profile",)}.get(kind, ()):
+        if name in gpu:
+            raise ValidationFailed(f"gpu.{name} does not apply to kind {kind!r}.", field=f"gpu.{name}")
     if kind == GpuKind.MIG:
         profile = gpu.get("profile")
         if not isinstance(profile, str) or not profile:
@@ -961,8 +967,10 @@ def node_inventory_sync(*, node: Node, inventory: object, now: datetime, strict:
             uuid, model, mode = str(item["uuid"]), model_get(item["model"]).code, item["mode"]
             if mode not in GpuMode.values or not uuid or len(uuid) > 80:
                 raise ValueError(mode)
-            parsed.append((index, uuid, {"index": int(item["index"]), "model": model, "mode": mode,
-                                         "memory_mib": int(item["memory_mib"])}))
+            gpu_index, memory_mib = int(item["index"]), int(item["memory_mib"])
+            if not 0 <= gpu_index <= MAX_GPU_INDEX or not 1 <= memory_mib <= MAX_GPU_MEMORY_MIB:
+                raise ValueError(f"index 0-{MAX_GPU_INDEX}, memory_mib 1-{MAX_GPU_MEMORY_MIB}")
+            parsed.append((index, uuid, {"index": gpu_index, "model": model, "mode": mode, "memory_mib": memory_mib}))
         except (KeyError, TypeError, ValueError, UnknownModel) as error:
             raise ValidationFailed(f"inventory.gpus[{index}] is not a GPU the broker knows: {error}",
                                    field=f"inventory.gpus[{index}]") from None

@@ -47,9 +47,11 @@ def problem(description: str) -> OpenApiResponse:
     return OpenApiResponse(description=description)
 
 
-PAGE_PARAMETERS = [
-    OpenApiParameter("limit", int, description="page size (default 50, at most 500)"),
-    OpenApiParameter("offset", int, description="index of the first result (at most 10,000,000)"),
+PAGE_PARAMETERS = [  # the bounds BoundedLimitOffsetPagination enforces (a value outside them, or empty: 400)
+    OpenApiParameter("limit", {"type": "integer", "minimum": 1, "maximum": 500},
+                     description="page size (default 50, at most 500)"),
+    OpenApiParameter("offset", {"type": "integer", "minimum": 0, "maximum": 10_000_000},
+                     description="index of the first result (at most 10,000,000)"),
 ]
 
 
@@ -80,6 +82,8 @@ _GENERIC = {
 }
 # the heartbeat's node is looked up only once its signature verified (an unknown node: 401)
 _NO_NOT_FOUND = {"v1_agents_heartbeat_create"}
+# the heartbeat's body is hashed for its signature, never parsed: no content type is refused (no 415)
+_NOT_PARSED = {"v1_agents_heartbeat_create"}
 _RETRY_AFTER = {"Retry-After": {"schema": {"type": "integer"}, "description": "seconds to wait"}}
 
 
@@ -102,7 +106,7 @@ def add_error_responses(result, generator, request, public):
                     operation.get("operationId") not in _NO_NOT_FOUND:
                 statuses.add(404)
             if "requestBody" in operation:
-                statuses |= {413, 415}
+                statuses |= {413} if operation.get("operationId") in _NOT_PARSED else {413, 415}
             for status in statuses:
                 responses.setdefault(str(status), {"description": _GENERIC[status]})
             for status, response in responses.items():

@@ -50,7 +50,7 @@ def _validate_slug(value: str, field: str) -> str:
 
     from tenants.models import SLUG_REGEX
 
-    if not isinstance(value, str) or not re.match(SLUG_REGEX, value):
+    if not isinstance(value, str) or not re.fullmatch(SLUG_REGEX, value):  # match(): "$" passes "a\n"
         raise ValidationFailed(f"{field} must be {SLUG_HELP}.", field=field)
     return value
 

@@ -37,6 +37,14 @@ class TenantRateThrottle(SimpleRateThrottle):
             ident = f"ip:{client_ip(request) or 'unknown'}"
         return self.cache_format % {"scope": self.scope, "ident": ident}
 
+    def wait(self):
+        """Seconds until a request is allowed again. DRF answers None once the history holds more than the
+        rate allows (it did, counted under a higher rate), and the 429 then had no Retry-After."""
+        wait = super().wait()
+        if wait is None and self.history:
+            wait = max(1.0, self.duration - (self.now - self.history[-1]))  # until the oldest one expires
+        return wait
+
 
 class FailedTokenThrottle:
     """Failed bearer-token authentications per client address, in fixed windows on the shared cache.

@@ -1,3 +1,4 @@
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from billing.models import Invoice, InvoiceLine
@@ -35,8 +36,13 @@ class InvoiceLineOutput(serializers.ModelSerializer):
         return str(from_minor(obj.amount_minor, obj.invoice.currency))
 
 
+@extend_schema_field({"type": "string", "pattern": r"^\d{4}-\d{2}$", "example": "2026-01"})
+class MonthField(serializers.DateField):
+    """A month as ``YYYY-MM`` (documented so: ``format: date`` promised a day that is not there)."""
+
+
 class InvoiceOutput(serializers.ModelSerializer):
-    period = serializers.DateField(format="%Y-%m")
+    period = MonthField(format="%Y-%m")
     total = serializers.SerializerMethodField()
 
     class Meta:

@@ -19,12 +19,15 @@ from tenants.api.views import _paginate
 
 
 def _moment(request, name: str, default: datetime) -> datetime:
-    raw = request.query_params.get(name, "")
-    if not raw:
-        return default
-    value = parse_datetime(raw)
+    raw = request.query_params.get(name)
+    if raw is None:
+        return default  # absent; an empty value is no date: 400 below
+    try:
+        value = parse_datetime(raw)
+        day = parse_date(raw) if value is None else None
+    except ValueError:  # well formed but no such moment (month 13)
+        value = day = None
     if value is None:
-        day = parse_date(raw)
         if day is None:
             raise ValidationFailed(f"{name} must be an ISO 8601 date or date-time.", field=name)
         value = datetime(day.year, day.month, day.day, tzinfo=UTC)
@@ -33,10 +36,14 @@ def _moment(request, name: str, default: datetime) -> datetime:
     return value
 
 
+_DATE_OR_TIME = {"anyOf": [{"type": "string", "format": "date-time"}, {"type": "string", "format": "date"}]}
+
+
 class UsageApi(APIView):
     @extend_schema(
-        parameters=[OpenApiParameter("from", OpenApiTypes.DATETIME, description="start (default: month start)"),
-                    OpenApiParameter("to", OpenApiTypes.DATETIME, description="end, exclusive (default: now)"),
+        parameters=[OpenApiParameter("from", _DATE_OR_TIME, description="start (default: month start)"),
+                    OpenApiParameter("to", _DATE_OR_TIME, description="end, exclusive (default: now); after from, "
+                                     "at most 400 days later"),
                     OpenApiParameter("group_by", str, enum=["project", "model", "day"])],
         responses=s.UsageOutput, summary="Metered GPU usage and its cost, grouped")
     def get(self, request):

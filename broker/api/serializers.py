@@ -1,8 +1,12 @@
+from django.conf import settings
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from broker.choices import GpuKind, WorkloadClass
+from broker.choices import GpuKind, GpuMode, WorkloadClass
 from broker.models import Allocation, Lease, LeaseEvent
+from broker.services import MAX_GPU_INDEX, MAX_GPU_MEMORY_MIB
+from gpus.catalogue import MODELS
+from gpus.mig import profiles_for
 from tenants.api.serializers import StrictSerializer
 
 _GPU_PROPERTIES = {
@@ -14,9 +18,49 @@ _GPU_PROPERTIES = {
     "memory_mib": {"type": "integer", "minimum": 1, "maximum": 1 << 20},
     "gang": {"type": "boolean", "description": "all count devices at once or none (default true)"},
 }
-GPU_REQUEST_SCHEMA = {"type": "object", "properties": _GPU_PROPERTIES, "required": ["kind"],
-                      "additionalProperties": False}
 GPU_OUTPUT_SCHEMA = {"type": "object", "properties": _GPU_PROPERTIES, "required": ["kind", "count", "model", "gang"]}
+
+
+def _gpu_shape(kind: str, description: str, required: tuple[str, ...] = (), **properties: dict) -> dict:
+    common = {name: _GPU_PROPERTIES[name] for name in ("count", "gang")}
+    return {"type": "object", "title": description, "additionalProperties": False,
+            "required": ["kind", *required],
+            "properties": {"kind": {"type": "string", "enum": [kind]}, **common, **properties}}
+
+
+def _gpu_request_schema() -> dict:
+    """The ``gpu`` object, one shape per kind (and per MIG model, whose profiles differ), exactly what
+    ``broker.services._shape_from`` accepts, so a request valid by the document is never a 400."""
+    models = [code for model in MODELS for code in (model.code, *model.aliases)]
+    any_model = {"type": "string", "enum": ["auto", *models], "description": _GPU_PROPERTIES["model"]["description"]}
+    mig_models = [model.code for model in MODELS if profiles_for(model.code)]
+    every_profile = sorted({p.name for code in mig_models for p in profiles_for(code)})
+    shapes = [
+        _gpu_shape(GpuKind.WHOLE, "whole GPUs", model=any_model, memory_mib=_GPU_PROPERTIES["memory_mib"]),
+        _gpu_shape(GpuKind.SHARE, "a share of a GPU", ("milli", "memory_mib"), model=any_model,
+                   milli=_GPU_PROPERTIES["milli"], memory_mib=_GPU_PROPERTIES["memory_mib"]),
+        _gpu_shape(GpuKind.MIG, "MIG slices on any model that offers the profile", ("profile",),
+                   model={"type": "string", "enum": ["auto"]},
+                   profile={"type": "string", "enum": every_profile}),
+        *(_gpu_shape(GpuKind.MIG, f"MIG slices on {code}", ("model", "profile"),
+                     model={"type": "string", "enum": [code]},
+                     profile={"type": "string", "enum": [p.name for p in profiles_for(code)]})
+          for code in mig_models),
+    ]
+    return {"oneOf": shapes, "description": "what to lease: kind whole, share or mig"}
+
+
+GPU_REQUEST_SCHEMA = _gpu_request_schema()
+INVENTORY_SCHEMA = {
+    "type": "object", "required": ["gpus"], "description": "the GPUs the agent found (docs/agent-protocol.md)",
+    "properties": {"gpus": {"type": "array", "items": {
+        "type": "object", "required": ["uuid", "index", "model", "mode", "memory_mib"],
+        "properties": {"uuid": {"type": "string", "minLength": 1, "maxLength": 80},
+                       "index": {"type": "integer", "minimum": 0, "maximum": MAX_GPU_INDEX},
+                       "model": {"type": "string", "enum": [m.code for m in MODELS]},
+                       "mode": {"type": "string", "enum": list(GpuMode.values)},
+                       "memory_mib": {"type": "integer", "minimum": 1, "maximum": MAX_GPU_MEMORY_MIB}}}}},
+}
 
 
 @extend_schema_field(GPU_REQUEST_SCHEMA)
@@ -24,17 +68,24 @@ class GpuRequestField(serializers.JSONField):
     """The ``gpu`` object of a request; ``broker.services`` validates it, naming ``gpu.<key>``."""
 
 
+@extend_schema_field(INVENTORY_SCHEMA)
+class InventoryField(serializers.JSONField):
+    """The ``inventory`` of an enrollment; ``broker.services.node_inventory_sync`` validates each GPU."""
+
+
 class LeaseCreateInput(StrictSerializer):
-    project = serializers.CharField(max_length=63)
+    project = serializers.CharField(max_length=63, help_text="a project slug (unknown: 404)")
     gpu = GpuRequestField(help_text='{"kind": "mig", "profile": "1g.10gb"} | {"kind": "whole", "count": 2, '
                                           '"model": "H100-80GB"} | {"kind": "share", "milli": 250, "memory_mib": 8192}')
     workload_class = serializers.ChoiceField(choices=WorkloadClass.choices, default=WorkloadClass.TRAINING)
-    priority = serializers.IntegerField(default=0)
-    duration_seconds = serializers.IntegerField(default=3600)
+    priority = serializers.IntegerField(default=0, min_value=-100, max_value=100)
+    duration_seconds = serializers.IntegerField(default=3600, min_value=settings.LEASE_MIN_DURATION_SECONDS,
+                                                max_value=settings.LEASE_MAX_DURATION_SECONDS)
 
 
 class LeaseRenewInput(StrictSerializer):
-    duration_seconds = serializers.IntegerField()
+    duration_seconds = serializers.IntegerField(min_value=settings.LEASE_MIN_DURATION_SECONDS,
+                                                max_value=settings.LEASE_MAX_DURATION_SECONDS)
 
 
 class DeviceOutput(serializers.ModelSerializer):
@@ -121,7 +172,7 @@ class EnrollInput(StrictSerializer):
     hostname = serializers.CharField(max_length=255, required=False, allow_blank=True)
     agent_version = serializers.CharField(max_length=32, required=False, allow_blank=True)
     protocol = serializers.CharField(max_length=8, required=False)
-    inventory = serializers.JSONField()
+    inventory = InventoryField()
 
 
 class EnrolledOutput(serializers.Serializer):

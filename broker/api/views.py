@@ -12,6 +12,8 @@ from rest_framework.views import APIView
 from agent.signing import HEADER_NODE
 from broker import selectors, services
 from broker.api import serializers as s
+from broker.choices import LeaseState
+from config.errors import ValidationFailed
 from config.openapi import PAGE_PARAMETERS, paginated, problem
 from tenants.api.views import _paginate, _parse
 
@@ -24,11 +26,15 @@ class LeaseListApi(APIView):
     write_action = "use"
 
     @extend_schema(
-        parameters=[OpenApiParameter("state", str, description="comma-separated states"),
+        parameters=[OpenApiParameter("state", {"type": "array", "minItems": 1,
+                                               "items": {"type": "string", "enum": list(LeaseState.values)}},
+                                     style="form", explode=False, description="comma-separated states"),
                     OpenApiParameter("project", str, description="project slug"), *PAGE_PARAMETERS],
         responses=paginated(s.LeaseOutput), operation_id="v1_leases_list",
         summary="Leases of the tenant, newest first")
     def get(self, request):
+        if request.query_params.get("state") == "":
+            raise ValidationFailed("state must name at least one state (or be left out).", field="state")
         leases = selectors.lease_list(actor=request.actor, state=request.query_params.get("state", ""),
                                       project=request.query_params.get("project", ""))
         return _paginate(self, request, leases, s.LeaseOutput)
@@ -37,8 +43,9 @@ class LeaseListApi(APIView):
         request=s.LeaseCreateInput,
         responses={201: s.LeaseOutput, 200: s.LeaseOutput,
                    402: problem("A monthly spend cap would be exceeded (the figures are in the body)"),
+                   404: problem("No such project in this tenant"),
                    409: problem("Quota exceeded, or the Idempotency-Key was used with another body")},
-        parameters=[OpenApiParameter("Idempotency-Key", str, OpenApiParameter.HEADER,
+        parameters=[OpenApiParameter("Idempotency-Key", {"type": "string", "maxLength": 200}, OpenApiParameter.HEADER,
                                      description="same key + same body → the same lease; other body → 409")],
         summary="Request GPU capacity (a whole GPU, a MIG slice or a share)")
     def post(self, request):
@@ -55,8 +62,8 @@ class LeaseDetailApi(APIView):
     def get(self, request, pk: int):
         return Response(s.LeaseDetailOutput(selectors.lease_get(actor=request.actor, lease_id=pk)).data)
 
-    @extend_schema(responses={202: s.LeaseOutput, 409: problem("The lease is not in a state that can be released")},
-                   summary="Release a lease (202; it becomes RELEASED)")
+    @extend_schema(responses={202: s.LeaseOutput},  # idempotent under the row lock: never a 409
+                   summary="Release a lease (202; it becomes RELEASED; again: 202 with the lease as it is)")
     def delete(self, request, pk: int):
         lease = selectors.lease_get(actor=request.actor, lease_id=pk)
         lease = services.lease_release(lease=lease, actor=_actor_label(request))

@@ -1,11 +1,29 @@
+import re
+
 from rest_framework import serializers
 
 from tenants.choices import Role, TokenScope
 from tenants.models import ApiToken, Membership, Project, Quota, SloContract, SloCreditStep, Tenant, TenantQuota
 
 
+def _json_type_error(field: serializers.Field, value) -> str | None:
+    """What is wrong with ``value``'s JSON type for ``field``, or None. DRF coerces (``0`` → ``"0"``,
+    ``"5"`` → ``5``, ``1`` → ``True``), so a body the OpenAPI document calls invalid was accepted."""
+    if value is None:
+        return None  # DRF's own allow_null check answers for null
+    if isinstance(field, serializers.CharField) and not isinstance(value, str):
+        return "Must be a string."
+    if isinstance(field, serializers.IntegerField) and (isinstance(value, bool) or not isinstance(value, int)):
+        return "Must be a whole number."
+    if isinstance(field, serializers.BooleanField) and not isinstance(value, bool):
+        return "Must be true or false."
+    return None
+
+
 class StrictSerializer(serializers.Serializer):
-    """Input serializer that refuses fields it does not know, naming them."""
+    """Input serializer that refuses fields it does not know, naming them, and values of another JSON type
+    than the document says (no coercion). Its string fields keep surrounding whitespace (``trim_whitespace``
+    off in ``strict_fields``), so the document's patterns and lengths are exactly what is checked."""
 
     def to_internal_value(self, data):
         if not isinstance(data, dict):
@@ -13,7 +31,22 @@ class StrictSerializer(serializers.Serializer):
         unknown = sorted(set(data) - set(self.fields))
         if unknown:
             raise serializers.ValidationError({name: ["Unknown field."] for name in unknown})
+        wrong = {name: [message] for name, field in self.fields.items() if name in data
+                 for message in [_json_type_error(field, data[name])] if message}
+        if wrong:
+            raise serializers.ValidationError(wrong)
         return super().to_internal_value(data)
+
+    def get_fields(self):
+        fields = super().get_fields()
+        for field in fields.values():
+            if isinstance(field, serializers.CharField):
+                field.trim_whitespace = False
+        return fields
+
+
+SLUG_PATTERN = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"  # tenants.models.SLUG_REGEX
+NAME_PATTERN = r"\S"  # a name is not blank once trimmed (the services trim it)
 
 
 class TenantOutput(serializers.ModelSerializer):
@@ -28,7 +61,7 @@ class TenantOutput(serializers.ModelSerializer):
 
 
 class TenantUpdateInput(StrictSerializer):
-    name = serializers.CharField(required=False, max_length=200)
+    name = serializers.RegexField(NAME_PATTERN, required=False, max_length=200)
     billing_email = serializers.EmailField(required=False)
 
 
@@ -39,13 +72,19 @@ class ProjectOutput(serializers.ModelSerializer):
 
 
 class ProjectCreateInput(StrictSerializer):
-    slug = serializers.CharField(max_length=63)
-    name = serializers.CharField(max_length=200)
+    slug = serializers.RegexField(SLUG_PATTERN, max_length=63,
+                                  help_text="lowercase letters, digits and hyphens; not starting or ending with one")
+    name = serializers.RegexField(NAME_PATTERN, max_length=200)
     description = serializers.CharField(required=False, allow_blank=True, default="")
+
+    def validate_slug(self, value: str) -> str:
+        if not re.fullmatch(SLUG_PATTERN, value):  # RegexField searches: "$" also matches before a final "\n"
+            raise serializers.ValidationError("Lowercase letters, digits and hyphens, not starting or ending with one.")
+        return value
 
 
 class ProjectUpdateInput(StrictSerializer):
-    name = serializers.CharField(required=False, max_length=200)
+    name = serializers.RegexField(NAME_PATTERN, required=False, max_length=200)
     description = serializers.CharField(required=False, allow_blank=True)
 
 
@@ -104,7 +143,7 @@ class MembershipOutput(serializers.ModelSerializer):
 
 
 class MembershipUpdateInput(StrictSerializer):
-    role = serializers.ChoiceField(choices=Role.choices)
+    role = serializers.ChoiceField(choices=Role.choices, required=False, help_text="absent: nothing changes")
 
 
 class ApiTokenOutput(serializers.ModelSerializer):
@@ -124,7 +163,7 @@ class ApiTokenCreatedOutput(ApiTokenOutput):
 
 
 class ApiTokenCreateInput(StrictSerializer):
-    name = serializers.CharField(max_length=100)
+    name = serializers.RegexField(NAME_PATTERN, max_length=100)
     scopes = serializers.ListField(child=serializers.ChoiceField(choices=TokenScope.choices), min_length=1)
     expires_at = serializers.DateTimeField(required=False, allow_null=True, default=None)
 

@@ -122,7 +122,8 @@ class MemberDetailApi(APIView):
     def patch(self, request, pk: int):
         membership = selectors.membership_get(actor=request.actor, pk=pk)
         data = _parse(s.MembershipUpdateInput, request)
-        membership = services.membership_change_role(actor=request.actor, membership=membership, role=data["role"])
+        if "role" in data:  # PATCH: what is absent stays as it is
+            membership = services.membership_change_role(actor=request.actor, membership=membership, role=data["role"])
         return Response(s.MembershipOutput(membership).data)
 
     @extend_schema(responses={204: None, 409: problem("A tenant must keep at least one owner")},

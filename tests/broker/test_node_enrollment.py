@@ -160,3 +160,14 @@ def test_node_enrollment_token_revoked_by_staff_enrolls_nothing(world, admin_cli
     assert _uses_left(other) == 0
     assert AuditEvent.objects.filter(action="node.enrollment_token_revoke", target=record.prefix,
                                      actor__isnull=False).exists()
+
+
+@pytest.mark.parametrize("key,value", [("index", 40_000), ("index", -1), ("memory_mib", 1 << 40), ("memory_mib", 0)])
+def test_node_enrollment_with_out_of_range_inventory_numbers_is_400(world, key, value):
+    """A GPU index or memory past what its column holds was a 500 (smallint/integer out of range)."""
+    token = services.enrollment_token_create()
+    gpu = {**_gpu("GPU-odd"), key: value}
+    response = world.client("outsider").post(ENROLL, _body("odd", token, gpu), format="json")
+    assert response.status_code == 400, response.content
+    assert response.json()["field"] in ("inventory.gpus[0]", f"inventory.gpus[0].{key}")
+    assert not Node.objects.filter(node_id="odd").exists() and _uses_left(token) == 1

@@ -1,0 +1,165 @@
+"""What the contract tests need besides make_world(), and a scripted session over HTTP that produces the
+statuses a fuzzer does not reach on its own: the 2xx of detail routes, renew, release, invoice documents,
+enrollment and a signed heartbeat; 402 from a refusing spend cap; each documented 409.
+
+Only two writes bypass the services, both standing in for a part these tests do not run: the invoice
+(``invoice_run`` needs a metered month) and a lease's placement (the scheduler and a node agent).
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from datetime import UTC, date, datetime, timedelta
+from decimal import Decimal
+
+from django.db.backends.postgresql.psycopg_any import NumericRange
+from django.utils import timezone
+
+from agent.signing import sign
+from billing import services as billing
+from billing.choices import InvoiceStatus, LineKind
+from billing.models import Invoice, InvoiceLine, SpendCap
+from broker import services as broker
+from broker.models import Allocation, Gpu, Lease
+from tenants.choices import Role
+from tenants.models import Membership
+from tests.factories import World, make_member, make_project, make_quota
+
+INVENTORY = {"gpus": [{"index": 0, "uuid": "GPU-contract-0", "model": "H100-80GB", "mode": "whole",
+                       "memory_mib": 81559}]}
+
+
+def call(url: str, method: str, path: str, *, token: str | None = None, body: object = None,
+         raw: bytes | None = None, content_type: str = "application/json",
+         headers: dict | None = None) -> tuple[int, dict, bytes]:
+    data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
+    request = urllib.request.Request(url + path, data=data, method=method.upper(), headers=headers or {})
+    if data is not None:
+        request.add_header("Content-Type", content_type)
+    if token:
+        request.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.status, dict(response.headers), response.read()
+    except urllib.error.HTTPError as error:
+        return error.code, dict(error.headers), error.read()
+
+
+@dataclass
+class Contract:
+    world: World
+    enrollment_token: str
+    invoice_id: int
+    leaver_id: int  # a member the session removes (204)
+    capped: str = "capped"  # a project whose refusing spend cap is already spent (402)
+    produced: set = field(default_factory=set)
+
+
+def seed(world: World) -> Contract:
+    """Prices, a project under a spent spend cap, a member to remove, a finalized invoice, an enrollment
+    token. Committed (``transactional_db``) so the live server sees them."""
+    billing.price_book_create(name="list", currency="USD", effective_from=datetime(2025, 1, 1, tzinfo=UTC),
+                              rates=[{"tier": "H100-80GB", "per_hour": "4.00"}])
+    capped = make_project(world.acme, "capped")
+    make_quota(capped)
+    SpendCap.objects.create(tenant=world.acme, project=capped, monthly_minor=1)  # refuse: any lease costs more
+    leaver = make_member(world.acme, "lea", Role.MEMBER)
+    now = timezone.now()
+    invoice = Invoice.objects.create(tenant=world.acme, period=date(2026, 1, 1), currency="USD",
+                                     subtotal_minor=400, total_minor=400, computed_at=now)
+    InvoiceLine.objects.create(invoice=invoice, position=1, kind=LineKind.USAGE, description="H100-80GB vision",
+                               unit="GPU-hour", quantity=Decimal(1), unit_price=Decimal(4), amount_minor=400,
+                               project=world.project, tier="H100-80GB", gpu_hours=Decimal(1))
+    Invoice.objects.filter(pk=invoice.pk).update(status=InvoiceStatus.FINALIZED, finalized_at=now,
+                                                 number=f"GPUB-202601-{invoice.pk:06d}")
+    return Contract(world=world, enrollment_token=broker.enrollment_token_create(uses=2),
+                    invoice_id=invoice.pk, leaver_id=Membership.objects.get(user=leaver).pk)
+
+
+def place(lease_id: int) -> None:
+    """Stand-in for the scheduler and the agent: the lease is ACTIVE on the enrolled node's GPU."""
+    now = timezone.now()
+    lease = Lease.objects.get(pk=lease_id)
+    Lease.objects.filter(pk=lease_id).update(state="active", active_at=now, ends_at=now + timedelta(hours=1),
+                                             tier="H100-80GB", reason="running")
+    Allocation.objects.create(lease=lease, gpu=Gpu.objects.get(uuid="GPU-contract-0"), tier="H100-80GB",
+                              kind="whole", slots=NumericRange(0, 8), milli=1000, memory_mib=81559, state="ready",
+                              device_uuid="GPU-contract-0", ready_at=now)
+
+
+def scripted_session(url: str, contract: Contract) -> set[tuple[str, str, int]]:
+    """Each step asserts the status it is there to produce; returns (path template, method, status)."""
+    world, owner = contract.world, contract.world.tokens["owner"]
+    produced: set[tuple[str, str, int]] = set()
+
+    def step(template: str, method: str, expected: int, path: str | None = None, **kwargs) -> dict:
+        status, _, content = call(url, method, path or template, **kwargs)
+        assert status == expected, (method, path or template, status, content[:400])
+        produced.add((template, method, status))
+        return json.loads(content) if content and content[:1] in (b"{", b"[") else {}
+
+    v1 = "/api/v1"
+    for read in ("tenant", "projects", "leases", "members", "tokens", "invoices", "slo-contracts", "quotas",
+                 "offers", "usage"):  # every read answers 200 without relying on the fuzzer's draws
+        step(f"{v1}/{read}", "get", 200, token=owner)
+    step(f"{v1}/tenant", "patch", 200, token=owner, body={"name": "Acme"})
+    step(f"{v1}/projects", "post", 201, token=owner, body={"slug": "scratch", "name": "Scratch"})
+    step(f"{v1}/projects", "post", 409, token=owner, body={"slug": "scratch", "name": "Again"})  # slug taken
+    step(f"{v1}/projects/{{slug}}", "get", 200, f"{v1}/projects/scratch", token=owner)
+    step(f"{v1}/projects/{{slug}}", "patch", 200, f"{v1}/projects/scratch", token=owner, body={"description": "x"})
+    step(f"{v1}/projects/{{slug}}", "delete", 204, f"{v1}/projects/scratch", token=owner)
+    step(f"{v1}/projects/{{slug}}", "get", 404, f"{v1}/projects/scratch", token=owner)  # gone
+
+    request = {"project": world.project.slug, "gpu": {"kind": "whole", "model": "H100-80GB"}}
+    keyed = {"Idempotency-Key": "contract-1"}
+    running = step(f"{v1}/leases", "post", 201, token=owner, body=request, headers=keyed)
+    step(f"{v1}/leases", "post", 200, token=owner, body=request, headers=keyed)  # the same lease again
+    step(f"{v1}/leases", "post", 409, token=owner, headers=keyed,  # the key with another body
+         body={**request, "duration_seconds": 7200})
+    queued = step(f"{v1}/leases", "post", 201, token=owner, body={"project": world.project.slug,
+                                                                   "gpu": {"kind": "mig", "profile": "1g.10gb"}})
+    step(f"{v1}/leases", "post", 402, token=owner, body={**request, "project": contract.capped})
+    step(f"{v1}/leases", "post", 404, token=owner, body={**request, "project": "no-such-project"})
+    renew = f"{v1}/leases/{{id}}/renew"
+    step(renew, "post", 409, f"{v1}/leases/{queued['id']}/renew", token=owner, body={"duration_seconds": 600})
+    step(renew, "post", 404, f"{v1}/leases/999999999/renew", token=owner, body={"duration_seconds": 600})
+
+    enroll = {"node_id": "contract-node", "token": contract.enrollment_token, "address": "http://127.0.0.1:9/",
+              "inventory": INVENTORY}
+    step(f"{v1}/agents/enroll", "post", 401, body={**enroll, "token": "gpub_enroll_00000000_forged"})
+    node = step(f"{v1}/agents/enroll", "post", 201, body=enroll)
+    step(f"{v1}/agents/enroll", "post", 409, body=enroll)  # the node id is enrolled; only its secret re-enrolls
+    beat_path = f"{v1}/agents/contract-node/heartbeat"
+    body = json.dumps({"inventory": INVENTORY}).encode()
+    step(f"{v1}/agents/{{node_id}}/heartbeat", "post", 200, beat_path, raw=body,
+         headers=sign(node["secret"], "contract-node", "POST", beat_path, body))
+
+    place(running["id"])
+    step(f"{v1}/leases/{{id}}", "get", 200, f"{v1}/leases/{running['id']}", token=owner)
+    step(renew, "post", 200, f"{v1}/leases/{running['id']}/renew", token=owner, body={"duration_seconds": 600})
+    step(f"{v1}/leases/{{id}}", "delete", 202, f"{v1}/leases/{queued['id']}", token=owner)
+    step(f"{v1}/leases/{{id}}", "delete", 202, f"{v1}/leases/{queued['id']}", token=owner)  # idempotent
+    step(f"{v1}/projects/{{slug}}", "delete", 409, f"{v1}/projects/{world.project.slug}", token=owner)
+
+    mine = Membership.objects.get(user=world.owner, tenant=world.acme).pk
+    members = f"{v1}/members/{{id}}"
+    step(members, "get", 200, f"{v1}/members/{mine}", token=owner)
+    step(members, "patch", 409, f"{v1}/members/{mine}", token=owner, body={"role": "admin"})  # the last owner
+    step(members, "delete", 409, f"{v1}/members/{mine}", token=owner)  # the last owner cannot leave
+    step(members, "patch", 200, f"{v1}/members/{contract.leaver_id}", token=owner, body={"role": "viewer"})
+    step(members, "delete", 204, f"{v1}/members/{contract.leaver_id}", token=owner)
+    step(members, "get", 404, f"{v1}/members/{contract.leaver_id}", token=owner)  # gone
+
+    token = step(f"{v1}/tokens", "post", 201, token=owner, body={"name": "ci", "scopes": ["read"]})
+    step(f"{v1}/tokens/{{id}}", "get", 200, f"{v1}/tokens/{token['id']}", token=owner)
+    step(f"{v1}/tokens/{{id}}", "delete", 200, f"{v1}/tokens/{token['id']}", token=owner)
+
+    invoice = f"{v1}/invoices/{contract.invoice_id}"
+    step(f"{v1}/invoices/{{id}}", "get", 200, invoice, token=owner)
+    for fmt in ("pdf", "csv"):
+        step(f"{v1}/invoices/{{id}}.{{fmt}}", "get", 200, f"{invoice}.{fmt}", token=owner)
+    step(f"{v1}/quotas", "get", 404, f"{v1}/quotas?project=no-such-project", token=owner)
+    return produced
