@@ -30,14 +30,14 @@ class WebhookEndpointSecretOutput(WebhookEndpointOutput):
 
 
 class WebhookEndpointCreateInput(StrictSerializer):
-    url = serializers.CharField(max_length=500)
+    url = serializers.RegexField(r"^https?://", max_length=500)  # https, or http to loopback in development
     event_types = serializers.ListField(child=serializers.ChoiceField(choices=EventKind.choices), min_length=1,
                                         max_length=len(EventKind.values))
     description = serializers.CharField(required=False, allow_blank=True, max_length=200, default="")
 
 
 class WebhookEndpointUpdateInput(StrictSerializer):
-    url = serializers.CharField(required=False, max_length=500)
+    url = serializers.RegexField(r"^https?://", required=False, max_length=500)
     event_types = serializers.ListField(child=serializers.ChoiceField(choices=EventKind.choices), min_length=1,
                                         max_length=len(EventKind.values), required=False)
     description = serializers.CharField(required=False, allow_blank=True, max_length=200)

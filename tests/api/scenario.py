@@ -162,4 +162,18 @@ def scripted_session(url: str, contract: Contract) -> set[tuple[str, str, int]]:
     for fmt in ("pdf", "csv"):
         step(f"{v1}/invoices/{{id}}.{{fmt}}", "get", 200, f"{invoice}.{fmt}", token=owner)
     step(f"{v1}/quotas", "get", 404, f"{v1}/quotas?project=no-such-project", token=owner)
+
+    # webhooks (the server runs with WEBHOOK_ALLOW_LOOPBACK: http to 127.0.0.1 is allowed, private ranges not)
+    hooks, hook = f"{v1}/webhooks", f"{v1}/webhooks/{{id}}"
+    created = step(hooks, "post", 201, token=owner, body={"url": "http://127.0.0.1:9/hook",
+                                                           "event_types": ["lease.released"]})
+    step(hooks, "post", 422, token=owner, body={"url": "https://10.0.0.1/hook", "event_types": ["advice"]})
+    at = f"{hooks}/{created['id']}"
+    step(hook, "get", 200, at, token=owner)
+    step(hook, "patch", 200, at, token=owner, body={"description": "contract"})
+    step(hook, "patch", 422, at, token=owner, body={"url": "https://192.168.0.1/hook"})  # SSRF refused
+    step(f"{hook}/rotate", "post", 200, f"{at}/rotate", token=owner)
+    step(f"{hook}/deliveries", "get", 200, f"{at}/deliveries", token=owner)
+    step(hook, "delete", 204, at, token=owner)
+    step(hook, "get", 404, at, token=owner)  # gone
     return produced
