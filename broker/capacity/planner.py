@@ -147,10 +147,11 @@ def _pool_modes(snapshot: CapacitySnapshot, model: str, policy: Policy, now: flo
     donors = {mode: sorted(idle_by_mode[mode], key=lambda g: g.id, reverse=True) for mode in GpuMode}
     surplus = {mode: max(0, len(idle_by_mode[mode]) - target_idle[mode]) for mode in GpuMode}
 
-    def take(wanted: GpuMode) -> CapacityGpu | None:
-        """An idle GPU of another mode: from the mode with the largest surplus over its target (ties: mode
-        name), else from any mode with idle GPUs the history does not ask for more than it has."""
-        options = [m for m in GpuMode if m != wanted and donors[m] and surplus[m] > 0]
+    def take(wanted: GpuMode, queued: bool = True) -> CapacityGpu | None:
+        """An idle GPU of another mode, from the mode with the largest surplus of idle GPUs over what the
+        history asks for (ties: mode name). For the queue (real demand) any idle GPU of another mode will
+        do; for a rebalance toward the history mix (``queued=False``) only a surplus one."""
+        options = [m for m in GpuMode if m != wanted and donors[m] and (surplus[m] > 0 or queued)]
         if not options:
             return None
         mode = min(options, key=lambda m: (-surplus[m], m.value))
@@ -185,7 +186,7 @@ def _pool_modes(snapshot: CapacitySnapshot, model: str, policy: Policy, now: flo
         out.append(_switch(snapshot, gpu, GpuMode.MIG, tuple(slots), served, policy, window, now))
     for units, mode in ((whole_units, GpuMode.WHOLE), (share_units, GpuMode.SHARED)):
         while units:
-            gpu = take(mode) if mode == GpuMode.SHARED else (take(GpuMode.WHOLE))
+            gpu = take(mode)
             if gpu is None:
                 still_waiting += units
                 break
@@ -213,7 +214,7 @@ def _pool_modes(snapshot: CapacitySnapshot, model: str, policy: Policy, now: flo
             have = len([g for g in idle_by_mode[mode] if g.id not in switched])
             deficit = target_idle[mode] - have
             while deficit > 0:
-                gpu = take(mode)
+                gpu = take(mode, queued=False)
                 if gpu is None:
                     break
                 deficit -= 1
@@ -353,20 +354,23 @@ def _drains(snapshot, gpus, model, waiting, claimed, policy, window, now) -> lis
 
 
 def poisson_pool_size(expected_arrivals: float, miss_permille: int) -> int:
-    """The smallest N with P(Poisson(expected_arrivals) > N) < miss_permille / 1000."""
+    """The smallest N >= 1 with P(Poisson(expected_arrivals) >= N) < miss_permille / 1000: a pool of N misses
+    only when N or more requests arrive while one member is being re-created (0 when none are expected)."""
     if expected_arrivals <= 0:
         return 0
     term = math.exp(-expected_arrivals)
-    cdf = term
-    n = 0
-    while 1.0 - cdf >= miss_permille / 1000 and n < 10_000:
-        n += 1
+    below = term  # P(X <= n - 1) for n = 1
+    n = 1
+    while 1.0 - below >= miss_permille / 1000 and n < 10_000:
         term *= expected_arrivals / n
-        cdf += term
+        below += term
+        n += 1
     return n
 
 
-def _warm_pools(snapshot: CapacitySnapshot, policies: _Policies, now: float) -> list[Adjustment]:
+def _warm_pools(snapshot: CapacitySnapshot, policies: _Policies, now: float,
+                changing: frozenset[str] = frozenset()) -> list[Adjustment]:
+    """``changing``: GPUs a mode or layout adjustment takes; no warm instance goes there."""
     out = []
     history = snapshot.history
     units: dict[tuple[str, str], int] = defaultdict(int)
@@ -396,7 +400,8 @@ def _warm_pools(snapshot: CapacitySnapshot, policies: _Policies, now: float) -> 
         slots: list[Slot] = []
         removed: tuple[str, ...] = ()
         if size > len(have):
-            for gpu in sorted((g for g in snapshot.gpus if g.model == model and g.mode == GpuMode.MIG and g.idle),
+            for gpu in sorted((g for g in snapshot.gpus if g.model == model and g.mode == GpuMode.MIG and g.idle
+                               and g.id not in changing),
                               key=lambda g: (-len(g.warm) - len(proposed[g.id]), g.id)):
                 while len(have) + len(slots) < size:
                     starts = free_starts(layout_of(gpu, proposed[gpu.id]), profile)
@@ -636,7 +641,7 @@ def plan_capacity(snapshot: CapacitySnapshot, *, now: float) -> list[Adjustment]
     policies = _Policies(snapshot)
     out: list[Adjustment] = []
     out += _modes_and_layouts(snapshot, policies, now)
-    out += _warm_pools(snapshot, policies, now)
+    out += _warm_pools(snapshot, policies, now, frozenset(a.change.gpu for a in out))
     out += _idle_reclaim(snapshot, policies, now)
     out += _right_size(snapshot, policies, now)
     out += _quota_advice(snapshot, policies, now)
