@@ -209,7 +209,10 @@ def _pool_modes(snapshot: CapacitySnapshot, model: str, policy: Policy, now: flo
         out += _drains(snapshot, gpus, model, in_quota_waiting, claimed, policy, window, now)
     # (c) no queue left for a mode: move idle GPUs toward the history's mix
     switched = {a.change.gpu for a in out}
-    if not unserved:
+    history_units = sum(a.units for a in snapshot.history.arrivals if a.shape.model == model)
+    if not unserved and history_units >= policy.rebalance_min_arrivals:
+        for name in list(donors):
+            donors[name] = [g for g in donors[name] if now - g.mode_since >= policy.mode_hold_seconds]
         for mode in sorted(GpuMode, key=lambda m: m.value):
             have = len([g for g in idle_by_mode[mode] if g.id not in switched])
             deficit = target_idle[mode] - have
@@ -492,8 +495,10 @@ def _idle_reclaim(snapshot: CapacitySnapshot, policies: _Policies, now: float) -
             continue
         mean = sum(e for e, _ in samples) // len(samples)
         if mean >= rule.threshold_permille:
-            continue
-        if instance.noticed_at is None:
+            if instance.noticed_at is None:
+                continue
+            step = ReclaimStep.CANCEL
+        elif instance.noticed_at is None:
             step = ReclaimStep.NOTICE
         elif now - instance.noticed_at >= rule.notice_seconds:
             step = ReclaimStep.PREEMPT if klass == ReclaimClass.OVER_QUOTA else ReclaimStep.RELEASE
@@ -504,7 +509,8 @@ def _idle_reclaim(snapshot: CapacitySnapshot, policies: _Policies, now: float) -
         idle_seconds = rule.window_seconds
         then = {ReclaimStep.NOTICE: f"released in {rule.notice_seconds} s unless it becomes busy",
                 ReclaimStep.RELEASE: "released now (notice given, still idle)",
-                ReclaimStep.PREEMPT: "preempted now and requeued (over quota, notice given, still idle)"}[step]
+                ReclaimStep.PREEMPT: "preempted now and requeued (over quota, notice given, still idle)",
+                ReclaimStep.CANCEL: "busy again: the notice is withdrawn"}[step]
         out.append(Adjustment(
             kind=AdjustmentKind.IDLE_RECLAIM,
             target=f"lease:{series.lease}",
@@ -515,7 +521,8 @@ def _idle_reclaim(snapshot: CapacitySnapshot, policies: _Policies, now: float) -
                 ("max engine active (permille)", max(e for e, _ in samples)),
                 ("threshold (permille)", rule.threshold_permille), ("samples", len(samples)),
                 ("window seconds", rule.window_seconds), ("milli held", milli))),
-            expected_gain=Gain(gpu_seconds=milli * idle_seconds // FULL, money_minor=price * idle_seconds // 3600),
+            expected_gain=(Gain() if step == ReclaimStep.CANCEL else
+                           Gain(gpu_seconds=milli * idle_seconds // FULL, money_minor=price * idle_seconds // 3600)),
             risk=(series.lease,),
             mode=policy.idle_reclaim,
             reason=(f"lease {series.lease} ({klass.value}) averaged {mean / 10:.1f} % engine activity over the "

@@ -46,6 +46,7 @@ class ReclaimStep(StrEnum):
     NOTICE = "notice"
     RELEASE = "release"  # an in-quota lease ends
     PREEMPT = "preempt"  # an over-quota lease goes back to the queue
+    CANCEL = "cancel"  # a noticed lease is busy again: the notice is withdrawn
 
 
 # -- the snapshot --------------------------------------------------------------------------------------
@@ -85,6 +86,7 @@ class CapacityGpu:
     mode: GpuMode
     instances: tuple[Instance, ...] = ()
     warm: tuple[WarmInstance, ...] = ()
+    mode_since: float = 0.0  # when the GPU entered its mode (rebalancing leaves recent switches alone)
 
     @property
     def idle(self) -> bool:
@@ -225,6 +227,8 @@ class Policy:
     warm_min_arrivals: int = 3  # fewer arrivals of a profile in the history window: no pool
     right_size_min_seconds: int = 86_400  # evidence needed before right-sizing advice
     right_size_headroom_permille: int = 200  # 20 % above the p95 engine activity / peak framebuffer
+    rebalance_min_arrivals: int = 10  # fewer units in the history window: no rebalance toward its mix
+    mode_hold_seconds: int = 3600  # a GPU keeps a mode this long before a rebalance may move it
     quota_window_seconds: int = 30 * 86_400
     quota_low_permille: int = 500  # p95 use under half the deserved quota: advise lowering it
 
