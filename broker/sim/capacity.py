@@ -162,11 +162,15 @@ class Job:
 
 class Replay:
     def __init__(self, *, loop: str, days: float, load_factor: float, tick: float, cold_mig: float,
-                 cold_whole: float, warm_bind: float, price_minor: int, history_hours: float, queue_cap: int):
+                 cold_whole: float, warm_bind: float, price_minor: int, history_hours: float, queue_cap: int,
+                 start_day: float = 0.0, cycle: float = 60.0):
         self.loop, self.tick, self.cold_mig = loop, tick, cold_mig
-        self.cold_whole, self.warm_bind = cold_whole, warm_bind
+        self.cold_whole, self.warm_bind, self.cycle = cold_whole, warm_bind, cycle
         self.price_minor, self.history_seconds, self.queue_cap = price_minor, history_hours * 3600, queue_cap
-        trace = load(DEFAULT_TRACE, days=days)
+        trace = load(DEFAULT_TRACE, days=start_day + days)
+        skip = start_day * 86400
+        trace.jobs = [replace(job, index=i, arrival=job.arrival - skip)
+                      for i, job in enumerate(j for j in trace.jobs if j.arrival >= skip)]
         self.end = days * 86400
         self.series = _series()
         singles = _openb_single_gpu_shapes()
@@ -289,8 +293,10 @@ class Replay:
             self.push(job.arrival, _ARRIVE, job.request.id)
         if self.loop != "off":
             self.push(self.tick, _TICK, "")
+        last_cycle = -math.inf
         while self.heap and self.heap[0][0] < self.end:
-            now = self.heap[0][0]
+            now = max(self.heap[0][0], last_cycle + self.cycle)
+            last_cycle = now
             tick = False
             while self.heap and self.heap[0][0] <= now:
                 when, kind, _, key, token = heapq.heappop(self.heap)
@@ -331,7 +337,7 @@ class Replay:
         out = []
         for job in sorted(self.queue.values(), key=lambda j: (j.waiting_since, j.index)):
             key = (job.project, job.shape)
-            if seen[key] < 4:
+            if seen[key] < 2:
                 seen[key] += 1
                 out.append(job.request)
         return out
@@ -594,8 +600,11 @@ def main_capacity(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m broker.sim capacity", description=__doc__.split("\n\n")[0])
     parser.add_argument("--loop", default="all", help="off, advise, auto, a comma list, or all")
     parser.add_argument("--days", type=float, default=30.0, help="replay window (days of Philly arrivals)")
+    parser.add_argument("--start-day", type=float, default=20.0,
+                        help="skip this many days of the trace first (before day 19 it holds a few jobs a day)")
     parser.add_argument("--load", type=float, default=0.8, help="mean offered load as a fraction of the fleet")
     parser.add_argument("--tick", type=float, default=300.0, help="seconds between planner runs")
+    parser.add_argument("--cycle", type=float, default=60.0, help="at most one scheduling cycle per this many s")
     parser.add_argument("--cold-mig", type=float, default=30.0, help="seconds of a cold MIG create + start")
     parser.add_argument("--cold-whole", type=float, default=10.0, help="seconds of a cold whole-GPU start")
     parser.add_argument("--warm-bind", type=float, default=0.5, help="seconds of a warm bind")
@@ -614,7 +623,8 @@ def main_capacity(argv: list[str] | None = None) -> int:
     for loop in loops:
         replay = Replay(loop=loop, days=args.days, load_factor=args.load, tick=args.tick, cold_mig=args.cold_mig,
                         cold_whole=args.cold_whole, warm_bind=args.warm_bind, price_minor=args.price,
-                        history_hours=args.history_hours, queue_cap=args.queue_cap)
+                        history_hours=args.history_hours, queue_cap=args.queue_cap, start_day=args.start_day,
+                        cycle=args.cycle)
         replay._last_warm_milli = {}
         result = replay.run()
         results.append(result)
