@@ -291,8 +291,7 @@ class Replay:
         wall = time.perf_counter()
         for job in self.jobs:
             self.push(job.arrival, _ARRIVE, job.request.id)
-        if self.loop != "off":
-            self.push(self.tick, _TICK, "")
+        self.push(self.tick, _TICK, "")  # every loop ticks, so the scheduling cycles are the same
         last_cycle = -math.inf
         while self.heap and self.heap[0][0] < self.end:
             now = max(self.heap[0][0], last_cycle + self.cycle)
@@ -317,7 +316,8 @@ class Replay:
                     tick = True
             self._schedule(now)
             if tick:
-                self._plan(now)
+                if self.loop != "off":
+                    self._plan(now)
                 self._schedule(now)
                 self.push(now + self.tick, _TICK, "")
         for job in self.jobs:
