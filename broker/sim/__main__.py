@@ -3,6 +3,7 @@
     python -m broker.sim fragmentation --nodes NODES.csv --pods PODS.csv --policy NAME[,NAME…] \
         --seeds 42-51 --json OUT.json [--plot OUT.png]
     python -m broker.sim quota --jobs JOBS.csv --load 0.8 --policy static|fifo|ours --json OUT.json
+    python -m broker.sim capacity --loop off|advise|auto|all --days 30 --json-dir bench/results
 """
 
 from __future__ import annotations
@@ -109,7 +110,11 @@ def main(argv: list[str] | None = None) -> int:
         from broker.sim.quota import main_quota
 
         return main_quota(rest)
-    print(f"unknown command {command!r}; use fragmentation or quota", file=sys.stderr)
+    if command == "capacity":
+        from broker.sim.capacity import main_capacity
+
+        return main_capacity(rest)
+    print(f"unknown command {command!r}; use fragmentation, quota or capacity", file=sys.stderr)
     return 2
 
 

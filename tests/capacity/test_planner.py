@@ -1,0 +1,249 @@
+"""The capacity planner (``broker.capacity``): table-driven cases per kind. No database."""
+
+from __future__ import annotations
+
+import pytest
+
+from broker.capacity import (
+    AdjustmentKind,
+    Arrivals,
+    CapacityGpu,
+    CapacitySnapshot,
+    DemandShape,
+    History,
+    IdleRule,
+    Instance,
+    Mode,
+    Policy,
+    Price,
+    QuotaUse,
+    ReclaimClass,
+    Utilisation,
+    Waiting,
+    WarmInstance,
+    layout_problems,
+    plan_capacity,
+    poisson_pool_size,
+)
+from broker.scheduler.types import GpuMode, Kind, QuotaSpec, WorkloadClass
+
+H100 = "H100-80GB"
+NOW = 100_000.0
+MIG3 = DemandShape(H100, Kind.MIG, "3g.40gb")
+MIG1 = DemandShape(H100, Kind.MIG, "1g.10gb")
+WHOLE = DemandShape(H100, Kind.WHOLE)
+
+
+def gpu(index: int, mode: GpuMode = GpuMode.WHOLE, *instances: Instance, warm=()) -> CapacityGpu:
+    return CapacityGpu(f"g{index}", "n0", H100, mode, tuple(instances), tuple(warm))
+
+
+def lease(name: str, *, in_quota=True, klass=WorkloadClass.INTERACTIVE, profile="", start=-1, milli=1000,
+          noticed_at=None) -> Instance:
+    return Instance(name, "p1", in_quota, klass, profile, start, milli, started_at=0.0, noticed_at=noticed_at)
+
+
+def series(name: str, engine: int, *, minutes=60, fb=1000) -> Utilisation:
+    return Utilisation(name, NOW - minutes * 60, 60, (engine,) * minutes, (fb,) * minutes)
+
+
+def of(adjustments, kind):
+    return [a for a in adjustments if a.kind == kind]
+
+
+AUTO = Policy(mode_switch=Mode.AUTO, mig_layout=Mode.AUTO, warm_pool=Mode.AUTO, idle_reclaim=Mode.AUTO)
+
+
+# -- 1. modes and layouts --------------------------------------------------------------------------------
+
+
+def test_planner_switches_an_idle_whole_gpu_to_mig_for_a_queue_of_mig_requests():
+    snapshot = CapacitySnapshot(
+        gpus=(gpu(0, GpuMode.WHOLE, lease("busy")), gpu(1), gpu(2)),
+        queue=(Waiting("r1", "p1", MIG3, waited_seconds=600), Waiting("r2", "p1", MIG3, waited_seconds=300)),
+        policies=(AUTO,),
+    )
+    adjustments = plan_capacity(snapshot, now=NOW)
+    layouts = of(adjustments, AdjustmentKind.MIG_LAYOUT)
+    assert len(layouts) == 1  # two 3g fit one GPU
+    change = layouts[0].change
+    assert change.gpu == "g2" and change.from_mode == "whole" and change.to_mode == "mig"
+    assert sorted((s.start, s.profile) for s in change.slots) == [(0, "3g.40gb"), (4, "3g.40gb")]
+    assert layouts[0].mode == Mode.AUTO and layouts[0].risk == ()
+    assert layouts[0].expected_gain.time_to_gpu_seconds == 600
+    assert "2 queued request unit(s)" in layouts[0].reason
+    assert layout_problems(snapshot, adjustments) == []
+
+
+def test_planner_does_not_switch_when_the_queue_fits_as_things_are():
+    snapshot = CapacitySnapshot(gpus=(gpu(0, GpuMode.MIG), gpu(1)), queue=(Waiting("r1", "p1", MIG3),))
+    assert of(plan_capacity(snapshot, now=NOW), AdjustmentKind.MIG_LAYOUT) == []
+
+
+@pytest.mark.parametrize(
+    ("instances", "in_quota_queue", "expect_drain"),
+    [
+        ((lease("over", in_quota=False, profile="1g.10gb", start=0, milli=142),), True, True),  # gains 1000 > 142
+        ((lease("inq", in_quota=True, profile="1g.10gb", start=0, milli=142),), True, False),  # in-quota: never
+        ((lease("over", in_quota=False, profile="1g.10gb", start=0, milli=142),), False, False),  # queue over quota
+    ],
+)
+def test_planner_drains_only_over_quota_holders_for_in_quota_queue(instances, in_quota_queue, expect_drain):
+    snapshot = CapacitySnapshot(gpus=(gpu(0, GpuMode.MIG, *instances),),
+                                queue=(Waiting("r1", "p2", WHOLE, in_quota=in_quota_queue),))
+    switches = of(plan_capacity(snapshot, now=NOW), AdjustmentKind.MODE_SWITCH)
+    if expect_drain:
+        assert len(switches) == 1 and switches[0].change.drain and switches[0].risk == ("over",)
+        assert "gains 1000 milli, the drain takes 142" in switches[0].reason
+    else:
+        assert switches == []
+
+
+def test_planner_never_drains_when_the_queue_gains_less_than_it_loses():
+    holder = lease("over", in_quota=False)  # a whole over-quota GPU (1000) for one 1g (142)
+    snapshot = CapacitySnapshot(gpus=(gpu(0, GpuMode.WHOLE, holder),), queue=(Waiting("r1", "p2", MIG1),))
+    assert plan_capacity(snapshot, now=NOW) == []
+
+
+def test_planner_rebalances_idle_gpus_toward_the_history_mix():
+    history = History(NOW - 6 * 3600, NOW, (Arrivals(MIG1, 70),))  # only MIG demand (70 x 142 milli)
+    snapshot = CapacitySnapshot(gpus=(gpu(0), gpu(1)), history=history)
+    switches = of(plan_capacity(snapshot, now=NOW), AdjustmentKind.MIG_LAYOUT)
+    assert sorted(a.change.gpu for a in switches) == ["g0", "g1"]
+    assert all(a.change.to_mode == "mig" and a.mode == Mode.ADVISE for a in switches)
+
+
+# -- 2. warm pools ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("expected", "size"),
+    [(0.0, 0), (0.01, 1), (0.05, 1), (0.5, 3), (1.0, 4), (5.0, 10)],
+)
+def test_planner_poisson_pool_size_is_the_smallest_n_with_miss_under_5_percent(expected, size):
+    assert poisson_pool_size(expected, 50) == size
+
+
+def test_planner_sizes_a_warm_pool_from_arrivals_and_places_it_on_idle_mig_gpus():
+    # 120 arrivals of 1g in an hour, refill 30 s: 1 expected per refill -> 4 warm (P(X >= 4) = 1.9 %)
+    history = History(NOW - 3600, NOW, (Arrivals(MIG1, 120),))
+    snapshot = CapacitySnapshot(
+        gpus=(gpu(0, GpuMode.MIG, lease("a", profile="1g.10gb", start=0, milli=142)), gpu(1, GpuMode.MIG)),
+        history=history, prices=(Price(H100, 7000),), policies=(AUTO,))
+    pools = of(plan_capacity(snapshot, now=NOW), AdjustmentKind.WARM_POOL)
+    assert len(pools) == 1
+    change = pools[0].change
+    assert (change.size_before, change.size_after) == (0, 4)
+    assert {s.gpu for s in change.slots} == {"g1"}  # never on a GPU a lease holds
+    assert pools[0].expected_gain.money_minor == -4 * (7000 * 142 // 1000)
+    assert pools[0].expected_gain.time_to_gpu_seconds == 30
+    assert layout_problems(snapshot, pools) == []
+
+
+def test_planner_shrinks_the_warm_pool_when_demand_falls():
+    warm = (WarmInstance("w1", "1g.10gb", 0), WarmInstance("w2", "1g.10gb", 1))
+    snapshot = CapacitySnapshot(gpus=(gpu(0, GpuMode.MIG, warm=warm),), history=History(NOW - 3600, NOW, ()))
+    pools = of(plan_capacity(snapshot, now=NOW), AdjustmentKind.WARM_POOL)
+    assert [(a.change.size_before, a.change.size_after, a.change.remove) for a in pools] == [(2, 0, ("w1", "w2"))]
+
+
+def test_planner_keeps_no_pool_when_the_cold_path_meets_the_target():
+    history = History(NOW - 3600, NOW, (Arrivals(MIG1, 120),))
+    policy = Policy(warm_target_p95_seconds=60, cold_provision_seconds=30)
+    snapshot = CapacitySnapshot(gpus=(gpu(0, GpuMode.MIG),), history=history, policies=(policy,))
+    assert of(plan_capacity(snapshot, now=NOW), AdjustmentKind.WARM_POOL) == []
+
+
+# -- 3. idle reclaim ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("instance", "engine", "step"),
+    [
+        (lease("a"), 10, "notice"),  # interactive, 1 % < 5 %
+        (lease("a"), 80, None),  # busy
+        (lease("a", noticed_at=NOW - 1000), 10, "release"),  # notice 900 s ago, still idle
+        (lease("a", noticed_at=NOW - 100), 10, None),  # notice still running
+        (lease("a", in_quota=False, noticed_at=NOW - 400), 10, "preempt"),  # over quota: preempted, requeued
+        (lease("a", klass=WorkloadClass.TRAINING), 0, None),  # training: off by default
+    ],
+)
+def test_planner_idle_reclaim_steps(instance, engine, step):
+    snapshot = CapacitySnapshot(gpus=(gpu(0, GpuMode.WHOLE, instance),), utilisation=(series("a", engine),))
+    reclaims = of(plan_capacity(snapshot, now=NOW), AdjustmentKind.IDLE_RECLAIM)
+    assert [a.change.step for a in reclaims] == ([step] if step else [])
+    for adjustment in reclaims:
+        assert adjustment.risk == ("a",)
+        assert dict(adjustment.evidence.figures)["mean engine active (permille)"] == engine
+
+
+def test_planner_idle_reclaim_needs_the_whole_window_of_evidence():
+    snapshot = CapacitySnapshot(gpus=(gpu(0, GpuMode.WHOLE, lease("a")),), utilisation=(series("a", 0, minutes=20),))
+    assert of(plan_capacity(snapshot, now=NOW), AdjustmentKind.IDLE_RECLAIM) == []
+
+
+def test_planner_idle_reclaim_follows_the_project_policy():
+    off = Policy(scope="project:p1", idle_reclaim=Mode.OFF)
+    training_on = Policy(scope="project:p1", idle_rules=((ReclaimClass.TRAINING, IdleRule(True, 50, 1800, 600)),))
+    instance = lease("a", klass=WorkloadClass.TRAINING)
+    base = CapacitySnapshot(gpus=(gpu(0, GpuMode.WHOLE, instance),), utilisation=(series("a", 0),))
+    assert of(plan_capacity(base, now=NOW), AdjustmentKind.IDLE_RECLAIM) == []
+    on = CapacitySnapshot(base.gpus, utilisation=base.utilisation, policies=(Policy(), training_on))
+    assert len(of(plan_capacity(on, now=NOW), AdjustmentKind.IDLE_RECLAIM)) == 1
+    interactive = CapacitySnapshot((gpu(0, GpuMode.WHOLE, lease("a")),), utilisation=base.utilisation,
+                                   policies=(Policy(), off))
+    assert of(plan_capacity(interactive, now=NOW), AdjustmentKind.IDLE_RECLAIM) == []
+
+
+# -- 4. right-sizing and quota advice ---------------------------------------------------------------------
+
+
+def test_planner_right_sizes_a_whole_gpu_to_the_smallest_profile_that_fits_with_its_saving():
+    # 25 hours at 10 % engine activity and 8 GiB of framebuffer on a whole H100 priced 7000/h
+    util = Utilisation("a", NOW - 25 * 3600, 3600, (100,) * 25, (8000,) * 25)
+    snapshot = CapacitySnapshot(gpus=(gpu(0, GpuMode.WHOLE, lease("a", klass=WorkloadClass.TRAINING)),),
+                                utilisation=(util,), prices=(Price(H100, 7000),))
+    advice = of(plan_capacity(snapshot, now=NOW), AdjustmentKind.RIGHT_SIZE)
+    assert len(advice) == 1
+    change = advice[0].change
+    # needs 120 milli and 9600 MiB: 1g.10gb (142 milli, 9984 MiB) at 7000 * 142 // 1000 = 994 per hour
+    assert (change.profile, change.size_after) == ("1g.10gb", 142)
+    assert advice[0].expected_gain.money_minor == (7000 - 994) * 25
+    assert advice[0].mode == Mode.ADVISE
+
+
+def test_planner_right_sizing_prefers_a_profile_price_from_the_price_book():
+    util = Utilisation("a", NOW - 25 * 3600, 3600, (100,) * 25, (15000,) * 25)
+    prices = (Price(H100, 7000), Price(H100, 900, profile="2g.20gb"))  # under 1g.20gb pro rata (994)
+    snapshot = CapacitySnapshot(gpus=(gpu(0, GpuMode.WHOLE, lease("a")),), utilisation=(util,), prices=prices)
+    advice = of(plan_capacity(snapshot, now=NOW), AdjustmentKind.RIGHT_SIZE)
+    assert advice[0].change.profile == "2g.20gb"
+    assert advice[0].expected_gain.money_minor == (7000 - 900) * 25
+
+
+def test_planner_right_sizing_needs_a_day_of_evidence():
+    util = Utilisation("a", NOW - 3600, 3600, (100,), (8000,))
+    snapshot = CapacitySnapshot(gpus=(gpu(0, GpuMode.WHOLE, lease("a")),), utilisation=(util,),
+                                prices=(Price(H100, 7000),))
+    assert of(plan_capacity(snapshot, now=NOW), AdjustmentKind.RIGHT_SIZE) == []
+
+
+@pytest.mark.parametrize(
+    ("deserved", "use", "after"),
+    [(8000, 2000, 2000), (2000, 3500, 4000), (4000, 3000, None)],
+)
+def test_planner_quota_advice_compares_deserved_with_p95_use(deserved, use, after):
+    samples = (use,) * 100
+    snapshot = CapacitySnapshot(gpus=(), quotas=(QuotaSpec("p1", "t", H100, deserved, 16000),),
+                                quota_use=(QuotaUse("p1", H100, NOW - 100 * 3600, 3600, samples),))
+    advice = of(plan_capacity(snapshot, now=NOW), AdjustmentKind.QUOTA_ADVICE)
+    assert [a.change.size_after for a in advice] == ([after] if after is not None else [])
+
+
+def test_planner_kind_off_proposes_nothing():
+    off = Policy(mode_switch=Mode.OFF, mig_layout=Mode.OFF, warm_pool=Mode.OFF, idle_reclaim=Mode.OFF,
+                 right_size=Mode.OFF, quota_advice=Mode.OFF)
+    snapshot = CapacitySnapshot(gpus=(gpu(0, GpuMode.WHOLE, lease("a")), gpu(1)),
+                                queue=(Waiting("r", "p1", MIG3),), utilisation=(series("a", 0),),
+                                history=History(NOW - 3600, NOW, (Arrivals(MIG1, 500),)), policies=(off,))
+    assert plan_capacity(snapshot, now=NOW) == []
