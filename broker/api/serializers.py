@@ -1,4 +1,5 @@
 from django.conf import settings
+from django.core.validators import MaxValueValidator, MinValueValidator
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
@@ -73,19 +74,46 @@ class InventoryField(serializers.JSONField):
     """The ``inventory`` of an enrollment; ``broker.services.node_inventory_sync`` validates each GPU."""
 
 
+class BoundedIntegerField(serializers.IntegerField):
+    """An integer whose documented bounds are the settings' at schema time, checked against the settings in
+    force at each request (tests and deployments change them), in the service's own words, so the API and
+    the portal say the same sentence for the same input."""
+
+    def __init__(self, *, bounds, message: str, **kwargs):
+        self._bounds, self._message = bounds, message
+        low, high = bounds()
+        super().__init__(min_value=low, max_value=high, **kwargs)
+        self.validators = [v for v in self.validators if not isinstance(v, MinValueValidator | MaxValueValidator)]
+
+    def to_internal_value(self, data):
+        value = super().to_internal_value(data)
+        low, high = self._bounds()
+        if not low <= value <= high:
+            raise serializers.ValidationError(self._message.format(low=low, high=high))
+        return value
+
+
+def _duration_bounds() -> tuple[int, int]:
+    return settings.LEASE_MIN_DURATION_SECONDS, settings.LEASE_MAX_DURATION_SECONDS
+
+
+def _duration_field(**kwargs) -> BoundedIntegerField:
+    return BoundedIntegerField(bounds=_duration_bounds, **kwargs,
+                               message="duration_seconds must be a whole number from {low} to {high}.")
+
+
 class LeaseCreateInput(StrictSerializer):
     project = serializers.CharField(max_length=63, help_text="a project slug (unknown: 404)")
     gpu = GpuRequestField(help_text='{"kind": "mig", "profile": "1g.10gb"} | {"kind": "whole", "count": 2, '
                                           '"model": "H100-80GB"} | {"kind": "share", "milli": 250, "memory_mib": 8192}')
     workload_class = serializers.ChoiceField(choices=WorkloadClass.choices, default=WorkloadClass.TRAINING)
-    priority = serializers.IntegerField(default=0, min_value=-100, max_value=100)
-    duration_seconds = serializers.IntegerField(default=3600, min_value=settings.LEASE_MIN_DURATION_SECONDS,
-                                                max_value=settings.LEASE_MAX_DURATION_SECONDS)
+    priority = BoundedIntegerField(default=0, bounds=lambda: (-100, 100),
+                                   message="priority must be a whole number from {low} to {high}.")
+    duration_seconds = _duration_field(default=3600)
 
 
 class LeaseRenewInput(StrictSerializer):
-    duration_seconds = serializers.IntegerField(min_value=settings.LEASE_MIN_DURATION_SECONDS,
-                                                max_value=settings.LEASE_MAX_DURATION_SECONDS)
+    duration_seconds = _duration_field()
 
 
 class DeviceOutput(serializers.ModelSerializer):
