@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,10 +30,10 @@ def free_port() -> int:
 
 
 def test_database_url() -> str:
-    """The URL of the database the tests run against (pytest-django's ``test_…`` database)."""
-    s = connection.settings_dict
-    password = f":{s['PASSWORD']}" if s.get("PASSWORD") else ""
-    return f"postgres://{s['USER']}{password}@{s['HOST'] or '127.0.0.1'}:{s['PORT'] or 5432}/{s['NAME']}"
+    """The URL of the database the tests run against (pytest-django's ``test_…`` database), over TCP or the
+    embedded server's Unix socket: the plugin's ``DATABASE_URL`` with the test database's name."""
+    parts = urllib.parse.urlsplit(os.environ["DATABASE_URL"])
+    return urllib.parse.urlunsplit(parts._replace(path="/" + connection.settings_dict["NAME"]))
 
 
 @contextlib.contextmanager
