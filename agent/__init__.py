@@ -1,4 +1,4 @@
-"""The node agent: a small daemon on every GPU machine (DESIGN.md §6, docs/agent-protocol.md).
+"""The node agent: a small daemon on every GPU machine (docs/architecture.md §6, docs/agent-protocol.md).
 
 Standard library, aiohttp and nvidia-ml-py only; of the project it imports ``gpus`` and nothing else, so
 it can be installed on a GPU machine on its own.

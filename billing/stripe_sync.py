@@ -1,4 +1,4 @@
-"""Stripe mirror of our invoices (DESIGN.md §5.7): push finalized invoices, apply Stripe's webhook events.
+"""Stripe mirror of our invoices (docs/architecture.md §5.7): push finalized invoices, apply Stripe's webhook events.
 
 Push (:func:`invoice_push`, run by the Celery task :func:`invoice_push_task` after finalization and re-run by
 the periodic :func:`invoices_push_due`): the tenant's customer (one per tenant, ``BillingAccount``), a Stripe

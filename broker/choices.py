@@ -2,7 +2,7 @@ from django.db import models
 
 
 class LeaseState(models.TextChoices):
-    """DESIGN.md §4. PREEMPTED: a notice was sent; the lease still runs until its deadline, then is
+    """docs/architecture.md §4. PREEMPTED: a notice was sent; the lease still runs until its deadline, then is
     released and QUEUED again."""
 
     REQUESTED = "requested", "Requested"

@@ -97,7 +97,7 @@ class Gpu(models.Model):
 
 
 class Lease(models.Model):
-    """A tenant's request for GPU capacity and its life (DESIGN.md §4). The shape is what was asked;
+    """A tenant's request for GPU capacity and its life (docs/architecture.md §4). The shape is what was asked;
     ``tier`` and the allocations are what the scheduler gave."""
 
     tenant_lookup = "tenant"

@@ -1,4 +1,4 @@
-"""The only writers of leasing data (DESIGN.md §4-5).
+"""The only writers of leasing data (docs/architecture.md §4-5).
 
 Every lease change is a conditional update (``WHERE state = <the state we read>``) plus a ``LeaseEvent``
 in the same transaction; a change that lost a race raises ``LeaseStateConflict`` and writes nothing.

@@ -1,4 +1,4 @@
-"""Dependencies point one way (DESIGN.md §2): the catalogue, the scheduling core and the capacity planner
+"""Dependencies point one way (docs/architecture.md §2): the catalogue, the scheduling core and the capacity planner
 import only the standard library and themselves (the planner also the scheduler's types); the node agent
 imports the catalogue and itself. Relative imports count as imports of the package they resolve into."""
 

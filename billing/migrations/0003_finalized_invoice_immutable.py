@@ -1,4 +1,4 @@
-"""A finalized invoice never changes (DESIGN.md §7.4), whatever code tries:
+"""A finalized invoice never changes (docs/architecture.md §7.4), whatever code tries:
 
 1. ``invoice_frozen``: once an invoice is no longer a draft, its tenant, period, currency, number and
    amounts cannot change, and it cannot be deleted; status may only move forward (finalized → paid |

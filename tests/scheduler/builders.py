@@ -1,4 +1,4 @@
-"""Builders for scheduler tests (fleets, quotas, requests) and the checker of DESIGN.md §7 rules 1 and 2.
+"""Builders for scheduler tests (fleets, quotas, requests) and the checker of docs/architecture.md §7 rules 1 and 2.
 
 Everything here is plain data: the scheduling core needs no database. ``outcome`` turns a snapshot and
 the decisions ``plan`` returned into the allocations that hold capacity afterwards (the snapshot's,

@@ -1,4 +1,4 @@
-"""Fair share (DESIGN.md §3): idle capacity is divided among over-quota demand by weighted max-min
+"""Fair share (docs/architecture.md §3): idle capacity is divided among over-quota demand by weighted max-min
 fairness on ``over_quota_weight``."""
 
 from collections import Counter

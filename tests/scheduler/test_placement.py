@@ -1,4 +1,4 @@
-"""Placement (DESIGN.md §3): MIG start slots, shares within 1000 milli and GPU memory, whole GPUs exclusive,
+"""Placement (docs/architecture.md §3): MIG start slots, shares within 1000 milli and GPU memory, whole GPUs exclusive,
 gangs on one node and all-or-nothing, cordoned nodes skipped, allowed models, ``auto`` cheapest tier."""
 
 import pytest

@@ -1,4 +1,4 @@
-"""Property tests (hypothesis) of DESIGN.md §7 rules 1 and 2 for random fleets and request lists, under
+"""Property tests (hypothesis) of docs/architecture.md §7 rules 1 and 2 for random fleets and request lists, under
 every placement policy, over two cycles (the second starts from the first one's allocations)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Quotas (DESIGN.md §3): deserved is guaranteed and non-preemptible, over-quota work borrows idle capacity
+"""Quotas (docs/architecture.md §3): deserved is guaranteed and non-preemptible, over-quota work borrows idle capacity
 preemptibly, ``limit`` (project and tenant) is never exceeded, weight 0 never borrows."""
 
 from dataclasses import replace

@@ -1,4 +1,4 @@
-"""Reclaim (DESIGN.md §3): an in-quota request that does not fit preempts over-quota work — fewest victims,
+"""Reclaim (docs/architecture.md §3): an in-quota request that does not fit preempts over-quota work — fewest victims,
 lowest priority, youngest first, never non-preemptible work, never work younger than the minimum runtime."""
 
 import pytest
