@@ -5,7 +5,8 @@ Backends are synchronous and not thread-safe: the HTTP server serialises every c
 server turns them into problem responses with the status and the reason, and nothing has changed.
 
 Instances are keyed by the broker's allocation id. ``create`` is idempotent: the same id with the same
-spec returns the existing instance; the same id with another spec is ``Conflict``.
+spec returns the existing instance; the same id with another spec is ``Conflict``. ``set_mode`` is
+idempotent too (the GPU's mode again changes nothing) and never touches a GPU that holds an instance.
 """
 
 from __future__ import annotations
@@ -125,6 +126,25 @@ class InstanceSpec:
         return data
 
 
+def mode_from_json(body: object) -> str:
+    """Validate the JSON body of ``PUT /v1/gpus/{uuid}/mode`` (``{"mode": "whole" | "mig" | "shared"}``)."""
+    if not isinstance(body, dict):
+        raise InvalidRequest("the body must be a JSON object", field="body")
+    unknown = sorted(set(body) - {"mode"})
+    if unknown:
+        raise InvalidRequest(f"unknown field {unknown[0]!r}", field=unknown[0])
+    mode = body.get("mode")
+    if mode not in MODES:
+        raise InvalidRequest(f"mode must be one of {', '.join(MODES)}", field="mode")
+    return mode
+
+
+def held_refusal(gpu_label: str, mode: str, allocation_ids: list[str]) -> Conflict:
+    """The refusal of a mode change on a GPU that holds instances (a reset would destroy them)."""
+    return Conflict(f"GPU {gpu_label} holds instance(s) {', '.join(allocation_ids)}; its mode cannot change to "
+                    f"{mode} until they are destroyed", field="gpu")
+
+
 @dataclass(slots=True)
 class GpuReading:
     """Whole-GPU telemetry (power and energy exist only here: never per instance)."""
@@ -202,6 +222,19 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def readings(self, now: float) -> Readings:
         """Telemetry for ``/metrics``."""
+
+    def set_mode(self, gpu_uuid: str, mode: str) -> dict:
+        """Put the GPU in ``mode`` (one of ``MODES``) and return its inventory entry. The same mode again
+        changes nothing. Refused, changing nothing: an unknown GPU (``NotFound``), ``mig`` on a model
+        without MIG (``InvalidRequest``), a GPU holding any instance (``Conflict``)."""
+        raise NotPermitted(f"the {self.name} backend cannot change GPU modes", field="mode")
+
+    def gpu(self, gpu_uuid: str) -> dict:
+        """One GPU's inventory entry (``NotFound`` when the node has no such GPU)."""
+        for item in self.inventory()["gpus"]:
+            if item["uuid"] == gpu_uuid:
+                return item
+        raise NotFound(f"no GPU {gpu_uuid!r} on this node", field="gpu")
 
     def instance(self, allocation_id: str) -> dict:
         for item in self.inventory()["instances"]:

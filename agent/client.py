@@ -83,6 +83,11 @@ class AgentClient:
         return self.request("POST", f"/v1/instances/{quote(allocation_id, safe='')}/notice",
                             {"deadline": deadline, "reason": reason})
 
+    def set_gpu_mode(self, gpu_uuid: str, mode: str) -> dict:
+        """Put a GPU in ``whole``, ``mig`` or ``shared`` mode (``PUT /v1/gpus/{uuid}/mode``): its inventory
+        entry after the change. Refused (``AgentHTTPError``) with 409 while the GPU holds an instance."""
+        return self.request("PUT", f"/v1/gpus/{quote(gpu_uuid, safe='')}/mode", {"mode": mode})
+
     def faults(self, **switches) -> dict:
         return self.request("POST", "/v1/faults", switches)
 

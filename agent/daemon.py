@@ -13,6 +13,9 @@ Configuration: a TOML file (``--config``) and/or flags (flags win)::
     secret = ""                                   # a fixed per-node secret instead of enrolling
     metrics_token = ""                            # optional bearer token for /metrics
     allow_mig_changes = false                     # nvml only: permit creating/destroying MIG instances
+                                                  # and changing GPU modes
+    create_latency_seconds = 0.0                  # sim only: each instance created answers this much later
+    mode_change_latency_seconds = 0.0             # sim only: each GPU mode change answers this much later
 
 Enrollment (``POST {broker}/api/v1/agents/enroll``, the token in the body) returns the per-node secret,
 saved as ``state_dir/secret`` (0600); later starts reuse it. Heartbeats (``POST
@@ -49,6 +52,7 @@ from agent.signing import sign
 
 logger = logging.getLogger("agent")
 MAX_BACKOFF = 60.0
+MAX_LATENCY_SECONDS = 600.0  # the sim's own bound (agent.sim.MAX_LATENCY_SECONDS)
 
 
 @dataclass
@@ -67,6 +71,8 @@ class AgentConfig:
     advertise_url: str = ""
     allow_mig_changes: bool = False
     heartbeat_seconds: float = 15.0
+    create_latency_seconds: float = 0.0  # sim only: modelled MIG creation time
+    mode_change_latency_seconds: float = 0.0  # sim only: modelled GPU reset time
 
     def validate(self) -> AgentConfig:
         if not self.node_id:
@@ -76,6 +82,12 @@ class AgentConfig:
         host, _, port = self.listen.rpartition(":")
         if not host or not port.isdigit():
             raise ValueError(f"listen must be HOST:PORT, got {self.listen!r}")
+        for name in ("create_latency_seconds", "mode_change_latency_seconds"):
+            value = getattr(self, name)
+            if not isinstance(value, int | float) or isinstance(value, bool) or not 0 <= value <= MAX_LATENCY_SECONDS:
+                raise ValueError(f"{name} must be a number of seconds 0..{MAX_LATENCY_SECONDS:g}, got {value!r}")
+            if value and self.backend != "sim":
+                raise ValueError(f"{name} models device time in the sim backend only; a real GPU takes its own")
         if self.broker_url and not self.broker_url.startswith(("http://", "https://")):
             raise ValueError(f"broker_url must be http(s)://..., got {self.broker_url!r}")
         self.hostname = self.hostname or socket.gethostname()
@@ -111,7 +123,9 @@ def build_backend(config: AgentConfig, state_dir: Path | None = None) -> Backend
         return NvmlBackend(state, config.hostname, allow_mig_changes=config.allow_mig_changes)
     from agent.sim import SimBackend, parse_gpu_specs
 
-    return SimBackend(state, config.node_id, parse_gpu_specs(config.gpus))
+    return SimBackend(state, config.node_id, parse_gpu_specs(config.gpus),
+                      create_latency_seconds=config.create_latency_seconds,
+                      mode_change_latency_seconds=config.mode_change_latency_seconds)
 
 
 # -- secret ---------------------------------------------------------------------------------------
@@ -320,6 +334,14 @@ def serve(config: AgentConfig) -> None:
     web.run_app(app, host=host, port=port, shutdown_timeout=10, print=None, access_log=None)
 
 
+def add_latency_flags(parser: argparse.ArgumentParser, *, default: float | None) -> None:
+    """``--create-latency`` and ``--mode-change-latency`` (sim only), shared with ``agent.fleet``."""
+    parser.add_argument("--create-latency", dest="create_latency_seconds", type=float, default=default,
+                        metavar="SECONDS", help="sim: each instance created answers this much later (MIG creation)")
+    parser.add_argument("--mode-change-latency", dest="mode_change_latency_seconds", type=float, default=default,
+                        metavar="SECONDS", help="sim: each GPU mode change answers this much later (a GPU reset)")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m agent", description="GPU broker node agent")
     parser.add_argument("--config", help="TOML configuration file")
@@ -327,6 +349,7 @@ def main(argv: list[str] | None = None) -> int:
                  "metrics-token", "hostname", "advertise-url"):
         parser.add_argument(f"--{name}", dest=name.replace("-", "_"))
     parser.add_argument("--allow-mig-changes", action="store_true", default=None)
+    add_latency_flags(parser, default=None)
     parser.add_argument("--log-level", default="INFO")
     args = vars(parser.parse_args(argv))
     logging.basicConfig(level=args.pop("log_level"), format="%(asctime)s %(levelname)s %(name)s %(message)s")

@@ -9,8 +9,10 @@ The fleet writes ``fleet.json`` (node id, URL, secret: what a broker or a test n
 0600; rewritten whenever a node's secret changes, e.g. once the nodes have enrolled) and
 ``prometheus-targets.json`` (a file_sd list with one target per node) into ``--state-dir``.
 
-``--shape`` may repeat: the nodes cycle through the shapes (``--shape h100-80gb:8:mig --shape
-a100-80gb:8:whole``); one shape may list several GPU groups (``h100-80gb:4:mig,l4:2:shared``).
+``--create-latency`` / ``--mode-change-latency`` (seconds) make every node's creates and mode changes
+answer that much later, as on real GPUs (``agent.sim``). ``--shape`` may repeat: the nodes cycle through
+the shapes (``--shape h100-80gb:8:mig --shape a100-80gb:8:whole``); one shape may list several GPU
+groups (``h100-80gb:4:mig,l4:2:shared``).
 """
 
 from __future__ import annotations
@@ -26,7 +28,14 @@ from pathlib import Path
 import aiohttp
 from aiohttp import web
 
-from agent.daemon import AgentConfig, BrokerLink, generated_secret, read_enrollment_token, stored_secret
+from agent.daemon import (
+    AgentConfig,
+    BrokerLink,
+    add_latency_flags,
+    generated_secret,
+    read_enrollment_token,
+    stored_secret,
+)
 from agent.server import AgentNode, node_app, problem_middleware
 from agent.sim import SimBackend, parse_gpu_specs
 
@@ -35,7 +44,8 @@ logger = logging.getLogger("agent.fleet")
 
 class Fleet:
     def __init__(self, nodes: int, shapes: list[str], state_dir: Path, *, host: str = "127.0.0.1", port: int = 9400,
-                 prefix: str = "sim", broker_url: str = "", enrollment_token: str = "", metrics_token: str = ""):
+                 prefix: str = "sim", broker_url: str = "", enrollment_token: str = "", metrics_token: str = "",
+                 create_latency_seconds: float = 0.0, mode_change_latency_seconds: float = 0.0):
         if nodes < 1:
             raise ValueError("--nodes must be at least 1")
         self.shapes = [parse_gpu_specs(shape) for shape in shapes or ["h100-80gb:8:mig"]]
@@ -49,7 +59,9 @@ class Fleet:
             node_id = f"{prefix}-{number:04d}"
             directory = self.state_dir / node_id
             directory.mkdir(parents=True, exist_ok=True)
-            backend = SimBackend(directory, node_id, self.shapes[(number - 1) % len(self.shapes)])
+            backend = SimBackend(directory, node_id, self.shapes[(number - 1) % len(self.shapes)],
+                                 create_latency_seconds=create_latency_seconds,
+                                 mode_change_latency_seconds=mode_change_latency_seconds)
             secret = stored_secret(directory) if broker_url else generated_secret(directory)
             self.nodes.append(AgentNode(node_id, backend, secret, node_id, metrics_token=metrics_token))
             self.configs.append(AgentConfig(
@@ -149,6 +161,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="a file (mode 0600) holding a token the broker accepts for --nodes enrollments; "
                              "or set GPUB_ENROLLMENT_TOKEN")
     parser.add_argument("--metrics-token", default="")
+    add_latency_flags(parser, default=0.0)
     parser.add_argument("--ready-file", default="", help="written (with the PID) once the fleet listens")
     parser.add_argument("--log-level", default="INFO")
     args = parser.parse_args(argv)
@@ -158,7 +171,8 @@ def main(argv: list[str] | None = None) -> int:
         fleet = Fleet(args.nodes, args.shape, Path(args.state_dir), host=host, port=int(port), prefix=args.prefix,
                       broker_url=args.broker_url,
                       enrollment_token=read_enrollment_token(args.enrollment_token_file) if args.broker_url else "",
-                      metrics_token=args.metrics_token)
+                      metrics_token=args.metrics_token, create_latency_seconds=args.create_latency_seconds,
+                      mode_change_latency_seconds=args.mode_change_latency_seconds)
         asyncio.run(run_fleet(fleet, ready_file=args.ready_file))
     except (ValueError, OSError) as error:
         logger.error("%s", error)

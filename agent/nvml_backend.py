@@ -13,6 +13,12 @@ What it guarantees:
   fails, the first is destroyed again.
 - What this agent holds is recorded in ``state_dir/nvml-state.json`` (written atomically), so a restarted
   agent knows its instances; one that disappeared from the device is reported with state ``vanished``.
+- GPU mode changes (``set_mode``) also need ``allow_mig_changes`` and are refused (409) while the GPU holds
+  any instance, this agent's or another's GPU instance: a GPU with a live instance is never reset.
+  ``whole`` <-> ``mig`` is ``nvmlDeviceSetMigMode``; when its activation needs a GPU reset (which this agent
+  never does) the answer is 409 saying so. ``shared`` is MIG disabled on the device (shares are MPS limits);
+  the chosen ``whole`` or ``shared`` is kept in the state file, so the inventory says the same after a
+  restart, and creates then follow it (a whole instance needs ``whole``, a share ``shared``).
 
 Whole GPUs and shares need no NVML change: a whole GPU is handed out by UUID, a share as MPS limits in the
 instance's ``access`` environment (the MPS control daemon enforces them; this backend only records them).
@@ -47,6 +53,7 @@ from agent.backend import (
     NotPermitted,
     Readings,
     Unavailable,
+    held_refusal,
 )
 from gpus.catalogue import MODELS, GpuModel, model_get
 from gpus.mig import MigPlacement, MigProfile, UnknownProfile, layout_problem, profile_get, profiles_for
@@ -205,7 +212,7 @@ class NvmlBackend(Backend):
         self._open = True
         try:
             self._gpus = self._discover()
-            self._instances: dict[str, dict] = self._load()
+            self._instances, self._modes = self._load()
         except BaseException:
             self.close()
             raise
@@ -219,8 +226,7 @@ class NvmlBackend(Backend):
         for gpu in self._gpus:
             view = self._mig_view(gpu) if self._mig_enabled(gpu) else None
             views[gpu.uuid] = view
-            held = [i for i in self._instances.values() if i["gpu"] == gpu.uuid]
-            mode = "mig" if view is not None else "shared" if any(i["kind"] == "share" for i in held) else "whole"
+            mode = "mig" if view is not None else self._plain_mode(gpu)
             gpus.append(
                 {
                     "index": gpu.index,
@@ -293,6 +299,51 @@ class NvmlBackend(Backend):
             raise Unavailable(f"could not write the state file {self._state_path}: {error}") from error
         return copy.deepcopy(instance)
 
+    def set_mode(self, gpu_uuid: str, mode: str) -> dict:
+        gpu = self._by_uuid.get(gpu_uuid)
+        if gpu is None:
+            known = ", ".join(self._by_uuid) or "none"
+            raise NotFound(f"no GPU {gpu_uuid!r} on {self.hostname}; GPUs: {known}", field="gpu")
+        if not self.allow_mig_changes:
+            raise NotPermitted(
+                "MIG changes are disabled on this agent (allow_mig_changes is off): "
+                f"not changing GPU {gpu.uuid} to {mode} mode",
+                field="mode",
+            )
+        if mode == "mig" and not (gpu.model and gpu.model.mig_capable):
+            raise InvalidRequest(f"{gpu.model_code} offers no MIG: GPU {gpu.uuid} can be whole or shared", field="mode")
+        mig_now = self._mig_enabled(gpu)
+        current = "mig" if mig_now else self._plain_mode(gpu)
+        if current == mode:
+            return self.gpu(gpu_uuid)
+        held = sorted(i["allocation_id"] for i in self._instances.values() if i["gpu"] == gpu.uuid)
+        if held:
+            raise held_refusal(gpu.uuid, mode, held)
+        if mig_now:
+            others = sorted(entry["gpu_instance_id"] for entry in self._mig_view(gpu).layout)
+            if others:
+                raise Conflict(
+                    f"GPU {gpu.uuid} holds GPU instance(s) {', '.join(map(str, others))} that this agent did not "
+                    f"make; its mode cannot change to {mode} until they are destroyed",
+                    field="gpu",
+                )
+        if (mode == "mig") != mig_now:
+            self._switch_mig(gpu, enable=mode == "mig")
+        previous = self._modes.get(gpu.uuid)
+        if mode == "mig":
+            self._modes.pop(gpu.uuid, None)
+        else:
+            self._modes[gpu.uuid] = mode
+        try:
+            self._save()
+        except OSError as error:
+            if previous is None:
+                self._modes.pop(gpu.uuid, None)
+            else:
+                self._modes[gpu.uuid] = previous
+            raise Unavailable(f"could not write the state file {self._state_path}: {error}") from error
+        return self.gpu(gpu_uuid)
+
     def readings(self, now: float) -> Readings:
         """One sample. A field NVML cannot give (Not Supported, or an error) reads 0 or None; one failing
         call never fails the whole read."""
@@ -352,6 +403,33 @@ class NvmlBackend(Backend):
                 "nvml": _text(self.nvml.nvmlSystemGetNVMLVersion()),
             }
 
+    # --- modes ------------------------------------------------------------------------------------------
+
+    def _plain_mode(self, gpu: _Gpu) -> str:
+        """``whole`` or ``shared`` of a GPU with MIG disabled: as last set, else as its instances show."""
+        recorded = self._modes.get(gpu.uuid)
+        if recorded in ("whole", "shared"):
+            return recorded
+        held = [i for i in self._instances.values() if i["gpu"] == gpu.uuid]
+        return "shared" if any(i["kind"] == "share" for i in held) else "whole"
+
+    def _switch_mig(self, gpu: _Gpu, *, enable: bool) -> None:
+        """Enable or disable MIG; an activation that needs a GPU reset (or an idle GPU) is ``Conflict``: the
+        agent never resets a GPU. The device's handle is looked up again afterwards, as NVML asks."""
+        nv = self.nvml
+        wanted = nv.NVML_DEVICE_MIG_ENABLE if enable else nv.NVML_DEVICE_MIG_DISABLE
+        verb = "enabling" if enable else "disabling"
+        with self._errors(f"{verb} MIG on GPU {gpu.uuid}"):
+            status = nv.nvmlDeviceSetMigMode(gpu.handle, wanted)
+        if status != nv.NVML_SUCCESS:
+            raise _pending_refusal(nv, gpu, verb, status)
+        with self._errors(f"looking up GPU {gpu.uuid} again after {verb} MIG"):
+            gpu.handle = nv.nvmlDeviceGetHandleByUUID(gpu.uuid)
+            current, _pending = nv.nvmlDeviceGetMigMode(gpu.handle)
+        if current != wanted:
+            raise _pending_refusal(nv, gpu, verb, nv.NVML_ERROR_RESET_REQUIRED)
+        gpu.gi_profiles = None  # read again in the new mode
+
     # --- creating and destroying ------------------------------------------------------------------------
 
     def _create_plain(self, allocation_id: str, gpu: _Gpu, spec: InstanceSpec) -> dict:
@@ -359,6 +437,12 @@ class NvmlBackend(Backend):
         if self._mig_enabled(gpu):
             raise InvalidRequest(
                 f"GPU {gpu.uuid} ({gpu.model_code}) is in MIG mode; it takes kind 'mig' only", field="kind"
+            )
+        recorded = self._modes.get(gpu.uuid)
+        wanted = "shared" if spec.kind == "share" else "whole"
+        if recorded is not None and recorded != wanted:
+            raise InvalidRequest(
+                f"GPU {gpu.uuid} is in {recorded} mode; a {spec.kind} instance needs {wanted} mode", field="kind"
             )
         held = [i for i in self._instances.values() if i["gpu"] == gpu.uuid]
         if any(i["kind"] == "whole" for i in held):
@@ -686,26 +770,31 @@ class NvmlBackend(Backend):
 
     # --- the state file ---------------------------------------------------------------------------------
 
-    def _load(self) -> dict[str, dict]:
+    def _load(self) -> tuple[dict[str, dict], dict[str, str]]:
+        """(instances by allocation id, the ``whole``/``shared`` mode chosen per GPU UUID)."""
         try:
             text = self._state_path.read_text()
         except FileNotFoundError:
-            return {}
+            return {}, {}
         except OSError as error:
             raise Unavailable(f"cannot read the state file {self._state_path}: {error}") from error
         try:
             data = json.loads(text)
             instances = data["instances"]
+            modes = data.get("modes", {})  # absent in files written before mode changes existed
             if not isinstance(instances, dict):
                 raise TypeError("instances is not an object")
+            if not isinstance(modes, dict) or not set(modes.values()) <= {"whole", "shared"}:
+                raise TypeError("modes is not an object of GPU UUID: whole | shared")
         except (ValueError, KeyError, TypeError) as error:
             raise Unavailable(f"the state file {self._state_path} is not valid: {error}") from error
-        return instances
+        return instances, modes
 
     def _save(self) -> None:
         """Write the state file atomically: a temporary file, fsync, then rename over the old one."""
         self.state_dir.mkdir(parents=True, exist_ok=True)
-        payload = {"version": STATE_VERSION, "hostname": self.hostname, "instances": self._instances}
+        payload = {"version": STATE_VERSION, "hostname": self.hostname, "instances": self._instances,
+                   "modes": self._modes}
         descriptor, temporary = tempfile.mkstemp(dir=self.state_dir, prefix=f".{STATE_FILE}.", suffix=".tmp")
         try:
             with os.fdopen(descriptor, "w") as stream:
@@ -755,6 +844,20 @@ def _instance(
         "access": access,
         "state": "active",
     }
+
+
+def _pending_refusal(nv: Any, gpu: _Gpu, verb: str, status: int) -> Conflict:
+    """The refusal when NVML accepted a MIG mode change but could not activate it (``status`` is the
+    activation's NVML return code): the mode is pending until the GPU is reset, which the agent never does."""
+    if status == nv.NVML_ERROR_IN_USE:
+        why = "the GPU is in use (processes or a client such as the persistence daemon hold it)"
+        then = "stop them and ask again, or reset the GPU"
+    else:
+        why = f"activation needs a GPU reset (NVML: {nv.NVMLError(status)})"
+        then = f"drain it and reset it by hand (nvidia-smi -r -i {gpu.index}, or reboot), then ask again"
+    return Conflict(
+        f"{verb} MIG on GPU {gpu.uuid} is pending: {why}; the agent does not reset GPUs: {then}", field="gpu"
+    )
 
 
 def _spec_of(instance: dict) -> InstanceSpec:

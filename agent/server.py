@@ -23,7 +23,16 @@ from dataclasses import dataclass, field
 from aiohttp import web
 
 from agent import PROTOCOL, __version__
-from agent.backend import TYPE_BASE, AgentError, Backend, InstanceSpec, InvalidRequest, NotFound, problem_body
+from agent.backend import (
+    TYPE_BASE,
+    AgentError,
+    Backend,
+    InstanceSpec,
+    InvalidRequest,
+    NotFound,
+    mode_from_json,
+    problem_body,
+)
 from agent.metrics import render
 from agent.signing import NonceCache, SignatureError, verify
 
@@ -48,6 +57,24 @@ class AgentNode:
         """Run one backend call: serialised for this node, off the event loop."""
         async with self.lock:
             return await asyncio.get_running_loop().run_in_executor(None, function, *args)
+
+    async def change(self, function, *args):
+        """Run a backend call that changes the device, then wait the device time it models (the sim's
+        ``create_latency_seconds`` / ``mode_change_latency_seconds``) with ``asyncio.sleep``: after the
+        lock is released, so this node's other requests and the other nodes of a fleet go on meanwhile."""
+        take_latency = getattr(self.backend, "take_latency", None)
+
+        def run():
+            try:
+                result = function(*args)
+            finally:
+                owed = take_latency() if take_latency is not None else 0.0
+            return result, owed
+
+        result, owed = await self.call(run)
+        if owed > 0:
+            await asyncio.sleep(owed)
+        return result
 
 
 def problem(status: int, code: str, title: str, detail: str, field_name: str | None = None) -> web.Response:
@@ -153,7 +180,7 @@ async def instance_put(request: web.Request) -> web.Response:
     node = _node(request)
     allocation_id = _allocation_id(request)
     spec = InstanceSpec.from_json(await _json_body(request))
-    instance, created = await node.call(node.backend.create, allocation_id, spec)
+    instance, created = await node.change(node.backend.create, allocation_id, spec)
     if created:
         logger.info("created %s: %s", allocation_id, json.dumps(spec.to_json(), sort_keys=True))
     return web.json_response(instance, status=201 if created else 200)
@@ -180,7 +207,7 @@ async def instances_put(request: web.Request) -> web.Response:
         except AgentError as error:
             answers[allocation_id] = {"status": error.status, "problem": problem_body(error)}
     if specs:
-        answers.update(await node.call(node.backend.create_many, specs))
+        answers.update(await node.change(node.backend.create_many, specs))
     for allocation_id, answer in answers.items():
         if answer["status"] == 201:
             logger.info("created %s: %s", allocation_id, json.dumps(specs[allocation_id].to_json(), sort_keys=True))
@@ -213,6 +240,17 @@ async def instance_notice(request: web.Request) -> web.Response:
     return web.json_response(instance)
 
 
+async def gpu_mode_put(request: web.Request) -> web.Response:
+    """``{"mode": "whole" | "mig" | "shared"}`` → the GPU's inventory entry after the change (the same mode
+    again changes nothing); refused when the GPU holds an instance (409), see docs/agent-protocol.md."""
+    node = _node(request)
+    gpu_uuid = request.match_info["gpu_uuid"]
+    mode = mode_from_json(await _json_body(request))
+    entry = await node.change(node.backend.set_mode, gpu_uuid, mode)
+    logger.info("GPU %s is in %s mode", gpu_uuid, entry["mode"])
+    return web.json_response(entry)
+
+
 async def faults(request: web.Request) -> web.Response:
     node = _node(request)
     apply = getattr(node.backend, "apply_faults", None)
@@ -235,6 +273,7 @@ def node_app(node: AgentNode) -> web.Application:
     app.router.add_put("/v1/instances/{allocation_id}", instance_put)
     app.router.add_delete("/v1/instances/{allocation_id}", instance_delete)
     app.router.add_post("/v1/instances/{allocation_id}/notice", instance_notice)
+    app.router.add_put("/v1/gpus/{gpu_uuid}/mode", gpu_mode_put)
     app.router.add_post("/v1/faults", faults)
 
     async def close_backend(_app):

@@ -9,8 +9,18 @@ Telemetry: each instance replays a real utilisation/memory series (``agent.telem
 is idle + (max − idle) × its compute-weighted activity, and its energy counter is the closed-form
 integral of that power since the last change, so it only grows and needs no background thread.
 
+Mode changes (``set_mode``) switch a GPU between ``whole``, ``mig`` and ``shared`` when it holds no
+instance, and are saved like every other change.
+
+Cold-path latency: ``create_latency_seconds`` (per instance created) and ``mode_change_latency_seconds``
+(per mode actually changed) model real MIG creation and GPU reset times. The backend only counts what it
+owes; the server waits it out with ``asyncio.sleep`` after the call, off the node's lock, so the change is
+saved (and visible in the inventory) at once, the answer comes that much later, and other requests and
+other nodes go on meanwhile. A repeat that changes nothing owes nothing.
+
 Fault switches (for tests, over ``POST /v1/faults``): fail the next create, hang the next request,
-drop an instance or a whole GPU as if it fell off the bus.
+drop an instance or a whole GPU as if it fell off the bus, pin an instance's activity (engine active and,
+optionally, memory used) to a constant instead of its replayed series, and unpin it.
 """
 
 from __future__ import annotations
@@ -32,6 +42,7 @@ from agent.backend import (
     NotFound,
     Readings,
     Unavailable,
+    held_refusal,
 )
 from agent.telemetry import all_series, pick
 from gpus.catalogue import UnknownModel, model_get
@@ -39,6 +50,8 @@ from gpus.mig import COMPUTE_SLICES, MigPlacement, UnknownProfile, layout_proble
 
 STATE_FILE = "sim-state.json"
 STATE_VERSION = 1
+MAX_LATENCY_SECONDS = 600.0
+PIN_FIELDS = ("instance", "engine_active", "fb_used_mib")
 _UUID_NAMESPACE = uuid.UUID("6f1d3c52-3a57-4b8e-9d43-2b1f0f6a9c11")
 _SPEC = re.compile(r"^(?P<model>[^:]+):(?P<count>\d+)(?::(?P<mode>whole|mig|shared))?$")
 
@@ -69,7 +82,15 @@ def parse_gpu_specs(text: str) -> list[tuple[str, int, str]]:
 class SimBackend(Backend):
     name = "sim"
 
-    def __init__(self, state_dir: Path, node_id: str, gpus: list[tuple[str, int, str]], *, clock=time.time):
+    def __init__(self, state_dir: Path, node_id: str, gpus: list[tuple[str, int, str]], *, clock=time.time,
+                 create_latency_seconds: float = 0.0, mode_change_latency_seconds: float = 0.0):
+        for name, value in (("create_latency_seconds", create_latency_seconds),
+                            ("mode_change_latency_seconds", mode_change_latency_seconds)):
+            if not 0 <= value <= MAX_LATENCY_SECONDS:
+                raise ValueError(f"{name} must be 0..{MAX_LATENCY_SECONDS} seconds, got {value}")
+        self.create_latency_seconds = float(create_latency_seconds)
+        self.mode_change_latency_seconds = float(mode_change_latency_seconds)
+        self._owed_seconds = 0.0  # modelled device time of the changes made since the last take_latency()
         self.state_dir = Path(state_dir)
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self.node_id = node_id
@@ -222,7 +243,33 @@ class SimBackend(Backend):
         record.update(created_at=now, _spec=spec.to_json(), _series=series, _offset=offset)
         self.state["instances"][allocation_id] = record
         self._save()
+        self._owed_seconds += self.create_latency_seconds
         return self._public(record), True
+
+    # -- modes ----------------------------------------------------------------------------------------
+    def set_mode(self, gpu_uuid: str, mode: str) -> dict:
+        gpu = self._by_uuid.get(gpu_uuid)
+        if gpu is None or gpu["lost"]:
+            raise NotFound(f"no GPU {gpu_uuid!r} on node {self.node_id}", field="gpu")
+        if gpu["mode"] == mode:
+            return self.gpu(gpu_uuid)
+        model = model_get(gpu["model"])
+        if mode == "mig" and not model.mig_capable:
+            raise InvalidRequest(f"{model.code} offers no MIG: GPU {gpu['index']} can be whole or shared",
+                                 field="mode")
+        held = sorted(i["allocation_id"] for i in self._instances_on(gpu_uuid))
+        if held:
+            raise held_refusal(str(gpu["index"]), mode, held)
+        self._settle_energy(gpu, self.clock())
+        gpu["mode"] = mode
+        self._save()
+        self._owed_seconds += self.mode_change_latency_seconds
+        return self.gpu(gpu_uuid)
+
+    def take_latency(self) -> float:
+        """The modelled device time of the changes since the last call (the server waits it out)."""
+        owed, self._owed_seconds = self._owed_seconds, 0.0
+        return owed
 
     # -- destroy / notice -------------------------------------------------------------------------------
     def destroy(self, allocation_id: str) -> bool:
@@ -245,35 +292,90 @@ class SimBackend(Backend):
 
     # -- faults -----------------------------------------------------------------------------------------
     def apply_faults(self, faults: dict) -> dict:
-        """``{"fail_next_create": reason, "hang_seconds": s, "drop_instance": id, "drop_gpu": uuid}``."""
-        known = {"fail_next_create", "hang_seconds", "drop_instance", "drop_gpu"}
+        """``{"fail_next_create": reason, "hang_seconds": s, "drop_instance": id, "drop_gpu": uuid,
+        "pin_activity": {"instance": id, "engine_active": 0..1, "fb_used_mib": n}, "unpin_activity": id}``.
+        Every switch is checked before any is applied: a refused call changes nothing."""
+        known = {"fail_next_create", "hang_seconds", "drop_instance", "drop_gpu", "pin_activity", "unpin_activity"}
         for key in faults:
             if key not in known:
                 raise InvalidRequest(f"unknown fault {key!r}; known: {', '.join(sorted(known))}", field=key)
+        hang = faults.get("hang_seconds")
+        if "hang_seconds" in faults and (not isinstance(hang, int | float) or isinstance(hang, bool)
+                                         or not 0 <= hang <= 600):
+            raise InvalidRequest("hang_seconds must be a number 0..600", field="hang_seconds")
+        pin = self._pin_request(faults["pin_activity"]) if "pin_activity" in faults else None
+        unpin = self._instance_named(faults, "unpin_activity") if "unpin_activity" in faults else None
+        dropped = self._instance_named(faults, "drop_instance") if "drop_instance" in faults else None
+        lost = None
+        if "drop_gpu" in faults:
+            if not isinstance(faults["drop_gpu"], str):
+                raise InvalidRequest("drop_gpu must be a GPU's UUID", field="drop_gpu")
+            lost = self._by_uuid.get(faults["drop_gpu"])
+            if lost is None:
+                raise NotFound(f"no GPU {faults['drop_gpu']!r}", field="drop_gpu")
+
         if "fail_next_create" in faults:
             self.fail_next_create = str(faults["fail_next_create"] or "injected fault")
         if "hang_seconds" in faults:
-            value = faults["hang_seconds"]
-            if not isinstance(value, int | float) or not 0 <= value <= 600:
-                raise InvalidRequest("hang_seconds must be a number 0..600", field="hang_seconds")
-            self.hang_seconds = float(value)
-        if "drop_instance" in faults:
+            self.hang_seconds = float(hang)
+        now = self.clock()
+        if unpin is not None:
+            self._settle_energy(self._by_uuid[unpin["gpu"]], now)  # the energy so far follows the pin
+            unpin.pop("_pin", None)
+        if pin is not None:
+            record, values = pin
+            self._settle_energy(self._by_uuid[record["gpu"]], now)  # the energy so far follows the old activity
+            record["_pin"] = values
+        if dropped is not None:
             # the instance vanishes as if its GPU instance were destroyed behind the agent's back
-            record = self.state["instances"].get(faults["drop_instance"])
-            if record is None:
-                raise NotFound(f"no instance {faults['drop_instance']!r}", field="drop_instance")
-            self._settle_energy(self._by_uuid[record["gpu"]], self.clock())
-            del self.state["instances"][record["allocation_id"]]
-        if "drop_gpu" in faults:
-            gpu = self._by_uuid.get(faults["drop_gpu"])
-            if gpu is None:
-                raise NotFound(f"no GPU {faults['drop_gpu']!r}", field="drop_gpu")
-            self._settle_energy(gpu, self.clock())
-            gpu["lost"] = True  # fell off the bus: the GPU and its instances vanish
-            for allocation_id in [i["allocation_id"] for i in self._instances_on(gpu["uuid"])]:
+            self._settle_energy(self._by_uuid[dropped["gpu"]], now)
+            del self.state["instances"][dropped["allocation_id"]]
+        if lost is not None:
+            self._settle_energy(lost, now)
+            lost["lost"] = True  # fell off the bus: the GPU and its instances vanish
+            for allocation_id in [i["allocation_id"] for i in self._instances_on(lost["uuid"])]:
                 del self.state["instances"][allocation_id]
         self._save()
-        return {"fail_next_create": self.fail_next_create, "hang_seconds": self.hang_seconds}
+        pinned = {i["allocation_id"]: i["_pin"] for i in self.state["instances"].values() if i.get("_pin")}
+        return {"fail_next_create": self.fail_next_create, "hang_seconds": self.hang_seconds,
+                "pinned": dict(sorted(pinned.items()))}
+
+    def _instance_named(self, faults: dict, key: str) -> dict:
+        value = faults[key]
+        if not isinstance(value, str):
+            raise InvalidRequest(f"{key} must be the allocation id of an instance", field=key)
+        record = self.state["instances"].get(value)
+        if record is None:
+            raise NotFound(f"{key}: no instance {value!r} on node {self.node_id}", field=key)
+        return record
+
+    def _pin_request(self, body: object) -> tuple[dict, dict]:
+        """The instance and the constant activity of a valid ``pin_activity``; errors name the field."""
+        if not isinstance(body, dict):
+            raise InvalidRequest("pin_activity must be an object: {\"instance\": allocation id, "
+                                 "\"engine_active\": 0..1, \"fb_used_mib\": MiB (optional)}", field="pin_activity")
+        unknown = sorted(set(body) - set(PIN_FIELDS))
+        if unknown:
+            raise InvalidRequest(f"unknown field {unknown[0]!r} in pin_activity; known: {', '.join(PIN_FIELDS)}",
+                                 field=f"pin_activity.{unknown[0]}")
+        allocation_id = body.get("instance")
+        if not isinstance(allocation_id, str) or not allocation_id:
+            raise InvalidRequest("pin_activity.instance must be the allocation id of an instance",
+                                 field="pin_activity.instance")
+        record = self.state["instances"].get(allocation_id)
+        if record is None:
+            raise NotFound(f"pin_activity: no instance {allocation_id!r} on node {self.node_id}",
+                           field="pin_activity.instance")
+        engine = body.get("engine_active")
+        if not isinstance(engine, int | float) or isinstance(engine, bool) or not 0 <= engine <= 1:
+            raise InvalidRequest("pin_activity.engine_active must be a number 0..1 (the ratio of the instance's "
+                                 "own capacity)", field="pin_activity.engine_active")
+        memory = body.get("fb_used_mib")
+        if memory is not None and (not isinstance(memory, int) or isinstance(memory, bool)
+                                   or not 0 <= memory <= record["memory_mib"]):
+            raise InvalidRequest(f"pin_activity.fb_used_mib must be an integer 0..{record['memory_mib']} (the "
+                                 f"memory of instance {allocation_id!r}, MiB)", field="pin_activity.fb_used_mib")
+        return record, {"engine_active": float(engine), "fb_used_mib": memory}
 
     def take_hang(self) -> float:
         hang, self.hang_seconds = self.hang_seconds, 0.0
@@ -281,10 +383,16 @@ class SimBackend(Backend):
 
     # -- telemetry --------------------------------------------------------------------------------------
     def _activity(self, record: dict, at: float) -> tuple[float, float]:
-        """(utilisation 0..1 of the instance's own capacity, memory used MiB) at time ``at``."""
+        """(utilisation 0..1 of the instance's own capacity, memory used MiB) at time ``at``: the replayed
+        series, or the constants it is pinned to (``pin_activity``)."""
         series = all_series()[record["_series"]]
         phase = at - record["created_at"] + record["_offset"]
-        return series.util(phase) / 100, series.memory_fraction(phase) * record["memory_mib"]
+        util, memory = series.util(phase) / 100, series.memory_fraction(phase) * record["memory_mib"]
+        pin = record.get("_pin")
+        if pin:
+            util = pin["engine_active"]
+            memory = memory if pin["fb_used_mib"] is None else pin["fb_used_mib"]
+        return util, memory
 
     @staticmethod
     def _weight(record: dict) -> float:
@@ -301,10 +409,13 @@ class SimBackend(Backend):
         model = model_get(gpu["model"])
         busy = 0.0  # ∫ Σ weight × util(t) dt, util in 0..1
         for record in self._instances_on(gpu["uuid"]):
+            since = max(start, record["created_at"])
+            if record.get("_pin"):  # constant since the last settlement (a pin change settles the GPU)
+                busy += self._weight(record) * record["_pin"]["engine_active"] * max(0.0, at - since)
+                continue
             series = all_series()[record["_series"]]
             origin = record["created_at"] - record["_offset"]
-            busy += self._weight(record) * series.util_integral(max(start, record["created_at"]) - origin,
-                                                                at - origin) / 100
+            busy += self._weight(record) * series.util_integral(since - origin, at - origin) / 100
         joules = model.idle_power_w * (at - start) + (model.max_power_w - model.idle_power_w) * busy
         return joules * 1000
 

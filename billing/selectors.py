@@ -28,6 +28,23 @@ def _table(book: PriceBook) -> RateTable:
                      interactive_multiplier=book.interactive_multiplier, energy_per_kwh=book.energy_per_kwh)
 
 
+def list_prices(*, at: datetime) -> tuple[str, list[tuple[str, str, str, int]]]:
+    """The general price book in force at ``at`` in ``LIST_PRICE_CURRENCY``: (currency, [(tier, kind, MIG
+    profile, minor units per hour)]), no rows without a book. What ``model: auto`` ranks models by and what
+    the capacity planner prices with; a tenant's own book prices its invoices and its advice."""
+    from django.conf import settings
+
+    from billing.models import PriceRate
+
+    currency = settings.LIST_PRICE_CURRENCY
+    book = (PriceBook.objects.filter(tenant__isnull=True, currency=currency, effective_from__lte=at)
+            .order_by("-effective_from").values_list("pk", flat=True).first())
+    if book is None:
+        return currency, []
+    return currency, [(tier, kind, profile, to_minor(per_hour, currency)) for tier, kind, profile, per_hour in
+                      PriceRate.objects.filter(book_id=book).values_list("tier", "kind", "mig_profile", "per_hour")]
+
+
 def price_books_for(*, tenant: Tenant, start: datetime, end: datetime) -> list[tuple[datetime, PriceBook, RateTable]]:
     """The books that apply to ``tenant`` at some moment of [start, end), oldest first, as (from, book,
     rates). A tenant's own books take precedence over the general list in its currency from their start."""
@@ -258,6 +275,8 @@ def spend_forecast(*, tenant: Tenant, project_id: int | None = None, now: dateti
     start = now.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
     end = (start + timedelta(days=32)).replace(day=1)
     spent, metered_until = spend_minor(tenant=tenant, start=start, end=end, project_id=project_id)
+    # an hour metered while in progress (``invoice_run --through-now``) is metered up to then, not to its end
+    metered_until = min(metered_until, now)
     books = price_books_for(tenant=tenant, start=now, end=now + timedelta(seconds=1))
     if not books:
         return spent, 0
@@ -301,3 +320,114 @@ def offer_prices(*, tenant: Tenant, offers: list[dict], at: datetime | None = No
         offer["multipliers"] = {"over_quota": str(book.over_quota_multiplier),
                                 "interactive": str(book.interactive_multiplier)}
     return offers
+
+
+# -- price books, terms and caps: what their pages and the API read ------------------------------------------------
+def price_book_list() -> QuerySet[PriceBook]:
+    """Every price book (platform staff): general lists first, by currency, newest start first."""
+    from django.db.models import F
+
+    return (PriceBook.objects.select_related("tenant").prefetch_related("rates")
+            .order_by(F("tenant__slug").asc(nulls_first=True), "currency", "-effective_from", "pk"))
+
+
+def price_book_get(*, pk: int) -> PriceBook:
+    from config.errors import NotFound
+
+    book = PriceBook.objects.select_related("tenant").prefetch_related("rates").filter(pk=pk).first()
+    if book is None:
+        raise NotFound(f"No price book {pk}.", field="id")
+    return book
+
+
+def price_book_states(*, now: datetime | None = None) -> dict[int, str]:
+    """Each book's state now: ``upcoming`` (not started: it may still change), ``in_force`` (the newest started
+    book of its scope) or ``superseded`` (a later book of its scope has started). One query."""
+    now = now or timezone.now()
+    states: dict[int, str] = {}
+    seen_scopes: set[tuple] = set()
+    for pk, tenant_id, currency, start in (PriceBook.objects.order_by("-effective_from", "-pk")
+                                           .values_list("pk", "tenant_id", "currency", "effective_from")):
+        scope = (tenant_id,) if tenant_id is not None else (None, currency)
+        if start > now:
+            states[pk] = "upcoming"
+        elif scope in seen_scopes:
+            states[pk] = "superseded"
+        else:
+            states[pk] = "in_force"
+            seen_scopes.add(scope)
+    return states
+
+
+def billing_terms_list(*, tenant: Tenant) -> QuerySet:
+    """A tenant's terms, the latest start first (platform staff)."""
+    from billing.models import BillingTerms
+
+    return BillingTerms.objects.filter(tenant=tenant).order_by("-effective_from")
+
+
+def billing_terms_in_force(*, tenant: Tenant, at: datetime | None = None):
+    """The terms that apply to the invoice of the month of ``at`` (the latest starting before that month ends),
+    or None — the rule ``invoice_lines_compute`` applies."""
+    at = at or timezone.now()
+    month_end = (at.replace(day=1, hour=0, minute=0, second=0, microsecond=0) + timedelta(days=32)).replace(day=1)
+    return billing_terms_list(tenant=tenant).filter(effective_from__lt=month_end).first()
+
+
+def spend_cap_list(*, actor: Actor) -> QuerySet:
+    """The actor's tenant's spend caps: the tenant-wide one first, then by project."""
+    from django.db.models import F
+
+    from billing.models import SpendCap
+
+    return (restrict(SpendCap.objects.select_related("tenant", "project"), actor)
+            .order_by(F("project__slug").asc(nulls_first=True)))
+
+
+def spend_cap_get(*, actor: Actor, pk: int):
+    from config.errors import NotFound
+
+    cap = spend_cap_list(actor=actor).filter(pk=pk).first()
+    if cap is None:
+        raise NotFound(f"No spend cap {pk} in this tenant.", field="id")
+    return cap
+
+
+@dataclass(frozen=True)
+class Budget:
+    """One scope of the Budgets page: this month's spend (metered, and forecast with the live leases to their
+    end) against its cap, if any. Amounts in minor units of the tenant's currency."""
+
+    project: object  # tenants.models.Project, None for the whole tenant
+    cap: object  # billing.models.SpendCap or None
+    spent_minor: int
+    forecast_minor: int
+
+    @property
+    def used_pct(self) -> float | None:
+        return None if self.cap is None else min(100.0, self.spent_minor * 100 / self.cap.monthly_minor)
+
+    @property
+    def forecast_pct(self) -> float | None:
+        return None if self.cap is None else min(100.0, self.forecast_minor * 100 / self.cap.monthly_minor)
+
+    @property
+    def over(self) -> bool:
+        return self.cap is not None and self.forecast_minor > self.cap.monthly_minor
+
+
+def budget_list(*, actor: Actor, now: datetime | None = None) -> list[Budget]:
+    """The tenant-wide budget, then one per project: spend this month at current prices before discounts and
+    credits (``spend_forecast``, the budget guard's own figures) and the cap where one is set."""
+    from tenants.models import Project
+
+    now = now or timezone.now()
+    tenant = actor.tenant
+    caps = {cap.project_id: cap for cap in spend_cap_list(actor=actor)}
+    out = []
+    for project in [None, *restrict(Project.objects.all(), actor).order_by("slug")]:
+        project_id = None if project is None else project.pk
+        spent, running = spend_forecast(tenant=tenant, project_id=project_id, now=now)
+        out.append(Budget(project=project, cap=caps.get(project_id), spent_minor=spent,
+                          forecast_minor=spent + running))
+    return out

@@ -53,10 +53,12 @@ class WorkloadClass(models.TextChoices):
 
 
 class AllocationState(models.TextChoices):
-    """PENDING: placed, not yet on the node. READY: the instance exists. FREED: capacity given back."""
+    """PENDING: placed, not yet on the node. READY: the instance exists. WARM: the instance exists and no
+    lease holds it yet (a warm pool member). FREED: capacity given back."""
 
     PENDING = "pending", "Pending"
     READY = "ready", "Ready"
+    WARM = "warm", "Warm (pool member)"
     RELEASING = "releasing", "Releasing"
     FREED = "freed", "Freed"
 

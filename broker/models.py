@@ -88,6 +88,9 @@ class Gpu(models.Model):
     # staff released it from its node (``gpu_release``): the next node that reports it may claim it.
     # Until then a GPU belongs to the node that enrolled it, whatever another node reports.
     released_at = models.DateTimeField(null=True, blank=True)
+    # the capacity loop (fleet app) is changing its mode: closed to the scheduler until ``mode`` is this
+    mode_target = models.CharField(max_length=8, choices=GpuMode.choices, blank=True)
+    mode_since = models.DateTimeField(null=True, blank=True)  # when it entered ``mode`` (rebalancing hysteresis)
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["node", "index"], name="gpu_unique_index_per_node")]
@@ -146,11 +149,17 @@ class Lease(models.Model):
 
 
 class Allocation(models.Model):
-    """Capacity one lease holds on one GPU (one unit of its shape). Its id is the agent's instance id."""
+    """Capacity one lease holds on one GPU (one unit of its shape). Its id is the agent's instance id.
+
+    A **warm** allocation (``lease`` empty, state PENDING while the agent creates it, then WARM) is a
+    pre-created MIG instance of a warm pool (docs/capacity.md): the platform's capacity, which the same
+    exclusion constraint keeps apart from every lease's. A schedule cycle binds it to a lease by a
+    conditional update (``lease`` set, state READY, ``bound_at``) with no agent call; its agent instance id
+    does not change, so its metrics follow it to the lease."""
 
     tenant_lookup = "lease__tenant"
 
-    lease = models.ForeignKey(Lease, on_delete=models.PROTECT, related_name="allocations")
+    lease = models.ForeignKey(Lease, on_delete=models.PROTECT, related_name="allocations", null=True, blank=True)
     gpu = models.ForeignKey(Gpu, on_delete=models.PROTECT, related_name="allocations")
     tier = models.CharField(max_length=32)
     kind = models.CharField(max_length=8, choices=GpuKind.choices)
@@ -167,9 +176,13 @@ class Allocation(models.Model):
     created_at = models.DateTimeField(default=timezone.now)
     ready_at = models.DateTimeField(null=True, blank=True)
     freed_at = models.DateTimeField(null=True, blank=True)
+    warm_at = models.DateTimeField(null=True, blank=True)  # a warm pool member from then (ready on its node)
+    bound_at = models.DateTimeField(null=True, blank=True)  # a warm member bound to ``lease`` then
 
     class Meta:
         constraints = [
+            models.CheckConstraint(condition=Q(lease__isnull=False) | Q(kind="mig"),
+                                   name="allocation_without_lease_is_warm_mig"),
             ExclusionConstraint(
                 name="allocation_no_overlap_on_gpu",
                 expressions=[("gpu", RangeOperators.EQUAL), ("slots", RangeOperators.OVERLAPS)],

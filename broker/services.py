@@ -35,6 +35,7 @@ from broker.choices import (
 )
 from broker.models import Allocation, Gpu, Lease, LeaseEvent, Node
 from broker.scheduler import DecisionMode, Kind, Request, Shape, plan
+from broker.scheduler.types import WorkloadClass as CoreWorkloadClass
 from broker.selectors import lease_queue, scheduler_snapshot
 from config.errors import (
     ApplicationError,
@@ -261,6 +262,49 @@ def _validate_duration(value: object) -> int:
     return value
 
 
+def _units_per_gpu(shape: dict, model: str) -> int:
+    """How many units of the shape one GPU of ``model`` can hold at most, whatever its mode now (the capacity
+    loop may switch it): a whole GPU 1, MIG instances of the profile on an empty GPU, shares 1000 // milli."""
+    from gpus.mig import MigPlacement, free_starts
+
+    if shape["kind"] == GpuKind.WHOLE:
+        return 1
+    if shape["kind"] == GpuKind.SHARE:
+        return 1000 // max(1, shape["milli"])
+    try:
+        profile = profile_get(model, shape["profile"])
+    except UnknownProfile:
+        return 0
+    layout: list = []
+    while starts := free_starts(layout, profile):
+        layout.append(MigPlacement(starts[0], profile))
+    return len(layout)
+
+
+def _never_fits(shape: dict, tiers: list[str]) -> str:
+    """Why no node of the fleet as it is could ever hold this request — a gang needs its units on one node,
+    a spread request on all of them together — or "" (it could, or the fleet has no GPU of these models yet:
+    nodes may still enrol). Single units always fit a GPU of their model."""
+    from django.db.models import Count
+
+    count = shape["count"]
+    if count <= 1:
+        return ""
+    nodes = list(Gpu.objects.filter(lost_at__isnull=True, model__in=tiers, node__status__in=("ready", "silent"))
+                 .values("node_id", "model").annotate(gpus=Count("pk")).order_by())
+    if not nodes:
+        return ""
+    per_node = [row["gpus"] * _units_per_gpu(shape, row["model"]) for row in nodes]
+    most = max(per_node) if shape["gang"] else sum(per_node)
+    if count <= most:
+        return ""
+    unit = {"mig": f"MIG {shape['profile']} instance", "share": f"share of {shape['milli']} milli"}.get(
+        shape["kind"], "whole GPU")
+    where = "one node of the fleet holds" if shape["gang"] else "the whole fleet holds"
+    hint = "; ask for fewer, or gang: false to spread them over nodes" if shape["gang"] else "; ask for fewer"
+    return (f"{count} x {unit} can never be placed: {where} at most {most} on {', '.join(tiers)}{hint}.")
+
+
 def _request_hash(payload: dict) -> str:
     return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()
 
@@ -330,6 +374,9 @@ def lease_request(*, actor: Actor, project: str, gpu: object, workload_class: st
         wanted = ", ".join(tiers) or "any model"
         raise QuotaExceeded(f"Project {project!r} has no quota on {wanted} whose limit allows this request.",
                             field="gpu")
+    never = _never_fits(shape, fitting)
+    if never:
+        raise ValidationFailed(never, field="gpu.count")
     budget_warning = ""
     if target.capped:  # a monthly spend cap applies: refuse (402 with the figures) or warn
         from billing.services import budget_check
@@ -448,7 +495,9 @@ def leases_release_all(*, tenant_id: int, reason: str, actor: str, now: datetime
 
 
 def lease_renew(*, lease: Lease, actor: str, duration_seconds: object, now: datetime | None = None) -> Lease:
-    """Extend an active lease to ``now + duration_seconds``. The spend caps apply as on the request path:
+    """Extend an active lease to end ``duration_seconds`` after the renewal (``now``); the lease's own
+    ``duration_seconds`` becomes its whole planned length, ``ends_at - active_at``, so the two always agree.
+    The spend caps apply as on the request path:
     a renewal whose added cost takes the month's forecast over a ``refuse`` cap is refused (402 with the
     figures, nothing written); a ``warn`` cap's warning goes into the renewal event."""
     now = now or timezone.now()
@@ -462,11 +511,14 @@ def lease_renew(*, lease: Lease, actor: str, duration_seconds: object, now: date
         from billing.services import budget_check_renewal
 
         budget_warning = budget_check_renewal(lease=lease, ends_at=ends, now=now)
-        Lease.objects.filter(pk=lease.pk).update(ends_at=ends, duration_seconds=duration_seconds)
-        reason = f"renewed until {ends.isoformat(timespec='seconds')}"
+        total = round((ends - lease.active_at).total_seconds()) if lease.active_at else duration_seconds
+        if lease.active_at:  # whole seconds from the start, so active_at + duration_seconds == ends_at exactly
+            ends = lease.active_at + timedelta(seconds=total)
+        Lease.objects.filter(pk=lease.pk).update(ends_at=ends, duration_seconds=total)
+        reason = f"renewed until {ends.isoformat(timespec='seconds')} ({duration_seconds} s from the renewal)"
         LeaseEvent.objects.create(lease=lease, from_state=lease.state, to_state=lease.state, actor=actor, at=now,
                                   reason=f"{reason}; {budget_warning}" if budget_warning else reason)
-        lease.ends_at = ends
+        lease.ends_at, lease.duration_seconds = ends, total
     return lease
 
 
@@ -574,7 +626,8 @@ def _core_request(lease: Lease):
     shape = Shape(Kind(lease.kind), lease.count, profile=lease.profile, milli=lease.milli,
                   memory_mib=lease.memory_mib, models=tuple(lease.models_allowed), gang=lease.gang)
     return Request(str(lease.pk), str(lease.project_id), str(lease.tenant_id), shape,
-                   (lease.queued_at or lease.requested_at).timestamp(), lease.priority)
+                   (lease.queued_at or lease.requested_at).timestamp(), lease.priority,
+                   CoreWorkloadClass(lease.workload_class))
 
 
 def schedule_cycle(*, now: datetime | None = None) -> dict:
@@ -588,7 +641,8 @@ def schedule_cycle(*, now: datetime | None = None) -> dict:
             if not cursor.fetchone()[0]:
                 # a cycle is running: it looks again for what it did not see once it has committed
                 return {**counts, "skipped": 1}
-        queued = list(lease_queue()[:5000])  # suspended tenants' leases are held, never placed
+        # suspended tenants' leases are held, never placed
+        queued = list(lease_queue().select_related("project")[:5000])
         seen = [lease.pk for lease in queued]
         transaction.on_commit(lambda: _cycle_again_if_new(seen))
         if not queued:
@@ -612,16 +666,32 @@ def schedule_cycle(*, now: datetime | None = None) -> dict:
             elif decision.mode == DecisionMode.PREEMPT:
                 counts["preempt"] += 1
                 _preempt(decision, now)
-                reason = f"waiting: {decision.reason}; starts when the preempted leases have left"
+                reason = _reclaim_reason(lease, decision)
             else:
                 counts["waiting"] += 1
-                reason = decision.reason
+                reason = _tenant_terms(decision.reason, lease)
             if (lease.reason, lease.queue_position) != (reason, decision.queue_position):
                 lease.reason, lease.queue_position = reason, decision.queue_position
                 waiting.append(lease)
         # what waits, and why: one statement for all whose reason or place changed (still queued only)
         _update_each(Lease, waiting, ["reason", "queue_position"], state=LeaseState.QUEUED)
     return counts
+
+
+def _tenant_terms(reason: str, lease: Lease) -> str:
+    """A core reason in the tenant's words: its project by slug, not by the core's internal id."""
+    return reason.replace(f"project {lease.project_id} ", f"project '{lease.project.slug}' ")
+
+
+def _reclaim_reason(lease: Lease, decision) -> str:
+    """Why an in-quota request waits for a reclaim, naming only the tenant's own leases (another tenant's
+    lease ids and projects are not its business)."""
+    victims = list(Lease.objects.filter(pk__in=[int(v) for v in decision.victims]).values_list("pk", "tenant_id"))
+    own = [str(pk) for pk, tenant_id in victims if tenant_id == lease.tenant_id]
+    tier = decision.allocation.tier if decision.allocation else ""
+    mine = f" (yours: lease {', '.join(own)})" if own else ""
+    return (f"waiting: in quota on {tier}: {len(victims)} over-quota lease(s) given notice{mine}; starts when "
+            "they have left")
 
 
 def _cycle_again_if_new(seen: list[int]) -> None:
@@ -684,11 +754,14 @@ def _place_many(placements: list, gpu_by_key: dict, now: datetime) -> list[int]:
     claimed = set(Lease.objects.select_for_update().filter(
         pk__in=[lease.pk for lease, _ in placements], state=LeaseState.QUEUED).order_by("pk")
         .values_list("pk", flat=True))
-    rows, changed, events, by_node = [], [], [], {}
+    rows, changed, events, by_node, warm = [], [], [], {}, []
     for lease, decision in placements:
         if lease.pk not in claimed:
             continue
         allocation = decision.allocation
+        if decision.warm:  # warm pool members: bound below, no agent call
+            warm.append((lease, decision))
+            continue
         rows += _allocation_rows(lease, decision, gpu_by_key, now)
         changed.append(Lease(pk=lease.pk, state=LeaseState.PROVISIONING, reason=decision.reason,
                              tier=allocation.tier, over_quota=allocation.preemptible, queue_position=None))
@@ -698,35 +771,78 @@ def _place_many(placements: list, gpu_by_key: dict, now: datetime) -> list[int]:
     Allocation.objects.bulk_create(rows)
     _update_each(Lease, changed, ["state", "reason", "tier", "over_quota", "queue_position"])
     LeaseEvent.objects.bulk_create(events)
+    for lease, decision in warm:
+        _bind_warm(lease, decision, gpu_by_key, now)
     for lease_ids in by_node.values():
         _enqueue("leases_provision_run", lease_ids)
     logger.info("placed %d leases on %d nodes", len(changed), len(by_node))
     return [lease.pk for lease in changed]
 
 
+def _bind_warm(lease: Lease, decision, gpu_by_key: dict, now: datetime) -> None:
+    """A placement on warm pool members: each member still warm (no lease, ready, live) becomes the lease's
+    allocation by one conditional update, and the lease is ACTIVE at once — no agent call on the path. A
+    member taken or removed since the cycle read it refuses the whole placement (IntegrityError: the
+    caller's savepoint is undone and the lease waits for the next cycle)."""
+    allocation = decision.allocation
+    ids = [int(warm_id) for warm_id in decision.warm]
+    bound = Allocation.objects.filter(pk__in=ids, lease__isnull=True, state=AllocationState.WARM,
+                                      freed_at__isnull=True).update(
+        lease=lease, tier=allocation.tier, preemptible=allocation.preemptible, state=AllocationState.READY,
+        bound_at=now)
+    if bound != len(ids):
+        raise IntegrityError(f"warm instance(s) {decision.warm} were taken or removed since the cycle read them")
+    extra = _allocation_rows(lease, decision, gpu_by_key, now)[len(ids):]
+    if extra:  # units beyond the warm members (a gang): placed the cold way, the lease provisions
+        Allocation.objects.bulk_create(extra)
+    node = gpu_by_key[allocation.units[0].gpu].node
+    reason = f"{decision.reason}; bound warm instance(s) {', '.join(f'alloc-{i}' for i in ids)}"
+    lease_transition(lease=lease, to=LeaseState.PROVISIONING, reason=reason, actor="scheduler", now=now,
+                     tier=allocation.tier, over_quota=allocation.preemptible, queue_position=None)
+    if extra:
+        _enqueue("leases_provision_run", [lease.pk])
+        return
+    lease_transition(lease=lease, to=LeaseState.ACTIVE, reason=f"running on {node.node_id} (warm instance)",
+                     actor="scheduler", now=now, active_at=now, ends_at=now + timedelta(seconds=lease.duration_seconds))
+
+
 def _preempt(decision, now: datetime) -> None:
     """Victims get a notice and a deadline — the notice their tenant's SLO contract promises, else
     ``LEASE_PREEMPTION_NOTICE_SECONDS`` — and at the deadline they are released and requeued."""
-
-    from tenants.models import SloContract
-
     longest = settings.LEASE_PREEMPTION_NOTICE_SECONDS
+    claimant = Lease.objects.filter(pk=int(decision.request)).values_list("tenant_id", flat=True).first()
     for victim_id in decision.victims:
         victim = Lease.objects.select_for_update().filter(pk=int(victim_id)).first()
         if victim is None or victim.state != LeaseState.ACTIVE:
             continue
-        contract = (SloContract.objects.filter(tenant_id=victim.tenant_id, effective_from__lte=now)
-                    .filter(Q(effective_to__isnull=True) | Q(effective_to__gt=now)).first())
-        notice = contract.preemption_notice_seconds if contract else settings.LEASE_PREEMPTION_NOTICE_SECONDS
+        # the victim learns which of its own tenant's leases claimed the GPU, never another tenant's
+        whose = f"lease {decision.request}" if claimant == victim.tenant_id else "another tenant"
+        notice = lease_preempt(lease=victim, actor="scheduler", now=now, why=f"for in-quota work ({whose})")
         longest = max(longest, notice)
-        deadline = now + timedelta(seconds=notice)
-        lease_transition(lease=victim, to=LeaseState.PREEMPTED, actor="scheduler", now=now, notice_deadline=deadline,
-                         reason=f"preempted for in-quota work (lease {decision.request}); notice until "
-                                f"{deadline.isoformat(timespec='seconds')}")
-        _enqueue("lease_notice_run", victim.pk)
     from broker import tasks
 
     transaction.on_commit(lambda: tasks.lease_expire_due.apply_async(countdown=longest + 0.5))
+
+
+def lease_notice_seconds(*, tenant_id: int, now: datetime) -> int:
+    """The preemption notice a tenant is promised: its SLO contract's, else ``LEASE_PREEMPTION_NOTICE_SECONDS``."""
+    from tenants.models import SloContract
+
+    contract = (SloContract.objects.filter(tenant_id=tenant_id, effective_from__lte=now)
+                .filter(Q(effective_to__isnull=True) | Q(effective_to__gt=now)).first())
+    return contract.preemption_notice_seconds if contract else settings.LEASE_PREEMPTION_NOTICE_SECONDS
+
+
+def lease_preempt(*, lease: Lease, actor: str, now: datetime, why: str, notice_seconds: int | None = None) -> int:
+    """An ACTIVE lease (locked by the caller, inside its transaction) becomes PREEMPTED with a deadline —
+    ``notice_seconds`` or the tenant's promised notice — and the agent tells its instances; at the deadline
+    ``lease_preempt_due`` releases and requeues it. Returns the notice given, in seconds."""
+    notice = lease_notice_seconds(tenant_id=lease.tenant_id, now=now) if notice_seconds is None else notice_seconds
+    deadline = now + timedelta(seconds=notice)
+    lease_transition(lease=lease, to=LeaseState.PREEMPTED, actor=actor, now=now, notice_deadline=deadline,
+                     reason=f"preempted {why}; notice until {deadline.isoformat(timespec='seconds')}")
+    _enqueue("lease_notice_run", lease.pk)
+    return notice
 
 
 def lease_preempt_due(*, now: datetime | None = None) -> int:
@@ -828,7 +944,8 @@ def lease_release_finish(*, lease_id: int, final: str) -> str:
 
 def lease_notice(*, lease_id: int) -> None:
     lease = Lease.objects.get(pk=lease_id)
-    if lease.state != LeaseState.PREEMPTED or lease.notice_deadline is None:
+    # a preemption, or the capacity loop's idle notice on a running lease
+    if lease.state not in (LeaseState.PREEMPTED, LeaseState.ACTIVE) or lease.notice_deadline is None:
         return
     for allocation in lease.allocations.filter(freed_at__isnull=True).select_related("gpu__node"):
         agent_client(allocation.gpu.node).notice(allocation.instance_id, lease.notice_deadline.timestamp(),
@@ -1132,6 +1249,11 @@ def node_reconcile(*, node: Node, now: datetime | None = None) -> dict:
     # only what was ready before the inventory was asked for (a create racing the reconcile is not lost)
     vanished = [a for a in live.values() if a.instance_id not in present and a.state == AllocationState.READY
                 and a.ready_at is not None and a.ready_at < asked_at]
+    lost_warm = [a.pk for a in live.values() if a.lease_id is None and a.state == AllocationState.WARM
+                 and a.instance_id not in present and a.warm_at is not None and a.warm_at < asked_at]
+    if lost_warm:  # a warm pool member destroyed behind the broker's back: the pool is one smaller
+        Allocation.objects.filter(pk__in=lost_warm, lease__isnull=True, state=AllocationState.WARM).update(
+            state=AllocationState.FREED, freed_at=now)
     for lease_id in sorted({a.lease_id for a in vanished}):
         lease = Lease.objects.get(pk=lease_id)
         if lease.state in FINAL_STATES:

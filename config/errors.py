@@ -61,12 +61,6 @@ class QuotaExceeded(ApplicationError):
     title = "Quota exceeded"
 
 
-class InsufficientCapacity(ApplicationError):
-    status = 409
-    code = "insufficient_capacity"
-    title = "Insufficient capacity"
-
-
 class LeaseStateConflict(ApplicationError):
     status = 409
     code = "lease_state_conflict"
@@ -77,9 +71,3 @@ class IdempotencyConflict(ApplicationError):
     status = 409
     code = "idempotency_conflict"
     title = "Idempotency key reused with a different request"
-
-
-class PaymentRequired(ApplicationError):
-    status = 402
-    code = "payment_required"
-    title = "Payment required"

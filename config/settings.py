@@ -59,6 +59,7 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "rest_framework",
     "drf_spectacular",
+    "drf_spectacular_sidecar",  # Swagger UI / ReDoc assets, served as static files
     "django_htmx",
     "axes",
     "tenants",
@@ -66,6 +67,7 @@ INSTALLED_APPS = [
     "billing",
     "portal",
     "notifications",
+    "fleet",
 ]
 
 MIDDLEWARE = [
@@ -169,6 +171,10 @@ SPECTACULAR_SETTINGS = {
     "DESCRIPTION": "Lease whole GPUs, MIG slices and GPU shares under quotas; see usage and invoices.",
     "VERSION": "1.0.0",
     "SERVE_INCLUDE_SCHEMA": False,
+    # the API docs work without internet: their JavaScript and CSS come from this deployment's static files
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
     "COMPONENT_SPLIT_REQUEST": True,
     "ENUM_NAME_OVERRIDES": {
         "TenantStatusEnum": "tenants.choices.TenantStatus",
@@ -184,6 +190,12 @@ CELERY_BROKER_URL = env_url(
 )
 CELERY_RESULT_BACKEND = env_str("CELERY_RESULT_BACKEND", "") or None
 CELERY_TASK_DEFAULT_QUEUE = env_str("CELERY_TASK_DEFAULT_QUEUE", "celery")
+# a queue of its own for schedule cycles (empty: the default queue), consumed by a worker that does nothing
+# else: cycles take milliseconds, but agent calls (provisioning, warm-pool creation) hold a worker for seconds,
+# and a cycle queued behind them delays every placement, warm binds included (make run uses "scheduler")
+CELERY_SCHEDULER_QUEUE = env_str("CELERY_SCHEDULER_QUEUE", "")
+CELERY_TASK_ROUTES = ({"broker.schedule_cycle": {"queue": CELERY_SCHEDULER_QUEUE}} if CELERY_SCHEDULER_QUEUE
+                      else {})
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
@@ -289,6 +301,23 @@ CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
 BILLING_IDLE_ENGINE_ACTIVE = env_float("BILLING_IDLE_ENGINE_ACTIVE", 0.05, minimum=0.0, maximum=1.0)
 # a month is invoiced for good this long after it ends (late lease events, Prometheus catching up)
 BILLING_FINALIZE_GRACE_SECONDS = env_int("BILLING_FINALIZE_GRACE_SECONDS", 6 * 3600, minimum=0)
+
+# --- Capacity loop (docs/capacity.md) -------------------------------------------------------------
+# the mode of every kind where no policy row says otherwise: off | advise | auto
+CAPACITY_DEFAULT_MODE = env_str("CAPACITY_DEFAULT_MODE", "advise")
+if CAPACITY_DEFAULT_MODE not in ("off", "advise", "auto"):
+    raise ImproperlyConfigured("CAPACITY_DEFAULT_MODE must be off, advise or auto.")
+CAPACITY_PLAN_SECONDS = env_int("CAPACITY_PLAN_SECONDS", 60, minimum=1)  # how often the planner runs
+CAPACITY_QUEUE_MAX = env_int("CAPACITY_QUEUE_MAX", 64, minimum=1)  # the oldest queued requests it reads
+CAPACITY_HISTORY_SECONDS = env_int("CAPACITY_HISTORY_SECONDS", 6 * 3600, minimum=60)  # demand mix window
+CAPACITY_SERIES_STEP_SECONDS = env_int("CAPACITY_SERIES_STEP_SECONDS", 60, minimum=1)  # utilisation points
+CAPACITY_SERIES_MAX_SECONDS = env_int("CAPACITY_SERIES_MAX_SECONDS", 86_400, minimum=60)
+# the general price book's currency: model auto ranks models by its rates; the capacity planner prices with it
+LIST_PRICE_CURRENCY = env_str("LIST_PRICE_CURRENCY", "USD")
+CAPACITY_PROPOSAL_TTL_SECONDS = env_int("CAPACITY_PROPOSAL_TTL_SECONDS", 7 * 86_400, minimum=60)
+CAPACITY_EFFECT_AFTER_SECONDS = env_int("CAPACITY_EFFECT_AFTER_SECONDS", 600, minimum=1)  # measured after
+# snapshot → planner → adjustments recorded, the auto ones applied
+CELERY_BEAT_SCHEDULE["capacity-plan"] = {"task": "fleet.plan_run", "schedule": float(CAPACITY_PLAN_SECONDS)}
 
 # --- Outside services -----------------------------------------------------------------------
 PROMETHEUS_URL = env_url("PROMETHEUS_URL", "http://127.0.0.1:9090", schemes=("http", "https"))

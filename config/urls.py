@@ -1,7 +1,7 @@
 from django.contrib import admin
 from django.contrib.auth import views as auth_views
 from django.urls import include, path
-from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, SpectacularSwaggerView
 
 from config import health
 
@@ -17,10 +17,12 @@ urlpatterns = [
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),
+    path("api/redoc/", SpectacularRedocView.as_view(url_name="api-schema"), name="api-redoc"),
     path("api/v1/", include("tenants.api.urls")),
     path("api/v1/", include("broker.api.urls")),
     path("api/v1/", include("billing.api.urls")),
     path("api/v1/", include("notifications.api.urls")),
+    path("api/v1/", include("fleet.api.urls")),
     path("settings/notifications/", include("notifications.urls")),
     path("", include("portal.urls")),
 ]

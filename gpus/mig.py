@@ -19,7 +19,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cache
-from itertools import combinations_with_replacement
 
 MEMORY_SLOTS = 8
 COMPUTE_SLICES = 7
@@ -200,12 +199,3 @@ def maximal_layouts(model: str, shape_keys: tuple[str, ...] = ("1g", "2g", "3g",
     extend(())
     # Two layouts are the same combination when they hold the same multiset of profiles.
     return {tuple(sorted(name for _, name in layout)) for layout in found}
-
-
-def combinations_by_count(model: str, shape_keys: tuple[str, ...], up_to: int) -> list[tuple[MigProfile, ...]]:
-    """All multisets of up to ``up_to`` profiles (helper for exhaustive tests)."""
-    profiles = [p for p in profiles_for(model) if p.shape.key in shape_keys]
-    out: list[tuple[MigProfile, ...]] = []
-    for size in range(1, up_to + 1):
-        out.extend(combinations_with_replacement(profiles, size))
-    return out

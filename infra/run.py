@@ -236,6 +236,7 @@ def main(argv: list[str] | None = None) -> int:
         os.environ.update(env_values)
         os.environ["RUNTIME_ENV_FILE"] = str(runtime)
         os.environ["GPUBROKER_VAR_DIR"] = str(VAR)
+        os.environ.setdefault("CELERY_SCHEDULER_QUEUE", "scheduler")
         os.environ.setdefault("LOG_FORMAT", "text")
 
         _manage("migrate", "--noinput", "-v", "0")
@@ -248,6 +249,10 @@ def main(argv: list[str] | None = None) -> int:
             ("web", web_command(port=args.port, workers=args.workers, threads=args.threads)),
             ("worker", [str(BIN / "celery"), "-A", "config", "worker", "--loglevel", "INFO", "--concurrency", "2",
                         "--hostname", f"worker-{os.getpid()}@%h"]),
+            # schedule cycles have a worker of their own: agent calls of seconds never hold a placement back
+            ("scheduler", [str(BIN / "celery"), "-A", "config", "worker", "--loglevel", "INFO", "--concurrency", "1",
+                           "--queues", os.environ["CELERY_SCHEDULER_QUEUE"], "--hostname",
+                           f"scheduler-{os.getpid()}@%h"]),
             ("beat", [str(BIN / "celery"), "-A", "config", "beat", "--loglevel", "INFO", "--schedule",
                       str(VAR / "celerybeat-schedule")]),
         ]

@@ -1,28 +1,35 @@
-"""Portal pages for money: a tenant's usage and invoices, and the platform's billing reports.
+"""Portal pages for money: a tenant's usage, invoices and budgets (spend caps), and the platform's billing
+reports and price books.
 
-Tenant pages read through ``billing.selectors`` (scoped like the API); the reports are for platform
-staff only and read ``billing.reports``. Charts are drawn server-side (``presenters.bar_chart``): no
-JavaScript and no chart library needed.
+Tenant pages read through ``billing.selectors`` (scoped like the API) and write through ``billing.services``
+(spend caps: admins); the reports and price books are for platform staff only. Charts are drawn server-side
+(``presenters.bar_chart``): no JavaScript and no chart library needed.
 """
 
 from __future__ import annotations
 
 import csv
 import io
+from dataclasses import dataclass
 from datetime import date
 
+from django.contrib import messages
 from django.http import HttpResponse
-from django.shortcuts import render
+from django.shortcuts import redirect, render
 from django.utils import timezone
 
 from billing import documents, reports
 from billing import selectors as billing
-from billing.pricing import format_money
+from billing import services as billing_services
+from billing.choices import CapAction, RateKind
+from billing.pricing import format_money, from_minor
 from billing.services import period_bounds, period_parse
-from config.errors import ValidationFailed
-from portal import presenters
+from config.errors import ApplicationError, NotFound, ValidationFailed
+from gpus.catalogue import TIER_CODES
+from portal import forms, presenters
 from portal.ops import StaffView
 from portal.views import TenantView
+from tenants.selectors import project_get
 
 
 def _month(request, default: date) -> tuple[date, str]:
@@ -170,3 +177,274 @@ def _totals(rows: list[reports.Row]) -> list[dict]:
         })
     return out
 
+
+
+# -- settings: budgets (spend caps) ----------------------------------------------------------------------------
+@dataclass(frozen=True)
+class BudgetRow:
+    """One scope on the Budgets page, ready to display: figures formatted, the bar's widths, the form's key."""
+
+    key: str  # the form's key and element id: "tenant" or the project's slug
+    label: str
+    project: str  # the project slug posted ("" for the whole tenant)
+    cap: object  # billing.models.SpendCap or None
+    spent: str
+    forecast: str
+    cap_text: str  # the cap as typed in the form (major units), "" without one
+    cap_money: str  # the cap formatted ("1,000.00 USD"), "" without one
+    spent_pct: float  # of the cap (the bar's first part; 0 without a cap)
+    running_pct: float  # the running leases' part of the forecast, beyond what is spent
+    over: bool
+
+
+def _budget_rows(budgets: list, currency: str) -> list[BudgetRow]:
+    from portal.presenters import _text
+
+    rows = []
+    for budget in budgets:
+        project = budget.project
+        spent_pct = budget.used_pct or 0.0
+        rows.append(BudgetRow(
+            key=project.slug if project else "tenant",
+            label=f"Project {project.name}" if project else "Whole tenant (every project together)",
+            project=project.slug if project else "", cap=budget.cap,
+            spent=format_money(budget.spent_minor, currency), forecast=format_money(budget.forecast_minor, currency),
+            cap_text=_text(from_minor(budget.cap.monthly_minor, currency)) if budget.cap else "",
+            cap_money=format_money(budget.cap.monthly_minor, currency) if budget.cap else "",
+            spent_pct=spent_pct, running_pct=max(0.0, (budget.forecast_pct or 0.0) - spent_pct), over=budget.over))
+    return rows
+
+
+class BudgetsView(TenantView):
+    """This month's spend of the tenant and of each project against its spend cap; admins set, change and
+    remove caps (``manage``), everyone in the tenant reads. One form per scope: it creates the scope's cap or
+    changes the one there is."""
+
+    template_name = "portal/settings_budgets.html"
+    write_action = "manage"
+
+    def render_page(self, request, *, error: ApplicationError | None = None, form: str = "", status: int = 200):
+        currency = self.actor.tenant.currency
+        errors = forms.FieldErrors()
+        if error is not None:
+            errors.add(error, shown={"monthly_minor", "action"})
+        context = {
+            "budgets": _budget_rows(billing.budget_list(actor=self.actor), currency),
+            "currency": currency,
+            "actions": CapAction.choices,
+            "can_manage": self.actor.can("manage"),
+            "errors": errors,
+            "form": form,
+            "values": request.POST if form else {},
+            "tab": "budgets",
+        }
+        return render(request, self.template_name, context, status=status)
+
+    def get(self, request):
+        return self.render_page(request)
+
+    def post(self, request):
+        slug = request.POST.get("project", "").strip()
+        form = slug or "tenant"
+        try:
+            project = project_get(actor=self.actor, slug=slug) if slug else None
+            values = forms.spend_cap_input(request.POST, currency=self.actor.tenant.currency)
+            cap = billing.spend_cap_list(actor=self.actor).filter(project=project).first()
+            if cap is None:
+                cap = billing_services.spend_cap_create(tenant=self.actor.tenant, project=project, actor=self.actor,
+                                                        **values)
+            else:
+                cap = billing_services.spend_cap_update(cap=cap, actor=self.actor, **values)
+        except ApplicationError as error:
+            return self.render_page(request, error=error, form=form, status=error.status)
+        scope = f"project {project.slug}" if project else "the whole tenant"
+        messages.success(request, f"Spend cap of {scope}: {format_money(cap.monthly_minor, cap.tenant.currency)} a "
+                                  f"month, {cap.get_action_display().lower()}.")
+        return redirect("portal:budgets")
+
+
+class BudgetDeleteView(TenantView):
+    http_method_names = ["post"]
+    write_action = "manage"
+
+    def post(self, request, pk: int):
+        cap = billing.spend_cap_get(actor=self.actor, pk=pk)
+        try:
+            billing_services.spend_cap_delete(cap=cap, actor=self.actor)
+        except ApplicationError as error:
+            messages.error(request, error.message)
+        else:
+            scope = f"project {cap.project.slug}" if cap.project else "the whole tenant"
+            messages.success(request, f"The spend cap of {scope} is removed.")
+        return redirect("portal:budgets")
+
+
+# -- platform staff: price books ---------------------------------------------------------------------------------
+MIN_RATE_ROWS, SPARE_RATE_ROWS = 8, 3
+STATE_LABELS = {"upcoming": "Upcoming", "in_force": "In force", "superseded": "Superseded"}
+
+
+def _book_form(*, prefix: str, book=None, copy=None, values=None, errors: dict | None = None,
+               create: bool) -> dict:
+    """The fields of the price-book form: the book's values (or the copied book's, for a new one), or what was
+    typed with the service's message under its field when this form was sent and refused."""
+    from portal.presenters import FormField, _text
+
+    errors = errors or {}
+    source = book or copy
+    typed = values is not None
+
+    def field(name: str, label: str, current, *, type_: str = "text", numeric: bool = False) -> FormField:
+        value = values.get(name, "") if typed else _text(current)
+        return FormField(name, f"{prefix}-{name}", label, value, errors.get(forms.field_key(name), ""), type_, numeric)
+
+    head = [field("name", "Name", (source.name + (" (new)" if copy is not None else "")) if source else ""),
+            field("effective_from", "Effective from (UTC)", book.effective_from if book else None,
+                  type_="datetime-local")]
+    numbers = [field("over_quota_multiplier", "Over-quota multiplier",
+                     source.over_quota_multiplier if source else "0.6", numeric=True),
+               field("interactive_multiplier", "Interactive multiplier",
+                     source.interactive_multiplier if source else "1.25", numeric=True),
+               field("energy_per_kwh", "Energy per kWh (empty: none)", source.energy_per_kwh if source else None,
+                     numeric=True)]
+    if typed:
+        indexes = sorted({int(m.group(1)) for key in values if (m := forms.RATE_ROW.match(key))})
+        current = [{"tier": values.get(f"rate-{i}-tier", ""), "kind": values.get(f"rate-{i}-kind", "whole"),
+                    "mig_profile": values.get(f"rate-{i}-mig_profile", ""),
+                    "per_hour": values.get(f"rate-{i}-per_hour", "")} for i in indexes]
+    else:
+        current = [{"tier": r.tier, "kind": r.kind, "mig_profile": r.mig_profile, "per_hour": _text(r.per_hour)}
+                   for r in (source.rates.all() if source else [])]
+    count = max(MIN_RATE_ROWS, len(current) + (0 if typed else SPARE_RATE_ROWS))
+    rates = []
+    for row in range(count):
+        rate = current[row] if row < len(current) else {"tier": "", "kind": "whole", "mig_profile": "", "per_hour": ""}
+        rates.append({"row": str(row), **rate,  # a string: the template joins it into element ids
+                      "errors": {name: errors.get(f"rate_{row}_{name}", "")
+                                 for name in ("tier", "kind", "mig_profile", "per_hour")}})
+    return {"prefix": prefix, "head": head, "numbers": numbers, "rates": rates, "create": create,
+            "currency": values.get("currency", "") if typed else (source.currency if source else "USD"),
+            "tenant": values.get("tenant", "") if typed else (source.tenant.slug if source and source.tenant else ""),
+            "errors": errors, "general": errors.get("__all__", "")}
+
+
+def _field_errors(error: ApplicationError | None, rows: list[int], shown: set[str]) -> forms.FieldErrors:
+    errors = forms.FieldErrors()
+    if error is not None:
+        key = forms.field_key(forms.rate_field(error.field, rows))
+        errors[key if key in shown or key.startswith("rate_") else "__all__"] = error.message
+    return errors
+
+
+BOOK_FIELDS_SHOWN = {"name", "effective_from", "over_quota_multiplier", "interactive_multiplier", "energy_per_kwh",
+                     "currency", "tenant"}
+
+
+class PriceBookListView(StaffView):
+    """Every price book by scope (the general list of each currency, then each tenant's own), with its state;
+    a form for a new book (``?copy=<id>`` starts from a book's values: changing prices is a new book from a
+    date). Books that have not started open for editing (``PriceBookDetailView``)."""
+
+    template_name = "ops/price_books.html"
+
+    def render_page(self, request, *, error: ApplicationError | None = None, rows: list[int] | None = None,
+                    status: int = 200):
+        from tenants.choices import CURRENCIES
+        from tenants.selectors import platform_tenant_list
+
+        states = billing.price_book_states()
+        scopes: dict[str, list] = {}
+        for book in billing.price_book_list():
+            label = f"Tenant {book.tenant.slug} ({book.currency})" if book.tenant else f"General list, {book.currency}"
+            scopes.setdefault(label, []).append({"book": book, "state": states.get(book.pk, "upcoming"),
+                                                 "state_label": STATE_LABELS[states.get(book.pk, "upcoming")]})
+        copy = None
+        if request.method == "GET" and request.GET.get("copy", "").isdigit():
+            copy = billing.price_book_get(pk=int(request.GET["copy"]))
+        errors = _field_errors(error, rows or [], BOOK_FIELDS_SHOWN)
+        context = {
+            "scopes": list(scopes.items()),
+            "new_form": _book_form(prefix="book-new", copy=copy, values=request.POST if error else None,
+                                   errors=errors, create=True),
+            "copy": copy,
+            "currencies": CURRENCIES,
+            "tenants": platform_tenant_list(),
+            "tiers": TIER_CODES,
+            "kinds": RateKind.choices,
+        }
+        return render(request, self.template_name, context, status=status)
+
+    def get(self, request):
+        return self.render_page(request)
+
+    def post(self, request):
+        from tenants.selectors import platform_tenant_get
+
+        rows: list[int] = []
+        try:
+            values, rows = forms.price_book_input(request.POST, create=True)
+            slug = values.pop("tenant")
+            tenant = None
+            if slug:
+                try:
+                    tenant = platform_tenant_get(slug=slug)
+                except NotFound as error:
+                    raise ValidationFailed(error.message, field="tenant") from None
+            book = billing_services.price_book_create(tenant=tenant, by_user=request.user, **values)
+        except ApplicationError as error:
+            return self.render_page(request, error=error, rows=rows, status=error.status)
+        messages.success(request, f"Price book {book.name} created: its prices apply from "
+                                  f"{book.effective_from:%Y-%m-%d %H:%M} UTC.")
+        return redirect("portal:ops-price-book", pk=book.pk)
+
+
+class PriceBookDetailView(StaffView):
+    """One book and its rates; while it has not started, the form to change it and a button to delete it."""
+
+    template_name = "ops/price_book_detail.html"
+
+    def render_page(self, request, pk: int, *, error: ApplicationError | None = None, rows: list[int] | None = None,
+                    status: int = 200):
+        book = billing.price_book_get(pk=pk)
+        state = billing.price_book_states().get(book.pk, "upcoming")
+        errors = _field_errors(error, rows or [], BOOK_FIELDS_SHOWN)
+        context = {
+            "book": book,
+            "state": state,
+            "state_label": STATE_LABELS[state],
+            "editable": state == "upcoming",
+            "error": error.message if error is not None else "",
+            "form": _book_form(prefix=f"book-{book.pk}", book=book, values=request.POST if error else None,
+                               errors=errors, create=False),
+            "tiers": TIER_CODES,
+            "kinds": RateKind.choices,
+        }
+        return render(request, self.template_name, context, status=status)
+
+    def get(self, request, pk: int):
+        return self.render_page(request, pk)
+
+    def post(self, request, pk: int):
+        book = billing.price_book_get(pk=pk)
+        rows: list[int] = []
+        try:
+            values, rows = forms.price_book_input(request.POST, create=False)
+            book = billing_services.price_book_update(book=book, changes=values, by_user=request.user)
+        except ApplicationError as error:
+            return self.render_page(request, pk, error=error, rows=rows, status=error.status)
+        messages.success(request, f"Price book {book.name} saved.")
+        return redirect("portal:ops-price-book", pk=book.pk)
+
+
+class PriceBookDeleteView(StaffView):
+    http_method_names = ["post"]
+
+    def post(self, request, pk: int):
+        book = billing.price_book_get(pk=pk)
+        try:
+            billing_services.price_book_delete(book=book, by_user=request.user)
+        except ApplicationError as error:
+            messages.error(request, error.message)
+            return redirect("portal:ops-price-book", pk=pk)
+        messages.success(request, f"Price book {book.name} deleted.")
+        return redirect("portal:ops-price-books")

@@ -165,3 +165,98 @@ def slo_step_field(field: str | None, rows: list[int]) -> str | None:
     if match and int(match.group(1)) < len(rows):
         return f"step-{rows[int(match.group(1))]}-{match.group(2)}"
     return field
+
+
+# -- platform staff: capacity policies --------------------------------------------------------------------
+def policy_input(data: QueryDict) -> tuple[str, dict]:
+    """(scope, values) for ``fleet.services.policy_set`` from the policy form: a mode left empty inherits, a
+    number left empty inherits (null), idle rules as JSON (empty: the built-in rules)."""
+    import json
+
+    from fleet.selectors import MODE_FIELDS, NUMBER_FIELDS
+
+    values: dict = {name: data.get(name, "").strip() for name in MODE_FIELDS if name in data}
+    for name in NUMBER_FIELDS:
+        if name in data:
+            text = data.get(name, "").strip()
+            values[name] = number(text) if text else None
+    if "idle_rules" in data:
+        text = data.get("idle_rules", "").strip()
+        try:
+            values["idle_rules"] = json.loads(text) if text else {}
+        except ValueError as error:
+            raise ValidationFailed(f"idle_rules is not JSON: {error}.", field="idle_rules") from error
+    return data.get("scope", "").strip(), values
+
+
+# -- money: spend caps (tenant admins), billing terms and price books (platform staff) ----------------------------
+def money_minor(text: str | None, currency: str, field: str) -> int:
+    """An amount typed in major units (``1,250.50``) → integer minor units of ``currency``; an error naming
+    ``field`` when it is not an amount the currency can hold (JPY has no decimals). The services check the
+    range."""
+    from decimal import Decimal, InvalidOperation
+
+    from billing.pricing import minor_exponent, to_minor
+
+    raw = (text or "").strip().replace(",", "").replace("_", "")
+    try:
+        amount = Decimal(raw)
+    except InvalidOperation:
+        raise ValidationFailed(f"{field} must be an amount in {currency}, e.g. 1250.00.", field=field) from None
+    places = minor_exponent(currency)
+    if not amount.is_finite() or amount != amount.quantize(Decimal(1).scaleb(-places)) or abs(amount) >= 10**13:
+        raise ValidationFailed(f"{field} must be an amount in {currency} with at most {places} decimals.",
+                               field=field)
+    return to_minor(amount, currency)
+
+
+def spend_cap_input(data: QueryDict, *, currency: str) -> dict:
+    """``spend_cap_create`` / ``spend_cap_update`` values from a Budgets row (the amount in major units)."""
+    return {"monthly_minor": money_minor(data.get("monthly"), currency, "monthly_minor"),
+            "action": data.get("action", "").strip()}
+
+
+def billing_terms_input(data: QueryDict, *, currency: str) -> dict:
+    """``billing_terms_set`` values from the staff tenant page's terms form (the commitment in major units)."""
+    commit = data.get("monthly_commit", "").strip() or "0"
+    return {"period": data.get("period", "").strip(), "discount_pct": data.get("discount_pct", "").strip() or "0",
+            "monthly_commit_minor": money_minor(commit, currency, "monthly_commit_minor")}
+
+
+RATE_ROW = re.compile(r"^rate-(\d{1,3})-(tier|kind|mig_profile|per_hour)$")
+
+
+def price_book_input(data: QueryDict, *, create: bool) -> tuple[dict, list[int]]:
+    """The values ``price_book_create`` (``create``) or ``price_book_update`` take from the price-book form, and
+    the form row of each rate (blank rows are left out: the service's ``rates[1]`` may be the form's third row).
+    A row is blank when it names no model and no price."""
+    rows: list[int] = []
+    rates = []
+    for row in sorted({int(m.group(1)) for key in data if (m := RATE_ROW.match(key))}):
+        tier = data.get(f"rate-{row}-tier", "").strip()
+        per_hour = data.get(f"rate-{row}-per_hour", "").strip()
+        if not tier and not per_hour:
+            continue
+        rates.append({"tier": tier, "kind": data.get(f"rate-{row}-kind", "whole").strip() or "whole",
+                      "mig_profile": data.get(f"rate-{row}-mig_profile", "").strip(), "per_hour": per_hour})
+        rows.append(row)
+    values: dict = {
+        "name": data.get("name", ""),
+        "effective_from": _moment(data.get("effective_from", ""), "effective_from", required=True),
+        "over_quota_multiplier": data.get("over_quota_multiplier", "").strip(),
+        "interactive_multiplier": data.get("interactive_multiplier", "").strip(),
+        "energy_per_kwh": data.get("energy_per_kwh", "").strip() or None,
+        "rates": rates,
+    }
+    if create:
+        values["currency"] = data.get("currency", "").strip()
+        values["tenant"] = data.get("tenant", "").strip()
+    return values, rows
+
+
+def rate_field(field: str | None, rows: list[int]) -> str | None:
+    """``rates[1].per_hour`` → ``rate-<form row>-per_hour``; ``rates[1]`` → ``rate-<row>-tier``."""
+    match = re.match(r"^rates\[(\d+)\](?:\.(\w+))?$", field or "")
+    if match and int(match.group(1)) < len(rows):
+        return f"rate-{rows[int(match.group(1))]}-{match.group(2) or 'tier'}"
+    return field

@@ -1,4 +1,4 @@
-"""Platform staff pages: the fleet map, the queue, tenants (quotas, SLO contracts, suspension).
+"""Platform staff pages: the fleet map, the queue, tenants (quotas, SLO contracts, billing terms, suspension).
 
 Staff act on the platform, not inside a tenant, so these pages read through the platform selectors
 (``broker.selectors.node_list``…, ``tenants.selectors.platform_*``) and write through the same services
@@ -93,8 +93,25 @@ class TenantListView(StaffView):
         return render(request, self.template_name, {"tenants": selectors.platform_tenant_list()})
 
 
+def _terms_context(tenant) -> dict:
+    """The billing-terms card: every start (the latest first, amounts formatted), the terms of this month's
+    invoice, and the form's defaults (this month, the terms in force)."""
+    from billing import selectors as billing
+    from billing.pricing import format_money, from_minor
+    from portal.presenters import _text
+
+    now = timezone.now()
+    in_force = billing.billing_terms_in_force(tenant=tenant, at=now)
+    rows = [{"terms": terms, "commit": format_money(terms.monthly_commit_minor, tenant.currency),
+             "current": in_force is not None and terms.pk == in_force.pk}
+            for terms in billing.billing_terms_list(tenant=tenant)]
+    return {"rows": rows, "in_force": in_force, "this_month": f"{now:%Y-%m}",
+            "discount": _text(in_force.discount_pct) if in_force else "0",
+            "commit": _text(from_minor(in_force.monthly_commit_minor, tenant.currency)) if in_force else "0"}
+
+
 class TenantDetailView(StaffView):
-    """Quotas (tenant and project), SLO contracts and the tenant's status, each an inline form; a form
+    """Quotas (tenant and project), SLO contracts, billing terms and the tenant's status, each an inline form; a form
     that fails comes back with the service's message under the field and the values as typed."""
 
     template_name = "ops/tenant_detail.html"
@@ -123,6 +140,7 @@ class TenantDetailView(StaffView):
             "errors": errors,
             "values": values,
             "statuses": TenantStatus,
+            "terms": _terms_context(tenant),
         }
         return render(request, self.template_name, context, status=status)
 
@@ -189,4 +207,23 @@ class SloContractSaveView(TenantDetailView):
             return self.render_page(request, slug, form=form, error=error, status=error.status,
                                     field=forms.slo_step_field(error.field, rows))
         messages.success(request, f"SLO contract {contract.name} saved.")
+        return redirect("portal:ops-tenant", slug=slug)
+
+
+class BillingTermsSetView(TenantDetailView):
+    """The terms form: a discount and a committed monthly minimum (in the tenant's currency) from a month on."""
+
+    def post(self, request, slug: str):
+        from billing import services as billing_services
+        from billing.pricing import format_money
+
+        tenant = selectors.platform_tenant_get(slug=slug)
+        try:
+            values = forms.billing_terms_input(request.POST, currency=tenant.currency)
+            terms = billing_services.billing_terms_set(tenant=tenant, by_user=request.user, **values)
+        except ApplicationError as error:
+            return self.render_page(request, slug, form="terms", error=error, status=error.status)
+        messages.success(request, f"Billing terms of {tenant.name} from {terms.effective_from:%Y-%m}: discount "
+                                  f"{terms.discount_pct}%, committed minimum "
+                                  f"{format_money(terms.monthly_commit_minor, tenant.currency)} a month.")
         return redirect("portal:ops-tenant", slug=slug)

@@ -358,7 +358,8 @@ class BarChart:
 
 def bar_chart(values: list[tuple[str, float]], *, label: str, unit: str, width: int = 720,
               height: int = 160) -> BarChart:
-    top = max((value for _label, value in values), default=0.0) or 1.0
+    highest = max((value for _label, value in values), default=0.0)
+    top = highest or 1.0  # the scale; an all-zero chart draws flat bars and says so (its caption)
     slot = width / max(1, len(values))
     gap = min(6.0, slot * 0.2)
     bars = []
@@ -366,4 +367,4 @@ def bar_chart(values: list[tuple[str, float]], *, label: str, unit: str, width: 
         bar_height = round(value / top * (height - 20), 2)
         bars.append(Bar(label=name, value=value, x=round(index * slot + gap / 2, 2),
                         y=round(height - 16 - bar_height, 2), width=round(slot - gap, 2), height=bar_height))
-    return BarChart(bars=bars, label=label, unit=unit, maximum=top, width=width, height=height)
+    return BarChart(bars=bars, label=label, unit=unit, maximum=highest, width=width, height=height)

@@ -1,6 +1,7 @@
 from django.urls import path, re_path
+from django.views.generic import RedirectView
 
-from portal import billing, ops, views
+from portal import billing, capacity, ops, views
 
 app_name = "portal"
 
@@ -26,12 +27,31 @@ urlpatterns = [
     path("settings/members/<int:pk>/remove", views.MemberRemoveView.as_view(http_method_names=["post"]),
          name="member-remove"),
     path("settings/tokens", views.TokensView.as_view(), name="tokens"),
+    path("settings/budgets", billing.BudgetsView.as_view(), name="budgets"),
+    path("settings/budgets/<int:pk>/delete", billing.BudgetDeleteView.as_view(), name="budget-delete"),
     path("settings/tokens/<int:pk>/revoke", views.TokenRevokeView.as_view(), name="token-revoke"),
+    path("advice", capacity.AdviceView.as_view(), name="advice"),
+    path("advice/<int:pk>/accept", capacity.AdviceDecideView.as_view(decision="accept"), name="advice-accept"),
+    path("advice/<int:pk>/reject", capacity.AdviceDecideView.as_view(decision="reject"), name="advice-reject"),
     # platform staff
+    path("ops/", RedirectView.as_view(pattern_name="portal:fleet"), name="ops"),  # the fleet page checks staff
     path("ops/fleet", ops.FleetView.as_view(), name="fleet"),
     path("ops/nodes/<str:node_id>/cordon", ops.NodeCordonView.as_view(), name="node-cordon"),
     path("ops/queue", ops.QueueView.as_view(), name="queue"),
     path("ops/billing", billing.BillingReportView.as_view(), name="ops-billing"),
+    path("ops/price-books", billing.PriceBookListView.as_view(), name="ops-price-books"),
+    path("ops/price-books/<int:pk>", billing.PriceBookDetailView.as_view(), name="ops-price-book"),
+    path("ops/price-books/<int:pk>/delete", billing.PriceBookDeleteView.as_view(), name="ops-price-book-delete"),
+    path("ops/capacity", capacity.CapacityView.as_view(), name="ops-capacity"),
+    path("ops/capacity/adjustments/<int:pk>/accept", capacity.CapacityDecideView.as_view(decision="accept"),
+         name="ops-adjustment-accept"),
+    path("ops/capacity/adjustments/<int:pk>/reject", capacity.CapacityDecideView.as_view(decision="reject"),
+         name="ops-adjustment-reject"),
+    path("ops/capacity/policies", capacity.CapacityPolicySaveView.as_view(), name="ops-policy-new"),
+    path("ops/capacity/policies/<int:pk>", capacity.CapacityPolicySaveView.as_view(), name="ops-policy"),
+    path("ops/capacity/policies/<int:pk>/delete", capacity.CapacityPolicyDeleteView.as_view(),
+         name="ops-policy-delete"),
+    path("ops/capacity/run", capacity.CapacityRunView.as_view(), name="ops-capacity-run"),
     path("ops/tenants", ops.TenantListView.as_view(), name="ops-tenants"),
     path("ops/tenants/<slug:slug>", ops.TenantDetailView.as_view(), name="ops-tenant"),
     path("ops/tenants/<slug:slug>/status", ops.TenantStatusView.as_view(http_method_names=["post"]),
@@ -40,6 +60,8 @@ urlpatterns = [
          name="ops-tenant-quota"),
     path("ops/tenants/<slug:slug>/project-quota", ops.ProjectQuotaSetView.as_view(http_method_names=["post"]),
          name="ops-project-quota"),
+    path("ops/tenants/<slug:slug>/billing-terms", ops.BillingTermsSetView.as_view(http_method_names=["post"]),
+         name="ops-billing-terms"),
     path("ops/tenants/<slug:slug>/slo-contracts", ops.SloContractSaveView.as_view(http_method_names=["post"]),
          name="ops-slo-new"),
     path("ops/tenants/<slug:slug>/slo-contracts/<int:pk>", ops.SloContractSaveView.as_view(http_method_names=["post"]),

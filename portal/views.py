@@ -19,8 +19,9 @@ from broker import selectors as leasing
 from broker import services as leasing_services
 from broker.choices import FINAL_STATES, HOLDING_STATES, LeaseState, WorkloadClass
 from config.errors import ApplicationError, NotFound, PermissionDenied, TenantSuspended
+from fleet.presenters import advice_panel
 from portal import forms, presenters
-from portal.pricing import budget_outcome, dashboard_spend, price_quote
+from portal.pricing import dashboard_spend
 from tenants import selectors, services
 from tenants.choices import Role, TokenScope
 from tenants.permissions import SAFE_METHODS
@@ -119,6 +120,7 @@ class DashboardView(TenantView):
             "leases": leases,
             "can_use": actor.can("use"),
             "spend": dashboard_spend(actor),
+            "advice": advice_panel(actor=actor),
         }
         return render(request, self.template_name, context)
 
@@ -223,17 +225,12 @@ def _denial(actor, action: str) -> str:
 
 
 def _preview(actor, body: dict) -> dict:
-    """The preview panel's content: the dry run and the price, or the error in the API's words."""
+    """The preview panel's content: the quote — ``broker.selectors.lease_quote``, the function that answers
+    ``POST /api/v1/quotes``, so the portal and the API say the same — or the error in the API's words."""
     try:
-        result = leasing.lease_preview(actor=actor, **body)
+        return {"quote": leasing.lease_quote(actor=actor, **body)}
     except ApplicationError as error:
         return {"error": error.message, "field": error.field}
-    quote = price_quote(tenant=actor.tenant, gpu=result.gpu, workload_class=body["workload_class"],
-                        over_quota=result.over_quota)
-    budget = budget_outcome(actor=actor, project=body["project"], gpu=result.gpu,
-                            workload_class=body["workload_class"], duration_seconds=body["duration_seconds"],
-                            over_quota=result.over_quota)
-    return {"result": result, "quote": quote, "budget": budget}
 
 
 class LeasePreviewView(TenantView):
@@ -287,9 +284,10 @@ class LeaseReleaseView(LeaseDetailView):
         except ApplicationError as error:
             messages.error(request, error.message)
         else:
-            done = lease.state in FINAL_STATES
-            messages.success(request, f"Lease {lease.pk} released." if done else
-                             f"Lease {lease.pk} is being released: its devices are being torn down.")
+            # while it is being released the live part of the page says so and turns to finished by itself;
+            # a flash message saying "being released" would outlive it
+            if lease.state in FINAL_STATES:
+                messages.success(request, f"Lease {lease.pk} released.")
         return redirect("portal:lease", pk=pk)
 
 

@@ -1,12 +1,35 @@
-"""Django admin for platform staff. Writes that carry rules (quotas) go through the services so the
-admin gets the same errors as the API."""
+"""Django admin for platform staff, writing through ``tenants.services`` — the same rules, errors and audit
+events as the API and the portal — or read-only where no service writes the model.
+
+How a write goes (``ServiceAdmin``):
+- the admin's forms check types; ``save_model`` / ``save_formset`` / ``delete_model`` call the services;
+- staff act inside a tenant as an owner would (``staff_actor``): the audit row names the staff user, and the
+  services' rules hold — the last owner stays, a suspended tenant's roles and projects do not change;
+- each service is one durable transaction of its own, so the admin's own wrapping transaction is left out
+  (a durable block cannot nest in it); a service's refusal is an error message on the page, nothing of that
+  write saved, never a 500;
+- Django's bulk "delete selected" is off everywhere here (it deletes rows without the services); deleting
+  is one object at a time through its service, where one exists.
+
+Per model: tenants (created, renamed, suspended and reactivated; never deleted — they hold the billing
+record), projects (created, renamed, deleted while nothing references them), memberships (added, role
+changed, removed — here and inline on the tenant), API tokens (read-only; revoked by an action; created by
+their member only: the secret is theirs), quotas and tenant quotas (set; zero them rather than delete),
+SLO contracts (created and replaced with their credit steps; never deleted — past periods are credited from
+them), audit events (read-only)."""
+
+from __future__ import annotations
 
 from django import forms
-from django.contrib import admin
+from django.contrib import admin, messages
+from django.contrib.admin.options import csrf_protect_m
 from django.core.exceptions import ValidationError
+from django.http import HttpResponseRedirect
 
 from config.errors import ApplicationError
 from tenants import services
+from tenants.access import Actor
+from tenants.choices import Role, TenantStatus
 from tenants.models import (
     ApiToken,
     AuditEvent,
@@ -20,8 +43,96 @@ from tenants.models import (
 )
 
 
+def staff_actor(request, tenant: Tenant) -> Actor:
+    """Platform staff acting inside ``tenant`` with an owner's powers (all scopes), so the tenant services
+    apply their rules and write their audit rows in the staff user's name."""
+    return Actor(user=request.user, tenant=Tenant.objects.get(pk=tenant.pk), role=Role.OWNER)
+
+
+def _adopt(obj, saved) -> None:
+    """Make the admin's in-memory object the row the service saved (its id, its normalised values)."""
+    for field in obj._meta.concrete_fields:
+        setattr(obj, field.attname, getattr(saved, field.attname))
+    obj._state.adding, obj._state.db = False, saved._state.db
+
+
+class ServiceAdmin(admin.ModelAdmin):
+    """A model admin whose writes are service calls: no wrapping transaction, refusals as messages."""
+
+    def get_actions(self, request):
+        actions = super().get_actions(request)
+        actions.pop("delete_selected", None)  # bulk deletes bypass the services
+        return actions
+
+    @csrf_protect_m
+    def changeform_view(self, request, object_id=None, form_url="", extra_context=None):
+        try:  # not in a transaction: each service is one durable transaction of its own
+            return self._changeform_view(request, object_id, form_url, extra_context)
+        except ApplicationError as error:
+            return self._refused(request, error)
+
+    @csrf_protect_m
+    def delete_view(self, request, object_id, extra_context=None):
+        try:
+            return self._delete_view(request, object_id, extra_context)
+        except ApplicationError as error:
+            return self._refused(request, error)
+
+    def _refused(self, request, error: ApplicationError) -> HttpResponseRedirect:
+        where = f"{error.field}: " if error.field else ""
+        self.message_user(request, f"Not saved — {where}{error.message}", level=messages.ERROR)
+        return HttpResponseRedirect(request.get_full_path())
+
+    def save_formset(self, request, form, formset, change):
+        formset.save(commit=False)  # what changed, for the admin's log; read-only inlines change nothing
+        if formset.new_objects or formset.changed_objects or formset.deleted_objects:
+            raise NotImplementedError(f"{type(self).__name__}: {formset.model.__name__} has no service here")
+
+    def _each(self, request, queryset, what: str, call) -> None:
+        """An action over the selection, one service call per row, each refusal reported with its row."""
+        done = 0
+        for obj in queryset.order_by("pk"):
+            try:
+                call(obj)
+            except ApplicationError as error:
+                self.message_user(request, f"{obj}: {error.message}", level=messages.ERROR)
+                continue
+            done += 1
+        if done:
+            self.message_user(request, f"{done} {what}.", level=messages.SUCCESS)
+
+
+# -- tenants and their members -------------------------------------------------------------------------------
+class MembershipInlineForm(forms.ModelForm):
+    class Meta:
+        model = Membership
+        fields = ["user", "role"]
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        if self.instance.pk:  # a membership is one user's: another user is another membership
+            self.fields["user"].disabled = True
+
+
+class MembershipFormSet(forms.BaseInlineFormSet):
+    def clean(self):
+        """The services' rule, checked before anything is saved so the page can say it next to the rows:
+        a tenant that has an owner keeps one (the service checks again, under a lock)."""
+        super().clean()
+        if any(form.errors for form in self.forms):
+            return
+        had_owner = Membership.objects.filter(tenant_id=self.instance.pk, role=Role.OWNER).exists() \
+            if self.instance.pk else False
+        kept = [form.cleaned_data.get("role") for form in self.forms
+                if form.cleaned_data and not form.cleaned_data.get("DELETE")]
+        if had_owner and Role.OWNER not in kept:
+            raise ValidationError("A tenant must keep at least one owner.")
+
+
 class MembershipInline(admin.TabularInline):
     model = Membership
+    form = MembershipInlineForm
+    formset = MembershipFormSet
     extra = 0
     autocomplete_fields = ["user"]
 
@@ -37,24 +148,93 @@ class TenantQuotaInline(admin.TabularInline):
 
 
 @admin.register(Tenant)
-class TenantAdmin(admin.ModelAdmin):
+class TenantAdmin(ServiceAdmin):
     list_display = ["slug", "name", "status", "currency", "billing_email", "created_at"]
     list_filter = ["status", "currency"]
     search_fields = ["slug", "name", "billing_email"]
     inlines = [MembershipInline, TenantQuotaInline]
     actions = ["suspend", "activate"]
 
+    def get_fields(self, request, obj=None):
+        if obj is None:  # a new tenant is active
+            return ["name", "slug", "billing_email", "currency"]
+        return ["name", "slug", "billing_email", "currency", "status", "created_at", "updated_at"]
+
+    def get_readonly_fields(self, request, obj=None):
+        # the slug names the tenant everywhere; its invoices are in its currency
+        return [] if obj is None else ["slug", "currency", "created_at", "updated_at"]
+
+    def has_delete_permission(self, request, obj=None):
+        return False  # no service deletes a tenant: it holds leases, usage and invoices; suspend it
+
+    def save_model(self, request, obj, form, change):
+        if not change:
+            _adopt(obj, services.tenant_create(name=obj.name, slug=obj.slug, billing_email=obj.billing_email,
+                                               currency=obj.currency, by_user=request.user))
+            return
+        changes = {name: getattr(obj, name) for name in ("name", "billing_email") if name in form.changed_data}
+        status = obj.status if "status" in form.changed_data else None
+        if status == TenantStatus.ACTIVE:  # reactivate first: a suspended tenant's details cannot change
+            services.tenant_set_status(tenant=obj, status=status, by_user=request.user, reason="admin")
+        if changes:
+            services.tenant_update(actor=staff_actor(request, obj), **changes)
+        if status == TenantStatus.SUSPENDED:
+            services.tenant_set_status(tenant=obj, status=status, by_user=request.user, reason="admin")
+        obj.refresh_from_db()
+
+    def save_formset(self, request, form, formset, change):
+        if formset.model is not Membership:
+            return super().save_formset(request, form, formset, change)
+        tenant = form.instance
+        formset.save(commit=False)
+        for membership in formset.new_objects:
+            _adopt(membership, services.membership_add(tenant=tenant, user=membership.user, role=membership.role,
+                                                       by_user=request.user))
+        # owners granted before owners taken away, so handing ownership over in one save works
+        changed = sorted((m for m, fields in formset.changed_objects if "role" in fields),
+                         key=lambda m: m.role != Role.OWNER)
+        for membership in changed:
+            services.membership_change_role(actor=staff_actor(request, tenant),
+                                            membership=Membership.objects.get(pk=membership.pk), role=membership.role)
+        for membership in formset.deleted_objects:
+            services.membership_remove(actor=staff_actor(request, tenant), membership=membership)
+
     @admin.action(description="Suspend selected tenants")
     def suspend(self, request, queryset):
-        for tenant in queryset:
-            services.tenant_set_status(tenant=tenant, status="suspended", by_user=request.user, reason="admin")
+        self._each(request, queryset, "suspended", lambda tenant: services.tenant_set_status(
+            tenant=tenant, status=TenantStatus.SUSPENDED, by_user=request.user, reason="admin"))
 
     @admin.action(description="Reactivate selected tenants")
     def activate(self, request, queryset):
-        for tenant in queryset:
-            services.tenant_set_status(tenant=tenant, status="active", by_user=request.user, reason="admin")
+        self._each(request, queryset, "reactivated", lambda tenant: services.tenant_set_status(
+            tenant=tenant, status=TenantStatus.ACTIVE, by_user=request.user, reason="admin"))
 
 
+@admin.register(Membership)
+class MembershipAdmin(ServiceAdmin):
+    list_display = ["user", "tenant", "role", "created_at"]
+    list_filter = ["role", "tenant"]
+    search_fields = ["user__username", "tenant__slug"]
+    autocomplete_fields = ["user"]
+    fields = ["user", "tenant", "role"]
+
+    def get_readonly_fields(self, request, obj=None):
+        return [] if obj is None else ["user", "tenant"]  # another user or tenant is another membership
+
+    def save_model(self, request, obj, form, change):
+        if not change:
+            _adopt(obj, services.membership_add(tenant=obj.tenant, user=obj.user, role=obj.role,
+                                                by_user=request.user))
+        elif "role" in form.changed_data:
+            current = Membership.objects.get(pk=obj.pk)
+            _adopt(obj, services.membership_change_role(actor=staff_actor(request, obj.tenant), membership=current,
+                                                        role=obj.role))
+
+    def delete_model(self, request, obj):
+        services.membership_remove(actor=staff_actor(request, obj.tenant), membership=obj)
+
+
+# -- projects and quotas --------------------------------------------------------------------------------------
 class QuotaInline(admin.TabularInline):
     model = Quota
     extra = 0
@@ -66,30 +246,28 @@ class QuotaInline(admin.TabularInline):
 
 
 @admin.register(Project)
-class ProjectAdmin(admin.ModelAdmin):
+class ProjectAdmin(ServiceAdmin):
     list_display = ["slug", "tenant", "name", "created_at"]
     list_filter = ["tenant"]
     search_fields = ["slug", "name", "tenant__slug"]
     inlines = [QuotaInline]
+    fields = ["tenant", "slug", "name", "description"]
 
+    def get_readonly_fields(self, request, obj=None):
+        return [] if obj is None else ["tenant", "slug"]  # leases and usage name the project
 
-@admin.register(Membership)
-class MembershipAdmin(admin.ModelAdmin):
-    list_display = ["user", "tenant", "role", "created_at"]
-    list_filter = ["role", "tenant"]
-    search_fields = ["user__username", "tenant__slug"]
+    def save_model(self, request, obj, form, change):
+        actor = staff_actor(request, obj.tenant)
+        if not change:
+            _adopt(obj, services.project_create(actor=actor, slug=obj.slug, name=obj.name,
+                                                description=obj.description))
+        else:
+            changes = {name: getattr(obj, name) for name in ("name", "description") if name in form.changed_data}
+            if changes:
+                _adopt(obj, services.project_update(actor=actor, project=Project.objects.get(pk=obj.pk), **changes))
 
-
-@admin.register(ApiToken)
-class ApiTokenAdmin(admin.ModelAdmin):
-    list_display = ["prefix", "name", "tenant", "user", "scopes", "created_at", "expires_at", "last_used_at",
-                    "revoked_at"]
-    list_filter = ["tenant"]
-    search_fields = ["prefix", "name", "user__username"]
-    readonly_fields = ["prefix", "secret_hash", "created_at", "last_used_at"]
-
-    def has_add_permission(self, request):
-        return False  # tokens are created by their member (portal, API or `manage.py tenant_bootstrap`)
+    def delete_model(self, request, obj):
+        services.project_delete(actor=staff_actor(request, obj.tenant), project=obj)
 
 
 class TenantQuotaForm(forms.ModelForm):
@@ -109,9 +287,11 @@ class QuotaForm(forms.ModelForm):
         data = super().clean()
         if self.errors:
             return data
+        project = data.get("project") or self.instance.project  # read-only once saved
+        tier = data.get("tier", self.instance.tier)
         try:
             services.quota_check(
-                project=data["project"], tier=data["tier"], deserved_gpu_milli=data["deserved_gpu_milli"],
+                project=project, tier=tier, deserved_gpu_milli=data["deserved_gpu_milli"],
                 limit_gpu_milli=data["limit_gpu_milli"], over_quota_weight=data["over_quota_weight"],
             )
         except ApplicationError as exc:
@@ -120,39 +300,106 @@ class QuotaForm(forms.ModelForm):
 
 
 @admin.register(TenantQuota)
-class TenantQuotaAdmin(admin.ModelAdmin):
+class TenantQuotaAdmin(ServiceAdmin):
     form = TenantQuotaForm
     list_display = ["tenant", "tier", "deserved_gpu_milli", "limit_gpu_milli"]
     list_filter = ["tier", "tenant"]
 
+    def get_readonly_fields(self, request, obj=None):
+        return [] if obj is None else ["tenant", "tier"]  # another tier is another bound
+
+    def has_delete_permission(self, request, obj=None):
+        return False  # no service deletes a bound its projects' quotas rest on: set it to zero
+
     def save_model(self, request, obj, form, change):
-        services.tenant_quota_set(tenant=obj.tenant, tier=obj.tier, deserved_gpu_milli=obj.deserved_gpu_milli,
-                                  limit_gpu_milli=obj.limit_gpu_milli, by_user=request.user)
+        _adopt(obj, services.tenant_quota_set(tenant=obj.tenant, tier=obj.tier,
+                                              deserved_gpu_milli=obj.deserved_gpu_milli,
+                                              limit_gpu_milli=obj.limit_gpu_milli, by_user=request.user))
 
 
 @admin.register(Quota)
-class QuotaAdmin(admin.ModelAdmin):
+class QuotaAdmin(ServiceAdmin):
     form = QuotaForm
     list_display = ["project", "tier", "deserved_gpu_milli", "limit_gpu_milli", "over_quota_weight"]
     list_filter = ["tier", "project__tenant"]
 
+    def get_readonly_fields(self, request, obj=None):
+        return [] if obj is None else ["project", "tier"]  # another tier is another quota
+
+    def has_delete_permission(self, request, obj=None):
+        return False  # no service deletes a quota: set it to zero (audited)
+
     def save_model(self, request, obj, form, change):
-        services.quota_set(project=obj.project, tier=obj.tier, deserved_gpu_milli=obj.deserved_gpu_milli,
-                           limit_gpu_milli=obj.limit_gpu_milli, over_quota_weight=obj.over_quota_weight,
-                           by_user=request.user)
+        _adopt(obj, services.quota_set(project=obj.project, tier=obj.tier, deserved_gpu_milli=obj.deserved_gpu_milli,
+                                       limit_gpu_milli=obj.limit_gpu_milli, over_quota_weight=obj.over_quota_weight,
+                                       by_user=request.user))
 
 
+# -- API tokens -----------------------------------------------------------------------------------------------
+@admin.register(ApiToken)
+class ApiTokenAdmin(ServiceAdmin):
+    list_display = ["prefix", "name", "tenant", "user", "scopes", "created_at", "expires_at", "last_used_at",
+                    "revoked_at"]
+    list_filter = ["tenant"]
+    search_fields = ["prefix", "name", "user__username"]
+    fields = ["prefix", "name", "tenant", "user", "scopes", "created_at", "expires_at", "last_used_at",
+              "revoked_at"]
+    readonly_fields = fields
+    actions = ["revoke"]
+
+    def has_add_permission(self, request):
+        return False  # created by their member (portal, API or `manage.py tenant_bootstrap`): the secret is theirs
+
+    def has_change_permission(self, request, obj=None):
+        return False  # revoked by the action below (audited), never edited
+
+    def has_delete_permission(self, request, obj=None):
+        return False  # a revoked token stays on record
+
+    @admin.action(description="Revoke selected tokens")
+    def revoke(self, request, queryset):
+        self._each(request, queryset.select_related("tenant"), "revoked", lambda token: services.api_token_revoke(
+            actor=staff_actor(request, token.tenant), token=token))
+
+
+# -- SLO contracts ----------------------------------------------------------------------------------------------
 class SloCreditStepInline(admin.TabularInline):
     model = SloCreditStep
     extra = 1
 
 
 @admin.register(SloContract)
-class SloContractAdmin(admin.ModelAdmin):
+class SloContractAdmin(ServiceAdmin):
+    """A contract and its credit steps are saved together by ``slo_contract_save`` (which replaces the steps),
+    after the service's own checks; a refusal (an overlapping period, a bad step) is a message."""
+
     list_display = ["tenant", "name", "effective_from", "effective_to", "time_to_gpu_p95_seconds",
                     "availability_target_pct", "preemption_notice_seconds"]
     list_filter = ["tenant"]
     inlines = [SloCreditStepInline]
+    fields = ["tenant", "name", "effective_from", "effective_to", "time_to_gpu_p95_seconds",
+              "availability_target_pct", "preemption_notice_seconds", "max_credit_pct"]
+    VALUES = fields[1:]
+
+    def get_readonly_fields(self, request, obj=None):
+        return [] if obj is None else ["tenant"]
+
+    def has_delete_permission(self, request, obj=None):
+        return False  # past periods are credited from it; end it with effective_to instead
+
+    def save_model(self, request, obj, form, change):
+        """Nothing yet: the contract is saved with its credit steps in ``save_related``."""
+
+    def save_related(self, request, form, formsets, change):
+        steps = next(formset for formset in formsets if formset.model is SloCreditStep)
+        steps.save(commit=False)  # what changed, for the admin's log
+        credit_steps = [{name: step.cleaned_data[name] for name in ("metric", "threshold", "credit_pct")}
+                        for step in steps.forms if step.cleaned_data and not step.cleaned_data.get("DELETE")]
+        saved = services.slo_contract_save(
+            tenant=form.instance.tenant, contract=SloContract.objects.get(pk=form.instance.pk) if change else None,
+            by_user=request.user, credit_steps=credit_steps,
+            **{name: form.cleaned_data[name] for name in self.VALUES})
+        _adopt(form.instance, saved)
 
 
 @admin.register(AuditEvent)

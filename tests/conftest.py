@@ -3,6 +3,10 @@ from django.core.cache import cache
 
 from tests.factories import make_world
 
+# A test whose real part (Chromium, Prometheus, Redis, ...) is missing is skipped locally and fails in CI
+# (CI=true): the hooks live in tests/real_parts.py, and importing them here registers them for the suite.
+from tests.real_parts import pytest_configure, pytest_runtest_setup  # noqa: F401
+
 
 @pytest.fixture(autouse=True, scope="session")
 def _fast_password_hashing():

@@ -1,21 +1,41 @@
-"""Dependencies point one way (docs/architecture.md §2): the catalogue, the scheduling core and the capacity planner
-import only the standard library and themselves (the planner also the scheduler's types); the node agent
-imports the catalogue and itself. Relative imports count as imports of the package they resolve into."""
+"""Dependencies point one way (docs/architecture.md §2): the catalogue, the scheduling core, the capacity planner
+and billing's arithmetic import only the standard library and what is listed for them; the node agent imports
+the catalogue and itself. Relative imports count as imports of the package they resolve into, and
+``from broker import scheduler`` counts as an import of ``broker`` (all of it)."""
 
 import ast
+import json
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+# a folder (every module under it) or one module -> the project modules it may import, besides the standard
+# library; a prefix allows its submodules ("gpus" allows gpus.mig)
 PURE = {
     "gpus": {"gpus"},
     "broker/scheduler": {"gpus", "broker.scheduler"},
-    "broker/capacity": {"gpus", "broker.scheduler", "broker.capacity"},
+    "broker/capacity": {"gpus", "broker.scheduler.types", "broker.capacity"},
     "agent": {"gpus", "agent"},
+    # billing's arithmetic: money and rates, metering intervals, SLO figures (no Django, no database)
+    "billing/pricing.py": {"gpus"},
+    "billing/metering.py": set(),
+    "billing/slo.py": set(),
 }
 THIRD_PARTY_ALLOWED = {"agent": {"nvidia_ml_py", "pynvml", "aiohttp"}}
+# what must not be loaded at all when the pure modules are imported (a package __init__ counts too)
+FRAMEWORKS = {"django", "rest_framework", "celery", "kombu", "psycopg", "requests"}
+
+
+def _files(target: str) -> list[Path]:
+    path = ROOT / target
+    return [path] if target.endswith(".py") else sorted(path.rglob("*.py"))
+
+
+def _dotted(target: str) -> str:
+    return target.removesuffix(".py").replace("/", ".")
 
 
 def _module_of(path: Path) -> list[str]:
@@ -50,42 +70,89 @@ def offending(name: str, allowed: set[str]) -> bool:
     return not any(name == prefix or name.startswith(prefix + ".") for prefix in allowed)
 
 
-@pytest.mark.parametrize("package", sorted(PURE))
-def test_architecture_pure_packages_import_only_stdlib(package):
-    folder = ROOT / package
-    if not folder.exists():
-        pytest.skip(f"{package} does not exist yet")
-    allowed = PURE[package] | THIRD_PARTY_ALLOWED.get(package, set())
+@pytest.mark.parametrize("target", sorted(PURE))
+def test_architecture_pure_packages_import_only_stdlib(target):
+    assert (ROOT / target).exists(), f"{target} is listed as pure but does not exist: update PURE"
+    allowed = {_dotted(target)} | PURE[target] | THIRD_PARTY_ALLOWED.get(target, set())
     offenders = {
         f"{path.relative_to(ROOT)}: {name}"
-        for path in folder.rglob("*.py")
+        for path in _files(target)
         for name in imports_of(path)
         if offending(name, allowed)
     }
     assert not offenders, offenders
 
 
+def test_architecture_pure_modules_load_no_framework():
+    """Importing every pure module (with the package __init__ files on the way) loads no Django, Celery or
+    database driver: checked in a fresh interpreter, so a dynamic or indirect import is caught too."""
+    modules = sorted({_dotted(str(path.relative_to(ROOT))).removesuffix(".__init__")
+                      for target in PURE if target != "agent" for path in _files(target)})
+    code = (f"import importlib, json, sys\nfor m in {modules!r}: importlib.import_module(m)\n"
+            "print(json.dumps(sorted({n.split('.')[0] for n in sys.modules})))")
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60,
+                            env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)})
+    assert result.returncode == 0, result.stderr
+    loaded = set(json.loads(result.stdout.splitlines()[-1]))
+    assert "broker" in loaded and "billing" in loaded  # the check did import them
+    assert not loaded & FRAMEWORKS, sorted(loaded & FRAMEWORKS)
+
+
+def _offenders_in(target: str, module: str, source: str) -> set[str]:
+    """What the check would report for ``source`` written in ``module`` of ``target``."""
+    allowed = {_dotted(target)} | PURE[target] | THIRD_PARTY_ALLOWED.get(target, set())
+    return {name for name in imports_of(ROOT / module, source) if offending(name, allowed)}
+
+
 @pytest.mark.parametrize(
-    ("source", "bad"),
+    ("target", "module", "source", "bad"),
     [
-        ("from ..sim import capacity", "broker.sim"),
-        ("from ..api import views", "broker.api"),
-        ("from .. import models", "broker.models"),
-        ("import django", "django"),
-        ("from django.db import models", "django.db"),
-        ("from broker import models", "broker"),
+        # relative imports resolve into the package they name
+        ("broker/capacity", "broker/capacity/planner.py", "from ..sim import capacity", "broker.sim"),
+        ("broker/capacity", "broker/capacity/planner.py", "from ..api import views", "broker.api"),
+        ("broker/capacity", "broker/capacity/planner.py", "from .. import models", "broker.models"),
+        ("broker/capacity", "broker/capacity/planner.py", "import django", "django"),
+        ("broker/capacity", "broker/capacity/planner.py", "from django.db import models", "django.db"),
+        ("broker/capacity", "broker/capacity/planner.py", "from broker import models", "broker"),
+        # the planner may use the scheduler's types, not the scheduler itself
+        ("broker/capacity", "broker/capacity/planner.py", "from broker.scheduler.plan import plan",
+         "broker.scheduler.plan"),
+        ("broker/capacity", "broker/capacity/planner.py", "from ..scheduler import placement", "broker.scheduler"),
+        ("broker/capacity", "broker/capacity/planner.py", "from broker.scheduler import plan", "broker.scheduler"),
+        # the scheduling core: itself, gpus and the standard library; not the rest of broker
+        ("broker/scheduler", "broker/scheduler/plan.py", "from broker.capacity import plan_capacity",
+         "broker.capacity"),
+        ("broker/scheduler", "broker/scheduler/plan.py", "from broker.selectors import lease_queue",
+         "broker.selectors"),
+        ("broker/scheduler", "broker/scheduler/plan.py", "from .. import services", "broker.services"),
+        ("broker/scheduler", "broker/scheduler/plan.py", "from broker import choices", "broker"),
+        # billing's arithmetic: no Django, no billing models or services
+        ("billing/pricing.py", "billing/pricing.py", "from django.conf import settings", "django.conf"),
+        ("billing/pricing.py", "billing/pricing.py", "from .models import PriceBook", "billing.models"),
+        ("billing/metering.py", "billing/metering.py", "from billing.services import period_bounds",
+         "billing.services"),
+        ("billing/slo.py", "billing/slo.py", "from . import models", "billing.models"),
+        ("billing/slo.py", "billing/slo.py", "from billing.pricing import to_minor", "billing.pricing"),
     ],
 )
-def test_architecture_catches_relative_and_django_imports(source, bad):
-    """The check itself: a relative import out of the pure package is caught like an absolute one (the old
-    check skipped every ``from . import`` / ``from .. import`` and ``broker`` allowed all of broker)."""
-    path = ROOT / "broker" / "capacity" / "planner.py"
-    names = imports_of(path, source)
-    assert bad in names
-    assert offending(bad, PURE["broker/capacity"])
+def test_architecture_catches_what_a_pure_module_must_not_import(target, module, source, bad):
+    """The check itself: a relative import out of the pure package is caught like an absolute one, and a
+    package's neighbours are not allowed because they share its top-level package."""
+    assert bad in _offenders_in(target, module, source)
 
 
-def test_architecture_allows_the_pure_packages_own_imports():
-    path = ROOT / "broker" / "capacity" / "planner.py"
-    names = imports_of(path, "from .types import Mode\nfrom broker.scheduler.types import Kind\nimport math")
-    assert not [n for n in names if offending(n, PURE["broker/capacity"])]
+@pytest.mark.parametrize(
+    ("target", "module", "source"),
+    [
+        ("broker/capacity", "broker/capacity/planner.py",
+         "from .types import Mode\nfrom broker.scheduler.types import Kind\nfrom gpus.mig import profile_get\n"
+         "import math"),
+        ("broker/scheduler", "broker/scheduler/plan.py",
+         "from .state import ClusterState\nfrom broker.scheduler.types import Kind\nfrom gpus import catalogue\n"
+         "from __future__ import annotations\nimport heapq"),
+        ("billing/pricing.py", "billing/pricing.py", "from decimal import Decimal\nfrom gpus.mig import profile_get"),
+        ("billing/slo.py", "billing/slo.py", "import math\nfrom datetime import datetime"),
+    ],
+)
+def test_architecture_allows_the_pure_modules_own_imports(target, module, source):
+    assert _offenders_in(target, module, source) == set()

@@ -28,14 +28,32 @@ def test_health_readyz_names_failing_broker(db, client, monkeypatch):
 
 
 def test_health_readyz_names_failing_database(db, client, monkeypatch):
+    """The real probe against a PostgreSQL that does not answer: a connection like the default one, pointed at a
+    port where nothing listens. The probe's own error path runs (nothing of it is replaced)."""
+    from django.db import connections
+
     from config import health
+    from infra.services import free_port
 
-    def broken():
-        return "OperationalError: connection refused"
-
-    monkeypatch.setattr(health, "_check_database", broken)
-    response = client.get("/readyz")
-    assert response.status_code == 503 and response.json()["failing"] == ["database"]
+    default = connections["default"]
+    port = free_port()  # bound and closed again: nothing listens there
+    unreachable = type(default)({**default.settings_dict, "HOST": "127.0.0.1", "PORT": str(port),
+                                 "OPTIONS": {**default.settings_dict["OPTIONS"], "connect_timeout": 3}},
+                                alias="unreachable")
+    monkeypatch.setattr(health, "connection", unreachable)
+    try:
+        response = client.get("/readyz")
+    finally:
+        unreachable.close()
+    assert response.status_code == 503, response.content
+    assert response["Retry-After"]
+    body = response.json()
+    assert body["status"] == "unavailable" and body["failing"] == ["database"]
+    database = body["checks"]["database"]
+    assert database["ok"] is False
+    assert database["error"].startswith("OperationalError: ")
+    assert f"port {port} failed: Connection refused" in database["error"], database["error"]
+    assert body["checks"]["broker"]["ok"] is True  # only the failing part is named
 
 
 def test_health_request_id_is_echoed(client):
@@ -84,3 +102,20 @@ def test_openapi_schema_is_valid(client, db):
     schema = yaml.safe_load(response.content)
     validate_schema(schema)
     assert "/api/v1/projects" in schema["paths"]
+
+
+@pytest.mark.parametrize("path", ["/api/docs/", "/api/redoc/"])
+def test_api_docs_need_no_internet(client, db, path):
+    """Swagger UI and ReDoc load their JavaScript and CSS from this deployment's static files, never a CDN:
+    every script and stylesheet the page names is found by the static files finders."""
+    import re
+
+    from django.contrib.staticfiles import finders
+
+    page = client.get(path).content.decode()
+    assets = re.findall(r'(?:src|href)="([^"]+\.(?:js|css|png))"', page)
+    assert assets, page
+    for asset in assets:
+        assert asset.startswith("/static/"), f"{asset} is not served by this deployment"
+        assert finders.find(asset.removeprefix("/static/")), f"{asset} is not among the static files"
+    assert "cdn." not in page and "unpkg" not in page

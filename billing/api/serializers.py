@@ -1,8 +1,15 @@
+from decimal import Decimal
+
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from billing.models import Invoice, InvoiceLine
+from billing.choices import CapAction, RateKind
+from billing.models import BillingTerms, Invoice, InvoiceLine, PriceBook, PriceRate, SpendCap
 from billing.pricing import from_minor
+from billing.services import MAX_MINOR
+from gpus.catalogue import MODELS
+from tenants.api.serializers import StrictSerializer
+from tenants.choices import CURRENCIES
 
 
 class UsageGroupOutput(serializers.Serializer):
@@ -59,3 +66,141 @@ class InvoiceDetailOutput(InvoiceOutput):
 
     class Meta(InvoiceOutput.Meta):
         fields = [*InvoiceOutput.Meta.fields, "lines"]
+
+
+# -- price books (platform staff) ------------------------------------------------------------------------------
+MODEL_CODES = [m.code for m in MODELS]
+BOOK_STATES = ["upcoming", "in_force", "superseded"]
+
+
+RATE_KIND_HELP = "whole (per GPU-hour), mig (per instance-hour of mig_profile), share (per GPU-hour of shares)"
+
+
+class PriceRateOutput(serializers.ModelSerializer):
+    # a plain string here: "kind" names other choice sets elsewhere (lease shapes, adjustments), and one enum
+    # component per choice set keeps the document's names stable (the input below has the enum)
+    kind = serializers.CharField(help_text=RATE_KIND_HELP)
+
+    class Meta:
+        model = PriceRate
+        fields = ["tier", "kind", "mig_profile", "per_hour"]
+
+
+class PriceBookOutput(serializers.ModelSerializer):
+    tenant = serializers.SlugRelatedField(slug_field="slug", read_only=True, allow_null=True,
+                                          help_text="null: the general list of its currency")
+    rates = PriceRateOutput(many=True, read_only=True)
+    state = serializers.SerializerMethodField(help_text="upcoming (not started: may change or be deleted), "
+                                                        "in_force, superseded")
+
+    class Meta:
+        model = PriceBook
+        fields = ["id", "name", "currency", "tenant", "effective_from", "over_quota_multiplier",
+                  "interactive_multiplier", "energy_per_kwh", "state", "rates", "created_at"]
+
+    @extend_schema_field({"type": "string", "enum": BOOK_STATES})
+    def get_state(self, obj) -> str:
+        states = self.context.get("states")
+        if states is None:
+            from billing.selectors import price_book_states
+
+            states = self.context["states"] = price_book_states()
+        return states.get(obj.pk, "upcoming")
+
+
+class PriceRateInput(StrictSerializer):
+    tier = serializers.ChoiceField(choices=MODEL_CODES, help_text="a GPU model code")
+    kind = serializers.ChoiceField(choices=RateKind.choices, default=RateKind.WHOLE, help_text=RATE_KIND_HELP)
+    mig_profile = serializers.CharField(max_length=32, allow_blank=True, default="",
+                                        help_text="a MIG profile of the model, for kind mig only")
+    per_hour = serializers.DecimalField(max_digits=14, decimal_places=6, min_value=Decimal(0),
+                                        help_text="base price per unit-hour in the book's currency")
+
+
+class PriceBookUpdateInput(StrictSerializer):
+    """Fields left out keep their value; ``rates`` replaces every rate."""
+
+    name = serializers.CharField(max_length=100, required=False)
+    effective_from = serializers.DateTimeField(required=False, help_text="in the future")
+    over_quota_multiplier = serializers.DecimalField(max_digits=6, decimal_places=4, min_value=Decimal("0.0001"),
+                                                     required=False)
+    interactive_multiplier = serializers.DecimalField(max_digits=6, decimal_places=4, min_value=Decimal("0.0001"),
+                                                      required=False)
+    energy_per_kwh = serializers.DecimalField(max_digits=10, decimal_places=6, min_value=Decimal(0),
+                                              allow_null=True, required=False)
+    rates = PriceRateInput(many=True, required=False, allow_empty=False)
+
+
+class PriceBookCreateInput(PriceBookUpdateInput):
+    name = serializers.CharField(max_length=100)
+    currency = serializers.ChoiceField(choices=list(CURRENCIES))
+    tenant = serializers.CharField(max_length=63, allow_null=True, required=False, default=None,
+                                   help_text="a tenant slug for its own book; null or absent: the general list")
+    effective_from = serializers.DateTimeField(help_text="when its prices start; before the end of usage already "
+                                                         "metered in its scope is refused")
+    over_quota_multiplier = serializers.DecimalField(max_digits=6, decimal_places=4, min_value=Decimal("0.0001"),
+                                                     default=Decimal("0.6"))
+    interactive_multiplier = serializers.DecimalField(max_digits=6, decimal_places=4, min_value=Decimal("0.0001"),
+                                                      default=Decimal("1.25"))
+    energy_per_kwh = serializers.DecimalField(max_digits=10, decimal_places=6, min_value=Decimal(0),
+                                              allow_null=True, default=None)
+    rates = PriceRateInput(many=True, allow_empty=False)
+
+
+# -- billing terms (platform staff) ----------------------------------------------------------------------------
+class BillingTermsOutput(serializers.ModelSerializer):
+    period = serializers.SerializerMethodField(help_text="the first month (YYYY-MM) the terms apply to")
+    discount_pct = serializers.DecimalField(max_digits=5, decimal_places=2)
+
+    class Meta:
+        model = BillingTerms
+        fields = ["period", "effective_from", "discount_pct", "monthly_commit_minor"]
+
+    @extend_schema_field({"type": "string", "pattern": r"^\d{4}-\d{2}$", "example": "2026-12"})
+    def get_period(self, obj) -> str:
+        return f"{obj.effective_from:%Y-%m}"
+
+
+class BillingTermsScheduleOutput(serializers.Serializer):
+    tenant = serializers.CharField()
+    currency = serializers.CharField(help_text="of monthly_commit_minor")
+    in_force = BillingTermsOutput(allow_null=True, help_text="the terms of this month's invoice (null: none)")
+    terms = BillingTermsOutput(many=True, help_text="every start, the latest first")
+
+
+class BillingTermsInput(StrictSerializer):
+    period = serializers.RegexField(r"^\d{4}-\d{2}$", max_length=7, required=False, allow_null=True, default=None,
+                                    help_text="first month the terms apply to (YYYY-MM), this month or later; "
+                                              "default: this month")
+    discount_pct = serializers.DecimalField(max_digits=5, decimal_places=2, min_value=Decimal(0),
+                                            max_value=Decimal(100), help_text="discount on usage, percent")
+    monthly_commit_minor = serializers.IntegerField(min_value=0, max_value=MAX_MINOR,
+                                                    help_text="committed monthly minimum, minor units")
+
+
+# -- spend caps (tenant admins) --------------------------------------------------------------------------------
+class SpendCapOutput(serializers.ModelSerializer):
+    project = serializers.SlugRelatedField(slug_field="slug", read_only=True, allow_null=True,
+                                           help_text="null: the whole tenant")
+    action = serializers.ChoiceField(choices=CapAction.choices)
+    currency = serializers.CharField(source="tenant.currency")
+
+    class Meta:
+        model = SpendCap
+        fields = ["id", "project", "monthly_minor", "currency", "action"]
+
+
+class SpendCapUpdateInput(StrictSerializer):
+    monthly_minor = serializers.IntegerField(min_value=1, max_value=MAX_MINOR, required=False,
+                                             help_text="the month's cap in minor units of the tenant's currency")
+    action = serializers.ChoiceField(choices=CapAction.choices, required=False,
+                                     help_text="refuse: requests over the cap get 402; warn: a warning only")
+
+
+class SpendCapCreateInput(SpendCapUpdateInput):
+    project = serializers.CharField(max_length=63, allow_null=True, required=False, default=None,
+                                    help_text="a project slug (unknown: 404); null or absent: the whole tenant")
+    monthly_minor = serializers.IntegerField(min_value=1, max_value=MAX_MINOR,
+                                             help_text="the month's cap in minor units of the tenant's currency")
+    action = serializers.ChoiceField(choices=CapAction.choices, default=CapAction.REFUSE,
+                                     help_text="refuse: requests over the cap get 402; warn: a warning only")

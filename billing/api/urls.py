@@ -1,4 +1,5 @@
-"""Billing routes under ``/api/v1/``: the tenants' usage and invoices, and Stripe's webhook."""
+"""Billing routes under ``/api/v1/``: the tenants' usage, invoices and spend caps, the platform staff's price
+books and billing terms, and Stripe's webhook."""
 
 from django.urls import path, re_path
 
@@ -11,5 +12,10 @@ urlpatterns = [
     path("invoices/<int:pk>", views.InvoiceDetailApi.as_view(), name="api-invoice"),
     re_path(r"^invoices/(?P<pk>[0-9]+)\.(?P<fmt>pdf|csv)$", views.InvoiceDocumentApi.as_view(),
             name="api-invoice-document"),
+    path("spend-caps", views.SpendCapListApi.as_view(), name="api-spend-caps"),
+    path("spend-caps/<int:pk>", views.SpendCapDetailApi.as_view(), name="api-spend-cap"),
+    path("price-books", views.PriceBookListApi.as_view(), name="api-price-books"),
+    path("price-books/<int:pk>", views.PriceBookDetailApi.as_view(), name="api-price-book"),
+    path("tenants/<slug:slug>/billing-terms", views.BillingTermsApi.as_view(), name="api-billing-terms"),
     path("billing/stripe/webhook", webhooks.stripe_webhook, name="billing-stripe-webhook"),
 ]

@@ -1,4 +1,7 @@
-"""Tenant-facing billing API: usage summaries, invoices and their PDF/CSV documents."""
+"""Billing API. Tenants: usage summaries, invoices and their PDF/CSV documents, and their spend caps (admins
+write, everyone in the tenant reads; another tenant's cap is 404). Platform staff: price books and each
+tenant's billing terms (``StaffApi``: members get 403). Views parse, read through ``billing.selectors``, call
+one ``billing.services`` function and render; errors are problem+json naming the field."""
 
 from __future__ import annotations
 
@@ -8,14 +11,17 @@ from django.utils import timezone
 from django.utils.dateparse import parse_date, parse_datetime
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema
+from rest_framework import status
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from billing import documents, selectors
+from billing import documents, selectors, services
 from billing.api import serializers as s
-from config.errors import ValidationFailed
-from config.openapi import PAGE_PARAMETERS, paginated
-from tenants.api.views import _paginate
+from config.api import paginate, parse
+from config.errors import NotFound, ValidationFailed
+from config.openapi import PAGE_PARAMETERS, paginated, problem
+from tenants.api.staff import StaffApi
+from tenants.selectors import platform_tenant_get, project_get
 
 
 def _moment(request, name: str, default: datetime) -> datetime:
@@ -59,7 +65,7 @@ class InvoiceListApi(APIView):
     @extend_schema(responses=paginated(s.InvoiceOutput), parameters=PAGE_PARAMETERS,
                    operation_id="v1_invoices_list", summary="Invoices of the tenant, newest month first")
     def get(self, request):
-        return _paginate(self, request, selectors.invoice_list(actor=request.actor), s.InvoiceOutput)
+        return paginate(self, request, selectors.invoice_list(actor=request.actor), s.InvoiceOutput)
 
 
 class InvoiceDetailApi(APIView):
@@ -76,3 +82,127 @@ class InvoiceDocumentApi(APIView):
                    operation_id="v1_invoices_document")
     def get(self, request, pk: int, fmt: str):
         return documents.invoice_download(selectors.invoice_get(actor=request.actor, invoice_id=pk), fmt)
+
+
+# -- price books and terms: platform staff -----------------------------------------------------------------------
+STAFF_ONLY = "Platform staff only (is_staff); everyone else gets 403."
+STARTED = problem("The book has started: usage was priced by it, so it cannot change (create a new book from a "
+                  "later date)")
+
+
+def _book_values(data: dict) -> dict:
+    """The validated body as ``billing.services`` takes it (decimals as ``Decimal``, rates as dicts)."""
+    values = dict(data)
+    if "rates" in values:
+        values["rates"] = [dict(rate) for rate in values["rates"]]
+    return values
+
+
+class PriceBookListApi(StaffApi):
+    @extend_schema(responses=paginated(s.PriceBookOutput), parameters=PAGE_PARAMETERS,
+                   operation_id="v1_price_books_list", description=STAFF_ONLY,
+                   summary="Every price book with its rates and state (upcoming, in force, superseded)")
+    def get(self, request):
+        return paginate(self, request, selectors.price_book_list(), s.PriceBookOutput,
+                         context={"states": selectors.price_book_states()})
+
+    @extend_schema(request=s.PriceBookCreateInput, responses={201: s.PriceBookOutput}, description=STAFF_ONLY,
+                   summary="Create a price book (the general list of a currency, or a tenant's own) with its rates")
+    def post(self, request):
+        values = _book_values(parse(s.PriceBookCreateInput, request))
+        slug = values.pop("tenant")
+        try:
+            tenant = platform_tenant_get(slug=slug) if slug is not None else None
+        except NotFound as error:  # a body field, not the path: 400 naming it
+            raise ValidationFailed(error.message, field="tenant") from None
+        book = services.price_book_create(tenant=tenant, by_user=request.user, **values)
+        return Response(s.PriceBookOutput(selectors.price_book_get(pk=book.pk)).data, status=status.HTTP_201_CREATED)
+
+
+class PriceBookDetailApi(StaffApi):
+    @extend_schema(responses=s.PriceBookOutput, description=STAFF_ONLY, summary="One price book with its rates")
+    def get(self, request, pk: int):
+        return Response(s.PriceBookOutput(selectors.price_book_get(pk=pk)).data)
+
+    @extend_schema(request=s.PriceBookUpdateInput, responses={200: s.PriceBookOutput, 409: STARTED},
+                   description=f"{STAFF_ONLY} Only a book that has not started changes; fields left out keep "
+                               f"their value, rates replace them all.",
+                   summary="Change an upcoming price book")
+    def patch(self, request, pk: int):
+        book = selectors.price_book_get(pk=pk)
+        values = _book_values(parse(s.PriceBookUpdateInput, request))
+        book = services.price_book_update(book=book, changes=values, by_user=request.user)
+        return Response(s.PriceBookOutput(book).data)
+
+    @extend_schema(responses={204: None, 409: STARTED}, description=STAFF_ONLY,
+                   summary="Delete an upcoming price book")
+    def delete(self, request, pk: int):
+        services.price_book_delete(book=selectors.price_book_get(pk=pk), by_user=request.user)
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+class BillingTermsApi(StaffApi):
+    def _schedule(self, tenant) -> dict:
+        return {"tenant": tenant.slug, "currency": tenant.currency,
+                "in_force": selectors.billing_terms_in_force(tenant=tenant),
+                "terms": list(selectors.billing_terms_list(tenant=tenant))}
+
+    @extend_schema(responses=s.BillingTermsScheduleOutput, description=STAFF_ONLY,
+                   summary="A tenant's billing terms: those of this month's invoice and every start")
+    def get(self, request, slug: str):
+        tenant = platform_tenant_get(slug=slug)
+        return Response(s.BillingTermsScheduleOutput(self._schedule(tenant)).data)
+
+    @extend_schema(request=s.BillingTermsInput, responses=s.BillingTermsScheduleOutput,
+                   description=f"{STAFF_ONLY} Sets the discount and committed minimum from a month (this one or "
+                               f"later) on, replacing terms that start then.",
+                   summary="Set a tenant's billing terms from a month on")
+    def put(self, request, slug: str):
+        tenant = platform_tenant_get(slug=slug)
+        data = parse(s.BillingTermsInput, request)
+        services.billing_terms_set(tenant=tenant, by_user=request.user, **data)
+        return Response(s.BillingTermsScheduleOutput(self._schedule(tenant)).data)
+
+
+# -- spend caps: the tenant's admins -----------------------------------------------------------------------------
+CAP_TAKEN = problem("The scope (the tenant, or that project) already has a spend cap")
+
+
+class SpendCapListApi(APIView):
+    write_action = "manage"
+
+    @extend_schema(responses=paginated(s.SpendCapOutput), parameters=PAGE_PARAMETERS,
+                   operation_id="v1_spend_caps_list",
+                   summary="The tenant's monthly spend caps (tenant-wide first, then per project)")
+    def get(self, request):
+        return paginate(self, request, selectors.spend_cap_list(actor=request.actor), s.SpendCapOutput)
+
+    @extend_schema(request=s.SpendCapCreateInput,
+                   responses={201: s.SpendCapOutput, 404: problem("No such project in this tenant"), 409: CAP_TAKEN},
+                   summary="Set a monthly spend cap on the tenant or one project (admins)")
+    def post(self, request):
+        data = parse(s.SpendCapCreateInput, request)
+        slug = data.pop("project")
+        project = project_get(actor=request.actor, slug=slug) if slug is not None else None
+        cap = services.spend_cap_create(tenant=request.actor.tenant, project=project, actor=request.actor, **data)
+        return Response(s.SpendCapOutput(cap).data, status=status.HTTP_201_CREATED)
+
+
+class SpendCapDetailApi(APIView):
+    write_action = "manage"
+
+    @extend_schema(responses=s.SpendCapOutput, summary="One spend cap")
+    def get(self, request, pk: int):
+        return Response(s.SpendCapOutput(selectors.spend_cap_get(actor=request.actor, pk=pk)).data)
+
+    @extend_schema(request=s.SpendCapUpdateInput, responses=s.SpendCapOutput,
+                   summary="Change a spend cap's amount or action (admins)")
+    def patch(self, request, pk: int):
+        cap = selectors.spend_cap_get(actor=request.actor, pk=pk)
+        data = parse(s.SpendCapUpdateInput, request)
+        return Response(s.SpendCapOutput(services.spend_cap_update(cap=cap, actor=request.actor, **data)).data)
+
+    @extend_schema(responses={204: None}, summary="Remove a spend cap (admins)")
+    def delete(self, request, pk: int):
+        services.spend_cap_delete(cap=selectors.spend_cap_get(actor=request.actor, pk=pk), actor=request.actor)
+        return Response(status=status.HTTP_204_NO_CONTENT)

@@ -12,10 +12,11 @@ from rest_framework.views import APIView
 from agent.signing import HEADER_NODE
 from broker import selectors, services
 from broker.api import serializers as s
+from broker.api.permissions import ReadOnlyPostPermission
 from broker.choices import LeaseState
+from config.api import paginate, parse
 from config.errors import ValidationFailed
 from config.openapi import PAGE_PARAMETERS, paginated, problem
-from tenants.api.views import _paginate, _parse
 
 
 def _actor_label(request) -> str:
@@ -37,7 +38,7 @@ class LeaseListApi(APIView):
             raise ValidationFailed("state must name at least one state (or be left out).", field="state")
         leases = selectors.lease_list(actor=request.actor, state=request.query_params.get("state", ""),
                                       project=request.query_params.get("project", ""))
-        return _paginate(self, request, leases, s.LeaseOutput)
+        return paginate(self, request, leases, s.LeaseOutput)
 
     @extend_schema(
         request=s.LeaseCreateInput,
@@ -49,7 +50,7 @@ class LeaseListApi(APIView):
                                      description="same key + same body → the same lease; other body → 409")],
         summary="Request GPU capacity (a whole GPU, a MIG slice or a share)")
     def post(self, request):
-        data = _parse(s.LeaseCreateInput, request)
+        data = parse(s.LeaseCreateInput, request)
         lease, created = services.lease_request(actor=request.actor,
                                                 idempotency_key=request.headers.get("Idempotency-Key", ""), **data)
         return Response(s.LeaseOutput(lease).data, status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
@@ -74,13 +75,32 @@ class LeaseRenewApi(APIView):
     write_action = "use"
 
     @extend_schema(request=s.LeaseRenewInput,
-                   responses={200: s.LeaseOutput, 409: problem("Only an active lease can be renewed")},
-                   summary="Extend an active lease")
+                   responses={200: s.LeaseOutput, 409: problem("Only an active lease can be renewed"),
+                              402: problem("A refusing monthly spend cap would be passed by the renewal's added "
+                                           "cost (budget_exceeded, with the figures)")},
+                   summary="Extend an active lease (it then ends duration_seconds after the renewal)")
     def post(self, request, pk: int):
-        data = _parse(s.LeaseRenewInput, request)
+        data = parse(s.LeaseRenewInput, request)
         lease = selectors.lease_get(actor=request.actor, lease_id=pk)
         lease = services.lease_renew(lease=lease, actor=_actor_label(request), **data)
         return Response(s.LeaseOutput(lease).data)
+
+
+class QuoteApi(APIView):
+    """What a lease request would get, before it is made; writes nothing (``broker.selectors.lease_quote``,
+    the function behind the portal's live preview too)."""
+
+    permission_classes = [ReadOnlyPostPermission]  # a quote reads only: `view`, read-only tokens included
+
+    @extend_schema(
+        request=s.LeaseCreateInput,
+        responses={200: s.QuoteOutput, 404: problem("No such project in this tenant"),
+                   409: problem("Quota exceeded: no model's quota limit allows this request")},
+        summary="Quote a lease request: fit or queue, quota, price, budget (nothing is written)")
+    def post(self, request):
+        data = parse(s.LeaseCreateInput, request)
+        quote = selectors.lease_quote(actor=request.actor, **data)
+        return Response(s.QuoteOutput(quote).data)
 
 
 class OfferListApi(APIView):
@@ -104,7 +124,7 @@ class AgentEnrollApi(APIView):
                    summary="Agent enrollment")
     def post(self, request):
         body = request.body
-        data = _parse(s.EnrollInput, request)
+        data = parse(s.EnrollInput, request)
         signed = False
         if request.headers.get(HEADER_NODE):
             try:

@@ -2,8 +2,9 @@
 
 Pure Python (standard library and ``gpus`` only), no Django, no I/O. Input is a frozen ``Snapshot`` and
 a list of ``Request``s; ``plan(snapshot, requests, policy=..., now=...)`` returns one ``Decision`` per
-request (placed / preempt-then-place / waiting, with a reason). The same code runs in the live service
-and in the trace simulator (``broker.sim``).
+request (placed / preempt-then-place / waiting, with a reason). Warm instances (``WarmInstance``, pre-created
+MIG instances no lease holds) in the snapshot are bound by matching requests instead of a new placement. The same
+code runs in the live service and in the trace simulator (``broker.sim``).
 """
 
 from broker.scheduler.plan import plan
@@ -21,6 +22,7 @@ from broker.scheduler.types import (
     Snapshot,
     TenantQuotaSpec,
     Unit,
+    WarmInstance,
 )
 
 __all__ = [
@@ -37,5 +39,6 @@ __all__ = [
     "Snapshot",
     "TenantQuotaSpec",
     "Unit",
+    "WarmInstance",
     "plan",
 ]

@@ -80,7 +80,8 @@ def need_for(shape: Shape, model: str) -> Need | None:
 # -- candidate units on one node -------------------------------------------------------------------
 
 
-def _node_can_host(node: NodeState, need: Need) -> bool:
+def node_accepts(node: NodeState, need: Need) -> bool:
+    """Whether ``node`` takes work of ``need`` at all: not cordoned, and its host CPU and memory free."""
     if node.node.cordoned:
         return False
     if node.node.cpu_milli and node.free_cpu_milli < need.cpu_milli:
@@ -120,7 +121,7 @@ class Policy:
 
     def node_options(self, node: NodeState, need: Need) -> list[tuple[Unit, ...]]:
         """Candidate unit sets on one node (one per distinct GPU choice for single units)."""
-        if not _node_can_host(node, need):
+        if not node_accepts(node, need):
             return []
         if need.count == 0:
             return [()] if not node.gpus or not need.models or not node.models.isdisjoint(need.models) else []

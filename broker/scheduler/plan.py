@@ -12,7 +12,8 @@ For each request:
 2. Quota: ``limit`` is never exceeded (project and tenant); the request is *in-quota* when the
    project's and the tenant's non-preemptible use plus the request stay within ``deserved``, else it is
    *over-quota* (preemptible, idle capacity only).
-3. Placement through the policy (``placement.Placer``).
+3. Placement: a MIG request binds warm instances of its profile on the tier when one node that accepts it
+   has enough (``Decision.warm``), else placement through the policy (``placement.Placer``).
 4. An in-quota request that does not fit **reclaims**: over-quota allocations of the tier are preempted,
    taking first those of the projects furthest above their fair share (over-quota use / weight), and
    within a project the lowest priority, then the youngest; only allocations past the minimum runtime;
@@ -25,9 +26,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from broker.scheduler.placement import Need, Placer, Policy, need_for, policy_get
+from broker.scheduler.placement import Need, Placer, Policy, need_for, node_accepts, policy_get
 from broker.scheduler.state import FULL, ClusterState
-from broker.scheduler.types import Allocation, Decision, DecisionMode, GpuMode, Kind, Request, Snapshot
+from broker.scheduler.types import (
+    Allocation,
+    Decision,
+    DecisionMode,
+    GpuMode,
+    Kind,
+    Request,
+    Snapshot,
+    WorkloadClass,
+)
 from gpus.catalogue import MODELS
 from gpus.mig import COMPUTE_SLICES
 
@@ -205,6 +215,11 @@ class Scheduler:
                 reasons.append(reason)
                 continue
             if not in_quota:
+                if request.workload_class == WorkloadClass.INTERACTIVE:
+                    # interactive work is never preemptible, so it never borrows: it waits for its deserved
+                    # quota (training borrows idle capacity over quota and may be preempted)
+                    reasons.append(f"interactive work runs only within the guaranteed quota; {tier}'s is in use")
+                    continue
                 over_quota_candidates.append((tier, need))
                 continue
             placed = self._place(request, tier, need, preemptible=False, now=now)
@@ -229,16 +244,47 @@ class Scheduler:
         return self._place(request, tier, need, preemptible=preemptible, now=now)
 
     def _place(self, request: Request, tier: str, need: Need, *, preemptible: bool, now: float):
-        found = self._find(need)
-        if found is None:
-            return None
+        warm_ids: tuple[str, ...] = ()
+        bound = self._warm_for(tier, need) if self.cluster.warm_index else None
+        if bound is not None:  # a warm instance of the profile: bind it, no placement search
+            node_id, warm_ids = bound
+            found = (node_id, tuple(self.cluster.warm_units[warm_id] for warm_id in warm_ids))
+            for warm_id in warm_ids:
+                self.cluster.remove_warm(warm_id)
+        else:
+            found = self._find(need)
+            if found is None:
+                return None
         allocation = self._allocation(request, tier, need, found, preemptible=preemptible, now=now)
         self.cluster.apply(allocation)
         kind = "over quota, preemptible" if preemptible else "within quota"
         reason = f"placed on {allocation.node} ({tier}, {kind})"
+        if warm_ids:
+            reason += f", binding warm instance{'s' if len(warm_ids) > 1 else ''} {', '.join(warm_ids)}"
         if request.shape is not None and not request.shape.models:
             reason += "; " + self.auto_reason(request, tier)
-        return Decision(request.id, DecisionMode.PLACED, reason, allocation=allocation)
+        return Decision(request.id, DecisionMode.PLACED, reason, allocation=allocation, warm=warm_ids)
+
+    def _warm_for(self, tier: str, need: Need) -> tuple[str, tuple[str, ...]] | None:
+        """The node and the warm instances a MIG need binds on ``tier``: ``count`` instances of its profile
+        on one node that accepts the request (not cordoned, its host CPU and memory free), the lowest
+        (node, GPU index, start, id) first; None when there are not that many."""
+        if need.kind != Kind.MIG or need.profile is None or need.count < 1:
+            return None
+        entries = self.cluster.warm_index.get((tier, need.profile.name))
+        if not entries or len(entries) < need.count:
+            return None
+        node_id: str | None = None
+        accepts, chosen = False, []
+        for entry_node, _index, _start, warm_id in entries:  # in order, so one node's entries are together
+            if entry_node != node_id:
+                node_id, chosen = entry_node, []
+                accepts = node_accepts(self.cluster.nodes[node_id], need)
+            if accepts:
+                chosen.append(warm_id)
+                if len(chosen) == need.count:
+                    return node_id, tuple(chosen)
+        return None
 
     def auto_reason(self, request: Request, tier: str) -> str:
         """Why ``auto`` chose ``tier``: its price, and why cheaper models were passed over."""

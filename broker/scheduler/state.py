@@ -4,13 +4,19 @@ Nodes with the same free-capacity signature are interchangeable for every placem
 state keeps an index ``signature -> node ids``; a request is evaluated once per distinct signature,
 not once per node. That is what makes a cycle over 10,000 GPUs cheap: a fleet has few distinct node
 states. ``apply`` / ``remove`` keep the index exact, and undo each other (what-if evaluation).
+
+Warm instances (pre-created MIG instances no lease holds) occupy their slots on the GPUs but are kept
+apart from ``allocations``: they are never preemption victims and never count toward quota usage.
+``apply_warm`` / ``remove_warm`` keep the same index exact; binding one is ``remove_warm`` then
+``apply`` of the request's allocation at the same unit.
 """
 
 from __future__ import annotations
 
+from bisect import insort
 from dataclasses import dataclass, field
 
-from broker.scheduler.types import Allocation, Gpu, GpuMode, Node, Snapshot, Unit
+from broker.scheduler.types import Allocation, Gpu, GpuMode, Node, Snapshot, Unit, WarmInstance
 from gpus.catalogue import model_get
 from gpus.mig import COMPUTE_SLICES, MigPlacement, MigProfile, layout_problem, profile_get
 
@@ -35,6 +41,8 @@ class GpuState:
         return FULL - self.used_milli
 
     def signature(self) -> tuple:
+        if self.gpu.closed:  # nothing fits a closed GPU, whatever it holds
+            return ("C", self.gpu.model, self.gpu.nvlink_domain)
         if self.gpu.mode == GpuMode.MIG:
             return ("M", self.gpu.model, self.gpu.nvlink_domain, self.slot_mask, self.compute_used, self.media_used)
         return (self.gpu.mode.value[0].upper(), self.gpu.model, self.gpu.nvlink_domain, self.used_milli,
@@ -42,18 +50,23 @@ class GpuState:
 
     # -- fit --------------------------------------------------------------------------------------
     def fits_whole(self) -> bool:
-        if self.gpu.mode == GpuMode.MIG:
+        if self.gpu.mode == GpuMode.MIG or self.gpu.closed:
             return False
         return self.used_milli == 0 and self.units == 0
 
     def fits_share(self, milli: int, memory_mib: int) -> bool:
         return (
             self.gpu.mode == GpuMode.SHARED
+            and not self.gpu.closed
             and self.used_milli + milli <= FULL
             and self.used_memory_mib + memory_mib <= self.memory_mib
         )
 
     def mig_starts(self, profile: MigProfile) -> tuple[int, ...]:
+        """Start slots where new work of ``profile`` may go: none on a closed GPU, else the free ones."""
+        return () if self.gpu.closed else self.free_starts(profile)
+
+    def free_starts(self, profile: MigProfile) -> tuple[int, ...]:
         """Valid start slots for ``profile`` given this GPU's layout (bit arithmetic, no allocation)."""
         if self.gpu.mode != GpuMode.MIG or profile.model != self.gpu.model:
             return ()
@@ -100,6 +113,11 @@ class ClusterState:
     # usage: (project, tier) -> [in-quota milli, over-quota milli]; (tenant, tier) likewise
     project_usage: dict[tuple[str, str], list[int]] = field(default_factory=dict)
     tenant_usage: dict[tuple[str, str], list[int]] = field(default_factory=dict)
+    # warm instances not bound yet: by id, the unit each occupies, and per (model, profile name) their
+    # sort keys (node, GPU index, start, id) in order: the first that a node accepts is bound
+    warm: dict[str, WarmInstance] = field(default_factory=dict)
+    warm_units: dict[str, Unit] = field(default_factory=dict)
+    warm_index: dict[tuple[str, str], list[tuple[str, int, int, str]]] = field(default_factory=dict)
 
     @classmethod
     def from_snapshot(cls, snapshot: Snapshot) -> ClusterState:
@@ -118,6 +136,8 @@ class ClusterState:
             cluster._index(node_id)
         for allocation in snapshot.allocations:
             cluster.apply(allocation)
+        for warm in snapshot.warm:
+            cluster.apply_warm(warm)
         return cluster
 
     # -- signature index --------------------------------------------------------------------------
@@ -172,6 +192,43 @@ class ClusterState:
             self._index(node_id)
         return allocation
 
+    def apply_warm(self, warm: WarmInstance) -> None:
+        """Occupy the slots of a warm instance (raises ValueError when it is not a valid free MIG slot)."""
+        gpu = self.gpus.get(warm.gpu)
+        if gpu is None:
+            raise ValueError(f"warm instance {warm.id}: unknown GPU {warm.gpu}")
+        if gpu.gpu.mode != GpuMode.MIG:
+            raise ValueError(f"warm instance {warm.id}: GPU {warm.gpu} is not in MIG mode")
+        if warm.id in self.warm:
+            raise ValueError(f"warm instance {warm.id} given twice")
+        try:
+            profile = profile_get(gpu.gpu.model, warm.profile)
+        except KeyError as error:
+            raise ValueError(f"warm instance {warm.id}: {error.args[0]}") from None
+        unit = Unit(warm.gpu, profile.gpu_milli, profile.memory_mib, profile.name, warm.start)
+        self._apply_unit(gpu, unit, sign=1)
+        self.warm[warm.id] = warm
+        self.warm_units[warm.id] = unit
+        if warm.ready:  # one still being created holds its slots, but a lease waiting on it would wait longer
+            insort(self.warm_index.setdefault((gpu.gpu.model, profile.name), []),
+                   (gpu.gpu.node, gpu.gpu.index, warm.start, warm.id))
+        self._index(gpu.gpu.node)
+
+    def remove_warm(self, warm_id: str) -> WarmInstance:
+        """Free the slots of a warm instance (it is being bound, or a what-if is undone)."""
+        warm = self.warm.pop(warm_id)
+        unit = self.warm_units.pop(warm_id)
+        gpu = self.gpus[warm.gpu]
+        self._apply_unit(gpu, unit, sign=-1)
+        key = (gpu.gpu.model, unit.mig_profile)
+        if warm.ready:
+            entries = self.warm_index[key]
+            entries.remove((gpu.gpu.node, gpu.gpu.index, warm.start, warm.id))
+            if not entries:
+                del self.warm_index[key]
+        self._index(gpu.gpu.node)
+        return warm
+
     def _nodes_of(self, allocation: Allocation) -> list[str]:
         """The allocation's node first, then any other node its units are on (spread requests)."""
         nodes = [allocation.node]
@@ -186,7 +243,7 @@ class ClusterState:
             profile = profile_get(gpu.gpu.model, unit.mig_profile)
             mask = MigPlacement(unit.mig_start, profile).slot_mask
             if sign > 0:
-                if unit.mig_start not in gpu.mig_starts(profile):
+                if unit.mig_start not in gpu.free_starts(profile):  # what is held stays, closed or not
                     layout = self.mig_layout(gpu)
                     problem = layout_problem((*layout, MigPlacement(unit.mig_start, profile)))
                     raise ValueError(f"MIG unit {profile.name}@{unit.mig_start} does not fit {gpu.gpu.id}: "
@@ -205,9 +262,11 @@ class ClusterState:
         gpu.units += sign
 
     def mig_layout(self, gpu: GpuState) -> tuple[MigPlacement, ...]:
+        """The MIG instances on ``gpu``: allocations' units and warm instances."""
+        units = [unit for allocation in self.allocations.values() for unit in allocation.units]
+        units += self.warm_units.values()
         return tuple(
             MigPlacement(unit.mig_start, profile_get(gpu.gpu.model, unit.mig_profile))
-            for allocation in self.allocations.values()
-            for unit in allocation.units
+            for unit in units
             if unit.gpu == gpu.gpu.id and unit.mig_profile
         )

@@ -51,6 +51,7 @@ class Gpu:
     mode: GpuMode = GpuMode.WHOLE
     index: int = 0
     nvlink_domain: str = ""
+    closed: bool = False  # takes no new work (its mode is being changed); what it holds stays
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,6 +136,22 @@ class TenantQuotaSpec:
 
 
 @dataclass(frozen=True, slots=True)
+class WarmInstance:
+    """A MIG instance created ahead of demand and held by no lease (a warm pool).
+
+    It occupies its slots like an allocation: nothing else is placed over it. A queued request of its
+    profile on its tier binds it (``Decision.warm``) instead of a new placement, so no agent call is
+    needed. It is never a preemption victim and counts toward no project's or tenant's quota.
+    """
+
+    id: str
+    gpu: str
+    profile: str  # MIG profile name of the GPU's model, e.g. "1g.10gb"
+    start: int  # MIG start slot
+    ready: bool = True  # False while its node is still creating it: it holds its slots but is not bound
+
+
+@dataclass(frozen=True, slots=True)
 class Snapshot:
     nodes: tuple[Node, ...]
     gpus: tuple[Gpu, ...]
@@ -145,6 +162,7 @@ class Snapshot:
     prices: dict[str, int] = field(default_factory=dict)
     enforce_quotas: bool = True
     min_runtime_seconds: float = 0.0  # before an over-quota allocation may be preempted
+    warm: tuple[WarmInstance, ...] = ()  # pre-created MIG instances no lease holds
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,3 +173,4 @@ class Decision:
     allocation: Allocation | None = None
     victims: tuple[str, ...] = ()  # allocation ids that get a preemption notice
     queue_position: int = 0
+    warm: tuple[str, ...] = ()  # ids of the warm instances the allocation binds (its units sit on them)

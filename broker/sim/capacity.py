@@ -45,15 +45,18 @@ from broker.capacity import (
     CapacitySnapshot,
     DemandShape,
     History,
+    IdleRule,
     Instance,
     Mode,
     Policy,
     Price,
+    ReclaimClass,
     Utilisation,
     Waiting,
     WarmInstance,
     plan_capacity,
 )
+from broker.capacity.types import DEFAULT_IDLE_RULES
 from broker.scheduler.placement import need_for
 from broker.scheduler.plan import Scheduler
 from broker.scheduler.types import (
@@ -80,6 +83,8 @@ WARM = "_warm"
 PER_NODE = 8
 FULL = 1000
 IDLE_PCT = 5  # a sample under 5 % engine activity is idle (the planner's default interactive threshold)
+LOOPS = ("off", "advise", "auto", "auto-train")
+AUTO_LOOPS = ("auto", "auto-train")
 MIG_BY_MILLI = ((142, "1g.10gb"), (285, "2g.20gb"), (428, "3g.40gb"), (571, "4g.40gb"))
 _COMPLETE, _READY, _TICK, _ARRIVE = 0, 1, 2, 3
 
@@ -400,7 +405,8 @@ class Replay:
         instances: dict[str, list] = {gpu_id: [] for gpu_id in cluster.gpus}
         warm: dict[str, list] = {gpu_id: [] for gpu_id in cluster.gpus}
         utilisation = []
-        window = 1800
+        training = self.loop == "auto-train"  # training series only where its reclaim is on
+        window = 3600 if training else 1800
         for allocation in cluster.allocations.values():
             if allocation.id in self.warm:
                 ready, profile = self.warm[allocation.id]
@@ -413,7 +419,7 @@ class Replay:
                                                     job.klass, unit.mig_profile, unit.mig_start, unit.milli,
                                                     started_at=job.seg_start, noticed_at=job.noticed_at))
             if job.seg_start is not None and now - job.seg_start >= window and (
-                    job.klass != WorkloadClass.TRAINING or allocation.preemptible):
+                    job.klass != WorkloadClass.TRAINING or allocation.preemptible or training):
                 utilisation.append(self._trailing(job, now, window))
         gpus = tuple(CapacityGpu(gpu_id, state.gpu.node, MODEL, state.gpu.mode, tuple(instances[gpu_id]),
                                  tuple(warm[gpu_id]), self.mode_since.get(gpu_id, 0.0))
@@ -430,9 +436,13 @@ class Replay:
             queue.append(Waiting(job.request.id, job.project, _demand_shape(job.shape), job.shape.count,
                                  used_in.get(job.project, 0) + need <= self.deserved.get(job.project, 0),
                                  waited_seconds=int(now - job.waiting_since)))
-        mode = Mode.AUTO if self.loop == "auto" else Mode.ADVISE
+        mode = Mode.AUTO if self.loop in AUTO_LOOPS else Mode.ADVISE
+        rules = DEFAULT_IDLE_RULES
+        if self.loop == "auto-train":  # the policy lever: idle training is reclaimed too (1 h idle, 30 min notice)
+            rules = tuple((c, IdleRule(True, 50, 3600, 1800) if c == ReclaimClass.TRAINING else r)
+                          for c, r in DEFAULT_IDLE_RULES)
         policy = Policy(mode_switch=mode, mig_layout=mode, warm_pool=mode, idle_reclaim=mode,
-                        cold_provision_seconds=int(self.cold_mig))
+                        cold_provision_seconds=int(self.cold_mig), idle_rules=rules)
         return CapacitySnapshot(gpus=gpus, queue=tuple(queue),
                                 history=History(now - self.history_seconds, now,
                                                 tuple(Arrivals(s, n) for s, n in sorted(arrivals.items()))),
@@ -451,7 +461,7 @@ class Replay:
         adjustments = plan_capacity(snapshot, now=now)
         for adjustment in adjustments:
             self.proposed[adjustment.kind.value] += 1
-            if self.loop != "auto" or adjustment.mode != Mode.AUTO:
+            if self.loop not in AUTO_LOOPS or adjustment.mode != Mode.AUTO:
                 continue
             if self._apply(adjustment, now):
                 self.applied[adjustment.kind.value] += 1
@@ -598,7 +608,8 @@ def _commit() -> str:
 
 def main_capacity(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m broker.sim capacity", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--loop", default="all", help="off, advise, auto, a comma list, or all")
+    parser.add_argument("--loop", default="all",
+                        help="off, advise, auto, auto-train (auto with idle training reclaimed), a comma list, or all")
     parser.add_argument("--days", type=float, default=30.0, help="replay window (days of Philly arrivals)")
     parser.add_argument("--start-day", type=float, default=20.0,
                         help="skip this many days of the trace first (before day 19 it holds a few jobs a day)")
@@ -618,10 +629,10 @@ def main_capacity(argv: list[str] | None = None) -> int:
     if args.report:
         print(markdown_report(args.report))
         return 0
-    loops = ("off", "advise", "auto") if args.loop == "all" else tuple(x.strip() for x in args.loop.split(","))
+    loops = LOOPS if args.loop == "all" else tuple(x.strip() for x in args.loop.split(","))
     for loop in loops:
-        if loop not in ("off", "advise", "auto"):
-            print(f"unknown loop {loop!r}; use off, advise or auto", file=sys.stderr)
+        if loop not in LOOPS:
+            print(f"unknown loop {loop!r}; use {', '.join(LOOPS)}", file=sys.stderr)
             return 2
     command = "python -m broker.sim capacity " + " ".join(sys.argv[2:] if argv is None else argv)
     results = []
@@ -669,7 +680,7 @@ def table(results: list[dict]) -> str:
 def markdown_report(folder: Path) -> str:
     """The results table of docs/capacity.md, from ``capacity_<loop>.json`` in ``folder``."""
     payloads = [json.loads((folder / f"capacity_{loop}.json").read_text())
-                for loop in ("off", "advise", "auto") if (folder / f"capacity_{loop}.json").is_file()]
+                for loop in LOOPS if (folder / f"capacity_{loop}.json").is_file()]
     if not payloads:
         return "no capacity_*.json results"
     first = payloads[0]

@@ -8,10 +8,10 @@ from rest_framework import status
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from config.api import paginate, parse
 from config.openapi import PAGE_PARAMETERS, paginated, problem
 from notifications import selectors, services
 from notifications.api import serializers as s
-from tenants.api.views import _paginate, _parse
 
 UNSAFE_URL = problem("The url is not https, or resolves to an address that is not public (field: url)")
 
@@ -27,13 +27,13 @@ class WebhookListApi(APIView):
     @extend_schema(responses=paginated(s.WebhookEndpointOutput), parameters=PAGE_PARAMETERS,
                    operation_id="v1_webhooks_list", summary="Webhook endpoints of the tenant")
     def get(self, request):
-        return _paginate(self, request, selectors.webhook_endpoint_list(actor=request.actor), s.WebhookEndpointOutput)
+        return paginate(self, request, selectors.webhook_endpoint_list(actor=request.actor), s.WebhookEndpointOutput)
 
     @extend_schema(request=s.WebhookEndpointCreateInput,
                    responses={201: s.WebhookEndpointSecretOutput, 422: UNSAFE_URL},
                    summary="Add a webhook endpoint; its signing secret is in the response, once")
     def post(self, request):
-        data = _parse(s.WebhookEndpointCreateInput, request)
+        data = parse(s.WebhookEndpointCreateInput, request)
         endpoint, secret = services.webhook_endpoint_create(actor=request.actor, **data)
         return Response(_with_secret(endpoint, secret), status=status.HTTP_201_CREATED)
 
@@ -49,7 +49,7 @@ class WebhookDetailApi(APIView):
                    summary="Change an endpoint's URL, events or description, or (de)activate it")
     def patch(self, request, pk: int):
         endpoint = selectors.webhook_endpoint_get(actor=request.actor, pk=pk)
-        data = _parse(s.WebhookEndpointUpdateInput, request)
+        data = parse(s.WebhookEndpointUpdateInput, request)
         endpoint = services.webhook_endpoint_update(actor=request.actor, endpoint=endpoint, **data)
         return Response(s.WebhookEndpointOutput(endpoint).data)
 
@@ -76,5 +76,5 @@ class WebhookDeliveryListApi(APIView):
                    operation_id="v1_webhooks_deliveries_list", summary="Recent deliveries to one endpoint")
     def get(self, request, pk: int):
         endpoint = selectors.webhook_endpoint_get(actor=request.actor, pk=pk)
-        return _paginate(self, request, selectors.delivery_list(actor=request.actor, endpoint=endpoint),
+        return paginate(self, request, selectors.delivery_list(actor=request.actor, endpoint=endpoint),
                          s.DeliveryOutput)

@@ -35,5 +35,24 @@
         else { document.execCommand("copy"); done(); }
       });
     });
+    // The request form: with a model chosen, only its MIG profiles are offered (auto: every model's).
+    var model = document.getElementById("f-model");
+    var profile = document.getElementById("f-profile");
+    if (model && profile) {
+      var sync = function () {
+        profile.querySelectorAll("optgroup").forEach(function (group) {
+          var shown = model.value === "auto" || group.label === model.value;
+          group.hidden = !shown;
+          group.disabled = !shown;
+        });
+        var chosen = profile.options[profile.selectedIndex];
+        if (!chosen || chosen.parentElement.disabled) {
+          var first = profile.querySelector("optgroup:not([disabled]) option");
+          if (first) { first.selected = true; profile.dispatchEvent(new Event("change", {bubbles: true})); }
+        }
+      };
+      model.addEventListener("change", sync);
+      sync();
+    }
   });
 })();

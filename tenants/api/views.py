@@ -9,24 +9,12 @@ from __future__ import annotations
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import status
 from rest_framework.response import Response
-from rest_framework.settings import api_settings
 from rest_framework.views import APIView
 
+from config.api import paginate, parse
 from config.openapi import PAGE_PARAMETERS, paginated, problem
 from tenants import selectors, services
 from tenants.api import serializers as s
-
-
-def _paginate(view: APIView, request, queryset, serializer_class, **kwargs):
-    paginator = api_settings.DEFAULT_PAGINATION_CLASS()
-    page = paginator.paginate_queryset(queryset, request, view=view)
-    return paginator.get_paginated_response(serializer_class(page, many=True, **kwargs).data)
-
-
-def _parse(serializer_class, request, **kwargs) -> dict:
-    serializer = serializer_class(data=request.data, **kwargs)
-    serializer.is_valid(raise_exception=True)
-    return serializer.validated_data
 
 
 class TenantApi(APIView):
@@ -39,7 +27,7 @@ class TenantApi(APIView):
 
     @extend_schema(request=s.TenantUpdateInput, responses=s.TenantOutput, summary="Rename or change billing email")
     def patch(self, request):
-        data = _parse(s.TenantUpdateInput, request)
+        data = parse(s.TenantUpdateInput, request)
         tenant = services.tenant_update(actor=request.actor, **data)
         return Response(s.TenantOutput(tenant, context={"actor": request.actor}).data)
 
@@ -50,12 +38,12 @@ class ProjectListApi(APIView):
     @extend_schema(responses=paginated(s.ProjectOutput), parameters=PAGE_PARAMETERS,
                    operation_id="v1_projects_list", summary="Projects (queues) of the tenant")
     def get(self, request):
-        return _paginate(self, request, selectors.project_list(actor=request.actor), s.ProjectOutput)
+        return paginate(self, request, selectors.project_list(actor=request.actor), s.ProjectOutput)
 
     @extend_schema(request=s.ProjectCreateInput, responses={201: s.ProjectOutput, 409: problem("The slug is taken")},
                    summary="Create a project")
     def post(self, request):
-        data = _parse(s.ProjectCreateInput, request)
+        data = parse(s.ProjectCreateInput, request)
         project = services.project_create(actor=request.actor, **data)
         return Response(s.ProjectOutput(project).data, status=status.HTTP_201_CREATED)
 
@@ -70,7 +58,7 @@ class ProjectDetailApi(APIView):
     @extend_schema(request=s.ProjectUpdateInput, responses=s.ProjectOutput, summary="Update a project")
     def patch(self, request, slug: str):
         project = selectors.project_get(actor=request.actor, slug=slug)
-        data = _parse(s.ProjectUpdateInput, request)
+        data = parse(s.ProjectUpdateInput, request)
         return Response(s.ProjectOutput(services.project_update(actor=request.actor, project=project, **data)).data)
 
     @extend_schema(responses={204: None, 409: problem("The project still has leases or usage")},
@@ -103,7 +91,7 @@ class MemberListApi(APIView):
     @extend_schema(responses=paginated(s.MembershipOutput), parameters=PAGE_PARAMETERS,
                    operation_id="v1_members_list", summary="Members of the tenant and their roles")
     def get(self, request):
-        return _paginate(self, request, selectors.membership_list(actor=request.actor), s.MembershipOutput)
+        return paginate(self, request, selectors.membership_list(actor=request.actor), s.MembershipOutput)
 
 
 class MemberDetailApi(APIView):
@@ -121,7 +109,7 @@ class MemberDetailApi(APIView):
                    summary="Change a member's role")
     def patch(self, request, pk: int):
         membership = selectors.membership_get(actor=request.actor, pk=pk)
-        data = _parse(s.MembershipUpdateInput, request)
+        data = parse(s.MembershipUpdateInput, request)
         if "role" in data:  # PATCH: what is absent stays as it is
             membership = services.membership_change_role(actor=request.actor, membership=membership, role=data["role"])
         return Response(s.MembershipOutput(membership).data)
@@ -140,12 +128,12 @@ class TokenListApi(APIView):
     @extend_schema(responses=paginated(s.ApiTokenOutput), parameters=PAGE_PARAMETERS,
                    operation_id="v1_tokens_list", summary="API tokens (own; admins see all)")
     def get(self, request):
-        return _paginate(self, request, selectors.api_token_list(actor=request.actor), s.ApiTokenOutput)
+        return paginate(self, request, selectors.api_token_list(actor=request.actor), s.ApiTokenOutput)
 
     @extend_schema(request=s.ApiTokenCreateInput, responses={201: s.ApiTokenCreatedOutput},
                    summary="Create a token; the secret is in the response, once")
     def post(self, request):
-        data = _parse(s.ApiTokenCreateInput, request)
+        data = parse(s.ApiTokenCreateInput, request)
         token, secret = services.api_token_create(actor=request.actor, **data)
         body = s.ApiTokenOutput(token).data
         body["token"] = secret
@@ -169,4 +157,4 @@ class SloContractListApi(APIView):
     @extend_schema(responses=paginated(s.SloContractOutput), parameters=PAGE_PARAMETERS,
                    operation_id="v1_slo_contracts_list", summary="SLO contracts of the tenant")
     def get(self, request):
-        return _paginate(self, request, selectors.slo_contract_list(actor=request.actor), s.SloContractOutput)
+        return paginate(self, request, selectors.slo_contract_list(actor=request.actor), s.SloContractOutput)

@@ -9,17 +9,25 @@ instance in use).
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import ctypes
 import json
 import sys
+import threading
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 
 import pynvml
 import pytest
+from aiohttp import web
 
 from agent import nvml_check
 from agent.backend import Conflict, InstanceSpec, InvalidRequest, NotFound, NotPermitted, Unavailable
+from agent.client import AgentClient, AgentHTTPError
 from agent.nvml_backend import NVML_MISSING, PYNVML_MISSING, STATE_FILE, NvmlBackend, model_for_device_name
+from agent.server import AgentNode, node_app
+from tests.agent.conftest import SECRET, free_port
 
 MIB = 2**20
 H100 = "GPU-11111111-1111-1111-1111-111111111111"
@@ -29,6 +37,7 @@ CHANGING = {
     "nvmlGpuInstanceCreateComputeInstance",
     "nvmlComputeInstanceDestroy",
     "nvmlGpuInstanceDestroy",
+    "nvmlDeviceSetMigMode",
 }
 
 # An H100 80GB as `nvidia-smi mig -lgip` shows it: profile constant -> (profile id, compute slices,
@@ -74,6 +83,8 @@ class FakeGpu:
     uuid: str
     memory_mib: int
     mig: bool | None  # None: the GPU has no MIG
+    mig_pending: bool | None = None  # a MIG mode set but not active yet (None: as mig)
+    activation: int = pynvml.NVML_SUCCESS  # what nvmlDeviceSetMigMode's activation answers
     profiles: dict = field(default_factory=dict)
     gis: dict[int, FakeGi] = field(default_factory=dict)
     power_mw: int = 312_500
@@ -184,6 +195,14 @@ class FakeNvml:
         self._call("nvmlDeviceGetHandleByIndex")
         return _ptr(pynvml.c_nvmlDevice_t, 0x1000 * (index + 1))
 
+    def nvmlDeviceGetHandleByUUID(self, uuid):
+        self._call("nvmlDeviceGetHandleByUUID")
+        uuid = uuid.decode() if isinstance(uuid, bytes) else uuid
+        index = next((i for i, gpu in enumerate(self.gpus) if gpu.uuid == uuid), None)
+        if index is None:
+            raise pynvml.NVMLError_NotFound()
+        return _ptr(pynvml.c_nvmlDevice_t, 0x1000 * (index + 1))
+
     def nvmlDeviceGetName(self, handle):
         gpu, _, _ = self._device(handle)
         self._call("nvmlDeviceGetName", gpu)
@@ -226,8 +245,8 @@ class FakeNvml:
         self._call("nvmlDeviceGetMigMode", gpu)
         if gpu.mig is None:
             raise pynvml.NVMLError_NotSupported()
-        mode = pynvml.NVML_DEVICE_MIG_ENABLE if gpu.mig else pynvml.NVML_DEVICE_MIG_DISABLE
-        return [mode, mode]
+        pending = gpu.mig if gpu.mig_pending is None else gpu.mig_pending
+        return [pynvml.NVML_DEVICE_MIG_ENABLE if on else pynvml.NVML_DEVICE_MIG_DISABLE for on in (gpu.mig, pending)]
 
     def nvmlDeviceGetGpuInstanceProfileInfo(self, device, profile, version=2):
         gpu, _, _ = self._device(device)
@@ -322,6 +341,19 @@ class FakeNvml:
         return ci.id
 
     # --- MIG: changing ---
+    def nvmlDeviceSetMigMode(self, device, mode):
+        gpu, _, _ = self._device(device)
+        self._call("nvmlDeviceSetMigMode", gpu, device=gpu.uuid, mode=mode)
+        if gpu.mig is None:
+            raise pynvml.NVMLError_NotSupported()
+        enable = mode == pynvml.NVML_DEVICE_MIG_ENABLE
+        if not enable and gpu.gis:
+            raise pynvml.NVMLError_InUse()  # GPU instances must go first
+        gpu.mig_pending = enable
+        if gpu.activation == pynvml.NVML_SUCCESS:
+            gpu.mig, gpu.mig_pending = enable, None
+        return gpu.activation
+
     def nvmlDeviceCreateGpuInstanceWithPlacement(self, device, profileId, placement):
         gpu, _, _ = self._device(device)
         placement = _referenced(placement, pynvml.c_nvmlGpuInstancePlacement_t)
@@ -826,3 +858,184 @@ def test_nvml_check_exits_2_when_nvml_is_missing(capsys):
 
     assert nvml_check.main([], nvml=fake) == 2
     assert capsys.readouterr().err.strip() == NVML_MISSING
+
+
+# --- GPU mode changes ---
+
+
+def test_nvml_backend_enables_mig_then_disables_it_once_the_gpu_is_empty(tmp_path):
+    fake = FakeNvml([h100(mig=False, gis={}), l4()])
+    backend = NvmlBackend(tmp_path, "node-a", allow_mig_changes=True, nvml=fake)
+    assert backend.inventory()["gpus"][0]["mode"] == "whole"
+
+    entry = backend.set_mode(H100, "mig")
+
+    assert fake.changes() == [("nvmlDeviceSetMigMode", {"device": H100, "mode": pynvml.NVML_DEVICE_MIG_ENABLE})]
+    assert (entry["uuid"], entry["mode"], entry["mig_layout"]) == (H100, "mig", [])
+    assert entry == backend.inventory()["gpus"][0]
+    fake.calls.clear()
+    assert backend.set_mode(H100, "mig") == entry  # the same mode again: nothing to do
+    assert fake.changes() == []
+
+    backend.create("a1", mig("3g.40gb", 4))  # a MIG instance fits now
+    fake.calls.clear()
+    with pytest.raises(Conflict) as held:
+        backend.set_mode(H100, "whole")
+    assert (held.value.status, held.value.field) == (409, "gpu")
+    assert "holds instance(s) a1" in held.value.message
+    assert fake.changes() == [] and fake.gpus[0].mig is True
+
+    backend.destroy("a1")
+    fake.calls.clear()
+    entry = backend.set_mode(H100, "whole")
+    assert fake.changes() == [("nvmlDeviceSetMigMode", {"device": H100, "mode": pynvml.NVML_DEVICE_MIG_DISABLE})]
+    assert (entry["mode"], fake.gpus[0].mig) == ("whole", False)
+    whole, _ = backend.create("w1", InstanceSpec("whole", H100))  # and a whole lease fits again
+    assert whole["gpu"] == H100
+    backend.close()
+
+
+@pytest.mark.parametrize(
+    ("gpu_uuid", "mode", "error", "error_field", "words"),
+    [
+        ("GPU-nope", "whole", NotFound, "gpu", "no GPU 'GPU-nope' on node-a"),
+        (L4, "mig", InvalidRequest, "mode", "L4 offers no MIG"),
+        # the H100 holds two GPU instances this agent did not make (ids 2 and 5): never reset under them
+        (H100, "whole", Conflict, "gpu", "holds GPU instance(s) 2, 5 that this agent did not make"),
+        (H100, "shared", Conflict, "gpu", "holds GPU instance(s) 2, 5"),
+    ],
+)
+def test_nvml_backend_refuses_a_mode_change_and_changes_nothing(
+    backend, fake, tmp_path, gpu_uuid, mode, error, error_field, words
+):
+    before = backend.inventory()
+
+    with pytest.raises(error) as refused:
+        backend.set_mode(gpu_uuid, mode)
+
+    assert refused.value.field == error_field
+    assert words in refused.value.message
+    assert fake.changes() == []
+    assert backend.inventory() == before
+    assert not (tmp_path / STATE_FILE).exists()
+
+
+def test_nvml_backend_changes_no_mode_when_mig_changes_are_off(fake, tmp_path):
+    backend = NvmlBackend(tmp_path, "node-a", nvml=fake)
+    fake.calls.clear()
+
+    for gpu_uuid, mode in ((L4, "shared"), (H100, "whole")):
+        with pytest.raises(NotPermitted) as refused:
+            backend.set_mode(gpu_uuid, mode)
+        assert refused.value.status == 403
+        assert refused.value.message.startswith("MIG changes are disabled on this agent (allow_mig_changes is off)")
+
+    assert fake.calls == []  # refused before any NVML call
+    assert [g["mode"] for g in backend.inventory()["gpus"]] == ["mig", "whole"]
+
+
+@pytest.mark.parametrize(
+    ("activation", "words"),
+    [
+        (pynvml.NVML_ERROR_RESET_REQUIRED, "activation needs a GPU reset"),
+        (pynvml.NVML_ERROR_IN_USE, "the GPU is in use"),
+    ],
+)
+def test_nvml_backend_refuses_a_mig_mode_change_that_waits_for_a_reset(tmp_path, activation, words):
+    fake = FakeNvml([h100(mig=False, gis={}, activation=activation)])
+    backend = NvmlBackend(tmp_path, "node-a", allow_mig_changes=True, nvml=fake)
+
+    with pytest.raises(Conflict) as pending:
+        backend.set_mode(H100, "mig")
+
+    message = pending.value.message
+    assert message.startswith(f"enabling MIG on GPU {H100} is pending: {words}")
+    assert "the agent does not reset GPUs" in message
+    assert pending.value.field == "gpu"
+    assert backend.inventory()["gpus"][0]["mode"] == "whole"  # still what the device runs
+    assert not (tmp_path / STATE_FILE).exists()
+
+
+def test_nvml_backend_shared_mode_is_kept_across_a_restart_and_creates_follow_it(backend, fake, tmp_path):
+    entry = backend.set_mode(L4, "shared")
+
+    assert entry["mode"] == "shared"
+    assert fake.changes() == []  # MIG stays off: shares are MPS limits, no device change
+    with pytest.raises(InvalidRequest) as refused:
+        backend.create("w1", InstanceSpec("whole", L4))
+    assert refused.value.field == "kind"
+    assert "is in shared mode; a whole instance needs whole mode" in refused.value.message
+    backend.create("s1", InstanceSpec("share", L4, milli=500, memory_mib=4_000))
+    backend.close()
+
+    restarted = NvmlBackend(tmp_path, "node-a", allow_mig_changes=True, nvml=fake)
+    assert restarted.inventory()["gpus"][1]["mode"] == "shared"
+    with pytest.raises(Conflict):
+        restarted.set_mode(L4, "whole")  # s1 is still there
+    restarted.destroy("s1")
+    assert restarted.set_mode(L4, "whole")["mode"] == "whole"  # no shares left, yet "whole" is what was asked
+    restarted.close()
+
+    again = NvmlBackend(tmp_path, "node-a", nvml=fake)
+    assert again.inventory()["gpus"][1]["mode"] == "whole"
+    assert json.loads((tmp_path / STATE_FILE).read_text())["modes"] == {L4: "whole"}
+    again.close()
+
+
+def test_nvml_backend_reads_a_state_file_from_before_mode_changes(fake, tmp_path):
+    (tmp_path / STATE_FILE).write_text(json.dumps({"version": 1, "hostname": "node-a", "instances": {}}))
+
+    backend = NvmlBackend(tmp_path, "node-a", nvml=fake)
+
+    assert [g["mode"] for g in backend.inventory()["gpus"]] == ["mig", "whole"]
+    backend.close()
+
+
+@contextlib.contextmanager
+def served(backend: NvmlBackend) -> Iterator[AgentClient]:
+    """The agent's HTTP server (``agent.server.node_app``) on loopback in a thread, over ``backend``."""
+    port = free_port()
+    node = AgentNode("node-a", backend, SECRET, "node-a")
+    loop = asyncio.new_event_loop()
+    runner = web.AppRunner(node_app(node))
+    listening = threading.Event()
+
+    def serve() -> None:
+        asyncio.set_event_loop(loop)
+        loop.run_until_complete(runner.setup())
+        loop.run_until_complete(web.TCPSite(runner, "127.0.0.1", port).start())
+        listening.set()
+        loop.run_forever()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    assert listening.wait(10)
+    try:
+        yield AgentClient(f"http://127.0.0.1:{port}", "node-a", SECRET, retries=0)
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(10)
+        loop.run_until_complete(runner.cleanup())  # closes the backend
+        loop.close()
+
+
+def test_nvml_backend_mode_changes_over_http(fake, tmp_path):
+    with served(NvmlBackend(tmp_path, "node-a", allow_mig_changes=True, nvml=fake)) as client:
+        with pytest.raises(AgentHTTPError) as held:
+            client.set_gpu_mode(H100, "whole")  # someone else's GPU instances 2 and 5
+        assert (held.value.status, held.value.problem["field"]) == (409, "gpu")
+        with pytest.raises(AgentHTTPError) as no_mig:
+            client.set_gpu_mode(L4, "mig")
+        assert (no_mig.value.status, no_mig.value.problem["field"]) == (422, "mode")
+        assert fake.changes() == []
+
+        entry = client.set_gpu_mode(L4, "shared")
+        assert entry == client.inventory()["gpus"][1] and entry["mode"] == "shared"
+
+    with served(NvmlBackend(tmp_path, "node-a", nvml=fake)) as client:  # restarted, MIG changes off
+        assert client.inventory()["gpus"][1]["mode"] == "shared"
+        with pytest.raises(AgentHTTPError) as off:
+            client.set_gpu_mode(L4, "whole")
+        assert off.value.status == 403
+        assert off.value.problem["type"].endswith("/not_permitted")
+    assert not fake.initialised

@@ -4,7 +4,7 @@ import itertools
 
 import pytest
 
-from agent.backend import Conflict, InstanceSpec, InvalidRequest, Unavailable
+from agent.backend import Conflict, InstanceSpec, InvalidRequest, NotFound, Unavailable
 from agent.sim import SimBackend, parse_gpu_specs
 from gpus.mig import MigPlacement, layout_problem, profiles_for
 
@@ -149,3 +149,62 @@ def test_gpu_spec_errors_name_the_part():
         parse_gpu_specs("b200:8")
     with pytest.raises(ValueError, match="MODEL:COUNT"):
         parse_gpu_specs("h100")
+
+
+def test_a_pinned_instance_draws_constant_power_and_the_energy_counter_follows_it(tmp_path):
+    clock = Clock()
+    sim = backend(tmp_path, "h100-80gb:1:whole", clock)
+    gpu = sim.inventory()["gpus"][0]["uuid"]
+    sim.create("w", InstanceSpec("whole", gpu))
+    start = sim.readings(clock.now).gpus[0].energy_mj
+
+    sim.apply_faults({"pin_activity": {"instance": "w", "engine_active": 1.0}})
+    clock.now += 100
+    busy = sim.readings(clock.now).gpus[0]
+    assert (busy.power_w, busy.util_pct) == (700.0, 100.0)
+    assert busy.energy_mj - start == 700 * 100 * 1000  # 100 s at full power, to the millijoule
+
+    sim.apply_faults({"pin_activity": {"instance": "w", "engine_active": 0.0}})  # settles the busy 100 s
+    clock.now += 50
+    idle = sim.readings(clock.now).gpus[0]
+    assert idle.power_w == 70.0 and idle.energy_mj - busy.energy_mj == 70 * 50 * 1000
+
+    restarted = SimBackend(tmp_path, "n1", parse_gpu_specs("h100-80gb:1:whole"), clock=clock)
+    assert restarted.readings(clock.now).gpus[0] == idle  # the pin and the settled counter were saved
+    sim.apply_faults({"unpin_activity": "w"})
+    clock.now += 60
+    assert sim.readings(clock.now).gpus[0].energy_mj >= idle.energy_mj + 70 * 60 * 1000
+
+
+def test_the_sim_owes_its_latency_only_for_what_it_changed(tmp_path):
+    sim = SimBackend(tmp_path, "n1", parse_gpu_specs("h100-80gb:2:mig"), clock=Clock(),
+                     create_latency_seconds=2.0, mode_change_latency_seconds=30.0)
+    first, second = (g["uuid"] for g in sim.inventory()["gpus"])
+    spec = InstanceSpec("mig", first, profile="1g.10gb", start=0)
+    sim.create("a", spec)
+    assert sim.take_latency() == 2.0 and sim.take_latency() == 0.0
+    sim.create("a", spec)  # the same instance again
+    assert sim.take_latency() == 0.0
+    answers = sim.create_many({"a": spec, "b": InstanceSpec("mig", first, profile="1g.10gb", start=1),
+                               "c": InstanceSpec("mig", first, profile="1g.10gb", start=2),
+                               "d": InstanceSpec("mig", first, profile="1g.10gb", start=8)})
+    assert [answers[i]["status"] for i in "abcd"] == [200, 201, 201, 422]
+    assert sim.take_latency() == 4.0  # once per instance created
+    sim.set_mode(second, "mig")  # already
+    assert sim.take_latency() == 0.0
+    sim.set_mode(second, "shared")
+    assert sim.take_latency() == 30.0
+    with pytest.raises(Conflict):
+        sim.set_mode(first, "whole")
+    assert sim.take_latency() == 0.0
+    with pytest.raises(ValueError, match=r"create_latency_seconds must be 0\.\.600"):
+        SimBackend(tmp_path / "other", "n2", parse_gpu_specs("l4:1"), create_latency_seconds=-1)
+
+
+def test_a_lost_gpu_has_no_mode_to_change(tmp_path):
+    sim = backend(tmp_path, "h100-80gb:2:mig")
+    first = sim.inventory()["gpus"][0]["uuid"]
+    sim.apply_faults({"drop_gpu": first})
+    with pytest.raises(NotFound) as error:
+        sim.set_mode(first, "whole")
+    assert error.value.field == "gpu"

@@ -1,9 +1,13 @@
 """What the contract tests need besides make_world(), and a scripted session over HTTP that produces the
 statuses a fuzzer does not reach on its own: the 2xx of detail routes, renew, release, invoice documents,
-enrollment and a signed heartbeat; 402 from a refusing spend cap; each documented 409.
+enrollment and a signed heartbeat; 402 from a refusing spend cap; each documented 409; a quote's 200/403/404;
+the capacity loop's adjustments (decided twice: 409) and its platform-staff API, and the money API (spend
+caps; price books and billing terms, staff only), with a staff member's token (the fuzzer acts as an owner,
+whom every staff endpoint refuses).
 
-Only two writes bypass the services, both standing in for a part these tests do not run: the invoice
-(``invoice_run`` needs a metered month) and a lease's placement (the scheduler and a node agent).
+Only three writes bypass the services, each standing in for a part these tests do not run: the invoice
+(``invoice_run`` needs a metered month), a lease's placement (the scheduler and a node agent) and the
+capacity loop's advice (the planner needs metered series).
 """
 
 from __future__ import annotations
@@ -21,12 +25,12 @@ from django.utils import timezone
 from agent.signing import sign
 from billing import services as billing
 from billing.choices import InvoiceStatus, LineKind
-from billing.models import Invoice, InvoiceLine, SpendCap
+from billing.models import Invoice, InvoiceLine
 from broker import services as broker
 from broker.models import Allocation, Gpu, Lease
 from tenants.choices import Role
 from tenants.models import Membership
-from tests.factories import World, make_member, make_project, make_quota
+from tests.factories import World, make_member, make_project, make_quota, make_token
 
 INVENTORY = {"gpus": [{"index": 0, "uuid": "GPU-contract-0", "model": "H100-80GB", "mode": "whole",
                        "memory_mib": 81559}]}
@@ -65,7 +69,7 @@ def seed(world: World) -> Contract:
                               rates=[{"tier": "H100-80GB", "per_hour": "4.00"}])
     capped = make_project(world.acme, "capped")
     make_quota(capped)
-    SpendCap.objects.create(tenant=world.acme, project=capped, monthly_minor=1)  # refuse: any lease costs more
+    billing.spend_cap_create(tenant=world.acme, project=capped, monthly_minor=1)  # refuse: any lease costs more
     leaver = make_member(world.acme, "lea", Role.MEMBER)
     now = timezone.now()
     invoice = Invoice.objects.create(tenant=world.acme, period=date(2026, 1, 1), currency="USD",
@@ -123,6 +127,13 @@ def scripted_session(url: str, contract: Contract) -> set[tuple[str, str, int]]:
                                                                    "gpu": {"kind": "mig", "profile": "1g.10gb"}})
     step(f"{v1}/leases", "post", 402, token=owner, body={**request, "project": contract.capped})
     step(f"{v1}/leases", "post", 404, token=owner, body={**request, "project": "no-such-project"})
+    # a quote writes nothing: a read-only token may ask; a spent cap is an answer (refuse), not a 402
+    step(f"{v1}/quotes", "post", 200, token=owner, body=request)
+    assert step(f"{v1}/quotes", "post", 200, token=world.tokens["viewer"],
+                body={**request, "project": contract.capped})["budget"]["outcome"] == "refuse"
+    step(f"{v1}/quotes", "post", 403, token=world.tokens["viewer"], body={**request, "priority": 50})
+    step(f"{v1}/quotes", "post", 404, token=owner, body={**request, "project": "no-such-project"})
+    step(f"{v1}/quotes", "post", 409, token=owner, body={**request, "gpu": {"kind": "whole", "model": "L4"}})
     renew = f"{v1}/leases/{{id}}/renew"
     step(renew, "post", 409, f"{v1}/leases/{queued['id']}/renew", token=owner, body={"duration_seconds": 600})
     step(renew, "post", 404, f"{v1}/leases/999999999/renew", token=owner, body={"duration_seconds": 600})
@@ -140,6 +151,10 @@ def scripted_session(url: str, contract: Contract) -> set[tuple[str, str, int]]:
     place(running["id"])
     step(f"{v1}/leases/{{id}}", "get", 200, f"{v1}/leases/{running['id']}", token=owner)
     step(renew, "post", 200, f"{v1}/leases/{running['id']}/renew", token=owner, body={"duration_seconds": 600})
+    # a refusing cap on its project, already spent: renewing for longer would pass it (402), nothing changes
+    cap = billing.spend_cap_create(tenant=world.acme, project=world.project, monthly_minor=1)
+    step(renew, "post", 402, f"{v1}/leases/{running['id']}/renew", token=owner, body={"duration_seconds": 86400})
+    billing.spend_cap_delete(cap=cap)
     step(f"{v1}/leases/{{id}}", "delete", 202, f"{v1}/leases/{queued['id']}", token=owner)
     step(f"{v1}/leases/{{id}}", "delete", 202, f"{v1}/leases/{queued['id']}", token=owner)  # idempotent
     step(f"{v1}/projects/{{slug}}", "delete", 409, f"{v1}/projects/{world.project.slug}", token=owner)
@@ -176,4 +191,105 @@ def scripted_session(url: str, contract: Contract) -> set[tuple[str, str, int]]:
     step(f"{hook}/deliveries", "get", 200, f"{at}/deliveries", token=owner)
     step(hook, "delete", 204, at, token=owner)
     step(hook, "get", 404, at, token=owner)  # gone
+    capacity_steps(step, world)
+    money_steps(step, world)
+    # no active lease is left for the fuzzer (it cannot place one; renewing this one is produced above)
+    step(f"{v1}/leases/{{id}}", "delete", 202, f"{v1}/leases/{running['id']}", token=owner)
     return produced
+
+
+def capacity_steps(step, world: World) -> None:
+    """Acme's right-sizing advice accepted and rejected by its owner (again: 409); the platform-staff API
+    (policies, the fleet, a planner run) with a staff member's token, each refused body kind included."""
+    from django.contrib.auth import get_user_model
+
+    from fleet.models import Adjustment
+
+    owner, v1 = world.tokens["owner"], "/api/v1"
+    advice = [Adjustment.objects.create(
+        kind="right_size", target=f"project:{world.project.pk}/contract-{index}", fingerprint=f"contract-{index}",
+        mode="advise", reason="contract", tenant=world.acme, tenant_ids=[world.acme.pk], project=world.project,
+        gain_gpu_seconds=3600, gain_money_minor=100, currency="USD").pk for index in (1, 2)]
+    step(f"{v1}/adjustments", "get", 200, token=owner)
+    step(f"{v1}/adjustments/{{id}}", "get", 200, f"{v1}/adjustments/{advice[0]}", token=owner)
+    accept, reject = f"{v1}/adjustments/{{id}}/accept", f"{v1}/adjustments/{{id}}/reject"
+    step(accept, "post", 200, f"{v1}/adjustments/{advice[0]}/accept", token=owner)
+    step(accept, "post", 409, f"{v1}/adjustments/{advice[0]}/accept", token=owner)
+    step(reject, "post", 200, f"{v1}/adjustments/{advice[1]}/reject", token=owner, body={"reason": "contract"})
+    step(reject, "post", 409, f"{v1}/adjustments/{advice[1]}/reject", token=owner, body={})
+
+    user = make_member(world.acme, "ops", Role.ADMIN)
+    get_user_model().objects.filter(pk=user.pk).update(is_staff=True)
+    ops = make_token(world.acme, user)[1]
+    policies, policy = f"{v1}/capacity/policies", f"{v1}/capacity/policies/{{id}}"
+    created = step(policies, "post", 201, token=ops, body={"scope": "pool:H100-80GB", "modes": {"warm_pool": "off"}})
+    step(policies, "post", 200, token=ops, body={"scope": "pool:H100-80GB", "modes": {"warm_pool": "advise"}})
+    step(policies, "get", 200, token=ops)
+    at = f"{policies}/{created['id']}"
+    step(policy, "get", 200, at, token=ops)
+    step(policy, "patch", 200, at, token=ops, body={"warm_min_arrivals": 2})
+    for template, path, method in ((policies, policies, "post"), (policy, at, "patch")):
+        step(template, method, 415, path, token=ops, raw=b"x=1", content_type="text/plain")
+        step(template, method, 413, path, token=ops, raw=b'{"a": "' + b"x" * 3_000_000 + b'"}')
+    step(policy, "delete", 204, at, token=ops)
+    step(policy, "get", 404, at, token=ops)
+    step(policy, "patch", 404, at, token=ops, body={})
+    step(policy, "delete", 404, at, token=ops)
+    step(f"{v1}/capacity/fleet", "get", 200, token=ops)
+    step(f"{v1}/capacity/run", "post", 200, token=ops)
+
+
+def money_steps(step, world: World) -> None:
+    """Spend caps with the owner's token (one per scope: 409; an unknown project: 404); price books and billing
+    terms with a staff member's token: an upcoming book changed and deleted, the seeded book (in force since
+    2025) refused (409), a tenant that does not exist (404), and 413/415 on each body."""
+    from django.contrib.auth import get_user_model
+
+    from billing.models import PriceBook
+
+    owner, v1 = world.tokens["owner"], "/api/v1"
+    caps, cap = f"{v1}/spend-caps", f"{v1}/spend-caps/{{id}}"
+    step(caps, "get", 200, token=owner)
+    created = step(caps, "post", 201, token=owner, body={"monthly_minor": 10**12, "action": "warn"})
+    step(caps, "post", 409, token=owner, body={"monthly_minor": 1})  # the tenant has its cap
+    step(caps, "post", 404, token=owner, body={"project": "no-such-project", "monthly_minor": 1})
+    at = f"{caps}/{created['id']}"
+    step(cap, "get", 200, at, token=owner)
+    step(cap, "patch", 200, at, token=owner, body={"monthly_minor": 10**12 + 1})
+    for template, path, method in ((caps, caps, "post"), (cap, at, "patch")):
+        step(template, method, 415, path, token=owner, raw=b"x=1", content_type="text/plain")
+        step(template, method, 413, path, token=owner, raw=b'{"a": "' + b"x" * 3_000_000 + b'"}')
+    step(cap, "delete", 204, at, token=owner)
+    step(cap, "get", 404, at, token=owner)
+
+    user = make_member(world.acme, "treasurer", Role.ADMIN)
+    get_user_model().objects.filter(pk=user.pk).update(is_staff=True)
+    staff = make_token(world.acme, user)[1]
+    books, book = f"{v1}/price-books", f"{v1}/price-books/{{id}}"
+    step(books, "get", 200, token=staff)
+    start = (timezone.now() + timedelta(days=30)).replace(microsecond=0)
+    upcoming = step(books, "post", 201, token=staff, body={
+        "name": "next list", "currency": "USD", "effective_from": start.isoformat(),
+        "rates": [{"tier": "H100-80GB", "per_hour": "4.50"}]})
+    at = f"{books}/{upcoming['id']}"
+    step(book, "get", 200, at, token=staff)
+    step(book, "patch", 200, at, token=staff, body={"rates": [{"tier": "H100-80GB", "per_hour": "4.40"}]})
+    for template, path, method in ((books, books, "post"), (book, at, "patch")):
+        step(template, method, 415, path, token=staff, raw=b"x=1", content_type="text/plain")
+        step(template, method, 413, path, token=staff, raw=b'{"a": "' + b"x" * 3_000_000 + b'"}')
+    in_force = f"{books}/{PriceBook.objects.get(name='list').pk}"
+    step(book, "patch", 409, in_force, token=staff, body={"name": "renamed"})
+    step(book, "delete", 409, in_force, token=staff)
+    step(book, "delete", 204, at, token=staff)
+    for method, body in (("get", None), ("patch", {}), ("delete", None)):
+        step(book, method, 404, at, token=staff, body=body)
+
+    terms = f"{v1}/tenants/{{slug}}/billing-terms"
+    at, nobody = f"{v1}/tenants/{world.acme.slug}/billing-terms", f"{v1}/tenants/nobody/billing-terms"
+    body = {"discount_pct": "0", "monthly_commit_minor": 0}
+    step(terms, "get", 200, at, token=staff)
+    step(terms, "put", 200, at, token=staff, body=body)
+    step(terms, "put", 415, at, token=staff, raw=b"x=1", content_type="text/plain")
+    step(terms, "put", 413, at, token=staff, raw=b'{"a": "' + b"x" * 3_000_000 + b'"}')
+    step(terms, "get", 404, nobody, token=staff)
+    step(terms, "put", 404, nobody, token=staff, body=body)

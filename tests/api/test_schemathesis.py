@@ -10,6 +10,7 @@ import re
 import subprocess
 import sys
 import urllib.parse
+import uuid
 from pathlib import Path
 
 import pytest
@@ -175,5 +176,5 @@ def _lonely_session() -> str:
     from tests.factories import make_user
 
     client = Client()
-    client.force_login(make_user(f"lonely{free_port()}"))
+    client.force_login(make_user(f"lonely-{uuid.uuid4().hex[:12]}"))
     return f"sessionid={client.cookies['sessionid'].value}"

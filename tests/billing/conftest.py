@@ -17,12 +17,11 @@ from pathlib import Path
 import pytest
 
 from tests.agent.conftest import free_port, wait_http
+from tests.real_parts import PROMETHEUS_AND_PROMTOOL
 
 PROMETHEUS = shutil.which("prometheus")
 PROMTOOL = shutil.which("promtool")
-needs_prometheus = pytest.mark.skipif(
-    PROMETHEUS is None or PROMTOOL is None,
-    reason="Debian's prometheus package is not installed (make test installs it)")
+needs_prometheus = PROMETHEUS_AND_PROMTOOL  # skipped locally where missing, failed in CI (tests/real_parts.py)
 
 
 class PrometheusServer:

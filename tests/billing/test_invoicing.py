@@ -66,9 +66,11 @@ def end_lease(lease, released):
 def two_leases(world):
     mig = start_lease(world, {"kind": "mig", "profile": "3g.40gb", "model": "H100-80GB"},
                       requested=t(1, 10, 50), active=t(1, 10, 55))
-    # 428 + 1000 milli is beyond the project's 1000 deserved: the whole GPU runs over quota
-    whole = start_lease(world, {"kind": "whole", "model": "H100-80GB"}, workload_class="interactive",
-                        requested=t(1, 11), active=t(1, 11, 5))
+    # 428 + 1000 milli is beyond the project's 1000 deserved: the whole GPU runs over quota. It is priced as
+    # interactive too, to check both multipliers on one line: the scheduler no longer lets interactive work
+    # borrow over quota, so the class is set on the row (as on a lease placed before that rule)
+    whole = start_lease(world, {"kind": "whole", "model": "H100-80GB"}, requested=t(1, 11), active=t(1, 11, 5))
+    Lease.objects.filter(pk=whole.pk).update(workload_class="interactive")
     whole = end_lease(whole, t(1, 11, 35))
     mig = end_lease(mig, t(1, 12, 10, 30))
     assert not mig.over_quota and whole.over_quota

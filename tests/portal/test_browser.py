@@ -1,6 +1,7 @@
 """The portal in a real browser: Debian's Chromium driven by Playwright (no downloaded browser), against the
-live server, a real Celery worker, a simulated GPU fleet enrolled over HTTP and (where installed) a real
-Prometheus scraping it. The tests also take the screenshots of docs/screenshots/."""
+live server, a real Celery worker, a simulated GPU fleet enrolled over HTTP and a real Prometheus scraping it.
+Where Chromium or Prometheus is missing the tests that need it are skipped locally and fail in CI
+(tests/real_parts.py). The tests also take the screenshots of docs/screenshots/."""
 
 from __future__ import annotations
 
@@ -18,19 +19,16 @@ import pytest
 from django.utils import timezone
 
 from broker.models import Allocation, Lease
+from tests import real_parts
 from tests.agent.conftest import ROOT, free_port, wait_http
 from tests.broker.conftest import start_fleet, start_workers, stop_workers, wait_until
 from tests.factories import make_project, make_user, make_world
 
-CHROMIUM = "/usr/bin/chromium"
+CHROMIUM = real_parts.CHROMIUM_PATH
 PROMETHEUS = shutil.which("prometheus")
 SCREENSHOTS = Path(__file__).resolve().parents[2] / "docs" / "screenshots"
 VIEWPORT = {"width": 1280, "height": 860}
-pytestmark = [
-    pytest.mark.skipif(not shutil.which(CHROMIUM),
-                       reason="Debian's chromium is not installed (make test installs it as root)"),
-    pytest.mark.slow,
-]
+pytestmark = [real_parts.CHROMIUM, pytest.mark.slow]  # skipped locally without Chromium, failed in CI
 
 
 @pytest.fixture
@@ -144,10 +142,9 @@ def fleet(live_server, tmp_path, portal_world):
 
 @pytest.fixture
 def prometheus(fleet, tmp_path, settings):
-    """A real Prometheus scraping the fleet every second; the portal reads utilisation from it."""
-    if PROMETHEUS is None:
-        yield None
-        return
+    """A real Prometheus scraping the fleet every second; the portal reads utilisation from it. Never None:
+    a test that asks for it asserts utilisation, so without Prometheus it is skipped (failed in CI)."""
+    real_parts.require("Prometheus (the prometheus binary on PATH)", PROMETHEUS is not None)
     port = free_port()
     config = (ROOT / "infra" / "prometheus.yml").read_text()
     config = config.replace("__TARGETS__", str(fleet / "prometheus-targets.json"))
@@ -198,11 +195,10 @@ def test_browser_login_is_required_and_errors_are_shown(live_server, browser):
     assert "/accounts/login/" in page.url
 
 
+@real_parts.PROMETHEUS  # its utilisation assertions need a real Prometheus: decided before the fleet starts
 @pytest.mark.usefixtures("_close_server_connections")
 def test_browser_request_a_mig_slice_watch_it_turn_active_and_release_it(live_server, browser, portal_world, worker,
                                                                          fleet, prometheus):
-    from portal.pricing import price_quote
-
     base = live_server.url
     # some work of both tenants on the fleet already, so that the map and the dashboard have something to show
     from broker.services import lease_request
@@ -233,19 +229,23 @@ def test_browser_request_a_mig_slice_watch_it_turn_active_and_release_it(live_se
     page.wait_for_url(f"{base}/leases/new")
     page.get_by_label("Project").select_option("vision")
     page.get_by_label("MIG slice").check()
+    # with a model chosen only its MIG profiles are offered; auto offers every model's
+    page.get_by_label("GPU model").select_option("A100-80GB")
+    shown = page.eval_on_selector_all("#f-profile optgroup:not([hidden])", "groups => groups.map(g => g.label)")
+    assert shown == ["A100-80GB"], shown
+    page.get_by_label("GPU model").select_option("auto")
+    assert len(page.eval_on_selector_all("#f-profile optgroup:not([hidden])", "groups => groups")) > 1
     page.get_by_label("MIG profile").select_option("1g.10gb")
     preview = page.locator("#preview")
     fit = preview.locator(".preview-fit")
     fit.get_by_text("Fits now", exact=True).wait_for()
     assert "Within the guaranteed quota" in preview.inner_text()
-    quote = price_quote(tenant=portal_world.acme, gpu={"kind": "mig", "profile": "1g.10gb", "count": 1,
-                                                        "gang": True, "model": "H100-80GB"},
-                        workload_class="training", over_quota=False)
-    if quote is not None:  # billing's price books exist: the preview shows the price
-        assert portal_world.prices
-        preview.get_by_text(f"{quote.currency} {quote.per_hour:.2f} per hour").wait_for()
-    else:
-        preview.get_by_text("No price set for this shape yet").wait_for()
+    # the price from portal_world's list (_set_prices): only the H100 has a 1g.10gb rate, 0.70 USD per
+    # instance-hour; one slice of training work within quota pays it unchanged
+    price = preview.get_by_test_id("price")
+    price.get_by_text("USD 0.70 per hour", exact=True).wait_for()
+    assert price.inner_text() == "USD 0.70 per hour"
+    assert "1 × 1g.10gb on H100-80GB" in preview.inner_text()
     # changing the shape updates the preview live: two full H100s would run over quota
     page.get_by_label("MIG profile").select_option("7g.80gb")
     page.get_by_label("How many").fill("2")
@@ -273,8 +273,7 @@ def test_browser_request_a_mig_slice_watch_it_turn_active_and_release_it(live_se
     assert f"CUDA_VISIBLE_DEVICES={allocation.device_uuid}" in live.locator("pre.access").inner_text()
     # the actions arrived with the state: renew and release
     assert page.get_by_role("button", name="Renew").is_visible()
-    if prometheus:  # utilisation from DCGM metrics, also without a reload
-        live.locator(".spark svg").wait_for(timeout=30_000)
+    live.locator(".spark svg").wait_for(timeout=30_000)  # utilisation from DCGM metrics, also without a reload
     assert page.evaluate("window.__sameDocument") is True
     shoot(page, "lease")
 
@@ -307,8 +306,7 @@ def test_browser_request_a_mig_slice_watch_it_turn_active_and_release_it(live_se
     box = segment.bounding_box()
     assert abs((box["x"] - bar["x"]) / bar["width"] - start / 8) < 0.02  # drawn to scale: slot start / 8
     assert abs(box["width"] / bar["width"] - 1 / 8) < 0.02
-    if prometheus:
-        admin.get_by_text("% busy").first.wait_for(timeout=20_000)
+    admin.get_by_text("% busy").first.wait_for(timeout=20_000)  # the fleet map's utilisation from Prometheus
     shoot(admin, "fleet")
     admin.goto(f"{base}/ops/queue")
     admin.locator(f'tr[data-lease="{waiting.pk}"]').wait_for()
@@ -324,6 +322,7 @@ def test_browser_request_a_mig_slice_watch_it_turn_active_and_release_it(live_se
     page.get_by_role("button", name="Yes, release it").click()
     page.locator('#lease-live[data-state="released"]').wait_for(timeout=30_000)
     assert page.get_by_text("This lease is finished.").is_visible()
+    assert "being released" not in page.content()  # nothing on the page still says it is under way
     assert Lease.objects.get(pk=lease.pk).state == "released"
     assert not Allocation.objects.filter(lease=lease, freed_at__isnull=True).exists()
 
@@ -453,3 +452,51 @@ def test_browser_usage_invoice_and_billing_reports(live_server, browser, portal_
     assert staff.get_by_role("row", name=re.compile(r"^acme ")).first.is_visible()
     shoot(staff, "billing-report")
     staff.context.close()
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("_close_server_connections")
+def test_browser_capacity_loop_staff_review_and_tenant_advice(live_server, browser, portal_world, fleet):
+    """Staff see the pools with a warm instance made on a real agent and accept quota advice on
+    /ops/capacity; the tenant's admin sees the advice on the dashboard and accepts a right-sizing on /advice."""
+    from broker.models import Gpu
+    from fleet import services as fleet_services
+    from fleet.models import Adjustment
+    from tenants.models import Quota
+
+    world = portal_world
+    h100 = Gpu.objects.filter(model="H100-80GB").order_by("pk").first()
+    created, skipped = fleet_services._create_warm([{"gpu": f"g{h100.pk}", "start": 6, "profile": "1g.10gb"}],
+                                                   timezone.now())
+    assert created == 1, skipped
+    quota = Adjustment.objects.create(
+        kind="quota_advice", target=f"project:{world.project.pk}/H100-80GB", fingerprint="q" * 64, mode="advise",
+        tenant=world.acme, project=world.project, tenant_ids=[world.acme.pk], gain_gpu_seconds=0,
+        change={"model": "H100-80GB", "project": str(world.project.pk), "size_before": 1000, "size_after": 2000},
+        reason="p95 of the measured in-quota use of vision on H100-80GB over 30 days is 1840 milli, above its "
+               "deserved 1000: raise it to 2000")
+    right = Adjustment.objects.create(
+        kind="right_size", target="lease:17", fingerprint="r" * 64, mode="advise", tenant=world.acme,
+        project=world.project, tenant_ids=[world.acme.pk], gain_gpu_seconds=86400 * 6, gain_money_minor=8640,
+        currency="USD", change={"model": "H100-80GB", "profile": "1g.10gb", "size_before": 1000, "size_after": 142},
+        reason="lease 17 used at most 9.7 % (p95) of its engine and 3100 MiB over 24 h; MIG 1g.10gb on H100-80GB "
+               "would have fitted and saved 86.40 USD at the prices of List prices")
+
+    staff = open_page(browser, live_server.url, "root")
+    staff.goto(f"{live_server.url}/ops/capacity")
+    assert "1g.10gb" in staff.content()
+    staff.locator(f"#accept-{quota.pk}").click()
+    staff.wait_for_selector(f"#review-{quota.pk}[data-state='applied']")
+    assert Quota.objects.get(project=world.project, tier="H100-80GB").deserved_gpu_milli == 2000
+    shoot(staff, "capacity")
+
+    admin = open_page(browser, live_server.url, "ann")
+    admin.goto(f"{live_server.url}/")
+    assert "86.40" in admin.content()  # the dashboard's advice card: the money open advice would save
+    admin.goto(f"{live_server.url}/advice")
+    assert admin.locator(f"#accept-{quota.pk}").count() == 0  # quota advice is the platform's to decide
+    shoot(admin, "advice")
+    admin.locator(f"#accept-{right.pk}").click()
+    admin.wait_for_selector(f"#adj-{right.pk}[data-state='applied']")
+    right.refresh_from_db()
+    assert right.state == "applied" and right.applied_by == "user:ann"

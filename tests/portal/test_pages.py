@@ -4,12 +4,16 @@
 from __future__ import annotations
 
 import re
+from datetime import timedelta
+from decimal import Decimal
 from html import unescape
 
 import pytest
 from django.db.backends.postgresql.psycopg_any import NumericRange
 from django.test import Client
+from django.utils import timezone
 
+from billing.models import PriceBook, PriceRate
 from broker import services as leasing
 from broker.choices import LeaseState
 from broker.models import Allocation, Gpu, Lease, Node
@@ -215,16 +219,28 @@ def test_request_preview_says_where_it_stands_without_writing(world, client):
 
 
 def test_request_preview_shows_the_price_when_one_is_set(world, client):
-    from portal.pricing import price_quote
-
     login(client, "max")
-    body = text(client.get("/leases/preview", {"project": "vision", "gpu.kind": "mig", "gpu.profile": "1g.10gb"}))
-    quote = price_quote(tenant=world.acme, gpu={"kind": "mig", "profile": "1g.10gb", "model": "H100-80GB"},
-                        workload_class="training", over_quota=False)
-    if quote is None:
-        assert "No price set for this shape yet" in body
-    else:
-        assert f"{quote.currency} {quote.per_hour:.2f} per hour" in body
+    two_slices = {"project": "vision", "gpu.kind": "mig", "gpu.profile": "1g.10gb", "gpu.count": "2",
+                  "gpu.gang": "true", "workload_class": "interactive"}
+    two_h100s = {"project": "vision", "gpu.kind": "mig", "gpu.profile": "7g.80gb", "gpu.count": "2",
+                 "gpu.gang": "true", "workload_class": "training"}
+    assert "No price set for this shape yet" in text(client.get("/leases/preview", two_slices))
+
+    book = PriceBook.objects.create(name="List prices", currency="USD", effective_from=timezone.now() - timedelta(1),
+                                    over_quota_multiplier=Decimal("0.6"), interactive_multiplier=Decimal("1.25"))
+    PriceRate.objects.create(book=book, tier="H100-80GB", kind="mig", mig_profile="1g.10gb", per_hour=Decimal("0.70"))
+    PriceRate.objects.create(book=book, tier="H100-80GB", kind="whole", mig_profile="", per_hour=Decimal("4.20"))
+    # two 1g.10gb slices of interactive work within vision's H100 quota (286 of 1000 milli guaranteed):
+    # 2 x 0.70 x 1.25 = 1.75 USD per hour
+    body = text(client.get("/leases/preview", two_slices))
+    assert "Within the guaranteed quota" in body
+    assert "USD 1.75 per hour" in body
+    assert "2 × 1g.10gb on H100-80GB at 0.875000 USD per 1g.10gb instance-hour (interactive rate)" in body
+    # two whole-GPU slices, 2000 milli over the 1000 guaranteed: no 7g.80gb rate, so the whole-GPU rate x 7/7
+    # slices, at the over-quota rate: 2 x 4.20 x 0.6 = 5.04 USD per hour
+    body = text(client.get("/leases/preview", two_h100s))
+    assert "Over quota" in body
+    assert "USD 5.04 per hour" in body and "(over-quota rate)" in body
 
 
 # -- lease page ------------------------------------------------------------------------------------------
@@ -283,10 +299,6 @@ def test_lease_page_live_partial_sends_actions_only_when_the_state_moved(world, 
 
 
 def test_lease_page_preemption_banner_counts_down(world, client):
-    from datetime import timedelta
-
-    from django.utils import timezone
-
     lease = lease_for(world)
     deadline = timezone.now() + timedelta(seconds=95)
     Lease.objects.filter(pk=lease.pk).update(state=LeaseState.PREEMPTED, notice_deadline=deadline,
@@ -494,3 +506,16 @@ def test_slo_contracts_create_edit_and_validate(world, client, staff):
     contract.refresh_from_db()
     assert contract.preemption_notice_seconds == 600 and contract.credit_steps.count() == 1
     assert SloContract.objects.filter(tenant=world.acme).count() == 1
+
+
+def test_a_bar_chart_of_zeros_says_all_zero_not_a_made_up_highest():
+    from django.template.loader import render_to_string
+
+    from portal.presenters import bar_chart
+
+    zeros = render_to_string("portal/partials/_bar_chart.html",
+                             {"chart": bar_chart([("2026-10", 0.0), ("2026-11", 0.0)], label="Revenue", unit="EUR")})
+    assert "all zero" in zeros and "highest" not in zeros
+    some = render_to_string("portal/partials/_bar_chart.html",
+                            {"chart": bar_chart([("2026-10", 0.0), ("2026-11", 2.5)], label="Revenue", unit="EUR")})
+    assert "highest 2.50 EUR" in some

@@ -2,7 +2,8 @@
 
 Everything here is plain data: the scheduling core needs no database. ``outcome`` turns a snapshot and
 the decisions ``plan`` returned into the allocations that hold capacity afterwards (the snapshot's,
-less the victims, plus the placed ones); ``invariant_problems`` lists every broken rule in words.
+less the victims, plus the placed ones); ``invariant_problems`` lists every broken rule in words, warm
+instances included (an unbound one still occupies its slots; a bound one is bound once, exactly).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from broker.scheduler import (
     Snapshot,
     TenantQuotaSpec,
     Unit,
+    WarmInstance,
 )
 from gpus.catalogue import model_get
 from gpus.mig import MigPlacement, layout_problem, profile_get
@@ -47,7 +49,7 @@ def fleet(*specs: tuple[str, str, int, GpuMode], cordoned: tuple[str, ...] = ())
 
 
 def snapshot(
-    *specs, cordoned=(), allocations=(), quotas=(), tenant_quotas=(), prices=None, min_runtime_seconds=0.0
+    *specs, cordoned=(), allocations=(), quotas=(), tenant_quotas=(), prices=None, min_runtime_seconds=0.0, warm=()
 ) -> Snapshot:
     nodes, gpus = fleet(*specs, cordoned=cordoned)
     return Snapshot(
@@ -58,6 +60,7 @@ def snapshot(
         tuple(tenant_quotas),
         dict(prices or {}),
         min_runtime_seconds=min_runtime_seconds,
+        warm=tuple(warm),
     )
 
 
@@ -137,6 +140,10 @@ def held(
     units = tuple(Unit(gpu_id, FULL, memory) for gpu_id in gpu_ids)
     node = gpu_ids[0].rsplit("-g", 1)[0]
     return Allocation(allocation_id, project, tenant, tier, node, units, preemptible, started_at, priority)
+
+
+def warm(warm_id: str, gpu_id: str, profile: str, start: int) -> WarmInstance:
+    return WarmInstance(warm_id, gpu_id, profile, start)
 
 
 def by_request(decisions: list[Decision]) -> dict[str, Decision]:
@@ -346,14 +353,59 @@ def node_problems(snap: Snapshot, allocations) -> list[str]:
     return problems
 
 
+def unbound_warm(snap: Snapshot, decisions: list[Decision]) -> list[Allocation]:
+    """The warm instances no decision bound, as allocations of nobody (for the overlap check only)."""
+    bound = {warm_id for decision in decisions for warm_id in decision.warm}
+    gpus = {gpu.id: gpu for gpu in snap.gpus}
+    out = []
+    for instance in snap.warm:
+        if instance.id in bound:
+            continue
+        gpu = gpus[instance.gpu]
+        profile = profile_get(gpu.model, instance.profile)
+        unit = Unit(gpu.id, profile.gpu_milli, profile.memory_mib, profile.name, instance.start)
+        out.append(Allocation(f"warm:{instance.id}", "", "", gpu.model, gpu.node, (unit,), False))
+    return out
+
+
+def warm_problems(snap: Snapshot, decisions: list[Decision]) -> list[str]:
+    """A warm instance is bound at most once, by a placed decision whose units sit exactly on it."""
+    by_id = {instance.id: instance for instance in snap.warm}
+    gpus = {gpu.id: gpu for gpu in snap.gpus}
+    problems = []
+    seen: set[str] = set()
+    for decision in decisions:
+        if not decision.warm:
+            continue
+        if decision.mode != DecisionMode.PLACED or decision.victims or decision.allocation is None:
+            problems.append(f"{decision.request}: binds warm {decision.warm} as {decision.mode}")
+            continue
+        wanted = []
+        for warm_id in decision.warm:
+            if warm_id in seen:
+                problems.append(f"{decision.request}: warm instance {warm_id} bound twice")
+            seen.add(warm_id)
+            instance = by_id.get(warm_id)
+            if instance is None:
+                problems.append(f"{decision.request}: binds unknown warm instance {warm_id}")
+                continue
+            profile = profile_get(gpus[instance.gpu].model, instance.profile).name
+            wanted.append((instance.gpu, profile, instance.start))
+        got = [(unit.gpu, unit.mig_profile, unit.mig_start) for unit in decision.allocation.units]
+        if sorted(got) != sorted(wanted):
+            problems.append(f"{decision.request}: units {got} are not the bound warm instances {wanted}")
+    return problems
+
+
 def invariant_problems(snap: Snapshot, requests: list[Request], decisions: list[Decision]) -> list[str]:
     after = list(outcome(snap, decisions).allocations.values())
     return (
         decision_problems(requests, decisions, snap)
         + placement_problems(snap, requests, decisions)
-        + gpu_problems(snap, after)
+        + gpu_problems(snap, after + unbound_warm(snap, decisions))
         + node_problems(snap, after)
         + quota_problems(snap, after)
+        + warm_problems(snap, decisions)
     )
 
 

@@ -182,3 +182,23 @@ def test_quota_one_full_mig_gpu_fits_a_one_gpu_quota(profiles):
     decisions = plan(snap, requests, now=0)
     assert [d.mode for d in decisions] == [DecisionMode.PLACED] * len(profiles)
     assert all(not d.allocation.preemptible for d in decisions)
+
+
+def test_interactive_work_never_borrows_training_does():
+    """Run:ai's split: interactive work is never preemptible, so it runs only within its deserved quota and
+    otherwise waits (saying why); training borrows idle capacity over quota, preemptible."""
+    from broker.scheduler.types import WorkloadClass
+
+    snap = snapshot(FOUR_H100, quotas=[quota("a", H100, 1000, 4000)],
+                    allocations=[held("old", "a", "n1-g0", preemptible=False)])
+    interactive = replace(whole("i", "a"), workload_class=WorkloadClass.INTERACTIVE)
+    training = whole("t", "a")
+    decisions = by_request(plan(snap, [interactive, training], now=10))
+    assert decisions["i"].mode == DecisionMode.WAITING
+    assert "interactive work runs only within the guaranteed quota" in decisions["i"].reason
+    assert decisions["t"].mode == DecisionMode.PLACED and decisions["t"].allocation.preemptible is True
+    # within its deserved quota, interactive work is placed (not preemptible)
+    roomy = snapshot(FOUR_H100, quotas=[quota("a", H100, 2000, 4000)],
+                     allocations=[held("old", "a", "n1-g0", preemptible=False)])
+    [placed] = plan(roomy, [interactive], now=10)
+    assert placed.mode == DecisionMode.PLACED and placed.allocation.preemptible is False

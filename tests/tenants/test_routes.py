@@ -10,7 +10,8 @@ For each case, with two tenants (acme is "ours", globex the outsider's):
 - a read-only token (acme's owner, ``read`` scope): reads answer, every write method 403 on the API;
   the portal does not take tokens at all (a redirect to the login page);
 - a viewer: 403 on every write (API: viewers hold read-only tokens; portal: the viewer's session);
-- platform pages (``staff``): a tenant member who is not staff gets 403;
+- platform pages (``staff``) and the platform API (``staff-api``): a tenant member who is not staff gets
+  403 (the API: a read-only token's writes are refused for its scope, its reads for not being staff);
 - agent routes: unsigned → 401 (they authenticate by the node's signature, not by tenant).
 """
 
@@ -36,16 +37,19 @@ WRITE_METHODS = {"post", "put", "patch", "delete"}
 
 @dataclass(frozen=True)
 class Route:
-    """``kind``: api (tenant REST API), portal (a tenant's pages), staff (platform pages), agent (signed
-    by a node). ``path`` has ``{id}`` where the object of ``obj`` goes (None: the route names no object).
-    ``methods``: every method the view answers → the body sent with it. ``viewer``: a method a viewer may
-    do there, with the status it gets (only where the role rules allow it, each with its reason)."""
+    """``kind``: api (tenant REST API), portal (a tenant's pages), staff (platform pages), staff-api
+    (platform REST API), agent (signed by a node). ``path`` has ``{id}`` where the object of ``obj`` goes
+    (None: the route names no object). ``methods``: every method the view answers → the body sent with it.
+    ``viewer``: a method a viewer may do there, with the status it gets (only where the role rules allow
+    it, each with its reason). ``reads``: write verbs that write nothing (a quote posts its body), held to
+    the rules of a read: a read-only token may call them."""
 
     kind: str
     path: str
     methods: dict[str, dict | None]
     obj: str | None = None
     viewer: dict[str, int] = field(default_factory=dict)
+    reads: frozenset[str] = frozenset()
 
 
 READ = {"get": None}
@@ -68,6 +72,9 @@ ROUTES: dict[str, Route] = {
     "api-lease": Route("api", "/api/v1/leases/{id}", {"get": None, "delete": None}, obj="lease"),
     "api-lease-renew": Route("api", "/api/v1/leases/{id}/renew", {"post": {"duration_seconds": 600}}, obj="lease"),
     "api-offers": Route("api", "/api/v1/offers", READ),
+    # a quote writes nothing (broker.api.permissions): a viewer and a read-only token may ask for one
+    "api-quotes": Route("api", "/api/v1/quotes", {"post": {"project": "vision", "gpu": {"kind": "whole"}}},
+                        viewer={"post": 200}, reads=frozenset({"post"})),
     "api-agent-enroll": Route("agent", "/api/v1/agents/enroll", {
         "post": {"node_id": "n-x", "token": "gpub-enroll-forged", "address": "http://127.0.0.1:1", "inventory": []}}),
     "api-agent-heartbeat": Route("agent", "/api/v1/agents/node-1/heartbeat", {"post": {}}),
@@ -76,6 +83,18 @@ ROUTES: dict[str, Route] = {
     "api-invoices": Route("api", "/api/v1/invoices", READ),
     "api-invoice": Route("api", "/api/v1/invoices/{id}", READ, obj="invoice"),
     "api-invoice-document": Route("api", "/api/v1/invoices/{id}.csv", READ, obj="invoice"),
+    # spend caps: admins write, everyone in the tenant reads; price books and terms: platform staff
+    "api-spend-caps": Route("api", "/api/v1/spend-caps", {"get": None, "post": {"project": "vision",
+                                                                                 "monthly_minor": 1000}}),
+    "api-spend-cap": Route("api", "/api/v1/spend-caps/{id}", {"get": None, "patch": {"monthly_minor": 1},
+                                                              "delete": None}, obj="spend_cap"),
+    "api-price-books": Route("staff-api", "/api/v1/price-books", {
+        "get": None, "post": {"name": "x", "currency": "USD", "effective_from": "2099-01-01T00:00:00Z",
+                              "rates": [{"tier": "H100-80GB", "per_hour": "1"}]}}),
+    "api-price-book": Route("staff-api", "/api/v1/price-books/1", {"get": None, "patch": {"name": "x"},
+                                                                   "delete": None}),
+    "api-billing-terms": Route("staff-api", "/api/v1/tenants/acme/billing-terms", {
+        "get": None, "put": {"discount_pct": "50", "monthly_commit_minor": 0}}),
     # -- webhooks (notifications/api): admins manage, everyone in the tenant reads ------------------------
     "api-webhooks": Route("api", "/api/v1/webhooks", {
         "get": None, "post": {"url": "https://93.184.215.14/hook", "event_types": ["lease.released"]}}),
@@ -83,6 +102,18 @@ ROUTES: dict[str, Route] = {
                                                           "delete": None}, obj="webhook"),
     "api-webhook-rotate": Route("api", "/api/v1/webhooks/{id}/rotate", {"post": None}, obj="webhook"),
     "api-webhook-deliveries": Route("api", "/api/v1/webhooks/{id}/deliveries", READ, obj="webhook"),
+    # -- capacity loop (fleet/api): a tenant's adjustments; the platform's policies, fleet and planner run --
+    "api-adjustments": Route("api", "/api/v1/adjustments", READ),
+    "api-adjustment": Route("api", "/api/v1/adjustments/{id}", READ, obj="adjustment"),
+    "api-adjustment-accept": Route("api", "/api/v1/adjustments/{id}/accept", {"post": None}, obj="adjustment"),
+    "api-adjustment-reject": Route("api", "/api/v1/adjustments/{id}/reject", {"post": {"reason": "no"}},
+                                   obj="adjustment"),
+    "api-capacity-policies": Route("staff-api", "/api/v1/capacity/policies", {
+        "get": None, "post": {"scope": "", "modes": {"warm_pool": "off"}}}),
+    "api-capacity-policy": Route("staff-api", "/api/v1/capacity/policies/1", {
+        "get": None, "patch": {"modes": {"warm_pool": "off"}}, "delete": None}),
+    "api-capacity-fleet": Route("staff-api", "/api/v1/capacity/fleet", READ),
+    "api-capacity-run": Route("staff-api", "/api/v1/capacity/run", {"post": None}),
     # -- tenant portal (portal/views.py, portal/billing.py) --------------------------------------------
     "portal:dashboard": Route("portal", "/", READ),
     # switching to another of one's own tenants changes the session only (a foreign slug is refused:
@@ -100,6 +131,9 @@ ROUTES: dict[str, Route] = {
     "portal:invoices": Route("portal", "/invoices/", READ),
     "portal:invoice": Route("portal", "/invoices/{id}", READ, obj="invoice"),
     "portal:invoice-document": Route("portal", "/invoices/{id}.csv", READ, obj="invoice"),
+    "portal:advice": Route("portal", "/advice", READ),
+    "portal:advice-accept": Route("portal", "/advice/{id}/accept", {"post": {}}, obj="adjustment"),
+    "portal:advice-reject": Route("portal", "/advice/{id}/reject", {"post": {}}, obj="adjustment"),
     "portal:members": Route("portal", "/settings/members", READ),
     "portal:member-invite": Route("portal", "/settings/members/invite",
                                   {"post": {"username": "bob", "role": "viewer"}}),
@@ -108,6 +142,9 @@ ROUTES: dict[str, Route] = {
     # a write token: viewers may create read tokens only (the read case is in test_tokens.py)
     "portal:tokens": Route("portal", "/settings/tokens", {"get": None, "post": {"name": "t", "scopes": "write"}}),
     # another member's token is not even visible to a viewer (non-admins see their own tokens only): 404
+    "portal:budgets": Route("portal", "/settings/budgets", {"get": None, "post": {"project": "", "monthly": "1",
+                                                                                  "action": "refuse"}}),
+    "portal:budget-delete": Route("portal", "/settings/budgets/{id}/delete", {"post": {}}, obj="spend_cap"),
     "portal:token-revoke": Route("portal", "/settings/tokens/{id}/revoke", {"post": {}}, obj="token",
                                  viewer={"post": 404}),
     "notifications:settings": Route("portal", "/settings/notifications/", {
@@ -127,6 +164,10 @@ ROUTES: dict[str, Route] = {
     "portal:node-cordon": Route("staff", "/ops/nodes/node-1/cordon", {"post": {"action": "cordon"}}),
     "portal:queue": Route("staff", "/ops/queue", READ),
     "portal:ops-billing": Route("staff", "/ops/billing", READ),
+    "portal:ops-price-books": Route("staff", "/ops/price-books", {"get": None, "post": {"name": "x"}}),
+    "portal:ops-price-book": Route("staff", "/ops/price-books/1", {"get": None, "post": {"name": "x"}}),
+    "portal:ops-price-book-delete": Route("staff", "/ops/price-books/1/delete", {"post": {}}),
+    "portal:ops-billing-terms": Route("staff", "/ops/tenants/acme/billing-terms", {"post": {"discount_pct": "50"}}),
     "portal:ops-tenants": Route("staff", "/ops/tenants", READ),
     "portal:ops-tenant": Route("staff", "/ops/tenants/acme", READ),
     "portal:ops-tenant-status": Route("staff", "/ops/tenants/acme/status", {"post": {"status": "suspended"}}),
@@ -134,6 +175,13 @@ ROUTES: dict[str, Route] = {
     "portal:ops-project-quota": Route("staff", "/ops/tenants/acme/project-quota", {"post": {"project": "vision"}}),
     "portal:ops-slo-new": Route("staff", "/ops/tenants/acme/slo-contracts", {"post": {"name": "x"}}),
     "portal:ops-slo": Route("staff", "/ops/tenants/acme/slo-contracts/1", {"post": {"name": "x"}}),
+    "portal:ops-capacity": Route("staff", "/ops/capacity", READ),
+    "portal:ops-adjustment-accept": Route("staff", "/ops/capacity/adjustments/1/accept", {"post": {}}),
+    "portal:ops-adjustment-reject": Route("staff", "/ops/capacity/adjustments/1/reject", {"post": {}}),
+    "portal:ops-policy-new": Route("staff", "/ops/capacity/policies", {"post": {"scope": ""}}),
+    "portal:ops-policy": Route("staff", "/ops/capacity/policies/1", {"post": {"warm_pool": "off"}}),
+    "portal:ops-policy-delete": Route("staff", "/ops/capacity/policies/1/delete", {"post": {}}),
+    "portal:ops-capacity-run": Route("staff", "/ops/capacity/run", {"post": {}}),
 }
 
 # Patterns that need no tenant or permission case, each with the reason.
@@ -144,6 +192,8 @@ ALLOWED = {
     "logout": "ends the caller's own session",
     "api-schema": "the OpenAPI document: public, describes routes, holds no data",
     "api-docs": "Swagger UI over the public schema",
+    "api-redoc": "ReDoc over the public schema",
+    "portal:ops": "a redirect to /ops/fleet for everyone; the fleet page refuses non-staff (portal:fleet's cases)",
     "billing-stripe-webhook": "Stripe's callback: authenticated by the Stripe-Signature HMAC "
                               "(tests/billing/test_stripe_sync.py refuses unsigned and forged events)",
 }
@@ -209,19 +259,32 @@ def objects(world):
         return WebhookEndpoint.objects.create(tenant=tenant, url="https://93.184.215.14/hook",
                                               event_types=["lease.released"], secret="whsec_test").pk
 
-    own = {"webhook": webhook(world.acme),
+    def adjustment(tenant, lease_id):
+        from fleet.models import Adjustment
+
+        return Adjustment.objects.create(kind="right_size", target=f"lease:{lease_id}", fingerprint=f"routes{lease_id}",
+                                         mode="advise", reason="routes", tenant=tenant, tenant_ids=[tenant.pk]).pk
+
+    def spend_cap(tenant):
+        from billing.services import spend_cap_create
+
+        return spend_cap_create(tenant=tenant, monthly_minor=10**9, action="warn").pk
+
+    own = {"webhook": webhook(world.acme), "spend_cap": spend_cap(world.acme),
            "project": world.project.slug, "member": Membership.objects.get(user=world.member).pk,
                 "token": ApiToken.objects.filter(user=world.admin).first().pk,
                 "lease": lease(world.acme, world.member, world.project).pk, "invoice": invoice(world.acme).pk}
+    own["adjustment"] = adjustment(world.acme, own["lease"])
     mine = {**own, "member": Membership.objects.get(user=world.owner).pk,
             "token": ApiToken.objects.filter(user=world.owner, scopes__contains=["write"]).first().pk}
+    other_lease = lease(world.globex, world.outsider, world.other_project).pk
     return {
         "own": own,
         "mine": mine,
         "other": {"project": world.other_project.slug, "member": Membership.objects.get(user=world.outsider).pk,
                   "token": ApiToken.objects.filter(user=world.outsider).first().pk,
-                  "lease": lease(world.globex, world.outsider, world.other_project).pk,
-                  "invoice": invoice(world.globex).pk, "webhook": webhook(world.globex)},
+                  "lease": other_lease, "invoice": invoice(world.globex).pk, "webhook": webhook(world.globex),
+                  "adjustment": adjustment(world.globex, other_lease), "spend_cap": spend_cap(world.globex)},
     }
 
 
@@ -230,7 +293,7 @@ def _url(route: Route, objects: dict, whose: str) -> str:
 
 
 def _call(client, kind: str, method: str, url: str, body):
-    if kind in ("api", "agent"):
+    if kind in ("api", "agent", "staff-api"):
         return getattr(client, method)(url, body, format="json")
     return getattr(client, method)(url, body or {})
 
@@ -253,7 +316,7 @@ def _is_login_redirect(response) -> bool:
 def test_routes_anonymous_is_refused(world, objects, name, method):
     route = ROUTES[name]
     url, body = _url(route, objects, "own"), route.methods[method]
-    if route.kind in ("api", "agent"):
+    if route.kind in ("api", "agent", "staff-api"):
         response = _call(api_client(), route.kind, method, url, body)
         # agent routes: unsigned (or, for enrollment, a forged token) is 401 like every unauthenticated call
         assert response.status_code == 401, (url, response.content)
@@ -277,11 +340,13 @@ def test_routes_read_only_token_cannot_write(world, objects, name, method):
     route = ROUTES[name]
     url, body = _url(route, objects, "mine"), route.methods[method]
     response = _call(world.client("owner_read"), "api", method, url, body)
-    if route.kind != "api":  # the portal takes sessions, never tokens
+    if route.kind not in ("api", "staff-api"):  # the portal takes sessions, never tokens
         assert _is_login_redirect(response), (url, response.status_code)
-    elif method in WRITE_METHODS:
+    elif method in WRITE_METHODS - route.reads:
         assert response.status_code == 403, (url, method, response.status_code, response.content[:300])
         assert response.json()["detail"] == "This API token has read scope only."
+    elif route.kind == "staff-api":  # the owner is no platform staff
+        assert response.status_code == 403, (url, response.status_code, response.content[:300])
     else:
         assert response.status_code < 400, (url, response.status_code, response.content[:300])
 
@@ -291,7 +356,7 @@ def test_routes_read_only_token_cannot_write(world, objects, name, method):
 def test_routes_viewer_cannot_write(world, objects, name, method):
     route = ROUTES[name]
     url, body = _url(route, objects, "own"), route.methods[method]
-    if route.kind == "api":
+    if route.kind in ("api", "staff-api"):
         response = _call(world.client("viewer"), "api", method, url, body)
     else:
         response = _call(_portal("vic"), route.kind, method, url, body)
@@ -299,10 +364,11 @@ def test_routes_viewer_cannot_write(world, objects, name, method):
     assert response.status_code == expected, (url, method, response.status_code, response.content[:300])
 
 
-@pytest.mark.parametrize(("name", "method"), [c for c in CASES if ROUTES[c[0]].kind == "staff"])
+@pytest.mark.parametrize(("name", "method"), [c for c in CASES if ROUTES[c[0]].kind in ("staff", "staff-api")])
 def test_routes_staff_pages_refuse_tenant_members(world, objects, name, method):
     route = ROUTES[name]
-    response = _call(_portal("alice"), "staff", method, route.path, route.methods[method])  # acme's owner
+    client = world.client("owner") if route.kind == "staff-api" else _portal("alice")  # acme's owner
+    response = _call(client, route.kind, method, route.path, route.methods[method])
     assert response.status_code == 403, (route.path, response.status_code)
 
 
@@ -321,3 +387,9 @@ def test_routes_nothing_changed_for_the_other_tenant(world, objects):
     webhook = WebhookEndpoint.objects.get(pk=objects["own"]["webhook"])
     assert (webhook.secret, webhook.is_active, webhook.deleted_at, webhook.description) == \
         ("whsec_test", True, None, "")
+    from fleet.models import Adjustment
+
+    assert Adjustment.objects.get(pk=objects["own"]["adjustment"]).state == "proposed"
+    from billing.models import SpendCap
+
+    assert SpendCap.objects.filter(pk=objects["own"]["spend_cap"], monthly_minor=10**9).exists()

@@ -1,0 +1,178 @@
+"""Django admin for money that people set: price books (with their rates inline), billing terms and spend caps.
+
+Every save and delete goes through ``billing.services`` (``price_book_create`` / ``_update`` / ``_delete``,
+``billing_terms_set`` / ``_delete``, ``spend_cap_create`` / ``_update`` / ``_delete``), so the admin keeps
+the same rules as the API and the portal — a book that has started is read-only, terms of past months stay,
+one cap per scope — and every change is audited. A refusal comes back as a message, nothing saved (the
+admin's change form is one transaction, and the service raised inside it)."""
+
+from __future__ import annotations
+
+from datetime import UTC
+
+from django.contrib import admin, messages
+from django.http import HttpResponseRedirect
+from django.utils import timezone
+
+from billing import services
+from billing.models import BillingTerms, PriceBook, PriceRate, SpendCap
+from config.errors import ApplicationError
+
+
+class ServiceAdmin(admin.ModelAdmin):
+    """Saves and deletes through a service; its refusal is shown as a message on the page, nothing written."""
+
+    def get_actions(self, request):
+        actions = super().get_actions(request)
+        actions.pop("delete_selected", None)  # one at a time, through the service
+        return actions
+
+    def changeform_view(self, request, object_id=None, form_url="", extra_context=None):
+        try:
+            return super().changeform_view(request, object_id, form_url, extra_context)
+        except ApplicationError as error:  # the service refused: its transaction and the admin's rolled back
+            return self._refused(request, error)
+
+    def delete_view(self, request, object_id, extra_context=None):
+        try:
+            return super().delete_view(request, object_id, extra_context)
+        except ApplicationError as error:
+            return self._refused(request, error)
+
+    def _refused(self, request, error: ApplicationError) -> HttpResponseRedirect:
+        where = f"{error.field}: " if error.field else ""
+        self.message_user(request, f"Not saved — {where}{error.message}", level=messages.ERROR)
+        return HttpResponseRedirect(request.get_full_path())
+
+
+# -- price books -------------------------------------------------------------------------------------------------
+class PriceRateInline(admin.TabularInline):
+    model = PriceRate
+    extra = 3
+    fields = ["tier", "kind", "mig_profile", "per_hour"]
+
+    def has_change_permission(self, request, obj=None):
+        return super().has_change_permission(request, obj) and (obj is None or _upcoming(obj))
+
+    def has_add_permission(self, request, obj=None):
+        return super().has_add_permission(request, obj) and (obj is None or _upcoming(obj))
+
+    def has_delete_permission(self, request, obj=None):
+        return super().has_delete_permission(request, obj) and (obj is None or _upcoming(obj))
+
+
+def _upcoming(book: PriceBook) -> bool:
+    return book.effective_from > timezone.now()
+
+
+@admin.register(PriceBook)
+class PriceBookAdmin(ServiceAdmin):
+    """A book that has not started can change (its rates are replaced as a whole by what the inline holds);
+    one that has started is shown read-only: changing prices is a new book from a later date."""
+
+    list_display = ["name", "currency", "tenant", "effective_from", "over_quota_multiplier", "interactive_multiplier",
+                    "energy_per_kwh"]
+    list_filter = ["currency", "tenant"]
+    search_fields = ["name", "tenant__slug"]
+    list_select_related = ["tenant"]
+    inlines = [PriceRateInline]
+    fields = ["name", "currency", "tenant", "effective_from", "over_quota_multiplier", "interactive_multiplier",
+              "energy_per_kwh"]
+
+    def get_readonly_fields(self, request, obj=None):
+        return ["currency", "tenant"] if obj is not None else []  # its scope: another scope is another book
+
+    def has_change_permission(self, request, obj=None):
+        return super().has_change_permission(request, obj) and (obj is None or _upcoming(obj))
+
+    def has_delete_permission(self, request, obj=None):
+        return super().has_delete_permission(request, obj) and (obj is None or _upcoming(obj))
+
+    def save_model(self, request, obj, form, change):
+        """Nothing yet: the book and its rates are written together by ``save_related`` (one service call)."""
+
+    def save_related(self, request, form, formsets, change):
+        rates = []
+        for formset in formsets:
+            # the service writes the rates; the admin's change message reads what a formset saved: nothing
+            formset.new_objects, formset.changed_objects, formset.deleted_objects = [], [], []
+            for row in formset.forms:
+                data = getattr(row, "cleaned_data", None) or {}
+                if not data or data.get("DELETE") or (row.instance.pk is None and not row.has_changed()):
+                    continue
+                rates.append({"tier": data.get("tier"), "kind": data.get("kind"),
+                              "mig_profile": data.get("mig_profile") or "", "per_hour": data.get("per_hour")})
+        values = {name: form.cleaned_data.get(name) for name in ("name", "effective_from", "over_quota_multiplier",
+                                                                 "interactive_multiplier", "energy_per_kwh")}
+        book = form.instance
+        if change:
+            book = services.price_book_update(book=book, changes={**values, "rates": rates}, by_user=request.user)
+        else:
+            book = services.price_book_create(currency=form.cleaned_data.get("currency"),
+                                              tenant=form.cleaned_data.get("tenant"), rates=rates,
+                                              by_user=request.user, **values)
+        form.instance.pk = book.pk  # the admin's own log entry and redirect name it
+
+    def delete_model(self, request, obj):
+        services.price_book_delete(book=obj, by_user=request.user)
+
+
+# -- billing terms -----------------------------------------------------------------------------------------------
+@admin.register(BillingTerms)
+class BillingTermsAdmin(ServiceAdmin):
+    """Terms start on the first of a month (this one or later); a month already started is changed by saving
+    terms from that month again. The tenant and the start of saved terms are their identity."""
+
+    list_display = ["tenant", "effective_from", "discount_pct", "monthly_commit_minor"]
+    list_filter = ["tenant"]
+    list_select_related = ["tenant"]
+    fields = ["tenant", "effective_from", "discount_pct", "monthly_commit_minor"]
+
+    def get_readonly_fields(self, request, obj=None):
+        return ["tenant", "effective_from"] if obj is not None else []
+
+    def has_change_permission(self, request, obj=None):
+        return super().has_change_permission(request, obj) and (obj is None or _terms_open(obj))
+
+    def has_delete_permission(self, request, obj=None):
+        return super().has_delete_permission(request, obj) and (obj is None or _terms_open(obj))
+
+    def save_model(self, request, obj, form, change):
+        start = obj.effective_from
+        saved = services.billing_terms_set(
+            tenant=obj.tenant, period=None if start is None else start.astimezone(UTC).date(),
+            discount_pct=obj.discount_pct, monthly_commit_minor=obj.monthly_commit_minor, by_user=request.user)
+        obj.pk = saved.pk
+
+    def delete_model(self, request, obj):
+        services.billing_terms_delete(terms=obj, by_user=request.user)
+
+
+def _terms_open(terms: BillingTerms) -> bool:
+    return terms.effective_from.date() >= timezone.now().date().replace(day=1)
+
+
+# -- spend caps ----------------------------------------------------------------------------------------------------
+@admin.register(SpendCap)
+class SpendCapAdmin(ServiceAdmin):
+    """Platform staff may set a tenant's caps here too (tenant admins do on their Budgets page and the API)."""
+
+    list_display = ["tenant", "project", "monthly_minor", "action"]
+    list_filter = ["action", "tenant"]
+    list_select_related = ["tenant", "project"]
+    fields = ["tenant", "project", "monthly_minor", "action"]
+
+    def get_readonly_fields(self, request, obj=None):
+        return ["tenant", "project"] if obj is not None else []  # the scope: another scope is another cap
+
+    def save_model(self, request, obj, form, change):
+        if change:
+            cap = services.spend_cap_update(cap=obj, monthly_minor=obj.monthly_minor, action=obj.action,
+                                            by_user=request.user)
+        else:
+            cap = services.spend_cap_create(tenant=obj.tenant, project=obj.project, monthly_minor=obj.monthly_minor,
+                                            action=obj.action, by_user=request.user)
+        obj.pk = cap.pk
+
+    def delete_model(self, request, obj):
+        services.spend_cap_delete(cap=obj, by_user=request.user)

@@ -1,0 +1,215 @@
+"""The capacity loop's pages. Tenants: ``/advice`` — their advice and the changes that touched their leases,
+open first, accepted or rejected in place (htmx) where the service lets them. Platform staff:
+``/ops/capacity`` — pools, warm instances and what holding them costs, the loop's recent actions, the
+review queue, the policies and a planner run on demand.
+
+Reads go through ``fleet.selectors`` (tenant-scoped: another tenant's adjustment is 404), writes through
+one ``fleet.services`` function each; the service's message is what the user reads."""
+
+from __future__ import annotations
+
+import json
+
+from django.contrib import messages
+from django.shortcuts import redirect, render
+from django.urls import reverse
+from django.utils import timezone
+
+from config.errors import ApplicationError
+from fleet import presenters as fleet_presenters
+from fleet import selectors as fleet
+from fleet import services as fleet_services
+from fleet.choices import AdjustmentState, LoopMode
+from fleet.selectors import MODE_FIELDS, NUMBER_FIELDS
+from portal import forms
+from portal.ops import StaffView
+from portal.views import TenantView
+
+ADVICE_PAGE_SIZE = 100
+RECENT = 20
+REVIEW_MAX = 50
+WARM_SHOWN = 100
+POLICY_FIELDS = {"scope", "idle_rules", *MODE_FIELDS, *NUMBER_FIELDS}
+
+
+def _decided_message(adjustment) -> str:
+    if adjustment.state == AdjustmentState.REJECTED:
+        return f"Adjustment {adjustment.pk} rejected."
+    return f"Adjustment {adjustment.pk}: {adjustment.get_state_display().lower()} — {adjustment.outcome}"
+
+
+# -- tenants: advice ----------------------------------------------------------------------------------------
+class AdviceView(TenantView):
+    template_name = "portal/advice.html"
+
+    def get(self, request):
+        rows = fleet_presenters.open_first(fleet.adjustment_list(actor=self.actor))[:ADVICE_PAGE_SIZE]
+        context = {"rows": fleet_presenters.adjustment_rows(rows, user=request.user, actor=self.actor),
+                   "panel": fleet_presenters.advice_panel(actor=self.actor)}
+        return render(request, self.template_name, context)
+
+
+class AdviceDecideView(TenantView):
+    """``POST /advice/<id>/accept`` and ``…/reject``: with htmx the row comes back decided (or with the
+    service's refusal in it); without, a redirect to the page with the outcome as a message."""
+
+    http_method_names = ["post"]
+    write_action = "release"  # the weakest a kind needs (idle reclaim); the service asks more for the others
+    decision = "accept"
+
+    def post(self, request, pk: int):
+        adjustment = fleet.adjustment_get(actor=self.actor, pk=pk)
+        error = None
+        try:
+            if self.decision == "accept":
+                adjustment = fleet_services.adjustment_accept(adjustment=adjustment, user=request.user,
+                                                              actor=self.actor)
+            else:
+                adjustment = fleet_services.adjustment_reject(adjustment=adjustment, user=request.user,
+                                                              actor=self.actor,
+                                                              reason=request.POST.get("reason", "").strip())
+        except ApplicationError as refused:
+            error = refused.message
+            adjustment = fleet.adjustment_get(actor=self.actor, pk=pk)
+        if request.htmx:
+            row = fleet_presenters.adjustment_row(adjustment, user=request.user, actor=self.actor)
+            return render(request, "portal/partials/_advice_row.html", {"row": row, "error": error})
+        if error:
+            messages.error(request, error)
+        else:
+            messages.success(request, _decided_message(adjustment))
+        return redirect(f"{reverse('portal:advice')}#adj-{pk}")
+
+
+# -- platform staff: the capacity loop ------------------------------------------------------------------------
+def _policy_values(policy) -> dict:
+    """A policy as its form shows it: modes ("" = inherit), numbers ("" = inherit), idle rules as JSON."""
+    values = {name: getattr(policy, name) for name in MODE_FIELDS}
+    values |= {name: "" if getattr(policy, name) is None else getattr(policy, name) for name in NUMBER_FIELDS}
+    values["idle_rules"] = json.dumps(policy.idle_rules, sort_keys=True) if policy.idle_rules else ""
+    values["scope"] = policy.scope
+    return values
+
+
+def _policy_errors(error: ApplicationError | None) -> forms.FieldErrors:
+    """The service's message under the field the form shows (every ``idle_rules.<class>.<key>`` under the
+    idle rules box); one that names no field of the form above it."""
+    errors = forms.FieldErrors()
+    if error is not None:
+        key = forms.field_key(error.field)
+        key = "idle_rules" if key.startswith("idle_rules") else key
+        errors[key if key in POLICY_FIELDS else "__all__"] = error.message
+    return errors
+
+
+class CapacityView(StaffView):
+    template_name = "ops/capacity.html"
+
+    def render_page(self, request, *, form: str = "", error: ApplicationError | None = None, status: int = 200):
+        now = timezone.now()
+        errors = _policy_errors(error)
+        policies = []
+        for policy in fleet.policy_list():
+            key = f"policy-{policy.pk}"
+            policies.append({"policy": policy, "key": key,
+                             "values": request.POST if form == key else _policy_values(policy)})
+        staff = {"user": request.user, "actor": None}
+        context = {
+            "pools": fleet.fleet_pools(),
+            "warm": list(fleet.warm_instances()[:WARM_SHOWN]),
+            "holding": fleet_presenters.warm_holding_cost(start=fleet_presenters.month_start(now), end=now),
+            "review": fleet_presenters.adjustment_rows(
+                fleet.adjustment_list(actor=None, staff=True, state=AdjustmentState.PROPOSED)[:REVIEW_MAX], **staff),
+            "recent": fleet_presenters.adjustment_rows(fleet.adjustment_list(actor=None, staff=True)[:RECENT],
+                                                       **staff),
+            "policies": policies,
+            "new_values": request.POST if form == "policy-new" else {},
+            "mode_fields": MODE_FIELDS,
+            "number_fields": NUMBER_FIELDS,
+            "modes": LoopMode.choices,
+            "default_mode": fleet_presenters.default_mode(),
+            "form": form,
+            "errors": errors,
+            "now": now,
+        }
+        if request.htmx and request.htmx.target == "capacity-live":
+            return render(request, "ops/partials/_capacity_live.html", context)
+        return render(request, self.template_name, context, status=status)
+
+    def get(self, request):
+        return self.render_page(request)
+
+
+class CapacityDecideView(StaffView):
+    """Accept or reject from the review queue (staff decide every kind)."""
+
+    http_method_names = ["post"]
+    decision = "accept"
+
+    def post(self, request, pk: int):
+        adjustment = fleet.adjustment_get(actor=None, pk=pk, staff=True)
+        error = None
+        try:
+            if self.decision == "accept":
+                adjustment = fleet_services.adjustment_accept(adjustment=adjustment, user=request.user)
+            else:
+                adjustment = fleet_services.adjustment_reject(adjustment=adjustment, user=request.user,
+                                                              reason=request.POST.get("reason", "").strip())
+        except ApplicationError as refused:
+            error = refused.message
+            adjustment = fleet.adjustment_get(actor=None, pk=pk, staff=True)
+        if request.htmx:
+            row = fleet_presenters.adjustment_row(adjustment, user=request.user, actor=None)
+            return render(request, "ops/partials/_review_row.html", {"row": row, "error": error})
+        if error:
+            messages.error(request, error)
+        else:
+            messages.success(request, _decided_message(adjustment))
+        return redirect(f"{reverse('portal:ops-capacity')}#review")
+
+
+class CapacityPolicySaveView(CapacityView):
+    """Create (``/ops/capacity/policies``) or change (``…/<id>``) a scope's policy; a refused form comes back
+    with the service's message under its field and the values as typed."""
+
+    http_method_names = ["post"]
+
+    def post(self, request, pk: int | None = None):
+        policy = fleet.policy_get(pk=pk) if pk else None
+        form = f"policy-{pk}" if pk else "policy-new"
+        try:
+            scope, values = forms.policy_input(request.POST)
+            policy = fleet_services.policy_set(scope=policy.scope if policy else scope, values=values,
+                                               by_user=request.user)
+        except ApplicationError as error:
+            return self.render_page(request, form=form, error=error, status=error.status)
+        messages.success(request, f"Policy {policy.scope or '(default)'} saved.")
+        return redirect(f"{reverse('portal:ops-capacity')}#policies")
+
+
+class CapacityPolicyDeleteView(CapacityView):
+    http_method_names = ["post"]
+
+    def post(self, request, pk: int):
+        policy = fleet.policy_get(pk=pk)
+        try:
+            fleet_services.policy_delete(policy=policy, by_user=request.user)
+        except ApplicationError as error:
+            return self.render_page(request, form=f"policy-{pk}", error=error, status=error.status)
+        messages.success(request, f"Policy {policy.scope} deleted: the scope inherits the default again.")
+        return redirect(f"{reverse('portal:ops-capacity')}#policies")
+
+
+class CapacityRunView(StaffView):
+    http_method_names = ["post"]
+
+    def post(self, request):
+        counts = fleet_services.plan_run()
+        if counts.get("skipped"):
+            messages.error(request, "Another planner run is in progress; nothing was done.")
+        else:
+            text = ", ".join(f"{counts.get(name, 0)} {name}" for name in ("proposed", "new", "expired", "applied",
+                                                                          "failed"))
+            note = "" if counts.get("prometheus") == "ok" else f" ({counts.get('prometheus')})"
+            messages.success(request, f"Planner run: {text}.{note}")
+        return redirect("portal:ops-capacity")
