@@ -70,8 +70,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.leasing import BIN, Client, _meter, _pct, _postgres, _print_cpu, _queue_delete, _wait_http  # noqa: E402
-from broker.sim.capacity import _commit, _machine  # noqa: E402
 from infra import services  # noqa: E402
+from leasing.sim.capacity import _commit, _machine  # noqa: E402
 from tests.agent.conftest import free_port  # noqa: E402
 
 PROFILE = "1g.10gb"
@@ -126,7 +126,7 @@ def _arguments() -> argparse.Namespace:
 def _setup(env: dict, nodes: int) -> tuple[str, str]:
     """A tenant with a project and quota for the whole fleet: (API token, enrollment token)."""
     setup = ("from tests.factories import make_tenant, make_member, make_project, make_quota, make_token;"
-             "from broker import services;"
+             "from leasing import services;"
              "t = make_tenant('bench'); u = make_member(t, 'bencher', 'member'); p = make_project(t, 'load');"
              f"make_quota(p, '{MODEL}', deserved={nodes * 8 * 1000}, limit={nodes * 8 * 1000});"
              f"print(make_token(t, u)[1]); print(services.enrollment_token_create(uses={nodes}))")
@@ -222,7 +222,7 @@ class Releaser(threading.Thread):
             connection.close()
 
     def _loop(self) -> None:
-        from broker.models import Lease
+        from leasing.models import Lease
 
         while True:
             with self.wake:
@@ -273,7 +273,7 @@ def _arrive(phase: str, args, port: int, token: str, releaser: Releaser) -> tupl
 # -- what the database says -------------------------------------------------------------------------------------
 def _served(ids: list[int]) -> set[int]:
     """The leases that reached ACTIVE, or ended without (released while waiting)."""
-    from broker.models import Lease, LeaseEvent
+    from leasing.models import Lease, LeaseEvent
 
     active = set(LeaseEvent.objects.filter(lease_id__in=ids, to_state="active").values_list("lease_id", flat=True))
     ended = set(Lease.objects.filter(pk__in=ids, state__in=("released", "expired", "failed")).values_list(
@@ -294,7 +294,7 @@ def _wait_served(ids: list[int], meter, limit: float) -> bool:
 def _time_to_gpu(ids: list[int]) -> tuple[dict[int, float], set[int], set[int], float]:
     """(seconds from request to first ACTIVE per lease that got one, those that bound a warm member, those
     whose member was still being made when they were asked for, the time of the last ACTIVE)."""
-    from broker.models import Allocation, Lease, LeaseEvent
+    from leasing.models import Allocation, Lease, LeaseEvent
 
     requested = dict(Lease.objects.filter(pk__in=ids).values_list("pk", "requested_at"))
     active: dict[int, datetime] = {}
@@ -310,7 +310,7 @@ def _time_to_gpu(ids: list[int]) -> tuple[dict[int, float], set[int], set[int], 
 
 
 def _requested(ids: list[int]) -> list[datetime]:
-    from broker.models import Lease
+    from leasing.models import Lease
 
     return list(Lease.objects.filter(pk__in=ids).values_list("requested_at", flat=True))
 
@@ -356,8 +356,8 @@ def _policy(warm: bool, args) -> None:
 
 def _pool() -> tuple[int, int, int | None]:
     """(warm members ready, being made, the size the last applied warm-pool adjustment left)."""
-    from broker.models import Allocation
     from fleet.models import Adjustment
+    from leasing.models import Allocation
 
     members = Allocation.objects.filter(lease__isnull=True, freed_at__isnull=True, mig_profile=PROFILE)
     last = (Adjustment.objects.filter(kind="warm_pool", state="applied").order_by("-finished_at", "-pk")
@@ -382,9 +382,9 @@ def _warm_up(meter, limit: float) -> dict:
 
 
 def _pool_figures(start: datetime, end: datetime) -> dict:
-    from broker.models import Allocation
     from fleet.models import Adjustment
     from fleet.selectors import warm_holding
+    from leasing.models import Allocation
 
     made = Allocation.objects.filter(warm_at__isnull=False, warm_at__gte=start, warm_at__lt=end)
     held = warm_holding(start=start, end=end).get(f"{MODEL} {PROFILE}", {})

@@ -275,7 +275,7 @@ def main() -> None:
     manage = [str(BIN / "python"), "manage.py"]
     subprocess.run([*manage, "migrate", "-v", "0"], cwd=ROOT, env=env, check=True)
     setup = ("from tests.factories import make_tenant, make_member, make_project, make_quota, make_token;"
-             "from broker import services;"
+             "from leasing import services;"
              "t = make_tenant('bench'); u = make_member(t, 'bencher', 'member'); p = make_project(t, 'load');"
              f"make_quota(p, 'H100-80GB', deserved={args.nodes * 8 * 1000}, limit={args.nodes * 8 * 1000});"
              f"print(make_token(t, u)[1]); print(services.enrollment_token_create(uses={args.nodes}))")
@@ -344,7 +344,7 @@ def main() -> None:
         import django
 
         django.setup()
-        from broker.models import Lease, LeaseEvent
+        from leasing.models import Lease, LeaseEvent
 
         while time.monotonic() - started < 300:
             meter.poll()

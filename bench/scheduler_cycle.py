@@ -18,7 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from broker.scheduler import (
+from leasing.scheduler import (
     Gpu,
     GpuMode,
     Kind,
@@ -29,7 +29,7 @@ from broker.scheduler import (
     Snapshot,
     TenantQuotaSpec,
 )
-from broker.scheduler.plan import Scheduler
+from leasing.scheduler.plan import Scheduler
 
 MODEL = "H100-80GB"
 SHAPES = [

@@ -268,8 +268,8 @@ def _lease_gpu(lease) -> dict:
 def spend_forecast(*, tenant: Tenant, project_id: int | None = None, now: datetime | None = None) -> tuple[int, int]:
     """(charges metered this month, what the live leases will cost from the end of metering until their
     end or the month's), in minor units, at current prices, before discounts and credits."""
-    from broker.choices import FINAL_STATES
-    from broker.models import Lease
+    from leasing.choices import FINAL_STATES
+    from leasing.models import Lease
 
     now = now or timezone.now()
     start = now.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
@@ -298,7 +298,7 @@ def spend_forecast(*, tenant: Tenant, project_id: int | None = None, now: dateti
 
 
 def offer_prices(*, tenant: Tenant, offers: list[dict], at: datetime | None = None) -> list[dict]:
-    """The offers (``broker.selectors.offer_list``) with the tenant's prices per hour in force now: a whole
+    """The offers (``leasing.selectors.offer_list``) with the tenant's prices per hour in force now: a whole
     GPU, each MIG profile (per instance) and a whole GPU's worth of shares; in-quota, non-interactive rates
     (over-quota and interactive multipliers are in ``multipliers``)."""
     at = at or timezone.now()

@@ -28,10 +28,10 @@ from billing.models import (
     SpendCap,
 )
 from billing.pricing import HOUR_SECONDS, MILLI_HOUR, format_money, from_minor, to_minor, units_of
-from broker.models import Allocation, Lease, LeaseEvent
 from config.errors import Conflict, NotFound, ValidationFailed
 from gpus.catalogue import MODELS
 from gpus.mig import UnknownProfile, profile_get
+from leasing.models import Allocation, Lease, LeaseEvent
 from tenants.access import Actor
 from tenants.models import Project, SloContract, Tenant
 

@@ -63,7 +63,7 @@ INSTALLED_APPS = [
     "django_htmx",
     "axes",
     "tenants",
-    "broker",
+    "leasing.apps.LeasingConfig",
     "billing",
     "portal",
     "notifications",
@@ -194,7 +194,7 @@ CELERY_TASK_DEFAULT_QUEUE = env_str("CELERY_TASK_DEFAULT_QUEUE", "celery")
 # else: cycles take milliseconds, but agent calls (provisioning, warm-pool creation) hold a worker for seconds,
 # and a cycle queued behind them delays every placement, warm binds included (make run uses "scheduler")
 CELERY_SCHEDULER_QUEUE = env_str("CELERY_SCHEDULER_QUEUE", "")
-CELERY_TASK_ROUTES = ({"broker.schedule_cycle": {"queue": CELERY_SCHEDULER_QUEUE}} if CELERY_SCHEDULER_QUEUE
+CELERY_TASK_ROUTES = ({"leasing.schedule_cycle": {"queue": CELERY_SCHEDULER_QUEUE}} if CELERY_SCHEDULER_QUEUE
                       else {})
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
@@ -220,9 +220,9 @@ if CELERY_BROKER_URL.startswith("filesystem://"):
     }
 # Periodic tasks are declared here, in one place (STYLE.md "Celery tasks stay thin").
 CELERY_BEAT_SCHEDULE: dict = {
-    "lease-expire": {"task": "broker.lease_expire_due", "schedule": 15.0},
-    "schedule-cycle": {"task": "broker.schedule_cycle", "schedule": 10.0},
-    "reconcile": {"task": "broker.reconcile", "schedule": 30.0},
+    "lease-expire": {"task": "leasing.lease_expire_due", "schedule": 15.0},
+    "schedule-cycle": {"task": "leasing.schedule_cycle", "schedule": 10.0},
+    "reconcile": {"task": "leasing.reconcile", "schedule": 30.0},
     # every complete hour metered once per source (allocation, utilisation); open windows retried
     "meter-pending": {"task": "billing.meter_pending", "schedule": 300.0},
     # drafts of the month refreshed, and last month finalized once it is closed (idempotent)
@@ -415,7 +415,7 @@ SPECTACULAR_SETTINGS["POSTPROCESSING_HOOKS"] = [
     "config.openapi.add_error_responses",
 ]
 SPECTACULAR_SETTINGS["ENUM_NAME_OVERRIDES"].update({
-    "LeaseStateEnum": "broker.choices.LeaseState",
-    "AllocationStateEnum": "broker.choices.AllocationState",
+    "LeaseStateEnum": "leasing.choices.LeaseState",
+    "AllocationStateEnum": "leasing.choices.AllocationState",
 })
 REST_FRAMEWORK["DEFAULT_PAGINATION_CLASS"] = "config.pagination.BoundedLimitOffsetPagination"

@@ -19,7 +19,7 @@ urlpatterns = [
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),
     path("api/redoc/", SpectacularRedocView.as_view(url_name="api-schema"), name="api-redoc"),
     path("api/v1/", include("tenants.api.urls")),
-    path("api/v1/", include("broker.api.urls")),
+    path("api/v1/", include("leasing.api.urls")),
     path("api/v1/", include("billing.api.urls")),
     path("api/v1/", include("notifications.api.urls")),
     path("api/v1/", include("fleet.api.urls")),

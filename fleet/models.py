@@ -19,7 +19,7 @@ from fleet.choices import OPEN_STATES, AdjustmentKind, AdjustmentState, LoopMode
 class Adjustment(models.Model):
     """One adjustment of the fleet's shape or one piece of advice (docs/capacity.md).
 
-    ``change``, ``evidence`` are the planner's (``broker.capacity.types.Change`` / ``Evidence`` as JSON);
+    ``change``, ``evidence`` are the planner's (``leasing.capacity.types.Change`` / ``Evidence`` as JSON);
     the expected gain is split in three integers; ``risk`` lists the leases it would touch. ``tenant`` /
     ``project`` / ``lease`` / ``gpu`` say whom it concerns (a tenant sees its own advice and the changes
     that touched its leases). ``effect`` is what was measured after it was applied."""

@@ -1,7 +1,7 @@
 """Readers of the capacity loop: the planner's snapshot built from the tables and Prometheus, the loop's
 policies, the adjustments a tenant or staff may see, and the fleet's pools.
 
-``capacity_snapshot`` is the live twin of ``broker.sim.capacity.Replay._snapshot``: same types, filled
+``capacity_snapshot`` is the live twin of ``leasing.sim.capacity.Replay._snapshot``: same types, filled
 from PostgreSQL (GPUs, live and warm allocations, the queue with the scheduler's own quota verdict, the
 request history, quotas and hourly usage, the general price book) and from Prometheus (the per-lease
 engine-active and framebuffer series the DCGM metrics carry by ``allocation_id``).
@@ -17,7 +17,10 @@ from datetime import datetime, timedelta
 from django.conf import settings
 from django.db.models import Q, QuerySet
 
-from broker.capacity import (
+from config.errors import NotFound
+from fleet.choices import AdjustmentKind
+from fleet.models import Adjustment, CapacityPolicy
+from leasing.capacity import (
     Arrivals,
     CapacityGpu,
     CapacitySnapshot,
@@ -33,15 +36,12 @@ from broker.capacity import (
     Waiting,
     WarmInstance,
 )
-from broker.capacity.types import DEFAULT_IDLE_RULES, Mode
-from broker.choices import AllocationState, LeaseState
-from broker.models import Allocation, Gpu, Lease
-from broker.scheduler import GpuMode as CoreMode
-from broker.scheduler import Kind
-from broker.scheduler.types import WorkloadClass
-from config.errors import NotFound
-from fleet.choices import AdjustmentKind
-from fleet.models import Adjustment, CapacityPolicy
+from leasing.capacity.types import DEFAULT_IDLE_RULES, Mode
+from leasing.choices import AllocationState, LeaseState
+from leasing.models import Allocation, Gpu, Lease
+from leasing.scheduler import GpuMode as CoreMode
+from leasing.scheduler import Kind
+from leasing.scheduler.types import WorkloadClass
 from tenants.access import Actor
 
 logger = logging.getLogger(__name__)
@@ -162,9 +162,9 @@ def _noticed_at(lease_ids: list[int]) -> dict[int, float]:
 def _queue(now: datetime) -> tuple[Waiting, ...]:
     """The scheduler's queue, each request resolved to a model and told in-quota or not by the scheduling
     core's own quota check on the current snapshot (the oldest ``CAPACITY_QUEUE_MAX``)."""
-    from broker.scheduler.plan import Scheduler
-    from broker.selectors import lease_queue, scheduler_snapshot
-    from broker.services import _core_request
+    from leasing.scheduler.plan import Scheduler
+    from leasing.selectors import lease_queue, scheduler_snapshot
+    from leasing.services import _core_request
 
     queued = list(lease_queue()[: settings.CAPACITY_QUEUE_MAX])
     if not queued:
@@ -236,7 +236,7 @@ def _series_seconds(policies: tuple[Policy, ...]) -> int:
 def _utilisation(now: datetime, leases: dict[int, Lease], policies, notes: SnapshotNotes) -> tuple[Utilisation, ...]:
     """Per live lease: engine-active per-mille (mean over its instances) and framebuffer MiB (their sum),
     one point per ``CAPACITY_SERIES_STEP_SECONDS`` from when the lease started (or the window's start)."""
-    from broker.selectors import _prometheus
+    from leasing.selectors import _prometheus
 
     seconds = _series_seconds(policies)
     running = {pk: lease for pk, lease in leases.items()
@@ -285,7 +285,7 @@ def _utilisation(now: datetime, leases: dict[int, Lease], policies, notes: Snaps
 
 def _quotas(now: datetime, policies) -> tuple[tuple, tuple[QuotaUse, ...]]:
     from billing.models import AllocationUsage
-    from broker.selectors import scheduler_snapshot
+    from leasing.selectors import scheduler_snapshot
 
     quotas = scheduler_snapshot(now=now).quotas
     if all(policy.quota_advice == Mode.OFF for policy in policies):

@@ -1,7 +1,7 @@
 """The capacity loop in the service: run the planner, keep its proposals as rows, apply them.
 
 ``plan_run`` (the periodic Celery task ``fleet.plan_run``): snapshot (``fleet.selectors``) → the pure
-planner (``broker.capacity.plan_capacity``) → ``adjustments_record`` (one open row per fingerprint; rows no
+planner (``leasing.capacity.plan_capacity``) → ``adjustments_record`` (one open row per fingerprint; rows no
 longer proposed expire) → every ``auto`` proposal applied → effects measured → tenants told.
 
 Applying goes through the agents and the leasing services with conditional updates, so a race with the
@@ -11,7 +11,7 @@ scheduler never double-books:
   a drain preempts the over-quota holders with their promised notice and switches once they have left;
 - a **warm pool** inserts warm allocations (no lease) — the exclusion constraint keeps them apart from
   every lease — then asks the agent to create them; a schedule cycle binds one to a lease with no agent
-  call (``broker.services._bind_warm``);
+  call (``leasing.services._bind_warm``);
 - **idle reclaim** notices a lease (deadline, agent notice, ``lease.notice`` notification), then releases
   (in quota) or preempts (over quota) it, or withdraws the notice when it is busy again;
 - **right-sizing** and **quota advice** are advice: accepting one records it (quota advice accepted by
@@ -32,15 +32,15 @@ from django.db import IntegrityError, connection, transaction
 from django.db.backends.postgresql.psycopg_any import NumericRange
 from django.utils import timezone
 
-from broker.capacity import Adjustment as Proposal
-from broker.capacity import plan_capacity
-from broker.choices import AllocationState, GpuKind, LeaseState
-from broker.models import Allocation, Gpu, Lease
 from config.errors import ApplicationError, PermissionDenied, ValidationFailed
 from fleet.choices import ADVICE_KINDS, AdjustmentKind, AdjustmentState, LoopMode
 from fleet.models import Adjustment, CapacityPolicy
 from fleet.selectors import MODE_FIELDS, NUMBER_FIELDS, capacity_snapshot, policies_in_force
 from gpus.mig import profile_get
+from leasing.capacity import Adjustment as Proposal
+from leasing.capacity import plan_capacity
+from leasing.choices import AllocationState, GpuKind, LeaseState
+from leasing.models import Allocation, Gpu, Lease
 
 logger = logging.getLogger(__name__)
 PLAN_LOCK = 0x6770_6370  # "gpcp": one planner run at a time
@@ -341,7 +341,7 @@ def _cycle_lock() -> None:
     places while the loop changes a GPU. A cycle that found the lock taken meanwhile skipped (leaving its
     trigger flag set, which would hold back every trigger until it expires): after the commit the flag is
     cleared and a cycle asked for, so what queued meanwhile is placed at once."""
-    from broker.services import ADVISORY_LOCK, _cycle_flag_clear, schedule_cycle_request
+    from leasing.services import ADVISORY_LOCK, _cycle_flag_clear, schedule_cycle_request
 
     with connection.cursor() as cursor:
         cursor.execute("SELECT pg_advisory_xact_lock(%s)", [ADVISORY_LOCK])
@@ -359,7 +359,7 @@ def _gpu_of(adjustment: Adjustment) -> int:
 
 # mode switch / MIG layout
 def _apply_mode(adjustment: Adjustment, now: datetime) -> None:
-    from broker.services import lease_preempt
+    from leasing.services import lease_preempt
 
     change = adjustment.change
     with transaction.atomic(durable=True):
@@ -397,7 +397,7 @@ def _apply_mode(adjustment: Adjustment, now: datetime) -> None:
 
 def _switch_now(adjustment: Adjustment) -> None:
     from agent.client import AgentHTTPError, AgentUnreachable
-    from broker.services import agent_client, schedule_cycle_request
+    from leasing.services import agent_client, schedule_cycle_request
 
     gpu = Gpu.objects.select_related("node").get(pk=_gpu_of(adjustment))
     target = adjustment.change["to_mode"]
@@ -468,7 +468,7 @@ def _destroy_warm(ids: list[int]) -> None:
     """Destroy warm members on their agents, then free the rows (one not destroyed now is freed anyway: the
     reconcile destroys it as an orphan when its node answers)."""
     from agent.client import AgentHTTPError, AgentUnreachable
-    from broker.services import agent_client
+    from leasing.services import agent_client
 
     for allocation in Allocation.objects.filter(pk__in=ids).select_related("gpu__node"):
         try:
@@ -483,7 +483,7 @@ def _create_warm(slots, now: datetime) -> tuple[int, list[str]]:
     """Warm allocations for the slots (each on a MIG GPU no lease holds, its slots free: the exclusion
     constraint decides), then one agent call per node; what the agent made becomes WARM."""
     from agent.client import AgentHTTPError, AgentUnreachable
-    from broker.services import agent_client, allocation_spec
+    from leasing.services import agent_client, allocation_spec
 
     skipped: list[str] = []
     made: list[Allocation] = []
@@ -532,7 +532,7 @@ def _create_warm(slots, now: datetime) -> tuple[int, list[str]]:
                 skipped.append(f"{allocation.instance_id}: {answer['problem'].get('detail')}")
                 _destroy_warm([allocation.pk])
     if created:
-        from broker.services import schedule_cycle_request
+        from leasing.services import schedule_cycle_request
 
         schedule_cycle_request()  # queued requests of the profile may bind them now
     return created, skipped
@@ -540,7 +540,7 @@ def _create_warm(slots, now: datetime) -> tuple[int, list[str]]:
 
 # idle reclaim
 def _apply_reclaim(adjustment: Adjustment, now: datetime) -> None:
-    from broker.services import _enqueue, lease_preempt, lease_release
+    from leasing.services import _enqueue, lease_preempt, lease_release
     from notifications.services import notification_emit
 
     step = adjustment.step
@@ -584,13 +584,13 @@ def _apply_reclaim(adjustment: Adjustment, now: datetime) -> None:
 
 
 def _expire_soon() -> None:
-    from broker import tasks
+    from leasing import tasks
 
     tasks.lease_expire_due.apply_async(countdown=0.5)
 
 
 def _notice_seconds(adjustment: Adjustment, lease: Lease) -> int:
-    from broker.capacity import ReclaimClass
+    from leasing.capacity import ReclaimClass
 
     policies = {p.scope: p for p in policies_in_force()}
     policy = policies.get(f"project:{lease.project_id}", policies[""])

@@ -1,7 +1,7 @@
 """Platform staff pages: the fleet map, the queue, tenants (quotas, SLO contracts, billing terms, suspension).
 
 Staff act on the platform, not inside a tenant, so these pages read through the platform selectors
-(``broker.selectors.node_list``…, ``tenants.selectors.platform_*``) and write through the same services
+(``leasing.selectors.node_list``…, ``tenants.selectors.platform_*``) and write through the same services
 the Django admin and the management commands use, with the same error messages."""
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.utils import timezone
 
-from broker import selectors as leasing
-from broker import services as leasing_services
 from config.errors import ApplicationError
 from gpus.catalogue import TIER_CODES
+from leasing import selectors as leasing
+from leasing import services as leasing_services
 from portal import forms, presenters
 from portal.views import PortalView
 from tenants import selectors, services

@@ -15,11 +15,11 @@ from django.urls import reverse
 from django.utils import timezone
 from django.views import View
 
-from broker import selectors as leasing
-from broker import services as leasing_services
-from broker.choices import FINAL_STATES, HOLDING_STATES, LeaseState, WorkloadClass
 from config.errors import ApplicationError, NotFound, PermissionDenied, TenantSuspended
 from fleet.presenters import advice_panel
+from leasing import selectors as leasing
+from leasing import services as leasing_services
+from leasing.choices import FINAL_STATES, HOLDING_STATES, LeaseState, WorkloadClass
 from portal import forms, presenters
 from portal.pricing import dashboard_spend
 from tenants import selectors, services
@@ -225,7 +225,7 @@ def _denial(actor, action: str) -> str:
 
 
 def _preview(actor, body: dict) -> dict:
-    """The preview panel's content: the quote — ``broker.selectors.lease_quote``, the function that answers
+    """The preview panel's content: the quote — ``leasing.selectors.lease_quote``, the function that answers
     ``POST /api/v1/quotes``, so the portal and the API say the same — or the error in the API's words."""
     try:
         return {"quote": leasing.lease_quote(actor=actor, **body)}

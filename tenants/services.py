@@ -119,7 +119,7 @@ def tenant_set_status(*, tenant: Tenant, status: str, by_user=None, reason: str 
     tenant suspended. Suspending again sweeps again. Reactivation gives the held leases back to the
     scheduler (a cycle is asked for); released leases stay released.
     """
-    from broker import services as leasing  # leasing builds on tenants: imported here, one way at import time
+    from leasing import services as leasing  # leasing builds on tenants: imported here, one way at import time
 
     if status not in TenantStatus.values:
         raise ValidationFailed(f"status must be one of {', '.join(TenantStatus.values)}.", field="status")

@@ -1,7 +1,7 @@
 """Dependencies point one way (docs/architecture.md §2): the catalogue, the scheduling core, the capacity planner
 and billing's arithmetic import only the standard library and what is listed for them; the node agent imports
 the catalogue and itself. Relative imports count as imports of the package they resolve into, and
-``from broker import scheduler`` counts as an import of ``broker`` (all of it)."""
+``from leasing import scheduler`` counts as an import of ``broker`` (all of it)."""
 
 import ast
 import json
@@ -16,8 +16,8 @@ ROOT = Path(__file__).resolve().parent.parent
 # library; a prefix allows its submodules ("gpus" allows gpus.mig)
 PURE = {
     "gpus": {"gpus"},
-    "broker/scheduler": {"gpus", "broker.scheduler"},
-    "broker/capacity": {"gpus", "broker.scheduler.types", "broker.capacity"},
+    "leasing/scheduler": {"gpus", "leasing.scheduler"},
+    "leasing/capacity": {"gpus", "leasing.scheduler.types", "leasing.capacity"},
     "agent": {"gpus", "agent"},
     # billing's arithmetic: money and rates, metering intervals, SLO figures (no Django, no database)
     "billing/pricing.py": {"gpus"},
@@ -39,7 +39,7 @@ def _dotted(target: str) -> str:
 
 
 def _module_of(path: Path) -> list[str]:
-    """The dotted package path of the module at ``path`` (``broker/capacity/planner.py`` -> broker.capacity)."""
+    """The dotted package path of the module at ``path`` (``leasing/capacity/planner.py`` -> leasing.capacity)."""
     return list(path.relative_to(ROOT).parent.parts)
 
 
@@ -94,7 +94,7 @@ def test_architecture_pure_modules_load_no_framework():
                             env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)})
     assert result.returncode == 0, result.stderr
     loaded = set(json.loads(result.stdout.splitlines()[-1]))
-    assert "broker" in loaded and "billing" in loaded  # the check did import them
+    assert "leasing" in loaded and "billing" in loaded  # the check did import them
     assert not loaded & FRAMEWORKS, sorted(loaded & FRAMEWORKS)
 
 
@@ -108,24 +108,24 @@ def _offenders_in(target: str, module: str, source: str) -> set[str]:
     ("target", "module", "source", "bad"),
     [
         # relative imports resolve into the package they name
-        ("broker/capacity", "broker/capacity/planner.py", "from ..sim import capacity", "broker.sim"),
-        ("broker/capacity", "broker/capacity/planner.py", "from ..api import views", "broker.api"),
-        ("broker/capacity", "broker/capacity/planner.py", "from .. import models", "broker.models"),
-        ("broker/capacity", "broker/capacity/planner.py", "import django", "django"),
-        ("broker/capacity", "broker/capacity/planner.py", "from django.db import models", "django.db"),
-        ("broker/capacity", "broker/capacity/planner.py", "from broker import models", "broker"),
+        ("leasing/capacity", "leasing/capacity/planner.py", "from ..sim import capacity", "leasing.sim"),
+        ("leasing/capacity", "leasing/capacity/planner.py", "from ..api import views", "leasing.api"),
+        ("leasing/capacity", "leasing/capacity/planner.py", "from .. import models", "leasing.models"),
+        ("leasing/capacity", "leasing/capacity/planner.py", "import django", "django"),
+        ("leasing/capacity", "leasing/capacity/planner.py", "from django.db import models", "django.db"),
+        ("leasing/capacity", "leasing/capacity/planner.py", "from leasing import models", "leasing"),
         # the planner may use the scheduler's types, not the scheduler itself
-        ("broker/capacity", "broker/capacity/planner.py", "from broker.scheduler.plan import plan",
-         "broker.scheduler.plan"),
-        ("broker/capacity", "broker/capacity/planner.py", "from ..scheduler import placement", "broker.scheduler"),
-        ("broker/capacity", "broker/capacity/planner.py", "from broker.scheduler import plan", "broker.scheduler"),
-        # the scheduling core: itself, gpus and the standard library; not the rest of broker
-        ("broker/scheduler", "broker/scheduler/plan.py", "from broker.capacity import plan_capacity",
-         "broker.capacity"),
-        ("broker/scheduler", "broker/scheduler/plan.py", "from broker.selectors import lease_queue",
-         "broker.selectors"),
-        ("broker/scheduler", "broker/scheduler/plan.py", "from .. import services", "broker.services"),
-        ("broker/scheduler", "broker/scheduler/plan.py", "from broker import choices", "broker"),
+        ("leasing/capacity", "leasing/capacity/planner.py", "from leasing.scheduler.plan import plan",
+         "leasing.scheduler.plan"),
+        ("leasing/capacity", "leasing/capacity/planner.py", "from ..scheduler import placement", "leasing.scheduler"),
+        ("leasing/capacity", "leasing/capacity/planner.py", "from leasing.scheduler import plan", "leasing.scheduler"),
+        # the scheduling core: itself, gpus and the standard library; not the rest of leasing
+        ("leasing/scheduler", "leasing/scheduler/plan.py", "from leasing.capacity import plan_capacity",
+         "leasing.capacity"),
+        ("leasing/scheduler", "leasing/scheduler/plan.py", "from leasing.selectors import lease_queue",
+         "leasing.selectors"),
+        ("leasing/scheduler", "leasing/scheduler/plan.py", "from .. import services", "leasing.services"),
+        ("leasing/scheduler", "leasing/scheduler/plan.py", "from leasing import choices", "leasing"),
         # billing's arithmetic: no Django, no billing models or services
         ("billing/pricing.py", "billing/pricing.py", "from django.conf import settings", "django.conf"),
         ("billing/pricing.py", "billing/pricing.py", "from .models import PriceBook", "billing.models"),
@@ -144,11 +144,11 @@ def test_architecture_catches_what_a_pure_module_must_not_import(target, module,
 @pytest.mark.parametrize(
     ("target", "module", "source"),
     [
-        ("broker/capacity", "broker/capacity/planner.py",
-         "from .types import Mode\nfrom broker.scheduler.types import Kind\nfrom gpus.mig import profile_get\n"
+        ("leasing/capacity", "leasing/capacity/planner.py",
+         "from .types import Mode\nfrom leasing.scheduler.types import Kind\nfrom gpus.mig import profile_get\n"
          "import math"),
-        ("broker/scheduler", "broker/scheduler/plan.py",
-         "from .state import ClusterState\nfrom broker.scheduler.types import Kind\nfrom gpus import catalogue\n"
+        ("leasing/scheduler", "leasing/scheduler/plan.py",
+         "from .state import ClusterState\nfrom leasing.scheduler.types import Kind\nfrom gpus import catalogue\n"
          "from __future__ import annotations\nimport heapq"),
         ("billing/pricing.py", "billing/pricing.py", "from decimal import Decimal\nfrom gpus.mig import profile_get"),
         ("billing/slo.py", "billing/slo.py", "import math\nfrom datetime import datetime"),

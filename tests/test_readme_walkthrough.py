@@ -16,8 +16,8 @@ from django.core.management import CommandError, call_command
 from django.urls import Resolver404, resolve
 
 from billing.models import Invoice
-from broker import services as leasing
-from broker.models import Lease
+from leasing import services as leasing
+from leasing.models import Lease
 from tests.broker.conftest import _test_database_url, start_fleet, start_workers, stop_workers
 
 ROOT = Path(__file__).resolve().parent.parent

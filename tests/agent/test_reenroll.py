@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from broker import services
-from broker.models import Node
+from leasing import services
+from leasing.models import Node
 from tests.agent.conftest import ROOT, free_port, wait_http
 from tests.broker.conftest import wait_until
 

@@ -26,8 +26,8 @@ from agent.signing import sign
 from billing import services as billing
 from billing.choices import InvoiceStatus, LineKind
 from billing.models import Invoice, InvoiceLine
-from broker import services as broker
-from broker.models import Allocation, Gpu, Lease
+from leasing import services as broker
+from leasing.models import Allocation, Gpu, Lease
 from tenants.choices import Role
 from tenants.models import Membership
 from tests.factories import World, make_member, make_project, make_quota, make_token

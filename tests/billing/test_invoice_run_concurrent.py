@@ -18,7 +18,7 @@ import pytest
 
 from billing import services as billing
 from billing.models import AllocationUsage, Invoice, InvoiceLine
-from broker.models import Lease
+from leasing.models import Lease
 from tests.agent.conftest import ROOT
 from tests.broker.conftest import _test_database_url
 from tests.factories import make_project, make_tenant

@@ -16,7 +16,7 @@ from rest_framework.test import APIClient
 
 from billing import services as billing
 from billing.models import AllocationUsage, BillingTerms, PriceBook, SpendCap
-from broker import services as leasing
+from leasing import services as leasing
 from tenants.access import Actor
 from tenants.choices import Role
 from tenants.models import AuditEvent

@@ -9,9 +9,9 @@ import pytest
 from django.db import transaction
 
 from billing import services as billing
-from broker import services as leasing
-from broker.choices import LeaseState
-from broker.models import Lease, LeaseEvent
+from leasing import services as leasing
+from leasing.choices import LeaseState
+from leasing.models import Lease, LeaseEvent
 from tenants import services as tenant_services
 from tests.billing.test_invoicing import start_lease
 from tests.billing.test_invoicing import world as world

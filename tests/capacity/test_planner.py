@@ -1,10 +1,10 @@
-"""The capacity planner (``broker.capacity``): table-driven cases per kind. No database."""
+"""The capacity planner (``leasing.capacity``): table-driven cases per kind. No database."""
 
 from __future__ import annotations
 
 import pytest
 
-from broker.capacity import (
+from leasing.capacity import (
     AdjustmentKind,
     Arrivals,
     CapacityGpu,
@@ -25,7 +25,7 @@ from broker.capacity import (
     plan_capacity,
     poisson_pool_size,
 )
-from broker.scheduler.types import GpuMode, Kind, QuotaSpec, WorkloadClass
+from leasing.scheduler.types import GpuMode, Kind, QuotaSpec, WorkloadClass
 
 H100 = "H100-80GB"
 NOW = 100_000.0

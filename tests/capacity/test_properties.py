@@ -12,7 +12,8 @@ import random
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from broker.capacity import (
+from gpus.mig import MigPlacement, free_starts, profiles_for
+from leasing.capacity import (
     AdjustmentKind,
     Arrivals,
     CapacityGpu,
@@ -29,8 +30,7 @@ from broker.capacity import (
     layout_problems,
     plan_capacity,
 )
-from broker.scheduler.types import GpuMode, Kind, WorkloadClass
-from gpus.mig import MigPlacement, free_starts, profiles_for
+from leasing.scheduler.types import GpuMode, Kind, WorkloadClass
 
 MODELS = ("H100-80GB", "A100-40GB", "L4")
 NOW = 1_000_000.0

@@ -11,8 +11,8 @@ import sys
 
 import pytest
 
-from broker import services
-from broker.models import Node
+from leasing import services
+from leasing.models import Node
 from tests.agent.conftest import ROOT, free_port, wait_http
 from tests.billing.conftest import prometheus_server  # noqa: F401 (a fixture these tests use)
 from tests.broker.conftest import Api, start_workers, stop_workers, wait_until

@@ -12,12 +12,12 @@ from django.utils import timezone
 
 from billing import services as billing
 from billing.pricing import to_minor
-from broker import services
-from broker.models import Allocation
 from config.errors import ValidationFailed
 from fleet import services as fleet_services
 from fleet.models import Adjustment
 from fleet.selectors import policies_in_force
+from leasing import services
+from leasing.models import Allocation
 from notifications.models import Notification
 from tenants.access import Actor
 from tenants.choices import Role

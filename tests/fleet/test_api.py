@@ -9,9 +9,9 @@ import uuid
 import pytest
 from rest_framework.test import APIClient
 
-from broker import services as leasing
-from broker.models import Allocation, Gpu, Node
 from fleet.models import Adjustment, CapacityPolicy
+from leasing import services as leasing
+from leasing.models import Allocation, Gpu, Node
 from tenants.access import Actor
 from tenants.choices import Role
 from tenants.models import AuditEvent, Membership, Quota

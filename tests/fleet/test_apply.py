@@ -10,11 +10,11 @@ import pytest
 from django.db.backends.postgresql.psycopg_any import NumericRange
 from django.utils import timezone
 
-from broker import services
-from broker.choices import AllocationState, LeaseState
-from broker.models import Allocation, Gpu, Lease
 from fleet import services as fleet_services
 from fleet.models import Adjustment
+from leasing import services
+from leasing.choices import AllocationState, LeaseState
+from leasing.models import Allocation, Gpu, Lease
 from tenants.access import Actor
 from tenants.choices import Role
 from tests.factories import make_world
@@ -147,8 +147,8 @@ def test_a_drain_preempts_only_the_over_quota_leases_it_named(world, admin_user)
 def test_a_rejected_proposal_is_not_proposed_again_every_run(world, admin_user):
     """The planner makes the same proposal each minute while the world stays the same: a person's reject
     stands (no new row), while an unrelated proposal is still recorded."""
-    from broker.capacity import Adjustment as Proposal
-    from broker.capacity import AdjustmentKind, Change, Evidence, Gain, Mode
+    from leasing.capacity import Adjustment as Proposal
+    from leasing.capacity import AdjustmentKind, Change, Evidence, Gain, Mode
 
     def proposal(target: str) -> Proposal:
         return Proposal(AdjustmentKind.MODE_SWITCH, target, Change(gpu=target[4:], from_mode="whole", to_mode="mig"),

@@ -12,10 +12,10 @@ import pytest
 from django.utils import timezone
 
 from agent.client import AgentClient
-from broker.choices import LeaseState
-from broker.models import Allocation, Gpu, Lease, Node
 from fleet import services as fleet_services
 from fleet.models import Adjustment
+from leasing.choices import LeaseState
+from leasing.models import Allocation, Gpu, Lease, Node
 from notifications.models import Notification
 from tests.billing.conftest import needs_prometheus
 from tests.broker.conftest import wait_until

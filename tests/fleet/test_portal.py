@@ -14,8 +14,8 @@ from django.test import Client
 from django.utils import timezone
 
 from billing import services as billing
-from broker.models import Allocation, Gpu, Node
 from fleet.models import Adjustment, CapacityPolicy
+from leasing.models import Allocation, Gpu, Node
 from tests.factories import make_user, make_world
 from tests.fleet.test_api import a_lease, adjustment
 

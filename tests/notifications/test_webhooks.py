@@ -11,9 +11,9 @@ from django.core import mail
 from django.db import connection
 from django.utils import timezone
 
-from broker import services as leasing
-from broker.choices import LeaseState
-from broker.models import Lease, LeaseEvent
+from leasing import services as leasing
+from leasing.choices import LeaseState
+from leasing.models import Lease, LeaseEvent
 from notifications import services
 from notifications.choices import DeliveryStatus
 from notifications.models import Delivery, Notification, NotificationPreference, OutboxCursor, WebhookEndpoint

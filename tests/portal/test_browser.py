@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from django.utils import timezone
 
-from broker.models import Allocation, Lease
+from leasing.models import Allocation, Lease
 from tests import real_parts
 from tests.agent.conftest import ROOT, free_port, wait_http
 from tests.broker.conftest import start_fleet, start_workers, stop_workers, wait_until
@@ -201,7 +201,7 @@ def test_browser_request_a_mig_slice_watch_it_turn_active_and_release_it(live_se
                                                                          fleet, prometheus):
     base = live_server.url
     # some work of both tenants on the fleet already, so that the map and the dashboard have something to show
-    from broker.services import lease_request
+    from leasing.services import lease_request
     from tenants.access import Actor
     from tenants.choices import Role
 
@@ -329,7 +329,7 @@ def test_browser_request_a_mig_slice_watch_it_turn_active_and_release_it(live_se
 
 @pytest.mark.usefixtures("_close_server_connections")
 def test_browser_viewer_cannot_request_and_another_tenant_gets_404(live_server, browser, portal_world):
-    from broker.services import lease_request
+    from leasing.services import lease_request
     from tenants.access import Actor
     from tenants.choices import Role
 
@@ -391,8 +391,8 @@ def test_browser_usage_invoice_and_billing_reports(live_server, browser, portal_
 
     from billing import services as billing
     from billing.models import AllocationUsage, Invoice, UtilisationUsage
-    from broker import services as leasing
-    from broker.choices import LeaseState
+    from leasing import services as leasing
+    from leasing.choices import LeaseState
     from tenants.access import Actor
     from tenants.choices import Role
 
@@ -459,9 +459,9 @@ def test_browser_usage_invoice_and_billing_reports(live_server, browser, portal_
 def test_browser_capacity_loop_staff_review_and_tenant_advice(live_server, browser, portal_world, fleet):
     """Staff see the pools with a warm instance made on a real agent and accept quota advice on
     /ops/capacity; the tenant's admin sees the advice on the dashboard and accepts a right-sizing on /advice."""
-    from broker.models import Gpu
     from fleet import services as fleet_services
     from fleet.models import Adjustment
+    from leasing.models import Gpu
     from tenants.models import Quota
 
     world = portal_world

@@ -8,8 +8,8 @@ from django.utils import timezone
 
 from billing import services as billing
 from billing.models import SpendCap
-from broker import services as leasing
-from broker.models import Allocation, Lease
+from leasing import services as leasing
+from leasing.models import Allocation, Lease
 from tests.portal.test_pages import field_error, fleet_node, lease_for, login, text
 
 PREVIEW = {"project": "vision", "gpu.kind": "whole", "gpu.model": "H100-80GB", "duration_seconds": "7200"}

@@ -14,9 +14,9 @@ from django.test import Client
 from django.utils import timezone
 
 from billing.models import PriceBook, PriceRate
-from broker import services as leasing
-from broker.choices import LeaseState
-from broker.models import Allocation, Gpu, Lease, Node
+from leasing import services as leasing
+from leasing.choices import LeaseState
+from leasing.models import Allocation, Gpu, Lease, Node
 from tenants.access import Actor
 from tenants.choices import Role
 from tenants.models import ApiToken, AuditEvent, Membership, Quota, SloContract, TenantQuota

@@ -11,7 +11,9 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 
-from broker.scheduler import (
+from gpus.catalogue import model_get
+from gpus.mig import MigPlacement, layout_problem, profile_get
+from leasing.scheduler import (
     Allocation,
     Decision,
     DecisionMode,
@@ -27,8 +29,6 @@ from broker.scheduler import (
     Unit,
     WarmInstance,
 )
-from gpus.catalogue import model_get
-from gpus.mig import MigPlacement, layout_problem, profile_get
 
 H100 = "H100-80GB"
 A100 = "A100-40GB"

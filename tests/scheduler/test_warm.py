@@ -11,7 +11,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from broker.scheduler import (
+from gpus.mig import MigPlacement, layout_problem, profile_get, profiles_for
+from leasing.scheduler import (
     Allocation,
     DecisionMode,
     Gpu,
@@ -25,9 +26,8 @@ from broker.scheduler import (
     WarmInstance,
     plan,
 )
-from broker.scheduler.placement import POLICIES
-from broker.scheduler.plan import Scheduler
-from gpus.mig import MigPlacement, layout_problem, profile_get, profiles_for
+from leasing.scheduler.placement import POLICIES
+from leasing.scheduler.plan import Scheduler
 from tests.scheduler.builders import (
     A100,
     H100,

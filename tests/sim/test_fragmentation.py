@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from broker.scheduler.placement import POLICIES
-from broker.sim.fragmentation import run_seed
+from leasing.scheduler.placement import POLICIES
+from leasing.sim.fragmentation import run_seed
 
 ROOT = Path(__file__).resolve().parents[2]
 OPENB = ROOT / "bench" / "traces" / "openb"
@@ -53,7 +53,7 @@ def test_fragmentation_cli_writes_json(small_trace, tmp_path):
     nodes, pods = small_trace
     out = tmp_path / "out.json"
     result = subprocess.run(
-        [sys.executable, "-m", "broker.sim", "fragmentation", "--nodes", str(nodes), "--pods", str(pods),
+        [sys.executable, "-m", "leasing.sim", "fragmentation", "--nodes", str(nodes), "--pods", str(pods),
          "--policy", "best-fit", "--seeds", "1-2", "--json", str(out)],
         cwd=ROOT, capture_output=True, text=True, timeout=300,
     )
@@ -66,6 +66,6 @@ def test_fragmentation_cli_writes_json(small_trace, tmp_path):
 
 
 def test_fragmentation_cli_refuses_missing_file(tmp_path):
-    result = subprocess.run([sys.executable, "-m", "broker.sim", "fragmentation", "--nodes", str(tmp_path / "x.csv")],
+    result = subprocess.run([sys.executable, "-m", "leasing.sim", "fragmentation", "--nodes", str(tmp_path / "x.csv")],
                             cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert result.returncode == 2 and "no such file" in result.stderr

@@ -1,12 +1,12 @@
-"""The quota replay (``broker.sim.quota``) on tiny synthetic traces: 2 projects, 16 GPUs (two nodes)."""
+"""The quota replay (``leasing.sim.quota``) on tiny synthetic traces: 2 projects, 16 GPUs (two nodes)."""
 
 import json
 import random
 
 import pytest
 
-from broker.sim import quota
-from broker.sim.philly import DEFAULT_TRACE, Job, Trace
+from leasing.sim import quota
+from leasing.sim.philly import DEFAULT_TRACE, Job, Trace
 
 PARTS = {"a": 8, "b": 8}
 

@@ -14,7 +14,7 @@ import pytest
 from django.contrib.auth import get_user_model
 from django.test import Client
 
-from broker import services as leasing
+from leasing import services as leasing
 from tenants import services
 from tenants.access import Actor
 from tenants.choices import Role

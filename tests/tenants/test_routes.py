@@ -25,7 +25,7 @@ from django.test import Client
 from django.urls import URLPattern, URLResolver, get_resolver
 
 from billing.models import Invoice
-from broker import services as leasing
+from leasing import services as leasing
 from notifications.models import WebhookEndpoint
 from tenants.access import Actor
 from tenants.choices import Role
@@ -66,13 +66,13 @@ ROUTES: dict[str, Route] = {
     "api-tokens": Route("api", "/api/v1/tokens", {"get": None, "post": {"name": "t", "scopes": ["read"]}}),
     "api-token": Route("api", "/api/v1/tokens/{id}", {"get": None, "delete": None}, obj="token"),
     "api-slo-contracts": Route("api", "/api/v1/slo-contracts", READ),
-    # -- leasing API (broker/api) ---------------------------------------------------------------------
+    # -- leasing API (leasing/api) ---------------------------------------------------------------------
     "api-leases": Route("api", "/api/v1/leases", {
         "get": None, "post": {"project": "vision", "gpu": {"kind": "mig", "profile": "1g.10gb"}}}),
     "api-lease": Route("api", "/api/v1/leases/{id}", {"get": None, "delete": None}, obj="lease"),
     "api-lease-renew": Route("api", "/api/v1/leases/{id}/renew", {"post": {"duration_seconds": 600}}, obj="lease"),
     "api-offers": Route("api", "/api/v1/offers", READ),
-    # a quote writes nothing (broker.api.permissions): a viewer and a read-only token may ask for one
+    # a quote writes nothing (leasing.api.permissions): a viewer and a read-only token may ask for one
     "api-quotes": Route("api", "/api/v1/quotes", {"post": {"project": "vision", "gpu": {"kind": "whole"}}},
                         viewer={"post": 200}, reads=frozenset({"post"})),
     "api-agent-enroll": Route("agent", "/api/v1/agents/enroll", {
@@ -380,7 +380,7 @@ def test_routes_nothing_changed_for_the_other_tenant(world, objects):
         _call(client, route.kind, method, _url(route, objects, "own"), route.methods[method])
     assert Membership.objects.get(user=world.member).role == Role.MEMBER
     assert ApiToken.objects.get(pk=objects["own"]["token"]).revoked_at is None
-    from broker.models import Lease
+    from leasing.models import Lease
 
     assert Lease.objects.get(pk=objects["own"]["lease"]).state == "queued"
     assert Project.objects.get(pk=world.project.pk).name == "Vision"

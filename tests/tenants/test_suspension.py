@@ -1,11 +1,11 @@
 """Suspension (docs/tenancy.md, "Suspension"): a suspended tenant reads and gives back, and starts nothing
 that costs money or grants access; read-only tokens write nothing, not even on their own user's things.
-The flow across the worker and the agents is in tests/broker/test_suspension_flow.py."""
+The flow across the worker and the agents is in tests/leasing/test_suspension_flow.py."""
 
 from django.test import Client
 
-from broker import services as leasing
-from broker.models import Lease, LeaseEvent
+from leasing import services as leasing
+from leasing.models import Lease, LeaseEvent
 from tenants import services
 from tenants.access import Actor
 from tenants.choices import Role
@@ -70,7 +70,7 @@ def test_suspension_still_allows_taking_access_away(world):
 
 
 def test_suspension_holds_queued_leases_until_reactivated(world):
-    from broker.selectors import lease_preview, lease_queue
+    from leasing.selectors import lease_preview, lease_queue
 
     lease = _lease(world)
     assert list(lease_queue()) == [lease]

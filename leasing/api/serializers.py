@@ -1,0 +1,273 @@
+from django.conf import settings
+from django.core.validators import MaxValueValidator, MinValueValidator
+from drf_spectacular.utils import extend_schema_field
+from rest_framework import serializers
+
+from gpus.catalogue import MODELS
+from gpus.mig import profiles_for
+from leasing.choices import GpuKind, GpuMode, WorkloadClass
+from leasing.models import Allocation, Lease, LeaseEvent
+from leasing.services import MAX_GPU_INDEX, MAX_GPU_MEMORY_MIB
+from tenants.api.serializers import StrictSerializer
+
+_GPU_PROPERTIES = {
+    "kind": {"type": "string", "enum": list(GpuKind.values)},
+    "count": {"type": "integer", "minimum": 1, "maximum": 64, "description": "GPUs or slices (default 1)"},
+    "model": {"type": "string", "description": 'a model code such as "H100-80GB", or "auto" (default)'},
+    "profile": {"type": "string", "description": 'MIG profile, required for kind "mig" (e.g. "1g.10gb")'},
+    "milli": {"type": "integer", "minimum": 1, "maximum": 999, "description": 'share of a GPU, kind "share"'},
+    "memory_mib": {"type": "integer", "minimum": 1, "maximum": 1 << 20},
+    "gang": {"type": "boolean", "description": "all count devices at once or none (default true)"},
+}
+GPU_OUTPUT_SCHEMA = {"type": "object", "properties": _GPU_PROPERTIES, "required": ["kind", "count", "model", "gang"]}
+
+
+def _gpu_shape(kind: str, description: str, required: tuple[str, ...] = (), **properties: dict) -> dict:
+    common = {name: _GPU_PROPERTIES[name] for name in ("count", "gang")}
+    return {"type": "object", "title": description, "additionalProperties": False,
+            "required": ["kind", *required],
+            "properties": {"kind": {"type": "string", "enum": [kind]}, **common, **properties}}
+
+
+def _gpu_request_schema() -> dict:
+    """The ``gpu`` object, one shape per kind (and per MIG model, whose profiles differ), exactly what
+    ``leasing.services._shape_from`` accepts, so a request valid by the document is never a 400."""
+    models = [code for model in MODELS for code in (model.code, *model.aliases)]
+    any_model = {"type": "string", "enum": ["auto", *models], "description": _GPU_PROPERTIES["model"]["description"]}
+    mig_models = [model.code for model in MODELS if profiles_for(model.code)]
+    every_profile = sorted({p.name for code in mig_models for p in profiles_for(code)})
+    shapes = [
+        _gpu_shape(GpuKind.WHOLE, "whole GPUs", model=any_model, memory_mib=_GPU_PROPERTIES["memory_mib"]),
+        _gpu_shape(GpuKind.SHARE, "a share of a GPU", ("milli", "memory_mib"), model=any_model,
+                   milli=_GPU_PROPERTIES["milli"], memory_mib=_GPU_PROPERTIES["memory_mib"]),
+        _gpu_shape(GpuKind.MIG, "MIG slices on any model that offers the profile", ("profile",),
+                   model={"type": "string", "enum": ["auto"]},
+                   profile={"type": "string", "enum": every_profile}),
+        *(_gpu_shape(GpuKind.MIG, f"MIG slices on {code}", ("model", "profile"),
+                     model={"type": "string", "enum": [code]},
+                     profile={"type": "string", "enum": [p.name for p in profiles_for(code)]})
+          for code in mig_models),
+    ]
+    return {"oneOf": shapes, "description": "what to lease: kind whole, share or mig"}
+
+
+GPU_REQUEST_SCHEMA = _gpu_request_schema()
+INVENTORY_SCHEMA = {
+    "type": "object", "required": ["gpus"], "description": "the GPUs the agent found (docs/agent-protocol.md)",
+    "properties": {"gpus": {"type": "array", "items": {
+        "type": "object", "required": ["uuid", "index", "model", "mode", "memory_mib"],
+        "properties": {"uuid": {"type": "string", "minLength": 1, "maxLength": 80},
+                       "index": {"type": "integer", "minimum": 0, "maximum": MAX_GPU_INDEX},
+                       "model": {"type": "string", "enum": [m.code for m in MODELS]},
+                       "mode": {"type": "string", "enum": list(GpuMode.values)},
+                       "memory_mib": {"type": "integer", "minimum": 1, "maximum": MAX_GPU_MEMORY_MIB}}}}},
+}
+
+
+@extend_schema_field(GPU_REQUEST_SCHEMA)
+class GpuRequestField(serializers.JSONField):
+    """The ``gpu`` object of a request; ``leasing.services`` validates it, naming ``gpu.<key>``."""
+
+
+@extend_schema_field(INVENTORY_SCHEMA)
+class InventoryField(serializers.JSONField):
+    """The ``inventory`` of an enrollment; ``leasing.services.node_inventory_sync`` validates each GPU."""
+
+
+class BoundedIntegerField(serializers.IntegerField):
+    """An integer whose documented bounds are the settings' at schema time, checked against the settings in
+    force at each request (tests and deployments change them), in the service's own words, so the API and
+    the portal say the same sentence for the same input."""
+
+    def __init__(self, *, bounds, message: str, **kwargs):
+        self._bounds, self._message = bounds, message
+        low, high = bounds()
+        super().__init__(min_value=low, max_value=high, **kwargs)
+        self.validators = [v for v in self.validators if not isinstance(v, MinValueValidator | MaxValueValidator)]
+
+    def to_internal_value(self, data):
+        value = super().to_internal_value(data)
+        low, high = self._bounds()
+        if not low <= value <= high:
+            raise serializers.ValidationError(self._message.format(low=low, high=high))
+        return value
+
+
+def _duration_bounds() -> tuple[int, int]:
+    return settings.LEASE_MIN_DURATION_SECONDS, settings.LEASE_MAX_DURATION_SECONDS
+
+
+def _duration_field(**kwargs) -> BoundedIntegerField:
+    return BoundedIntegerField(bounds=_duration_bounds, **kwargs,
+                               message="duration_seconds must be a whole number from {low} to {high}.")
+
+
+class LeaseCreateInput(StrictSerializer):
+    project = serializers.CharField(max_length=63, help_text="a project slug (unknown: 404)")
+    gpu = GpuRequestField(help_text='{"kind": "mig", "profile": "1g.10gb"} | {"kind": "whole", "count": 2, '
+                                          '"model": "H100-80GB"} | {"kind": "share", "milli": 250, "memory_mib": 8192}')
+    workload_class = serializers.ChoiceField(choices=WorkloadClass.choices, default=WorkloadClass.TRAINING)
+    priority = BoundedIntegerField(default=0, bounds=lambda: (-100, 100),
+                                   message="priority must be a whole number from {low} to {high}.")
+    duration_seconds = _duration_field(default=3600)
+
+
+class LeaseRenewInput(StrictSerializer):
+    duration_seconds = _duration_field()
+
+
+class DeviceOutput(serializers.ModelSerializer):
+    node = serializers.CharField(source="gpu.node.node_id")
+    gpu_uuid = serializers.CharField(source="gpu.uuid")
+    gpu_index = serializers.IntegerField(source="gpu.index")
+    model = serializers.CharField(source="tier")
+    instance_id = serializers.CharField()
+
+    class Meta:
+        model = Allocation
+        fields = ["instance_id", "node", "gpu_uuid", "gpu_index", "model", "kind", "mig_profile", "mig_start",
+                  "milli", "memory_mib", "state", "device_uuid", "gpu_instance_id", "access"]
+
+
+class EventOutput(serializers.ModelSerializer):
+    class Meta:
+        model = LeaseEvent
+        fields = ["at", "from_state", "to_state", "reason", "actor"]
+
+
+class LeaseOutput(serializers.ModelSerializer):
+    project = serializers.CharField(source="project.slug")
+    gpu = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Lease
+        fields = ["id", "project", "state", "reason", "queue_position", "gpu", "workload_class", "priority",
+                  "duration_seconds", "tier", "over_quota", "requested_at", "active_at", "ends_at",
+                  "notice_deadline", "finished_at"]
+
+    @extend_schema_field(GPU_OUTPUT_SCHEMA)
+    def get_gpu(self, obj) -> dict:
+        shape = {"kind": obj.kind, "count": obj.count, "model": obj.models_allowed[0] if obj.models_allowed else "auto",
+                 "gang": obj.gang}
+        if obj.profile:
+            shape["profile"] = obj.profile
+        if obj.milli:
+            shape["milli"] = obj.milli
+        if obj.memory_mib:
+            shape["memory_mib"] = obj.memory_mib
+        return shape
+
+    def to_representation(self, instance) -> dict:
+        """The fields above, written out: a ModelSerializer builds its fields anew for every instance, which
+        cost more than the rest of answering a lease request. The declared fields still describe the
+        schema; a test checks that this gives exactly what DRF's generic rendering gives."""
+        moment = _DATETIME.to_representation
+        return {
+            "id": instance.pk, "project": instance.project.slug, "state": str(instance.state),
+            "reason": instance.reason, "queue_position": instance.queue_position, "gpu": self.get_gpu(instance),
+            "workload_class": str(instance.workload_class), "priority": instance.priority,
+            "duration_seconds": instance.duration_seconds, "tier": instance.tier, "over_quota": instance.over_quota,
+            **{name: moment(value) if value is not None else None for name, value in (
+                ("requested_at", instance.requested_at), ("active_at", instance.active_at),
+                ("ends_at", instance.ends_at), ("notice_deadline", instance.notice_deadline),
+                ("finished_at", instance.finished_at))},
+        }
+
+
+_DATETIME = serializers.DateTimeField()  # DRF's own formatting of a moment (ISO 8601, UTC as "Z")
+
+
+class LeaseDetailOutput(LeaseOutput):
+    devices = serializers.SerializerMethodField()
+    events = EventOutput(many=True)
+
+    class Meta(LeaseOutput.Meta):
+        fields = [*LeaseOutput.Meta.fields, "devices", "events"]
+
+    def to_representation(self, instance) -> dict:
+        return serializers.ModelSerializer.to_representation(self, instance)  # devices and events too
+
+    @extend_schema_field(DeviceOutput(many=True))
+    def get_devices(self, obj) -> list:
+        live = [a for a in obj.allocations.all() if a.freed_at is None]
+        return DeviceOutput(live, many=True).data
+
+
+class EnrollInput(StrictSerializer):
+    node_id = serializers.RegexField(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
+    token = serializers.CharField(max_length=200, required=False, allow_blank=True)  # not when signed by the node
+    address = serializers.URLField(max_length=300)
+    hostname = serializers.CharField(max_length=255, required=False, allow_blank=True)
+    agent_version = serializers.CharField(max_length=32, required=False, allow_blank=True)
+    protocol = serializers.CharField(max_length=8, required=False)
+    inventory = InventoryField()
+
+
+class EnrolledOutput(serializers.Serializer):
+    node_id = serializers.CharField()
+    secret = serializers.CharField(help_text="the node's signing secret; shown once")
+    heartbeat_seconds = serializers.IntegerField()
+
+
+class HeartbeatOutput(serializers.Serializer):
+    heartbeat_seconds = serializers.IntegerField()
+
+
+class OfferListOutput(serializers.Serializer):
+    offers = serializers.ListField(child=serializers.DictField(), help_text="GPU models with free capacity and "
+                                   "the tenant's prices per hour")
+
+
+class QuotePriceOutput(serializers.Serializer):
+    currency = serializers.CharField()
+    per_hour = serializers.CharField(help_text="decimal, major units: the whole request (count included) per hour, "
+                                               "at the rate it would run at (over-quota, interactive)")
+    for_duration = serializers.CharField(help_text="decimal, major units: per_hour for duration_seconds")
+    for_duration_minor = serializers.IntegerField(help_text="the same in minor units (rounded once)")
+    duration_seconds = serializers.IntegerField()
+    formatted = serializers.CharField(help_text='e.g. "4.00 USD per hour, 8.00 USD for 2 h"')
+    description = serializers.CharField(help_text="what is priced, on which model, at which rate")
+    book = serializers.CharField(help_text="the price book it comes from")
+
+
+class QuoteBudgetOutput(serializers.Serializer):
+    outcome = serializers.ChoiceField(choices=["ok", "warn", "refuse"],
+                                      help_text="refuse: POST /leases would answer 402; warn: accepted with the "
+                                                "warning; ok: within every cap, or none is set")
+    message = serializers.CharField(allow_blank=True, help_text="the guard's own words (empty when ok)")
+    currency = serializers.CharField()
+    cap_scope = serializers.ChoiceField(choices=["tenant", "project"], allow_null=True,
+                                        help_text="the cap the figures are of: the refusing one, else the one "
+                                                  "with the least headroom; null when no cap applies")
+    cap_minor = serializers.IntegerField(allow_null=True)
+    spent_minor = serializers.IntegerField(allow_null=True, help_text="metered this month")
+    request_minor = serializers.IntegerField(allow_null=True, help_text="this request, within the month, at the "
+                                             "in-quota rate (as the request's guard counts it)")
+    forecast_minor = serializers.IntegerField(allow_null=True, help_text="spent + live leases + this request")
+
+
+class QuoteOutput(serializers.Serializer):
+    outcome = serializers.ChoiceField(choices=["fits", "reclaims", "waits"],
+                                      help_text="fits: placed at the next cycle; reclaims: placed once over-quota "
+                                                "work of others has had its preemption notice; waits: queued")
+    reason = serializers.CharField(help_text="the scheduler's reason, in the tenant's words")
+    project = serializers.CharField()
+    tier = serializers.CharField(allow_blank=True, help_text="the GPU model it would run on (when it waits: the "
+                                                             "first whose quota admits it now)")
+    gpu = serializers.SerializerMethodField()
+    units_milli = serializers.IntegerField(help_text="what it counts against the quota of tier")
+    over_quota = serializers.BooleanField()
+    preemption_risk = serializers.CharField(help_text="what over_quota means for this request, in a sentence")
+    preemption_notice_seconds = serializers.IntegerField(allow_null=True, help_text="the notice it would get "
+                                                         "before a preemption (over quota only)")
+    queue_position = serializers.IntegerField(allow_null=True)
+    expected_wait_seconds = serializers.IntegerField(
+        allow_null=True, help_text="0 when it fits; when it reclaims, the longest notice its victims are promised "
+                                   "(at most); null when it waits: not predicted (docs/leasing.md)")
+    price = QuotePriceOutput(allow_null=True)
+    price_unavailable_reason = serializers.CharField(allow_null=True, help_text="why price is null")
+    budget = QuoteBudgetOutput()
+
+    @extend_schema_field(GPU_OUTPUT_SCHEMA)
+    def get_gpu(self, obj) -> dict:
+        return obj.gpu

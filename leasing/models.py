@@ -1,0 +1,223 @@
+"""Leasing data: nodes and their GPUs, leases, the allocations that hold capacity, and lease events.
+
+Rules the database keeps (migrations 0001/0002), whatever the code does:
+- two live allocations never overlap on a GPU: an exclusion constraint over (GPU, MIG memory slots) for
+  whole GPUs (slots 0-8) and MIG slices; a constraint trigger for shares (Σ milli ≤ 1000 and Σ memory ≤
+  the GPU's memory among live shares of a GPU, the GPU row locked so racing writers serialise);
+- a lease's state is one of ``LeaseState`` and an idempotency key is unique per tenant;
+- ``LeaseEvent`` rows are append-only (the billing and SLO authority).
+"""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.contrib.postgres.constraints import ExclusionConstraint
+from django.contrib.postgres.fields import ArrayField, IntegerRangeField, RangeOperators
+from django.db import models
+from django.db.models import Q
+from django.utils import timezone
+
+from leasing.choices import AllocationState, GpuKind, GpuMode, LeaseState, NodeStatus, WorkloadClass
+
+
+class Node(models.Model):
+    """An enrolled agent. ``secret`` signs every request both ways (it must be readable to sign, so it
+    is stored as given; the database is the broker's trust boundary)."""
+
+    tenant_lookup = None  # platform data: never shown to tenants through restrict()
+
+    node_id = models.CharField(max_length=100, unique=True)
+    pool = models.CharField(max_length=63, default="default")
+    address = models.URLField(max_length=300)
+    hostname = models.CharField(max_length=255, blank=True)
+    secret = models.CharField(max_length=128)
+    agent_version = models.CharField(max_length=32, blank=True)
+    status = models.CharField(max_length=16, choices=NodeStatus.choices, default=NodeStatus.READY)
+    cordoned = models.BooleanField(default=False)
+    enrolled_at = models.DateTimeField(default=timezone.now)
+    last_heartbeat_at = models.DateTimeField(null=True, blank=True)
+    silent_since = models.DateTimeField(null=True, blank=True)  # when the broker took it out for silence
+    # staff let the next token enrollment of this node id through once (``node_reenroll_approve``)
+    reenroll_approved_at = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return self.node_id
+
+
+class AgentNonce(models.Model):
+    """A nonce of a signed agent request, kept until its timestamp can no longer pass the window. The
+    unique (node, nonce) makes a replay fail in every web process (``INSERT ... ON CONFLICT DO NOTHING``
+    inserts nothing the second time); ``nodes_check_heartbeats`` prunes expired rows."""
+
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="+")
+    nonce = models.CharField(max_length=64)
+    expires_at = models.DateTimeField(db_index=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["node", "nonce"], name="agentnonce_unique_per_node")]
+
+    def __str__(self) -> str:
+        return f"nonce {self.nonce} of node {self.node_id}"
+
+
+class EnrollmentToken(models.Model):
+    """A token an agent (or a fleet of them) trades for a node secret; ``uses_left`` enrollments."""
+
+    prefix = models.CharField(max_length=16, unique=True)
+    secret_hash = models.CharField(max_length=64, unique=True)
+    pool = models.CharField(max_length=63, default="default")
+    uses_left = models.PositiveIntegerField(default=1)
+    expires_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    def __str__(self) -> str:
+        return f"enrollment token {self.prefix}"
+
+
+class Gpu(models.Model):
+    """One physical GPU of a node, as its agent reported it. ``model`` is the tier (catalogue code)."""
+
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="gpus")
+    uuid = models.CharField(max_length=80, unique=True)
+    index = models.PositiveSmallIntegerField()
+    model = models.CharField(max_length=32)
+    mode = models.CharField(max_length=8, choices=GpuMode.choices)
+    memory_mib = models.PositiveIntegerField()
+    nvlink_domain = models.CharField(max_length=63, blank=True)
+    lost_at = models.DateTimeField(null=True, blank=True)
+    # staff released it from its node (``gpu_release``): the next node that reports it may claim it.
+    # Until then a GPU belongs to the node that enrolled it, whatever another node reports.
+    released_at = models.DateTimeField(null=True, blank=True)
+    # the capacity loop (fleet app) is changing its mode: closed to the scheduler until ``mode`` is this
+    mode_target = models.CharField(max_length=8, choices=GpuMode.choices, blank=True)
+    mode_since = models.DateTimeField(null=True, blank=True)  # when it entered ``mode`` (rebalancing hysteresis)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["node", "index"], name="gpu_unique_index_per_node")]
+
+    def __str__(self) -> str:
+        return f"{self.node.node_id}/{self.index} ({self.model}, {self.mode})"
+
+
+class Lease(models.Model):
+    """A tenant's request for GPU capacity and its life (docs/architecture.md §4). The shape is what was asked;
+    ``tier`` and the allocations are what the scheduler gave."""
+
+    tenant_lookup = "tenant"
+
+    tenant = models.ForeignKey("tenants.Tenant", on_delete=models.PROTECT, related_name="leases")
+    project = models.ForeignKey("tenants.Project", on_delete=models.PROTECT, related_name="leases")
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL,
+                                   related_name="+")
+    state = models.CharField(max_length=16, choices=LeaseState.choices, default=LeaseState.REQUESTED)
+    reason = models.TextField(blank=True)
+    # shape
+    kind = models.CharField(max_length=8, choices=GpuKind.choices)
+    count = models.PositiveSmallIntegerField(default=1)
+    models_allowed = ArrayField(models.CharField(max_length=32), default=list, blank=True)  # empty: auto
+    profile = models.CharField(max_length=32, blank=True)  # MIG profile name, e.g. "1g.10gb"
+    milli = models.PositiveIntegerField(default=0)  # share
+    memory_mib = models.PositiveIntegerField(default=0)  # share cap, or "auto" memory need
+    gang = models.BooleanField(default=True)
+    workload_class = models.CharField(max_length=16, choices=WorkloadClass.choices, default=WorkloadClass.TRAINING)
+    priority = models.SmallIntegerField(default=0)
+    duration_seconds = models.PositiveIntegerField()
+    # outcome
+    tier = models.CharField(max_length=32, blank=True)
+    over_quota = models.BooleanField(default=False)
+    queue_position = models.PositiveIntegerField(null=True, blank=True)
+    requested_at = models.DateTimeField(default=timezone.now)
+    queued_at = models.DateTimeField(null=True, blank=True)  # last time it (re)entered the queue
+    active_at = models.DateTimeField(null=True, blank=True)
+    ends_at = models.DateTimeField(null=True, blank=True)
+    notice_deadline = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    idempotency_key = models.CharField(max_length=200, blank=True)
+    request_hash = models.CharField(max_length=64, blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["tenant", "idempotency_key"], condition=~Q(idempotency_key=""),
+                                    name="lease_idempotency_key_unique"),
+            models.CheckConstraint(condition=Q(state__in=LeaseState.values), name="lease_state_valid"),
+            models.CheckConstraint(condition=Q(count__gte=1), name="lease_count_positive"),
+        ]
+        indexes = [models.Index(fields=["state", "requested_at"]), models.Index(fields=["tenant", "state"])]
+
+    def __str__(self) -> str:
+        return f"lease {self.pk} ({self.state})"
+
+
+class Allocation(models.Model):
+    """Capacity one lease holds on one GPU (one unit of its shape). Its id is the agent's instance id.
+
+    A **warm** allocation (``lease`` empty, state PENDING while the agent creates it, then WARM) is a
+    pre-created MIG instance of a warm pool (docs/capacity.md): the platform's capacity, which the same
+    exclusion constraint keeps apart from every lease's. A schedule cycle binds it to a lease by a
+    conditional update (``lease`` set, state READY, ``bound_at``) with no agent call; its agent instance id
+    does not change, so its metrics follow it to the lease."""
+
+    tenant_lookup = "lease__tenant"
+
+    lease = models.ForeignKey(Lease, on_delete=models.PROTECT, related_name="allocations", null=True, blank=True)
+    gpu = models.ForeignKey(Gpu, on_delete=models.PROTECT, related_name="allocations")
+    tier = models.CharField(max_length=32)
+    kind = models.CharField(max_length=8, choices=GpuKind.choices)
+    mig_profile = models.CharField(max_length=32, blank=True)
+    mig_start = models.SmallIntegerField(null=True, blank=True)
+    slots = IntegerRangeField()  # MIG memory slots [start, start+size); whole: [0, 8); share: empty
+    milli = models.PositiveIntegerField()  # quota units held
+    memory_mib = models.PositiveIntegerField()
+    preemptible = models.BooleanField(default=False)
+    state = models.CharField(max_length=12, choices=AllocationState.choices, default=AllocationState.PENDING)
+    device_uuid = models.CharField(max_length=80, blank=True)
+    gpu_instance_id = models.PositiveSmallIntegerField(null=True, blank=True)
+    access = models.JSONField(default=dict, blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+    ready_at = models.DateTimeField(null=True, blank=True)
+    freed_at = models.DateTimeField(null=True, blank=True)
+    warm_at = models.DateTimeField(null=True, blank=True)  # a warm pool member from then (ready on its node)
+    bound_at = models.DateTimeField(null=True, blank=True)  # a warm member bound to ``lease`` then
+
+    class Meta:
+        constraints = [
+            models.CheckConstraint(condition=Q(lease__isnull=False) | Q(kind="mig"),
+                                   name="allocation_without_lease_is_warm_mig"),
+            ExclusionConstraint(
+                name="allocation_no_overlap_on_gpu",
+                expressions=[("gpu", RangeOperators.EQUAL), ("slots", RangeOperators.OVERLAPS)],
+                condition=Q(freed_at__isnull=True),
+            ),
+            models.CheckConstraint(condition=Q(milli__lte=1000), name="allocation_milli_at_most_one_gpu"),
+            models.CheckConstraint(
+                condition=Q(state=AllocationState.FREED, freed_at__isnull=False)
+                | (~Q(state=AllocationState.FREED) & Q(freed_at__isnull=True)),
+                name="allocation_freed_iff_freed_at"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.instance_id} on {self.gpu_id}"
+
+    @property
+    def instance_id(self) -> str:
+        return f"alloc-{self.pk}"
+
+
+class LeaseEvent(models.Model):
+    """One transition of a lease, written in the same transaction as the change. Append-only."""
+
+    tenant_lookup = "lease__tenant"
+
+    lease = models.ForeignKey(Lease, on_delete=models.PROTECT, related_name="events")
+    from_state = models.CharField(max_length=16, blank=True)
+    to_state = models.CharField(max_length=16)
+    reason = models.TextField(blank=True)
+    actor = models.CharField(max_length=150)  # "user:alice", "scheduler", "worker", "agent:gpu-node-01"
+    at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        indexes = [models.Index(fields=["lease", "at"])]
+        ordering = ["at", "pk"]
+
+    def __str__(self) -> str:
+        return f"lease {self.lease_id}: {self.from_state or '-'} -> {self.to_state}"

@@ -1,0 +1,538 @@
+"""Placement policies behind one interface, and the search that applies them.
+
+A policy scores a candidate placement of one request on one node (lower is better). The search
+evaluates each distinct node state once (``ClusterState.by_signature``) and memoises scores by
+(node signature, request shape), so a policy is pure in the node's free capacity. Ties break on the
+node id, so runs are deterministic for a given seed.
+
+Policies: ``random``, ``best-fit``, ``dot-product``, ``packing``, ``fgd`` (fragmentation gradient
+descent, Weng et al., USENIX ATC 2023, as published) and ``default`` (ours; see ``docs/scheduling.md``).
+"""
+
+from __future__ import annotations
+
+import heapq
+import random as _random
+from dataclasses import dataclass
+
+from gpus.catalogue import model_get
+from gpus.mig import COMPUTE_SLICES, MigProfile, profile_get
+from leasing.scheduler.state import FULL, ClusterState, GpuState, NodeState
+from leasing.scheduler.types import Kind, Shape, Unit
+
+
+@dataclass(frozen=True, slots=True)
+class Need:
+    """A request shape resolved to one GPU model: what each unit takes."""
+
+    kind: Kind
+    count: int  # 0: no GPU at all (CPU-only work, as in the openb trace)
+    models: tuple[str, ...]  # allowed GPU models; empty: any
+    milli: int  # per unit, quota units
+    memory_mib: int  # per unit
+    profile: MigProfile | None
+    gang: bool
+    cpu_milli: int
+    host_memory_mib: int
+
+    @property
+    def total_milli(self) -> int:
+        return self.milli * self.count
+
+    def allows(self, model: str) -> bool:
+        return not self.models or model in self.models
+
+    def key(self) -> tuple:
+        return (self.kind, self.count, self.models, self.milli, self.memory_mib,
+                self.profile.name if self.profile else "", self.gang, self.cpu_milli, self.host_memory_mib)
+
+
+def need_for(shape: Shape, model: str) -> Need | None:
+    """Resolve ``shape`` on ``model``; None when the model cannot serve it at all."""
+    gpu_model = model_get(model)
+    if shape.kind == Kind.WHOLE:
+        if shape.memory_mib and gpu_model.memory_mib < shape.memory_mib:
+            return None
+        return Need(Kind.WHOLE, shape.count, (model,), FULL, gpu_model.memory_mib, None, shape.gang,
+                    shape.cpu_milli, shape.host_memory_mib)
+    if shape.kind == Kind.SHARE:
+        if shape.memory_mib > gpu_model.memory_mib or not 0 < shape.milli <= FULL:
+            return None
+        return Need(Kind.SHARE, shape.count, (model,), shape.milli, shape.memory_mib, None, shape.gang,
+                    shape.cpu_milli, shape.host_memory_mib)
+    # MIG: a full profile name on that model, or a compute size ("3g") for auto
+    try:
+        profile = profile_get(model, shape.profile)
+    except KeyError:
+        from gpus.mig import profiles_for
+
+        sized = [p for p in profiles_for(model) if p.name.split(".")[0] == shape.profile
+                 and not p.shape.media_extensions and p.memory_mib >= shape.memory_mib]
+        if not sized:
+            return None
+        profile = min(sized, key=lambda p: p.memory_mib)
+    if shape.memory_mib and profile.memory_mib < shape.memory_mib:
+        return None
+    return Need(Kind.MIG, shape.count, (model,), profile.gpu_milli, profile.memory_mib, profile, shape.gang,
+                shape.cpu_milli, shape.host_memory_mib)
+
+
+# -- candidate units on one node -------------------------------------------------------------------
+
+
+def node_accepts(node: NodeState, need: Need) -> bool:
+    """Whether ``node`` takes work of ``need`` at all: not cordoned, and its host CPU and memory free."""
+    if node.node.cordoned:
+        return False
+    if node.node.cpu_milli and node.free_cpu_milli < need.cpu_milli:
+        return False
+    return not (node.node.memory_mib and node.free_memory_mib < need.host_memory_mib)
+
+
+def gpu_options(gpu: GpuState, need: Need) -> list[Unit]:
+    """Every distinct way one unit of ``need`` fits on ``gpu``."""
+    if not need.allows(gpu.gpu.model):
+        return []
+    if need.kind == Kind.WHOLE:
+        return [Unit(gpu.gpu.id, FULL, gpu.memory_mib)] if gpu.fits_whole() else []
+    if need.kind == Kind.SHARE:
+        if gpu.fits_share(need.milli, need.memory_mib):
+            return [Unit(gpu.gpu.id, need.milli, need.memory_mib)]
+        return []
+    assert need.profile is not None
+    return [Unit(gpu.gpu.id, need.milli, need.memory_mib, need.profile.name, start)
+            for start in gpu.mig_starts(need.profile)]
+
+
+class Policy:
+    """Base class: subclasses implement ``score`` (lower is better) and may override unit choice."""
+
+    name = "base"
+    uses_random = False
+
+    def __init__(self, *, seed: int = 0, workload: list[tuple[Need, float]] | None = None):
+        self.rng = _random.Random(seed)
+        self.workload = list(workload or [])  # a copy: later changes by the caller do not leak in
+        self._demand: dict[str, list[tuple[MigProfile, float]]] = {}
+
+    # How a node's units are chosen for a multi-unit need: by default tightest GPUs first.
+    def unit_order(self, gpu: GpuState, unit: Unit) -> tuple:
+        return (gpu.free_milli, unit.mig_start, gpu.gpu.index)
+
+    def node_options(self, node: NodeState, need: Need) -> list[tuple[Unit, ...]]:
+        """Candidate unit sets on one node (one per distinct GPU choice for single units)."""
+        if not node_accepts(node, need):
+            return []
+        if need.count == 0:
+            return [()] if not node.gpus or not need.models or not node.models.isdisjoint(need.models) else []
+        per_gpu = [(gpu, gpu_options(gpu, need)) for gpu in node.gpus]
+        per_gpu = [(gpu, units) for gpu, units in per_gpu if units]
+        if need.count == 1:
+            options: list[tuple[Unit, ...]] = []
+            seen: set[tuple] = set()
+            for gpu, units in per_gpu:
+                for unit in units:
+                    key = (gpu.signature(), unit.mig_start)
+                    if key not in seen:
+                        seen.add(key)
+                        options.append((unit,))
+            return options
+        if need.kind == Kind.MIG:
+            return self._multi_mig(per_gpu, need)
+        ranked = sorted(per_gpu, key=lambda item: self.unit_order(item[0], item[1][0]))
+        if len(ranked) < need.count:
+            return []
+        # Prefer one NVLink domain when the node has several.
+        domains: dict[str, list] = {}
+        for gpu, units in ranked:
+            domains.setdefault(gpu.gpu.nvlink_domain, []).append(units[0])
+        for units in domains.values():
+            if len(units) >= need.count:
+                return [tuple(units[: need.count])]
+        return [tuple(units[0] for _, units in ranked[: need.count])]
+
+    def _multi_mig(self, per_gpu, need: Need) -> list[tuple[Unit, ...]]:
+        chosen: list[Unit] = []
+        for gpu, _ in sorted(per_gpu, key=lambda item: self.unit_order(item[0], item[1][0])):
+            slots = gpu.slot_mask
+            compute = gpu.compute_used
+            profile = need.profile
+            assert profile is not None
+            width = (1 << profile.memory_slots) - 1
+            media = gpu.media_used
+            for start in profile.starts:
+                if len(chosen) == need.count:
+                    break
+                if compute + profile.compute_slices > COMPUTE_SLICES:
+                    break
+                if profile.shape.media_extensions and media:
+                    break  # at most one +me instance per GPU
+                if not (slots >> start) & width:
+                    slots |= width << start
+                    compute += profile.compute_slices
+                    media += int(profile.shape.media_extensions)
+                    chosen.append(Unit(gpu.gpu.id, need.milli, need.memory_mib, profile.name, start))
+            if len(chosen) == need.count:
+                return [tuple(chosen)]
+        return []
+
+    def score(self, cluster: ClusterState, node: NodeState, units: tuple[Unit, ...], need: Need) -> float:
+        raise NotImplementedError
+
+
+def _after(node: NodeState, units: tuple[Unit, ...]) -> list[int]:
+    """Free milli per GPU of ``node`` after placing ``units``."""
+    taken: dict[str, int] = {}
+    for unit in units:
+        taken[unit.gpu] = taken.get(unit.gpu, 0) + unit.milli
+    return [gpu.free_milli - taken.get(gpu.gpu.id, 0) for gpu in node.gpus]
+
+
+class RandomPolicy(Policy):
+    name = "random"
+    uses_random = True
+
+    def score(self, cluster, node, units, need):
+        return 0.0
+
+
+class BestFitPolicy(Policy):
+    """The node left with the least free capacity (GPU and CPU, normalised) after placement."""
+
+    name = "best-fit"
+
+    def score(self, cluster, node, units, need):
+        gpu_total = FULL * max(1, len(node.gpus))
+        score = sum(_after(node, units)) / gpu_total
+        if node.node.cpu_milli:
+            score += (node.free_cpu_milli - need.cpu_milli) / node.node.cpu_milli
+        return score
+
+
+class DotProductPolicy(Policy):
+    """The node whose free (CPU, GPU) vector is most aligned with the request's (largest dot product)."""
+
+    name = "dot-product"
+
+    def score(self, cluster, node, units, need):
+        gpu_total = FULL * max(1, len(node.gpus))
+        dot = (need.total_milli / gpu_total) * (node.free_milli / gpu_total)
+        if node.node.cpu_milli:
+            dot += (need.cpu_milli / node.node.cpu_milli) * (node.free_cpu_milli / node.node.cpu_milli)
+        return -dot
+
+
+class PackingPolicy(Policy):
+    """GPU packing: shares go to partly used GPUs first, then to nodes already in use, then idle ones."""
+
+    name = "packing"
+
+    def score(self, cluster, node, units, need):
+        gpus = {gpu.gpu.id: gpu for gpu in node.gpus}
+        partly = any(FULL - gpus[u.gpu].free_milli > 0 for u in units)
+        node_used = any(gpu.free_milli < FULL for gpu in node.gpus)
+        tier = 0 if partly else (1 if node_used else 2)
+        return tier * 10 + BestFitPolicy.score(self, cluster, node, units, need)
+
+
+def workload_from_needs(needs: list[Need], coverage: float = 0.95) -> list[tuple[Need, float]]:
+    """FGD's "typical" shapes: the most frequent needs that together cover ``coverage`` of them."""
+    counts: dict[tuple, tuple[Need, int]] = {}
+    for need in needs:
+        # FGD's shape: (CPU, GPU count, GPU milli, GPU model); host memory does not split shapes
+        need = Need(need.kind, need.count, need.models, need.milli, need.memory_mib, need.profile, need.gang,
+                    need.cpu_milli, 0)
+        key = need.key()
+        counts[key] = (need, counts.get(key, (need, 0))[1] + 1)
+    ranked = sorted(counts.values(), key=lambda item: (-item[1], item[0].key()))
+    total = len(needs)
+    out: list[tuple[Need, float]] = []
+    covered = 0
+    for need, count in ranked:
+        out.append((need, count / total))
+        covered += count
+        if covered >= coverage * total:
+            break
+    return out
+
+
+def node_fragmentation(node: NodeState, free: list[int], free_cpu: int, workload: list[tuple[Need, float]],
+                       gpus: list[GpuState] | None = None) -> float:
+    """Expected GPU capacity (milli) of ``node`` that the typical workload cannot use (FGD's measure).
+
+    ``free`` is the free milli per GPU (in ``node.gpus`` order), ``free_cpu`` the free CPU. For each
+    typical need m: if m cannot run on the node at all (model, CPU, too few GPUs) or needs no GPU, all
+    free GPU capacity is a fragment; otherwise the free capacity of the GPUs too small for m is.
+    """
+    total_free = sum(free)
+    if total_free == 0:
+        return 0.0
+    model = node.gpus[0].gpu.model if node.gpus else ""
+    result = 0.0
+    for need, probability in workload:
+        if need.total_milli == 0 or not need.allows(model) or (
+            node.node.cpu_milli and free_cpu < need.cpu_milli
+        ):
+            result += probability * total_free
+            continue
+        if need.kind == Kind.SHARE or (need.kind == Kind.WHOLE and need.count == 1):
+            small = sum(f for f in free if f < need.milli)
+            if need.kind == Kind.WHOLE:
+                small = sum(f for f in free if f < FULL)
+            result += probability * (total_free if small == total_free else small)
+        elif need.kind == Kind.WHOLE:
+            whole_free = sum(1 for f in free if f == FULL)
+            if whole_free < need.count:
+                result += probability * total_free
+            else:
+                result += probability * sum(f for f in free if f < FULL)
+        else:  # MIG: a GPU is a fragment for m when m has no free start on it
+            frag = 0
+            for gpu, f in zip(gpus or node.gpus, free, strict=False):
+                if f and not gpu.mig_starts(need.profile):  # type: ignore[arg-type]
+                    frag += f
+            result += probability * frag
+    return result
+
+
+class FgdPolicy(Policy):
+    """Fragmentation gradient descent: the placement that least increases the node's fragmentation."""
+
+    name = "fgd"
+
+    def score(self, cluster, node, units, need):
+        before = node_fragmentation(node, [g.free_milli for g in node.gpus], node.free_cpu_milli, self.workload)
+        after = node_fragmentation(node, _after(node, units), node.free_cpu_milli - need.cpu_milli, self.workload)
+        return after - before
+
+
+def node_stranding(node: NodeState, free: list[int], free_cpu: int, free_memory: int,
+                   workload: list[tuple[Need, float]], *, host_weight: float = 0.25) -> float:
+    """Expected GPU capacity (milli) of a node that the typical workload could *not* consume if it kept
+    arriving. For each typical need m: all free GPU when m cannot run there at all (model, CPU, memory,
+    or m needs no GPU); otherwise the free GPU minus what as many copies of m as the free GPUs hold would
+    take (an 810-milli share leaves 190 of a GPU behind), plus ``host_weight`` times the GPU capacity of
+    the copies that the free CPU / host memory could not feed (GPUs stranded behind exhausted CPU).
+
+    ``host_weight`` 0.25 was chosen on the openb traces (docs/scheduling.md): 1.0 over-weights CPU
+    stranding where multi-GPU tasks dominate, 0 ignores it where CPU-heavy shares dominate."""
+    total_free = sum(free)
+    if total_free == 0:
+        return 0.0
+    result = 0.0
+    tracks_cpu, tracks_memory = bool(node.node.cpu_milli), bool(node.node.memory_mib)
+    for need, probability in workload:
+        usable = [f for gpu, f in zip(node.gpus, free, strict=True) if need.allows(gpu.gpu.model)]
+        if (need.total_milli == 0 or not usable or (tracks_cpu and free_cpu < need.cpu_milli)
+                or (tracks_memory and free_memory < need.host_memory_mib)):
+            result += probability * total_free
+            continue
+        if need.kind == Kind.WHOLE:
+            copies_gpu = sum(1 for f in usable if f == FULL) // need.count
+        else:
+            copies_gpu = sum(f // need.milli for f in usable)
+        copies_host = min(
+            free_cpu // need.cpu_milli if tracks_cpu and need.cpu_milli else copies_gpu,
+            free_memory // need.host_memory_mib if tracks_memory and need.host_memory_mib else copies_gpu,
+        )
+        unfed = max(0, copies_gpu - copies_host)
+        result += probability * (total_free - copies_gpu * need.total_milli + host_weight * unfed * need.total_milli)
+    return result
+
+
+def mig_copies(slot_mask: int, compute_used: int, profile: MigProfile) -> int:
+    """How many more instances of ``profile`` fit a MIG GPU with this layout (lowest starts first, which
+    is optimal for one profile: its starts are aligned to its size)."""
+    count = 0
+    width = (1 << profile.memory_slots) - 1
+    for start in profile.starts:
+        if compute_used + profile.compute_slices > COMPUTE_SLICES:
+            break
+        if not (slot_mask >> start) & width:
+            slot_mask |= width << start
+            compute_used += profile.compute_slices
+            count += 1
+    return count
+
+
+def mig_stranding(slot_mask: int, compute_used: int, demand: list[tuple[MigProfile, float]]) -> float:
+    """Expected compute (milli) of one MIG GPU that the MIG demand could not use."""
+    free = (COMPUTE_SLICES - compute_used) * FULL // COMPUTE_SLICES
+    result = 0.0
+    for profile, probability in demand:
+        result += probability * (free - mig_copies(slot_mask, compute_used, profile) * profile.gpu_milli)
+    return result
+
+
+def mig_demand(model: str, workload: list[tuple[Need, float]]) -> list[tuple[MigProfile, float]]:
+    """The MIG profiles in demand on ``model`` with normalised probabilities; with no history, every
+    profile of the model (but +me) equally likely."""
+    demand = [(n.profile, p) for n, p in workload
+              if n.kind == Kind.MIG and n.profile is not None and n.profile.model == model]
+    if not demand:
+        from gpus.mig import profiles_for
+
+        offered = [p for p in profiles_for(model) if not p.shape.media_extensions]
+        demand = [(p, 1.0) for p in offered]
+    total = sum(p for _, p in demand)
+    return [(profile, p / total) for profile, p in demand]
+
+
+class DefaultPolicy(Policy):
+    """Ours: minimise the increase of the node's *stranded* capacity (``node_stranding``): FGD's idea,
+    measured by how many copies of each typical need the node could still take given its free GPU,
+    CPU and memory together; best-fit breaks ties, which keeps empty nodes for large gangs. For MIG, the
+    same measure per GPU over its slot layout picks start slots that keep larger profiles possible
+    (a 3g goes to slot 4 so that a 4g can still start at 0)."""
+
+    name = "default"
+    best_fit_weight = 1.0
+
+    def score(self, cluster, node, units, need):
+        if need.kind == Kind.MIG:
+            return self._mig_score(node, units) + self.best_fit_weight * BestFitPolicy.score(
+                self, cluster, node, units, need)
+        before = node_stranding(node, [g.free_milli for g in node.gpus], node.free_cpu_milli,
+                                node.free_memory_mib, self.workload)
+        after = node_stranding(node, _after(node, units), node.free_cpu_milli - need.cpu_milli,
+                               node.free_memory_mib - need.host_memory_mib, self.workload)
+        return (after - before) + self.best_fit_weight * BestFitPolicy.score(self, cluster, node, units, need)
+
+    def _mig_score(self, node: NodeState, units: tuple[Unit, ...]) -> float:
+        gpus = {gpu.gpu.id: gpu for gpu in node.gpus}
+        layout: dict[str, list[int]] = {}
+        for unit in units:
+            gpu = gpus[unit.gpu]
+            mask, compute = layout.get(unit.gpu, [gpu.slot_mask, gpu.compute_used])
+            profile = profile_get(gpu.gpu.model, unit.mig_profile)
+            layout[unit.gpu] = [mask | (((1 << profile.memory_slots) - 1) << unit.mig_start),
+                                compute + profile.compute_slices]
+        delta = 0.0
+        for gpu_id, (mask, compute) in layout.items():
+            gpu = gpus[gpu_id]
+            demand = self._demand.get(gpu.gpu.model)
+            if demand is None:  # the workload is fixed for the policy's life
+                demand = self._demand[gpu.gpu.model] = mig_demand(gpu.gpu.model, self.workload)
+            delta += mig_stranding(mask, compute, demand) - mig_stranding(gpu.slot_mask, gpu.compute_used, demand)
+        return delta
+
+
+POLICIES: dict[str, type[Policy]] = {
+    policy.name: policy
+    for policy in (RandomPolicy, BestFitPolicy, DotProductPolicy, PackingPolicy, FgdPolicy, DefaultPolicy)
+}
+
+
+def policy_get(name: str, **kwargs) -> Policy:
+    try:
+        return POLICIES[name](**kwargs)
+    except KeyError:
+        raise KeyError(f"unknown policy {name!r}; known: {', '.join(POLICIES)}") from None
+
+
+# -- search ------------------------------------------------------------------------------------------
+
+
+class Placer:
+    """Finds the best node and units for a need under a policy, one evaluation per node signature."""
+
+    def __init__(self, cluster: ClusterState, policy: Policy):
+        self.cluster = cluster
+        self.policy = policy
+        self._memo: dict[tuple, tuple[float, tuple] | None] = {}
+        # per need: a heap of (score, node signature, units) and how far into the signature log it is
+        self._heaps: dict[tuple, list] = {}
+        self._generation = cluster.log_generation
+
+    def _best_on_signature(self, node: NodeState, signature: tuple, need: Need):
+        key = (signature, need.key())
+        if key in self._memo:
+            return self._memo[key]
+        best = None
+        for units in self.policy.node_options(node, need):
+            score = self.policy.score(self.cluster, node, units, need)
+            if best is None or score < best[0]:
+                best = (score, units)
+        if best is not None:
+            best = (best[0], _relative(node, best[1]))
+        self._memo[key] = best
+        return best
+
+    def find(self, need: Need) -> tuple[str, tuple[Unit, ...]] | None:
+        """The chosen node and units, or None when nothing fits."""
+        if self.policy.uses_random:
+            return self._find_random(need)
+        cluster = self.cluster
+        if cluster.log_generation != self._generation:  # the log was compacted: rebuild from live states
+            self._heaps.clear()
+            self._generation = cluster.log_generation
+        key = need.key()
+        entry = self._heaps.get(key)
+        if entry is None:
+            entry = self._heaps[key] = [[], 0]
+        heap, position = entry
+        log = cluster.signature_log
+        # catch up with node states that appeared since this need was last placed
+        for signature in log[position:]:
+            members = cluster.by_signature.get(signature)
+            if not members:
+                continue
+            sample = cluster.nodes[next(iter(members))]
+            if need.models and sample.models.isdisjoint(need.models):
+                continue
+            best = self._best_on_signature(sample, signature, need)
+            if best is not None:
+                # scores are sums of float terms: round so that equal placements tie exactly
+                heapq.heappush(heap, (round(best[0], 6), min(members), signature, best[1]))
+        entry[1] = len(log)
+        # the best state that still has nodes, ties broken on the lowest node id; entries whose state has
+        # no nodes any more are dropped, and those whose lowest node id rose are re-ranked
+        while heap:
+            score, lowest, signature, relative = heap[0]
+            members = cluster.by_signature.get(signature)
+            if not members:
+                heapq.heappop(heap)
+                continue
+            node_id = min(members)
+            if node_id != lowest:
+                heapq.heapreplace(heap, (score, node_id, signature, relative))
+                continue
+            return node_id, _materialise(cluster.nodes[node_id], relative)
+        return None
+
+    def _find_random(self, need: Need) -> tuple[str, tuple[Unit, ...]] | None:
+        cluster = self.cluster
+        scored: list[tuple[tuple, tuple, int]] = []
+        for signature, members in cluster.by_signature.items():
+            sample = cluster.nodes[next(iter(members))]
+            if need.models and sample.models.isdisjoint(need.models):
+                continue
+            best = self._best_on_signature(sample, signature, need)
+            if best is not None:
+                scored.append((signature, best[1], len(members)))
+        if not scored:
+            return None
+        signature, relative, _ = self.policy.rng.choices(scored, weights=[s[2] for s in scored])[0]
+        members = sorted(cluster.by_signature[signature])
+        node_id = members[self.policy.rng.randrange(len(members))]
+        return node_id, _materialise(cluster.nodes[node_id], relative)
+
+
+def _relative(node: NodeState, units: tuple[Unit, ...]) -> tuple:
+    """Units described by GPU state and rank among equal GPUs, valid on any node of the same signature."""
+    signatures = {gpu.gpu.id: gpu.signature() for gpu in node.gpus}
+    out = []
+    for unit in units:
+        signature = signatures[unit.gpu]
+        rank = [gpu_id for gpu_id, other in signatures.items() if other == signature].index(unit.gpu)
+        out.append((signature, rank, unit.milli, unit.memory_mib, unit.mig_profile, unit.mig_start))
+    return tuple(out)
+
+
+def _materialise(node: NodeState, relative: tuple) -> tuple[Unit, ...]:
+    signatures = [(gpu, gpu.signature()) for gpu in node.gpus]
+    units = []
+    for signature, rank, milli, memory, profile, start in relative:
+        same = [gpu for gpu, other in signatures if other == signature]
+        units.append(Unit(same[rank].gpu.id, milli, memory, profile, start))
+    return tuple(units)

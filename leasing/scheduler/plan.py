@@ -1,0 +1,530 @@
+"""One scheduling cycle: requests in, decisions out.
+
+Order: across projects by fair share, never by priority. Every request that is in quota is served first,
+the project using the smallest part of its guarantee first; over-quota requests follow, the project with
+the least over-quota usage per weight first; both re-ranked after every admission, which divides idle
+capacity by weighted max-min fairness. Priority (then submission time, then id) orders the requests of
+one project only. Without quotas (``enforce_quotas=False``, the simulator's baselines) one queue in
+priority / submission order.
+
+For each request:
+1. Tiers: the allowed models, or for ``auto`` every model that satisfies the shape, cheapest first.
+2. Quota: ``limit`` is never exceeded (project and tenant); the request is *in-quota* when the
+   project's and the tenant's non-preemptible use plus the request stay within ``deserved``, else it is
+   *over-quota* (preemptible, idle capacity only).
+3. Placement: a MIG request binds warm instances of its profile on the tier when one node that accepts it
+   has enough (``Decision.warm``), else placement through the policy (``placement.Placer``).
+4. An in-quota request that does not fit **reclaims**: over-quota allocations of the tier are preempted,
+   taking first those of the projects furthest above their fair share (over-quota use / weight), and
+   within a project the lowest priority, then the youngest; only allocations past the minimum runtime;
+   the node needing the fewest victims wins (a request that may spread over nodes takes victims anywhere, in that order,
+   keeping only those needed). Evaluated on the state and undone when it does not help.
+5. Otherwise the request waits, with the reason.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gpus.catalogue import MODELS
+from gpus.mig import COMPUTE_SLICES
+from leasing.scheduler.placement import Need, Placer, Policy, need_for, node_accepts, policy_get
+from leasing.scheduler.state import FULL, ClusterState
+from leasing.scheduler.types import (
+    Allocation,
+    Decision,
+    DecisionMode,
+    GpuMode,
+    Kind,
+    Request,
+    Snapshot,
+    WorkloadClass,
+)
+
+
+@dataclass
+class _Quota:
+    deserved: int
+    limit: int
+    weight: int = 1
+
+
+class Scheduler:
+    """Holds the working state across cycles (the simulator) or for one cycle (``plan``)."""
+
+    def __init__(self, snapshot: Snapshot, *, policy: Policy | str = "default", seed: int = 0, workload=None):
+        self.snapshot = snapshot
+        self.cluster = ClusterState.from_snapshot(snapshot)
+        self.policy = policy if isinstance(policy, Policy) else policy_get(policy, seed=seed, workload=workload)
+        self.placer = Placer(self.cluster, self.policy)
+        self.quotas = {(q.project, q.tier): _Quota(q.deserved_milli, q.limit_milli, q.weight) for q in snapshot.quotas}
+        self.tenant_quotas = {
+            (q.tenant, q.tier): _Quota(q.deserved_milli, q.limit_milli) for q in snapshot.tenant_quotas
+        }
+        self.models_present = sorted(self.cluster.capacity_milli_by_model)
+
+    # -- tiers ------------------------------------------------------------------------------------
+    def tiers_for(self, request: Request) -> list[tuple[str, Need]]:
+        shape = request.shape
+        models = shape.models or tuple(self.models_present)
+        out = []
+        for model in models:
+            if model not in self.cluster.capacity_milli_by_model:
+                continue
+            need = need_for(shape, model)
+            if need is not None:
+                out.append((model, need))
+        if not shape.models:  # auto: cheapest per unit of work first, then smallest model
+            prices = self.snapshot.prices
+            memory = {m.code: m.memory_mib for m in MODELS}
+            out.sort(key=lambda item: (prices.get(item[0], 10**12) * item[1].milli, memory.get(item[0], 0), item[0]))
+        return out
+
+    # -- quota ------------------------------------------------------------------------------------
+    def quota_check(self, request: Request, tier: str, need: Need) -> tuple[str | None, bool]:
+        """(reason it must wait, in_quota)."""
+        if not self.snapshot.enforce_quotas:
+            return None, True
+        quota = self.quotas.get((request.project, tier))
+        if quota is None:
+            return f"project {request.project} has no quota for {tier}", False
+        used_in, used_over = self.cluster.project_usage.get((request.project, tier), [0, 0])
+        amount = need.total_milli
+        if used_in + used_over + amount > quota.limit:
+            return (
+                f"project quota limit for {tier} exhausted ({used_in + used_over}/{quota.limit} milli in use, "
+                f"request needs {amount})"
+            ), False
+        tenant_quota = self.tenant_quotas.get((request.tenant, tier))
+        tenant_in, tenant_over = self.cluster.tenant_usage.get((request.tenant, tier), [0, 0])
+        if tenant_quota is not None and tenant_in + tenant_over + amount > tenant_quota.limit:
+            return (
+                f"tenant quota limit for {tier} exhausted ({tenant_in + tenant_over}/{tenant_quota.limit} milli in use)"
+            ), False
+        in_quota = used_in + amount <= quota.deserved and (
+            tenant_quota is None or tenant_in + amount <= tenant_quota.deserved
+        )
+        if not in_quota and quota.weight == 0:
+            return (
+                f"project quota for {tier} exhausted ({used_in}/{quota.deserved} milli guaranteed in use) "
+                f"and the project does not borrow (over-quota weight 0)"
+            ), False
+        return None, in_quota
+
+    def over_share(self, project: str, tier: str) -> float:
+        quota = self.quotas.get((project, tier))
+        over = self.cluster.project_usage.get((project, tier), [0, 0])[1]
+        return over / max(quota.weight if quota else 1, 1e-9)
+
+    # -- one cycle --------------------------------------------------------------------------------
+    def schedule(self, requests: list[Request], *, now: float) -> list[Decision]:
+        """Decide every request. Across projects the order is fair share, never priority: the in-quota
+        pass serves the project using the smallest part of its guarantee first, the over-quota pass the
+        project with the least over-quota use per weight; both re-rank after every admission. Priority
+        (then submission time, then id) orders the requests of one project only, so what one project
+        sends as priority cannot move another project's work."""
+        decisions: dict[str, Decision] = {}
+        served: list[str] = []
+        by_project: dict[str, list[Request]] = {}
+        for request in sorted(requests, key=lambda r: (-r.priority, r.submitted_at, r.id)):
+            # without quotas (the simulator's FIFO baseline) there is no share to keep: one queue
+            by_project.setdefault(request.project if self.snapshot.enforce_quotas else "", []).append(request)
+        # in-quota pass: a request that is in-quota now is served before any over-quota one
+        deferred: dict[str, list[Request]] = {}
+
+        def in_quota_pass(request: Request) -> None:
+            decision = self._try(request, now=now, allow_over_quota=False)
+            if decision is None:
+                deferred.setdefault(request.project if self.snapshot.enforce_quotas else "", []).append(request)
+            else:
+                decisions[request.id] = decision
+                served.append(request.id)
+
+        self._fair_rounds(by_project, self._guarantee_key, in_quota_pass)
+
+        # over-quota pass: weighted max-min fairness of the idle capacity
+        def over_quota_pass(request: Request) -> None:
+            decision = self._try(request, now=now, allow_over_quota=True)
+            assert decision is not None
+            decisions[request.id] = decision
+            served.append(request.id)
+
+        self._fair_rounds(deferred, self._fair_key, over_quota_pass)
+        ordered = []
+        waiting_position = 0
+        for request_id in served:
+            decision = decisions[request_id]
+            if decision.mode == DecisionMode.WAITING:
+                waiting_position += 1
+                decision = Decision(decision.request, decision.mode, decision.reason, queue_position=waiting_position)
+            ordered.append(decision)
+        return ordered
+
+    @staticmethod
+    def _fair_rounds(queues: dict[str, list[Request]], project_key, serve) -> None:
+        """Serve every queue (one per project, already in its own priority order): each step the project
+        whose head has the smallest ``project_key`` (ties: the project id), re-ranked after each step.
+        The tie-break depends neither on priorities nor on which requests failed (the simulator prunes
+        those that cannot be placed and must reach the same decisions). Only the served project's key is
+        recomputed: serving one project changes no other's key (in-quota use grows only with its own
+        admissions, over-quota use likewise; reclaim takes over-quota work, which the guarantee key does
+        not count)."""
+        heads = {project: 0 for project in queues}
+        keys = {project: project_key(queues[project][0]) for project in queues}
+        while keys:
+            project = min(keys, key=lambda p: (keys[p], p))
+            request = queues[project][heads[project]]
+            serve(request)
+            heads[project] += 1
+            if heads[project] == len(queues[project]):
+                del keys[project]
+            else:
+                keys[project] = project_key(queues[project][heads[project]])
+
+    def _guarantee_key(self, request: Request) -> float:
+        """The part of its guarantee (``deserved``) the request's project already uses, on the best of the
+        request's tiers: the project furthest from its guarantee is served first."""
+        shares = []
+        for tier, _need in self.tiers_for(request):
+            quota = self.quotas.get((request.project, tier))
+            if quota is None or quota.deserved <= 0:
+                continue
+            used_in = self.cluster.project_usage.get((request.project, tier), [0, 0])[0]
+            shares.append(used_in / quota.deserved)
+        return min(shares, default=0.0)
+
+    def _fair_key(self, request: Request) -> float:
+        tiers = self.tiers_for(request)
+        return min((self.over_share(request.project, tier) for tier, _ in tiers), default=0.0)
+
+    def _try(self, request: Request, *, now: float, allow_over_quota: bool) -> Decision | None:
+        """A decision, or None when the request is over-quota and over-quota admission comes later."""
+        tiers = self.tiers_for(request)
+        shape = request.shape
+        if not shape.gang and shape.count > 1 and (shape.cpu_milli or shape.host_memory_mib):
+            return self._waiting(request, "a request spread over several nodes (gang off) cannot reserve host "
+                                          "CPU or memory; ask for a gang or leave them out")
+        if not tiers:
+            wanted = ", ".join(request.shape.models) or "any model here"
+            return self._waiting(request, f"no GPU model offers this shape ({_describe(request)}) on {wanted}")
+        reasons: list[str] = []
+        over_quota_candidates: list[tuple[str, Need]] = []
+        for tier, need in tiers:
+            reason, in_quota = self.quota_check(request, tier, need)
+            if reason:
+                reasons.append(reason)
+                continue
+            if not in_quota:
+                if request.workload_class == WorkloadClass.INTERACTIVE:
+                    # interactive work is never preemptible, so it never borrows: it waits for its deserved
+                    # quota (training borrows idle capacity over quota and may be preempted)
+                    reasons.append(f"interactive work runs only within the guaranteed quota; {tier}'s is in use")
+                    continue
+                over_quota_candidates.append((tier, need))
+                continue
+            placed = self._place(request, tier, need, preemptible=False, now=now)
+            if placed:
+                return placed
+            reclaimed = self._reclaim(request, tier, need, now=now)
+            if reclaimed:
+                return reclaimed
+            reasons.append(self._no_fit_reason(tier, need))
+        if over_quota_candidates:
+            if not allow_over_quota:
+                return None
+            for tier, need in over_quota_candidates:
+                placed = self._place(request, tier, need, preemptible=True, now=now)
+                if placed:
+                    return placed
+                reasons.append(f"over quota on {tier} and no idle capacity: {self._no_fit_reason(tier, need)}")
+        return self._waiting(request, "; ".join(dict.fromkeys(reasons)))
+
+    def place(self, request: Request, tier: str, need: Need, *, preemptible: bool, now: float) -> Decision | None:
+        """Place one resolved need through the policy, without quota checks (the trace simulator's entry)."""
+        return self._place(request, tier, need, preemptible=preemptible, now=now)
+
+    def _place(self, request: Request, tier: str, need: Need, *, preemptible: bool, now: float):
+        warm_ids: tuple[str, ...] = ()
+        bound = self._warm_for(tier, need) if self.cluster.warm_index else None
+        if bound is not None:  # a warm instance of the profile: bind it, no placement search
+            node_id, warm_ids = bound
+            found = (node_id, tuple(self.cluster.warm_units[warm_id] for warm_id in warm_ids))
+            for warm_id in warm_ids:
+                self.cluster.remove_warm(warm_id)
+        else:
+            found = self._find(need)
+            if found is None:
+                return None
+        allocation = self._allocation(request, tier, need, found, preemptible=preemptible, now=now)
+        self.cluster.apply(allocation)
+        kind = "over quota, preemptible" if preemptible else "within quota"
+        reason = f"placed on {allocation.node} ({tier}, {kind})"
+        if warm_ids:
+            reason += f", binding warm instance{'s' if len(warm_ids) > 1 else ''} {', '.join(warm_ids)}"
+        if request.shape is not None and not request.shape.models:
+            reason += "; " + self.auto_reason(request, tier)
+        return Decision(request.id, DecisionMode.PLACED, reason, allocation=allocation, warm=warm_ids)
+
+    def _warm_for(self, tier: str, need: Need) -> tuple[str, tuple[str, ...]] | None:
+        """The node and the warm instances a MIG need binds on ``tier``: ``count`` instances of its profile
+        on one node that accepts the request (not cordoned, its host CPU and memory free), the lowest
+        (node, GPU index, start, id) first; None when there are not that many."""
+        if need.kind != Kind.MIG or need.profile is None or need.count < 1:
+            return None
+        entries = self.cluster.warm_index.get((tier, need.profile.name))
+        if not entries or len(entries) < need.count:
+            return None
+        node_id: str | None = None
+        accepts, chosen = False, []
+        for entry_node, _index, _start, warm_id in entries:  # in order, so one node's entries are together
+            if entry_node != node_id:
+                node_id, chosen = entry_node, []
+                accepts = node_accepts(self.cluster.nodes[node_id], need)
+            if accepts:
+                chosen.append(warm_id)
+                if len(chosen) == need.count:
+                    return node_id, tuple(chosen)
+        return None
+
+    def auto_reason(self, request: Request, tier: str) -> str:
+        """Why ``auto`` chose ``tier``: its price, and why cheaper models were passed over."""
+        price = self.snapshot.prices.get(tier)
+        text = f"auto: {tier}" + (f" at {price} per GPU-hour" if price is not None else "")
+        passed = []
+        for model in self.models_present:
+            if model == tier:
+                continue
+            other = self.snapshot.prices.get(model)
+            if other is None or price is None or other >= price:
+                continue
+            if need_for(request.shape, model) is None:
+                passed.append(f"{model} ({other}) cannot serve the shape")
+            else:
+                passed.append(f"{model} ({other}) has no room or quota")
+        return text + ("; cheaper: " + ", ".join(passed) if passed else ", the cheapest that fits")
+
+    def _find(self, need: Need):
+        if need.gang or need.count <= 1:
+            return self.placer.find(need)
+        if need.cpu_milli or need.host_memory_mib:
+            return None  # a request spread over nodes cannot reserve host CPU/memory (reason in _try)
+        # not a gang: place units one at a time (all-or-nothing), possibly on several nodes
+        single = Need(need.kind, 1, need.models, need.milli, need.memory_mib, need.profile, True, 0, 0)
+        held = []
+        for index in range(need.count):
+            found = self.placer.find(single)
+            if found is None:
+                break
+            temp = Allocation(f"__tmp{index}", "", "", "", found[0], found[1], True)
+            self.cluster.apply(temp)
+            held.append(temp)
+        for temp in held:
+            self.cluster.remove(temp.id)
+        if len(held) < need.count:
+            return None
+        return "multi", tuple(held)
+
+    def _allocation(self, request, tier, need, found, *, preemptible, now) -> Allocation:
+        node_id, units = found
+        if node_id == "multi":  # spread over nodes: one allocation per request, first node recorded
+            units = tuple(unit for temp in units for unit in temp.units)
+            node_id = found[1][0].node
+        return Allocation(
+            id=request.id,
+            project=request.project,
+            tenant=request.tenant,
+            tier=tier,
+            node=node_id,
+            units=units,
+            preemptible=preemptible,
+            started_at=now,
+            priority=request.priority,
+            cpu_milli=need.cpu_milli,
+            host_memory_mib=need.host_memory_mib,
+        )
+
+    # -- reclaim ----------------------------------------------------------------------------------
+    def _reclaim(self, request: Request, tier: str, need: Need, *, now: float) -> Decision | None:
+        min_runtime = self.snapshot.min_runtime_seconds
+        candidates = [
+            a for a in self.cluster.allocations.values()
+            if a.preemptible and a.tier == tier and a.started_at + min_runtime <= now and a.id != request.id
+        ]
+        if not candidates:
+            return None
+        # the preferred victims first: the project furthest above its fair share (ties: the project whose
+        # newest borrowed work is youngest, then the project id), and within a project the lowest priority,
+        # then the youngest. Priority compares allocations of one project only: a project cannot shield
+        # its borrowed work from reclaim by sending a high priority.
+        share = {a.project: self.over_share(a.project, tier) for a in candidates}
+        newest: dict[str, float] = {}
+        for allocation in candidates:
+            newest[allocation.project] = max(newest.get(allocation.project, allocation.started_at),
+                                             allocation.started_at)
+        candidates.sort(key=lambda a: (-share[a.project], -newest[a.project], a.project, a.priority,
+                                       -a.started_at, a.id))
+        if not need.gang and need.count > 1:
+            return self._reclaim_spread(request, tier, need, candidates, now=now)
+        rank = {allocation.id: position for position, allocation in enumerate(candidates)}
+        by_node: dict[str, list[Allocation]] = {}
+        for allocation in candidates:
+            for node_id in self.cluster._nodes_of(allocation):
+                by_node.setdefault(node_id, []).append(allocation)
+        best: tuple[tuple, str, list[Allocation]] | None = None
+        for node_id, victims_here in by_node.items():
+            chosen = self._victims_on(node_id, victims_here, need)
+            if chosen is None:
+                continue
+            # fewest victims, then the set whose members rank best as victims, then the node id
+            key = (len(chosen), sorted(rank[v.id] for v in chosen), node_id)
+            if best is None or key < best[0]:
+                best = (key, node_id, chosen)
+        if best is None:
+            return None
+        _, node_id, victims = best
+        for victim in victims:
+            self.cluster.remove(victim.id)
+        units = self.placer.policy.node_options(self.cluster.nodes[node_id], need)
+        allocation = self._allocation(request, tier, need, (node_id, units[0]), preemptible=False, now=now)
+        self.cluster.apply(allocation)
+        names = ", ".join(f"{v.id} ({v.project})" for v in victims)
+        return Decision(request.id, DecisionMode.PREEMPT,
+                        f"in quota on {tier}: reclaiming from over-quota work: {names}",
+                        allocation=allocation, victims=tuple(v.id for v in victims))
+
+    def _reclaim_spread(self, request, tier, need, candidates, *, now) -> Decision | None:
+        """Reclaim for a request that may spread over nodes: victims anywhere in the tier, in victim order.
+
+        Victims are removed in order while a cheap per-GPU count says the request cannot fit yet; then
+        the placement search confirms, and the victims not needed are put back (latest first, so the
+        preferred victims stay chosen). The state is unchanged when it does not help."""
+        room = {gpu_id: self._units_room(gpu, need) for gpu_id, gpu in self.cluster.gpus.items()
+                if gpu.gpu.model == tier and not self.cluster.nodes[gpu.gpu.node].node.cordoned}
+        total = sum(room.values())
+        removed: list[Allocation] = []
+        found = self._find(need) if total >= need.count else None
+        for victim in candidates:
+            if found is not None:
+                break
+            removed.append(self.cluster.remove(victim.id))
+            for unit in victim.units:
+                if unit.gpu in room:
+                    now_room = self._units_room(self.cluster.gpus[unit.gpu], need)
+                    total += now_room - room[unit.gpu]
+                    room[unit.gpu] = now_room
+            if total >= need.count:
+                found = self._find(need)
+        if found is None:
+            for victim in reversed(removed):
+                self.cluster.apply(victim)
+            return None
+        for victim in reversed(removed[:-1]):
+            self.cluster.apply(victim)
+            if self._find(need) is not None:
+                removed.remove(victim)
+            else:
+                self.cluster.remove(victim.id)
+        found = self._find(need)
+        allocation = self._allocation(request, tier, need, found, preemptible=False, now=now)
+        self.cluster.apply(allocation)
+        names = ", ".join(f"{v.id} ({v.project})" for v in removed)
+        return Decision(request.id, DecisionMode.PREEMPT,
+                        f"in quota on {tier}: reclaiming from over-quota work: {names}",
+                        allocation=allocation, victims=tuple(v.id for v in removed))
+
+    @staticmethod
+    def _units_room(gpu, need: Need) -> int:
+        """An upper bound on how many single units of ``need`` this GPU could take now."""
+        if need.kind == Kind.WHOLE:
+            return int(gpu.fits_whole())
+        if need.kind == Kind.MIG:
+            if not gpu.mig_starts(need.profile):
+                return 0
+            return (COMPUTE_SLICES - gpu.compute_used) // need.profile.compute_slices
+        if gpu.gpu.mode != GpuMode.SHARED:
+            return 0
+        by_memory = (gpu.memory_mib - gpu.used_memory_mib) // need.memory_mib if need.memory_mib else need.count
+        return max(0, min((FULL - gpu.used_milli) // max(need.milli, 1), by_memory))
+
+    def _victims_on(self, node_id: str, ordered: list[Allocation], need: Need) -> list[Allocation] | None:
+        """The fewest victims on one node (in victim order) whose removal lets ``need`` fit, or None.
+
+        One victim is tried alone first (each, in order); otherwise victims are removed in order until it
+        fits and those not needed are put back. The state is unchanged afterwards."""
+        for victim in ordered:
+            self.cluster.remove(victim.id)
+            fits = self._fits_on(node_id, need)
+            self.cluster.apply(victim)
+            if fits:
+                return [victim]
+        removed: list[Allocation] = []
+        fitted = False
+        for victim in ordered:
+            removed.append(self.cluster.remove(victim.id))
+            if self._fits_on(node_id, need):
+                fitted = True
+                break
+        if fitted:
+            for victim in list(removed[:-1]):
+                self.cluster.apply(victim)
+                if self._fits_on(node_id, need):
+                    removed.remove(victim)
+                else:
+                    self.cluster.remove(victim.id)
+        for victim in removed:
+            self.cluster.apply(victim)
+        return removed if fitted else None
+
+    def _fits_on(self, node_id: str, need: Need) -> bool:
+        return bool(self.placer.policy.node_options(self.cluster.nodes[node_id], need))
+
+    # -- reasons ----------------------------------------------------------------------------------
+    def _no_fit_reason(self, tier: str, need: Need) -> str:
+        if need.kind == Kind.MIG and need.profile is not None:
+            profile = need.profile
+            repartitionable = sum(
+                1
+                for gpu in self.cluster.gpus.values()
+                if gpu.gpu.model == tier
+                and gpu.gpu.mode.value == "mig"
+                and not gpu.mig_starts(profile)
+                and 7 - gpu.compute_used >= profile.compute_slices
+                and 8 - bin(gpu.slot_mask).count("1") >= profile.memory_slots
+            )
+            text = f"no {profile.name} slot free on {tier}"
+            if repartitionable:
+                text += f"; {repartitionable} GPUs have the slices free in other slots and could be repartitioned"
+            return text
+        if need.kind == Kind.WHOLE and not need.gang and need.count > 1:
+            return f"fewer than {need.count} {tier} GPUs free in total"
+        if need.kind == Kind.WHOLE:
+            return f"no node has {need.count} free {tier} GPU{'s' if need.count > 1 else ''}"
+        return f"no {tier} GPU has {need.milli} milli and {need.memory_mib} MiB free"
+
+    def _waiting(self, request: Request, reason: str) -> Decision:
+        return Decision(request.id, DecisionMode.WAITING, f"waiting: {reason}")
+
+
+def _describe(request: Request) -> str:
+    shape = request.shape
+    if shape.kind == Kind.MIG:
+        return f"{shape.count} x MIG {shape.profile}"
+    if shape.kind == Kind.SHARE:
+        return f"{shape.count} x share {shape.milli} milli / {shape.memory_mib} MiB"
+    return f"{shape.count} x whole GPU"
+
+
+def plan(
+    snapshot: Snapshot,
+    requests: list[Request],
+    *,
+    now: float,
+    policy: str | Policy = "default",
+    seed: int = 0,
+    workload=None,
+) -> list[Decision]:
+    """Decisions for ``requests`` on ``snapshot``; pure: the snapshot is not changed."""
+    return Scheduler(snapshot, policy=policy, seed=seed, workload=workload).schedule(requests, now=now)
+
+
+__all__ = ["Scheduler", "plan"]

@@ -1,0 +1,602 @@
+"""Readers of leasing data; every tenant-facing query goes through ``tenants.access.restrict``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from decimal import Decimal
+
+from django.conf import settings
+from django.db.models import Prefetch, QuerySet
+from django.utils import timezone
+
+from config.errors import NotFound, ValidationFailed
+from leasing.choices import AllocationState, LeaseState
+from leasing.models import Allocation, Gpu, Lease, LeaseEvent, Node
+from tenants.access import Actor, restrict
+
+
+def lease_list(*, actor: Actor, state: str = "", project: str = "") -> QuerySet[Lease]:
+    queryset = restrict(Lease.objects.all(), actor).select_related("project").order_by("-requested_at", "-pk")
+    if state:
+        states = state.split(",")  # exactly the states, comma-separated: " queued" or "a,,b" is a 400
+        unknown = [s for s in states if s not in LeaseState.values]
+        if unknown:
+            raise ValidationFailed(f"Unknown state {unknown[0]!r}; states: {', '.join(LeaseState.values)}.",
+                                   field="state")
+        queryset = queryset.filter(state__in=states)
+    if project:
+        queryset = queryset.filter(project__slug=project)
+    return queryset
+
+
+def lease_get(*, actor: Actor, lease_id: int) -> Lease:
+    live = Allocation.objects.select_related("gpu__node").order_by("pk")
+    lease = (restrict(Lease.objects.all(), actor).select_related("project")
+             .prefetch_related(Prefetch("allocations", queryset=live),
+                               Prefetch("events", queryset=LeaseEvent.objects.order_by("at", "pk")))
+             .filter(pk=lease_id).first())
+    if lease is None:
+        raise NotFound("No such lease.", field="id")
+    return lease
+
+
+def quota_usage(*, actor: Actor) -> dict[tuple[int, str], dict[str, int]]:
+    """(project id, tier) → {"in_use": in-quota milli, "over": over-quota milli} of live allocations."""
+    from django.db.models import Sum
+
+    usage: dict[tuple[int, str], dict[str, int]] = {}
+    rows = (restrict(Allocation.objects.filter(freed_at__isnull=True, lease__isnull=False), actor)
+            .values("lease__project_id", "tier", "preemptible").annotate(total=Sum("milli")))
+    for row in rows:
+        entry = usage.setdefault((row["lease__project_id"], row["tier"]), {"in_use": 0, "over": 0})
+        entry["over" if row["preemptible"] else "in_use"] += row["total"]
+    return usage
+
+
+def offer_list(*, now=None) -> list[dict]:
+    """Free capacity per GPU model: whole GPUs, MIG instances per profile, share milli (ready nodes only)."""
+    from django.utils import timezone
+
+    from gpus.catalogue import model_get
+    from gpus.mig import COMPUTE_SLICES, profiles_for
+    from leasing.scheduler.state import ClusterState
+
+    cluster = ClusterState.from_snapshot(scheduler_snapshot(now=now or timezone.now()))
+    offers: dict[str, dict] = {}
+    for gpu in cluster.gpus.values():
+        if cluster.nodes[gpu.gpu.node].node.cordoned:
+            continue
+        model = gpu.gpu.model
+        offer = offers.setdefault(model, {
+            "model": model, "memory_mib": model_get(model).memory_mib, "gpus": 0,
+            "whole": {"gpus": 0, "free": 0}, "mig": {}, "share": {"gpus": 0, "free_milli": 0},
+            "price_per_gpu_hour": None})
+        offer["gpus"] += 1
+        mode = gpu.gpu.mode.value
+        if mode == "whole":
+            offer["whole"]["gpus"] += 1
+            offer["whole"]["free"] += int(gpu.fits_whole())
+        elif mode == "shared":
+            offer["share"]["gpus"] += 1
+            offer["share"]["free_milli"] += gpu.free_milli
+        else:
+            for profile in profiles_for(model):
+                if profile.shape.media_extensions:
+                    continue
+                # how many more of this profile fit, placed lowest start first on the current layout
+                mask, compute, count = gpu.slot_mask, gpu.compute_used, 0
+                width = (1 << profile.memory_slots) - 1
+                for start in profile.starts:
+                    if compute + profile.compute_slices <= COMPUTE_SLICES and not (mask >> start) & width:
+                        mask |= width << start
+                        compute += profile.compute_slices
+                        count += 1
+                entry = offer["mig"].setdefault(profile.name, {"profile": profile.name,
+                                                               "memory_mib": profile.memory_mib, "free": 0})
+                entry["free"] += count
+    for offer in offers.values():
+        offer["mig"] = sorted(offer["mig"].values(), key=lambda item: item["memory_mib"])
+    return sorted(offers.values(), key=lambda item: item["model"])
+
+
+def lease_queue() -> QuerySet[Lease]:
+    """The queue the scheduler works on, oldest first: QUEUED leases of active tenants. A suspended
+    tenant's queued leases are held (tenants.services.tenant_set_status): never placed, never counted ahead
+    of anyone, until the tenant is reactivated."""
+    from tenants.choices import TenantStatus
+
+    return Lease.objects.filter(state=LeaseState.QUEUED, tenant__status=TenantStatus.ACTIVE).order_by("queued_at",
+                                                                                                       "pk")
+
+
+def scheduler_snapshot(*, now: datetime):
+    """What the scheduling core sees: nodes (silent or cordoned ones closed to new work), GPUs not lost,
+    live allocations grouped by lease, quotas. Read as plain values (no model instances): every cycle reads
+    every live allocation, so this is the part of a cycle that grows with the fleet."""
+    from leasing.scheduler import Allocation as CoreAllocation
+    from leasing.scheduler import Gpu as CoreGpu
+    from leasing.scheduler import GpuMode as CoreMode
+    from leasing.scheduler import Node as CoreNode
+    from leasing.scheduler import QuotaSpec, Snapshot, TenantQuotaSpec, Unit, WarmInstance
+    from tenants.models import Quota, TenantQuota
+
+    nodes = list(Node.objects.values_list("pk", "node_id", "cordoned", "status"))
+    node_ids = {pk: node_id for pk, node_id, _, _ in nodes}
+    core_nodes = tuple(CoreNode(node_id, cordoned=cordoned or status != "ready")
+                       for _, node_id, cordoned, status in nodes)
+    gpus = list(Gpu.objects.filter(lost_at__isnull=True, node__in=node_ids).values_list(
+        "pk", "node_id", "model", "mode", "index", "nvlink_domain", "mode_target"))
+    # a GPU whose mode the capacity loop is changing takes no new work until the agent has switched it
+    core_gpus = tuple(CoreGpu(f"g{pk}", node_ids[node], model, CoreMode(mode), index, nvlink_domain, bool(target))
+                      for pk, node, model, mode, index, nvlink_domain, target in gpus)
+    gpu_node = {pk: node_ids[node] for pk, node, *_ in gpus}
+    units: dict[int, list] = {}
+    first: dict[int, tuple] = {}
+    # capacity of preempted leases counts as free: it is promised to whoever reclaimed it, and a placement
+    # on it before the holder has left fails on the exclusion constraint and waits for the next cycle
+    live = (Allocation.objects.filter(freed_at__isnull=True, gpu__lost_at__isnull=True, lease__isnull=False)
+            .exclude(lease__state=LeaseState.PREEMPTED).order_by("pk")
+            .values_list("lease_id", "gpu_id", "milli", "memory_mib", "mig_profile", "mig_start", "tier", "preemptible",
+                         "lease__project_id", "lease__tenant_id", "lease__active_at", "lease__queued_at",
+                         "lease__priority"))
+    for row in live:
+        lease_id, gpu_id, milli, memory_mib, mig_profile, mig_start = row[:6]
+        units.setdefault(lease_id, []).append(Unit(
+            f"g{gpu_id}", milli, memory_mib, mig_profile, mig_start if mig_start is not None else -1))
+        first.setdefault(lease_id, row)
+    core_allocations = []
+    for lease_id, held in units.items():
+        gpu_id, tier, preemptible, project_id, tenant_id, active_at, queued_at, priority = (
+            first[lease_id][1], *first[lease_id][6:])
+        core_allocations.append(CoreAllocation(
+            id=str(lease_id), project=str(project_id), tenant=str(tenant_id), tier=tier, node=gpu_node[gpu_id],
+            units=tuple(held), preemptible=preemptible, started_at=(active_at or queued_at or now).timestamp(),
+            priority=priority))
+    quotas = tuple(QuotaSpec(str(project_id), str(tenant_id), tier, deserved, limit, weight)
+                   for project_id, tenant_id, tier, deserved, limit, weight in Quota.objects.values_list(
+                       "project_id", "project__tenant_id", "tier", "deserved_gpu_milli", "limit_gpu_milli",
+                       "over_quota_weight"))
+    tenant_quotas = tuple(TenantQuotaSpec(str(tenant_id), tier, deserved, limit)
+                          for tenant_id, tier, deserved, limit in TenantQuota.objects.values_list(
+                              "tenant_id", "tier", "deserved_gpu_milli", "limit_gpu_milli"))
+    # warm pool members (no lease): bindable when WARM; one still being created (PENDING) holds its slots but
+    # is not offered (a lease bound to it would wait for the agent's whole batch, longer than a cold create)
+    warm = tuple(WarmInstance(str(pk), f"g{gpu_id}", profile, start, state == AllocationState.WARM)
+                 for pk, gpu_id, profile, start, state in (
+        Allocation.objects.filter(freed_at__isnull=True, lease__isnull=True, gpu__lost_at__isnull=True,
+                                  state__in=(AllocationState.WARM, AllocationState.PENDING), gpu__mode_target="",
+                                  gpu__in=[g[0] for g in gpus]).order_by("pk")
+        .values_list("pk", "gpu_id", "mig_profile", "mig_start", "state")))
+    return Snapshot(nodes=core_nodes, gpus=core_gpus, allocations=tuple(core_allocations), quotas=quotas,
+                    tenant_quotas=tenant_quotas, min_runtime_seconds=settings.LEASE_MIN_RUNTIME_SECONDS, warm=warm,
+                    prices=tier_prices(now=now))
+
+
+def tier_prices(*, now: datetime) -> dict[str, int]:
+    """Whole-GPU price per hour per model, in minor units, from the general price book in force in
+    ``LIST_PRICE_CURRENCY``: what ``model: auto`` ranks models by (cheapest per unit of work first) and names in
+    its reasons. A tenant's own book may differ; the ranking follows the list prices. Empty without a book."""
+    from billing.selectors import list_prices
+
+    _currency, rates = list_prices(at=now)
+    return {tier: minor for tier, kind, _profile, minor in rates if kind == "whole"}
+
+
+# -- portal: request preview, utilisation, fleet and queue ----------------------------------------------
+@dataclass(frozen=True)
+class LeasePreview:
+    """What would happen to a request if it were made now (nothing is written).
+
+    ``outcome``: ``fits`` (placed at the next cycle), ``reclaims`` (placed once over-quota work of
+    others has been given notice) or ``waits`` (with ``queue_position`` and ``reason``). ``tier`` is
+    the GPU model it would run on (or the first one whose quota allows it when it waits), ``gpu`` the
+    request's ``gpu`` object with that model filled in when the request said ``auto``.
+    """
+
+    outcome: str
+    reason: str
+    tier: str
+    over_quota: bool
+    queue_position: int | None
+    units_milli: int
+    gpu: dict
+
+
+def lease_preview(*, actor: Actor, project: object, gpu: object, workload_class: object = "training",
+                  priority: object = 0, duration_seconds: object = 3600, now: datetime | None = None) -> LeasePreview:
+    """Dry run of ``services.lease_request``: the same checks and errors (each naming its field), then one
+    scheduling plan over the current queue with this request appended last among its priority. Reads only."""
+    return _lease_dry_run(actor=actor, project=project, gpu=gpu, workload_class=workload_class, priority=priority,
+                          duration_seconds=duration_seconds, now=now or timezone.now()).preview
+
+
+@dataclass(frozen=True)
+class _DryRun:
+    """A preview with what the quote needs besides it: the request as ``lease_request`` validated it."""
+
+    preview: LeasePreview
+    project: object  # tenants.models.Project
+    shape: dict  # services._shape_from(gpu)
+    fitting: tuple[str, ...]  # models whose project quota limit admits it, in the request's order
+    victims: tuple[str, ...]  # lease ids a reclaim would give notice to
+
+
+def _lease_dry_run(*, actor: Actor, project: object, gpu: object, workload_class: object, priority: object,
+                   duration_seconds: object, now: datetime) -> _DryRun:
+    from config.errors import QuotaExceeded
+    from gpus.mig import UnknownProfile
+    from leasing import services  # the request rules live with the writer (which imports this module)
+    from leasing.choices import WorkloadClass
+    from leasing.scheduler import DecisionMode, Kind, Request, Shape
+    from leasing.scheduler.plan import Scheduler
+    from tenants.selectors import project_get, quota_list
+
+    actor.require("view")
+    if not isinstance(project, str):
+        raise ValidationFailed("project must be a project slug.", field="project")
+    shape = services._shape_from(gpu)
+    if workload_class not in WorkloadClass.values:
+        raise ValidationFailed(f"workload_class must be one of {', '.join(WorkloadClass.values)}.",
+                               field="workload_class")
+    services._validate_priority(actor, priority)
+    services._validate_duration(duration_seconds)
+    target = project_get(actor=actor, slug=project)
+    quotas = {q.tier: q for q in quota_list(actor=actor, project=target)}
+    tiers = shape["models"] or sorted(quotas)
+    units: dict[str, int] = {}
+    for tier in tiers:
+        if tier in quotas:
+            try:
+                units[tier] = services._quota_units(shape, tier)
+            except UnknownProfile:  # the profile does not exist on this model
+                continue
+    fitting = tuple(tier for tier, amount in units.items() if amount <= quotas[tier].limit_gpu_milli)
+    if not fitting:
+        wanted = ", ".join(tiers) or "any model"
+        raise QuotaExceeded(f"Project {project!r} has no quota on {wanted} whose limit allows this request.",
+                            field="gpu")
+    never = services._never_fits(shape, list(fitting))  # the request refuses it too (400 on gpu.count)
+    if never:
+        raise ValidationFailed(never, field="gpu.count")
+    resolved = dict(gpu)  # _shape_from accepted it: an object
+
+    def result(outcome: str, reason: str, tier: str, over: bool, position: int | None,
+               victims: tuple[str, ...] = ()) -> _DryRun:
+        reason = reason.replace(f"project {target.pk} ", f"project '{target.slug}' ")  # the tenant's words
+        if tier and resolved.get("model", "auto") == "auto":
+            resolved["model"] = tier
+        preview = LeasePreview(outcome, reason, tier, over, position, units.get(tier, 0), resolved)
+        return _DryRun(preview, target, shape, fitting, victims)
+
+    if not actor.tenant.is_active:  # its requests would be held, not scheduled
+        return result("waits", f"held: tenant '{actor.tenant.slug}' is suspended", fitting[0], False, None)
+    core_shape = Shape(Kind(shape["kind"]), shape["count"], profile=shape["profile"], milli=shape["milli"],
+                       memory_mib=shape["memory_mib"], models=tuple(shape["models"]), gang=shape["gang"])
+    from leasing.scheduler.types import WorkloadClass as CoreWorkloadClass
+
+    # the request's class matters: interactive work never borrows over quota (it waits for its guarantee)
+    mine = Request("preview", str(target.pk), str(actor.tenant.pk), core_shape, now.timestamp(), priority,
+                   CoreWorkloadClass(workload_class))
+    queued = lease_queue()[:5000]
+    snapshot = scheduler_snapshot(now=now)
+    decisions = Scheduler(snapshot).schedule([*map(services._core_request, queued), mine], now=now.timestamp())
+    decision = next(d for d in decisions if d.request == "preview")
+
+    if decision.mode == DecisionMode.PLACED:
+        allocation = decision.allocation
+        kind = "over quota: preemptible, billed at the over-quota rate" if allocation.preemptible else "within quota"
+        return result("fits", f"on {allocation.tier}, {kind}", allocation.tier, allocation.preemptible, None)
+    if decision.mode == DecisionMode.PREEMPT:
+        tier = decision.allocation.tier
+        return result("reclaims", f"in quota on {tier}: starts once over-quota work of other projects has had its "
+                                  f"preemption notice", tier, False, None, tuple(decision.victims))
+    # waiting: would it be in quota or over quota on the first model whose quota admits it now?
+    fresh = Scheduler(snapshot)
+    for tier, need in fresh.tiers_for(mine):
+        blocked, in_quota = fresh.quota_check(mine, tier, need)
+        if blocked is None:  # interactive work waits for its guarantee: it never runs over quota
+            over = not in_quota and mine.workload_class != CoreWorkloadClass.INTERACTIVE
+            return result("waits", decision.reason, tier, over, decision.queue_position)
+    # no GPU of an allowed model is in the fleet now: judge by the project's own quota
+    used = quota_usage(actor=actor)
+    tier = fitting[0]
+    in_use = used.get((target.pk, tier), {"in_use": 0})["in_use"]
+    return result("waits", decision.reason, tier, in_use + units[tier] > quotas[tier].deserved_gpu_milli,
+                  decision.queue_position)
+
+
+# -- the quote: the preview with its price, budget outcome and wait (POST /api/v1/quotes and the portal) ---
+@dataclass(frozen=True)
+class QuotePrice:
+    """What the request would cost at the rate it would run at (over-quota and interactive multipliers
+    applied): ``per_hour`` in major units for the whole request, ``for_duration_minor`` that rate for the
+    requested duration, rounded once to the currency's minor units."""
+
+    currency: str
+    per_hour: Decimal
+    for_duration_minor: int
+    duration_seconds: int
+    description: str
+    book: str
+
+    @property
+    def for_duration(self) -> Decimal:
+        from billing.pricing import from_minor
+
+        return from_minor(self.for_duration_minor, self.currency)
+
+    @property
+    def formatted(self) -> str:
+        from billing.pricing import format_money, to_minor
+
+        return (f"{format_money(to_minor(self.per_hour, self.currency), self.currency)} per hour, "
+                f"{format_money(self.for_duration_minor, self.currency)} for {duration_words(self.duration_seconds)}")
+
+
+@dataclass(frozen=True)
+class QuoteBudget:
+    """The monthly spend caps' verdict, from ``billing.services.budget_check`` called as ``lease_request``
+    calls it: ``refuse`` (the request would be a 402), ``warn`` (it would be accepted with the warning) or
+    ``ok``. The figures (minor units) are those of the cap in ``cap_scope`` (``tenant`` or ``project``): the
+    refusing cap, else the one with the least headroom; all None when no cap applies."""
+
+    outcome: str
+    message: str
+    currency: str
+    cap_scope: str | None = None
+    cap_minor: int | None = None
+    spent_minor: int | None = None
+    request_minor: int | None = None
+    forecast_minor: int | None = None
+
+
+@dataclass(frozen=True)
+class LeaseQuote:
+    """Everything the broker can say about a request before it is made, nothing written: the preview's
+    outcome, reason, model and quota standing, plus the preemption risk, the wait, the price and the budget.
+
+    ``expected_wait_seconds``: 0 when it fits (placed at the next cycle); when it reclaims, the longest
+    preemption notice its victims are promised (the most it waits, unless they leave sooner); None when it
+    waits — the broker does not predict when others release (see docs/leasing.md, "Quotes")."""
+
+    preview: LeasePreview
+    project: str
+    gpu: dict
+    preemption_risk: str
+    preemption_notice_seconds: int | None
+    expected_wait_seconds: int | None
+    price: QuotePrice | None
+    price_unavailable_reason: str | None
+    budget: QuoteBudget
+
+    @property
+    def outcome(self) -> str:
+        return self.preview.outcome
+
+    @property
+    def reason(self) -> str:
+        return self.preview.reason
+
+    @property
+    def tier(self) -> str:
+        return self.preview.tier
+
+    @property
+    def over_quota(self) -> bool:
+        return self.preview.over_quota
+
+    @property
+    def queue_position(self) -> int | None:
+        return self.preview.queue_position
+
+    @property
+    def units_milli(self) -> int:
+        return self.preview.units_milli
+
+
+def lease_quote(*, actor: Actor, project: object, gpu: object, workload_class: object = "training",
+                priority: object = 0, duration_seconds: object = 3600, now: datetime | None = None) -> LeaseQuote:
+    """The quote of a request — the one function behind ``POST /api/v1/quotes`` and the portal's live
+    preview, so the two never disagree. The same checks and errors as ``lease_request`` (each naming its
+    field); ``view`` is enough (it writes nothing). Reads only."""
+    from leasing import services
+
+    now = now or timezone.now()
+    run = _lease_dry_run(actor=actor, project=project, gpu=gpu, workload_class=workload_class, priority=priority,
+                         duration_seconds=duration_seconds, now=now)
+    preview = run.preview
+    own_notice = services.lease_notice_seconds(tenant_id=actor.tenant.pk, now=now)
+    if preview.over_quota:
+        risk = (f"Over quota: it runs on capacity other projects are guaranteed and can be preempted when they "
+                f"claim it back, after a notice of {own_notice} s; billed at the over-quota rate.")
+    else:
+        risk = "Within the guaranteed quota: it is not preempted."
+    price, missing = _quote_price(actor=actor, preview=preview, workload_class=workload_class,
+                                  duration_seconds=duration_seconds, now=now)
+    # the budget guard as lease_request calls it: the request's gpu (its one fitting model filled in)
+    budget_gpu = {**gpu, "model": run.fitting[0]} if len(run.fitting) == 1 else gpu
+    budget = _quote_budget(actor=actor, project=run.project, gpu=budget_gpu, workload_class=workload_class,
+                           duration_seconds=duration_seconds, now=now)
+    return LeaseQuote(preview=preview, project=run.project.slug, gpu=_gpu_output(run.shape, preview.tier),
+                      preemption_risk=risk, preemption_notice_seconds=own_notice if preview.over_quota else None,
+                      expected_wait_seconds=_expected_wait(preview, run.victims, now=now), price=price,
+                      price_unavailable_reason=missing, budget=budget)
+
+
+def duration_words(seconds: int) -> str:
+    """``7200`` → "2 h", ``5400`` → "1 h 30 min", ``90`` → "1 min 30 s", ``90000`` → "1 d 1 h"."""
+    parts = []
+    for unit, size in (("d", 86400), ("h", 3600), ("min", 60), ("s", 1)):
+        amount, seconds = divmod(seconds, size)
+        if amount:
+            parts.append(f"{amount} {unit}")
+    return " ".join(parts[:2]) or "0 s"
+
+
+def _gpu_output(shape: dict, tier: str) -> dict:
+    """The request's ``gpu`` as the lease answer writes it, with the model it would run on."""
+    out = {"kind": shape["kind"], "count": shape["count"], "model": tier or (shape["models"] or ["auto"])[0],
+           "gang": shape["gang"]}
+    for name in ("profile", "milli", "memory_mib"):
+        if shape[name]:
+            out[name] = shape[name]
+    return out
+
+
+def _expected_wait(preview: LeasePreview, victims: tuple[str, ...], *, now: datetime) -> int | None:
+    from leasing import services
+
+    if preview.outcome == "fits":
+        return 0
+    if preview.outcome == "reclaims":  # as services._preempt: the longest notice among the victims' tenants
+        tenants = set(Lease.objects.filter(pk__in=[int(v) for v in victims]).values_list("tenant_id", flat=True))
+        return max([settings.LEASE_PREEMPTION_NOTICE_SECONDS,
+                    *(services.lease_notice_seconds(tenant_id=tenant, now=now) for tenant in sorted(tenants))])
+    return None
+
+
+def _quote_price(*, actor: Actor, preview: LeasePreview, workload_class: str, duration_seconds: int,
+                 now: datetime) -> tuple[QuotePrice | None, str | None]:
+    """Billing's price of the request on the model it would run on, at the rate it would run at; or None
+    and why."""
+    from datetime import timedelta
+
+    from billing.pricing import HOUR_SECONDS, to_minor
+    from billing.selectors import price_books_for, price_quote
+
+    tenant = actor.tenant
+    quote = price_quote(tenant=tenant, gpu=preview.gpu, workload_class=workload_class,
+                        over_quota=preview.over_quota, at=now)
+    if quote is None:
+        books = price_books_for(tenant=tenant, start=now, end=now + timedelta(seconds=1))
+        if not books:
+            return None, f"No price book is in force for tenant '{tenant.slug}' ({tenant.currency})."
+        model = preview.gpu.get("model", "auto")
+        what = {"mig": f"MIG {preview.gpu.get('profile')}", "share": "a GPU share"}.get(preview.gpu.get("kind"),
+                                                                                       "a whole GPU")
+        where = "any model" if model == "auto" else model
+        return None, f"The price book '{books[-1][1].name}' has no rate for {what} on {where}."
+    amount = quote.per_hour * Decimal(duration_seconds) / HOUR_SECONDS
+    return QuotePrice(currency=quote.currency, per_hour=quote.per_hour,
+                      for_duration_minor=to_minor(amount, quote.currency), duration_seconds=duration_seconds,
+                      description=quote.description, book=quote.book), None
+
+
+def _quote_budget(*, actor: Actor, project, gpu: dict, workload_class: str, duration_seconds: int,
+                  now: datetime) -> QuoteBudget:
+    """``billing.services.budget_check`` decides (the request's own guard); the figures of a cap it did not
+    refuse are computed the way it computes them (this month's spend, the live leases, this request)."""
+    from django.db.models import Q
+
+    from billing.models import SpendCap
+    from billing.pricing import HOUR_SECONDS, to_minor
+    from billing.selectors import price_quote, spend_forecast
+    from billing.services import BudgetExceeded, budget_check, period_bounds
+
+    tenant = actor.tenant
+    caps = list(SpendCap.objects.filter(tenant=tenant).filter(Q(project__isnull=True) | Q(project=project))
+                .order_by("pk"))
+    if not caps:
+        return QuoteBudget("ok", "", tenant.currency)
+    try:
+        warning = budget_check(tenant=tenant, project=project, gpu=gpu, workload_class=workload_class,
+                               duration_seconds=duration_seconds, now=now)
+    except BudgetExceeded as error:
+        figures = error.extra
+        scope = "project" if error.message.startswith(f"The monthly spend cap of project {project.slug} ") \
+            else "tenant"
+        return QuoteBudget("refuse", error.message, tenant.currency, scope, figures["cap_minor"],
+                           figures["spent_minor"], figures["request_minor"], figures["forecast_minor"])
+    _start, end = period_bounds(now.date().replace(day=1))
+    quote = price_quote(tenant=tenant, gpu=gpu, workload_class=workload_class, over_quota=False, at=now)
+    hours = Decimal(min(duration_seconds, max(0, (end - now).total_seconds()))) / HOUR_SECONDS
+    request_minor = to_minor(quote.per_hour * hours, tenant.currency) if quote else 0
+    tightest = None
+    for cap in sorted(caps, key=lambda c: c.project_id is None):  # project caps first, as budget_check
+        spent, running = spend_forecast(tenant=tenant, project_id=cap.project_id, now=now)
+        forecast = spent + running + request_minor
+        if tightest is None or cap.monthly_minor - forecast < tightest[0]:
+            tightest = (cap.monthly_minor - forecast, cap, spent, forecast)
+    _headroom, cap, spent, forecast = tightest
+    return QuoteBudget("warn" if warning else "ok", warning, tenant.currency,
+                       "project" if cap.project_id else "tenant", cap.monthly_minor, spent, request_minor, forecast)
+
+
+def _prometheus(path: str, params: dict) -> list | None:
+    """One Prometheus HTTP API query; None when Prometheus does not answer (telemetry is optional)."""
+    import json
+    import urllib.error
+    import urllib.parse
+    import urllib.request
+
+    url = f"{settings.PROMETHEUS_URL.rstrip('/')}/api/v1/{path}?{urllib.parse.urlencode(params)}"
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:  # noqa: S310 (a configured http(s) URL)
+            body = json.loads(response.read())
+    except (OSError, ValueError):
+        return None
+    if body.get("status") != "success":
+        return None
+    return body["data"]["result"]
+
+
+def lease_utilisation(*, lease: Lease, now: datetime | None = None, points: int = 60) -> list[float] | None:
+    """The lease's compute utilisation (0-100 %, mean over its devices) from DCGM metrics in Prometheus,
+    ``points`` samples over its time on GPUs; [] when there is none yet, None when Prometheus is down."""
+    if lease.active_at is None:
+        return []
+    ids = "|".join(f"alloc-{pk}" for pk in Allocation.objects.filter(lease=lease).values_list("pk", flat=True))
+    if not ids:
+        return []
+    end = lease.finished_at or now or timezone.now()
+    start = lease.active_at
+    step = max(1.0, (end - start).total_seconds() / points)
+    result = _prometheus("query_range", {
+        "query": f'avg(DCGM_FI_PROF_GR_ENGINE_ACTIVE{{allocation_id=~"{ids}"}})',
+        "start": start.timestamp(), "end": end.timestamp(), "step": f"{step:.3f}"})
+    if result is None:
+        return None
+    values = result[0]["values"] if result else []
+    return [round(float(value) * 100, 1) for _, value in values]
+
+
+def fleet_utilisation() -> dict[str, float] | None:
+    """Platform staff: compute utilisation now (0-100 %) per allocation instance id and per GPU UUID
+    (whole and shared GPUs), from Prometheus; None when it does not answer."""
+    consumers = _prometheus("query", {"query": 'DCGM_FI_PROF_GR_ENGINE_ACTIVE{allocation_id!=""}'})
+    if consumers is None:
+        return None
+    gpus = _prometheus("query", {"query": "DCGM_FI_DEV_GPU_UTIL"}) or []
+    found = {row["metric"]["allocation_id"]: round(float(row["value"][1]) * 100, 1) for row in consumers}
+    found.update({row["metric"]["UUID"]: round(float(row["value"][1]), 1) for row in gpus})
+    return found
+
+
+def node_list() -> QuerySet[Node]:
+    """Platform staff: every node with its GPUs (lost ones excluded), by pool and id."""
+    return Node.objects.prefetch_related(
+        Prefetch("gpus", queryset=Gpu.objects.filter(lost_at__isnull=True).order_by("index"))
+    ).order_by("pool", "node_id")
+
+
+def node_get(*, node_id: str) -> Node:
+    node = Node.objects.filter(node_id=node_id).first()
+    if node is None:
+        raise NotFound(f"No node {node_id!r}.", field="node")
+    return node
+
+
+def allocation_list_live() -> QuerySet[Allocation]:
+    """Platform staff: every allocation that holds capacity now, with its lease, tenant and project."""
+    return (Allocation.objects.filter(freed_at__isnull=True, lease__isnull=False)
+            .select_related("lease__tenant", "lease__project", "gpu").order_by("gpu_id", "mig_start", "pk"))
+
+
+def queue_list() -> QuerySet[Lease]:
+    """Platform staff: every waiting lease of every tenant in the scheduler's order (its last position)."""
+    from django.db.models import F
+
+    return (Lease.objects.filter(state__in=(LeaseState.REQUESTED, LeaseState.QUEUED))
+            .select_related("tenant", "project")
+            .order_by(F("queue_position").asc(nulls_last=True), "-priority", "queued_at", "pk"))
