@@ -4,3 +4,13 @@ from django.apps import AppConfig
 class BillingConfig(AppConfig):
     name = "billing"
     verbose_name = "Metering and billing"
+
+    def ready(self) -> None:
+        """Take part in leasing's decisions through its seam (``leasing.extensions``): the monthly spend caps
+        admit or refuse requests and renewals, and the general price book ranks ``model: auto``."""
+        from billing import selectors, services
+        from leasing import extensions
+
+        extensions.request_check_register(services.budget_admit_request)
+        extensions.renewal_check_register(services.budget_admit_renewal)
+        extensions.list_prices_register(selectors.whole_list_prices)

@@ -45,6 +45,13 @@ def list_prices(*, at: datetime) -> tuple[str, list[tuple[str, str, str, int]]]:
                       PriceRate.objects.filter(book_id=book).values_list("tier", "kind", "mig_profile", "per_hour")]
 
 
+def whole_list_prices(now: datetime) -> dict[str, int]:
+    """Whole-GPU list price per hour per model (minor units) in force at ``now``: what leasing's ``model: auto``
+    ranks models by (registered through ``leasing.extensions``)."""
+    _currency, rates = list_prices(at=now)
+    return {tier: minor for tier, kind, _profile, minor in rates if kind == "whole"}
+
+
 def price_books_for(*, tenant: Tenant, start: datetime, end: datetime) -> list[tuple[datetime, PriceBook, RateTable]]:
     """The books that apply to ``tenant`` at some moment of [start, end), oldest first, as (from, book,
     rates). A tenant's own books take precedence over the general list in its currency from their start."""

@@ -878,6 +878,18 @@ def budget_check_renewal(*, lease, ends_at: datetime, now: datetime | None = Non
                                 what="this renewal", field="duration_seconds")
 
 
+def budget_admit_request(admission) -> str:
+    """``budget_check`` as leasing's admission check for a new request (``leasing.extensions.RequestAdmission``)."""
+    return budget_check(tenant=admission.actor.tenant, project=admission.project, gpu=admission.gpu,
+                        workload_class=admission.workload_class, duration_seconds=admission.duration_seconds,
+                        now=admission.now)
+
+
+def budget_admit_renewal(admission) -> str:
+    """``budget_check_renewal`` as leasing's admission check for a renewal (``RenewalAdmission``)."""
+    return budget_check_renewal(lease=admission.lease, ends_at=admission.ends_at, now=admission.now)
+
+
 def _budget_against_caps(*, caps: list[SpendCap], tenant: Tenant, project: Project, request_minor: int,
                          now: datetime, what: str, field: str) -> str:
     warnings = []

@@ -163,8 +163,7 @@ def _queue(now: datetime) -> tuple[Waiting, ...]:
     """The scheduler's queue, each request resolved to a model and told in-quota or not by the scheduling
     core's own quota check on the current snapshot (the oldest ``CAPACITY_QUEUE_MAX``)."""
     from leasing.scheduler.plan import Scheduler
-    from leasing.selectors import lease_queue, scheduler_snapshot
-    from leasing.services import _core_request
+    from leasing.selectors import core_request, lease_queue, scheduler_snapshot
 
     queued = list(lease_queue()[: settings.CAPACITY_QUEUE_MAX])
     if not queued:
@@ -172,7 +171,7 @@ def _queue(now: datetime) -> tuple[Waiting, ...]:
     core = Scheduler(scheduler_snapshot(now=now))
     out = []
     for lease in queued:
-        request = _core_request(lease)
+        request = core_request(lease)
         chosen = None
         for tier, need in core.tiers_for(request):
             reason, in_quota = core.quota_check(request, tier, need)

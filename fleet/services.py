@@ -11,7 +11,7 @@ scheduler never double-books:
   a drain preempts the over-quota holders with their promised notice and switches once they have left;
 - a **warm pool** inserts warm allocations (no lease) — the exclusion constraint keeps them apart from
   every lease — then asks the agent to create them; a schedule cycle binds one to a lease with no agent
-  call (``leasing.services._bind_warm``);
+  call (``leasing.services.cycle._bind_warm``);
 - **idle reclaim** notices a lease (deadline, agent notice, ``lease.notice`` notification), then releases
   (in quota) or preempts (over quota) it, or withdraws the notice when it is busy again;
 - **right-sizing** and **quota advice** are advice: accepting one records it (quota advice accepted by
@@ -341,13 +341,13 @@ def _cycle_lock() -> None:
     places while the loop changes a GPU. A cycle that found the lock taken meanwhile skipped (leaving its
     trigger flag set, which would hold back every trigger until it expires): after the commit the flag is
     cleared and a cycle asked for, so what queued meanwhile is placed at once."""
-    from leasing.services import ADVISORY_LOCK, _cycle_flag_clear, schedule_cycle_request
+    from leasing.services import ADVISORY_LOCK, cycle_flag_clear, schedule_cycle_request
 
     with connection.cursor() as cursor:
         cursor.execute("SELECT pg_advisory_xact_lock(%s)", [ADVISORY_LOCK])
 
     def again() -> None:
-        _cycle_flag_clear()
+        cycle_flag_clear()
         schedule_cycle_request()
 
     transaction.on_commit(again)
@@ -540,7 +540,7 @@ def _create_warm(slots, now: datetime) -> tuple[int, list[str]]:
 
 # idle reclaim
 def _apply_reclaim(adjustment: Adjustment, now: datetime) -> None:
-    from leasing.services import _enqueue, lease_preempt, lease_release
+    from leasing.services import enqueue, lease_preempt, lease_release
     from notifications.services import notification_emit
 
     step = adjustment.step
@@ -563,7 +563,7 @@ def _apply_reclaim(adjustment: Adjustment, now: datetime) -> None:
             notification_emit(tenant=lease.tenant, kind="lease.notice", lease=lease, key=f"idle{adjustment.pk}",
                               now=now, data={"reason": reason, "deadline": deadline.isoformat(),
                                              "adjustment": adjustment.pk})
-            _enqueue("lease_notice_run", lease.pk)
+            enqueue("lease_notice_run", lease.pk)
             return _finish(adjustment, AdjustmentState.APPLIED, f"notice given until {deadline.isoformat()}")
         if step == "cancel":
             Lease.objects.filter(pk=lease.pk).update(notice_deadline=None, reason="busy again: idle notice withdrawn")

@@ -1,7 +1,9 @@
 """Dependencies point one way (docs/architecture.md §2): the catalogue, the scheduling core, the capacity planner
 and billing's arithmetic import only the standard library and what is listed for them; the node agent imports
 the catalogue and itself. Relative imports count as imports of the package they resolve into, and
-``from leasing import scheduler`` counts as an import of ``broker`` (all of it)."""
+``from leasing import scheduler`` counts as an import of ``leasing`` (all of it). The apps built on leasing
+(billing, fleet, notifications) take part in its decisions through ``leasing.extensions``: leasing imports none
+of them."""
 
 import ast
 import json
@@ -156,3 +158,20 @@ def test_architecture_catches_what_a_pure_module_must_not_import(target, module,
 )
 def test_architecture_allows_the_pure_modules_own_imports(target, module, source):
     assert _offenders_in(target, module, source) == set()
+
+
+# the apps that read leases (to meter, bill, advise, notify) sit above leasing: it never imports them
+ABOVE_LEASING = ("billing", "fleet", "notifications", "portal")
+
+
+def test_architecture_leasing_imports_no_app_built_on_it():
+    offenders = {f"{path.relative_to(ROOT)}: {name}"
+                 for path in _files("leasing") for name in imports_of(path)
+                 if name.split(".")[0] in ABOVE_LEASING}
+    assert not offenders, sorted(offenders)
+
+
+def test_architecture_leasing_check_sees_a_function_level_import():
+    """The check reads imports inside functions too (the old budget check was one)."""
+    source = "def f():\n    from billing.services import budget_check\n"
+    assert "billing.services" in imports_of(ROOT / "leasing/services/request.py", source)

@@ -1,5 +1,5 @@
-"""Billing routes under ``/api/v1/``: the tenants' usage, invoices and spend caps, the platform staff's price
-books and billing terms, and Stripe's webhook."""
+"""Billing routes under ``/api/v1/``: quotes and offers with their prices, the tenants' usage, invoices and spend
+caps, the platform staff's price books and billing terms, and Stripe's webhook."""
 
 from django.urls import path, re_path
 
@@ -8,6 +8,8 @@ from billing.api import views
 
 urlpatterns = [
     path("usage", views.UsageApi.as_view(), name="api-usage"),
+    path("quotes", views.QuoteApi.as_view(), name="api-quotes"),
+    path("offers", views.OfferListApi.as_view(), name="api-offers"),
     path("invoices", views.InvoiceListApi.as_view(), name="api-invoices"),
     path("invoices/<int:pk>", views.InvoiceDetailApi.as_view(), name="api-invoice"),
     re_path(r"^invoices/(?P<pk>[0-9]+)\.(?P<fmt>pdf|csv)$", views.InvoiceDocumentApi.as_view(),

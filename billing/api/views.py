@@ -15,11 +15,14 @@ from rest_framework import status
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from billing import documents, selectors, services
+from billing import documents, quotes, selectors, services
 from billing.api import serializers as s
 from config.api import paginate, parse
 from config.errors import NotFound, ValidationFailed
 from config.openapi import PAGE_PARAMETERS, paginated, problem
+from leasing import selectors as leasing_selectors
+from leasing.api import serializers as leasing_s
+from leasing.api.permissions import ReadOnlyPostPermission
 from tenants.api.staff import StaffApi
 from tenants.selectors import platform_tenant_get, project_get
 
@@ -206,3 +209,28 @@ class SpendCapDetailApi(APIView):
     def delete(self, request, pk: int):
         services.spend_cap_delete(cap=selectors.spend_cap_get(actor=request.actor, pk=pk), actor=request.actor)
         return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+# -- what a request would cost, and what is on offer (leasing's answers with billing's prices) -----------------
+class QuoteApi(APIView):
+    """What a lease request would get, before it is made; writes nothing (``billing.quotes.lease_quote``,
+    the function behind the portal's live preview too)."""
+
+    permission_classes = [ReadOnlyPostPermission]  # a quote reads only: `view`, read-only tokens included
+
+    @extend_schema(
+        request=leasing_s.LeaseCreateInput,
+        responses={200: s.QuoteOutput, 404: problem("No such project in this tenant"),
+                   409: problem("Quota exceeded: no model's quota limit allows this request")},
+        summary="Quote a lease request: fit or queue, quota, price, budget (nothing is written)")
+    def post(self, request):
+        data = parse(leasing_s.LeaseCreateInput, request)
+        quote = quotes.lease_quote(actor=request.actor, **data)
+        return Response(s.QuoteOutput(quote).data)
+
+
+class OfferListApi(APIView):
+    @extend_schema(responses=s.OfferListOutput, summary="GPU models on offer with their free capacity now")
+    def get(self, request):
+        return Response({"offers": selectors.offer_prices(tenant=request.actor.tenant,
+                                                          offers=leasing_selectors.offer_list())})

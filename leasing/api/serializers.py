@@ -7,7 +7,7 @@ from gpus.catalogue import MODELS
 from gpus.mig import profiles_for
 from leasing.choices import GpuKind, GpuMode, WorkloadClass
 from leasing.models import Allocation, Lease, LeaseEvent
-from leasing.services import MAX_GPU_INDEX, MAX_GPU_MEMORY_MIB
+from leasing.validation import MAX_GPU_INDEX, MAX_GPU_MEMORY_MIB
 from tenants.api.serializers import StrictSerializer
 
 _GPU_PROPERTIES = {
@@ -31,7 +31,7 @@ def _gpu_shape(kind: str, description: str, required: tuple[str, ...] = (), **pr
 
 def _gpu_request_schema() -> dict:
     """The ``gpu`` object, one shape per kind (and per MIG model, whose profiles differ), exactly what
-    ``leasing.services._shape_from`` accepts, so a request valid by the document is never a 400."""
+    ``leasing.services.shape_from`` accepts, so a request valid by the document is never a 400."""
     models = [code for model in MODELS for code in (model.code, *model.aliases)]
     any_model = {"type": "string", "enum": ["auto", *models], "description": _GPU_PROPERTIES["model"]["description"]}
     mig_models = [model.code for model in MODELS if profiles_for(model.code)]
@@ -213,61 +213,3 @@ class HeartbeatOutput(serializers.Serializer):
     heartbeat_seconds = serializers.IntegerField()
 
 
-class OfferListOutput(serializers.Serializer):
-    offers = serializers.ListField(child=serializers.DictField(), help_text="GPU models with free capacity and "
-                                   "the tenant's prices per hour")
-
-
-class QuotePriceOutput(serializers.Serializer):
-    currency = serializers.CharField()
-    per_hour = serializers.CharField(help_text="decimal, major units: the whole request (count included) per hour, "
-                                               "at the rate it would run at (over-quota, interactive)")
-    for_duration = serializers.CharField(help_text="decimal, major units: per_hour for duration_seconds")
-    for_duration_minor = serializers.IntegerField(help_text="the same in minor units (rounded once)")
-    duration_seconds = serializers.IntegerField()
-    formatted = serializers.CharField(help_text='e.g. "4.00 USD per hour, 8.00 USD for 2 h"')
-    description = serializers.CharField(help_text="what is priced, on which model, at which rate")
-    book = serializers.CharField(help_text="the price book it comes from")
-
-
-class QuoteBudgetOutput(serializers.Serializer):
-    outcome = serializers.ChoiceField(choices=["ok", "warn", "refuse"],
-                                      help_text="refuse: POST /leases would answer 402; warn: accepted with the "
-                                                "warning; ok: within every cap, or none is set")
-    message = serializers.CharField(allow_blank=True, help_text="the guard's own words (empty when ok)")
-    currency = serializers.CharField()
-    cap_scope = serializers.ChoiceField(choices=["tenant", "project"], allow_null=True,
-                                        help_text="the cap the figures are of: the refusing one, else the one "
-                                                  "with the least headroom; null when no cap applies")
-    cap_minor = serializers.IntegerField(allow_null=True)
-    spent_minor = serializers.IntegerField(allow_null=True, help_text="metered this month")
-    request_minor = serializers.IntegerField(allow_null=True, help_text="this request, within the month, at the "
-                                             "in-quota rate (as the request's guard counts it)")
-    forecast_minor = serializers.IntegerField(allow_null=True, help_text="spent + live leases + this request")
-
-
-class QuoteOutput(serializers.Serializer):
-    outcome = serializers.ChoiceField(choices=["fits", "reclaims", "waits"],
-                                      help_text="fits: placed at the next cycle; reclaims: placed once over-quota "
-                                                "work of others has had its preemption notice; waits: queued")
-    reason = serializers.CharField(help_text="the scheduler's reason, in the tenant's words")
-    project = serializers.CharField()
-    tier = serializers.CharField(allow_blank=True, help_text="the GPU model it would run on (when it waits: the "
-                                                             "first whose quota admits it now)")
-    gpu = serializers.SerializerMethodField()
-    units_milli = serializers.IntegerField(help_text="what it counts against the quota of tier")
-    over_quota = serializers.BooleanField()
-    preemption_risk = serializers.CharField(help_text="what over_quota means for this request, in a sentence")
-    preemption_notice_seconds = serializers.IntegerField(allow_null=True, help_text="the notice it would get "
-                                                         "before a preemption (over quota only)")
-    queue_position = serializers.IntegerField(allow_null=True)
-    expected_wait_seconds = serializers.IntegerField(
-        allow_null=True, help_text="0 when it fits; when it reclaims, the longest notice its victims are promised "
-                                   "(at most); null when it waits: not predicted (docs/leasing.md)")
-    price = QuotePriceOutput(allow_null=True)
-    price_unavailable_reason = serializers.CharField(allow_null=True, help_text="why price is null")
-    budget = QuoteBudgetOutput()
-
-    @extend_schema_field(GPU_OUTPUT_SCHEMA)
-    def get_gpu(self, obj) -> dict:
-        return obj.gpu

@@ -6,8 +6,6 @@ urlpatterns = [
     path("leases", views.LeaseListApi.as_view(), name="api-leases"),
     path("leases/<int:pk>", views.LeaseDetailApi.as_view(), name="api-lease"),
     path("leases/<int:pk>/renew", views.LeaseRenewApi.as_view(), name="api-lease-renew"),
-    path("quotes", views.QuoteApi.as_view(), name="api-quotes"),
-    path("offers", views.OfferListApi.as_view(), name="api-offers"),
     path("agents/enroll", views.AgentEnrollApi.as_view(), name="api-agent-enroll"),
     path("agents/<str:node_id>/heartbeat", views.AgentHeartbeatApi.as_view(), name="api-agent-heartbeat"),
 ]

@@ -15,7 +15,6 @@ from config.errors import ValidationFailed
 from config.openapi import PAGE_PARAMETERS, paginated, problem
 from leasing import selectors, services
 from leasing.api import serializers as s
-from leasing.api.permissions import ReadOnlyPostPermission
 from leasing.choices import LeaseState
 
 
@@ -84,31 +83,6 @@ class LeaseRenewApi(APIView):
         lease = selectors.lease_get(actor=request.actor, lease_id=pk)
         lease = services.lease_renew(lease=lease, actor=_actor_label(request), **data)
         return Response(s.LeaseOutput(lease).data)
-
-
-class QuoteApi(APIView):
-    """What a lease request would get, before it is made; writes nothing (``leasing.selectors.lease_quote``,
-    the function behind the portal's live preview too)."""
-
-    permission_classes = [ReadOnlyPostPermission]  # a quote reads only: `view`, read-only tokens included
-
-    @extend_schema(
-        request=s.LeaseCreateInput,
-        responses={200: s.QuoteOutput, 404: problem("No such project in this tenant"),
-                   409: problem("Quota exceeded: no model's quota limit allows this request")},
-        summary="Quote a lease request: fit or queue, quota, price, budget (nothing is written)")
-    def post(self, request):
-        data = parse(s.LeaseCreateInput, request)
-        quote = selectors.lease_quote(actor=request.actor, **data)
-        return Response(s.QuoteOutput(quote).data)
-
-
-class OfferListApi(APIView):
-    @extend_schema(responses=s.OfferListOutput, summary="GPU models on offer with their free capacity now")
-    def get(self, request):
-        from billing.selectors import offer_prices
-
-        return Response({"offers": offer_prices(tenant=request.actor.tenant, offers=selectors.offer_list())})
 
 
 class AgentEnrollApi(APIView):

@@ -35,7 +35,7 @@ def start_fleet(broker_url: str, state_dir, shapes: tuple[str, ...], *extra: str
 
 @pytest.fixture(autouse=True)
 def _no_cycle_pending():
-    services._cycle_flag_clear()
+    services.cycle_flag_clear()
 
 
 @pytest.fixture

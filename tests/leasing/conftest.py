@@ -70,7 +70,7 @@ def stop_workers(processes) -> None:
 def _no_cycle_pending():
     """Each test starts with no schedule cycle pending for its database and queue (the trigger flag lives
     in the broker's Redis, outside the test database)."""
-    services._cycle_flag_clear()
+    services.cycle_flag_clear()
 
 
 @pytest.fixture

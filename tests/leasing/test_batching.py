@@ -8,6 +8,7 @@ from django.utils import timezone
 
 from leasing import services, tasks
 from leasing.models import Allocation, Lease, LeaseEvent, Node
+from leasing.services.cycle import _cycle_again_if_new
 from tenants.access import Actor
 from tenants.choices import Role
 from tests.factories import make_quota, make_world
@@ -110,7 +111,7 @@ def test_batching_request_during_a_cycle_gets_the_next_one(transactional_db, no_
     # a request that commits after the pending cycle read the queue (its trigger found the flag set) ...
     services.lease_request(actor=actor, project="vision", gpu={"kind": "whole"})
     assert no_tasks == [("schedule_cycle", ())]
-    services._cycle_again_if_new([first.pk])  # ... is found by that cycle's look after its commit
+    _cycle_again_if_new([first.pk])  # ... is found by that cycle's look after its commit
     assert no_tasks == [("schedule_cycle", ())] * 2
 
 

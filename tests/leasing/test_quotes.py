@@ -1,6 +1,6 @@
 """``POST /api/v1/quotes``: what a lease request would get, before it is made — fit or queue, quota standing and
 preemption risk, the wait, the price and the spend caps' verdict — with nothing written. The portal's live
-preview is the same function (``leasing.selectors.lease_quote``): both surfaces give the same answer for the
+preview is the same function (``billing.quotes.lease_quote``): both surfaces give the same answer for the
 same input, and the quote refuses exactly what the request refuses, naming the same field."""
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ from django.test import Client
 from django.utils import timezone
 
 from billing import services as billing
+from billing.api.serializers import QuoteOutput
 from billing.models import SpendCap
 from billing.pricing import format_money
 from leasing import services
-from leasing.api.serializers import QuoteOutput
 from leasing.models import Gpu, Lease, LeaseEvent, Node
 from tenants import services as tenant_services
 from tenants.access import Actor
@@ -120,16 +120,16 @@ def test_quote_api_and_portal_preview_agree_in_every_state(world):
 
 def test_quote_the_portal_calls_the_function_the_api_calls(world, monkeypatch):
     """Not a copy of it: replace ``lease_quote`` and both surfaces follow."""
-    from leasing import selectors
+    from billing import quotes
 
     calls = []
-    real = selectors.lease_quote
+    real = quotes.lease_quote
 
     def spy(**kwargs):
         calls.append(kwargs["project"])
         return real(**kwargs)
 
-    monkeypatch.setattr(selectors, "lease_quote", spy)
+    monkeypatch.setattr(quotes, "lease_quote", spy)
     quote(world, WHOLE)
     portal_quote(WHOLE)
     assert calls == ["vision", "vision"]

@@ -1,0 +1,82 @@
+"""Where the apps built on leasing take part in its decisions, without leasing importing them.
+
+Leasing knows nothing of money; billing (which reads leases to meter them) registers, in its ``AppConfig.ready``:
+
+- **admission checks** for new requests and for renewals: a check refuses by raising an ``ApplicationError``
+  (billing's spend caps raise ``BudgetExceeded``, a 402) and may return a warning, which goes into the lease's
+  event; every registered check runs, in registration order, before anything is written;
+- **the list prices** of whole GPUs per model, that ``model: auto`` ranks models by.
+
+The dependency so runs one way: billing → leasing. A deployment without billing leases with no checks and ranks
+``auto`` by the scheduling core's own order. Tests may register their own and remove them (the ``unregister``
+callables returned).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+
+from tenants.access import Actor
+
+
+@dataclass(frozen=True)
+class RequestAdmission:
+    """A request that passed leasing's own rules, as an admission check sees it. ``gpu`` is the request's gpu
+    object with ``model`` set when exactly one model's quota admits it."""
+
+    actor: Actor
+    project: object  # tenants.models.Project
+    gpu: dict
+    workload_class: str
+    duration_seconds: int
+    now: datetime
+
+
+@dataclass(frozen=True)
+class RenewalAdmission:
+    """A renewal of an ACTIVE lease to end at ``ends_at``, read under the lease's row lock."""
+
+    lease: object  # leasing.models.Lease
+    ends_at: datetime
+    now: datetime
+
+
+RequestCheck = Callable[[RequestAdmission], str]
+RenewalCheck = Callable[[RenewalAdmission], str]
+_request_checks: list[RequestCheck] = []
+_renewal_checks: list[RenewalCheck] = []
+_list_prices: list[Callable[[datetime], dict[str, int]]] = []
+
+
+def _register(registry: list, item) -> Callable[[], None]:
+    if item not in registry:
+        registry.append(item)
+    return lambda: registry.remove(item) if item in registry else None
+
+
+def request_check_register(check: RequestCheck) -> Callable[[], None]:
+    return _register(_request_checks, check)
+
+
+def renewal_check_register(check: RenewalCheck) -> Callable[[], None]:
+    return _register(_renewal_checks, check)
+
+
+def list_prices_register(source: Callable[[datetime], dict[str, int]]) -> Callable[[], None]:
+    """``source(now)`` → whole-GPU price per hour per model (minor units, one currency); the last registered wins."""
+    return _register(_list_prices, source)
+
+
+def request_admit(admission: RequestAdmission) -> str:
+    """Run every request check; the warnings, joined (refusals propagate)."""
+    return " ".join(warning for check in _request_checks if (warning := check(admission)))
+
+
+def renewal_admit(admission: RenewalAdmission) -> str:
+    return " ".join(warning for check in _renewal_checks if (warning := check(admission)))
+
+
+def list_prices(now: datetime) -> dict[str, int]:
+    return _list_prices[-1](now) if _list_prices else {}

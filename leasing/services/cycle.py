@@ -1,0 +1,265 @@
+"""The schedule cycle: snapshot → scheduling core → one transaction of decisions (placements, warm binds,
+preemptions); provisioning and notices are enqueued after commit."""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.db import IntegrityError, connection, transaction
+from django.db.backends.postgresql.psycopg_any import NumericRange
+from django.db.models import Q
+from django.utils import timezone
+
+from gpus.mig import profile_get
+from leasing.choices import (
+    AllocationState,
+    GpuKind,
+    GpuMode,
+    LeaseState,
+)
+from leasing.models import Allocation, Gpu, Lease, LeaseEvent
+from leasing.scheduler import DecisionMode, plan
+from leasing.selectors import core_request, lease_queue, scheduler_snapshot
+from leasing.services.provisioning import release_instances_quietly
+from leasing.services.transitions import allocations_free, lease_transition, update_each
+from leasing.services.triggers import cycle_flag_clear, enqueue, schedule_cycle_request
+
+logger = logging.getLogger(__name__)
+ADVISORY_LOCK = 0x6770_7562  # "gpub": one schedule cycle at a time
+
+
+def schedule_cycle(*, now: datetime | None = None) -> dict:
+    """One cycle for the pool (serialised by a PostgreSQL advisory lock): snapshot → core → one
+    transaction of decisions; provisioning (one task per node) and notices are enqueued after commit."""
+    now = now or timezone.now()
+    counts = {"placed": 0, "preempt": 0, "waiting": 0}
+    with transaction.atomic(durable=True):
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_try_advisory_xact_lock(%s)", [ADVISORY_LOCK])
+            if not cursor.fetchone()[0]:
+                # a cycle is running: it looks again for what it did not see once it has committed
+                return {**counts, "skipped": 1}
+        # suspended tenants' leases are held, never placed
+        queued = list(lease_queue().select_related("project")[:5000])
+        seen = [lease.pk for lease in queued]
+        transaction.on_commit(lambda: _cycle_again_if_new(seen))
+        if not queued:
+            return counts
+        counts["seen"] = len(queued)
+        snapshot = scheduler_snapshot(now=now)
+        by_id = {str(lease.pk): lease for lease in queued}
+        decisions = plan(snapshot, [core_request(lease) for lease in queued], now=now.timestamp())
+        gpu_by_key = {f"g{g.pk}": g for g in Gpu.objects.filter(pk__in={
+            int(u.gpu[1:]) for d in decisions if d.allocation for u in d.allocation.units}).select_related("node")}
+        placements = [(by_id[d.request], d) for d in decisions if d.mode == DecisionMode.PLACED]
+        placed, refused = _place_all(placements, gpu_by_key, now)
+        counts["placed"] = len(placed)
+        waiting = []
+        for decision in decisions:
+            lease = by_id[decision.request]
+            if decision.mode == DecisionMode.PLACED:
+                if lease.pk not in refused:
+                    continue  # placed, or released since the cycle read it (its placement is undone)
+                reason = "waiting: the capacity chosen is still being vacated; retrying next cycle"
+            elif decision.mode == DecisionMode.PREEMPT:
+                counts["preempt"] += 1
+                _preempt(decision, now)
+                reason = _reclaim_reason(lease, decision)
+            else:
+                counts["waiting"] += 1
+                reason = _tenant_terms(decision.reason, lease)
+            if (lease.reason, lease.queue_position) != (reason, decision.queue_position):
+                lease.reason, lease.queue_position = reason, decision.queue_position
+                waiting.append(lease)
+        # what waits, and why: one statement for all whose reason or place changed (still queued only)
+        update_each(Lease, waiting, ["reason", "queue_position"], state=LeaseState.QUEUED)
+    return counts
+
+
+def _tenant_terms(reason: str, lease: Lease) -> str:
+    """A core reason in the tenant's words: its project by slug, not by the core's internal id."""
+    return reason.replace(f"project {lease.project_id} ", f"project '{lease.project.slug}' ")
+
+
+def _reclaim_reason(lease: Lease, decision) -> str:
+    """Why an in-quota request waits for a reclaim, naming only the tenant's own leases (another tenant's
+    lease ids and projects are not its business)."""
+    victims = list(Lease.objects.filter(pk__in=[int(v) for v in decision.victims]).values_list("pk", "tenant_id"))
+    own = [str(pk) for pk, tenant_id in victims if tenant_id == lease.tenant_id]
+    tier = decision.allocation.tier if decision.allocation else ""
+    mine = f" (yours: lease {', '.join(own)})" if own else ""
+    return (f"waiting: in quota on {tier}: {len(victims)} over-quota lease(s) given notice{mine}; starts when "
+            "they have left")
+
+
+def _cycle_again_if_new(seen: list[int]) -> None:
+    """After a cycle commits: requests queued while it ran (their trigger found the flag set, or the lock
+    taken) get the next cycle."""
+    cycle_flag_clear()
+    if lease_queue().exclude(pk__in=seen).exists():
+        schedule_cycle_request()
+
+
+def _allocation_rows(lease: Lease, decision, gpu_by_key: dict, now: datetime) -> list[Allocation]:
+    allocation = decision.allocation
+    rows = []
+    for unit in allocation.units:
+        gpu = gpu_by_key[unit.gpu]
+        if unit.mig_profile:
+            size = profile_get(gpu.model, unit.mig_profile).memory_slots
+            slots = NumericRange(unit.mig_start, unit.mig_start + size)
+            kind = GpuKind.MIG
+        elif gpu.mode == GpuMode.SHARED:
+            slots, kind = NumericRange(0, 0), GpuKind.SHARE
+        else:
+            slots, kind = NumericRange(0, 8), GpuKind.WHOLE
+        rows.append(Allocation(lease=lease, gpu=gpu, tier=allocation.tier, kind=kind,
+                               mig_profile=unit.mig_profile or "",
+                               mig_start=unit.mig_start if unit.mig_profile else None, slots=slots,
+                               milli=unit.milli, memory_mib=unit.memory_mib, preemptible=allocation.preemptible,
+                               created_at=now))
+    return rows
+
+
+def _place_all(placements: list, gpu_by_key: dict, now: datetime) -> tuple[list[int], set[int]]:
+    """Write the cycle's placements: (ids placed, ids whose capacity the database refused).
+
+    All at once first — the leases still queued locked in key order, their allocations in one insert, their
+    transitions in one update and one insert of events, in a savepoint. When the database refuses one
+    allocation (capacity of a preempted lease not yet vacated: the exclusion constraint), the savepoint is
+    undone and each lease is placed in a savepoint of its own, so only the refused ones wait."""
+    if not placements:
+        return [], set()
+    try:
+        with transaction.atomic():
+            placed = _place_many(placements, gpu_by_key, now)
+        return placed, set()
+    except IntegrityError:
+        pass
+    placed, refused = [], set()
+    for lease, decision in placements:
+        try:
+            with transaction.atomic():
+                placed += _place_many([(lease, decision)], gpu_by_key, now)
+        except IntegrityError:
+            refused.add(lease.pk)
+    return placed, refused
+
+
+def _place_many(placements: list, gpu_by_key: dict, now: datetime) -> list[int]:
+    """Placements → PROVISIONING with their allocations and events (inside a transaction); leases no longer
+    queued (released since the cycle read them) are skipped. Provisioning is enqueued per node on commit."""
+    claimed = set(Lease.objects.select_for_update().filter(
+        pk__in=[lease.pk for lease, _ in placements], state=LeaseState.QUEUED).order_by("pk")
+        .values_list("pk", flat=True))
+    rows, changed, events, by_node, warm = [], [], [], {}, []
+    for lease, decision in placements:
+        if lease.pk not in claimed:
+            continue
+        allocation = decision.allocation
+        if decision.warm:  # warm pool members: bound below, no agent call
+            warm.append((lease, decision))
+            continue
+        rows += _allocation_rows(lease, decision, gpu_by_key, now)
+        changed.append(Lease(pk=lease.pk, state=LeaseState.PROVISIONING, reason=decision.reason,
+                             tier=allocation.tier, over_quota=allocation.preemptible, queue_position=None))
+        events.append(LeaseEvent(lease_id=lease.pk, from_state=LeaseState.QUEUED, to_state=LeaseState.PROVISIONING,
+                                 reason=decision.reason, actor="scheduler", at=now))
+        by_node.setdefault(gpu_by_key[allocation.units[0].gpu].node_id, []).append(lease.pk)
+    Allocation.objects.bulk_create(rows)
+    update_each(Lease, changed, ["state", "reason", "tier", "over_quota", "queue_position"])
+    LeaseEvent.objects.bulk_create(events)
+    for lease, decision in warm:
+        _bind_warm(lease, decision, gpu_by_key, now)
+    for lease_ids in by_node.values():
+        enqueue("leases_provision_run", lease_ids)
+    logger.info("placed %d leases on %d nodes", len(changed), len(by_node))
+    return [lease.pk for lease in changed]
+
+
+def _bind_warm(lease: Lease, decision, gpu_by_key: dict, now: datetime) -> None:
+    """A placement on warm pool members: each member still warm (no lease, ready, live) becomes the lease's
+    allocation by one conditional update, and the lease is ACTIVE at once — no agent call on the path. A
+    member taken or removed since the cycle read it refuses the whole placement (IntegrityError: the
+    caller's savepoint is undone and the lease waits for the next cycle)."""
+    allocation = decision.allocation
+    ids = [int(warm_id) for warm_id in decision.warm]
+    bound = Allocation.objects.filter(pk__in=ids, lease__isnull=True, state=AllocationState.WARM,
+                                      freed_at__isnull=True).update(
+        lease=lease, tier=allocation.tier, preemptible=allocation.preemptible, state=AllocationState.READY,
+        bound_at=now)
+    if bound != len(ids):
+        raise IntegrityError(f"warm instance(s) {decision.warm} were taken or removed since the cycle read them")
+    extra = _allocation_rows(lease, decision, gpu_by_key, now)[len(ids):]
+    if extra:  # units beyond the warm members (a gang): placed the cold way, the lease provisions
+        Allocation.objects.bulk_create(extra)
+    node = gpu_by_key[allocation.units[0].gpu].node
+    reason = f"{decision.reason}; bound warm instance(s) {', '.join(f'alloc-{i}' for i in ids)}"
+    lease_transition(lease=lease, to=LeaseState.PROVISIONING, reason=reason, actor="scheduler", now=now,
+                     tier=allocation.tier, over_quota=allocation.preemptible, queue_position=None)
+    if extra:
+        enqueue("leases_provision_run", [lease.pk])
+        return
+    lease_transition(lease=lease, to=LeaseState.ACTIVE, reason=f"running on {node.node_id} (warm instance)",
+                     actor="scheduler", now=now, active_at=now, ends_at=now + timedelta(seconds=lease.duration_seconds))
+
+
+def _preempt(decision, now: datetime) -> None:
+    """Victims get a notice and a deadline — the notice their tenant's SLO contract promises, else
+    ``LEASE_PREEMPTION_NOTICE_SECONDS`` — and at the deadline they are released and requeued."""
+    longest = settings.LEASE_PREEMPTION_NOTICE_SECONDS
+    claimant = Lease.objects.filter(pk=int(decision.request)).values_list("tenant_id", flat=True).first()
+    for victim_id in decision.victims:
+        victim = Lease.objects.select_for_update().filter(pk=int(victim_id)).first()
+        if victim is None or victim.state != LeaseState.ACTIVE:
+            continue
+        # the victim learns which of its own tenant's leases claimed the GPU, never another tenant's
+        whose = f"lease {decision.request}" if claimant == victim.tenant_id else "another tenant"
+        notice = lease_preempt(lease=victim, actor="scheduler", now=now, why=f"for in-quota work ({whose})")
+        longest = max(longest, notice)
+    from leasing import tasks
+
+    transaction.on_commit(lambda: tasks.lease_expire_due.apply_async(countdown=longest + 0.5))
+
+
+def lease_notice_seconds(*, tenant_id: int, now: datetime) -> int:
+    """The preemption notice a tenant is promised: its SLO contract's, else ``LEASE_PREEMPTION_NOTICE_SECONDS``."""
+    from tenants.models import SloContract
+
+    contract = (SloContract.objects.filter(tenant_id=tenant_id, effective_from__lte=now)
+                .filter(Q(effective_to__isnull=True) | Q(effective_to__gt=now)).first())
+    return contract.preemption_notice_seconds if contract else settings.LEASE_PREEMPTION_NOTICE_SECONDS
+
+
+def lease_preempt(*, lease: Lease, actor: str, now: datetime, why: str, notice_seconds: int | None = None) -> int:
+    """An ACTIVE lease (locked by the caller, inside its transaction) becomes PREEMPTED with a deadline —
+    ``notice_seconds`` or the tenant's promised notice — and the agent tells its instances; at the deadline
+    ``lease_preempt_due`` releases and requeues it. Returns the notice given, in seconds."""
+    notice = lease_notice_seconds(tenant_id=lease.tenant_id, now=now) if notice_seconds is None else notice_seconds
+    deadline = now + timedelta(seconds=notice)
+    lease_transition(lease=lease, to=LeaseState.PREEMPTED, actor=actor, now=now, notice_deadline=deadline,
+                     reason=f"preempted {why}; notice until {deadline.isoformat(timespec='seconds')}")
+    enqueue("lease_notice_run", lease.pk)
+    return notice
+
+
+def lease_preempt_due(*, now: datetime | None = None) -> int:
+    """Preempted leases past their notice deadline: instances destroyed, lease back in the queue."""
+    now = now or timezone.now()
+    due = list(Lease.objects.filter(state=LeaseState.PREEMPTED, notice_deadline__lte=now).order_by("pk")[:500])
+    for lease in due:
+        release_instances_quietly(lease)
+        allocations_free(lease=lease, now=timezone.now(), to=LeaseState.QUEUED, actor="broker",
+                         reason="preempted: requeued, restarts when capacity frees")
+    return len(due)
+
+
+def schedule_cycle_wait() -> None:
+    """Inside a transaction: wait until no schedule cycle runs, and keep cycles out until it commits (the
+    cycle's advisory lock). Whatever a running cycle placed is committed when this returns."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_advisory_xact_lock(%s)", [ADVISORY_LOCK])
+
+

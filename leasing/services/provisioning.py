@@ -1,0 +1,185 @@
+"""Agent work, outside transactions: creating the instances of placed leases, recording what the agents made,
+destroying instances on release, and preemption notices."""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from leasing.choices import (
+    AllocationState,
+    GpuKind,
+    LeaseState,
+)
+from leasing.models import Allocation, Lease, LeaseEvent, Node
+from leasing.services.transitions import allocations_free, update_each
+
+logger = logging.getLogger(__name__)
+
+
+# -- allocations -----------------------------------------------------------------------------------------
+def allocation_spec(allocation: Allocation) -> dict:
+    """The agent's ``PUT /v1/instances/{id}`` body for ``allocation``."""
+    if allocation.kind == GpuKind.MIG:
+        return {"kind": "mig", "gpu": allocation.gpu.uuid, "profile": allocation.mig_profile,
+                "start": allocation.mig_start}
+    if allocation.kind == GpuKind.SHARE:
+        return {"kind": "share", "gpu": allocation.gpu.uuid, "milli": allocation.milli,
+                "memory_mib": allocation.memory_mib}
+    return {"kind": "whole", "gpu": allocation.gpu.uuid}
+
+
+def agent_client(node: Node):
+    from agent.client import AgentClient
+
+    return AgentClient(node.address, node.node_id, node.secret, timeout=settings.AGENT_TIMEOUT_SECONDS, retries=1)
+
+
+def allocation_ready(*, allocation: Allocation, instance: dict, now: datetime) -> bool:
+    """Record what the agent created; when every allocation of the lease is ready, the lease is ACTIVE.
+    False when the allocation was no longer pending (recorded before, or freed)."""
+    return allocations_ready(items=[(allocation, instance)], now=now)["ready"] == 1
+
+
+def allocations_ready(*, items: list[tuple[Allocation, dict]], now: datetime) -> dict[str, int]:
+    """Record what the agents created, in one transaction: each allocation still pending becomes READY
+    with its device; each lease still PROVISIONING whose live allocations are now all ready becomes ACTIVE
+    until ``now`` + its duration, with its event. The leases are locked first, in key order (as
+    ``allocations_free`` does), so a release racing this waits or wins cleanly. Returns how many
+    allocations were recorded (``ready``) and how many leases became ACTIVE (``active``)."""
+    instances = {allocation.pk: instance for allocation, instance in items}
+    lease_ids = sorted({allocation.lease_id for allocation, _ in items})
+    with transaction.atomic(durable=True):
+        leases = {lease.pk: lease for lease in Lease.objects.select_for_update().filter(pk__in=lease_ids)
+                  .order_by("pk").only("pk", "state", "duration_seconds")}
+        pending = Allocation.objects.filter(pk__in=instances, state=AllocationState.PENDING).values_list(
+            "pk", flat=True)
+        recorded = []
+        for pk in sorted(pending):
+            instance = instances[pk]
+            recorded.append(Allocation(pk=pk, state=AllocationState.READY, ready_at=now,
+                                       device_uuid=instance.get("device_uuid", ""),
+                                       gpu_instance_id=instance.get("gpu_instance_id"),
+                                       access=instance.get("access", {})))
+        if not recorded:
+            return {"ready": 0, "active": 0}
+        update_each(Allocation, recorded, ["state", "ready_at", "device_uuid", "gpu_instance_id", "access"])
+        unfinished = set(Allocation.objects.filter(lease_id__in=lease_ids, freed_at__isnull=True)
+                         .exclude(state=AllocationState.READY).values_list("lease_id", flat=True))
+        node_of = {allocation.lease_id: allocation.gpu.node.node_id for allocation, _ in items}
+        active, events = [], []
+        for lease_id in lease_ids:
+            lease = leases.get(lease_id)
+            if lease is None or lease.state != LeaseState.PROVISIONING or lease_id in unfinished:
+                continue
+            reason = f"running on {node_of[lease_id]}"
+            active.append(Lease(pk=lease_id, state=LeaseState.ACTIVE, reason=reason, active_at=now,
+                                ends_at=now + timedelta(seconds=lease.duration_seconds)))
+            events.append(LeaseEvent(lease_id=lease_id, from_state=LeaseState.PROVISIONING,
+                                     to_state=LeaseState.ACTIVE, reason=reason, actor="worker", at=now))
+        update_each(Lease, active, ["state", "reason", "active_at", "ends_at"])
+        LeaseEvent.objects.bulk_create(events)
+    logger.info("%d instances recorded, %d leases active", len(recorded), len(active))
+    return {"ready": len(recorded), "active": len(active)}
+
+
+# -- agent work (outside transactions) ----------------------------------------------------------------
+def lease_provision(*, lease_id: int) -> str:
+    """Create every pending instance of the lease on its node (idempotent). Returns the lease state."""
+    leases_provision(lease_ids=[lease_id])
+    return Lease.objects.values_list("state", flat=True).get(pk=lease_id)
+
+
+def leases_provision(*, lease_ids: list[int]) -> dict[str, int]:
+    """Create the pending instances of these leases (idempotent): one batch call per node
+    (``AgentClient.create_many``), then one transaction records them all (``allocations_ready``). A
+    refusal (4xx) requeues that lease with the reason, its other instances destroyed. A node that does
+    not answer (or answers 5xx) raises ``AgentUnreachable`` once what the other nodes made is recorded;
+    running this again is harmless (the agent returns the instances it already made)."""
+    from agent.client import AgentHTTPError, AgentUnreachable
+
+    pending = (Allocation.objects.filter(lease_id__in=lease_ids, lease__state=LeaseState.PROVISIONING,
+                                         state=AllocationState.PENDING).select_related("gpu__node").order_by("pk"))
+    by_node: dict[int, list[Allocation]] = {}
+    for allocation in pending:
+        by_node.setdefault(allocation.gpu.node_id, []).append(allocation)
+    ready, refused, unreachable = [], {}, []
+    for allocations in by_node.values():
+        node = allocations[0].gpu.node
+        try:
+            answers = agent_client(node).create_many({a.instance_id: allocation_spec(a) for a in allocations})
+        except AgentUnreachable as error:
+            unreachable.append(str(error))
+            continue
+        except AgentHTTPError as error:  # the call as a whole refused
+            answers = {a.instance_id: {"status": error.status, "problem": error.problem} for a in allocations}
+        for allocation in allocations:
+            answer = answers.get(allocation.instance_id) or {"status": 502, "problem": {"detail": "no answer"}}
+            if answer["status"] < 300:
+                ready.append((allocation, answer["instance"]))
+            elif answer["status"] < 500:  # the agent refuses: retrying will not help
+                refused.setdefault(allocation.lease_id, answer["problem"].get("detail"))
+            else:
+                unreachable.append(f"{node.node_id}: {allocation.instance_id}: {answer['problem'].get('detail')}")
+    counts = {"active": 0, "requeued": 0}
+    if ready:
+        counts["active"] = allocations_ready(items=ready, now=timezone.now())["active"]
+    for lease_id, detail in refused.items():
+        lease = Lease.objects.get(pk=lease_id)
+        release_instances_quietly(lease)  # what was already made for this lease goes
+        allocations_free(lease=lease, now=timezone.now(), to=LeaseState.QUEUED,
+                         reason=f"the node refused the instance ({detail}); requeued")
+        counts["requeued"] += 1
+    if unreachable:
+        raise AgentUnreachable("; ".join(unreachable))
+    return counts
+
+
+def leases_provision_give_up(*, lease_ids: list[int], reason: str) -> int:
+    """After the last retry: the leases still provisioning free their allocations and wait again."""
+    count = 0
+    for lease in Lease.objects.filter(pk__in=lease_ids, state=LeaseState.PROVISIONING).order_by("pk"):
+        allocations_free(lease=lease, now=timezone.now(), to=LeaseState.QUEUED, reason=reason)
+        count += 1
+    return count
+
+
+def lease_release_instances(*, lease: Lease) -> None:
+    """Destroy the agent instances of every live allocation (already gone is success)."""
+    for allocation in lease.allocations.filter(freed_at__isnull=True).select_related("gpu__node"):
+        agent_client(allocation.gpu.node).destroy(allocation.instance_id)
+
+
+def release_instances_quietly(lease: Lease) -> None:
+    """Best effort: an unreachable node keeps its instance until the reconcile destroys it as an orphan."""
+    from agent.client import AgentUnreachable
+
+    try:
+        lease_release_instances(lease=lease)
+    except AgentUnreachable as error:
+        logger.warning("lease %s: instances not destroyed now (%s); the reconcile will", lease.pk, error)
+
+
+def lease_release_finish(*, lease_id: int, final: str) -> str:
+    lease = Lease.objects.get(pk=lease_id)
+    if lease.state != LeaseState.RELEASING:
+        return lease.state
+    lease_release_instances(lease=lease)
+    reason = "the lease reached its end" if final == LeaseState.EXPIRED else "released"
+    return allocations_free(lease=lease, now=timezone.now(), to=final, reason=reason).state
+
+
+def lease_notice(*, lease_id: int) -> None:
+    lease = Lease.objects.get(pk=lease_id)
+    # a preemption, or the capacity loop's idle notice on a running lease
+    if lease.state not in (LeaseState.PREEMPTED, LeaseState.ACTIVE) or lease.notice_deadline is None:
+        return
+    for allocation in lease.allocations.filter(freed_at__isnull=True).select_related("gpu__node"):
+        agent_client(allocation.gpu.node).notice(allocation.instance_id, lease.notice_deadline.timestamp(),
+                                                 lease.reason)
+
+

@@ -1,0 +1,127 @@
+"""A lease request: validated by ``leasing.validation`` (the rules the preview and the quote use too), admitted by the
+checks other apps register (``leasing.extensions``), and inserted born queued with its first events."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from contextlib import nullcontext
+from datetime import datetime
+
+from django.contrib.postgres.expressions import ArraySubquery
+from django.db import IntegrityError, connection, transaction
+from django.db.models import IntegerField, OuterRef, Subquery, Value
+from django.db.models.functions import JSONObject
+from django.utils import timezone
+
+from config.errors import (
+    IdempotencyConflict,
+    NotFound,
+    ValidationFailed,
+)
+from leasing.choices import (
+    LeaseState,
+    WorkloadClass,
+)
+from leasing.extensions import RequestAdmission, request_admit
+from leasing.models import Lease, LeaseEvent
+from leasing.services.triggers import enqueue
+from leasing.validation import request_input_check, request_quota_check
+from tenants.access import Actor
+from tenants.models import Project, Quota
+
+logger = logging.getLogger(__name__)
+
+
+def _request_hash(payload: dict) -> str:
+    return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def lease_request(*, actor: Actor, project: str, gpu: object, workload_class: str = WorkloadClass.TRAINING,
+                  priority: int = 0, duration_seconds: object = 3600, idempotency_key: str = "",
+                  now: datetime | None = None) -> tuple[Lease, bool]:
+    """Validate and queue a request: (the lease, created now?). The same idempotency key with the same
+    body returns the first lease; with another body it is ``IdempotencyConflict``."""
+    actor.require("use")
+    now = now or timezone.now()
+    checked = request_input_check(actor=actor, project=project, gpu=gpu, workload_class=workload_class,
+                                  priority=priority, duration_seconds=duration_seconds)
+    shape = checked.shape
+    if len(idempotency_key) > 200:
+        raise ValidationFailed("Idempotency-Key is at most 200 characters.", field="Idempotency-Key")
+    payload = {"project": project, "gpu": shape, "workload_class": workload_class, "priority": priority,
+               "duration_seconds": duration_seconds}
+    digest = _request_hash(payload)
+    # one query: the project, its quota limits and the lease this idempotency key already made, if any
+    keyed = Lease.objects.filter(tenant=actor.tenant, idempotency_key=idempotency_key).order_by()
+    found = list(Project.objects.filter(tenant=actor.tenant, slug=project).order_by().annotate(
+        limits=ArraySubquery(Quota.objects.filter(project=OuterRef("pk")).order_by().values(
+            json=JSONObject(tier="tier", limit="limit_gpu_milli"))),
+        replayed=Subquery(keyed.values("pk")[:1]) if idempotency_key else Value(None, IntegerField()))[:1])
+    target = found[0] if found else None
+    replayed = target.replayed if target is not None else (
+        keyed.values_list("pk", flat=True).first() if idempotency_key else None)
+    if replayed is not None:
+        existing = Lease.objects.select_related("project").get(pk=replayed)
+        if existing.request_hash != digest:
+            raise IdempotencyConflict("This Idempotency-Key was used with another request body.",
+                                      field="Idempotency-Key")
+        return existing, False
+    if target is None:
+        raise NotFound(f"No project {project!r} in this tenant.", field="project")
+    fitting = list(request_quota_check(request=checked,
+                                       limits={quota["tier"]: quota["limit"] for quota in target.limits}))
+    # the checks other apps registered (billing's monthly spend caps: refuse with a 402, or warn)
+    warning = request_admit(RequestAdmission(
+        actor=actor, project=target, gpu={**gpu, "model": fitting[0]} if len(fitting) == 1 else dict(gpu),
+        workload_class=workload_class, duration_seconds=duration_seconds, now=now))
+    # born queued: the events of its first two steps are written with it
+    lease = Lease(
+        tenant=actor.tenant, project=target, created_by=actor.user if actor.user.is_authenticated else None,
+        kind=shape["kind"], count=shape["count"], models_allowed=shape["models"], profile=shape["profile"],
+        milli=shape["milli"], memory_mib=shape["memory_mib"], gang=shape["gang"], workload_class=workload_class,
+        priority=priority, duration_seconds=duration_seconds, requested_at=now, idempotency_key=idempotency_key,
+        request_hash=digest, state=LeaseState.QUEUED, reason="waiting for the scheduler", queued_at=now)
+    events = [LeaseEvent(from_state="", to_state=LeaseState.REQUESTED,
+                         reason=f"requested; {warning}" if warning else "requested",
+                         actor=f"user:{actor.user.get_username()}", at=now),
+              LeaseEvent(from_state=LeaseState.REQUESTED, to_state=LeaseState.QUEUED,
+                         reason="waiting for the scheduler", actor="broker", at=now)]
+    try:
+        _lease_insert(lease, events)
+        enqueue("schedule_cycle")
+    except IntegrityError:
+        # the same key raced us: the winner's lease is the answer (or a conflict when its body differs)
+        existing = Lease.objects.get(tenant=actor.tenant, idempotency_key=idempotency_key)
+        if existing.request_hash != digest:
+            raise IdempotencyConflict("This Idempotency-Key was used with another request body.",
+                                      field="Idempotency-Key") from None
+        return existing, False
+    return lease, True
+
+
+def _lease_insert(lease: Lease, events: list[LeaseEvent]) -> None:
+    """Insert a new lease and its first events in one statement — a transaction of its own (or part of
+    the caller's), one round trip instead of five (BEGIN, two inserts, COMMIT) on the request path. The
+    events keep their order (their ids follow it). Sets ``lease.pk``; an IntegrityError writes nothing."""
+    quote = connection.ops.quote_name
+    fields = [field for field in Lease._meta.concrete_fields if not field.primary_key]
+    values = [field.get_db_prep_save(field.pre_save(lease, True), connection) for field in fields]
+    event_fields = [LeaseEvent._meta.get_field(name) for name in ("from_state", "to_state", "reason", "actor", "at")]
+    arrays = [[field.get_db_prep_save(getattr(event, field.attname), connection) for event in events]
+              for field in event_fields]
+    columns = ", ".join(quote(field.column) for field in event_fields)
+    sql = (f"WITH lease AS (INSERT INTO {quote(Lease._meta.db_table)} "  # noqa: S608 (names from the models)
+           f"({', '.join(quote(field.column) for field in fields)}) VALUES ({', '.join(['%s'] * len(fields))}) "
+           f"RETURNING {quote(Lease._meta.pk.column)} AS id) "
+           f"INSERT INTO {quote(LeaseEvent._meta.db_table)} ({quote('lease_id')}, {columns}) "
+           f"SELECT lease.id, {columns} FROM lease, unnest("
+           f"{', '.join(f'%s::{field.db_type(connection)}[]' for field in event_fields)}) WITH ORDINALITY "
+           f"AS e({columns}, position) ORDER BY e.position RETURNING {quote('lease_id')}")
+    with transaction.atomic() if connection.in_atomic_block else nullcontext(), connection.cursor() as cursor:
+        cursor.execute(sql, [*values, *arrays])
+        lease.pk = cursor.fetchone()[0]
+    lease._state.adding, lease._state.db = False, connection.alias
+
+
