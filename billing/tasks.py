@@ -7,8 +7,9 @@ from datetime import timedelta
 from celery import shared_task
 from django.utils import timezone
 
-from billing import metering_run, services
-from billing.stripe_sync import invoice_push_task, invoices_push_due  # noqa: F401  (registers the Stripe tasks)
+from billing import services
+from billing.services import metering_run
+from billing.services.stripe_sync import invoice_push_task, invoices_push_due  # noqa: F401  (registers the Stripe tasks)
 
 
 @shared_task(name="billing.invoice_run_due", acks_late=True)

@@ -12,7 +12,7 @@ from decimal import ROUND_HALF_UP, Decimal
 from django.conf import settings
 from django.db.models import Case, QuerySet, When
 
-from billing.pricing import format_money
+from billing.core.pricing import format_money
 from config.errors import ApplicationError
 from fleet.choices import OPEN_STATES, AdjustmentState
 from fleet.models import Adjustment

@@ -375,7 +375,7 @@ def warm_instances() -> QuerySet[Allocation]:
 def warm_holding(*, start: datetime, end: datetime) -> dict[str, dict]:
     """The platform's cost of warm pools over [start, end): per model and profile, the GPU-hours warm members
     were held by nobody (from ``warm_at`` until bound, freed or ``end``), priced at the general book."""
-    from billing.pricing import gpu_hours_of
+    from billing.core.pricing import gpu_hours_of
 
     out: dict[str, dict] = {}
     rows = (Allocation.objects.filter(warm_at__isnull=False, warm_at__lt=end)

@@ -170,7 +170,7 @@ def _price_for_tenant(row: Adjustment) -> None:
     one): (current unit price − suggested unit price) × hours of evidence × units, in the tenant's currency."""
     if row.kind != AdjustmentKind.RIGHT_SIZE or row.lease is None:
         return
-    from billing.pricing import to_minor
+    from billing.core.pricing import to_minor
     from billing.selectors import price_books_for
 
     lease = row.lease
@@ -193,7 +193,7 @@ def _price_for_tenant(row: Adjustment) -> None:
         return
     hours = Decimal(int((end - start).total_seconds())) / 3600
     saving = (current[0] - suggested[0]) * hours * lease.count
-    from billing.pricing import format_money
+    from billing.core.pricing import format_money
 
     row.currency = lease.tenant.currency
     row.gain_money_minor = to_minor(saving, row.currency)

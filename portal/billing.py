@@ -18,11 +18,11 @@ from django.http import HttpResponse
 from django.shortcuts import redirect, render
 from django.utils import timezone
 
-from billing import documents, reports
 from billing import selectors as billing
 from billing import services as billing_services
 from billing.choices import CapAction, RateKind
-from billing.pricing import format_money, from_minor
+from billing.core.pricing import format_money, from_minor
+from billing.selectors import documents, reports
 from billing.services import period_bounds, period_parse
 from config.errors import ApplicationError, NotFound, ValidationFailed
 from gpus.catalogue import TIER_CODES

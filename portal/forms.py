@@ -196,7 +196,7 @@ def money_minor(text: str | None, currency: str, field: str) -> int:
     range."""
     from decimal import Decimal, InvalidOperation
 
-    from billing.pricing import minor_exponent, to_minor
+    from billing.core.pricing import minor_exponent, to_minor
 
     raw = (text or "").strip().replace(",", "").replace("_", "")
     try:

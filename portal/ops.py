@@ -97,7 +97,7 @@ def _terms_context(tenant) -> dict:
     """The billing-terms card: every start (the latest first, amounts formatted), the terms of this month's
     invoice, and the form's defaults (this month, the terms in force)."""
     from billing import selectors as billing
-    from billing.pricing import format_money, from_minor
+    from billing.core.pricing import format_money, from_minor
     from portal.presenters import _text
 
     now = timezone.now()
@@ -215,7 +215,7 @@ class BillingTermsSetView(TenantDetailView):
 
     def post(self, request, slug: str):
         from billing import services as billing_services
-        from billing.pricing import format_money
+        from billing.core.pricing import format_money
 
         tenant = selectors.platform_tenant_get(slug=slug)
         try:

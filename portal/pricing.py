@@ -8,7 +8,7 @@ from datetime import timedelta
 from django.utils import timezone
 
 from billing import selectors as billing
-from billing.pricing import format_money
+from billing.core.pricing import format_money
 from config.errors import ApplicationError
 
 

@@ -15,7 +15,7 @@ from django.urls import reverse
 from django.utils import timezone
 from django.views import View
 
-from billing import quotes
+from billing.selectors import quotes
 from config.errors import ApplicationError, NotFound, PermissionDenied, TenantSuspended
 from fleet.presenters import advice_panel
 from leasing import selectors as leasing
@@ -226,7 +226,7 @@ def _denial(actor, action: str) -> str:
 
 
 def _preview(actor, body: dict) -> dict:
-    """The preview panel's content: the quote — ``billing.quotes.lease_quote``, the function that answers
+    """The preview panel's content: the quote — ``billing.selectors.quotes.lease_quote``, the function that answers
     ``POST /api/v1/quotes``, so the portal and the API say the same — or the error in the API's words."""
     try:
         return {"quote": quotes.lease_quote(actor=actor, **body)}

@@ -21,10 +21,11 @@ PURE = {
     "leasing/scheduler": {"gpus", "leasing.scheduler"},
     "leasing/capacity": {"gpus", "leasing.scheduler.types", "leasing.capacity"},
     "agent": {"gpus", "agent"},
-    # billing's arithmetic: money and rates, metering intervals, SLO figures (no Django, no database)
-    "billing/pricing.py": {"gpus"},
-    "billing/metering.py": set(),
-    "billing/slo.py": set(),
+    # billing's arithmetic: money and rates, metering intervals, SLO figures, periods (no Django, no database)
+    "billing/core/pricing.py": {"gpus"},
+    "billing/core/metering.py": set(),
+    "billing/core/slo.py": set(),
+    "billing/core/periods.py": set(),
 }
 THIRD_PARTY_ALLOWED = {"agent": {"nvidia_ml_py", "pynvml", "aiohttp"}}
 # what must not be loaded at all when the pure modules are imported (a package __init__ counts too)
@@ -129,12 +130,13 @@ def _offenders_in(target: str, module: str, source: str) -> set[str]:
         ("leasing/scheduler", "leasing/scheduler/plan.py", "from .. import services", "leasing.services"),
         ("leasing/scheduler", "leasing/scheduler/plan.py", "from leasing import choices", "leasing"),
         # billing's arithmetic: no Django, no billing models or services
-        ("billing/pricing.py", "billing/pricing.py", "from django.conf import settings", "django.conf"),
-        ("billing/pricing.py", "billing/pricing.py", "from .models import PriceBook", "billing.models"),
-        ("billing/metering.py", "billing/metering.py", "from billing.services import period_bounds",
+        ("billing/core/pricing.py", "billing/core/pricing.py", "from django.conf import settings", "django.conf"),
+        ("billing/core/pricing.py", "billing/core/pricing.py", "from ..models import PriceBook", "billing.models"),
+        ("billing/core/metering.py", "billing/core/metering.py", "from billing.services import period_bounds",
          "billing.services"),
-        ("billing/slo.py", "billing/slo.py", "from . import models", "billing.models"),
-        ("billing/slo.py", "billing/slo.py", "from billing.pricing import to_minor", "billing.pricing"),
+        ("billing/core/slo.py", "billing/core/slo.py", "from .. import models", "billing.models"),
+        ("billing/core/slo.py", "billing/core/slo.py", "from billing.core.pricing import to_minor",
+         "billing.core.pricing"),
     ],
 )
 def test_architecture_catches_what_a_pure_module_must_not_import(target, module, source, bad):
@@ -152,8 +154,9 @@ def test_architecture_catches_what_a_pure_module_must_not_import(target, module,
         ("leasing/scheduler", "leasing/scheduler/plan.py",
          "from .state import ClusterState\nfrom leasing.scheduler.types import Kind\nfrom gpus import catalogue\n"
          "from __future__ import annotations\nimport heapq"),
-        ("billing/pricing.py", "billing/pricing.py", "from decimal import Decimal\nfrom gpus.mig import profile_get"),
-        ("billing/slo.py", "billing/slo.py", "import math\nfrom datetime import datetime"),
+        ("billing/core/pricing.py", "billing/core/pricing.py",
+         "from decimal import Decimal\nfrom gpus.mig import profile_get"),
+        ("billing/core/slo.py", "billing/core/slo.py", "import math\nfrom datetime import datetime"),
     ],
 )
 def test_architecture_allows_the_pure_modules_own_imports(target, module, source):

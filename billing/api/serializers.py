@@ -4,8 +4,8 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from billing.choices import CapAction, RateKind
+from billing.core.pricing import from_minor
 from billing.models import BillingTerms, Invoice, InvoiceLine, PriceBook, PriceRate, SpendCap
-from billing.pricing import from_minor
 from billing.services import MAX_MINOR
 from gpus.catalogue import MODELS
 from leasing.api.serializers import GPU_OUTPUT_SCHEMA

@@ -3,8 +3,7 @@ caps, the platform staff's price books and billing terms, and Stripe's webhook."
 
 from django.urls import path, re_path
 
-from billing import webhooks
-from billing.api import views
+from billing.api import views, webhooks
 
 urlpatterns = [
     path("usage", views.UsageApi.as_view(), name="api-usage"),

@@ -15,8 +15,9 @@ from rest_framework import status
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from billing import documents, quotes, selectors, services
+from billing import selectors, services
 from billing.api import serializers as s
+from billing.selectors import documents, quotes
 from config.api import paginate, parse
 from config.errors import NotFound, ValidationFailed
 from config.openapi import PAGE_PARAMETERS, paginated, problem
@@ -213,7 +214,7 @@ class SpendCapDetailApi(APIView):
 
 # -- what a request would cost, and what is on offer (leasing's answers with billing's prices) -----------------
 class QuoteApi(APIView):
-    """What a lease request would get, before it is made; writes nothing (``billing.quotes.lease_quote``,
+    """What a lease request would get, before it is made; writes nothing (``billing.selectors.quotes.lease_quote``,
     the function behind the portal's live preview too)."""
 
     permission_classes = [ReadOnlyPostPermission]  # a quote reads only: `view`, read-only tokens included

@@ -15,9 +15,9 @@ import stripe
 
 from billing import services as billing
 from billing.choices import InvoiceStatus, StripeState
-from billing.metering import HOUR, hour_floor
+from billing.core.metering import HOUR, hour_floor
 from billing.models import Invoice, StripeEvent, UtilisationUsage
-from billing.utilisation import utilisation_meter_hour
+from billing.services.utilisation import utilisation_meter_hour
 from leasing.models import LeaseEvent
 from tests.broker.conftest import Api, start_fleet, start_workers, stop_workers, wait_until
 from tests.factories import make_world

@@ -7,7 +7,7 @@ from decimal import Decimal
 import pytest
 import time_machine
 
-from billing.metering import held_intervals, split_hours
+from billing.core.metering import held_intervals, split_hours
 from billing.models import AllocationUsage
 from billing.services import usage_meter_window
 from leasing import services

@@ -3,9 +3,9 @@
 from datetime import date
 from decimal import Decimal
 
-from billing import reports
 from billing import services as billing
 from billing.models import AllocationUsage, UtilisationUsage
+from billing.selectors import reports
 from tests.billing.test_invoicing import AFTER, JANUARY, t, two_leases
 from tests.billing.test_invoicing import world as world
 

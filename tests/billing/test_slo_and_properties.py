@@ -6,11 +6,11 @@ from decimal import Decimal
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from billing import slo
 from billing.choices import LineKind
-from billing.metering import held_intervals, split_hours
+from billing.core import slo
+from billing.core.metering import held_intervals, split_hours
+from billing.core.pricing import to_minor
 from billing.models import InvoiceLine
-from billing.pricing import to_minor
 from billing.services import _totals
 
 T0 = datetime(2026, 1, 31, 20, tzinfo=UTC)  # near a month boundary on purpose

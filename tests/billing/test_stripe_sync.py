@@ -9,9 +9,9 @@ import pytest
 import stripe
 from django.test import Client
 
-from billing import stripe_sync
 from billing.choices import InvoiceStatus, LineKind, StripeState
 from billing.models import BillingAccount, Invoice, InvoiceLine, StripeEvent
+from billing.services import stripe_sync
 from config.errors import Conflict
 from tests.factories import make_tenant
 from tests.stripe_server import StripeTestServer, build_event, deliver, post_signed, signature_header

@@ -14,11 +14,11 @@ import pytest
 from django.utils import timezone
 
 from billing.choices import MeterSource
-from billing.metering import hour_floor
-from billing.metering_run import meter_pending
+from billing.core.metering import hour_floor
 from billing.models import AllocationUsage, MeterWindow, UtilisationUsage
 from billing.services import usage_meter_window
-from billing.utilisation import PrometheusLate, PrometheusUnavailable, utilisation_meter_hour
+from billing.services.metering_run import meter_pending
+from billing.services.utilisation import PrometheusLate, PrometheusUnavailable, utilisation_meter_hour
 from leasing import services
 from leasing.choices import LeaseState
 from leasing.models import Allocation, Lease

@@ -11,7 +11,7 @@ import pytest
 from django.utils import timezone
 
 from billing import services as billing
-from billing.pricing import to_minor
+from billing.core.pricing import to_minor
 from config.errors import ValidationFailed
 from fleet import services as fleet_services
 from fleet.models import Adjustment

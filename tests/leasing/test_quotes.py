@@ -1,6 +1,6 @@
 """``POST /api/v1/quotes``: what a lease request would get, before it is made — fit or queue, quota standing and
 preemption risk, the wait, the price and the spend caps' verdict — with nothing written. The portal's live
-preview is the same function (``billing.quotes.lease_quote``): both surfaces give the same answer for the
+preview is the same function (``billing.selectors.quotes.lease_quote``): both surfaces give the same answer for the
 same input, and the quote refuses exactly what the request refuses, naming the same field."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from django.utils import timezone
 
 from billing import services as billing
 from billing.api.serializers import QuoteOutput
+from billing.core.pricing import format_money
 from billing.models import SpendCap
-from billing.pricing import format_money
 from leasing import services
 from leasing.models import Gpu, Lease, LeaseEvent, Node
 from tenants import services as tenant_services
@@ -120,7 +120,7 @@ def test_quote_api_and_portal_preview_agree_in_every_state(world):
 
 def test_quote_the_portal_calls_the_function_the_api_calls(world, monkeypatch):
     """Not a copy of it: replace ``lease_quote`` and both surfaces follow."""
-    from billing import quotes
+    from billing.selectors import quotes
 
     calls = []
     real = quotes.lease_quote

@@ -16,8 +16,8 @@ from django.core.management.base import BaseCommand, CommandError
 from django.utils import timezone
 
 from billing import services
-from billing.metering import HOUR, hour_floor
-from billing.pricing import format_money
+from billing.core.metering import HOUR, hour_floor
+from billing.core.pricing import format_money
 from config.errors import ValidationFailed
 from tenants.models import Tenant
 

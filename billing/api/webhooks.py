@@ -3,7 +3,7 @@
 No session, token or CSRF check: the ``Stripe-Signature`` header (HMAC-SHA256 of the raw body with
 ``STRIPE_WEBHOOK_SECRET``, checked by the SDK with its default tolerance of 300 s) is the authentication.
 A forged, stale or missing signature gets 400 problem+json and nothing is written; a verified event is handed
-to :func:`billing.stripe_sync.stripe_event_apply` and answered 200 (a replay too, so Stripe stops resending).
+to :func:`billing.services.stripe_sync.stripe_event_apply` and answered 200 (a replay too, so Stripe stops resending).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from django.conf import settings
 from django.http import HttpRequest, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 
-from billing import stripe_sync
+from billing.services import stripe_sync
 from config.errors import ApplicationError
 from config.problems import PROBLEM_CONTENT_TYPE, problem_body
 

@@ -16,9 +16,9 @@ from django.conf import settings
 from django.db import connection
 
 from billing.choices import InvoiceStatus, LineKind
+from billing.core.periods import period_bounds
+from billing.core.pricing import format_money
 from billing.models import InvoiceLine, SloEvaluation
-from billing.pricing import format_money
-from billing.services import period_bounds
 
 
 @dataclass

@@ -33,13 +33,13 @@ class QuotePrice:
 
     @property
     def for_duration(self) -> Decimal:
-        from billing.pricing import from_minor
+        from billing.core.pricing import from_minor
 
         return from_minor(self.for_duration_minor, self.currency)
 
     @property
     def formatted(self) -> str:
-        from billing.pricing import format_money, to_minor
+        from billing.core.pricing import format_money, to_minor
 
         return (f"{format_money(to_minor(self.per_hour, self.currency), self.currency)} per hour, "
                 f"{format_money(self.for_duration_minor, self.currency)} for {duration_words(self.duration_seconds)}")
@@ -163,7 +163,7 @@ def _quote_price(*, actor: Actor, preview: LeasePreview, workload_class: str, du
     and why."""
     from datetime import timedelta
 
-    from billing.pricing import HOUR_SECONDS, to_minor
+    from billing.core.pricing import HOUR_SECONDS, to_minor
     from billing.selectors import price_books_for, price_quote
 
     tenant = actor.tenant
@@ -190,8 +190,8 @@ def _quote_budget(*, actor: Actor, project, gpu: dict, workload_class: str, dura
     refuse are computed the way it computes them (this month's spend, the live leases, this request)."""
     from django.db.models import Q
 
+    from billing.core.pricing import HOUR_SECONDS, to_minor
     from billing.models import SpendCap
-    from billing.pricing import HOUR_SECONDS, to_minor
     from billing.selectors import price_quote, spend_forecast
     from billing.services import BudgetExceeded, budget_check, period_bounds
 

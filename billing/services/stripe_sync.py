@@ -11,7 +11,7 @@ the line id in their metadata) are not added again. Before finalizing, the Strip
 ours. A failure or timeout at Stripe leaves our invoice as it was and records ``stripe_state=failed``, the
 attempt and the error; the task retries with exponential back-off.
 
-Webhooks (:func:`stripe_event_apply`, called by ``billing.webhooks`` after the signature check): each event is
+Webhooks (:func:`stripe_event_apply`, called by ``billing.api.webhooks`` after the signature check): each event is
 recorded once (``StripeEvent.event_id`` is unique; a replay changes nothing), matched to our invoice by the id
 in its metadata (else by ``stripe_invoice_id``), and applied only where it moves our invoice forward:
 finalized → paid | void, never back, so events arriving late or out of order are harmless.
@@ -255,7 +255,7 @@ def invoice_ids_push_due() -> list[int]:
                 .order_by("pk").values_list("pk", flat=True))
 
 
-@shared_task(name="billing.stripe_sync.invoice_push_task", bind=True, acks_late=True,
+@shared_task(name="billing.services.stripe_sync.invoice_push_task", bind=True, acks_late=True,
              autoretry_for=RETRYABLE_ERRORS, retry_backoff=30, retry_backoff_max=3600, retry_jitter=True,
              max_retries=settings.STRIPE_MAX_RETRIES)
 def invoice_push_task(self, invoice_id: int) -> str:
@@ -264,7 +264,7 @@ def invoice_push_task(self, invoice_id: int) -> str:
     return invoice_push(invoice_id=invoice_id)
 
 
-@shared_task(name="billing.stripe_sync.invoices_push_due", acks_late=True)
+@shared_task(name="billing.services.stripe_sync.invoices_push_due", acks_late=True)
 def invoices_push_due() -> int:
     """Periodic: enqueue a push for every finalized invoice not in Stripe yet; returns how many."""
     if not settings.STRIPE_API_KEY:

@@ -9,8 +9,8 @@ import io
 
 from django.template.loader import render_to_string
 
+from billing.core.pricing import format_money, from_minor
 from billing.models import Invoice
-from billing.pricing import format_money, from_minor
 
 CSV_COLUMNS = ["invoice", "period", "position", "kind", "description", "project", "model", "mig_profile",
                "workload_class", "over_quota", "quantity", "unit", "unit_price", "amount", "currency",

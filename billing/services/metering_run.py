@@ -29,10 +29,10 @@ from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
 from billing.choices import MeterSource
-from billing.metering import HOLDING, HOUR, hour_floor
+from billing.core.metering import HOLDING, HOUR, hour_floor
 from billing.models import MeterWindow
 from billing.services import usage_meter_window
-from billing.utilisation import MeteringDeferred, utilisation_meter_hour
+from billing.services.utilisation import MeteringDeferred, utilisation_meter_hour
 from config.errors import ApplicationError, ValidationFailed
 from leasing.models import LeaseEvent
 

@@ -45,7 +45,7 @@ from django.utils import timezone
 from prometheus_api_client import PrometheusApiClientException, PrometheusConnect
 from urllib3.util.retry import Retry
 
-from billing.metering import HOLDING, HOUR, held_intervals, hour_floor
+from billing.core.metering import HOLDING, HOUR, held_intervals, hour_floor
 from billing.models import UtilisationUsage
 from config.errors import ApplicationError, ValidationFailed
 from gpus.mig import COMPUTE_SLICES, UnknownProfile, profile_get
