@@ -11,7 +11,7 @@ from billing.core import slo
 from billing.core.metering import held_intervals, split_hours
 from billing.core.pricing import to_minor
 from billing.models import InvoiceLine
-from billing.services import _totals
+from billing.services.invoicing import _totals
 
 T0 = datetime(2026, 1, 31, 20, tzinfo=UTC)  # near a month boundary on purpose
 
