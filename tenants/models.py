@@ -243,6 +243,8 @@ class SloContract(models.Model):
             ),
             ExclusionConstraint(
                 name="slocontract_no_overlap_per_tenant",
+                violation_error_message="The period overlaps another SLO contract of this tenant: end that one "
+                                        "first (effective to) or start this one after it.",
                 expressions=[
                     (TsTzRange("effective_from", "effective_to", RangeBoundary()), RangeOperators.OVERLAPS),
                     ("tenant", RangeOperators.EQUAL),

@@ -276,7 +276,9 @@ def test_admin_slo_contract_saved_with_its_steps_through_the_service(world, staf
     # service checks it again): a form error, nothing saved
     response = staff.post("/admin/tenants/slocontract/add/", slo_form(world, name="silver"))
     assert response.status_code == 200 and SloContract.objects.count() == 1
-    assert "slocontract_no_overlap_per_tenant" in str(response.context["adminform"].form.non_field_errors())
+    errors = str(response.context["adminform"].form.non_field_errors())
+    assert "overlaps another SLO contract of this tenant" in errors  # in the staff's words
+    assert "slocontract_no_overlap_per_tenant" not in errors  # not the constraint's name
     # a step over 100 % on a percentage metric: refused on the form (the constraint the service also checks)
     step = contract.credit_steps.get()
     url = f"/admin/tenants/slocontract/{contract.pk}/change/"
