@@ -20,6 +20,8 @@ PURE = {
     "gpus": {"gpus"},
     "leasing/scheduler": {"gpus", "leasing.scheduler"},
     "leasing/capacity": {"gpus", "leasing.scheduler.types", "leasing.capacity"},
+    # the pipeline planners (ESG, model splits): the catalogue and themselves
+    "leasing/pipelines": {"gpus", "leasing.pipelines"},
     "agent": {"gpus", "agent"},
     # billing's arithmetic: money and rates, metering intervals, SLO figures (no Django, no database)
     "billing/pricing.py": {"gpus"},
@@ -135,6 +137,9 @@ def _offenders_in(target: str, module: str, source: str) -> set[str]:
          "billing.services"),
         ("billing/slo.py", "billing/slo.py", "from . import models", "billing.models"),
         ("billing/slo.py", "billing/slo.py", "from billing.pricing import to_minor", "billing.pricing"),
+        # the pipeline planners: not the scheduler, not the Django app that stores their plans
+        ("leasing/pipelines", "leasing/pipelines/esg.py", "from leasing.scheduler import plan", "leasing.scheduler"),
+        ("leasing/pipelines", "leasing/pipelines/esg.py", "from pipelines.models import Pipeline", "pipelines.models"),
     ],
 )
 def test_architecture_catches_what_a_pure_module_must_not_import(target, module, source, bad):
