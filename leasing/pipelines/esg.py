@@ -26,7 +26,8 @@ the SLO. ESG finds the cheapest valid path with:
 
 The latency model of a configuration, with ``λ`` requests/s reaching the stage and ``L(b)`` the time of one
 batch of ``b`` on the slice: a request waits at most ``(b - 1) / λ`` for its batch to fill, then ``L(b)``;
-``ceil(λ L(b) / (b U))`` instances keep each busy at most ``U`` (0.8) of the time. Cost: instances × the
+``ceil(λ L(b) / (b U))`` instances keep each busy at most ``U`` (0.8) of the time, and a batch may queue for
+its instance: ``ρ L(b) / (2 (1 - ρ))`` at the instance's load ``ρ`` (M/D/1). Cost: instances × the
 slice's GPU units × the tier's price per GPU-hour, in integer minor units × 1/1000 per hour, so costs compare
 exactly; per 1,000 requests it is that hourly cost over ``3.6 λ``.
 
@@ -132,7 +133,10 @@ def option_for(candidate: Candidate, rate_rps: float, prices: Mapping[str, int])
         return None
     wait = (candidate.batch - 1) / rate_rps * 1000.0
     instances = max(1, math.ceil(rate_rps * candidate.exec_ms / 1000.0 / (candidate.batch * UTILISATION) - 1e-9))
-    return Option(candidate, instances, candidate.exec_ms + wait, instances * candidate.slice.milli * price)
+    # a batch queues for a busy instance: M/D/1 at the instance's load (batches dealt out in turn queue less)
+    load = rate_rps * candidate.exec_ms / 1000.0 / (candidate.batch * instances)
+    queueing = load / (2.0 * (1.0 - load)) * candidate.exec_ms
+    return Option(candidate, instances, candidate.exec_ms + wait + queueing, instances * candidate.slice.milli * price)
 
 
 def cost_per_1k(cost: int, rate_rps: float) -> float:
