@@ -111,7 +111,8 @@ class Plan:
 
     def as_dict(self) -> dict:
         return {
-            "method": self.method, "feasible": self.feasible, "latency_ms": round(self.latency_ms, 4),
+            "method": self.method, "feasible": self.feasible,
+            "latency_ms": round(self.latency_ms, 4) if math.isfinite(self.latency_ms) else None,
             "slo_ms": self.slo_ms, "cost_per_1k": round(self.cost_per_1k, 6), "cost": self.cost,
             "reason": self.reason, "expanded": self.expanded, "seconds": round(self.seconds, 6),
             "split": list(self.split),

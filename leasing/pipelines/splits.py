@@ -107,8 +107,10 @@ class Split:
 
     def as_dict(self, layers: Sequence[Layer] = ()) -> dict:
         return {
-            "method": self.method, "feasible": self.feasible, "latency_ms": round(self.latency_ms, 4),
-            "idle_mib": self.idle_mib, "objective": round(self.objective, 4), "batch": self.batch,
+            "method": self.method, "feasible": self.feasible,
+            "latency_ms": round(self.latency_ms, 4) if math.isfinite(self.latency_ms) else None,
+            "idle_mib": self.idle_mib, "objective": round(self.objective, 4) if math.isfinite(self.objective) else None,
+            "batch": self.batch,
             "reason": self.reason, "seconds": round(self.seconds, 6), "evaluated": self.evaluated,
             "groups": [{
                 "gpu": g.gpu.id, "node": g.gpu.node, "model": g.gpu.model, "first": g.first, "last": g.last,

@@ -153,8 +153,9 @@ def test_dominators_of_a_diamond_chain():
 
 def test_configuration_model_batches_wait_and_instances_carry_the_rate():
     option = option_for(Candidate(whole("L4"), 8, 20.0), 100.0, PRICES)
-    # a batch of 8 at 100 req/s fills in 70 ms; one instance does 8 / 20 ms = 400 req/s: 100 / (400 * 0.8) -> 1
-    assert option.latency_ms == pytest.approx(90.0)
+    # a batch of 8 at 100 req/s fills in 70 ms; one instance does 8 / 20 ms = 400 req/s: 100 / (400 * 0.8) -> 1;
+    # at load 0.25 a batch queues 0.25 / 1.5 x 20 ms (M/D/1)
+    assert option.latency_ms == pytest.approx(70.0 + 20.0 + 20.0 / 6)
     assert option.instances == 1
     assert option.cost == 1000 * 80
     heavy = option_for(Candidate(mig("H100-80GB", "1g.10gb"), 1, 10.0), 1000.0, PRICES)
