@@ -53,10 +53,16 @@ def _tiers(value) -> list[str]:
 def _candidates(stage: dict, index: int, tiers: list[str]) -> tuple[Candidate, ...]:
     field = f"stages[{index}]"
     if "architecture" in stage:
+        if not isinstance(stage["architecture"], str):
+            raise ValidationFailed(f"architecture is one of {', '.join(ARCHITECTURES)}.", field=f"{field}.architecture")
         try:
-            return profile_for(architecture(stage["architecture"]), tuple(tiers))
+            found = profile_for(architecture(stage["architecture"]), tuple(tiers))
         except UnknownArchitecture as error:
             raise ValidationFailed(error.args[0], field=f"{field}.architecture") from None
+        if not found:
+            raise ValidationFailed(f"{stage['architecture']} fits on no slice of {', '.join(tiers)}.",
+                                   field=f"{field}.architecture")
+        return found
     rows = stage.get("profile")
     if not isinstance(rows, list) or not rows:
         raise ValidationFailed(f"a stage needs an architecture (one of {', '.join(ARCHITECTURES)}) or a latency "
