@@ -68,6 +68,7 @@ INSTALLED_APPS = [
     "portal",
     "notifications",
     "fleet",
+    "pipelines",
 ]
 
 MIDDLEWARE = [

@@ -20,6 +20,8 @@ PURE = {
     "gpus": {"gpus"},
     "leasing/scheduler": {"gpus", "leasing.scheduler"},
     "leasing/capacity": {"gpus", "leasing.scheduler.types", "leasing.capacity"},
+    # the pipeline planners (ESG, model splits): the catalogue and themselves
+    "leasing/pipelines": {"gpus", "leasing.pipelines"},
     "agent": {"gpus", "agent"},
     # billing's arithmetic: money and rates, metering intervals, SLO figures, periods (no Django, no database)
     "billing/core/pricing.py": {"gpus"},
@@ -137,6 +139,9 @@ def _offenders_in(target: str, module: str, source: str) -> set[str]:
         ("billing/core/slo.py", "billing/core/slo.py", "from .. import models", "billing.models"),
         ("billing/core/slo.py", "billing/core/slo.py", "from billing.core.pricing import to_minor",
          "billing.core.pricing"),
+        # the pipeline planners: not the scheduler, not the Django app that stores their plans
+        ("leasing/pipelines", "leasing/pipelines/esg.py", "from leasing.scheduler import plan", "leasing.scheduler"),
+        ("leasing/pipelines", "leasing/pipelines/esg.py", "from pipelines.models import Pipeline", "pipelines.models"),
     ],
 )
 def test_architecture_catches_what_a_pure_module_must_not_import(target, module, source, bad):
@@ -164,7 +169,7 @@ def test_architecture_allows_the_pure_modules_own_imports(target, module, source
 
 
 # the apps that read leases (to meter, bill, advise, notify) sit above leasing: it never imports them
-ABOVE_LEASING = ("billing", "fleet", "notifications", "portal")
+ABOVE_LEASING = ("billing", "fleet", "notifications", "pipelines", "portal")
 
 
 def test_architecture_leasing_imports_no_app_built_on_it():

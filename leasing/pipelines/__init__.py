@@ -1,0 +1,8 @@
+"""The pipeline planners: ESG for inference pipelines under an SLO, and model splits over GPUs.
+
+Pure Python (standard library and ``gpus`` only), no Django, no I/O, like ``leasing/scheduler``:
+``esg.plan_esg(pipeline, prices)`` plans a DAG of inference stages (docs/pipelines.md), ``splits.plan_split``
+cuts a model's layers over candidate GPUs; ``architectures`` computes layer tables of real models from their
+published configurations and ``profiles`` their batch latency per GPU slice. The ``pipelines`` Django app
+stores the plans and leases them; ``bench/pipelines.py`` and ``bench/splits.py`` measure them.
+"""

@@ -1,0 +1,95 @@
+"""Pipelines and model splits over REST: views parse, read through ``pipelines.selectors``, call one
+``pipelines.services`` function and render; another tenant's objects are 404."""
+
+from __future__ import annotations
+
+from drf_spectacular.utils import extend_schema
+from rest_framework import status
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from config.api import parse
+from config.openapi import problem
+from pipelines import selectors, services
+from pipelines.api import serializers as s
+
+
+class PipelineListApi(APIView):
+    write_action = "use"
+
+    @extend_schema(responses=s.PipelineOutput(many=True), summary="The tenant's pipelines")
+    def get(self, request):
+        return Response(s.PipelineOutput(selectors.pipeline_list(actor=request.actor)[:100], many=True).data)
+
+    @extend_schema(request=s.PipelineInput, responses={201: s.PipelineOutput, 404: problem("No such project")},
+                   summary="Describe an inference pipeline: stages, edges, end-to-end SLO, arrival rate")
+    def post(self, request):
+        data = parse(s.PipelineInput, request)
+        pipeline = services.pipeline_create(actor=request.actor, **data)
+        return Response(s.PipelineOutput(pipeline).data, status=status.HTTP_201_CREATED)
+
+
+class PipelineDetailApi(APIView):
+    @extend_schema(responses=s.PipelineOutput, summary="A pipeline")
+    def get(self, request, pk: int):
+        return Response(s.PipelineOutput(selectors.pipeline_get(actor=request.actor, pk=pk)).data)
+
+
+class PlanCreateApi(APIView):
+    write_action = "use"
+
+    @extend_schema(request=s.PlanInput, responses={201: s.PlanOutput},
+                   summary="Plan the pipeline (ESG: A* with dual-blade pruning, dominator-based SLO split)")
+    def post(self, request, pk: int):
+        pipeline = selectors.pipeline_get(actor=request.actor, pk=pk)
+        data = parse(s.PlanInput, request)
+        plan = services.plan_create(actor=request.actor, pipeline=pipeline, **data)
+        return Response(s.PlanOutput(plan).data, status=status.HTTP_201_CREATED)
+
+
+class PlanDetailApi(APIView):
+    @extend_schema(responses=s.PlanOutput, summary="A plan with its leases once applied")
+    def get(self, request, pk: int, plan_id: int):
+        pipeline = selectors.pipeline_get(actor=request.actor, pk=pk)
+        return Response(s.PlanOutput(selectors.plan_get(actor=request.actor, pipeline=pipeline, pk=plan_id)).data)
+
+
+class PlanApplyApi(APIView):
+    write_action = "use"
+
+    @extend_schema(request=s.ApplyInput, responses={200: s.PlanOutput, 409: problem("Not feasible or released")},
+                   summary="Lease every stage of the plan, all or none")
+    def post(self, request, pk: int, plan_id: int):
+        pipeline = selectors.pipeline_get(actor=request.actor, pk=pk)
+        plan = selectors.plan_get(actor=request.actor, pipeline=pipeline, pk=plan_id)
+        data = parse(s.ApplyInput, request)
+        return Response(s.PlanOutput(services.plan_apply(actor=request.actor, plan=plan, **data)).data)
+
+
+class PlanReleaseApi(APIView):
+    write_action = "release"
+
+    @extend_schema(request=None, responses={200: s.PlanOutput}, summary="Release every lease of the plan")
+    def post(self, request, pk: int, plan_id: int):
+        pipeline = selectors.pipeline_get(actor=request.actor, pk=pk)
+        plan = selectors.plan_get(actor=request.actor, pipeline=pipeline, pk=plan_id)
+        return Response(s.PlanOutput(services.plan_release(actor=request.actor, plan=plan)).data)
+
+
+class ModelSplitCreateApi(APIView):
+    write_action = "use"
+
+    @extend_schema(request=s.ModelSplitInput, responses={201: s.ModelSplitOutput},
+                   summary="Split a model's layers over candidate GPUs (heuristic; equal-layers and optimum beside)")
+    def post(self, request):
+        data = parse(s.ModelSplitInput, request)
+        split = services.model_split_create(actor=request.actor, gpus=data["gpus"], layers=data["layers"],
+                                            architecture_name=data["architecture"], batch=data["batch"],
+                                            name=data["name"])
+        return Response(s.ModelSplitOutput(split).data, status=status.HTTP_201_CREATED)
+
+
+class ModelSplitDetailApi(APIView):
+    @extend_schema(responses=s.ModelSplitOutput, summary="A model split")
+    def get(self, request, pk: int):
+        return Response(s.ModelSplitOutput(selectors.model_split_get(actor=request.actor, pk=pk)).data)

@@ -1,0 +1,281 @@
+"""The only writers of pipelines, plans and model splits. Planning is the pure ``leasing.pipelines``; applying
+a plan leases its stages through ``leasing.services.lease_request`` (quotas, spend caps, billing and SLO
+accounting as for any lease), all of them in one transaction: if any stage is refused, no lease is made.
+
+Input errors name the field (``stages[1].architecture``, ``edges[0]``) as every service does."""
+
+from __future__ import annotations
+
+from django.db import transaction
+from django.utils import timezone
+
+from config.errors import Conflict, NotFound, ValidationFailed
+from gpus.catalogue import UnknownModel, model_get
+from leasing import services as leasing
+from leasing.extensions import list_prices
+from leasing.pipelines import esg, hardware, splits
+from leasing.pipelines.architectures import ARCHITECTURES, Layer, UnknownArchitecture, architecture
+from leasing.pipelines.profiles import Candidate, profile_for
+from pipelines.models import ModelSplit, Pipeline, PipelinePlan, PlanLease, PlanState
+from tenants.access import Actor
+from tenants.models import AuditEvent, Project
+
+MAX_STAGES = 24
+DEFAULT_TIERS = ("H100-80GB", "A100-80GB", "L4")
+
+
+def _audit(actor: Actor, action: str, target: str, **data) -> None:
+    AuditEvent.objects.create(tenant=actor.tenant, actor=actor.user if actor.user.is_authenticated else None,
+                              action=action, target=target, data=data)
+
+
+def _number(value, field: str, low: float, high: float) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not low < value <= high:
+        raise ValidationFailed(f"{field} must be a number above {low:g} and at most {high:g}.", field=field)
+    return float(value)
+
+
+def _tiers(value) -> list[str]:
+    if value in (None, []):
+        return list(DEFAULT_TIERS)
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise ValidationFailed("tiers must be a list of GPU model codes.", field="tiers")
+    found = []
+    for index, code in enumerate(value):
+        try:
+            found.append(model_get(code).code)
+            hardware.peaks(code)
+        except (UnknownModel, hardware.UnknownHardware) as error:
+            raise ValidationFailed(str(error.args[0]), field=f"tiers[{index}]") from None
+    return found
+
+
+def _candidates(stage: dict, index: int, tiers: list[str]) -> tuple[Candidate, ...]:
+    field = f"stages[{index}]"
+    if "architecture" in stage:
+        if not isinstance(stage["architecture"], str):
+            raise ValidationFailed(f"architecture is one of {', '.join(ARCHITECTURES)}.", field=f"{field}.architecture")
+        try:
+            found = profile_for(architecture(stage["architecture"]), tuple(tiers))
+        except UnknownArchitecture as error:
+            raise ValidationFailed(error.args[0], field=f"{field}.architecture") from None
+        if not found:
+            raise ValidationFailed(f"{stage['architecture']} fits on no slice of {', '.join(tiers)}.",
+                                   field=f"{field}.architecture")
+        return found
+    rows = stage.get("profile")
+    if not isinstance(rows, list) or not rows:
+        raise ValidationFailed(f"a stage needs an architecture (one of {', '.join(ARCHITECTURES)}) or a latency "
+                               "profile: a list of {tier, kind, profile|milli, batch, latency_ms}.", field=field)
+    found = []
+    for r, row in enumerate(rows):
+        at = f"{field}.profile[{r}]"
+        if not isinstance(row, dict):
+            raise ValidationFailed("each profile row is an object.", field=at)
+        try:
+            tier = model_get(str(row.get("tier", ""))).code
+            kind = row.get("kind", "whole")
+            if kind == "mig":
+                slice_ = hardware.mig(tier, str(row.get("profile", "")))
+            elif kind == "share":
+                slice_ = hardware.share(tier, int(row.get("milli", 0)))
+            elif kind == "whole":
+                slice_ = hardware.whole(tier)
+            else:
+                raise ValidationFailed("kind must be whole, mig or share.", field=f"{at}.kind")
+        except (UnknownModel, hardware.UnknownHardware, ValueError, TypeError) as error:
+            raise ValidationFailed(str(error), field=at) from None
+        batch = row.get("batch", 1)
+        if isinstance(batch, bool) or not isinstance(batch, int) or not 1 <= batch <= 1024:
+            raise ValidationFailed("batch must be a whole number from 1 to 1024.", field=f"{at}.batch")
+        found.append(Candidate(slice_, batch, _number(row.get("latency_ms"), f"{at}.latency_ms", 0, 3_600_000)))
+    return tuple(found)
+
+
+def _pure(pipeline: Pipeline) -> esg.Pipeline:
+    stages = tuple(esg.Stage(s["name"], _candidates(s, i, pipeline.tiers)) for i, s in enumerate(pipeline.stages))
+    return esg.Pipeline(stages, tuple(tuple(e) for e in pipeline.edges), pipeline.slo_ms, pipeline.rate_rps)
+
+
+def pipeline_create(*, actor: Actor, project: str, name: str, stages, edges, slo_ms, rate_rps,
+                    tiers=None) -> Pipeline:
+    actor.require("use")
+    target = Project.objects.filter(tenant=actor.tenant, slug=project).first()
+    if target is None:
+        raise NotFound(f"No project {project!r} in this tenant.", field="project")
+    if not isinstance(name, str) or not 1 <= len(name.strip()) <= 100:
+        raise ValidationFailed("name is 1 to 100 characters.", field="name")
+    if not isinstance(stages, list) or not 1 <= len(stages) <= MAX_STAGES:
+        raise ValidationFailed(f"stages is a list of 1 to {MAX_STAGES} stages.", field="stages")
+    for index, stage in enumerate(stages):
+        if not isinstance(stage, dict) or not isinstance(stage.get("name"), str) or not stage["name"].strip():
+            raise ValidationFailed("each stage is an object with a name.", field=f"stages[{index}].name")
+    if not isinstance(edges, list) or not all(isinstance(e, list | tuple) and len(e) == 2 for e in edges):
+        raise ValidationFailed("edges is a list of [from, to] stage-name pairs.", field="edges")
+    row = Pipeline(tenant=actor.tenant, project=target, name=name.strip(), stages=stages,
+                   edges=[list(e) for e in edges], slo_ms=_number(slo_ms, "slo_ms", 0, 3_600_000),
+                   rate_rps=_number(rate_rps, "rate_rps", 0, 1_000_000), tiers=_tiers(tiers),
+                   created_by=actor.user if actor.user.is_authenticated else None)
+    try:
+        esg._order(_pure(row))  # names unique, edges known, no cycle
+    except esg.PipelineError as error:
+        raise ValidationFailed(str(error), field=error.field or "stages") from None
+    with transaction.atomic():
+        row.save()
+        _audit(actor, "pipeline.create", f"pipeline:{row.pk}", name=row.name, stages=len(stages))
+    return row
+
+
+def _prices(tiers: list[str]) -> dict[str, int]:
+    prices = list_prices(timezone.now())
+    missing = [t for t in tiers if t not in prices]
+    if len(missing) == len(tiers):
+        raise ValidationFailed(f"no list price for {', '.join(missing)}: nothing to plan with.", field="tiers")
+    return {t: prices[t] for t in tiers if t in prices}
+
+
+def plan_create(*, actor: Actor, pipeline: Pipeline, method: str = "esg") -> PipelinePlan:
+    """Plan with ``method`` (esg, even_greedy, astar); the answer keeps the other planners' figures beside it."""
+    actor.require("use")
+    if method not in ("esg", "even_greedy", "astar"):
+        raise ValidationFailed("method must be esg, even_greedy or astar.", field="method")
+    pure = _pure(pipeline)
+    prices = _prices(pipeline.tiers)
+    try:
+        plan = esg.PLANNERS[method](pure, prices)
+        compared = {name: esg.PLANNERS[name](pure, prices) for name in ("esg", "even_greedy") if name != method}
+    except esg.PipelineError as error:
+        raise ValidationFailed(str(error), field=error.field or "stages") from None
+    result = plan.as_dict() | {"baselines": {name: {k: v for k, v in p.as_dict().items()
+                                                    if k in ("feasible", "latency_ms", "cost_per_1k", "reason")}
+                                             for name, p in compared.items()},
+                               "prices": prices, "rate_rps": pipeline.rate_rps}
+    with transaction.atomic():
+        row = PipelinePlan.objects.create(
+            tenant=actor.tenant, pipeline=pipeline, method=method, feasible=plan.feasible,
+            latency_ms=plan.latency_ms if plan.choices else None,
+            cost_per_1k=plan.cost_per_1k if plan.choices else None, result=result)
+        _audit(actor, "pipeline.plan", f"pipeline-plan:{row.pk}", pipeline=pipeline.pk, method=method,
+               feasible=plan.feasible)
+    return row
+
+
+def _gpu_of(stage: dict) -> dict:
+    """The lease request of a planned stage: its instances as one request of its slice on its tier."""
+    gpu = {"kind": stage["kind"], "model": stage["tier"], "count": stage["instances"], "gang": False}
+    if stage["kind"] == "mig":
+        gpu["profile"] = stage["profile"]
+    elif stage["kind"] == "share":
+        gpu["milli"] = stage["milli"]
+        gpu["memory_mib"] = model_get(stage["tier"]).memory_mib * stage["milli"] // 1000
+    return gpu
+
+
+def plan_apply(*, actor: Actor, plan: PipelinePlan, duration_seconds: int = 3600) -> PipelinePlan:
+    """Lease every stage of a feasible plan, all or none: one transaction, so a stage refused (quota limit, a
+    spend cap) leaves no lease of the others. Applying an applied plan again is a no-op."""
+    actor.require("use")
+    with transaction.atomic():
+        plan = PipelinePlan.objects.select_for_update().get(pk=plan.pk)
+        if plan.state == PlanState.APPLIED:
+            return plan
+        if plan.state != PlanState.PLANNED:
+            raise Conflict(f"The plan is {plan.state}; plan again to apply.", field="state")
+        if not plan.feasible:
+            raise Conflict("The plan does not meet the SLO: it is not applied.", field="feasible")
+        for stage in plan.result["stages"]:
+            lease, _ = leasing.lease_request(
+                actor=actor, project=plan.pipeline.project.slug, gpu=_gpu_of(stage), workload_class="inference",
+                duration_seconds=duration_seconds, idempotency_key=f"pipeline-plan-{plan.pk}-{stage['stage']}")
+            PlanLease.objects.create(plan=plan, stage=stage["stage"], lease=lease)
+        plan.state, plan.applied_at = PlanState.APPLIED, timezone.now()
+        plan.save(update_fields=["state", "applied_at"])
+        _audit(actor, "pipeline.apply", f"pipeline-plan:{plan.pk}", leases=[p.lease_id for p in plan.leases.all()])
+    return plan
+
+
+def plan_release(*, actor: Actor, plan: PipelinePlan) -> PipelinePlan:
+    """Release every lease of an applied plan together (each release is idempotent)."""
+    actor.require("release")
+    with transaction.atomic():
+        plan = PipelinePlan.objects.select_for_update().get(pk=plan.pk)
+        if plan.state != PlanState.APPLIED:
+            raise Conflict(f"The plan is {plan.state}, not applied.", field="state")
+        plan.state, plan.released_at = PlanState.RELEASED, timezone.now()
+        plan.save(update_fields=["state", "released_at"])
+        _audit(actor, "pipeline.release", f"pipeline-plan:{plan.pk}")
+    for link in plan.leases.select_related("lease"):
+        leasing.lease_release(lease=link.lease, actor=f"user:{actor.user.get_username()}",
+                              reason=f"pipeline plan {plan.pk} released")
+    return plan
+
+
+def _layers(raw, field: str) -> list[Layer]:
+    if not isinstance(raw, list) or not raw:
+        raise ValidationFailed("layers is a non-empty list of {name, params, flops, out_bytes}.", field=field)
+    found = []
+    for index, row in enumerate(raw):
+        at = f"{field}[{index}]"
+        if not isinstance(row, dict):
+            raise ValidationFailed("each layer is an object.", field=at)
+        values = {}
+        for key in ("params", "flops", "out_bytes"):
+            value = row.get(key)
+            if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+                raise ValidationFailed(f"{key} must be a number of at least 0.", field=f"{at}.{key}")
+            values[key] = value
+        found.append(Layer(str(row.get("name", f"layer{index}")), int(values["params"]), float(values["flops"]),
+                           int(values["out_bytes"])))
+    return found
+
+
+def model_split_create(*, actor: Actor, gpus, architecture_name: str = "", layers=None, batch=1,
+                       name: str = "") -> ModelSplit:
+    """Plan a split of a named architecture or a layer table over candidate GPUs ``[{id, node, model,
+    free_mib}]`` with the heuristic; the equal-layers baseline and, for up to 6 GPUs, the optimum beside it."""
+    actor.require("use")
+    if architecture_name:
+        try:
+            table = list(architecture(architecture_name).layers)
+        except UnknownArchitecture as error:
+            raise ValidationFailed(error.args[0], field="architecture") from None
+    else:
+        table = _layers(layers, "layers")
+    if isinstance(batch, bool) or not isinstance(batch, int) or not 1 <= batch <= 1024:
+        raise ValidationFailed("batch must be a whole number from 1 to 1024.", field="batch")
+    if not isinstance(gpus, list) or not 1 <= len(gpus) <= 64:
+        raise ValidationFailed("gpus is a list of 1 to 64 candidates {id, node, model, free_mib}.", field="gpus")
+    candidates = []
+    for index, row in enumerate(gpus):
+        at = f"gpus[{index}]"
+        if not isinstance(row, dict):
+            raise ValidationFailed("each GPU is an object.", field=at)
+        try:
+            model = model_get(str(row.get("model", "")))
+            hardware.peaks(model.code)
+        except (UnknownModel, hardware.UnknownHardware) as error:
+            raise ValidationFailed(str(error.args[0]), field=f"{at}.model") from None
+        free = row.get("free_mib", model.memory_mib)
+        if isinstance(free, bool) or not isinstance(free, int) or not 1 <= free <= model.memory_mib:
+            raise ValidationFailed(f"free_mib must be 1 to {model.memory_mib}.", field=f"{at}.free_mib")
+        candidates.append(splits.SplitGpu(str(row.get("id", f"gpu{index}")), str(row.get("node", "node")),
+                                          model.code, free, model.nvlink))
+    try:
+        heuristic = splits.plan_split(table, candidates, batch)
+        equal = splits.plan_equal_layers(table, candidates, batch)
+        optimal = splits.plan_split_optimal(table, candidates, batch) if len(candidates) <= 6 else None
+    except splits.SplitError as error:
+        raise ValidationFailed(str(error), field=error.field or "gpus") from None
+    result = heuristic.as_dict(table) | {"baselines": {
+        "equal_layers": equal.as_dict(), **({"optimal": optimal.as_dict()} if optimal else {})}}
+    with transaction.atomic():
+        row = ModelSplit.objects.create(
+            tenant=actor.tenant, name=name[:100], architecture=architecture_name, batch=batch,
+            layers=[{"name": layer.name, "params": layer.params, "flops": layer.flops, "out_bytes": layer.out_bytes}
+                    for layer in table],
+            gpus=[{"id": g.id, "node": g.node, "model": g.model, "free_mib": g.free_mib} for g in candidates],
+            feasible=heuristic.feasible, result=result,
+            created_by=actor.user if actor.user.is_authenticated else None)
+        _audit(actor, "model_split.create", f"model-split:{row.pk}", feasible=heuristic.feasible,
+               gpus=len(heuristic.groups))
+    return row

@@ -1,0 +1,150 @@
+"""The pipelines and model-splits API on PostgreSQL: planning, applying as leases through the normal leasing
+path (all stages or none), releasing together, errors naming the field, tenant isolation, audit events."""
+
+from __future__ import annotations
+
+import pytest
+
+from config.errors import Conflict
+from leasing import extensions
+from leasing.models import Lease
+from pipelines.models import PipelinePlan, PlanLease
+from tenants.models import AuditEvent
+from tests.factories import make_world
+
+PRICES = {"H100-80GB": 400, "A100-80GB": 250, "L4": 80}
+THREE = {"project": "vision", "name": "video", "slo_ms": 60.0, "rate_rps": 20.0, "tiers": ["H100-80GB"],
+         "stages": [{"name": "detect", "architecture": "resnet50"}, {"name": "embed", "architecture": "vit_b16"},
+                    {"name": "caption", "architecture": "bert_base"}],
+         "edges": [["detect", "embed"], ["embed", "caption"]]}
+
+
+@pytest.fixture
+def world(db):
+    unregister = extensions.list_prices_register(lambda now: PRICES)
+    yield make_world()
+    unregister()
+
+
+def _plan(client, body=THREE):
+    created = client.post("/api/v1/pipelines", body, format="json")
+    assert created.status_code == 201, created.content
+    planned = client.post(f"/api/v1/pipelines/{created.json()['id']}/plans", {}, format="json")
+    assert planned.status_code == 201, planned.content
+    return created.json(), planned.json()
+
+
+def test_a_pipeline_is_planned_by_esg_within_its_slo(world):
+    _, plan = _plan(world.client("member"))
+    assert plan["method"] == "esg" and plan["feasible"] and plan["latency_ms"] <= 60.0
+    stages = plan["result"]["stages"]
+    assert [s["stage"] for s in stages] == ["detect", "embed", "caption"]
+    for stage in stages:
+        assert stage["tier"] == "H100-80GB" and stage["instances"] >= 1 and stage["batch"] >= 1
+        assert stage["cost_per_1k"] > 0 and stage["latency_ms"] > 0
+    assert sum(g["used_ms"] for g in plan["result"]["split"]) == pytest.approx(plan["latency_ms"], rel=1e-3)
+    assert "even_greedy" in plan["result"]["baselines"]
+    assert AuditEvent.objects.filter(tenant=world.acme, action="pipeline.plan").count() == 1
+
+
+@pytest.mark.parametrize(("change", "field"), [
+    ({"edges": [["detect", "nowhere"]]}, "edges[0]"),
+    ({"edges": [["detect", "embed"], ["embed", "detect"]]}, "edges"),
+    ({"stages": [{"name": "a", "architecture": "resnet9000"}], "edges": []}, "stages[0].architecture"),
+    ({"stages": [{"name": "a", "profile": [{"tier": "H100-80GB", "kind": "mig", "profile": "9g.1tb",
+                                             "batch": 1, "latency_ms": 3}]}], "edges": []}, "stages[0].profile[0]"),
+    ({"slo_ms": -1}, "slo_ms"),
+    ({"tiers": ["Z80"]}, "tiers[0]"),
+])
+def test_bad_pipelines_are_refused_naming_the_field(world, change, field):
+    answer = world.client("member").post("/api/v1/pipelines", THREE | change, format="json")
+    assert answer.status_code == 400 and answer["Content-Type"].startswith("application/problem+json")
+    assert answer.json()["field"] == field
+
+
+def test_an_unreachable_slo_gives_an_infeasible_plan_that_cannot_be_applied(world):
+    client = world.client("member")
+    pipeline, plan = _plan(client, THREE | {"slo_ms": 0.5})
+    assert not plan["feasible"]
+    answer = client.post(f"/api/v1/pipelines/{pipeline['id']}/plans/{plan['id']}/apply", {}, format="json")
+    assert answer.status_code == 409 and answer.json()["field"] == "feasible"
+    assert not Lease.objects.exists()
+
+
+def test_apply_leases_every_stage_and_release_gives_them_all_back(world):
+    client = world.client("member")
+    pipeline, plan = _plan(client)
+    url = f"/api/v1/pipelines/{pipeline['id']}/plans/{plan['id']}"
+    applied = client.post(f"{url}/apply", {"duration_seconds": 600}, format="json")
+    assert applied.status_code == 200, applied.content
+    body = applied.json()
+    assert body["state"] == "applied" and [x["stage"] for x in body["leases"]] == ["detect", "embed", "caption"]
+    leases = Lease.objects.filter(pk__in=[x["lease"] for x in body["leases"]])
+    assert leases.count() == 3
+    for lease, stage in zip(leases.order_by("id"), plan["result"]["stages"], strict=True):
+        assert lease.workload_class == "inference" and lease.count == stage["instances"]
+        assert lease.models_allowed == ["H100-80GB"] and lease.state == "queued"
+    # applying again is a no-op, not three more leases
+    assert client.post(f"{url}/apply", {}, format="json").status_code == 200
+    assert Lease.objects.count() == 3
+    released = client.post(f"{url}/release", {}, format="json")
+    assert released.status_code == 200 and released.json()["state"] == "released"
+    assert set(Lease.objects.values_list("state", flat=True)) == {"released"}
+    actions = set(AuditEvent.objects.filter(tenant=world.acme).values_list("action", flat=True))
+    assert {"pipeline.create", "pipeline.plan", "pipeline.apply", "pipeline.release"} <= actions
+
+
+def test_apply_is_all_or_nothing_when_a_stage_is_refused(world):
+    """The third stage's request is refused by an admission check (the seam billing's spend caps use): the
+    first two stages' leases, already written in the same transaction, are not kept."""
+    client = world.client("member")
+    pipeline, plan = _plan(client)
+    seen = []
+
+    def refuse_third(admission):
+        seen.append(admission.gpu)
+        if len(seen) == 3:
+            raise Conflict("refused by the test's admission check", field="gpu")
+        return ""
+
+    unregister = extensions.request_check_register(refuse_third)
+    try:
+        answer = client.post(f"/api/v1/pipelines/{pipeline['id']}/plans/{plan['id']}/apply", {}, format="json")
+    finally:
+        unregister()
+    assert answer.status_code == 409, answer.content
+    assert len(seen) == 3
+    assert not Lease.objects.exists() and not PlanLease.objects.exists()
+    assert PipelinePlan.objects.get(pk=plan["id"]).state == "planned"
+
+
+def test_another_tenant_sees_no_pipeline_nor_plan(world):
+    pipeline, plan = _plan(world.client("member"))
+    outsider = world.client("outsider")
+    assert outsider.get(f"/api/v1/pipelines/{pipeline['id']}").status_code == 404
+    assert outsider.post(f"/api/v1/pipelines/{pipeline['id']}/plans", {}, format="json").status_code == 404
+    assert outsider.post(f"/api/v1/pipelines/{pipeline['id']}/plans/{plan['id']}/apply", {},
+                         format="json").status_code == 404
+    assert outsider.get("/api/v1/pipelines").json() == []
+    assert world.client("viewer").post("/api/v1/pipelines", THREE, format="json").status_code == 403
+
+
+def test_model_split_of_a_named_architecture(world):
+    client = world.client("member")
+    gpus = [{"id": "h0", "node": "n1", "model": "H100-80GB", "free_mib": 81000},
+            {"id": "h1", "node": "n1", "model": "H100-80GB", "free_mib": 60000},
+            {"id": "a0", "node": "n2", "model": "A100-40GB", "free_mib": 40000}]
+    answer = client.post("/api/v1/model-splits", {"architecture": "llama2_70b", "batch": 1, "gpus": gpus},
+                         format="json")
+    assert answer.status_code == 201, answer.content
+    result = answer.json()["result"]
+    assert result["feasible"]
+    covered = [i for g in result["groups"] for i in range(g["first"], g["last"] + 1)]
+    assert covered == list(range(82))
+    assert all(g["memory_mib"] <= g["free_mib"] for g in result["groups"])
+    assert result["objective"] >= result["baselines"]["optimal"]["objective"] - 1e-6
+    other = world.client("outsider").get(f"/api/v1/model-splits/{answer.json()['id']}")
+    assert other.status_code == 404
+    bad = client.post("/api/v1/model-splits", {"architecture": "resnet50", "gpus": [{"model": "Z80"}]},
+                      format="json")
+    assert bad.status_code == 400 and bad.json()["field"] == "gpus[0].model"

@@ -1,0 +1,120 @@
+"""Property tests (hypothesis) of the split planner and its baselines on generated layer tables and fleets:
+
+- the groups cover every layer exactly once, in order, and each fits in its GPU's free memory;
+- the heuristic is never better than the dynamic-programming optimum, and the optimum is never worse than
+  any split the baselines find (it searches a superset);
+- the architectures' layer tables match the published parameter and FLOP counts.
+"""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from leasing.pipelines.architectures import Layer, UnknownArchitecture, architecture
+from leasing.pipelines.splits import (
+    SplitError,
+    SplitGpu,
+    _Model,
+    plan_equal_layers,
+    plan_split,
+    plan_split_optimal,
+)
+
+MODELS = ("H100-80GB", "A100-40GB", "L4")
+
+
+@st.composite
+def cases(draw):
+    count = draw(st.integers(1, 14))
+    layers = [Layer(f"l{i}", draw(st.integers(1, 400)) * 1_000_000, draw(st.floats(1e8, 5e11)),
+                    draw(st.integers(1, 64)) * 1_000_000) for i in range(count)]
+    gpus = []
+    for i in range(draw(st.integers(1, 5))):
+        model = draw(st.sampled_from(MODELS))
+        gpus.append(SplitGpu(f"g{i}", f"n{draw(st.integers(0, 2))}", model, draw(st.integers(1_000, 40_000)),
+                             nvlink=model != "L4"))
+    return layers, gpus, draw(st.sampled_from((1, 2, 8)))
+
+
+def _valid(split, layers, gpus, batch):
+    assert split.feasible
+    covered = [i for g in split.groups for i in range(g.first, g.last + 1)]
+    assert covered == list(range(len(layers)))  # every layer once, in order
+    assert len({g.gpu.id for g in split.groups}) == len(split.groups)  # a GPU holds one group
+    model = _Model(layers, batch, gpus, 0.25)
+    for group in split.groups:
+        assert group.memory_mib == model.memory(group.first, group.last) <= group.gpu.free_mib
+        assert group.gpu in gpus
+
+
+COMMON = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@COMMON
+@given(cases())
+def test_split_groups_cover_every_layer_once_in_order_and_fit(case):
+    layers, gpus, batch = case
+    optimum = plan_split_optimal(layers, gpus, batch)
+    for split in (plan_split(layers, gpus, batch), plan_equal_layers(layers, gpus, batch), optimum):
+        if split.feasible:
+            _valid(split, layers, gpus, batch)
+            assert split.objective >= optimum.objective - 1e-6
+            assert split.latency_ms == pytest.approx(sum(g.compute_ms + g.transfer_in_ms for g in split.groups))
+    heuristic = plan_split(layers, gpus, batch)
+    if not optimum.feasible:
+        assert not heuristic.feasible
+    elif len(optimum.groups) == 1 or len({(g.model, g.free_mib) for g in gpus}) == 1:
+        # the heuristic is not complete in general (how often it misses is measured in bench/splits.py), but
+        # it finds a split whenever one GPU holds the model or the GPUs are alike
+        assert heuristic.feasible
+
+
+def test_a_transfer_between_nodes_costs_more_than_inside_one():
+    layers = [Layer(f"l{i}", 10_000_000_000, 1e12, 200_000_000) for i in range(4)]
+    same = [SplitGpu("a", "n1", "H100-80GB", 45_000), SplitGpu("b", "n1", "H100-80GB", 45_000)]
+    apart = [SplitGpu("a", "n1", "H100-80GB", 45_000), SplitGpu("b", "n2", "H100-80GB", 45_000)]
+    inside, across = plan_split_optimal(layers, same), plan_split_optimal(layers, apart)
+    assert len(inside.groups) == len(across.groups) == 2
+    assert across.groups[1].transfer_in_ms > inside.groups[1].transfer_in_ms * 10
+
+
+def test_the_heuristic_prefers_one_node_and_the_fastest_gpus():
+    llama = architecture("llama2_70b")
+    fleet = [SplitGpu(f"l4-{i}", "slow", "L4", 23_034, nvlink=False) for i in range(4)]
+    fleet += [SplitGpu(f"h{i}", "fast", "H100-80GB", 81_559) for i in range(2)]
+    fleet += [SplitGpu("h-far", "far", "H100-80GB", 81_559)]
+    split = plan_split(llama.layers, fleet, 1)
+    assert split.feasible
+    assert [g.gpu.node for g in split.groups][:2] == ["fast", "fast"]
+    assert plan_equal_layers(llama.layers, fleet, 1).latency_ms > split.latency_ms
+
+
+def test_bad_input_names_the_field():
+    with pytest.raises(SplitError) as caught:
+        plan_split([Layer("a", 1, 1.0, 1)], [SplitGpu("x", "n", "H100-80GB", 10), SplitGpu("x", "n", "L4", 10)])
+    assert caught.value.field == "gpus[1]"
+    with pytest.raises(SplitError) as caught:
+        plan_split([], [SplitGpu("x", "n", "H100-80GB", 10)])
+    assert caught.value.field == "layers"
+    with pytest.raises(UnknownArchitecture):
+        architecture("resnet9000")
+
+
+@pytest.mark.parametrize(("name", "params_m", "gflops"), [
+    ("resnet50", 25.6, 8.2),  # He et al.: 25.6 M parameters, 3.8-4.1 GMAC
+    ("resnet101", 44.5, 15.6),
+    ("vit_b16", 86.6, 35.1),  # Dosovitskiy et al.: 86 M, 17.6 GMAC
+    ("bert_base", 108.9, None),  # Devlin et al.: 110 M
+    ("bert_large", 334.2, None),  # 340 M
+    ("gpt2_xl", 1557.8, None),  # 1.5 B
+    ("llama2_7b", 6738.4, None),  # 6.74 B
+    ("llama2_13b", 13015.9, None),  # 13.0 B
+    ("llama2_70b", 68976.6, None),  # 69.0 B
+])
+def test_architectures_match_the_published_sizes(name, params_m, gflops):
+    arch = architecture(name)
+    assert arch.params / 1e6 == pytest.approx(params_m, rel=0.005)
+    if gflops:
+        assert arch.flops / 1e9 == pytest.approx(gflops, rel=0.01)
