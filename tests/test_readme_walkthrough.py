@@ -18,7 +18,7 @@ from django.urls import Resolver404, resolve
 from billing.models import Invoice
 from leasing import services as leasing
 from leasing.models import Lease
-from tests.broker.conftest import _test_database_url, start_fleet, start_workers, stop_workers
+from tests.leasing.conftest import _test_database_url, start_fleet, start_workers, stop_workers
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"

@@ -11,7 +11,7 @@ import pytest
 from leasing import services
 from leasing.models import Node
 from tests.agent.conftest import ROOT, free_port, wait_http
-from tests.broker.conftest import wait_until
+from tests.leasing.conftest import wait_until
 
 
 def _agent(state_dir, log, url: str, token: str = "") -> subprocess.Popen:

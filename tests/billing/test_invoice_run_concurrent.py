@@ -20,7 +20,7 @@ from billing import services as billing
 from billing.models import AllocationUsage, Invoice, InvoiceLine
 from leasing.models import Lease
 from tests.agent.conftest import ROOT
-from tests.broker.conftest import _test_database_url
+from tests.leasing.conftest import _test_database_url
 from tests.factories import make_project, make_tenant
 
 TENANTS = 12

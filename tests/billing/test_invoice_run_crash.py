@@ -16,7 +16,7 @@ from billing.choices import InvoiceStatus
 from billing.models import AllocationUsage, Invoice, InvoiceLine
 from leasing.models import Lease
 from tests.agent.conftest import ROOT
-from tests.broker.conftest import _test_database_url
+from tests.leasing.conftest import _test_database_url
 from tests.factories import make_project, make_tenant
 
 TENANTS = 150

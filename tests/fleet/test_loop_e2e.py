@@ -18,7 +18,7 @@ from leasing.choices import LeaseState
 from leasing.models import Allocation, Gpu, Lease, Node
 from notifications.models import Notification
 from tests.billing.conftest import needs_prometheus
-from tests.broker.conftest import wait_until
+from tests.leasing.conftest import wait_until
 
 pytestmark = [pytest.mark.slow]
 

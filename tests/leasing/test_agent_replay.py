@@ -17,7 +17,7 @@ from agent.signing import sign
 from leasing import services
 from leasing.models import AgentNonce
 from tests.agent.conftest import ROOT, free_port, wait_http
-from tests.broker.conftest import _test_database_url
+from tests.leasing.conftest import _test_database_url
 
 
 def _gunicorn() -> tuple[subprocess.Popen, str]:

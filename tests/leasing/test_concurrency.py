@@ -7,7 +7,7 @@ import threading
 from django.db import connection
 
 from leasing.models import Allocation, Lease
-from tests.broker.conftest import start_fleet, start_workers, stop_workers, wait_until
+from tests.leasing.conftest import start_fleet, start_workers, stop_workers, wait_until
 from tests.factories import make_quota
 
 

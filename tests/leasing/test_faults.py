@@ -9,7 +9,7 @@ from django.utils import timezone
 from leasing import services
 from leasing.models import Allocation, Lease, Node
 from leasing.services import agent_client
-from tests.broker.conftest import start_workers, stop_workers, wait_until
+from tests.leasing.conftest import start_workers, stop_workers, wait_until
 
 
 def _request(client, profile="1g.10gb"):

@@ -4,7 +4,7 @@ restarts when B gives the GPU back."""
 
 from leasing.models import Node
 from leasing.services import agent_client
-from tests.broker.conftest import wait_until
+from tests.leasing.conftest import wait_until
 from tests.factories import make_project, make_quota
 
 

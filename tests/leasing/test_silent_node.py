@@ -13,7 +13,7 @@ from leasing import services
 from leasing.models import Allocation, Lease, Node
 from leasing.services import agent_client
 from tenants.models import AuditEvent
-from tests.broker.conftest import start_fleet, wait_until
+from tests.leasing.conftest import start_fleet, wait_until
 
 
 @pytest.fixture

@@ -7,7 +7,7 @@ from django.test import Client
 
 from leasing import services
 from leasing.models import Node
-from tests.broker.conftest import wait_until
+from tests.leasing.conftest import wait_until
 from tests.factories import make_user
 
 SLICE = {"kind": "mig", "profile": "1g.10gb"}

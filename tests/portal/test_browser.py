@@ -21,7 +21,7 @@ from django.utils import timezone
 from leasing.models import Allocation, Lease
 from tests import real_parts
 from tests.agent.conftest import ROOT, free_port, wait_http
-from tests.broker.conftest import start_fleet, start_workers, stop_workers, wait_until
+from tests.leasing.conftest import start_fleet, start_workers, stop_workers, wait_until
 from tests.factories import make_project, make_user, make_world
 
 CHROMIUM = real_parts.CHROMIUM_PATH
