@@ -19,8 +19,8 @@ from billing.metering import HOUR, hour_floor
 from billing.models import Invoice, StripeEvent, UtilisationUsage
 from billing.utilisation import utilisation_meter_hour
 from leasing.models import LeaseEvent
-from tests.leasing.conftest import Api, start_fleet, start_workers, stop_workers, wait_until
 from tests.factories import make_world
+from tests.leasing.conftest import Api, start_fleet, start_workers, stop_workers, wait_until
 from tests.stripe_server import StripeTestServer, deliver
 
 

@@ -20,8 +20,8 @@ from billing import services as billing
 from billing.models import AllocationUsage, Invoice, InvoiceLine
 from leasing.models import Lease
 from tests.agent.conftest import ROOT
-from tests.leasing.conftest import _test_database_url
 from tests.factories import make_project, make_tenant
+from tests.leasing.conftest import _test_database_url
 
 TENANTS = 12
 JANUARY = date(2026, 1, 1)

@@ -15,8 +15,8 @@ from leasing import services
 from leasing.models import Node
 from tests.agent.conftest import ROOT, free_port, wait_http
 from tests.billing.conftest import prometheus_server  # noqa: F401 (a fixture these tests use)
-from tests.leasing.conftest import Api, start_workers, stop_workers, wait_until
 from tests.factories import make_world
+from tests.leasing.conftest import Api, start_workers, stop_workers, wait_until
 
 
 def start_fleet(broker_url: str, state_dir, shapes: tuple[str, ...], *extra: str) -> tuple[subprocess.Popen, int]:

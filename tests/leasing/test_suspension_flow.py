@@ -7,8 +7,8 @@ from django.test import Client
 
 from leasing import services
 from leasing.models import Node
-from tests.leasing.conftest import wait_until
 from tests.factories import make_user
+from tests.leasing.conftest import wait_until
 
 SLICE = {"kind": "mig", "profile": "1g.10gb"}
 

@@ -21,8 +21,8 @@ from django.utils import timezone
 from leasing.models import Allocation, Lease
 from tests import real_parts
 from tests.agent.conftest import ROOT, free_port, wait_http
-from tests.leasing.conftest import start_fleet, start_workers, stop_workers, wait_until
 from tests.factories import make_project, make_user, make_world
+from tests.leasing.conftest import start_fleet, start_workers, stop_workers, wait_until
 
 CHROMIUM = real_parts.CHROMIUM_PATH
 PROMETHEUS = shutil.which("prometheus")
