@@ -14,7 +14,7 @@ import random
 import time
 import urllib.error
 import urllib.request
-from urllib.parse import quote, urlsplit
+from urllib.parse import quote, urlencode, urlsplit
 
 from agent.signing import sign
 
@@ -88,6 +88,28 @@ class AgentClient:
         entry after the change. Refused (``AgentHTTPError``) with 409 while the GPU holds an instance."""
         return self.request("PUT", f"/v1/gpus/{quote(gpu_uuid, safe='')}/mode", {"mode": mode})
 
+    # -- workloads (docs/agent-protocol.md, "Workloads") -------------------------------------------
+    def workload_start(self, workload_id: str, spec: dict) -> dict:
+        """Start a workload on instances of the node (``PUT /v1/workloads/{id}``; the same id and body again
+        returns it as it is)."""
+        return self.request("PUT", f"/v1/workloads/{quote(workload_id, safe='')}", spec)
+
+    def workload(self, workload_id: str) -> dict:
+        return self.request("GET", f"/v1/workloads/{quote(workload_id, safe='')}")
+
+    def workloads(self) -> list[dict]:
+        return self.request("GET", "/v1/workloads")["workloads"]
+
+    def workload_stop(self, workload_id: str, grace_seconds: float = 10, reason: str = "") -> dict:
+        return self.request("POST", f"/v1/workloads/{quote(workload_id, safe='')}/stop",
+                            {"grace_seconds": grace_seconds, "reason": reason})
+
+    def workload_logs(self, workload_id: str, *, stream: str = "stdout", offset: int | None = None,
+                      tail: int | None = None, limit: int | None = None) -> dict:
+        query = {"stream": stream, "offset": offset, "tail": tail, "limit": limit}
+        encoded = urlencode({k: v for k, v in query.items() if v is not None})
+        return self.request("GET", f"/v1/workloads/{quote(workload_id, safe='')}/logs?{encoded}")
+
     def faults(self, **switches) -> dict:
         return self.request("POST", "/v1/faults", switches)
 
@@ -106,7 +128,8 @@ class AgentClient:
             if body is not None:
                 headers["Content-Type"] = "application/json"
             if signed:
-                headers.update(sign(self.secret, self.node_id, method, self.prefix + path, data))
+                bare, _, query = path.partition("?")
+                headers.update(sign(self.secret, self.node_id, method, self.prefix + bare, data, query=query))
             request = urllib.request.Request(self.base_url + path, data=data or None, method=method,  # noqa: S310
                                              headers=headers)
             try:

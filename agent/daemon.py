@@ -16,6 +16,10 @@ Configuration: a TOML file (``--config``) and/or flags (flags win)::
                                                   # and changing GPU modes
     create_latency_seconds = 0.0                  # sim only: each instance created answers this much later
     mode_change_latency_seconds = 0.0             # sim only: each GPU mode change answers this much later
+    workload_runtime = "process"                  # workloads on leases: "process", "docker" or "podman"
+    workload_roots = ["/srv/gpubroker"]           # working and checkpoint directories must lie under one
+                                                  # of these (default: STATE_DIR/work)
+    restart_backoff_seconds = 1.0                 # first back-off of an on-failure restart (doubles, ≤ 60 s)
 
 Enrollment (``POST {broker}/api/v1/agents/enroll``, the token in the body) returns the per-node secret,
 saved as ``state_dir/secret`` (0600); later starts reuse it. Heartbeats (``POST
@@ -32,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -40,7 +45,7 @@ import secrets
 import socket
 import time
 import tomllib
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -73,6 +78,9 @@ class AgentConfig:
     heartbeat_seconds: float = 15.0
     create_latency_seconds: float = 0.0  # sim only: modelled MIG creation time
     mode_change_latency_seconds: float = 0.0  # sim only: modelled GPU reset time
+    workload_runtime: str = "process"
+    workload_roots: list = field(default_factory=list)
+    restart_backoff_seconds: float = 1.0
 
     def validate(self) -> AgentConfig:
         if not self.node_id:
@@ -88,6 +96,15 @@ class AgentConfig:
                 raise ValueError(f"{name} must be a number of seconds 0..{MAX_LATENCY_SECONDS:g}, got {value!r}")
             if value and self.backend != "sim":
                 raise ValueError(f"{name} models device time in the sim backend only; a real GPU takes its own")
+        if self.workload_runtime not in ("process", "docker", "podman"):
+            raise ValueError(f"workload_runtime must be process, docker or podman, got {self.workload_runtime!r}")
+        if isinstance(self.workload_roots, str):
+            self.workload_roots = [self.workload_roots]
+        for root in self.workload_roots:
+            if not isinstance(root, str) or not root.startswith("/"):
+                raise ValueError(f"workload_roots must be absolute paths, got {root!r}")
+        if not isinstance(self.restart_backoff_seconds, int | float) or not 0 < self.restart_backoff_seconds <= 60:
+            raise ValueError("restart_backoff_seconds must be a number of seconds in (0, 60]")
         if self.broker_url and not self.broker_url.startswith(("http://", "https://")):
             raise ValueError(f"broker_url must be http(s)://..., got {self.broker_url!r}")
         self.hostname = self.hostname or socket.gethostname()
@@ -126,6 +143,15 @@ def build_backend(config: AgentConfig, state_dir: Path | None = None) -> Backend
     return SimBackend(state, config.node_id, parse_gpu_specs(config.gpus),
                       create_latency_seconds=config.create_latency_seconds,
                       mode_change_latency_seconds=config.mode_change_latency_seconds)
+
+
+def build_workloads(config: AgentConfig, state_dir: Path | None = None):
+    """The node's workload manager (``agent.workloads``) with the configured runtime and roots."""
+    from agent.workloads import WorkloadManager, build_runtime
+
+    return WorkloadManager(Path(state_dir or config.state_dir), build_runtime(config.workload_runtime),
+                           roots=[Path(r) for r in config.workload_roots] or None,
+                           backoff_seconds=config.restart_backoff_seconds)
 
 
 # -- secret ---------------------------------------------------------------------------------------
@@ -273,7 +299,60 @@ class BrokerLink:
         self.failures += 1
         return False
 
+    async def report_workloads_once(self) -> bool:
+        """Send the workloads with events the broker has not acknowledged (``POST
+        {broker}/api/v1/agents/{node}/workloads``); the broker answers the last event it recorded of each."""
+        manager = self.node.workloads
+        if manager is None:
+            return True
+        pending = await self.node.call(manager.pending)
+        if not pending:
+            return True
+        body = json.dumps({"time": time.time(), "workloads": pending}).encode()
+        path = f"/api/v1/agents/{self.config.node_id}/workloads"
+        headers = {"Content-Type": "application/json",
+                   **sign(self.node.secret, self.config.node_id, "POST", urlsplit(self._url(path)).path, body)}
+        try:
+            async with self.session.post(self._url(path), data=body, headers=headers) as response:
+                payload = await response.json(content_type=None)
+                if response.status == 200 and isinstance(payload.get("acked"), dict):
+                    await self.node.call(manager.ack, payload["acked"])
+                    return True
+                self.last_error = f"{response.status}: {payload.get('detail', payload)}"
+        except (aiohttp.ClientError, TimeoutError, ValueError) as error:
+            self.last_error = str(error) or type(error).__name__
+        return False
+
+    async def report_loop(self) -> None:
+        """Report workload events as they happen (the ticker sets ``workload_changed``), and at least every
+        heartbeat period until the broker has them all; back off while it does not answer."""
+        failures = 0
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.node.workload_changed.wait(), timeout=self.config.heartbeat_seconds)
+            self.node.workload_changed.clear()
+            if self.must_enroll or not self.node.secret:
+                continue
+            if await self.report_workloads_once():
+                failures = 0
+                continue
+            failures += 1
+            delay = backoff_delay(failures, cap=self.config.heartbeat_seconds)
+            logger.warning("workload report of %s failed (%s); retrying in %.1f s", self.config.node_id,
+                           self.last_error, delay)
+            await asyncio.sleep(delay)
+            self.node.workload_changed.set()
+
     async def run(self) -> None:
+        reporter = asyncio.create_task(self.report_loop()) if self.node.workloads is not None else None
+        try:
+            await self._run()
+        finally:
+            if reporter is not None:
+                reporter.cancel()
+                await asyncio.gather(reporter, return_exceptions=True)
+
+    async def _run(self) -> None:
         while True:
             await self.enroll()
             ok = await self.heartbeat_once()
@@ -311,7 +390,7 @@ def serve(config: AgentConfig) -> None:
     state_dir.mkdir(parents=True, exist_ok=True)
     backend = build_backend(config, state_dir)
     node = AgentNode(config.node_id, backend, resolve_secret(config, state_dir), config.hostname,
-                     metrics_token=config.metrics_token)
+                     metrics_token=config.metrics_token, workloads=build_workloads(config, state_dir))
     app = node_app(node)
 
     async def broker_link(app_):
@@ -342,6 +421,15 @@ def add_latency_flags(parser: argparse.ArgumentParser, *, default: float | None)
                         metavar="SECONDS", help="sim: each GPU mode change answers this much later (a GPU reset)")
 
 
+def add_workload_flags(parser: argparse.ArgumentParser) -> None:
+    """``--workload-runtime``, ``--workload-root`` (repeatable) and ``--restart-backoff``, shared with
+    ``agent.fleet``."""
+    parser.add_argument("--workload-runtime", dest="workload_runtime", choices=("process", "docker", "podman"))
+    parser.add_argument("--workload-root", dest="workload_roots", action="append", metavar="PATH",
+                        help="working and checkpoint directories must lie under one (default STATE_DIR/work)")
+    parser.add_argument("--restart-backoff", dest="restart_backoff_seconds", type=float, metavar="SECONDS")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m agent", description="GPU broker node agent")
     parser.add_argument("--config", help="TOML configuration file")
@@ -349,6 +437,7 @@ def main(argv: list[str] | None = None) -> int:
                  "metrics-token", "hostname", "advertise-url"):
         parser.add_argument(f"--{name}", dest=name.replace("-", "_"))
     parser.add_argument("--allow-mig-changes", action="store_true", default=None)
+    add_workload_flags(parser)
     add_latency_flags(parser, default=None)
     parser.add_argument("--log-level", default="INFO")
     args = vars(parser.parse_args(argv))

@@ -32,6 +32,8 @@ from agent.daemon import (
     AgentConfig,
     BrokerLink,
     add_latency_flags,
+    add_workload_flags,
+    build_workloads,
     generated_secret,
     read_enrollment_token,
     stored_secret,
@@ -45,7 +47,9 @@ logger = logging.getLogger("agent.fleet")
 class Fleet:
     def __init__(self, nodes: int, shapes: list[str], state_dir: Path, *, host: str = "127.0.0.1", port: int = 9400,
                  prefix: str = "sim", broker_url: str = "", enrollment_token: str = "", metrics_token: str = "",
-                 create_latency_seconds: float = 0.0, mode_change_latency_seconds: float = 0.0):
+                 create_latency_seconds: float = 0.0, mode_change_latency_seconds: float = 0.0,
+                 workload_runtime: str = "process", workload_roots: list[str] | None = None,
+                 restart_backoff_seconds: float = 1.0):
         if nodes < 1:
             raise ValueError("--nodes must be at least 1")
         self.shapes = [parse_gpu_specs(shape) for shape in shapes or ["h100-80gb:8:mig"]]
@@ -63,10 +67,14 @@ class Fleet:
                                  create_latency_seconds=create_latency_seconds,
                                  mode_change_latency_seconds=mode_change_latency_seconds)
             secret = stored_secret(directory) if broker_url else generated_secret(directory)
-            self.nodes.append(AgentNode(node_id, backend, secret, node_id, metrics_token=metrics_token))
-            self.configs.append(AgentConfig(
+            config = AgentConfig(
                 node_id=node_id, listen=f"{host}:{port}", broker_url=broker_url, enrollment_token=enrollment_token,
-                state_dir=str(directory), hostname=node_id, advertise_url=self.url(node_id)).validate())
+                state_dir=str(directory), hostname=node_id, advertise_url=self.url(node_id),
+                workload_runtime=workload_runtime, workload_roots=list(workload_roots or []),
+                restart_backoff_seconds=restart_backoff_seconds).validate()
+            self.nodes.append(AgentNode(node_id, backend, secret, node_id, metrics_token=metrics_token,
+                                        workloads=build_workloads(config, directory)))
+            self.configs.append(config)
 
     def url(self, node_id: str) -> str:
         return f"http://{self.host}:{self.port}/n/{node_id}"
@@ -162,6 +170,7 @@ def main(argv: list[str] | None = None) -> int:
                              "or set GPUB_ENROLLMENT_TOKEN")
     parser.add_argument("--metrics-token", default="")
     add_latency_flags(parser, default=0.0)
+    add_workload_flags(parser)
     parser.add_argument("--ready-file", default="", help="written (with the PID) once the fleet listens")
     parser.add_argument("--log-level", default="INFO")
     args = parser.parse_args(argv)
@@ -172,7 +181,9 @@ def main(argv: list[str] | None = None) -> int:
                       broker_url=args.broker_url,
                       enrollment_token=read_enrollment_token(args.enrollment_token_file) if args.broker_url else "",
                       metrics_token=args.metrics_token, create_latency_seconds=args.create_latency_seconds,
-                      mode_change_latency_seconds=args.mode_change_latency_seconds)
+                      mode_change_latency_seconds=args.mode_change_latency_seconds,
+                      workload_runtime=args.workload_runtime or "process", workload_roots=args.workload_roots,
+                      restart_backoff_seconds=args.restart_backoff_seconds or 1.0)
         asyncio.run(run_fleet(fleet, ready_file=args.ready_file))
     except (ValueError, OSError) as error:
         logger.error("%s", error)

@@ -35,11 +35,13 @@ from agent.backend import (
 )
 from agent.metrics import render
 from agent.signing import NonceCache, SignatureError, verify
+from agent.workloads import WorkloadManager, spec_from_json
 
 logger = logging.getLogger("agent")
 ALLOCATION_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
 MAX_BODY = 64 * 1024
 MAX_BATCH = 64  # instances in one PUT /v1/instances
+TICK_SECONDS = 0.2  # how often a node with live workloads reaps exits, kills at deadlines, restarts
 NODE_KEY = web.AppKey("node", object)
 
 
@@ -52,6 +54,26 @@ class AgentNode:
     metrics_token: str = ""
     nonces: NonceCache = field(default_factory=NonceCache)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    workloads: WorkloadManager | None = None
+    workload_changed: asyncio.Event = field(default_factory=asyncio.Event)  # BrokerLink reports on it
+    _ticker: asyncio.Task | None = None
+
+    def kick(self) -> None:
+        """Make sure a ticker runs while this node has live workloads (none runs on an idle node, so a
+        fleet of 1000 nodes without workloads wakes nothing)."""
+        self.workload_changed.set()
+        if self.workloads is None or (self._ticker is not None and not self._ticker.done()):
+            return
+        self._ticker = asyncio.get_running_loop().create_task(self._tick_while_active())
+
+    async def _tick_while_active(self) -> None:
+        while self.workloads.active():
+            await asyncio.sleep(TICK_SECONDS)
+            try:
+                if await self.call(self.workloads.tick):
+                    self.workload_changed.set()
+            except Exception:  # keep ticking: a failed tick must not orphan the node's workloads
+                logger.exception("workload tick of %s failed", self.node_id)
 
     async def call(self, function, *args):
         """Run one backend call: serialised for this node, off the event loop."""
@@ -217,7 +239,14 @@ async def instances_put(request: web.Request) -> web.Response:
 async def instance_delete(request: web.Request) -> web.Response:
     node = _node(request)
     allocation_id = _allocation_id(request)
-    existed = await node.call(node.backend.destroy, allocation_id)
+    def destroy():
+        if node.workloads is not None:
+            node.workloads.release(allocation_id)  # nothing runs on a device that is going away
+        return node.backend.destroy(allocation_id)
+
+    existed = await node.call(destroy)
+    if node.workloads is not None:
+        node.kick()
     if existed:
         logger.info("destroyed %s", allocation_id)
     return web.json_response({"allocation_id": allocation_id, "existed": existed})
@@ -235,7 +264,15 @@ async def instance_notice(request: web.Request) -> web.Response:
     reason = body.get("reason", "")
     if not isinstance(reason, str) or len(reason) > 500:
         raise InvalidRequest("reason must be a string of at most 500 characters", field="reason")
-    instance = await node.call(node.backend.notice, allocation_id, float(deadline), reason)
+    def notice():
+        noticed = node.backend.notice(allocation_id, float(deadline), reason)
+        if node.workloads is not None:
+            node.workloads.notice(allocation_id, float(deadline), reason)  # SIGTERM now, SIGKILL at the deadline
+        return noticed
+
+    instance = await node.call(notice)
+    if node.workloads is not None:
+        node.kick()
     logger.info("preemption notice for %s: deadline %s (%s)", allocation_id, deadline, reason)
     return web.json_response(instance)
 
@@ -262,6 +299,95 @@ async def faults(request: web.Request) -> web.Response:
     return web.json_response(await node.call(apply, body))
 
 
+def _manager(node: AgentNode) -> WorkloadManager:
+    if node.workloads is None:
+        raise NotFound("this node runs no workloads")
+    return node.workloads
+
+
+def _workload_id(request: web.Request) -> str:
+    value = request.match_info["workload_id"]
+    if not ALLOCATION_ID.match(value):
+        raise InvalidRequest("workload_id must be 1-128 of A-Z a-z 0-9 . _ : - (starting alphanumeric)",
+                             field="workload_id")
+    return value
+
+
+async def workloads_get(request: web.Request) -> web.Response:
+    node = _node(request)
+    return web.json_response({"workloads": await node.call(_manager(node).all)})
+
+
+async def workload_put(request: web.Request) -> web.Response:
+    """Start a workload on instances of this node (idempotent: the same id and body again returns it)."""
+    node = _node(request)
+    manager = _manager(node)
+    workload_id = _workload_id(request)
+    spec = spec_from_json(await _json_body(request), manager.roots)
+
+    def start():
+        instances = []
+        for position, allocation_id in enumerate(spec["instances"]):
+            try:
+                instances.append(node.backend.instance(allocation_id))
+            except NotFound:
+                raise NotFound(f"no instance {allocation_id!r} on this node", field=f"instances[{position}]") from None
+        return manager.start(workload_id, spec, instances)
+
+    workload, created = await node.call(start)
+    node.kick()
+    if created:
+        logger.info("workload %s started on %s: %s", workload_id, ",".join(spec["instances"]),
+                    " ".join(workload["argv"])[:200])
+    return web.json_response(workload, status=201 if created else 200)
+
+
+async def workload_get(request: web.Request) -> web.Response:
+    node = _node(request)
+    return web.json_response(await node.call(_manager(node).status, _workload_id(request)))
+
+
+async def workload_stop(request: web.Request) -> web.Response:
+    """``{"grace_seconds": 10, "reason": "..."}``: SIGTERM now, SIGKILL after the grace."""
+    node = _node(request)
+    workload_id = _workload_id(request)
+    body = await _json_body(request) if await request.read() else {}
+    if not isinstance(body, dict):
+        raise InvalidRequest("the body must be a JSON object", field="body")
+    grace = body.get("grace_seconds", 10)
+    if not isinstance(grace, int | float) or isinstance(grace, bool) or not 0 <= grace <= 3600:
+        raise InvalidRequest("grace_seconds must be a number of seconds 0..3600", field="grace_seconds")
+    reason = body.get("reason", "")
+    if not isinstance(reason, str) or len(reason) > 500:
+        raise InvalidRequest("reason must be a string of at most 500 characters", field="reason")
+    manager = _manager(node)
+    workload = await node.call(lambda: manager.stop(workload_id, grace_seconds=float(grace), reason=reason))
+    node.kick()
+    return web.json_response(workload)
+
+
+async def workload_logs(request: web.Request) -> web.Response:
+    """``?stream=stdout|stderr&offset=N`` or ``&tail=N``, ``&limit=N`` (at most 256 KiB)."""
+    node = _node(request)
+    query = request.rel_url.query
+
+    def number(name: str) -> int | None:
+        if name not in query:
+            return None
+        if not query[name].isdigit():
+            raise InvalidRequest(f"{name} must be a non-negative integer", field=name)
+        return int(query[name])
+
+    manager = _manager(node)
+    workload_id = _workload_id(request)
+    offset, tail, limit = number("offset"), number("tail"), number("limit")
+    if offset is not None and tail is not None:
+        raise InvalidRequest("give offset or tail, not both", field="tail")
+    return web.json_response(await node.call(lambda: manager.logs(
+        workload_id, query.get("stream", "stdout"), offset=offset, tail=tail,
+        limit=64 * 1024 if limit is None else limit)))
+
+
 def node_app(node: AgentNode) -> web.Application:
     app = web.Application(middlewares=[problem_middleware, protocol_middleware], client_max_size=MAX_BODY + 1024)
     app[NODE_KEY] = node
@@ -275,8 +401,22 @@ def node_app(node: AgentNode) -> web.Application:
     app.router.add_post("/v1/instances/{allocation_id}/notice", instance_notice)
     app.router.add_put("/v1/gpus/{gpu_uuid}/mode", gpu_mode_put)
     app.router.add_post("/v1/faults", faults)
+    app.router.add_get("/v1/workloads", workloads_get)
+    app.router.add_get("/v1/workloads/{workload_id}", workload_get)
+    app.router.add_put("/v1/workloads/{workload_id}", workload_put)
+    app.router.add_post("/v1/workloads/{workload_id}/stop", workload_stop)
+    app.router.add_get("/v1/workloads/{workload_id}/logs", workload_logs)
+
+    async def resume_workloads(_app):
+        if node.workloads is not None and node.workloads.active():
+            node.kick()  # after a restart: reap, kill at deadlines and restart what the state file holds
+
+    app.on_startup.append(resume_workloads)
 
     async def close_backend(_app):
+        if node._ticker is not None:
+            node._ticker.cancel()
+            await asyncio.gather(node._ticker, return_exceptions=True)
         async with node.lock:
             node.backend.close()
 

@@ -291,6 +291,12 @@ LEASE_MAX_DURATION_SECONDS = env_int("LEASE_MAX_DURATION_SECONDS", 30 * 86400, m
 LEASE_PREEMPTION_NOTICE_SECONDS = env_int("LEASE_PREEMPTION_NOTICE_SECONDS", 30, minimum=0)
 LEASE_MIN_RUNTIME_SECONDS = env_int("LEASE_MIN_RUNTIME_SECONDS", 60, minimum=0)
 AGENT_TIMEOUT_SECONDS = env_int("AGENT_TIMEOUT_SECONDS", 5, minimum=1)
+# workloads on leases (docs/leasing.md, "Workloads"): working and checkpoint directories must lie under one of
+# these roots (shared storage the operator mounts on every node at the same path); a lease release gives a
+# running workload this long between SIGTERM and SIGKILL; a log follow waits at most this long for new bytes
+WORKLOAD_ALLOWED_ROOTS = env_list("WORKLOAD_ALLOWED_ROOTS", ["/srv/gpubroker"])
+WORKLOAD_STOP_GRACE_SECONDS = env_int("WORKLOAD_STOP_GRACE_SECONDS", 10, minimum=0)
+WORKLOAD_LOG_FOLLOW_SECONDS = env_int("WORKLOAD_LOG_FOLLOW_SECONDS", 20, minimum=1)
 AGENT_HEARTBEAT_SECONDS = env_int("AGENT_HEARTBEAT_SECONDS", 15, minimum=1)
 # a node silent for 3 heartbeats leaves scheduling at once; its leases keep their capacity until it has been
 # silent this long (counted from its last heartbeat), then fail (docs/operations.md, "A silent node")

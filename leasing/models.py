@@ -221,3 +221,28 @@ class LeaseEvent(models.Model):
 
     def __str__(self) -> str:
         return f"lease {self.lease_id}: {self.from_state or '-'} -> {self.to_state}"
+
+
+class Workload(models.Model):
+    """What a lease runs, if anything (docs/leasing.md, "Workloads"): the definition the tenant gave (``spec``:
+    command or image, args, env, workdir, checkpoint_dir, restart_policy, max_restarts, port) and what its
+    runs did, as the node's agent reported it. Each placement of the lease runs it under its own agent
+    workload id (``lease-<id>-p<placement>``); ``restart_count`` is the ``RESTART_COUNT`` of the latest
+    run, and a placement after a preemption starts at that + 1. Every report is also a ``LeaseEvent``."""
+
+    tenant_lookup = "lease__tenant"
+    lease = models.OneToOneField(Lease, on_delete=models.PROTECT, related_name="workload")
+    spec = models.JSONField()
+    state = models.CharField(max_length=16, default="pending")  # pending, then the agent's workload state
+    node = models.ForeignKey(Node, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    agent_workload_id = models.CharField(max_length=128, blank=True)
+    placements = models.PositiveIntegerField(default=0)
+    restart_count = models.PositiveIntegerField(default=0)
+    reported_seq = models.PositiveIntegerField(default=0)  # the last event of agent_workload_id recorded
+    exit_code = models.IntegerField(null=True, blank=True)
+    signal = models.IntegerField(null=True, blank=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    ended_at = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return f"workload of lease {self.lease_id} ({self.state})"

@@ -31,7 +31,7 @@ def lease_list(*, actor: Actor, state: str = "", project: str = "") -> QuerySet[
 
 def lease_get(*, actor: Actor, lease_id: int) -> Lease:
     live = Allocation.objects.select_related("gpu__node").order_by("pk")
-    lease = (restrict(Lease.objects.all(), actor).select_related("project")
+    lease = (restrict(Lease.objects.all(), actor).select_related("project", "workload__node")
              .prefetch_related(Prefetch("allocations", queryset=live),
                                Prefetch("events", queryset=LeaseEvent.objects.order_by("at", "pk")))
              .filter(pk=lease_id).first())

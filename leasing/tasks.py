@@ -71,6 +71,18 @@ def lease_notice_run(self, lease_id: int) -> None:
         logger.warning("preemption notice for lease %s not delivered: %s", lease_id, error)
 
 
+@shared_task(name="leasing.lease_workload_start_run", bind=True, acks_late=True, max_retries=AGENT_RETRIES)
+def lease_workload_start_run(self, lease_id: int) -> str:
+    """Start an ACTIVE lease's workload on its node (idempotent per placement)."""
+    try:
+        return services.lease_workload_start(lease_id=lease_id)
+    except AgentUnreachable as error:
+        if self.request.retries < AGENT_RETRIES:
+            raise self.retry(countdown=_backoff(self.request.retries)) from error
+        logger.warning("workload of lease %s not started: %s", lease_id, error)
+        return "unreachable"
+
+
 @shared_task(name="leasing.lease_expire_due", acks_late=True)
 def lease_expire_due() -> dict:
     return {"expired": services.lease_expire_due(), "preempted": services.lease_preempt_due()}

@@ -12,9 +12,12 @@ selectors.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 from django.conf import settings
 
+from agent.backend import InvalidRequest
+from agent.workloads import spec_from_json
 from config.errors import PermissionDenied, QuotaExceeded, ValidationFailed
 from gpus.catalogue import UnknownModel, model_get
 from gpus.mig import UnknownProfile, profile_get, profiles_for
@@ -246,3 +249,30 @@ def request_validate(*, actor: Actor, project: object, gpu: object, workload_cla
     quotas = {quota.tier: quota for quota in quota_list(actor=actor, project=target)}
     limits = {tier: quota.limit_gpu_milli for tier, quota in quotas.items()}
     return ValidRequest(checked, target, request_quota_check(request=checked, limits=limits), quotas)
+
+
+# -- workloads ------------------------------------------------------------------------------------------------
+WORKLOAD_TOP_FIELDS = ("command", "image", "args", "env", "workdir", "checkpoint_dir", "restart_policy",
+                       "max_restarts", "port")
+
+
+def workload_check(value: object, shape: dict) -> dict | None:
+    """A lease's optional workload, checked by the same rules the agent applies (``agent.workloads``) with
+    the roots of ``WORKLOAD_ALLOWED_ROOTS``; a refusal names the field as ``workload.<field>``. A workload
+    runs on one node: a lease of several devices must be a gang (same node)."""
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise ValidationFailed("workload must be an object (command or image, args, env, ...).", field="workload")
+    if "instances" in value or "restart_count" in value:
+        name = "instances" if "instances" in value else "restart_count"
+        raise ValidationFailed(f"workload.{name} is set by the broker.", field=f"workload.{name}")
+    if shape["count"] > 1 and not shape["gang"]:
+        raise ValidationFailed("A workload runs on one node: a lease of several devices needs gang: true.",
+                               field="workload")
+    try:
+        spec = spec_from_json({**value, "instances": ["lease"]},
+                              [Path(root) for root in settings.WORKLOAD_ALLOWED_ROOTS])
+    except InvalidRequest as error:
+        raise ValidationFailed(error.message, field=f"workload.{error.field}") from None
+    return {name: spec[name] for name in WORKLOAD_TOP_FIELDS}

@@ -1,4 +1,7 @@
+from urllib.parse import urlsplit
+
 from django.conf import settings
+from django.core.exceptions import ObjectDoesNotExist
 from django.core.validators import MaxValueValidator, MinValueValidator
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
@@ -110,6 +113,12 @@ class LeaseCreateInput(StrictSerializer):
     priority = BoundedIntegerField(default=0, bounds=lambda: (-100, 100),
                                    message="priority must be a whole number from {low} to {high}.")
     duration_seconds = _duration_field(default=3600)
+    workload = serializers.JSONField(
+        required=False, allow_null=True,
+        help_text='what the lease runs once placed (optional): {"command": ["python", "train.py"], "args": [], '
+                  '"env": {}, "workdir": "/srv/gpubroker/...", "checkpoint_dir": "/srv/gpubroker/...", '
+                  '"restart_policy": "never" | "on-preemption" | "on-failure", "max_restarts": 3, "port": 8888} '
+                  '(or "image" on container nodes); errors name workload.<field>')
 
 
 class LeaseRenewInput(StrictSerializer):
@@ -177,12 +186,46 @@ class LeaseOutput(serializers.ModelSerializer):
 _DATETIME = serializers.DateTimeField()  # DRF's own formatting of a moment (ISO 8601, UTC as "Z")
 
 
+WORKLOAD_OUTPUT_SCHEMA = {
+    "type": "object", "nullable": True,
+    "properties": {"spec": {"type": "object", "additionalProperties": True},
+                   "state": {"type": "string"}, "node": {"type": "string", "nullable": True},
+                   "restart_count": {"type": "integer"}, "placements": {"type": "integer"},
+                   "exit_code": {"type": "integer", "nullable": True}, "signal": {"type": "integer", "nullable": True},
+                   "started_at": {"type": "string", "format": "date-time", "nullable": True},
+                   "ended_at": {"type": "string", "format": "date-time", "nullable": True},
+                   "endpoint": {"type": "string", "nullable": True,
+                                "description": "host:port of an interactive workload's port on its node"}}}
+
+
+def workload_output(lease) -> dict | None:
+    """The lease's workload (None without one): its definition and what its runs did."""
+    try:
+        workload = lease.workload
+    except ObjectDoesNotExist:
+        return None
+    moment = _DATETIME.to_representation
+    endpoint = None
+    if workload.spec.get("port") and workload.node is not None and workload.state in ("starting", "running"):
+        endpoint = f"{urlsplit(workload.node.address).hostname}:{workload.spec['port']}"
+    return {"spec": workload.spec, "state": workload.state,
+            "node": workload.node.node_id if workload.node else None, "restart_count": workload.restart_count,
+            "placements": workload.placements, "exit_code": workload.exit_code, "signal": workload.signal,
+            "started_at": moment(workload.started_at) if workload.started_at else None,
+            "ended_at": moment(workload.ended_at) if workload.ended_at else None, "endpoint": endpoint}
+
+
 class LeaseDetailOutput(LeaseOutput):
     devices = serializers.SerializerMethodField()
     events = EventOutput(many=True)
+    workload = serializers.SerializerMethodField()
 
     class Meta(LeaseOutput.Meta):
-        fields = [*LeaseOutput.Meta.fields, "devices", "events"]
+        fields = [*LeaseOutput.Meta.fields, "devices", "events", "workload"]
+
+    @extend_schema_field(WORKLOAD_OUTPUT_SCHEMA)
+    def get_workload(self, obj) -> dict | None:
+        return workload_output(obj)
 
     def to_representation(self, instance) -> dict:
         return serializers.ModelSerializer.to_representation(self, instance)  # devices and events too

@@ -85,6 +85,44 @@ class LeaseRenewApi(APIView):
         return Response(s.LeaseOutput(lease).data)
 
 
+class LeaseLogsApi(APIView):
+    """The lease's workload log from its node: ``offset`` (from there) or ``tail`` (the last bytes), ``limit``
+    (at most 256 KiB), ``stream`` (stdout | stderr), ``follow`` (seconds to wait for new bytes, bounded)."""
+
+    @extend_schema(
+        parameters=[OpenApiParameter("stream", {"type": "string", "enum": ["stdout", "stderr"]}),
+                    OpenApiParameter("offset", {"type": "integer", "minimum": 0}),
+                    OpenApiParameter("tail", {"type": "integer", "minimum": 0}),
+                    OpenApiParameter("limit", {"type": "integer", "minimum": 1, "maximum": 262144}),
+                    OpenApiParameter("follow", {"type": "integer", "minimum": 0, "maximum": 60},
+                                     description="wait up to this many seconds (bounded) for bytes after offset")],
+        responses={200: {"type": "object", "additionalProperties": True},
+                   404: problem("No such lease in this tenant, or it has no workload")},
+        summary="The lease's workload log (tail, or from an offset; follow waits for new bytes)")
+    def get(self, request, pk: int):
+        lease = selectors.lease_get(actor=request.actor, lease_id=pk)
+        query = request.query_params
+
+        def number(name: str, high: int) -> int | None:
+            if name not in query:
+                return None
+            if not query[name].isdigit() or int(query[name]) > high:
+                raise ValidationFailed(f"{name} must be a whole number from 0 to {high}.", field=name)
+            return int(query[name])
+
+        stream = query.get("stream", "stdout")
+        if stream not in ("stdout", "stderr"):
+            raise ValidationFailed("stream must be stdout or stderr.", field="stream")
+        offset, tail = number("offset", 2**62), number("tail", 262144)
+        if offset is not None and tail is not None:
+            raise ValidationFailed("Give offset or tail, not both.", field="tail")
+        limit = number("limit", 262144) or 65536
+        follow = number("follow", 60) or 0
+        return Response(services.workload_logs(lease=lease, stream=stream, offset=offset,
+                                               tail=tail if tail is not None or offset is not None else 16384,
+                                               limit=limit, follow_seconds=follow))
+
+
 class AgentEnrollApi(APIView):
     """An agent trades an enrollment token for its node's secret, or (an enrolled node) re-enrolls with a
     request signed with its current secret (docs/agent-protocol.md)."""
@@ -131,3 +169,22 @@ class AgentHeartbeatApi(APIView):
                                             body=request.body)
         services.node_heartbeat(node=node)
         return Response({"heartbeat_seconds": settings.AGENT_HEARTBEAT_SECONDS})
+
+
+class AgentWorkloadsApi(APIView):
+    """What a node's workloads did (signed like the heartbeat): ``{"workloads": [report, ...]}`` →
+    ``{"acked": {workload_id: last recorded event seq}}`` (docs/agent-protocol.md, "Workloads")."""
+
+    authentication_classes: list = []
+    permission_classes = [AllowAny]
+
+    @extend_schema(request={"application/json": {"type": "object", "additionalProperties": True}},
+                   responses={200: {"type": "object", "additionalProperties": True},
+                              401: problem("Missing, stale or wrong signature")},
+                   summary="Agent workload report (signed)")
+    def post(self, request, node_id: str):
+        node = services.node_request_verify(node_id=node_id, headers=request.headers, method="POST",
+                                            path=request.path, query=request.META.get("QUERY_STRING", ""),
+                                            body=request.body)
+        body = request.data if isinstance(request.data, dict) else {}
+        return Response({"acked": services.workloads_report(node=node, reports=body.get("workloads"))})

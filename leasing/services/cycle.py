@@ -204,6 +204,9 @@ def _bind_warm(lease: Lease, decision, gpu_by_key: dict, now: datetime) -> None:
         return
     lease_transition(lease=lease, to=LeaseState.ACTIVE, reason=f"running on {node.node_id} (warm instance)",
                      actor="scheduler", now=now, active_at=now, ends_at=now + timedelta(seconds=lease.duration_seconds))
+    from leasing.services.workloads import workloads_start_after
+
+    workloads_start_after([lease.pk])
 
 
 def _preempt(decision, now: datetime) -> None:

@@ -83,6 +83,10 @@ def allocations_ready(*, items: list[tuple[Allocation, dict]], now: datetime) ->
                                      to_state=LeaseState.ACTIVE, reason=reason, actor="worker", at=now))
         update_each(Lease, active, ["state", "reason", "active_at", "ends_at"])
         LeaseEvent.objects.bulk_create(events)
+    if active:
+        from leasing.services.workloads import workloads_start_after
+
+        workloads_start_after([lease.pk for lease in active])
     logger.info("%d instances recorded, %d leases active", len(recorded), len(active))
     return {"ready": len(recorded), "active": len(active)}
 
@@ -168,6 +172,9 @@ def lease_release_finish(*, lease_id: int, final: str) -> str:
     lease = Lease.objects.get(pk=lease_id)
     if lease.state != LeaseState.RELEASING:
         return lease.state
+    from leasing.services.workloads import workload_stop_for_release
+
+    workload_stop_for_release(lease=lease)  # SIGTERM and its grace before the devices go
     lease_release_instances(lease=lease)
     reason = "the lease reached its end" if final == LeaseState.EXPIRED else "released"
     return allocations_free(lease=lease, now=timezone.now(), to=final, reason=reason).state

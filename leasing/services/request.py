@@ -25,9 +25,9 @@ from leasing.choices import (
     WorkloadClass,
 )
 from leasing.extensions import RequestAdmission, request_admit
-from leasing.models import Lease, LeaseEvent
+from leasing.models import Lease, LeaseEvent, Workload
 from leasing.services.triggers import enqueue
-from leasing.validation import request_input_check, request_quota_check
+from leasing.validation import request_input_check, request_quota_check, workload_check
 from tenants.access import Actor
 from tenants.models import Project, Quota
 
@@ -40,18 +40,22 @@ def _request_hash(payload: dict) -> str:
 
 def lease_request(*, actor: Actor, project: str, gpu: object, workload_class: str = WorkloadClass.TRAINING,
                   priority: int = 0, duration_seconds: object = 3600, idempotency_key: str = "",
-                  now: datetime | None = None) -> tuple[Lease, bool]:
+                  workload: object = None, now: datetime | None = None) -> tuple[Lease, bool]:
     """Validate and queue a request: (the lease, created now?). The same idempotency key with the same
-    body returns the first lease; with another body it is ``IdempotencyConflict``."""
+    body returns the first lease; with another body it is ``IdempotencyConflict``. ``workload`` (optional)
+    is what the lease runs once placed (``leasing.validation.workload_check``; ``services.workloads``)."""
     actor.require("use")
     now = now or timezone.now()
     checked = request_input_check(actor=actor, project=project, gpu=gpu, workload_class=workload_class,
                                   priority=priority, duration_seconds=duration_seconds)
     shape = checked.shape
+    workload_spec = workload_check(workload, shape)
     if len(idempotency_key) > 200:
         raise ValidationFailed("Idempotency-Key is at most 200 characters.", field="Idempotency-Key")
     payload = {"project": project, "gpu": shape, "workload_class": workload_class, "priority": priority,
                "duration_seconds": duration_seconds}
+    if workload_spec is not None:
+        payload["workload"] = workload_spec
     digest = _request_hash(payload)
     # one query: the project, its quota limits and the lease this idempotency key already made, if any
     keyed = Lease.objects.filter(tenant=actor.tenant, idempotency_key=idempotency_key).order_by()
@@ -89,7 +93,12 @@ def lease_request(*, actor: Actor, project: str, gpu: object, workload_class: st
               LeaseEvent(from_state=LeaseState.REQUESTED, to_state=LeaseState.QUEUED,
                          reason="waiting for the scheduler", actor="broker", at=now)]
     try:
-        _lease_insert(lease, events)
+        if workload_spec is None:
+            _lease_insert(lease, events)
+        else:
+            with transaction.atomic():
+                _lease_insert(lease, events)
+                Workload.objects.create(lease=lease, spec=workload_spec)
         enqueue("schedule_cycle")
     except IntegrityError:
         # the same key raced us: the winner's lease is the answer (or a conflict when its body differs)

@@ -83,14 +83,16 @@ def worker(transactional_db, settings):
     stop_workers(processes)
 
 
-def start_fleet(broker_url: str, state_dir, nodes: int, *shapes: str) -> subprocess.Popen:
-    """Simulated nodes enrolled with the broker at ``broker_url`` (a token good for ``nodes`` uses)."""
+def start_fleet(broker_url: str, state_dir, nodes: int, *shapes: str, extra: tuple = ()) -> subprocess.Popen:
+    """Simulated nodes enrolled with the broker at ``broker_url`` (a token good for ``nodes`` uses);
+    ``extra``: more ``agent.fleet`` flags (``--workload-root``)."""
     token = services.enrollment_token_create(uses=nodes)
     port = free_port()
     command = [sys.executable, "-m", "agent.fleet", "--nodes", str(nodes), "--listen", f"127.0.0.1:{port}",
                "--state-dir", str(state_dir), "--broker-url", broker_url, "--log-level", "WARNING"]
     for shape in shapes:
         command += ["--shape", shape]
+    command += list(extra)
     process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                env={**os.environ, "GPUB_ENROLLMENT_TOKEN": token})
     wait_http(f"http://127.0.0.1:{port}/healthz", process)

@@ -47,4 +47,5 @@ def test_lease_detail_output_still_has_devices_and_events(world):
     lease, _ = services.lease_request(actor=actor, project="vision", gpu={"kind": "whole"})
     data = LeaseDetailOutput(Lease.objects.get(pk=lease.pk)).data
     assert data["devices"] == [] and [e["to_state"] for e in data["events"]] == ["requested", "queued"]
-    assert {k: v for k, v in data.items() if k not in ("devices", "events")} == LeaseOutput(lease).data
+    assert data["workload"] is None  # a bare lease (docs/leasing.md, "Workloads")
+    assert {k: v for k, v in data.items() if k not in ("devices", "events", "workload")} == LeaseOutput(lease).data

@@ -1,0 +1,679 @@
+"""Workloads on leases: the node runs the tenant's job on exactly the leased devices (docs/agent-protocol.md,
+"Workloads").
+
+A workload names the instances it runs on (allocation ids of this node) and what to run: a command (the
+process runtime) or an image (a container runtime), arguments, environment, working directory,
+checkpoint directory, restart policy and, for interactive leases, a port. The agent
+
+- starts it through a **runtime** (``ProcessRuntime``: a plain process, used by the simulated fleet so
+  that everything runs here for real; ``ContainerRuntime``: ``docker run`` / ``podman run`` with the
+  NVIDIA container toolkit's CDI device names) in its own session and process group
+  (``start_new_session``), stdout and stderr appended to ``STATE_DIR/workloads/<id>/stdout.log`` and
+  ``stderr.log``, every run wrapped by ``agent/shim.py``, which writes the run's exit status to a file;
+- gives it exactly the leased devices: ``CUDA_VISIBLE_DEVICES`` with the instances' device UUIDs (MIG
+  device UUIDs for MIG instances), and for shares ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`` and
+  ``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT``; ``CHECKPOINT_DIR``, ``RESTART_COUNT``, ``GPUB_WORKLOAD_ID``,
+  ``GPUB_DEADLINE_FILE`` (and ``GPUB_PREEMPT_DEADLINE`` when a notice is already there), ``PORT``;
+- at a preemption notice writes the deadline (unix seconds) into ``GPUB_DEADLINE_FILE`` and sends
+  SIGTERM to the process group; at the deadline SIGKILL. A stop does the same with its grace period;
+- restarts a failed run (policy ``on-failure``) with exponential back-off, up to ``max_restarts``;
+- keeps every workload in ``STATE_DIR/workloads.json`` (temp file, fsync, rename) before answering, so
+  after ``kill -9`` and a restart it finds each one: still running (its pid and the process start time
+  from ``/proc``, or, for a run whose pid was not yet saved, the run token in the process environment),
+  or exited with the status the shim wrote. A run is never started twice.
+
+Every change appends an event (``seq`` numbered) to the workload; the agent reports workloads with
+events the broker has not acknowledged (``agent.daemon.BrokerLink``).
+
+Not Django; standard library only. The manager is not thread-safe: the server calls it under the node's
+lock, as it does the backend.
+"""
+
+from __future__ import annotations
+
+import abc
+import contextlib
+import json
+import os
+import re
+import secrets
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from agent.backend import Conflict, InvalidRequest, NotFound
+
+WORKLOAD_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+IMAGE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/:@+-]{0,254}$")
+RESTART_POLICIES = ("never", "on-preemption", "on-failure")
+RESERVED_ENV = ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "RESTART_COUNT", "CHECKPOINT_DIR", "PORT")
+RESERVED_PREFIXES = ("CUDA_MPS_", "GPUB_")
+MAX_ENV_BYTES = 32 * 1024
+MAX_ARGV_BYTES = 64 * 1024
+MAX_ARGS = 256
+MAX_INSTANCES = 16
+MAX_RESTARTS = 100
+MAX_EVENTS = 200
+MAX_LOG_READ = 256 * 1024
+STATE_FILE = "workloads.json"
+ACTIVE = ("running", "backoff")
+FINAL = ("succeeded", "failed", "stopped", "preempted")
+SPEC_FIELDS = ("instances", "command", "image", "args", "env", "workdir", "checkpoint_dir", "restart_policy",
+               "max_restarts", "restart_count", "port")
+SHIM = Path(__file__).with_name("shim.py")
+BASE_ENV = ("PATH", "LANG", "LC_ALL", "HOME", "TMPDIR", "TZ")
+ENGINE_ENV_PREFIXES = ("DOCKER_", "CONTAINER_", "CONTAINERS_", "PODMAN_")
+
+
+# -- the request ----------------------------------------------------------------------------------
+def _string_list(body: dict, name: str, *, required: bool = False) -> list[str]:
+    value = body.get(name, [])
+    if not isinstance(value, list) or not all(isinstance(v, str) and "\0" not in v for v in value):
+        raise InvalidRequest(f"{name} must be a list of strings", field=name)
+    if required and (not value or not value[0]):
+        raise InvalidRequest(f"{name} must name the program to run, e.g. [\"python\", \"train.py\"]", field=name)
+    if len(value) > MAX_ARGS:
+        raise InvalidRequest(f"{name} has {len(value)} items; at most {MAX_ARGS}", field=name)
+    return list(value)
+
+
+def check_path(name: str, value: object, roots: list[Path]) -> str:
+    """An absolute, normalised path inside one of ``roots`` (``field`` names the input at fault)."""
+    if value in (None, ""):
+        return ""
+    if not isinstance(value, str) or "\0" in value or not value.startswith("/"):
+        raise InvalidRequest(f"{name} must be an absolute path", field=name)
+    if os.path.normpath(value) != value.rstrip("/") or "/../" in f"{value}/":
+        raise InvalidRequest(f"{name} must be a normalised path (no '..', '.', '//')", field=name)
+    path = Path(value)
+    if not any(path == root or path.is_relative_to(root) for root in roots):
+        allowed = ", ".join(str(r) for r in roots) or "(none configured)"
+        raise InvalidRequest(f"{name} {value!r} is outside the allowed roots: {allowed}", field=name)
+    return value
+
+
+def spec_from_json(body: object, roots: list[Path]) -> dict:
+    """Validate the JSON body of ``PUT /v1/workloads/{id}``; errors name the field. Returns the normalised
+    spec (every field present)."""
+    if not isinstance(body, dict):
+        raise InvalidRequest("the body must be a JSON object", field="body")
+    unknown = sorted(set(body) - set(SPEC_FIELDS))
+    if unknown:
+        raise InvalidRequest(f"unknown field {unknown[0]!r}", field=unknown[0])
+    instances = body.get("instances")
+    if (not isinstance(instances, list) or not 1 <= len(instances) <= MAX_INSTANCES
+            or not all(isinstance(i, str) and WORKLOAD_ID.match(i) for i in instances)
+            or len(set(instances)) != len(instances)):
+        raise InvalidRequest(f"instances must list 1 to {MAX_INSTANCES} distinct allocation ids of this node",
+                             field="instances")
+    image = body.get("image") or ""
+    if image and (not isinstance(image, str) or not IMAGE.match(image)):
+        raise InvalidRequest("image must be an image reference such as 'nvcr.io/nvidia/pytorch:24.05-py3'",
+                             field="image")
+    command = _string_list(body, "command", required=not image)
+    args = _string_list(body, "args")
+    if sum(len(a.encode()) + 1 for a in command + args) > MAX_ARGV_BYTES:
+        raise InvalidRequest(f"command and args together must be at most {MAX_ARGV_BYTES} bytes", field="args")
+    env = body.get("env", {})
+    if not isinstance(env, dict):
+        raise InvalidRequest("env must be an object of NAME: value strings", field="env")
+    size = 0
+    for key, value in env.items():
+        if not isinstance(key, str) or not ENV_NAME.match(key):
+            raise InvalidRequest(f"env name {key!r} is not a valid variable name", field=f"env.{key}")
+        if key in RESERVED_ENV or key.startswith(RESERVED_PREFIXES):
+            raise InvalidRequest(f"env {key} is set by the platform (the leased devices, restarts, deadline)",
+                                 field=f"env.{key}")
+        if not isinstance(value, str) or "\0" in value:
+            raise InvalidRequest(f"env {key} must be a string", field=f"env.{key}")
+        size += len(key.encode()) + len(value.encode()) + 2
+    if size > MAX_ENV_BYTES:
+        raise InvalidRequest(f"env is {size} bytes; at most {MAX_ENV_BYTES}", field="env")
+    policy = body.get("restart_policy", "never")
+    if policy not in RESTART_POLICIES:
+        raise InvalidRequest(f"restart_policy must be one of {', '.join(RESTART_POLICIES)}", field="restart_policy")
+
+    def integer(name: str, default: int, low: int, high: int) -> int:
+        value = body.get(name, default)
+        if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+            raise InvalidRequest(f"{name} must be an integer {low}..{high}", field=name)
+        return value
+
+    port = body.get("port")
+    if port is not None:
+        port = integer("port", 0, 1024, 65535)
+    return {"instances": list(instances), "command": command, "image": image, "args": args, "env": dict(env),
+            "workdir": check_path("workdir", body.get("workdir"), roots),
+            "checkpoint_dir": check_path("checkpoint_dir", body.get("checkpoint_dir"), roots),
+            "restart_policy": policy, "max_restarts": integer("max_restarts", 3, 0, MAX_RESTARTS),
+            "restart_count": integer("restart_count", 0, 0, 1_000_000), "port": port}
+
+
+def device_env(instances: list[dict]) -> dict[str, str]:
+    """The environment that makes exactly these instances visible (device UUIDs in order) and, for shares,
+    applies their MPS limits (docs/agent-protocol.md)."""
+    devices = [i["access"]["CUDA_VISIBLE_DEVICES"] for i in instances]
+    env = {"CUDA_VISIBLE_DEVICES": ",".join(devices)}
+    shares = [(n, i) for n, i in enumerate(instances) if i.get("kind") == "share"]
+    if shares:
+        env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(min(
+            int(i["access"]["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"]) for _, i in shares))
+        env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = ",".join(f"{n}={i['memory_mib']}M" for n, i in shares)
+    return env
+
+
+# -- runtimes -------------------------------------------------------------------------------------
+class Runtime(abc.ABC):
+    """How a workload run is started and ended. ``argv`` is the command line it runs (tests check it);
+    ``spawn`` starts it through the shim in a new session; ``kill`` ends what the process group's SIGKILL
+    does not reach (a container)."""
+
+    name = ""
+
+    @abc.abstractmethod
+    def argv(self, workload: dict, env: dict[str, str], directory: Path) -> list[str]:
+        """The command line of one run (without the shim)."""
+
+    def process_env(self, env: dict[str, str]) -> dict[str, str]:
+        """The environment of the process the agent starts (the workload's own for a plain process)."""
+        return env
+
+    def spawn(self, workload: dict, env: dict[str, str], directory: Path, exit_file: Path) -> subprocess.Popen:
+        argv = self.argv(workload, env, directory)
+        spec = workload["spec"]
+        with open(directory / "stdout.log", "ab") as out, open(directory / "stderr.log", "ab") as err:
+            return subprocess.Popen(
+                [sys.executable, "-I", str(SHIM), str(exit_file), "--", *argv],
+                cwd=spec["workdir"] or directory, env=self.process_env(env), stdin=subprocess.DEVNULL,
+                stdout=out, stderr=err, start_new_session=True, close_fds=True)
+
+    def kill(self, workload: dict) -> None:  # noqa: B027 - optional hook
+        """Besides SIGKILL to the process group: end what it does not reach."""
+
+
+class ProcessRuntime(Runtime):
+    """The workload's command as a plain process of the agent's user (the simulated fleet; trusted nodes)."""
+
+    name = "process"
+
+    def argv(self, workload: dict, env: dict[str, str], directory: Path) -> list[str]:
+        spec = workload["spec"]
+        if spec["image"]:
+            raise InvalidRequest("this node runs plain processes (runtime 'process'): give a command, not an image",
+                                 field="image")
+        return [*spec["command"], *spec["args"]]
+
+
+class ContainerRuntime(Runtime):
+    """``docker run`` / ``podman run`` with the NVIDIA container toolkit's CDI device names: one ``--device
+    nvidia.com/gpu=<UUID>`` per leased device — the GPU UUID for a whole GPU or a share, the MIG device UUID
+    for a MIG instance (names from ``nvidia-ctk cdi generate``, which lists each device by index and by
+    UUID; docs.nvidia.com/datacenter/cloud-native/container-toolkit/latest/cdi-support.html). The
+    environment goes through an env file (0600, never argv: ``ps`` shows argv to every user). A share adds
+    ``--ipc=host`` and the MPS pipe directory, as MPS clients need. The checkpoint and working directories
+    are mounted at the same paths. The engine CLI stays attached (``--sig-proxy`` is its default), so the
+    SIGTERM at a notice reaches the container's process; the SIGKILL at the deadline also runs
+    ``ENGINE kill`` on the container, which the CLI's death alone does not stop."""
+
+    def __init__(self, engine: str = "docker", *, mps_pipe_directory: str = "/tmp/nvidia-mps"):  # noqa: S108
+        if engine not in ("docker", "podman"):
+            raise ValueError(f"container engine must be docker or podman, got {engine!r}")
+        self.engine = engine
+        self.name = engine
+        self.mps_pipe_directory = mps_pipe_directory
+
+    @staticmethod
+    def container_name(workload: dict) -> str:
+        return "gpub-" + re.sub(r"[^A-Za-z0-9_.-]", "-", workload["workload_id"])
+
+    def argv(self, workload: dict, env: dict[str, str], directory: Path) -> list[str]:
+        spec = workload["spec"]
+        if not spec["image"]:
+            raise InvalidRequest(f"this node runs containers (runtime {self.engine!r}): give an image", field="image")
+        env_file = directory / "container.env"
+        descriptor = os.open(env_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(descriptor, "w") as handle:
+            handle.writelines(f"{key}={value}\n" for key, value in sorted(env.items()) if "\n" not in value)
+        argv = [self.engine, "run", "--rm", "--name", self.container_name(workload), "--init",
+                "--label", f"dev.gpubroker.workload={workload['workload_id']}", "--env-file", str(env_file)]
+        for device in workload["devices"]:
+            argv += ["--device", f"nvidia.com/gpu={device['device_uuid']}"]
+        if any(d["kind"] == "share" for d in workload["devices"]):
+            argv += ["--ipc=host", "-v", f"{self.mps_pipe_directory}:{self.mps_pipe_directory}",
+                     "-e", f"CUDA_MPS_PIPE_DIRECTORY={self.mps_pipe_directory}"]
+        mounts = [str(directory)] + [p for p in (spec["checkpoint_dir"], spec["workdir"]) if p]
+        for path in dict.fromkeys(mounts):
+            argv += ["-v", f"{path}:{path}"]
+        if spec["workdir"]:
+            argv += ["-w", spec["workdir"]]
+        if spec["port"]:
+            argv += ["-p", f"{spec['port']}:{spec['port']}"]
+        if spec["command"]:  # the image's entrypoint replaced: the command's program, its arguments after the image
+            argv += ["--entrypoint", spec["command"][0]]
+        return [*argv, spec["image"], *spec["command"][1:], *spec["args"]]
+
+    def process_env(self, env: dict[str, str]) -> dict[str, str]:
+        # the engine CLI's own environment (where its daemon or socket is), never the agent's secrets; the
+        # job's environment is in the env file
+        return {key: value for key, value in os.environ.items()
+                if key in BASE_ENV or key == "XDG_RUNTIME_DIR" or key.startswith(ENGINE_ENV_PREFIXES)}
+
+    def kill(self, workload: dict) -> None:
+        with contextlib.suppress(OSError, subprocess.TimeoutExpired):
+            subprocess.run([self.engine, "kill", "--signal", "KILL", self.container_name(workload)],
+                           stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                           timeout=10, check=False)
+
+
+def build_runtime(name: str) -> Runtime:
+    if name == "process":
+        return ProcessRuntime()
+    if name in ("docker", "podman"):
+        return ContainerRuntime(name)
+    raise ValueError(f"workload runtime must be process, docker or podman, got {name!r}")
+
+
+# -- processes ------------------------------------------------------------------------------------
+def process_start_ticks(pid: int) -> tuple[int, str] | None:
+    """(start time in clock ticks since boot, state letter) of a process, or None when there is none."""
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = raw[raw.rindex(")") + 2:].split()
+    return int(fields[19]), fields[0]
+
+
+def find_by_token(token: str) -> int | None:
+    """The pid of a live process whose environment holds ``GPUB_RUN_TOKEN=token`` (a run started just before
+    the agent died, its pid not yet saved)."""
+    needle = f"GPUB_RUN_TOKEN={token}\0".encode()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            environ = (entry / "environ").read_bytes()
+        except OSError:
+            continue
+        if needle in environ and (ticks := process_start_ticks(int(entry.name))) and ticks[1] != "Z":
+            return int(entry.name)
+    return None
+
+
+def _signal_group(pid: int, signum: int) -> bool:
+    try:
+        os.killpg(pid, signum)  # the run's session leader is the shim: its pid is the group id
+        return True
+    except (ProcessLookupError, PermissionError):
+        return False
+
+
+# -- the manager ----------------------------------------------------------------------------------
+class WorkloadManager:
+    def __init__(self, state_dir: Path, runtime: Runtime | None = None, *, roots: list[Path] | None = None,
+                 backoff_seconds: float = 1.0, backoff_cap: float = 60.0, clock=time.time):
+        self.state_dir = Path(state_dir)
+        self.directory = self.state_dir / "workloads"
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.runtime = runtime or ProcessRuntime()
+        self.roots = [Path(r) for r in roots] if roots else [self.state_dir / "work"]
+        self.backoff_seconds = backoff_seconds
+        self.backoff_cap = backoff_cap
+        self.clock = clock
+        self._children: dict[int, subprocess.Popen] = {}
+        path = self.state_dir / STATE_FILE
+        self.workloads: dict[str, dict] = json.loads(path.read_text())["workloads"] if path.exists() else {}
+        self._adopt()
+
+    # -- persistence --------------------------------------------------------------------------------
+    def _save(self) -> None:
+        path = self.state_dir / STATE_FILE
+        temporary = path.with_suffix(".tmp")
+        with open(temporary, "w") as handle:
+            json.dump({"version": 1, "workloads": self.workloads}, handle)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temporary, path)
+
+    def _adopt(self) -> None:
+        """After a restart: every run the file says is going is found again (by pid and start time, or by its
+        token) or has ended; a run whose process never came up is started now (once)."""
+        changed = False
+        for workload in self.workloads.values():
+            if workload["state"] != "running":
+                continue
+            run = workload["runs"][-1]
+            if run.get("pid") is None:
+                pid = find_by_token(run["token"])
+                if pid is not None:
+                    run["pid"], run["start_ticks"] = pid, process_start_ticks(pid)[0]
+                    changed = True
+                elif not self._exit_file(workload, run).exists():
+                    workload["runs"].pop()  # it never started: start it now, as the same run
+                    self._spawn(workload, self.clock())
+                    changed = True
+        if changed:
+            self._save()
+
+    # -- reading ------------------------------------------------------------------------------------
+    def get(self, workload_id: str) -> dict:
+        workload = self.workloads.get(workload_id)
+        if workload is None:
+            raise NotFound(f"no workload {workload_id!r} on this node", field="workload_id")
+        return workload
+
+    def status(self, workload_id: str) -> dict:
+        return self._public(self.get(workload_id))
+
+    def all(self) -> list[dict]:
+        return [self._public(w) for w in self.workloads.values()]
+
+    def _public(self, workload: dict) -> dict:
+        sizes = {}
+        for stream in ("stdout", "stderr"):
+            try:
+                sizes[stream] = (self._dir(workload) / f"{stream}.log").stat().st_size
+            except OSError:
+                sizes[stream] = 0
+        return {key: workload[key] for key in ("workload_id", "state", "spec", "devices", "runtime", "argv",
+                                                "notice", "stop", "next_start_at", "local_restarts", "runs",
+                                                "events", "created_at")} | {
+            "restart_count": workload["spec"]["restart_count"] + workload["local_restarts"],
+            "log_bytes": sizes, "acked_seq": workload["acked_seq"]}
+
+    def active(self) -> bool:
+        return any(w["state"] in ACTIVE for w in self.workloads.values())
+
+    def logs(self, workload_id: str, stream: str = "stdout", *, offset: int | None = None, tail: int | None = None,
+             limit: int = 64 * 1024) -> dict:
+        """A range of a log: from ``offset``, or the last ``tail`` bytes, at most ``limit`` bytes (256 KiB)."""
+        workload = self.get(workload_id)
+        if stream not in ("stdout", "stderr"):
+            raise InvalidRequest("stream must be stdout or stderr", field="stream")
+        if not 1 <= limit <= MAX_LOG_READ:
+            raise InvalidRequest(f"limit must be 1..{MAX_LOG_READ}", field="limit")
+        path = self._dir(workload) / f"{stream}.log"
+        size = path.stat().st_size if path.exists() else 0
+        start = max(0, size - tail) if tail is not None else min(offset or 0, size)
+        data = b""
+        if size > start:
+            with open(path, "rb") as handle:
+                handle.seek(start)
+                data = handle.read(min(limit, size - start))
+        return {"workload_id": workload_id, "stream": stream, "offset": start, "next_offset": start + len(data),
+                "size": size, "data": data.decode("utf-8", errors="replace"), "state": workload["state"]}
+
+    # -- changes ------------------------------------------------------------------------------------
+    def start(self, workload_id: str, spec: dict, instances: list[dict]) -> tuple[dict, bool]:
+        """Start a workload on these instances (their inventory entries, in ``spec["instances"]`` order).
+        The same id and spec again returns it as it is; the same id with another spec is ``Conflict``."""
+        if not WORKLOAD_ID.match(workload_id):
+            raise InvalidRequest("workload_id must be 1-128 of A-Z a-z 0-9 . _ : - (starting alphanumeric)",
+                                 field="workload_id")
+        existing = self.workloads.get(workload_id)
+        if existing is not None:
+            if existing["spec"] == spec:
+                return self._public(existing), False
+            raise Conflict(f"workload {workload_id!r} exists with another definition", field="workload_id")
+        for position, allocation_id in enumerate(spec["instances"]):
+            for other in self.workloads.values():
+                if other["state"] in ACTIVE and allocation_id in other["spec"]["instances"]:
+                    raise Conflict(f"instance {allocation_id!r} already runs workload {other['workload_id']!r}",
+                                   field=f"instances[{position}]")
+        now = self.clock()
+        devices = [{"allocation_id": i["allocation_id"], "kind": i["kind"], "device_uuid": i["device_uuid"],
+                    "gpu": i["gpu"], "memory_mib": i.get("memory_mib", 0)} for i in instances]
+        notice = next((i["notice"] for i in instances if i.get("notice")), None)
+        workload = {"workload_id": workload_id, "spec": spec, "devices": devices, "access": device_env(instances),
+                    "runtime": self.runtime.name, "argv": [], "state": "running", "created_at": now,
+                    "notice": notice, "stop": None, "next_start_at": None, "local_restarts": 0, "runs": [],
+                    "events": [], "seq": 0, "acked_seq": 0}
+        directory = self._dir(workload)
+        directory.mkdir(parents=True, exist_ok=True)
+        workload["argv"] = self.runtime.argv(workload, self._env(workload, token="-"), directory)  # refusals first
+        self.workloads[workload_id] = workload
+        if notice:  # placed with a notice already running out: there is nothing to run
+            workload["state"] = "preempted"
+            self._event(workload, "preempted", now, detail="the instance was under notice when the workload came")
+        else:
+            self._spawn(workload, now)
+        self._save()
+        return self._public(workload), True
+
+    def stop(self, workload_id: str, *, grace_seconds: float = 10.0, reason: str = "") -> dict:
+        """SIGTERM now, SIGKILL after the grace (0: at once); a workload waiting to restart stops at once."""
+        workload = self.get(workload_id)
+        now = self.clock()
+        if workload["state"] in ACTIVE and workload["stop"] is None:
+            workload["stop"] = {"requested_at": now, "kill_at": now + grace_seconds, "reason": reason}
+            self._event(workload, "stop_requested", now, grace_seconds=grace_seconds, detail=reason)
+            if workload["state"] == "backoff":
+                self._finish(workload, "stopped", now, detail=reason)
+            else:
+                self._term(workload, now, signal.SIGKILL if grace_seconds <= 0 else signal.SIGTERM)
+            self._save()
+        return self._public(workload)
+
+    def notice(self, allocation_id: str, deadline: float, reason: str) -> list[str]:
+        """A preemption notice on an instance: every workload on it gets the deadline in its deadline file
+        and SIGTERM now; ``tick`` sends SIGKILL at the deadline. Returns the workloads noticed."""
+        now = self.clock()
+        noticed = []
+        for workload in self.workloads.values():
+            if workload["state"] not in ACTIVE or allocation_id not in workload["spec"]["instances"]:
+                continue
+            if workload["notice"] and workload["notice"]["deadline"] <= deadline:
+                continue  # an earlier (or the same) deadline stands
+            workload["notice"] = {"deadline": deadline, "reason": reason, "at": now}
+            self._write_deadline(workload)
+            self._event(workload, "notice", now, deadline=deadline, detail=reason)
+            if workload["state"] == "backoff":
+                self._finish(workload, "preempted", now, detail=reason)
+            else:
+                self._term(workload, now, signal.SIGTERM)
+            noticed.append(workload["workload_id"])
+        if noticed:
+            self._save()
+        return noticed
+
+    def release(self, allocation_id: str) -> list[str]:
+        """The instance is being destroyed: whatever still runs on it is killed now."""
+        ids = [w["workload_id"] for w in self.workloads.values()
+               if w["state"] in ACTIVE and allocation_id in w["spec"]["instances"]]
+        for workload_id in ids:
+            self.stop(workload_id, grace_seconds=0, reason=f"instance {allocation_id} destroyed")
+        return ids
+
+    def tick(self) -> bool:
+        """Reap exits, send SIGKILL at deadlines, restart after back-off. True when something changed."""
+        now = self.clock()
+        changed = False
+        for workload in list(self.workloads.values()):
+            if workload["state"] == "backoff":
+                if now >= workload["next_start_at"]:
+                    workload["local_restarts"] += 1
+                    self._spawn(workload, now)
+                    changed = True
+                continue
+            if workload["state"] != "running":
+                continue
+            run = workload["runs"][-1]
+            ended = self._ended(workload, run)
+            if ended is None:
+                kill_at = min(t for t in (workload["notice"] and workload["notice"]["deadline"],
+                                          workload["stop"] and workload["stop"]["kill_at"], float("inf")) if t)
+                if now >= kill_at and not run.get("kill_at"):
+                    run["kill_at"] = now
+                    _signal_group(run["pid"], signal.SIGKILL)
+                    self.runtime.kill(workload)
+                    self._event(workload, "killed", now, run=run["run"], detail="SIGKILL at the deadline")
+                    changed = True
+                continue
+            self._run_ended(workload, run, ended, now)
+            changed = True
+        if changed:
+            self._save()
+        return changed
+
+    def pending(self, limit: int = 50) -> list[dict]:
+        """Reports of (at most ``limit``) workloads with events the broker has not acknowledged: their state,
+        runs and the unacknowledged events (not the spec, which the broker has)."""
+        reports = []
+        for workload in self.workloads.values():
+            if workload["seq"] > workload["acked_seq"] and len(reports) < limit:
+                public = self._public(workload)
+                del public["spec"], public["argv"]
+                public["events"] = [e for e in workload["events"] if e["seq"] > workload["acked_seq"]]
+                reports.append(public)
+        return reports
+
+    def ack(self, acked: dict) -> None:
+        changed = False
+        for workload_id, seq in acked.items():
+            workload = self.workloads.get(workload_id)
+            if workload is not None and isinstance(seq, int) and workload["acked_seq"] < seq <= workload["seq"]:
+                workload["acked_seq"] = seq
+                changed = True
+        if changed:
+            self._save()
+
+    # -- internals ----------------------------------------------------------------------------------
+    def _dir(self, workload: dict) -> Path:
+        return self.directory / workload["workload_id"]
+
+    def _exit_file(self, workload: dict, run: dict) -> Path:
+        return self._dir(workload) / f"exit-{run['run']}.json"
+
+    def _write_deadline(self, workload: dict) -> None:
+        path = self._dir(workload) / "deadline"
+        path.with_suffix(".tmp").write_text(f"{workload['notice']['deadline']:.3f}\n")
+        os.replace(path.with_suffix(".tmp"), path)
+
+    def _env(self, workload: dict, token: str) -> dict[str, str]:
+        spec = workload["spec"]
+        env = {key: os.environ[key] for key in BASE_ENV if key in os.environ}
+        env.update(spec["env"])
+        env.update(workload["access"])
+        env.update({"RESTART_COUNT": str(spec["restart_count"] + workload["local_restarts"]),
+                    "GPUB_WORKLOAD_ID": workload["workload_id"], "GPUB_RUN_TOKEN": token,
+                    "GPUB_DEADLINE_FILE": str(self._dir(workload) / "deadline")})
+        if spec["checkpoint_dir"]:
+            env["CHECKPOINT_DIR"] = spec["checkpoint_dir"]
+        if spec["port"]:
+            env["PORT"] = str(spec["port"])
+        if workload["notice"]:
+            env["GPUB_PREEMPT_DEADLINE"] = f"{workload['notice']['deadline']:.3f}"
+        return env
+
+    def _spawn(self, workload: dict, now: float) -> None:
+        """Start the next run: saved with its token before the process exists, its pid right after."""
+        number = len(workload["runs"]) + 1
+        restart_count = workload["spec"]["restart_count"] + workload["local_restarts"]
+        run = {"run": number, "token": secrets.token_hex(16), "pid": None, "start_ticks": None, "started_at": now,
+               "restart_count": restart_count, "ended_at": None, "exit_code": None, "signal": None,
+               "term_at": None, "kill_at": None, "outcome": None}
+        workload["runs"].append(run)
+        workload["state"], workload["next_start_at"] = "running", None
+        directory = self._dir(workload)
+        directory.mkdir(parents=True, exist_ok=True)
+        self._save()  # the token is on disk before the process can exist
+        with open(directory / "stdout.log", "ab") as out:
+            out.write(f"--- gpubroker: run {number} (RESTART_COUNT={restart_count}) at "
+                      f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(now))}\n".encode())
+        env = self._env(workload, run["token"])
+        try:
+            process = self.runtime.spawn(workload, env, directory, self._exit_file(workload, run))
+        except OSError as error:
+            run.update(ended_at=now, exit_code=127, outcome="failed")
+            self._event(workload, "start_failed", now, run=number, detail=str(error))
+            self._finish(workload, "failed", now, detail=f"cannot start: {error}")
+            return
+        self._children[process.pid] = process
+        ticks = process_start_ticks(process.pid)
+        run["pid"], run["start_ticks"] = process.pid, ticks[0] if ticks else None
+        self._event(workload, "started" if number == 1 else "restarted", now, run=number, pid=process.pid,
+                    restart_count=restart_count)
+
+    def _ended(self, workload: dict, run: dict) -> dict | None:
+        """How the run ended, or None while it runs."""
+        exit_file = self._exit_file(workload, run)
+        child = self._children.get(run["pid"])
+        if child is not None:
+            if child.poll() is None:
+                return None
+            del self._children[run["pid"]]
+        elif (ticks := process_start_ticks(run["pid"])) and ticks[0] == run["start_ticks"] and ticks[1] != "Z":
+            return None
+        if exit_file.exists():
+            try:
+                return json.loads(exit_file.read_text())
+            except ValueError:
+                pass
+        if child is not None and child.returncode is not None and child.returncode < 0:
+            return {"exit_code": None, "signal": -child.returncode, "ended_at": self.clock()}
+        if run.get("kill_at"):
+            return {"exit_code": None, "signal": int(signal.SIGKILL), "ended_at": run["kill_at"]}
+        return {"exit_code": None, "signal": None, "ended_at": self.clock(),
+                "error": "the process is gone and left no exit status"}
+
+    def _run_ended(self, workload: dict, run: dict, ended: dict, now: float) -> None:
+        run["ended_at"] = min(float(ended.get("ended_at") or now), now)
+        run["exit_code"], run["signal"] = ended.get("exit_code"), ended.get("signal")
+        data = {"run": run["run"], "exit_code": run["exit_code"], "signal": run["signal"],
+                "restart_count": run["restart_count"]}
+        if ended.get("error"):
+            data["detail"] = ended["error"]
+        spec = workload["spec"]
+        if workload["stop"]:
+            run["outcome"] = "stopped"
+            self._event(workload, "exited", run["ended_at"], **data)
+            self._finish(workload, "stopped", run["ended_at"], detail=workload["stop"]["reason"])
+        elif workload["notice"]:
+            run["outcome"] = "preempted"
+            self._event(workload, "exited", run["ended_at"], **data)
+            self._finish(workload, "preempted", run["ended_at"], detail=workload["notice"]["reason"])
+        elif run["exit_code"] == 0:
+            run["outcome"] = "succeeded"
+            self._event(workload, "exited", run["ended_at"], **data)
+            self._finish(workload, "succeeded", run["ended_at"])
+        elif spec["restart_policy"] == "on-failure" and workload["local_restarts"] < spec["max_restarts"]:
+            run["outcome"] = "failed"
+            delay = min(self.backoff_cap, self.backoff_seconds * 2 ** workload["local_restarts"])
+            workload["state"], workload["next_start_at"] = "backoff", now + delay
+            self._event(workload, "exited", run["ended_at"], **data)
+            self._event(workload, "backoff", now, seconds=delay, restart=workload["local_restarts"] + 1)
+        else:
+            run["outcome"] = "failed"
+            self._event(workload, "exited", run["ended_at"], **data)
+            limit = (f" after {workload['local_restarts']} restart(s)" if spec["restart_policy"] == "on-failure"
+                     else "")
+            self._finish(workload, "failed", run["ended_at"], detail=f"run {run['run']} failed{limit}")
+
+    def _finish(self, workload: dict, state: str, at: float, *, detail: str = "") -> None:
+        workload["state"], workload["next_start_at"] = state, None
+        self._event(workload, state, at, detail=detail)
+
+    def _term(self, workload: dict, now: float, signum: int) -> None:
+        run = workload["runs"][-1] if workload["runs"] else None
+        if run is None or run["pid"] is None or run["ended_at"] is not None:
+            return
+        if signum == signal.SIGKILL:
+            run["kill_at"] = now
+            self.runtime.kill(workload)
+        elif run["term_at"] is None:
+            run["term_at"] = now
+        _signal_group(run["pid"], signum)
+        self._event(workload, "signalled", now, run=run["run"], signal=signal.Signals(signum).name)
+
+    def _event(self, workload: dict, kind: str, at: float, **data) -> None:
+        workload["seq"] += 1
+        workload["events"].append({"seq": workload["seq"], "kind": kind, "at": at,
+                                   **{k: v for k, v in data.items() if v not in (None, "")}})
+        del workload["events"][:-MAX_EVENTS]
+
+    def command_line(self, workload_id: str) -> str:
+        return shlex.join(self.get(workload_id)["argv"])

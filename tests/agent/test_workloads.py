@@ -1,0 +1,264 @@
+"""Workloads on leases, on a real agent process over signed HTTP: the process runtime runs real programs
+(Python scripts) on exactly the leased devices; notices, deadlines, restarts, logs, kill -9 of the agent."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from agent.client import AgentClient, AgentHTTPError
+from tests.agent.conftest import AgentProcess, gpu_of
+
+
+def wait_for(predicate, timeout: float = 15.0, every: float = 0.05):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(every)
+    raise AssertionError(f"not within {timeout} s")
+
+
+def final(client: AgentClient, workload_id: str, timeout: float = 15.0) -> dict:
+    return wait_for(lambda: (w := client.workload(workload_id))["state"] not in ("running", "backoff") and w,
+                    timeout)
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("shared")
+
+
+@pytest.fixture(scope="module")
+def agent(tmp_path_factory, root):
+    process = AgentProcess(tmp_path_factory.mktemp("agent"),
+                           extra=("--workload-root", str(root), "--restart-backoff", "0.2")).start()
+    yield process
+    process.stop()
+
+
+@pytest.fixture
+def client(agent):
+    client = agent.client(retries=0)
+    for instance in client.inventory()["instances"]:
+        client.destroy(instance["allocation_id"])
+    return client
+
+
+def mig_and_share(client: AgentClient, prefix: str) -> tuple[dict, dict]:
+    inventory = client.inventory()
+    mig = next(g for g in inventory["gpus"] if g["mode"] == "mig")["uuid"]
+    shared = gpu_of(inventory, "L4", "shared")["uuid"]
+    a = client.create(f"{prefix}-m", {"kind": "mig", "gpu": mig, "profile": "1g.10gb", "start": 0})
+    b = client.create(f"{prefix}-s", {"kind": "share", "gpu": shared, "milli": 250, "memory_mib": 4096})
+    return a, b
+
+
+PRINT_ENV = ("import json, os; keys = ['CUDA_VISIBLE_DEVICES', 'CUDA_MPS_ACTIVE_THREAD_PERCENTAGE', "
+             "'CUDA_MPS_PINNED_DEVICE_MEM_LIMIT', 'RESTART_COUNT', 'CHECKPOINT_DIR', 'GPUB_DEADLINE_FILE', 'PORT', "
+             "'MY_SETTING']; print(json.dumps({k: os.environ.get(k) for k in keys} | "
+             "{'pgid': os.getpgid(0), 'sid': os.getsid(0), 'ppid': os.getppid(), 'cwd': os.getcwd()}))")
+
+
+def test_a_workload_sees_exactly_the_leased_devices_in_its_own_session(client, root):
+    mig, share = mig_and_share(client, "env")
+    (root / "ckpt-env").mkdir()
+    started = client.workload_start("wl-env", {
+        "instances": ["env-m", "env-s"], "command": [sys.executable, "-c", PRINT_ENV], "env": {"MY_SETTING": "x"},
+        "workdir": str(root), "checkpoint_dir": str(root / "ckpt-env"), "restart_count": 2, "port": 8888})
+    assert started["state"] == "running" and started["argv"] == [sys.executable, "-c", PRINT_ENV]
+    done = final(client, "wl-env")
+    assert done["state"] == "succeeded" and done["runs"][0]["exit_code"] == 0
+    logs = client.workload_logs("wl-env")["data"]
+    seen = json.loads(logs.splitlines()[-1])
+    assert seen["CUDA_VISIBLE_DEVICES"] == f"{mig['device_uuid']},{share['device_uuid']}"
+    assert mig["device_uuid"].startswith("MIG-")
+    assert seen["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "25" and seen["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "1=4096M"
+    assert seen["RESTART_COUNT"] == "2" and seen["CHECKPOINT_DIR"] == str(root / "ckpt-env")
+    assert seen["PORT"] == "8888" and seen["MY_SETTING"] == "x" and seen["cwd"] == str(root)
+    run = done["runs"][0]
+    assert seen["pgid"] == run["pid"] == seen["sid"] == seen["ppid"]  # the shim leads a new session and group
+    assert [e["kind"] for e in done["events"]] == ["started", "exited", "succeeded"]
+    assert done["log_bytes"]["stdout"] == len(logs.encode())
+
+
+def test_the_same_definition_again_is_the_same_workload_another_is_a_conflict(client):
+    mig_and_share(client, "idem")
+    spec = {"instances": ["idem-m"], "command": [sys.executable, "-c", "import time; time.sleep(30)"]}
+    first = client.workload_start("wl-idem", spec)
+    again = client.workload_start("wl-idem", spec)
+    assert again["runs"] == first["runs"] and len(again["runs"]) == 1
+    with pytest.raises(AgentHTTPError) as refused:
+        client.workload_start("wl-idem", {**spec, "args": ["other"]})
+    assert refused.value.status == 409 and refused.value.problem["field"] == "workload_id"
+    with pytest.raises(AgentHTTPError) as busy:  # one workload per instance
+        client.workload_start("wl-idem-2", spec)
+    assert busy.value.status == 409 and busy.value.problem["field"] == "instances[0]"
+    stopped = client.workload_stop("wl-idem", grace_seconds=0, reason="test over")
+    assert stopped["stop"]["reason"] == "test over"
+    assert final(client, "wl-idem")["state"] == "stopped"
+
+
+TRAP = """
+import os, signal, sys, time
+def term(signum, frame):
+    print("SIGTERM; deadline", open(os.environ["GPUB_DEADLINE_FILE"]).read().strip(), flush=True)
+    if sys.argv[1] == "graceful":
+        sys.exit(0)
+signal.signal(signal.SIGTERM, term)
+print("up", flush=True)
+while True:
+    time.sleep(0.05)
+"""
+
+
+@pytest.mark.parametrize("behaviour", ["graceful", "stubborn"])
+def test_notice_sends_sigterm_with_the_deadline_and_sigkill_at_it(client, behaviour):
+    mig_and_share(client, f"n{behaviour}")
+    workload_id = f"wl-notice-{behaviour}"
+    client.workload_start(workload_id, {"instances": [f"n{behaviour}-m"], "command": [sys.executable, "-c", TRAP],
+                                        "args": [behaviour], "restart_policy": "on-failure"})
+    wait_for(lambda: "up" in client.workload_logs(workload_id)["data"])
+    deadline = time.time() + 1.5
+    client.notice(f"n{behaviour}-m", deadline, "reclaimed for in-quota work")
+    done = final(client, workload_id)
+    assert done["state"] == "preempted" and len(done["runs"]) == 1  # never restarted locally after a notice
+    log = client.workload_logs(workload_id)["data"]
+    assert f"SIGTERM; deadline {deadline:.3f}" in log
+    run = done["runs"][0]
+    kinds = [e["kind"] for e in done["events"]]
+    if behaviour == "graceful":
+        assert run["exit_code"] == 0 and run["ended_at"] < deadline
+        assert kinds == ["started", "notice", "signalled", "exited", "preempted"]
+    else:
+        assert run["signal"] == 9 and run["kill_at"] >= deadline and run["ended_at"] - deadline < 1.0
+        assert kinds == ["started", "notice", "signalled", "killed", "exited", "preempted"]
+
+
+def test_on_failure_restarts_with_back_off_up_to_the_limit(client):
+    mig_and_share(client, "fail")
+    script = "import os, sys; print('restart', os.environ['RESTART_COUNT'], flush=True); sys.exit(3)"
+    client.workload_start("wl-fail", {"instances": ["fail-m"], "command": [sys.executable, "-c", script],
+                                      "restart_policy": "on-failure", "max_restarts": 2})
+    done = final(client, "wl-fail")
+    assert done["state"] == "failed" and [r["exit_code"] for r in done["runs"]] == [3, 3, 3]
+    assert [r["restart_count"] for r in done["runs"]] == [0, 1, 2] and done["restart_count"] == 2
+    backoffs = [e["seconds"] for e in done["events"] if e["kind"] == "backoff"]
+    assert backoffs == [0.2, 0.4]  # doubling from --restart-backoff
+    gaps = [b["started_at"] - a["ended_at"] for a, b in zip(done["runs"], done["runs"][1:], strict=False)]
+    assert gaps[0] >= 0.2 and gaps[1] >= 0.4
+    assert "restart 0\nrestart 1\nrestart 2" in "\n".join(
+        line for line in client.workload_logs("wl-fail")["data"].splitlines() if not line.startswith("---"))
+
+
+def test_destroying_the_instance_kills_its_workload(client):
+    mig_and_share(client, "gone")
+    client.workload_start("wl-gone", {"instances": ["gone-m"],
+                                      "command": [sys.executable, "-c", "import time; time.sleep(60)"]})
+    client.destroy("gone-m")
+    done = final(client, "wl-gone")
+    assert done["state"] == "stopped" and done["runs"][0]["signal"] == 9
+
+
+def test_logs_by_offset_and_tail_bounded(client):
+    mig_and_share(client, "logs")
+    client.workload_start("wl-logs", {"instances": ["logs-m"],
+                                      "command": [sys.executable, "-c", "print('x' * 100000); print('end')"]})
+    final(client, "wl-logs")
+    tail = client.workload_logs("wl-logs", tail=4)
+    assert tail["data"] == "end\n" and tail["next_offset"] == tail["size"]
+    head = client.workload_logs("wl-logs", offset=0, limit=1000)
+    assert len(head["data"]) == 1000 and head["next_offset"] == 1000 and head["state"] == "succeeded"
+    with pytest.raises(AgentHTTPError) as wrong:
+        client.workload_logs("wl-logs", limit=10**7)
+    assert wrong.value.problem["field"] == "limit"
+    assert client.workload_logs("wl-logs", stream="stderr")["data"] == ""
+
+
+@pytest.mark.parametrize(("change", "field"), [
+    ({"command": []}, "command"),
+    ({"command": None}, "command"),
+    ({"checkpoint_dir": "/etc/cron.d"}, "checkpoint_dir"),
+    ({"workdir": "relative/dir"}, "workdir"),
+    ({"checkpoint_dir": "ROOT/../escape"}, "checkpoint_dir"),
+    ({"env": {"BIG": "x" * 40000}}, "env"),
+    ({"env": {"CUDA_VISIBLE_DEVICES": "0"}}, "env.CUDA_VISIBLE_DEVICES"),
+    ({"env": {"1BAD": "x"}}, "env.1BAD"),
+    ({"restart_policy": "always"}, "restart_policy"),
+    ({"max_restarts": 1000}, "max_restarts"),
+    ({"port": 22}, "port"),
+    ({"instances": []}, "instances"),
+    ({"instances": ["nope"]}, "instances[0]"),
+    ({"image": "nvcr.io/nvidia/pytorch:24.05-py3"}, "image"),  # this node runs processes, not containers
+    ({"surprise": 1}, "surprise"),
+])
+def test_bad_definitions_are_refused_naming_the_field(client, root, change, field):
+    mig_and_share(client, "bad")
+    spec = {"instances": ["bad-m"], "command": [sys.executable, "-c", "pass"]}
+    spec.update({k: (v.replace("ROOT", str(root)) if isinstance(v, str) else v) for k, v in change.items()})
+    with pytest.raises(AgentHTTPError) as refused:
+        client.workload_start("wl-bad", spec)
+    assert refused.value.problem["field"] == field and refused.value.status in (404, 422)
+    assert refused.value.problem["code"] in ("invalid", "not_found")
+    with pytest.raises(AgentHTTPError) as missing:
+        client.workload("wl-bad")
+    assert missing.value.status == 404  # nothing was half-written
+
+
+def test_workload_calls_are_signed_like_the_rest(agent, client):
+    mig_and_share(client, "sig")
+    forged = AgentClient(agent.url, agent.node_id, "not-the-secret", retries=0)
+    for call in (lambda: forged.workloads(), lambda: forged.workload_logs("wl-env"),
+                 lambda: forged.workload_start("wl-x", {"instances": ["sig-m"], "command": ["true"]}),
+                 lambda: forged.workload_stop("wl-env")):
+        with pytest.raises(AgentHTTPError) as refused:
+            call()
+        assert refused.value.status == 401
+    assert "wl-x" not in {w["workload_id"] for w in client.workloads()}
+
+
+COUNTER = """
+import os, sys, time
+marker = os.path.join(os.environ["CHECKPOINT_DIR"], "starts")
+with open(marker, "a") as handle:
+    handle.write(os.environ["GPUB_WORKLOAD_ID"] + "\\n")
+stop_file = os.path.join(os.environ["CHECKPOINT_DIR"], "stop-" + os.environ["GPUB_WORKLOAD_ID"])
+while not os.path.exists(stop_file):
+    time.sleep(0.05)
+sys.exit(int(sys.argv[1]))
+"""
+
+
+def test_kill_9_of_the_agent_finds_its_workloads_and_runs_none_twice(tmp_path):
+    root = tmp_path / "shared"
+    root.mkdir()
+    agent = AgentProcess(tmp_path / "a", extra=("--workload-root", str(root))).start()
+    try:
+        client = agent.client(retries=0)
+        mig = next(g for g in client.inventory()["gpus"] if g["mode"] == "mig")["uuid"]
+        for name, start in (("keeps", 0), ("ends", 4)):
+            client.create(name, {"kind": "mig", "gpu": mig, "profile": "3g.40gb", "start": start})
+            client.workload_start(f"wl-{name}", {"instances": [name], "command": [sys.executable, "-c", COUNTER],
+                                                 "args": ["7"], "checkpoint_dir": str(root),
+                                                 "restart_policy": "on-failure", "max_restarts": 0})
+        wait_for(lambda: len((root / "starts").read_text().split()) == 2 if (root / "starts").exists() else False)
+        before = {w["workload_id"]: w["runs"][0]["pid"] for w in client.workloads()}
+        agent.kill9()
+        (root / "stop-wl-ends").touch()  # this one exits with 7 while no agent is there
+        wait_for(lambda: not Path(f"/proc/{before['wl-ends']}").exists() or
+                 Path(f"/proc/{before['wl-ends']}/stat").read_text().split()[2] == "Z")
+        agent.start()
+        keeps, ends = client.workload("wl-keeps"), final(client, "wl-ends")
+        assert keeps["state"] == "running" and [r["pid"] for r in keeps["runs"]] == [before["wl-keeps"]]
+        assert ends["state"] == "failed" and ends["runs"][0]["exit_code"] == 7 and len(ends["runs"]) == 1
+        (root / "stop-wl-keeps").touch()
+        keeps = final(client, "wl-keeps")
+        assert keeps["state"] == "failed" and keeps["runs"][0]["exit_code"] == 7 and len(keeps["runs"]) == 1
+        assert sorted((root / "starts").read_text().split()) == ["wl-ends", "wl-keeps"]  # no run started twice
+    finally:
+        agent.stop()
