@@ -17,7 +17,7 @@ from decimal import Decimal
 import pytest
 from django.utils import timezone
 
-from billing.metering import held_intervals
+from billing.core.metering import held_intervals
 from billing.models import AllocationUsage
 from leasing.models import Lease, Workload
 from tests.factories import make_project, make_quota
