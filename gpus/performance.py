@@ -308,7 +308,8 @@ class Estimate:
     step_ms: float
     intensity: float
     bound: str  # "compute" or "memory"
-    engine_active: float  # 0..1, as DCGM_FI_PROF_GR_ENGINE_ACTIVE would show at full load
+    engine_active: float  # 0..1, as DCGM_FI_PROF_GR_ENGINE_ACTIVE would show at full load (launch gaps and
+    # the framework's host work leave the engine idle)
     achieved_tflops: float
 
 
@@ -321,8 +322,8 @@ def estimate(workload: Workload, where: Slice, *, compute_efficiency: float | No
     compute = peak_tflops(spec, workload.precision) * 1e12 * where.compute_fraction * ce
     bandwidth = spec.bandwidth_gbs * 1e9 * where.bandwidth_fraction * me
     t_compute, t_memory = work.flops / compute, work.bytes_moved / bandwidth
-    busy = max(t_compute, t_memory) + work.kernels * KERNEL_LAUNCH_SECONDS
-    step = busy + HOST_SECONDS_PER_STEP
+    busy = max(t_compute, t_memory)  # kernels running: what DCGM counts as engine activity
+    step = busy + work.kernels * KERNEL_LAUNCH_SECONDS + HOST_SECONDS_PER_STEP
     memory_mib = math.ceil(work.memory_bytes / 2**20)
     fits = memory_mib <= where.memory_mib
     return Estimate(where, fits, memory_mib, work.samples / step if fits else 0.0, step * 1000, work.intensity,
