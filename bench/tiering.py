@@ -181,7 +181,8 @@ def run(args) -> dict:
                       "slices": len(slices), "profile_rows": len(rows)},
         "forest": {"trees": args.trees, "train_seconds": round(train_seconds, 2),
                    "validation_error": round(validation, 4),
-                   "fitted_efficiencies": {"compute": efficiencies[0], "memory": efficiencies[1]}, "importances": model.importances()},
+                   "fitted_efficiencies": {"compute": efficiencies[0], "memory": efficiencies[1]},
+                   "importances": model.importances()},
         "calibration": calibration(),
         "seconds": round(time.monotonic() - began, 1),
     }
@@ -204,7 +205,8 @@ def main(argv=None) -> int:
     print("auto-tiering benchmark (machine shared with other engineers; timings are indicative)")
     work = result["workloads"]
     print(f"workloads: {work['train']} training, {work['held_out']} held out "
-          f"({', '.join(work['held_out_architectures'])}); {work['slices']} slices; {work['profile_rows']} profile rows")
+          f"({', '.join(work['held_out_architectures'])}); {work['slices']} slices; "
+          f"{work['profile_rows']} profile rows")
     print(f"forest: {result['forest']['trees']} trees, trained in {result['forest']['train_seconds']} s, "
           f"validation error {result['forest']['validation_error']:.1%} (architectures held out)")
     fitted = result["forest"]["fitted_efficiencies"]

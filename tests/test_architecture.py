@@ -23,8 +23,10 @@ PURE = {
     "billing/pricing.py": {"gpus"},
     "billing/metering.py": set(),
     "billing/slo.py": set(),
+    # auto-tiering's decision engine: features, rules, the forest, the choice (docs/tiering.md)
+    "tiering/engine": {"gpus", "tiering.engine"},
 }
-THIRD_PARTY_ALLOWED = {"agent": {"nvidia_ml_py", "pynvml", "aiohttp"}}
+THIRD_PARTY_ALLOWED = {"agent": {"nvidia_ml_py", "pynvml", "aiohttp"}, "tiering/engine": {"numpy", "sklearn"}}
 # what must not be loaded at all when the pure modules are imported (a package __init__ counts too)
 FRAMEWORKS = {"django", "rest_framework", "celery", "kombu", "psycopg", "requests"}
 
@@ -133,6 +135,9 @@ def _offenders_in(target: str, module: str, source: str) -> set[str]:
          "billing.services"),
         ("billing/slo.py", "billing/slo.py", "from . import models", "billing.models"),
         ("billing/slo.py", "billing/slo.py", "from billing.pricing import to_minor", "billing.pricing"),
+        # the decision engine: not the tiering app's models or services
+        ("tiering/engine", "tiering/engine/decide.py", "from ..models import Workload", "tiering.models"),
+        ("tiering/engine", "tiering/engine/forest.py", "from tiering import services", "tiering"),
     ],
 )
 def test_architecture_catches_what_a_pure_module_must_not_import(target, module, source, bad):

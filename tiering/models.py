@@ -69,6 +69,9 @@ class Profile(models.Model):
         ordering = ["workload_id", "slice_key", "-measured_at"]
         indexes = [models.Index(fields=["workload", "slice_key", "provenance"], name="tiering_profile_slice")]
 
+    def __str__(self) -> str:
+        return f"{self.workload_id} on {self.slice_key} ({self.provenance}): {self.throughput:.1f}/s"
+
 
 class LeaseSample(models.Model):
     """The workload's own throughput, reported by the workload through ``POST /api/v1/leases/{id}/samples``."""
@@ -82,6 +85,9 @@ class LeaseSample(models.Model):
 
     class Meta:
         ordering = ["lease_id", "reported_at", "id"]
+
+    def __str__(self) -> str:
+        return f"lease {self.lease_id}: {self.throughput:.1f}/s"
 
 
 class TierModelRecord(models.Model):
@@ -98,3 +104,6 @@ class TierModelRecord(models.Model):
 
     class Meta:
         ordering = ["-trained_at", "-id"]
+
+    def __str__(self) -> str:
+        return f"model {self.pk} trained {self.trained_at:%Y-%m-%d %H:%M} on {self.rows} rows"

@@ -14,9 +14,18 @@ from django.utils import timezone
 
 from config.errors import Conflict, NotFound, ValidationFailed
 from gpus.architectures import ARCHITECTURES, ConvNet
-from gpus.performance import PRECISIONS, TASKS, Slice, estimate, slice_from_key, slices_for, whole, work_of
+from gpus.performance import (
+    PRECISIONS,
+    TASKS,
+    Slice,
+    estimate,
+    slice_from_key,
+    slices_for,
+    whole,
+    work_of,
+    workload_problems,
+)
 from gpus.performance import Workload as Spec
-from gpus.performance import workload_problems
 from leasing.models import Lease
 from tenants.access import Actor
 from tenants.models import AuditEvent
