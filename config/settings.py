@@ -69,6 +69,7 @@ INSTALLED_APPS = [
     "notifications",
     "fleet",
     "pipelines",
+    "tiering",
 ]
 
 MIDDLEWARE = [
@@ -325,6 +326,12 @@ CAPACITY_PROPOSAL_TTL_SECONDS = env_int("CAPACITY_PROPOSAL_TTL_SECONDS", 7 * 86_
 CAPACITY_EFFECT_AFTER_SECONDS = env_int("CAPACITY_EFFECT_AFTER_SECONDS", 600, minimum=1)  # measured after
 # snapshot → planner → adjustments recorded, the auto ones applied
 CELERY_BEAT_SCHEDULE["capacity-plan"] = {"task": "fleet.plan_run", "schedule": float(CAPACITY_PLAN_SECONDS)}
+
+# --- Auto-tiering (docs/tiering.md) ------------------------------------------------------------------
+# the decision model is retrained on the profile database this often (seconds)
+TIERING_RETRAIN_SECONDS = env_int("TIERING_RETRAIN_SECONDS", 6 * 3600, minimum=60)
+CELERY_BEAT_SCHEDULE["tiering-retrain"] = {"task": "tiering.model_retrain",
+                                           "schedule": float(TIERING_RETRAIN_SECONDS)}
 
 # --- Outside services -----------------------------------------------------------------------
 PROMETHEUS_URL = env_url("PROMETHEUS_URL", "http://127.0.0.1:9090", schemes=("http", "https"))

@@ -24,6 +24,7 @@ urlpatterns = [
     path("api/v1/", include("notifications.api.urls")),
     path("api/v1/", include("fleet.api.urls")),
     path("api/v1/", include("pipelines.api.urls")),
+    path("api/v1/", include("tiering.api.urls")),
     path("settings/notifications/", include("notifications.urls")),
     path("", include("portal.urls")),
 ]

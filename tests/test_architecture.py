@@ -28,8 +28,10 @@ PURE = {
     "billing/core/metering.py": set(),
     "billing/core/slo.py": set(),
     "billing/core/periods.py": set(),
+    # auto-tiering's decision engine: features, rules, the forest, the choice (docs/tiering.md)
+    "tiering/engine": {"gpus", "tiering.engine"},
 }
-THIRD_PARTY_ALLOWED = {"agent": {"nvidia_ml_py", "pynvml", "aiohttp"}}
+THIRD_PARTY_ALLOWED = {"agent": {"nvidia_ml_py", "pynvml", "aiohttp"}, "tiering/engine": {"numpy", "sklearn"}}
 # what must not be loaded at all when the pure modules are imported (a package __init__ counts too)
 FRAMEWORKS = {"django", "rest_framework", "celery", "kombu", "psycopg", "requests"}
 
@@ -142,6 +144,9 @@ def _offenders_in(target: str, module: str, source: str) -> set[str]:
         # the pipeline planners: not the scheduler, not the Django app that stores their plans
         ("leasing/pipelines", "leasing/pipelines/esg.py", "from leasing.scheduler import plan", "leasing.scheduler"),
         ("leasing/pipelines", "leasing/pipelines/esg.py", "from pipelines.models import Pipeline", "pipelines.models"),
+        # the decision engine: not the tiering app's models or services
+        ("tiering/engine", "tiering/engine/decide.py", "from ..models import Workload", "tiering.models"),
+        ("tiering/engine", "tiering/engine/forest.py", "from tiering import services", "tiering"),
     ],
 )
 def test_architecture_catches_what_a_pure_module_must_not_import(target, module, source, bad):
@@ -169,7 +174,7 @@ def test_architecture_allows_the_pure_modules_own_imports(target, module, source
 
 
 # the apps that read leases (to meter, bill, advise, notify) sit above leasing: it never imports them
-ABOVE_LEASING = ("billing", "fleet", "notifications", "pipelines", "portal")
+ABOVE_LEASING = ("billing", "fleet", "notifications", "pipelines", "portal", "tiering")
 
 
 def test_architecture_leasing_imports_no_app_built_on_it():

@@ -1,0 +1,242 @@
+"""Auto-tiering benchmark: the cheapest slice that meets a workload's target, chosen three ways.
+
+Workloads are built from real architectures (``gpus.architectures``: published layer shapes) × task ×
+precision × batch × sequence/image size. Their truth on every slice (whole GPUs, MIG profiles, shares of
+the catalogue's GPUs) is the calibrated performance model (``gpus.performance``); what the engine sees of a
+workload is a *measurement*: the truth with run-to-run noise (log-normal, ``--noise``), on the reference
+slice for a new workload, and on every slice for the workloads of the profile database.
+
+Architectures are split: the training ones fill the profile database; the held-out ones are never seen in
+training. For each held-out workload and a few throughput targets (log-uniform between 1 % and 95 % of its
+best), three policies choose a slice:
+
+- ``biggest``: always the biggest GPU (the most expensive whole GPU that holds it);
+- ``rules``: reference throughput × ratio of peak compute ≥ target × 1.10, memory × 1.10 fits;
+- ``roofline`` (shown, not a target): the rules with the forest's prior (``prior_throughput``: the
+  reference step's busy time scaled by the roofline at the efficiencies fitted to the profile database)
+  instead of peak compute;
+- ``forest``: the Random Forest (``tiering.engine.forest``), cheapest slice with confidence ≥ ``--confidence``
+  that the target × (1 + ``--margin``) is met, memory × (1 + ``--headroom``) fits.
+
+Printed per policy: mean cost regret against the oracle (the cheapest slice that truly meets the target),
+and the share of target misses (the chosen slice truly does not meet it or does not hold it). Targets:
+regret ≤ 5 %, misses ≤ 2 %, the forest better than the rules on both. Also the calibration of the
+performance model against MLPerf. ``--json`` writes ``bench/results/tiering.json``.
+
+    .venv/bin/python bench/tiering.py --json bench/results/tiering.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import math
+import random
+import sys
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[0] = str(ROOT)  # not bench/: this file is named like the tiering package
+
+from gpus.architectures import ARCHITECTURES, ConvNet  # noqa: E402
+from gpus.performance import Workload, calibration, estimate, slices_for, whole  # noqa: E402
+from leasing.sim.capacity import _commit, _machine  # noqa: E402
+from tiering.engine import rules  # noqa: E402
+from tiering.engine.decide import Option, choose, rule_options  # noqa: E402
+from tiering.engine.features import Observation, prior_throughput  # noqa: E402
+from tiering.engine.forest import Row, TierModel, validation_error  # noqa: E402
+
+# Price per GPU-hour (USD) of each tier offered: round figures in the range of public on-demand prices; a
+# MIG profile costs the whole GPU's rate × compute slices / 7 and a share its milli / 1000 (billing's
+# defaults, billing/pricing.py).
+PRICES = {"H200-141GB": 3.80, "H100-80GB": 3.00, "A100-80GB": 1.80, "A100-40GB": 1.30, "L4": 0.70, "T4": 0.35}
+REFERENCE = "A100-80GB"  # where a new workload's profiling lease runs first
+
+
+def price_of(where) -> float:
+    base = PRICES[where.model]
+    if where.kind == "mig":
+        return base * int(where.profile.split("g", 1)[0]) / 7
+    return base * where.milli / 1000
+
+
+def candidates():
+    return [s for model in PRICES for s in slices_for(model)]
+
+
+def workloads(rng: random.Random, count: int) -> list[Workload]:
+    grid = []
+    for name, arch in ARCHITECTURES.items():
+        tasks = ["training", "inference"] + (["generation"] if getattr(arch, "kind", "") == "decoder" else [])
+        for task, batch in itertools.product(tasks, (1, 4, 16, 64, 256)):
+            precisions = ("bf16", "fp32") if task == "training" else ("bf16", "fp8", "int8", "fp32")
+            sizes = (224, 384) if isinstance(arch, ConvNet) or arch.kind == "vit" else (128, 512, 2048)
+            for precision, size in itertools.product(precisions, sizes):
+                seq, image = (512, size) if isinstance(arch, ConvNet) or arch.kind == "vit" else (size, 224)
+                try:
+                    grid.append(Workload(name, task, precision, batch, seq, image))
+                except ValueError:
+                    continue  # not a sound combination (e.g. int8 training)
+    rng.shuffle(grid)
+    usable = [w for w in grid if estimate(w, whole(REFERENCE)).fits]
+    return usable[:count]
+
+
+def observe(workload: Workload, where, rng: random.Random, noise: float) -> tuple[float, int, float]:
+    truth = estimate(workload, where)
+    if not truth.fits:
+        return 0.0, truth.memory_mib, 0.0
+    return (truth.throughput * math.exp(rng.gauss(0, noise)), truth.memory_mib,
+            min(1.0, truth.engine_active * math.exp(rng.gauss(0, noise / 2))))
+
+
+def reference_of(workload, rng, noise) -> Observation:
+    throughput, memory, engine = observe(workload, whole(REFERENCE), rng, noise)
+    return Observation(whole(REFERENCE), throughput, memory, engine)
+
+
+def run(args) -> dict:
+    rng = random.Random(args.seed)
+    began = time.monotonic()
+    pool = workloads(rng, args.workloads)
+    names = sorted({w.architecture for w in pool})
+    random.Random(args.seed + 1).shuffle(names)
+    held_names = set(names[: round(len(names) * args.holdout)])
+    train = [w for w in pool if w.architecture not in held_names]
+    held = [w for w in pool if w.architecture in held_names]
+    slices = candidates()
+
+    rows = []
+    for workload in train:
+        reference = reference_of(workload, rng, args.noise)
+        for where in slices:
+            throughput, memory, _engine = observe(workload, where, rng, args.noise)
+            rows.append(Row(workload, where, reference, throughput, memory))
+    trained_at = time.monotonic()
+    model = TierModel(n_estimators=args.trees, seed=args.seed).fit(rows)
+    train_seconds = time.monotonic() - trained_at
+    validation = validation_error(rows, seed=args.seed, n_estimators=args.trees)
+    efficiencies = (model.compute_efficiency, model.memory_efficiency)
+
+    biggest_first = sorted((whole(m) for m in PRICES), key=price_of, reverse=True)
+    tallies = {name: {"regret": [], "misses": 0, "decisions": 0}
+               for name in ("biggest", "rules", "roofline", "forest")}
+    profile_first = 0
+    for workload in held:
+        truth = {s.key: estimate(workload, s) for s in slices}
+        best = max(t.throughput for t in truth.values())
+        reference = reference_of(workload, rng, args.noise)
+        predictions = {p.slice.key: p for p in model.predict(workload, slices, reference)}
+        for _ in range(args.targets):
+            required = best * math.exp(rng.uniform(math.log(0.01), math.log(0.95)))
+            meeting = [s for s in slices if truth[s.key].fits and truth[s.key].throughput >= required]
+            oracle = min(price_of(s) for s in meeting)
+            chosen = {}
+            chosen["biggest"] = next((s for s in biggest_first if truth[s.key].fits), biggest_first[0])
+            expected = []
+            for where in slices:
+                throughput, memory = rules.predict(workload, where, reference)
+                expected.append((where, price_of(where), throughput, memory))
+            decision = choose(rule_options(expected, required), required, min_confidence=1.0)
+            chosen["rules"] = decision.option.slice if decision.option and not decision.profile_first \
+                else biggest_first[0]
+            expected = [(s, price_of(s), prior_throughput(workload, s, reference, *efficiencies),
+                         reference.memory_mib) for s in slices]
+            decision = choose(rule_options(expected, required), required, min_confidence=1.0)
+            chosen["roofline"] = decision.option.slice if decision.option and not decision.profile_first \
+                else biggest_first[0]
+            options = [Option(s, price_of(s), predictions[s.key].throughput, predictions[s.key].memory_mib,
+                              predictions[s.key].confidence(required * (1 + args.margin))) for s in slices]
+            decision = choose(options, required, min_confidence=args.confidence, headroom=args.headroom)
+            if decision.profile_first:
+                # low confidence: the broker profiles first, i.e. measures the likeliest slices; here the
+                # cheapest slice whose measurement meets the target, at the cost of one profiling lease
+                profile_first += 1
+                measured = sorted((s for s in slices if options[slices.index(s)].confidence > 0),
+                                  key=price_of)
+                chosen["forest"] = next((s for s in measured
+                                         if observe(workload, s, rng, args.noise)[0] >= required * (1 + args.margin)),
+                                        biggest_first[0])
+            else:
+                chosen["forest"] = decision.option.slice
+            for name, where in chosen.items():
+                tally = tallies[name]
+                tally["decisions"] += 1
+                hit = truth[where.key].fits and truth[where.key].throughput >= required
+                tally["misses"] += 0 if hit else 1
+                tally["regret"].append(price_of(where) / oracle - 1)
+
+    result = {}
+    for name, tally in tallies.items():
+        result[name] = {"decisions": tally["decisions"],
+                        "regret": round(sum(tally["regret"]) / len(tally["regret"]), 4),
+                        "misses": round(tally["misses"] / tally["decisions"], 4)}
+    return {
+        "policies": result,
+        "forest_profile_first": round(profile_first / max(1, tallies["forest"]["decisions"]), 4),
+        "workloads": {"train": len(train), "held_out": len(held), "held_out_architectures": sorted(held_names),
+                      "slices": len(slices), "profile_rows": len(rows)},
+        "forest": {"trees": args.trees, "train_seconds": round(train_seconds, 2),
+                   "validation_error": round(validation, 4),
+                   "fitted_efficiencies": {"compute": efficiencies[0], "memory": efficiencies[1]},
+                   "importances": model.importances()},
+        "calibration": calibration(),
+        "seconds": round(time.monotonic() - began, 1),
+    }
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--workloads", type=int, default=600)
+    parser.add_argument("--holdout", type=float, default=0.3, help="share of architectures held out")
+    parser.add_argument("--targets", type=int, default=3, help="targets per held-out workload")
+    parser.add_argument("--noise", type=float, default=0.03, help="run-to-run noise of a measurement (σ of log)")
+    parser.add_argument("--trees", type=int, default=100)
+    parser.add_argument("--confidence", type=float, default=0.6, help="the forest's least share of trees")
+    parser.add_argument("--margin", type=float, default=0.0, help="the forest's margin on the target")
+    parser.add_argument("--headroom", type=float, default=0.05, help="the forest's memory headroom")
+    parser.add_argument("--seed", type=int, default=17)
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args(argv)
+    result = run(args)
+    print("auto-tiering benchmark (machine shared with other engineers; timings are indicative)")
+    work = result["workloads"]
+    print(f"workloads: {work['train']} training, {work['held_out']} held out "
+          f"({', '.join(work['held_out_architectures'])}); {work['slices']} slices; "
+          f"{work['profile_rows']} profile rows")
+    print(f"forest: {result['forest']['trees']} trees, trained in {result['forest']['train_seconds']} s, "
+          f"validation error {result['forest']['validation_error']:.1%} (architectures held out)")
+    fitted = result["forest"]["fitted_efficiencies"]
+    print(f"efficiencies fitted to the profile database: compute {fitted['compute']}, memory {fitted['memory']}")
+    print(f"{'policy':<10}{'decisions':>10}{'regret':>10}{'misses':>10}")
+    for name, row in result["policies"].items():
+        print(f"{name:<10}{row['decisions']:>10}{row['regret']:>10.1%}{row['misses']:>10.1%}")
+    print(f"forest asked to profile first: {result['forest_profile_first']:.1%} of decisions")
+    cal = result["calibration"]
+    print(f"calibration vs MLPerf Inference (per GPU, Offline): efficiency {cal['compute_efficiency']}, "
+          f"MAPE {cal['mape']:.1%} in sample, {cal['loo_mape']:.1%} leave-one-out; GPT-J H100÷L4 ratio "
+          f"{cal['gptj_ratio']['modelled']} vs {cal['gptj_ratio']['measured']} measured")
+    for point in cal["points"]:
+        print(f"  {point['benchmark']:<18} {point['gpu']:<10} measured {point['measured']:>9,.1f} "
+              f"modelled {point['modelled']:>9,.1f}  {point['error']:+.1%}")
+    forest, rules_row = result["policies"]["forest"], result["policies"]["rules"]
+    verdict = (forest["regret"] <= 0.05 and forest["misses"] <= 0.02 and forest["regret"] < rules_row["regret"]
+               and forest["misses"] < rules_row["misses"])
+    print(f"targets (forest regret ≤ 5 %, misses ≤ 2 %, better than rules on both): {'met' if verdict else 'NOT met'}")
+    print(f"took {result['seconds']} s")
+    if args.json:
+        document = {"command": " ".join(["python", "bench/tiering.py", *(argv if argv is not None else sys.argv[1:])]),
+                    "commit": _commit(), "date": datetime.now(UTC).isoformat(timespec="seconds"),
+                    "machine": {**_machine(), "note": "shared with other engineers"}, "settings": vars(args) | {
+                        "json": str(args.json)}, "result": result, "targets_met": verdict}
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(document, indent=2) + "\n")
+        print(f"written: {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

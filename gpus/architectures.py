@@ -1,0 +1,129 @@
+"""Real model architectures from their published configurations: layer counts and widths, no weights.
+
+The performance model (``gpus.performance``) turns these into FLOPs, bytes moved and memory per step.
+Transformers are given by their Hugging Face ``config.json`` figures (layers, hidden size, feed-forward
+size, attention heads and key/value heads, vocabulary, gated MLP or not, tied embeddings or not); vision
+transformers by the same figures with 16×16 patches. Convolutional networks by torchvision's published
+multiply-accumulates and parameters at 224×224 (torchvision's model tables list them as "GFLOPS", which
+count multiply-accumulates); their forward activation sizes are our estimate from the layer output shapes
+(sum of each stage's feature-map elements), which the docs say plainly (docs/tiering.md §1).
+
+Nothing here is downloaded or loaded: the figures are typed in, each with where it comes from.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class Transformer:
+    name: str
+    kind: str  # "decoder" (causal LM), "encoder" (BERT-like), "vit" (image patches)
+    layers: int
+    hidden: int
+    ffn: int
+    heads: int
+    kv_heads: int
+    vocab: int
+    gated: bool = False  # SwiGLU MLP: three ffn matrices instead of two
+    tied: bool = True  # the output head shares the embedding matrix
+    patch: int = 0  # vision transformers: patch size in pixels
+
+    @property
+    def kv_dim(self) -> int:
+        return self.hidden * self.kv_heads // self.heads
+
+    @property
+    def layer_params(self) -> int:
+        attention = 2 * self.hidden * self.hidden + 2 * self.hidden * self.kv_dim
+        mlp = (3 if self.gated else 2) * self.hidden * self.ffn
+        return attention + mlp
+
+    @property
+    def nonembedding_params(self) -> int:
+        return self.layers * self.layer_params
+
+    @property
+    def embedding_params(self) -> int:
+        if self.kind == "vit":
+            return 3 * self.patch * self.patch * self.hidden
+        return self.vocab * self.hidden * (1 if self.tied else 2)
+
+    @property
+    def params(self) -> int:
+        return self.nonembedding_params + self.embedding_params
+
+    def tokens(self, seq_len: int, image_size: int) -> int:
+        """Tokens of one sample: the sequence length, or the patches (+ class token) of an image."""
+        if self.kind == "vit":
+            return (image_size // self.patch) ** 2 + 1
+        return seq_len
+
+
+@dataclass(frozen=True, slots=True)
+class ConvNet:
+    name: str
+    gmacs: float  # multiply-accumulates per 224×224 image, billions (torchvision)
+    params_m: float  # parameters, millions (torchvision)
+    activations_m: float  # forward activation elements per 224×224 image, millions (our estimate)
+    kind: str = "cnn"
+
+    @property
+    def params(self) -> int:
+        return int(self.params_m * 1e6)
+
+
+def _t(name, kind, layers, hidden, ffn, heads, kv_heads, vocab, **extra) -> Transformer:
+    return Transformer(name, kind, layers, hidden, ffn, heads, kv_heads, vocab, **extra)
+
+
+ARCHITECTURES: dict[str, Transformer | ConvNet] = {a.name: a for a in (
+    # encoders (config.json of the Hugging Face checkpoints)
+    _t("distilbert-base", "encoder", 6, 768, 3072, 12, 12, 30522),
+    _t("bert-base", "encoder", 12, 768, 3072, 12, 12, 30522),
+    _t("bert-large", "encoder", 24, 1024, 4096, 16, 16, 30522),
+    _t("roberta-large", "encoder", 24, 1024, 4096, 16, 16, 50265),
+    # decoders
+    _t("gpt2", "decoder", 12, 768, 3072, 12, 12, 50257),
+    _t("gpt2-medium", "decoder", 24, 1024, 4096, 16, 16, 50257),
+    _t("gpt2-large", "decoder", 36, 1280, 5120, 20, 20, 50257),
+    _t("gpt2-xl", "decoder", 48, 1600, 6400, 25, 25, 50257),
+    _t("qwen2-0.5b", "decoder", 24, 896, 4864, 14, 2, 151936, gated=True),
+    _t("tinyllama-1.1b", "decoder", 22, 2048, 5632, 32, 4, 32000, gated=True, tied=False),
+    _t("opt-1.3b", "decoder", 24, 2048, 8192, 32, 32, 50272),
+    _t("phi-2", "decoder", 32, 2560, 10240, 32, 32, 51200, tied=False),
+    _t("opt-6.7b", "decoder", 32, 4096, 16384, 32, 32, 50272),
+    _t("gpt-j-6b", "decoder", 28, 4096, 16384, 16, 16, 50400, tied=False),
+    _t("llama-2-7b", "decoder", 32, 4096, 11008, 32, 32, 32000, gated=True, tied=False),
+    _t("mistral-7b", "decoder", 32, 4096, 14336, 32, 8, 32000, gated=True, tied=False),
+    _t("llama-3-8b", "decoder", 32, 4096, 14336, 32, 8, 128256, gated=True, tied=False),
+    _t("llama-2-13b", "decoder", 40, 5120, 13824, 40, 40, 32000, gated=True, tied=False),
+    # vision transformers (ViT-B/16, ViT-L/16)
+    _t("vit-b-16", "vit", 12, 768, 3072, 12, 12, 0, patch=16),
+    _t("vit-l-16", "vit", 24, 1024, 4096, 16, 16, 0, patch=16),
+    # convolutional networks (torchvision: GMACs and parameters at 224×224)
+    ConvNet("mobilenet-v2", 0.30, 3.5, 6.7),
+    ConvNet("efficientnet-b0", 0.39, 5.3, 8.0),
+    ConvNet("resnet-18", 1.81, 11.7, 2.5),
+    ConvNet("resnet-34", 3.66, 21.8, 3.7),
+    ConvNet("densenet-121", 2.83, 8.0, 9.0),
+    ConvNet("resnet-50", 4.09, 25.6, 10.0),
+    ConvNet("convnext-tiny", 4.46, 28.6, 8.0),
+    ConvNet("resnet-101", 7.80, 44.5, 15.0),
+    ConvNet("resnet-152", 11.51, 60.2, 21.0),
+    ConvNet("vgg-16", 15.47, 138.4, 15.0),
+)}
+
+FAMILIES = ("encoder", "decoder", "vit", "cnn")
+
+
+class UnknownArchitecture(KeyError):
+    pass
+
+
+def architecture_get(name: str) -> Transformer | ConvNet:
+    try:
+        return ARCHITECTURES[name.lower()]
+    except KeyError:
+        raise UnknownArchitecture(f"unknown architecture {name!r}; known: {', '.join(sorted(ARCHITECTURES))}") from None

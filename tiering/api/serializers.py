@@ -1,0 +1,64 @@
+from rest_framework import serializers
+
+from tiering.models import LeaseSample, Profile, Workload
+
+
+class WorkloadOutput(serializers.ModelSerializer):
+    class Meta:
+        model = Workload
+        fields = ["name", "framework", "architecture", "task", "precision", "batch_size", "seq_len", "image_size",
+                  "target_throughput", "target_latency_ms", "created_at"]
+
+
+class WorkloadInput(serializers.Serializer):
+    """Documentation of the body; ``tiering.services.workload_clean`` checks it and names the field at fault."""
+
+    name = serializers.CharField()
+    architecture = serializers.CharField()
+    framework = serializers.CharField(required=False)
+    task = serializers.ChoiceField(["training", "inference", "generation"], required=False)
+    precision = serializers.ChoiceField(["fp32", "tf32", "bf16", "fp16", "fp8", "int8"], required=False)
+    batch_size = serializers.IntegerField(required=False)
+    seq_len = serializers.IntegerField(required=False)
+    image_size = serializers.IntegerField(required=False)
+    target_throughput = serializers.FloatField(required=False)
+    target_latency_ms = serializers.FloatField(required=False)
+
+
+class ProfileOutput(serializers.ModelSerializer):
+    lease = serializers.IntegerField(source="lease_id", allow_null=True)
+
+    class Meta:
+        model = Profile
+        fields = ["slice_key", "tier", "provenance", "throughput", "memory_mib", "engine_active", "step_ms",
+                  "confidence", "fits", "lease", "measured_at"]
+
+
+class OptionOutput(serializers.Serializer):
+    slice = serializers.CharField()
+    label = serializers.CharField()
+    price_per_hour = serializers.FloatField()
+    throughput = serializers.FloatField()
+    memory_mib = serializers.IntegerField()
+    confidence = serializers.FloatField()
+
+
+class PredictionOutput(serializers.Serializer):
+    workload = serializers.CharField()
+    required_throughput = serializers.FloatField()
+    chosen = OptionOutput(allow_null=True)
+    profile_first = serializers.BooleanField()
+    reason = serializers.CharField()
+
+
+class SampleInput(serializers.Serializer):
+    throughput = serializers.FloatField()
+    step_ms = serializers.FloatField(required=False)
+
+
+class SampleOutput(serializers.ModelSerializer):
+    lease = serializers.IntegerField(source="lease_id")
+
+    class Meta:
+        model = LeaseSample
+        fields = ["lease", "throughput", "step_ms", "reported_at"]

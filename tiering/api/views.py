@@ -1,0 +1,70 @@
+"""Auto-tiering's REST API: workloads, their profiles per slice, the engine's prediction, and the samples a
+running workload reports on its lease. Views parse, read through ``tiering.selectors``, call one service."""
+
+from __future__ import annotations
+
+from drf_spectacular.utils import extend_schema
+from rest_framework import status
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from config.api import paginate
+from tiering import selectors, services
+from tiering.api import serializers as s
+
+
+class WorkloadListApi(APIView):
+    write_action = "use"
+
+    @extend_schema(responses=s.WorkloadOutput(many=True), summary="The tenant's workloads")
+    def get(self, request):
+        return paginate(self, request, selectors.workload_list(actor=request.actor), s.WorkloadOutput)
+
+    @extend_schema(request=s.WorkloadInput, responses={201: s.WorkloadOutput},
+                   summary="Register a workload (an architecture, how it runs, and its target)")
+    def post(self, request):
+        workload = services.workload_register(actor=request.actor, data=request.data)
+        return Response(s.WorkloadOutput(workload).data, status=status.HTTP_201_CREATED)
+
+
+class WorkloadDetailApi(APIView):
+    @extend_schema(responses=s.WorkloadOutput, summary="One workload")
+    def get(self, request, name: str):
+        return Response(s.WorkloadOutput(selectors.workload_get(actor=request.actor, name=name)).data)
+
+
+class WorkloadProfileApi(APIView):
+    @extend_schema(responses=s.ProfileOutput(many=True),
+                   summary="The workload's profile per slice: profiled, observed and predicted figures")
+    def get(self, request, name: str):
+        workload = selectors.workload_get(actor=request.actor, name=name)
+        return Response(s.ProfileOutput(selectors.profile_list(workload=workload), many=True).data)
+
+
+def prediction_data(workload, decision) -> dict:
+    option = decision.option
+    return {"workload": workload.name, "required_throughput": decision.required,
+            "chosen": None if option is None else {
+                "slice": option.slice.key, "label": option.slice.label, "price_per_hour": option.price,
+                "throughput": option.throughput, "memory_mib": option.memory_mib, "confidence": option.confidence},
+            "profile_first": decision.profile_first, "reason": decision.reason}
+
+
+class WorkloadPredictionApi(APIView):
+    @extend_schema(responses=s.PredictionOutput,
+                   summary="The cheapest slice at the tenant's prices predicted to meet the workload's target")
+    def get(self, request, name: str):
+        workload = selectors.workload_get(actor=request.actor, name=name)
+        return Response(prediction_data(workload, services.workload_predict(workload=workload)))
+
+
+class LeaseSampleApi(APIView):
+    write_action = "use"
+
+    @extend_schema(request=s.SampleInput, responses={201: s.SampleOutput},
+                   summary="The workload's own throughput on this lease (samples/s; tokens/s for generation)")
+    def post(self, request, pk: int):
+        body = request.data if isinstance(request.data, dict) else {}
+        sample = services.lease_sample_record(actor=request.actor, lease_id=pk, throughput=body.get("throughput"),
+                                              step_ms=body.get("step_ms"))
+        return Response(s.SampleOutput(sample).data, status=status.HTTP_201_CREATED)

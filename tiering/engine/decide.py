@@ -1,0 +1,65 @@
+"""The choice: the cheapest slice at the tenant's prices predicted to fit the workload's memory with headroom
+and to meet its target, with the confidence of that prediction. When nothing is confident enough the
+answer says so (``profile_first``): the broker then profiles before it places."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gpus.performance import Slice, Workload
+
+from .rules import MEMORY_HEADROOM, TARGET_MARGIN, fits
+
+
+@dataclass(frozen=True, slots=True)
+class Option:
+    """A slice the tenant may get, its price per hour, what is predicted of it, and how sure."""
+
+    slice: Slice
+    price: float
+    throughput: float
+    memory_mib: int
+    confidence: float
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    option: Option | None
+    required: float
+    profile_first: bool
+    reason: str
+
+
+def required_throughput(workload: Workload, target_throughput: float | None,
+                        target_latency_ms: float | None) -> float:
+    """The throughput the target needs: the throughput itself, or a step of ``batch_size`` samples (one
+    token per sequence for generation) within the latency."""
+    needed = target_throughput or 0.0
+    if target_latency_ms:
+        needed = max(needed, workload.batch_size * 1000.0 / target_latency_ms)
+    return needed
+
+
+def choose(options: list[Option], required: float, *, min_confidence: float = 0.8,
+           headroom: float = MEMORY_HEADROOM) -> Decision:
+    """The cheapest option that fits with ``headroom`` and whose confidence reaches ``min_confidence``."""
+    fitting = [o for o in options if fits(o.memory_mib, o.slice, headroom)]
+    good = sorted((o for o in fitting if o.confidence >= min_confidence),
+                  key=lambda o: (o.price, -o.confidence, o.slice.key))
+    if good:
+        best = good[0]
+        return Decision(best, required, False,
+                        f"predicted {best.throughput:,.0f}/s ≥ {required:,.0f}/s needed on {best.slice.label} "
+                        f"(confidence {best.confidence:.0%}), {best.memory_mib} MiB of {best.slice.memory_mib}")
+    if not fitting:
+        return Decision(None, required, True, "no slice is predicted to hold the workload's memory")
+    likeliest = max(fitting, key=lambda o: (o.confidence, o.throughput))
+    return Decision(likeliest, required, True,
+                    f"no slice reaches confidence {min_confidence:.0%} for {required:,.0f}/s; the likeliest is "
+                    f"{likeliest.slice.label} ({likeliest.confidence:.0%}): profile first")
+
+
+def rule_options(predicted: list[tuple[Slice, float, float, int]], required: float,
+                 margin: float = TARGET_MARGIN) -> list[Option]:
+    """Rules give no spread: confidence 1 when the prediction meets the target with ``margin``, else 0."""
+    return [Option(s, price, t, m, 1.0 if t >= required * (1 + margin) else 0.0) for s, price, t, m in predicted]

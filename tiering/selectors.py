@@ -1,0 +1,24 @@
+"""Reads of auto-tiering rows, always within the actor's tenant."""
+
+from __future__ import annotations
+
+from django.db.models import QuerySet
+
+from config.errors import NotFound
+from tenants.access import Actor, restrict
+from tiering.models import Profile, Workload
+
+
+def workload_list(*, actor: Actor) -> QuerySet[Workload]:
+    return restrict(Workload.objects.all(), actor).order_by("name")
+
+
+def workload_get(*, actor: Actor, name: str) -> Workload:
+    workload = restrict(Workload.objects.all(), actor).filter(name=name).first()
+    if workload is None:
+        raise NotFound(f"No workload named '{name}'.", field="name")
+    return workload
+
+
+def profile_list(*, workload: Workload) -> QuerySet[Profile]:
+    return workload.profiles.order_by("slice_key", "provenance", "-measured_at")

@@ -1,0 +1,312 @@
+"""The only writers of auto-tiering rows (docs/tiering.md): register a workload, record a profile or a
+throughput sample, retrain the decision model, predict (and store) the cheapest slice for a workload.
+Each is one transaction with its audit row; errors name the field (``config.errors``)."""
+
+from __future__ import annotations
+
+import math
+import random
+from datetime import timedelta
+
+from django.db import transaction
+from django.db.models import Max
+from django.utils import timezone
+
+from config.errors import Conflict, NotFound, ValidationFailed
+from gpus.architectures import ARCHITECTURES, ConvNet
+from gpus.performance import (
+    PRECISIONS,
+    TASKS,
+    Slice,
+    estimate,
+    slice_from_key,
+    slices_for,
+    whole,
+    work_of,
+    workload_problems,
+)
+from gpus.performance import Workload as Spec
+from leasing.models import Lease
+from tenants.access import Actor
+from tenants.models import AuditEvent
+from tiering.engine.decide import Decision, Option, choose, required_throughput
+from tiering.engine.features import Observation
+from tiering.engine.forest import Row, TierModel, validation_error
+from tiering.models import LeaseSample, Profile, Provenance, TierModelRecord, Workload
+
+REFERENCE_SLICE = "A100-80GB"  # where a profiling run starts: it holds almost every workload
+FIELDS = ("architecture", "task", "precision", "batch_size", "seq_len", "image_size")
+MIN_CONFIDENCE = 0.6
+
+
+def spec_of(workload: Workload) -> Spec:
+    return Spec(*(getattr(workload, name) for name in FIELDS))
+
+
+def _audit(*, tenant, actor: Actor | None, action: str, target: str, **data) -> None:
+    AuditEvent.objects.create(tenant=tenant, actor=actor.user if actor else None, action=action, target=target,
+                              data=data)
+
+
+def _number(data: dict, name: str, *, integer: bool, low: float, high: float, default=None):
+    value = data.get(name, default)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or (integer and not isinstance(value, int)):
+        raise ValidationFailed(f"{name} must be {'an integer' if integer else 'a number'}.", field=name)
+    if not low <= value <= high:
+        raise ValidationFailed(f"{name} must be between {low:g} and {high:g}.", field=name)
+    return value
+
+
+def workload_clean(data: dict) -> dict:
+    """A workload definition checked field by field; the first problem raises, naming its field."""
+    if not isinstance(data, dict):
+        raise ValidationFailed("The body must be a JSON object.", field="body")
+    name = data.get("name")
+    if not isinstance(name, str) or not name.strip():
+        raise ValidationFailed("name is required: a short name for the workload.", field="name")
+    name = name.strip()
+    if len(name) > 64 or not all(c.isalnum() or c in "-_." for c in name):
+        raise ValidationFailed("name may hold up to 64 letters, digits, '-', '_' and '.'.", field="name")
+    architecture = data.get("architecture")
+    if not isinstance(architecture, str) or architecture.lower() not in ARCHITECTURES:
+        raise ValidationFailed(f"architecture must be one of {', '.join(sorted(ARCHITECTURES))}.",
+                               field="architecture")
+    task = data.get("task", "inference")
+    if task not in TASKS:
+        raise ValidationFailed(f"task must be one of {', '.join(TASKS)}.", field="task")
+    precision = data.get("precision", "bf16")
+    if precision not in PRECISIONS:
+        raise ValidationFailed(f"precision must be one of {', '.join(PRECISIONS)}.", field="precision")
+    cleaned = {
+        "name": name, "architecture": architecture.lower(), "task": task, "precision": precision,
+        "batch_size": _number(data, "batch_size", integer=True, low=1, high=4096, default=1),
+        "seq_len": _number(data, "seq_len", integer=True, low=1, high=131072, default=512),
+        "image_size": _number(data, "image_size", integer=True, low=32, high=2048, default=224),
+        "target_throughput": _number(data, "target_throughput", integer=False, low=1e-6, high=1e9),
+        "target_latency_ms": _number(data, "target_latency_ms", integer=False, low=0.01, high=3.6e6),
+    }
+    framework = data.get("framework", "")
+    if not isinstance(framework, str) or len(framework) > 32:
+        raise ValidationFailed("framework must be a short text (up to 32 characters).", field="framework")
+    cleaned["framework"] = framework
+    spec = object.__new__(Spec)  # unchecked: workload_problems names the field, Spec() would only raise
+    for key in FIELDS:
+        object.__setattr__(spec, key, cleaned[key])
+    problems = workload_problems(spec)
+    if problems:
+        field, message = problems[0]
+        raise ValidationFailed(f"{field}: {message}.", field=field)
+    if cleaned["target_throughput"] is None and cleaned["target_latency_ms"] is None:
+        raise ValidationFailed("Give a target: target_throughput (samples/s; tokens/s for generation) or "
+                               "target_latency_ms (per step).", field="target_throughput")
+    return cleaned
+
+
+def workload_register(*, actor: Actor, data: dict) -> Workload:
+    actor.require("use")
+    cleaned = workload_clean(data)
+    with transaction.atomic():
+        if Workload.objects.filter(tenant=actor.tenant, name=cleaned["name"]).exists():
+            raise Conflict(f"A workload named '{cleaned['name']}' already exists.", field="name")
+        workload = Workload.objects.create(tenant=actor.tenant, **cleaned)
+        _audit(tenant=actor.tenant, actor=actor, action="tiering.workload_register", target=workload.name,
+               **{k: v for k, v in cleaned.items() if k != "name"})
+    return workload
+
+
+def profile_record(*, workload: Workload, slice_key: str, provenance: str, throughput: float, memory_mib: int,
+                   engine_active: float | None = None, lease: Lease | None = None, at=None) -> Profile:
+    """A measured (profiled or observed) figure of ``workload`` on a slice."""
+    try:
+        where = slice_from_key(slice_key)
+    except (KeyError, ValueError) as error:
+        raise ValidationFailed(str(error.args[0]), field="slice") from None
+    if provenance not in (Provenance.PROFILED, Provenance.OBSERVED):
+        raise ValidationFailed("provenance must be profiled or observed (predictions are the engine's).",
+                               field="provenance")
+    if not throughput >= 0 or memory_mib < 0:
+        raise ValidationFailed("throughput and memory_mib must not be negative.", field="throughput")
+    samples = work_of(spec_of(workload)).samples
+    with transaction.atomic():
+        profile = Profile.objects.create(
+            workload=workload, slice_key=where.key, tier=where.model, provenance=provenance, throughput=throughput,
+            memory_mib=memory_mib, engine_active=engine_active, fits=throughput > 0,
+            step_ms=samples / throughput * 1000 if throughput > 0 else None, lease=lease,
+            measured_at=at or timezone.now())
+        _audit(tenant=workload.tenant, actor=None, action=f"tiering.profile_{provenance}", target=workload.name,
+               slice=where.key, throughput=round(throughput, 3), memory_mib=memory_mib,
+               lease=lease.pk if lease else None)
+    return profile
+
+
+def lease_sample_record(*, actor: Actor, lease_id: int, throughput, step_ms=None) -> LeaseSample:
+    """The workload's own throughput on its lease (what the profiler and the advice read)."""
+    actor.require("use")
+    lease = Lease.objects.filter(pk=lease_id, tenant=actor.tenant).first()
+    if lease is None:
+        raise NotFound(f"No lease {lease_id}.", field="id")
+    throughput = _number({"throughput": throughput}, "throughput", integer=False, low=0, high=1e12)
+    if throughput is None:
+        raise ValidationFailed("throughput is required (samples/s; tokens/s for generation).", field="throughput")
+    step_ms = _number({"step_ms": step_ms}, "step_ms", integer=False, low=0.0, high=3.6e6)
+    if lease.state not in ("active", "releasing"):
+        raise Conflict(f"Lease {lease_id} is {lease.state}: samples are taken while it runs.", field="id")
+    return LeaseSample.objects.create(lease=lease, throughput=float(throughput), step_ms=step_ms)
+
+
+# -- the profile database and the model --------------------------------------------------------------------
+
+def _observation(profile: Profile) -> Observation:
+    return Observation(slice_from_key(profile.slice_key), profile.throughput, profile.memory_mib,
+                       profile.engine_active if profile.engine_active is not None else 1.0)
+
+
+def reference_of(workload: Workload) -> Observation | None:
+    """The workload's latest measurement on the reference slice, else its latest measurement that ran."""
+    measured = workload.profiles.exclude(provenance=Provenance.PREDICTED).filter(fits=True, throughput__gt=0)
+    best = measured.filter(slice_key=REFERENCE_SLICE).order_by("-measured_at").first() or \
+        measured.order_by("-measured_at").first()
+    return _observation(best) if best else None
+
+
+def training_rows() -> list[Row]:
+    rows = []
+    for workload in Workload.objects.prefetch_related("profiles"):
+        reference = reference_of(workload)
+        if reference is None:
+            continue
+        spec = spec_of(workload)
+        latest: dict[str, Profile] = {}
+        for profile in workload.profiles.all():
+            if profile.provenance == Provenance.PREDICTED:
+                continue
+            if profile.slice_key not in latest or profile.measured_at > latest[profile.slice_key].measured_at:
+                latest[profile.slice_key] = profile
+        rows += [Row(spec, slice_from_key(p.slice_key), reference, p.throughput, p.memory_mib)
+                 for p in latest.values()]
+    return rows
+
+
+def model_retrain(*, trees: int = 60) -> TierModelRecord | None:
+    """Train the decision model on every measured profile; None when there are too few rows to learn from."""
+    rows = training_rows()
+    if len([r for r in rows if r.throughput > 0]) < 10:
+        return None
+    model = TierModel(n_estimators=trees).fit(rows)
+    error = validation_error(rows, n_estimators=trees)
+    newest = Profile.objects.exclude(provenance=Provenance.PREDICTED).aggregate(at=Max("measured_at"))["at"]
+    with transaction.atomic():
+        record = TierModelRecord.objects.create(
+            training_set_date=newest, rows=model.rows, validation_error=None if math.isnan(error) else error,
+            compute_efficiency=model.compute_efficiency, memory_efficiency=model.memory_efficiency,
+            blob=model.to_bytes())
+        _audit(tenant=None, actor=None, action="tiering.model_retrain", target=f"model {record.pk}",
+               rows=record.rows, validation_error=record.validation_error,
+               training_set_date=newest.isoformat())
+    return record
+
+
+def model_current() -> tuple[TierModelRecord, TierModel] | None:
+    record = TierModelRecord.objects.order_by("-trained_at", "-id").first()
+    return (record, TierModel.from_bytes(bytes(record.blob))) if record else None
+
+
+def reference_set_seed(*, count: int = 120, seed: int = 0, noise: float = 0.03) -> int:
+    """The platform's reference workloads profiled on every slice of the catalogue by the performance model
+    (what the simulated fleet's profiler measures), so a fresh deployment's model has a profile database to
+    learn from. Idempotent by name. Returns the number of workloads created."""
+    rng = random.Random(seed)
+    created = 0
+    now = timezone.now() - timedelta(minutes=1)
+    names = sorted(ARCHITECTURES)
+    slices = [s for model in ("H100-80GB", "A100-80GB", "A100-40GB", "L4") for s in slices_for(model)]
+    for index in range(count):
+        arch = ARCHITECTURES[names[index % len(names)]]
+        tasks = ["training", "inference"] + (["generation"] if getattr(arch, "kind", "") == "decoder" else [])
+        task = rng.choice(tasks)
+        precision = rng.choice(("bf16", "fp32") if task == "training" else ("bf16", "fp8", "int8"))
+        batch = rng.choice((1, 4, 16, 64))
+        size = rng.choice((224, 384)) if isinstance(arch, ConvNet) or arch.kind == "vit" else rng.choice((128, 512))
+        spec = Spec(arch.name, task, precision, batch, 512 if size in (224, 384) else size,
+                    size if size in (224, 384) else 224)
+        if not estimate(spec, whole(REFERENCE_SLICE)).fits:
+            continue
+        name = f"ref-{index:04d}-{arch.name}"
+        if Workload.objects.filter(tenant=None, name=name).exists():
+            continue
+        workload = Workload.objects.create(tenant=None, name=name, framework="reference",
+                                           **{k: getattr(spec, k) for k in FIELDS})
+        created += 1
+        Profile.objects.bulk_create([_simulated(workload, spec, where, rng, noise, now) for where in slices])
+    return created
+
+
+def _simulated(workload: Workload, spec: Spec, where: Slice, rng: random.Random, noise: float, at) -> Profile:
+    truth = estimate(spec, where)
+    throughput = truth.throughput * math.exp(rng.gauss(0, noise)) if truth.fits else 0.0
+    return Profile(workload=workload, slice_key=where.key, tier=where.model, provenance=Provenance.PROFILED,
+                   throughput=throughput, memory_mib=truth.memory_mib, engine_active=truth.engine_active,
+                   fits=truth.fits, step_ms=truth.step_ms if truth.fits else None, measured_at=at)
+
+
+# -- predictions ---------------------------------------------------------------------------------------------
+
+def tenant_slice_prices(*, tenant) -> list[tuple[Slice, float]]:
+    """Every slice of a tier the tenant's price book prices and the performance model knows, with its price
+    per hour (a share: the GPU-hour rate × milli / 1000, as billing charges it)."""
+    from billing.selectors import price_books_for
+    from gpus.performance import SPECS
+
+    now = timezone.now()
+    books = price_books_for(tenant=tenant, start=now, end=now + timedelta(seconds=1))
+    if not books:
+        return []
+    table = books[-1][2]
+    out = []
+    for tier in sorted({t for t, _kind, _profile in table.rates}):
+        if tier not in SPECS:
+            continue
+        for where in slices_for(tier):
+            found = table.base(tier, where.kind, where.profile)
+            if found is None:
+                continue
+            price = float(found[0]) * (where.milli / 1000 if where.kind == "share" else 1)
+            out.append((where, price))
+    return out
+
+
+def workload_predict(*, workload: Workload, store: bool = True) -> Decision:
+    """The cheapest slice at the tenant's prices predicted to meet the workload's target, with confidence;
+    ``profile_first`` when the workload has no measurement yet, no model is trained, or none is confident."""
+    spec = spec_of(workload)
+    required = required_throughput(spec, workload.target_throughput, workload.target_latency_ms)
+    reference = reference_of(workload)
+    current = model_current()
+    if reference is None:
+        return Decision(None, required, True, "no measurement of this workload yet: profile first")
+    if current is None:
+        return Decision(None, required, True, "no decision model is trained yet: profile first")
+    record, model = current
+    priced = tenant_slice_prices(tenant=workload.tenant)
+    if not priced:
+        raise ValidationFailed("No price book applies to this tenant: nothing to compare.", field="workload")
+    predictions = model.predict(spec, [s for s, _ in priced], reference)
+    options = [Option(p.slice, price, p.throughput, p.memory_mib, p.confidence(required))
+               for p, (_, price) in zip(predictions, priced, strict=True)]
+    decision = choose(options, required, min_confidence=MIN_CONFIDENCE, headroom=0.05)
+    if store:
+        with transaction.atomic():
+            workload.profiles.filter(provenance=Provenance.PREDICTED).delete()
+            Profile.objects.bulk_create([
+                Profile(workload=workload, slice_key=o.slice.key, tier=o.slice.model,
+                        provenance=Provenance.PREDICTED, throughput=o.throughput, memory_mib=o.memory_mib,
+                        confidence=o.confidence, fits=o.memory_mib <= o.slice.memory_mib,
+                        step_ms=work_of(spec).samples / o.throughput * 1000 if o.throughput > 0 else None)
+                for o in options])
+            _audit(tenant=workload.tenant, actor=None, action="tiering.predict", target=workload.name,
+                   model=record.pk, chosen=decision.option.slice.key if decision.option else None,
+                   confidence=decision.option.confidence if decision.option else None,
+                   profile_first=decision.profile_first)
+    return decision
