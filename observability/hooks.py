@@ -44,7 +44,7 @@ def agent_call_observed(node_id: str, method: str, path: str, outcome: str, seco
         metrics.AGENT_DURATION.labels(node_id, operation).observe(seconds)
         if operation in ("create", "create_many") and outcome != "ok":
             metrics.PROVISIONING_FAILURES.labels(node_id, outcome).inc()
-    except Exception:  # noqa: BLE001
+    except Exception:
         logger.exception("metrics: agent call not recorded")
 
 
@@ -65,7 +65,7 @@ def task_finished(task_id=None, task=None, args=None, retval=None, state=None, *
         if handler is not None:
             handler(outcome=outcome, retval=retval, args=args or (), seconds=seconds,
                     began_at=began[1] if began else None)
-    except Exception:  # noqa: BLE001
+    except Exception:
         logger.exception("metrics: task %s not recorded", name)
 
 
@@ -132,7 +132,8 @@ def _delivered(*, args, **_):
     if row is None:
         return
     channel, status = row
-    metrics.WEBHOOK_DELIVERIES.labels(channel, {"succeeded": "succeeded", "failed": "failed"}.get(status, "retry")).inc()
+    outcome = {"succeeded": "succeeded", "failed": "failed"}.get(status, "retry")  # pending again: a retry
+    metrics.WEBHOOK_DELIVERIES.labels(channel, outcome).inc()
 
 
 def _planned(*, outcome, retval, **_):
