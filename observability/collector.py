@@ -24,12 +24,13 @@ def _tables() -> dict[str, str]:
     from fleet.models import Adjustment
     from leasing.models import Allocation, Gpu, Lease, Node
     from notifications.models import Delivery
-    from tenants.models import Tenant
+    from tenants.models import SloContract, Tenant
 
     quote = connection.ops.quote_name
     return {name: quote(model._meta.db_table) for name, model in (
         ("broker_lease", Lease), ("broker_node", Node), ("broker_gpu", Gpu), ("broker_allocation", Allocation),
-        ("tenants_tenant", Tenant), ("billing_meterwindow", MeterWindow), ("billing_invoice", Invoice),
+        ("tenants_tenant", Tenant), ("tenants_slocontract", SloContract),
+        ("billing_meterwindow", MeterWindow), ("billing_invoice", Invoice),
         ("notifications_delivery", Delivery), ("fleet_adjustment", Adjustment))}
 
 
@@ -95,6 +96,24 @@ class DatabaseCollector:
             "WHERE l.state = 'queued' AND t.status <> 'active'")
         held.add_metric([], held_count)
         yield from (length, oldest, held)
+
+        # -- per tenant: the oldest wait against the time-to-GPU target of its SLO contract in force --------
+        tenant_wait = GaugeMetricFamily("gpubroker_queue_oldest_wait_by_tenant_seconds", "How long the oldest "
+                                        "queued lease of each tenant (with one queued) has waited.",
+                                        labels=["tenant"])
+        for tenant, first in _rows(
+                "SELECT t.slug, min(COALESCE(l.queued_at, l.requested_at)) FROM {broker_lease} l JOIN "
+                "{tenants_tenant} t ON t.id = l.tenant_id WHERE l.state = 'queued' AND t.status = 'active' "
+                "GROUP BY 1"):
+            tenant_wait.add_metric([tenant], max(0.0, now - first.timestamp()))
+        target = GaugeMetricFamily("gpubroker_slo_time_to_gpu_seconds", "The p95 time-to-GPU target (request → "
+                                   "active, in quota) of each tenant's SLO contract in force.", labels=["tenant"])
+        for tenant, seconds in _rows(
+                "SELECT DISTINCT ON (t.id) t.slug, c.time_to_gpu_p95_seconds FROM {tenants_slocontract} c "
+                "JOIN {tenants_tenant} t ON t.id = c.tenant_id WHERE c.effective_from <= now() AND "
+                "(c.effective_to IS NULL OR c.effective_to > now()) ORDER BY t.id, c.effective_from DESC"):
+            target.add_metric([tenant], seconds)
+        yield from (tenant_wait, target)
 
         # -- nodes and GPUs -------------------------------------------------------------------------------
         nodes = GaugeMetricFamily("gpubroker_nodes", "Enrolled nodes by status and whether cordoned.",
@@ -172,6 +191,7 @@ class DatabaseCollector:
         for status in ("draft", "finalized", "paid", "void"):
             if status not in seen_status:
                 invoices.add_metric([status, ""], 0)
+                amounts.add_metric([status, ""], 0)
         failing = GaugeMetricFamily("gpubroker_stripe_push_failing_invoices", "Finalized invoices whose last "
                                     "Stripe push failed (retried by the periodic push).")
         [(failing_count,)] = _rows("SELECT count(*) FROM {billing_invoice} WHERE status = 'finalized' "
@@ -193,6 +213,11 @@ class DatabaseCollector:
 
         adjustments = GaugeMetricFamily("gpubroker_adjustments", "Capacity adjustments by kind and state.",
                                         labels=["kind", "state"])
+        seen_adjustment = set()
         for kind, state, count in _rows("SELECT kind, state, count(*) FROM {fleet_adjustment} GROUP BY 1, 2"):
             adjustments.add_metric([kind, state], count)
+            seen_adjustment.add(state)
+        for state in ("proposed", "applied", "failed"):
+            if state not in seen_adjustment:
+                adjustments.add_metric(["", state], 0)
         yield adjustments

@@ -42,8 +42,6 @@ def agent_call_observed(node_id: str, method: str, path: str, outcome: str, seco
         operation = agent_operation(method, path)
         metrics.AGENT_REQUESTS.labels(node_id, operation, outcome).inc()
         metrics.AGENT_DURATION.labels(node_id, operation).observe(seconds)
-        if operation in ("create", "create_many") and outcome != "ok":
-            metrics.PROVISIONING_FAILURES.labels(node_id, outcome).inc()
     except Exception:
         logger.exception("metrics: agent call not recorded")
 
@@ -84,16 +82,32 @@ def _cycle(*, outcome, retval, seconds, **_):
             metrics.CYCLE_DECISIONS.labels(decision).inc(retval[decision])
 
 
-def _provisioned(*, args, began_at, **_):
-    """Placement → ready, for the allocations this run made ready (read back from the database)."""
+def _provisioned(*, outcome, args, retval, began_at, **_):
+    """Per node (read back from the database): placement → ready for the allocations this run made ready;
+    failures: leases the agent refused (requeued) and, when the run failed or will be retried, the nodes
+    whose instances are still pending (no answer, or 5xx)."""
     if not args or began_at is None:
         return
     lease_ids = args[0] if isinstance(args[0], list) else [args[0]]
+    from leasing.choices import AllocationState
     from leasing.models import Allocation
+
+    if outcome != "success":
+        for node_id in set(Allocation.objects.filter(lease_id__in=lease_ids, state=AllocationState.PENDING,
+                                                     freed_at__isnull=True)
+                           .values_list("gpu__node__node_id", flat=True)):
+            metrics.PROVISIONING_FAILURES.labels(node_id, "unreachable").inc()
+        return
 
     for node_id, created_at, ready_at in (Allocation.objects.filter(lease_id__in=lease_ids, ready_at__gte=began_at)
                                           .values_list("gpu__node__node_id", "created_at", "ready_at")):
         metrics.PROVISIONING.labels(node_id).observe(max(0.0, (ready_at - created_at).total_seconds()))
+    if isinstance(retval, dict) and retval.get("requeued"):
+        refused = (Allocation.objects.filter(lease_id__in=lease_ids, freed_at__gte=began_at, ready_at__isnull=True)
+                   .values_list("lease_id", "gpu__node__node_id").distinct())
+        for node_id in {node_id: None for _, node_id in refused}:
+            metrics.PROVISIONING_FAILURES.labels(node_id, "refused").inc(
+                sum(1 for _, each in refused if each == node_id))
 
 
 def _reconciled(*, outcome, retval, **_):

@@ -14,7 +14,9 @@ def route_of(request) -> str:
     match = getattr(request, "resolver_match", None)
     if match is None:
         return "unmatched"
-    return "/" + (match.route or match.view_name or "unknown")
+    if match.route is not None:
+        return "/" + match.route  # the root pattern '' is "/"
+    return match.view_name or "unknown"
 
 
 class RequestMetricsMiddleware:
