@@ -7,11 +7,17 @@ uses (tests/observability/promql.py)."""
 
 from __future__ import annotations
 
+import json
+import shutil
+import subprocess
 import time
+import urllib.parse
+import urllib.request
 
 import pytest
 
-from tests.api.server import api_server, test_database_url
+from tests.api.server import api_server
+from tests.api.server import test_database_url as database_url
 from tests.leasing.conftest import Api, start_fleet, start_workers, stop_workers, wait_until
 from tests.observability import live, promql
 
@@ -40,7 +46,7 @@ def broker(transactional_db, tmp_path, monkeypatch, settings, world):
     monkeypatch.setenv("METRICS_TOKEN", live.TOKEN)
     workers = start_workers(1)
     try:
-        with api_server(test_database_url(), PROMETHEUS_MULTIPROC_DIR=str(metrics_dir),
+        with api_server(database_url(), PROMETHEUS_MULTIPROC_DIR=str(metrics_dir),
                         METRICS_TOKEN=live.TOKEN, CELERY_TASK_DEFAULT_QUEUE=_queue()) as url:
             fleet = start_fleet(url, tmp_path / "fleet", 2, "h100-80gb:2:mig", "a100-80gb:2:whole")
             try:
@@ -137,3 +143,41 @@ def test_live_metrics_after_lease_traffic(broker):
     agent_found = live.samples(agent_client(a100).metrics())
     missing = promql.names_used() - promql.names_in_scrape(found) - promql.names_in_scrape(agent_found)
     assert not missing, f"used by alerts or dashboards but not in /metrics: {sorted(missing)}"
+
+    # make run's Prometheus configuration: the broker scraped with its token, the agents, the alert rules loaded
+    if shutil.which("prometheus"):
+        _prometheus_scrapes_the_broker(url, metrics_dir.parent)
+
+
+def _prometheus_scrapes_the_broker(url: str, tmp_path) -> None:
+    from infra.prometheus_config import render
+    from tests.agent.conftest import free_port, wait_http
+
+    token_file = tmp_path / "metrics-token"
+    token_file.write_text(live.TOKEN)
+    (tmp_path / "prometheus.yml").write_text(render(
+        targets_file=tmp_path / "fleet" / "prometheus-targets.json", broker=url.removeprefix("http://"),
+        token_file=token_file, scrape_interval="1s"))
+    port = free_port()
+    prometheus = subprocess.Popen(
+        [shutil.which("prometheus"), f"--config.file={tmp_path / 'prometheus.yml'}",
+         f"--storage.tsdb.path={tmp_path / 'tsdb'}", f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        wait_http(f"http://127.0.0.1:{port}/-/ready", prometheus, timeout=30)
+
+        def api(path: str, **query) -> dict:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/v1/{path}?{urllib.parse.urlencode(query)}",
+                                        timeout=5) as response:
+                return json.loads(response.read())["data"]
+
+        result = wait_until(lambda: api("query", query='max(gpubroker_nodes{status="ready"})')["result"], 30, 0.5)
+        assert result[0]["value"][1] == "2"
+        [target] = [t for t in api("targets")["activeTargets"] if t["labels"]["job"] == "gpubroker"]
+        assert target["health"] == "up", target
+        rules = {rule["name"] for group in api("rules")["groups"] for rule in group["rules"]}
+        assert {"GpubrokerScheduleCycleStalled", "GpubrokerNodeSilent", "GpubrokerStripeFailing"} <= rules
+        assert wait_until(lambda: api("query", query="count(DCGM_FI_DEV_GPU_UTIL)")["result"], 30, 0.5)
+    finally:
+        prometheus.terminate()
+        prometheus.wait(20)
