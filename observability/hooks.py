@@ -165,7 +165,7 @@ _RESULTS = {
     "leasing.reconcile": _reconciled,
     "billing.meter_pending": _metered,
     "billing.invoice_run_due": _invoiced,
-    "billing.stripe_sync.invoice_push_task": _pushed,
+    "billing.services.stripe_sync.invoice_push_task": _pushed,
     "notifications.delivery_send": _delivered,
     "fleet.plan_run": _planned,
 }

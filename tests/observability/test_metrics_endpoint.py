@@ -43,3 +43,12 @@ def test_metrics_report_requests_by_route_and_database_states(client, settings, 
     assert "gpubroker_queue_oldest_wait_seconds" in families
     assert {s.labels["source"] for s in families["gpubroker_metering_lag_seconds"].samples} == {
         "allocation", "utilisation"}
+
+
+def test_every_task_the_hooks_read_is_a_registered_task():
+    """A task renamed elsewhere would silently stop feeding its metrics: its name must still be registered."""
+    from config.celery import app
+    from observability.hooks import _RESULTS
+
+    app.loader.import_default_modules()
+    assert set(_RESULTS) - set(app.tasks) == set()

@@ -13,8 +13,8 @@ import pytest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
 
-from leasing import services
 from leasing.models import Lease
+from leasing.services.triggers import cycle_flag_clear
 from observability import tracing
 from tests.leasing.conftest import start_fleet, wait_until
 
@@ -52,7 +52,7 @@ def test_one_lease_request_is_one_trace_from_http_to_the_agent(exporter, in_proc
     fleet = start_fleet(live_server.url, tmp_path / "fleet", 1, "h100-80gb:2:mig")
     try:
         time.sleep(1)  # cycles the enrollment asked for have run
-        services._cycle_flag_clear()  # so this request sends its own cycle (not coalesced into an earlier one)
+        cycle_flag_clear()  # so this request sends its own cycle (not coalesced into an earlier one)
         exporter.clear()
         response = Client().post("/api/v1/leases", {"project": "vision", "gpu": {"kind": "mig", "profile": "1g.10gb"},
                                                     "duration_seconds": 600}, content_type="application/json",
