@@ -20,6 +20,10 @@ from agent.signing import sign
 
 MAX_BATCH = 64  # instances per PUT /v1/instances (the agent's limit)
 
+# Called after every call with (node_id, method, path, outcome, seconds); outcome is "ok", "refused" (4xx) or
+# "unreachable". The broker registers its metrics here (observability.apps); an observer must not raise.
+OBSERVERS: list = []
+
 
 class AgentHTTPError(Exception):
     def __init__(self, status: int, problem: dict):
@@ -121,6 +125,21 @@ class AgentClient:
 
     # -- transport --------------------------------------------------------------------------------
     def request(self, method: str, path: str, body: dict | None = None, *, signed: bool = True, raw: bool = False):
+        if not OBSERVERS:
+            return self._request(method, path, body, signed=signed, raw=raw)
+        started, outcome = time.perf_counter(), "unreachable"
+        try:
+            answer = self._request(method, path, body, signed=signed, raw=raw)
+            outcome = "ok"
+            return answer
+        except AgentHTTPError:
+            outcome = "refused"
+            raise
+        finally:
+            for observer in OBSERVERS:
+                observer(self.node_id, method, path, outcome, time.perf_counter() - started)
+
+    def _request(self, method: str, path: str, body: dict | None = None, *, signed: bool = True, raw: bool = False):
         data = b"" if body is None else json.dumps(body, separators=(",", ":")).encode()
         attempt = 0
         while True:

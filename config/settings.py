@@ -433,3 +433,12 @@ SPECTACULAR_SETTINGS["ENUM_NAME_OVERRIDES"].update({
     "AllocationStateEnum": "leasing.choices.AllocationState",
 })
 REST_FRAMEWORK["DEFAULT_PAGINATION_CLASS"] = "config.pagination.BoundedLimitOffsetPagination"
+
+# --- Observability (observability/; docs/operations.md "Metrics" and "Traces") -----------------------------
+# /metrics answers only with "Authorization: Bearer $METRICS_TOKEN" (unset: 404). Multi-process metrics need
+# PROMETHEUS_MULTIPROC_DIR (an empty folder shared by the processes of one host) in the environment. Traces:
+# the standard OTEL_* variables (OTEL_TRACES_EXPORTER=otlp|console), off by default.
+INSTALLED_APPS.append("observability")
+MIDDLEWARE.insert(0, "observability.middleware.RequestMetricsMiddleware")  # first: times every request
+METRICS_TOKEN = env_str("METRICS_TOKEN", "")
+SECURE_REDIRECT_EXEMPT.append(r"^metrics$")

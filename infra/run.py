@@ -64,7 +64,8 @@ def _http_ok(url: str) -> bool:
 def web_command(*, port: int, workers: int = 2, threads: int = 4) -> list[str]:
     """gunicorn as make run starts it. Threads (gthread): a worker answers /healthz and pages while other
     threads check passwords (PBKDF2 releases the GIL); at most LOGIN_CONCURRENCY of them do at once."""
-    return [str(BIN / "gunicorn"), "config.wsgi", "--bind", f"127.0.0.1:{port}", "--workers", str(workers),
+    return [str(BIN / "gunicorn"), "config.wsgi", "--config", "python:config.gunicorn", "--bind", f"127.0.0.1:{port}",
+            "--workers", str(workers),
             "--worker-class", "gthread", "--threads", str(threads), "--graceful-timeout", "10",
             "--access-logfile", "-"]
 
@@ -228,6 +229,20 @@ def main(argv: list[str] | None = None) -> int:
             "PROMETHEUS_URL": f"http://127.0.0.1:{args.prometheus_port}",
             "HTTPS": "0",  # served over plain HTTP on the loopback: cookies without Secure
         }
+        # The broker's own metrics (docs/operations.md "Metrics"): a token for /metrics, shared with Prometheus
+        # through a 0600 file, and one folder where every web and worker process writes its counters (emptied at
+        # each start: prometheus_client's multi-process mode).
+        metrics_token = VAR / "metrics-token"
+        if not metrics_token.exists():
+            import secrets
+
+            metrics_token.touch(mode=0o600)
+            metrics_token.write_text(secrets.token_urlsafe(32))
+        metrics_dir = VAR / "metrics"
+        shutil.rmtree(metrics_dir, ignore_errors=True)
+        metrics_dir.mkdir(parents=True)
+        env_values["METRICS_TOKEN"] = metrics_token.read_text().strip()
+        env_values["PROMETHEUS_MULTIPROC_DIR"] = str(metrics_dir)
         # What the launcher chose, for manage.py commands run by hand while the service is up.
         runtime = VAR / "runtime.env"
         runtime.touch(mode=0o600)
@@ -275,9 +290,11 @@ def main(argv: list[str] | None = None) -> int:
                                 "--shape", "h100-80gb:4:mig,l4:4:shared"]))
         prometheus = shutil.which("prometheus")
         if prometheus:
-            config = (ROOT / "infra" / "prometheus.yml").read_text()
-            (VAR / "prometheus.yml").write_text(config.replace("__TARGETS__",
-                                                               str(fleet_dir / "prometheus-targets.json")))
+            from infra.prometheus_config import render
+
+            # the broker's own /metrics too (its token in a 0600 file) and the alerting rules (infra/alerts/)
+            (VAR / "prometheus.yml").write_text(render(targets_file=fleet_dir / "prometheus-targets.json",
+                                                       broker=f"127.0.0.1:{args.port}", token_file=metrics_token))
             specs.append(("prometheus", [prometheus, f"--config.file={VAR / 'prometheus.yml'}",
                                          f"--storage.tsdb.path={VAR / 'prometheus'}",
                                          f"--web.listen-address=127.0.0.1:{args.prometheus_port}",
@@ -309,7 +326,9 @@ def main(argv: list[str] | None = None) -> int:
             f"  broker      {broker.how} ({services.redact(broker.url)})",
             f"  GPU nodes   {args.fleet_nodes} simulated at http://127.0.0.1:{args.fleet_port}/n/<node>/ "
             f"(secrets in {fleet_dir / 'fleet.json'})",
-            (f"  Prometheus  http://127.0.0.1:{args.prometheus_port}/ scraping them" if prometheus
+            f"  metrics     {site}/metrics (Authorization: Bearer $(cat {metrics_token}))",
+            (f"  Prometheus  http://127.0.0.1:{args.prometheus_port}/ scraping them and the broker, with the alerts of "
+             "infra/alerts/" if prometheus
              else "  Prometheus  not installed (apt-get install prometheus) — metrics at the nodes' /metrics"),
             "  processes   " + ", ".join(f"{c.name} pid {c.process.pid}" for c in supervisor.children)
             + f" (also in {supervisor.pid_file}); a child that exits is restarted",
