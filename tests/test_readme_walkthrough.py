@@ -112,7 +112,7 @@ def _manage(env: dict, *args: str) -> None:
 @pytest.fixture
 def demo_env(live_server, transactional_db, tmp_path) -> dict:
     """The script's environment: manage.py on the test database, which holds the demo as `make run` seeds it."""
-    leasing._cycle_flag_clear()
+    leasing.cycle_flag_clear()
     env = {**os.environ, "DATABASE_URL": _test_database_url(), "GPUBROKER_VAR_DIR": str(tmp_path / "var"),
            "BASE_URL": live_server.url, "OUT_DIR": str(tmp_path / "out")}
     _manage(env, "seed_demo")

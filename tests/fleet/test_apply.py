@@ -64,7 +64,9 @@ def test_a_warm_member_removed_under_a_cycle_refuses_that_placement(world, monke
     gpu = a_node()
     member = a_warm_member(gpu)
     lease = ask(world, ONE_G)
-    real_plan = services.plan
+    from leasing.services import cycle
+
+    real_plan = cycle.plan
 
     def plan_then_race(*args, **kwargs):
         decisions = real_plan(*args, **kwargs)
@@ -73,7 +75,7 @@ def test_a_warm_member_removed_under_a_cycle_refuses_that_placement(world, monke
         Allocation.objects.filter(pk=member.pk).update(state=AllocationState.FREED, freed_at=timezone.now())
         return decisions
 
-    monkeypatch.setattr(services, "plan", plan_then_race)
+    monkeypatch.setattr(cycle, "plan", plan_then_race)  # the core as the cycle calls it
     services.schedule_cycle()
     lease.refresh_from_db()
     assert lease.state == LeaseState.QUEUED and "vacated" in lease.reason

@@ -136,12 +136,12 @@ def test_node_enrollment_with_a_forged_token_is_401(world):
 
 
 def test_node_admin_actions_are_audited(world, victim, admin_client):
-    response = admin_client.post("/admin/leasing/node/", {"action": "approve_reenrollment",
+    response = admin_client.post("/admin/broker/node/", {"action": "approve_reenrollment",
                                                          "_selected_action": [victim.pk]})
     assert response.status_code == 302
     assert Node.objects.get(pk=victim.pk).reenroll_approved_at is not None
     gpu = Gpu.objects.get(uuid="GPU-victim-0")
-    admin_client.post("/admin/leasing/gpu/", {"action": "release", "_selected_action": [gpu.pk]})
+    admin_client.post("/admin/broker/gpu/", {"action": "release", "_selected_action": [gpu.pk]})
     assert AuditEvent.objects.filter(action="gpu.release", target="GPU-victim-0", actor__isnull=False).exists()
 
 
@@ -156,7 +156,7 @@ def test_node_enrollment_token_revoked_by_staff_enrolls_nothing(world, admin_cli
         "uses_taken": 5, "reason": "leaked in a ticket"}
     # the admin action does the same, audited with the staff member
     record = EnrollmentToken.objects.get(prefix=other.split("_")[2])
-    admin_client.post("/admin/leasing/enrollmenttoken/", {"action": "revoke", "_selected_action": [record.pk]})
+    admin_client.post("/admin/broker/enrollmenttoken/", {"action": "revoke", "_selected_action": [record.pk]})
     assert _uses_left(other) == 0
     assert AuditEvent.objects.filter(action="node.enrollment_token_revoke", target=record.prefix,
                                      actor__isnull=False).exists()
