@@ -80,8 +80,8 @@ _GENERIC = {
     429: "Too many requests; retry after Retry-After seconds",
     503: "The database cannot be reached; retry after Retry-After seconds",
 }
-# the heartbeat's node is looked up only once its signature verified (an unknown node: 401)
-_NO_NOT_FOUND = {"v1_agents_heartbeat_create"}
+# the heartbeat's and the workload report's node is looked up only once its signature verified (unknown: 401)
+_NO_NOT_FOUND = {"v1_agents_heartbeat_create", "v1_agents_workloads_create"}
 # the heartbeat's body is hashed for its signature, never parsed: no content type is refused (no 415)
 _NOT_PARSED = {"v1_agents_heartbeat_create"}
 _RETRY_AFTER = {"Retry-After": {"schema": {"type": "integer"}, "description": "seconds to wait"}}

@@ -107,15 +107,18 @@ class LeaseQuote:
 
 
 def lease_quote(*, actor: Actor, project: object, gpu: object, workload_class: object = "training",
-                priority: object = 0, duration_seconds: object = 3600, now: datetime | None = None) -> LeaseQuote:
+                priority: object = 0, duration_seconds: object = 3600, workload: object = None,
+                now: datetime | None = None) -> LeaseQuote:
     """The quote of a request — the one function behind ``POST /api/v1/quotes`` and the portal's live
     preview, so the two never disagree. The same checks and errors as ``lease_request`` (each naming its
-    field); ``view`` is enough (it writes nothing). Reads only."""
+    field, the optional workload's included); ``view`` is enough (it writes nothing). Reads only."""
     from leasing import services
+    from leasing.validation import workload_check
 
     now = now or timezone.now()
     run = _lease_dry_run(actor=actor, project=project, gpu=gpu, workload_class=workload_class, priority=priority,
                          duration_seconds=duration_seconds, now=now)
+    workload_check(workload, run.shape)  # as lease_request checks it (a workload needs one node, allowed roots)
     preview = run.preview
     own_notice = services.lease_notice_seconds(tenant_id=actor.tenant.pk, now=now)
     if preview.over_quota:

@@ -57,7 +57,9 @@ class PlanDetailApi(APIView):
 class PlanApplyApi(APIView):
     write_action = "use"
 
-    @extend_schema(request=s.ApplyInput, responses={200: s.PlanOutput, 409: problem("Not feasible or released")},
+    @extend_schema(request=s.ApplyInput,
+                   responses={200: s.PlanOutput, 409: problem("Not feasible or released"),
+                              402: problem("A monthly spend cap refuses a stage's lease (budget_exceeded)")},
                    summary="Lease every stage of the plan, all or none")
     def post(self, request, pk: int, plan_id: int):
         pipeline = selectors.pipeline_get(actor=request.actor, pk=pk)
@@ -69,7 +71,8 @@ class PlanApplyApi(APIView):
 class PlanReleaseApi(APIView):
     write_action = "release"
 
-    @extend_schema(request=None, responses={200: s.PlanOutput}, summary="Release every lease of the plan")
+    @extend_schema(request=None, responses={200: s.PlanOutput, 409: problem("The plan is not applied")},
+                   summary="Release every lease of the plan")
     def post(self, request, pk: int, plan_id: int):
         pipeline = selectors.pipeline_get(actor=request.actor, pk=pk)
         plan = selectors.plan_get(actor=request.actor, pipeline=pipeline, pk=plan_id)

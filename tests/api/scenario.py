@@ -193,6 +193,9 @@ def scripted_session(url: str, contract: Contract) -> set[tuple[str, str, int]]:
     step(hook, "get", 404, at, token=owner)  # gone
     capacity_steps(step, world)
     money_steps(step, world)
+    workload_steps(step, world, node["secret"])
+    pipeline_steps(step, world, contract.capped)
+    tiering_steps(step, world)
     # no active lease is left for the fuzzer (it cannot place one; renewing this one is produced above)
     step(f"{v1}/leases/{{id}}", "delete", 202, f"{v1}/leases/{running['id']}", token=owner)
     return produced
@@ -293,3 +296,62 @@ def money_steps(step, world: World) -> None:
     step(terms, "put", 413, at, token=staff, raw=b'{"a": "' + b"x" * 3_000_000 + b'"}')
     step(terms, "get", 404, nobody, token=staff)
     step(terms, "put", 404, nobody, token=staff, body=body)
+
+
+def workload_steps(step, world: World, secret: str) -> None:
+    """A lease with a workload (its log answers while it waits: empty), and the agents' signed workload report:
+    an empty report is acknowledged (200), a signed body that is not JSON is a 415."""
+    v1, owner = "/api/v1", world.tokens["owner"]
+    lease = step(f"{v1}/leases", "post", 201, token=owner,
+                 body={"project": world.project.slug, "gpu": {"kind": "whole", "model": "H100-80GB"},
+                       "workload": {"command": ["python", "train.py"]}})
+    logs = step(f"{v1}/leases/{{id}}/logs", "get", 200, f"{v1}/leases/{lease['id']}/logs?tail=100", token=owner)
+    assert logs["data"] == "" and logs["node"] is None
+    step(f"{v1}/leases/{{id}}", "delete", 202, f"{v1}/leases/{lease['id']}", token=owner)
+    report = f"{v1}/agents/contract-node/workloads"
+    body = json.dumps({"workloads": []}).encode()
+    step(f"{v1}/agents/{{node_id}}/workloads", "post", 200, report, raw=body,
+         headers=sign(secret, "contract-node", "POST", report, body))
+    text = b"workloads=none"
+    step(f"{v1}/agents/{{node_id}}/workloads", "post", 415, report, raw=text, content_type="text/plain",
+         headers=sign(secret, "contract-node", "POST", report, text))
+
+
+def pipeline_steps(step, world: World, capped: str) -> None:
+    """A pipeline planned, applied (its stages leased through the leasing path), released, applied again
+    (409: released), released again (409); one in a project whose spend cap is spent (402); a model split."""
+    v1, owner = "/api/v1", world.tokens["owner"]
+    body = {"project": world.project.slug, "name": "contract", "slo_ms": 200.0, "rate_rps": 5.0,
+            "tiers": ["H100-80GB"], "edges": [["detect", "embed"]],
+            "stages": [{"name": "detect", "architecture": "resnet50"}, {"name": "embed", "architecture": "bert_base"}]}
+    poor = step(f"{v1}/pipelines", "post", 201, token=owner, body={**body, "project": capped})
+    poor_plan = step(f"{v1}/pipelines/{{id}}/plans", "post", 201, f"{v1}/pipelines/{poor['id']}/plans", token=owner,
+                     body={})
+    step(f"{v1}/pipelines/{{id}}/plans/{{plan_id}}/apply", "post", 402,
+         f"{v1}/pipelines/{poor['id']}/plans/{poor_plan['id']}/apply", token=owner, body={})
+    created = step(f"{v1}/pipelines", "post", 201, token=owner, body=body)
+    pipeline = f"{v1}/pipelines/{created['id']}"
+    step(f"{v1}/pipelines/{{id}}", "get", 200, pipeline, token=owner)
+    plan = step(f"{v1}/pipelines/{{id}}/plans", "post", 201, f"{pipeline}/plans", token=owner, body={})
+    at = f"{pipeline}/plans/{plan['id']}"
+    step(f"{v1}/pipelines/{{id}}/plans/{{plan_id}}", "get", 200, at, token=owner)
+    step(f"{v1}/pipelines/{{id}}/plans/{{plan_id}}/apply", "post", 200, f"{at}/apply", token=owner, body={})
+    step(f"{v1}/pipelines/{{id}}/plans/{{plan_id}}/release", "post", 200, f"{at}/release", token=owner)
+    step(f"{v1}/pipelines/{{id}}/plans/{{plan_id}}/apply", "post", 409, f"{at}/apply", token=owner, body={})
+    step(f"{v1}/pipelines/{{id}}/plans/{{plan_id}}/release", "post", 409, f"{at}/release", token=owner)
+    split = step(f"{v1}/model-splits", "post", 201, token=owner, body={
+        "architecture": "bert_base", "batch": 8,
+        "gpus": [{"model": "H100-80GB", "node": "n1"}, {"model": "H100-80GB", "node": "n1"}]})
+    step(f"{v1}/model-splits/{{id}}", "get", 200, f"{v1}/model-splits/{split['id']}", token=owner)
+
+
+def tiering_steps(step, world: World) -> None:
+    """A workload registered and read, with its profiles and a prediction (none measured yet: profile first)."""
+    v1, owner = "/api/v1", world.tokens["owner"]
+    step(f"{v1}/workloads", "post", 201, token=owner, body={
+        "name": "contract-bert", "architecture": "bert-base", "task": "inference", "precision": "int8",
+        "batch_size": 8, "seq_len": 128, "target_throughput": 400.0})
+    step(f"{v1}/workloads/{{name}}", "get", 200, f"{v1}/workloads/contract-bert", token=owner)
+    step(f"{v1}/workloads/{{name}}/profiles", "get", 200, f"{v1}/workloads/contract-bert/profiles", token=owner)
+    step(f"{v1}/workloads/{{name}}/prediction", "get", 200, f"{v1}/workloads/contract-bert/prediction",
+         token=owner)

@@ -149,7 +149,8 @@ def _hand_written_cases(url: str, schema: dict, world) -> set:
         if "requestBody" in op:
             # an object that exists where the view looks it up before reading the body (nothing changes)
             own = {"id": str(Membership.objects.get(user=world.owner, tenant=world.acme).pk)} \
-                if path.endswith("/members/{id}") else {"id": _webhook_id(world)} if "/webhooks/{id}" in path else {}
+                if path.endswith("/members/{id}") else {"id": _webhook_id(world)} if "/webhooks/{id}" in path \
+                else _plan_ids(world) if path.startswith("/api/v1/pipelines/{id}") else {}
             existing = _concrete(path, fmt="pdf", slug=world.project.slug, **own)
             record(path, method, call(url, method, existing, token=world.tokens["owner"], raw=b"x=1",
                                       content_type="text/plain")[0])  # 415
@@ -159,6 +160,14 @@ def _hand_written_cases(url: str, schema: dict, world) -> set:
             record(path, method, call(url, method, _concrete(path, fmt="pdf"), token=world.tokens["owner"],
                                        body=body)[0])  # 404 (or 401 for the unsigned heartbeat)
     return produced
+
+
+def _plan_ids(world) -> dict:
+    """A pipeline of acme and a plan of it that exist now (the views look both up before reading the body)."""
+    from pipelines.models import PipelinePlan
+
+    plan = PipelinePlan.objects.filter(tenant=world.acme).order_by("pk").last()
+    return {"id": str(plan.pipeline_id), "plan_id": str(plan.pk)}
 
 
 def _webhook_id(world) -> str:

@@ -4,6 +4,7 @@ standby takes over within a few seconds. Real processes against the test databas
 from __future__ import annotations
 
 import os
+import select
 import subprocess
 import sys
 import time
@@ -30,7 +31,13 @@ def test_one_leader_at_a_time_and_a_standby_takes_over(transactional_db, tmp_pat
             assert time.monotonic() < deadline and first.poll() is None, first.stdout.read() if first.poll() else ""
             time.sleep(0.1)
         second = _start(tmp_path, "second")
-        time.sleep(3)
+        # the second has tried the lock (and is waiting) before the leader dies: on a busy machine its start
+        # alone takes seconds, and a fixed sleep let it start after the leader was gone
+        ready, _, _ = select.select([second.stdout], [], [], 60)
+        assert ready, "the second replica said nothing in 60 s"
+        said = second.stdout.readline()
+        assert b"standby" in said, said
+        time.sleep(1)
         assert not (tmp_path / "second").exists(), "two leaders at once"
         assert second.poll() is None
         os.killpg(first.pid, 9)  # the leader's pod dies: PostgreSQL ends its session, the lock is free
@@ -44,4 +51,4 @@ def test_one_leader_at_a_time_and_a_standby_takes_over(transactional_db, tmp_pat
             if process is not None and process.poll() is None:
                 os.killpg(process.pid, 15)
                 process.wait(30)
-    assert b"standby" in second.stdout.read()
+    assert b"leading" in second.stdout.read()

@@ -53,6 +53,8 @@ class Route:
 
 
 READ = {"get": None}
+PIPELINE = {"project": "vision", "name": "r", "slo_ms": 200.0, "rate_rps": 5.0, "tiers": ["H100-80GB"],
+            "stages": [{"name": "a", "architecture": "resnet50"}], "edges": []}
 ROUTES: dict[str, Route] = {
     # -- tenant API (tenants/api) ---------------------------------------------------------------------
     "api-tenant": Route("api", "/api/v1/tenant", {"get": None, "patch": {"name": "x"}}),
@@ -114,6 +116,27 @@ ROUTES: dict[str, Route] = {
         "get": None, "patch": {"modes": {"warm_pool": "off"}}, "delete": None}),
     "api-capacity-fleet": Route("staff-api", "/api/v1/capacity/fleet", READ),
     "api-capacity-run": Route("staff-api", "/api/v1/capacity/run", {"post": None}),
+    # -- workloads on leases (leasing/api), pipelines and splits (pipelines/api), auto-tiering (tiering/api) --
+    "api-lease-logs": Route("api", "/api/v1/leases/{id}/logs", READ, obj="workload_lease"),
+    "api-agent-workloads": Route("agent", "/api/v1/agents/node-1/workloads", {"post": {}}),
+    "api-pipelines": Route("api", "/api/v1/pipelines", {"get": None, "post": PIPELINE}),
+    "api-pipeline": Route("api", "/api/v1/pipelines/{id}", READ, obj="pipeline"),
+    "api-pipeline-plans": Route("api", "/api/v1/pipelines/{id}/plans", {"post": {}}, obj="pipeline"),
+    # a plan's path names its pipeline and itself: the object is "<pipeline>/plans/<plan>"
+    "api-pipeline-plan": Route("api", "/api/v1/pipelines/{id}", READ, obj="plan"),
+    "api-pipeline-apply": Route("api", "/api/v1/pipelines/{id}/apply", {"post": {}}, obj="plan"),
+    "api-pipeline-release": Route("api", "/api/v1/pipelines/{id}/release", {"post": None}, obj="plan"),
+    "api-model-splits": Route("api", "/api/v1/model-splits", {"post": {
+        "architecture": "bert_base", "gpus": [{"model": "H100-80GB", "node": "n1"}]}}),
+    "api-model-split": Route("api", "/api/v1/model-splits/{id}", READ, obj="split"),
+    "api-workloads": Route("api", "/api/v1/workloads", {"get": None,
+                                                         "post": {"name": "w2", "architecture": "bert-base",
+                                                                  "target_throughput": 100.0}}),
+    "api-workload": Route("api", "/api/v1/workloads/{id}", READ, obj="workload"),
+    "api-workload-profiles": Route("api", "/api/v1/workloads/{id}/profiles", READ, obj="workload"),
+    # a prediction stores its figures as predicted profiles of the workload: a read for who may ask
+    "api-workload-prediction": Route("api", "/api/v1/workloads/{id}/prediction", READ, obj="workload"),
+    "api-lease-samples": Route("api", "/api/v1/leases/{id}/samples", {"post": {"throughput": 10.0}}, obj="lease"),
     # -- tenant portal (portal/views.py, portal/billing.py) --------------------------------------------
     "portal:dashboard": Route("portal", "/", READ),
     # switching to another of one's own tenants changes the session only (a foreign slug is refused:
@@ -194,6 +217,8 @@ ALLOWED = {
     "api-docs": "Swagger UI over the public schema",
     "api-redoc": "ReDoc over the public schema",
     "portal:ops": "a redirect to /ops/fleet for everyone; the fleet page refuses non-staff (portal:fleet's cases)",
+    "metrics": "the broker's Prometheus metrics: 404 unless METRICS_TOKEN is set, then its bearer token only "
+               "(tests/observability/test_metrics_endpoint.py); tenant-free by design (figures, no tenant data)",
     "billing-stripe-webhook": "Stripe's callback: authenticated by the Stripe-Signature HMAC "
                               "(tests/billing/test_stripe_sync.py refuses unsigned and forged events)",
 }
@@ -265,16 +290,38 @@ def objects(world):
         return Adjustment.objects.create(kind="right_size", target=f"lease:{lease_id}", fingerprint=f"routes{lease_id}",
                                          mode="advise", reason="routes", tenant=tenant, tenant_ids=[tenant.pk]).pk
 
+    def planned(tenant, user, project):
+        """A pipeline with a plan, a model split and a registered workload of the tenant."""
+        from pipelines import services as pipelines
+        from tiering import services as tiering
+
+        actor = Actor(user=user, tenant=tenant, role=Role(Membership.objects.get(tenant=tenant, user=user).role))
+        pipeline = pipelines.pipeline_create(actor=actor, **{**PIPELINE, "project": project.slug})
+        plan = pipelines.plan_create(actor=actor, pipeline=pipeline)
+        split = pipelines.model_split_create(actor=actor, architecture_name="bert_base",
+                                             gpus=[{"model": "H100-80GB", "node": "n1"}])
+        workload = tiering.workload_register(actor=actor, data={
+            "name": f"w-{tenant.slug}", "architecture": "bert-base", "target_throughput": 100.0})
+        running = leasing.lease_request(actor=actor, project=project.slug, gpu={"kind": "mig", "profile": "1g.10gb"},
+                                        workload={"command": ["python", "train.py"]})[0]
+        return {"pipeline": pipeline.pk, "plan": f"{pipeline.pk}/plans/{plan.pk}", "split": split.pk,
+                "workload": workload.name, "workload_lease": running.pk}
+
     def spend_cap(tenant):
         from billing.services import spend_cap_create
 
         return spend_cap_create(tenant=tenant, monthly_minor=10**9, action="warn").pk
 
+    from billing.services import price_book_create
+
+    price_book_create(name="list", currency="USD", effective_from=datetime(2025, 1, 1, tzinfo=UTC),
+                      rates=[{"tier": "H100-80GB", "per_hour": "4.00"}])  # the pipeline planner prices with it
     own = {"webhook": webhook(world.acme), "spend_cap": spend_cap(world.acme),
            "project": world.project.slug, "member": Membership.objects.get(user=world.member).pk,
                 "token": ApiToken.objects.filter(user=world.admin).first().pk,
                 "lease": lease(world.acme, world.member, world.project).pk, "invoice": invoice(world.acme).pk}
     own["adjustment"] = adjustment(world.acme, own["lease"])
+    own.update(planned(world.acme, world.member, world.project))
     mine = {**own, "member": Membership.objects.get(user=world.owner).pk,
             "token": ApiToken.objects.filter(user=world.owner, scopes__contains=["write"]).first().pk}
     other_lease = lease(world.globex, world.outsider, world.other_project).pk
@@ -284,7 +331,8 @@ def objects(world):
         "other": {"project": world.other_project.slug, "member": Membership.objects.get(user=world.outsider).pk,
                   "token": ApiToken.objects.filter(user=world.outsider).first().pk,
                   "lease": other_lease, "invoice": invoice(world.globex).pk, "webhook": webhook(world.globex),
-                  "adjustment": adjustment(world.globex, other_lease), "spend_cap": spend_cap(world.globex)},
+                  "adjustment": adjustment(world.globex, other_lease), "spend_cap": spend_cap(world.globex),
+                  **planned(world.globex, world.outsider, world.other_project)},
     }
 
 

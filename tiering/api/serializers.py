@@ -52,8 +52,10 @@ class PredictionOutput(serializers.Serializer):
 
 
 class SampleInput(serializers.Serializer):
-    throughput = serializers.FloatField()
-    step_ms = serializers.FloatField(required=False)
+    """Bounds as ``tiering.services.lease_sample_record`` checks them."""
+
+    throughput = serializers.FloatField(min_value=0, max_value=1e12)
+    step_ms = serializers.FloatField(required=False, min_value=0, max_value=3.6e6)
 
 
 class SampleOutput(serializers.ModelSerializer):

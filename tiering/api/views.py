@@ -9,6 +9,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from config.api import paginate
+from config.openapi import PAGE_PARAMETERS, paginated, problem
 from tiering import selectors, services
 from tiering.api import serializers as s
 
@@ -16,7 +17,7 @@ from tiering.api import serializers as s
 class WorkloadListApi(APIView):
     write_action = "use"
 
-    @extend_schema(responses=s.WorkloadOutput(many=True), summary="The tenant's workloads")
+    @extend_schema(responses=paginated(s.WorkloadOutput), parameters=PAGE_PARAMETERS, summary="The tenant's workloads")
     def get(self, request):
         return paginate(self, request, selectors.workload_list(actor=request.actor), s.WorkloadOutput)
 
@@ -61,7 +62,9 @@ class WorkloadPredictionApi(APIView):
 class LeaseSampleApi(APIView):
     write_action = "use"
 
-    @extend_schema(request=s.SampleInput, responses={201: s.SampleOutput},
+    @extend_schema(request=s.SampleInput,
+                   responses={201: s.SampleOutput, 404: problem("No such lease in this tenant"),
+                              409: problem("The lease is not running: samples are taken while it runs")},
                    summary="The workload's own throughput on this lease (samples/s; tokens/s for generation)")
     def post(self, request, pk: int):
         body = request.data if isinstance(request.data, dict) else {}

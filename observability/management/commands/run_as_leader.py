@@ -64,6 +64,7 @@ class Command(BaseCommand):
                 session = None
             if not announced:
                 self.stdout.write(f"leader {options['lock']}: standby (another replica holds the lock)")
+                self.stdout.flush()  # seen at once by whoever watches the replica (and by the test)
                 announced = True
             time.sleep(options["retry_seconds"])
         if stop["requested"]:
