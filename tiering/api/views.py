@@ -17,7 +17,8 @@ from tiering.api import serializers as s
 class WorkloadListApi(APIView):
     write_action = "use"
 
-    @extend_schema(responses=paginated(s.WorkloadOutput), parameters=PAGE_PARAMETERS, summary="The tenant's workloads")
+    @extend_schema(responses=paginated(s.WorkloadOutput), parameters=PAGE_PARAMETERS, operation_id="v1_workloads_list",
+                   summary="The tenant's workloads")
     def get(self, request):
         return paginate(self, request, selectors.workload_list(actor=request.actor), s.WorkloadOutput)
 
