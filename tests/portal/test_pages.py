@@ -554,8 +554,16 @@ def test_request_form_interactive_workload_keeps_its_port_and_a_bare_lease_has_n
 
     login(client, "max")
     client.post("/leases/new", {**MIG, **WORKLOAD, "workload_class": "interactive", "workload.restart_policy": "never"})
-    spec = Workload.objects.get().spec
+    workload = Workload.objects.get()
+    spec = workload.spec
     assert (spec["port"], spec["restart_policy"], spec["max_restarts"]) == (8888, "never", 3)
+    page = client.get(f"/leases/{workload.lease_id}")
+    assert "port 8888, on its node once it runs" in text(page)
+    # running on a node: the page and the API's lease detail give the same host:port (Workload.endpoint)
+    Workload.objects.filter(pk=workload.pk).update(node=fleet_node(), state="running")
+    assert "Endpoint 127.0.0.1:8888" in text(client.get(f"/leases/{workload.lease_id}"))
+    detail = world.client("member").get(f"/api/v1/leases/{workload.lease_id}").json()
+    assert detail["workload"]["endpoint"] == "127.0.0.1:8888"
     blank = {name: "" for name in WORKLOAD} | {"workload.restart_policy": "never", "workload.max_restarts": "3"}
     response = client.post("/leases/new", {**MIG, **blank})
     assert response.status_code == 302 and Lease.objects.count() == 2 and Workload.objects.count() == 1
