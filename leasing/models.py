@@ -246,3 +246,13 @@ class Workload(models.Model):
 
     def __str__(self) -> str:
         return f"workload of lease {self.lease_id} ({self.state})"
+
+    @property
+    def endpoint(self) -> str | None:
+        """host:port of an interactive workload's ``port`` on its node while it runs (the API's lease detail
+        and the portal's lease page show it); None otherwise."""
+        from urllib.parse import urlsplit
+
+        if self.spec.get("port") and self.node is not None and self.state in ("starting", "running"):
+            return f"{urlsplit(self.node.address).hostname}:{self.spec['port']}"
+        return None

@@ -9,6 +9,7 @@ number from 1 to 64.``) is the one the user reads, exactly as an API client woul
 from __future__ import annotations
 
 import re
+import shlex
 from datetime import UTC, datetime
 
 from django.http import QueryDict
@@ -66,7 +67,18 @@ def last_value(data: QueryDict, name: str, default: str = "") -> str:
 
 # -- lease request ---------------------------------------------------------------------------------------
 LEASE_FIELDS = {"project", "gpu", "gpu_kind", "gpu_model", "gpu_profile", "gpu_count", "gpu_gang", "gpu_milli",
-                "gpu_memory_mib", "workload_class", "priority", "duration_seconds"}
+                "gpu_memory_mib", "workload_class", "priority", "duration_seconds",
+                "workload", "workload_command", "workload_args", "workload_env", "workload_workdir",
+                "workload_checkpoint_dir", "workload_restart_policy", "workload_max_restarts", "workload_port"}
+RESTART_POLICIES = (("never", "Never"), ("on-preemption", "After a preemption"),
+                    ("on-failure", "After a preemption or a failure"))
+
+
+def lease_field_errors(error: ApplicationError) -> FieldErrors:
+    """The request form's errors: ``workload.env.NAME`` is shown under the environment box."""
+    if (error.field or "").startswith("workload.env."):
+        error.field = "workload.env"
+    return FieldErrors(error, shown=LEASE_FIELDS)
 
 
 def lease_request_input(data: QueryDict) -> dict:
@@ -88,13 +100,66 @@ def lease_request_input(data: QueryDict) -> dict:
         gpu["memory_mib"] = number(memory)
     elif kind == "whole" and memory:
         gpu["memory_mib"] = number(memory)
+    workload_class = data.get("workload_class", "training").strip()
     return {
         "project": data.get("project", "").strip(),
         "gpu": gpu,
-        "workload_class": data.get("workload_class", "training").strip(),
+        "workload_class": workload_class,
         "priority": number(data.get("priority", "0") or "0"),
         "duration_seconds": number(data.get("duration_seconds", "3600")),
+        "workload": workload_input(data, interactive=workload_class == "interactive"),
     }
+
+
+def workload_given(data, errors: dict) -> bool:
+    """Whether the form's workload part holds anything (typed, or an error under it): it is shown open."""
+    return (any(key.startswith("workload_") and key != "workload_class" for key in errors)
+            or any(data.get(f"workload.{name}", "").strip()
+                   for name in ("command", "args", "env", "workdir", "checkpoint_dir", "port"))
+            or data.get("workload.restart_policy", "never") not in ("", "never"))
+
+
+def _words(data: QueryDict, name: str) -> list[str]:
+    """A line split like a shell would (quotes group, no expansion); an error names the field."""
+    try:
+        return shlex.split(data.get(name, ""))
+    except ValueError as error:
+        raise ValidationFailed(f"{name} cannot be split into words: {error}.", field=name) from None
+
+
+def workload_input(data: QueryDict, *, interactive: bool) -> dict | None:
+    """The request's optional ``workload`` from the form's workload fields; None when they are all left as
+    they come (a bare lease). Only the shaping happens here; ``leasing.validation.workload_check`` decides
+    (a missing command, a path outside the allowed roots, a name the platform sets all come back naming
+    ``workload.<field>``). The port is the interactive class's only, like the kind's fields are the kind's."""
+    workload: dict = {}
+    for name in ("command", "args"):
+        words = _words(data, f"workload.{name}")
+        if words:
+            workload[name] = words
+    env = {}
+    for number_, line in enumerate(data.get("workload.env", "").splitlines(), start=1):
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        key, equals, value = line.partition("=")
+        if not equals:
+            raise ValidationFailed(f"workload.env line {number_} is not NAME=value.", field="workload.env")
+        env[key.strip()] = value
+    if env:
+        workload["env"] = env
+    for name in ("workdir", "checkpoint_dir"):
+        value = data.get(f"workload.{name}", "").strip()
+        if value:
+            workload[name] = value
+    policy = data.get("workload.restart_policy", "never").strip() or "never"
+    if policy != "never":
+        workload["restart_policy"] = policy
+    if policy == "on-failure" and data.get("workload.max_restarts", "").strip():
+        workload["max_restarts"] = number(data.get("workload.max_restarts"))
+    if interactive and data.get("workload.port", "").strip():
+        workload["port"] = number(data.get("workload.port"))
+    return workload or None
 
 
 # -- API tokens ------------------------------------------------------------------------------------------

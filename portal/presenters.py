@@ -244,6 +244,16 @@ def poll_seconds(lease) -> int | None:
     return 5 if lease.state == LeaseState.ACTIVE else 2
 
 
+def lease_workload(lease):
+    """The lease's workload (``leasing.models.Workload``), or None for a bare lease."""
+    from django.core.exceptions import ObjectDoesNotExist
+
+    try:
+        return lease.workload
+    except ObjectDoesNotExist:
+        return None
+
+
 # -- request form ----------------------------------------------------------------------------------------
 def mig_profile_groups(tiers: Iterable[str]) -> list[tuple[str, list[tuple[str, str]]]]:
     """MIG profiles per MIG-capable model among ``tiers``: (model, [(name, label)])."""

@@ -12,6 +12,7 @@ urlpatterns = [
     path("leases/new", views.LeaseRequestView.as_view(), name="lease-new"),
     path("leases/preview", views.LeasePreviewView.as_view(), name="lease-preview"),
     path("leases/<int:pk>", views.LeaseDetailView.as_view(), name="lease"),
+    path("leases/<int:pk>/log", views.LeaseLogView.as_view(), name="lease-log"),
     path("leases/<int:pk>/release", views.LeaseReleaseView.as_view(), name="lease-release"),
     path("leases/<int:pk>/renew", views.LeaseRenewView.as_view(), name="lease-renew"),
     path("usage", billing.UsageView.as_view(), name="usage"),

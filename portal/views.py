@@ -4,8 +4,10 @@ one service each, and render. Live parts are partials returned when htmx asks (`
 
 from __future__ import annotations
 
+import shlex
 import uuid
 
+from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.mixins import LoginRequiredMixin
 from django.core.paginator import Paginator
@@ -178,6 +180,9 @@ class LeaseRequestView(TenantView):
             "models": presenters.model_options(tiers),
             "profile_groups": presenters.mig_profile_groups(tiers),
             "classes": WorkloadClass.choices,
+            "restart_policies": forms.RESTART_POLICIES,
+            "workload_open": forms.workload_given(values, errors or {}),
+            "workload_root": (settings.WORKLOAD_ALLOWED_ROOTS or [""])[0],
             "durations": forms.DURATIONS,
             "values": values,
             "kind": values.get("gpu.kind", "mig"),
@@ -193,19 +198,19 @@ class LeaseRequestView(TenantView):
         return render(request, self.template_name, self.context())
 
     def post(self, request):
-        body = forms.lease_request_input(request.POST)
         key = request.POST.get("idempotency_key", "")[:200]
         if "preview" in request.POST:  # the no-JS preview button
-            preview = _preview(self.actor, body)
+            preview = _preview(self.actor, request.POST)
             return render(request, self.template_name, self.context(request.POST, preview=preview,
                                                                     idempotency_key=key))
         try:
+            body = forms.lease_request_input(request.POST)  # a workload line that is no words names its field
             lease, created = leasing_services.lease_request(actor=self.actor, idempotency_key=key, **body)
         except ApplicationError as error:
             if error.field == "Idempotency-Key":  # the form was sent before with other values
                 error.field, key = None, ""
                 error.message = "This form was already submitted with other values; check them and send again."
-            errors = forms.FieldErrors(error, shown=forms.LEASE_FIELDS)
+            errors = forms.lease_field_errors(error)
             # the API's status where it says more than "fix the form": refused by role/suspension, or by budget
             status = 403 if isinstance(error, PermissionDenied | TenantSuspended) else \
                 402 if error.status == 402 else 400
@@ -225,11 +230,11 @@ def _denial(actor, action: str) -> str:
     return ""
 
 
-def _preview(actor, body: dict) -> dict:
+def _preview(actor, data) -> dict:
     """The preview panel's content: the quote — ``billing.selectors.quotes.lease_quote``, the function that answers
     ``POST /api/v1/quotes``, so the portal and the API say the same — or the error in the API's words."""
     try:
-        return {"quote": quotes.lease_quote(actor=actor, **body)}
+        return {"quote": quotes.lease_quote(actor=actor, **forms.lease_request_input(data))}
     except ApplicationError as error:
         return {"error": error.message, "field": error.field}
 
@@ -238,7 +243,7 @@ class LeasePreviewView(TenantView):
     """``GET /leases/preview?<the form>``: the partial the request form shows live. Writes nothing."""
 
     def get(self, request):
-        preview = _preview(self.actor, forms.lease_request_input(request.GET))
+        preview = _preview(self.actor, request.GET)
         return render(request, "portal/partials/_preview.html", {"preview": preview})
 
 
@@ -247,6 +252,7 @@ class LeaseDetailView(TenantView):
 
     def context(self, lease, **extra) -> dict:
         now = timezone.now()
+        workload = presenters.lease_workload(lease)
         series = leasing.lease_utilisation(lease=lease, now=now) if lease.active_at else []
         return {
             "lease": lease,
@@ -254,6 +260,9 @@ class LeaseDetailView(TenantView):
             "devices": [a for a in lease.allocations.all() if a.freed_at is None],
             "events": list(lease.events.all()),
             "sparkline": presenters.Sparkline(series) if series else None,
+            "workload": workload,
+            "workload_line": shlex.join(workload.spec.get("command", []) + workload.spec.get("args", []))
+            if workload else "",
             "telemetry_down": series is None,
             "poll": presenters.poll_seconds(lease),
             "can_use": self.actor.can("use"),
@@ -272,6 +281,34 @@ class LeaseDetailView(TenantView):
             context["actions_oob"] = request.GET.get("shown") != lease.state
             return render(request, "portal/partials/_lease_live.html", context)
         return render(request, self.template_name, context)
+
+
+class LeaseLogView(TenantView):
+    """``GET /leases/<id>/log?stream=stdout|stderr``: the partial with the tail of the lease's workload log
+    (the last ``LOG_TAIL`` bytes of its current placement, read from its node by
+    ``leasing.services.workload_logs``); the lease page polls it while the lease lives. The lease is looked up
+    among the acting tenant's own first, so another tenant's lease is 404 before a byte is read."""
+
+    LOG_TAIL = 16 * 1024
+
+    def get(self, request, pk: int):
+        from agent.client import AgentHTTPError, AgentUnreachable
+
+        lease = leasing.lease_get(actor=self.actor, lease_id=pk)
+        workload = presenters.lease_workload(lease)
+        if workload is None:
+            raise NotFound("This lease has no workload.", field="id")
+        stream = "stderr" if request.GET.get("stream") == "stderr" else "stdout"
+        log, unavailable = None, ""
+        try:
+            log = leasing_services.workload_logs(lease=lease, stream=stream, tail=self.LOG_TAIL)
+        except NotFound as error:
+            unavailable = error.message
+        except (AgentUnreachable, AgentHTTPError):
+            unavailable = "The workload's node does not answer right now; the log appears here when it does."
+        return render(request, "portal/partials/_workload_log.html", {
+            "lease": lease, "workload": workload, "log": log, "stream": stream, "unavailable": unavailable,
+            "poll": presenters.poll_seconds(lease) and 3, "tail": self.LOG_TAIL})
 
 
 class LeaseReleaseView(LeaseDetailView):

@@ -1,5 +1,3 @@
-from urllib.parse import urlsplit
-
 from django.conf import settings
 from django.core.exceptions import ObjectDoesNotExist
 from django.core.validators import MaxValueValidator, MinValueValidator
@@ -205,14 +203,11 @@ def workload_output(lease) -> dict | None:
     except ObjectDoesNotExist:
         return None
     moment = _DATETIME.to_representation
-    endpoint = None
-    if workload.spec.get("port") and workload.node is not None and workload.state in ("starting", "running"):
-        endpoint = f"{urlsplit(workload.node.address).hostname}:{workload.spec['port']}"
     return {"spec": workload.spec, "state": workload.state,
             "node": workload.node.node_id if workload.node else None, "restart_count": workload.restart_count,
             "placements": workload.placements, "exit_code": workload.exit_code, "signal": workload.signal,
             "started_at": moment(workload.started_at) if workload.started_at else None,
-            "ended_at": moment(workload.ended_at) if workload.ended_at else None, "endpoint": endpoint}
+            "ended_at": moment(workload.ended_at) if workload.ended_at else None, "endpoint": workload.endpoint}
 
 
 class LeaseDetailOutput(LeaseOutput):

@@ -22,6 +22,17 @@
   }
   setInterval(tick, 1000);
 
+  // A workload's log shows its latest lines: scrolled to the end each time it arrives (unless the reader
+  // scrolled up in the one it replaces).
+  document.addEventListener("htmx:beforeSwap", function (event) {
+    var log = event.detail.target && event.detail.target.querySelector && event.detail.target.querySelector("pre.log");
+    window.__logPinned = !log || log.scrollTop + log.clientHeight >= log.scrollHeight - 4;
+  });
+  document.addEventListener("htmx:afterSettle", function () {
+    var log = document.querySelector("#workload-log pre.log");
+    if (log && window.__logPinned !== false) log.scrollTop = log.scrollHeight;
+  });
+
   // "Copy" next to a secret shown once.
   document.addEventListener("DOMContentLoaded", function () {
     tick();

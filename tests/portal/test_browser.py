@@ -327,6 +327,99 @@ def test_browser_request_a_mig_slice_watch_it_turn_active_and_release_it(live_se
     assert not Allocation.objects.filter(lease=lease, freed_at__isnull=True).exists()
 
 
+JOB = """
+import os, pathlib, time
+print(os.environ["GREETING"], "on", os.environ["CUDA_VISIBLE_DEVICES"], "RESTART_COUNT", os.environ["RESTART_COUNT"],
+      flush=True)
+step = 0
+while not pathlib.Path("stop").exists():
+    step += 1
+    print("step", step, flush=True)
+    time.sleep(0.2)
+print("done", flush=True)
+"""
+
+
+@pytest.fixture
+def workload_fleet(live_server, tmp_path, portal_world, settings):
+    """One node with an A100 whose agent runs workloads (as real processes) under a shared root, the root
+    the broker allows too; the job script lies there."""
+    root = tmp_path / "shared"
+    root.mkdir()
+    (root / "job.py").write_text(JOB)
+    settings.WORKLOAD_ALLOWED_ROOTS = [str(root)]
+    process = start_fleet(live_server.url, tmp_path / "fleet", 1, "a100-80gb:1:whole",
+                          extra=("--workload-root", str(root)))
+    yield root
+    process.terminate()
+    process.wait(30)
+
+
+@pytest.mark.usefixtures("_close_server_connections")
+def test_browser_request_with_a_workload_and_follow_its_log(live_server, browser, portal_world, worker,
+                                                            workload_fleet):
+    import sys
+
+    from django.test import Client
+
+    base, root = live_server.url, workload_fleet
+    page = open_page(browser, base, "max")
+    page.goto(f"{base}/leases/new")
+    page.get_by_label("Project").select_option("vision")
+    page.get_by_label("Whole GPU").check()
+    page.get_by_label("GPU model").select_option("A100-80GB")
+    page.get_by_label("Workload class").select_option("interactive")
+    assert not page.get_by_label("Command").is_visible()  # folded away: a bare lease needs none of it
+    page.get_by_text("Run a workload on it").click()
+    page.get_by_label("Command").fill(f"{sys.executable} -u job.py")
+    page.get_by_label("Environment").fill("GREETING=<b>hello</b>")
+    page.get_by_label("Working directory").fill("/etc")
+    preview = page.locator("#preview")
+    preview.get_by_text("workdir '/etc' is outside the allowed roots").wait_for()  # the live preview checks it
+    page.get_by_label("Working directory").fill(str(root))
+    page.get_by_label("Checkpoint directory").fill(str(root / "ckpt"))
+    assert not page.get_by_label("At most (failure restarts)").is_visible()  # only for on-failure
+    page.get_by_label("Restart policy").select_option("on-failure")
+    page.get_by_label("At most (failure restarts)").fill("1")
+    page.get_by_label("Port to open").fill("18888")  # shown for an interactive lease
+    preview.locator(".preview-fit").get_by_text("Fits now", exact=True).wait_for()
+    shoot(page, "request-workload")
+    page.get_by_role("button", name="Request", exact=True).click()
+    page.wait_for_url(f"{base}/leases/*")
+    lease = Lease.objects.order_by("-pk").first()
+    assert lease.workload.spec["port"] == 18888 and lease.workload.spec["max_restarts"] == 1
+
+    # the workload runs on the leased GPU; its state, node and endpoint arrive with the live part, its log by itself
+    page.evaluate("window.__sameDocument = true")
+    status = page.locator('#workload-status[data-workload-state="running"]')
+    status.wait_for(timeout=60_000)
+    node = lease.allocations.get().gpu.node
+    assert node.node_id in status.inner_text() and "127.0.0.1:18888" in status.inner_text()
+    log = page.locator("#workload-log pre.log")
+    log.get_by_text("step 5").wait_for(timeout=30_000)
+    device = lease.allocations.get().device_uuid
+    assert f"<b>hello</b> on {device} RESTART_COUNT 0" in log.inner_text()  # shown as text, never as markup
+    assert page.locator("#workload-log pre.log b").count() == 0
+    page.get_by_text("step 10").wait_for(timeout=30_000)  # it keeps coming without a reload
+    assert "workload started (run 1" in page.locator(".timeline").inner_text()  # the agent's report, an event
+    assert "(renewed)" not in page.locator(".timeline").inner_text()  # a workload event is no renewal
+    assert page.evaluate("window.__sameDocument") is True
+    shoot(page, "lease-workload")
+    # another tenant asking for this log gets 404, not a byte
+    outsider = Client()
+    outsider.login(username="bob", password="pw-bob")
+    assert outsider.get(f"/leases/{lease.pk}/log").status_code == 404
+
+    # the job ends (exit 0): the lease ends with it, the page says so and the log's last line is there
+    (root / "stop").write_text("")
+    page.locator('#lease-live[data-state="released"]').wait_for(timeout=30_000)
+    assert page.locator("#workload-status .workload-exit").inner_text() == "0"
+    assert "Succeeded" in page.locator("#workload-status .workload-state").inner_text()
+    page.reload()
+    page.locator("#workload-log pre.log").get_by_text("done").wait_for()
+    assert page.locator("#workload-log[hx-trigger]").count() == 0  # finished: the log stops polling
+
+
 @pytest.mark.usefixtures("_close_server_connections")
 def test_browser_viewer_cannot_request_and_another_tenant_gets_404(live_server, browser, portal_world):
     from leasing.services import lease_request

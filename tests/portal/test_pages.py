@@ -519,3 +519,114 @@ def test_a_bar_chart_of_zeros_says_all_zero_not_a_made_up_highest():
     some = render_to_string("portal/partials/_bar_chart.html",
                             {"chart": bar_chart([("2026-10", 0.0), ("2026-11", 2.5)], label="Revenue", unit="EUR")})
     assert "highest 2.50 EUR" in some
+
+
+# -- workloads (docs/leasing.md "Workloads"; the real-fleet page and log: test_workload_pages.py) -----------
+WORKLOAD = {"workload.command": "python 'train model.py' --name \"run 1\"", "workload.args": "--epochs 3",
+            "workload.env": "WANDB_MODE=offline\n\n# a comment\nOPTS=a=b c\n",
+            "workload.workdir": "/srv/gpubroker/acme", "workload.checkpoint_dir": "/srv/gpubroker/acme/run-1",
+            "workload.restart_policy": "on-failure", "workload.max_restarts": "2", "workload.port": "8888"}
+
+
+def test_request_form_with_a_workload_stores_what_the_api_would(world, client):
+    from leasing.models import Workload
+
+    response = login(client, "max").post("/leases/new", {**MIG, **WORKLOAD})
+    lease = Lease.objects.get()
+    assert response.status_code == 302 and response["Location"] == f"/leases/{lease.pk}"
+    spec = Workload.objects.get(lease=lease).spec
+    assert spec == {"command": ["python", "train model.py", "--name", "run 1"], "image": "", "args": ["--epochs", "3"],
+                    "env": {"WANDB_MODE": "offline", "OPTS": "a=b c"}, "workdir": "/srv/gpubroker/acme",
+                    "checkpoint_dir": "/srv/gpubroker/acme/run-1", "restart_policy": "on-failure", "max_restarts": 2,
+                    "port": None}  # a training lease: the port is the interactive class's only
+    page = text(client.get(f"/leases/{lease.pk}"))
+    assert "Workload state Pending" in page and "python 'train model.py' --name 'run 1' --epochs 3" in page
+    assert "at most 2" in page
+    # the API takes the same body the form made
+    api = world.client("member").post("/api/v1/leases", _api_body({**MIG, **WORKLOAD}), format="json")
+    assert api.status_code == 201
+    detail = world.client("member").get(f"/api/v1/leases/{api.json()['id']}").json()
+    assert detail["workload"]["spec"] == spec
+
+
+def test_request_form_interactive_workload_keeps_its_port_and_a_bare_lease_has_none(world, client):
+    from leasing.models import Workload
+
+    login(client, "max")
+    client.post("/leases/new", {**MIG, **WORKLOAD, "workload_class": "interactive", "workload.restart_policy": "never"})
+    workload = Workload.objects.get()
+    spec = workload.spec
+    assert (spec["port"], spec["restart_policy"], spec["max_restarts"]) == (8888, "never", 3)
+    page = client.get(f"/leases/{workload.lease_id}")
+    assert "port 8888, on its node once it runs" in text(page)
+    # running on a node: the page and the API's lease detail give the same host:port (Workload.endpoint)
+    Workload.objects.filter(pk=workload.pk).update(node=fleet_node(), state="running")
+    assert "Endpoint 127.0.0.1:8888" in text(client.get(f"/leases/{workload.lease_id}"))
+    detail = world.client("member").get(f"/api/v1/leases/{workload.lease_id}").json()
+    assert detail["workload"]["endpoint"] == "127.0.0.1:8888"
+    blank = {name: "" for name in WORKLOAD} | {"workload.restart_policy": "never", "workload.max_restarts": "3"}
+    response = client.post("/leases/new", {**MIG, **blank})
+    assert response.status_code == 302 and Lease.objects.count() == 2 and Workload.objects.count() == 1
+    assert 'id="workload-status"' not in client.get(response["Location"]).content.decode()
+
+
+@pytest.mark.parametrize(("changes", "key", "message"), [
+    ({"workload.command": ""}, "workload_command", "command must name the program to run"),
+    ({"workload.command": "python 'train.py"}, "workload_command",
+     "workload.command cannot be split into words: No closing quotation."),
+    ({"workload.workdir": "/etc"}, "workload_workdir",
+     "workdir '/etc' is outside the allowed roots: /srv/gpubroker"),
+    ({"workload.checkpoint_dir": "/srv/gpubroker/../etc"}, "workload_checkpoint_dir",
+     "checkpoint_dir must be a normalised path"),
+    ({"workload.env": "CUDA_VISIBLE_DEVICES=0"}, "workload_env",
+     "env CUDA_VISIBLE_DEVICES is set by the platform"),
+    ({"workload.env": "A=1\njust words"}, "workload_env", "workload.env line 2 is not NAME=value."),
+    ({"workload.env": "X=" + "x" * 40_000}, "workload_env", "env is 40003 bytes; at most 32768"),
+    ({"workload.max_restarts": "many"}, "workload_max_restarts", "max_restarts must be an integer 0.."),
+    ({"workload_class": "interactive", "workload.port": "80"}, "workload_port", "port must be an integer 1024..65535"),
+    ({"gpu.count": "2", "gpu.gang": "false"}, "workload", "A workload runs on one node"),
+])
+def test_request_form_workload_errors_are_named_under_their_field(world, client, changes, key, message):
+    from leasing.models import Workload
+
+    response = login(client, "max").post("/leases/new", {**MIG, **WORKLOAD, **changes})
+    assert response.status_code == 400
+    assert message in field_error(response, key)
+    assert not Lease.objects.exists() and not Workload.objects.exists()
+    assert re.search(r'<details class="workload" id="workload" open>', response.content.decode())  # shown open
+    # the live preview says the same (lease_quote checks the workload as the request does)
+    preview = client.get("/leases/preview", {k: v[-1] if isinstance(v, list) else v
+                                             for k, v in {**MIG, **WORKLOAD, **changes}.items()})
+    assert preview.status_code == 200 and "Cannot be requested as it is:" in text(preview)
+    assert message in unescape(preview.content.decode())
+
+
+def test_lease_log_partial_is_the_tenants_own_and_says_when_there_is_nothing_yet(world, client):
+    from leasing.models import Workload
+
+    theirs = leasing.lease_request(actor=Actor(user=world.outsider, tenant=world.globex, role=Role.OWNER),
+                                   project="secret", gpu={"kind": "mig", "profile": "1g.10gb"},
+                                   workload={"command": ["python", "secret.py"]})[0]
+    ours = leasing.lease_request(actor=Actor(user=world.member, tenant=world.acme, role=Role.MEMBER),
+                                 project="vision", gpu={"kind": "mig", "profile": "1g.10gb"},
+                                 workload={"command": ["python", "train.py"]})[0]
+    bare = lease_for(world)
+    login(client, "vic")  # a viewer reads the log of the tenant's leases
+    assert client.get(f"/leases/{theirs.pk}/log").status_code == 404
+    assert "secret.py" not in text(client.get(f"/leases/{theirs.pk}"))
+    assert "This lease has no workload." in text(client.get(f"/leases/{bare.pk}/log"))
+    assert client.get(f"/leases/{bare.pk}/log").status_code == 404
+    log = client.get(f"/leases/{ours.pk}/log", headers={"HX-Request": "true"})
+    assert log.status_code == 200 and b"<html" not in log.content
+    assert "No output yet: the workload starts once the lease is active." in text(log)
+    assert 'hx-trigger="every 3s"' in log.content.decode()  # polls while the lease lives
+    page = client.get(f"/leases/{ours.pk}").content.decode()
+    assert f'hx-get="/leases/{ours.pk}/log"' in page and 'hx-trigger="load"' in page
+    # placed on a node that does not answer: said in the panel, not an error page
+    node = fleet_node()
+    Workload.objects.filter(lease=ours).update(node=node, agent_workload_id=f"lease-{ours.pk}-a1", state="running")
+    log = client.get(f"/leases/{ours.pk}/log?stream=stderr")
+    assert log.status_code == 200 and "does not answer right now" in text(log)
+    assert 'data-stream="stderr"' in log.content.decode()
+    leasing.lease_release(lease=ours, actor="test")
+    assert "hx-trigger" not in client.get(f"/leases/{ours.pk}/log").content.decode()  # finished: no polling

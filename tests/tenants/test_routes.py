@@ -148,6 +148,8 @@ ROUTES: dict[str, Route] = {
                               "duration_seconds": "600"}}),
     "portal:lease-preview": Route("portal", "/leases/preview?project=vision&gpu.kind=mig&gpu.profile=1g.10gb", READ),
     "portal:lease": Route("portal", "/leases/{id}", READ, obj="lease"),
+    # the workload log's partial: another tenant's lease is 404 before the node is asked for a byte
+    "portal:lease-log": Route("portal", "/leases/{id}/log", READ, obj="workload_lease"),
     "portal:lease-release": Route("portal", "/leases/{id}/release", {"post": {}}, obj="lease"),
     "portal:lease-renew": Route("portal", "/leases/{id}/renew", {"post": {"duration_seconds": "600"}}, obj="lease"),
     "portal:usage": Route("portal", "/usage", READ),
