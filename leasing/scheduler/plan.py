@@ -421,8 +421,9 @@ class Scheduler:
         candidates = [
             a for a in self.cluster.allocations.values()
             if a.preemptible and a.tier == tier and a.started_at + min_runtime <= now and a.id != request.id
-            and not (request.group and a.group == request.group)  # a group member never reclaims from its own
         ]
+        if request.group:  # a group member never reclaims from its own group
+            candidates = [a for a in candidates if a.group != request.group]
         if not candidates:
             return None
         # the preferred victims first: the project furthest above its fair share (ties: the project whose
