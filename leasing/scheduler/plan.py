@@ -20,6 +20,10 @@ For each request:
    the node needing the fewest victims wins (a request that may spread over nodes takes victims anywhere, in that order,
    keeping only those needed). Evaluated on the state and undone when it does not help.
 5. Otherwise the request waits, with the reason.
+
+Lease groups (``Request.group``): the members of a group are served together where the first of them stands,
+each as above; all placed in one decision, or none (everything undone: the group reserves nothing), see
+``Scheduler._try_group``.
 """
 
 from __future__ import annotations
