@@ -134,6 +134,9 @@ class Lease(models.Model):
     finished_at = models.DateTimeField(null=True, blank=True)
     idempotency_key = models.CharField(max_length=200, blank=True)
     request_hash = models.CharField(max_length=64, blank=True)
+    # a lease group: the leases of one tenant with the same key are placed together or not at all, and a
+    # member preempted takes its whole group with it (docs/scheduling.md "Lease groups"); None: alone
+    group_key = models.CharField(max_length=100, null=True, blank=True)
 
     class Meta:
         constraints = [
@@ -142,7 +145,9 @@ class Lease(models.Model):
             models.CheckConstraint(condition=Q(state__in=LeaseState.values), name="lease_state_valid"),
             models.CheckConstraint(condition=Q(count__gte=1), name="lease_count_positive"),
         ]
-        indexes = [models.Index(fields=["state", "requested_at"]), models.Index(fields=["tenant", "state"])]
+        indexes = [models.Index(fields=["state", "requested_at"]), models.Index(fields=["tenant", "state"]),
+                   models.Index(fields=["tenant", "group_key"], condition=Q(group_key__isnull=False),
+                                name="lease_group_key")]
 
     def __str__(self) -> str:
         return f"lease {self.pk} ({self.state})"

@@ -118,7 +118,12 @@ def core_request(lease: Lease):
                   memory_mib=lease.memory_mib, models=tuple(lease.models_allowed), gang=lease.gang)
     return Request(str(lease.pk), str(lease.project_id), str(lease.tenant_id), shape,
                    (lease.queued_at or lease.requested_at).timestamp(), lease.priority,
-                   CoreWorkloadClass(lease.workload_class))
+                   CoreWorkloadClass(lease.workload_class), group=core_group(lease.tenant_id, lease.group_key))
+
+
+def core_group(tenant_id: int, group_key: str | None) -> str:
+    """The core's group of a lease: its key within its tenant (two tenants' keys never meet); "" alone."""
+    return f"{tenant_id}:{group_key}" if group_key else ""
 
 
 def scheduler_snapshot(*, now: datetime):
@@ -150,7 +155,7 @@ def scheduler_snapshot(*, now: datetime):
             .exclude(lease__state=LeaseState.PREEMPTED).order_by("pk")
             .values_list("lease_id", "gpu_id", "milli", "memory_mib", "mig_profile", "mig_start", "tier", "preemptible",
                          "lease__project_id", "lease__tenant_id", "lease__active_at", "lease__queued_at",
-                         "lease__priority"))
+                         "lease__priority", "lease__group_key"))
     for row in live:
         lease_id, gpu_id, milli, memory_mib, mig_profile, mig_start = row[:6]
         units.setdefault(lease_id, []).append(Unit(
@@ -158,12 +163,12 @@ def scheduler_snapshot(*, now: datetime):
         first.setdefault(lease_id, row)
     core_allocations = []
     for lease_id, held in units.items():
-        gpu_id, tier, preemptible, project_id, tenant_id, active_at, queued_at, priority = (
+        gpu_id, tier, preemptible, project_id, tenant_id, active_at, queued_at, priority, group_key = (
             first[lease_id][1], *first[lease_id][6:])
         core_allocations.append(CoreAllocation(
             id=str(lease_id), project=str(project_id), tenant=str(tenant_id), tier=tier, node=gpu_node[gpu_id],
             units=tuple(held), preemptible=preemptible, started_at=(active_at or queued_at or now).timestamp(),
-            priority=priority))
+            priority=priority, group=core_group(tenant_id, group_key)))
     quotas = tuple(QuotaSpec(str(project_id), str(tenant_id), tier, deserved, limit, weight)
                    for project_id, tenant_id, tier, deserved, limit, weight in Quota.objects.values_list(
                        "project_id", "project__tenant_id", "tier", "deserved_gpu_milli", "limit_gpu_milli",

@@ -173,7 +173,9 @@ def _gpu_of(stage: dict) -> dict:
 
 def plan_apply(*, actor: Actor, plan: PipelinePlan, duration_seconds: int = 3600) -> PipelinePlan:
     """Lease every stage of a feasible plan, all or none: one transaction, so a stage refused (quota limit, a
-    spend cap) leaves no lease of the others. Applying an applied plan again is a no-op."""
+    spend cap) leaves no lease of the others; the leases are one lease group (``pipeline-plan-<id>``), so the
+    scheduler places them together or none of them, and a stage preempted takes the others with it.
+    Applying an applied plan again is a no-op."""
     actor.require("use")
     with transaction.atomic():
         plan = PipelinePlan.objects.select_for_update().get(pk=plan.pk)
@@ -186,7 +188,8 @@ def plan_apply(*, actor: Actor, plan: PipelinePlan, duration_seconds: int = 3600
         for stage in plan.result["stages"]:
             lease, _ = leasing.lease_request(
                 actor=actor, project=plan.pipeline.project.slug, gpu=_gpu_of(stage), workload_class="inference",
-                duration_seconds=duration_seconds, idempotency_key=f"pipeline-plan-{plan.pk}-{stage['stage']}")
+                duration_seconds=duration_seconds, idempotency_key=f"pipeline-plan-{plan.pk}-{stage['stage']}",
+                group=f"pipeline-plan-{plan.pk}")
             PlanLease.objects.create(plan=plan, stage=stage["stage"], lease=lease)
         plan.state, plan.applied_at = PlanState.APPLIED, timezone.now()
         plan.save(update_fields=["state", "applied_at"])

@@ -20,6 +20,10 @@ For each request:
    the node needing the fewest victims wins (a request that may spread over nodes takes victims anywhere, in that order,
    keeping only those needed). Evaluated on the state and undone when it does not help.
 5. Otherwise the request waits, with the reason.
+
+Lease groups (``Request.group``): the members of a group are served together where the first of them stands,
+each as above; all placed in one decision, or none (everything undone: the group reserves nothing), see
+``Scheduler._try_group``.
 """
 
 from __future__ import annotations
@@ -126,24 +130,44 @@ class Scheduler:
         decisions: dict[str, Decision] = {}
         served: list[str] = []
         by_project: dict[str, list[Request]] = {}
+        groups: dict[str, list[Request]] = {}
         for request in sorted(requests, key=lambda r: (-r.priority, r.submitted_at, r.id)):
+            if request.group:
+                members = groups.setdefault(request.group, [])
+                members.append(request)
+                if len(members) > 1:
+                    continue  # served with its group's leader: the member that comes first in this order
             # without quotas (the simulator's FIFO baseline) there is no share to keep: one queue
             by_project.setdefault(request.project if self.snapshot.enforce_quotas else "", []).append(request)
         # in-quota pass: a request that is in-quota now is served before any over-quota one
         deferred: dict[str, list[Request]] = {}
 
+        def record(found: list[Decision]) -> None:
+            for decision in found:
+                decisions[decision.request] = decision
+                served.append(decision.request)
+
         def in_quota_pass(request: Request) -> None:
-            decision = self._try(request, now=now, allow_over_quota=False)
+            if request.group:
+                found = self._try_group(groups[request.group], now=now, allow_over_quota=False)
+                decision = found[0] if found else None
+            else:
+                decision = self._try(request, now=now, allow_over_quota=False)
+                found = [decision]
             if decision is None:
                 deferred.setdefault(request.project if self.snapshot.enforce_quotas else "", []).append(request)
             else:
-                decisions[request.id] = decision
-                served.append(request.id)
+                record(found)
 
         self._fair_rounds(by_project, self._guarantee_key, in_quota_pass)
 
         # over-quota pass: weighted max-min fairness of the idle capacity
         def over_quota_pass(request: Request) -> None:
+            if request.group:
+                found = self._try_group(groups[request.group], now=now, allow_over_quota=True)
+                assert found is not None
+                record(found)
+                return
             decision = self._try(request, now=now, allow_over_quota=True)
             assert decision is not None
             decisions[request.id] = decision
@@ -196,6 +220,57 @@ class Scheduler:
     def _fair_key(self, request: Request) -> float:
         tiers = self.tiers_for(request)
         return min((self.over_share(request.project, tier) for tier, _ in tiers), default=0.0)
+
+    def _try_group(self, members: list[Request], *, now: float, allow_over_quota: bool) -> list[Decision] | None:
+        """Decisions for a lease group, all in one: every member is tried in turn on the working state (its
+        own tiers, quota check and placement, as a request alone; the members placed before it count in its
+        quota use and occupy their capacity). When one member must wait, everything the group did is undone
+        and every member waits, naming the member that does not fit: the group reserves nothing and smaller
+        requests behind it are served as if it were not there. None: some member is over quota and the
+        in-quota pass defers the whole group. When a member needs a reclaim, no member starts: the reclaiming
+        members give their victims notice and the others wait (their capacity held for the rest of this
+        cycle), so the whole group is placed together in a later cycle once the victims have left."""
+        if len(members) == 1:
+            decision = self._try(members[0], now=now, allow_over_quota=allow_over_quota)
+            return None if decision is None else [decision]
+        allocations_before = dict(self.cluster.allocations)
+        warm_before = dict(self.cluster.warm)
+        group = members[0].group
+        done: list[Decision] = []
+        for member in members:
+            decision = self._try(member, now=now, allow_over_quota=allow_over_quota)
+            if decision is None or decision.mode == DecisionMode.WAITING:
+                self._undo(done, allocations_before, warm_before)
+                if decision is None:
+                    return None
+                why = decision.reason.removeprefix("waiting: ")
+                tail = f"no member is placed until all {len(members)} fit"
+                return [
+                    self._waiting(other, f"group {group}: request {member.id} ({_describe(member)}) does not fit: "
+                                         f"{why}; {tail}")
+                    for other in members
+                ]
+            done.append(decision)
+        reclaiming = [d.request for d in done if d.mode == DecisionMode.PREEMPT]
+        if not reclaiming:
+            together = f"; with group {group} ({len(members)} members placed together)"
+            return [Decision(d.request, d.mode, d.reason + together, allocation=d.allocation, victims=d.victims,
+                             warm=d.warm) for d in done]
+        names = ", ".join(f"request {r}" for r in reclaiming)
+        return [d if d.mode == DecisionMode.PREEMPT else self._waiting_for(d.request, (
+            f"group {group}: starts with its other members once the capacity reclaimed for {names} is free"))
+            for d in done]
+
+    def _undo(self, decisions: list[Decision], allocations_before: dict[str, Allocation],
+              warm_before: dict) -> None:
+        """Take back what ``decisions`` did to the working state, latest first: the allocation placed, the
+        victims it preempted, the warm instances it bound."""
+        for decision in reversed(decisions):
+            self.cluster.remove(decision.allocation.id)
+            for victim in decision.victims:
+                self.cluster.apply(allocations_before[victim])
+            for warm_id in decision.warm:
+                self.cluster.apply_warm(warm_before[warm_id])
 
     def _try(self, request: Request, *, now: float, allow_over_quota: bool) -> Decision | None:
         """A decision, or None when the request is over-quota and over-quota admission comes later."""
@@ -341,6 +416,7 @@ class Scheduler:
             priority=request.priority,
             cpu_milli=need.cpu_milli,
             host_memory_mib=need.host_memory_mib,
+            group=request.group,
         )
 
     # -- reclaim ----------------------------------------------------------------------------------
@@ -350,6 +426,8 @@ class Scheduler:
             a for a in self.cluster.allocations.values()
             if a.preemptible and a.tier == tier and a.started_at + min_runtime <= now and a.id != request.id
         ]
+        if request.group:  # a group member never reclaims from its own group
+            candidates = [a for a in candidates if a.group != request.group]
         if not candidates:
             return None
         # the preferred victims first: the project furthest above its fair share (ties: the project whose
@@ -502,7 +580,11 @@ class Scheduler:
         return f"no {tier} GPU has {need.milli} milli and {need.memory_mib} MiB free"
 
     def _waiting(self, request: Request, reason: str) -> Decision:
-        return Decision(request.id, DecisionMode.WAITING, f"waiting: {reason}")
+        return self._waiting_for(request.id, reason)
+
+    @staticmethod
+    def _waiting_for(request_id: str, reason: str) -> Decision:
+        return Decision(request_id, DecisionMode.WAITING, f"waiting: {reason}")
 
 
 def _describe(request: Request) -> str:

@@ -83,6 +83,9 @@ class Request:
     submitted_at: float = 0.0
     priority: int = 0
     workload_class: WorkloadClass = WorkloadClass.TRAINING
+    # requests with the same non-empty ``group`` are placed together in one decision or not at all
+    # (a pipeline's stages, a model split's GPUs); each member keeps its own shape, node and quota check
+    group: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,6 +114,7 @@ class Allocation:
     priority: int = 0
     cpu_milli: int = 0
     host_memory_mib: int = 0
+    group: str = ""  # the lease group it was placed with (informational: reasons name it)
 
     @property
     def milli(self) -> int:

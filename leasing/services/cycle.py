@@ -4,6 +4,7 @@ preemptions); provisioning and notices are enqueued after commit."""
 from __future__ import annotations
 
 import logging
+import re
 from datetime import datetime, timedelta
 
 from django.conf import settings
@@ -21,7 +22,7 @@ from leasing.choices import (
 )
 from leasing.models import Allocation, Gpu, Lease, LeaseEvent
 from leasing.scheduler import DecisionMode, plan
-from leasing.selectors import core_request, lease_queue, scheduler_snapshot
+from leasing.selectors import core_group, core_request, lease_queue, scheduler_snapshot
 from leasing.services.provisioning import release_instances_quietly
 from leasing.services.transitions import allocations_free, lease_transition, update_each
 from leasing.services.triggers import cycle_flag_clear, enqueue, schedule_cycle_request
@@ -43,6 +44,10 @@ def schedule_cycle(*, now: datetime | None = None) -> dict:
                 return {**counts, "skipped": 1}
         # suspended tenants' leases are held, never placed
         queued = list(lease_queue().select_related("project")[:5000])
+        grouped = {(lease.tenant_id, lease.group_key) for lease in queued if lease.group_key}
+        if grouped and len(queued) == 5000:  # a group cut by the limit is read whole: it is placed whole or not
+            queued += lease_queue().select_related("project").filter(
+                group_key__in={key for _, key in grouped}).exclude(pk__in=[lease.pk for lease in queued])
         seen = [lease.pk for lease in queued]
         transaction.on_commit(lambda: _cycle_again_if_new(seen))
         if not queued:
@@ -79,8 +84,13 @@ def schedule_cycle(*, now: datetime | None = None) -> dict:
 
 
 def _tenant_terms(reason: str, lease: Lease) -> str:
-    """A core reason in the tenant's words: its project by slug, not by the core's internal id."""
-    return reason.replace(f"project {lease.project_id} ", f"project '{lease.project.slug}' ")
+    """A core reason in the tenant's words: its project by slug, not by the core's internal id; a lease group by
+    its key, its members (the core's requests) as leases — a group is one tenant's, so they are all its own."""
+    reason = reason.replace(f"project {lease.project_id} ", f"project '{lease.project.slug}' ")
+    if lease.group_key:
+        reason = reason.replace(f"group {core_group(lease.tenant_id, lease.group_key)}", f"group '{lease.group_key}'")
+        reason = re.sub(r"\brequest (\d+)\b", r"lease \1", reason)
+    return reason
 
 
 def _reclaim_reason(lease: Lease, decision) -> str:
@@ -139,12 +149,16 @@ def _place_all(placements: list, gpu_by_key: dict, now: datetime) -> tuple[list[
     except IntegrityError:
         pass
     placed, refused = [], set()
+    units: dict[object, list] = {}  # a lease alone, or a lease group: placed in one savepoint, or none of it
     for lease, decision in placements:
+        units.setdefault((lease.tenant_id, lease.group_key) if lease.group_key else lease.pk, []).append(
+            (lease, decision))
+    for unit in units.values():
         try:
             with transaction.atomic():
-                placed += _place_many([(lease, decision)], gpu_by_key, now)
+                placed += _place_many(unit, gpu_by_key, now)
         except IntegrityError:
-            refused.add(lease.pk)
+            refused.update(lease.pk for lease, _ in unit)
     return placed, refused
 
 
@@ -154,6 +168,10 @@ def _place_many(placements: list, gpu_by_key: dict, now: datetime) -> list[int]:
     claimed = set(Lease.objects.select_for_update().filter(
         pk__in=[lease.pk for lease, _ in placements], state=LeaseState.QUEUED).order_by("pk")
         .values_list("pk", flat=True))
+    partial = {(lease.tenant_id, lease.group_key) for lease, _ in placements
+               if lease.group_key and lease.pk not in claimed}
+    if partial:  # a member released since the cycle read it: its group is not placed without it this cycle
+        raise IntegrityError(f"lease group(s) {sorted(key for _, key in partial)} changed since the cycle read them")
     rows, changed, events, by_node, warm = [], [], [], {}, []
     for lease, decision in placements:
         if lease.pk not in claimed:
@@ -242,9 +260,21 @@ def lease_preempt(*, lease: Lease, actor: str, now: datetime, why: str, notice_s
     ``lease_preempt_due`` releases and requeues it. Returns the notice given, in seconds."""
     notice = lease_notice_seconds(tenant_id=lease.tenant_id, now=now) if notice_seconds is None else notice_seconds
     deadline = now + timedelta(seconds=notice)
+    until = f"notice until {deadline.isoformat(timespec='seconds')}"
     lease_transition(lease=lease, to=LeaseState.PREEMPTED, actor=actor, now=now, notice_deadline=deadline,
-                     reason=f"preempted {why}; notice until {deadline.isoformat(timespec='seconds')}")
+                     reason=f"preempted {why}; {until}")
     enqueue("lease_notice_run", lease.pk)
+    if lease.group_key:
+        # a lease group runs together or not at all: its other active members get the same notice and deadline,
+        # and ``lease_preempt_due`` requeues them together, to be placed together again
+        siblings = (Lease.objects.select_for_update().filter(tenant_id=lease.tenant_id, group_key=lease.group_key,
+                                                             state=LeaseState.ACTIVE)
+                    .exclude(pk=lease.pk).order_by("pk"))
+        for sibling in siblings:
+            with_group = f"with lease {lease.pk} of its group '{lease.group_key}'"
+            lease_transition(lease=sibling, to=LeaseState.PREEMPTED, actor=actor, now=now, notice_deadline=deadline,
+                             reason=f"preempted {with_group} ({why}); {until}")
+            enqueue("lease_notice_run", sibling.pk)
     return notice
 
 

@@ -40,10 +40,14 @@ def _request_hash(payload: dict) -> str:
 
 def lease_request(*, actor: Actor, project: str, gpu: object, workload_class: str = WorkloadClass.TRAINING,
                   priority: int = 0, duration_seconds: object = 3600, idempotency_key: str = "",
-                  workload: object = None, now: datetime | None = None) -> tuple[Lease, bool]:
+                  workload: object = None, group: str | None = None,
+                  now: datetime | None = None) -> tuple[Lease, bool]:
     """Validate and queue a request: (the lease, created now?). The same idempotency key with the same
     body returns the first lease; with another body it is ``IdempotencyConflict``. ``workload`` (optional)
-    is what the lease runs once placed (``leasing.validation.workload_check``; ``services.workloads``)."""
+    is what the lease runs once placed (``leasing.validation.workload_check``; ``services.workloads``).
+    ``group`` (optional, set by the apps that lease several things as one: a pipeline plan, a model split)
+    makes the lease a member of the tenant's lease group of that key: the scheduler places the queued
+    members together or none of them (docs/scheduling.md "Lease groups")."""
     actor.require("use")
     now = now or timezone.now()
     checked = request_input_check(actor=actor, project=project, gpu=gpu, workload_class=workload_class,
@@ -52,10 +56,14 @@ def lease_request(*, actor: Actor, project: str, gpu: object, workload_class: st
     workload_spec = workload_check(workload, shape)
     if len(idempotency_key) > 200:
         raise ValidationFailed("Idempotency-Key is at most 200 characters.", field="Idempotency-Key")
+    if group is not None and (not isinstance(group, str) or not 1 <= len(group) <= 100):
+        raise ValidationFailed("group is a key of 1 to 100 characters.", field="group")
     payload = {"project": project, "gpu": shape, "workload_class": workload_class, "priority": priority,
                "duration_seconds": duration_seconds}
     if workload_spec is not None:
         payload["workload"] = workload_spec
+    if group is not None:
+        payload["group"] = group
     digest = _request_hash(payload)
     # one query: the project, its quota limits and the lease this idempotency key already made, if any
     keyed = Lease.objects.filter(tenant=actor.tenant, idempotency_key=idempotency_key).order_by()
@@ -86,7 +94,8 @@ def lease_request(*, actor: Actor, project: str, gpu: object, workload_class: st
         kind=shape["kind"], count=shape["count"], models_allowed=shape["models"], profile=shape["profile"],
         milli=shape["milli"], memory_mib=shape["memory_mib"], gang=shape["gang"], workload_class=workload_class,
         priority=priority, duration_seconds=duration_seconds, requested_at=now, idempotency_key=idempotency_key,
-        request_hash=digest, state=LeaseState.QUEUED, reason="waiting for the scheduler", queued_at=now)
+        request_hash=digest, state=LeaseState.QUEUED, reason="waiting for the scheduler", queued_at=now,
+        group_key=group)
     events = [LeaseEvent(from_state="", to_state=LeaseState.REQUESTED,
                          reason=f"requested; {warning}" if warning else "requested",
                          actor=f"user:{actor.user.get_username()}", at=now),
