@@ -195,7 +195,7 @@ def scripted_session(url: str, contract: Contract) -> set[tuple[str, str, int]]:
     money_steps(step, world)
     workload_steps(step, world, node["secret"])
     pipeline_steps(step, world, contract.capped)
-    tiering_steps(step, world)
+    tiering_steps(step, world, running["id"])
     # no active lease is left for the fuzzer (it cannot place one; renewing this one is produced above)
     step(f"{v1}/leases/{{id}}", "delete", 202, f"{v1}/leases/{running['id']}", token=owner)
     return produced
@@ -345,9 +345,12 @@ def pipeline_steps(step, world: World, capped: str) -> None:
     step(f"{v1}/model-splits/{{id}}", "get", 200, f"{v1}/model-splits/{split['id']}", token=owner)
 
 
-def tiering_steps(step, world: World) -> None:
-    """A workload registered and read, with its profiles and a prediction (none measured yet: profile first)."""
+def tiering_steps(step, world: World, running_id: int) -> None:
+    """A workload registered and read, with its profiles and a prediction (none measured yet: profile first);
+    a throughput sample of the running lease."""
     v1, owner = "/api/v1", world.tokens["owner"]
+    step(f"{v1}/leases/{{id}}/samples", "post", 201, f"{v1}/leases/{running_id}/samples", token=owner,
+         body={"throughput": 250.0, "step_ms": 32.0})
     step(f"{v1}/workloads", "post", 201, token=owner, body={
         "name": "contract-bert", "architecture": "bert-base", "task": "inference", "precision": "int8",
         "batch_size": 8, "seq_len": 128, "target_throughput": 400.0})
