@@ -59,6 +59,7 @@ class Scheduler:
     def __init__(self, snapshot: Snapshot, *, policy: Policy | str = "default", seed: int = 0, workload=None):
         self.snapshot = snapshot
         self.cluster = ClusterState.from_snapshot(snapshot)
+        self._running_at_start: set[str] = set(self.cluster.allocations)  # reset by each schedule()
         self.policy = policy if isinstance(policy, Policy) else policy_get(policy, seed=seed, workload=workload)
         self.placer = Placer(self.cluster, self.policy)
         self.quotas = {(q.project, q.tier): _Quota(q.deserved_milli, q.limit_milli, q.weight) for q in snapshot.quotas}
@@ -130,6 +131,7 @@ class Scheduler:
         decisions: dict[str, Decision] = {}
         served: list[str] = []
         by_project: dict[str, list[Request]] = {}
+        self._running_at_start = set(self.cluster.allocations)  # a reclaim's victims must be among these
         groups: dict[str, list[Request]] = {}
         for request in sorted(requests, key=lambda r: (-r.priority, r.submitted_at, r.id)):
             if request.group:
@@ -251,12 +253,23 @@ class Scheduler:
                     for other in members
                 ]
             done.append(decision)
+        fresh = sorted({v for d in done for v in d.victims} - self._running_at_start)
+        if fresh:
+            # a group served in the over-quota pass would reclaim what this very cycle placed: not a running
+            # allocation, so nothing to give notice to; the group waits, and reclaims next cycle if it must
+            self._undo(done, allocations_before, warm_before)
+            return [self._waiting(other, f"group {group}: would reclaim capacity placed in this cycle "
+                                         f"({', '.join(fresh)}); waits for the next")
+                    for other in members]
         reclaiming = [d.request for d in done if d.mode == DecisionMode.PREEMPT]
         if not reclaiming:
             together = f"; with group {group} ({len(members)} members placed together)"
             return [Decision(d.request, d.mode, d.reason + together, allocation=d.allocation, victims=d.victims,
                              warm=d.warm) for d in done]
         names = ", ".join(f"request {r}" for r in reclaiming)
+        # the members that would start now wait for the others: what they took goes back to the working state
+        # (kept, it was capacity no decision holds, and a later request could pick it as a victim)
+        self._undo([d for d in done if d.mode != DecisionMode.PREEMPT], allocations_before, warm_before)
         return [d if d.mode == DecisionMode.PREEMPT else self._waiting_for(d.request, (
             f"group {group}: starts with its other members once the capacity reclaimed for {names} is free"))
             for d in done]

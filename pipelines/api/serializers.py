@@ -1,9 +1,10 @@
 from rest_framework import serializers
 
 from pipelines.models import ModelSplit, Pipeline, PipelinePlan
+from tenants.api.serializers import StrictSerializer
 
 
-class PipelineInput(serializers.Serializer):
+class PipelineInput(StrictSerializer):
     project = serializers.CharField(max_length=100)
     name = serializers.CharField(max_length=100)
     stages = serializers.ListField(child=serializers.JSONField(), min_length=1, max_length=24)
@@ -14,15 +15,15 @@ class PipelineInput(serializers.Serializer):
     tiers = serializers.ListField(child=serializers.CharField(), required=False, default=list)
 
 
-class PlanInput(serializers.Serializer):
+class PlanInput(StrictSerializer):
     method = serializers.ChoiceField(choices=["esg", "even_greedy", "astar"], default="esg")
 
 
-class ApplyInput(serializers.Serializer):
+class ApplyInput(StrictSerializer):
     duration_seconds = serializers.IntegerField(min_value=60, max_value=30 * 86400, default=3600)
 
 
-class ModelSplitInput(serializers.Serializer):
+class ModelSplitInput(StrictSerializer):
     name = serializers.CharField(max_length=100, required=False, default="")
     architecture = serializers.CharField(max_length=40, required=False, default="")
     layers = serializers.ListField(child=serializers.JSONField(), required=False, default=None, allow_null=True)

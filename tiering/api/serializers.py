@@ -1,5 +1,6 @@
 from rest_framework import serializers
 
+from tenants.api.serializers import StrictSerializer
 from tiering.models import LeaseSample, Profile, Workload
 
 
@@ -10,8 +11,9 @@ class WorkloadOutput(serializers.ModelSerializer):
                   "target_throughput", "target_latency_ms", "created_at"]
 
 
-class WorkloadInput(serializers.Serializer):
-    """Documentation of the body; ``tiering.services.workload_clean`` checks it and names the field at fault."""
+class WorkloadInput(StrictSerializer):
+    """The body's shape (unknown fields and wrong JSON types refused, naming the field); its values are checked
+    by ``tiering.services.workload_clean``, which names the field at fault."""
 
     name = serializers.CharField()
     architecture = serializers.CharField()
@@ -51,7 +53,7 @@ class PredictionOutput(serializers.Serializer):
     reason = serializers.CharField()
 
 
-class SampleInput(serializers.Serializer):
+class SampleInput(StrictSerializer):
     """Bounds as ``tiering.services.lease_sample_record`` checks them."""
 
     throughput = serializers.FloatField(min_value=0, max_value=1e12)

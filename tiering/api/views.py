@@ -8,8 +8,9 @@ from rest_framework import status
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from config.api import paginate
+from config.api import paginate, parse
 from config.openapi import PAGE_PARAMETERS, paginated, problem
+from leasing import selectors as leasing_selectors
 from tiering import selectors, services
 from tiering.api import serializers as s
 
@@ -25,6 +26,7 @@ class WorkloadListApi(APIView):
     @extend_schema(request=s.WorkloadInput, responses={201: s.WorkloadOutput},
                    summary="Register a workload (an architecture, how it runs, and its target)")
     def post(self, request):
+        parse(s.WorkloadInput, request)  # the body's shape: unknown fields, JSON types (the service checks values)
         workload = services.workload_register(actor=request.actor, data=request.data)
         return Response(s.WorkloadOutput(workload).data, status=status.HTTP_201_CREATED)
 
@@ -68,7 +70,8 @@ class LeaseSampleApi(APIView):
                               409: problem("The lease is not running: samples are taken while it runs")},
                    summary="The workload's own throughput on this lease (samples/s; tokens/s for generation)")
     def post(self, request, pk: int):
-        body = request.data if isinstance(request.data, dict) else {}
+        leasing_selectors.lease_get(actor=request.actor, lease_id=pk)  # 404 before the body, as every lease route
+        body = parse(s.SampleInput, request)
         sample = services.lease_sample_record(actor=request.actor, lease_id=pk, throughput=body.get("throughput"),
                                               step_ms=body.get("step_ms"))
         return Response(s.SampleOutput(sample).data, status=status.HTTP_201_CREATED)
