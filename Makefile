@@ -6,11 +6,12 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PORT ?= 8000
 
-.PHONY: run test lint venv clean-var help
+.PHONY: run test lint venv clean-var help bench
 
 help:
 	@echo "make run    start the service with a demo fleet (PORT=$(PORT))"
 	@echo "make test   install test needs, lint, run the whole suite"
+	@echo "make bench  every benchmark -> bench/results/*.json (BENCH_ARGS=--quick: smoke sizes, minutes)"
 
 $(VENV)/.installed: requirements.txt requirements-dev.txt
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "Python 3.11+ is required, found " + sys.version' 
@@ -25,6 +26,9 @@ run: venv
 
 test: venv
 	$(PY) -m infra.test $(PYTEST_ARGS)
+
+bench: venv
+	$(PY) -m bench all $(BENCH_ARGS)
 
 lint: venv
 	$(VENV)/bin/ruff check .

@@ -1,7 +1,8 @@
 """Node agent benchmarks: create/delete operations per second on one agent, and the fleet's scrape time.
 
-    .venv/bin/python bench/agent_ops.py ops --seconds 10 [--threads 1,4]
-    .venv/bin/python bench/agent_ops.py scrape --nodes 1000 [--prometheus-seconds 60]
+    .venv/bin/python bench/agent_ops.py ops --seconds 10 [--threads 1,4]        # -> bench/results/agent_ops.json
+    .venv/bin/python bench/agent_ops.py scrape --nodes 1000 [--prometheus-seconds 60]  # -> agent_scrape.json
+    (``--quick`` on either: a smoke run of a few seconds)
 
 ``ops``: one simulated agent process (8 x H100 in MIG mode) on loopback; clients sign every request like
 the broker does and cycle create (1g.10gb at a free slot) / delete. Each create is persisted (fsync)
@@ -33,6 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from agent.client import AgentClient  # noqa: E402
+from bench.record import write  # noqa: E402
 from tests.agent.conftest import free_port, wait_http  # noqa: E402
 
 
@@ -41,7 +43,8 @@ def _percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-def bench_ops(seconds: float, threads: list[int]) -> None:
+def bench_ops(seconds: float, threads: list[int]) -> dict:
+    figures: dict = {"runs": []}
     with tempfile.TemporaryDirectory() as state:
         port = free_port()
         secret = "bench-secret"
@@ -81,15 +84,22 @@ def bench_ops(seconds: float, threads: list[int]) -> None:
                 for thread in pool:
                     thread.join()
                 elapsed = time.monotonic() - started
+                figures["runs"].append({
+                    "client_threads": count, "seconds": round(elapsed, 2), "operations": len(latencies),
+                    "operations_per_second": round(len(latencies) / elapsed, 1),
+                    "p50_ms": round(statistics.median(latencies) * 1000, 2),
+                    "p99_ms": round(_percentile(latencies, 0.99) * 1000, 2)})
                 print(f"one agent, {count} client thread(s): {len(latencies) / elapsed:,.0f} create+delete operations/s"
                       f" over {elapsed:.1f} s; latency p50 {statistics.median(latencies) * 1000:.1f} ms, "
                       f"p99 {_percentile(latencies, 0.99) * 1000:.1f} ms")
         finally:
             process.terminate()
             process.wait(20)
+    return figures
 
 
-def bench_scrape(nodes: int, prometheus_seconds: float) -> None:
+def bench_scrape(nodes: int, prometheus_seconds: float) -> dict:
+    figures: dict = {"nodes": nodes, "gpus": nodes * 8}
     with tempfile.TemporaryDirectory() as folder:
         folder = Path(folder)
         port = free_port()
@@ -101,6 +111,7 @@ def bench_scrape(nodes: int, prometheus_seconds: float) -> None:
         prometheus = None
         try:
             wait_http(f"http://127.0.0.1:{port}/healthz", fleet, timeout=300)
+            figures["listening_after_seconds"] = round(time.monotonic() - started, 2)
             print(f"fleet of {nodes} nodes ({nodes * 8} GPUs) listening after {time.monotonic() - started:.1f} s")
             manifest = json.loads((folder / "fleet" / "fleet.json").read_text())["nodes"]
             started = time.monotonic()
@@ -116,13 +127,18 @@ def bench_scrape(nodes: int, prometheus_seconds: float) -> None:
                 with urllib.request.urlopen(node["url"] + "/metrics", timeout=10) as response:  # noqa: S310
                     sizes.append(len(response.read()))
                 times.append(time.perf_counter() - began)
+            figures["metrics_pass_seconds"] = round(sum(times), 3)
+            figures["metrics_page_p50_ms"] = round(statistics.median(times) * 1000, 2)
+            figures["metrics_page_p99_ms"] = round(_percentile(times, 0.99) * 1000, 2)
+            figures["metrics_page_kib"] = round(statistics.mean(sizes) / 1024, 1)
             print(f"one sequential pass over {nodes} /metrics pages: {sum(times):.2f} s "
                   f"(per node p50 {statistics.median(times) * 1000:.1f} ms, p99 {_percentile(times, 0.99) * 1000:.1f}"
                   f" ms; {statistics.mean(sizes) / 1024:.1f} KiB per page)")
             binary = shutil.which("prometheus")
             if not binary or prometheus_seconds <= 0:
                 print("prometheus: not installed (apt-get install prometheus) or skipped")
-                return
+                figures["prometheus"] = None
+                return figures
             web_port = free_port()
             config = (ROOT / "infra" / "prometheus.yml").read_text()
             config = config.replace("__TARGETS__", str(folder / "fleet" / "prometheus-targets.json"))
@@ -139,6 +155,13 @@ def bench_scrape(nodes: int, prometheus_seconds: float) -> None:
                     result = json.loads(response.read())["data"]["result"]
                 return result[0]["value"][1] if result else "none"
 
+            mean_s = float(query("avg(avg_over_time(scrape_duration_seconds[1m]))"))
+            max_s = float(query("max(max_over_time(scrape_duration_seconds[1m]))"))
+            figures["prometheus"] = {
+                "seconds": prometheus_seconds, "targets_up": int(float(query("sum(up)"))),
+                "scrape_duration_mean_ms": round(mean_s * 1000, 2), "scrape_duration_max_ms": round(max_s * 1000, 2),
+                "power_series": int(float(query("count(DCGM_FI_DEV_POWER_USAGE)"))),
+                "engine_active_series": int(float(query("count(DCGM_FI_PROF_GR_ENGINE_ACTIVE)")))}
             print(f"prometheus after {prometheus_seconds:.0f} s (scrape every 15 s): targets up "
                   f"{query('sum(up)')}/{nodes}; scrape_duration_seconds mean "
                   f"{float(query('avg(avg_over_time(scrape_duration_seconds[1m]))')) * 1000:.1f} ms, max "
@@ -151,6 +174,7 @@ def bench_scrape(nodes: int, prometheus_seconds: float) -> None:
                 prometheus.wait(30)
             fleet.terminate()
             fleet.wait(60)
+    return figures
 
 
 def main() -> None:
@@ -159,15 +183,22 @@ def main() -> None:
     ops = sub.add_parser("ops")
     ops.add_argument("--seconds", type=float, default=10)
     ops.add_argument("--threads", default="1,4")
+    ops.add_argument("--quick", action="store_true", help="2 s per thread count")
     scrape = sub.add_parser("scrape")
     scrape.add_argument("--nodes", type=int, default=1000)
     scrape.add_argument("--prometheus-seconds", type=float, default=60)
+    scrape.add_argument("--quick", action="store_true", help="50 nodes, 20 s of Prometheus")
     args = parser.parse_args()
     print(time.strftime("%Y-%m-%d %H:%M"), "on", f"{__import__('os').cpu_count()} cores")
     if args.command == "ops":
-        bench_ops(args.seconds, [int(n) for n in args.threads.split(",")])
+        seconds = 2.0 if args.quick else args.seconds
+        figures = bench_ops(seconds, [int(n) for n in args.threads.split(",")])
+        write("agent_ops", figures, settings={"seconds": seconds, "threads": args.threads, "quick": args.quick})
     else:
-        bench_scrape(args.nodes, args.prometheus_seconds)
+        nodes, prometheus_seconds = (50, 20.0) if args.quick else (args.nodes, args.prometheus_seconds)
+        figures = bench_scrape(nodes, prometheus_seconds)
+        write("agent_scrape", figures,
+              settings={"nodes": nodes, "prometheus_seconds": prometheus_seconds, "quick": args.quick})
 
 
 if __name__ == "__main__":

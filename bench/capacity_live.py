@@ -70,8 +70,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.leasing import BIN, Client, _meter, _pct, _postgres, _print_cpu, _queue_delete, _wait_http  # noqa: E402
+from bench.record import results_dir, write  # noqa: E402
 from infra import services  # noqa: E402
-from leasing.sim.capacity import _commit, _machine  # noqa: E402
 from tests.agent.conftest import free_port  # noqa: E402
 
 PROFILE = "1g.10gb"
@@ -115,8 +115,7 @@ def _arguments() -> argparse.Namespace:
     args.history = args.history or max(60, math.ceil(args.leases / args.rate))
     if args.history < 60:
         parser.error("--history: CAPACITY_HISTORY_SECONDS is at least 60")
-    args.json = args.json or ROOT / "bench" / "results" / ("capacity_live_quick.json" if quick
-                                                           else "capacity_live.json")
+    args.json = args.json or results_dir() / ("capacity_live_quick.json" if quick else "capacity_live.json")
     per_run = max(1, math.ceil(args.rate * args.plan_every))  # members one planner run refills, on one node
     args.cold_provision_seconds = math.ceil(args.plan_every + args.create_latency * per_run)
     return args
@@ -514,12 +513,7 @@ def main() -> None:
         result = _report(cold, warm, warm_up, pool, time.monotonic() - began)
         settings = {**shown, "profile": PROFILE, "model": MODEL, "warm_min_arrivals": WARM_MIN_ARRIVALS,
                     "warm_target_p95_seconds": 1}
-        document = {"command": " ".join(["python", "bench/capacity_live.py", *sys.argv[1:]]), "commit": _commit(),
-                    "date": datetime.now(UTC).isoformat(timespec="seconds"), "machine": _machine(),
-                    "settings": settings, "result": result}
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(document, indent=2) + "\n")
-        print(f"written: {args.json}")
+        write(args.json.stem, result, settings=settings, directory=args.json.parent)
         finished = True
     finally:
         if releaser is not None:

@@ -14,6 +14,7 @@ docs equals its file.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
@@ -60,22 +61,29 @@ def commit() -> dict[str, Any]:
 
 
 def command_line(argv: list[str] | None = None) -> str:
-    """The command as typed: ``python bench/x.py --flag`` or ``python -m pkg ...`` (never an absolute path)."""
+    """The command as typed: ``python bench/x.py --flag`` or ``python -m pkg ...`` (never an absolute path).
+    ``argv[0]`` may itself be ``-m package`` for a module's command."""
     argv = list(sys.argv if argv is None else argv)
     head = argv[0] if argv else ""
-    try:
-        head = str(Path(head).resolve().relative_to(ROOT))
-    except (ValueError, OSError):
-        pass
-    if head.endswith("__main__.py"):
-        head = "-m " + head.removesuffix("/__main__.py").replace("/", ".")
-    return "python " + " ".join(shlex.quote(part) for part in [head, *argv[1:]] if part)
+    if not head.startswith("-m "):
+        with contextlib.suppress(ValueError, OSError):
+            head = str(Path(head).resolve().relative_to(ROOT))
+        head = ("-m " + head.removesuffix("/__main__.py").replace("/", ".") if head.endswith("__main__.py")
+                else shlex.quote(head))
+    return " ".join(["python", head, *(shlex.quote(part) for part in argv[1:])])
+
+
+def results_dir() -> Path:
+    """``bench/results``, or ``$BENCH_RESULTS_DIR`` (``python -m bench all --quick`` points it at
+    ``bench/results/quick``, which git ignores, so a smoke run never replaces recorded figures)."""
+    override = os.environ.get("BENCH_RESULTS_DIR", "").strip()
+    return Path(override) if override else RESULTS
 
 
 def write(name: str, figures: dict[str, Any], *, settings: dict[str, Any] | None = None, command: str | None = None,
           directory: Path | None = None) -> Path:
-    """Write ``<directory>/<name>.json`` (``bench/results`` by default) and return its path."""
-    directory = Path(directory) if directory is not None else RESULTS
+    """Write ``<directory>/<name>.json`` (:func:`results_dir` by default) and return its path."""
+    directory = Path(directory) if directory is not None else results_dir()
     directory.mkdir(parents=True, exist_ok=True)
     payload = {
         "name": name,

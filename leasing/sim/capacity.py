@@ -28,14 +28,10 @@ import gzip
 import heapq
 import json
 import math
-import os
-import platform
-import subprocess
 import sys
 import time
 from collections import Counter, deque
 from dataclasses import replace
-from datetime import UTC, datetime
 from pathlib import Path
 
 from leasing.capacity import (
@@ -586,26 +582,6 @@ def _profiles():
     return profiles_for(MODEL)
 
 
-def _machine() -> dict:
-    model = platform.processor()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return {"cores": os.cpu_count(), "cpu": model, "python": platform.python_version()}
-
-
-def _commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=ROOT,
-                              check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-
-
 def main_capacity(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m leasing.sim capacity", description=__doc__.split("\n\n")[0])
     parser.add_argument("--loop", default="all",
@@ -634,7 +610,9 @@ def main_capacity(argv: list[str] | None = None) -> int:
         if loop not in LOOPS:
             print(f"unknown loop {loop!r}; use {', '.join(LOOPS)}", file=sys.stderr)
             return 2
-    command = "python -m leasing.sim capacity " + " ".join(sys.argv[2:] if argv is None else argv)
+    from bench.record import command_line, write  # the benchmarks' one results format
+
+    command = command_line(["-m leasing.sim", "capacity", *(sys.argv[2:] if argv is None else argv)])
     results = []
     for loop in loops:
         replay = Replay(loop=loop, days=args.days, load_factor=args.load, tick=args.tick, cold_mig=args.cold_mig,
@@ -645,11 +623,7 @@ def main_capacity(argv: list[str] | None = None) -> int:
         result = replay.run()
         results.append(result)
         if args.json_dir:
-            args.json_dir.mkdir(parents=True, exist_ok=True)
-            payload = {"command": command, "commit": _commit(), "date": datetime.now(UTC).isoformat(timespec="seconds"),
-                       "machine": _machine(), "settings": vars(args) | {"json_dir": str(args.json_dir)},
-                       "result": result}
-            (args.json_dir / f"capacity_{loop}.json").write_text(json.dumps(payload, indent=2) + "\n")
+            write(f"capacity_{loop}", result, settings=vars(args), command=command, directory=args.json_dir)
         print(f"  {loop}: {result['wall_seconds']} s wall", flush=True)
     print(table(results))
     return 0
@@ -692,7 +666,7 @@ def markdown_report(folder: Path) -> str:
              "| mode switches | in-quota violations | wall s |",
              "|" + "---|" * 15]
     for payload in payloads:
-        r = payload["result"]
+        r = payload["figures"]
         lines.append(
             f"| {r['loop']} | {r['fleet_allocation_pct']} | {r['engine_active_share_pct']} | "
             f"{r['idle_allocated_gpu_hours']} | {r['idle_allocated_cost_minor']} | {r['warm_held_gpu_hours']} | "

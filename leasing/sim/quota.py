@@ -36,7 +36,6 @@ from __future__ import annotations
 import argparse
 import bisect
 import heapq
-import json
 import math
 import sys
 import time
@@ -694,7 +693,8 @@ def _parser() -> argparse.ArgumentParser:
                         help="partitions purely proportional (no floor of each project's largest job); not static")
     parser.add_argument("--no-prune", action="store_true", help="pass the whole queue to the core every cycle")
     parser.add_argument("--placement", default="default", help="placement policy of the core")
-    parser.add_argument("--json", type=Path, default=None, help="write the results here")
+    parser.add_argument("--json-dir", type=Path, default=None,
+                        help="write philly_quota_<policy>.json here, one per policy (bench/record.py's format)")
     return parser
 
 
@@ -724,11 +724,13 @@ def main_quota(argv: list[str] | None = None) -> int:
         results.append(result)
         print(f"  {policy}: {result.wall_seconds:.1f}s wall, {result.schedule_calls} schedule calls", flush=True)
     print(table(results))
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        payload = {"command": "python -m leasing.sim quota " + " ".join(sys.argv[1:] if argv is None else argv),
-                   "trace": str(args.jobs), "results": [asdict(r) for r in results]}
-        args.json.write_text(json.dumps(payload, indent=2) + "\n")
+    if args.json_dir:
+        from bench.record import command_line, write  # the benchmarks' one results format
+
+        command = command_line(["-m leasing.sim", "quota", *(sys.argv[2:] if argv is None else argv)])
+        for result in results:
+            write(f"philly_quota_{result.policy}", {"trace": str(args.jobs), **asdict(result)},
+                  settings=vars(args), command=command, directory=args.json_dir)
     return 0
 
 

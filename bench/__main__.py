@@ -1,0 +1,129 @@
+"""Every benchmark by one command (issue 16, "reproducible results").
+
+    python -m bench list                  # what there is, what each needs, how long it takes
+    python -m bench all                   # every benchmark at its recorded size -> bench/results/*.json
+    python -m bench all --quick           # every benchmark at a smoke size -> bench/results/quick/ (git ignores it)
+    python -m bench run billing openb     # some of them
+    python -m bench docs                  # rewrite the docs' tables from bench/results/*.json
+    python -m bench docs --check          # exit 1 if a docs table differs from its results file
+
+``make bench`` is ``python -m bench all``; ``make bench BENCH_ARGS=--quick`` the smoke run. Each benchmark runs
+as its own process with this interpreter, one after the other (they measure CPU and would disturb each other),
+and writes its results through ``bench/record.py``. A full run takes hours on a 2-core machine (``list`` says
+how long each took); ``--quick`` takes minutes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+PHILLY = "bench/traces/philly/philly_jobs_until_2017-11-14.csv"
+
+
+@dataclass(frozen=True)
+class Benchmark:
+    name: str
+    about: str
+    full: tuple[str, ...]  # arguments after the interpreter; "{results}" is replaced by the results folder
+    quick: tuple[str, ...]
+    results: tuple[str, ...]  # the results files (bench/results/<name>.json) a full run writes
+    needs: str  # the real parts it starts or uses
+    minutes: float  # about how long the full run took on the 2-core development machine
+
+    def argv(self, quick: bool, results: Path) -> list[str]:
+        return [part.replace("{results}", str(results)) for part in (self.quick if quick else self.full)]
+
+
+OPENB_TRACES = ("default", "multigpu20", "multigpu30", "gpushare20", "gpushare40", "gpushare60", "gpushare80",
+                "gpuspec10", "gpuspec20")
+
+BENCHMARKS: tuple[Benchmark, ...] = (
+    Benchmark("agent_ops", "create+delete operations per second on one node agent (fsync per change)",
+              ("bench/agent_ops.py", "ops", "--seconds", "8"), ("bench/agent_ops.py", "ops", "--quick"),
+              ("agent_ops",), "an agent process", 0.5),
+    Benchmark("agent_scrape", "1,000 simulated nodes' /metrics, one pass and a real Prometheus scraping them",
+              ("bench/agent_ops.py", "scrape", "--nodes", "1000", "--prometheus-seconds", "75"),
+              ("bench/agent_ops.py", "scrape", "--quick"), ("agent_scrape",), "a fleet process, Prometheus", 3),
+    Benchmark("quota", "quota replay of the Philly trace: static partitions, FIFO and ours",
+              ("-m", "leasing.sim", "quota", "--jobs", PHILLY, "--load", "0.8", "--policy", "all",
+               "--json-dir", "{results}"),
+              ("-m", "leasing.sim", "quota", "--jobs", PHILLY, "--load", "0.8", "--policy", "all", "--limit", "6000",
+               "--json-dir", "{results}"),
+              ("philly_quota_static", "philly_quota_fifo", "philly_quota_ours"), "nothing (pure replay)", 4),
+    Benchmark("capacity", "closed-loop capacity replay (Philly arrivals, GenAI utilisation): loop off/advise/auto",
+              ("-m", "leasing.sim", "capacity", "--days", "3", "--start-day", "30", "--json-dir", "{results}"),
+              ("-m", "leasing.sim", "capacity", "--days", "0.5", "--start-day", "30", "--loop", "off,auto",
+               "--json-dir", "{results}"),
+              ("capacity_off", "capacity_advise", "capacity_auto", "capacity_auto-train"), "nothing (pure replay)",
+              8),
+    Benchmark("capacity_live", "warm pools in the live service: p95 time to GPU warm against cold",
+              ("bench/capacity_live.py",), ("bench/capacity_live.py", "--quick"), ("capacity_live",),
+              "PostgreSQL, Redis, gunicorn, Celery workers and beat, a simulated fleet", 9),
+)
+
+
+def by_name() -> dict[str, Benchmark]:
+    return {bench.name: bench for bench in BENCHMARKS}
+
+
+def results_files() -> set[str]:
+    """Every results file a full run of every benchmark writes (stems)."""
+    return {name for bench in BENCHMARKS for name in bench.results}
+
+
+def run(selected: list[Benchmark], quick: bool) -> int:
+    results = ROOT / "bench" / "results" / ("quick" if quick else "")
+    results.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "BENCH_RESULTS_DIR": str(results), "PYTHONUNBUFFERED": "1"}
+    outcome = []
+    for bench in selected:
+        argv = [sys.executable, *bench.argv(quick, results)]
+        print(f"\n== {bench.name}: {' '.join(argv[1:])}", flush=True)
+        began = time.monotonic()
+        code = subprocess.run(argv, cwd=ROOT, env=env, check=False).returncode
+        outcome.append((bench.name, code, time.monotonic() - began))
+    print("\n== summary (results in " + str(results.relative_to(ROOT)) + ")")
+    for name, code, seconds in outcome:
+        print(f"  {name:16} {'ok' if code == 0 else f'FAILED (exit {code})':18} {seconds:8.1f} s")
+    return 0 if all(code == 0 for _, code, _ in outcome) else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("list", help="the benchmarks")
+    everything = sub.add_parser("all", help="run every benchmark")
+    everything.add_argument("--quick", action="store_true", help="smoke sizes, results in bench/results/quick/")
+    some = sub.add_parser("run", help="run the named benchmarks")
+    some.add_argument("names", nargs="+", choices=sorted(by_name()))
+    some.add_argument("--quick", action="store_true", help="smoke sizes, results in bench/results/quick/")
+    docs = sub.add_parser("docs", help="rewrite the docs' tables from the results files")
+    docs.add_argument("--check", action="store_true", help="change nothing; exit 1 where a table differs")
+    args = parser.parse_args(argv)
+    if args.command == "list":
+        for bench in BENCHMARKS:
+            print(f"{bench.name:16} ~{bench.minutes:g} min  {bench.about}\n{'':16} needs: {bench.needs}\n"
+                  f"{'':16} writes: {', '.join(f'{r}.json' for r in bench.results)}")
+        return 0
+    if args.command == "docs":
+        from bench.docs import update
+
+        changed = update(check=args.check)
+        for line in changed:
+            print(("differs: " if args.check else "rewrote: ") + line)
+        return 1 if (args.check and changed) else 0
+    selected = list(BENCHMARKS) if args.command == "all" else [by_name()[name] for name in args.names]
+    return run(selected, args.quick)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

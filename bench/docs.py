@@ -1,0 +1,203 @@
+"""The docs' benchmark tables, made from the results files.
+
+A table in ``README.md`` or ``docs/*.md`` sits between two markers::
+
+    <!-- bench:capacity -->
+    ...made by the renderer named "capacity" from bench/results/*.json...
+    <!-- /bench:capacity -->
+
+``python -m bench docs`` rewrites every such block from its renderer; ``tests/test_bench_results.py`` fails when a
+block differs from what its results files say (so a figure in a table is always the figure a command wrote), or
+when a results file is not one a registered benchmark writes.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from pathlib import Path
+
+from bench.record import ROOT, load
+
+BLOCK = re.compile(r"<!-- bench:(?P<name>[\w.-]+) -->\n(?P<body>.*?)<!-- /bench:(?P=name) -->", re.S)
+RENDERERS: dict[str, Callable[[], str]] = {}
+
+
+def renderer(name: str) -> Callable[[Callable[[], str]], Callable[[], str]]:
+    def register(function: Callable[[], str]) -> Callable[[], str]:
+        RENDERERS[name] = function
+        return function
+
+    return register
+
+
+def documents() -> list[Path]:
+    return [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+
+
+def provenance(*names: str) -> str:
+    """One line: the command(s), commit, date and machine of the results files behind a table."""
+    payloads = [load(name) for name in names]
+    first = payloads[0]
+    machine = first["machine"]
+    commands = list(dict.fromkeys(p["command"] for p in payloads))
+    commits = sorted({p["commit"][:10] + (" (uncommitted changes)" if p.get("dirty") else "") for p in payloads})
+    dates = sorted(p["date"] for p in payloads)
+    when = dates[0] if dates[0] == dates[-1] else f"{dates[0]} to {dates[-1]}"
+    return (f"{'; '.join(f'`{c}`' for c in commands)} — commit {', '.join(commits)}, {when}, "
+            f"{machine['cores']} cores ({machine['cpu']}), Python {machine['python']}")
+
+
+def table(header: list[str], rows: list[list[object]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(str(cell) for cell in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    if seconds < 172800:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 86400:.1f} d"
+
+
+# --- the renderers -------------------------------------------------------------------------------------------
+
+
+@renderer("agent_ops")
+def _agent_ops() -> str:
+    figures = load("agent_ops")["figures"]
+    rows = [[r["client_threads"], f"{r['operations_per_second']:,.0f}", r["p50_ms"], r["p99_ms"], r["seconds"]]
+            for r in figures["runs"]]
+    return provenance("agent_ops") + "\n\n" + table(
+        ["client threads", "create+delete ops/s", "p50 ms", "p99 ms", "seconds"], rows)
+
+
+@renderer("agent_scrape")
+def _agent_scrape() -> str:
+    f = load("agent_scrape")["figures"]
+    rows = [["nodes (GPUs)", f"{f['nodes']:,} ({f['gpus']:,})"],
+            ["fleet listening after", f"{f['listening_after_seconds']} s"],
+            ["one sequential pass over every /metrics", f"{f['metrics_pass_seconds']} s"],
+            ["per page p50 / p99", f"{f['metrics_page_p50_ms']} / {f['metrics_page_p99_ms']} ms"],
+            ["page size", f"{f['metrics_page_kib']} KiB"]]
+    prometheus = f.get("prometheus")
+    if prometheus:
+        rows += [["Prometheus targets up", f"{prometheus['targets_up']:,} / {f['nodes']:,}"],
+                 ["scrape_duration mean / max", f"{prometheus['scrape_duration_mean_ms']} / "
+                                                f"{prometheus['scrape_duration_max_ms']} ms"],
+                 ["power / engine-active series", f"{prometheus['power_series']:,} / "
+                                                  f"{prometheus['engine_active_series']:,}"]]
+    return provenance("agent_scrape") + "\n\n" + table(["", ""], rows)
+
+
+CAPACITY_LOOPS = ("off", "advise", "auto", "auto-train")
+
+
+@renderer("capacity")
+def _capacity() -> str:
+    names = [f"capacity_{loop}" for loop in CAPACITY_LOOPS]
+    rows = []
+    for name in names:
+        r = load(name)["figures"]
+        rows.append([r["loop"], r["fleet_allocation_pct"], r["engine_active_share_pct"], r["idle_allocated_gpu_hours"],
+                     r["idle_allocated_cost_minor"], r["warm_held_gpu_hours"], r["ttg_p95_s"]["mig"],
+                     r["ttg_p95_s"]["warm"], r["ttg_p95_s"]["cold"], r["queue_wait_s"]["mean"],
+                     r["queue_wait_s"]["p95"], r["leases_touched_by_reclaim"], r["mode_switches"],
+                     r["in_quota_violations"], r["wall_seconds"]])
+    off, auto = (load(f"capacity_{loop}")["figures"]["idle_allocated_gpu_hours"] for loop in ("off", "auto"))
+    train = load("capacity_auto-train")["figures"]["idle_allocated_gpu_hours"]
+    change = (f"Idle allocated GPU-hours, `auto` against `off`: {off:,} → {auto:,} "
+              f"({(auto - off) / off * 100:+.1f} %); `auto-train` against `off`: {(train - off) / off * 100:+.1f} %.")
+    return provenance(*names) + "\n\n" + table(
+        ["loop", "fleet alloc %", "engine-active share %", "idle allocated GPU-h", "idle cost (minor)",
+         "warm held GPU-h", "p95 TTG MIG s", "p95 TTG warm s", "p95 TTG cold s", "wait mean s", "wait p95 s",
+         "leases touched by reclaim", "mode switches", "in-quota violations", "wall s"], rows) + "\n\n" + change
+
+
+@renderer("capacity_live")
+def _capacity_live() -> str:
+    f = load("capacity_live")["figures"]
+    labels = {"cold_phase": "cold", "warm_phase_all": "warm, all", "warm_phase_bound_warm": "warm, bound a warm member",
+              "warm_phase_cold_path": "warm, cold path (pool empty)",
+              "warm_phase_bound_member_in_making": "warm, bound a member still being made"}
+    rows = [[labels.get(key, key), v["n"], v["p50_s"], v["p95_s"], v["max_s"]]
+            for key, v in f["time_to_gpu"].items() if v and v.get("n")]
+    cpu = f["cpu"]
+    lines = [
+        table(["phase", "leases", "p50 s", "p95 s", "max s"], rows), "",
+        f"- Share of warm-phase requests served warm: {f['warm_phase_served_warm_share'] * 100:.1f} %; "
+        f"p95 bound-warm / p95 cold (the ratio a busy machine moves least): {f['p95_bound_warm_over_p95_cold']}; "
+        f"target p95 < 1 s met: {'yes' if f['target_p95_under_1s_met'] else 'no'}.",
+        f"- Warm pool: {f['warm_pool']['members_created']} members made, {f['warm_pool']['members_bound']} bound, "
+        f"{f['warm_pool']['held_idle_gpu_hours']} GPU-hours held idle; {f['warm_pool']['adjustments_applied']} "
+        f"adjustments applied, {f['warm_pool']['adjustments_failed']} failed.",
+        f"- CPU per lease, all parts: {cpu['cold_phase']['ms_per_lease']['all']} ms cold, "
+        f"{cpu['warm_phase']['ms_per_lease']['all']} ms warm.",
+    ]
+    return provenance("capacity_live") + "\n\n" + "\n".join(lines)
+
+
+@renderer("quota")
+def _quota() -> str:
+    names = ("philly_quota_static", "philly_quota_fifo", "philly_quota_ours")
+    runs = [load(name)["figures"] for name in names]
+
+    def spread(d: dict) -> str:
+        return f"{_duration(d['p50'])} / {_duration(d['p95'])} / {_duration(d['p99'])}"
+
+    def preemptions(r: dict) -> str:
+        if not r["preemptions"]:
+            return "0"
+        return f"{r['preemptions']:,} ({r['preempted_jobs']:,}) / {r['gpu_hours_lost']:,} GPU-h"
+
+    rows = [
+        ["jobs / GPUs / offered load", *(f"{r['jobs']:,} / {r['gpus']} / {r['offered_load']}" for r in runs)],
+        ["utilisation (first to last submission)", *(r["utilisation_window"] for r in runs)],
+        ["queueing delay mean", *(_duration(r["queueing_delay_s"]["mean"]) for r in runs)],
+        ["queueing delay p50 / p95 / p99", *(spread(r["queueing_delay_s"]) for r in runs)],
+        ["in-quota time-to-GPU p50 / p95 / p99", *(spread(r["in_quota_ttg_s"]) for r in runs)],
+        ["mean job completion time", *(_duration(r["jct_s"]["mean"]) for r in runs)],
+        ["preemptions (jobs) / GPU-hours lost", *(preemptions(r) for r in runs)],
+        ["Jain's index (over-quota share / weight)",
+         *("–" if r["jain_over_quota"] is None else r["jain_over_quota"] for r in runs)],
+        ["guarantee violations", *(f"{r['guarantee_violations']:,}" for r in runs)],
+        ["in-quota gangs waiting for one node (not violations)", *(r["in_quota_fragmented_waits"] for r in runs)],
+        ["wall time", *(f"{r['wall_seconds']} s" for r in runs)],
+    ]
+    static, ours = runs[0], runs[2]
+    ratio = static["queueing_delay_s"]["mean"] / max(ours["queueing_delay_s"]["mean"], 1e-9)
+    return (provenance(*names) + "\n\n" + table(["", "static", "fifo", "ours"], rows) + "\n\n"
+            + f"Mean queueing delay, static partitions against ours: {ratio:.1f}x lower with ours.")
+
+
+def render(name: str) -> str:
+    return RENDERERS[name]().rstrip("\n") + "\n"
+
+
+def blocks(text: str) -> list[tuple[str, str]]:
+    return [(m.group("name"), m.group("body")) for m in BLOCK.finditer(text)]
+
+
+def update(check: bool = False) -> list[str]:
+    """Rewrite (or, with ``check``, compare) every block; return ``path: name`` of those that differ."""
+    differs = []
+    for path in documents():
+        text = path.read_text()
+
+        def replace(match: re.Match, path: Path = path) -> str:
+            name = match.group("name")
+            if name not in RENDERERS:
+                raise KeyError(f"{path.relative_to(ROOT)}: no renderer named {name!r} (bench/docs.py)")
+            body = render(name)
+            if body != match.group("body"):
+                differs.append(f"{path.relative_to(ROOT)}: {name}")
+            return f"<!-- bench:{name} -->\n{body}<!-- /bench:{name} -->"
+
+        new = BLOCK.sub(replace, text)
+        if new != text and not check:
+            path.write_text(new)
+    return differs
