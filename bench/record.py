@@ -49,13 +49,15 @@ def machine() -> dict[str, Any]:
 
 
 def commit() -> dict[str, Any]:
-    """The commit the figures were produced at; ``dirty`` when tracked files had uncommitted changes."""
+    """The commit the figures were produced at; ``dirty`` when tracked files had uncommitted changes (results files
+    aside: a run that writes several of them must not call its own later files dirty)."""
 
     def git(*args: str) -> str:
         return subprocess.run(["git", *args], capture_output=True, text=True, cwd=ROOT, check=True).stdout.strip()
 
     try:
-        return {"commit": git("rev-parse", "HEAD"), "dirty": bool(git("status", "--porcelain", "--untracked-files=no"))}
+        changed = git("status", "--porcelain", "--untracked-files=no", "--", ".", ":(exclude)bench/results")
+        return {"commit": git("rev-parse", "HEAD"), "dirty": bool(changed)}
     except (OSError, subprocess.CalledProcessError):
         return {"commit": "unknown", "dirty": None}
 
