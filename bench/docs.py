@@ -192,7 +192,11 @@ def update(check: bool = False) -> list[str]:
             name = match.group("name")
             if name not in RENDERERS:
                 raise KeyError(f"{path.relative_to(ROOT)}: no renderer named {name!r} (bench/docs.py)")
-            body = render(name)
+            try:
+                body = render(name)
+            except (OSError, KeyError, TypeError, ValueError) as error:  # a missing or older-format results file
+                differs.append(f"{path.relative_to(ROOT)}: {name} (cannot render: {type(error).__name__} {error})")
+                return match.group(0)
             if body != match.group("body"):
                 differs.append(f"{path.relative_to(ROOT)}: {name}")
             return f"<!-- bench:{name} -->\n{body}<!-- /bench:{name} -->"

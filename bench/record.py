@@ -82,6 +82,18 @@ def results_dir() -> Path:
     return Path(override) if override else RESULTS
 
 
+_AT_START = None
+
+
+def _commit_at_start() -> dict[str, Any]:
+    """The tree as the benchmark process found it when it first recorded (see the module's import below): edits
+    made while a long run goes on must not change what its file says it ran."""
+    global _AT_START
+    if _AT_START is None:
+        _AT_START = commit()
+    return _AT_START
+
+
 def write(name: str, figures: dict[str, Any], *, settings: dict[str, Any] | None = None, command: str | None = None,
           directory: Path | None = None) -> Path:
     """Write ``<directory>/<name>.json`` (:func:`results_dir` by default) and return its path."""
@@ -90,7 +102,7 @@ def write(name: str, figures: dict[str, Any], *, settings: dict[str, Any] | None
     payload = {
         "name": name,
         "command": command if command is not None else command_line(),
-        **commit(),
+        **_commit_at_start(),
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "machine": machine(),
         "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in (settings or {}).items()},
@@ -108,3 +120,6 @@ def load(name: str, directory: Path | None = None) -> dict[str, Any]:
     """The results file ``name`` as written by :func:`write`."""
     directory = Path(directory) if directory is not None else RESULTS
     return json.loads((directory / f"{name}.json").read_text())
+
+
+_commit_at_start()  # at import: benchmarks import this module before they start measuring

@@ -699,6 +699,8 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main_quota(argv: list[str] | None = None) -> int:
+    from bench.record import command_line, write  # the benchmarks' one results format (the tree as found now)
+
     args = _parser().parse_args(argv)
     policies = POLICIES if args.policy == "all" else tuple(p.strip() for p in args.policy.split(","))
     for policy in policies:
@@ -725,8 +727,6 @@ def main_quota(argv: list[str] | None = None) -> int:
         print(f"  {policy}: {result.wall_seconds:.1f}s wall, {result.schedule_calls} schedule calls", flush=True)
     print(table(results))
     if args.json_dir:
-        from bench.record import command_line, write  # the benchmarks' one results format
-
         command = command_line(["-m leasing.sim", "quota", *(sys.argv[2:] if argv is None else argv)])
         for result in results:
             write(f"philly_quota_{result.policy}", {"trace": str(args.jobs), **asdict(result)},
