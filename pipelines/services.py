@@ -10,11 +10,13 @@ from django.db import transaction
 from django.utils import timezone
 
 from config.errors import Conflict, NotFound, ValidationFailed
-from gpus.catalogue import UnknownModel, model_get
+from gpus import performance
+from gpus.architectures import ARCHITECTURES
+from gpus.catalogue import model_get
+from gpus.layers import Layer, NoLayerTable, layers_of
 from leasing import services as leasing
 from leasing.extensions import list_prices
-from leasing.pipelines import esg, hardware, splits
-from leasing.pipelines.architectures import ARCHITECTURES, Layer, UnknownArchitecture, architecture
+from leasing.pipelines import esg, splits
 from leasing.pipelines.profiles import Candidate, profile_for
 from pipelines.models import ModelSplit, Pipeline, PipelinePlan, PlanLease, PlanState
 from tenants.access import Actor
@@ -44,8 +46,8 @@ def _tiers(value) -> list[str]:
     for index, code in enumerate(value):
         try:
             found.append(model_get(code).code)
-            hardware.peaks(code)
-        except (UnknownModel, hardware.UnknownHardware) as error:
+            performance.spec_get(code)
+        except KeyError as error:  # an unknown model, or one without compute figures
             raise ValidationFailed(str(error.args[0]), field=f"tiers[{index}]") from None
     return found
 
@@ -56,8 +58,8 @@ def _candidates(stage: dict, index: int, tiers: list[str]) -> tuple[Candidate, .
         if not isinstance(stage["architecture"], str):
             raise ValidationFailed(f"architecture is one of {', '.join(ARCHITECTURES)}.", field=f"{field}.architecture")
         try:
-            found = profile_for(architecture(stage["architecture"]), tuple(tiers))
-        except UnknownArchitecture as error:
+            found = profile_for(stage["architecture"], tuple(tiers))
+        except KeyError as error:
             raise ValidationFailed(error.args[0], field=f"{field}.architecture") from None
         if not found:
             raise ValidationFailed(f"{stage['architecture']} fits on no slice of {', '.join(tiers)}.",
@@ -76,14 +78,16 @@ def _candidates(stage: dict, index: int, tiers: list[str]) -> tuple[Candidate, .
             tier = model_get(str(row.get("tier", ""))).code
             kind = row.get("kind", "whole")
             if kind == "mig":
-                slice_ = hardware.mig(tier, str(row.get("profile", "")))
+                slice_ = performance.mig(tier, str(row.get("profile", "")))
             elif kind == "share":
-                slice_ = hardware.share(tier, int(row.get("milli", 0)))
+                slice_ = performance.share(tier, int(row.get("milli", 0)))
             elif kind == "whole":
-                slice_ = hardware.whole(tier)
+                slice_ = performance.whole(tier)
             else:
                 raise ValidationFailed("kind must be whole, mig or share.", field=f"{at}.kind")
-        except (UnknownModel, hardware.UnknownHardware, ValueError, TypeError) as error:
+        except KeyError as error:  # an unknown model or profile
+            raise ValidationFailed(str(error.args[0]), field=at) from None
+        except (ValueError, TypeError) as error:
             raise ValidationFailed(str(error), field=at) from None
         batch = row.get("batch", 1)
         if isinstance(batch, bool) or not isinstance(batch, int) or not 1 <= batch <= 1024:
@@ -239,8 +243,8 @@ def model_split_create(*, actor: Actor, gpus, architecture_name: str = "", layer
     actor.require("use")
     if architecture_name:
         try:
-            table = list(architecture(architecture_name).layers)
-        except UnknownArchitecture as error:
+            table = list(layers_of(architecture_name))
+        except NoLayerTable as error:
             raise ValidationFailed(error.args[0], field="architecture") from None
     else:
         table = _layers(layers, "layers")
@@ -255,8 +259,8 @@ def model_split_create(*, actor: Actor, gpus, architecture_name: str = "", layer
             raise ValidationFailed("each GPU is an object.", field=at)
         try:
             model = model_get(str(row.get("model", "")))
-            hardware.peaks(model.code)
-        except (UnknownModel, hardware.UnknownHardware) as error:
+            performance.spec_get(model.code)
+        except KeyError as error:  # an unknown model, or one without compute figures
             raise ValidationFailed(str(error.args[0]), field=f"{at}.model") from None
         free = row.get("free_mib", model.memory_mib)
         if isinstance(free, bool) or not isinstance(free, int) or not 1 <= free <= model.memory_mib:

@@ -323,7 +323,7 @@ def pipeline_steps(step, world: World, capped: str) -> None:
     v1, owner = "/api/v1", world.tokens["owner"]
     body = {"project": world.project.slug, "name": "contract", "slo_ms": 200.0, "rate_rps": 5.0,
             "tiers": ["H100-80GB"], "edges": [["detect", "embed"]],
-            "stages": [{"name": "detect", "architecture": "resnet50"}, {"name": "embed", "architecture": "bert_base"}]}
+            "stages": [{"name": "detect", "architecture": "resnet-50"}, {"name": "embed", "architecture": "bert-base"}]}
     poor = step(f"{v1}/pipelines", "post", 201, token=owner, body={**body, "project": capped})
     poor_plan = step(f"{v1}/pipelines/{{id}}/plans", "post", 201, f"{v1}/pipelines/{poor['id']}/plans", token=owner,
                      body={})
@@ -340,7 +340,7 @@ def pipeline_steps(step, world: World, capped: str) -> None:
     step(f"{v1}/pipelines/{{id}}/plans/{{plan_id}}/apply", "post", 409, f"{at}/apply", token=owner, body={})
     step(f"{v1}/pipelines/{{id}}/plans/{{plan_id}}/release", "post", 409, f"{at}/release", token=owner)
     split = step(f"{v1}/model-splits", "post", 201, token=owner, body={
-        "architecture": "bert_base", "batch": 8,
+        "architecture": "bert-base", "batch": 8,
         "gpus": [{"model": "H100-80GB", "node": "n1"}, {"model": "H100-80GB", "node": "n1"}]})
     step(f"{v1}/model-splits/{{id}}", "get", 200, f"{v1}/model-splits/{split['id']}", token=owner)
 

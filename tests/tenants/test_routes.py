@@ -54,7 +54,7 @@ class Route:
 
 READ = {"get": None}
 PIPELINE = {"project": "vision", "name": "r", "slo_ms": 200.0, "rate_rps": 5.0, "tiers": ["H100-80GB"],
-            "stages": [{"name": "a", "architecture": "resnet50"}], "edges": []}
+            "stages": [{"name": "a", "architecture": "resnet-50"}], "edges": []}
 ROUTES: dict[str, Route] = {
     # -- tenant API (tenants/api) ---------------------------------------------------------------------
     "api-tenant": Route("api", "/api/v1/tenant", {"get": None, "patch": {"name": "x"}}),
@@ -127,7 +127,7 @@ ROUTES: dict[str, Route] = {
     "api-pipeline-apply": Route("api", "/api/v1/pipelines/{id}/apply", {"post": {}}, obj="plan"),
     "api-pipeline-release": Route("api", "/api/v1/pipelines/{id}/release", {"post": None}, obj="plan"),
     "api-model-splits": Route("api", "/api/v1/model-splits", {"post": {
-        "architecture": "bert_base", "gpus": [{"model": "H100-80GB", "node": "n1"}]}}),
+        "architecture": "bert-base", "gpus": [{"model": "H100-80GB", "node": "n1"}]}}),
     "api-model-split": Route("api", "/api/v1/model-splits/{id}", READ, obj="split"),
     "api-workloads": Route("api", "/api/v1/workloads", {"get": None,
                                                          "post": {"name": "w2", "architecture": "bert-base",
@@ -300,7 +300,7 @@ def objects(world):
         actor = Actor(user=user, tenant=tenant, role=Role(Membership.objects.get(tenant=tenant, user=user).role))
         pipeline = pipelines.pipeline_create(actor=actor, **{**PIPELINE, "project": project.slug})
         plan = pipelines.plan_create(actor=actor, pipeline=pipeline)
-        split = pipelines.model_split_create(actor=actor, architecture_name="bert_base",
+        split = pipelines.model_split_create(actor=actor, architecture_name="bert-base",
                                              gpus=[{"model": "H100-80GB", "node": "n1"}])
         workload = tiering.workload_register(actor=actor, data={
             "name": f"w-{tenant.slug}", "architecture": "bert-base", "target_throughput": 100.0})
