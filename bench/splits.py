@@ -9,7 +9,8 @@ Fleets: 3 to 6 candidate GPUs (A100-40GB, L4, A10, T4: no 80 GB part) over 2 or 
 20-80 % of its memory already taken (the free memory a live fleet offers), so the larger models must be split.
 The summary also compares the methods on the cases whose optimum uses two GPUs or more (``multi_gpu``).
 For each case: the heuristic, equal layers (the GPUs in the order listed) and the optimum (dynamic
-programming); latency (compute + transfers), idle memory on the GPUs used, the objective, whether a split was found, planning time.
+programming); latency (compute + transfers), idle memory on the GPUs used, the objective, whether a split was
+found, planning time.
 Writes bench/results/splits.json through ``bench.record`` (``--quick``: splits_quick.json).
 """
 
