@@ -18,7 +18,7 @@ from leasing import services as leasing
 from leasing.extensions import list_prices
 from leasing.pipelines import esg, splits
 from leasing.pipelines.profiles import Candidate, profile_for
-from pipelines.models import ModelSplit, Pipeline, PipelinePlan, PlanLease, PlanState
+from pipelines.models import ModelSplit, ModelSplitLease, Pipeline, PipelinePlan, PlanLease, PlanState
 from tenants.access import Actor
 from tenants.models import AuditEvent, Project
 
@@ -286,3 +286,64 @@ def model_split_create(*, actor: Actor, gpus, architecture_name: str = "", layer
         _audit(actor, "model_split.create", f"model-split:{row.pk}", feasible=heuristic.feasible,
                gpus=len(heuristic.groups))
     return row
+
+
+def _split_access(split: ModelSplit, index: int, group: dict) -> dict:
+    """What the device of a split's group must know: its layer range in the whole model, and its neighbours."""
+    count = len(split.result["groups"])
+    names = group.get("layers") or []
+    return {"split": {"model_split": split.pk, "architecture": split.architecture or split.name, "batch": split.batch,
+                      "group": index, "groups": count, "first_layer": group["first"], "last_layer": group["last"],
+                      "first_layer_name": names[0] if names else "", "last_layer_name": names[-1] if names else "",
+                      "planned_gpu": group["gpu"], "planned_node": group["node"],
+                      "receives_from_group": index - 1 if index else None,
+                      "sends_to_group": index + 1 if index + 1 < count else None}}
+
+
+def model_split_apply(*, actor: Actor, split: ModelSplit, project: str,
+                      duration_seconds: int = 3600) -> ModelSplit:
+    """Lease the GPUs of a feasible split as a gang: one lease per group (a whole GPU of the group's model, as
+    the split's latency model assumes), all in one transaction through ``leasing.services.lease_request``
+    (quotas, spend caps, billing), one lease group (``model-split-<id>``) so the scheduler places them all or
+    none, provisioning requeues them together, and a member preempted takes the others with it. Each lease's
+    access details carry its layer range. Applying an applied split again is a no-op."""
+    actor.require("use")
+    with transaction.atomic():
+        split = ModelSplit.objects.select_for_update().get(pk=split.pk)
+        if split.state == PlanState.APPLIED:
+            return split
+        if split.state != PlanState.PLANNED:
+            raise Conflict(f"The split is {split.state}; plan it again to apply.", field="state")
+        if not split.feasible:
+            raise Conflict("The split found no groups that fit: it is not applied.", field="feasible")
+        target = Project.objects.filter(tenant=actor.tenant, slug=project).first()
+        if target is None:
+            raise NotFound(f"No project {project!r} in this tenant.", field="project")
+        for index, group in enumerate(split.result["groups"]):
+            lease, _ = leasing.lease_request(
+                actor=actor, project=target.slug, gpu={"kind": "whole", "model": group["model"], "count": 1},
+                workload_class="inference", duration_seconds=duration_seconds,
+                idempotency_key=f"model-split-{split.pk}-{index}", group=f"model-split-{split.pk}",
+                access_extra=_split_access(split, index, group))
+            ModelSplitLease.objects.create(split=split, group=index, lease=lease)
+        split.state, split.project, split.applied_at = PlanState.APPLIED, target, timezone.now()
+        split.save(update_fields=["state", "project", "applied_at"])
+        _audit(actor, "model_split.apply", f"model-split:{split.pk}", project=target.slug,
+               leases=[link.lease_id for link in split.leases.order_by("group")])
+    return split
+
+
+def model_split_release(*, actor: Actor, split: ModelSplit) -> ModelSplit:
+    """Release every lease of an applied split together (each release is idempotent)."""
+    actor.require("release")
+    with transaction.atomic():
+        split = ModelSplit.objects.select_for_update().get(pk=split.pk)
+        if split.state != PlanState.APPLIED:
+            raise Conflict(f"The split is {split.state}, not applied.", field="state")
+        split.state, split.released_at = PlanState.RELEASED, timezone.now()
+        split.save(update_fields=["state", "released_at"])
+        _audit(actor, "model_split.release", f"model-split:{split.pk}")
+    for link in split.leases.select_related("lease").order_by("group"):
+        leasing.lease_release(lease=link.lease, actor=f"user:{actor.user.get_username()}",
+                              reason=f"model split {split.pk} released")
+    return split

@@ -1,3 +1,4 @@
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from pipelines.models import ModelSplit, Pipeline, PipelinePlan
@@ -52,7 +53,26 @@ class PipelineOutput(serializers.ModelSerializer):
         fields = ["id", "project", "name", "stages", "edges", "slo_ms", "rate_rps", "tiers", "created_at"]
 
 
+class ModelSplitApplyInput(StrictSerializer):
+    project = serializers.CharField(max_length=100)
+    duration_seconds = serializers.IntegerField(min_value=60, max_value=30 * 86400, default=3600)
+
+
+class SplitLeaseOutput(serializers.Serializer):
+    group = serializers.IntegerField()
+    lease = serializers.IntegerField(source="lease_id")
+    state = serializers.CharField(source="lease.state")
+
+
 class ModelSplitOutput(serializers.ModelSerializer):
+    project = serializers.SlugRelatedField(slug_field="slug", read_only=True, allow_null=True)
+    leases = serializers.SerializerMethodField()
+
     class Meta:
         model = ModelSplit
-        fields = ["id", "name", "architecture", "batch", "gpus", "feasible", "result", "created_at"]
+        fields = ["id", "name", "architecture", "batch", "gpus", "feasible", "result", "state", "project",
+                  "created_at", "applied_at", "released_at", "leases"]
+
+    @extend_schema_field(SplitLeaseOutput(many=True))
+    def get_leases(self, split) -> list[dict]:
+        return SplitLeaseOutput(split.leases.select_related("lease").order_by("group"), many=True).data

@@ -96,3 +96,27 @@ class ModelSplitDetailApi(APIView):
     @extend_schema(responses=s.ModelSplitOutput, summary="A model split")
     def get(self, request, pk: int):
         return Response(s.ModelSplitOutput(selectors.model_split_get(actor=request.actor, pk=pk)).data)
+
+
+class ModelSplitApplyApi(APIView):
+    write_action = "use"
+
+    @extend_schema(request=s.ModelSplitApplyInput,
+                   responses={200: s.ModelSplitOutput, 404: problem("No such split or project"),
+                              409: problem("The split is released or found no groups that fit"),
+                              402: problem("A monthly spend cap refuses a group's lease (budget_exceeded)")},
+                   summary="Lease the split's GPUs as one gang (all or none), the layer range in each lease's access")
+    def post(self, request, pk: int):
+        split = selectors.model_split_get(actor=request.actor, pk=pk)
+        data = parse(s.ModelSplitApplyInput, request)
+        return Response(s.ModelSplitOutput(services.model_split_apply(actor=request.actor, split=split, **data)).data)
+
+
+class ModelSplitReleaseApi(APIView):
+    write_action = "release"
+
+    @extend_schema(request=None, responses={200: s.ModelSplitOutput, 409: problem("The split is not applied")},
+                   summary="Release every lease of the split")
+    def post(self, request, pk: int):
+        split = selectors.model_split_get(actor=request.actor, pk=pk)
+        return Response(s.ModelSplitOutput(services.model_split_release(actor=request.actor, split=split)).data)

@@ -149,3 +149,53 @@ def test_model_split_of_a_named_architecture(world):
     bad = client.post("/api/v1/model-splits", {"architecture": "resnet-50", "gpus": [{"model": "Z80"}]},
                       format="json")
     assert bad.status_code == 400 and bad.json()["field"] == "gpus[0].model"
+
+
+def _split(client, **change):
+    gpus = [{"id": f"h{i}", "node": "n1", "model": "H100-80GB", "free_mib": 16000} for i in range(2)]
+    answer = client.post("/api/v1/model-splits", {"architecture": "llama-2-13b", "gpus": gpus} | change,
+                         format="json")
+    assert answer.status_code == 201, answer.content
+    return answer.json()
+
+
+def test_a_split_is_applied_as_one_lease_group_with_its_layers_and_released_together(world):
+    client = world.client("member")
+    split = _split(client)
+    url = f"/api/v1/model-splits/{split['id']}"
+    missing = client.post(f"{url}/apply", {"project": "nowhere"}, format="json")
+    assert missing.status_code == 404 and missing.json()["field"] == "project"
+    applied = client.post(f"{url}/apply", {"project": "vision", "duration_seconds": 600}, format="json")
+    assert applied.status_code == 200, applied.content
+    body = applied.json()
+    assert body["state"] == "applied" and body["project"] == "vision" and [x["group"] for x in body["leases"]] == [0, 1]
+    leases = list(Lease.objects.filter(pk__in=[x["lease"] for x in body["leases"]]).order_by("id"))
+    assert {lease.group_key for lease in leases} == {f"model-split-{split['id']}"}
+    for index, (lease, group) in enumerate(zip(leases, split["result"]["groups"], strict=True)):
+        assert lease.kind == "whole" and lease.models_allowed == ["H100-80GB"] and lease.workload_class == "inference"
+        part = lease.access_extra["split"]
+        assert (part["group"], part["first_layer"], part["last_layer"]) == (index, group["first"], group["last"])
+    assert client.post(f"{url}/apply", {"project": "vision"}, format="json").status_code == 200  # no-op
+    assert Lease.objects.count() == 2
+    assert client.post(f"{url}/release", {}, format="json").json()["state"] == "released"
+    assert set(Lease.objects.values_list("state", flat=True)) == {"released"}
+    again = client.post(f"{url}/release", {}, format="json")
+    assert again.status_code == 409 and again.json()["field"] == "state"
+    actions = set(AuditEvent.objects.filter(tenant=world.acme).values_list("action", flat=True))
+    assert {"model_split.create", "model_split.apply", "model_split.release"} <= actions
+
+
+def test_a_split_that_fits_nowhere_is_not_applied_and_others_cannot_apply(world):
+    client = world.client("member")
+    tight = _split(client, gpus=[{"id": "l4", "node": "n1", "model": "L4", "free_mib": 2000}])
+    assert not tight["feasible"]
+    refused = client.post(f"/api/v1/model-splits/{tight['id']}/apply", {"project": "vision"}, format="json")
+    assert refused.status_code == 409 and refused.json()["field"] == "feasible"
+    split = _split(client)
+    outsider = world.client("outsider").post(f"/api/v1/model-splits/{split['id']}/apply", {"project": "vision"},
+                                             format="json")
+    assert outsider.status_code == 404
+    viewer = world.client("viewer").post(f"/api/v1/model-splits/{split['id']}/apply", {"project": "vision"},
+                                         format="json")
+    assert viewer.status_code == 403
+    assert not Lease.objects.exists()

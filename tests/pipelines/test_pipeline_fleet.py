@@ -177,3 +177,38 @@ def test_members_on_two_nodes_become_active_together(setup, live_server, tmp_pat
     finally:
         fleet.terminate()
         fleet.wait(30)
+
+
+@pytest.mark.slow
+def test_a_model_split_is_leased_as_a_gang_with_its_layers_in_the_access_details(setup, live_server, tmp_path):
+    """Llama-2-13B split over two H100s (each with 16 GB free by the tenant's account): applied over HTTP, its two
+    groups are one lease group placed in one cycle by the real worker on the simulated fleet; each lease's device
+    access names its layer range; releasing the split releases both."""
+    _world, api = setup
+    fleet = start_fleet(live_server.url, tmp_path / "fleet", 1, "h100-80gb:2:whole")
+    try:
+        gpus = [{"id": f"h{i}", "node": "n1", "model": "H100-80GB", "free_mib": 16000} for i in range(2)]
+        status, split = api.call("POST", "/model-splits", {"architecture": "llama-2-13b", "gpus": gpus})
+        assert status == 201 and split["feasible"] and len(split["result"]["groups"]) == 2, split
+        status, applied = api.call("POST", f"/model-splits/{split['id']}/apply",
+                                   {"project": "vision", "duration_seconds": 600})
+        assert status == 200 and applied["state"] == "applied", applied
+        ids = [link["lease"] for link in applied["leases"]]
+        assert {lease.group_key for lease in Lease.objects.filter(pk__in=ids)} == {f"model-split-{split['id']}"}
+        wait_until(lambda: _states(api, ids) == ["active"] * 2, timeout=60)
+        placed = LeaseEvent.objects.filter(lease_id__in=ids, to_state="provisioning")
+        assert placed.count() == 2 and len({event.at for event in placed}) == 1
+        ranges = []
+        for index, pk in enumerate(ids):
+            [device] = api.call("GET", f"/leases/{pk}")[1]["devices"]
+            part = device["access"]["split"]
+            assert part["group"] == index and part["groups"] == 2 and part["model_split"] == split["id"]
+            assert "device_uuid" in device and device["access"]["CUDA_VISIBLE_DEVICES"]  # the agent's own details
+            ranges.append((part["first_layer"], part["last_layer"]))
+        assert ranges[0][0] == 0 and ranges[1][0] == ranges[0][1] + 1 and ranges[1][1] == 41  # all 42 layers, in order
+        status, released = api.call("POST", f"/model-splits/{split['id']}/release", {})
+        assert status == 200 and released["state"] == "released"
+        wait_until(lambda: _states(api, ids) == ["released"] * 2, timeout=60)
+    finally:
+        fleet.terminate()
+        fleet.wait(30)

@@ -129,6 +129,9 @@ ROUTES: dict[str, Route] = {
     "api-model-splits": Route("api", "/api/v1/model-splits", {"post": {
         "architecture": "bert-base", "gpus": [{"model": "H100-80GB", "node": "n1"}]}}),
     "api-model-split": Route("api", "/api/v1/model-splits/{id}", READ, obj="split"),
+    "api-model-split-apply": Route("api", "/api/v1/model-splits/{id}/apply", {"post": {"project": "vision"}},
+                                   obj="split"),
+    "api-model-split-release": Route("api", "/api/v1/model-splits/{id}/release", {"post": None}, obj="split"),
     "api-workloads": Route("api", "/api/v1/workloads", {"get": None,
                                                          "post": {"name": "w2", "architecture": "bert-base",
                                                                   "target_throughput": 100.0}}),
