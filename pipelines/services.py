@@ -2,17 +2,20 @@
 a plan leases its stages through ``leasing.services.lease_request`` (quotas, spend caps, billing and SLO
 accounting as for any lease), all of them in one transaction: if any stage is refused, no lease is made.
 
-Input errors name the field (``stages[1].architecture``, ``edges[0]``) as every service does."""
+Input errors name the field (``stages[1].architecture``, ``edges[0]``) as every service does: 400 when a value is
+of the wrong form (what the OpenAPI document states), 422 ``unprocessable`` when well-formed parts do not fit
+together (an edge naming no stage, a cycle, a MIG profile its tier does not offer, a model that fits on none of
+the tiers, more free memory than the GPU has): relations the document cannot state."""
 
 from __future__ import annotations
 
 from django.db import transaction
 from django.utils import timezone
 
-from config.errors import Conflict, NotFound, ValidationFailed
+from config.errors import ApplicationError, Conflict, NotFound, ValidationFailed
 from gpus import performance
 from gpus.architectures import ARCHITECTURES
-from gpus.catalogue import model_get
+from gpus.catalogue import UnknownModel, model_get
 from gpus.layers import Layer, NoLayerTable, layers_of
 from leasing import services as leasing
 from leasing.extensions import list_prices
@@ -23,6 +26,14 @@ from tenants.access import Actor
 from tenants.models import AuditEvent, Project
 
 MAX_STAGES = 24
+
+
+class Unprocessable(ApplicationError):
+    """Well-formed input whose parts do not fit together (422), naming the field at fault."""
+
+    status = 422
+    code = "unprocessable"
+    title = "The input's parts do not fit together"
 DEFAULT_TIERS = ("H100-80GB", "A100-80GB", "L4")
 
 
@@ -62,10 +73,13 @@ def _candidates(stage: dict, index: int, tiers: list[str]) -> tuple[Candidate, .
         except KeyError as error:
             raise ValidationFailed(error.args[0], field=f"{field}.architecture") from None
         if not found:
-            raise ValidationFailed(f"{stage['architecture']} fits on no slice of {', '.join(tiers)}.",
-                                   field=f"{field}.architecture")
+            raise Unprocessable(f"{stage['architecture']} fits on no slice of {', '.join(tiers)}.",
+                                field=f"{field}.architecture")
         return found
     rows = stage.get("profile")
+    if rows is None:
+        raise Unprocessable(f"a stage needs an architecture (one of {', '.join(ARCHITECTURES)}) or a latency "
+                            "profile: a list of {tier, kind, profile|milli, batch, latency_ms}.", field=field)
     if not isinstance(rows, list) or not rows:
         raise ValidationFailed(f"a stage needs an architecture (one of {', '.join(ARCHITECTURES)}) or a latency "
                                "profile: a list of {tier, kind, profile|milli, batch, latency_ms}.", field=field)
@@ -85,10 +99,12 @@ def _candidates(stage: dict, index: int, tiers: list[str]) -> tuple[Candidate, .
                 slice_ = performance.whole(tier)
             else:
                 raise ValidationFailed("kind must be whole, mig or share.", field=f"{at}.kind")
-        except KeyError as error:  # an unknown model or profile
-            raise ValidationFailed(str(error.args[0]), field=at) from None
-        except (ValueError, TypeError) as error:
-            raise ValidationFailed(str(error), field=at) from None
+        except UnknownModel as error:
+            raise ValidationFailed(str(error.args[0]), field=f"{at}.tier") from None
+        except KeyError as error:  # a MIG profile the tier does not offer, a tier without compute figures
+            raise Unprocessable(str(error.args[0]), field=at) from None
+        except (ValueError, TypeError) as error:  # a share without its milli
+            raise Unprocessable(str(error), field=at) from None
         batch = row.get("batch", 1)
         if isinstance(batch, bool) or not isinstance(batch, int) or not 1 <= batch <= 1024:
             raise ValidationFailed("batch must be a whole number from 1 to 1024.", field=f"{at}.batch")
@@ -123,7 +139,7 @@ def pipeline_create(*, actor: Actor, project: str, name: str, stages, edges, slo
     try:
         esg._order(_pure(row))  # names unique, edges known, no cycle
     except esg.PipelineError as error:
-        raise ValidationFailed(str(error), field=error.field or "stages") from None
+        raise Unprocessable(str(error), field=error.field or "stages") from None
     with transaction.atomic():
         row.save()
         _audit(actor, "pipeline.create", f"pipeline:{row.pk}", name=row.name, stages=len(stages))
@@ -239,13 +255,16 @@ def _layers(raw, field: str) -> list[Layer]:
 def model_split_create(*, actor: Actor, gpus, architecture_name: str = "", layers=None, batch=1,
                        name: str = "") -> ModelSplit:
     """Plan a split of a named architecture or a layer table over candidate GPUs ``[{id, node, model,
-    free_mib}]`` with the heuristic; the equal-layers baseline and, for up to 6 GPUs, the optimum beside it."""
+    free_mib}]`` with the heuristic; the equal-layers baseline and, for up to 6 GPUs and 128 layers, the optimum
+    beside it."""
     actor.require("use")
     if architecture_name:
         try:
             table = list(layers_of(architecture_name))
         except NoLayerTable as error:
             raise ValidationFailed(error.args[0], field="architecture") from None
+    elif layers is None:
+        raise Unprocessable("give an architecture or a layer table.", field="layers")
     else:
         table = _layers(layers, "layers")
     if isinstance(batch, bool) or not isinstance(batch, int) or not 1 <= batch <= 1024:
@@ -263,16 +282,20 @@ def model_split_create(*, actor: Actor, gpus, architecture_name: str = "", layer
         except KeyError as error:  # an unknown model, or one without compute figures
             raise ValidationFailed(str(error.args[0]), field=f"{at}.model") from None
         free = row.get("free_mib", model.memory_mib)
-        if isinstance(free, bool) or not isinstance(free, int) or not 1 <= free <= model.memory_mib:
-            raise ValidationFailed(f"free_mib must be 1 to {model.memory_mib}.", field=f"{at}.free_mib")
+        if isinstance(free, bool) or not isinstance(free, int) or free < 1:
+            raise ValidationFailed("free_mib is a whole number of at least 1.", field=f"{at}.free_mib")
+        if free > model.memory_mib:
+            raise Unprocessable(f"a {model.code} has {model.memory_mib} MiB: free_mib is at most that.",
+                                field=f"{at}.free_mib")
         candidates.append(splits.SplitGpu(str(row.get("id", f"gpu{index}")), str(row.get("node", "node")),
                                           model.code, free, model.nvlink))
     try:
         heuristic = splits.plan_split(table, candidates, batch)
         equal = splits.plan_equal_layers(table, candidates, batch)
-        optimal = splits.plan_split_optimal(table, candidates, batch) if len(candidates) <= 6 else None
-    except splits.SplitError as error:
-        raise ValidationFailed(str(error), field=error.field or "gpus") from None
+        small = len(candidates) <= 6 and len(table) <= 128  # the exact search grows as layers^2 x 2^GPUs
+        optimal = splits.plan_split_optimal(table, candidates, batch) if small else None
+    except splits.SplitError as error:  # two candidates with one id
+        raise Unprocessable(str(error), field=error.field or "gpus") from None
     result = heuristic.as_dict(table) | {"baselines": {
         "equal_layers": equal.as_dict(), **({"optimal": optimal.as_dict()} if optimal else {})}}
     with transaction.atomic():

@@ -21,7 +21,11 @@ class PipelineListApi(APIView):
     def get(self, request):
         return Response(s.PipelineOutput(selectors.pipeline_list(actor=request.actor)[:100], many=True).data)
 
-    @extend_schema(request=s.PipelineInput, responses={201: s.PipelineOutput, 404: problem("No such project")},
+    @extend_schema(request=s.PipelineInput, responses={
+        201: s.PipelineOutput, 404: problem("No such project"),
+        422: problem("Well-formed parts that do not fit together (unprocessable, naming the field): an edge naming no "
+                     "stage, a cycle, two stages of one name, a MIG profile the tier does not offer, a share without "
+                     "milli, a stage with neither architecture nor profile, a model that fits on none of the tiers")},
                    summary="Describe an inference pipeline: stages, edges, end-to-end SLO, arrival rate")
     def post(self, request):
         data = parse(s.PipelineInput, request)
@@ -82,7 +86,10 @@ class PlanReleaseApi(APIView):
 class ModelSplitCreateApi(APIView):
     write_action = "use"
 
-    @extend_schema(request=s.ModelSplitInput, responses={201: s.ModelSplitOutput},
+    @extend_schema(request=s.ModelSplitInput, responses={
+        201: s.ModelSplitOutput,
+        422: problem("Well-formed parts that do not fit together (unprocessable, naming the field): free_mib above "
+                     "the model's memory, two candidates of one id, neither architecture nor layers")},
                    summary="Split a model's layers over candidate GPUs (heuristic; equal-layers and optimum beside)")
     def post(self, request):
         data = parse(s.ModelSplitInput, request)

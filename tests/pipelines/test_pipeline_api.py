@@ -8,7 +8,7 @@ import pytest
 from config.errors import Conflict
 from leasing import extensions
 from leasing.models import Lease
-from pipelines.models import PipelinePlan, PlanLease
+from pipelines.models import Pipeline, PipelinePlan, PlanLease
 from tenants.models import AuditEvent
 from tests.factories import make_world
 
@@ -47,19 +47,47 @@ def test_a_pipeline_is_planned_by_esg_within_its_slo(world):
     assert AuditEvent.objects.filter(tenant=world.acme, action="pipeline.plan").count() == 1
 
 
-@pytest.mark.parametrize(("change", "field"), [
-    ({"edges": [["detect", "nowhere"]]}, "edges[0]"),
-    ({"edges": [["detect", "embed"], ["embed", "detect"]]}, "edges"),
-    ({"stages": [{"name": "a", "architecture": "resnet9000"}], "edges": []}, "stages[0].architecture"),
+@pytest.mark.parametrize(("change", "status", "field"), [
+    # relations between well-formed parts: 422
+    ({"edges": [["detect", "nowhere"]]}, 422, "edges[0]"),
+    ({"edges": [["detect", "embed"], ["embed", "detect"]]}, 422, "edges"),
     ({"stages": [{"name": "a", "profile": [{"tier": "H100-80GB", "kind": "mig", "profile": "9g.1tb",
-                                             "batch": 1, "latency_ms": 3}]}], "edges": []}, "stages[0].profile[0]"),
-    ({"slo_ms": -1}, "slo_ms"),
-    ({"tiers": ["Z80"]}, "tiers[0]"),
+                                             "batch": 1, "latency_ms": 3}]}], "edges": []}, 422, "stages[0].profile[0]"),
+    ({"stages": [{"name": "a", "profile": [{"tier": "L4", "kind": "share", "latency_ms": 3}]}], "edges": []}, 422,
+     "stages[0].profile[0]"),
+    ({"stages": [{"name": "a"}], "edges": []}, 422, "stages[0]"),
+    ({"stages": [{"name": "a", "architecture": "llama-2-13b"}], "edges": [], "tiers": ["L4"]}, 422,
+     "stages[0].architecture"),
+    ({"stages": [{"name": "a", "architecture": "bert-base"}, {"name": "a", "architecture": "bert-base"}],
+      "edges": []}, 422, "stages"),
+    # what the OpenAPI document states: 400
+    ({"stages": [{"name": "a", "architecture": "resnet9000"}], "edges": []}, 400, "stages[0].architecture"),
+    ({"stages": [{"name": "a", "architecture": "bert-base", "colour": "red"}], "edges": []}, 400, "stages[0].colour"),
+    ({"stages": [{"name": "a", "profile": [{"tier": "L4", "latency_ms": "3"}]}], "edges": []}, 400,
+     "stages[0].profile[0].latency_ms"),
+    ({"name": "   "}, 400, "name"),
+    ({"slo_ms": -1}, 400, "slo_ms"),
+    ({"tiers": ["Z80"]}, 400, "tiers[0]"),
 ])
-def test_bad_pipelines_are_refused_naming_the_field(world, change, field):
+def test_bad_pipelines_are_refused_naming_the_field(world, change, status, field):
     answer = world.client("member").post("/api/v1/pipelines", THREE | change, format="json")
-    assert answer.status_code == 400 and answer["Content-Type"].startswith("application/problem+json")
-    assert answer.json()["field"] == field
+    assert answer.status_code == status and answer["Content-Type"].startswith("application/problem+json")
+    assert answer.json()["field"] == field, answer.json()
+    assert not Pipeline.objects.exists()
+
+
+@pytest.mark.parametrize(("body", "status", "field"), [
+    ({"gpus": [{"model": "L4", "free_mib": 30000}]}, 422, "gpus[0].free_mib"),
+    ({"gpus": [{"id": "x", "model": "L4"}, {"id": "x", "model": "L4"}]}, 422, "gpus[1]"),
+    ({"architecture": "", "gpus": [{"model": "L4"}]}, 422, "layers"),
+    ({"architecture": "mobilenet-v2", "gpus": [{"model": "L4"}]}, 400, "architecture"),  # no layer table
+    ({"gpus": [{"model": "Z80"}]}, 400, "gpus[0].model"),
+    ({"layers": [{"params": 1, "flops": 1.0}], "gpus": [{"model": "L4"}]}, 400, "layers[0].out_bytes"),
+])
+def test_bad_model_splits_are_refused_naming_the_field(world, body, status, field):
+    answer = world.client("member").post("/api/v1/model-splits", {"architecture": "bert-base"} | body, format="json")
+    assert answer.status_code == status, answer.content
+    assert answer.json()["field"] == field, answer.json()
 
 
 def test_an_unreachable_slo_gives_an_infeasible_plan_that_cannot_be_applied(world):
