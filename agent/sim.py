@@ -18,7 +18,8 @@ owes; the server waits it out with ``asyncio.sleep`` after the call, off the nod
 saved (and visible in the inventory) at once, the answer comes that much later, and other requests and
 other nodes go on meanwhile. A repeat that changes nothing owes nothing.
 
-Fault switches (for tests, over ``POST /v1/faults``): fail the next create, hang the next request,
+Fault switches (for tests, over ``POST /v1/faults``): fail the next create (a device error, 503) or refuse it
+(409: the device will not take it, retrying will not help), hang the next request,
 drop an instance or a whole GPU as if it fell off the bus, pin an instance's activity (engine active and,
 optionally, memory used) to a constant instead of its replayed series, and unpin it.
 """
@@ -96,6 +97,7 @@ class SimBackend(Backend):
         self.node_id = node_id
         self.clock = clock
         self.fail_next_create = ""  # a reason: the next create fails with it
+        self.refuse_next_create = ""  # a reason: the next create is refused (409) with it
         self.hang_seconds = 0.0  # the server sleeps this long before the next request (one-shot)
         self._save_deferred = False  # inside create_many: one save at its end
         self._unsaved = False
@@ -236,6 +238,9 @@ class SimBackend(Backend):
         if self.fail_next_create:
             reason, self.fail_next_create = self.fail_next_create, ""
             raise Unavailable(f"create failed on GPU {gpu['index']}: {reason}")
+        if self.refuse_next_create:
+            reason, self.refuse_next_create = self.refuse_next_create, ""
+            raise Conflict(f"create refused on GPU {gpu['index']}: {reason}", field="gpu")
         record["access"] = _access(record)
         now = self.clock()
         self._settle_energy(gpu, now)
@@ -292,10 +297,12 @@ class SimBackend(Backend):
 
     # -- faults -----------------------------------------------------------------------------------------
     def apply_faults(self, faults: dict) -> dict:
-        """``{"fail_next_create": reason, "hang_seconds": s, "drop_instance": id, "drop_gpu": uuid,
+        """``{"fail_next_create": reason, "refuse_next_create": reason, "hang_seconds": s, "drop_instance": id,
+        "drop_gpu": uuid,
         "pin_activity": {"instance": id, "engine_active": 0..1, "fb_used_mib": n}, "unpin_activity": id}``.
         Every switch is checked before any is applied: a refused call changes nothing."""
-        known = {"fail_next_create", "hang_seconds", "drop_instance", "drop_gpu", "pin_activity", "unpin_activity"}
+        known = {"fail_next_create", "refuse_next_create", "hang_seconds", "drop_instance", "drop_gpu", "pin_activity",
+                 "unpin_activity"}
         for key in faults:
             if key not in known:
                 raise InvalidRequest(f"unknown fault {key!r}; known: {', '.join(sorted(known))}", field=key)
@@ -316,6 +323,8 @@ class SimBackend(Backend):
 
         if "fail_next_create" in faults:
             self.fail_next_create = str(faults["fail_next_create"] or "injected fault")
+        if "refuse_next_create" in faults:
+            self.refuse_next_create = str(faults["refuse_next_create"] or "injected refusal")
         if "hang_seconds" in faults:
             self.hang_seconds = float(hang)
         now = self.clock()
@@ -337,7 +346,8 @@ class SimBackend(Backend):
                 del self.state["instances"][allocation_id]
         self._save()
         pinned = {i["allocation_id"]: i["_pin"] for i in self.state["instances"].values() if i.get("_pin")}
-        return {"fail_next_create": self.fail_next_create, "hang_seconds": self.hang_seconds,
+        return {"fail_next_create": self.fail_next_create, "refuse_next_create": self.refuse_next_create,
+                "hang_seconds": self.hang_seconds,
                 "pinned": dict(sorted(pinned.items()))}
 
     def _instance_named(self, faults: dict, key: str) -> dict:

@@ -2,15 +2,16 @@
 
     .venv/bin/python bench/pipelines.py [--pipelines 40] [--requests 2000] [--seed 1] [--quick]
 
-Stages are models from ``leasing.pipelines.architectures`` (ResNet, ViT, BERT, GPT-2; layer tables computed from
-their published configurations), profiled on H100 MIG slices, A100 MIG slices and L4 shares by the roofline
-model of ``leasing.pipelines.profiles``; prices 400 / 250 / 80 minor units per GPU-hour (H100 / A100 / L4).
+Stages are models of the catalogue (``gpus.architectures``: ResNet, ViT, BERT, GPT-2 from their published
+configurations), profiled on the whole GPUs, MIG slices and time-sliced shares of H100, A100 and L4 by the
+performance model auto-tiering uses (``gpus.performance``, calibrated against MLPerf Inference) through
+``leasing.pipelines.profiles``; prices 400 / 250 / 80 minor units per GPU-hour (H100 / A100 / L4).
 Pipelines: chains of 2..8 stages and DAGs (fan-out / fan-in) at 20, 100 and 500 requests/s, with SLOs of 1.2x,
 1.5x, 2x and 3x the fastest possible latency. Each planner's plan is then **run**: Poisson arrivals through the
 stages with the planned batch sizes (a batch closes when full or when its first request has waited (b-1)/λ),
 instance counts (first free instance) and batch times with 5 % log-normal noise; the SLO hit rate is the share
 of requests whose end-to-end latency meets the SLO. Planning time by pipeline length: chains of 2..20 stages.
-Writes bench/results/pipelines.json (command, commit, date, machine).
+Writes bench/results/pipelines.json through ``bench.record`` (``--quick``: pipelines_quick.json).
 """
 
 from __future__ import annotations
@@ -24,12 +25,11 @@ import statistics
 import sys
 import time
 from dataclasses import replace
-from datetime import UTC, datetime
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from leasing.pipelines.architectures import architecture
+from bench.record import write
 from leasing.pipelines.esg import (
     Pipeline,
     Stage,
@@ -41,14 +41,12 @@ from leasing.pipelines.esg import (
     plan_exhaustive,
 )
 from leasing.pipelines.profiles import profile_for
-from leasing.sim.capacity import _commit, _machine
 
 PRICES = {"H100-80GB": 400, "A100-80GB": 250, "L4": 80}
 MODELS = ("H100-80GB", "A100-80GB", "L4")
-POOL = ("resnet50", "resnet101", "vit_b16", "bert_base", "bert_large", "gpt2_small", "vit_l16")
+POOL = ("resnet-50", "resnet-101", "vit-b-16", "bert-base", "bert-large", "gpt2", "vit-l-16")
 RATES = (20.0, 100.0, 500.0)
 TIGHTNESS = (1.2, 1.5, 2.0, 3.0)
-RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def shapes(rng: random.Random, count: int) -> list[tuple[int, list[tuple[int, int]]]]:
@@ -221,26 +219,24 @@ def main() -> int:
     parser.add_argument("--timing-runs", type=int, default=5, help="pipelines per length for planning time")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--quick", action="store_true", help="a smoke run (6 shapes, 300 requests)")
-    parser.add_argument("--out", type=Path, default=RESULTS / "pipelines.json")
     args = parser.parse_args()
     if args.quick:
         args.pipelines, args.requests, args.timing_runs = 6, 300, 2
     began = time.perf_counter()
-    profiles = {name: profile_for(architecture(name), MODELS) for name in POOL}
+    cpu = time.process_time()
+    profiles = {name: profile_for(name, MODELS) for name in POOL}
     rng = random.Random(args.seed)
     result = compare(args, profiles, rng)
     result["planning_time"] = planning_time(args, profiles, random.Random(args.seed + 1))
-    wall = time.perf_counter() - began
-    document = {"command": " ".join(["python", "bench/pipelines.py", *sys.argv[1:]]), "commit": _commit(),
-                "date": datetime.now(UTC).isoformat(timespec="seconds"), "machine": _machine(),
-                "note": "shared machine (2 cores, other engineers' tests running): planning times are upper bounds",
-                "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-                "wall_seconds": round(wall, 1), "summary": result["summary"],
-                "planning_time": result["planning_time"], "rows": result["rows"]}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(document, indent=1) + "\n")
+    wall, cpu = time.perf_counter() - began, time.process_time() - cpu
     print(json.dumps({"summary": result["summary"], "planning_time": result["planning_time"]}, indent=1))
-    print(f"wrote {args.out} in {wall:.1f} s (shared machine)")
+    write("pipelines_quick" if args.quick else "pipelines",
+          {"summary": result["summary"], "planning_time": result["planning_time"], "wall_seconds": round(wall, 1),
+           "cpu_seconds": round(cpu, 1),
+           "note": "shared machine (2 cores, other engineers' tests running): planning times are upper bounds; "
+                   "cpu_seconds counts this process only",
+           "rows": result["rows"]}, settings=vars(args))
+    print(f"{wall:.1f} s wall, {cpu:.1f} s CPU (shared machine)")
     return 0
 
 

@@ -137,6 +137,9 @@ class Lease(models.Model):
     # a lease group: the leases of one tenant with the same key are placed together or not at all, and a
     # member preempted takes its whole group with it (docs/scheduling.md "Lease groups"); None: alone
     group_key = models.CharField(max_length=100, null=True, blank=True)
+    # what the app that asked for the lease adds to each device's access details (a model split: the layers the
+    # device runs); shown with the agent's own access details, set once at the request
+    access_extra = models.JSONField(default=dict, blank=True)
 
     class Meta:
         constraints = [

@@ -72,9 +72,13 @@ class PlanLease(models.Model):
 
 
 class ModelSplit(models.Model):
+    """A split planned over candidate GPUs; once applied, its groups are leased as one lease group (one lease per
+    GPU of the split, the layer range in its access details) in ``project``."""
+
     tenant_lookup = "tenant"
 
     tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="model_splits")
+    project = models.ForeignKey(Project, on_delete=models.PROTECT, null=True, blank=True, related_name="+")
     name = models.CharField(max_length=100, blank=True)
     architecture = models.CharField(max_length=40, blank=True)
     batch = models.PositiveIntegerField(default=1)
@@ -82,6 +86,9 @@ class ModelSplit(models.Model):
     gpus = models.JSONField()  # the candidates
     feasible = models.BooleanField()
     result = models.JSONField()  # heuristic, with the baselines beside it
+    state = models.CharField(max_length=10, choices=PlanState.choices, default=PlanState.PLANNED)
+    applied_at = models.DateTimeField(null=True, blank=True)
+    released_at = models.DateTimeField(null=True, blank=True)
     created_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, null=True, related_name="+")
     created_at = models.DateTimeField(default=timezone.now)
 
@@ -90,3 +97,17 @@ class ModelSplit(models.Model):
 
     def __str__(self) -> str:
         return f"model split {self.pk} {self.architecture or self.name}"
+
+
+class ModelSplitLease(models.Model):
+    """One group of an applied split: the lease that holds its GPU."""
+
+    split = models.ForeignKey(ModelSplit, on_delete=models.CASCADE, related_name="leases")
+    group = models.PositiveSmallIntegerField()  # index in the split's groups
+    lease = models.OneToOneField("broker.Lease", on_delete=models.PROTECT, related_name="model_split_group")
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["split", "group"], name="model_split_group_once")]
+
+    def __str__(self) -> str:
+        return f"model split {self.split_id} group {self.group}: lease {self.lease_id}"

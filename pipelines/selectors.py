@@ -18,6 +18,15 @@ def pipeline_get(*, actor: Actor, pk: int) -> Pipeline:
     return found
 
 
+def plan_list(*, actor: Actor, pipeline: Pipeline):
+    """The pipeline's plans, newest first."""
+    return PipelinePlan.objects.filter(tenant=actor.tenant, pipeline=pipeline).order_by("-pk")
+
+
+def model_split_list(*, actor: Actor):
+    return ModelSplit.objects.filter(tenant=actor.tenant).order_by("-pk")
+
+
 def plan_get(*, actor: Actor, pipeline: Pipeline, pk: int) -> PipelinePlan:
     found = PipelinePlan.objects.filter(tenant=actor.tenant, pipeline=pipeline, pk=pk).first()
     if found is None:

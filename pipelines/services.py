@@ -2,25 +2,38 @@
 a plan leases its stages through ``leasing.services.lease_request`` (quotas, spend caps, billing and SLO
 accounting as for any lease), all of them in one transaction: if any stage is refused, no lease is made.
 
-Input errors name the field (``stages[1].architecture``, ``edges[0]``) as every service does."""
+Input errors name the field (``stages[1].architecture``, ``edges[0]``) as every service does: 400 when a value is
+of the wrong form (what the OpenAPI document states), 422 ``unprocessable`` when well-formed parts do not fit
+together (an edge naming no stage, a cycle, a MIG profile its tier does not offer, a model that fits on none of
+the tiers, more free memory than the GPU has): relations the document cannot state."""
 
 from __future__ import annotations
 
 from django.db import transaction
 from django.utils import timezone
 
-from config.errors import Conflict, NotFound, ValidationFailed
+from config.errors import ApplicationError, Conflict, NotFound, ValidationFailed
+from gpus import performance
+from gpus.architectures import ARCHITECTURES
 from gpus.catalogue import UnknownModel, model_get
+from gpus.layers import Layer, NoLayerTable, layers_of
 from leasing import services as leasing
 from leasing.extensions import list_prices
-from leasing.pipelines import esg, hardware, splits
-from leasing.pipelines.architectures import ARCHITECTURES, Layer, UnknownArchitecture, architecture
+from leasing.pipelines import esg, splits
 from leasing.pipelines.profiles import Candidate, profile_for
-from pipelines.models import ModelSplit, Pipeline, PipelinePlan, PlanLease, PlanState
+from pipelines.models import ModelSplit, ModelSplitLease, Pipeline, PipelinePlan, PlanLease, PlanState
 from tenants.access import Actor
 from tenants.models import AuditEvent, Project
 
 MAX_STAGES = 24
+
+
+class Unprocessable(ApplicationError):
+    """Well-formed input whose parts do not fit together (422), naming the field at fault."""
+
+    status = 422
+    code = "unprocessable"
+    title = "The input's parts do not fit together"
 DEFAULT_TIERS = ("H100-80GB", "A100-80GB", "L4")
 
 
@@ -44,8 +57,8 @@ def _tiers(value) -> list[str]:
     for index, code in enumerate(value):
         try:
             found.append(model_get(code).code)
-            hardware.peaks(code)
-        except (UnknownModel, hardware.UnknownHardware) as error:
+            performance.spec_get(code)
+        except KeyError as error:  # an unknown model, or one without compute figures
             raise ValidationFailed(str(error.args[0]), field=f"tiers[{index}]") from None
     return found
 
@@ -56,14 +69,17 @@ def _candidates(stage: dict, index: int, tiers: list[str]) -> tuple[Candidate, .
         if not isinstance(stage["architecture"], str):
             raise ValidationFailed(f"architecture is one of {', '.join(ARCHITECTURES)}.", field=f"{field}.architecture")
         try:
-            found = profile_for(architecture(stage["architecture"]), tuple(tiers))
-        except UnknownArchitecture as error:
+            found = profile_for(stage["architecture"], tuple(tiers))
+        except KeyError as error:
             raise ValidationFailed(error.args[0], field=f"{field}.architecture") from None
         if not found:
-            raise ValidationFailed(f"{stage['architecture']} fits on no slice of {', '.join(tiers)}.",
-                                   field=f"{field}.architecture")
+            raise Unprocessable(f"{stage['architecture']} fits on no slice of {', '.join(tiers)}.",
+                                field=f"{field}.architecture")
         return found
     rows = stage.get("profile")
+    if rows is None:
+        raise Unprocessable(f"a stage needs an architecture (one of {', '.join(ARCHITECTURES)}) or a latency "
+                            "profile: a list of {tier, kind, profile|milli, batch, latency_ms}.", field=field)
     if not isinstance(rows, list) or not rows:
         raise ValidationFailed(f"a stage needs an architecture (one of {', '.join(ARCHITECTURES)}) or a latency "
                                "profile: a list of {tier, kind, profile|milli, batch, latency_ms}.", field=field)
@@ -76,15 +92,19 @@ def _candidates(stage: dict, index: int, tiers: list[str]) -> tuple[Candidate, .
             tier = model_get(str(row.get("tier", ""))).code
             kind = row.get("kind", "whole")
             if kind == "mig":
-                slice_ = hardware.mig(tier, str(row.get("profile", "")))
+                slice_ = performance.mig(tier, str(row.get("profile", "")))
             elif kind == "share":
-                slice_ = hardware.share(tier, int(row.get("milli", 0)))
+                slice_ = performance.share(tier, int(row.get("milli", 0)))
             elif kind == "whole":
-                slice_ = hardware.whole(tier)
+                slice_ = performance.whole(tier)
             else:
                 raise ValidationFailed("kind must be whole, mig or share.", field=f"{at}.kind")
-        except (UnknownModel, hardware.UnknownHardware, ValueError, TypeError) as error:
-            raise ValidationFailed(str(error), field=at) from None
+        except UnknownModel as error:
+            raise ValidationFailed(str(error.args[0]), field=f"{at}.tier") from None
+        except KeyError as error:  # a MIG profile the tier does not offer, a tier without compute figures
+            raise Unprocessable(str(error.args[0]), field=at) from None
+        except (ValueError, TypeError) as error:  # a share without its milli
+            raise Unprocessable(str(error), field=at) from None
         batch = row.get("batch", 1)
         if isinstance(batch, bool) or not isinstance(batch, int) or not 1 <= batch <= 1024:
             raise ValidationFailed("batch must be a whole number from 1 to 1024.", field=f"{at}.batch")
@@ -119,7 +139,7 @@ def pipeline_create(*, actor: Actor, project: str, name: str, stages, edges, slo
     try:
         esg._order(_pure(row))  # names unique, edges known, no cycle
     except esg.PipelineError as error:
-        raise ValidationFailed(str(error), field=error.field or "stages") from None
+        raise Unprocessable(str(error), field=error.field or "stages") from None
     with transaction.atomic():
         row.save()
         _audit(actor, "pipeline.create", f"pipeline:{row.pk}", name=row.name, stages=len(stages))
@@ -235,13 +255,16 @@ def _layers(raw, field: str) -> list[Layer]:
 def model_split_create(*, actor: Actor, gpus, architecture_name: str = "", layers=None, batch=1,
                        name: str = "") -> ModelSplit:
     """Plan a split of a named architecture or a layer table over candidate GPUs ``[{id, node, model,
-    free_mib}]`` with the heuristic; the equal-layers baseline and, for up to 6 GPUs, the optimum beside it."""
+    free_mib}]`` with the heuristic; the equal-layers baseline and, for up to 6 GPUs and 128 layers, the optimum
+    beside it."""
     actor.require("use")
     if architecture_name:
         try:
-            table = list(architecture(architecture_name).layers)
-        except UnknownArchitecture as error:
+            table = list(layers_of(architecture_name))
+        except NoLayerTable as error:
             raise ValidationFailed(error.args[0], field="architecture") from None
+    elif layers is None:
+        raise Unprocessable("give an architecture or a layer table.", field="layers")
     else:
         table = _layers(layers, "layers")
     if isinstance(batch, bool) or not isinstance(batch, int) or not 1 <= batch <= 1024:
@@ -255,20 +278,24 @@ def model_split_create(*, actor: Actor, gpus, architecture_name: str = "", layer
             raise ValidationFailed("each GPU is an object.", field=at)
         try:
             model = model_get(str(row.get("model", "")))
-            hardware.peaks(model.code)
-        except (UnknownModel, hardware.UnknownHardware) as error:
+            performance.spec_get(model.code)
+        except KeyError as error:  # an unknown model, or one without compute figures
             raise ValidationFailed(str(error.args[0]), field=f"{at}.model") from None
         free = row.get("free_mib", model.memory_mib)
-        if isinstance(free, bool) or not isinstance(free, int) or not 1 <= free <= model.memory_mib:
-            raise ValidationFailed(f"free_mib must be 1 to {model.memory_mib}.", field=f"{at}.free_mib")
+        if isinstance(free, bool) or not isinstance(free, int) or free < 1:
+            raise ValidationFailed("free_mib is a whole number of at least 1.", field=f"{at}.free_mib")
+        if free > model.memory_mib:
+            raise Unprocessable(f"a {model.code} has {model.memory_mib} MiB: free_mib is at most that.",
+                                field=f"{at}.free_mib")
         candidates.append(splits.SplitGpu(str(row.get("id", f"gpu{index}")), str(row.get("node", "node")),
                                           model.code, free, model.nvlink))
     try:
         heuristic = splits.plan_split(table, candidates, batch)
         equal = splits.plan_equal_layers(table, candidates, batch)
-        optimal = splits.plan_split_optimal(table, candidates, batch) if len(candidates) <= 6 else None
-    except splits.SplitError as error:
-        raise ValidationFailed(str(error), field=error.field or "gpus") from None
+        small = len(candidates) <= 6 and len(table) <= 128  # the exact search grows as layers^2 x 2^GPUs
+        optimal = splits.plan_split_optimal(table, candidates, batch) if small else None
+    except splits.SplitError as error:  # two candidates with one id
+        raise Unprocessable(str(error), field=error.field or "gpus") from None
     result = heuristic.as_dict(table) | {"baselines": {
         "equal_layers": equal.as_dict(), **({"optimal": optimal.as_dict()} if optimal else {})}}
     with transaction.atomic():
@@ -282,3 +309,64 @@ def model_split_create(*, actor: Actor, gpus, architecture_name: str = "", layer
         _audit(actor, "model_split.create", f"model-split:{row.pk}", feasible=heuristic.feasible,
                gpus=len(heuristic.groups))
     return row
+
+
+def _split_access(split: ModelSplit, index: int, group: dict) -> dict:
+    """What the device of a split's group must know: its layer range in the whole model, and its neighbours."""
+    count = len(split.result["groups"])
+    names = group.get("layers") or []
+    return {"split": {"model_split": split.pk, "architecture": split.architecture or split.name, "batch": split.batch,
+                      "group": index, "groups": count, "first_layer": group["first"], "last_layer": group["last"],
+                      "first_layer_name": names[0] if names else "", "last_layer_name": names[-1] if names else "",
+                      "planned_gpu": group["gpu"], "planned_node": group["node"],
+                      "receives_from_group": index - 1 if index else None,
+                      "sends_to_group": index + 1 if index + 1 < count else None}}
+
+
+def model_split_apply(*, actor: Actor, split: ModelSplit, project: str,
+                      duration_seconds: int = 3600) -> ModelSplit:
+    """Lease the GPUs of a feasible split as a gang: one lease per group (a whole GPU of the group's model, as
+    the split's latency model assumes), all in one transaction through ``leasing.services.lease_request``
+    (quotas, spend caps, billing), one lease group (``model-split-<id>``) so the scheduler places them all or
+    none, provisioning requeues them together, and a member preempted takes the others with it. Each lease's
+    access details carry its layer range. Applying an applied split again is a no-op."""
+    actor.require("use")
+    with transaction.atomic():
+        split = ModelSplit.objects.select_for_update().get(pk=split.pk)
+        if split.state == PlanState.APPLIED:
+            return split
+        if split.state != PlanState.PLANNED:
+            raise Conflict(f"The split is {split.state}; plan it again to apply.", field="state")
+        if not split.feasible:
+            raise Conflict("The split found no groups that fit: it is not applied.", field="feasible")
+        target = Project.objects.filter(tenant=actor.tenant, slug=project).first()
+        if target is None:
+            raise NotFound(f"No project {project!r} in this tenant.", field="project")
+        for index, group in enumerate(split.result["groups"]):
+            lease, _ = leasing.lease_request(
+                actor=actor, project=target.slug, gpu={"kind": "whole", "model": group["model"], "count": 1},
+                workload_class="inference", duration_seconds=duration_seconds,
+                idempotency_key=f"model-split-{split.pk}-{index}", group=f"model-split-{split.pk}",
+                access_extra=_split_access(split, index, group))
+            ModelSplitLease.objects.create(split=split, group=index, lease=lease)
+        split.state, split.project, split.applied_at = PlanState.APPLIED, target, timezone.now()
+        split.save(update_fields=["state", "project", "applied_at"])
+        _audit(actor, "model_split.apply", f"model-split:{split.pk}", project=target.slug,
+               leases=[link.lease_id for link in split.leases.order_by("group")])
+    return split
+
+
+def model_split_release(*, actor: Actor, split: ModelSplit) -> ModelSplit:
+    """Release every lease of an applied split together (each release is idempotent)."""
+    actor.require("release")
+    with transaction.atomic():
+        split = ModelSplit.objects.select_for_update().get(pk=split.pk)
+        if split.state != PlanState.APPLIED:
+            raise Conflict(f"The split is {split.state}, not applied.", field="state")
+        split.state, split.released_at = PlanState.RELEASED, timezone.now()
+        split.save(update_fields=["state", "released_at"])
+        _audit(actor, "model_split.release", f"model-split:{split.pk}")
+    for link in split.leases.select_related("lease").order_by("group"):
+        leasing.lease_release(lease=link.lease, actor=f"user:{actor.user.get_username()}",
+                              reason=f"model split {split.pk} released")
+    return split

@@ -1,7 +1,7 @@
 from django.urls import path, re_path
 from django.views.generic import RedirectView
 
-from portal import billing, capacity, ops, views
+from portal import billing, capacity, ops, pipelines, views
 
 app_name = "portal"
 
@@ -34,6 +34,18 @@ urlpatterns = [
     path("advice", capacity.AdviceView.as_view(), name="advice"),
     path("advice/<int:pk>/accept", capacity.AdviceDecideView.as_view(decision="accept"), name="advice-accept"),
     path("advice/<int:pk>/reject", capacity.AdviceDecideView.as_view(decision="reject"), name="advice-reject"),
+    path("pipelines/", pipelines.PipelineListView.as_view(), name="pipelines"),
+    path("pipelines/<int:pk>", pipelines.PipelineDetailView.as_view(), name="pipeline"),
+    path("pipelines/<int:pk>/plan", pipelines.PipelinePlanView.as_view(), name="pipeline-plan"),
+    path("pipelines/<int:pk>/plans/<int:plan_id>/apply", pipelines.PlanActionView.as_view(action="apply"),
+         name="pipeline-apply"),
+    path("pipelines/<int:pk>/plans/<int:plan_id>/release", pipelines.PlanActionView.as_view(action="release"),
+         name="pipeline-release"),
+    path("model-splits/<int:pk>", pipelines.ModelSplitDetailView.as_view(), name="model-split"),
+    path("model-splits/<int:pk>/apply", pipelines.ModelSplitActionView.as_view(action="apply"),
+         name="model-split-apply"),
+    path("model-splits/<int:pk>/release", pipelines.ModelSplitActionView.as_view(action="release"),
+         name="model-split-release"),
     # platform staff
     path("ops/", RedirectView.as_view(pattern_name="portal:fleet"), name="ops"),  # the fleet page checks staff
     path("ops/fleet", ops.FleetView.as_view(), name="fleet"),

@@ -228,7 +228,11 @@ class LeaseDetailOutput(LeaseOutput):
     @extend_schema_field(DeviceOutput(many=True))
     def get_devices(self, obj) -> list:
         live = [a for a in obj.allocations.all() if a.freed_at is None]
-        return DeviceOutput(live, many=True).data
+        devices = DeviceOutput(live, many=True).data
+        if obj.access_extra:  # what the app that asked for the lease adds (a model split's layer range)
+            for device in devices:
+                device["access"] = {**device["access"], **obj.access_extra}
+        return devices
 
 
 class EnrollInput(StrictSerializer):

@@ -1,26 +1,22 @@
-"""Latency profiles: how long one batch of a model takes on a slice, and whether it fits.
+"""Latency profiles: how long one batch of a stage's model takes on a slice, and whether it fits.
 
 A profile is a table ``(slice, batch) -> milliseconds``. Where a tenant gives measured figures they are used as
-given; otherwise ``profile_for`` computes them from the architecture's layer table with a roofline per layer
-(``hardware.roofline_ms``): each layer takes the longer of its FLOPs at the slice's compute and its weights plus
-activations at the slice's bandwidth, plus a launch overhead; a batch adds one dispatch overhead.
+given; otherwise ``profile_for`` asks the performance model auto-tiering uses (``gpus.performance.estimate``: the
+roofline over the catalogue's datasheet peaks, calibrated against MLPerf Inference results) for each slice of
+each GPU model (``gpus.performance.slices_for``: the whole GPU, its MIG profiles, time-sliced shares) and batch
+size, inference in FP16. One catalogue of architectures and one performance model serve tiering and the
+planners alike.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from leasing.pipelines.architectures import BYTES_FP16, Architecture
-from leasing.pipelines.hardware import (
-    DISPATCH_OVERHEAD_MS,
-    LAYER_OVERHEAD_MS,
-    Slice,
-    roofline_ms,
-    slices_for,
-)
+from gpus.architectures import architecture_get
+from gpus.performance import Slice, Workload, estimate, slices_for
 
 BATCHES = (1, 2, 4, 8, 16, 32)
-CONTEXT_MIB = 512  # CUDA context and allocator slack held by any process on a GPU
+PRECISION = "fp16"
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,29 +32,17 @@ class Candidate:
         return self.slice.model
 
 
-def memory_mib(arch: Architecture, batch: int) -> int:
-    """Weights, the largest layer's input and output for a batch, and the context."""
-    largest = max((layer.in_bytes or 0) + layer.out_bytes for layer in arch.layers)
-    return (arch.weight_bytes + batch * largest) // (1024 * 1024) + CONTEXT_MIB
-
-
-def batch_ms(arch: Architecture, slice_: Slice, batch: int) -> float:
-    total = DISPATCH_OVERHEAD_MS
-    previous_out = 0
-    for layer in arch.layers:
-        moved = layer.params * BYTES_FP16 + batch * ((layer.in_bytes or previous_out) + layer.out_bytes)
-        total += LAYER_OVERHEAD_MS + roofline_ms(layer.flops * batch, moved, slice_.tflops, slice_.bandwidth_gbps)
-        previous_out = layer.out_bytes
-    return total
-
-
-def profile_for(arch: Architecture, models: tuple[str, ...],
-                batches: tuple[int, ...] = BATCHES) -> tuple[Candidate, ...]:
-    """Every (slice, batch) of ``models`` the architecture fits in, with its computed batch latency."""
+def profile_for(architecture: str, models: tuple[str, ...], batches: tuple[int, ...] = BATCHES, *,
+                seq_len: int = 512, image_size: int = 224) -> tuple[Candidate, ...]:
+    """Every (slice, batch) of ``models`` the architecture fits in, with the performance model's step time.
+    ``architecture`` is a name of ``gpus.architectures`` (``KeyError`` otherwise)."""
+    name = architecture_get(architecture).name
+    workloads = [Workload(name, "inference", PRECISION, batch, seq_len, image_size) for batch in batches]
     found = []
     for model in models:
         for slice_ in slices_for(model):
-            for batch in batches:
-                if memory_mib(arch, batch) <= slice_.memory_mib:
-                    found.append(Candidate(slice_, batch, round(batch_ms(arch, slice_, batch), 4)))
+            for workload in workloads:
+                guess = estimate(workload, slice_)
+                if guess.fits:
+                    found.append(Candidate(slice_, workload.batch_size, round(guess.step_ms, 4)))
     return tuple(found)

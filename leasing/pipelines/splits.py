@@ -35,20 +35,18 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from gpus.catalogue import model_get
-from leasing.pipelines.architectures import BYTES_FP16, Layer
-from leasing.pipelines.hardware import (
-    DISPATCH_OVERHEAD_MS,
-    INTRA_LATENCY_MS,
-    LAYER_OVERHEAD_MS,
-    NETWORK_GBPS,
-    NETWORK_LATENCY_MS,
-    NVLINK_GBPS,
-    PCIE_GBPS,
-    peaks,
-    roofline_ms,
-)
-from leasing.pipelines.profiles import CONTEXT_MIB
+from gpus.layers import LAYER_CONTEXT_MIB as CONTEXT_MIB
+from gpus.layers import STEP_OVERHEAD_MS, Layer, layer_ms
+from gpus.performance import peak_tflops, spec_get
 
+BYTES_FP16 = 2
+# links between GPUs (GB/s, and a fixed latency per transfer in ms): NVLink 3 (A100: 600 GB/s both ways, 300 one
+# way), PCIe 4.0 x16 (about 25 GB/s achieved), 100 Gb/s Ethernet / InfiniBand EDR between nodes
+NVLINK_GBPS = 300.0
+PCIE_GBPS = 25.0
+NETWORK_GBPS = 12.5
+NETWORK_LATENCY_MS = 0.05
+INTRA_LATENCY_MS = 0.01
 IDLE_WEIGHT_MS_PER_GIB = 0.25
 MIB = 1024 * 1024
 
@@ -71,11 +69,8 @@ class SplitGpu:
 
     @property
     def tflops(self) -> float:
-        return peaks(self.model)[0]
-
-    @property
-    def bandwidth_gbps(self) -> float:
-        return peaks(self.model)[1]
+        """Dense FP16 peak (``gpus.performance``): the order of the candidates and the speed cut follow it."""
+        return peak_tflops(spec_get(self.model), "fp16")
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,12 +137,11 @@ class _Model:
         for gpu in gpus:
             if gpu.model in self.time_prefix:
                 continue
-            tflops, bandwidth = peaks(gpu.model)
             prefix = [0.0] * (n + 1)
+            previous = 0
             for i, layer in enumerate(layers):
-                moved = layer.params * BYTES_FP16 + self.act[i]
-                step = roofline_ms(layer.flops * batch, moved, tflops, bandwidth)
-                prefix[i + 1] = prefix[i] + LAYER_OVERHEAD_MS + step
+                prefix[i + 1] = prefix[i] + layer_ms(layer, gpu.model, batch=batch, in_bytes=previous)
+                previous = layer.out_bytes
             self.time_prefix[gpu.model] = prefix
         self.flops_prefix = [0.0] * (n + 1)
         for i, layer in enumerate(layers):
@@ -160,7 +154,7 @@ class _Model:
 
     def compute(self, gpu: SplitGpu, first: int, last: int) -> float:
         prefix = self.time_prefix[gpu.model]
-        return DISPATCH_OVERHEAD_MS + prefix[last + 1] - prefix[first]
+        return STEP_OVERHEAD_MS + prefix[last + 1] - prefix[first]
 
     def transfer(self, source: SplitGpu | None, target: SplitGpu, boundary: int) -> float:
         """Handing layer ``boundary - 1``'s output for the batch from ``source`` to ``target``."""
@@ -210,7 +204,10 @@ def _check(gpus: Sequence[SplitGpu]) -> None:
         seen.add(gpu.id)
         if gpu.free_mib <= 0:
             raise SplitError(f"GPU {gpu.id!r} has no free memory", f"gpus[{index}]")
-        peaks(gpu.model)
+        try:
+            spec_get(gpu.model)
+        except KeyError as error:
+            raise SplitError(str(error.args[0]), f"gpus[{index}].model") from None
 
 
 def candidate_order(gpus: Sequence[SplitGpu], need_mib: int) -> list[SplitGpu]:

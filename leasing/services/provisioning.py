@@ -11,12 +11,14 @@ from django.db import transaction
 from django.utils import timezone
 
 from leasing.choices import (
+    FINAL_STATES,
     AllocationState,
     GpuKind,
     LeaseState,
 )
 from leasing.models import Allocation, Lease, LeaseEvent, Node
-from leasing.services.transitions import allocations_free, update_each
+from leasing.services.transitions import allocations_free, lease_transition, update_each
+from leasing.services.triggers import enqueue
 
 logger = logging.getLogger(__name__)
 
@@ -48,14 +50,18 @@ def allocation_ready(*, allocation: Allocation, instance: dict, now: datetime) -
 def allocations_ready(*, items: list[tuple[Allocation, dict]], now: datetime) -> dict[str, int]:
     """Record what the agents created, in one transaction: each allocation still pending becomes READY
     with its device; each lease still PROVISIONING whose live allocations are now all ready becomes ACTIVE
-    until ``now`` + its duration, with its event. The leases are locked first, in key order (as
-    ``allocations_free`` does), so a release racing this waits or wins cleanly. Returns how many
-    allocations were recorded (``ready``) and how many leases became ACTIVE (``active``)."""
+    until ``now`` + its duration, with its event. A member of a lease group waits at that point for its
+    whole group: the members become ACTIVE together, in the transaction that records the last of their
+    instances (one node's task may finish before another's), so a group never runs partly. The leases and
+    their group siblings are locked first, in key order (as ``allocations_free`` does), so a release or a
+    requeue racing this waits or wins cleanly. Returns how many allocations were recorded (``ready``) and
+    how many leases became ACTIVE (``active``)."""
     instances = {allocation.pk: instance for allocation, instance in items}
     lease_ids = sorted({allocation.lease_id for allocation, _ in items})
     with transaction.atomic(durable=True):
-        leases = {lease.pk: lease for lease in Lease.objects.select_for_update().filter(pk__in=lease_ids)
-                  .order_by("pk").only("pk", "state", "duration_seconds")}
+        lock_ids = sorted(set(lease_ids) | _group_sibling_ids(lease_ids))
+        leases = {lease.pk: lease for lease in Lease.objects.select_for_update().filter(pk__in=lock_ids)
+                  .order_by("pk").only("pk", "state", "duration_seconds", "tenant_id", "group_key")}
         pending = Allocation.objects.filter(pk__in=instances, state=AllocationState.PENDING).values_list(
             "pk", flat=True)
         recorded = []
@@ -68,18 +74,26 @@ def allocations_ready(*, items: list[tuple[Allocation, dict]], now: datetime) ->
         if not recorded:
             return {"ready": 0, "active": 0}
         update_each(Allocation, recorded, ["state", "ready_at", "device_uuid", "gpu_instance_id", "access"])
-        unfinished = set(Allocation.objects.filter(lease_id__in=lease_ids, freed_at__isnull=True)
+        unfinished = set(Allocation.objects.filter(lease_id__in=lock_ids, freed_at__isnull=True)
                          .exclude(state=AllocationState.READY).values_list("lease_id", flat=True))
-        node_of = {allocation.lease_id: allocation.gpu.node.node_id for allocation, _ in items}
+        # a group waits while a member is still waiting to be placed or has instances not yet made
+        waiting_groups = {(lease.tenant_id, lease.group_key) for lease in leases.values() if lease.group_key and (
+            lease.state in (LeaseState.REQUESTED, LeaseState.QUEUED)
+            or (lease.state == LeaseState.PROVISIONING and lease.pk in unfinished))}
+        starting = [lease for lease in leases.values()
+                    if lease.state == LeaseState.PROVISIONING and lease.pk not in unfinished
+                    and (lease.pk in lease_ids or lease.group_key)
+                    and (lease.tenant_id, lease.group_key) not in waiting_groups]
+        node_of = dict(Allocation.objects.filter(lease_id__in=[lease.pk for lease in starting], freed_at__isnull=True)
+                       .values_list("lease_id", "gpu__node__node_id"))
         active, events = [], []
-        for lease_id in lease_ids:
-            lease = leases.get(lease_id)
-            if lease is None or lease.state != LeaseState.PROVISIONING or lease_id in unfinished:
-                continue
-            reason = f"running on {node_of[lease_id]}"
-            active.append(Lease(pk=lease_id, state=LeaseState.ACTIVE, reason=reason, active_at=now,
+        for lease in starting:
+            reason = f"running on {node_of.get(lease.pk, 'its node')}"
+            if lease.group_key:
+                reason += f" (lease group '{lease.group_key}': every member running)"
+            active.append(Lease(pk=lease.pk, state=LeaseState.ACTIVE, reason=reason, active_at=now,
                                 ends_at=now + timedelta(seconds=lease.duration_seconds)))
-            events.append(LeaseEvent(lease_id=lease_id, from_state=LeaseState.PROVISIONING,
+            events.append(LeaseEvent(lease_id=lease.pk, from_state=LeaseState.PROVISIONING,
                                      to_state=LeaseState.ACTIVE, reason=reason, actor="worker", at=now))
         update_each(Lease, active, ["state", "reason", "active_at", "ends_at"])
         LeaseEvent.objects.bulk_create(events)
@@ -89,6 +103,45 @@ def allocations_ready(*, items: list[tuple[Allocation, dict]], now: datetime) ->
         workloads_start_after([lease.pk for lease in active])
     logger.info("%d instances recorded, %d leases active", len(recorded), len(active))
     return {"ready": len(recorded), "active": len(active)}
+
+
+def _group_sibling_ids(lease_ids: list[int]) -> set[int]:
+    """The other members of the lease groups these leases belong to (not locked: the caller locks them)."""
+    keys = set(Lease.objects.filter(pk__in=lease_ids, group_key__isnull=False).values_list("tenant_id", "group_key"))
+    if not keys:
+        return set()
+    found = Lease.objects.none()
+    for tenant_id, key in sorted(keys):
+        found = found | Lease.objects.filter(tenant_id=tenant_id, group_key=key)
+    return set(found.exclude(state__in=FINAL_STATES).values_list("pk", flat=True))
+
+
+def lease_group_requeue(*, lease: Lease, reason: str, now: datetime) -> int:
+    """A member of a lease group could not be provisioned (its node refused the instance, or never answered):
+    the whole group goes back to the queue together, so a pipeline or a model split never runs partly. Every
+    member still PROVISIONING has its instances destroyed (best effort: the reconcile destroys what an
+    unreachable node keeps), then, in one transaction, its allocations freed and the lease QUEUED with a reason
+    naming the member at fault; the next cycle places the group again whole or not at all. Members already
+    past provisioning are left alone (none is ACTIVE while a member provisions: ``allocations_ready``).
+    Returns how many leases were requeued."""
+    members = list(Lease.objects.filter(tenant_id=lease.tenant_id, group_key=lease.group_key,
+                                        state=LeaseState.PROVISIONING).order_by("pk"))
+    for member in members:
+        release_instances_quietly(member)
+    requeued = 0
+    with transaction.atomic(durable=True):
+        for member in Lease.objects.select_for_update().filter(
+                pk__in=[m.pk for m in members], state=LeaseState.PROVISIONING).order_by("pk"):
+            member.allocations.filter(freed_at__isnull=True).update(state=AllocationState.FREED, freed_at=now)
+            why = reason if member.pk == lease.pk else (
+                f"requeued with lease {lease.pk} of its group '{lease.group_key}', which could not be provisioned "
+                f"({reason})")
+            lease_transition(lease=member, to=LeaseState.QUEUED, reason=why, actor="worker", now=now, queued_at=now,
+                             tier="", over_quota=False, active_at=None, ends_at=None, notice_deadline=None)
+            requeued += 1
+        if requeued:
+            enqueue("schedule_cycle")
+    return requeued
 
 
 # -- agent work (outside transactions) ----------------------------------------------------------------
@@ -134,9 +187,12 @@ def leases_provision(*, lease_ids: list[int]) -> dict[str, int]:
         counts["active"] = allocations_ready(items=ready, now=timezone.now())["active"]
     for lease_id, detail in refused.items():
         lease = Lease.objects.get(pk=lease_id)
+        reason = f"the node refused the instance ({detail}); requeued"
+        if lease.group_key:  # its whole group goes back with it (the siblings' instances destroyed)
+            counts["requeued"] += lease_group_requeue(lease=lease, reason=reason, now=timezone.now())
+            continue
         release_instances_quietly(lease)  # what was already made for this lease goes
-        allocations_free(lease=lease, now=timezone.now(), to=LeaseState.QUEUED,
-                         reason=f"the node refused the instance ({detail}); requeued")
+        allocations_free(lease=lease, now=timezone.now(), to=LeaseState.QUEUED, reason=reason)
         counts["requeued"] += 1
     if unreachable:
         raise AgentUnreachable("; ".join(unreachable))
@@ -144,9 +200,13 @@ def leases_provision(*, lease_ids: list[int]) -> dict[str, int]:
 
 
 def leases_provision_give_up(*, lease_ids: list[int], reason: str) -> int:
-    """After the last retry: the leases still provisioning free their allocations and wait again."""
+    """After the last retry: the leases still provisioning free their allocations and wait again; a member of a
+    lease group takes its whole group back to the queue with it (``lease_group_requeue``)."""
     count = 0
     for lease in Lease.objects.filter(pk__in=lease_ids, state=LeaseState.PROVISIONING).order_by("pk"):
+        if lease.group_key:
+            count += lease_group_requeue(lease=lease, reason=reason, now=timezone.now())
+            continue
         allocations_free(lease=lease, now=timezone.now(), to=LeaseState.QUEUED, reason=reason)
         count += 1
     return count

@@ -40,14 +40,16 @@ def _request_hash(payload: dict) -> str:
 
 def lease_request(*, actor: Actor, project: str, gpu: object, workload_class: str = WorkloadClass.TRAINING,
                   priority: int = 0, duration_seconds: object = 3600, idempotency_key: str = "",
-                  workload: object = None, group: str | None = None,
+                  workload: object = None, group: str | None = None, access_extra: dict | None = None,
                   now: datetime | None = None) -> tuple[Lease, bool]:
     """Validate and queue a request: (the lease, created now?). The same idempotency key with the same
     body returns the first lease; with another body it is ``IdempotencyConflict``. ``workload`` (optional)
     is what the lease runs once placed (``leasing.validation.workload_check``; ``services.workloads``).
     ``group`` (optional, set by the apps that lease several things as one: a pipeline plan, a model split)
     makes the lease a member of the tenant's lease group of that key: the scheduler places the queued
-    members together or none of them (docs/scheduling.md "Lease groups")."""
+    members together or none of them (docs/scheduling.md "Lease groups"). ``access_extra`` (optional, set by
+    those apps too: a JSON object of at most 16 KiB) is added to each device's access details (a model split's
+    layer range for that device)."""
     actor.require("use")
     now = now or timezone.now()
     checked = request_input_check(actor=actor, project=project, gpu=gpu, workload_class=workload_class,
@@ -58,8 +60,13 @@ def lease_request(*, actor: Actor, project: str, gpu: object, workload_class: st
         raise ValidationFailed("Idempotency-Key is at most 200 characters.", field="Idempotency-Key")
     if group is not None and (not isinstance(group, str) or not 1 <= len(group) <= 100):
         raise ValidationFailed("group is a key of 1 to 100 characters.", field="group")
+    if access_extra is not None and (not isinstance(access_extra, dict)
+                                     or len(json.dumps(access_extra, default=str)) > 16384):
+        raise ValidationFailed("access_extra is a JSON object of at most 16 KiB.", field="access_extra")
     payload = {"project": project, "gpu": shape, "workload_class": workload_class, "priority": priority,
                "duration_seconds": duration_seconds}
+    if access_extra:
+        payload["access_extra"] = access_extra
     if workload_spec is not None:
         payload["workload"] = workload_spec
     if group is not None:
@@ -95,7 +102,7 @@ def lease_request(*, actor: Actor, project: str, gpu: object, workload_class: st
         milli=shape["milli"], memory_mib=shape["memory_mib"], gang=shape["gang"], workload_class=workload_class,
         priority=priority, duration_seconds=duration_seconds, requested_at=now, idempotency_key=idempotency_key,
         request_hash=digest, state=LeaseState.QUEUED, reason="waiting for the scheduler", queued_at=now,
-        group_key=group)
+        group_key=group, access_extra=access_extra or {})
     events = [LeaseEvent(from_state="", to_state=LeaseState.REQUESTED,
                          reason=f"requested; {warning}" if warning else "requested",
                          actor=f"user:{actor.user.get_username()}", at=now),

@@ -1,18 +1,63 @@
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
+from gpus.architectures import ARCHITECTURES
+from gpus.catalogue import MODELS, model_get
+from gpus.layers import layered
+from gpus.performance import SPECS
 from pipelines.models import ModelSplit, Pipeline, PipelinePlan
 from tenants.api.serializers import StrictSerializer
 
 
+class NumberField(serializers.FloatField):
+    """A JSON number, as the document says: no string coerced into one (``"3"`` is refused)."""
+
+    def to_internal_value(self, data):
+        if isinstance(data, bool) or not isinstance(data, int | float):
+            self.fail("invalid")
+        return super().to_internal_value(data)
+
+
+# GPU models the planners have compute figures for (gpus.performance), in the catalogue's order
+TIERS = [model.code for model in MODELS if model.code in SPECS]
+
+
+class ProfileRowInput(StrictSerializer):
+    """A measured latency: one batch of ``batch`` on a slice of ``tier`` takes ``latency_ms``."""
+
+    tier = serializers.ChoiceField(choices=TIERS)
+    kind = serializers.ChoiceField(choices=["whole", "mig", "share"], required=False,
+                                   help_text="whole (default), mig (name the profile) or share (give milli)")
+    profile = serializers.CharField(max_length=32, required=False,
+                                    help_text="a MIG profile of the tier, e.g. 3g.40gb (kind mig)")
+    milli = serializers.IntegerField(min_value=1, max_value=1000, required=False,
+                                     help_text="thousandths of the GPU's time (kind share)")
+    batch = serializers.IntegerField(min_value=1, max_value=1024, required=False)
+    latency_ms = NumberField(min_value=0.001, max_value=3_600_000)
+
+
+class StageInput(StrictSerializer):
+    """A stage runs one model: a catalogue architecture (profiled by the performance model) or measured rows."""
+
+    name = serializers.RegexField(r"\S", max_length=100, help_text="unique in the pipeline; not only spaces")
+    architecture = serializers.ChoiceField(choices=sorted(ARCHITECTURES), required=False)
+    profile = serializers.ListField(child=ProfileRowInput(), min_length=1, max_length=200, required=False)
+
+
 class PipelineInput(StrictSerializer):
+    """An inference pipeline: stages, the edges between them, an end-to-end SLO and an arrival rate."""
+
     project = serializers.CharField(max_length=100)
-    name = serializers.CharField(max_length=100)
-    stages = serializers.ListField(child=serializers.JSONField(), min_length=1, max_length=24)
-    edges = serializers.ListField(child=serializers.ListField(child=serializers.CharField(), min_length=2,
-                                                              max_length=2), required=False, default=list)
-    slo_ms = serializers.FloatField()
-    rate_rps = serializers.FloatField()
-    tiers = serializers.ListField(child=serializers.CharField(), required=False, default=list)
+    name = serializers.RegexField(r"\S", max_length=100, help_text="not only spaces")
+    stages = serializers.ListField(child=StageInput(), min_length=1, max_length=24)
+    edges = serializers.ListField(child=serializers.ListField(child=serializers.CharField(max_length=100),
+                                                              min_length=2, max_length=2),
+                                  required=False, default=list, max_length=600,
+                                  help_text="[from, to] pairs of stage names: no loop, no cycle")
+    slo_ms = NumberField(min_value=0.001, max_value=3_600_000)
+    rate_rps = NumberField(min_value=0.001, max_value=1_000_000)
+    tiers = serializers.ListField(child=serializers.ChoiceField(choices=TIERS), required=False, default=list,
+                                  max_length=len(TIERS))
 
 
 class PlanInput(StrictSerializer):
@@ -23,12 +68,35 @@ class ApplyInput(StrictSerializer):
     duration_seconds = serializers.IntegerField(min_value=60, max_value=30 * 86400, default=3600)
 
 
+class LayerInput(StrictSerializer):
+    """One layer of a model, in order: parameters, FLOPs per sample, the activation it hands on per sample."""
+
+    name = serializers.CharField(max_length=100, required=False)
+    params = serializers.IntegerField(min_value=0, max_value=10**12)
+    flops = NumberField(min_value=0, max_value=10**18, help_text="per sample; a multiply-add counts 2")
+    out_bytes = serializers.IntegerField(min_value=0, max_value=1 << 40, help_text="activation handed on, per sample")
+
+
+class SplitGpuInput(StrictSerializer):
+    """A candidate GPU: where it is, its model and the memory free on it."""
+
+    id = serializers.CharField(max_length=100, required=False, help_text="unique among the candidates")
+    node = serializers.CharField(max_length=100, required=False)
+    model = serializers.ChoiceField(choices=TIERS)
+    free_mib = serializers.IntegerField(min_value=1, max_value=max(model_get(t).memory_mib for t in TIERS),
+                                        required=False, help_text="at most the model's memory (default: all of it)")
+
+
 class ModelSplitInput(StrictSerializer):
+    """A model (a catalogue architecture, or a layer table) to split over candidate GPUs at a batch size."""
+
     name = serializers.CharField(max_length=100, required=False, default="")
-    architecture = serializers.CharField(max_length=40, required=False, default="")
-    layers = serializers.ListField(child=serializers.JSONField(), required=False, default=None, allow_null=True)
+    architecture = serializers.ChoiceField(choices=["", *layered()], required=False, default="",
+                                           help_text="a catalogue architecture with a layer table; or give layers")
+    layers = serializers.ListField(child=LayerInput(), min_length=1, max_length=1000, required=False, default=None,
+                                   allow_null=True)
     batch = serializers.IntegerField(min_value=1, max_value=1024, default=1)
-    gpus = serializers.ListField(child=serializers.JSONField(), min_length=1, max_length=64)
+    gpus = serializers.ListField(child=SplitGpuInput(), min_length=1, max_length=64)
 
 
 class PlanOutput(serializers.ModelSerializer):
@@ -52,7 +120,26 @@ class PipelineOutput(serializers.ModelSerializer):
         fields = ["id", "project", "name", "stages", "edges", "slo_ms", "rate_rps", "tiers", "created_at"]
 
 
+class ModelSplitApplyInput(StrictSerializer):
+    project = serializers.CharField(max_length=100)
+    duration_seconds = serializers.IntegerField(min_value=60, max_value=30 * 86400, default=3600)
+
+
+class SplitLeaseOutput(serializers.Serializer):
+    group = serializers.IntegerField()
+    lease = serializers.IntegerField(source="lease_id")
+    state = serializers.CharField(source="lease.state")
+
+
 class ModelSplitOutput(serializers.ModelSerializer):
+    project = serializers.SlugRelatedField(slug_field="slug", read_only=True, allow_null=True)
+    leases = serializers.SerializerMethodField()
+
     class Meta:
         model = ModelSplit
-        fields = ["id", "name", "architecture", "batch", "gpus", "feasible", "result", "created_at"]
+        fields = ["id", "name", "architecture", "batch", "gpus", "feasible", "result", "state", "project",
+                  "created_at", "applied_at", "released_at", "leases"]
+
+    @extend_schema_field(SplitLeaseOutput(many=True))
+    def get_leases(self, split) -> list[dict]:
+        return SplitLeaseOutput(split.leases.select_related("lease").order_by("group"), many=True).data

@@ -12,4 +12,6 @@ urlpatterns = [
          name="api-pipeline-release"),
     path("model-splits", views.ModelSplitCreateApi.as_view(), name="api-model-splits"),
     path("model-splits/<int:pk>", views.ModelSplitDetailApi.as_view(), name="api-model-split"),
+    path("model-splits/<int:pk>/apply", views.ModelSplitApplyApi.as_view(), name="api-model-split-apply"),
+    path("model-splits/<int:pk>/release", views.ModelSplitReleaseApi.as_view(), name="api-model-split-release"),
 ]

@@ -21,7 +21,11 @@ class PipelineListApi(APIView):
     def get(self, request):
         return Response(s.PipelineOutput(selectors.pipeline_list(actor=request.actor)[:100], many=True).data)
 
-    @extend_schema(request=s.PipelineInput, responses={201: s.PipelineOutput, 404: problem("No such project")},
+    @extend_schema(request=s.PipelineInput, responses={
+        201: s.PipelineOutput, 404: problem("No such project"),
+        422: problem("Well-formed parts that do not fit together (unprocessable, naming the field): an edge naming no "
+                     "stage, a cycle, two stages of one name, a MIG profile the tier does not offer, a share without "
+                     "milli, a stage with neither architecture nor profile, a model that fits on none of the tiers")},
                    summary="Describe an inference pipeline: stages, edges, end-to-end SLO, arrival rate")
     def post(self, request):
         data = parse(s.PipelineInput, request)
@@ -82,7 +86,10 @@ class PlanReleaseApi(APIView):
 class ModelSplitCreateApi(APIView):
     write_action = "use"
 
-    @extend_schema(request=s.ModelSplitInput, responses={201: s.ModelSplitOutput},
+    @extend_schema(request=s.ModelSplitInput, responses={
+        201: s.ModelSplitOutput,
+        422: problem("Well-formed parts that do not fit together (unprocessable, naming the field): free_mib above "
+                     "the model's memory, two candidates of one id, neither architecture nor layers")},
                    summary="Split a model's layers over candidate GPUs (heuristic; equal-layers and optimum beside)")
     def post(self, request):
         data = parse(s.ModelSplitInput, request)
@@ -96,3 +103,27 @@ class ModelSplitDetailApi(APIView):
     @extend_schema(responses=s.ModelSplitOutput, summary="A model split")
     def get(self, request, pk: int):
         return Response(s.ModelSplitOutput(selectors.model_split_get(actor=request.actor, pk=pk)).data)
+
+
+class ModelSplitApplyApi(APIView):
+    write_action = "use"
+
+    @extend_schema(request=s.ModelSplitApplyInput,
+                   responses={200: s.ModelSplitOutput, 404: problem("No such split or project"),
+                              409: problem("The split is released or found no groups that fit"),
+                              402: problem("A monthly spend cap refuses a group's lease (budget_exceeded)")},
+                   summary="Lease the split's GPUs as one gang (all or none), the layer range in each lease's access")
+    def post(self, request, pk: int):
+        split = selectors.model_split_get(actor=request.actor, pk=pk)
+        data = parse(s.ModelSplitApplyInput, request)
+        return Response(s.ModelSplitOutput(services.model_split_apply(actor=request.actor, split=split, **data)).data)
+
+
+class ModelSplitReleaseApi(APIView):
+    write_action = "release"
+
+    @extend_schema(request=None, responses={200: s.ModelSplitOutput, 409: problem("The split is not applied")},
+                   summary="Release every lease of the split")
+    def post(self, request, pk: int):
+        split = selectors.model_split_get(actor=request.actor, pk=pk)
+        return Response(s.ModelSplitOutput(services.model_split_release(actor=request.actor, split=split)).data)

@@ -319,11 +319,12 @@ def workload_steps(step, world: World, secret: str) -> None:
 
 def pipeline_steps(step, world: World, capped: str) -> None:
     """A pipeline planned, applied (its stages leased through the leasing path), released, applied again
-    (409: released), released again (409); one in a project whose spend cap is spent (402); a model split."""
+    (409: released), released again (409); one in a project whose spend cap is spent (402); a model split, leased
+    as a gang the same way; a pipeline and a split whose parts do not fit together (422)."""
     v1, owner = "/api/v1", world.tokens["owner"]
     body = {"project": world.project.slug, "name": "contract", "slo_ms": 200.0, "rate_rps": 5.0,
             "tiers": ["H100-80GB"], "edges": [["detect", "embed"]],
-            "stages": [{"name": "detect", "architecture": "resnet50"}, {"name": "embed", "architecture": "bert_base"}]}
+            "stages": [{"name": "detect", "architecture": "resnet-50"}, {"name": "embed", "architecture": "bert-base"}]}
     poor = step(f"{v1}/pipelines", "post", 201, token=owner, body={**body, "project": capped})
     poor_plan = step(f"{v1}/pipelines/{{id}}/plans", "post", 201, f"{v1}/pipelines/{poor['id']}/plans", token=owner,
                      body={})
@@ -339,10 +340,22 @@ def pipeline_steps(step, world: World, capped: str) -> None:
     step(f"{v1}/pipelines/{{id}}/plans/{{plan_id}}/release", "post", 200, f"{at}/release", token=owner)
     step(f"{v1}/pipelines/{{id}}/plans/{{plan_id}}/apply", "post", 409, f"{at}/apply", token=owner, body={})
     step(f"{v1}/pipelines/{{id}}/plans/{{plan_id}}/release", "post", 409, f"{at}/release", token=owner)
+    step(f"{v1}/pipelines", "post", 422, token=owner, body={**body, "edges": [["detect", "nowhere"]]})
     split = step(f"{v1}/model-splits", "post", 201, token=owner, body={
-        "architecture": "bert_base", "batch": 8,
+        "architecture": "bert-base", "batch": 8,
         "gpus": [{"model": "H100-80GB", "node": "n1"}, {"model": "H100-80GB", "node": "n1"}]})
-    step(f"{v1}/model-splits/{{id}}", "get", 200, f"{v1}/model-splits/{split['id']}", token=owner)
+    step(f"{v1}/model-splits", "post", 422, token=owner, body={
+        "architecture": "bert-base", "gpus": [{"model": "L4", "free_mib": 80000}]})
+    at = f"{v1}/model-splits/{split['id']}"
+    step(f"{v1}/model-splits/{{id}}", "get", 200, at, token=owner)
+    # the split's GPUs leased as one gang: refused by the spent cap (402), applied, released, then 409 twice
+    step(f"{v1}/model-splits/{{id}}/apply", "post", 402, f"{at}/apply", token=owner, body={"project": capped})
+    step(f"{v1}/model-splits/{{id}}/apply", "post", 200, f"{at}/apply", token=owner,
+         body={"project": world.project.slug})
+    step(f"{v1}/model-splits/{{id}}/release", "post", 200, f"{at}/release", token=owner)
+    step(f"{v1}/model-splits/{{id}}/apply", "post", 409, f"{at}/apply", token=owner,
+         body={"project": world.project.slug})
+    step(f"{v1}/model-splits/{{id}}/release", "post", 409, f"{at}/release", token=owner)
 
 
 def tiering_steps(step, world: World, running_id: int) -> None:

@@ -153,6 +153,7 @@ def _hand_written_cases(url: str, schema: dict, world) -> set:
             own = {"id": str(Membership.objects.get(user=world.owner, tenant=world.acme).pk)} \
                 if path.endswith("/members/{id}") else {"id": _webhook_id(world)} if "/webhooks/{id}" in path \
                 else _plan_ids(world) if path.startswith("/api/v1/pipelines/{id}") \
+                else {"id": _split_id(world)} if path.startswith("/api/v1/model-splits/{id}") \
                 else {"id": _lease_id(world)} if path.startswith("/api/v1/leases/{id}/") else {}
             existing = _concrete(path, fmt="pdf", slug=world.project.slug, **own)
             record(path, method, call(url, method, existing, token=world.tokens["owner"], raw=b"x=1",
@@ -178,6 +179,13 @@ def _plan_ids(world) -> dict:
 
     plan = PipelinePlan.objects.filter(tenant=world.acme).order_by("pk").last()
     return {"id": str(plan.pipeline_id), "plan_id": str(plan.pk)}
+
+
+def _split_id(world) -> str:
+    """A model split of acme that exists now (the views look it up before reading the body)."""
+    from pipelines.models import ModelSplit
+
+    return str(ModelSplit.objects.filter(tenant=world.acme).order_by("pk").last().pk)
 
 
 def _webhook_id(world) -> str:

@@ -16,6 +16,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from gpus.performance import mig, share, whole
 from leasing.pipelines.esg import (
     Pipeline,
     PipelineError,
@@ -28,7 +29,6 @@ from leasing.pipelines.esg import (
     plan_even_greedy,
     plan_exhaustive,
 )
-from leasing.pipelines.hardware import mig, share, whole
 from leasing.pipelines.profiles import Candidate
 
 PRICES = {"H100-80GB": 400, "A100-80GB": 250, "L4": 80}

@@ -54,7 +54,7 @@ class Route:
 
 READ = {"get": None}
 PIPELINE = {"project": "vision", "name": "r", "slo_ms": 200.0, "rate_rps": 5.0, "tiers": ["H100-80GB"],
-            "stages": [{"name": "a", "architecture": "resnet50"}], "edges": []}
+            "stages": [{"name": "a", "architecture": "resnet-50"}], "edges": []}
 ROUTES: dict[str, Route] = {
     # -- tenant API (tenants/api) ---------------------------------------------------------------------
     "api-tenant": Route("api", "/api/v1/tenant", {"get": None, "patch": {"name": "x"}}),
@@ -127,8 +127,11 @@ ROUTES: dict[str, Route] = {
     "api-pipeline-apply": Route("api", "/api/v1/pipelines/{id}/apply", {"post": {}}, obj="plan"),
     "api-pipeline-release": Route("api", "/api/v1/pipelines/{id}/release", {"post": None}, obj="plan"),
     "api-model-splits": Route("api", "/api/v1/model-splits", {"post": {
-        "architecture": "bert_base", "gpus": [{"model": "H100-80GB", "node": "n1"}]}}),
+        "architecture": "bert-base", "gpus": [{"model": "H100-80GB", "node": "n1"}]}}),
     "api-model-split": Route("api", "/api/v1/model-splits/{id}", READ, obj="split"),
+    "api-model-split-apply": Route("api", "/api/v1/model-splits/{id}/apply", {"post": {"project": "vision"}},
+                                   obj="split"),
+    "api-model-split-release": Route("api", "/api/v1/model-splits/{id}/release", {"post": None}, obj="split"),
     "api-workloads": Route("api", "/api/v1/workloads", {"get": None,
                                                          "post": {"name": "w2", "architecture": "bert-base",
                                                                   "target_throughput": 100.0}}),
@@ -157,6 +160,16 @@ ROUTES: dict[str, Route] = {
     "portal:invoice": Route("portal", "/invoices/{id}", READ, obj="invoice"),
     "portal:invoice-document": Route("portal", "/invoices/{id}.csv", READ, obj="invoice"),
     "portal:advice": Route("portal", "/advice", READ),
+    # pipelines and model splits (portal/pipelines.py): plan, apply and release through pipelines.services
+    "portal:pipelines": Route("portal", "/pipelines/", READ),
+    "portal:pipeline": Route("portal", "/pipelines/{id}", READ, obj="pipeline"),
+    "portal:pipeline-plan": Route("portal", "/pipelines/{id}/plan", {"post": {"method": "esg"}}, obj="pipeline"),
+    "portal:pipeline-apply": Route("portal", "/pipelines/{id}/apply", {"post": {}}, obj="plan"),
+    "portal:pipeline-release": Route("portal", "/pipelines/{id}/release", {"post": {}}, obj="plan"),
+    "portal:model-split": Route("portal", "/model-splits/{id}", READ, obj="split"),
+    "portal:model-split-apply": Route("portal", "/model-splits/{id}/apply", {"post": {"project": "vision"}},
+                                      obj="split"),
+    "portal:model-split-release": Route("portal", "/model-splits/{id}/release", {"post": {}}, obj="split"),
     "portal:advice-accept": Route("portal", "/advice/{id}/accept", {"post": {}}, obj="adjustment"),
     "portal:advice-reject": Route("portal", "/advice/{id}/reject", {"post": {}}, obj="adjustment"),
     "portal:members": Route("portal", "/settings/members", READ),
@@ -300,7 +313,7 @@ def objects(world):
         actor = Actor(user=user, tenant=tenant, role=Role(Membership.objects.get(tenant=tenant, user=user).role))
         pipeline = pipelines.pipeline_create(actor=actor, **{**PIPELINE, "project": project.slug})
         plan = pipelines.plan_create(actor=actor, pipeline=pipeline)
-        split = pipelines.model_split_create(actor=actor, architecture_name="bert_base",
+        split = pipelines.model_split_create(actor=actor, architecture_name="bert-base",
                                              gpus=[{"model": "H100-80GB", "node": "n1"}])
         workload = tiering.workload_register(actor=actor, data={
             "name": f"w-{tenant.slug}", "architecture": "bert-base", "target_throughput": 100.0})
