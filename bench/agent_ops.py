@@ -193,12 +193,14 @@ def main() -> None:
     if args.command == "ops":
         seconds = 2.0 if args.quick else args.seconds
         figures = bench_ops(seconds, [int(n) for n in args.threads.split(",")])
-        write("agent_ops", figures, settings={"seconds": seconds, "threads": args.threads, "quick": args.quick})
+        write("agent_ops", figures, settings={"seconds": seconds, "threads": args.threads, "quick": args.quick},
+              quick=args.quick)
     else:
         nodes, prometheus_seconds = (50, 20.0) if args.quick else (args.nodes, args.prometheus_seconds)
         figures = bench_scrape(nodes, prometheus_seconds)
         write("agent_scrape", figures,
-              settings={"nodes": nodes, "prometheus_seconds": prometheus_seconds, "quick": args.quick})
+              settings={"nodes": nodes, "prometheus_seconds": prometheus_seconds, "quick": args.quick},
+              quick=args.quick)
 
 
 if __name__ == "__main__":

@@ -39,8 +39,8 @@ warm pool's price is the GPU-hours its members were held by nobody (``fleet.sele
 busy machine the absolute seconds move; the ratio p95 bound-warm / p95 cold of the same run moves much
 less, so it is printed too.
 
-Results go to ``bench/results/capacity_live.json`` (``--json``; ``--quick`` writes
-``capacity_live_quick.json`` so a smoke run never replaces the figures).
+Results go to ``bench/results/capacity_live.json`` (``--json``; ``--quick`` writes to ``bench/results/quick/``,
+which git ignores, so a smoke run never replaces the figures).
 """
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.leasing import BIN, Client, _meter, _pct, _postgres, _print_cpu, _queue_delete, _wait_http  # noqa: E402
-from bench.record import results_dir, write  # noqa: E402
+from bench.record import RESULTS, results_dir, write  # noqa: E402
 from infra import services  # noqa: E402
 from tests.agent.conftest import free_port  # noqa: E402
 
@@ -115,7 +115,8 @@ def _arguments() -> argparse.Namespace:
     args.history = args.history or max(60, math.ceil(args.leases / args.rate))
     if args.history < 60:
         parser.error("--history: CAPACITY_HISTORY_SECONDS is at least 60")
-    args.json = args.json or results_dir() / ("capacity_live_quick.json" if quick else "capacity_live.json")
+    args.json = args.json or ((results_dir() if os.environ.get("BENCH_RESULTS_DIR") else RESULTS / "quick")
+                              if quick else results_dir()) / "capacity_live.json"
     per_run = max(1, math.ceil(args.rate * args.plan_every))  # members one planner run refills, on one node
     args.cold_provision_seconds = math.ceil(args.plan_every + args.create_latency * per_run)
     return args

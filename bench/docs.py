@@ -174,6 +174,72 @@ def _quota() -> str:
             + f"Mean queueing delay, static partitions against ours: {ratio:.1f}x lower with ours.")
 
 
+def _pct(x: float) -> str:
+    return f"{x * 100:.1f} %"
+
+
+@renderer("pipelines")
+def _pipelines() -> str:
+    f = load("pipelines")["figures"]
+    s = f["summary"]
+    even, even90, opt = (s["even_greedy_cost_over_esg"], s["even_greedy_cost_over_esg_headroom10"],
+                         s["esg_cost_over_optimum"])
+    rows = [
+        ["ESG", _pct(s["esg"]["plan_meets_slo"]), _pct(s["esg"]["hit_rate_mean"]), "1"],
+        ["ESG planned against 90 % of the SLO", _pct(s["esg_headroom10"]["plan_meets_slo"]),
+         _pct(s["esg_headroom10"]["hit_rate_mean"]), "—"],
+        ["even split + greedy", _pct(s["even_greedy"]["plan_meets_slo"]), _pct(s["even_greedy"]["hit_rate_mean"]),
+         f"**{even['mean']:.2f}×** ESG (max {even['max']:.2f}×; {even['pipelines']} pipelines both meet); "
+         f"{even90['mean']:.2f}× ESG-90 % (max {even90['max']:.2f}×)"],
+        [f"A\\* optimum ({opt['pipelines']} pipelines of ≤ 6 stages)", _pct(s["optimum"]["plan_meets_slo"]),
+         _pct(s["optimum"]["hit_rate_mean"]),
+         f"ESG = {opt['mean']:.4f}× optimum (max {opt['max']:.2f}×), equal in {_pct(opt['equal'])}"],
+    ]
+    tight = s["hit_rate_by_tightness"]
+    by_tightness = table(["SLO / fastest latency", "ESG", "ESG-90 %", "even split + greedy",
+                          "even split's plan meets the SLO"],
+                         [[f"{k}×", _pct(v["esg"]), _pct(v["esg_headroom10"]), _pct(v["even_greedy"]),
+                           _pct(v["even_greedy_meets_slo"])] for k, v in tight.items()])
+    timing = f["planning_time"]
+    plan_rows = [[stages, f"{v['esg_mean_s'] * 1000:.1f} / {v['esg_max_s'] * 1000:.1f}",
+                  f"{v['astar_mean_s'] * 1000:.1f} / {v['astar_max_s'] * 1000:.1f}" if "astar_mean_s" in v else "",
+                  f"{v['exhaustive_mean_s'] * 1000:.0f}" if "exhaustive_mean_s" in v else ""]
+                 for stages, v in timing.items()]
+    return (provenance("pipelines") + "\n\n"
+            + table(["Planner", "plan meets SLO (own model)", "SLO hit rate (simulated)", "cost per 1,000 vs ESG"],
+                    rows)
+            + "\n\nHit rate by SLO tightness:\n\n" + by_tightness
+            + "\n\nPlanning time by chain length (ms, mean / max, wall clock):\n\n"
+            + table(["stages", "ESG", "A\\* over the whole pipeline", "exhaustive"], plan_rows)
+            + f"\n\nThe run took {f['wall_seconds']} s of wall time for {f['cpu_seconds']} s of its own CPU.")
+
+
+@renderer("splits")
+def _splits() -> str:
+    f = load("splits")["figures"]
+    s = f["summary"]
+    h, e, o = s["heuristic"], s["equal_layers"], s["optimal"]
+
+    def row(name: str, r: dict) -> list:
+        return [name, _pct(r["found"]), r["latency_over_optimal_mean"],
+                f"{r['objective_over_optimal_mean']} ({r['objective_over_optimal_max']})",
+                f"{r['idle_gib_mean']} ({r['optimal_idle_gib_mean']})", _pct(r["equal_to_optimal"]),
+                f"{r['seconds_mean'] * 1000:.1f} / {r['seconds_max'] * 1000:.0f} ms"]
+
+    rows = [row("heuristic", h), row("equal layers", e),
+            ["optimum (DP)", _pct(o["found"]), 1, 1, "", "",
+             f"{o['seconds_mean'] * 1000:.0f} / {o['seconds_max'] * 1000:.0f} ms"]]
+    multi = s["multi_gpu"]
+    note = (f"Where the model must be split ({multi['cases']} cases, {_pct(multi['share_of_cases'])}, whose optimum "
+            f"uses ≥ 2 GPUs): the heuristic finds a split in {_pct(multi['heuristic']['found'])} at "
+            f"{multi['heuristic']['latency_over_optimal_mean']}× the optimum's latency (equal in "
+            f"{_pct(multi['heuristic']['equal_to_optimal'])}); equal layers finds one in "
+            f"{_pct(multi['equal_layers']['found'])} at {multi['equal_layers']['latency_over_optimal_mean']}×.")
+    return (provenance("splits") + "\n\n"
+            + table(["Method", "split found", "latency / optimum", "objective / optimum (max)",
+                     "idle GiB (optimum's)", "= optimum", "planning mean / max"], rows) + "\n\n" + note)
+
+
 def render(name: str) -> str:
     return RENDERERS[name]().rstrip("\n") + "\n"
 

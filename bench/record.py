@@ -95,9 +95,13 @@ def _commit_at_start() -> dict[str, Any]:
 
 
 def write(name: str, figures: dict[str, Any], *, settings: dict[str, Any] | None = None, command: str | None = None,
-          directory: Path | None = None) -> Path:
-    """Write ``<directory>/<name>.json`` (:func:`results_dir` by default) and return its path."""
-    directory = Path(directory) if directory is not None else results_dir()
+          directory: Path | None = None, quick: bool = False) -> Path:
+    """Write ``<directory>/<name>.json`` (:func:`results_dir` by default) and return its path. A ``quick`` (smoke)
+    run goes to ``bench/results/quick/`` unless told otherwise, never over the recorded figures."""
+    if directory is None:
+        override = os.environ.get("BENCH_RESULTS_DIR", "").strip()
+        directory = RESULTS / "quick" if quick and not override else results_dir()
+    directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     payload = {
         "name": name,
