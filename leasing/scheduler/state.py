@@ -27,6 +27,7 @@ from gpus.mig import COMPUTE_SLICES, MigPlacement, MigProfile, layout_problem, p
 from leasing.scheduler.types import Allocation, Gpu, GpuMode, Node, Snapshot, Unit, WarmInstance
 
 FULL = 1000
+_MIG = GpuMode.MIG  # a module constant: an enum member read through its class costs a descriptor call
 
 
 @dataclass(slots=True)
@@ -60,11 +61,10 @@ class GpuState:
     def canonical(self) -> tuple:
         """Everything a policy can read of this GPU, with the NVLink domain's rank within the node instead of
         its name (a closed GPU keeps its use: what it holds still counts in a node's free capacity)."""
-        if self.gpu.mode == GpuMode.MIG:
-            return ("M", self.gpu.closed, self.gpu.model, self.domain_rank, self.slot_mask, self.compute_used,
-                    self.media_used)
-        return (self.gpu.mode.value, self.gpu.closed, self.gpu.model, self.domain_rank, self.used_milli,
-                self.used_memory_mib, self.units)
+        gpu = self.gpu
+        if gpu.mode == _MIG:
+            return ("M", gpu.closed, gpu.model, self.domain_rank, self.slot_mask, self.compute_used, self.media_used)
+        return (gpu.mode, gpu.closed, gpu.model, self.domain_rank, self.used_milli, self.used_memory_mib, self.units)
 
     # -- fit --------------------------------------------------------------------------------------
     def fits_whole(self) -> bool:
@@ -291,11 +291,13 @@ class ClusterState:
         node.free_memory_mib -= allocation.host_memory_mib
         self.allocations[allocation.id] = allocation
         column = 1 if allocation.preemptible else 0
+        milli = allocation.milli
         for usage, key in ((self.project_usage, (allocation.project, allocation.tier)),
                            (self.tenant_usage, (allocation.tenant, allocation.tier))):
-            usage.setdefault(key, [0, 0])[column] += allocation.milli
-        for node_id in self._nodes_of(allocation):
-            self._index(node_id)
+            usage.setdefault(key, [0, 0])[column] += milli
+        if not self._bulk:
+            for node_id in self._nodes_of(allocation):
+                self._index(node_id)
 
     def remove(self, allocation_id: str) -> Allocation:
         allocation = self.allocations.pop(allocation_id)
@@ -358,7 +360,7 @@ class ClusterState:
         return nodes
 
     def _apply_unit(self, gpu: GpuState, unit: Unit, sign: int) -> None:
-        if gpu.gpu.mode == GpuMode.MIG:
+        if gpu.gpu.mode == _MIG:
             profile = profile_get(gpu.gpu.model, unit.mig_profile)
             mask = MigPlacement(unit.mig_start, profile).slot_mask
             if sign > 0:
@@ -379,7 +381,8 @@ class ClusterState:
             gpu.used_milli += sign * unit.milli
             gpu.used_memory_mib += sign * unit.memory_mib
         gpu.units += sign
-        gpu.key = gpu.canonical()
+        if not self._bulk:  # from_snapshot keys every GPU once at the end
+            gpu.key = gpu.canonical()
 
     def mig_layout(self, gpu: GpuState) -> tuple[MigPlacement, ...]:
         """The MIG instances on ``gpu``: allocations' units and warm instances."""
