@@ -14,7 +14,8 @@ snapshot) plus ``schedule()``. With ``--db`` the fleet, its running leases and a
 are written (COPY, not timed) to a scratch database on ``DATABASE_URL``'s server (``<its name>_cycle_bench``,
 dropped first), and the cycle is what ``leasing.services.cycle.schedule_cycle`` does before it writes: read the
 queue and the snapshot from PostgreSQL (``lease_queue``, ``core_request``, ``scheduler_snapshot``), then
-``plan``; then one whole ``schedule_cycle`` (read, plan and the write of every decision, committed) is timed.
+``plan``; then one whole ``schedule_cycle`` (read, plan and the write of every decision, committed) is timed,
+its provisioning tasks sent to an in-process broker (``memory://``), not to Redis.
 
 Each figure is printed as wall seconds and as this process's CPU seconds (``time.process_time``): on a busy
 machine the wall figures grow, the CPU ones do not. The best of ``--repeat`` runs is kept. Decisions per second
@@ -250,14 +251,14 @@ def db_cycle(args, snapshot: Snapshot, queue: list[Request]) -> dict:
     with psycopg.connect(services._with_database(base.url, "postgres"), autocommit=True) as connection:
         connection.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
         connection.execute(f'CREATE DATABASE "{name}"')
+    # the cycle enqueues provisioning per node after commit: an in-process broker, so that no task lands in a
+    # queue that a worker of the configured broker would then run against this scratch database's leases
     os.environ.update({"DATABASE_URL": url, "SECRET_KEY": "bench", "RUNTIME_ENV_FILE": os.devnull,
-                       "LOG_LEVEL": "WARNING", "DJANGO_SETTINGS_MODULE": "config.settings"})
+                       "LOG_LEVEL": "WARNING", "DJANGO_SETTINGS_MODULE": "config.settings",
+                       "CELERY_BROKER_URL": "memory://"})
     import django
 
     django.setup()
-    from config.celery import app
-
-    app.conf.broker_url = "memory://"  # the cycle enqueues provisioning after commit: keep it in this process
     from django.core.management import call_command
 
     call_command("migrate", verbosity=0)
