@@ -178,18 +178,20 @@ class ClusterState:
         gpus: dict[str, GpuState] = {}
         capacity: dict[str, int] = {}
         memory: dict[str, int] = {}
-        domains: dict[str, dict[str, int]] = {}
+        node_id, node_gpus, ranks = None, [], {}
         for gpu in sorted(snapshot.gpus, key=lambda g: (g.node, g.index, g.id)):
             model_memory = memory.get(gpu.model)
             if model_memory is None:
                 model_memory = memory[gpu.model] = model_get(gpu.model).memory_mib
-            node_gpus = nodes[gpu.node].gpus
-            ranks = domains.setdefault(gpu.node, {})
+                capacity[gpu.model] = 0
+            capacity[gpu.model] += FULL
+            if gpu.node != node_id:  # sorted: one node's GPUs are together
+                node_id, node_gpus, ranks = gpu.node, nodes[gpu.node].gpus, {}
             rank = ranks.setdefault(gpu.nvlink_domain, len(ranks))
-            state = GpuState(gpu, model_memory, position=len(node_gpus), domain_rank=rank)
+            # fields in order: gpu, memory, use (six counters at 0), position in the node, NVLink domain rank
+            state = GpuState(gpu, model_memory, 0, 0, 0, 0, 0, 0, len(node_gpus), rank)
             gpus[gpu.id] = state
             node_gpus.append(state)
-            capacity[gpu.model] = capacity.get(gpu.model, 0) + FULL
         cluster = cls(nodes=nodes, gpus=gpus, capacity_milli_by_model=capacity,
                       legacy_by_signature={} if legacy_classes else None)
         cluster._bulk = True
