@@ -156,6 +156,7 @@ class ClusterState:
     legacy_by_signature: dict[tuple, set[str]] | None = None
     legacy_node_signature: dict[str, tuple] = field(default_factory=dict)
     _next_class: int = 0
+    LOG_SLACK = 4096  # (a class constant) log entries beyond 4 per live class before the log is compacted
     _bulk: bool = False  # from_snapshot: index once at the end, not after each allocation
     capacity_milli_by_model: dict[str, int] = field(default_factory=dict)
     # usage: (project, tier) -> [in-quota milli, over-quota milli]; (tenant, tier) likewise
@@ -261,7 +262,7 @@ class ClusterState:
                 self.signature_log.append(new)  # its lowest node id changed: placers re-rank it
             members.add(node_id)
             heappush(self.class_lowest[new], node_id)
-        if len(self.signature_log) > 4096 + 4 * len(self.by_signature):
+        if len(self.signature_log) > self.LOG_SLACK + 4 * len(self.by_signature):
             # a long-lived state (the simulator, a warm scheduler) would otherwise grow without bound:
             # the log restarts from the live classes, and classes no node is in are forgotten (ids are not reused)
             self.signature_log = list(self.by_signature)

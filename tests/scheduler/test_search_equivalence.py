@@ -108,3 +108,34 @@ def replace_allocation(allocation_id: str, node: str, gpu: str):
     from leasing.scheduler import Allocation
 
     return Allocation(allocation_id, "p", "t", MODELS[0], node, (Unit(gpu, 1000, 81_559),), False)
+
+
+def test_search_equivalence_holds_across_log_compaction():
+    """A long-lived scheduler (the simulator's use): thousands of placements and releases compact the class log
+    (``log_generation`` rises, classes no node is in are forgotten); every decision still equals the brute force's."""
+    import random
+
+    from leasing.scheduler import Kind, Request, Shape
+
+    nodes = tuple(Node(f"n{i}") for i in range(6))
+    gpus = tuple(replace(gpu, mode=(GpuMode.WHOLE, GpuMode.SHARED, GpuMode.MIG)[i % 3], nvlink_domain=f"n{i}/nv")
+                 for i in range(6) for gpu in node_gpus(f"n{i}", MODELS[0], 4))
+    snap = Snapshot(nodes, gpus, enforce_quotas=False)
+    searched = Scheduler(snap, policy="default")
+    reference = Scheduler(snap, policy="default")
+    reference.placer = EveryNodePlacer(reference.cluster, reference.policy)
+    searched.cluster.LOG_SLACK = 50  # compact often
+    shapes = [Shape(Kind.WHOLE, 1), Shape(Kind.WHOLE, 2), Shape(Kind.MIG, 1, profile="1g.10gb"),
+              Shape(Kind.MIG, 1, profile="3g.40gb"), Shape(Kind.SHARE, 1, milli=250, memory_mib=8000),
+              Shape(Kind.SHARE, 1, milli=600, memory_mib=30_000)]
+    rng = random.Random(7)
+    for step in range(1500):
+        request = Request(f"r{step}", "p", "t", rng.choice(shapes), float(step))
+        decided = searched.schedule([request], now=float(step))
+        assert decided == reference.schedule([request], now=float(step))
+        running = sorted(searched.cluster.allocations)
+        if running and (decided[0].allocation is None or rng.random() < 0.45):
+            gone = rng.choice(running)
+            searched.cluster.remove(gone)
+            reference.cluster.remove(gone)
+    assert searched.cluster.log_generation > 0
