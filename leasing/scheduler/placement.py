@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from gpus.catalogue import model_get
 from gpus.mig import COMPUTE_SLICES, MigProfile, profile_get
-from leasing.scheduler.state import FULL, ClusterState, GpuState, NodeState
+from leasing.scheduler.state import FULL, ClassInfo, ClusterState, GpuState, NodeState
 from leasing.scheduler.types import Kind, Shape, Unit
 
 
@@ -433,16 +433,36 @@ def policy_get(name: str, **kwargs) -> Policy:
 # -- search ------------------------------------------------------------------------------------------
 
 
+def may_fit(info: ClassInfo, need: Need) -> bool:
+    """False only when ``Policy.node_options`` finds nothing for ``need`` on a node of this class (a cheap
+    necessary condition: each whole or share unit takes one GPU of its kind, a MIG one an open MIG GPU)."""
+    if info.cordoned or (need.models and info.models.isdisjoint(need.models)):
+        return False
+    if need.count == 0:
+        return True
+    if need.kind == Kind.WHOLE:
+        return info.whole_free >= need.count
+    if need.kind == Kind.SHARE:
+        return info.shared_open >= need.count
+    return info.mig_open > 0
+
+
 class Placer:
-    """Finds the best node and units for a need under a policy, one evaluation per node signature."""
+    """Finds the best node and units for a need under a policy, one evaluation per node class.
+
+    Per need it keeps a heap of (score, lowest node id, class, units by GPU position) over the live classes,
+    caught up from ``ClusterState.signature_log`` at each search; scores are memoised per (need, class). The
+    result is the one a search of every node would give: the lowest score, ties on the lowest node id."""
 
     def __init__(self, cluster: ClusterState, policy: Policy):
         self.cluster = cluster
         self.policy = policy
-        self._memo: dict[tuple, tuple[float, tuple] | None] = {}
-        # per need: a heap of (score, node signature, units) and how far into the signature log it is
+        self._memo: dict[tuple, tuple[float, tuple] | None] = {}  # the random policy's, by legacy signature
+        # per need: [heap of (score, lowest node id, class id, units), log position, {class id: best or None}]
         self._heaps: dict[tuple, list] = {}
         self._generation = cluster.log_generation
+        # the class prefilter is exact for the base class's node_options only
+        self._prefilter = type(policy).node_options is Policy.node_options
 
     def _best_on_signature(self, node: NodeState, signature: tuple, need: Need):
         key = (signature, need.key())
@@ -458,52 +478,77 @@ class Placer:
         self._memo[key] = best
         return best
 
+    def _best_on_class(self, node: NodeState, need: Need):
+        """(score rounded, units as (GPU position, milli, memory, profile, start)) of the best option on
+        ``node``, the first of equal scores in ``node_options`` order; None when nothing fits."""
+        best = None
+        policy, cluster = self.policy, self.cluster
+        for units in policy.node_options(node, need):
+            score = policy.score(cluster, node, units, need)
+            if best is None or score < best[0]:
+                best = (score, units)
+        if best is None:
+            return None
+        gpus = cluster.gpus
+        # scores are sums of float terms: round so that equal placements tie exactly
+        return round(best[0], 6), tuple((gpus[unit.gpu].position, unit.milli, unit.memory_mib, unit.mig_profile,
+                                         unit.mig_start) for unit in best[1])
+
     def find(self, need: Need) -> tuple[str, tuple[Unit, ...]] | None:
         """The chosen node and units, or None when nothing fits."""
         if self.policy.uses_random:
             return self._find_random(need)
         cluster = self.cluster
-        if cluster.log_generation != self._generation:  # the log was compacted: rebuild from live states
+        if cluster.log_generation != self._generation:  # the log was compacted: rebuild from live classes
             self._heaps.clear()
             self._generation = cluster.log_generation
         key = need.key()
         entry = self._heaps.get(key)
         if entry is None:
-            entry = self._heaps[key] = [[], 0]
-        heap, position = entry
+            entry = self._heaps[key] = [[], 0, {}]
+        heap, position, memo = entry
         log = cluster.signature_log
-        # catch up with node states that appeared since this need was last placed
-        for signature in log[position:]:
-            members = cluster.by_signature.get(signature)
-            if not members:
-                continue
-            sample = cluster.nodes[next(iter(members))]
-            if need.models and sample.models.isdisjoint(need.models):
-                continue
-            best = self._best_on_signature(sample, signature, need)
-            if best is not None:
-                # scores are sums of float terms: round so that equal placements tie exactly
-                heapq.heappush(heap, (round(best[0], 6), min(members), signature, best[1]))
-        entry[1] = len(log)
-        # the best state that still has nodes, ties broken on the lowest node id; entries whose state has
+        if position < len(log):
+            # catch up with the classes that appeared (or whose lowest node id fell) since this need was placed
+            by_class, nodes, info = cluster.by_signature, cluster.nodes, cluster.class_info
+            prefilter = self._prefilter
+            for class_id in log[position:]:
+                members = by_class.get(class_id)
+                if not members:
+                    continue
+                best = memo.get(class_id, False)
+                if best is False:
+                    if prefilter and not may_fit(info[class_id], need):
+                        best = None
+                    elif need.models and info[class_id].models.isdisjoint(need.models):
+                        continue
+                    else:
+                        best = self._best_on_class(nodes[next(iter(members))], need)
+                    memo[class_id] = best
+                if best is not None:
+                    heapq.heappush(heap, (best[0], cluster.lowest(class_id), class_id, best[1]))
+            entry[1] = len(log)
+        # the best class that still has nodes, ties broken on the lowest node id; entries whose class has
         # no nodes any more are dropped, and those whose lowest node id rose are re-ranked
+        by_class = cluster.by_signature
         while heap:
-            score, lowest, signature, relative = heap[0]
-            members = cluster.by_signature.get(signature)
-            if not members:
+            score, lowest, class_id, relative = heap[0]
+            if class_id not in by_class:
                 heapq.heappop(heap)
                 continue
-            node_id = min(members)
+            node_id = cluster.lowest(class_id)
             if node_id != lowest:
-                heapq.heapreplace(heap, (score, node_id, signature, relative))
+                heapq.heapreplace(heap, (score, node_id, class_id, relative))
                 continue
-            return node_id, _materialise(cluster.nodes[node_id], relative)
+            gpus = cluster.nodes[node_id].gpus
+            return node_id, tuple(Unit(gpus[index].gpu.id, milli, memory, profile, start)
+                                  for index, milli, memory, profile, start in relative)
         return None
 
     def _find_random(self, need: Need) -> tuple[str, tuple[Unit, ...]] | None:
         cluster = self.cluster
         scored: list[tuple[tuple, tuple, int]] = []
-        for signature, members in cluster.by_signature.items():
+        for signature, members in cluster.legacy_by_signature.items():
             sample = cluster.nodes[next(iter(members))]
             if need.models and sample.models.isdisjoint(need.models):
                 continue
@@ -513,7 +558,7 @@ class Placer:
         if not scored:
             return None
         signature, relative, _ = self.policy.rng.choices(scored, weights=[s[2] for s in scored])[0]
-        members = sorted(cluster.by_signature[signature])
+        members = sorted(cluster.legacy_by_signature[signature])
         node_id = members[self.policy.rng.randrange(len(members))]
         return node_id, _materialise(cluster.nodes[node_id], relative)
 

@@ -58,19 +58,28 @@ class Scheduler:
 
     def __init__(self, snapshot: Snapshot, *, policy: Policy | str = "default", seed: int = 0, workload=None):
         self.snapshot = snapshot
-        self.cluster = ClusterState.from_snapshot(snapshot)
-        self._running_at_start: set[str] = set(self.cluster.allocations)  # reset by each schedule()
         self.policy = policy if isinstance(policy, Policy) else policy_get(policy, seed=seed, workload=workload)
+        self.cluster = ClusterState.from_snapshot(snapshot, legacy_classes=self.policy.uses_random)
+        self._running_at_start: set[str] = set(self.cluster.allocations)  # reset by each schedule()
         self.placer = Placer(self.cluster, self.policy)
         self.quotas = {(q.project, q.tier): _Quota(q.deserved_milli, q.limit_milli, q.weight) for q in snapshot.quotas}
         self.tenant_quotas = {
             (q.tenant, q.tier): _Quota(q.deserved_milli, q.limit_milli) for q in snapshot.tenant_quotas
         }
         self.models_present = sorted(self.cluster.capacity_milli_by_model)
+        # tiers per shape: the models present and the prices are fixed for the scheduler's life
+        self._tiers: dict = {}
 
     # -- tiers ------------------------------------------------------------------------------------
     def tiers_for(self, request: Request) -> list[tuple[str, Need]]:
-        shape = request.shape
+        """The (model, resolved need) pairs the request may run on, in the order they are tried (a shared
+        list: callers do not change it)."""
+        tiers = self._tiers.get(request.shape)
+        if tiers is None:
+            tiers = self._tiers[request.shape] = self._tiers_for(request.shape)
+        return tiers
+
+    def _tiers_for(self, shape) -> list[tuple[str, Need]]:
         models = shape.models or tuple(self.models_present)
         out = []
         for model in models:

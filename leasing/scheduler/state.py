@@ -1,9 +1,14 @@
 """Mutable working state of one planning cycle, built from a frozen ``Snapshot``.
 
-Nodes with the same free-capacity signature are interchangeable for every placement policy, so the
-state keeps an index ``signature -> node ids``; a request is evaluated once per distinct signature,
-not once per node. That is what makes a cycle over 10,000 GPUs cheap: a fleet has few distinct node
-states. ``apply`` / ``remove`` keep the index exact, and undo each other (what-if evaluation).
+Nodes in the same *class* are interchangeable for every placement policy, so the state keeps an index
+``class -> node ids``; a request is evaluated once per class, not once per node. A node's class is its
+canonical signature interned to an integer: its totals and free host capacity, and each GPU's model, mode
+and use *in the node's GPU order*, with the NVLink domain named by its rank within the node (domain names
+are per node, so the names themselves would make every node its own class). Two nodes of one class evaluate
+identically under a policy that reads the node's state, so the search's result is the same as evaluating
+every node (the brute force ``tests/scheduler/test_search_equivalence.py`` checks). That is what makes a
+cycle over 100,000 GPUs cheap: a fleet has few distinct node states. ``apply`` / ``remove`` keep the index
+exact, and undo each other (what-if evaluation).
 
 Warm instances (pre-created MIG instances no lease holds) occupy their slots on the GPUs but are kept
 apart from ``allocations``: they are never preemption victims and never count toward quota usage.
@@ -15,12 +20,14 @@ from __future__ import annotations
 
 from bisect import insort
 from dataclasses import dataclass, field
+from heapq import heappop, heappush
 
 from gpus.catalogue import model_get
 from gpus.mig import COMPUTE_SLICES, MigPlacement, MigProfile, layout_problem, profile_get
 from leasing.scheduler.types import Allocation, Gpu, GpuMode, Node, Snapshot, Unit, WarmInstance
 
 FULL = 1000
+_MIG = GpuMode.MIG  # a module constant: an enum member read through its class costs a descriptor call
 
 
 @dataclass(slots=True)
@@ -33,6 +40,9 @@ class GpuState:
     compute_used: int = 0  # MIG: compute slices in use
     media_used: int = 0  # MIG: +me instances
     units: int = 0  # number of units held (whole/shared)
+    position: int = 0  # place in its node's GPU order (node, index, id)
+    domain_rank: int = 0  # its NVLink domain's rank within its node (first appearance in that order)
+    key: tuple = ()  # canonical state (``canonical()``), kept current by ``ClusterState``
 
     @property
     def free_milli(self) -> int:
@@ -47,6 +57,14 @@ class GpuState:
             return ("M", self.gpu.model, self.gpu.nvlink_domain, self.slot_mask, self.compute_used, self.media_used)
         return (self.gpu.mode.value[0].upper(), self.gpu.model, self.gpu.nvlink_domain, self.used_milli,
                 self.used_memory_mib, self.units)
+
+    def canonical(self) -> tuple:
+        """Everything a policy can read of this GPU, with the NVLink domain's rank within the node instead of
+        its name (a closed GPU keeps its use: what it holds still counts in a node's free capacity)."""
+        gpu = self.gpu
+        if gpu.mode == _MIG:
+            return ("M", gpu.closed, gpu.model, self.domain_rank, self.slot_mask, self.compute_used, self.media_used)
+        return (gpu.mode, gpu.closed, gpu.model, self.domain_rank, self.used_milli, self.used_memory_mib, self.units)
 
     # -- fit --------------------------------------------------------------------------------------
     def fits_whole(self) -> bool:
@@ -86,9 +104,15 @@ class NodeState:
     free_memory_mib: int = 0
 
     def signature(self) -> tuple:
+        """The free-capacity signature the ``random`` policy groups nodes by (GPU states as a sorted multiset)."""
         # totals are part of the state: policies normalise by them, and 0 means "not tracked"
         return (self.node.cordoned, self.node.cpu_milli, self.free_cpu_milli, self.node.memory_mib,
                 self.free_memory_mib, tuple(sorted(g.signature() for g in self.gpus)))
+
+    def class_key(self) -> tuple:
+        """The canonical signature: what a policy can see of the node, GPUs in the node's order."""
+        return (self.node.cordoned, self.node.cpu_milli, self.free_cpu_milli, self.node.memory_mib,
+                self.free_memory_mib, tuple([g.key for g in self.gpus]))
 
     @property
     def models(self) -> frozenset[str]:
@@ -99,16 +123,41 @@ class NodeState:
         return sum(g.free_milli for g in self.gpus)
 
 
+@dataclass(frozen=True, slots=True)
+class ClassInfo:
+    """What every node of a class has, for a placer to skip classes a need cannot fit without evaluating them
+    (a necessary condition of ``Policy.node_options`` finding anything; see ``placement.may_fit``)."""
+
+    models: frozenset[str]
+    cordoned: bool
+    whole_free: int  # GPUs open to new work with nothing on them, not MIG
+    shared_open: int  # shared GPUs open to new work
+    mig_open: int  # MIG GPUs open to new work
+
+
 @dataclass
 class ClusterState:
     nodes: dict[str, NodeState]
     gpus: dict[str, GpuState]
     allocations: dict[str, Allocation] = field(default_factory=dict)
-    by_signature: dict[tuple, set[str]] = field(default_factory=dict)
-    node_signature: dict[str, tuple] = field(default_factory=dict)
-    # every signature that came into existence, in order: placers catch up on it incrementally
-    signature_log: list[tuple] = field(default_factory=list)
+    # class id -> its nodes, and node -> its class id (see the module's docstring)
+    by_signature: dict[int, set[str]] = field(default_factory=dict)
+    node_signature: dict[str, int] = field(default_factory=dict)
+    # every class that came into existence (or whose lowest node id fell), in order: placers catch up on it
+    signature_log: list[int] = field(default_factory=list)
     log_generation: int = 0  # bumped when the log is compacted; placers then rebuild their heaps
+    # interned classes: canonical signature -> id (ids are never reused), and per live id what a placer
+    # may check before evaluating it (``ClassInfo``)
+    class_ids: dict[tuple, int] = field(default_factory=dict)
+    class_info: dict[int, ClassInfo] = field(default_factory=dict)
+    # per class a min-heap of node ids, stale entries dropped lazily: ``lowest`` without scanning the class
+    class_lowest: dict[int, list[str]] = field(default_factory=dict)
+    # the ``random`` policy draws among the nodes grouped by ``NodeState.signature`` (kept only for it)
+    legacy_by_signature: dict[tuple, set[str]] | None = None
+    legacy_node_signature: dict[str, tuple] = field(default_factory=dict)
+    _next_class: int = 0
+    LOG_SLACK = 4096  # (a class constant) log entries beyond 4 per live class before the log is compacted
+    _bulk: bool = False  # from_snapshot: index once at the end, not after each allocation
     capacity_milli_by_model: dict[str, int] = field(default_factory=dict)
     # usage: (project, tier) -> [in-quota milli, over-quota milli]; (tenant, tier) likewise
     project_usage: dict[tuple[str, str], list[int]] = field(default_factory=dict)
@@ -120,47 +169,120 @@ class ClusterState:
     warm_index: dict[tuple[str, str], list[tuple[str, int, int, str]]] = field(default_factory=dict)
 
     @classmethod
-    def from_snapshot(cls, snapshot: Snapshot) -> ClusterState:
+    def from_snapshot(cls, snapshot: Snapshot, *, legacy_classes: bool = False) -> ClusterState:
+        """The working state of ``snapshot``; ``legacy_classes`` also keeps the grouping the ``random`` policy
+        draws from. Allocations and warm instances are checked as they are applied (ValueError when one does
+        not fit), and every node is indexed once, after all of them."""
         nodes: dict[str, NodeState] = {}
         for node in snapshot.nodes:
             nodes[node.id] = NodeState(node, [], node.cpu_milli, node.memory_mib)
         gpus: dict[str, GpuState] = {}
         capacity: dict[str, int] = {}
+        memory: dict[str, int] = {}
+        node_id, node_gpus, ranks = None, [], {}
         for gpu in sorted(snapshot.gpus, key=lambda g: (g.node, g.index, g.id)):
-            state = GpuState(gpu, model_get(gpu.model).memory_mib)
+            model_memory = memory.get(gpu.model)
+            if model_memory is None:
+                model_memory = memory[gpu.model] = model_get(gpu.model).memory_mib
+                capacity[gpu.model] = 0
+            capacity[gpu.model] += FULL
+            if gpu.node != node_id:  # sorted: one node's GPUs are together
+                node_id, node_gpus, ranks = gpu.node, nodes[gpu.node].gpus, {}
+            rank = ranks.setdefault(gpu.nvlink_domain, len(ranks))
+            # fields in order: gpu, memory, use (six counters at 0), position in the node, NVLink domain rank
+            state = GpuState(gpu, model_memory, 0, 0, 0, 0, 0, 0, len(node_gpus), rank)
             gpus[gpu.id] = state
-            nodes[gpu.node].gpus.append(state)
-            capacity[gpu.model] = capacity.get(gpu.model, 0) + FULL
-        cluster = cls(nodes=nodes, gpus=gpus, capacity_milli_by_model=capacity)
-        for node_id in nodes:
-            cluster._index(node_id)
+            node_gpus.append(state)
+        cluster = cls(nodes=nodes, gpus=gpus, capacity_milli_by_model=capacity,
+                      legacy_by_signature={} if legacy_classes else None)
+        cluster._bulk = True
         for allocation in snapshot.allocations:
             cluster.apply(allocation)
         for warm in snapshot.warm:
             cluster.apply_warm(warm)
+        cluster._bulk = False
+        for gpu_state in gpus.values():
+            gpu_state.key = gpu_state.canonical()
+        for node_id in nodes:
+            cluster._index(node_id)
         return cluster
 
-    # -- signature index --------------------------------------------------------------------------
+    # -- class index ------------------------------------------------------------------------------
+    def lowest(self, class_id: int) -> str:
+        """The lowest node id of a live class."""
+        heap = self.class_lowest[class_id]
+        members = self.by_signature[class_id]
+        while heap[0] not in members:
+            heappop(heap)
+        return heap[0]
+
+    def _intern(self, key: tuple, node: NodeState) -> int:
+        class_id = self._next_class
+        self._next_class += 1
+        self.class_ids[key] = class_id
+        whole = shared = mig = 0
+        for gpu in node.gpus:
+            if gpu.gpu.closed:
+                continue
+            if gpu.gpu.mode == GpuMode.MIG:
+                mig += 1
+            else:
+                shared += gpu.gpu.mode == GpuMode.SHARED
+                whole += gpu.used_milli == 0 and gpu.units == 0
+        self.class_info[class_id] = ClassInfo(node.models, node.node.cordoned, whole, shared, mig)
+        return class_id
+
     def _index(self, node_id: str) -> None:
+        if self._bulk:
+            return
+        node = self.nodes[node_id]
+        if self.legacy_by_signature is not None:
+            self._index_legacy(node_id, node)
+        key = node.class_key()
+        new = self.class_ids.get(key)
+        if new is None:
+            new = self._intern(key, node)
         old = self.node_signature.get(node_id)
+        if old == new:
+            return
         if old is not None:
             members = self.by_signature[old]
             members.discard(node_id)
             if not members:
                 del self.by_signature[old]
-        new = self.nodes[node_id].signature()
+                del self.class_lowest[old]
         self.node_signature[node_id] = new
         members = self.by_signature.get(new)
         if members is None:
-            members = self.by_signature[new] = set()
+            self.by_signature[new] = {node_id}
+            self.class_lowest[new] = [node_id]
             self.signature_log.append(new)
-        elif node_id < min(members):
-            self.signature_log.append(new)  # its lowest node id changed: placers re-rank it
-        members.add(node_id)
-        if len(self.signature_log) > 4096 + 4 * len(self.by_signature):
-            # a long-lived state (the simulator, a warm scheduler) would otherwise grow without bound
+        else:
+            if node_id < self.lowest(new):
+                self.signature_log.append(new)  # its lowest node id changed: placers re-rank it
+            members.add(node_id)
+            heappush(self.class_lowest[new], node_id)
+        if len(self.signature_log) > self.LOG_SLACK + 4 * len(self.by_signature):
+            # a long-lived state (the simulator, a warm scheduler) would otherwise grow without bound:
+            # the log restarts from the live classes, and classes no node is in are forgotten (ids are not reused)
             self.signature_log = list(self.by_signature)
             self.log_generation += 1
+            self.class_ids = {key: class_id for key, class_id in self.class_ids.items()
+                              if class_id in self.by_signature}
+            self.class_info = {class_id: self.class_info[class_id] for class_id in self.class_ids.values()}
+
+    def _index_legacy(self, node_id: str, node: NodeState) -> None:
+        """The ``random`` policy's grouping (``NodeState.signature``), kept as it always was."""
+        by_signature = self.legacy_by_signature
+        old = self.legacy_node_signature.get(node_id)
+        if old is not None:
+            members = by_signature[old]
+            members.discard(node_id)
+            if not members:
+                del by_signature[old]
+        new = node.signature()
+        self.legacy_node_signature[node_id] = new
+        by_signature.setdefault(new, set()).add(node_id)
 
     # -- changes ------------------------------------------------------------------------------------
     def apply(self, allocation: Allocation) -> None:
@@ -172,11 +294,13 @@ class ClusterState:
         node.free_memory_mib -= allocation.host_memory_mib
         self.allocations[allocation.id] = allocation
         column = 1 if allocation.preemptible else 0
+        milli = allocation.milli
         for usage, key in ((self.project_usage, (allocation.project, allocation.tier)),
                            (self.tenant_usage, (allocation.tenant, allocation.tier))):
-            usage.setdefault(key, [0, 0])[column] += allocation.milli
-        for node_id in self._nodes_of(allocation):
-            self._index(node_id)
+            usage.setdefault(key, [0, 0])[column] += milli
+        if not self._bulk:
+            for node_id in self._nodes_of(allocation):
+                self._index(node_id)
 
     def remove(self, allocation_id: str) -> Allocation:
         allocation = self.allocations.pop(allocation_id)
@@ -239,7 +363,7 @@ class ClusterState:
         return nodes
 
     def _apply_unit(self, gpu: GpuState, unit: Unit, sign: int) -> None:
-        if gpu.gpu.mode == GpuMode.MIG:
+        if gpu.gpu.mode == _MIG:
             profile = profile_get(gpu.gpu.model, unit.mig_profile)
             mask = MigPlacement(unit.mig_start, profile).slot_mask
             if sign > 0:
@@ -260,6 +384,8 @@ class ClusterState:
             gpu.used_milli += sign * unit.milli
             gpu.used_memory_mib += sign * unit.memory_mib
         gpu.units += sign
+        if not self._bulk:  # from_snapshot keys every GPU once at the end
+            gpu.key = gpu.canonical()
 
     def mig_layout(self, gpu: GpuState) -> tuple[MigPlacement, ...]:
         """The MIG instances on ``gpu``: allocations' units and warm instances."""

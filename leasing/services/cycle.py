@@ -29,6 +29,7 @@ from leasing.services.triggers import cycle_flag_clear, enqueue, schedule_cycle_
 
 logger = logging.getLogger(__name__)
 ADVISORY_LOCK = 0x6770_7562  # "gpub": one schedule cycle at a time
+QUEUE_LIMIT = 10_000  # queued leases one cycle reads (oldest first); the rest wait for the next cycle
 
 
 def schedule_cycle(*, now: datetime | None = None) -> dict:
@@ -43,9 +44,9 @@ def schedule_cycle(*, now: datetime | None = None) -> dict:
                 # a cycle is running: it looks again for what it did not see once it has committed
                 return {**counts, "skipped": 1}
         # suspended tenants' leases are held, never placed
-        queued = list(lease_queue().select_related("project")[:5000])
+        queued = list(lease_queue().select_related("project")[:QUEUE_LIMIT])
         grouped = {(lease.tenant_id, lease.group_key) for lease in queued if lease.group_key}
-        if grouped and len(queued) == 5000:  # a group cut by the limit is read whole: it is placed whole or not
+        if grouped and len(queued) == QUEUE_LIMIT:  # a group cut by the limit is read whole: placed whole or not
             queued += lease_queue().select_related("project").filter(
                 group_key__in={key for _, key in grouped}).exclude(pk__in=[lease.pk for lease in queued])
         seen = [lease.pk for lease in queued]
