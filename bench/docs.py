@@ -240,6 +240,32 @@ def _splits() -> str:
                      "idle GiB (optimum's)", "= optimum", "planning mean / max"], rows) + "\n\n" + note)
 
 
+@renderer("scheduler_cycle")
+def _scheduler_cycle() -> str:
+    core, db = load("scheduler_cycle")["figures"], load("scheduler_cycle_db")["figures"]
+    rows = [
+        ["core: snapshot → working state (`Scheduler(snapshot)`)", core["state_build_cpu_seconds"],
+         core["state_build_wall_seconds"]],
+        ["core: plan (`schedule`)", core["plan_cpu_seconds"], core["plan_wall_seconds"]],
+        ["core: cycle", core["cycle_cpu_seconds"], core["cycle_wall_seconds"]],
+        ["core: decisions per second", f"{core['decisions_per_cpu_second']:,} per CPU second",
+         f"{core['decisions_per_second']:,} per wall second"],
+        [f"`--db`: queue read ({db['queued']:,} leases, `core_request`)", db["queue_read_cpu_seconds"],
+         db["queue_read_wall_seconds"]],
+        ["`--db`: snapshot load (queue included)", db["snapshot_load_cpu_seconds"], db["snapshot_load_wall_seconds"]],
+        ["`--db`: plan (`plan()`, working state included)", db["plan_cpu_seconds"], db["plan_wall_seconds"]],
+        ["`--db`: read + plan (the cycle without its write)",
+         f"{db['cycle_cpu_seconds']} (+ {db['postgres_cpu_seconds']} PostgreSQL)", db["cycle_wall_seconds"]],
+        ["`--db`: `schedule_cycle`, the write included",
+         f"{db['cycle_with_write_cpu_seconds']} (+ {db['cycle_with_write_postgres_cpu_seconds']} PostgreSQL)",
+         db["cycle_with_write_wall_seconds"]],
+    ]
+    return (provenance("scheduler_cycle", "scheduler_cycle_db") + "\n\n"
+            + table([f"{core['gpus']:,} GPUs, {core['queued']:,} requests", "CPU s", "wall s"], rows) + "\n\n"
+            + f"Decision digests: core {core['decisions_digest']}, `--db` {db['decisions_digest']}; "
+              f"{core['node_classes']:,} node classes.")
+
+
 def render(name: str) -> str:
     return RENDERERS[name]().rstrip("\n") + "\n"
 

@@ -21,7 +21,7 @@ Each figure is printed as wall seconds and as this process's CPU seconds (``time
 machine the wall figures grow, the CPU ones do not. The best of ``--repeat`` runs is kept. Decisions per second
 are the queue's requests over the cycle. The printed decisions digest (SHA-256 of every decision) lets two
 versions of the core be compared for identical decisions on the same inputs. Results: ``bench/results/
-scheduler_cycle[_db][_quick].json`` (``bench.record``).
+scheduler_cycle[_db].json`` (``--quick``: in ``bench/results/quick/``) (``bench.record``).
 """
 
 from __future__ import annotations
@@ -362,8 +362,8 @@ def main() -> int:
     print(f"decisions per second: {figures['decisions_per_second']:,} wall, "
           f"{figures['decisions_per_cpu_second']:,} per CPU second")
     if not args.no_record:
-        name = "scheduler_cycle" + ("_db" if args.db else "") + ("_quick" if args.quick else "")
-        write(name, figures, settings={k: v for k, v in vars(args).items() if k != "no_record"})
+        name = "scheduler_cycle" + ("_db" if args.db else "")
+        write(name, figures, settings={k: v for k, v in vars(args).items() if k != "no_record"}, quick=args.quick)
     return 0
 
 
