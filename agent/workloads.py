@@ -8,8 +8,9 @@ checkpoint directory, restart policy and, for interactive leases, a port. The ag
 - starts it through a **runtime** (``ProcessRuntime``: a plain process, used by the simulated fleet so
   that everything runs here for real; ``ContainerRuntime``: ``docker run`` / ``podman run`` with the
   NVIDIA container toolkit's CDI device names) in its own session and process group
-  (``start_new_session``), stdout and stderr appended to ``STATE_DIR/workloads/<id>/stdout.log`` and
-  ``stderr.log``, every run wrapped by ``agent/shim.py``, which writes the run's exit status to a file;
+  (``start_new_session``), every run wrapped by ``agent/shim.py``, which writes the run's exit status to a
+  file and captures stdout and stderr into bounded logs under ``STATE_DIR/workloads/<id>/`` (at most
+  ``log_max_bytes`` per stream, the newest bytes kept: ``agent.shim.BoundedLog``);
 - gives it exactly the leased devices: ``CUDA_VISIBLE_DEVICES`` with the instances' device UUIDs (MIG
   device UUIDs for MIG instances), and for shares ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`` and
   ``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT``; ``CHECKPOINT_DIR``, ``RESTART_COUNT``, ``GPUB_WORKLOAD_ID``,
@@ -45,6 +46,7 @@ import time
 from pathlib import Path
 
 from agent.backend import Conflict, InvalidRequest, NotFound
+from agent.shim import log_read
 
 WORKLOAD_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
@@ -59,6 +61,7 @@ MAX_INSTANCES = 16
 MAX_RESTARTS = 100
 MAX_EVENTS = 200
 MAX_LOG_READ = 256 * 1024
+LOG_MAX_BYTES = 16 * 1024 * 1024  # per stream of a workload (all its runs): the default of workload_log_max_bytes
 STATE_FILE = "workloads.json"
 ACTIVE = ("running", "backoff")
 FINAL = ("succeeded", "failed", "stopped", "preempted")
@@ -182,14 +185,16 @@ class Runtime(abc.ABC):
         """The environment of the process the agent starts (the workload's own for a plain process)."""
         return env
 
-    def spawn(self, workload: dict, env: dict[str, str], directory: Path, exit_file: Path) -> subprocess.Popen:
+    def spawn(self, workload: dict, env: dict[str, str], directory: Path, exit_file: Path, *,
+              log_max_bytes: int = LOG_MAX_BYTES, banner: str = "") -> subprocess.Popen:
         argv = self.argv(workload, env, directory)
         spec = workload["spec"]
-        with open(directory / "stdout.log", "ab") as out, open(directory / "stderr.log", "ab") as err:
+        with open(directory / "shim.err", "ab") as err:  # the shim's own trouble; the run's output is in the logs
             return subprocess.Popen(
-                [sys.executable, "-I", str(SHIM), str(exit_file), "--", *argv],
+                [sys.executable, "-I", str(SHIM), str(exit_file), "--log-dir", str(directory),
+                 "--log-max-bytes", str(log_max_bytes), "--banner", banner, "--", *argv],
                 cwd=spec["workdir"] or directory, env=self.process_env(env), stdin=subprocess.DEVNULL,
-                stdout=out, stderr=err, start_new_session=True, close_fds=True)
+                stdout=subprocess.DEVNULL, stderr=err, start_new_session=True, close_fds=True)
 
     def kill(self, workload: dict) -> None:  # noqa: B027 - optional hook
         """Besides SIGKILL to the process group: end what it does not reach."""
@@ -315,7 +320,8 @@ def _signal_group(pid: int, signum: int) -> bool:
 # -- the manager ----------------------------------------------------------------------------------
 class WorkloadManager:
     def __init__(self, state_dir: Path, runtime: Runtime | None = None, *, roots: list[Path] | None = None,
-                 backoff_seconds: float = 1.0, backoff_cap: float = 60.0, clock=time.time):
+                 backoff_seconds: float = 1.0, backoff_cap: float = 60.0, log_max_bytes: int = LOG_MAX_BYTES,
+                 clock=time.time):
         self.state_dir = Path(state_dir)
         self.directory = self.state_dir / "workloads"
         self.directory.mkdir(parents=True, exist_ok=True)
@@ -323,6 +329,7 @@ class WorkloadManager:
         self.roots = [Path(r) for r in roots] if roots else [self.state_dir / "work"]
         self.backoff_seconds = backoff_seconds
         self.backoff_cap = backoff_cap
+        self.log_max_bytes = log_max_bytes
         self.clock = clock
         self._children: dict[int, subprocess.Popen] = {}
         path = self.state_dir / STATE_FILE
@@ -373,12 +380,7 @@ class WorkloadManager:
         return [self._public(w) for w in self.workloads.values()]
 
     def _public(self, workload: dict) -> dict:
-        sizes = {}
-        for stream in ("stdout", "stderr"):
-            try:
-                sizes[stream] = (self._dir(workload) / f"{stream}.log").stat().st_size
-            except OSError:
-                sizes[stream] = 0
+        sizes = {stream: log_read(self._dir(workload), stream, tail=0)["size"] for stream in ("stdout", "stderr")}
         return {key: workload[key] for key in ("workload_id", "state", "spec", "devices", "runtime", "argv",
                                                 "notice", "stop", "next_start_at", "local_restarts", "runs",
                                                 "events", "created_at")} | {
@@ -390,22 +392,17 @@ class WorkloadManager:
 
     def logs(self, workload_id: str, stream: str = "stdout", *, offset: int | None = None, tail: int | None = None,
              limit: int = 64 * 1024) -> dict:
-        """A range of a log: from ``offset``, or the last ``tail`` bytes, at most ``limit`` bytes (256 KiB)."""
+        """A range of a log: from ``offset``, or the last ``tail`` bytes, at most ``limit`` bytes (256 KiB).
+        Offsets count the stream's bytes since the first run; the log keeps its newest ``log_max_bytes`` at
+        most, so an offset before ``first_offset`` (dropped bytes) reads from ``first_offset``."""
         workload = self.get(workload_id)
         if stream not in ("stdout", "stderr"):
             raise InvalidRequest("stream must be stdout or stderr", field="stream")
         if not 1 <= limit <= MAX_LOG_READ:
             raise InvalidRequest(f"limit must be 1..{MAX_LOG_READ}", field="limit")
-        path = self._dir(workload) / f"{stream}.log"
-        size = path.stat().st_size if path.exists() else 0
-        start = max(0, size - tail) if tail is not None else min(offset or 0, size)
-        data = b""
-        if size > start:
-            with open(path, "rb") as handle:
-                handle.seek(start)
-                data = handle.read(min(limit, size - start))
-        return {"workload_id": workload_id, "stream": stream, "offset": start, "next_offset": start + len(data),
-                "size": size, "data": data.decode("utf-8", errors="replace"), "state": workload["state"]}
+        found = log_read(self._dir(workload), stream, offset=offset, tail=tail, limit=limit)
+        return {"workload_id": workload_id, "stream": stream, **found,
+                "data": found["data"].decode("utf-8", errors="replace"), "state": workload["state"]}
 
     # -- changes ------------------------------------------------------------------------------------
     def start(self, workload_id: str, spec: dict, instances: list[dict]) -> tuple[dict, bool]:
@@ -581,12 +578,12 @@ class WorkloadManager:
         directory = self._dir(workload)
         directory.mkdir(parents=True, exist_ok=True)
         self._save()  # the token is on disk before the process can exist
-        with open(directory / "stdout.log", "ab") as out:
-            out.write(f"--- gpubroker: run {number} (RESTART_COUNT={restart_count}) at "
-                      f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(now))}\n".encode())
+        banner = (f"--- gpubroker: run {number} (RESTART_COUNT={restart_count}) at "
+                  f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(now))}")
         env = self._env(workload, run["token"])
         try:
-            process = self.runtime.spawn(workload, env, directory, self._exit_file(workload, run))
+            process = self.runtime.spawn(workload, env, directory, self._exit_file(workload, run),
+                                         log_max_bytes=self.log_max_bytes, banner=banner)
         except OSError as error:
             run.update(ended_at=now, exit_code=127, outcome="failed")
             self._event(workload, "start_failed", now, run=number, detail=str(error))
