@@ -66,7 +66,7 @@ STATE_FILE = "workloads.json"
 ACTIVE = ("running", "backoff")
 FINAL = ("succeeded", "failed", "stopped", "preempted")
 SPEC_FIELDS = ("instances", "command", "image", "args", "env", "workdir", "checkpoint_dir", "restart_policy",
-               "max_restarts", "restart_count", "port")
+               "max_restarts", "restart_count", "port", "host_port")
 SHIM = Path(__file__).with_name("shim.py")
 BASE_ENV = ("PATH", "LANG", "LC_ALL", "HOME", "TMPDIR", "TZ")
 ENGINE_ENV_PREFIXES = ("DOCKER_", "CONTAINER_", "CONTAINERS_", "PODMAN_")
@@ -149,11 +149,16 @@ def spec_from_json(body: object, roots: list[Path]) -> dict:
     port = body.get("port")
     if port is not None:
         port = integer("port", 0, 1024, 65535)
+    host_port = body.get("host_port")
+    if host_port is not None:
+        if port is None:
+            raise InvalidRequest("host_port maps an interactive workload's port: give port too", field="host_port")
+        host_port = integer("host_port", 0, 1024, 65535)
     return {"instances": list(instances), "command": command, "image": image, "args": args, "env": dict(env),
             "workdir": check_path("workdir", body.get("workdir"), roots),
             "checkpoint_dir": check_path("checkpoint_dir", body.get("checkpoint_dir"), roots),
             "restart_policy": policy, "max_restarts": integer("max_restarts", 3, 0, MAX_RESTARTS),
-            "restart_count": integer("restart_count", 0, 0, 1_000_000), "port": port}
+            "restart_count": integer("restart_count", 0, 0, 1_000_000), "port": port, "host_port": host_port}
 
 
 def device_env(instances: list[dict]) -> dict[str, str]:
@@ -255,8 +260,8 @@ class ContainerRuntime(Runtime):
             argv += ["-v", f"{path}:{path}"]
         if spec["workdir"]:
             argv += ["-w", spec["workdir"]]
-        if spec["port"]:
-            argv += ["-p", f"{spec['port']}:{spec['port']}"]
+        if spec["port"]:  # the node's port (allocated by the broker) to the container's
+            argv += ["-p", f"{spec.get('host_port') or spec['port']}:{spec['port']}"]
         if spec["command"]:  # the image's entrypoint replaced: the command's program, its arguments after the image
             argv += ["--entrypoint", spec["command"][0]]
         return [*argv, spec["image"], *spec["command"][1:], *spec["args"]]
@@ -416,6 +421,11 @@ class WorkloadManager:
             if existing["spec"] == spec:
                 return self._public(existing), False
             raise Conflict(f"workload {workload_id!r} exists with another definition", field="workload_id")
+        for other in self.workloads.values():
+            if (spec.get("host_port") and other["state"] in ACTIVE
+                    and (other["spec"].get("host_port") or 0) == spec["host_port"]):
+                raise Conflict(f"host port {spec['host_port']} is taken by workload {other['workload_id']!r}",
+                               field="host_port")
         for position, allocation_id in enumerate(spec["instances"]):
             for other in self.workloads.values():
                 if other["state"] in ACTIVE and allocation_id in other["spec"]["instances"]:
@@ -560,8 +570,9 @@ class WorkloadManager:
                     "GPUB_DEADLINE_FILE": str(self._dir(workload) / "deadline")})
         if spec["checkpoint_dir"]:
             env["CHECKPOINT_DIR"] = spec["checkpoint_dir"]
-        if spec["port"]:
-            env["PORT"] = str(spec["port"])
+        if spec["port"]:  # a plain process listens on the node itself: on the host port it was given
+            env["PORT"] = str(spec["port"] if self.runtime.name != "process" else
+                              spec.get("host_port") or spec["port"])
         if workload["notice"]:
             env["GPUB_PREEMPT_DEADLINE"] = f"{workload['notice']['deadline']:.3f}"
         return env

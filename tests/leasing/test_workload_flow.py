@@ -119,6 +119,24 @@ def test_a_training_workload_is_preempted_and_resumes_on_another_node_from_its_c
     log = client.call("GET", f"/leases/{train['id']}/logs")[1]["data"]
     assert f"resuming at step {step_at_kill} RESTART_COUNT=1" in log and log.rstrip().endswith("done")
 
+    # the first placement's log outlives it: the broker kept its tail when it ended (read by placement)
+    def kept_history():
+        history = lease(train["id"])["workload"]["history"]
+        return all(h["log_kept"] for h in history) and history
+
+    history = wait_until(kept_history, timeout=30)
+    assert [(h["placement"], h["node"], h["state"]) for h in history] == [
+        (1, first_node, "preempted"), (2, second_node, "succeeded")]
+    status, earlier = client.call("GET", f"/leases/{train['id']}/logs?placement=1&tail=100000")
+    assert status == 200 and earlier["kept"] and earlier["placement"] == 1 and earlier["node"] == first_node
+    assert "resuming at step 0 RESTART_COUNT=0" in earlier["data"] and "SIGTERM; deadline" in earlier["data"]
+    assert f"step {step_at_kill}\n" in earlier["data"] and "done" not in earlier["data"]
+    status, later = client.call("GET", f"/leases/{train['id']}/logs?placement=2&tail=100000")
+    assert status == 200 and later["data"].rstrip().endswith("done") and "RESTART_COUNT=1" in later["data"]
+    assert client.call("GET", f"/leases/{train['id']}/logs?placement=3")[1]["field"] == "placement"
+    status, body = api("outsider").call("GET", f"/leases/{train['id']}/logs?placement=1")
+    assert status == 404 and "resuming" not in str(body)
+
     reasons = [(e["to_state"], e["reason"]) for e in done["events"]]
     text = "\n".join(f"{state}: {reason}" for state, reason in reasons)
     expected = ["active: running on", "active: workload started (run 1", "RESTART_COUNT=0",
