@@ -677,7 +677,7 @@ def test_lease_log_partial_shows_an_earlier_placements_kept_log(world, client):
     WorkloadPlacement.objects.create(workload=workload, number=1, node=first, node_name="gpu-node-01",
                                      agent_workload_id=f"lease-{ours.pk}-a1", state="preempted",
                                      ended_at=timezone.now(), log_stdout="step 1\nSIGTERM <b>bye</b>\n",
-                                     log_offsets={"stdout": {"first_offset": 100, "size": 124}},
+                                     log_offsets={"stdout": {"first_offset": 100, "size": 126}},
                                      log_kept_at=timezone.now())
     WorkloadPlacement.objects.create(workload=workload, number=2, node=second, node_name="gpu-node-02",
                                      agent_workload_id=f"lease-{ours.pk}-a9")
@@ -694,7 +694,8 @@ def test_lease_log_partial_shows_an_earlier_placements_kept_log(world, client):
     # the same through the API; another tenant gets 404 and not a byte
     api = world.client("viewer").get(f"/api/v1/leases/{ours.pk}/logs?placement=1&tail=9")
     assert world.client("outsider").get(f"/api/v1/leases/{ours.pk}/logs?placement=1").status_code == 404
-    assert api.status_code == 200 and api.json()["data"] == "step 1\nSIGTERM <b>bye</b>\n"[-9:] and api.json()["kept"] is True
+    assert api.status_code == 200 and api.json()["kept"] is True
+    assert api.json()["data"] == "step 1\nSIGTERM <b>bye</b>\n"[-9:] and api.json()["offset"] == 100 + 26 - 9
     client.logout()
     login(client, "bob")
     outsider = client.get(f"/leases/{ours.pk}/log?placement=1")
