@@ -156,6 +156,22 @@ def test_on_failure_restarts_with_back_off_up_to_the_limit(client):
         line for line in client.workload_logs("wl-fail")["data"].splitlines() if not line.startswith("---"))
 
 
+def test_a_plain_process_listens_on_its_host_port_and_two_live_workloads_never_share_one(client):
+    mig_and_share(client, "hp")
+    spec = {"command": [sys.executable, "-c", "import os, time; print('PORT', os.environ['PORT'], flush=True); "
+                                               "time.sleep(30)"], "port": 8888, "host_port": 20111}
+    client.workload_start("wl-hp-1", {**spec, "instances": ["hp-m"]})
+    wait_for(lambda: "PORT 20111" in client.workload_logs("wl-hp-1")["data"])
+    with pytest.raises(AgentHTTPError) as taken:
+        client.workload_start("wl-hp-2", {**spec, "instances": ["hp-s"]})
+    assert taken.value.status == 409 and taken.value.problem["field"] == "host_port"
+    client.workload_stop("wl-hp-1", grace_seconds=0)
+    final(client, "wl-hp-1")
+    assert client.workload_start("wl-hp-2", {**spec, "instances": ["hp-s"]})["state"] == "running"  # free again
+    client.workload_stop("wl-hp-2", grace_seconds=0)
+    final(client, "wl-hp-2")
+
+
 def test_destroying_the_instance_kills_its_workload(client):
     mig_and_share(client, "gone")
     client.workload_start("wl-gone", {"instances": ["gone-m"],
