@@ -117,8 +117,8 @@ if argv[0] == "kill":
     record({{"argv": argv}})
     sys.exit(0)
 env_file = argv[argv.index("--env-file") + 1]
+signal.signal(signal.SIGTERM, lambda *a: record({{"signal": "TERM"}}))  # before the test can see it started
 record({{"argv": argv, "env": open(env_file).read().splitlines()}})
-signal.signal(signal.SIGTERM, lambda *a: record({{"signal": "TERM"}}))
 while True:
     time.sleep(0.05)
 """
