@@ -20,6 +20,8 @@ Configuration: a TOML file (``--config``) and/or flags (flags win)::
     workload_roots = ["/srv/gpubroker"]           # working and checkpoint directories must lie under one
                                                   # of these (default: STATE_DIR/work)
     restart_backoff_seconds = 1.0                 # first back-off of an on-failure restart (doubles, ≤ 60 s)
+    workload_log_max_bytes = 16777216             # a workload's stdout (and its stderr) keeps at most this
+                                                  # much on the node, the newest bytes (4 KiB .. 1 GiB)
 
 Enrollment (``POST {broker}/api/v1/agents/enroll``, the token in the body) returns the per-node secret,
 saved as ``state_dir/secret`` (0600); later starts reuse it. Heartbeats (``POST
@@ -81,6 +83,7 @@ class AgentConfig:
     workload_runtime: str = "process"
     workload_roots: list = field(default_factory=list)
     restart_backoff_seconds: float = 1.0
+    workload_log_max_bytes: int = 16 * 1024 * 1024
 
     def validate(self) -> AgentConfig:
         if not self.node_id:
@@ -105,6 +108,9 @@ class AgentConfig:
                 raise ValueError(f"workload_roots must be absolute paths, got {root!r}")
         if not isinstance(self.restart_backoff_seconds, int | float) or not 0 < self.restart_backoff_seconds <= 60:
             raise ValueError("restart_backoff_seconds must be a number of seconds in (0, 60]")
+        if (not isinstance(self.workload_log_max_bytes, int) or isinstance(self.workload_log_max_bytes, bool)
+                or not 4096 <= self.workload_log_max_bytes <= 1 << 30):
+            raise ValueError("workload_log_max_bytes must be a number of bytes from 4096 to 1073741824")
         if self.broker_url and not self.broker_url.startswith(("http://", "https://")):
             raise ValueError(f"broker_url must be http(s)://..., got {self.broker_url!r}")
         self.hostname = self.hostname or socket.gethostname()
@@ -151,7 +157,8 @@ def build_workloads(config: AgentConfig, state_dir: Path | None = None):
 
     return WorkloadManager(Path(state_dir or config.state_dir), build_runtime(config.workload_runtime),
                            roots=[Path(r) for r in config.workload_roots] or None,
-                           backoff_seconds=config.restart_backoff_seconds)
+                           backoff_seconds=config.restart_backoff_seconds,
+                           log_max_bytes=config.workload_log_max_bytes)
 
 
 # -- secret ---------------------------------------------------------------------------------------
@@ -422,12 +429,14 @@ def add_latency_flags(parser: argparse.ArgumentParser, *, default: float | None)
 
 
 def add_workload_flags(parser: argparse.ArgumentParser) -> None:
-    """``--workload-runtime``, ``--workload-root`` (repeatable) and ``--restart-backoff``, shared with
-    ``agent.fleet``."""
+    """``--workload-runtime``, ``--workload-root`` (repeatable), ``--restart-backoff`` and
+    ``--workload-log-max-bytes``, shared with ``agent.fleet``."""
     parser.add_argument("--workload-runtime", dest="workload_runtime", choices=("process", "docker", "podman"))
     parser.add_argument("--workload-root", dest="workload_roots", action="append", metavar="PATH",
                         help="working and checkpoint directories must lie under one (default STATE_DIR/work)")
     parser.add_argument("--restart-backoff", dest="restart_backoff_seconds", type=float, metavar="SECONDS")
+    parser.add_argument("--workload-log-max-bytes", dest="workload_log_max_bytes", type=int, metavar="BYTES",
+                        help="a workload's stdout (and its stderr) keeps at most this much, the newest bytes")
 
 
 def main(argv: list[str] | None = None) -> int:

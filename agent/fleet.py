@@ -49,7 +49,7 @@ class Fleet:
                  prefix: str = "sim", broker_url: str = "", enrollment_token: str = "", metrics_token: str = "",
                  create_latency_seconds: float = 0.0, mode_change_latency_seconds: float = 0.0,
                  workload_runtime: str = "process", workload_roots: list[str] | None = None,
-                 restart_backoff_seconds: float = 1.0):
+                 restart_backoff_seconds: float = 1.0, workload_log_max_bytes: int = 16 * 1024 * 1024):
         if nodes < 1:
             raise ValueError("--nodes must be at least 1")
         self.shapes = [parse_gpu_specs(shape) for shape in shapes or ["h100-80gb:8:mig"]]
@@ -71,7 +71,8 @@ class Fleet:
                 node_id=node_id, listen=f"{host}:{port}", broker_url=broker_url, enrollment_token=enrollment_token,
                 state_dir=str(directory), hostname=node_id, advertise_url=self.url(node_id),
                 workload_runtime=workload_runtime, workload_roots=list(workload_roots or []),
-                restart_backoff_seconds=restart_backoff_seconds).validate()
+                restart_backoff_seconds=restart_backoff_seconds,
+                workload_log_max_bytes=workload_log_max_bytes).validate()
             self.nodes.append(AgentNode(node_id, backend, secret, node_id, metrics_token=metrics_token,
                                         workloads=build_workloads(config, directory)))
             self.configs.append(config)
@@ -183,7 +184,8 @@ def main(argv: list[str] | None = None) -> int:
                       metrics_token=args.metrics_token, create_latency_seconds=args.create_latency_seconds,
                       mode_change_latency_seconds=args.mode_change_latency_seconds,
                       workload_runtime=args.workload_runtime or "process", workload_roots=args.workload_roots,
-                      restart_backoff_seconds=args.restart_backoff_seconds or 1.0)
+                      restart_backoff_seconds=args.restart_backoff_seconds or 1.0,
+                      workload_log_max_bytes=args.workload_log_max_bytes or 16 * 1024 * 1024)
         asyncio.run(run_fleet(fleet, ready_file=args.ready_file))
     except (ValueError, OSError) as error:
         logger.error("%s", error)

@@ -8,8 +8,9 @@ checkpoint directory, restart policy and, for interactive leases, a port. The ag
 - starts it through a **runtime** (``ProcessRuntime``: a plain process, used by the simulated fleet so
   that everything runs here for real; ``ContainerRuntime``: ``docker run`` / ``podman run`` with the
   NVIDIA container toolkit's CDI device names) in its own session and process group
-  (``start_new_session``), stdout and stderr appended to ``STATE_DIR/workloads/<id>/stdout.log`` and
-  ``stderr.log``, every run wrapped by ``agent/shim.py``, which writes the run's exit status to a file;
+  (``start_new_session``), every run wrapped by ``agent/shim.py``, which writes the run's exit status to a
+  file and captures stdout and stderr into bounded logs under ``STATE_DIR/workloads/<id>/`` (at most
+  ``log_max_bytes`` per stream, the newest bytes kept: ``agent.shim.BoundedLog``);
 - gives it exactly the leased devices: ``CUDA_VISIBLE_DEVICES`` with the instances' device UUIDs (MIG
   device UUIDs for MIG instances), and for shares ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`` and
   ``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT``; ``CHECKPOINT_DIR``, ``RESTART_COUNT``, ``GPUB_WORKLOAD_ID``,
@@ -45,6 +46,7 @@ import time
 from pathlib import Path
 
 from agent.backend import Conflict, InvalidRequest, NotFound
+from agent.shim import log_read
 
 WORKLOAD_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
@@ -59,11 +61,12 @@ MAX_INSTANCES = 16
 MAX_RESTARTS = 100
 MAX_EVENTS = 200
 MAX_LOG_READ = 256 * 1024
+LOG_MAX_BYTES = 16 * 1024 * 1024  # per stream of a workload (all its runs): the default of workload_log_max_bytes
 STATE_FILE = "workloads.json"
 ACTIVE = ("running", "backoff")
 FINAL = ("succeeded", "failed", "stopped", "preempted")
 SPEC_FIELDS = ("instances", "command", "image", "args", "env", "workdir", "checkpoint_dir", "restart_policy",
-               "max_restarts", "restart_count", "port")
+               "max_restarts", "restart_count", "port", "host_port")
 SHIM = Path(__file__).with_name("shim.py")
 BASE_ENV = ("PATH", "LANG", "LC_ALL", "HOME", "TMPDIR", "TZ")
 ENGINE_ENV_PREFIXES = ("DOCKER_", "CONTAINER_", "CONTAINERS_", "PODMAN_")
@@ -146,11 +149,16 @@ def spec_from_json(body: object, roots: list[Path]) -> dict:
     port = body.get("port")
     if port is not None:
         port = integer("port", 0, 1024, 65535)
+    host_port = body.get("host_port")
+    if host_port is not None:
+        if port is None:
+            raise InvalidRequest("host_port maps an interactive workload's port: give port too", field="host_port")
+        host_port = integer("host_port", 0, 1024, 65535)
     return {"instances": list(instances), "command": command, "image": image, "args": args, "env": dict(env),
             "workdir": check_path("workdir", body.get("workdir"), roots),
             "checkpoint_dir": check_path("checkpoint_dir", body.get("checkpoint_dir"), roots),
             "restart_policy": policy, "max_restarts": integer("max_restarts", 3, 0, MAX_RESTARTS),
-            "restart_count": integer("restart_count", 0, 0, 1_000_000), "port": port}
+            "restart_count": integer("restart_count", 0, 0, 1_000_000), "port": port, "host_port": host_port}
 
 
 def device_env(instances: list[dict]) -> dict[str, str]:
@@ -182,14 +190,16 @@ class Runtime(abc.ABC):
         """The environment of the process the agent starts (the workload's own for a plain process)."""
         return env
 
-    def spawn(self, workload: dict, env: dict[str, str], directory: Path, exit_file: Path) -> subprocess.Popen:
+    def spawn(self, workload: dict, env: dict[str, str], directory: Path, exit_file: Path, *,
+              log_max_bytes: int = LOG_MAX_BYTES, banner: str = "") -> subprocess.Popen:
         argv = self.argv(workload, env, directory)
         spec = workload["spec"]
-        with open(directory / "stdout.log", "ab") as out, open(directory / "stderr.log", "ab") as err:
+        with open(directory / "shim.err", "ab") as err:  # the shim's own trouble; the run's output is in the logs
             return subprocess.Popen(
-                [sys.executable, "-I", str(SHIM), str(exit_file), "--", *argv],
+                [sys.executable, "-I", str(SHIM), str(exit_file), "--log-dir", str(directory),
+                 "--log-max-bytes", str(log_max_bytes), "--banner", banner, "--", *argv],
                 cwd=spec["workdir"] or directory, env=self.process_env(env), stdin=subprocess.DEVNULL,
-                stdout=out, stderr=err, start_new_session=True, close_fds=True)
+                stdout=subprocess.DEVNULL, stderr=err, start_new_session=True, close_fds=True)
 
     def kill(self, workload: dict) -> None:  # noqa: B027 - optional hook
         """Besides SIGKILL to the process group: end what it does not reach."""
@@ -250,8 +260,8 @@ class ContainerRuntime(Runtime):
             argv += ["-v", f"{path}:{path}"]
         if spec["workdir"]:
             argv += ["-w", spec["workdir"]]
-        if spec["port"]:
-            argv += ["-p", f"{spec['port']}:{spec['port']}"]
+        if spec["port"]:  # the node's port (allocated by the broker) to the container's
+            argv += ["-p", f"{spec.get('host_port') or spec['port']}:{spec['port']}"]
         if spec["command"]:  # the image's entrypoint replaced: the command's program, its arguments after the image
             argv += ["--entrypoint", spec["command"][0]]
         return [*argv, spec["image"], *spec["command"][1:], *spec["args"]]
@@ -315,7 +325,8 @@ def _signal_group(pid: int, signum: int) -> bool:
 # -- the manager ----------------------------------------------------------------------------------
 class WorkloadManager:
     def __init__(self, state_dir: Path, runtime: Runtime | None = None, *, roots: list[Path] | None = None,
-                 backoff_seconds: float = 1.0, backoff_cap: float = 60.0, clock=time.time):
+                 backoff_seconds: float = 1.0, backoff_cap: float = 60.0, log_max_bytes: int = LOG_MAX_BYTES,
+                 clock=time.time):
         self.state_dir = Path(state_dir)
         self.directory = self.state_dir / "workloads"
         self.directory.mkdir(parents=True, exist_ok=True)
@@ -323,6 +334,7 @@ class WorkloadManager:
         self.roots = [Path(r) for r in roots] if roots else [self.state_dir / "work"]
         self.backoff_seconds = backoff_seconds
         self.backoff_cap = backoff_cap
+        self.log_max_bytes = log_max_bytes
         self.clock = clock
         self._children: dict[int, subprocess.Popen] = {}
         path = self.state_dir / STATE_FILE
@@ -373,12 +385,7 @@ class WorkloadManager:
         return [self._public(w) for w in self.workloads.values()]
 
     def _public(self, workload: dict) -> dict:
-        sizes = {}
-        for stream in ("stdout", "stderr"):
-            try:
-                sizes[stream] = (self._dir(workload) / f"{stream}.log").stat().st_size
-            except OSError:
-                sizes[stream] = 0
+        sizes = {stream: log_read(self._dir(workload), stream, tail=0)["size"] for stream in ("stdout", "stderr")}
         return {key: workload[key] for key in ("workload_id", "state", "spec", "devices", "runtime", "argv",
                                                 "notice", "stop", "next_start_at", "local_restarts", "runs",
                                                 "events", "created_at")} | {
@@ -390,22 +397,17 @@ class WorkloadManager:
 
     def logs(self, workload_id: str, stream: str = "stdout", *, offset: int | None = None, tail: int | None = None,
              limit: int = 64 * 1024) -> dict:
-        """A range of a log: from ``offset``, or the last ``tail`` bytes, at most ``limit`` bytes (256 KiB)."""
+        """A range of a log: from ``offset``, or the last ``tail`` bytes, at most ``limit`` bytes (256 KiB).
+        Offsets count the stream's bytes since the first run; the log keeps its newest ``log_max_bytes`` at
+        most, so an offset before ``first_offset`` (dropped bytes) reads from ``first_offset``."""
         workload = self.get(workload_id)
         if stream not in ("stdout", "stderr"):
             raise InvalidRequest("stream must be stdout or stderr", field="stream")
         if not 1 <= limit <= MAX_LOG_READ:
             raise InvalidRequest(f"limit must be 1..{MAX_LOG_READ}", field="limit")
-        path = self._dir(workload) / f"{stream}.log"
-        size = path.stat().st_size if path.exists() else 0
-        start = max(0, size - tail) if tail is not None else min(offset or 0, size)
-        data = b""
-        if size > start:
-            with open(path, "rb") as handle:
-                handle.seek(start)
-                data = handle.read(min(limit, size - start))
-        return {"workload_id": workload_id, "stream": stream, "offset": start, "next_offset": start + len(data),
-                "size": size, "data": data.decode("utf-8", errors="replace"), "state": workload["state"]}
+        found = log_read(self._dir(workload), stream, offset=offset, tail=tail, limit=limit)
+        return {"workload_id": workload_id, "stream": stream, **found,
+                "data": found["data"].decode("utf-8", errors="replace"), "state": workload["state"]}
 
     # -- changes ------------------------------------------------------------------------------------
     def start(self, workload_id: str, spec: dict, instances: list[dict]) -> tuple[dict, bool]:
@@ -419,6 +421,11 @@ class WorkloadManager:
             if existing["spec"] == spec:
                 return self._public(existing), False
             raise Conflict(f"workload {workload_id!r} exists with another definition", field="workload_id")
+        for other in self.workloads.values():
+            if (spec.get("host_port") and other["state"] in ACTIVE
+                    and (other["spec"].get("host_port") or 0) == spec["host_port"]):
+                raise Conflict(f"host port {spec['host_port']} is taken by workload {other['workload_id']!r}",
+                               field="host_port")
         for position, allocation_id in enumerate(spec["instances"]):
             for other in self.workloads.values():
                 if other["state"] in ACTIVE and allocation_id in other["spec"]["instances"]:
@@ -563,8 +570,9 @@ class WorkloadManager:
                     "GPUB_DEADLINE_FILE": str(self._dir(workload) / "deadline")})
         if spec["checkpoint_dir"]:
             env["CHECKPOINT_DIR"] = spec["checkpoint_dir"]
-        if spec["port"]:
-            env["PORT"] = str(spec["port"])
+        if spec["port"]:  # a plain process listens on the node itself: on the host port it was given
+            env["PORT"] = str(spec["port"] if self.runtime.name != "process" else
+                              spec.get("host_port") or spec["port"])
         if workload["notice"]:
             env["GPUB_PREEMPT_DEADLINE"] = f"{workload['notice']['deadline']:.3f}"
         return env
@@ -581,12 +589,12 @@ class WorkloadManager:
         directory = self._dir(workload)
         directory.mkdir(parents=True, exist_ok=True)
         self._save()  # the token is on disk before the process can exist
-        with open(directory / "stdout.log", "ab") as out:
-            out.write(f"--- gpubroker: run {number} (RESTART_COUNT={restart_count}) at "
-                      f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(now))}\n".encode())
+        banner = (f"--- gpubroker: run {number} (RESTART_COUNT={restart_count}) at "
+                  f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(now))}")
         env = self._env(workload, run["token"])
         try:
-            process = self.runtime.spawn(workload, env, directory, self._exit_file(workload, run))
+            process = self.runtime.spawn(workload, env, directory, self._exit_file(workload, run),
+                                         log_max_bytes=self.log_max_bytes, banner=banner)
         except OSError as error:
             run.update(ended_at=now, exit_code=127, outcome="failed")
             self._event(workload, "start_failed", now, run=number, detail=str(error))

@@ -298,6 +298,16 @@ AGENT_TIMEOUT_SECONDS = env_int("AGENT_TIMEOUT_SECONDS", 5, minimum=1)
 WORKLOAD_ALLOWED_ROOTS = env_list("WORKLOAD_ALLOWED_ROOTS", ["/srv/gpubroker"])
 WORKLOAD_STOP_GRACE_SECONDS = env_int("WORKLOAD_STOP_GRACE_SECONDS", 10, minimum=0)
 WORKLOAD_LOG_FOLLOW_SECONDS = env_int("WORKLOAD_LOG_FOLLOW_SECONDS", 20, minimum=1)
+# when a placement ends, the broker keeps the tail of its logs, this many bytes per stream (the logs of earlier
+# placements); interactive workloads get a host port of their node from this range (first-last), never one a
+# live workload on that node holds; with restart_policy on-failure, after this many failed runs in a row on one
+# node the lease is requeued to be placed on another node (max_restarts still bounds the runs in all)
+WORKLOAD_LOG_KEEP_BYTES = env_int("WORKLOAD_LOG_KEEP_BYTES", 65536, minimum=1024)
+_ports = os.environ.get("WORKLOAD_HOST_PORTS", "20000-20999").partition("-")
+if not (_ports[0].isdigit() and _ports[2].isdigit() and 1024 <= int(_ports[0]) <= int(_ports[2]) <= 65535):
+    raise ImproperlyConfigured("WORKLOAD_HOST_PORTS must be FIRST-LAST within 1024-65535, e.g. 20000-20999.")
+WORKLOAD_HOST_PORTS = (int(_ports[0]), int(_ports[2]))
+WORKLOAD_FAILED_RUNS_BEFORE_REPLACE = env_int("WORKLOAD_FAILED_RUNS_BEFORE_REPLACE", 3, minimum=1)
 AGENT_HEARTBEAT_SECONDS = env_int("AGENT_HEARTBEAT_SECONDS", 15, minimum=1)
 # a node silent for 3 heartbeats leaves scheduling at once; its leases keep their capacity until it has been
 # silent this long (counted from its last heartbeat), then fail (docs/operations.md, "A silent node")

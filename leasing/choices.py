@@ -25,7 +25,8 @@ TRANSITIONS: dict[str, frozenset[str]] = {
     LeaseState.QUEUED: frozenset({LeaseState.PROVISIONING, LeaseState.RELEASED, LeaseState.FAILED}),
     LeaseState.PROVISIONING: frozenset({LeaseState.ACTIVE, LeaseState.QUEUED, LeaseState.RELEASING,
                                         LeaseState.FAILED}),
-    LeaseState.ACTIVE: frozenset({LeaseState.PREEMPTED, LeaseState.RELEASING, LeaseState.FAILED}),
+    # ACTIVE → QUEUED: a workload that kept failing on its node is placed again on another one
+    LeaseState.ACTIVE: frozenset({LeaseState.PREEMPTED, LeaseState.QUEUED, LeaseState.RELEASING, LeaseState.FAILED}),
     LeaseState.PREEMPTED: frozenset({LeaseState.QUEUED, LeaseState.RELEASING, LeaseState.FAILED}),
     LeaseState.RELEASING: frozenset({LeaseState.RELEASED, LeaseState.EXPIRED, LeaseState.FAILED}),
     LeaseState.RELEASED: frozenset(),

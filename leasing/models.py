@@ -140,6 +140,9 @@ class Lease(models.Model):
     # what the app that asked for the lease adds to each device's access details (a model split: the layers the
     # device runs); shown with the agent's own access details, set once at the request
     access_extra = models.JSONField(default=dict, blank=True)
+    # node ids (``Node.node_id``) the scheduler must not place it on: a workload that failed there
+    # ``WORKLOAD_FAILED_RUNS_BEFORE_REPLACE`` times in a row is placed elsewhere (docs/leasing.md, "Workloads")
+    avoid_nodes = models.JSONField(default=list, blank=True)
 
     class Meta:
         constraints = [
@@ -251,6 +254,7 @@ class Workload(models.Model):
     signal = models.IntegerField(null=True, blank=True)
     started_at = models.DateTimeField(null=True, blank=True)
     ended_at = models.DateTimeField(null=True, blank=True)
+    failed_runs = models.PositiveIntegerField(default=0)  # runs that failed, all placements together
 
     def __str__(self) -> str:
         return f"workload of lease {self.lease_id} ({self.state})"
@@ -261,6 +265,45 @@ class Workload(models.Model):
         and the portal's lease page show it); None otherwise."""
         from urllib.parse import urlsplit
 
-        if self.spec.get("port") and self.node is not None and self.state in ("starting", "running"):
-            return f"{urlsplit(self.node.address).hostname}:{self.spec['port']}"
-        return None
+        if not self.spec.get("port") or self.node is None or self.state not in ("starting", "running"):
+            return None
+        placement = self.placement_rows.filter(number=self.placements).first()
+        if placement is None or placement.host_port is None:
+            return None
+        return f"{urlsplit(self.node.address).hostname}:{placement.host_port}"
+
+
+class WorkloadPlacement(models.Model):
+    """One placement of a lease's workload: the node and agent workload it ran as, the host port it was
+    given (interactive workloads: allocated per node from ``WORKLOAD_HOST_PORTS``, never two live
+    placements on one node with the same port — the database refuses it), how it ended, and, once it
+    ended, the bounded tail of its logs kept here (``WORKLOAD_LOG_KEEP_BYTES`` per stream), so the logs of
+    earlier placements outlive their node's copy."""
+
+    tenant_lookup = "workload__lease__tenant"
+    workload = models.ForeignKey(Workload, on_delete=models.CASCADE, related_name="placement_rows")
+    number = models.PositiveIntegerField()  # 1, 2, … as Workload.placements counts them
+    node = models.ForeignKey(Node, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    node_name = models.CharField(max_length=128)  # Node.node_id, kept if the node is removed
+    agent_workload_id = models.CharField(max_length=128)
+    host_port = models.PositiveIntegerField(null=True, blank=True)
+    state = models.CharField(max_length=16, default="starting")
+    started_at = models.DateTimeField(default=timezone.now)
+    ended_at = models.DateTimeField(null=True, blank=True)  # set: the port is free again
+    failed_runs = models.PositiveIntegerField(default=0)
+    log_stdout = models.TextField(blank=True)
+    log_stderr = models.TextField(blank=True)
+    # per stream: {"first_offset": …, "size": …} of the kept tail, in the node's offsets
+    log_offsets = models.JSONField(default=dict, blank=True)
+    log_kept_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["workload", "number"], name="workload_placement_number_unique"),
+            models.UniqueConstraint(fields=["node", "host_port"],
+                                    condition=Q(ended_at__isnull=True, host_port__isnull=False),
+                                    name="workload_placement_live_port_unique_per_node"),
+        ]
+
+    def __str__(self) -> str:
+        return f"placement {self.number} of lease {self.workload.lease_id} on {self.node_name}"

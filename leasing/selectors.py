@@ -115,7 +115,8 @@ def core_request(lease: Lease):
     from leasing.scheduler.types import WorkloadClass as CoreWorkloadClass
 
     shape = Shape(Kind(lease.kind), lease.count, profile=lease.profile, milli=lease.milli,
-                  memory_mib=lease.memory_mib, models=tuple(lease.models_allowed), gang=lease.gang)
+                  memory_mib=lease.memory_mib, models=tuple(lease.models_allowed), gang=lease.gang,
+                  avoid_nodes=tuple(lease.avoid_nodes))
     return Request(str(lease.pk), str(lease.project_id), str(lease.tenant_id), shape,
                    (lease.queued_at or lease.requested_at).timestamp(), lease.priority,
                    CoreWorkloadClass(lease.workload_class), group=core_group(lease.tenant_id, lease.group_key))

@@ -83,6 +83,18 @@ def lease_workload_start_run(self, lease_id: int) -> str:
         return "unreachable"
 
 
+@shared_task(name="leasing.workload_placement_log_keep_run", bind=True, acks_late=True, max_retries=AGENT_RETRIES)
+def workload_placement_log_keep_run(self, placement_id: int) -> bool:
+    """Keep the tail of an ended workload placement's logs on the broker (idempotent)."""
+    try:
+        return services.workload_placement_log_keep(placement_id=placement_id)
+    except AgentUnreachable as error:
+        if self.request.retries < AGENT_RETRIES:
+            raise self.retry(countdown=_backoff(self.request.retries)) from error
+        logger.warning("logs of workload placement %s not kept: %s", placement_id, error)
+        return False
+
+
 @shared_task(name="leasing.lease_expire_due", acks_late=True)
 def lease_expire_due() -> dict:
     return {"expired": services.lease_expire_due(), "preempted": services.lease_preempt_due()}

@@ -264,8 +264,9 @@ def workload_check(value: object, shape: dict) -> dict | None:
         return None
     if not isinstance(value, dict):
         raise ValidationFailed("workload must be an object (command or image, args, env, ...).", field="workload")
-    if "instances" in value or "restart_count" in value:
-        name = "instances" if "instances" in value else "restart_count"
+    for name in ("instances", "restart_count", "host_port"):
+        if name not in value:
+            continue
         raise ValidationFailed(f"workload.{name} is set by the broker.", field=f"workload.{name}")
     if shape["count"] > 1 and not shape["gang"]:
         raise ValidationFailed("A workload runs on one node: a lease of several devices needs gang: true.",

@@ -68,7 +68,7 @@ def last_value(data: QueryDict, name: str, default: str = "") -> str:
 # -- lease request ---------------------------------------------------------------------------------------
 LEASE_FIELDS = {"project", "gpu", "gpu_kind", "gpu_model", "gpu_profile", "gpu_count", "gpu_gang", "gpu_milli",
                 "gpu_memory_mib", "workload_class", "priority", "duration_seconds",
-                "workload", "workload_command", "workload_args", "workload_env", "workload_workdir",
+                "workload", "workload_image", "workload_command", "workload_args", "workload_env", "workload_workdir",
                 "workload_checkpoint_dir", "workload_restart_policy", "workload_max_restarts", "workload_port"}
 RESTART_POLICIES = (("never", "Never"), ("on-preemption", "After a preemption"),
                     ("on-failure", "After a preemption or a failure"))
@@ -115,7 +115,7 @@ def workload_given(data, errors: dict) -> bool:
     """Whether the form's workload part holds anything (typed, or an error under it): it is shown open."""
     return (any(key.startswith("workload_") and key != "workload_class" for key in errors)
             or any(data.get(f"workload.{name}", "").strip()
-                   for name in ("command", "args", "env", "workdir", "checkpoint_dir", "port"))
+                   for name in ("image", "command", "args", "env", "workdir", "checkpoint_dir", "port"))
             or data.get("workload.restart_policy", "never") not in ("", "never"))
 
 
@@ -133,6 +133,9 @@ def workload_input(data: QueryDict, *, interactive: bool) -> dict | None:
     (a missing command, a path outside the allowed roots, a name the platform sets all come back naming
     ``workload.<field>``). The port is the interactive class's only, like the kind's fields are the kind's."""
     workload: dict = {}
+    image = data.get("workload.image", "").strip()
+    if image:  # a container image (nodes whose runtime is docker or podman); the command then overrides its entrypoint
+        workload["image"] = image
     for name in ("command", "args"):
         words = _words(data, f"workload.{name}")
         if words:

@@ -263,6 +263,7 @@ class LeaseDetailView(TenantView):
             "workload": workload,
             "workload_line": shlex.join(workload.spec.get("command", []) + workload.spec.get("args", []))
             if workload else "",
+            "placements": leasing_services.workload_placements(lease=lease) if workload else [],
             "telemetry_down": series is None,
             "poll": presenters.poll_seconds(lease),
             "can_use": self.actor.can("use"),
@@ -284,10 +285,11 @@ class LeaseDetailView(TenantView):
 
 
 class LeaseLogView(TenantView):
-    """``GET /leases/<id>/log?stream=stdout|stderr``: the partial with the tail of the lease's workload log
-    (the last ``LOG_TAIL`` bytes of its current placement, read from its node by
-    ``leasing.services.workload_logs``); the lease page polls it while the lease lives. The lease is looked up
-    among the acting tenant's own first, so another tenant's lease is 404 before a byte is read."""
+    """``GET /leases/<id>/log?stream=stdout|stderr[&placement=N]``: the partial with the tail of the lease's
+    workload log (the last ``LOG_TAIL`` bytes of its current placement, read from its node, or of an earlier
+    placement ``N``, as the broker kept it when that placement ended: ``leasing.services.workload_logs``); the
+    lease page polls the current placement's while the lease lives. The lease is looked up among the acting
+    tenant's own first, so another tenant's lease is 404 before a byte is read."""
 
     LOG_TAIL = 16 * 1024
 
@@ -299,16 +301,20 @@ class LeaseLogView(TenantView):
         if workload is None:
             raise NotFound("This lease has no workload.", field="id")
         stream = "stderr" if request.GET.get("stream") == "stderr" else "stdout"
+        placements = leasing_services.workload_placements(lease=lease)
+        chosen = request.GET.get("placement", "")
+        placement = int(chosen) if chosen.isdigit() and 1 <= int(chosen) < workload.placements else None
         log, unavailable = None, ""
         try:
-            log = leasing_services.workload_logs(lease=lease, stream=stream, tail=self.LOG_TAIL)
+            log = leasing_services.workload_logs(lease=lease, stream=stream, tail=self.LOG_TAIL, placement=placement)
         except NotFound as error:
             unavailable = error.message
         except (AgentUnreachable, AgentHTTPError):
             unavailable = "The workload's node does not answer right now; the log appears here when it does."
         return render(request, "portal/partials/_workload_log.html", {
             "lease": lease, "workload": workload, "log": log, "stream": stream, "unavailable": unavailable,
-            "poll": presenters.poll_seconds(lease) and 3, "tail": self.LOG_TAIL})
+            "placements": placements if len(placements) > 1 else [], "placement": placement,
+            "poll": presenters.poll_seconds(lease) and placement is None and 3, "tail": self.LOG_TAIL})
 
 
 class LeaseReleaseView(LeaseDetailView):

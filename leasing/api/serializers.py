@@ -193,7 +193,16 @@ WORKLOAD_OUTPUT_SCHEMA = {
                    "started_at": {"type": "string", "format": "date-time", "nullable": True},
                    "ended_at": {"type": "string", "format": "date-time", "nullable": True},
                    "endpoint": {"type": "string", "nullable": True,
-                                "description": "host:port of an interactive workload's port on its node"}}}
+                                "description": "node host:host port of an interactive workload while it runs "
+                                               "(the host port allocated on its node)"},
+                   "failed_runs": {"type": "integer"},
+                   "avoid_nodes": {"type": "array", "items": {"type": "string"}},
+                   "history": {"type": "array", "items": {"type": "object", "properties": {
+                       "placement": {"type": "integer"}, "node": {"type": "string"},
+                       "host_port": {"type": "integer", "nullable": True}, "state": {"type": "string"},
+                       "started_at": {"type": "string", "format": "date-time"},
+                       "ended_at": {"type": "string", "format": "date-time", "nullable": True},
+                       "failed_runs": {"type": "integer"}, "log_kept": {"type": "boolean"}}}}}}
 
 
 def workload_output(lease) -> dict | None:
@@ -207,7 +216,12 @@ def workload_output(lease) -> dict | None:
             "node": workload.node.node_id if workload.node else None, "restart_count": workload.restart_count,
             "placements": workload.placements, "exit_code": workload.exit_code, "signal": workload.signal,
             "started_at": moment(workload.started_at) if workload.started_at else None,
-            "ended_at": moment(workload.ended_at) if workload.ended_at else None, "endpoint": workload.endpoint}
+            "ended_at": moment(workload.ended_at) if workload.ended_at else None, "endpoint": workload.endpoint,
+            "failed_runs": workload.failed_runs, "avoid_nodes": list(lease.avoid_nodes),
+            "history": [{"placement": p.number, "node": p.node_name, "host_port": p.host_port, "state": p.state,
+                         "started_at": moment(p.started_at), "ended_at": moment(p.ended_at) if p.ended_at else None,
+                         "failed_runs": p.failed_runs, "log_kept": p.log_kept_at is not None}
+                        for p in workload.placement_rows.order_by("number")]}
 
 
 class LeaseDetailOutput(LeaseOutput):

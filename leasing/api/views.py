@@ -87,7 +87,8 @@ class LeaseRenewApi(APIView):
 
 class LeaseLogsApi(APIView):
     """The lease's workload log from its node: ``offset`` (from there) or ``tail`` (the last bytes), ``limit``
-    (at most 256 KiB), ``stream`` (stdout | stderr), ``follow`` (seconds to wait for new bytes, bounded)."""
+    (at most 256 KiB), ``stream`` (stdout | stderr), ``follow`` (seconds to wait for new bytes, bounded),
+    ``placement`` (an earlier placement's log, as the broker kept it when that placement ended)."""
 
     @extend_schema(
         parameters=[OpenApiParameter("stream", {"type": "string", "enum": ["stdout", "stderr"]}),
@@ -95,8 +96,12 @@ class LeaseLogsApi(APIView):
                     OpenApiParameter("tail", {"type": "integer", "minimum": 0}),
                     OpenApiParameter("limit", {"type": "integer", "minimum": 1, "maximum": 262144}),
                     OpenApiParameter("follow", {"type": "integer", "minimum": 0, "maximum": 60},
-                                     description="wait up to this many seconds (bounded) for bytes after offset")],
+                                     description="wait up to this many seconds (bounded) for bytes after offset"),
+                    OpenApiParameter("placement", {"type": "integer", "minimum": 1, "maximum": 100000},
+                                     description="an earlier placement's log (1, 2, …; default the current): "
+                                                 "the tail the broker kept when it ended")],
         responses={200: {"type": "object", "additionalProperties": True},
+                   400: problem("A parameter out of range (the field names it)"),
                    404: problem("No such lease in this tenant, or it has no workload")},
         summary="The lease's workload log (tail, or from an offset; follow waits for new bytes)")
     def get(self, request, pk: int):
@@ -118,9 +123,12 @@ class LeaseLogsApi(APIView):
             raise ValidationFailed("Give offset or tail, not both.", field="tail")
         limit = number("limit", 262144) or 65536
         follow = number("follow", 60) or 0
+        placement = number("placement", 100000)
+        if placement == 0:
+            raise ValidationFailed("placement counts from 1.", field="placement")
         return Response(services.workload_logs(lease=lease, stream=stream, offset=offset,
                                                tail=tail if tail is not None or offset is not None else 16384,
-                                               limit=limit, follow_seconds=follow))
+                                               limit=limit, follow_seconds=follow, placement=placement))
 
 
 class AgentEnrollApi(APIView):

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import heapq
 import random as _random
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from gpus.catalogue import model_get
 from gpus.mig import COMPUTE_SLICES, MigProfile, profile_get
@@ -34,6 +34,7 @@ class Need:
     gang: bool
     cpu_milli: int
     host_memory_mib: int
+    avoid: frozenset[str] = frozenset()  # node ids it must not be placed on
 
     @property
     def total_milli(self) -> int:
@@ -44,7 +45,8 @@ class Need:
 
     def key(self) -> tuple:
         return (self.kind, self.count, self.models, self.milli, self.memory_mib,
-                self.profile.name if self.profile else "", self.gang, self.cpu_milli, self.host_memory_mib)
+                self.profile.name if self.profile else "", self.gang, self.cpu_milli, self.host_memory_mib,
+                tuple(sorted(self.avoid)))
 
 
 def need_for(shape: Shape, model: str) -> Need | None:
@@ -54,12 +56,12 @@ def need_for(shape: Shape, model: str) -> Need | None:
         if shape.memory_mib and gpu_model.memory_mib < shape.memory_mib:
             return None
         return Need(Kind.WHOLE, shape.count, (model,), FULL, gpu_model.memory_mib, None, shape.gang,
-                    shape.cpu_milli, shape.host_memory_mib)
+                    shape.cpu_milli, shape.host_memory_mib, frozenset(shape.avoid_nodes))
     if shape.kind == Kind.SHARE:
         if shape.memory_mib > gpu_model.memory_mib or not 0 < shape.milli <= FULL:
             return None
         return Need(Kind.SHARE, shape.count, (model,), shape.milli, shape.memory_mib, None, shape.gang,
-                    shape.cpu_milli, shape.host_memory_mib)
+                    shape.cpu_milli, shape.host_memory_mib, frozenset(shape.avoid_nodes))
     # MIG: a full profile name on that model, or a compute size ("3g") for auto
     try:
         profile = profile_get(model, shape.profile)
@@ -74,15 +76,16 @@ def need_for(shape: Shape, model: str) -> Need | None:
     if shape.memory_mib and profile.memory_mib < shape.memory_mib:
         return None
     return Need(Kind.MIG, shape.count, (model,), profile.gpu_milli, profile.memory_mib, profile, shape.gang,
-                shape.cpu_milli, shape.host_memory_mib)
+                shape.cpu_milli, shape.host_memory_mib, frozenset(shape.avoid_nodes))
 
 
 # -- candidate units on one node -------------------------------------------------------------------
 
 
 def node_accepts(node: NodeState, need: Need) -> bool:
-    """Whether ``node`` takes work of ``need`` at all: not cordoned, and its host CPU and memory free."""
-    if node.node.cordoned:
+    """Whether ``node`` takes work of ``need`` at all: not cordoned, not one the need avoids, and its host
+    CPU and memory free."""
+    if node.node.cordoned or node.node.id in need.avoid:
         return False
     if node.node.cpu_milli and node.free_cpu_milli < need.cpu_milli:
         return False
@@ -498,6 +501,8 @@ class Placer:
         """The chosen node and units, or None when nothing fits."""
         if self.policy.uses_random:
             return self._find_random(need)
+        if need.avoid:
+            return self._find_avoiding(need)
         cluster = self.cluster
         if cluster.log_generation != self._generation:  # the log was compacted: rebuild from live classes
             self._heaps.clear()
@@ -545,20 +550,46 @@ class Placer:
                                   for index, milli, memory, profile, start in relative)
         return None
 
+    def _find_avoiding(self, need: Need) -> tuple[str, tuple[Unit, ...]] | None:
+        """``find`` for a need that avoids some nodes (rare: a workload re-placed after failures): every node
+        class evaluated once, as for any need, then the best score on a node it does not avoid, the lowest
+        such node id on ties. Nothing is memoised under the avoiding need."""
+        cluster = self.cluster
+        anywhere = replace(need, avoid=frozenset())
+        best: tuple[tuple, tuple] | None = None
+        for class_id, members in cluster.by_signature.items():
+            allowed = [node_id for node_id in members if node_id not in need.avoid]
+            if not allowed:
+                continue
+            if need.models and cluster.class_info[class_id].models.isdisjoint(need.models):
+                continue
+            found = self._best_on_class(cluster.nodes[next(iter(members))], anywhere)
+            if found is not None and (best is None or (found[0], min(allowed)) < best[0]):
+                best = ((found[0], min(allowed)), found[1])
+        if best is None:
+            return None
+        node_id = best[0][1]
+        gpus = cluster.nodes[node_id].gpus
+        return node_id, tuple(Unit(gpus[index].gpu.id, milli, memory, profile, start)
+                              for index, milli, memory, profile, start in best[1])
+
     def _find_random(self, need: Need) -> tuple[str, tuple[Unit, ...]] | None:
         cluster = self.cluster
         scored: list[tuple[tuple, tuple, int]] = []
+        anywhere = replace(need, avoid=frozenset())
         for signature, members in cluster.legacy_by_signature.items():
             sample = cluster.nodes[next(iter(members))]
             if need.models and sample.models.isdisjoint(need.models):
                 continue
-            best = self._best_on_signature(sample, signature, need)
+            if need.avoid and members <= need.avoid:
+                continue
+            best = self._best_on_signature(sample, signature, anywhere)
             if best is not None:
-                scored.append((signature, best[1], len(members)))
+                scored.append((signature, best[1], len(members - need.avoid)))
         if not scored:
             return None
         signature, relative, _ = self.policy.rng.choices(scored, weights=[s[2] for s in scored])[0]
-        members = sorted(cluster.legacy_by_signature[signature])
+        members = sorted(cluster.legacy_by_signature[signature] - need.avoid)
         node_id = members[self.policy.rng.randrange(len(members))]
         return node_id, _materialise(cluster.nodes[node_id], relative)
 

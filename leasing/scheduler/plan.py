@@ -406,7 +406,8 @@ class Scheduler:
         if need.cpu_milli or need.host_memory_mib:
             return None  # a request spread over nodes cannot reserve host CPU/memory (reason in _try)
         # not a gang: place units one at a time (all-or-nothing), possibly on several nodes
-        single = Need(need.kind, 1, need.models, need.milli, need.memory_mib, need.profile, True, 0, 0)
+        single = Need(need.kind, 1, need.models, need.milli, need.memory_mib, need.profile, True, 0, 0,
+                      need.avoid)
         held = []
         for index in range(need.count):
             found = self.placer.find(single)
@@ -472,6 +473,8 @@ class Scheduler:
                 by_node.setdefault(node_id, []).append(allocation)
         best: tuple[tuple, str, list[Allocation]] | None = None
         for node_id, victims_here in by_node.items():
+            if node_id in need.avoid:
+                continue
             chosen = self._victims_on(node_id, victims_here, need)
             if chosen is None:
                 continue
@@ -499,7 +502,8 @@ class Scheduler:
         the placement search confirms, and the victims not needed are put back (latest first, so the
         preferred victims stay chosen). The state is unchanged when it does not help."""
         room = {gpu_id: self._units_room(gpu, need) for gpu_id, gpu in self.cluster.gpus.items()
-                if gpu.gpu.model == tier and not self.cluster.nodes[gpu.gpu.node].node.cordoned}
+                if gpu.gpu.model == tier and not self.cluster.nodes[gpu.gpu.node].node.cordoned
+                and gpu.gpu.node not in need.avoid}
         total = sum(room.values())
         removed: list[Allocation] = []
         found = self._find(need) if total >= need.count else None

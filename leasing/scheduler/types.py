@@ -72,6 +72,8 @@ class Shape:
     gang: bool = True
     cpu_milli: int = 0
     host_memory_mib: int = 0
+    # nodes this request must not be placed on (a workload that kept failing there is placed elsewhere)
+    avoid_nodes: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -70,6 +70,8 @@ from leasing.services.triggers import CYCLE_FLAG_SECONDS, cycle_flag_clear, enqu
 from leasing.services.workloads import (
     lease_workload_start,
     workload_logs,
+    workload_placement_log_keep,
+    workload_placements,
     workload_stop_for_release,
     workloads_report,
     workloads_start_after,
@@ -131,6 +133,8 @@ __all__ = [
     "schedule_cycle_request",
     "schedule_cycle_wait",
     "workload_logs",
+    "workload_placement_log_keep",
+    "workload_placements",
     "workload_stop_for_release",
     "workloads_report",
     "workloads_start_after",

@@ -63,6 +63,17 @@ def test_whole_gpus_by_their_uuid(tmp_path, sim):
     assert oct(env_file.stat().st_mode & 0o777) == "0o600" and "SECRET_TOKEN=s3cr3t" in env_file.read_text()
 
 
+def test_an_interactive_container_is_published_on_the_host_port_the_broker_gave(tmp_path, sim):
+    whole = instance(sim, "w", kind="whole", gpu=sim.state["gpus"][2]["uuid"])
+    argv = command_line(tmp_path, [whole], port=8888, host_port=20003)
+    assert argv[argv.index("-p") + 1] == "20003:8888"
+    plain = command_line(tmp_path, [whole], port=8888)  # no host port given: the same port on the node
+    assert plain[plain.index("-p") + 1] == "8888:8888"
+    with pytest.raises(InvalidRequest) as refused:
+        command_line(tmp_path, [whole], host_port=20003)
+    assert refused.value.field == "host_port"
+
+
 def test_mig_instances_by_their_mig_device_uuid_in_lease_order(tmp_path, sim):
     gpu = sim.state["gpus"][0]["uuid"]
     a = instance(sim, "m0", kind="mig", gpu=gpu, profile="3g.40gb", start=4)
@@ -106,8 +117,8 @@ if argv[0] == "kill":
     record({{"argv": argv}})
     sys.exit(0)
 env_file = argv[argv.index("--env-file") + 1]
+signal.signal(signal.SIGTERM, lambda *a: record({{"signal": "TERM"}}))  # before the test can see it started
 record({{"argv": argv, "env": open(env_file).read().splitlines()}})
-signal.signal(signal.SIGTERM, lambda *a: record({{"signal": "TERM"}}))
 while True:
     time.sleep(0.05)
 """

@@ -156,6 +156,22 @@ def test_on_failure_restarts_with_back_off_up_to_the_limit(client):
         line for line in client.workload_logs("wl-fail")["data"].splitlines() if not line.startswith("---"))
 
 
+def test_a_plain_process_listens_on_its_host_port_and_two_live_workloads_never_share_one(client):
+    mig_and_share(client, "hp")
+    spec = {"command": [sys.executable, "-c", "import os, time; print('PORT', os.environ['PORT'], flush=True); "
+                                               "time.sleep(30)"], "port": 8888, "host_port": 20111}
+    client.workload_start("wl-hp-1", {**spec, "instances": ["hp-m"]})
+    wait_for(lambda: "PORT 20111" in client.workload_logs("wl-hp-1")["data"])
+    with pytest.raises(AgentHTTPError) as taken:
+        client.workload_start("wl-hp-2", {**spec, "instances": ["hp-s"]})
+    assert taken.value.status == 409 and taken.value.problem["field"] == "host_port"
+    client.workload_stop("wl-hp-1", grace_seconds=0)
+    final(client, "wl-hp-1")
+    assert client.workload_start("wl-hp-2", {**spec, "instances": ["hp-s"]})["state"] == "running"  # free again
+    client.workload_stop("wl-hp-2", grace_seconds=0)
+    final(client, "wl-hp-2")
+
+
 def test_destroying_the_instance_kills_its_workload(client):
     mig_and_share(client, "gone")
     client.workload_start("wl-gone", {"instances": ["gone-m"],
@@ -178,6 +194,58 @@ def test_logs_by_offset_and_tail_bounded(client):
         client.workload_logs("wl-logs", limit=10**7)
     assert wrong.value.problem["field"] == "limit"
     assert client.workload_logs("wl-logs", stream="stderr")["data"] == ""
+
+
+CHATTY = """
+import sys
+for number in range(int(sys.argv[1])):
+    print(f"line {number:07d} " + "x" * 80)
+    if number % 1000 == 0:
+        print(f"err {number}", file=sys.stderr)
+print("end")
+"""
+
+
+def test_a_chatty_workloads_log_is_bounded_and_keeps_its_newest_bytes(tmp_path):
+    """A workload printing ~9 MiB on an agent capped at 64 KiB per stream: the node holds at most 64 KiB of
+    each stream, the newest bytes read back as a contiguous tail of what it printed, offsets count every
+    byte it ever printed, and an offset in the dropped part reads from the first byte kept."""
+    root = tmp_path / "shared"
+    root.mkdir()
+    cap = 64 * 1024
+    agent = AgentProcess(tmp_path / "a", extra=("--workload-root", str(root),
+                                                "--workload-log-max-bytes", str(cap))).start()
+    try:
+        client = agent.client(retries=0)
+        mig = next(g for g in client.inventory()["gpus"] if g["mode"] == "mig")["uuid"]
+        client.create("chat", {"kind": "mig", "gpu": mig, "profile": "1g.10gb", "start": 0})
+        lines = 100_000
+        client.workload_start("wl-chat", {"instances": ["chat"], "command": [sys.executable, "-c", CHATTY],
+                                          "args": [str(lines)]})
+        done = final(client, "wl-chat", timeout=60)
+        assert done["state"] == "succeeded"
+        printed = "".join(f"line {n:07d} " + "x" * 80 + "\n" for n in range(lines)) + "end\n"
+        directory = tmp_path / "a" / "workloads" / "wl-chat"
+        on_disk = sum(p.stat().st_size for p in directory.glob("stdout-*.log"))
+        assert on_disk <= cap and len(list(directory.glob("stdout-*.log"))) <= 2
+        assert sum(p.stat().st_size for p in directory.glob("stderr-*.log")) <= cap
+        banner = client.workload_logs("wl-chat", offset=0, limit=1)
+        size = banner["size"]
+        assert size > len(printed) > 100 * cap  # every byte counted (the banner line too), few kept
+        assert done["log_bytes"]["stdout"] == size
+        assert banner["first_offset"] >= size - cap and banner["offset"] == banner["first_offset"] > 0
+        kept, offset = "", banner["first_offset"]
+        while offset < size:  # read the kept tail in pages: one contiguous piece of the output's end
+            page = client.workload_logs("wl-chat", offset=offset, limit=16384)
+            assert page["offset"] == offset
+            kept, offset = kept + page["data"], page["next_offset"]
+        assert len(kept) >= cap // 2 and printed.endswith(kept)
+        assert kept.endswith("line 0099999 " + "x" * 80 + "\nend\n")
+        assert client.workload_logs("wl-chat", tail=4)["data"] == "end\n"
+        errors = client.workload_logs("wl-chat", stream="stderr", tail=100)["data"]
+        assert errors.endswith("err 99000\n")
+    finally:
+        agent.stop()
 
 
 @pytest.mark.parametrize(("change", "field"), [

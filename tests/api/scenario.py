@@ -307,6 +307,8 @@ def workload_steps(step, world: World, secret: str) -> None:
                        "workload": {"command": ["python", "train.py"]}})
     logs = step(f"{v1}/leases/{{id}}/logs", "get", 200, f"{v1}/leases/{lease['id']}/logs?tail=100", token=owner)
     assert logs["data"] == "" and logs["node"] is None
+    wrong = step(f"{v1}/leases/{{id}}/logs", "get", 400, f"{v1}/leases/{lease['id']}/logs?placement=2", token=owner)
+    assert wrong["field"] == "placement"  # it has had no placement yet: only 1 names one
     step(f"{v1}/leases/{{id}}", "delete", 202, f"{v1}/leases/{lease['id']}", token=owner)
     report = f"{v1}/agents/contract-node/workloads"
     body = json.dumps({"workloads": []}).encode()

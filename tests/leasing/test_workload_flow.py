@@ -11,14 +11,17 @@ from __future__ import annotations
 
 import json
 import sys
-from datetime import datetime, timedelta
-from decimal import Decimal
+from datetime import UTC, datetime, timedelta
+from decimal import ROUND_HALF_UP, Decimal
+from io import StringIO
 
 import pytest
+from django.core.management import call_command
 from django.utils import timezone
 
+from billing import services as billing
 from billing.core.metering import held_intervals
-from billing.models import AllocationUsage
+from billing.models import AllocationUsage, Invoice
 from leasing.models import Lease, Workload
 from tests.factories import make_project, make_quota
 from tests.leasing.conftest import Api, start_fleet, wait_until
@@ -69,20 +72,25 @@ def events_of(client: Api, lease_id: int) -> list[dict]:
 def test_a_training_workload_is_preempted_and_resumes_on_another_node_from_its_checkpoint(
         worker, workload_fleet, api, world, shared):
     make_quota(world.project, "A100-80GB", deserved=0, limit=2000, tenant_deserved=1000, tenant_limit=4000)
+    batch = make_project(world.acme, "batch")  # the holder's project: the training lease's line is its own
+    make_quota(batch, "A100-80GB", deserved=0, limit=2000, tenant_deserved=1000, tenant_limit=4000)
     nlp = make_project(world.acme, "nlp")
     make_quota(nlp, "A100-80GB", deserved=1000, limit=1000, tenant_deserved=1000, tenant_limit=4000)
+    # 3,600.00 a GPU-hour (over quota too): one dollar, 100 cents, a second held, easy to check by hand
+    billing.price_book_create(name="workloads", currency="USD", effective_from=datetime(2025, 1, 1, tzinfo=UTC),
+                              over_quota_multiplier="1", rates=[{"tier": "A100-80GB", "per_hour": "3600.00"}])
     client = api("member")
 
     def lease(lease_id: int) -> dict:
         return client.call("GET", f"/leases/{lease_id}")[1]
 
     # a bare over-quota lease holds one node; the training lease takes the other
-    _, holder = client.call("POST", "/leases", {"project": "vision", "gpu": {"kind": "whole", "model": "A100-80GB"}})
+    _, holder = client.call("POST", "/leases", {"project": "batch", "gpu": {"kind": "whole", "model": "A100-80GB"}})
     wait_until(lambda: lease(holder["id"])["state"] == "active")
     checkpoint = shared / "run-1"
     checkpoint.mkdir()
     status, train = client.call("POST", "/leases", {
-        "project": "vision", "gpu": {"kind": "whole", "model": "A100-80GB"},
+        "project": "vision", "gpu": {"kind": "whole", "model": "A100-80GB"}, "duration_seconds": 3600,
         "workload": {"command": [sys.executable, "-c", TRAIN], "args": [str(STEPS)],
                      "checkpoint_dir": str(checkpoint), "workdir": str(shared), "restart_policy": "on-preemption"}})
     assert status == 201, train
@@ -111,6 +119,24 @@ def test_a_training_workload_is_preempted_and_resumes_on_another_node_from_its_c
     log = client.call("GET", f"/leases/{train['id']}/logs")[1]["data"]
     assert f"resuming at step {step_at_kill} RESTART_COUNT=1" in log and log.rstrip().endswith("done")
 
+    # the first placement's log outlives it: the broker kept its tail when it ended (read by placement)
+    def kept_history():
+        history = lease(train["id"])["workload"]["history"]
+        return all(h["log_kept"] for h in history) and history
+
+    history = wait_until(kept_history, timeout=30)
+    assert [(h["placement"], h["node"], h["state"]) for h in history] == [
+        (1, first_node, "preempted"), (2, second_node, "succeeded")]
+    status, earlier = client.call("GET", f"/leases/{train['id']}/logs?placement=1&tail=100000")
+    assert status == 200 and earlier["kept"] and earlier["placement"] == 1 and earlier["node"] == first_node
+    assert "resuming at step 0 RESTART_COUNT=0" in earlier["data"] and "SIGTERM; deadline" in earlier["data"]
+    assert f"step {step_at_kill}\n" in earlier["data"] and "done" not in earlier["data"]
+    status, later = client.call("GET", f"/leases/{train['id']}/logs?placement=2&tail=100000")
+    assert status == 200 and later["data"].rstrip().endswith("done") and "RESTART_COUNT=1" in later["data"]
+    assert client.call("GET", f"/leases/{train['id']}/logs?placement=3")[1]["field"] == "placement"
+    status, body = api("outsider").call("GET", f"/leases/{train['id']}/logs?placement=1")
+    assert status == 404 and "resuming" not in str(body)
+
     reasons = [(e["to_state"], e["reason"]) for e in done["events"]]
     text = "\n".join(f"{state}: {reason}" for state, reason in reasons)
     expected = ["active: running on", "active: workload started (run 1", "RESTART_COUNT=0",
@@ -127,23 +153,35 @@ def test_a_training_workload_is_preempted_and_resumes_on_another_node_from_its_c
         assert found >= 0, f"{part!r} not after position {position} in:\n{text}"
         position = found + len(part)
 
-    # billing: the lease held its GPU exactly while the workload ran (ACTIVE..requeue, ACTIVE..exit)
-    lease_row = Lease.objects.get(pk=train["id"])
-    history = [(e.at, e.to_state) for e in lease_row.events.order_by("at", "pk")]
-    intervals = held_intervals(history, until=timezone.now())
-    assert len(intervals) == 2
+    # billing: the lease held a GPU from each placement's ACTIVE to that placement's workload exit (the
+    # agent's time: the SIGKILL at the deadline, then the script's own exit), never to the lease's end
+    rows = list(Lease.objects.get(pk=train["id"]).events.order_by("at", "pk"))
+    placed = [e.at for e in rows if e.to_state == "active" and e.reason.startswith("running on")]
+    exits = [e.at for e in rows if e.reason.startswith("workload exited")]
+    assert len(placed) == 2 and len(exits) == 2 and placed[0] < exits[0] < placed[1] < exits[1]
     workload = Workload.objects.get(lease_id=train["id"])
-    assert abs((intervals[1][1] - workload.ended_at).total_seconds()) < 0.01  # billing stops at the exit
-    held = sum((end - start).total_seconds() for start, end in intervals)
-    from billing.services import usage_meter_window
+    assert workload.ended_at == exits[1]
+    seconds = sum(((end - start) for start, end in zip(placed, exits, strict=True)), timedelta()).total_seconds()
 
-    hour = timezone.now().replace(minute=0, second=0, microsecond=0)
-    usage_meter_window(start=hour - timedelta(hours=1), end=hour + timedelta(hours=1))
+    out = StringIO()  # the operator's monthly run (the hour in progress metered up to now, as a draft)
+    period = timezone.now().date().replace(day=1)
+    call_command("invoice_run", period=f"{period:%Y-%m}", tenant="acme", draft=True, through_now=True, stdout=out)
+    invoice = Invoice.objects.get(tenant=world.acme, period=period)
+    lines = [line for line in invoice.lines.all() if line.project_id == world.project.pk]
+    assert lines and all(line.unit_price == Decimal("3600") for line in lines), out.getvalue()
+    billed_hours = sum(line.quantity for line in lines)
+    assert abs(billed_hours - Decimal(seconds) / 3600) <= Decimal("0.000002"), (billed_hours, seconds)
+    cents = int((Decimal(seconds) * 100).quantize(Decimal(1), rounding=ROUND_HALF_UP))
+    assert abs(sum(line.amount_minor for line in lines) - cents) <= 1, (lines, seconds)
+    intervals = held_intervals([(e.at, e.to_state) for e in rows], until=timezone.now())
+    assert [end for _start, end in intervals] == exits  # the meter's intervals end at the exits
     metered = sum(u.seconds for u in AllocationUsage.objects.filter(lease_id=train["id"]))
-    assert abs(metered - Decimal(str(held))) < Decimal("0.01")
-    assert 5.0 < held < 25.0  # about the 6 s of training plus the notice, not the lease's hour
-    print(f"\nworkload flow: killed at step {step_at_kill}, resumed on {second_node}; "
-          f"held {held:.2f} s in two placements, metered {metered:.2f} s")
+    assert abs(metered - Decimal(str(seconds))) < Decimal("0.01")
+    # had billing run to the lease's end (an hour from its start), it would have billed about 3,600 s
+    to_lease_end = (Lease.objects.get(pk=train["id"]).ends_at - placed[0]).total_seconds()
+    assert to_lease_end > 3000 and 5.0 < seconds < 25.0  # about the 6 s of training plus the notice
+    print(f"\nworkload flow: killed at step {step_at_kill}, resumed on {second_node}; held {seconds:.2f} s in "
+          f"two placements; invoiced {billed_hours} GPU-h = {sum(line.amount_minor for line in lines)} cents")
 
 
 def test_a_tenant_cannot_read_another_tenants_workload_logs_and_bad_definitions_name_the_field(

@@ -394,7 +394,9 @@ def test_browser_request_with_a_workload_and_follow_its_log(live_server, browser
     status = page.locator('#workload-status[data-workload-state="running"]')
     status.wait_for(timeout=60_000)
     node = lease.allocations.get().gpu.node
-    assert node.node_id in status.inner_text() and "127.0.0.1:18888" in status.inner_text()
+    host_port = lease.workload.placement_rows.get().host_port  # the node's port the broker gave it
+    assert host_port is not None and node.node_id in status.inner_text()
+    assert f"127.0.0.1:{host_port} (its port 18888" in status.inner_text()
     log = page.locator("#workload-log pre.log")
     log.get_by_text("step 5").wait_for(timeout=30_000)
     device = lease.allocations.get().device_uuid

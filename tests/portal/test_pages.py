@@ -558,16 +558,46 @@ def test_request_form_interactive_workload_keeps_its_port_and_a_bare_lease_has_n
     spec = workload.spec
     assert (spec["port"], spec["restart_policy"], spec["max_restarts"]) == (8888, "never", 3)
     page = client.get(f"/leases/{workload.lease_id}")
-    assert "port 8888, on its node once it runs" in text(page)
-    # running on a node: the page and the API's lease detail give the same host:port (Workload.endpoint)
-    Workload.objects.filter(pk=workload.pk).update(node=fleet_node(), state="running")
-    assert "Endpoint 127.0.0.1:8888" in text(client.get(f"/leases/{workload.lease_id}"))
+    assert "port 8888, on a host port of its node once it runs" in text(page)
+    # running on a node: the page and the API's lease detail give the same host:port (Workload.endpoint), the
+    # node's host port its placement was given, not the port the workload asked for
+    from leasing.models import WorkloadPlacement
+
+    node = fleet_node()
+    Workload.objects.filter(pk=workload.pk).update(node=node, state="running", placements=1)
+    WorkloadPlacement.objects.create(workload=workload, number=1, node=node, node_name=node.node_id,
+                                     agent_workload_id="lease-x-a1", host_port=20007)
+    assert "Endpoint 127.0.0.1:20007 (its port 8888" in text(client.get(f"/leases/{workload.lease_id}"))
     detail = world.client("member").get(f"/api/v1/leases/{workload.lease_id}").json()
-    assert detail["workload"]["endpoint"] == "127.0.0.1:8888"
+    assert detail["workload"]["endpoint"] == "127.0.0.1:20007"
     blank = {name: "" for name in WORKLOAD} | {"workload.restart_policy": "never", "workload.max_restarts": "3"}
     response = client.post("/leases/new", {**MIG, **blank})
     assert response.status_code == 302 and Lease.objects.count() == 2 and Workload.objects.count() == 1
     assert 'id="workload-status"' not in client.get(response["Location"]).content.decode()
+
+
+def test_request_form_takes_an_image_as_the_api_does(world, client):
+    from leasing.models import Workload
+
+    login(client, "max")
+    image = {"workload.image": "nvcr.io/nvidia/pytorch:24.05-py3", "workload.command": "",
+             "workload.args": "python train.py"}
+    response = client.post("/leases/new", {**MIG, **WORKLOAD, **image})
+    assert response.status_code == 302
+    spec = Workload.objects.get().spec
+    assert spec["image"] == "nvcr.io/nvidia/pytorch:24.05-py3" and spec["command"] == []
+    assert spec["args"] == ["python", "train.py"]
+    api = world.client("member").post("/api/v1/leases", _api_body({**MIG, **WORKLOAD, **image}), format="json")
+    assert api.status_code == 201, api.json()
+    assert Workload.objects.get(lease_id=api.json()["id"]).spec == spec
+    # a bad reference: the form shows the message the API gives, under the field it names
+    bad = {**image, "workload.image": "nvcr.io/nvidia/py torch"}
+    response = client.post("/leases/new", {**MIG, **WORKLOAD, **bad})
+    assert response.status_code == 400
+    api = world.client("member").post("/api/v1/leases", _api_body({**MIG, **WORKLOAD, **bad}), format="json")
+    assert api.status_code == 400 and api.json()["field"] == "workload.image"
+    assert field_error(response, "workload_image") == api.json()["detail"]
+    assert Workload.objects.count() == 2
 
 
 @pytest.mark.parametrize(("changes", "key", "message"), [
@@ -630,3 +660,43 @@ def test_lease_log_partial_is_the_tenants_own_and_says_when_there_is_nothing_yet
     assert 'data-stream="stderr"' in log.content.decode()
     leasing.lease_release(lease=ours, actor="test")
     assert "hx-trigger" not in client.get(f"/leases/{ours.pk}/log").content.decode()  # finished: no polling
+
+
+def test_lease_log_partial_shows_an_earlier_placements_kept_log(world, client):
+    from django.utils import timezone
+
+    from leasing.models import Workload, WorkloadPlacement
+
+    ours = leasing.lease_request(actor=Actor(user=world.member, tenant=world.acme, role=Role.MEMBER),
+                                 project="vision", gpu={"kind": "mig", "profile": "1g.10gb"},
+                                 workload={"command": ["python", "train.py"]})[0]
+    first, second = fleet_node("gpu-node-01"), fleet_node("gpu-node-02")
+    workload = Workload.objects.get(lease=ours)
+    Workload.objects.filter(pk=workload.pk).update(node=second, agent_workload_id=f"lease-{ours.pk}-a9",
+                                                   state="running", placements=2)
+    WorkloadPlacement.objects.create(workload=workload, number=1, node=first, node_name="gpu-node-01",
+                                     agent_workload_id=f"lease-{ours.pk}-a1", state="preempted",
+                                     ended_at=timezone.now(), log_stdout="step 1\nSIGTERM <b>bye</b>\n",
+                                     log_offsets={"stdout": {"first_offset": 100, "size": 126}},
+                                     log_kept_at=timezone.now())
+    WorkloadPlacement.objects.create(workload=workload, number=2, node=second, node_name="gpu-node-02",
+                                     agent_workload_id=f"lease-{ours.pk}-a9")
+    login(client, "vic")
+    log = client.get(f"/leases/{ours.pk}/log?placement=1")
+    body = log.content.decode()
+    assert log.status_code == 200 and "SIGTERM <b>bye</b>" in text(log) and "<b>bye" not in body
+    assert "kept when placement 1 ended" in text(log) and "hx-trigger" not in body  # a kept log does not change
+    assert "Placement 1 (gpu-node-01, preempted)" in text(log) and "Current (gpu-node-02)" in text(log)
+    current = client.get(f"/leases/{ours.pk}/log")  # the current one, from its node (which does not answer)
+    assert "does not answer right now" in text(current) and 'hx-trigger="every 3s"' in current.content.decode()
+    page = text(client.get(f"/leases/{ours.pk}"))
+    assert "Placements # Node Ended as" in page and "gpu-node-01 preempted" in page
+    # the same through the API; another tenant gets 404 and not a byte
+    api = world.client("viewer").get(f"/api/v1/leases/{ours.pk}/logs?placement=1&tail=9")
+    assert world.client("outsider").get(f"/api/v1/leases/{ours.pk}/logs?placement=1").status_code == 404
+    assert api.status_code == 200 and api.json()["kept"] is True
+    assert api.json()["data"] == "step 1\nSIGTERM <b>bye</b>\n"[-9:] and api.json()["offset"] == 100 + 26 - 9
+    client.logout()
+    login(client, "bob")
+    outsider = client.get(f"/leases/{ours.pk}/log?placement=1")
+    assert outsider.status_code == 404 and "bye" not in outsider.content.decode()
