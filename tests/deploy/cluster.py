@@ -90,7 +90,9 @@ class Cluster:
         return done.stdout
 
     def setup(self) -> str:
-        """A tenant with a member's API token and a quota for the whole fleet; returns an enrollment token."""
+        """A tenant with a member's API token and a quota for the whole fleet; returns an enrollment token. (And
+        the cache table, which the shared cache is when the broker is not Redis.)"""
+        self._manage("createcachetable")
         script = (
             "from tests.factories import make_tenant, make_member, make_project, make_quota, make_token;"
             "from leasing import services;"
@@ -149,6 +151,10 @@ class Cluster:
                 "--broker-timeout", "120", "--log-level", "ERROR",
                 "--create-latency", str(self.create_latency_seconds)], GPUB_ENROLLMENT_TOKEN=enrollment_token)
             self._wait(f"fleet {number}", self.enrolled, 300)
+
+    def enrolled(self) -> bool:
+        return all((self._answers(f"http://127.0.0.1:{port}/healthz") or {}).get("enrolled") == count
+                   for port, count in self.fleet_ports)
 
     def url(self, index: int) -> str:
         return f"http://127.0.0.1:{self.ports[index % len(self.ports)]}"
