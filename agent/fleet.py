@@ -49,13 +49,15 @@ class Fleet:
                  prefix: str = "sim", broker_url: str = "", enrollment_token: str = "", metrics_token: str = "",
                  create_latency_seconds: float = 0.0, mode_change_latency_seconds: float = 0.0,
                  workload_runtime: str = "process", workload_roots: list[str] | None = None,
-                 restart_backoff_seconds: float = 1.0, workload_log_max_bytes: int = 16 * 1024 * 1024):
+                 restart_backoff_seconds: float = 1.0, workload_log_max_bytes: int = 16 * 1024 * 1024,
+                 broker_timeout_seconds: float = 10.0):
         if nodes < 1:
             raise ValueError("--nodes must be at least 1")
         self.shapes = [parse_gpu_specs(shape) for shape in shapes or ["h100-80gb:8:mig"]]
         self.state_dir = Path(state_dir)
         self.host, self.port = host, port
         self.broker_url = broker_url
+        self.broker_timeout_seconds = broker_timeout_seconds
         self.enrollment_token = enrollment_token
         self.nodes: list[AgentNode] = []
         self.configs: list[AgentConfig] = []
@@ -97,7 +99,7 @@ class Fleet:
         if not self.broker_url:
             yield
             return
-        session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10),
+        session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.broker_timeout_seconds),
                                         connector=aiohttp.TCPConnector(limit=32))
         tasks = []
         for node, config in zip(self.nodes, self.configs, strict=True):
@@ -170,6 +172,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="a file (mode 0600) holding a token the broker accepts for --nodes enrollments; "
                              "or set GPUB_ENROLLMENT_TOKEN")
     parser.add_argument("--metrics-token", default="")
+    parser.add_argument("--broker-timeout", type=float, default=10.0, metavar="SECONDS",
+                        help="how long a call to the broker (enrollment, heartbeat) may take; a loaded test machine "
+                             "needs more than the default (an enrollment that answers after the agent gave up "
+                             "has spent its token use and enrolled the node, whose retry is then refused)")
     add_latency_flags(parser, default=0.0)
     add_workload_flags(parser)
     parser.add_argument("--ready-file", default="", help="written (with the PID) once the fleet listens")
@@ -185,7 +191,8 @@ def main(argv: list[str] | None = None) -> int:
                       mode_change_latency_seconds=args.mode_change_latency_seconds,
                       workload_runtime=args.workload_runtime or "process", workload_roots=args.workload_roots,
                       restart_backoff_seconds=args.restart_backoff_seconds or 1.0,
-                      workload_log_max_bytes=args.workload_log_max_bytes or 16 * 1024 * 1024)
+                      workload_log_max_bytes=args.workload_log_max_bytes or 16 * 1024 * 1024,
+                      broker_timeout_seconds=args.broker_timeout)
         asyncio.run(run_fleet(fleet, ready_file=args.ready_file))
     except (ValueError, OSError) as error:
         logger.error("%s", error)

@@ -266,6 +266,25 @@ def _scheduler_cycle() -> str:
               f"{core['node_classes']:,} node classes.")
 
 
+@renderer("scaleout")
+def _scaleout() -> str:
+    f = load("scaleout")["figures"]
+    one, three = f["one_worker"], f["three_workers"]
+    rows = [
+        [f"leases/s, request to ACTIVE ({one['leases']} leases per phase)", one["leases_per_second"],
+         three["leases_per_second"]],
+        ["**ratio 3 workers / 1 worker**", "", f"**{f['ratio_3_workers_to_1']}**"],
+        ["CPU per lease, every part (ms)", one["cpu_ms_per_lease_total"], three["cpu_ms_per_lease_total"]],
+        ["… of which Celery workers (ms)", one["cpu_ms_per_lease"]["Celery workers"],
+         three["cpu_ms_per_lease"]["Celery workers"]],
+        ["machine CPU seconds in the phase (this benchmark's)", f"{one['machine_cpu_seconds']} "
+         f"({one['bench_cpu_seconds']})", f"{three['machine_cpu_seconds']} ({three['bench_cpu_seconds']})"],
+    ]
+    return (provenance("scaleout") + "\n\n" + table([f"{f['broker']} broker, {f['cores']} cores", "1 worker",
+                                                      "3 workers"], rows)
+            + f"\n\nSchedule cycles in the run: {f['cycles']}, {f['cycles_overlapping']} overlapping.")
+
+
 def render(name: str) -> str:
     return RENDERERS[name]().rstrip("\n") + "\n"
 

@@ -241,9 +241,58 @@ def ensure_broker(*, redis_db: int = 0) -> Service:
     return Service("broker", "filesystem://", "fallback")
 
 
+RABBITMQ_URL_DEFAULT = "amqp://guest:guest@127.0.0.1:5672/"
+
+
+def _rabbitmqctl(*args: str) -> str | None:
+    """Run ``rabbitmqctl``; its error (or that it is missing) as a string, None when it worked."""
+    binary = shutil.which("rabbitmqctl")
+    if binary is None:
+        return "no rabbitmqctl on the PATH"
+    try:
+        done = subprocess.run([binary, *args], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as error:
+        return str(error)
+    if done.returncode == 0:
+        return None
+    lines = (done.stderr or done.stdout).strip().splitlines()
+    return lines[-1] if lines else f"exit {done.returncode}"
+
+
+def ensure_rabbitmq(*, vhost: str) -> Service | None:
+    """A RabbitMQ for the tests that run Celery on AMQP, or None where none answers.
+
+    ``RABBITMQ_URL`` when set (used as it is, its own vhost); else the server on 127.0.0.1:5672 (guest/guest, as
+    Debian's ``rabbitmq-server`` package runs it), in a vhost ``vhost`` made for the caller with ``rabbitmqctl``
+    and deleted again by ``shutdown()`` (the default vhost ``/`` where ``rabbitmqctl`` cannot be used, said
+    plainly). Nothing is started: a RabbitMQ node is a system service (``service rabbitmq-server start``)."""
+    configured = os.environ.get("RABBITMQ_URL", "").strip()
+    if configured:
+        error = _broker_answers(configured)
+        if error is not None:
+            say(f"RABBITMQ_URL={redact(configured)} is not reachable ({error})")
+            return None
+        return Service("rabbitmq", configured, "configured")
+    if _broker_answers(RABBITMQ_URL_DEFAULT) is not None:
+        return None
+    user = urlsplit(RABBITMQ_URL_DEFAULT).username or "guest"
+    error = _rabbitmqctl("add_vhost", vhost) or _rabbitmqctl("set_permissions", "-p", vhost, user, ".*", ".*", ".*")
+    if error is not None:
+        say(f"RabbitMQ vhost {vhost} not made ({error}); using the default vhost /")
+        return Service("rabbitmq", RABBITMQ_URL_DEFAULT, "local")
+    service = Service("rabbitmq", RABBITMQ_URL_DEFAULT + vhost, "local")
+    service.stop.append(lambda: _rabbitmqctl("delete_vhost", vhost))
+    return service
+
+
 def result_backend_for(broker_url: str) -> str:
+    """Where task results go (only tests and ``make run``'s checks read them): the broker's Redis; with RabbitMQ
+    Celery's ``rpc://`` backend (results come back as AMQP messages to the caller, so it works across hosts);
+    else files in ``var/`` (one machine)."""
     if broker_url.startswith(("redis://", "rediss://")):
         return broker_url
+    if broker_url.startswith(("amqp://", "amqps://", "pyamqp://")):
+        return "rpc://"
     folder = VAR / "celery-results"
     folder.mkdir(parents=True, exist_ok=True)
     return f"file://{folder}"

@@ -20,6 +20,7 @@ SYSTEM_PACKAGES: dict[str, str] = {
     "redis-server": "redis-server",
     "chromium": "chromium",  # portal browser tests (Playwright drives /usr/bin/chromium)
     "prometheus": "prometheus",  # a real Prometheus scrapes the simulated agents (tests/agent)
+    "rabbitmq-server": "rabbitmq-server",  # Celery on AMQP in the scale-out test (tests/deploy/test_scaleout.py)
 }
 
 
@@ -56,8 +57,24 @@ def ensure_system_packages() -> list[str]:
     return sorted(missing)
 
 
+def ensure_rabbitmq_running() -> None:
+    """Debian's RabbitMQ is a system service: start it (as root, where it is installed and nothing answers on
+    5672) so that the scale-out test can use it; it stays up, as a service does. Elsewhere the test says what is
+    missing (skipped locally, failed in CI)."""
+    from infra.services import RABBITMQ_URL_DEFAULT, _broker_answers
+
+    if os.environ.get("RABBITMQ_URL") or shutil.which("rabbitmq-server") is None:
+        return
+    if _broker_answers(RABBITMQ_URL_DEFAULT) is None:
+        return
+    if os.geteuid() == 0 and shutil.which("service"):
+        say("starting the rabbitmq-server service")
+        subprocess.run(["service", "rabbitmq-server", "start"], check=False)
+
+
 def main(argv: list[str]) -> int:
     ensure_system_packages()
+    ensure_rabbitmq_running()
     bin_dir = os.path.dirname(sys.executable)
     say("ruff check")
     lint = subprocess.run([os.path.join(bin_dir, "ruff"), "check", "."], cwd=ROOT)

@@ -76,9 +76,16 @@ def test_real_parts_ci_is_read_as_ci_runners_set_it(monkeypatch):
     assert real_parts.in_ci() is False
 
 
+def _rabbitmq_answers() -> bool:
+    from infra import services
+
+    url = os.environ.get("RABBITMQ_URL", "").strip() or services.RABBITMQ_URL_DEFAULT
+    return services._broker_answers(url) is None
+
+
 # Every real part of the suite, in one place: on a CI runner each one must be here (a missing one fails its
 # line below, besides the tests that need it); locally a missing one is reported as skipped.
-@pytest.mark.parametrize("part", ["Chromium", "Prometheus", "promtool", "Redis", "PostgreSQL"])
+@pytest.mark.parametrize("part", ["Chromium", "Prometheus", "promtool", "Redis", "PostgreSQL", "RabbitMQ"])
 def test_real_parts_each_is_here(part):
     available = {
         "Chromium": real_parts.chromium_available,
@@ -86,5 +93,6 @@ def test_real_parts_each_is_here(part):
         "promtool": lambda: real_parts.promtool_binary() is not None,
         "Redis": lambda: settings.CELERY_BROKER_URL.startswith(("redis://", "rediss://")),
         "PostgreSQL": lambda: connection.vendor == "postgresql",
+        "RabbitMQ": _rabbitmq_answers,  # the scale-out test's second broker (tests/deploy/test_scaleout.py)
     }[part]
     real_parts.require(part, available())

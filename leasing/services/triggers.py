@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import logging
 
-from django.conf import settings
-from django.db import connection, transaction
+from django.core.cache import cache
+from django.db import DatabaseError, connection, transaction
 
 logger = logging.getLogger(__name__)
 
@@ -22,33 +22,24 @@ def enqueue(task_name: str, *args) -> None:
 
 
 # -- schedule-cycle triggers -------------------------------------------------------------------------
-# Every request, release and requeue asks for a cycle, but one cycle serves many: a flag in the Celery
-# broker's Redis means "a cycle has been sent whose look at the queue after its commit is still to come".
-# A trigger sets it (SET NX) once its own transaction has committed, and sends the task only when it was
-# not set already. A cycle, after it commits, clears the flag and only then looks for queued leases it did
-# not see (sending the next cycle when there are). So a trigger that found the flag set committed before
-# that look and is found by it; while cycles run back to back, requests send no tasks at all. A cycle that
-# finds another one running skips: the running one's look comes after it. The flag expires (a lost message
-# costs at most CYCLE_FLAG_SECONDS, and beat sends a cycle every 10 s anyway); without Redis (amqp,
-# filesystem) every trigger sends its task, as before.
+# Every request, release and requeue asks for a cycle, but one cycle serves many: a flag in the shared cache
+# (Redis, or PostgreSQL's cache table where the broker is not Redis: settings CACHES) means "a cycle has been
+# sent whose look at the queue after its commit is still to come". A trigger sets it (an atomic add) once its
+# own transaction has committed, and sends the task only when it was not set already. A cycle, after it
+# commits, clears the flag and only then looks for queued leases it did not see (sending the next cycle when
+# there are). So a trigger that found the flag set committed before that look and is found by it; while
+# cycles run back to back, requests send no tasks at all. A cycle that finds another one running skips: the
+# running one's look comes after it. The flag expires (a lost message costs at most CYCLE_FLAG_SECONDS, and
+# beat sends a cycle every 10 s anyway). The flag is shared by every web and worker process of a deployment
+# (it used to live in the broker's Redis only, so with RabbitMQ every trigger sent a task).
 CYCLE_FLAG_SECONDS = 10
-_cycle_flags: dict[str, object] = {}
 
 
-def _cycle_flag():
-    """(Redis client, key) of this deployment's flag (its database and queue), or None without Redis."""
+def _cycle_flag_key() -> str:
+    """This deployment's flag: one per database and Celery queue (under the cache's ``KEY_PREFIX``)."""
     from config.celery import app
 
-    url = settings.CELERY_BROKER_URL
-    if not url.startswith(("redis://", "rediss://")):
-        return None
-    client = _cycle_flags.get(url)
-    if client is None:
-        import redis
-
-        client = _cycle_flags[url] = redis.Redis.from_url(url, socket_timeout=2, socket_connect_timeout=2)
-    key = f"gpubroker:cycle-requested:{connection.settings_dict['NAME']}:{app.conf.task_default_queue}"
-    return client, key
+    return f"cycle-requested:{connection.settings_dict['NAME']}:{app.conf.task_default_queue}"
 
 
 def schedule_cycle_request() -> None:
@@ -57,14 +48,11 @@ def schedule_cycle_request() -> None:
 
     from leasing import tasks
 
-    flag = _cycle_flag()
-    if flag is not None:
-        client, key = flag
-        try:
-            if not client.set(key, b"1", nx=True, ex=CYCLE_FLAG_SECONDS):
-                return  # a requested cycle has not read the queue yet: it will see this change
-        except redis.RedisError as error:
-            logger.warning("schedule-cycle flag not set (%s); sending the task anyway", error)
+    try:
+        if not cache.add(_cycle_flag_key(), 1, timeout=CYCLE_FLAG_SECONDS):
+            return  # a requested cycle has not read the queue yet: it will see this change
+    except (redis.RedisError, DatabaseError) as error:
+        logger.warning("schedule-cycle flag not set (%s); sending the task anyway", error)
     tasks.schedule_cycle.delay()
 
 
@@ -72,12 +60,7 @@ def cycle_flag_clear() -> None:
     """A cycle is about to look at the queue: changes committed after this must ask for another one."""
     import redis
 
-    flag = _cycle_flag()
-    if flag is not None:
-        client, key = flag
-        try:
-            client.delete(key)
-        except redis.RedisError as error:
-            logger.warning("schedule-cycle flag not cleared (%s); it expires in %s s", error, CYCLE_FLAG_SECONDS)
-
-
+    try:
+        cache.delete(_cycle_flag_key())
+    except (redis.RedisError, DatabaseError) as error:
+        logger.warning("schedule-cycle flag not cleared (%s); it expires in %s s", error, CYCLE_FLAG_SECONDS)
