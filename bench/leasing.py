@@ -38,12 +38,15 @@ import psutil
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.profile import report as profile_report  # noqa: E402
+from bench.profile import start as profile_start  # noqa: E402
+from bench.profile import stop as profile_stop  # noqa: E402
 from infra import services  # noqa: E402
 from tests.agent.conftest import free_port  # noqa: E402
 
 BIN = Path(sys.executable).parent
 PGDATA = ROOT / "var" / "bench-pg"
-DATABASE = "gpubroker_bench"
+DATABASE = (os.environ.get("DATABASE_URL", "").rstrip("/").rsplit("/", 1)[-1].split("?")[0] or "gpubroker") + "_bench"
 
 
 class CpuMeter:
@@ -245,8 +248,12 @@ class Client:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--leases", type=int, default=300)
-    parser.add_argument("--nodes", type=int, default=20)
+    parser.add_argument("--leases", type=int, default=1000)
+    parser.add_argument("--nodes", type=int, default=50)
+    parser.add_argument("--quick", action="store_true", help="300 leases on 20 nodes (under 2 minutes)")
+    parser.add_argument("--profile", action="store_true",
+                        help="also sample the CPU of every process and print the top costs of each (config.profiling;"
+                             " it costs a few percent, so its run is recorded apart)")
     parser.add_argument("--clients", type=int, default=8, help="client threads, one connection each")
     parser.add_argument("--workers", type=int, default=2, help="Celery worker processes (2 children each)")
     parser.add_argument("--web-workers", type=int, default=2, help="gunicorn worker processes")
@@ -256,6 +263,8 @@ def main() -> None:
     parser.add_argument("--statements", type=int, default=0, metavar="N",
                         help="also print the N costliest SQL statements (pg_stat_statements; it costs a little)")
     args = parser.parse_args()
+    if args.quick:
+        args.leases, args.nodes = 300, 20
     print(time.strftime("%Y-%m-%d %H:%M"), f"on {psutil.cpu_count()} cores;", vars(args))
 
     import psycopg
@@ -283,6 +292,7 @@ def main() -> None:
                             text=True).stdout.split()
     api_token, enroll_token = output[-2], output[-1]
     folder = Path(tempfile.mkdtemp(prefix="bench-leasing-"))
+    samples = folder / "profile"
     logs = {name: open(folder / f"{name}.log", "w") for name in ("api", "workers", "fleet")}  # noqa: SIM115
     children: dict = {"workers": []}
     finished = False
@@ -330,9 +340,17 @@ def main() -> None:
                                                       {"Idempotency-Key": f"bench-{index}"})
                 assert status in (200, 201), (status, answer[:500])  # 200: a resent request's first answer
 
+        import django
+
+        django.setup()  # before the measured window: the client's own start-up is not the path's cost
+        from leasing.models import Lease, LeaseEvent
+
         meter = _meter(database, private, broker, children, url)
         statements = _statements_reset(url) if args.statements else None
         machine = psutil.cpu_times()
+        recorders = profile_start({"api": [children["api"].pid], "celery": [c.pid for c in children["workers"]],
+                                   "agents": [children["fleet"].pid], "client": [-os.getpid()]},
+                                  samples) if args.profile else []
         meter.begin()
         started = time.monotonic()
         threads = [threading.Thread(target=submit, args=(n,)) for n in range(args.clients)]
@@ -341,17 +359,13 @@ def main() -> None:
         for thread in threads:
             thread.join()
         submitted = time.monotonic() - started
-        import django
-
-        django.setup()
-        from leasing.models import Lease, LeaseEvent
-
         while time.monotonic() - started < 300:
             meter.poll()
             if Lease.objects.filter(state="active").count() >= args.leases:
                 break
             time.sleep(0.2)
         used = meter.since()
+        profile_stop(recorders)
         after = psutil.cpu_times()
         busy = (sum(after) - after.idle - getattr(after, "iowait", 0)) - (
             sum(machine) - machine.idle - getattr(machine, "iowait", 0))
@@ -370,6 +384,31 @@ def main() -> None:
         _print_cpu(used, busy, len(done) or 1)
         if statements is not None:
             _print_statements(statements, args.statements, len(done) or 1)
+        profile = None
+        if args.profile:
+            print("top CPU costs per process (py-spy samples, first request to last ACTIVE; --profile):")
+            profile = profile_report(samples, len(done) or 1)
+            kept = ROOT / "var" / "bench-profile"
+            shutil.rmtree(kept, ignore_errors=True)
+            shutil.copytree(samples, kept)
+            print(f"folded stacks (flamegraph.pl, speedscope): {kept.relative_to(ROOT)}/<process>.folded")
+        count = len(done) or 1
+        figures = {
+            "leases": args.leases, "active": len(done), "leases_per_second": round(len(done) / span, 1),
+            "latency_p50_s": round(statistics.median(latencies), 3), "latency_p99_s": round(_pct(latencies, 0.99), 3),
+            "latency_max_s": round(max(latencies), 3), "requests_per_second_http": round(args.leases / submitted, 1),
+            "cpu_ms_per_lease": {name: round((user + system) * 1000 / count, 2)
+                                 for name, (user, system) in used.items()},
+            "cpu_ms_per_lease_total": round(sum(u + s for u, s in used.values()) * 1000 / count, 2),
+            "machine_busy_cpu_seconds": round(busy, 1),
+            "benchmark_cpu_seconds": round(sum(u + s for u, s in used.values()), 1),
+        }
+        if profile is not None:
+            figures["profile"] = profile
+        from bench.record import write
+
+        write("leasing" + ("_quick" if args.quick else "") + ("_profile" if args.profile else ""), figures,
+              settings=vars(args))
         finished = True
     finally:
         everything = [children.get("fleet"), *children["workers"], children.get("api")]

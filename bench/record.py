@@ -14,6 +14,7 @@ docs equals its file.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
@@ -63,10 +64,8 @@ def command_line(argv: list[str] | None = None) -> str:
     """The command as typed: ``python bench/x.py --flag`` or ``python -m pkg ...`` (never an absolute path)."""
     argv = list(sys.argv if argv is None else argv)
     head = argv[0] if argv else ""
-    try:
+    with contextlib.suppress(ValueError, OSError):
         head = str(Path(head).resolve().relative_to(ROOT))
-    except (ValueError, OSError):
-        pass
     if head.endswith("__main__.py"):
         head = "-m " + head.removesuffix("/__main__.py").replace("/", ".")
     return "python " + " ".join(shlex.quote(part) for part in [head, *argv[1:]] if part)
