@@ -30,6 +30,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.parse
 import urllib.request
 from pathlib import Path
 
@@ -145,6 +146,9 @@ def _meter(database: services.Service, private: bool, broker: services.Service, 
     meter.add("API (gunicorn)", lambda: [children["api"].pid])
     meter.add("Celery workers", lambda: [child.pid for child in children["workers"]])
     meter.add("agents (fleet)", lambda: [children["fleet"].pid])
+    if "scale_fleet" in children:
+        meter.add("scale-mode nodes", lambda: [children["scale_fleet"].pid])
+        meter.add("Prometheus", lambda: [children["prometheus"].pid] if "prometheus" in children else [])
     watch = psycopg.connect(url, autocommit=True)
     own = watch.execute("SELECT pg_backend_pid()").fetchone()[0]
     if private:  # the postmaster's whole tree: backends, WAL writer, checkpointer, autovacuum
@@ -246,6 +250,145 @@ class Client:
         raise AssertionError("unreachable")
 
 
+def _paced(clients: list[Client], body: bytes, *, rate: float, count: int, first: int) -> tuple[list[float], float]:
+    """``count`` lease requests at ``rate`` per second spread over the clients (open loop: a request is sent at
+    its time, or at once when its client is late); (each request's latency in seconds, wall seconds)."""
+    latencies: list[float] = []
+    lock = threading.Lock()
+    start = time.monotonic() + 0.05
+
+    def run(number: int) -> None:
+        mine = []
+        for index in range(number, count, len(clients)):
+            delay = start + index / rate - time.monotonic()
+            if delay > 0:
+                time.sleep(delay)
+            sent = time.perf_counter()
+            status, answer = clients[number].call("POST", "/api/v1/leases", body,
+                                                  {"Idempotency-Key": f"bench-{first + index}"})
+            mine.append(time.perf_counter() - sent)
+            assert status in (200, 201), (status, answer[:500])
+        with lock:
+            latencies.extend(mine)
+
+    threads = [threading.Thread(target=run, args=(n,)) for n in range(len(clients))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return latencies, time.monotonic() - start
+
+
+def _scale(args, *, clients, body, children, folder: Path, env: dict, site: str, enroll_token: str, meter) -> None:
+    """Target 3 of issue 16: the API's latency while ``--rate`` leases/s flow, without and then with
+    ``--scale-nodes`` more nodes heartbeating (every AGENT_HEARTBEAT_SECONDS) and scraped by Prometheus (every
+    15 s); both phases in one run, so their ratio does not depend on what else the machine does."""
+    from django.conf import settings
+
+    from leasing.models import Lease, LeaseEvent, Node
+
+    def phase(label: str, first: int) -> dict:
+        before = Lease.objects.order_by("-pk").values_list("pk", flat=True).first() or 0
+        cpu = meter()
+        cpu.begin()
+        latencies, wall = _paced(clients, body, rate=args.rate, count=args.leases, first=first)
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            cpu.poll()
+            if Lease.objects.filter(pk__gt=before, state="active").count() >= args.leases:
+                break
+            time.sleep(0.25)
+        used = cpu.since()
+        times: dict[int, dict[str, float]] = {}
+        for lease_id, state, at in LeaseEvent.objects.filter(lease_id__gt=before, to_state__in=["requested", "active"]
+                                                             ).values_list("lease_id", "to_state", "at"):
+            times.setdefault(lease_id, {})[state] = at.timestamp()
+        done = [t for t in times.values() if "active" in t]
+        to_active = [t["active"] - t["requested"] for t in done]
+        count = len(done) or 1
+        figures = {
+            "requests": args.leases, "active": len(done), "sent_per_second": round(args.leases / wall, 1),
+            "api_p50_ms": round(statistics.median(latencies) * 1000, 1),
+            "api_p99_ms": round(_pct(latencies, 0.99) * 1000, 1),
+            "api_max_ms": round(max(latencies) * 1000, 1),
+            "to_active_p50_s": round(statistics.median(to_active), 3),
+            "to_active_p99_s": round(_pct(to_active, 0.99), 3),
+            "cpu_ms_per_lease": {name: round((user + system) * 1000 / count, 2)
+                                 for name, (user, system) in used.items()},
+        }
+        print(f"{label}: {args.leases} requests at {figures['sent_per_second']}/s; API latency p50 "
+              f"{figures['api_p50_ms']} ms, p99 {figures['api_p99_ms']} ms, max {figures['api_max_ms']} ms; "
+              f"request -> ACTIVE p50 {figures['to_active_p50_s']} s, p99 {figures['to_active_p99_s']} s")
+        print("  CPU ms per lease: " + ", ".join(f"{name} {ms}" for name, ms in figures["cpu_ms_per_lease"].items()))
+        return figures
+
+    alone = phase(f"without the {args.scale_nodes} nodes", 0)
+
+    port = free_port()
+    state = folder / "scale-fleet"
+    children["scale_fleet"] = subprocess.Popen(
+        [str(BIN / "python"), "-m", "agent.fleet", "--nodes", str(args.scale_nodes), "--prefix", "load",
+         "--listen", f"127.0.0.1:{port}", "--state-dir", str(state), "--shape", "h100-80gb:8:mig",
+         "--broker-url", site, "--log-level", "ERROR"], cwd=ROOT, env={**env, "GPUB_ENROLLMENT_TOKEN": enroll_token},
+        stdout=open(folder / "scale-fleet.log", "w"), stderr=subprocess.STDOUT)  # noqa: SIM115
+    _wait_http(f"http://127.0.0.1:{port}/healthz", children["scale_fleet"], folder / "scale-fleet.log", timeout=120)
+    started = time.monotonic()
+    while time.monotonic() - started < 300:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz") as response:
+            if json.loads(response.read())["enrolled"] == args.scale_nodes:
+                break
+        time.sleep(1)
+    print(f"{args.scale_nodes} more nodes enrolled in {time.monotonic() - started:.0f} s")
+    binary = shutil.which("prometheus")
+    prometheus_port = None
+    if binary:
+        prometheus_port = free_port()
+        config = (ROOT / "infra" / "prometheus.yml").read_text().replace(
+            "__TARGETS__", str(state / "prometheus-targets.json"))
+        (folder / "prometheus.yml").write_text(config)
+        children["prometheus"] = subprocess.Popen(
+            [binary, f"--config.file={folder / 'prometheus.yml'}", f"--storage.tsdb.path={folder / 'tsdb'}",
+             f"--web.listen-address=127.0.0.1:{prometheus_port}"],
+            stdout=open(folder / "prometheus.log", "w"), stderr=subprocess.STDOUT)  # noqa: SIM115
+        _wait_http(f"http://127.0.0.1:{prometheus_port}/-/ready", children["prometheus"], folder / "prometheus.log")
+    else:
+        print("prometheus: not installed (apt-get install prometheus): the nodes heartbeat but nobody scrapes them")
+
+    def targets_up() -> int:
+        if prometheus_port is None:
+            return 0
+        query = urllib.parse.urlencode({"query": "count(up == 1)"})
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{prometheus_port}/api/v1/query?{query}") as response:
+                result = json.loads(response.read())["data"]["result"]
+        except OSError:
+            return 0
+        return int(float(result[0]["value"][1])) if result else 0
+
+    # steady state: every node heartbeating and (with Prometheus) scraped at least once
+    wait_until = time.monotonic() + max(30.0, settings.AGENT_HEARTBEAT_SECONDS * 2)
+    while time.monotonic() < wait_until and (prometheus_port is not None and targets_up() < args.scale_nodes):
+        time.sleep(1)
+    loaded = phase(f"with the {args.scale_nodes} nodes heartbeating and scraped", args.leases)
+    from django.utils import timezone
+
+    recent = timezone.now() - timezone.timedelta(seconds=settings.AGENT_HEARTBEAT_SECONDS * 2)
+    beating = Node.objects.filter(node_id__startswith="load-", last_heartbeat_at__gte=recent).count()
+    up = targets_up()
+    ratio = loaded["api_p99_ms"] / alone["api_p99_ms"]
+    print(f"nodes heartbeating (within {settings.AGENT_HEARTBEAT_SECONDS * 2} s): {beating}/{args.scale_nodes}; "
+          f"Prometheus targets up: {up}/{args.scale_nodes}")
+    print(f"API p99 with / without the nodes: {ratio:.2f}")
+    from bench.record import write
+
+    write(f"leasing_scale{args.scale_nodes}" + ("_quick" if args.quick else ""), {
+        "rate_per_second": args.rate, "seconds_per_phase": args.seconds, "base_nodes": args.nodes,
+        "scale_nodes": args.scale_nodes, "heartbeat_seconds": settings.AGENT_HEARTBEAT_SECONDS,
+        "scrape_interval_seconds": 15 if prometheus_port else None, "nodes_heartbeating": beating,
+        "prometheus_targets_up": up, "without": alone, "with": loaded, "api_p99_ratio": round(ratio, 2),
+    }, settings=vars(args))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--leases", type=int, default=1000)
@@ -258,13 +401,22 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2, help="Celery worker processes (2 children each)")
     parser.add_argument("--web-workers", type=int, default=2, help="gunicorn worker processes")
     parser.add_argument("--threads", type=int, default=4, help="threads per gunicorn worker")
+    parser.add_argument("--scale-nodes", type=int, default=0, metavar="N",
+                        help="the scale mode: leases paced at --rate for --seconds, first with the fleet alone, then "
+                             "with N more simulated nodes enrolled, heartbeating and scraped by Prometheus; prints "
+                             "the API's request latency of both phases and their ratio")
+    parser.add_argument("--rate", type=float, default=100.0, help="scale mode: lease requests per second")
+    parser.add_argument("--seconds", type=float, default=20.0, help="scale mode: seconds per phase")
     parser.add_argument("--pause", type=float, default=0.0, metavar="SECONDS",
                         help="wait this long before submitting, with the PIDs printed (to attach a profiler)")
     parser.add_argument("--statements", type=int, default=0, metavar="N",
                         help="also print the N costliest SQL statements (pg_stat_statements; it costs a little)")
     args = parser.parse_args()
     if args.quick:
-        args.leases, args.nodes = 300, 20
+        args.leases, args.nodes, args.seconds = 300, 20, 8.0
+    if args.scale_nodes:  # both phases' leases fit on the base fleet (56 1g slots per node), whatever phase B adds
+        args.leases = int(args.rate * args.seconds)
+        args.nodes = max(args.nodes, -(-2 * args.leases // 56) + 1)
     print(time.strftime("%Y-%m-%d %H:%M"), f"on {psutil.cpu_count()} cores;", vars(args))
 
     import psycopg
@@ -287,7 +439,8 @@ def main() -> None:
              "from leasing import services;"
              "t = make_tenant('bench'); u = make_member(t, 'bencher', 'member'); p = make_project(t, 'load');"
              f"make_quota(p, 'H100-80GB', deserved={args.nodes * 8 * 1000}, limit={args.nodes * 8 * 1000});"
-             f"print(make_token(t, u)[1]); print(services.enrollment_token_create(uses={args.nodes}))")
+             f"print(make_token(t, u)[1]);"
+             f"print(services.enrollment_token_create(uses={args.nodes + args.scale_nodes}))")
     output = subprocess.run([*manage, "shell", "-c", setup], cwd=ROOT, env=env, check=True, capture_output=True,
                             text=True).stdout.split()
     api_token, enroll_token = output[-2], output[-1]
@@ -344,6 +497,12 @@ def main() -> None:
 
         django.setup()  # before the measured window: the client's own start-up is not the path's cost
         from leasing.models import Lease, LeaseEvent
+
+        if args.scale_nodes:
+            _scale(args, clients=clients, body=body, children=children, folder=folder, env=env, site=site,
+                   enroll_token=enroll_token, meter=lambda: _meter(database, private, broker, children, url))
+            finished = True
+            return
 
         meter = _meter(database, private, broker, children, url)
         statements = _statements_reset(url) if args.statements else None
@@ -411,7 +570,8 @@ def main() -> None:
               settings=vars(args))
         finished = True
     finally:
-        everything = [children.get("fleet"), *children["workers"], children.get("api")]
+        everything = [children.get("prometheus"), children.get("scale_fleet"), children.get("fleet"),
+                      *children["workers"], children.get("api")]
         for child in everything:
             if child is not None:
                 child.terminate()

@@ -85,9 +85,10 @@ def list_prices_register(source: Callable[[datetime], dict[str, int]]) -> Callab
     return _register(_list_prices, source)
 
 
-def request_check_conditions() -> list[tuple[RequestCheck, object]]:
-    """(check, its ``applies`` expression) of the checks that said when they apply, in registration order."""
-    return [(check, _request_applies[check]()) for check in _request_checks if check in _request_applies]
+def request_check_conditions() -> list[tuple[RequestCheck, Callable[[], object]]]:
+    """(check, its ``applies``: call it for the expression) of the checks that said when they apply, in
+    registration order."""
+    return [(check, _request_applies[check]) for check in _request_checks if check in _request_applies]
 
 
 def request_admit(admission: RequestAdmission, *, applicable: dict[RequestCheck, bool] | None = None) -> str:

@@ -8,7 +8,7 @@ import logging
 from datetime import datetime, timedelta
 
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
 from config.errors import (
@@ -180,15 +180,31 @@ def node_inventory_sync(*, node: Node, inventory: object, now: datetime, strict:
         raise EnrollmentConflict(f"GPU {uuid} belongs to node {owners[uuid]}; a staff member must release it "
                                  f"(manage.py gpu_release {uuid}) before another node can claim it.",
                                  field=f"inventory.gpus[{index}]")
-    seen = []
+    # the rows these GPUs already have, read once (an enrollment used to cost a SELECT and a write per GPU)
+    known = {gpu.uuid: gpu for gpu in Gpu.objects.select_for_update().filter(
+        uuid__in=[uuid for _, uuid, _ in parsed if uuid not in owners])}
+    seen, new = [], []
     for _index, uuid, values in parsed:
         if uuid in owners:
             logger.warning("node %s reports GPU %s, which belongs to node %s: ignored (staff must release it)",
                            node.node_id, uuid, owners[uuid])
             continue
-        Gpu.objects.update_or_create(uuid=uuid, defaults={"node": node, **values, "lost_at": None,
-                                                          "released_at": None})
         seen.append(uuid)
+        row = known.get(uuid)
+        if row is None:
+            new.append(Gpu(uuid=uuid, node=node, **values, lost_at=None, released_at=None))
+        elif (row.node_id != node.pk or row.lost_at is not None or row.released_at is not None
+              or any(getattr(row, name) != value for name, value in values.items())):
+            Gpu.objects.filter(pk=row.pk).update(node=node, **values, lost_at=None, released_at=None)
+    if new:
+        try:
+            with transaction.atomic():
+                Gpu.objects.bulk_create(new)
+        except IntegrityError:  # a GPU of this list was inserted by a racing enrollment: one at a time, as before
+            for gpu in new:
+                values = {name: getattr(gpu, name) for name in ("index", "model", "mode", "memory_mib")}
+                Gpu.objects.update_or_create(uuid=gpu.uuid, defaults={"node": node, **values, "lost_at": None,
+                                                                      "released_at": None})
     Gpu.objects.filter(node=node, lost_at__isnull=True).exclude(uuid__in=seen).update(lost_at=now)
     return refused
 
@@ -229,6 +245,12 @@ def node_heartbeat(*, node: Node, now: datetime | None = None) -> Node:
     """Record a heartbeat. A node that was silent (within the grace: its leases still hold their
     capacity) is back: it is open to scheduling again and its leases say so; audited."""
     now = now or timezone.now()
+    # the usual case, a ready node: one conditional UPDATE, its own transaction (1,000 nodes every 15 s are
+    # 67 of these a second; a lock, a read and a second statement each cost the API more than the heartbeat)
+    if Node.objects.filter(pk=node.pk, status="ready", silent_since__isnull=True).update(last_heartbeat_at=now):
+        node.last_heartbeat_at = now
+        node.status = "ready"
+        return node
     with transaction.atomic(durable=True):
         node_row = Node.objects.select_for_update().get(pk=node.pk)
         Node.objects.filter(pk=node.pk).update(last_heartbeat_at=now, status="ready", silent_since=None)

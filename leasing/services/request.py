@@ -136,9 +136,8 @@ def _project_lookup(keyed: bool, conditions: list) -> PreparedQuery:
     shape = (keyed, tuple(id(check) for check, _ in conditions))
     prepared = _project_lookups.get(shape)
     if prepared is None:
-        expressions = {f"applies_{index}": expression for index, (_, expression) in enumerate(conditions)}
-
         def build(tenant_id, slug, key=None):
+            expressions = {f"applies_{index}": applies() for index, (_, applies) in enumerate(conditions)}
             keyed_lease = Lease.objects.filter(tenant_id=tenant_id, idempotency_key=key).order_by()
             return Project.objects.filter(tenant_id=tenant_id, slug=slug).order_by().annotate(
                 limits=ArraySubquery(Quota.objects.filter(project=OuterRef("pk")).order_by().values(
