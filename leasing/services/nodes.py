@@ -9,6 +9,7 @@ from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import IntegrityError, connection, transaction
+from django.db.models import F
 from django.utils import timezone
 
 from config.errors import (
@@ -123,7 +124,9 @@ def node_enroll(*, node_id: str, token: str, address: str, inventory: object, ho
         record = None
         if how == "token":
             digest = hashlib.sha256(token.encode()).hexdigest()
-            record = EnrollmentToken.objects.select_for_update().filter(secret_hash=digest).first() if token else None
+            # read without a lock: the use is taken last, by a conditional UPDATE just before the commit, so
+            # concurrent enrollments (a rack powering on) hold the token's row only for that statement
+            record = EnrollmentToken.objects.filter(secret_hash=digest).first() if token else None
             if record is None or record.uses_left < 1 or (record.expires_at and record.expires_at <= now):
                 raise AgentUnauthenticated("Invalid, expired or spent enrollment token.", field="token")
             if existing is not None:
@@ -133,8 +136,6 @@ def node_enroll(*, node_id: str, token: str, address: str, inventory: object, ho
                         "current secret; an agent that lost its secret needs a staff member to approve its "
                         f"re-enrollment (manage.py node_reenroll_approve {node_id}).", field="node_id")
                 how = "approved"
-            # one use, taken while the row is locked: racing enrollments cannot overspend a token
-            EnrollmentToken.objects.filter(pk=record.pk).update(uses_left=record.uses_left - 1)
         fields = {"address": address, "hostname": hostname, "agent_version": agent_version,
                   "secret": secrets.token_urlsafe(32), "status": "ready", "silent_since": None,
                   "reenroll_approved_at": None, "enrolled_at": now, "last_heartbeat_at": now}
@@ -144,6 +145,10 @@ def node_enroll(*, node_id: str, token: str, address: str, inventory: object, ho
             Node.objects.filter(pk=existing.pk).update(**fields)
             node = Node.objects.get(pk=existing.pk)
         node_inventory_sync(node=node, inventory=inventory, now=now, strict=True)
+        if record is not None and not EnrollmentToken.objects.filter(
+                pk=record.pk, uses_left__gte=1).update(uses_left=F("uses_left") - 1):
+            # racing enrollments spent its last use since it was read: nothing of this one is kept
+            raise AgentUnauthenticated("Invalid, expired or spent enrollment token.", field="token")
         _audit(action="node.enroll" if existing is None else "node.reenroll", target=node_id,
                data={"how": how, "address": address, **({"token": record.prefix} if record else {})})
     return node
