@@ -389,6 +389,31 @@ def _scale(args, *, clients, body, children, folder: Path, env: dict, site: str,
     }, settings=vars(args))
 
 
+def table(names: list[str]) -> str:
+    """The docs' table (docs/leasing.md, "Benchmark") made from results files: one column per file."""
+    from bench.record import load
+
+    runs = [load(name) for name in names]
+    groups = list(dict.fromkeys(group for run in runs for group in run["figures"]["cpu_ms_per_lease"]))
+    rows = [("results file", [f"`{run['name']}.json`" for run in runs]),
+            ("commit", [f"{run['commit'][:7]}{' (dirty)' if run['dirty'] else ''}" for run in runs]),
+            ("date (UTC)", [run["date"][:16].replace("T", " ") for run in runs]),
+            ("leases, nodes", [f"{run['settings']['leases']}, {run['settings']['nodes']}" for run in runs]),
+            ("leases/s, request → ACTIVE", [str(run["figures"]["leases_per_second"]) for run in runs]),
+            ("latency p50 / p99 (s)", [f"{run['figures']['latency_p50_s']} / {run['figures']['latency_p99_s']}"
+                                       for run in runs])]
+    rows += [(f"CPU ms per lease: {group}", [str(run["figures"]["cpu_ms_per_lease"].get(group, "–")) for run in runs])
+             for group in groups]
+    rows += [("**CPU ms per lease, all**", [f"**{run['figures']['cpu_ms_per_lease_total']}**" for run in runs]),
+             ("machine busy (CPU s, this benchmark's)", [
+                 f"{run['figures']['machine_busy_cpu_seconds']} ({run['figures']['benchmark_cpu_seconds']})"
+                 for run in runs])]
+    lines = ["| | " + " | ".join(f"({number})" for number in range(1, len(runs) + 1)) + " |",
+             "|---|" + "---|" * len(runs)]
+    lines += [f"| {label} | " + " | ".join(values) + " |" for label, values in rows]
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--leases", type=int, default=1000)
@@ -407,11 +432,18 @@ def main() -> None:
                              "the API's request latency of both phases and their ratio")
     parser.add_argument("--rate", type=float, default=100.0, help="scale mode: lease requests per second")
     parser.add_argument("--seconds", type=float, default=20.0, help="scale mode: seconds per phase")
+    parser.add_argument("--label", default="", help="added to the results file's name (e.g. before: a run of older "
+                                                    "code, leasing_quick_before.json)")
     parser.add_argument("--pause", type=float, default=0.0, metavar="SECONDS",
                         help="wait this long before submitting, with the PIDs printed (to attach a profiler)")
     parser.add_argument("--statements", type=int, default=0, metavar="N",
                         help="also print the N costliest SQL statements (pg_stat_statements; it costs a little)")
+    parser.add_argument("--table", nargs="+", metavar="NAME",
+                        help="print the docs' markdown table of these results files (bench/results/NAME.json) and stop")
     args = parser.parse_args()
+    if args.table:
+        print(table(args.table))
+        return
     if args.quick:
         args.leases, args.nodes, args.seconds = 300, 20, 8.0
     if args.scale_nodes:  # both phases' leases fit on the base fleet (56 1g slots per node), whatever phase B adds
@@ -566,8 +598,8 @@ def main() -> None:
             figures["profile"] = profile
         from bench.record import write
 
-        write("leasing" + ("_quick" if args.quick else "") + ("_profile" if args.profile else ""), figures,
-              settings=vars(args))
+        write("leasing" + ("_quick" if args.quick else "") + ("_profile" if args.profile else "")
+              + (f"_{args.label}" if args.label else ""), figures, settings=vars(args))
         finished = True
     finally:
         everything = [children.get("prometheus"), children.get("scale_fleet"), children.get("fleet"),
