@@ -213,7 +213,7 @@ def _queue_delete(url: str, queue: str) -> None:
         print(f"queue {queue} not deleted: {error}", file=sys.stderr)
 
 
-def _wait_http(url: str, process: subprocess.Popen, log: Path, timeout: float = 60.0) -> None:
+def _wait_http(url: str, process: subprocess.Popen, log: Path, timeout: float = 240.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if process.poll() is not None:
