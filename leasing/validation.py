@@ -44,7 +44,7 @@ def shape_from(gpu: object) -> dict:
         if key not in known:
             raise ValidationFailed(f"Unknown field {key!r}; known: {', '.join(sorted(known))}.", field=f"gpu.{key}")
     kind = gpu.get("kind")
-    if kind not in _KINDS:
+    if not isinstance(kind, str) or kind not in _KINDS:  # an object or a list is unhashable
         raise ValidationFailed(f"gpu.kind must be one of {', '.join(GpuKind.values)}.", field="gpu.kind")
 
     def integer(name: str, default: int, low: int, high: int) -> int:
