@@ -285,6 +285,25 @@ def _scaleout() -> str:
             + f"\n\nSchedule cycles in the run: {f['cycles']}, {f['cycles_overlapping']} overlapping.")
 
 
+@renderer("leasing")
+def _leasing() -> str:
+    from bench.leasing import table as leasing_table
+
+    return provenance("leasing", "leasing_profile") + "\n\n" + leasing_table(["leasing", "leasing_profile"])
+
+
+@renderer("leasing_scale")
+def _leasing_scale() -> str:
+    f = load("leasing_scale")["figures"]
+    without, with_nodes = f["without"], f["with"]
+    keys = [k for k in without if isinstance(without[k], (int, float))]
+    rows = [[k, without[k], with_nodes.get(k, "–")] for k in keys]
+    return (provenance("leasing_scale") + "\n\n"
+            + table(["", f"{f['base_nodes']} nodes", f"+ {f['scale_nodes']:,} nodes heartbeating and scraped"], rows)
+            + f"\n\nNodes heartbeating: {f['nodes_heartbeating']:,} / {f['scale_nodes']:,}; Prometheus targets up: "
+              f"{f['prometheus_targets_up']}; **API p99 with / without the nodes: {f['api_p99_ratio']}**.")
+
+
 def render(name: str) -> str:
     return RENDERERS[name]().rstrip("\n") + "\n"
 

@@ -30,6 +30,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.parse
 import urllib.request
 from pathlib import Path
 
@@ -38,12 +39,15 @@ import psutil
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.profile import report as profile_report  # noqa: E402
+from bench.profile import start as profile_start  # noqa: E402
+from bench.profile import stop as profile_stop  # noqa: E402
 from infra import services  # noqa: E402
 from tests.agent.conftest import free_port  # noqa: E402
 
 BIN = Path(sys.executable).parent
 PGDATA = ROOT / "var" / "bench-pg"
-DATABASE = "gpubroker_bench"
+DATABASE = (os.environ.get("DATABASE_URL", "").rstrip("/").rsplit("/", 1)[-1].split("?")[0] or "gpubroker") + "_bench"
 
 
 class CpuMeter:
@@ -142,6 +146,9 @@ def _meter(database: services.Service, private: bool, broker: services.Service, 
     meter.add("API (gunicorn)", lambda: [children["api"].pid])
     meter.add("Celery workers", lambda: [child.pid for child in children["workers"]])
     meter.add("agents (fleet)", lambda: [children["fleet"].pid])
+    if "scale_fleet" in children:
+        meter.add("scale-mode nodes", lambda: [children["scale_fleet"].pid])
+        meter.add("Prometheus", lambda: [children["prometheus"].pid] if "prometheus" in children else [])
     watch = psycopg.connect(url, autocommit=True)
     own = watch.execute("SELECT pg_backend_pid()").fetchone()[0]
     if private:  # the postmaster's whole tree: backends, WAL writer, checkpointer, autovacuum
@@ -206,7 +213,7 @@ def _queue_delete(url: str, queue: str) -> None:
         print(f"queue {queue} not deleted: {error}", file=sys.stderr)
 
 
-def _wait_http(url: str, process: subprocess.Popen, log: Path, timeout: float = 60.0) -> None:
+def _wait_http(url: str, process: subprocess.Popen, log: Path, timeout: float = 240.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if process.poll() is not None:
@@ -243,19 +250,205 @@ class Client:
         raise AssertionError("unreachable")
 
 
+def _paced(clients: list[Client], body: bytes, *, rate: float, count: int, first: int) -> tuple[list[float], float]:
+    """``count`` lease requests at ``rate`` per second spread over the clients (open loop: a request is sent at
+    its time, or at once when its client is late); (each request's latency in seconds, wall seconds)."""
+    latencies: list[float] = []
+    lock = threading.Lock()
+    start = time.monotonic() + 0.05
+
+    def run(number: int) -> None:
+        mine = []
+        for index in range(number, count, len(clients)):
+            delay = start + index / rate - time.monotonic()
+            if delay > 0:
+                time.sleep(delay)
+            sent = time.perf_counter()
+            status, answer = clients[number].call("POST", "/api/v1/leases", body,
+                                                  {"Idempotency-Key": f"bench-{first + index}"})
+            mine.append(time.perf_counter() - sent)
+            assert status in (200, 201), (status, answer[:500])
+        with lock:
+            latencies.extend(mine)
+
+    threads = [threading.Thread(target=run, args=(n,)) for n in range(len(clients))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return latencies, time.monotonic() - start
+
+
+def _scale(args, *, clients, body, children, folder: Path, env: dict, site: str, enroll_token: str, meter) -> None:
+    """Target 3 of issue 16: the API's latency while ``--rate`` leases/s flow, without and then with
+    ``--scale-nodes`` more nodes heartbeating (every AGENT_HEARTBEAT_SECONDS) and scraped by Prometheus (every
+    15 s); both phases in one run, so their ratio does not depend on what else the machine does."""
+    from django.conf import settings
+
+    from leasing.models import Lease, LeaseEvent, Node
+
+    def phase(label: str, first: int) -> dict:
+        before = Lease.objects.order_by("-pk").values_list("pk", flat=True).first() or 0
+        cpu = meter()
+        cpu.begin()
+        latencies, wall = _paced(clients, body, rate=args.rate, count=args.leases, first=first)
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            cpu.poll()
+            if Lease.objects.filter(pk__gt=before, state="active").count() >= args.leases:
+                break
+            time.sleep(0.25)
+        used = cpu.since()
+        times: dict[int, dict[str, float]] = {}
+        for lease_id, state, at in LeaseEvent.objects.filter(lease_id__gt=before, to_state__in=["requested", "active"]
+                                                             ).values_list("lease_id", "to_state", "at"):
+            times.setdefault(lease_id, {})[state] = at.timestamp()
+        done = [t for t in times.values() if "active" in t]
+        to_active = [t["active"] - t["requested"] for t in done]
+        count = len(done) or 1
+        figures = {
+            "requests": args.leases, "active": len(done), "sent_per_second": round(args.leases / wall, 1),
+            "api_p50_ms": round(statistics.median(latencies) * 1000, 1),
+            "api_p99_ms": round(_pct(latencies, 0.99) * 1000, 1),
+            "api_max_ms": round(max(latencies) * 1000, 1),
+            "to_active_p50_s": round(statistics.median(to_active), 3),
+            "to_active_p99_s": round(_pct(to_active, 0.99), 3),
+            "cpu_ms_per_lease": {name: round((user + system) * 1000 / count, 2)
+                                 for name, (user, system) in used.items()},
+        }
+        print(f"{label}: {args.leases} requests at {figures['sent_per_second']}/s; API latency p50 "
+              f"{figures['api_p50_ms']} ms, p99 {figures['api_p99_ms']} ms, max {figures['api_max_ms']} ms; "
+              f"request -> ACTIVE p50 {figures['to_active_p50_s']} s, p99 {figures['to_active_p99_s']} s")
+        print("  CPU ms per lease: " + ", ".join(f"{name} {ms}" for name, ms in figures["cpu_ms_per_lease"].items()))
+        return figures
+
+    alone = phase(f"without the {args.scale_nodes} nodes", 0)
+
+    port = free_port()
+    state = folder / "scale-fleet"
+    children["scale_fleet"] = subprocess.Popen(
+        [str(BIN / "python"), "-m", "agent.fleet", "--nodes", str(args.scale_nodes), "--prefix", "load",
+         "--listen", f"127.0.0.1:{port}", "--state-dir", str(state), "--shape", "h100-80gb:8:mig",
+         "--broker-url", site, "--log-level", "ERROR"], cwd=ROOT, env={**env, "GPUB_ENROLLMENT_TOKEN": enroll_token},
+        stdout=open(folder / "scale-fleet.log", "w"), stderr=subprocess.STDOUT)  # noqa: SIM115
+    _wait_http(f"http://127.0.0.1:{port}/healthz", children["scale_fleet"], folder / "scale-fleet.log", timeout=120)
+    started = time.monotonic()
+    while time.monotonic() - started < 300:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz") as response:
+            if json.loads(response.read())["enrolled"] == args.scale_nodes:
+                break
+        time.sleep(1)
+    print(f"{args.scale_nodes} more nodes enrolled in {time.monotonic() - started:.0f} s")
+    binary = shutil.which("prometheus")
+    prometheus_port = None
+    if binary:
+        prometheus_port = free_port()
+        config = (ROOT / "infra" / "prometheus.yml").read_text().replace(
+            "__TARGETS__", str(state / "prometheus-targets.json"))
+        (folder / "prometheus.yml").write_text(config)
+        children["prometheus"] = subprocess.Popen(
+            [binary, f"--config.file={folder / 'prometheus.yml'}", f"--storage.tsdb.path={folder / 'tsdb'}",
+             f"--web.listen-address=127.0.0.1:{prometheus_port}"],
+            stdout=open(folder / "prometheus.log", "w"), stderr=subprocess.STDOUT)  # noqa: SIM115
+        _wait_http(f"http://127.0.0.1:{prometheus_port}/-/ready", children["prometheus"], folder / "prometheus.log")
+    else:
+        print("prometheus: not installed (apt-get install prometheus): the nodes heartbeat but nobody scrapes them")
+
+    def targets_up() -> int:
+        if prometheus_port is None:
+            return 0
+        query = urllib.parse.urlencode({"query": "count(up == 1)"})
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{prometheus_port}/api/v1/query?{query}") as response:
+                result = json.loads(response.read())["data"]["result"]
+        except OSError:
+            return 0
+        return int(float(result[0]["value"][1])) if result else 0
+
+    # steady state: every node heartbeating and (with Prometheus) scraped at least once
+    wait_until = time.monotonic() + max(30.0, settings.AGENT_HEARTBEAT_SECONDS * 2)
+    while time.monotonic() < wait_until and (prometheus_port is not None and targets_up() < args.scale_nodes):
+        time.sleep(1)
+    loaded = phase(f"with the {args.scale_nodes} nodes heartbeating and scraped", args.leases)
+    from django.utils import timezone
+
+    recent = timezone.now() - timezone.timedelta(seconds=settings.AGENT_HEARTBEAT_SECONDS * 2)
+    beating = Node.objects.filter(node_id__startswith="load-", last_heartbeat_at__gte=recent).count()
+    up = targets_up()
+    ratio = loaded["api_p99_ms"] / alone["api_p99_ms"]
+    print(f"nodes heartbeating (within {settings.AGENT_HEARTBEAT_SECONDS * 2} s): {beating}/{args.scale_nodes}; "
+          f"Prometheus targets up: {up}/{args.scale_nodes}")
+    print(f"API p99 with / without the nodes: {ratio:.2f}")
+    from bench.record import write
+
+    write("leasing_scale", {
+        "rate_per_second": args.rate, "seconds_per_phase": args.seconds, "base_nodes": args.nodes,
+        "scale_nodes": args.scale_nodes, "heartbeat_seconds": settings.AGENT_HEARTBEAT_SECONDS,
+        "scrape_interval_seconds": 15 if prometheus_port else None, "nodes_heartbeating": beating,
+        "prometheus_targets_up": up, "without": alone, "with": loaded, "api_p99_ratio": round(ratio, 2),
+    }, settings=vars(args), quick=args.quick)
+
+
+def table(names: list[str]) -> str:
+    """The docs' table (docs/leasing.md, "Benchmark") made from results files: one column per file."""
+    from bench.record import load
+
+    runs = [load(name) for name in names]
+    groups = list(dict.fromkeys(group for run in runs for group in run["figures"]["cpu_ms_per_lease"]))
+    rows = [("results file", [f"`{run['name']}.json`" for run in runs]),
+            ("commit", [f"{run['commit'][:7]}{' (dirty)' if run['dirty'] else ''}" for run in runs]),
+            ("date (UTC)", [run["date"][:16].replace("T", " ") for run in runs]),
+            ("leases, nodes", [f"{run['settings']['leases']}, {run['settings']['nodes']}" for run in runs]),
+            ("leases/s, request → ACTIVE", [str(run["figures"]["leases_per_second"]) for run in runs]),
+            ("latency p50 / p99 (s)", [f"{run['figures']['latency_p50_s']} / {run['figures']['latency_p99_s']}"
+                                       for run in runs])]
+    rows += [(f"CPU ms per lease: {group}", [str(run["figures"]["cpu_ms_per_lease"].get(group, "–")) for run in runs])
+             for group in groups]
+    rows += [("**CPU ms per lease, all**", [f"**{run['figures']['cpu_ms_per_lease_total']}**" for run in runs]),
+             ("machine busy (CPU s, this benchmark's)", [
+                 f"{run['figures']['machine_busy_cpu_seconds']} ({run['figures']['benchmark_cpu_seconds']})"
+                 for run in runs])]
+    lines = ["| | " + " | ".join(f"({number})" for number in range(1, len(runs) + 1)) + " |",
+             "|---|" + "---|" * len(runs)]
+    lines += [f"| {label} | " + " | ".join(values) + " |" for label, values in rows]
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--leases", type=int, default=300)
-    parser.add_argument("--nodes", type=int, default=20)
+    parser.add_argument("--leases", type=int, default=1000)
+    parser.add_argument("--nodes", type=int, default=50)
+    parser.add_argument("--quick", action="store_true", help="300 leases on 20 nodes (under 2 minutes)")
+    parser.add_argument("--profile", action="store_true",
+                        help="also sample the CPU of every process and print the top costs of each (config.profiling;"
+                             " it costs a few percent, so its run is recorded apart)")
     parser.add_argument("--clients", type=int, default=8, help="client threads, one connection each")
     parser.add_argument("--workers", type=int, default=2, help="Celery worker processes (2 children each)")
     parser.add_argument("--web-workers", type=int, default=2, help="gunicorn worker processes")
     parser.add_argument("--threads", type=int, default=4, help="threads per gunicorn worker")
+    parser.add_argument("--scale-nodes", type=int, default=0, metavar="N",
+                        help="the scale mode: leases paced at --rate for --seconds, first with the fleet alone, then "
+                             "with N more simulated nodes enrolled, heartbeating and scraped by Prometheus; prints "
+                             "the API's request latency of both phases and their ratio")
+    parser.add_argument("--rate", type=float, default=100.0, help="scale mode: lease requests per second")
+    parser.add_argument("--seconds", type=float, default=20.0, help="scale mode: seconds per phase")
+    parser.add_argument("--label", default="", help="added to the results file's name (e.g. before: a run of older "
+                                                    "code, leasing_before.json)")
     parser.add_argument("--pause", type=float, default=0.0, metavar="SECONDS",
                         help="wait this long before submitting, with the PIDs printed (to attach a profiler)")
     parser.add_argument("--statements", type=int, default=0, metavar="N",
                         help="also print the N costliest SQL statements (pg_stat_statements; it costs a little)")
+    parser.add_argument("--table", nargs="+", metavar="NAME",
+                        help="print the docs' markdown table of these results files (bench/results/NAME.json) and stop")
     args = parser.parse_args()
+    if args.table:
+        print(table(args.table))
+        return
+    if args.quick:
+        args.leases, args.nodes, args.seconds = 300, 20, 8.0
+    if args.scale_nodes:  # both phases' leases fit on the base fleet (56 1g slots per node), whatever phase B adds
+        args.leases = int(args.rate * args.seconds)
+        args.nodes = max(args.nodes, -(-2 * args.leases // 56) + 1)
     print(time.strftime("%Y-%m-%d %H:%M"), f"on {psutil.cpu_count()} cores;", vars(args))
 
     import psycopg
@@ -278,11 +471,13 @@ def main() -> None:
              "from leasing import services;"
              "t = make_tenant('bench'); u = make_member(t, 'bencher', 'member'); p = make_project(t, 'load');"
              f"make_quota(p, 'H100-80GB', deserved={args.nodes * 8 * 1000}, limit={args.nodes * 8 * 1000});"
-             f"print(make_token(t, u)[1]); print(services.enrollment_token_create(uses={args.nodes}))")
+             f"print(make_token(t, u)[1]);"
+             f"print(services.enrollment_token_create(uses={args.nodes + args.scale_nodes}))")
     output = subprocess.run([*manage, "shell", "-c", setup], cwd=ROOT, env=env, check=True, capture_output=True,
                             text=True).stdout.split()
     api_token, enroll_token = output[-2], output[-1]
     folder = Path(tempfile.mkdtemp(prefix="bench-leasing-"))
+    samples = folder / "profile"
     logs = {name: open(folder / f"{name}.log", "w") for name in ("api", "workers", "fleet")}  # noqa: SIM115
     children: dict = {"workers": []}
     finished = False
@@ -330,9 +525,23 @@ def main() -> None:
                                                       {"Idempotency-Key": f"bench-{index}"})
                 assert status in (200, 201), (status, answer[:500])  # 200: a resent request's first answer
 
+        import django
+
+        django.setup()  # before the measured window: the client's own start-up is not the path's cost
+        from leasing.models import Lease, LeaseEvent
+
+        if args.scale_nodes:
+            _scale(args, clients=clients, body=body, children=children, folder=folder, env=env, site=site,
+                   enroll_token=enroll_token, meter=lambda: _meter(database, private, broker, children, url))
+            finished = True
+            return
+
         meter = _meter(database, private, broker, children, url)
         statements = _statements_reset(url) if args.statements else None
         machine = psutil.cpu_times()
+        recorders = profile_start({"api": [children["api"].pid], "celery": [c.pid for c in children["workers"]],
+                                   "agents": [children["fleet"].pid], "client": [-os.getpid()]},
+                                  samples) if args.profile else []
         meter.begin()
         started = time.monotonic()
         threads = [threading.Thread(target=submit, args=(n,)) for n in range(args.clients)]
@@ -341,17 +550,13 @@ def main() -> None:
         for thread in threads:
             thread.join()
         submitted = time.monotonic() - started
-        import django
-
-        django.setup()
-        from leasing.models import Lease, LeaseEvent
-
         while time.monotonic() - started < 300:
             meter.poll()
             if Lease.objects.filter(state="active").count() >= args.leases:
                 break
             time.sleep(0.2)
         used = meter.since()
+        profile_stop(recorders)
         after = psutil.cpu_times()
         busy = (sum(after) - after.idle - getattr(after, "iowait", 0)) - (
             sum(machine) - machine.idle - getattr(machine, "iowait", 0))
@@ -370,9 +575,35 @@ def main() -> None:
         _print_cpu(used, busy, len(done) or 1)
         if statements is not None:
             _print_statements(statements, args.statements, len(done) or 1)
+        profile = None
+        if args.profile:
+            print("top CPU costs per process (py-spy samples, first request to last ACTIVE; --profile):")
+            profile = profile_report(samples, len(done) or 1)
+            kept = ROOT / "var" / "bench-profile"
+            shutil.rmtree(kept, ignore_errors=True)
+            shutil.copytree(samples, kept)
+            print(f"folded stacks (flamegraph.pl, speedscope): {kept.relative_to(ROOT)}/<process>.folded")
+        count = len(done) or 1
+        figures = {
+            "leases": args.leases, "active": len(done), "leases_per_second": round(len(done) / span, 1),
+            "latency_p50_s": round(statistics.median(latencies), 3), "latency_p99_s": round(_pct(latencies, 0.99), 3),
+            "latency_max_s": round(max(latencies), 3), "requests_per_second_http": round(args.leases / submitted, 1),
+            "cpu_ms_per_lease": {name: round((user + system) * 1000 / count, 2)
+                                 for name, (user, system) in used.items()},
+            "cpu_ms_per_lease_total": round(sum(u + s for u, s in used.values()) * 1000 / count, 2),
+            "machine_busy_cpu_seconds": round(busy, 1),
+            "benchmark_cpu_seconds": round(sum(u + s for u, s in used.values()), 1),
+        }
+        if profile is not None:
+            figures["profile"] = profile
+        from bench.record import write
+
+        write("leasing" + ("_profile" if args.profile else "") + (f"_{args.label}" if args.label else ""), figures,
+              settings=vars(args), quick=args.quick)
         finished = True
     finally:
-        everything = [children.get("fleet"), *children["workers"], children.get("api")]
+        everything = [children.get("prometheus"), children.get("scale_fleet"), children.get("fleet"),
+                      *children["workers"], children.get("api")]
         for child in everything:
             if child is not None:
                 child.terminate()

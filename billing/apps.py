@@ -11,6 +11,6 @@ class BillingConfig(AppConfig):
         from billing import selectors, services
         from leasing import extensions
 
-        extensions.request_check_register(services.budget_admit_request)
+        extensions.request_check_register(services.budget_admit_request, applies=services.budget_caps_exist)
         extensions.renewal_check_register(services.budget_admit_renewal)
         extensions.list_prices_register(selectors.whole_list_prices)

@@ -4,7 +4,10 @@ Leasing knows nothing of money; billing (which reads leases to meter them) regis
 
 - **admission checks** for new requests and for renewals: a check refuses by raising an ``ApplicationError``
   (billing's spend caps raise ``BudgetExceeded``, a 402) and may return a warning, which goes into the lease's
-  event; every registered check runs, in registration order, before anything is written;
+  event; every registered check runs, in registration order, before anything is written. A request check may
+  say when it applies (``applies``: a boolean query expression over the request's project row, e.g. "a spend
+  cap exists for this tenant or project"); leasing evaluates it inside the project lookup the request makes
+  anyway, so a check that does not apply costs the request no query at all;
 - **the list prices** of whole GPUs per model, that ``model: auto`` ranks models by.
 
 The dependency so runs one way: billing → leasing. A deployment without billing leases with no checks and ranks
@@ -46,6 +49,7 @@ class RenewalAdmission:
 RequestCheck = Callable[[RequestAdmission], str]
 RenewalCheck = Callable[[RenewalAdmission], str]
 _request_checks: list[RequestCheck] = []
+_request_applies: dict[RequestCheck, Callable[[], object]] = {}
 _renewal_checks: list[RenewalCheck] = []
 _list_prices: list[Callable[[datetime], dict[str, int]]] = []
 
@@ -56,8 +60,20 @@ def _register(registry: list, item) -> Callable[[], None]:
     return lambda: registry.remove(item) if item in registry else None
 
 
-def request_check_register(check: RequestCheck) -> Callable[[], None]:
-    return _register(_request_checks, check)
+def request_check_register(check: RequestCheck, *, applies: Callable[[], object] | None = None
+                           ) -> Callable[[], None]:
+    """Register ``check``. ``applies()`` (optional) returns a boolean expression (``Exists(...)``) evaluated on the
+    request's ``tenants.Project`` row — ``OuterRef("pk")`` is the project, ``OuterRef("tenant_id")`` its tenant —
+    and the check runs only for a request where it is true (``request_admit``'s ``applicable``)."""
+    if applies is not None:
+        _request_applies[check] = applies
+    remove = _register(_request_checks, check)
+
+    def unregister() -> None:
+        remove()
+        _request_applies.pop(check, None)
+
+    return unregister
 
 
 def renewal_check_register(check: RenewalCheck) -> Callable[[], None]:
@@ -69,9 +85,18 @@ def list_prices_register(source: Callable[[datetime], dict[str, int]]) -> Callab
     return _register(_list_prices, source)
 
 
-def request_admit(admission: RequestAdmission) -> str:
-    """Run every request check; the warnings, joined (refusals propagate)."""
-    return " ".join(warning for check in _request_checks if (warning := check(admission)))
+def request_check_conditions() -> list[tuple[RequestCheck, Callable[[], object]]]:
+    """(check, its ``applies``: call it for the expression) of the checks that said when they apply, in
+    registration order."""
+    return [(check, _request_applies[check]) for check in _request_checks if check in _request_applies]
+
+
+def request_admit(admission: RequestAdmission, *, applicable: dict[RequestCheck, bool] | None = None) -> str:
+    """Run every request check (but those ``applicable`` maps to False: their ``applies`` was false for this
+    request's project); the warnings, joined (refusals propagate)."""
+    applicable = applicable or {}
+    return " ".join(warning for check in _request_checks
+                    if applicable.get(check, True) and (warning := check(admission)))
 
 
 def renewal_admit(admission: RenewalAdmission) -> str:

@@ -26,6 +26,7 @@ from leasing.models import Gpu
 from tenants.access import Actor
 
 MAX_COUNT = 64
+_KINDS = frozenset(GpuKind.values)  # TextChoices.values builds its list on every access
 # The highest priority a member may send; above it (up to 100) needs the tenant's admin or owner role.
 # Priority orders requests inside one project only (the scheduler never compares it across projects), so
 # this bound keeps one member from jumping every colleague's queue without an admin's say.
@@ -43,7 +44,7 @@ def shape_from(gpu: object) -> dict:
         if key not in known:
             raise ValidationFailed(f"Unknown field {key!r}; known: {', '.join(sorted(known))}.", field=f"gpu.{key}")
     kind = gpu.get("kind")
-    if kind not in GpuKind.values:
+    if not isinstance(kind, str) or kind not in _KINDS:  # an object or a list is unhashable
         raise ValidationFailed(f"gpu.kind must be one of {', '.join(GpuKind.values)}.", field="gpu.kind")
 
     def integer(name: str, default: int, low: int, high: int) -> int:

@@ -7,7 +7,7 @@ from datetime import datetime
 from decimal import Decimal
 
 from django.db import IntegrityError, transaction
-from django.db.models import Q
+from django.db.models import Exists, OuterRef, Q
 from django.utils import timezone
 
 from billing import selectors
@@ -164,6 +164,13 @@ def budget_admit_request(admission) -> str:
     return budget_check(tenant=admission.actor.tenant, project=admission.project, gpu=admission.gpu,
                         workload_class=admission.workload_class, duration_seconds=admission.duration_seconds,
                         now=admission.now)
+
+
+def budget_caps_exist():
+    """When ``budget_admit_request`` applies, as leasing's seam asks: a cap exists for the request's tenant or
+    project (an ``Exists`` over the project row leasing looks up anyway; without caps the check costs no query)."""
+    return Exists(SpendCap.objects.filter(tenant=OuterRef("tenant_id"))
+                  .filter(Q(project__isnull=True) | Q(project=OuterRef("pk"))))
 
 
 def budget_admit_renewal(admission) -> str:

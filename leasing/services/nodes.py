@@ -8,7 +8,8 @@ import logging
 from datetime import datetime, timedelta
 
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import IntegrityError, connection, transaction
+from django.db.models import F
 from django.utils import timezone
 
 from config.errors import (
@@ -123,7 +124,9 @@ def node_enroll(*, node_id: str, token: str, address: str, inventory: object, ho
         record = None
         if how == "token":
             digest = hashlib.sha256(token.encode()).hexdigest()
-            record = EnrollmentToken.objects.select_for_update().filter(secret_hash=digest).first() if token else None
+            # read without a lock: the use is taken last, by a conditional UPDATE just before the commit, so
+            # concurrent enrollments (a rack powering on) hold the token's row only for that statement
+            record = EnrollmentToken.objects.filter(secret_hash=digest).first() if token else None
             if record is None or record.uses_left < 1 or (record.expires_at and record.expires_at <= now):
                 raise AgentUnauthenticated("Invalid, expired or spent enrollment token.", field="token")
             if existing is not None:
@@ -133,8 +136,6 @@ def node_enroll(*, node_id: str, token: str, address: str, inventory: object, ho
                         "current secret; an agent that lost its secret needs a staff member to approve its "
                         f"re-enrollment (manage.py node_reenroll_approve {node_id}).", field="node_id")
                 how = "approved"
-            # one use, taken while the row is locked: racing enrollments cannot overspend a token
-            EnrollmentToken.objects.filter(pk=record.pk).update(uses_left=record.uses_left - 1)
         fields = {"address": address, "hostname": hostname, "agent_version": agent_version,
                   "secret": secrets.token_urlsafe(32), "status": "ready", "silent_since": None,
                   "reenroll_approved_at": None, "enrolled_at": now, "last_heartbeat_at": now}
@@ -144,6 +145,10 @@ def node_enroll(*, node_id: str, token: str, address: str, inventory: object, ho
             Node.objects.filter(pk=existing.pk).update(**fields)
             node = Node.objects.get(pk=existing.pk)
         node_inventory_sync(node=node, inventory=inventory, now=now, strict=True)
+        if record is not None and not EnrollmentToken.objects.filter(
+                pk=record.pk, uses_left__gte=1).update(uses_left=F("uses_left") - 1):
+            # racing enrollments spent its last use since it was read: nothing of this one is kept
+            raise AgentUnauthenticated("Invalid, expired or spent enrollment token.", field="token")
         _audit(action="node.enroll" if existing is None else "node.reenroll", target=node_id,
                data={"how": how, "address": address, **({"token": record.prefix} if record else {})})
     return node
@@ -180,15 +185,31 @@ def node_inventory_sync(*, node: Node, inventory: object, now: datetime, strict:
         raise EnrollmentConflict(f"GPU {uuid} belongs to node {owners[uuid]}; a staff member must release it "
                                  f"(manage.py gpu_release {uuid}) before another node can claim it.",
                                  field=f"inventory.gpus[{index}]")
-    seen = []
+    # the rows these GPUs already have, read once (an enrollment used to cost a SELECT and a write per GPU)
+    known = {gpu.uuid: gpu for gpu in Gpu.objects.select_for_update().filter(
+        uuid__in=[uuid for _, uuid, _ in parsed if uuid not in owners])}
+    seen, new = [], []
     for _index, uuid, values in parsed:
         if uuid in owners:
             logger.warning("node %s reports GPU %s, which belongs to node %s: ignored (staff must release it)",
                            node.node_id, uuid, owners[uuid])
             continue
-        Gpu.objects.update_or_create(uuid=uuid, defaults={"node": node, **values, "lost_at": None,
-                                                          "released_at": None})
         seen.append(uuid)
+        row = known.get(uuid)
+        if row is None:
+            new.append(Gpu(uuid=uuid, node=node, **values, lost_at=None, released_at=None))
+        elif (row.node_id != node.pk or row.lost_at is not None or row.released_at is not None
+              or any(getattr(row, name) != value for name, value in values.items())):
+            Gpu.objects.filter(pk=row.pk).update(node=node, **values, lost_at=None, released_at=None)
+    if new:
+        try:
+            with transaction.atomic():
+                Gpu.objects.bulk_create(new)
+        except IntegrityError:  # a GPU of this list was inserted by a racing enrollment: one at a time, as before
+            for gpu in new:
+                values = {name: getattr(gpu, name) for name in ("index", "model", "mode", "memory_mib")}
+                Gpu.objects.update_or_create(uuid=gpu.uuid, defaults={"node": node, **values, "lost_at": None,
+                                                                      "released_at": None})
     Gpu.objects.filter(node=node, lost_at__isnull=True).exclude(uuid__in=seen).update(lost_at=now)
     return refused
 
@@ -229,6 +250,12 @@ def node_heartbeat(*, node: Node, now: datetime | None = None) -> Node:
     """Record a heartbeat. A node that was silent (within the grace: its leases still hold their
     capacity) is back: it is open to scheduling again and its leases say so; audited."""
     now = now or timezone.now()
+    # the usual case, a ready node: one conditional UPDATE, its own transaction (1,000 nodes every 15 s are
+    # 67 of these a second; a lock, a read and a second statement each cost the API more than the heartbeat)
+    if Node.objects.filter(pk=node.pk, status="ready", silent_since__isnull=True).update(last_heartbeat_at=now):
+        node.last_heartbeat_at = now
+        node.status = "ready"
+        return node
     with transaction.atomic(durable=True):
         node_row = Node.objects.select_for_update().get(pk=node.pk)
         Node.objects.filter(pk=node.pk).update(last_heartbeat_at=now, status="ready", silent_since=None)

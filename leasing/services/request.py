@@ -20,11 +20,12 @@ from config.errors import (
     NotFound,
     ValidationFailed,
 )
+from config.prepared import PreparedQuery
 from leasing.choices import (
     LeaseState,
     WorkloadClass,
 )
-from leasing.extensions import RequestAdmission, request_admit
+from leasing.extensions import RequestAdmission, request_admit, request_check_conditions
 from leasing.models import Lease, LeaseEvent, Workload
 from leasing.services.triggers import enqueue
 from leasing.validation import request_input_check, request_quota_check, workload_check
@@ -72,29 +73,32 @@ def lease_request(*, actor: Actor, project: str, gpu: object, workload_class: st
     if group is not None:
         payload["group"] = group
     digest = _request_hash(payload)
-    # one query: the project, its quota limits and the lease this idempotency key already made, if any
-    keyed = Lease.objects.filter(tenant=actor.tenant, idempotency_key=idempotency_key).order_by()
-    found = list(Project.objects.filter(tenant=actor.tenant, slug=project).order_by().annotate(
-        limits=ArraySubquery(Quota.objects.filter(project=OuterRef("pk")).order_by().values(
-            json=JSONObject(tier="tier", limit="limit_gpu_milli"))),
-        replayed=Subquery(keyed.values("pk")[:1]) if idempotency_key else Value(None, IntegerField()))[:1])
-    target = found[0] if found else None
-    replayed = target.replayed if target is not None else (
-        keyed.values_list("pk", flat=True).first() if idempotency_key else None)
+    # one query: the project, its quota limits, the lease this idempotency key already made (if any) and
+    # whether each admission check that said when it applies does (billing's: a spend cap exists)
+    conditions = request_check_conditions()
+    found = _project_lookup(bool(idempotency_key), conditions).rows(
+        tenant_id=actor.tenant.pk, slug=project, key=idempotency_key)
+    row = found[0] if found else None
+    replayed = row["replayed"] if row is not None else (
+        Lease.objects.filter(tenant=actor.tenant, idempotency_key=idempotency_key).order_by()
+        .values_list("pk", flat=True).first() if idempotency_key else None)
     if replayed is not None:
         existing = Lease.objects.select_related("project").get(pk=replayed)
         if existing.request_hash != digest:
             raise IdempotencyConflict("This Idempotency-Key was used with another request body.",
                                       field="Idempotency-Key")
         return existing, False
-    if target is None:
+    if row is None:
         raise NotFound(f"No project {project!r} in this tenant.", field="project")
+    target = Project.from_db("default", _PROJECT_FIELDS, [row[name] for name in _PROJECT_FIELDS])
+    target.tenant = actor.tenant  # the actor's, which the lookup filtered on
     fitting = list(request_quota_check(request=checked,
-                                       limits={quota["tier"]: quota["limit"] for quota in target.limits}))
+                                       limits={quota["tier"]: quota["limit"] for quota in row["limits"]}))
     # the checks other apps registered (billing's monthly spend caps: refuse with a 402, or warn)
     warning = request_admit(RequestAdmission(
         actor=actor, project=target, gpu={**gpu, "model": fitting[0]} if len(fitting) == 1 else dict(gpu),
-        workload_class=workload_class, duration_seconds=duration_seconds, now=now))
+        workload_class=workload_class, duration_seconds=duration_seconds, now=now),
+        applicable={check: row[f"applies_{index}"] for index, (check, _) in enumerate(conditions)})
     # born queued: the events of its first two steps are written with it
     lease = Lease(
         tenant=actor.tenant, project=target, created_by=actor.user if actor.user.is_authenticated else None,
@@ -124,6 +128,33 @@ def lease_request(*, actor: Actor, project: str, gpu: object, workload_class: st
                                       field="Idempotency-Key") from None
         return existing, False
     return lease, True
+
+
+_PROJECT_FIELDS = [field.attname for field in Project._meta.concrete_fields]
+_project_lookups: dict[tuple, PreparedQuery] = {}
+
+
+def _project_lookup(keyed: bool, conditions: list) -> PreparedQuery:
+    """The request's one read, compiled once per process (``config.prepared``; the ORM compiling this query —
+    two subqueries and a JSON aggregate — cost more CPU than PostgreSQL answering it): the tenant's project of
+    that slug with its quota limits, the lease an Idempotency-Key already made, and one ``applies_<i>`` flag per
+    admission check that said when it applies. Its shape depends on whether a key was given and on which
+    checks are registered (tests register their own), so one prepared query per shape."""
+    shape = (keyed, tuple(id(check) for check, _ in conditions))
+    prepared = _project_lookups.get(shape)
+    if prepared is None:
+        def build(tenant_id, slug, key=None):
+            expressions = {f"applies_{index}": applies() for index, (_, applies) in enumerate(conditions)}
+            keyed_lease = Lease.objects.filter(tenant_id=tenant_id, idempotency_key=key).order_by()
+            return Project.objects.filter(tenant_id=tenant_id, slug=slug).order_by().annotate(
+                limits=ArraySubquery(Quota.objects.filter(project=OuterRef("pk")).order_by().values(
+                    json=JSONObject(tier="tier", limit="limit_gpu_milli"))),
+                replayed=Subquery(keyed_lease.values("pk")[:1]) if keyed else Value(None, IntegerField()),
+                **expressions).values(*_PROJECT_FIELDS, "limits", "replayed", *expressions)[:1]
+
+        sentinels = {"tenant_id": -7_340_033, "slug": "\x00slug", **({"key": "\x00key"} if keyed else {})}
+        prepared = _project_lookups[shape] = PreparedQuery(build, **sentinels)
+    return prepared
 
 
 def _lease_insert(lease: Lease, events: list[LeaseEvent]) -> None:

@@ -78,6 +78,8 @@ def test_leasing_flow_bad_requests_are_named(api):
         ({"project": "vision", "gpu": {"kind": "whole", "count": 0}}, 400, "gpu.count"),
         ({"project": "vision", "gpu": {"kind": "whole"}, "duration_seconds": 0}, 400, "duration_seconds"),
         ({"project": "vision", "gpu": {"kind": "tpu"}}, 400, "gpu.kind"),
+        ({"project": "vision", "gpu": {"kind": {}}}, 400, "gpu.kind"),  # unhashable: once a 500 (the contract test)
+        ({"project": "vision", "gpu": {"kind": ["mig"]}}, 400, "gpu.kind"),
         ({"project": "vision", "gpu": {"kind": "whole", "model": "B900"}}, 400, "gpu.model"),
         ({"project": "secret", "gpu": {"kind": "whole"}}, 404, "project"),  # globex's project
         ({"project": "vision", "gpu": {"kind": "whole", "count": 3}}, 409, "gpu"),  # limit 2000 milli

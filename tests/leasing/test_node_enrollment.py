@@ -171,3 +171,42 @@ def test_node_enrollment_with_out_of_range_inventory_numbers_is_400(world, key, 
     assert response.status_code == 400, response.content
     assert response.json()["field"] in ("inventory.gpus[0]", f"inventory.gpus[0].{key}")
     assert not Node.objects.filter(node_id="odd").exists() and _uses_left(token) == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_node_enrollment_racing_enrollments_never_overspend_a_token():
+    """The token's use is taken last, by a conditional UPDATE (its row is not locked while the node is written):
+    twelve nodes enrolling at once with a token good for five leave exactly five nodes, each with its GPUs, and
+    the others refused with nothing written."""
+    import threading
+
+    from django.db import connection
+
+    from leasing.services.nodes import AgentUnauthenticated
+
+    token = services.enrollment_token_create(uses=5)
+    barrier = threading.Barrier(12)
+    outcomes: list[str] = []
+
+    def enroll(number: int) -> None:
+        try:
+            barrier.wait()
+            services.node_enroll(node_id=f"rack-{number}", token=token, address=f"http://10.0.1.{number}:9400",
+                                 inventory={"gpus": [_gpu(f"GPU-rack-{number}-{i}", i) for i in range(4)]})
+            outcomes.append("enrolled")
+        except AgentUnauthenticated:
+            outcomes.append("refused")
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=enroll, args=(n,)) for n in range(12)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sorted(outcomes) == ["enrolled"] * 5 + ["refused"] * 7
+    assert _uses_left(token) == 0
+    enrolled = set(Node.objects.filter(node_id__startswith="rack-").values_list("pk", flat=True))
+    assert len(enrolled) == 5
+    assert Gpu.objects.filter(uuid__startswith="GPU-rack-").count() == 20
+    assert set(Gpu.objects.filter(uuid__startswith="GPU-rack-").values_list("node_id", flat=True)) == enrolled
