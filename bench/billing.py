@@ -66,9 +66,9 @@ def build(args, url: str) -> dict:
                   ((n, f"node-{n:05d}", "default", f"http://127.0.0.1:9/n/{n}", f"node-{n:05d}", "x" * 32, "0.1.0",
                     "ready", False, created) for n in range(1, args.nodes + 1)))
         gpus = [(g, (g - 1) // 8 + 1, f"GPU-bench-{g:06d}", (g - 1) % 8, MODEL, "mig" if g % 4 == 0 else "whole",
-                 81559, "", None) for g in range(1, args.nodes * 8 + 1)]
+                 81559, "", None, "") for g in range(1, args.nodes * 8 + 1)]
         counts["gpus"] = copy_rows(cursor, "broker_gpu", ["id", "node_id", "uuid", "index", "model", "mode",
-                                                          "memory_mib", "nvlink_domain", "lost_at"],
+                                                          "memory_mib", "nvlink_domain", "lost_at", "mode_target"],
                                    gpus)
         leases, allocations, events = [], [], []
         lease_id = allocation_id = event_id = 0
