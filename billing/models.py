@@ -17,7 +17,7 @@ class AllocationUsage(models.Model):
     # tenant and project are copies of the lease's (the metering statement takes them from it), kept for the
     # invoice's query; the database guards them through the lease: its foreign key here, and the lease's own to
     # its tenant and project. Their own foreign keys and single-column indexes cost more than the rest of a
-    # row's insert (11 of 17 µs of PostgreSQL CPU per row, measured for issue 16) and guarded nothing more;
+    # row's insert (a one-off measurement for issue 16: docs/billing.md) and guarded nothing more;
     # (tenant, hour_start) and the unique (lease, hour_start) serve the lookups.
     tenant = models.ForeignKey("tenants.Tenant", on_delete=models.PROTECT, related_name="usage", db_index=False,
                                db_constraint=False)
