@@ -1,17 +1,27 @@
-"""Time to meter and invoice one month: 1,000 tenants and 10,000 GPUs.
+"""Time to meter and invoice one month: 1,000 tenants and 10,000 GPUs; and the hourly metering run at 100,000 GPUs.
 
-    .venv/bin/python bench/billing.py [--tenants 1000] [--nodes 1250] [--days 30] [--seed 7]
+    .venv/bin/python bench/billing.py                 # month close: 1,000 tenants, 1,250 nodes x 8 GPUs, 31 days
+    .venv/bin/python bench/billing.py --quick         # the same at 100 tenants, 400 GPUs (under 2 minutes)
+    .venv/bin/python bench/billing.py --hourly        # one hour's metering at 12,500 nodes x 8 = 100,000 GPUs
+    options: --tenants N --nodes N --days N --seed N --workers N (metering connections at once)
 
-Builds, in a scratch database (``gpubroker_bench_billing``, on the PostgreSQL ``make run`` finds), a
-month of lease history on ``--nodes`` × 8 H100s: whole GPUs (three in four) run one lease after another,
+Builds, in a scratch database (``<DATABASE_URL's database>_bench_billing``, dropped and created again), a
+history of lease events on ``--nodes`` x 8 H100s: whole GPUs (three in four) run one lease after another,
 MIG GPUs two ``3g.40gb`` slices side by side; each lease lasts 1–24 h with 0–4 h gaps and belongs to a
 random tenant (one project each), a tenth over quota, a tenth interactive. Rows are written with COPY
-(not timed). Then it times, in this process, the two jobs of a month's close:
+(not timed). Then it times, in this process:
 
-1. allocation metering of every hour of the month (``usage_meter_window``), and
-2. ``invoice_run`` for the month: SLO evaluation, pricing, lines, totals and finalization per tenant,
+- month close: (1) allocation metering of every hour of the month (``usage_meter_window``), (2) ``invoice_run``
+  for the month (SLO evaluation, pricing, lines, totals and finalization per tenant), then a re-run of both
+  (which must change nothing);
+- ``--hourly``: the allocation metering of the history's last hour, as the hourly run does it, with the hour
+  before it already metered (so the table and its indexes are not empty).
 
-and prints rows, seconds and rates, and the CPU split between this process and PostgreSQL.
+Wall seconds depend on what else the machine runs; CPU seconds do much less, so both are printed: this
+process (user + system) and PostgreSQL (the backends connected to the scratch database, sampled from
+/proc every 0.1 s; the server's shared processes are not counted), and CPU µs per lease-hour row.
+Results: ``bench/results/billing.json`` and ``billing_hourly.json`` through bench.record (``--quick``: in
+``bench/results/quick/``).
 """
 
 from __future__ import annotations
@@ -24,13 +34,16 @@ import sys
 import time
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
+from urllib.parse import urlsplit
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.record import write  # noqa: E402
 from infra import services  # noqa: E402
 
 MODEL = "H100-80GB"
+HOUR = timedelta(hours=1)
 
 
 def copy_rows(cursor, table: str, columns: list[str], rows) -> int:
@@ -66,9 +79,9 @@ def build(args, url: str) -> dict:
                   ((n, f"node-{n:05d}", "default", f"http://127.0.0.1:9/n/{n}", f"node-{n:05d}", "x" * 32, "0.1.0",
                     "ready", False, created) for n in range(1, args.nodes + 1)))
         gpus = [(g, (g - 1) // 8 + 1, f"GPU-bench-{g:06d}", (g - 1) % 8, MODEL, "mig" if g % 4 == 0 else "whole",
-                 81559, "", None) for g in range(1, args.nodes * 8 + 1)]
+                 81559, "", None, "") for g in range(1, args.nodes * 8 + 1)]
         counts["gpus"] = copy_rows(cursor, "broker_gpu", ["id", "node_id", "uuid", "index", "model", "mode",
-                                                          "memory_mib", "nvlink_domain", "lost_at"],
+                                                          "memory_mib", "nvlink_domain", "lost_at", "mode_target"],
                                    gpus)
         leases, allocations, events = [], [], []
         lease_id = allocation_id = event_id = 0
@@ -129,22 +142,68 @@ def build(args, url: str) -> dict:
     return counts
 
 
+class Backends:
+    """CPU seconds (user + system) of the PostgreSQL backends connected to ``database``: every process whose
+    title names it, sampled every 0.1 s, so that backends which come and go (metering workers) count too."""
+
+    def __init__(self, database: str):
+        import threading
+
+        self.marker = f" {database} "
+        self.seen: dict[int, float] = {}
+        self.own_cpu_s = 0.0  # this sampler's CPU, which is not the benchmark's: subtracted from this process's
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def sample(self) -> float:
+        import psutil
+
+        for process in psutil.process_iter(["cmdline"]):
+            try:
+                title = " ".join(process.info["cmdline"] or []) + " "
+                if self.marker in title and "autovacuum" not in title:
+                    times = process.cpu_times()
+                    self.seen[process.pid] = times.user + times.system
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
+                continue
+        return sum(self.seen.values())
+
+    def _run(self) -> None:
+        while not self.stop.wait(0.1):
+            began = time.thread_time()
+            self.sample()
+            self.own_cpu_s += time.thread_time() - began
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--tenants", type=int, default=1000)
-    parser.add_argument("--nodes", type=int, default=1250)
-    parser.add_argument("--days", type=int, default=31)
+    parser.add_argument("--tenants", type=int, default=None)
+    parser.add_argument("--nodes", type=int, default=None)
+    parser.add_argument("--days", type=int, default=None)
     parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--workers", type=int, default=1, help="metering chunks on this many connections at once")
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--quick", action="store_true", help="100 tenants, 400 GPUs, a month (under 2 minutes)")
+    mode.add_argument("--hourly", action="store_true", help="the hourly metering run at 100,000 GPUs")
     args = parser.parse_args()
-    print(time.strftime("%Y-%m-%d %H:%M"), f"on {os.cpu_count()} cores;", vars(args))
+    sizes = (100, 50, 31) if args.quick else (1000, 12500, 2) if args.hourly else (1000, 1250, 31)
+    for name, default in zip(("tenants", "nodes", "days"), sizes, strict=True):
+        if getattr(args, name) is None:
+            setattr(args, name, default)
+    name = "billing_hourly" if args.hourly else "billing"
+    load_before = os.getloadavg()
+    print(time.strftime("%Y-%m-%d %H:%M"), f"on {os.cpu_count()} cores, load average {load_before[0]:.1f};",
+          vars(args))
     database = services.ensure_postgres()
-    url = services._with_database(database.url, "gpubroker_bench_billing")
+    scratch = (urlsplit(database.url).path.lstrip("/") or "gpubroker") + "_bench_billing"
+    url = services._with_database(database.url, scratch)
     import psutil
     import psycopg
 
     with psycopg.connect(database.url, autocommit=True) as connection:
-        connection.execute("DROP DATABASE IF EXISTS gpubroker_bench_billing WITH (FORCE)")
-        connection.execute("CREATE DATABASE gpubroker_bench_billing")
+        connection.execute(f'DROP DATABASE IF EXISTS "{scratch}" WITH (FORCE)')
+        connection.execute(f'CREATE DATABASE "{scratch}"')
     os.environ.update({"DATABASE_URL": url, "SECRET_KEY": "bench", "RUNTIME_ENV_FILE": os.devnull,
                        "LOG_LEVEL": "WARNING", "DJANGO_SETTINGS_MODULE": "config.settings"})
     import django
@@ -167,34 +226,70 @@ def main() -> None:
     billing.price_book_create(name="list", currency="USD", effective_from=datetime(2026, 1, 1, tzinfo=UTC),
                               rates=[{"tier": MODEL, "per_hour": "3.20"}])
     db.ensure_connection()
-    backend = psutil.Process(db.connection.info.backend_pid)
+    backends = Backends(scratch)
     me = psutil.Process()
 
-    def cpu():
-        return me.cpu_times().user + me.cpu_times().system, backend.cpu_times().user + backend.cpu_times().system
+    def cpu() -> tuple[float, float]:
+        times = me.cpu_times()
+        return times.user + times.system - backends.own_cpu_s, backends.sample()
 
-    period = date(2026, 10, 1)
+    def timed(label: str, work):
+        before, wall = cpu(), time.perf_counter()
+        result = work()
+        seconds, after = time.perf_counter() - wall, cpu()
+        return result, {"wall_s": round(seconds, 2), "python_cpu_s": round(after[0] - before[0], 2),
+                        "postgres_cpu_s": round(after[1] - before[1], 2)}
+
     start = datetime(2026, 10, 1, tzinfo=UTC)
-    month_end = datetime(2026, 11, 1, tzinfo=UTC)
-    now = month_end + timedelta(days=1)
-    before, wall = cpu(), time.perf_counter()
-    rows = billing.usage_meter_window(start=start, end=month_end, now=now)
-    meter_s, after = time.perf_counter() - wall, cpu()
-    print(f"1. allocation metering: {rows:,} lease-hour rows in {meter_s:.1f} s ({rows / meter_s:,.0f} rows/s); "
-          f"CPU: this process {after[0] - before[0]:.1f} s, PostgreSQL {after[1] - before[1]:.1f} s")
-    before, wall = cpu(), time.perf_counter()
-    result = billing.invoice_run(period=period, meter=False, now=now)
-    invoice_s, after = time.perf_counter() - wall, cpu()
-    print(f"2. invoice_run: {result['finalized']} invoices finalized for {result['tenants']} tenants in "
-          f"{invoice_s:.1f} s ({invoice_s / max(1, result['tenants']) * 1000:.0f} ms per tenant); total "
-          f"{result['total_minor']}; CPU: this process {after[0] - before[0]:.1f} s, PostgreSQL "
-          f"{after[1] - before[1]:.1f} s; errors {len(result['errors'])}")
-    wall = time.perf_counter()
-    again = billing.usage_meter_window(start=start, end=month_end, now=now)
-    rerun = billing.invoice_run(period=period, meter=False, now=now)
-    print(f"re-run (changes nothing): metering {again:,} rows, invoices unchanged {rerun['unchanged']}, "
-          f"{time.perf_counter() - wall:.1f} s")
-    print(f"month close (1 + 2): {meter_s + invoice_s:.1f} s for {args.tenants} tenants, {args.nodes * 8} GPUs")
+    figures: dict = {"history": counts, "load_average_before": round(load_before[0], 2)}
+    if args.hourly:
+        end = start + timedelta(days=args.days)
+        now = end + timedelta(minutes=10)
+        billing.usage_meter_window(start=end - 2 * HOUR, end=end - HOUR, now=now, workers=args.workers)
+        rows, hour = timed("hourly", lambda: billing.usage_meter_window(start=end - HOUR, end=end, now=now,
+                                                                         workers=args.workers))
+        hour.update(rows=rows, postgres_cpu_us_per_row=round(hour["postgres_cpu_s"] / max(1, rows) * 1e6, 1),
+                    python_cpu_us_per_row=round(hour["python_cpu_s"] / max(1, rows) * 1e6, 1))
+        print(f"hourly metering run: {rows:,} lease-hour rows for {args.nodes * 8:,} GPUs in {hour['wall_s']:.1f} s "
+              f"wall; CPU: this process {hour['python_cpu_s']:.1f} s, PostgreSQL {hour['postgres_cpu_s']:.1f} s "
+              f"({hour['postgres_cpu_us_per_row']} µs per row)")
+        figures["hourly_metering"] = hour
+    else:
+        period = date(2026, 10, 1)
+        month_end = datetime(2026, 11, 1, tzinfo=UTC)
+        now = month_end + timedelta(days=1)
+        rows, meter = timed("metering", lambda: billing.usage_meter_window(start=start, end=month_end, now=now,
+                                                                            workers=args.workers))
+        meter.update(rows=rows, postgres_cpu_us_per_row=round(meter["postgres_cpu_s"] / max(1, rows) * 1e6, 1),
+                     python_cpu_us_per_row=round(meter["python_cpu_s"] / max(1, rows) * 1e6, 1))
+        print(f"1. allocation metering: {rows:,} lease-hour rows in {meter['wall_s']:.1f} s wall; CPU: this process "
+              f"{meter['python_cpu_s']:.1f} s, PostgreSQL {meter['postgres_cpu_s']:.1f} s "
+              f"({meter['postgres_cpu_us_per_row']} µs per row)")
+        result, invoice = timed("invoice_run", lambda: billing.invoice_run(period=period, meter=False, now=now))
+        invoice.update(tenants=result["tenants"], finalized=result["finalized"], errors=len(result["errors"]),
+                       total_minor=result["total_minor"],
+                       cpu_ms_per_tenant=round((invoice["python_cpu_s"] + invoice["postgres_cpu_s"])
+                                               / max(1, result["tenants"]) * 1000, 1))
+        print(f"2. invoice_run: {result['finalized']} invoices finalized for {result['tenants']} tenants in "
+              f"{invoice['wall_s']:.1f} s wall; total {result['total_minor']}; CPU: this process "
+              f"{invoice['python_cpu_s']:.1f} s, PostgreSQL {invoice['postgres_cpu_s']:.1f} s "
+              f"({invoice['cpu_ms_per_tenant']} ms per tenant); errors {len(result['errors'])}")
+        (again, rerun), repeat = timed("re-run", lambda: (
+            billing.usage_meter_window(start=start, end=month_end, now=now, workers=args.workers),
+            billing.invoice_run(period=period, meter=False, now=now)))
+        repeat.update(rows_changed=again, invoices_unchanged=rerun["unchanged"])
+        print(f"re-run (changes nothing): metering changed {again:,} rows, invoices unchanged {rerun['unchanged']}, "
+              f"{repeat['wall_s']:.1f} s wall; CPU: this process {repeat['python_cpu_s']:.1f} s, PostgreSQL "
+              f"{repeat['postgres_cpu_s']:.1f} s")
+        close = {key: round(meter[key] + invoice[key], 2) for key in ("wall_s", "python_cpu_s", "postgres_cpu_s")}
+        print(f"month close (1 + 2): {close['wall_s']:.1f} s wall, CPU {close['python_cpu_s']:.1f} s here + "
+              f"{close['postgres_cpu_s']:.1f} s PostgreSQL, for {args.tenants} tenants and {args.nodes * 8:,} GPUs")
+        figures.update(metering=meter, invoice_run=invoice, rerun=repeat, month_close=close)
+    backends.stop.set()
+    figures["load_average_after"] = round(os.getloadavg()[0], 2)
+    print(f"load average {figures['load_average_before']} before, {figures['load_average_after']} after "
+          f"(on {os.cpu_count()} cores: wall seconds above include waiting for other work)")
+    write(name, figures, settings=vars(args), quick=args.quick)
 
 
 if __name__ == "__main__":

@@ -304,6 +304,31 @@ def _leasing_scale() -> str:
               f"{f['prometheus_targets_up']}; **API p99 with / without the nodes: {f['api_p99_ratio']}**.")
 
 
+@renderer("billing")
+def _billing() -> str:
+    f, hourly = load("billing")["figures"], load("billing_hourly")["figures"]
+    m, inv, again, close, h = f["metering"], f["invoice_run"], f["rerun"], f["month_close"], hourly["hourly_metering"]
+    rows = [
+        [f"1. metering a month, {m['rows']:,} lease-hours", f"{m['wall_s']} s",
+         f"{m['python_cpu_s']} s / {m['postgres_cpu_s']} s", f"{m['postgres_cpu_us_per_row']} µs"],
+        [f"2. `invoice_run`, {inv['tenants']:,} tenants ({inv['finalized']:,} finalized, {inv['errors']} errors)",
+         f"{inv['wall_s']} s", f"{inv['python_cpu_s']} s / {inv['postgres_cpu_s']} s ({inv['cpu_ms_per_tenant']} ms "
+         "per tenant)", ""],
+        [f"re-run of both ({again['rows_changed']} rows changed, {again['invoices_unchanged']:,} invoices unchanged)",
+         f"{again['wall_s']} s", f"{again['python_cpu_s']} s / {again['postgres_cpu_s']} s", ""],
+        ["**month close (1 + 2)**", f"**{close['wall_s']} s**", f"**{close['python_cpu_s']} s / "
+         f"{close['postgres_cpu_s']} s**", ""],
+        [f"hourly run at {hourly['history']['gpus']:,} GPUs, {h['rows']:,} lease-hours", f"**{h['wall_s']} s**",
+         f"{h['python_cpu_s']} s / {h['postgres_cpu_s']} s", f"{h['postgres_cpu_us_per_row']} µs"],
+    ]
+    history = f["history"]
+    return (provenance("billing", "billing_hourly") + "\n\n"
+            + table(["", "wall", "CPU: Python / PostgreSQL", "PostgreSQL CPU per lease-hour"], rows) + "\n\n"
+            + f"Month history: {history['tenants']:,} tenants, {history['gpus']:,} GPUs, {history['leases']:,} leases, "
+              f"{history['events']:,} events; load average {f['load_average_before']} before the month run and "
+              f"{f['load_average_after']} after; {hourly['load_average_before']} before the hourly run.")
+
+
 def render(name: str) -> str:
     return RENDERERS[name]().rstrip("\n") + "\n"
 

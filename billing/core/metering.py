@@ -9,7 +9,9 @@ hour boundaries), clipped to a metering window. Seconds are exact (microseconds 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
 from datetime import datetime, timedelta
+from decimal import Decimal
 
 HOLDING = frozenset({"active", "preempted"})
 HOUR = timedelta(hours=1)
@@ -47,3 +49,64 @@ def split_hours(start: datetime, end: datetime, *, window: tuple[datetime, datet
         out.append((bucket, (stop - cursor).total_seconds()))
         cursor = stop
     return out
+
+
+@dataclass(frozen=True)
+class HeldUnit:
+    """An allocation as metering sees it: what it held and from when to when (``freed_at`` None: still held)."""
+
+    id: int
+    created_at: datetime
+    freed_at: datetime | None
+    tier: str
+    kind: str
+    mig_profile: str
+    milli: int
+    memory_mib: int
+    preemptible: bool
+
+
+@dataclass(frozen=True)
+class LeaseHour:
+    """One usage row: the seconds a lease held capacity in one UTC hour, and what it held."""
+
+    hour_start: datetime
+    seconds: Decimal  # exact to the microsecond, at most 3600
+    tier: str
+    kind: str
+    mig_profile: str
+    gpu_milli: int
+    memory_mib: int
+    over_quota: bool
+
+
+def lease_hours(events: Iterable[tuple[datetime, str]], units: Iterable[HeldUnit], *, start: datetime,
+                until: datetime) -> list[LeaseHour]:
+    """The usage rows of one lease for the window [start, until), from its events before ``until`` (in order)
+    and its allocations (in id order). This is the reference the set-based SQL of
+    ``billing.services.metering`` is tested against (tests/billing/test_metering_sql.py):
+
+    - the seconds of an hour are the sum of the held intervals' pieces in it, exact, capped at 3600;
+    - what was held in an hour is what the first held interval touching it held for its whole length
+      (allocations created at or before its start and not freed before its end); the tier, kind, profile
+      and over-quota flag are the first such allocation's (lowest id), milli and memory their sums;
+    - an hour whose first interval held no allocation gives no row."""
+    units = list(units)
+    seconds: dict[datetime, Decimal] = {}
+    held: dict[datetime, list[HeldUnit]] = {}
+    for begin, finish in held_intervals(events, until=until):
+        during = [u for u in units if u.created_at <= begin and (u.freed_at is None or u.freed_at >= finish)]
+        for bucket, piece in split_hours(begin, finish, window=(start, until)):
+            seconds[bucket] = seconds.get(bucket, Decimal(0)) + Decimal(str(piece))
+            held.setdefault(bucket, during)
+    rows = []
+    for bucket in sorted(seconds):
+        during = held[bucket]
+        if not during:
+            continue
+        first = during[0]
+        rows.append(LeaseHour(hour_start=bucket, seconds=min(seconds[bucket], Decimal(3600)), tier=first.tier,
+                              kind=first.kind, mig_profile=first.mig_profile,
+                              gpu_milli=sum(u.milli for u in during), memory_mib=sum(u.memory_mib for u in during),
+                              over_quota=first.preemptible))
+    return rows
