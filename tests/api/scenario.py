@@ -356,5 +356,5 @@ def tiering_steps(step, world: World, running_id: int) -> None:
         "batch_size": 8, "seq_len": 128, "target_throughput": 400.0})
     step(f"{v1}/workloads/{{name}}", "get", 200, f"{v1}/workloads/contract-bert", token=owner)
     step(f"{v1}/workloads/{{name}}/profiles", "get", 200, f"{v1}/workloads/contract-bert/profiles", token=owner)
-    step(f"{v1}/workloads/{{name}}/prediction", "get", 200, f"{v1}/workloads/contract-bert/prediction",
+    step(f"{v1}/workloads/{{name}}/prediction", "post", 200, f"{v1}/workloads/contract-bert/prediction",
          token=owner)

@@ -134,8 +134,8 @@ ROUTES: dict[str, Route] = {
                                                                   "target_throughput": 100.0}}),
     "api-workload": Route("api", "/api/v1/workloads/{id}", READ, obj="workload"),
     "api-workload-profiles": Route("api", "/api/v1/workloads/{id}/profiles", READ, obj="workload"),
-    # a prediction stores its figures as predicted profiles of the workload: a read for who may ask
-    "api-workload-prediction": Route("api", "/api/v1/workloads/{id}/prediction", READ, obj="workload"),
+    # a prediction stores its figures as predicted profiles of the workload (and audits it): a write
+    "api-workload-prediction": Route("api", "/api/v1/workloads/{id}/prediction", {"post": None}, obj="workload"),
     "api-lease-samples": Route("api", "/api/v1/leases/{id}/samples", {"post": {"throughput": 10.0}}, obj="lease"),
     # -- tenant portal (portal/views.py, portal/billing.py) --------------------------------------------
     "portal:dashboard": Route("portal", "/", READ),

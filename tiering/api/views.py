@@ -55,9 +55,16 @@ def prediction_data(workload, decision) -> dict:
 
 
 class WorkloadPredictionApi(APIView):
-    @extend_schema(responses=s.PredictionOutput,
-                   summary="The cheapest slice at the tenant's prices predicted to meet the workload's target")
-    def get(self, request, name: str):
+    """A POST: the prediction is stored as the workload's ``predicted`` profiles (replacing the last ones) and
+    audited, so asking for one writes rows and needs the ``use`` action (members and up, write tokens)."""
+
+    write_action = "use"
+
+    @extend_schema(request=None, responses={200: s.PredictionOutput, 404: problem("No such workload in this tenant")},
+                   operation_id="v1_workloads_prediction_create",
+                   summary="Predict (and store as predicted profiles) the cheapest slice at the tenant's prices that "
+                           "meets the workload's target")
+    def post(self, request, name: str):
         workload = selectors.workload_get(actor=request.actor, name=name)
         return Response(prediction_data(workload, services.workload_predict(workload=workload)))
 
