@@ -3,6 +3,7 @@ figure came from, the throughput samples a running workload reports, and the tra
 
 from __future__ import annotations
 
+from django.conf import settings
 from django.db import models
 from django.utils import timezone
 
@@ -107,3 +108,63 @@ class TierModelRecord(models.Model):
 
     def __str__(self) -> str:
         return f"model {self.pk} trained {self.trained_at:%Y-%m-%d %H:%M} on {self.rows} rows"
+
+
+class ProfilingState(models.TextChoices):
+    RUNNING = "running", "running"
+    DONE = "done", "done"
+    FAILED = "failed", "failed (no slice could be measured)"
+
+
+class ProfilingRun(models.Model):
+    """A profiling run (docs/tiering.md, "The profiler"): one short lease per candidate slice, requested at
+    once (the scheduler runs them in parallel where capacity allows), each running the workload for
+    ``window_seconds`` while Prometheus scrapes its DCGM series and the workload reports its throughput; each
+    becomes a ``profiled`` profile row. ``token_prefix`` names the API token minted for the workload's samples
+    (revoked when the run ends)."""
+
+    tenant_lookup = "tenant"
+
+    tenant = models.ForeignKey("tenants.Tenant", on_delete=models.PROTECT, related_name="profiling_runs")
+    workload = models.ForeignKey(Workload, on_delete=models.CASCADE, related_name="profiling_runs")
+    project = models.ForeignKey("tenants.Project", on_delete=models.PROTECT, related_name="+")
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
+                                   related_name="+")
+    state = models.CharField(max_length=16, choices=ProfilingState.choices, default=ProfilingState.RUNNING)
+    window_seconds = models.PositiveIntegerField()
+    deadline_at = models.DateTimeField()
+    token_prefix = models.CharField(max_length=32, blank=True, default="")
+    outcome = models.CharField(max_length=500, blank=True, default="")
+    started_at = models.DateTimeField(default=timezone.now)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-started_at", "-id"]
+        constraints = [
+            models.UniqueConstraint(fields=["workload"], condition=models.Q(state="running"),
+                                    name="tiering_one_running_profiling_per_workload"),
+        ]
+
+    def __str__(self) -> str:
+        return f"profiling {self.workload_id} ({self.state})"
+
+
+class ProfilingLease(models.Model):
+    """One candidate slice of a profiling run and its lease; ``profile`` once measured (or found not to fit),
+    ``outcome`` says what happened."""
+
+    tenant_lookup = "run__tenant"
+
+    run = models.ForeignKey(ProfilingRun, on_delete=models.CASCADE, related_name="leases")
+    slice_key = models.CharField(max_length=64)
+    lease = models.ForeignKey("broker.Lease", on_delete=models.PROTECT, related_name="+")
+    profile = models.ForeignKey(Profile, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    outcome = models.CharField(max_length=300, blank=True, default="")
+    done = models.BooleanField(default=False)
+
+    class Meta:
+        ordering = ["run_id", "slice_key"]
+        constraints = [models.UniqueConstraint(fields=["run", "slice_key"], name="tiering_profiling_slice_once")]
+
+    def __str__(self) -> str:
+        return f"{self.run_id}: {self.slice_key}"

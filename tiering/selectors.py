@@ -6,7 +6,7 @@ from django.db.models import QuerySet
 
 from config.errors import NotFound
 from tenants.access import Actor, restrict
-from tiering.models import Profile, Workload
+from tiering.models import Profile, ProfilingRun, Workload
 
 
 def workload_list(*, actor: Actor) -> QuerySet[Workload]:
@@ -22,3 +22,8 @@ def workload_get(*, actor: Actor, name: str) -> Workload:
 
 def profile_list(*, workload: Workload) -> QuerySet[Profile]:
     return workload.profiles.order_by("slice_key", "provenance", "-measured_at")
+
+
+def profiling_run_list(*, workload: Workload) -> QuerySet[ProfilingRun]:
+    return (workload.profiling_runs.select_related("workload", "project")
+            .prefetch_related("leases__profile").order_by("-started_at", "-id"))

@@ -66,3 +66,34 @@ class SampleOutput(serializers.ModelSerializer):
     class Meta:
         model = LeaseSample
         fields = ["lease", "throughput", "step_ms", "reported_at"]
+
+
+class ProfilingRunInput(StrictSerializer):
+    """Bounds as ``tiering.profiler.profiling_start`` checks them (it names the field at fault)."""
+
+    project = serializers.CharField()
+    slices = serializers.ListField(child=serializers.CharField(), required=False)
+    window_seconds = serializers.IntegerField(required=False)
+
+
+class ProfilingLeaseOutput(serializers.Serializer):
+    slice_key = serializers.CharField()
+    lease = serializers.IntegerField(source="lease_id")
+    done = serializers.BooleanField()
+    outcome = serializers.CharField()
+    throughput = serializers.FloatField(source="profile.throughput", allow_null=True, default=None)
+    memory_mib = serializers.IntegerField(source="profile.memory_mib", allow_null=True, default=None)
+    engine_active = serializers.FloatField(source="profile.engine_active", allow_null=True, default=None)
+
+
+class ProfilingRunOutput(serializers.Serializer):
+    id = serializers.IntegerField()
+    workload = serializers.CharField(source="workload.name")
+    project = serializers.CharField(source="project.slug")
+    state = serializers.CharField()
+    window_seconds = serializers.IntegerField()
+    deadline_at = serializers.DateTimeField()
+    started_at = serializers.DateTimeField()
+    finished_at = serializers.DateTimeField(allow_null=True)
+    outcome = serializers.CharField()
+    leases = ProfilingLeaseOutput(many=True, source="leases.all")

@@ -11,7 +11,7 @@ from rest_framework.views import APIView
 from config.api import paginate, parse
 from config.openapi import PAGE_PARAMETERS, paginated, problem
 from leasing import selectors as leasing_selectors
-from tiering import selectors, services
+from tiering import profiler, selectors, services
 from tiering.api import serializers as s
 
 
@@ -67,6 +67,31 @@ class WorkloadPredictionApi(APIView):
     def post(self, request, name: str):
         workload = selectors.workload_get(actor=request.actor, name=name)
         return Response(prediction_data(workload, services.workload_predict(workload=workload)))
+
+
+class WorkloadProfilingApi(APIView):
+    """Profiling runs of a workload: one short lease per candidate slice, measured from Prometheus and the
+    workload's own samples (docs/tiering.md, "The profiler")."""
+
+    write_action = "use"
+
+    @extend_schema(responses=s.ProfilingRunOutput(many=True), operation_id="v1_workloads_profiling_runs_list",
+                   summary="The workload's profiling runs, newest first, with each candidate slice's outcome")
+    def get(self, request, name: str):
+        workload = selectors.workload_get(actor=request.actor, name=name)
+        return Response(s.ProfilingRunOutput(selectors.profiling_run_list(workload=workload), many=True).data)
+
+    @extend_schema(request=s.ProfilingRunInput,
+                   responses={201: s.ProfilingRunOutput, 404: problem("No such workload or project in this tenant"),
+                              409: problem("The workload is being profiled already")},
+                   summary="Profile the workload: a short lease per candidate slice (default: the whole GPU of each "
+                           "priced model in the fleet), in parallel where capacity allows")
+    def post(self, request, name: str):
+        workload = selectors.workload_get(actor=request.actor, name=name)
+        body = parse(s.ProfilingRunInput, request)
+        run = profiler.profiling_start(actor=request.actor, workload=workload, project=body.get("project"),
+                                       slices=body.get("slices"), window_seconds=body.get("window_seconds"))
+        return Response(s.ProfilingRunOutput(run).data, status=status.HTTP_201_CREATED)
 
 
 class LeaseSampleApi(APIView):
