@@ -136,6 +136,8 @@ ROUTES: dict[str, Route] = {
     "api-workload-profiles": Route("api", "/api/v1/workloads/{id}/profiles", READ, obj="workload"),
     # a prediction stores its figures as predicted profiles of the workload (and audits it): a write
     "api-workload-prediction": Route("api", "/api/v1/workloads/{id}/prediction", {"post": None}, obj="workload"),
+    "api-workload-profiling": Route("api", "/api/v1/workloads/{id}/profiling-runs", {
+        "get": None, "post": {"project": "vision", "slices": ["A100-80GB"], "window_seconds": 10}}, obj="workload"),
     "api-lease-samples": Route("api", "/api/v1/leases/{id}/samples", {"post": {"throughput": 10.0}}, obj="lease"),
     # -- tenant portal (portal/views.py, portal/billing.py) --------------------------------------------
     "portal:dashboard": Route("portal", "/", READ),
