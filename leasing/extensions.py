@@ -12,9 +12,10 @@ validates a request, the resolver turns that gpu object into a concrete one (a w
 share of one model) with the reason it was chosen, which goes into the lease's reason and first event; it may
 refuse by raising an ``ApplicationError`` (``profile_first``).
 
-The dependency so runs one way: billing → leasing, tiering → leasing. A deployment without billing leases with no checks and ranks
-``auto`` by the scheduling core's own order. Tests may register their own and remove them (the ``unregister``
-callables returned).
+The dependency so runs one way: billing → leasing, tiering → leasing. A deployment without billing leases with
+no checks and ranks ``model: auto`` by the scheduling core's own order; one without tiering refuses kind
+``auto`` as an unknown kind. Tests may register their own and remove them (the ``unregister`` callables
+returned).
 """
 
 from __future__ import annotations

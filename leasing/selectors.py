@@ -241,11 +241,10 @@ class _DryRun:
 
 def _lease_dry_run(*, actor: Actor, project: object, gpu: object, workload_class: object, priority: object,
                    duration_seconds: object, now: datetime) -> _DryRun:
+    from leasing.extensions import GpuRequest, gpu_resolve
     from leasing.scheduler import DecisionMode, Kind, Request, Shape
     from leasing.scheduler.plan import Scheduler
     from leasing.validation import request_validate
-
-    from leasing.extensions import GpuRequest, gpu_resolve
 
     actor.require("view")
     # a kind another app resolves (tiering's auto) previews as what it resolves to, writing nothing

@@ -67,7 +67,8 @@ def last_value(data: QueryDict, name: str, default: str = "") -> str:
 
 # -- lease request ---------------------------------------------------------------------------------------
 LEASE_FIELDS = {"project", "gpu", "gpu_kind", "gpu_model", "gpu_profile", "gpu_count", "gpu_gang", "gpu_milli",
-                "gpu_memory_mib", "gpu_workload", "gpu_target_throughput", "workload_class", "priority", "duration_seconds",
+                "gpu_memory_mib", "gpu_workload", "gpu_target_throughput", "workload_class", "priority",
+                "duration_seconds",
                 "workload", "workload_command", "workload_args", "workload_env", "workload_workdir",
                 "workload_checkpoint_dir", "workload_restart_policy", "workload_max_restarts", "workload_port"}
 RESTART_POLICIES = (("never", "Never"), ("on-preemption", "After a preemption"),

@@ -25,10 +25,10 @@ from leasing import services as leasing_services
 from leasing.choices import FINAL_STATES, HOLDING_STATES, LeaseState, WorkloadClass
 from portal import forms, presenters
 from portal.pricing import dashboard_spend
-from tiering import selectors as tiering_selectors
 from tenants import selectors, services
 from tenants.choices import Role, TokenScope
 from tenants.permissions import SAFE_METHODS
+from tiering import selectors as tiering_selectors
 
 STATE_GROUPS = {
     "live": ",".join(s for s in LeaseState.values if s not in FINAL_STATES),

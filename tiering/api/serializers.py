@@ -68,12 +68,21 @@ class SampleOutput(serializers.ModelSerializer):
         fields = ["lease", "throughput", "step_ms", "reported_at"]
 
 
+def _slice_keys() -> list[str]:
+    from gpus.performance import SPECS, slices_for
+
+    return sorted(where.key for model in SPECS for where in slices_for(model))
+
+
 class ProfilingRunInput(StrictSerializer):
-    """Bounds as ``tiering.profiler.profiling_start`` checks them (it names the field at fault)."""
+    """Bounds as ``tiering.profiler.profiling_start`` checks them (it names the field at fault); ``slices``:
+    slice keys (``MODEL``, ``MODEL/mig/PROFILE``, ``MODEL/share/MILLI``), default the whole GPU of every priced
+    model in the fleet."""
 
     project = serializers.CharField()
-    slices = serializers.ListField(child=serializers.CharField(), required=False)
-    window_seconds = serializers.IntegerField(required=False)
+    slices = serializers.ListField(child=serializers.ChoiceField(choices=_slice_keys()), required=False,
+                                   min_length=1, max_length=12)
+    window_seconds = serializers.IntegerField(required=False, min_value=5, max_value=3600)
 
 
 class ProfilingLeaseOutput(serializers.Serializer):
