@@ -47,7 +47,8 @@ def main() -> int:
     rng = random.Random()
     while not stopping:
         value = throughput * math.exp(rng.gauss(0, noise))
-        body = json.dumps({"throughput": round(value, 4)}).encode()
+        named = {"workload": os.environ["PERF_WORKLOAD"]} if os.environ.get("PERF_WORKLOAD") else {}
+        body = json.dumps({"throughput": round(value, 4), **named}).encode()
         request = urllib.request.Request(target, data=body, method="POST", headers={  # noqa: S310 (http(s) only)
             "Authorization": f"Bearer {token}", "Content-Type": "application/json"})
         try:

@@ -83,6 +83,8 @@ class LeaseSample(models.Model):
     throughput = models.FloatField()
     step_ms = models.FloatField(null=True, blank=True)
     reported_at = models.DateTimeField(default=timezone.now)
+    # the registered workload the sample's process says it is (the advice reads a lease's workload from it)
+    workload = models.ForeignKey(Workload, null=True, blank=True, on_delete=models.SET_NULL, related_name="samples")
 
     class Meta:
         ordering = ["lease_id", "reported_at", "id"]
@@ -168,3 +170,41 @@ class ProfilingLease(models.Model):
 
     def __str__(self) -> str:
         return f"{self.run_id}: {self.slice_key}"
+
+
+class AdviceKind(models.TextChoices):
+    TOO_BIG = "too_big", "migrate to a smaller slice (saving)"
+    TOO_SMALL = "too_small", "migrate to a bigger slice (speed-up)"
+    QUANTIZE = "quantize", "quantize to INT8/FP8 (advice only)"
+
+
+class TierAdvice(models.Model):
+    """Advice on a running lease from its telemetry (docs/tiering.md, "Advice"): on the wrong tier (too big: the
+    target is met with room to spare and a cheaper slice is predicted to meet it; too small: under target or
+    under memory pressure), or it would fit a cheaper slice quantized. Advice only: nothing changes by itself.
+    One open row per (lease, kind), refreshed at each scan; closed when the lease ends or the advice no longer
+    holds."""
+
+    tenant_lookup = "tenant"
+
+    tenant = models.ForeignKey("tenants.Tenant", on_delete=models.PROTECT, related_name="+")
+    lease = models.ForeignKey("broker.Lease", on_delete=models.CASCADE, related_name="+")
+    workload = models.ForeignKey(Workload, on_delete=models.CASCADE, related_name="advice")
+    kind = models.CharField(max_length=12, choices=AdviceKind.choices)
+    current_slice = models.CharField(max_length=64)
+    suggested_slice = models.CharField(max_length=64)
+    reason = models.TextField()
+    saving_per_hour = models.FloatField(default=0.0)  # in the price book's currency, per hour
+    speedup = models.FloatField(null=True, blank=True)
+    evidence = models.JSONField(default=dict)
+    open = models.BooleanField(default=True)
+    created_at = models.DateTimeField(default=timezone.now)
+    updated_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["-updated_at", "-id"]
+        constraints = [models.UniqueConstraint(fields=["lease", "kind"], condition=models.Q(open=True),
+                                               name="tiering_one_open_advice_per_lease_kind")]
+
+    def __str__(self) -> str:
+        return f"{self.kind} for lease {self.lease_id}: {self.suggested_slice}"

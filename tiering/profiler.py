@@ -114,7 +114,7 @@ def profiling_start(*, actor: Actor, workload: Workload, project: object, slices
             "batch_size": spec.batch_size, "seq_len": spec.seq_len, "image_size": spec.image_size}
     body = {"command": list(settings.TIERING_PROFILER_COMMAND), "restart_policy": "never", "perf": perf,
             "env": {"PERF_SAMPLES_URL": settings.SITE_URL.rstrip("/") + "/api/v1/leases/{lease}/samples",
-                    "PERF_TOKEN": secret, "PERF_INTERVAL_SECONDS": "1"}}
+                    "PERF_TOKEN": secret, "PERF_INTERVAL_SECONDS": "1", "PERF_WORKLOAD": workload.name}}
     with transaction.atomic(durable=True):
         run = ProfilingRun.objects.create(
             tenant=actor.tenant, workload=workload, project=Project.objects.get(tenant=actor.tenant, slug=project),

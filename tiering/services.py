@@ -141,8 +141,9 @@ def profile_record(*, workload: Workload, slice_key: str, provenance: str, throu
     return profile
 
 
-def lease_sample_record(*, actor: Actor, lease_id: int, throughput, step_ms=None) -> LeaseSample:
-    """The workload's own throughput on its lease (what the profiler and the advice read)."""
+def lease_sample_record(*, actor: Actor, lease_id: int, throughput, step_ms=None, workload=None) -> LeaseSample:
+    """The workload's own throughput on its lease (what the profiler and the advice read); ``workload`` names
+    the registered workload the process is, so the advice knows what runs on the lease."""
     actor.require("use")
     lease = Lease.objects.filter(pk=lease_id, tenant=actor.tenant).first()
     if lease is None:
@@ -151,9 +152,15 @@ def lease_sample_record(*, actor: Actor, lease_id: int, throughput, step_ms=None
     if throughput is None:
         raise ValidationFailed("throughput is required (samples/s; tokens/s for generation).", field="throughput")
     step_ms = _number({"step_ms": step_ms}, "step_ms", integer=False, low=0.0, high=3.6e6)
+    named = None
+    if workload is not None:
+        named = Workload.objects.filter(tenant=actor.tenant, name=workload).first() \
+            if isinstance(workload, str) else None
+        if named is None:
+            raise ValidationFailed(f"No workload named {workload!r} in this tenant.", field="workload")
     if lease.state not in ("active", "releasing"):
         raise Conflict(f"Lease {lease_id} is {lease.state}: samples are taken while it runs.", field="id")
-    return LeaseSample.objects.create(lease=lease, throughput=float(throughput), step_ms=step_ms)
+    return LeaseSample.objects.create(lease=lease, throughput=float(throughput), step_ms=step_ms, workload=named)
 
 
 # -- the profile database and the model --------------------------------------------------------------------

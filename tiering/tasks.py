@@ -37,3 +37,11 @@ def profiling_advance_all() -> int:
     for run_id in runs:
         advance(run_id=run_id)
     return len(runs)
+
+
+@shared_task(name="tiering.advice_scan")
+def advice_scan() -> dict:
+    """Periodic: migration and quantization advice for the running leases whose workload is known."""
+    from tiering.advice import advice_scan as scan
+
+    return scan()

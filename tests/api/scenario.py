@@ -366,3 +366,4 @@ def tiering_steps(step, world: World, running_id: int) -> None:
     step(runs, "post", 409, f"{v1}/workloads/contract-bert/profiling-runs", token=owner, body=body)  # one at a time
     step(runs, "post", 404, f"{v1}/workloads/no-such-workload/profiling-runs", token=owner, body=body)
     step(runs, "get", 200, f"{v1}/workloads/contract-bert/profiling-runs", token=owner)
+    step(f"{v1}/workloads/{{name}}/advice", "get", 200, f"{v1}/workloads/contract-bert/advice", token=owner)

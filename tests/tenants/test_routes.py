@@ -138,6 +138,7 @@ ROUTES: dict[str, Route] = {
     "api-workload-prediction": Route("api", "/api/v1/workloads/{id}/prediction", {"post": None}, obj="workload"),
     "api-workload-profiling": Route("api", "/api/v1/workloads/{id}/profiling-runs", {
         "get": None, "post": {"project": "vision", "slices": ["A100-80GB"], "window_seconds": 10}}, obj="workload"),
+    "api-workload-advice": Route("api", "/api/v1/workloads/{id}/advice", READ, obj="workload"),
     "api-lease-samples": Route("api", "/api/v1/leases/{id}/samples", {"post": {"throughput": 10.0}}, obj="lease"),
     # -- tenant portal (portal/views.py, portal/billing.py) --------------------------------------------
     "portal:dashboard": Route("portal", "/", READ),
@@ -150,6 +151,8 @@ ROUTES: dict[str, Route] = {
                               "duration_seconds": "600"}}),
     "portal:lease-preview": Route("portal", "/leases/preview?project=vision&gpu.kind=mig&gpu.profile=1g.10gb", READ),
     "portal:lease": Route("portal", "/leases/{id}", READ, obj="lease"),
+    "portal:workloads": Route("portal", "/workloads/", READ),
+    "portal:workload": Route("portal", "/workloads/{id}", READ, obj="workload"),
     # the workload log's partial: another tenant's lease is 404 before the node is asked for a byte
     "portal:lease-log": Route("portal", "/leases/{id}/log", READ, obj="workload_lease"),
     "portal:lease-release": Route("portal", "/leases/{id}/release", {"post": {}}, obj="lease"),

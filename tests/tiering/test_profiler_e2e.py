@@ -23,7 +23,7 @@ from tests.factories import make_quota, make_world
 from tests.fleet.conftest import start_fleet
 from tests.leasing.conftest import Api, start_workers, stop_workers, wait_until
 from tiering import services
-from tiering.models import Profile, ProfilingRun, Workload
+from tiering.models import LeaseSample, Profile, ProfilingRun, Workload
 from tiering.profiler import profiling_candidates
 
 pytestmark = [needs_prometheus, pytest.mark.slow]
@@ -137,3 +137,64 @@ def test_a_workload_that_does_not_fit_a_slice_is_profiled_as_not_fitting(scene, 
     assert rows["A100-80GB"].fits and rows["A100-80GB"].throughput > 0
     outcome = finished.leases.get(slice_key="H100-80GB/mig/1g.10gb").outcome
     assert "does not fit" in outcome
+
+
+def test_a_running_lease_on_too_big_a_gpu_gets_migration_and_quantization_advice(scene, world, settings):
+    """BERT-base in BF16 needing 2,000 samples/s, leased on a whole A100: its process reports ~6,500/s with the
+    workload's name; the advice scan (as the periodic task runs it) reads the lease's DCGM series from
+    Prometheus, records them as an observed profile, and advises a cheaper slice (too big, with the saving)
+    and INT8 (it would fit an even cheaper slice quantized). Through the API and the portal's advice page."""
+    from django.test import Client
+
+    from tiering.advice import advice_scan
+    from tiering.models import TierAdvice
+
+    api = scene["api"]
+    body = {**BERT, "name": "bert-bf16", "precision": "bf16"}
+    assert api.call("POST", "/workloads", body)[0] == 201
+    workload = Workload.objects.get(name="bert-bf16")
+    spec = services.spec_of(workload)
+    from gpus.performance import estimate, slice_from_key
+
+    truth = estimate(spec, slice_from_key("A100-80GB"))
+    services.profile_record(workload=workload, slice_key="A100-80GB", provenance="profiled",
+                            throughput=truth.throughput, memory_mib=truth.memory_mib, engine_active=truth.engine_active)
+    services.reference_set_seed(count=40, seed=1)
+    services.model_retrain()
+    perf = {k: getattr(spec, k) for k in ("architecture", "task", "precision", "batch_size", "seq_len", "image_size")}
+    status, lease = api.call("POST", "/leases", {
+        "project": "vision", "gpu": {"kind": "whole", "model": "A100-80GB"}, "duration_seconds": 600,
+        "workload": {"command": list(settings.TIERING_PROFILER_COMMAND), "perf": perf, "env": {
+            "PERF_SAMPLES_URL": settings.SITE_URL + "/api/v1/leases/{lease}/samples",
+            "PERF_TOKEN": world.tokens["member"], "PERF_WORKLOAD": "bert-bf16"}}})
+    assert status == 201, lease
+    wait_until(lambda: LeaseSample.objects.filter(lease_id=lease["id"], workload=workload).count() >= 6, timeout=90)
+    instance = Lease.objects.get(pk=lease["id"]).allocations.get().instance_id
+    scene["prometheus"].wait_for(f'count_over_time(DCGM_FI_DEV_FB_USED{{allocation_id="{instance}"}}[1m]) > 4')
+
+    counts = advice_scan()
+    assert counts == {"leases": 1, "open": 2}, counts
+    observed = Profile.objects.get(workload=workload, provenance="observed")
+    assert observed.lease_id == lease["id"] and observed.memory_mib == truth.memory_mib
+    assert observed.throughput == pytest.approx(truth.throughput, rel=0.05)
+    advice = {a.kind: a for a in TierAdvice.objects.filter(lease_id=lease["id"], open=True)}
+    big, quantize = advice["too_big"], advice["quantize"]
+    assert big.current_slice == "A100-80GB" and big.saving_per_hour > 0 and "too big" in big.reason
+    assert estimate(spec, slice_from_key(big.suggested_slice)).throughput >= 2000  # truly enough
+    assert quantize.saving_per_hour > big.saving_per_hour and "INT8" in quantize.reason.upper()
+    # a second scan refreshes, never duplicates
+    advice_scan()
+    assert TierAdvice.objects.filter(lease_id=lease["id"], open=True).count() == 2
+    # the tenant sees it through the API and on the portal's advice page; the outsider does not
+    status, rows = api.call("GET", "/workloads/bert-bf16/advice")
+    assert status == 200 and {r["kind"] for r in rows} == {"too_big", "quantize"}
+    assert scene["outsider"].call("GET", "/workloads/bert-bf16/advice")[0] == 404
+    browser = Client()
+    browser.force_login(world.member)
+    page = browser.get("/advice").content.decode()
+    assert "too big" in page and f"lease {lease['id']}" in page.lower()
+    # the lease ends: its advice closes
+    api.call("DELETE", f"/leases/{lease['id']}")
+    wait_until(lambda: Lease.objects.get(pk=lease["id"]).state == LeaseState.RELEASED, timeout=60)
+    advice_scan()
+    assert not TierAdvice.objects.filter(lease_id=lease["id"], open=True).exists()

@@ -58,14 +58,17 @@ class SampleInput(StrictSerializer):
 
     throughput = serializers.FloatField(min_value=0, max_value=1e12)
     step_ms = serializers.FloatField(required=False, min_value=0, max_value=3.6e6)
+    workload = serializers.CharField(required=False, max_length=64,
+                                     help_text="the registered workload this process is (the advice reads it)")
 
 
 class SampleOutput(serializers.ModelSerializer):
     lease = serializers.IntegerField(source="lease_id")
+    workload = serializers.CharField(source="workload.name", allow_null=True, default=None)
 
     class Meta:
         model = LeaseSample
-        fields = ["lease", "throughput", "step_ms", "reported_at"]
+        fields = ["lease", "throughput", "step_ms", "workload", "reported_at"]
 
 
 def _slice_keys() -> list[str]:
@@ -106,3 +109,19 @@ class ProfilingRunOutput(serializers.Serializer):
     finished_at = serializers.DateTimeField(allow_null=True)
     outcome = serializers.CharField()
     leases = ProfilingLeaseOutput(many=True, source="leases.all")
+
+
+class AdviceOutput(serializers.Serializer):
+    id = serializers.IntegerField()
+    lease = serializers.IntegerField(source="lease_id")
+    workload = serializers.CharField(source="workload.name")
+    kind = serializers.CharField()
+    current_slice = serializers.CharField()
+    suggested_slice = serializers.CharField()
+    reason = serializers.CharField()
+    saving_per_hour = serializers.FloatField()
+    speedup = serializers.FloatField(allow_null=True)
+    evidence = serializers.DictField()
+    open = serializers.BooleanField()
+    created_at = serializers.DateTimeField()
+    updated_at = serializers.DateTimeField()

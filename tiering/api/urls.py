@@ -9,5 +9,6 @@ urlpatterns = [
     path("workloads/<str:name>/prediction", views.WorkloadPredictionApi.as_view(), name="api-workload-prediction"),
     path("workloads/<str:name>/profiling-runs", views.WorkloadProfilingApi.as_view(),
          name="api-workload-profiling"),
+    path("workloads/<str:name>/advice", views.WorkloadAdviceApi.as_view(), name="api-workload-advice"),
     path("leases/<int:pk>/samples", views.LeaseSampleApi.as_view(), name="api-lease-samples"),
 ]

@@ -94,6 +94,14 @@ class WorkloadProfilingApi(APIView):
         return Response(s.ProfilingRunOutput(run).data, status=status.HTTP_201_CREATED)
 
 
+class WorkloadAdviceApi(APIView):
+    @extend_schema(responses=s.AdviceOutput(many=True), operation_id="v1_workloads_advice_list",
+                   summary="Open migration and quantization advice for the workload's running leases (advice only)")
+    def get(self, request, name: str):
+        workload = selectors.workload_get(actor=request.actor, name=name)
+        return Response(s.AdviceOutput(selectors.advice_list(actor=request.actor, workload=workload), many=True).data)
+
+
 class LeaseSampleApi(APIView):
     write_action = "use"
 
@@ -105,5 +113,5 @@ class LeaseSampleApi(APIView):
         leasing_selectors.lease_get(actor=request.actor, lease_id=pk)  # 404 before the body, as every lease route
         body = parse(s.SampleInput, request)
         sample = services.lease_sample_record(actor=request.actor, lease_id=pk, throughput=body.get("throughput"),
-                                              step_ms=body.get("step_ms"))
+                                              step_ms=body.get("step_ms"), workload=body.get("workload"))
         return Response(s.SampleOutput(sample).data, status=status.HTTP_201_CREATED)
