@@ -65,7 +65,9 @@ def advice_scan(*, now: datetime | None = None) -> dict[str, int]:
         workload, key = sample.workload, lease_slice_key(lease)
         if key is None:
             continue
-        start = max(lease.active_at or now - window, now - window)
+        first = LeaseSample.objects.filter(lease=lease).order_by("reported_at").values_list(
+            "reported_at", flat=True).first()
+        start = max(first + timedelta(seconds=5), now - window)  # from the workload's first sample on
         try:
             figures = lease_telemetry(lease=lease, start=start, end=now)
         except PrometheusMissing as error:

@@ -195,8 +195,17 @@ def profiling_advance(*, run_id: int, now: datetime | None = None) -> str:
     window = timedelta(seconds=run.window_seconds)
     for item in ProfilingLease.objects.filter(run=run, done=False).select_related("lease").order_by("pk"):
         lease = item.lease
-        if lease.state == LeaseState.ACTIVE and lease.active_at and now - lease.active_at >= window:
-            start = lease.active_at + timedelta(seconds=min(5, run.window_seconds // 4))  # the warm-up left out
+        first = LeaseSample.objects.filter(lease=lease).order_by("reported_at").values_list(
+            "reported_at", flat=True).first() if lease.state == LeaseState.ACTIVE else None
+        # the window starts with the workload's first sample (the devices run it from then on: before, the
+        # instance was idle or still starting it), the warm-up left out; with no sample after three windows
+        # the workload is not reporting
+        started = first + timedelta(seconds=min(5, run.window_seconds // 4)) if first else None
+        due = lease.state == LeaseState.ACTIVE and lease.active_at and (
+            (started is not None and now - started >= window)
+            or (started is None and now - lease.active_at >= 3 * window))
+        if due:
+            start = started or lease.active_at
             try:
                 seen = lease_telemetry(lease=lease, start=start, end=now)
             except PrometheusMissing as error:

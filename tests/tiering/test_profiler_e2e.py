@@ -107,8 +107,10 @@ def test_profiler_measures_each_candidate_slice_from_prometheus_and_the_workload
     assert ranked == sorted(measured, key=lambda key: estimate(spec, slice_from_key(key)).throughput) == [
         "L4", "H100-80GB/mig/1g.10gb", "A100-80GB"]
     # the series really came from Prometheus: it holds the leases' devices at those figures
+    # (over the last 10 s of the window: before the workload started, the idle instance showed other figures)
     a100 = leases.get(pk=measured["A100-80GB"].lease_id).allocations.get()
-    series = scene["prometheus"].query(f'max_over_time(DCGM_FI_DEV_FB_USED{{allocation_id="{a100.instance_id}"}}[10m])')
+    series = scene["prometheus"].query(f'max_over_time(DCGM_FI_DEV_FB_USED{{allocation_id="{a100.instance_id}"}}[10s])',
+                                       at=measured["A100-80GB"].measured_at.timestamp())
     assert int(float(series[0]["value"][1])) == measured["A100-80GB"].memory_mib
     # the samples token is revoked once the run is over
     from tenants.models import ApiToken
