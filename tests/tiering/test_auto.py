@@ -152,3 +152,30 @@ def test_auto_through_the_portal_request_form(world):
     page = browser.post("/leases/new", {"project": "vision", "gpu.kind": "auto", "gpu.workload": "bert-serving",
                                         "gpu.target_throughput": "fast", "duration_seconds": "3600"})
     assert page.status_code == 400 and 'id="err-gpu_target_throughput"' in page.content.decode()
+
+
+def test_workload_profile_page_charts_throughput_and_price_per_slice_with_the_recommendation(world):
+    """The portal's profile page: an SVG row per slice (measured or predicted), cheapest first, the recommended
+    slice highlighted and the target drawn; the list links to it; another tenant gets 404."""
+    import re
+
+    workload = Workload.objects.get(name="bert-serving")
+    _measure(workload)
+    world.client("member").post("/api/v1/workloads/bert-serving/prediction")  # stores the predicted profiles
+    chosen = services.workload_predict(workload=workload, store=False).option.slice.key
+    browser = Client()
+    browser.force_login(world.member)
+    listing = browser.get("/workloads/").content.decode()
+    assert 'href="/workloads/bert-serving"' in listing
+    page = browser.get("/workloads/bert-serving").content.decode()
+    start = page.index('<svg class="tier-chart"')
+    svg = page[start:page.index("</svg>", start)]
+    rows = re.findall(r'<g class="tier-row([^"]*)" data-slice="([^"]+)"', svg)
+    offered = {s.key for s, _ in services.tenant_slice_prices(tenant=world.acme)}
+    assert {key for _, key in rows} == offered
+    assert [key for classes, key in rows if "recommended" in classes] == [chosen]
+    assert "★ recommended" in svg and 'class="target"' in svg and "(profiled)" in svg and "(predicted)" in svg
+    assert "A100-80GB" in page and "profiled" in page  # the measurement table
+    outsider = Client()
+    outsider.force_login(world.outsider)
+    assert outsider.get("/workloads/bert-serving").status_code == 404
