@@ -102,6 +102,50 @@ def reference_of(workload, rng, noise) -> Observation:
     return Observation(whole(REFERENCE), throughput, memory, engine)
 
 
+def choose_threshold(model: TierModel, price_of, *, seed: int, targets: int, noise: float,
+                     misses_allowed: float = 0.01) -> tuple[float, dict]:
+    """The confidence threshold, chosen on the training architectures only: the calibration's held-out folds
+    (``TierModel.held_out``) replay decisions with targets drawn as the benchmark draws them; the lowest threshold
+    of ``SWEEP`` whose misses there are ≤ ``misses_allowed`` (half the 2 % target) wins. The held-out
+    architectures of the benchmark are never looked at."""
+    rng = random.Random(seed + 3)
+    by_workload: dict = {}
+    for row, predicted, memory in model.held_out:
+        by_workload.setdefault(row.workload, []).append((row, predicted, memory))
+    tallies = {level: [0, 0, []] for level in SWEEP}  # misses, decisions, regrets
+    for items in by_workload.values():
+        best = max(row.throughput for row, _, _ in items)
+        if best <= 0:
+            continue
+        for _ in range(targets):
+            required = best * math.exp(rng.uniform(math.log(0.01), math.log(0.95)))
+            meeting = [price_of(row.slice) for row, _, _ in items if row.throughput >= required]
+            if not meeting:
+                continue
+            oracle = min(meeting)
+            for level in SWEEP:
+                options = []
+                for row, predicted, memory in items:
+                    residuals = model.residuals.get(f"{row.slice.model}/{row.slice.kind}", ())
+                    confidence = (sum(1 for r in residuals if predicted * math.exp(r) >= required) / len(residuals)
+                                  if residuals and predicted > 0 else 0.0)
+                    options.append(Option(row.slice, price_of(row.slice), predicted, memory, confidence))
+                pick = choose(options, required, min_confidence=level, headroom=0.05)
+                if pick.option is None or pick.profile_first:
+                    continue  # would profile first: measured, so no miss
+                chosen = next(row for row, _, _ in items if row.slice == pick.option.slice)
+                tally = tallies[level]
+                tally[0] += 0 if chosen.throughput >= required else 1
+                tally[1] += 1
+                tally[2].append(price_of(chosen.slice) / oracle - 1)
+    summary = {str(level): {"misses": round(t[0] / max(1, t[1]), 4),
+                            "regret": round(sum(t[2]) / max(1, len(t[2])), 4), "decisions": t[1]}
+               for level, t in tallies.items()}
+    chosen_level = next((level for level in SWEEP if tallies[level][0] <= misses_allowed * max(1, tallies[level][1])),
+                        SWEEP[-1])
+    return chosen_level, summary
+
+
 def run(args) -> dict:
     rng = random.Random(args.seed)
     began = time.monotonic()
@@ -126,6 +170,9 @@ def run(args) -> dict:
     if args.calibrate:  # per-tier held-out errors: the forest's confidence becomes an empirical bound
         model.calibrate(rows, folds=args.folds, trees=max(10, args.trees // 3), seed=args.seed)
     calibration_seconds = time.monotonic() - calibrated_at
+    threshold, cv = (choose_threshold(model, price_of, seed=args.seed, targets=args.targets, noise=args.noise)
+                     if args.calibrate and args.confidence is None else (args.confidence or 0.6, {}))
+    args.chosen_confidence = threshold
     validation = validation_error(rows, seed=args.seed, n_estimators=args.trees)
     efficiencies = (model.compute_efficiency, model.memory_efficiency)
 
@@ -160,7 +207,7 @@ def run(args) -> dict:
                 else biggest_first[0]
             options = [Option(s, price_of(s), predictions[s.key].throughput, predictions[s.key].memory_mib,
                               predictions[s.key].confidence(required * (1 + args.margin))) for s in slices]
-            decision = choose(options, required, min_confidence=args.confidence, headroom=args.headroom)
+            decision = choose(options, required, min_confidence=threshold, headroom=args.headroom)
             if decision.profile_first:
                 # low confidence: the broker profiles first, i.e. measures the likeliest slices; here the
                 # cheapest slice whose measurement meets the target, at the cost of one profiling lease
@@ -204,6 +251,8 @@ def run(args) -> dict:
         "forest_profile_first": round(profile_first / max(1, tallies["forest"]["decisions"]), 4),
         "workloads": {"train": len(train), "held_out": len(held), "held_out_architectures": sorted(held_names),
                       "slices": len(slices), "profile_rows": len(rows)},
+        "threshold": {"chosen": threshold, "how": "lowest with misses ≤ 1 % on the training architectures' "
+                      "held-out calibration folds" if cv else "given", "cross_validated": cv},
         "forest": {"trees": args.trees, "train_seconds": round(train_seconds, 2),
                    "calibrated": bool(args.calibrate), "calibration_seconds": round(calibration_seconds, 2),
                    "calibrated_tiers": len(model.residuals),
@@ -222,9 +271,10 @@ def main(argv=None) -> int:
     parser.add_argument("--targets", type=int, default=3, help="targets per held-out workload")
     parser.add_argument("--noise", type=float, default=0.03, help="run-to-run noise of a measurement (σ of log)")
     parser.add_argument("--trees", type=int, default=100)
-    parser.add_argument("--confidence", type=float, default=0.9,
+    parser.add_argument("--confidence", type=float, default=None,
                         help="the forest's least confidence (calibrated: the share of held-out errors under which "
-                             "the target is still met; uncalibrated: the share of trees)")
+                             "the target is still met; uncalibrated: the share of trees, default 0.6); default "
+                             "with --calibrate: chosen on the training architectures (choose_threshold)")
     parser.add_argument("--margin", type=float, default=0.0, help="the forest's margin on the target")
     parser.add_argument("--headroom", type=float, default=0.05, help="the forest's memory headroom")
     parser.add_argument("--seed", type=int, default=17)
@@ -253,7 +303,11 @@ def main(argv=None) -> int:
     forest_info = result["forest"]
     how = (f"calibrated per tier on held-out folds ({forest_info['calibrated_tiers']} tiers, "
            f"{forest_info['calibration_seconds']} s)" if forest_info["calibrated"] else "share of trees")
-    print(f"forest confidence: {how}, threshold {args.confidence}")
+    print(f"forest confidence: {how}, threshold {result['threshold']['chosen']} ({result['threshold']['how']})")
+    if result["threshold"]["cross_validated"]:
+        print("  on the training folds: " + ", ".join(
+            f"{level}: misses {row['misses']:.1%} regret {row['regret']:.1%}"
+            for level, row in result["threshold"]["cross_validated"].items()))
     print("sensitivity to the threshold (not used to choose it): " + ", ".join(
         f"{level}: regret {row['regret']:.1%} misses {row['misses']:.1%}"
         for level, row in result["confidence_sweep"].items()))

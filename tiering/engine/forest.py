@@ -99,6 +99,9 @@ class TierModel:
         names = sorted({r.workload.architecture for r in rows})
         random.Random(seed).shuffle(names)
         errors: dict[str, list[float]] = {}
+        # the held-out predictions themselves (row, predicted throughput, predicted memory): what a threshold
+        # on the confidence can be chosen on without touching data the model will be judged on
+        self.held_out: list[tuple[Row, float, int]] = []
         for fold in range(folds):
             held = set(names[fold::folds])
             train = [r for r in rows if r.workload.architecture not in held]
@@ -111,6 +114,9 @@ class TierModel:
                                            strict=True):
                     error = math.log(row.throughput / prediction.throughput)
                     errors.setdefault(_tier_key(row.slice), []).append(error)
+                    self.held_out.append((row, prediction.throughput, prediction.memory_mib))
+            for row in (r for r in rows if r.workload.architecture in held and r.throughput <= 0):
+                self.held_out.append((row, 0.0, row.memory_mib))  # did not fit: its measured memory
         self.residuals = {tier: tuple(sorted(values)) for tier, values in errors.items() if len(values) >= least}
         return self
 
