@@ -6,11 +6,13 @@ and the open advice on its running leases. Reads go through ``tiering.selectors`
 
 from __future__ import annotations
 
-from django.shortcuts import render
+from django.contrib import messages
+from django.shortcuts import redirect, render
 
 from config.errors import ApplicationError
 from gpus.performance import slice_from_key
 from portal.views import TenantView
+from tenants import selectors as tenant_selectors
 from tiering import selectors
 from tiering.models import Provenance
 
@@ -62,7 +64,7 @@ class WorkloadListView(TenantView):
 class WorkloadDetailView(TenantView):
     template_name = "portal/workload_detail.html"
 
-    def get(self, request, name: str):
+    def get(self, request, name: str, error: str = "", status: int = 200):
         from tiering.services import tenant_slice_prices, workload_predict
 
         workload = selectors.workload_get(actor=self.actor, name=name)
@@ -83,4 +85,25 @@ class WorkloadDetailView(TenantView):
             "workload": workload, "chart": chart, "recommendation": recommendation,
             "measured": [p for p in profiles if p.provenance != Provenance.PREDICTED],
             "runs": selectors.profiling_run_list(workload=workload)[:10],
-            "advice": selectors.advice_list(actor=self.actor, workload=workload)})
+            "advice": selectors.advice_list(actor=self.actor, workload=workload),
+            "projects": tenant_selectors.project_list(actor=self.actor), "can_use": self.actor.can("use"),
+            "error": error}, status=status)
+
+
+class WorkloadProfileView(WorkloadDetailView):
+    """``POST /workloads/<name>/profile``: start a profiling run (``tiering.profiler.profiling_start``) on the
+    chosen project; its refusal is shown on the page, in the service's words."""
+
+    http_method_names = ["post"]
+    write_action = "use"
+
+    def post(self, request, name: str):
+        from tiering.profiler import profiling_start
+
+        workload = selectors.workload_get(actor=self.actor, name=name)
+        try:
+            run = profiling_start(actor=self.actor, workload=workload, project=request.POST.get("project", ""))
+        except ApplicationError as error:
+            return self.get(request, name, error=error.message, status=409 if error.status == 409 else 400)
+        messages.success(request, f"Profiling run {run.pk} started: {run.leases.count()} lease(s), one per slice.")
+        return redirect("portal:workload", name=workload.name)

@@ -34,6 +34,7 @@ urlpatterns = [
     path("advice", capacity.AdviceView.as_view(), name="advice"),
     path("workloads/", tiering.WorkloadListView.as_view(), name="workloads"),
     path("workloads/<str:name>", tiering.WorkloadDetailView.as_view(), name="workload"),
+    path("workloads/<str:name>/profile", tiering.WorkloadProfileView.as_view(), name="workload-profile"),
     path("advice/<int:pk>/accept", capacity.AdviceDecideView.as_view(decision="accept"), name="advice-accept"),
     path("advice/<int:pk>/reject", capacity.AdviceDecideView.as_view(decision="reject"), name="advice-reject"),
     # platform staff

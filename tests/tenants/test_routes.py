@@ -153,6 +153,8 @@ ROUTES: dict[str, Route] = {
     "portal:lease": Route("portal", "/leases/{id}", READ, obj="lease"),
     "portal:workloads": Route("portal", "/workloads/", READ),
     "portal:workload": Route("portal", "/workloads/{id}", READ, obj="workload"),
+    "portal:workload-profile": Route("portal", "/workloads/{id}/profile", {"post": {"project": "vision"}},
+                                     obj="workload"),
     # the workload log's partial: another tenant's lease is 404 before the node is asked for a byte
     "portal:lease-log": Route("portal", "/leases/{id}/log", READ, obj="workload_lease"),
     "portal:lease-release": Route("portal", "/leases/{id}/release", {"post": {}}, obj="lease"),

@@ -179,3 +179,18 @@ def test_workload_profile_page_charts_throughput_and_price_per_slice_with_the_re
     outsider = Client()
     outsider.force_login(world.outsider)
     assert outsider.get("/workloads/bert-serving").status_code == 404
+
+
+def test_a_profiling_run_starts_from_the_workload_page(world):
+    browser = Client()
+    browser.force_login(world.member)
+    answer = browser.post("/workloads/bert-serving/profile", {"project": "vision"})
+    assert answer.status_code == 302
+    run = ProfilingRun.objects.get()
+    assert sorted(run.leases.values_list("slice_key", flat=True)) == ["A100-80GB", "L4"]
+    again = browser.post("/workloads/bert-serving/profile", {"project": "vision"})
+    assert again.status_code == 409 and "being profiled already" in again.content.decode()
+    viewer = Client()
+    viewer.force_login(world.viewer)
+    assert viewer.post("/workloads/bert-serving/profile", {"project": "vision"}).status_code == 403
+    assert ProfilingRun.objects.count() == 1
