@@ -157,7 +157,7 @@ def lease_sample_record(*, actor: Actor, lease_id: int, throughput, step_ms=None
         named = Workload.objects.filter(tenant=actor.tenant, name=workload).first() \
             if isinstance(workload, str) else None
         if named is None:
-            raise ValidationFailed(f"No workload named {workload!r} in this tenant.", field="workload")
+            raise NotFound(f"No workload named {workload!r} in this tenant.", field="workload")
     if lease.state not in ("active", "releasing"):
         raise Conflict(f"Lease {lease_id} is {lease.state}: samples are taken while it runs.", field="id")
     return LeaseSample.objects.create(lease=lease, throughput=float(throughput), step_ms=step_ms, workload=named)

@@ -106,7 +106,7 @@ class LeaseSampleApi(APIView):
     write_action = "use"
 
     @extend_schema(request=s.SampleInput,
-                   responses={201: s.SampleOutput, 404: problem("No such lease in this tenant"),
+                   responses={201: s.SampleOutput, 404: problem("No such lease (or named workload) in this tenant"),
                               409: problem("The lease is not running: samples are taken while it runs")},
                    summary="The workload's own throughput on this lease (samples/s; tokens/s for generation)")
     def post(self, request, pk: int):
