@@ -326,12 +326,22 @@ async def workload_put(request: web.Request) -> web.Response:
     spec = spec_from_json(await _json_body(request), manager.roots)
 
     def start():
+        nonlocal spec
         instances = []
         for position, allocation_id in enumerate(spec["instances"]):
             try:
                 instances.append(node.backend.instance(allocation_id))
             except NotFound:
                 raise NotFound(f"no instance {allocation_id!r} on this node", field=f"instances[{position}]") from None
+        if spec.get("perf") is not None:
+            # a simulated node runs the performance model's workload: its instances' DCGM series follow it, and
+            # the process learns the throughput it stands for (GPUB_PERF_THROUGHPUT, samples/s or tokens/s)
+            load = getattr(node.backend, "perf_load", None)
+            if load is None:
+                raise InvalidRequest("perf is for simulated nodes only (the performance model's workload); a real "
+                                     "node runs the real one", field="perf")
+            throughput = load(spec["instances"], spec["perf"])
+            spec = {**spec, "env": {**spec["env"], "GPUB_PERF_THROUGHPUT": f"{throughput:.6g}"}}
         return manager.start(workload_id, spec, instances)
 
     workload, created = await node.call(start)

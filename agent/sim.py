@@ -387,6 +387,30 @@ class SimBackend(Backend):
                                  f"memory of instance {allocation_id!r}, MiB)", field="pin_activity.fb_used_mib")
         return record, {"engine_active": float(engine), "fb_used_mib": memory}
 
+    def perf_load(self, allocation_ids: list[str], perf: dict) -> float:
+        """The performance model's workload ``perf`` (``agent.workloads.perf_from_json``) runs on these
+        instances: each one's engine activity and framebuffer follow ``gpus.performance.estimate`` of it on
+        the instance's slice (a workload that does not fit holds the whole memory and computes nothing, as one
+        that died of an out-of-memory error). Returns the throughput of the whole workload (samples/s; tokens/s
+        for generation): the sum over its instances, 0 when any does not hold it."""
+        from gpus.performance import Workload, estimate
+
+        workload = Workload(**perf)
+        total, now = 0.0, self.clock()
+        records = [self._instance_named({"instance": a}, "instance") for a in allocation_ids]
+        for record in records:
+            truth = estimate(workload, _slice_of(record, self._by_uuid[record["gpu"]]["model"]))
+            self._settle_energy(self._by_uuid[record["gpu"]], now)  # the energy so far follows the old activity
+            if truth.fits:
+                record["_pin"] = {"engine_active": round(truth.engine_active, 4),
+                                  "fb_used_mib": min(truth.memory_mib, record["memory_mib"])}
+                total += truth.throughput
+            else:
+                record["_pin"] = {"engine_active": 0.0, "fb_used_mib": record["memory_mib"]}
+        self._save()
+        fits = all(r["_pin"]["engine_active"] > 0 for r in records)
+        return total if fits else 0.0
+
     def take_hang(self) -> float:
         hang, self.hang_seconds = self.hang_seconds, 0.0
         return hang
@@ -466,6 +490,20 @@ class SimBackend(Backend):
 
     def close(self) -> None:
         self._save()
+
+
+def _slice_of(record: dict, model: str):
+    """The performance model's slice of an instance: a whole GPU, its MIG profile, or a share with its own
+    memory cap."""
+    from dataclasses import replace
+
+    from gpus.performance import mig, share, whole
+
+    if record["kind"] == "mig":
+        return mig(model, record["profile"])
+    if record["kind"] == "share":
+        return replace(share(model, record["milli"]), memory_mib=record["memory_mib"])
+    return whole(model)
 
 
 def _compute_slices(record: dict) -> int:

@@ -66,7 +66,8 @@ STATE_FILE = "workloads.json"
 ACTIVE = ("running", "backoff")
 FINAL = ("succeeded", "failed", "stopped", "preempted")
 SPEC_FIELDS = ("instances", "command", "image", "args", "env", "workdir", "checkpoint_dir", "restart_policy",
-               "max_restarts", "restart_count", "port", "host_port")
+               "max_restarts", "restart_count", "port", "host_port", "perf")
+PERF_FIELDS = ("architecture", "task", "precision", "batch_size", "seq_len", "image_size")
 SHIM = Path(__file__).with_name("shim.py")
 BASE_ENV = ("PATH", "LANG", "LC_ALL", "HOME", "TMPDIR", "TZ")
 ENGINE_ENV_PREFIXES = ("DOCKER_", "CONTAINER_", "CONTAINERS_", "PODMAN_")
@@ -154,11 +155,43 @@ def spec_from_json(body: object, roots: list[Path]) -> dict:
         if port is None:
             raise InvalidRequest("host_port maps an interactive workload's port: give port too", field="host_port")
         host_port = integer("host_port", 0, 1024, 65535)
+    perf = perf_from_json(body.get("perf"))
     return {"instances": list(instances), "command": command, "image": image, "args": args, "env": dict(env),
             "workdir": check_path("workdir", body.get("workdir"), roots),
             "checkpoint_dir": check_path("checkpoint_dir", body.get("checkpoint_dir"), roots),
             "restart_policy": policy, "max_restarts": integer("max_restarts", 3, 0, MAX_RESTARTS),
-            "restart_count": integer("restart_count", 0, 0, 1_000_000), "port": port, "host_port": host_port}
+            "restart_count": integer("restart_count", 0, 0, 1_000_000), "port": port, "host_port": host_port,
+            "perf": perf}
+
+
+def perf_from_json(value: object) -> dict | None:
+    """The optional ``perf`` of a workload: the performance model's workload (``gpus.performance.Workload``)
+    that the process stands for on a **simulated** node, whose DCGM series then follow that workload on the
+    instance's slice (docs/tiering.md, "The profiler"). A real node refuses it (``agent.server``)."""
+    if value is None:
+        return None
+    from gpus.performance import Workload, workload_problems
+
+    if not isinstance(value, dict):
+        raise InvalidRequest("perf must be an object: architecture, task, precision, batch_size, seq_len, "
+                             "image_size", field="perf")
+    unknown = sorted(set(value) - set(PERF_FIELDS))
+    if unknown:
+        raise InvalidRequest(f"unknown field {unknown[0]!r} in perf; known: {', '.join(PERF_FIELDS)}",
+                             field=f"perf.{unknown[0]}")
+    if not isinstance(value.get("architecture"), str):
+        raise InvalidRequest("perf.architecture must name an architecture (e.g. 'bert-base')",
+                             field="perf.architecture")
+    defaults = {"task": "inference", "precision": "bf16", "batch_size": 1, "seq_len": 512, "image_size": 224}
+    perf = {**defaults, **value}
+    candidate = object.__new__(Workload)  # unchecked: workload_problems names the field
+    for key in PERF_FIELDS:
+        object.__setattr__(candidate, key, perf[key])
+    problems = workload_problems(candidate)
+    if problems:
+        field, message = problems[0]
+        raise InvalidRequest(f"perf.{field}: {message}", field=f"perf.{field}")
+    return {key: perf[key] for key in PERF_FIELDS}
 
 
 def device_env(instances: list[dict]) -> dict[str, str]:

@@ -21,21 +21,25 @@ best), three policies choose a slice:
 Printed per policy: mean cost regret against the oracle (the cheapest slice that truly meets the target),
 and the share of target misses (the chosen slice truly does not meet it or does not hold it). Targets:
 regret ≤ 5 %, misses ≤ 2 %, the forest better than the rules on both. Also the calibration of the
-performance model against MLPerf. ``--json`` writes ``bench/results/tiering.json``.
+performance model against MLPerf. ``--json`` writes ``bench/results/tiering.json`` through ``bench.record``.
+
+The forest's confidence is **calibrated per tier** (``--calibrate``, the default): the forest is refitted on
+folds of the training architectures and its errors on the held-out fold, per GPU model and kind of slice, say
+how often its mean, so corrected, still meets a target (``TierModel.calibrate``). ``--no-calibrate`` gives the
+trees' share, as before. ``--quick`` is a small run for a smoke test.
 
     .venv/bin/python bench/tiering.py --json bench/results/tiering.json
+    .venv/bin/python bench/tiering.py --quick
 """
 
 from __future__ import annotations
 
 import argparse
 import itertools
-import json
 import math
 import random
 import sys
 import time
-from datetime import UTC, datetime
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -43,7 +47,6 @@ sys.path[0] = str(ROOT)  # not bench/: this file is named like the tiering packa
 
 from gpus.architectures import ARCHITECTURES, ConvNet  # noqa: E402
 from gpus.performance import Workload, calibration, estimate, slices_for, whole  # noqa: E402
-from leasing.sim.capacity import _commit, _machine  # noqa: E402
 from tiering.engine import rules  # noqa: E402
 from tiering.engine.decide import Option, choose, rule_options  # noqa: E402
 from tiering.engine.features import Observation, prior_throughput  # noqa: E402
@@ -54,6 +57,7 @@ from tiering.engine.forest import Row, TierModel, validation_error  # noqa: E402
 # defaults, billing/pricing.py).
 PRICES = {"H200-141GB": 3.80, "H100-80GB": 3.00, "A100-80GB": 1.80, "A100-40GB": 1.30, "L4": 0.70, "T4": 0.35}
 REFERENCE = "A100-80GB"  # where a new workload's profiling lease runs first
+SWEEP = (0.6, 0.7, 0.8, 0.9, 0.95)
 
 
 def price_of(where) -> float:
@@ -98,6 +102,50 @@ def reference_of(workload, rng, noise) -> Observation:
     return Observation(whole(REFERENCE), throughput, memory, engine)
 
 
+def choose_threshold(model: TierModel, price_of, *, seed: int, targets: int, noise: float,
+                     misses_allowed: float = 0.01) -> tuple[float, dict]:
+    """The confidence threshold, chosen on the training architectures only: the calibration's held-out folds
+    (``TierModel.held_out``) replay decisions with targets drawn as the benchmark draws them; the lowest threshold
+    of ``SWEEP`` whose misses there are ≤ ``misses_allowed`` (half the 2 % target) wins. The held-out
+    architectures of the benchmark are never looked at."""
+    rng = random.Random(seed + 3)
+    by_workload: dict = {}
+    for row, predicted, memory in model.held_out:
+        by_workload.setdefault(row.workload, []).append((row, predicted, memory))
+    tallies = {level: [0, 0, []] for level in SWEEP}  # misses, decisions, regrets
+    for items in by_workload.values():
+        best = max(row.throughput for row, _, _ in items)
+        if best <= 0:
+            continue
+        for _ in range(targets):
+            required = best * math.exp(rng.uniform(math.log(0.01), math.log(0.95)))
+            meeting = [price_of(row.slice) for row, _, _ in items if row.throughput >= required]
+            if not meeting:
+                continue
+            oracle = min(meeting)
+            for level in SWEEP:
+                options = []
+                for row, predicted, memory in items:
+                    residuals = model.residuals.get(f"{row.slice.model}/{row.slice.kind}", ())
+                    confidence = (sum(1 for r in residuals if predicted * math.exp(r) >= required) / len(residuals)
+                                  if residuals and predicted > 0 else 0.0)
+                    options.append(Option(row.slice, price_of(row.slice), predicted, memory, confidence))
+                pick = choose(options, required, min_confidence=level, headroom=0.05)
+                if pick.option is None or pick.profile_first:
+                    continue  # would profile first: measured, so no miss
+                chosen = next(row for row, _, _ in items if row.slice == pick.option.slice)
+                tally = tallies[level]
+                tally[0] += 0 if chosen.throughput >= required else 1
+                tally[1] += 1
+                tally[2].append(price_of(chosen.slice) / oracle - 1)
+    summary = {str(level): {"misses": round(t[0] / max(1, t[1]), 4),
+                            "regret": round(sum(t[2]) / max(1, len(t[2])), 4), "decisions": t[1]}
+               for level, t in tallies.items()}
+    chosen_level = next((level for level in SWEEP if tallies[level][0] <= misses_allowed * max(1, tallies[level][1])),
+                        SWEEP[-1])
+    return chosen_level, summary
+
+
 def run(args) -> dict:
     rng = random.Random(args.seed)
     began = time.monotonic()
@@ -118,6 +166,13 @@ def run(args) -> dict:
     trained_at = time.monotonic()
     model = TierModel(n_estimators=args.trees, seed=args.seed).fit(rows)
     train_seconds = time.monotonic() - trained_at
+    calibrated_at = time.monotonic()
+    if args.calibrate:  # per-tier held-out errors: the forest's confidence becomes an empirical bound
+        model.calibrate(rows, folds=args.folds, trees=max(10, args.trees // 3), seed=args.seed)
+    calibration_seconds = time.monotonic() - calibrated_at
+    threshold, cv = (choose_threshold(model, price_of, seed=args.seed, targets=args.targets, noise=args.noise)
+                     if args.calibrate and args.confidence is None else (args.confidence or 0.6, {}))
+    args.chosen_confidence = threshold
     validation = validation_error(rows, seed=args.seed, n_estimators=args.trees)
     efficiencies = (model.compute_efficiency, model.memory_efficiency)
 
@@ -125,6 +180,8 @@ def run(args) -> dict:
     tallies = {name: {"regret": [], "misses": 0, "decisions": 0}
                for name in ("biggest", "rules", "roofline", "forest")}
     profile_first = 0
+    sweep = {level: {"regret": [], "misses": 0, "decisions": 0} for level in SWEEP}
+    sweep_rng = random.Random(args.seed + 2)  # the sweep's profile-first measurements: not the headline's draws
     for workload in held:
         truth = {s.key: estimate(workload, s) for s in slices}
         best = max(t.throughput for t in truth.values())
@@ -150,7 +207,7 @@ def run(args) -> dict:
                 else biggest_first[0]
             options = [Option(s, price_of(s), predictions[s.key].throughput, predictions[s.key].memory_mib,
                               predictions[s.key].confidence(required * (1 + args.margin))) for s in slices]
-            decision = choose(options, required, min_confidence=args.confidence, headroom=args.headroom)
+            decision = choose(options, required, min_confidence=threshold, headroom=args.headroom)
             if decision.profile_first:
                 # low confidence: the broker profiles first, i.e. measures the likeliest slices; here the
                 # cheapest slice whose measurement meets the target, at the cost of one profiling lease
@@ -162,6 +219,18 @@ def run(args) -> dict:
                                         biggest_first[0])
             else:
                 chosen["forest"] = decision.option.slice
+            for level in SWEEP:  # sensitivity to the confidence threshold (shown, not chosen from)
+                pick = choose(options, required, min_confidence=level, headroom=args.headroom)
+                if pick.profile_first:
+                    measured = sorted((s for s in slices if options[slices.index(s)].confidence > 0), key=price_of)
+                    where = next((s for s in measured if observe(workload, s, sweep_rng, args.noise)[0]
+                                  >= required * (1 + args.margin)), biggest_first[0])
+                else:
+                    where = pick.option.slice
+                tally = sweep[level]
+                tally["decisions"] += 1
+                tally["misses"] += 0 if truth[where.key].fits and truth[where.key].throughput >= required else 1
+                tally["regret"].append(price_of(where) / oracle - 1)
             for name, where in chosen.items():
                 tally = tallies[name]
                 tally["decisions"] += 1
@@ -176,10 +245,17 @@ def run(args) -> dict:
                         "misses": round(tally["misses"] / tally["decisions"], 4)}
     return {
         "policies": result,
+        "confidence_sweep": {str(level): {"regret": round(sum(t["regret"]) / max(1, len(t["regret"])), 4),
+                                          "misses": round(t["misses"] / max(1, t["decisions"]), 4)}
+                             for level, t in sweep.items()},
         "forest_profile_first": round(profile_first / max(1, tallies["forest"]["decisions"]), 4),
         "workloads": {"train": len(train), "held_out": len(held), "held_out_architectures": sorted(held_names),
                       "slices": len(slices), "profile_rows": len(rows)},
+        "threshold": {"chosen": threshold, "how": "lowest with misses ≤ 1 % on the training architectures' "
+                      "held-out calibration folds" if cv else "given", "cross_validated": cv},
         "forest": {"trees": args.trees, "train_seconds": round(train_seconds, 2),
+                   "calibrated": bool(args.calibrate), "calibration_seconds": round(calibration_seconds, 2),
+                   "calibrated_tiers": len(model.residuals),
                    "validation_error": round(validation, 4),
                    "fitted_efficiencies": {"compute": efficiencies[0], "memory": efficiencies[1]},
                    "importances": model.importances()},
@@ -195,12 +271,21 @@ def main(argv=None) -> int:
     parser.add_argument("--targets", type=int, default=3, help="targets per held-out workload")
     parser.add_argument("--noise", type=float, default=0.03, help="run-to-run noise of a measurement (σ of log)")
     parser.add_argument("--trees", type=int, default=100)
-    parser.add_argument("--confidence", type=float, default=0.6, help="the forest's least share of trees")
+    parser.add_argument("--confidence", type=float, default=None,
+                        help="the forest's least confidence (calibrated: the share of held-out errors under which "
+                             "the target is still met; uncalibrated: the share of trees, default 0.6); default "
+                             "with --calibrate: chosen on the training architectures (choose_threshold)")
     parser.add_argument("--margin", type=float, default=0.0, help="the forest's margin on the target")
     parser.add_argument("--headroom", type=float, default=0.05, help="the forest's memory headroom")
     parser.add_argument("--seed", type=int, default=17)
-    parser.add_argument("--json", type=Path)
+    parser.add_argument("--calibrate", action=argparse.BooleanOptionalAction, default=True,
+                        help="per-tier calibration of the forest's confidence on held-out architectures")
+    parser.add_argument("--folds", type=int, default=3, help="folds of architectures for the calibration")
+    parser.add_argument("--quick", action="store_true", help="a small run (240 workloads, 40 trees, 2 targets)")
+    parser.add_argument("--json", type=Path, help="write the results file here (bench.record's format)")
     args = parser.parse_args(argv)
+    if args.quick:
+        args.workloads, args.trees, args.targets = min(args.workloads, 240), min(args.trees, 40), min(args.targets, 2)
     result = run(args)
     print("auto-tiering benchmark (machine shared with other engineers; timings are indicative)")
     work = result["workloads"]
@@ -215,6 +300,17 @@ def main(argv=None) -> int:
     for name, row in result["policies"].items():
         print(f"{name:<10}{row['decisions']:>10}{row['regret']:>10.1%}{row['misses']:>10.1%}")
     print(f"forest asked to profile first: {result['forest_profile_first']:.1%} of decisions")
+    forest_info = result["forest"]
+    how = (f"calibrated per tier on held-out folds ({forest_info['calibrated_tiers']} tiers, "
+           f"{forest_info['calibration_seconds']} s)" if forest_info["calibrated"] else "share of trees")
+    print(f"forest confidence: {how}, threshold {result['threshold']['chosen']} ({result['threshold']['how']})")
+    if result["threshold"]["cross_validated"]:
+        print("  on the training folds: " + ", ".join(
+            f"{level}: misses {row['misses']:.1%} regret {row['regret']:.1%}"
+            for level, row in result["threshold"]["cross_validated"].items()))
+    print("sensitivity to the threshold (not used to choose it): " + ", ".join(
+        f"{level}: regret {row['regret']:.1%} misses {row['misses']:.1%}"
+        for level, row in result["confidence_sweep"].items()))
     cal = result["calibration"]
     print(f"calibration vs MLPerf Inference (per GPU, Offline): efficiency {cal['compute_efficiency']}, "
           f"MAPE {cal['mape']:.1%} in sample, {cal['loo_mape']:.1%} leave-one-out; GPT-J H100÷L4 ratio "
@@ -228,13 +324,11 @@ def main(argv=None) -> int:
     print(f"targets (forest regret ≤ 5 %, misses ≤ 2 %, better than rules on both): {'met' if verdict else 'NOT met'}")
     print(f"took {result['seconds']} s")
     if args.json:
-        document = {"command": " ".join(["python", "bench/tiering.py", *(argv if argv is not None else sys.argv[1:])]),
-                    "commit": _commit(), "date": datetime.now(UTC).isoformat(timespec="seconds"),
-                    "machine": {**_machine(), "note": "shared with other engineers"}, "settings": vars(args) | {
-                        "json": str(args.json)}, "result": result, "targets_met": verdict}
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(document, indent=2) + "\n")
-        print(f"written: {args.json}")
+        from bench.record import write
+
+        figures = {**result, "targets_met": verdict}
+        write(args.json.stem, figures, settings={k: v for k, v in vars(args).items() if k != "json"},
+              directory=args.json.parent)
     return 0
 
 

@@ -9,6 +9,7 @@ set in the real environment always win over it.
 from __future__ import annotations
 
 import os
+import sys
 from datetime import timedelta
 from pathlib import Path
 
@@ -342,6 +343,16 @@ CELERY_BEAT_SCHEDULE["capacity-plan"] = {"task": "fleet.plan_run", "schedule": f
 TIERING_RETRAIN_SECONDS = env_int("TIERING_RETRAIN_SECONDS", 6 * 3600, minimum=60)
 CELERY_BEAT_SCHEDULE["tiering-retrain"] = {"task": "tiering.model_retrain",
                                            "schedule": float(TIERING_RETRAIN_SECONDS)}
+# a profiling run's leases run the workload this long (seconds), and wait in the queue at most this long
+TIERING_PROFILING_WINDOW_SECONDS = env_int("TIERING_PROFILING_WINDOW_SECONDS", 30, minimum=5)
+TIERING_PROFILING_QUEUE_SECONDS = env_int("TIERING_PROFILING_QUEUE_SECONDS", 600, minimum=10)
+# what a profiling lease runs on a simulated node: the performance model's stand-in (agent/perf_workload.py)
+TIERING_PROFILER_COMMAND = [sys.executable, str(BASE_DIR / "agent" / "perf_workload.py")]
+CELERY_BEAT_SCHEDULE["tiering-profiling"] = {"task": "tiering.profiling_advance_all", "schedule": 15.0}
+# migration and quantization advice from running leases' telemetry: how often, over how long a window
+TIERING_ADVICE_SECONDS = env_int("TIERING_ADVICE_SECONDS", 300, minimum=10)
+TIERING_ADVICE_WINDOW_SECONDS = env_int("TIERING_ADVICE_WINDOW_SECONDS", 900, minimum=10)
+CELERY_BEAT_SCHEDULE["tiering-advice"] = {"task": "tiering.advice_scan", "schedule": float(TIERING_ADVICE_SECONDS)}
 
 # --- Outside services -----------------------------------------------------------------------
 PROMETHEUS_URL = env_url("PROMETHEUS_URL", "http://127.0.0.1:9090", schemes=("http", "https"))

@@ -10,9 +10,15 @@ Leasing knows nothing of money; billing (which reads leases to meter them) regis
   anyway, so a check that does not apply costs the request no query at all;
 - **the list prices** of whole GPUs per model, that ``model: auto`` ranks models by.
 
-The dependency so runs one way: billing → leasing. A deployment without billing leases with no checks and ranks
-``auto`` by the scheduling core's own order. Tests may register their own and remove them (the ``unregister``
-callables returned).
+Auto-tiering (``tiering``) registers a **gpu resolver** for ``gpu: {"kind": "auto", ...}``: before leasing
+validates a request, the resolver turns that gpu object into a concrete one (a whole GPU, a MIG profile or a
+share of one model) with the reason it was chosen, which goes into the lease's reason and first event; it may
+refuse by raising an ``ApplicationError`` (``profile_first``).
+
+The dependency so runs one way: billing → leasing, tiering → leasing. A deployment without billing leases with
+no checks and ranks ``model: auto`` by the scheduling core's own order; one without tiering refuses kind
+``auto`` as an unknown kind. Tests may register their own and remove them (the ``unregister`` callables
+returned).
 """
 
 from __future__ import annotations
@@ -44,6 +50,50 @@ class RenewalAdmission:
     lease: object  # leasing.models.Lease
     ends_at: datetime
     now: datetime
+
+
+@dataclass(frozen=True)
+class GpuRequest:
+    """A request whose ``gpu.kind`` a resolver answers for, before leasing validates anything else."""
+
+    actor: Actor
+    project: object  # the body's project (a slug, unchecked)
+    gpu: dict
+    workload_class: object
+    duration_seconds: object
+    now: datetime
+    preview: bool = False  # a preview or a quote: the resolver must write nothing
+
+
+@dataclass(frozen=True)
+class GpuChoice:
+    """A resolver's answer: the concrete ``gpu`` object to lease, and why (the lease's reason)."""
+
+    gpu: dict
+    reason: str
+
+
+GpuResolver = Callable[[GpuRequest], GpuChoice]
+_gpu_resolvers: dict[str, GpuResolver] = {}
+
+
+def gpu_resolver_register(kind: str, resolver: GpuResolver) -> Callable[[], None]:
+    """``resolver`` answers for ``gpu.kind == kind`` (the last registered for a kind wins)."""
+    _gpu_resolvers[kind] = resolver
+    return lambda: _gpu_resolvers.pop(kind, None) if _gpu_resolvers.get(kind) is resolver else None
+
+
+def gpu_resolve(request: GpuRequest) -> GpuChoice | None:
+    """The registered resolver's choice for the request's gpu kind; None when no resolver answers for it (then
+    leasing's own validation rules the kind)."""
+    kind = request.gpu.get("kind") if isinstance(request.gpu, dict) else None
+    resolver = _gpu_resolvers.get(kind) if isinstance(kind, str) else None
+    return resolver(request) if resolver else None
+
+
+def gpu_kinds() -> list[str]:
+    """The kinds resolvers answer for (``auto`` with tiering installed)."""
+    return sorted(_gpu_resolvers)
 
 
 RequestCheck = Callable[[RequestAdmission], str]

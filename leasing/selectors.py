@@ -247,17 +247,24 @@ class _DryRun:
     preview: LeasePreview
     project: object  # tenants.models.Project
     shape: dict  # services.shape_from(gpu)
+    gpu: dict  # the request's gpu object (a resolved kind, e.g. tiering's auto, replaced by what it chose)
     fitting: tuple[str, ...]  # models whose project quota limit admits it, in the request's order
     victims: tuple[str, ...]  # lease ids a reclaim would give notice to
 
 
 def _lease_dry_run(*, actor: Actor, project: object, gpu: object, workload_class: object, priority: object,
                    duration_seconds: object, now: datetime) -> _DryRun:
+    from leasing.extensions import GpuRequest, gpu_resolve
     from leasing.scheduler import DecisionMode, Kind, Request, Shape
     from leasing.scheduler.plan import Scheduler
     from leasing.validation import request_validate
 
     actor.require("view")
+    # a kind another app resolves (tiering's auto) previews as what it resolves to, writing nothing
+    choice = gpu_resolve(GpuRequest(actor=actor, project=project, gpu=gpu, workload_class=workload_class,
+                                    duration_seconds=duration_seconds, now=now, preview=True))
+    if choice is not None:
+        gpu = choice.gpu
     valid = request_validate(actor=actor, project=project, gpu=gpu, workload_class=workload_class,
                              priority=priority, duration_seconds=duration_seconds)
     target, shape, units, quotas = valid.project, valid.input.shape, valid.fitting, valid.quotas
@@ -267,10 +274,12 @@ def _lease_dry_run(*, actor: Actor, project: object, gpu: object, workload_class
     def result(outcome: str, reason: str, tier: str, over: bool, position: int | None,
                victims: tuple[str, ...] = ()) -> _DryRun:
         reason = reason.replace(f"project {target.pk} ", f"project '{target.slug}' ")  # the tenant's words
+        if choice is not None:
+            reason = f"{choice.reason}; {reason}"
         if tier and resolved.get("model", "auto") == "auto":
             resolved["model"] = tier
         preview = LeasePreview(outcome, reason, tier, over, position, units.get(tier, 0), resolved)
-        return _DryRun(preview, target, shape, fitting, victims)
+        return _DryRun(preview, target, shape, dict(gpu), fitting, victims)
 
     if not actor.tenant.is_active:  # its requests would be held, not scheduled
         return result("waits", f"held: tenant '{actor.tenant.slug}' is suspended", fitting[0], False, None)

@@ -277,4 +277,7 @@ def workload_check(value: object, shape: dict) -> dict | None:
                               [Path(root) for root in settings.WORKLOAD_ALLOWED_ROOTS])
     except InvalidRequest as error:
         raise ValidationFailed(error.message, field=f"workload.{error.field}") from None
-    return {name: spec[name] for name in WORKLOAD_TOP_FIELDS}
+    checked = {name: spec[name] for name in WORKLOAD_TOP_FIELDS}
+    if spec["perf"] is not None:  # simulated nodes: the performance model's workload (docs/tiering.md)
+        checked["perf"] = spec["perf"]
+    return checked

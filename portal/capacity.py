@@ -24,6 +24,7 @@ from fleet.selectors import MODE_FIELDS, NUMBER_FIELDS
 from portal import forms
 from portal.ops import StaffView
 from portal.views import TenantView
+from tiering import selectors as tiering_selectors
 
 ADVICE_PAGE_SIZE = 100
 RECENT = 20
@@ -45,7 +46,9 @@ class AdviceView(TenantView):
     def get(self, request):
         rows = fleet_presenters.open_first(fleet.adjustment_list(actor=self.actor))[:ADVICE_PAGE_SIZE]
         context = {"rows": fleet_presenters.adjustment_rows(rows, user=request.user, actor=self.actor),
-                   "panel": fleet_presenters.advice_panel(actor=self.actor)}
+                   "panel": fleet_presenters.advice_panel(actor=self.actor),
+                   # auto-tiering's advice on running leases (tiering/advice.py): migrate or quantize, advice only
+                   "tier_advice": tiering_selectors.advice_list(actor=self.actor)[:ADVICE_PAGE_SIZE]}
         return render(request, self.template_name, context)
 
 

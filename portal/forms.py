@@ -67,7 +67,8 @@ def last_value(data: QueryDict, name: str, default: str = "") -> str:
 
 # -- lease request ---------------------------------------------------------------------------------------
 LEASE_FIELDS = {"project", "gpu", "gpu_kind", "gpu_model", "gpu_profile", "gpu_count", "gpu_gang", "gpu_milli",
-                "gpu_memory_mib", "workload_class", "priority", "duration_seconds",
+                "gpu_memory_mib", "gpu_workload", "gpu_target_throughput", "workload_class", "priority",
+                "duration_seconds",
                 "workload", "workload_image", "workload_command", "workload_args", "workload_env", "workload_workdir",
                 "workload_checkpoint_dir", "workload_restart_policy", "workload_max_restarts", "workload_port"}
 RESTART_POLICIES = (("never", "Never"), ("on-preemption", "After a preemption"),
@@ -85,6 +86,21 @@ def lease_request_input(data: QueryDict) -> dict:
     """The API body of ``POST /api/v1/leases`` from the request form: only the keys of the chosen kind."""
     kind = data.get("gpu.kind", "").strip()
     gpu: dict = {"kind": kind}
+    if kind == "auto":  # auto-tiering: a registered workload, its target inline when typed (docs/tiering.md)
+        gpu["workload"] = data.get("gpu.workload", "").strip()
+        target = data.get("gpu.target_throughput", "").strip()
+        if target:
+            try:
+                gpu["target_throughput"] = float(target)
+            except ValueError:
+                raise ValidationFailed("gpu.target_throughput must be a number (samples/s).",
+                                       field="gpu.target_throughput") from None
+        gpu["gang"] = last_value(data, "gpu.gang", "true") == "true"
+        workload_class = data.get("workload_class", "training").strip()
+        return {"project": data.get("project", "").strip(), "gpu": gpu, "workload_class": workload_class,
+                "priority": number(data.get("priority", "0") or "0"),
+                "duration_seconds": number(data.get("duration_seconds", "3600")),
+                "workload": workload_input(data, interactive=workload_class == "interactive")}
     model = data.get("gpu.model", "auto").strip() or "auto"
     if model != "auto":
         gpu["model"] = model

@@ -1,7 +1,7 @@
 from django.urls import path, re_path
 from django.views.generic import RedirectView
 
-from portal import billing, capacity, ops, pipelines, views
+from portal import billing, capacity, ops, pipelines, tiering, views
 
 app_name = "portal"
 
@@ -32,6 +32,9 @@ urlpatterns = [
     path("settings/budgets/<int:pk>/delete", billing.BudgetDeleteView.as_view(), name="budget-delete"),
     path("settings/tokens/<int:pk>/revoke", views.TokenRevokeView.as_view(), name="token-revoke"),
     path("advice", capacity.AdviceView.as_view(), name="advice"),
+    path("workloads/", tiering.WorkloadListView.as_view(), name="workloads"),
+    path("workloads/<str:name>", tiering.WorkloadDetailView.as_view(), name="workload"),
+    path("workloads/<str:name>/profile", tiering.WorkloadProfileView.as_view(), name="workload-profile"),
     path("advice/<int:pk>/accept", capacity.AdviceDecideView.as_view(decision="accept"), name="advice-accept"),
     path("advice/<int:pk>/reject", capacity.AdviceDecideView.as_view(decision="reject"), name="advice-reject"),
     path("pipelines/", pipelines.PipelineListView.as_view(), name="pipelines"),

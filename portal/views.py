@@ -28,6 +28,7 @@ from portal.pricing import dashboard_spend
 from tenants import selectors, services
 from tenants.choices import Role, TokenScope
 from tenants.permissions import SAFE_METHODS
+from tiering import selectors as tiering_selectors
 
 STATE_GROUPS = {
     "live": ",".join(s for s in LeaseState.values if s not in FINAL_STATES),
@@ -179,6 +180,7 @@ class LeaseRequestView(TenantView):
             "projects": projects,
             "models": presenters.model_options(tiers),
             "profile_groups": presenters.mig_profile_groups(tiers),
+            "workloads": [w.name for w in tiering_selectors.workload_list(actor=self.actor)],
             "classes": WorkloadClass.choices,
             "restart_policies": forms.RESTART_POLICIES,
             "workload_open": forms.workload_given(values, errors or {}),

@@ -5,3 +5,10 @@ class TieringConfig(AppConfig):
     name = "tiering"
     verbose_name = "Auto-tiering"
     default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        # gpu: {"kind": "auto", "workload": ...} is resolved here (leasing imports nothing of tiering)
+        from leasing.extensions import gpu_resolver_register
+        from tiering.admission import auto_resolve
+
+        gpu_resolver_register("auto", auto_resolve)

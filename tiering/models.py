@@ -3,6 +3,7 @@ figure came from, the throughput samples a running workload reports, and the tra
 
 from __future__ import annotations
 
+from django.conf import settings
 from django.db import models
 from django.utils import timezone
 
@@ -82,6 +83,8 @@ class LeaseSample(models.Model):
     throughput = models.FloatField()
     step_ms = models.FloatField(null=True, blank=True)
     reported_at = models.DateTimeField(default=timezone.now)
+    # the registered workload the sample's process says it is (the advice reads a lease's workload from it)
+    workload = models.ForeignKey(Workload, null=True, blank=True, on_delete=models.SET_NULL, related_name="samples")
 
     class Meta:
         ordering = ["lease_id", "reported_at", "id"]
@@ -107,3 +110,101 @@ class TierModelRecord(models.Model):
 
     def __str__(self) -> str:
         return f"model {self.pk} trained {self.trained_at:%Y-%m-%d %H:%M} on {self.rows} rows"
+
+
+class ProfilingState(models.TextChoices):
+    RUNNING = "running", "running"
+    DONE = "done", "done"
+    FAILED = "failed", "failed (no slice could be measured)"
+
+
+class ProfilingRun(models.Model):
+    """A profiling run (docs/tiering.md, "The profiler"): one short lease per candidate slice, requested at
+    once (the scheduler runs them in parallel where capacity allows), each running the workload for
+    ``window_seconds`` while Prometheus scrapes its DCGM series and the workload reports its throughput; each
+    becomes a ``profiled`` profile row. ``token_prefix`` names the API token minted for the workload's samples
+    (revoked when the run ends)."""
+
+    tenant_lookup = "tenant"
+
+    tenant = models.ForeignKey("tenants.Tenant", on_delete=models.PROTECT, related_name="profiling_runs")
+    workload = models.ForeignKey(Workload, on_delete=models.CASCADE, related_name="profiling_runs")
+    project = models.ForeignKey("tenants.Project", on_delete=models.PROTECT, related_name="+")
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
+                                   related_name="+")
+    state = models.CharField(max_length=16, choices=ProfilingState.choices, default=ProfilingState.RUNNING)
+    window_seconds = models.PositiveIntegerField()
+    deadline_at = models.DateTimeField()
+    token_prefix = models.CharField(max_length=32, blank=True, default="")
+    outcome = models.CharField(max_length=500, blank=True, default="")
+    started_at = models.DateTimeField(default=timezone.now)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-started_at", "-id"]
+        constraints = [
+            models.UniqueConstraint(fields=["workload"], condition=models.Q(state="running"),
+                                    name="tiering_one_running_profiling_per_workload"),
+        ]
+
+    def __str__(self) -> str:
+        return f"profiling {self.workload_id} ({self.state})"
+
+
+class ProfilingLease(models.Model):
+    """One candidate slice of a profiling run and its lease; ``profile`` once measured (or found not to fit),
+    ``outcome`` says what happened."""
+
+    tenant_lookup = "run__tenant"
+
+    run = models.ForeignKey(ProfilingRun, on_delete=models.CASCADE, related_name="leases")
+    slice_key = models.CharField(max_length=64)
+    lease = models.ForeignKey("broker.Lease", on_delete=models.PROTECT, related_name="+")
+    profile = models.ForeignKey(Profile, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    outcome = models.CharField(max_length=300, blank=True, default="")
+    done = models.BooleanField(default=False)
+
+    class Meta:
+        ordering = ["run_id", "slice_key"]
+        constraints = [models.UniqueConstraint(fields=["run", "slice_key"], name="tiering_profiling_slice_once")]
+
+    def __str__(self) -> str:
+        return f"{self.run_id}: {self.slice_key}"
+
+
+class AdviceKind(models.TextChoices):
+    TOO_BIG = "too_big", "migrate to a smaller slice (saving)"
+    TOO_SMALL = "too_small", "migrate to a bigger slice (speed-up)"
+    QUANTIZE = "quantize", "quantize to INT8/FP8 (advice only)"
+
+
+class TierAdvice(models.Model):
+    """Advice on a running lease from its telemetry (docs/tiering.md, "Advice"): on the wrong tier (too big: the
+    target is met with room to spare and a cheaper slice is predicted to meet it; too small: under target or
+    under memory pressure), or it would fit a cheaper slice quantized. Advice only: nothing changes by itself.
+    One open row per (lease, kind), refreshed at each scan; closed when the lease ends or the advice no longer
+    holds."""
+
+    tenant_lookup = "tenant"
+
+    tenant = models.ForeignKey("tenants.Tenant", on_delete=models.PROTECT, related_name="+")
+    lease = models.ForeignKey("broker.Lease", on_delete=models.CASCADE, related_name="+")
+    workload = models.ForeignKey(Workload, on_delete=models.CASCADE, related_name="advice")
+    kind = models.CharField(max_length=12, choices=AdviceKind.choices)
+    current_slice = models.CharField(max_length=64)
+    suggested_slice = models.CharField(max_length=64)
+    reason = models.TextField()
+    saving_per_hour = models.FloatField(default=0.0)  # in the price book's currency, per hour
+    speedup = models.FloatField(null=True, blank=True)
+    evidence = models.JSONField(default=dict)
+    open = models.BooleanField(default=True)
+    created_at = models.DateTimeField(default=timezone.now)
+    updated_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["-updated_at", "-id"]
+        constraints = [models.UniqueConstraint(fields=["lease", "kind"], condition=models.Q(open=True),
+                                               name="tiering_one_open_advice_per_lease_kind")]
+
+    def __str__(self) -> str:
+        return f"{self.kind} for lease {self.lease_id}: {self.suggested_slice}"

@@ -6,7 +6,7 @@ from django.db.models import QuerySet
 
 from config.errors import NotFound
 from tenants.access import Actor, restrict
-from tiering.models import Profile, Workload
+from tiering.models import Profile, ProfilingRun, TierAdvice, Workload
 
 
 def workload_list(*, actor: Actor) -> QuerySet[Workload]:
@@ -22,3 +22,16 @@ def workload_get(*, actor: Actor, name: str) -> Workload:
 
 def profile_list(*, workload: Workload) -> QuerySet[Profile]:
     return workload.profiles.order_by("slice_key", "provenance", "-measured_at")
+
+
+def profiling_run_list(*, workload: Workload) -> QuerySet[ProfilingRun]:
+    return (workload.profiling_runs.select_related("workload", "project")
+            .prefetch_related("leases__profile").order_by("-started_at", "-id"))
+
+
+def advice_list(*, actor: Actor, workload: Workload | None = None, open_only: bool = True) -> QuerySet[TierAdvice]:
+    """The tenant's auto-tiering advice (open rows unless ``open_only`` is False), newest first."""
+    rows = restrict(TierAdvice.objects.select_related("workload", "lease"), actor)
+    if workload is not None:
+        rows = rows.filter(workload=workload)
+    return rows.filter(open=True) if open_only else rows

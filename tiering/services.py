@@ -141,8 +141,9 @@ def profile_record(*, workload: Workload, slice_key: str, provenance: str, throu
     return profile
 
 
-def lease_sample_record(*, actor: Actor, lease_id: int, throughput, step_ms=None) -> LeaseSample:
-    """The workload's own throughput on its lease (what the profiler and the advice read)."""
+def lease_sample_record(*, actor: Actor, lease_id: int, throughput, step_ms=None, workload=None) -> LeaseSample:
+    """The workload's own throughput on its lease (what the profiler and the advice read); ``workload`` names
+    the registered workload the process is, so the advice knows what runs on the lease."""
     actor.require("use")
     lease = Lease.objects.filter(pk=lease_id, tenant=actor.tenant).first()
     if lease is None:
@@ -151,9 +152,15 @@ def lease_sample_record(*, actor: Actor, lease_id: int, throughput, step_ms=None
     if throughput is None:
         raise ValidationFailed("throughput is required (samples/s; tokens/s for generation).", field="throughput")
     step_ms = _number({"step_ms": step_ms}, "step_ms", integer=False, low=0.0, high=3.6e6)
+    named = None
+    if workload is not None:
+        named = Workload.objects.filter(tenant=actor.tenant, name=workload).first() \
+            if isinstance(workload, str) else None
+        if named is None:
+            raise NotFound(f"No workload named {workload!r} in this tenant.", field="workload")
     if lease.state not in ("active", "releasing"):
         raise Conflict(f"Lease {lease_id} is {lease.state}: samples are taken while it runs.", field="id")
-    return LeaseSample.objects.create(lease=lease, throughput=float(throughput), step_ms=step_ms)
+    return LeaseSample.objects.create(lease=lease, throughput=float(throughput), step_ms=step_ms, workload=named)
 
 
 # -- the profile database and the model --------------------------------------------------------------------
@@ -277,11 +284,24 @@ def tenant_slice_prices(*, tenant) -> list[tuple[Slice, float]]:
     return out
 
 
-def workload_predict(*, workload: Workload, store: bool = True) -> Decision:
+def _measured(workload: Workload) -> dict[str, Profile]:
+    """The workload's latest measurement (profiled or observed) per slice."""
+    latest: dict[str, Profile] = {}
+    for profile in workload.profiles.exclude(provenance=Provenance.PREDICTED).order_by("measured_at", "pk"):
+        latest[profile.slice_key] = profile
+    return latest
+
+
+def workload_predict(*, workload: Workload, store: bool = True, target_throughput: float | None = None,
+                     target_latency_ms: float | None = None, tiers: set[str] | None = None) -> Decision:
     """The cheapest slice at the tenant's prices predicted to meet the workload's target, with confidence;
-    ``profile_first`` when the workload has no measurement yet, no model is trained, or none is confident."""
+    ``profile_first`` when the workload has no measurement yet, no model is trained, or none is confident.
+    A target given here replaces the workload's (a request's inline target); ``tiers`` limits the slices to
+    those models (the ones a project has quota for)."""
     spec = spec_of(workload)
-    required = required_throughput(spec, workload.target_throughput, workload.target_latency_ms)
+    if target_throughput is None and target_latency_ms is None:
+        target_throughput, target_latency_ms = workload.target_throughput, workload.target_latency_ms
+    required = required_throughput(spec, target_throughput, target_latency_ms)
     reference = reference_of(workload)
     current = model_current()
     if reference is None:
@@ -289,12 +309,21 @@ def workload_predict(*, workload: Workload, store: bool = True) -> Decision:
     if current is None:
         return Decision(None, required, True, "no decision model is trained yet: profile first")
     record, model = current
-    priced = tenant_slice_prices(tenant=workload.tenant)
+    priced = [(where, price) for where, price in tenant_slice_prices(tenant=workload.tenant)
+              if tiers is None or where.model in tiers]
     if not priced:
         raise ValidationFailed("No price book applies to this tenant: nothing to compare.", field="workload")
     predictions = model.predict(spec, [s for s, _ in priced], reference)
-    options = [Option(p.slice, price, p.throughput, p.memory_mib, p.confidence(required))
-               for p, (_, price) in zip(predictions, priced, strict=True)]
+    measured = _measured(workload)
+    options = []
+    for prediction, (where, price) in zip(predictions, priced, strict=True):
+        seen = measured.get(where.key)
+        if seen is None:
+            options.append(Option(where, price, prediction.throughput, prediction.memory_mib,
+                                  prediction.confidence(required)))
+        else:  # measured on this very slice (profiled or observed): the measurement rules, not the model
+            memory = seen.memory_mib if seen.fits else where.memory_mib * 2
+            options.append(Option(where, price, seen.throughput, memory, 1.0 if seen.throughput >= required else 0.0))
     decision = choose(options, required, min_confidence=MIN_CONFIDENCE, headroom=0.05)
     if store:
         with transaction.atomic():

@@ -129,7 +129,7 @@ def lease_quote(*, actor: Actor, project: object, gpu: object, workload_class: o
     price, missing = _quote_price(actor=actor, preview=preview, workload_class=workload_class,
                                   duration_seconds=duration_seconds, now=now)
     # the budget guard as lease_request calls it: the request's gpu (its one fitting model filled in)
-    budget_gpu = {**gpu, "model": run.fitting[0]} if len(run.fitting) == 1 else gpu
+    budget_gpu = {**run.gpu, "model": run.fitting[0]} if len(run.fitting) == 1 else run.gpu
     budget = _quote_budget(actor=actor, project=run.project, gpu=budget_gpu, workload_class=workload_class,
                            duration_seconds=duration_seconds, now=now)
     return LeaseQuote(preview=preview, project=run.project.slug, gpu=_gpu_output(run.shape, preview.tier),

@@ -49,7 +49,15 @@ def _gpu_request_schema() -> dict:
                      profile={"type": "string", "enum": [p.name for p in profiles_for(code)]})
           for code in mig_models),
     ]
-    return {"oneOf": shapes, "description": "what to lease: kind whole, share or mig"}
+    shapes.append(_gpu_shape(
+        "auto", "the cheapest slice predicted to meet a registered workload's target (auto-tiering, "
+        "docs/tiering.md); the target may be given inline", ("workload",),
+        workload={"type": "string", "minLength": 1, "maxLength": 64, "description": "a workload's name"},
+        target_throughput={"type": "number", "minimum": 0.001, "maximum": 1e9,
+                           "description": "samples/s (tokens/s for generation); default: the workload's"},
+        target_latency_ms={"type": "number", "minimum": 0.01, "maximum": 3.6e6,
+                           "description": "per step; default: the workload's"}))
+    return {"oneOf": shapes, "description": "what to lease: kind whole, share, mig or auto"}
 
 
 GPU_REQUEST_SCHEMA = _gpu_request_schema()

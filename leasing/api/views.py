@@ -121,7 +121,10 @@ class LeaseLogsApi(APIView):
         offset, tail = number("offset", 2**62), number("tail", 262144)
         if offset is not None and tail is not None:
             raise ValidationFailed("Give offset or tail, not both.", field="tail")
-        limit = number("limit", 262144) or 65536
+        limit = number("limit", 262144)
+        if limit == 0:  # documented minimum 1 (the fuzzer's limit=0 was taken as "the default")
+            raise ValidationFailed("limit must be a whole number from 1 to 262144.", field="limit")
+        limit = limit or 65536
         follow = number("follow", 60) or 0
         placement = number("placement", 100000)
         if placement == 0:

@@ -25,7 +25,7 @@ from leasing.choices import (
     LeaseState,
     WorkloadClass,
 )
-from leasing.extensions import RequestAdmission, request_admit, request_check_conditions
+from leasing.extensions import GpuRequest, RequestAdmission, gpu_resolve, request_admit, request_check_conditions
 from leasing.models import Lease, LeaseEvent, Workload
 from leasing.services.triggers import enqueue
 from leasing.validation import request_input_check, request_quota_check, workload_check
@@ -53,6 +53,12 @@ def lease_request(*, actor: Actor, project: str, gpu: object, workload_class: st
     layer range for that device)."""
     actor.require("use")
     now = now or timezone.now()
+    requested_gpu = gpu
+    # a gpu kind another app answers for (tiering's "auto"): resolved into a concrete gpu object first
+    choice = gpu_resolve(GpuRequest(actor=actor, project=project, gpu=gpu, workload_class=workload_class,
+                                    duration_seconds=duration_seconds, now=now))
+    if choice is not None:
+        gpu = choice.gpu
     checked = request_input_check(actor=actor, project=project, gpu=gpu, workload_class=workload_class,
                                   priority=priority, duration_seconds=duration_seconds)
     shape = checked.shape
@@ -64,8 +70,9 @@ def lease_request(*, actor: Actor, project: str, gpu: object, workload_class: st
     if access_extra is not None and (not isinstance(access_extra, dict)
                                      or len(json.dumps(access_extra, default=str)) > 16384):
         raise ValidationFailed("access_extra is a JSON object of at most 16 KiB.", field="access_extra")
-    payload = {"project": project, "gpu": shape, "workload_class": workload_class, "priority": priority,
-               "duration_seconds": duration_seconds}
+    # a resolved request is the same request when its body is: the key replays it whatever it resolves to now
+    payload = {"project": project, "gpu": shape if choice is None else requested_gpu, "workload_class": workload_class,
+               "priority": priority, "duration_seconds": duration_seconds}
     if access_extra:
         payload["access_extra"] = access_extra
     if workload_spec is not None:
@@ -105,10 +112,12 @@ def lease_request(*, actor: Actor, project: str, gpu: object, workload_class: st
         kind=shape["kind"], count=shape["count"], models_allowed=shape["models"], profile=shape["profile"],
         milli=shape["milli"], memory_mib=shape["memory_mib"], gang=shape["gang"], workload_class=workload_class,
         priority=priority, duration_seconds=duration_seconds, requested_at=now, idempotency_key=idempotency_key,
-        request_hash=digest, state=LeaseState.QUEUED, reason="waiting for the scheduler", queued_at=now,
+        request_hash=digest, state=LeaseState.QUEUED, queued_at=now,
+        reason="waiting for the scheduler" if choice is None else f"{choice.reason}; waiting for the scheduler",
         group_key=group, access_extra=access_extra or {})
+    requested = "requested" if choice is None else f"requested ({choice.reason})"
     events = [LeaseEvent(from_state="", to_state=LeaseState.REQUESTED,
-                         reason=f"requested; {warning}" if warning else "requested",
+                         reason=f"{requested}; {warning}" if warning else requested,
                          actor=f"user:{actor.user.get_username()}", at=now),
               LeaseEvent(from_state=LeaseState.REQUESTED, to_state=LeaseState.QUEUED,
                          reason="waiting for the scheduler", actor="broker", at=now)]

@@ -371,5 +371,14 @@ def tiering_steps(step, world: World, running_id: int) -> None:
         "batch_size": 8, "seq_len": 128, "target_throughput": 400.0})
     step(f"{v1}/workloads/{{name}}", "get", 200, f"{v1}/workloads/contract-bert", token=owner)
     step(f"{v1}/workloads/{{name}}/profiles", "get", 200, f"{v1}/workloads/contract-bert/profiles", token=owner)
-    step(f"{v1}/workloads/{{name}}/prediction", "get", 200, f"{v1}/workloads/contract-bert/prediction",
+    step(f"{v1}/workloads/{{name}}/prediction", "post", 200, f"{v1}/workloads/contract-bert/prediction",
          token=owner)
+    step(f"{v1}/workloads/{{name}}/prediction", "post", 404, f"{v1}/workloads/no-such-workload/prediction",
+         token=owner)
+    runs = f"{v1}/workloads/{{name}}/profiling-runs"
+    body = {"project": world.project.slug, "slices": ["H100-80GB"], "window_seconds": 10}
+    step(runs, "post", 201, f"{v1}/workloads/contract-bert/profiling-runs", token=owner, body=body)
+    step(runs, "post", 409, f"{v1}/workloads/contract-bert/profiling-runs", token=owner, body=body)  # one at a time
+    step(runs, "post", 404, f"{v1}/workloads/no-such-workload/profiling-runs", token=owner, body=body)
+    step(runs, "get", 200, f"{v1}/workloads/contract-bert/profiling-runs", token=owner)
+    step(f"{v1}/workloads/{{name}}/advice", "get", 200, f"{v1}/workloads/contract-bert/advice", token=owner)

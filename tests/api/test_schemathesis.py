@@ -154,7 +154,8 @@ def _hand_written_cases(url: str, schema: dict, world) -> set:
                 if path.endswith("/members/{id}") else {"id": _webhook_id(world)} if "/webhooks/{id}" in path \
                 else _plan_ids(world) if path.startswith("/api/v1/pipelines/{id}") \
                 else {"id": _split_id(world)} if path.startswith("/api/v1/model-splits/{id}") \
-                else {"id": _lease_id(world)} if path.startswith("/api/v1/leases/{id}/") else {}
+                else {"id": _lease_id(world)} if path.startswith("/api/v1/leases/{id}/") \
+                else {"name": "contract-bert"} if path.startswith("/api/v1/workloads/{name}/") else {}
             existing = _concrete(path, fmt="pdf", slug=world.project.slug, **own)
             record(path, method, call(url, method, existing, token=world.tokens["owner"], raw=b"x=1",
                                       content_type="text/plain")[0])  # 415

@@ -137,8 +137,11 @@ ROUTES: dict[str, Route] = {
                                                                   "target_throughput": 100.0}}),
     "api-workload": Route("api", "/api/v1/workloads/{id}", READ, obj="workload"),
     "api-workload-profiles": Route("api", "/api/v1/workloads/{id}/profiles", READ, obj="workload"),
-    # a prediction stores its figures as predicted profiles of the workload: a read for who may ask
-    "api-workload-prediction": Route("api", "/api/v1/workloads/{id}/prediction", READ, obj="workload"),
+    # a prediction stores its figures as predicted profiles of the workload (and audits it): a write
+    "api-workload-prediction": Route("api", "/api/v1/workloads/{id}/prediction", {"post": None}, obj="workload"),
+    "api-workload-profiling": Route("api", "/api/v1/workloads/{id}/profiling-runs", {
+        "get": None, "post": {"project": "vision", "slices": ["A100-80GB"], "window_seconds": 10}}, obj="workload"),
+    "api-workload-advice": Route("api", "/api/v1/workloads/{id}/advice", READ, obj="workload"),
     "api-lease-samples": Route("api", "/api/v1/leases/{id}/samples", {"post": {"throughput": 10.0}}, obj="lease"),
     # -- tenant portal (portal/views.py, portal/billing.py) --------------------------------------------
     "portal:dashboard": Route("portal", "/", READ),
@@ -151,6 +154,10 @@ ROUTES: dict[str, Route] = {
                               "duration_seconds": "600"}}),
     "portal:lease-preview": Route("portal", "/leases/preview?project=vision&gpu.kind=mig&gpu.profile=1g.10gb", READ),
     "portal:lease": Route("portal", "/leases/{id}", READ, obj="lease"),
+    "portal:workloads": Route("portal", "/workloads/", READ),
+    "portal:workload": Route("portal", "/workloads/{id}", READ, obj="workload"),
+    "portal:workload-profile": Route("portal", "/workloads/{id}/profile", {"post": {"project": "vision"}},
+                                     obj="workload"),
     # the workload log's partial: another tenant's lease is 404 before the node is asked for a byte
     "portal:lease-log": Route("portal", "/leases/{id}/log", READ, obj="workload_lease"),
     "portal:lease-release": Route("portal", "/leases/{id}/release", {"post": {}}, obj="lease"),

@@ -91,14 +91,14 @@ def test_prediction_places_on_the_cheapest_slice_that_meets_the_target(world):
     client.post("/api/v1/workloads", GOOD, format="json")
     workload = Workload.objects.get(name="bert-serving")
 
-    first = client.get("/api/v1/workloads/bert-serving/prediction").json()
+    first = client.post("/api/v1/workloads/bert-serving/prediction").json()
     assert first["profile_first"] and "no measurement" in first["reason"]
 
     truth = estimate(services.spec_of(workload), slices_for("A100-80GB")[0])  # the profiler's reference run
     services.profile_record(workload=workload, slice_key="A100-80GB", provenance="profiled",
                             throughput=truth.throughput, memory_mib=truth.memory_mib,
                             engine_active=truth.engine_active)
-    answer = client.get("/api/v1/workloads/bert-serving/prediction").json()
+    answer = client.post("/api/v1/workloads/bert-serving/prediction").json()
     assert not answer["profile_first"], answer
     chosen = answer["chosen"]
     spec = services.spec_of(workload)

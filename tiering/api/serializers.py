@@ -58,11 +58,70 @@ class SampleInput(StrictSerializer):
 
     throughput = serializers.FloatField(min_value=0, max_value=1e12)
     step_ms = serializers.FloatField(required=False, min_value=0, max_value=3.6e6)
+    workload = serializers.CharField(required=False, max_length=64,
+                                     help_text="the registered workload this process is (the advice reads it)")
 
 
 class SampleOutput(serializers.ModelSerializer):
     lease = serializers.IntegerField(source="lease_id")
+    workload = serializers.CharField(source="workload.name", allow_null=True, default=None)
 
     class Meta:
         model = LeaseSample
-        fields = ["lease", "throughput", "step_ms", "reported_at"]
+        fields = ["lease", "throughput", "step_ms", "workload", "reported_at"]
+
+
+def _slice_keys() -> list[str]:
+    from gpus.performance import SPECS, slices_for
+
+    return sorted(where.key for model in SPECS for where in slices_for(model))
+
+
+class ProfilingRunInput(StrictSerializer):
+    """Bounds as ``tiering.profiler.profiling_start`` checks them (it names the field at fault); ``slices``:
+    slice keys (``MODEL``, ``MODEL/mig/PROFILE``, ``MODEL/share/MILLI``), default the whole GPU of every priced
+    model in the fleet."""
+
+    project = serializers.CharField()
+    slices = serializers.ListField(child=serializers.ChoiceField(choices=_slice_keys()), required=False,
+                                   min_length=1, max_length=12)
+    window_seconds = serializers.IntegerField(required=False, min_value=5, max_value=3600)
+
+
+class ProfilingLeaseOutput(serializers.Serializer):
+    slice_key = serializers.CharField()
+    lease = serializers.IntegerField(source="lease_id")
+    done = serializers.BooleanField()
+    outcome = serializers.CharField()
+    throughput = serializers.FloatField(source="profile.throughput", allow_null=True, default=None)
+    memory_mib = serializers.IntegerField(source="profile.memory_mib", allow_null=True, default=None)
+    engine_active = serializers.FloatField(source="profile.engine_active", allow_null=True, default=None)
+
+
+class ProfilingRunOutput(serializers.Serializer):
+    id = serializers.IntegerField()
+    workload = serializers.CharField(source="workload.name")
+    project = serializers.CharField(source="project.slug")
+    state = serializers.CharField()
+    window_seconds = serializers.IntegerField()
+    deadline_at = serializers.DateTimeField()
+    started_at = serializers.DateTimeField()
+    finished_at = serializers.DateTimeField(allow_null=True)
+    outcome = serializers.CharField()
+    leases = ProfilingLeaseOutput(many=True, source="leases.all")
+
+
+class AdviceOutput(serializers.Serializer):
+    id = serializers.IntegerField()
+    lease = serializers.IntegerField(source="lease_id")
+    workload = serializers.CharField(source="workload.name")
+    kind = serializers.CharField()
+    current_slice = serializers.CharField()
+    suggested_slice = serializers.CharField()
+    reason = serializers.CharField()
+    saving_per_hour = serializers.FloatField()
+    speedup = serializers.FloatField(allow_null=True)
+    evidence = serializers.DictField()
+    open = serializers.BooleanField()
+    created_at = serializers.DateTimeField()
+    updated_at = serializers.DateTimeField()

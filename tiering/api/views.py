@@ -11,7 +11,7 @@ from rest_framework.views import APIView
 from config.api import paginate, parse
 from config.openapi import PAGE_PARAMETERS, paginated, problem
 from leasing import selectors as leasing_selectors
-from tiering import selectors, services
+from tiering import profiler, selectors, services
 from tiering.api import serializers as s
 
 
@@ -55,23 +55,63 @@ def prediction_data(workload, decision) -> dict:
 
 
 class WorkloadPredictionApi(APIView):
-    @extend_schema(responses=s.PredictionOutput,
-                   summary="The cheapest slice at the tenant's prices predicted to meet the workload's target")
-    def get(self, request, name: str):
+    """A POST: the prediction is stored as the workload's ``predicted`` profiles (replacing the last ones) and
+    audited, so asking for one writes rows and needs the ``use`` action (members and up, write tokens)."""
+
+    write_action = "use"
+
+    @extend_schema(request=None, responses={200: s.PredictionOutput, 404: problem("No such workload in this tenant")},
+                   operation_id="v1_workloads_prediction_create",
+                   summary="Predict (and store as predicted profiles) the cheapest slice at the tenant's prices that "
+                           "meets the workload's target")
+    def post(self, request, name: str):
         workload = selectors.workload_get(actor=request.actor, name=name)
         return Response(prediction_data(workload, services.workload_predict(workload=workload)))
+
+
+class WorkloadProfilingApi(APIView):
+    """Profiling runs of a workload: one short lease per candidate slice, measured from Prometheus and the
+    workload's own samples (docs/tiering.md, "The profiler")."""
+
+    write_action = "use"
+
+    @extend_schema(responses=s.ProfilingRunOutput(many=True), operation_id="v1_workloads_profiling_runs_list",
+                   summary="The workload's profiling runs, newest first, with each candidate slice's outcome")
+    def get(self, request, name: str):
+        workload = selectors.workload_get(actor=request.actor, name=name)
+        return Response(s.ProfilingRunOutput(selectors.profiling_run_list(workload=workload), many=True).data)
+
+    @extend_schema(request=s.ProfilingRunInput,
+                   responses={201: s.ProfilingRunOutput, 404: problem("No such workload or project in this tenant"),
+                              409: problem("The workload is being profiled already")},
+                   summary="Profile the workload: a short lease per candidate slice (default: the whole GPU of each "
+                           "priced model in the fleet), in parallel where capacity allows")
+    def post(self, request, name: str):
+        workload = selectors.workload_get(actor=request.actor, name=name)
+        body = parse(s.ProfilingRunInput, request)
+        run = profiler.profiling_start(actor=request.actor, workload=workload, project=body.get("project"),
+                                       slices=body.get("slices"), window_seconds=body.get("window_seconds"))
+        return Response(s.ProfilingRunOutput(run).data, status=status.HTTP_201_CREATED)
+
+
+class WorkloadAdviceApi(APIView):
+    @extend_schema(responses=s.AdviceOutput(many=True), operation_id="v1_workloads_advice_list",
+                   summary="Open migration and quantization advice for the workload's running leases (advice only)")
+    def get(self, request, name: str):
+        workload = selectors.workload_get(actor=request.actor, name=name)
+        return Response(s.AdviceOutput(selectors.advice_list(actor=request.actor, workload=workload), many=True).data)
 
 
 class LeaseSampleApi(APIView):
     write_action = "use"
 
     @extend_schema(request=s.SampleInput,
-                   responses={201: s.SampleOutput, 404: problem("No such lease in this tenant"),
+                   responses={201: s.SampleOutput, 404: problem("No such lease (or named workload) in this tenant"),
                               409: problem("The lease is not running: samples are taken while it runs")},
                    summary="The workload's own throughput on this lease (samples/s; tokens/s for generation)")
     def post(self, request, pk: int):
         leasing_selectors.lease_get(actor=request.actor, lease_id=pk)  # 404 before the body, as every lease route
         body = parse(s.SampleInput, request)
         sample = services.lease_sample_record(actor=request.actor, lease_id=pk, throughput=body.get("throughput"),
-                                              step_ms=body.get("step_ms"))
+                                              step_ms=body.get("step_ms"), workload=body.get("workload"))
         return Response(s.SampleOutput(sample).data, status=status.HTTP_201_CREATED)

@@ -35,9 +35,14 @@ class Prediction:
     throughput: float  # the forest's mean, samples/s (tokens/s)
     memory_mib: int
     trees: tuple[float, ...]  # each tree's throughput
+    residuals: tuple[float, ...] = ()  # the model's held-out log errors on this slice's GPU model (calibration)
 
     def confidence(self, required: float) -> float:
-        """The share of trees that expect at least ``required``."""
+        """With a calibration: the share of the held-out errors on this GPU model under which the forest's
+        mean, so corrected, still reaches ``required`` (an empirical, per-tier bound); without one, the share of
+        trees that expect at least ``required``."""
+        if self.residuals:
+            return sum(1 for r in self.residuals if self.throughput * math.exp(r) >= required) / len(self.residuals)
         return sum(1 for value in self.trees if value >= required) / len(self.trees)
 
 
@@ -48,6 +53,7 @@ class TierModel:
         self.memory_forest: RandomForestRegressor | None = None
         self.rows = 0
         self.compute_efficiency, self.memory_efficiency = 1.0, 1.0
+        self.residuals: dict[str, tuple[float, ...]] = {}  # per GPU model: held-out log(measured / predicted)
 
     def _forest(self) -> RandomForestRegressor:
         return RandomForestRegressor(n_estimators=self.n_estimators, min_samples_leaf=self.min_samples_leaf,
@@ -78,8 +84,41 @@ class TierModel:
         per_tree = np.exp(np.array([tree.predict(x) for tree in self.throughput_forest.estimators_])) * prior
         memory = np.exp(self.memory_forest.predict(x)) * np.array([prior_memory(workload, s, reference)
                                                                    for s in slices])
-        return [Prediction(s, float(per_tree[:, i].mean()), math.ceil(memory[i]), tuple(per_tree[:, i].tolist()))
+        residuals = getattr(self, "residuals", {})  # models pickled before calibration existed have none
+        return [Prediction(s, float(per_tree[:, i].mean()), math.ceil(memory[i]), tuple(per_tree[:, i].tolist()),
+                           residuals.get(_tier_key(s), ()))
                 for i, s in enumerate(slices)]
+
+    def calibrate(self, rows: list[Row], *, folds: int = 3, trees: int = 30, seed: int = 0,
+                  least: int = 30) -> TierModel:
+        """Per-tier calibration: refit on the rows of all but one fold of architectures, predict the held-out
+        fold, and keep, per GPU model and kind of slice, the log errors ``log(measured / predicted)`` of those
+        predictions (one with fewer than ``least`` of them keeps none: its confidence stays the trees' share).
+        Architectures, not rows, are held out, so the errors are those of a workload never seen, as at
+        admission."""
+        names = sorted({r.workload.architecture for r in rows})
+        random.Random(seed).shuffle(names)
+        errors: dict[str, list[float]] = {}
+        # the held-out predictions themselves (row, predicted throughput, predicted memory): what a threshold
+        # on the confidence can be chosen on without touching data the model will be judged on
+        self.held_out: list[tuple[Row, float, int]] = []
+        for fold in range(folds):
+            held = set(names[fold::folds])
+            train = [r for r in rows if r.workload.architecture not in held]
+            test = [r for r in rows if r.workload.architecture in held and r.throughput > 0]
+            if not test or len([r for r in train if r.throughput > 0]) < 10:
+                continue
+            model = TierModel(n_estimators=trees, min_samples_leaf=self.min_samples_leaf, seed=seed).fit(train)
+            for (workload, reference), group in _grouped(test).items():
+                for row, prediction in zip(group, model.predict(workload, [r.slice for r in group], reference),
+                                           strict=True):
+                    error = math.log(row.throughput / prediction.throughput)
+                    errors.setdefault(_tier_key(row.slice), []).append(error)
+                    self.held_out.append((row, prediction.throughput, prediction.memory_mib))
+            for row in (r for r in rows if r.workload.architecture in held and r.throughput <= 0):
+                self.held_out.append((row, 0.0, row.memory_mib))  # did not fit: its measured memory
+        self.residuals = {tier: tuple(sorted(values)) for tier, values in errors.items() if len(values) >= least}
+        return self
 
     def importances(self) -> dict[str, float]:
         return dict(zip(NAMES, (round(float(v), 4) for v in self.throughput_forest.feature_importances_),
@@ -96,6 +135,19 @@ class TierModel:
         if not isinstance(model, TierModel):
             raise ValueError("not a TierModel")
         return model
+
+
+def _tier_key(where: Slice) -> str:
+    """What a calibration is kept per: the GPU model and the kind of slice (``A100-80GB/mig``)."""
+    return f"{where.model}/{where.kind}"
+
+
+def _grouped(rows: list[Row]) -> dict:
+    """Rows by (workload, reference), so one forest call predicts all of a workload's slices."""
+    groups: dict = {}
+    for row in rows:
+        groups.setdefault((row.workload, row.reference), []).append(row)
+    return groups
 
 
 def fit_efficiencies(rows: list[Row], seed: int = 0, sample: int = 600) -> tuple[float, float]:

@@ -1,0 +1,196 @@
+"""``gpu: {"kind": "auto", "workload": ...}`` at admission, through the API and the portal's request form: the
+lease asks for the slice the prediction names at the tenant's prices (the cheapest predicted to meet the target),
+with the prediction and its confidence in its reason; a workload never measured is refused with ``profile_first``
+and a profiling run starts; a quote previews the choice and writes nothing; bad auto bodies name the field."""
+
+from datetime import timedelta
+
+import pytest
+from django.test import Client
+from django.utils import timezone
+
+from billing import services as billing
+from gpus.performance import estimate, slice_from_key
+from leasing import services as leasing
+from leasing.models import Lease
+from tests.factories import make_quota, make_world
+from tiering import services
+from tiering.models import ProfilingRun, Workload
+
+pytestmark = pytest.mark.django_db
+
+BERT = {"name": "bert-serving", "architecture": "bert-base", "task": "inference", "precision": "int8",
+        "batch_size": 8, "seq_len": 128, "target_throughput": 400.0}
+
+
+@pytest.fixture
+def world():
+    world = make_world()
+    for tier in ("A100-80GB", "L4"):
+        make_quota(world.project, tier=tier)
+    billing.price_book_create(name="list", currency="USD", effective_from=timezone.now() - timedelta(days=1),
+                              rates=[{"tier": "H100-80GB", "per_hour": "3.00"},
+                                     {"tier": "A100-80GB", "per_hour": "1.80"}, {"tier": "L4", "per_hour": "0.70"}])
+    token = leasing.enrollment_token_create(uses=1)
+    leasing.node_enroll(node_id="node-a", token=token, address="http://127.0.0.1:9/n/node-a", inventory={"gpus": [
+        {"index": 0, "uuid": "GPU-a100", "model": "A100-80GB", "mode": "whole", "memory_mib": 81920},
+        {"index": 1, "uuid": "GPU-l4", "model": "L4", "mode": "whole", "memory_mib": 23034}]})
+    services.reference_set_seed(count=40, seed=1)
+    services.model_retrain()
+    world.client("member").post("/api/v1/workloads", BERT, format="json")
+    return world
+
+
+def _measure(workload: Workload) -> None:
+    """What the profiler's reference lease measures (the performance model on a whole A100-80GB)."""
+    truth = estimate(services.spec_of(workload), slice_from_key("A100-80GB"))
+    services.profile_record(workload=workload, slice_key="A100-80GB", provenance="profiled",
+                            throughput=truth.throughput, memory_mib=truth.memory_mib, engine_active=truth.engine_active)
+
+
+def _shape_of(lease: Lease) -> str:
+    model = lease.models_allowed[0]
+    return {"mig": f"{model}/mig/{lease.profile}", "share": f"{model}/share/{lease.milli}"}.get(lease.kind, model)
+
+
+def test_auto_never_measured_is_refused_with_profile_first_and_a_profiling_run_starts(world):
+    client = world.client("member")
+    body = {"project": "vision", "gpu": {"kind": "auto", "workload": "bert-serving"}}
+    answer = client.post("/api/v1/leases", body, format="json")
+    assert answer.status_code == 409 and answer["Content-Type"].startswith("application/problem+json")
+    problem = answer.json()
+    assert problem["code"] == "profile_first" and problem["field"] == "gpu.workload", problem
+    run = ProfilingRun.objects.get()
+    assert problem["profiling_run"] == run.pk and run.state == "running"
+    # the run's leases: the whole GPU of each priced model in the fleet, the reference first
+    assert sorted(run.leases.values_list("slice_key", flat=True)) == ["A100-80GB", "L4"]
+    again = client.post("/api/v1/leases", body, format="json").json()
+    assert again["code"] == "profile_first" and "under way" in again["detail"]
+    assert ProfilingRun.objects.count() == 1
+    assert not Lease.objects.exclude(pk__in=run.leases.values("lease")).exists()  # no lease of its own
+
+
+def test_auto_places_on_the_predicted_slice_with_its_confidence_in_the_reason(world):
+    client = world.client("member")
+    workload = Workload.objects.get(name="bert-serving")
+    _measure(workload)
+    predicted = client.post("/api/v1/workloads/bert-serving/prediction").json()
+    assert not predicted["profile_first"], predicted
+    chosen = predicted["chosen"]
+
+    # a quote previews the same choice and writes nothing
+    before = (Lease.objects.count(), ProfilingRun.objects.count())
+    quote = client.post("/api/v1/quotes", {"project": "vision", "gpu": {"kind": "auto", "workload": "bert-serving"}},
+                        format="json")
+    assert quote.status_code == 200, quote.json()
+    assert quote.json()["gpu"]["model"] == slice_from_key(chosen["slice"]).model
+    assert (Lease.objects.count(), ProfilingRun.objects.count()) == before
+
+    answer = client.post("/api/v1/leases", {"project": "vision", "gpu": {"kind": "auto", "workload": "bert-serving"}},
+                         format="json")
+    assert answer.status_code == 201, answer.json()
+    lease = Lease.objects.get(pk=answer.json()["id"])
+    assert _shape_of(lease) == chosen["slice"]
+    assert "auto-tiering of workload 'bert-serving'" in lease.reason and "confidence" in lease.reason
+    assert f"{chosen['confidence']:.0%}" in lease.reason
+    first = lease.events.order_by("pk").first()
+    assert "predicted" in first.reason and "confidence" in first.reason
+    # truly meets the target there (the performance model is the simulated fleet's truth)
+    assert estimate(services.spec_of(workload), slice_from_key(chosen["slice"])).throughput >= 400
+    # the same body with the same key is the same lease; predictions were not written by the request
+    again = client.post("/api/v1/leases", {"project": "vision", "gpu": {"kind": "auto", "workload": "bert-serving"}},
+                        format="json", HTTP_IDEMPOTENCY_KEY="k1")
+    replay = client.post("/api/v1/leases", {"project": "vision", "gpu": {"kind": "auto", "workload": "bert-serving"}},
+                         format="json", HTTP_IDEMPOTENCY_KEY="k1")
+    assert again.status_code == 201 and replay.status_code == 200 and again.json()["id"] == replay.json()["id"]
+
+
+def test_auto_with_an_inline_target_needs_a_bigger_slice(world):
+    client = world.client("member")
+    workload = Workload.objects.get(name="bert-serving")
+    _measure(workload)
+    small = client.post("/api/v1/leases", {"project": "vision", "gpu": {"kind": "auto", "workload": "bert-serving",
+                                                                       "target_throughput": 50.0}}, format="json")
+    big = client.post("/api/v1/leases", {"project": "vision", "gpu": {"kind": "auto", "workload": "bert-serving",
+                                                                     "target_throughput": 9000.0}}, format="json")
+    assert small.status_code == 201 and big.status_code == 201, (small.json(), big.json())
+    small_slice = _shape_of(Lease.objects.get(pk=small.json()["id"]))
+    big_slice = _shape_of(Lease.objects.get(pk=big.json()["id"]))
+    spec = services.spec_of(workload)
+    assert estimate(spec, slice_from_key(big_slice)).throughput >= 9000
+    assert estimate(spec, slice_from_key(small_slice)).throughput < 9000  # a cheaper slice for the small target
+    assert "9,000/s needed" in Lease.objects.get(pk=big.json()["id"]).reason
+
+
+@pytest.mark.parametrize(("gpu", "status", "field"), [
+    ({"kind": "auto"}, 400, "gpu.workload"),
+    ({"kind": "auto", "workload": "nope"}, 404, "gpu.workload"),
+    ({"kind": "auto", "workload": "bert-serving", "model": "L4"}, 400, "gpu.model"),
+    ({"kind": "auto", "workload": "bert-serving", "target_throughput": -3}, 400, "gpu.target_throughput"),
+])
+def test_auto_bad_bodies_name_the_field(world, gpu, status, field):
+    answer = world.client("member").post("/api/v1/leases", {"project": "vision", "gpu": gpu}, format="json")
+    assert answer.status_code == status and answer.json()["field"] == field, answer.json()
+    assert not Lease.objects.exists()
+
+
+def test_auto_through_the_portal_request_form(world):
+    workload = Workload.objects.get(name="bert-serving")
+    _measure(workload)
+    chosen = services.workload_predict(workload=workload, store=False).option.slice.key
+    browser = Client()
+    browser.force_login(world.member)
+    page = browser.get("/leases/new")
+    assert 'value="auto"' in page.content.decode() and "bert-serving" in page.content.decode()
+    answer = browser.post("/leases/new", {"project": "vision", "gpu.kind": "auto", "gpu.workload": "bert-serving",
+                                          "gpu.gang": "true", "workload_class": "inference",
+                                          "duration_seconds": "3600", "idempotency_key": "form-1"})
+    assert answer.status_code == 302, answer.content.decode()[:2000]
+    lease = Lease.objects.get(idempotency_key="form-1")
+    assert _shape_of(lease) == chosen and "auto-tiering" in lease.reason
+    # a bad inline target is shown next to its field
+    page = browser.post("/leases/new", {"project": "vision", "gpu.kind": "auto", "gpu.workload": "bert-serving",
+                                        "gpu.target_throughput": "fast", "duration_seconds": "3600"})
+    assert page.status_code == 400 and 'id="err-gpu_target_throughput"' in page.content.decode()
+
+
+def test_workload_profile_page_charts_throughput_and_price_per_slice_with_the_recommendation(world):
+    """The portal's profile page: an SVG row per slice (measured or predicted), cheapest first, the recommended
+    slice highlighted and the target drawn; the list links to it; another tenant gets 404."""
+    import re
+
+    workload = Workload.objects.get(name="bert-serving")
+    _measure(workload)
+    world.client("member").post("/api/v1/workloads/bert-serving/prediction")  # stores the predicted profiles
+    chosen = services.workload_predict(workload=workload, store=False).option.slice.key
+    browser = Client()
+    browser.force_login(world.member)
+    listing = browser.get("/workloads/").content.decode()
+    assert 'href="/workloads/bert-serving"' in listing
+    page = browser.get("/workloads/bert-serving").content.decode()
+    start = page.index('<svg class="tier-chart"')
+    svg = page[start:page.index("</svg>", start)]
+    rows = re.findall(r'<g class="tier-row([^"]*)" data-slice="([^"]+)"', svg)
+    offered = {s.key for s, _ in services.tenant_slice_prices(tenant=world.acme)}
+    assert {key for _, key in rows} == offered
+    assert [key for classes, key in rows if "recommended" in classes] == [chosen]
+    assert "★ recommended" in svg and 'class="target"' in svg and "(profiled)" in svg and "(predicted)" in svg
+    assert "A100-80GB" in page and "profiled" in page  # the measurement table
+    outsider = Client()
+    outsider.force_login(world.outsider)
+    assert outsider.get("/workloads/bert-serving").status_code == 404
+
+
+def test_a_profiling_run_starts_from_the_workload_page(world):
+    browser = Client()
+    browser.force_login(world.member)
+    answer = browser.post("/workloads/bert-serving/profile", {"project": "vision"})
+    assert answer.status_code == 302
+    run = ProfilingRun.objects.get()
+    assert sorted(run.leases.values_list("slice_key", flat=True)) == ["A100-80GB", "L4"]
+    again = browser.post("/workloads/bert-serving/profile", {"project": "vision"})
+    assert again.status_code == 409 and "being profiled already" in again.content.decode()
+    viewer = Client()
+    viewer.force_login(world.viewer)
+    assert viewer.post("/workloads/bert-serving/profile", {"project": "vision"}).status_code == 403
+    assert ProfilingRun.objects.count() == 1

@@ -1,0 +1,160 @@
+"""Migration and quantization advice from a running lease's telemetry (docs/tiering.md, "Advice").
+
+``advice_scan`` (Celery ``tiering.advice_scan``, every ``TIERING_ADVICE_SECONDS``) looks at every ACTIVE lease whose
+workload said what it is (``POST /api/v1/leases/{id}/samples`` with ``workload``): over the last
+``TIERING_ADVICE_WINDOW_SECONDS`` it reads the lease's engine activity (mean) and framebuffer (peak) from Prometheus
+and the median of its samples, and records them as an ``observed`` profile of the workload on that slice (the
+profile kept true while the workload runs). Then, against the workload's target at the tenant's prices:
+
+- **too big**: the target is met with room to spare (throughput ≥ 1.5 × target, or the engine busy < 40 % and the
+  framebuffer < 50 % full) and the decision engine names a cheaper slice predicted to meet it → migrate there,
+  with the saving per hour;
+- **too small**: under target, or the framebuffer ≥ 95 % full (memory pressure), and a slice is predicted to
+  meet it → migrate there, with the predicted speed-up;
+- **quantize**: an inference workload in 16/32-bit that the performance model says would fit and meet its target
+  on a cheaper slice at INT8 or FP8 → advice only (it changes the model: not ours to do).
+
+One open row per (lease, kind), refreshed by each scan; closed when the lease is no longer active or the advice no
+longer holds. Nothing is changed by advice.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import replace
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from gpus.performance import estimate, slice_from_key
+from leasing.choices import LeaseState
+from leasing.models import Lease
+from tiering.models import AdviceKind, LeaseSample, Provenance, TierAdvice
+
+logger = logging.getLogger(__name__)
+QUANTIZED = ("int8", "fp8")
+
+
+def lease_slice_key(lease: Lease) -> str | None:
+    """The slice a lease holds (its first allocation): ``MODEL``, ``MODEL/mig/PROFILE``, ``MODEL/share/MILLI``."""
+    allocation = lease.allocations.filter(freed_at__isnull=True).select_related("gpu").order_by("pk").first()
+    if allocation is None:
+        return None
+    model = allocation.gpu.model
+    if allocation.kind == "mig":
+        return f"{model}/mig/{allocation.mig_profile}"
+    if allocation.kind == "share":
+        return f"{model}/share/{allocation.milli}"
+    return model
+
+
+def advice_scan(*, now: datetime | None = None) -> dict[str, int]:
+    """Scan the active leases whose workload is known; returns counts (leases seen, advice open)."""
+    from tiering.profiler import PrometheusMissing, lease_telemetry
+    from tiering.services import profile_record, spec_of, tenant_slice_prices, workload_predict
+
+    now = now or timezone.now()
+    window = timedelta(seconds=settings.TIERING_ADVICE_WINDOW_SECONDS)
+    seen = opened = 0
+    active = Lease.objects.filter(state=LeaseState.ACTIVE, tiering_samples__workload__isnull=False).distinct()
+    for lease in active.order_by("pk"):
+        sample = (LeaseSample.objects.filter(lease=lease, workload__isnull=False).select_related("workload")
+                  .order_by("-reported_at").first())
+        workload, key = sample.workload, lease_slice_key(lease)
+        if key is None:
+            continue
+        first = LeaseSample.objects.filter(lease=lease).order_by("reported_at").values_list(
+            "reported_at", flat=True).first()
+        start = max(first + timedelta(seconds=5), now - window)  # from the workload's first sample on
+        try:
+            figures = lease_telemetry(lease=lease, start=start, end=now)
+        except PrometheusMissing as error:
+            logger.warning("advice: lease %s: %s", lease.pk, error)
+            continue
+        if figures["throughput"] is None or figures["memory_mib"] is None:
+            continue
+        seen += 1
+        where = slice_from_key(key)
+        profile_record(workload=workload, slice_key=key, provenance=Provenance.OBSERVED,
+                       throughput=figures["throughput"], memory_mib=figures["memory_mib"],
+                       engine_active=figures["engine_active"], lease=lease, at=now)
+        prices = dict((s.key, price) for s, price in tenant_slice_prices(tenant=lease.tenant))
+        current_price = prices.get(key)
+        decision = workload_predict(workload=workload, store=False)
+        required = decision.required
+        evidence = {"throughput": round(figures["throughput"], 2), "required": round(required, 2),
+                    "engine_active": figures["engine_active"], "memory_mib": figures["memory_mib"],
+                    "slice_memory_mib": where.memory_mib, "samples": figures["samples"],
+                    "window_seconds": int((now - start).total_seconds())}
+        found: dict[str, dict] = {}
+        option = decision.option if not decision.profile_first else None
+        engine = figures["engine_active"] if figures["engine_active"] is not None else 1.0
+        roomy = figures["throughput"] >= 1.5 * required or (
+            engine < 0.4 and figures["memory_mib"] < 0.5 * where.memory_mib)
+        pressed = figures["throughput"] < required or figures["memory_mib"] >= 0.95 * where.memory_mib
+        if option is not None and current_price is not None and option.slice.key != key:
+            if roomy and option.price < current_price:
+                found[AdviceKind.TOO_BIG] = {
+                    "suggested": option.slice.key, "saving": current_price - option.price, "speedup": None,
+                    "reason": (f"too big: {figures['throughput']:,.0f}/s for {required:,.0f}/s needed, engine "
+                               f"{engine:.0%} busy, {figures['memory_mib']:,} of {where.memory_mib:,} MiB; "
+                               f"{option.slice.label} is predicted to give {option.throughput:,.0f}/s "
+                               f"(confidence {option.confidence:.0%}) at {option.price:.2f}/h instead of "
+                               f"{current_price:.2f}/h")}
+            elif pressed:
+                speedup = option.throughput / max(figures["throughput"], 1e-9)
+                found[AdviceKind.TOO_SMALL] = {
+                    "suggested": option.slice.key, "saving": current_price - option.price, "speedup": speedup,
+                    "reason": (f"too small: {figures['throughput']:,.0f}/s for {required:,.0f}/s needed, "
+                               f"{figures['memory_mib']:,} of {where.memory_mib:,} MiB; {option.slice.label} is "
+                               f"predicted to give {option.throughput:,.0f}/s (×{speedup:.1f}, confidence "
+                               f"{option.confidence:.0%}) at {option.price:.2f}/h")}
+        spec = spec_of(workload)
+        if spec.task != "training" and spec.precision not in QUANTIZED and current_price is not None:
+            # cheaper than what it needs unquantized: the slice it is on, or the one the engine names
+            baseline = min(current_price, option.price) if option is not None else current_price
+            best = None
+            for precision in QUANTIZED:
+                quantized = replace(spec, precision=precision)
+                for candidate, price in tenant_slice_prices(tenant=lease.tenant):
+                    truth = estimate(quantized, candidate)
+                    if truth.fits and truth.throughput >= required and price < baseline and (
+                            best is None or price < best[2]):
+                        best = (precision, candidate, price, truth)
+            if best is not None:
+                precision, candidate, price, truth = best
+                found[AdviceKind.QUANTIZE] = {
+                    "suggested": candidate.key, "saving": current_price - price, "speedup": None,
+                    "reason": (f"quantized to {precision.upper()} it would fit {candidate.label} "
+                               f"({truth.memory_mib:,} of {candidate.memory_mib:,} MiB) and give "
+                               f"{truth.throughput:,.0f}/s (performance model) for {required:,.0f}/s needed, at "
+                               f"{price:.2f}/h instead of {current_price:.2f}/h; advice only: quantizing changes "
+                               f"the model")}
+        opened += _advice_save(lease=lease, workload=workload, key=key, found=found, evidence=evidence, now=now)
+    # advice on leases that are no longer active is closed
+    TierAdvice.objects.filter(open=True).exclude(lease__state=LeaseState.ACTIVE).update(open=False, updated_at=now)
+    return {"leases": seen, "open": opened}
+
+
+def _advice_save(*, lease: Lease, workload, key: str, found: dict, evidence: dict, now: datetime) -> int:
+    from tiering.services import _audit
+
+    with transaction.atomic():
+        TierAdvice.objects.filter(lease=lease, open=True).exclude(kind__in=list(found)).update(open=False,
+                                                                                                updated_at=now)
+        for kind, item in found.items():
+            values = {"suggested_slice": item["suggested"], "reason": item["reason"][:2000],
+                      "saving_per_hour": round(item["saving"], 4), "speedup": item["speedup"], "evidence": evidence,
+                      "current_slice": key, "updated_at": now}
+            row = TierAdvice.objects.filter(lease=lease, kind=kind, open=True).first()
+            if row is None:
+                TierAdvice.objects.create(tenant=lease.tenant, lease=lease, workload=workload, kind=kind,
+                                          created_at=now, **values)
+                _audit(tenant=lease.tenant, actor=None, action=f"tiering.advice_{kind}", target=f"lease {lease.pk}",
+                       suggested=item["suggested"], saving_per_hour=values["saving_per_hour"])
+            else:
+                TierAdvice.objects.filter(pk=row.pk).update(**values)
+    return len(found)
+
