@@ -47,8 +47,10 @@ def arrival(tasks: list[Task], capacity_milli: int, rng: random.Random) -> list[
     rng.shuffle(sequence)
     target = ARRIVED_MAX / 100 * capacity_milli
     total = sum(task.gpu_milli for task in sequence)
-    while total > target:  # trim: drop tasks at random positions
-        total -= sequence.pop(rng.randrange(len(sequence))).gpu_milli
+    if total > target:  # trim: drop tasks at random positions
+        while total > target:
+            total -= sequence.pop(rng.randrange(len(sequence))).gpu_milli
+        return sequence
     while True:  # top up: append random tasks of the list while the total stays within the target
         task = ordered[rng.randrange(len(ordered))]
         if total + task.gpu_milli > target:
