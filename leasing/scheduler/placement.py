@@ -423,7 +423,7 @@ class DefaultPolicy(Policy):
 
     def __init__(self, *, seed: int = 0, workload: list[tuple[Need, float]] | None = None):
         super().__init__(seed=seed, workload=workload)
-        self._memo: dict[tuple, float] = {}
+        self._memo: dict[tuple, tuple[float, float]] = {}
         # the workload as plain tuples for the one-model fast path of ``_stranding``
         self._compiled = [(p, n.total_milli, frozenset(n.models), n.cpu_milli, n.host_memory_mib,
                            n.kind == Kind.WHOLE, n.count, n.milli) for n, p in self.workload if n.kind != Kind.MIG]
