@@ -17,7 +17,7 @@ import re
 from collections.abc import Callable
 from pathlib import Path
 
-from bench.record import ROOT, load
+from bench.record import RESULTS, ROOT, load
 
 BLOCK = re.compile(r"<!-- bench:(?P<name>[\w.-]+) -->\n(?P<body>.*?)<!-- /bench:(?P=name) -->", re.S)
 RENDERERS: dict[str, Callable[[], str]] = {}
@@ -327,6 +327,17 @@ def _billing() -> str:
             + f"Month history: {history['tenants']:,} tenants, {history['gpus']:,} GPUs, {history['leases']:,} leases, "
               f"{history['events']:,} events; load average {f['load_average_before']} before the month run and "
               f"{f['load_average_after']} after; {hourly['load_average_before']} before the hourly run.")
+
+
+OPENB = ("default", "multigpu20", "multigpu30", "gpushare20", "gpushare40", "gpushare60", "gpushare80", "gpuspec10",
+         "gpuspec20")
+
+
+@renderer("openb")
+def _openb() -> str:
+    from leasing.sim.fragmentation import results_table
+
+    return provenance(*(f"openb_{trace}" for trace in OPENB)) + "\n\n" + results_table(RESULTS)
 
 
 def render(name: str) -> str:

@@ -12,13 +12,14 @@ descent, Weng et al., USENIX ATC 2023, as published) and ``default`` (ours; see 
 from __future__ import annotations
 
 import heapq
+import math
 import random as _random
 from dataclasses import dataclass, replace
 
 from gpus.catalogue import model_get
 from gpus.mig import COMPUTE_SLICES, MigProfile, profile_get
 from leasing.scheduler.state import FULL, ClassInfo, ClusterState, GpuState, NodeState
-from leasing.scheduler.types import Kind, Shape, Unit
+from leasing.scheduler.types import GpuMode, Kind, Shape, Unit
 
 
 @dataclass(frozen=True, slots=True)
@@ -299,14 +300,35 @@ def node_fragmentation(node: NodeState, free: list[int], free_cpu: int, workload
 
 
 class FgdPolicy(Policy):
-    """Fragmentation gradient descent: the placement that least increases the node's fragmentation."""
+    """Fragmentation gradient descent: the placement that least increases the node's fragmentation, scored as
+    the authors' simulator (hkust-adsl/kubernetes-scheduler-simulator) does: the typical shapes' frequencies
+    renormalised to sum to 1, and a node's score the integer ``int(100 * sigmoid(-Δfragmentation / 1000))``,
+    so that placements within a few tens of milli-GPU of each other tie (ties go to the lowest node id, the
+    first in the simulator's shuffled node order) and, on a node, to the lowest GPU index."""
 
     name = "fgd"
 
+    def __init__(self, *, seed: int = 0, workload: list[tuple[Need, float]] | None = None):
+        super().__init__(seed=seed, workload=workload)
+        total = sum(p for _, p in self.workload)
+        if total > 0:
+            self.workload = [(n, p / total) for n, p in self.workload]
+        self._pure = not any(n.kind == Kind.MIG for n, _ in self.workload)
+        self._memo: dict[tuple, float] = {}
+
+    def _fragmentation(self, node: NodeState, free: list[int], free_cpu: int) -> float:
+        if not self._pure or any(g.gpu.mode == GpuMode.MIG for g in node.gpus):
+            return node_fragmentation(node, free, free_cpu, self.workload)
+        key = (node.gpus[0].gpu.model if node.gpus else "", bool(node.node.cpu_milli), free_cpu, *sorted(free))
+        value = self._memo.get(key)
+        if value is None:
+            value = self._memo[key] = node_fragmentation(node, free, free_cpu, self.workload)
+        return value
+
     def score(self, cluster, node, units, need):
-        before = node_fragmentation(node, [g.free_milli for g in node.gpus], node.free_cpu_milli, self.workload)
-        after = node_fragmentation(node, _after(node, units), node.free_cpu_milli - need.cpu_milli, self.workload)
-        return after - before
+        before = self._fragmentation(node, [g.free_milli for g in node.gpus], node.free_cpu_milli)
+        after = self._fragmentation(node, _after(node, units), node.free_cpu_milli - need.cpu_milli)
+        return -int(100 / (1 + math.exp((after - before) / 1000)))
 
 
 def node_stranding(node: NodeState, free: list[int], free_cpu: int, free_memory: int,
@@ -317,8 +339,9 @@ def node_stranding(node: NodeState, free: list[int], free_cpu: int, free_memory:
     take (an 810-milli share leaves 190 of a GPU behind), plus ``host_weight`` times the GPU capacity of
     the copies that the free CPU / host memory could not feed (GPUs stranded behind exhausted CPU).
 
-    ``host_weight`` 0.25 was chosen on the openb traces (docs/scheduling.md): 1.0 over-weights CPU
-    stranding where multi-GPU tasks dominate, 0 ignores it where CPU-heavy shares dominate."""
+    ``DefaultPolicy`` weights that last part by the kind of task it places (``host_weight_*``, chosen on the
+    openb traces, docs/scheduling.md: a uniform 0.25 over-weights CPU stranding where multi-GPU tasks
+    dominate, none ignores it where CPU-only and CPU-heavy tasks compete for the GPU nodes' cores)."""
     total_free = sum(free)
     if total_free == 0:
         return 0.0
@@ -384,22 +407,94 @@ def mig_demand(model: str, workload: list[tuple[Need, float]]) -> list[tuple[Mig
 class DefaultPolicy(Policy):
     """Ours: minimise the increase of the node's *stranded* capacity (``node_stranding``): FGD's idea,
     measured by how many copies of each typical need the node could still take given its free GPU,
-    CPU and memory together; best-fit breaks ties, which keeps empty nodes for large gangs. For MIG, the
-    same measure per GPU over its slot layout picks start slots that keep larger profiles possible
-    (a 3g goes to slot 4 so that a 4g can still start at 0)."""
+    CPU and memory together, with GPUs stranded behind exhausted CPU or memory weighted 0.25 when the task
+    placed takes whole GPUs and 0.05 when it takes a share or no GPU (``host_weight_*``).
+    The increase is counted in steps of ``quantum`` milli-GPU, and placements within one step tie; ties go
+    to the lowest node id (in the openb replay, the seed's node order), which spreads near-equal
+    placements over the fleet instead of packing them (best-fit tie-breaking cost 0.1-0.4 points on the
+    openb traces, docs/scheduling.md). For MIG, the same measure per GPU over its slot layout picks start
+    slots that keep larger profiles possible (a 3g goes to slot 4 so that a 4g can still start at 0), with
+    best-fit among equal layouts."""
 
     name = "default"
-    best_fit_weight = 1.0
+    # weight of GPUs stranded behind exhausted CPU / memory, by the kind of the task placed: whole GPUs, and
+    # shares (or CPU-only work); chosen on the openb traces, docs/scheduling.md
+    host_weight_whole = 0.25
+    host_weight_share = 0.05
+    quantum = 40.0  # milli-GPU
+    mig_best_fit_weight = 1.0
+
+    def __init__(self, *, seed: int = 0, workload: list[tuple[Need, float]] | None = None):
+        super().__init__(seed=seed, workload=workload)
+        self._memo: dict[tuple, tuple[float, float]] = {}
+        # the workload as plain tuples for the one-model fast path of ``_stranding``
+        self._compiled = [(p, n.total_milli, frozenset(n.models), n.cpu_milli, n.host_memory_mib,
+                           n.kind == Kind.WHOLE, n.count, n.milli) for n, p in self.workload if n.kind != Kind.MIG]
+        self._has_mig = len(self._compiled) != len(self.workload)
+
+    def _stranding(self, node: NodeState, free: list[int], free_cpu: int, free_memory: int) -> tuple[float, float]:
+        """``node_stranding``, memoised: it depends only on the free capacity per GPU model (and whether CPU
+        and memory are tracked), so nodes in the same state, before or after a placement, share it. A node
+        of one GPU model (the usual case) takes a fast path that computes the same sum."""
+        models = {g.gpu.model for g in node.gpus}
+        tracks_cpu, tracks_memory = bool(node.node.cpu_milli), bool(node.node.memory_mib)
+        if len(models) != 1 or self._has_mig:
+            key = (tracks_cpu, tracks_memory, free_cpu, free_memory,
+                   *sorted(zip([g.gpu.model for g in node.gpus], free, strict=True)))
+            value = self._memo.get(key)
+            if value is None:
+                value = self._memo[key] = (node_stranding(node, free, free_cpu, free_memory, self.workload,
+                                                          host_weight=0.0),
+                                           node_stranding(node, free, free_cpu, free_memory, self.workload,
+                                                          host_weight=1.0)
+                                           - node_stranding(node, free, free_cpu, free_memory, self.workload,
+                                                            host_weight=0.0))
+            return value
+        (model,) = models
+        key = (model, tracks_cpu, tracks_memory, free_cpu, free_memory, *sorted(free))
+        value = self._memo.get(key)
+        if value is None:
+            value = self._memo[key] = self._stranding_one_model(model, free, free_cpu, free_memory, tracks_cpu,
+                                                                tracks_memory)
+        return value
+
+    def _stranding_one_model(self, model: str, free: list[int], free_cpu: int, free_memory: int, tracks_cpu: bool,
+                             tracks_memory: bool) -> tuple[float, float]:
+        total_free = sum(free)
+        if total_free == 0:
+            return 0.0, 0.0
+        full = free.count(FULL)
+        share_copies: dict[int, int] = {}
+        result = host = 0.0
+        for probability, total_milli, models, cpu, memory, whole, count, milli in self._compiled:
+            if (total_milli == 0 or (models and model not in models) or (tracks_cpu and free_cpu < cpu)
+                    or (tracks_memory and free_memory < memory)):
+                result += probability * total_free
+                continue
+            if whole:
+                copies_gpu = full // count
+            else:
+                copies_gpu = share_copies.get(milli)
+                if copies_gpu is None:
+                    copies_gpu = share_copies[milli] = sum(f // milli for f in free)
+            copies_host = min(free_cpu // cpu if tracks_cpu and cpu else copies_gpu,
+                              free_memory // memory if tracks_memory and memory else copies_gpu)
+            result += probability * (total_free - copies_gpu * total_milli)
+            if copies_gpu > copies_host:
+                host += probability * (copies_gpu - copies_host) * total_milli
+        return result, host
 
     def score(self, cluster, node, units, need):
         if need.kind == Kind.MIG:
-            return self._mig_score(node, units) + self.best_fit_weight * BestFitPolicy.score(
+            return self._mig_score(node, units) + self.mig_best_fit_weight * BestFitPolicy.score(
                 self, cluster, node, units, need)
-        before = node_stranding(node, [g.free_milli for g in node.gpus], node.free_cpu_milli,
-                                node.free_memory_mib, self.workload)
-        after = node_stranding(node, _after(node, units), node.free_cpu_milli - need.cpu_milli,
-                               node.free_memory_mib - need.host_memory_mib, self.workload)
-        return (after - before) + self.best_fit_weight * BestFitPolicy.score(self, cluster, node, units, need)
+        gpu_before, host_before = self._stranding(node, [g.free_milli for g in node.gpus], node.free_cpu_milli,
+                                                  node.free_memory_mib)
+        gpu_after, host_after = self._stranding(node, _after(node, units), node.free_cpu_milli - need.cpu_milli,
+                                                node.free_memory_mib - need.host_memory_mib)
+        host_weight = self.host_weight_whole if need.kind == Kind.WHOLE else self.host_weight_share
+        delta = (gpu_after - gpu_before) + host_weight * (host_after - host_before)
+        return round(delta / self.quantum) if self.quantum else delta
 
     def _mig_score(self, node: NodeState, units: tuple[Unit, ...]) -> float:
         gpus = {gpu.gpu.id: gpu for gpu in node.gpus}

@@ -130,13 +130,16 @@ def test_partitions_are_proportional_whole_and_hold_the_largest_job():
 
 
 def test_command_line_on_the_philly_trace(tmp_path, capsys):
-    out = tmp_path / "quota.json"
-    code = quota.main_quota(["--jobs", str(DEFAULT_TRACE), "--limit", "400", "--policy", "all", "--json", str(out)])
+    code = quota.main_quota(["--jobs", str(DEFAULT_TRACE), "--limit", "400", "--policy", "all", "--json-dir",
+                             str(tmp_path)])
     assert code == 0
     printed = capsys.readouterr().out
     for policy in quota.POLICIES:
         assert policy in printed
-    results = json.loads(out.read_text())["results"]
+    # one results file per policy, in bench/record.py's format
+    payloads = [json.loads((tmp_path / f"philly_quota_{policy}.json").read_text()) for policy in quota.POLICIES]
+    assert all(p["command"].startswith("python -m leasing.sim quota --jobs") for p in payloads)
+    results = [p["figures"] for p in payloads]
     assert [r["policy"] for r in results] == list(quota.POLICIES)
     assert all(r["completed"] == r["jobs"] == 400 for r in results)
     assert next(r for r in results if r["policy"] == "ours")["guarantee_violations"] == 0

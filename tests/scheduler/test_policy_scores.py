@@ -1,0 +1,82 @@
+"""The score functions behind the ``fgd`` and ``default`` policies (docs/scheduling.md, placement policies)."""
+
+import math
+import random
+
+import pytest
+
+from leasing.scheduler.placement import DefaultPolicy, FgdPolicy, Need, node_fragmentation, node_stranding
+from leasing.scheduler.state import FULL, GpuState, NodeState
+from leasing.scheduler.types import Gpu, GpuMode, Kind, Node, Unit
+
+
+def _node(model: str, used: list[int], cpu: int = 64_000, free_cpu: int | None = None, memory: int = 262_144):
+    node = Node("n", cpu_milli=cpu, memory_mib=memory)
+    gpus = [GpuState(Gpu(f"n/{i}", "n", model, GpuMode.SHARED, i), 16_384, used_milli=u, units=int(u > 0))
+            for i, u in enumerate(used)]
+    return NodeState(node, gpus, cpu if free_cpu is None else free_cpu, memory)
+
+
+def _share(milli: int, cpu: int, models=()):
+    return Need(Kind.SHARE, 1, tuple(models), milli, 0, None, True, cpu, 0)
+
+
+def _whole(count: int, cpu: int):
+    return Need(Kind.WHOLE, count, (), FULL, 0, None, True, cpu, 0)
+
+
+CPU_ONLY = Need(Kind.SHARE, 0, (), 0, 0, None, True, 4_000, 0)
+WORKLOAD = [(_whole(1, 8_000), 0.5), (_share(500, 4_000), 0.2), (_share(810, 3_000, ("T4",)), 0.1),
+            (_whole(8, 32_000), 0.05), (CPU_ONLY, 0.15)]
+
+
+def test_fgd_renormalises_the_typical_shapes():
+    policy = FgdPolicy(workload=[(need, p * 0.95) for need, p in WORKLOAD])
+    assert math.isclose(sum(p for _, p in policy.workload), 1.0)
+
+
+def test_fgd_scores_like_the_authors_simulator_integer_sigmoid():
+    """int(100 * sigmoid((before - after) / 1000)), negated because lower is better here."""
+    policy = FgdPolicy(workload=WORKLOAD)
+    node = _node("G2", [0, 0, 0, 0, 0, 0, 0, 500])
+    need = _share(500, 4_000)
+    units = (Unit("n/7", 500, 0),)
+    before = node_fragmentation(node, [g.free_milli for g in node.gpus], node.free_cpu_milli, policy.workload)
+    after = node_fragmentation(node, [FULL] * 7 + [0], node.free_cpu_milli - 4_000, policy.workload)
+    expected = int(100 / (1 + math.exp((after - before) / 1000)))
+    assert policy.score(None, node, units, need) == -expected
+    assert isinstance(policy.score(None, node, units, need), int)
+
+
+def test_fgd_near_equal_placements_tie():
+    """Fragmentation increases a few milli apart get the same integer score, so the node order decides."""
+    policy = FgdPolicy(workload=[(_share(300, 1_000), 1.0)])
+    need = _share(300, 1_000)
+    # free 1000 -> 700 (fragment 0 -> 0) and free 650 -> 350 (fragment 0 -> 0): both keep a 300 fitting
+    first = policy.score(None, _node("T4", [0, FULL]), (Unit("n/0", 300, 0),), need)
+    second = policy.score(None, _node("T4", [350, FULL]), (Unit("n/0", 300, 0),), need)
+    assert first == second
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_default_fast_stranding_equals_the_reference(seed):
+    """The one-model fast path of DefaultPolicy computes node_stranding's sum (GPU and CPU parts)."""
+    rng = random.Random(seed)
+    policy = DefaultPolicy(workload=WORKLOAD)
+    model = rng.choice(["G2", "T4"])
+    used = [rng.choice([0, 0, 190, 470, 500, 810, FULL]) for _ in range(rng.choice([1, 2, 4, 8]))]
+    node = _node(model, used, free_cpu=rng.choice([0, 2_000, 3_000, 9_000, 40_000, 64_000]))
+    free = [g.free_milli for g in node.gpus]
+    gpu_part, host_part = policy._stranding(node, free, node.free_cpu_milli, node.free_memory_mib)
+    for weight in (0.0, 0.25, 1.0):
+        reference = node_stranding(node, free, node.free_cpu_milli, node.free_memory_mib, policy.workload,
+                                   host_weight=weight)
+        assert math.isclose(gpu_part + weight * host_part, reference, abs_tol=1e-6)
+
+
+def test_default_stranding_sees_gpus_behind_exhausted_cpu():
+    """Eight free GPUs and 12 free cores: a 1-GPU / 8-core need can use one of them, the rest are unfed."""
+    policy = DefaultPolicy(workload=[(_whole(1, 8_000), 1.0)])
+    node = _node("G2", [0] * 8, free_cpu=12_000)
+    gpu_part, host_part = policy._stranding(node, [FULL] * 8, 12_000, node.free_memory_mib)
+    assert gpu_part == 0 and host_part == 7 * FULL
