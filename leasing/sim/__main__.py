@@ -35,6 +35,8 @@ def _run(args: tuple) -> fragmentation.SeedResult:
 
 
 def main_fragmentation(argv: list[str]) -> int:
+    from bench.record import write  # the benchmarks' one results format (the tree as found now, before the runs)
+
     parser = argparse.ArgumentParser(prog="python -m leasing.sim fragmentation",
                                      description=fragmentation.__doc__)
     parser.add_argument("--trace", help="openb trace(s) by name, comma-separated, or 'all' "
@@ -101,8 +103,6 @@ def main_fragmentation(argv: list[str]) -> int:
         if args.plot:
             plot_alloc(summaries, args.plot, title=f"openb {name}")
         if args.json_dir:
-            from bench.record import write
-
             figures = {
                 "trace": name,
                 "published_fgd_alloc_at_130": published,
@@ -113,8 +113,7 @@ def main_fragmentation(argv: list[str]) -> int:
                                                       for s in summaries}
             settings = {"trace": name, "nodes": args.nodes, "pods": pods, "policies": policies, "seeds": seeds,
                         "quick": args.quick, "jobs": args.jobs}
-            write(f"openb_{name}{'_quick' if args.quick else ''}", figures, settings=settings,
-                  directory=args.json_dir)
+            write(f"openb_{name}", figures, settings=settings, directory=args.json_dir)
     return 0
 
 
