@@ -40,7 +40,9 @@ class Benchmark:
     minutes: float  # about how long the full run took on the 2-core development machine
 
     def argv(self, quick: bool, results: Path) -> list[str]:
-        return [part.replace("{results}", str(results)) for part in (self.quick if quick else self.full)]
+        """The arguments, with the results folder as the command would be typed at the repository's root."""
+        shown = str(results.relative_to(ROOT)) if results.is_relative_to(ROOT) else str(results)
+        return [part.replace("{results}", shown) for part in (self.quick if quick else self.full)]
 
 
 OPENB_TRACES = ("default", "multigpu20", "multigpu30", "gpushare20", "gpushare40", "gpushare60", "gpushare80",
@@ -99,6 +101,9 @@ BENCHMARKS: tuple[Benchmark, ...] = (
               ("bench/pipelines.py",), ("bench/pipelines.py", "--quick"), ("pipelines",), "nothing (pure)", 2),
     Benchmark("splits", "model splits: heuristic against equal layers and the DP optimum",
               ("bench/splits.py",), ("bench/splits.py", "--quick"), ("splits",), "nothing (pure)", 3),
+    Benchmark("tiering", "auto-tiering on held-out architectures: cost regret and target misses by policy",
+              ("bench/tiering.py", "--json", "{results}/tiering.json"),
+              ("bench/tiering.py", "--quick", "--json", "{results}/tiering.json"), ("tiering",), "nothing (pure)", 18),
     Benchmark("capacity_live", "warm pools in the live service: p95 time to GPU warm against cold",
               ("bench/capacity_live.py",), ("bench/capacity_live.py", "--quick"), ("capacity_live",),
               "PostgreSQL, Redis, gunicorn, Celery workers and beat, a simulated fleet", 9),
