@@ -417,7 +417,7 @@ def _headlines() -> str:
         ["auto-tiering (`tiering`)", f"regret {tier['regret'] * 100:.1f} %, misses {tier['misses'] * 100:.1f} %",
          "≤ 5 %, ≤ 2 %", yes(tier["regret"] <= 0.05 and tier["misses"] <= 0.02)],
     ]
-    return table(["benchmark (results file)", "figure", "target", ""], rows)
+    return table(["benchmark (results file)", "figure", "target", "met?"], rows)
 
 
 def render(name: str) -> str:

@@ -42,6 +42,7 @@ sys.path.insert(0, str(ROOT))
 from bench.profile import report as profile_report  # noqa: E402
 from bench.profile import start as profile_start  # noqa: E402
 from bench.profile import stop as profile_stop  # noqa: E402
+from bench.record import load, write  # noqa: E402  (at start: the tree is recorded as the run found it)
 from infra import services  # noqa: E402
 from tests.agent.conftest import free_port  # noqa: E402
 
@@ -379,8 +380,6 @@ def _scale(args, *, clients, body, children, folder: Path, env: dict, site: str,
     print(f"nodes heartbeating (within {settings.AGENT_HEARTBEAT_SECONDS * 2} s): {beating}/{args.scale_nodes}; "
           f"Prometheus targets up: {up}/{args.scale_nodes}")
     print(f"API p99 with / without the nodes: {ratio:.2f}")
-    from bench.record import write
-
     write("leasing_scale", {
         "rate_per_second": args.rate, "seconds_per_phase": args.seconds, "base_nodes": args.nodes,
         "scale_nodes": args.scale_nodes, "heartbeat_seconds": settings.AGENT_HEARTBEAT_SECONDS,
@@ -391,8 +390,6 @@ def _scale(args, *, clients, body, children, folder: Path, env: dict, site: str,
 
 def table(names: list[str]) -> str:
     """The docs' table (docs/leasing.md, "Benchmark") made from results files: one column per file."""
-    from bench.record import load
-
     runs = [load(name) for name in names]
     groups = list(dict.fromkeys(group for run in runs for group in run["figures"]["cpu_ms_per_lease"]))
     rows = [("results file", [f"`{run['name']}.json`" for run in runs]),
@@ -596,8 +593,6 @@ def main() -> None:
         }
         if profile is not None:
             figures["profile"] = profile
-        from bench.record import write
-
         write("leasing" + ("_profile" if args.profile else "") + (f"_{args.label}" if args.label else ""), figures,
               settings=vars(args), quick=args.quick)
         finished = True

@@ -45,6 +45,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[0] = str(ROOT)  # not bench/: this file is named like the tiering package
 
+from bench.record import write  # noqa: E402  (at start: the tree is recorded as the run found it)
 from gpus.architectures import ARCHITECTURES, ConvNet  # noqa: E402
 from gpus.performance import Workload, calibration, estimate, slices_for, whole  # noqa: E402
 from tiering.engine import rules  # noqa: E402
@@ -324,8 +325,6 @@ def main(argv=None) -> int:
     print(f"targets (forest regret ≤ 5 %, misses ≤ 2 %, better than rules on both): {'met' if verdict else 'NOT met'}")
     print(f"took {result['seconds']} s")
     if args.json:
-        from bench.record import write
-
         figures = {**result, "targets_met": verdict}
         write(args.json.stem, figures, settings={k: v for k, v in vars(args).items() if k != "json"},
               directory=args.json.parent)

@@ -452,6 +452,10 @@ SPECTACULAR_SETTINGS["POSTPROCESSING_HOOKS"] = [
 SPECTACULAR_SETTINGS["ENUM_NAME_OVERRIDES"].update({
     "LeaseStateEnum": "leasing.choices.LeaseState",
     "AllocationStateEnum": "leasing.choices.AllocationState",
+    # one name per choice set where two serializers' fields share a name ("state", "tier")
+    "PlanStateEnum": "pipelines.models.PlanState",
+    "GpuModelCodeEnum": "billing.api.serializers.MODEL_CODES",
+    "PipelineTierEnum": "pipelines.api.serializers.TIERS",
 })
 REST_FRAMEWORK["DEFAULT_PAGINATION_CLASS"] = "config.pagination.BoundedLimitOffsetPagination"
 
