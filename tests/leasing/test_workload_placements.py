@@ -4,6 +4,7 @@ and an on-failure workload that keeps failing on one node is placed again on ano
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import sys
 import threading
@@ -83,10 +84,12 @@ def test_two_interactive_workloads_on_one_node_get_different_host_ports(host_por
                                                                          tmp_path, api, world):
     fleet = start_fleet(live_server.url, tmp_path / "fleet", 1, "a100-80gb:3:whole",
                         extra=("--workload-root", str(shared)))
+    client = api("member")
+    started: list[int] = []
     try:
         make_quota(world.project, "A100-80GB", deserved=3000, limit=3000, tenant_deserved=3000, tenant_limit=3000)
-        client = api("member")
         leases = [client.call("POST", "/leases", serve_request("vision"))[1] for _ in range(2)]
+        started += [lease["id"] for lease in leases]
 
         def endpoint(lease_id: int):
             return client.call("GET", f"/leases/{lease_id}")[1]["workload"]["endpoint"]
@@ -109,11 +112,21 @@ def test_two_interactive_workloads_on_one_node_get_different_host_ports(host_por
         wait_until(lambda: client.call("GET", f"/leases/{leases[0]['id']}")[1]["state"] == "released", timeout=40)
         wait_until(lambda: WorkloadPlacement.objects.get(workload__lease_id=leases[0]["id"]).ended_at, timeout=20)
         _, third = client.call("POST", "/leases", serve_request("vision"))
+        started.append(third["id"])
         assert wait_until(lambda: endpoint(third["id"]), timeout=30) == ends[0]
         assert endpoint(leases[1]["id"]) == ends[1]
         other = client.call("GET", f"/leases/{leases[1]['id']}")[1]["workload"]
         assert other["history"][0]["host_port"] == int(ends[1].split(":")[1])
     finally:
+        # a workload outlives its agent by design (a restarted agent finds it): release the leases so the agent
+        # stops the servers, or they would listen on after the test
+        for lease_id in started:
+            with contextlib.suppress(Exception):
+                client.call("DELETE", f"/leases/{lease_id}")
+        for lease_id in started:
+            with contextlib.suppress(Exception):
+                wait_until(lambda lease_id=lease_id: not WorkloadPlacement.objects.filter(
+                    workload__lease_id=lease_id, ended_at__isnull=True).exists(), timeout=30)
         fleet.terminate()
         fleet.wait(30)
 
