@@ -150,7 +150,8 @@ def _prices(tiers: list[str]) -> dict[str, int]:
     prices = list_prices(timezone.now())
     missing = [t for t in tiers if t not in prices]
     if len(missing) == len(tiers):
-        raise ValidationFailed(f"no list price for {', '.join(missing)}: nothing to plan with.", field="tiers")
+        # the pipeline is well formed; today's price list has nothing for its tiers (a state, not the body)
+        raise Conflict(f"no list price for {', '.join(missing)}: nothing to plan with.", field="tiers")
     return {t: prices[t] for t in tiers if t in prices}
 
 

@@ -50,7 +50,7 @@ class PipelineInput(StrictSerializer):
     project = serializers.CharField(max_length=100)
     name = serializers.RegexField(r"\S", max_length=100, help_text="not only spaces")
     stages = serializers.ListField(child=StageInput(), min_length=1, max_length=24)
-    edges = serializers.ListField(child=serializers.ListField(child=serializers.CharField(max_length=100),
+    edges = serializers.ListField(child=serializers.ListField(child=serializers.RegexField(r"\S", max_length=100),
                                                               min_length=2, max_length=2),
                                   required=False, default=list, max_length=600,
                                   help_text="[from, to] pairs of stage names: no loop, no cycle")

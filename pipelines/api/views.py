@@ -42,7 +42,8 @@ class PipelineDetailApi(APIView):
 class PlanCreateApi(APIView):
     write_action = "use"
 
-    @extend_schema(request=s.PlanInput, responses={201: s.PlanOutput},
+    @extend_schema(request=s.PlanInput, responses={
+        201: s.PlanOutput, 409: problem("Today's price list has no price for any of the pipeline's tiers")},
                    summary="Plan the pipeline (ESG: A* with dual-blade pruning, dominator-based SLO split)")
     def post(self, request, pk: int):
         pipeline = selectors.pipeline_get(actor=request.actor, pk=pk)

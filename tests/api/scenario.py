@@ -322,7 +322,8 @@ def workload_steps(step, world: World, secret: str) -> None:
 def pipeline_steps(step, world: World, capped: str) -> None:
     """A pipeline planned, applied (its stages leased through the leasing path), released, applied again
     (409: released), released again (409); one in a project whose spend cap is spent (402); a model split, leased
-    as a gang the same way; a pipeline and a split whose parts do not fit together (422)."""
+    as a gang the same way; a pipeline and a split whose parts do not fit together (422); a pipeline whose tiers
+    have no list price today, which cannot be planned (409)."""
     v1, owner = "/api/v1", world.tokens["owner"]
     body = {"project": world.project.slug, "name": "contract", "slo_ms": 200.0, "rate_rps": 5.0,
             "tiers": ["H100-80GB"], "edges": [["detect", "embed"]],
@@ -343,6 +344,9 @@ def pipeline_steps(step, world: World, capped: str) -> None:
     step(f"{v1}/pipelines/{{id}}/plans/{{plan_id}}/apply", "post", 409, f"{at}/apply", token=owner, body={})
     step(f"{v1}/pipelines/{{id}}/plans/{{plan_id}}/release", "post", 409, f"{at}/release", token=owner)
     step(f"{v1}/pipelines", "post", 422, token=owner, body={**body, "edges": [["detect", "nowhere"]]})
+    unpriced = step(f"{v1}/pipelines", "post", 201, token=owner, body={**body, "name": "unpriced", "tiers": ["L4"]})
+    step(f"{v1}/pipelines/{{id}}/plans", "post", 409, f"{v1}/pipelines/{unpriced['id']}/plans", token=owner,
+         body={})  # the price list holds nothing for its tiers today
     split = step(f"{v1}/model-splits", "post", 201, token=owner, body={
         "architecture": "bert-base", "batch": 8,
         "gpus": [{"model": "H100-80GB", "node": "n1"}, {"model": "H100-80GB", "node": "n1"}]})

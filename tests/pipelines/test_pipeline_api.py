@@ -77,6 +77,21 @@ def test_bad_pipelines_are_refused_naming_the_field(world, change, status, field
     assert not Pipeline.objects.exists()
 
 
+def test_a_blank_edge_end_is_refused_as_the_document_says(world):
+    answer = world.client("member").post("/api/v1/pipelines", THREE | {"edges": [["detect", " "]]}, format="json")
+    assert answer.status_code == 400 and answer.json()["field"] == "edges[0][1]", answer.json()
+
+
+def test_planning_tiers_today_s_price_list_has_no_price_for_is_a_conflict(world):
+    """The pipeline is well formed; the price list holds nothing for its tiers now: 409 naming tiers, no plan."""
+    client = world.client("member")
+    created = client.post("/api/v1/pipelines", THREE | {"tiers": ["T4"]}, format="json")
+    assert created.status_code == 201, created.content
+    answer = client.post(f"/api/v1/pipelines/{created.json()['id']}/plans", {}, format="json")
+    assert answer.status_code == 409 and answer.json()["field"] == "tiers", answer.json()
+    assert not PipelinePlan.objects.exists()
+
+
 @pytest.mark.parametrize(("body", "status", "field"), [
     ({"gpus": [{"model": "L4", "free_mib": 30000}]}, 422, "gpus[0].free_mib"),
     ({"gpus": [{"id": "x", "model": "L4"}, {"id": "x", "model": "L4"}]}, 422, "gpus[1]"),
