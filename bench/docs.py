@@ -382,6 +382,7 @@ def _headlines() -> str:
     live = fig("capacity_live")
     warm_p95 = live["time_to_gpu"]["warm_phase_all"]["p95_s"]
     pipes, splits, tier = fig("pipelines"), fig("splits"), fig("tiering")["policies"]["forest"]
+    scaleout = fig("scaleout")["ratio_3_workers_to_1"]
     ten = pipes["planning_time"]["10"]["esg_mean_s"]
     rows = [
         ["lease path (`leasing`)", f"{lease['cpu_ms_per_lease_total']} CPU ms per lease, "
@@ -408,8 +409,7 @@ def _headlines() -> str:
          yes(idle_change <= -0.5 and auto["in_quota_violations"] == 0)],
         ["warm pools, live service (`capacity_live`)", f"p95 time to GPU {warm_p95} s warm, "
          f"{live['time_to_gpu']['cold_phase']['p95_s']} s cold", "< 1 s", yes(warm_p95 < 1)],
-        ["scale-out (`scaleout`)", f"leases/s × {fig('scaleout')['ratio_3_workers_to_1']} with 3 workers against 1",
-         "rising", yes(fig("scaleout")["ratio_3_workers_to_1"] > 1)],
+        ["scale-out (`scaleout`)", f"leases/s × {scaleout} with 3 workers against 1", "rising", yes(scaleout > 1)],
         ["ESG pipelines (`pipelines`)", f"even split costs {pipes['summary']['even_greedy_cost_over_esg']['mean']:.2f}×"
          f" ESG; a 10-stage pipeline plans in {ten * 1000:.1f} ms", "< 1 s", yes(ten < 1)],
         ["model splits (`splits`)", f"heuristic {splits['summary']['heuristic']['latency_over_optimal_mean']}× the "

@@ -599,12 +599,7 @@ def main_capacity(argv: list[str] | None = None) -> int:
     parser.add_argument("--history-hours", type=float, default=6.0, help="request history the planner reads")
     parser.add_argument("--queue-cap", type=int, default=64, help="oldest waiting requests the planner reads")
     parser.add_argument("--json-dir", type=Path, default=None, help="write capacity_<loop>.json here")
-    parser.add_argument("--report", type=Path, default=None,
-                        help="print the markdown table of docs/capacity.md from the capacity_*.json here, and stop")
     args = parser.parse_args(argv)
-    if args.report:
-        print(markdown_report(args.report))
-        return 0
     loops = LOOPS if args.loop == "all" else tuple(x.strip() for x in args.loop.split(","))
     for loop in loops:
         if loop not in LOOPS:
@@ -649,28 +644,3 @@ def table(results: list[dict]) -> str:
     rows = [[name for name, _ in columns]] + [[str(get(r)) for _, get in columns] for r in results]
     widths = [max(len(row[i]) for row in rows) for i in range(len(columns))]
     return "\n".join("  ".join(cell.rjust(w) for cell, w in zip(row, widths, strict=True)) for row in rows)
-
-
-def markdown_report(folder: Path) -> str:
-    """The results table of docs/capacity.md, from ``capacity_<loop>.json`` in ``folder``."""
-    payloads = [json.loads((folder / f"capacity_{loop}.json").read_text())
-                for loop in LOOPS if (folder / f"capacity_{loop}.json").is_file()]
-    if not payloads:
-        return "no capacity_*.json results"
-    first = payloads[0]
-    lines = [f"`{first['command']}` — commit {first['commit'][:10]}, {first['date']}, "
-             f"{first['machine']['cores']} cores ({first['machine']['cpu']}), Python {first['machine']['python']}", "",
-             "| loop | fleet alloc % | engine-active share % | idle allocated GPU-h | idle cost (minor) "
-             "| warm held GPU-h "
-             "| p95 TTG MIG s | p95 TTG warm s | p95 TTG cold s | wait mean s | wait p95 s | leases touched by reclaim "
-             "| mode switches | in-quota violations | wall s |",
-             "|" + "---|" * 15]
-    for payload in payloads:
-        r = payload["figures"]
-        lines.append(
-            f"| {r['loop']} | {r['fleet_allocation_pct']} | {r['engine_active_share_pct']} | "
-            f"{r['idle_allocated_gpu_hours']} | {r['idle_allocated_cost_minor']} | {r['warm_held_gpu_hours']} | "
-            f"{r['ttg_p95_s']['mig']} | {r['ttg_p95_s']['warm']} | {r['ttg_p95_s']['cold']} | "
-            f"{r['queue_wait_s']['mean']} | {r['queue_wait_s']['p95']} | {r['leases_touched_by_reclaim']} | "
-            f"{r['mode_switches']} | {r['in_quota_violations']} | {r['wall_seconds']} |")
-    return "\n".join(lines)
