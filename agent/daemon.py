@@ -195,6 +195,24 @@ def store_secret(state_dir: Path, secret: str) -> None:
     os.replace(temporary, path)
 
 
+def enrollment_id(state_dir: Path) -> str:
+    """The id this agent's token enrollment is asked with, made once and kept (0600) until it is answered:
+    a retry after a lost answer, even from a restarted agent, sends the same id and gets the same secret."""
+    path = state_dir / "enrollment-id"
+    if path.exists() and (stored := path.read_text().strip()):
+        return stored
+    value = secrets.token_urlsafe(24)
+    state_dir.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_suffix(".tmp")
+    descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(descriptor, "w") as handle:
+        handle.write(value)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(temporary, path)
+    return value
+
+
 def generated_secret(state_dir: Path) -> str:
     """A standalone node's secret: made once, kept in the state directory."""
     secret = stored_secret(state_dir)
@@ -236,6 +254,7 @@ class BrokerLink:
                     "inventory": inventory}
             if self.config.enrollment_token:
                 body["token"] = self.config.enrollment_token
+                body["enrollment_id"] = enrollment_id(self.state_dir)
             raw = json.dumps(body).encode()
             url = self._url("/api/v1/agents/enroll")
             headers = {"Content-Type": "application/json"}
@@ -246,6 +265,7 @@ class BrokerLink:
                     payload = await response.json(content_type=None)
                     if response.status in (200, 201) and payload.get("secret"):
                         store_secret(self.state_dir, payload["secret"])
+                        (self.state_dir / "enrollment-id").unlink(missing_ok=True)  # answered: the next is new
                         self.node.secret = payload["secret"]
                         self.must_enroll = False
                         self.config.heartbeat_seconds = float(payload.get("heartbeat_seconds")

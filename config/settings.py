@@ -310,6 +310,9 @@ if not (_ports[0].isdigit() and _ports[2].isdigit() and 1024 <= int(_ports[0]) <
 WORKLOAD_HOST_PORTS = (int(_ports[0]), int(_ports[2]))
 WORKLOAD_FAILED_RUNS_BEFORE_REPLACE = env_int("WORKLOAD_FAILED_RUNS_BEFORE_REPLACE", 3, minimum=1)
 AGENT_HEARTBEAT_SECONDS = env_int("AGENT_HEARTBEAT_SECONDS", 15, minimum=1)
+# How long after a token enrollment its answer may be asked for again (same token, same enrollment id, the
+# secret not yet used): an agent whose 201 was lost retries within its back-off, well inside this
+ENROLLMENT_REPLAY_SECONDS = env_int("ENROLLMENT_REPLAY_SECONDS", 3600, minimum=0)
 # a node silent for 3 heartbeats leaves scheduling at once; its leases keep their capacity until it has been
 # silent this long (counted from its last heartbeat), then fail (docs/operations.md, "A silent node")
 AGENT_LOST_AFTER_SECONDS = env_int("AGENT_LOST_AFTER_SECONDS", 300, minimum=1)

@@ -39,6 +39,11 @@ class Node(models.Model):
     silent_since = models.DateTimeField(null=True, blank=True)  # when the broker took it out for silence
     # staff let the next token enrollment of this node id through once (``node_reenroll_approve``)
     reenroll_approved_at = models.DateTimeField(null=True, blank=True)
+    # A token enrollment that sent an enrollment id: sha256 of the token's hash and that id. Until the node
+    # signs its first request with the secret it got (``secret_used_at``), the same token and id get the same
+    # answer again (the agent's retry after a lost 201) -- see ``node_enroll``.
+    enrollment_key = models.CharField(max_length=64, blank=True, default="")
+    secret_used_at = models.DateTimeField(null=True, blank=True)
 
     def __str__(self) -> str:
         return self.node_id

@@ -260,6 +260,10 @@ class LeaseDetailOutput(LeaseOutput):
 class EnrollInput(StrictSerializer):
     node_id = serializers.RegexField(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
     token = serializers.CharField(max_length=200, required=False, allow_blank=True)  # not when signed by the node
+    enrollment_id = serializers.RegexField(
+        r"^[A-Za-z0-9_-]{16,128}$", required=False,
+        help_text="random, chosen by the agent and kept until it has an answer: the same token and id again, "
+                  "before the node first signs with its secret, get the same answer (a lost 201 is asked for again)")
     address = serializers.URLField(max_length=300)
     hostname = serializers.CharField(max_length=255, required=False, allow_blank=True)
     agent_version = serializers.CharField(max_length=32, required=False, allow_blank=True)

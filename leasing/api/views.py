@@ -159,7 +159,8 @@ class AgentEnrollApi(APIView):
                     raise
         node = services.node_enroll(node_id=data["node_id"], token=data.get("token", ""), address=data["address"],
                                     inventory=data["inventory"], hostname=data.get("hostname", ""),
-                                    agent_version=data.get("agent_version", ""), signed_by_node=signed)
+                                    agent_version=data.get("agent_version", ""), signed_by_node=signed,
+                                    enrollment_id=data.get("enrollment_id", ""))
         return Response({"node_id": node.node_id, "secret": node.secret,
                          "heartbeat_seconds": settings.AGENT_HEARTBEAT_SECONDS}, status=status.HTTP_201_CREATED)
 

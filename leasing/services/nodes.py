@@ -102,8 +102,13 @@ def _audit(*, action: str, target: str, data: dict, by_user=None) -> None:
                               action=action, target=target, data=data)
 
 
+def _enrollment_key(token_digest: str, enrollment_id: str) -> str:
+    return hashlib.sha256(f"{token_digest}\n{enrollment_id}".encode()).hexdigest() if enrollment_id else ""
+
+
 def node_enroll(*, node_id: str, token: str, address: str, inventory: object, hostname: str = "",
-                agent_version: str = "", signed_by_node: bool = False, now: datetime | None = None) -> Node:
+                agent_version: str = "", signed_by_node: bool = False, enrollment_id: str = "",
+                now: datetime | None = None) -> Node:
     """Give a node a (new) secret and record its GPUs, in one transaction that writes nothing when refused.
 
     - A new node id: an enrollment token (one use spent; 401 when invalid, expired or spent).
@@ -112,6 +117,11 @@ def node_enroll(*, node_id: str, token: str, address: str, inventory: object, ho
       (``node_reenroll_approve``); otherwise 409 on ``node_id`` and no token use is spent.
     - Every GPU reported must be new, this node's already, or released by staff (``gpu_release``); another
       node's GPU is refused with 409 naming ``inventory.gpus[i]``.
+    - Idempotent for an agent that lost the answer: a token enrollment that sends an ``enrollment_id`` (random,
+      kept by the agent until it is answered), repeated with the same token and id while the node has not yet
+      signed a request with its secret and within ``ENROLLMENT_REPLAY_SECONDS``, gets the same node and secret
+      back; nothing is written but the audit, no token use is spent. Once the secret was used, the node id is
+      enrolled as before (409 without staff approval).
     """
     import secrets
 
@@ -124,6 +134,12 @@ def node_enroll(*, node_id: str, token: str, address: str, inventory: object, ho
         record = None
         if how == "token":
             digest = hashlib.sha256(token.encode()).hexdigest()
+            key = _enrollment_key(digest, enrollment_id) if token else ""
+            if (existing is not None and key and existing.enrollment_key == key and existing.secret_used_at is None
+                    and existing.reenroll_approved_at is None
+                    and (now - existing.enrolled_at).total_seconds() <= settings.ENROLLMENT_REPLAY_SECONDS):
+                _audit(action="node.enroll.repeated", target=node_id, data={"address": address})
+                return existing
             # read without a lock: the use is taken last, by a conditional UPDATE just before the commit, so
             # concurrent enrollments (a rack powering on) hold the token's row only for that statement
             record = EnrollmentToken.objects.filter(secret_hash=digest).first() if token else None
@@ -138,7 +154,9 @@ def node_enroll(*, node_id: str, token: str, address: str, inventory: object, ho
                 how = "approved"
         fields = {"address": address, "hostname": hostname, "agent_version": agent_version,
                   "secret": secrets.token_urlsafe(32), "status": "ready", "silent_since": None,
-                  "reenroll_approved_at": None, "enrolled_at": now, "last_heartbeat_at": now}
+                  "reenroll_approved_at": None, "enrolled_at": now, "last_heartbeat_at": now,
+                  "enrollment_key": _enrollment_key(digest, enrollment_id) if record is not None else "",
+                  "secret_used_at": None}
         if existing is None:
             node = Node.objects.create(node_id=node_id, pool=record.pool, **fields)
         else:
@@ -221,7 +239,7 @@ def node_request_verify(*, node_id: str, headers, method: str, path: str, query:
     from agent.signing import HEADER_NONCE, WINDOW, SignatureError, verify
 
     now = now or timezone.now()
-    node = Node.objects.filter(node_id=node_id).only("pk", "node_id", "secret").first()
+    node = Node.objects.filter(node_id=node_id).only("pk", "node_id", "secret", "secret_used_at").first()
     if len(headers.get(HEADER_NONCE, "")) > 64:
         raise AgentUnauthenticated("X-Gpub-Nonce must be at most 64 characters.", field=HEADER_NONCE)
 
@@ -240,6 +258,9 @@ def node_request_verify(*, node_id: str, headers, method: str, path: str, query:
                now=now.timestamp())
     except SignatureError as error:
         raise AgentUnauthenticated(str(error)) from None
+    if node.secret_used_at is None:  # the agent holds its secret: its enrollment answer is not repeated any more
+        Node.objects.filter(pk=node.pk, secret_used_at__isnull=True).update(secret_used_at=now)
+        node.secret_used_at = now
     return node
 
 

@@ -37,6 +37,8 @@ class EnrollmentEndpoint:
         self.heartbeats: dict[str, list[float]] = {}
         self.refused: list[str] = []
         self.down = False
+        self.lose_first_answer = False  # commit each node's first enrollment, then drop the connection
+        self.enrollment_ids: dict[str, list[str]] = {}
         self.nonces = NonceCache()
         self.port = free_port()
         self.loop = asyncio.new_event_loop()
@@ -46,11 +48,18 @@ class EnrollmentEndpoint:
         if self.down:
             return web.json_response({"detail": "down"}, status=503)
         body = await request.json()
-        if body.get("token") != TOKEN or self.uses <= 0:
-            return web.json_response({"detail": "invalid or used enrollment token"}, status=401)
-        self.uses -= 1
+        ids = self.enrollment_ids.setdefault(body["node_id"], [])
+        ids.append(body.get("enrollment_id", ""))
+        repeated = len(ids) > 1 and ids[-1] and ids[-1] == ids[0] and body["node_id"] in self.secrets
+        if not repeated:  # the broker's rule: the same token and enrollment id get the same answer again
+            if body.get("token") != TOKEN or self.uses <= 0:
+                return web.json_response({"detail": "invalid or used enrollment token"}, status=401)
+            self.uses -= 1
         secret = self.secrets.setdefault(body["node_id"], secrets.token_urlsafe(32))
         assert body["inventory"]["gpus"], "the inventory comes with the enrollment"
+        if self.lose_first_answer and len(ids) == 1:
+            request.transport.abort()  # committed, but the agent never hears it
+            await asyncio.sleep(0.1)
         return web.json_response({"node_id": body["node_id"], "secret": secret, "heartbeat_seconds": 0.2},
                                  status=201)
 
@@ -156,6 +165,28 @@ def test_fleet_nodes_enroll_heartbeat_signed_and_back_off_while_the_broker_is_do
         counts = {n: len(broker.heartbeats[n]) for n in names}
         assert wait_until(lambda: all(len(broker.heartbeats[n]) > counts[n] for n in names))
         assert broker.refused == []
+    finally:
+        fleet.stop()
+        broker.stop()
+
+
+def test_fleet_node_whose_enrollment_answer_is_lost_asks_again_with_the_same_enrollment_id(tmp_path):
+    """The broker commits every node's first enrollment and the answer is lost: each agent asks again with
+    the id it kept (state dir, 0600), gets its secret without spending a second use (the token has exactly
+    one per node), heartbeats signed with it, and forgets the id once answered."""
+    broker = EnrollmentEndpoint(uses=2)
+    broker.lose_first_answer = True
+    broker.start()
+    fleet = FleetProcess(tmp_path / "fleet", 2, "--broker-url", f"http://127.0.0.1:{broker.port}",
+                         env={"GPUB_ENROLLMENT_TOKEN": TOKEN}).start()
+    try:
+        names = ["sim-0001", "sim-0002"]
+        assert wait_until(lambda: all(len(broker.heartbeats.get(n, [])) >= 2 for n in names), timeout=30)
+        assert broker.refused == [] and broker.uses == 0
+        for name in names:
+            ids = broker.enrollment_ids[name]
+            assert len(ids) == 2 and ids[0] == ids[1] and len(ids[0]) >= 16, ids
+            assert not (tmp_path / "fleet" / name / "enrollment-id").exists()
     finally:
         fleet.stop()
         broker.stop()

@@ -210,3 +210,52 @@ def test_node_enrollment_racing_enrollments_never_overspend_a_token():
     assert len(enrolled) == 5
     assert Gpu.objects.filter(uuid__startswith="GPU-rack-").count() == 20
     assert set(Gpu.objects.filter(uuid__startswith="GPU-rack-").values_list("node_id", flat=True)) == enrolled
+
+
+def test_node_enrollment_answer_lost_is_given_again_until_the_secret_is_used(world, settings):
+    """An agent whose 201 was lost retries with the same token and enrollment id: it gets the same secret
+    (no token use spent, audited). Once the node signed a request with that secret, or with another id, or
+    after the replay window, the node id is enrolled as before (409)."""
+    client = world.client("outsider")
+    token = services.enrollment_token_create(uses=2)
+    body = {**_body("racked", token, _gpu("GPU-racked-0")), "enrollment_id": "a" * 32}
+    first = client.post(ENROLL, body, format="json")
+    assert first.status_code == 201, first.content
+    assert _uses_left(token) == 1
+    again = client.post(ENROLL, body, format="json")
+    assert again.status_code == 201 and again.json()["secret"] == first.json()["secret"]
+    assert _uses_left(token) == 1
+    assert AuditEvent.objects.filter(action="node.enroll.repeated", target="racked").count() == 1
+    # another id (someone else holding the token) gets nothing
+    other = client.post(ENROLL, {**body, "enrollment_id": "b" * 32}, format="json")
+    assert other.status_code == 409 and other.json()["field"] == "node_id"
+    # without an id, as before
+    assert client.post(ENROLL, _body("racked", token, _gpu("GPU-racked-0")), format="json").status_code == 409
+    # the agent's first signed request (its heartbeat) spends the replay
+    beat = json.dumps({"time": 0}).encode()
+    path = "/api/v1/agents/racked/heartbeat"
+    assert client.generic("POST", path, beat, content_type="application/json",
+                          **_headers(sign(first.json()["secret"], "racked", "POST", path, beat))).status_code == 200
+    assert Node.objects.get(node_id="racked").secret_used_at is not None
+    late = client.post(ENROLL, body, format="json")
+    assert late.status_code == 409 and late.json()["field"] == "node_id"
+    assert Node.objects.get(node_id="racked").secret == first.json()["secret"] and _uses_left(token) == 1
+
+
+def test_node_enrollment_answer_is_not_repeated_after_the_window(world, settings):
+    settings.ENROLLMENT_REPLAY_SECONDS = 0
+    client = world.client("outsider")
+    token = services.enrollment_token_create(uses=2)
+    body = {**_body("slow", token, _gpu("GPU-slow-0")), "enrollment_id": "c" * 32}
+    assert client.post(ENROLL, body, format="json").status_code == 201
+    late = client.post(ENROLL, body, format="json")
+    assert late.status_code == 409 and late.json()["field"] == "node_id" and _uses_left(token) == 1
+
+
+@pytest.mark.parametrize("value", ["short", "x" * 129, "spaces are not allowed here!"])
+def test_node_enrollment_id_out_of_shape_is_400(world, value):
+    token = services.enrollment_token_create()
+    response = world.client("outsider").post(ENROLL, {**_body("shape", token, _gpu("GPU-shape-0")),
+                                                      "enrollment_id": value}, format="json")
+    assert response.status_code == 400 and response.json()["field"] == "enrollment_id"
+    assert _uses_left(token) == 1
