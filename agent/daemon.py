@@ -183,16 +183,20 @@ def stored_secret(state_dir: Path) -> str:
     return path.read_text().strip() if path.exists() else ""
 
 
-def store_secret(state_dir: Path, secret: str) -> None:
-    state_dir.mkdir(parents=True, exist_ok=True)
-    path = state_dir / "secret"
+def _write_private(path: Path, text: str) -> None:
+    """Replace ``path`` with ``text`` atomically, readable by the owner only, synced before the rename."""
+    path.parent.mkdir(parents=True, exist_ok=True)
     temporary = path.with_suffix(".tmp")
     descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(descriptor, "w") as handle:
-        handle.write(secret)
+        handle.write(text)
         handle.flush()
         os.fsync(handle.fileno())
     os.replace(temporary, path)
+
+
+def store_secret(state_dir: Path, secret: str) -> None:
+    _write_private(state_dir / "secret", secret)
 
 
 def enrollment_id(state_dir: Path) -> str:
@@ -202,14 +206,7 @@ def enrollment_id(state_dir: Path) -> str:
     if path.exists() and (stored := path.read_text().strip()):
         return stored
     value = secrets.token_urlsafe(24)
-    state_dir.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_suffix(".tmp")
-    descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(descriptor, "w") as handle:
-        handle.write(value)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(temporary, path)
+    _write_private(path, value)
     return value
 
 
