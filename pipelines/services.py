@@ -218,20 +218,29 @@ def plan_apply(*, actor: Actor, plan: PipelinePlan, duration_seconds: int = 3600
     return plan
 
 
-def plan_release(*, actor: Actor, plan: PipelinePlan) -> PipelinePlan:
-    """Release every lease of an applied plan together (each release is idempotent)."""
+def _group_release(*, actor: Actor, model, row, what: str, audit: str, target: str) -> object:
+    """Release every lease of an applied plan or split together: the row marked released (locked, so two releases
+    do not race), then its lease group's members released in one transaction (``leasing.services
+    .lease_group_release``: idempotent, a member already gone is left as it is). The group's key is
+    ``<target>-<id>``, as applying made it."""
     actor.require("release")
     with transaction.atomic():
-        plan = PipelinePlan.objects.select_for_update().get(pk=plan.pk)
-        if plan.state != PlanState.APPLIED:
-            raise Conflict(f"The plan is {plan.state}, not applied.", field="state")
-        plan.state, plan.released_at = PlanState.RELEASED, timezone.now()
-        plan.save(update_fields=["state", "released_at"])
-        _audit(actor, "pipeline.release", f"pipeline-plan:{plan.pk}")
-    for link in plan.leases.select_related("lease"):
-        leasing.lease_release(lease=link.lease, actor=f"user:{actor.user.get_username()}",
-                              reason=f"pipeline plan {plan.pk} released")
-    return plan
+        row = model.objects.select_for_update().get(pk=row.pk)
+        if row.state != PlanState.APPLIED:
+            raise Conflict(f"The {what} is {row.state}, not applied.", field="state")
+        row.state, row.released_at = PlanState.RELEASED, timezone.now()
+        row.save(update_fields=["state", "released_at"])
+        _audit(actor, audit, f"{target}:{row.pk}")
+    # every member in one transaction: no cycle sees part of the group gone
+    leasing.lease_group_release(tenant_id=row.tenant_id, group_key=f"{target}-{row.pk}",
+                                actor=f"user:{actor.user.get_username()}", reason=f"{what} {row.pk} released")
+    return row
+
+
+def plan_release(*, actor: Actor, plan: PipelinePlan) -> PipelinePlan:
+    """Release every lease of an applied plan together."""
+    return _group_release(actor=actor, model=PipelinePlan, row=plan, what="pipeline plan", audit="pipeline.release",
+                          target="pipeline-plan")
 
 
 def _layers(raw, field: str) -> list[Layer]:
@@ -358,16 +367,6 @@ def model_split_apply(*, actor: Actor, split: ModelSplit, project: str,
 
 
 def model_split_release(*, actor: Actor, split: ModelSplit) -> ModelSplit:
-    """Release every lease of an applied split together (each release is idempotent)."""
-    actor.require("release")
-    with transaction.atomic():
-        split = ModelSplit.objects.select_for_update().get(pk=split.pk)
-        if split.state != PlanState.APPLIED:
-            raise Conflict(f"The split is {split.state}, not applied.", field="state")
-        split.state, split.released_at = PlanState.RELEASED, timezone.now()
-        split.save(update_fields=["state", "released_at"])
-        _audit(actor, "model_split.release", f"model-split:{split.pk}")
-    for link in split.leases.select_related("lease").order_by("group"):
-        leasing.lease_release(lease=link.lease, actor=f"user:{actor.user.get_username()}",
-                              reason=f"model split {split.pk} released")
-    return split
+    """Release every lease of an applied split together."""
+    return _group_release(actor=actor, model=ModelSplit, row=split, what="model split", audit="model_split.release",
+                          target="model-split")
