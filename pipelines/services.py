@@ -262,11 +262,66 @@ def _layers(raw, field: str) -> list[Layer]:
     return found
 
 
-def model_split_create(*, actor: Actor, gpus, architecture_name: str = "", layers=None, batch=1,
-                       name: str = "") -> ModelSplit:
+MAX_SPLIT_GPUS = 64
+
+
+def _fleet(actor: Actor, gpus, candidates) -> tuple[list, dict]:
+    """The candidate fleet and how it was chosen: the GPUs given (``gpus``), or ``candidates`` — ``{"free": true}``
+    (whole GPUs free now that the tenant may lease: ``selectors.free_whole_gpus``; optionally ``project``,
+    ``models``, ``nodes``) or ``{"tier": model, "count": n}`` (n hypothetical GPUs of that model, all memory
+    free, packed per node as the fleet's nodes of that model are, or ``per_node``): planned, nothing reserved."""
+    if (gpus is None) == (candidates is None):
+        raise Unprocessable("give the candidate GPUs (gpus) or how to choose them (candidates), one of the two.",
+                            field="candidates")
+    if gpus is not None:
+        return gpus, {"source": "given"}
+    if not isinstance(candidates, dict):
+        raise ValidationFailed("candidates is {free: true, ...} or {tier, count}.", field="candidates")
+    if bool(candidates.get("free")) == bool(candidates.get("tier")):
+        raise Unprocessable("candidates is either {free: true} (the GPUs free now) or {tier, count} (a tier).",
+                            field="candidates")
+    if candidates.get("free"):
+        from pipelines.selectors import free_whole_gpus
+
+        project = None
+        if candidates.get("project"):
+            project = Project.objects.filter(tenant=actor.tenant, slug=candidates["project"]).first()
+            if project is None:
+                raise NotFound(f"No project {candidates['project']!r} in this tenant.", field="candidates.project")
+        models = tuple(candidates.get("models") or ())
+        found = free_whole_gpus(actor=actor, project=project, models=models, nodes=candidates.get("nodes") or 0)
+        if not found:
+            scope = f" of {', '.join(models)}" if models else ""
+            raise Conflict(f"no whole GPU{scope} is free now that this tenant's quotas let it lease; plan on a tier "
+                           "(candidates: {tier, count}) or list the GPUs.", field="candidates")
+        return found[:MAX_SPLIT_GPUS], {"source": "free", "gpus": len(found[:MAX_SPLIT_GPUS]),
+                                        **({"project": project.slug} if project else {}),
+                                        **({"models": list(models)} if models else {}),
+                                        **({"nodes": candidates["nodes"]} if candidates.get("nodes") else {})}
+    from pipelines.selectors import tier_node_size
+
+    try:
+        model = model_get(str(candidates["tier"]))
+        performance.spec_get(model.code)
+    except KeyError as error:
+        raise ValidationFailed(str(error.args[0]), field="candidates.tier") from None
+    count = candidates.get("count")
+    if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= MAX_SPLIT_GPUS:
+        raise ValidationFailed(f"count is a whole number from 1 to {MAX_SPLIT_GPUS}.", field="candidates.count")
+    per_node = candidates.get("per_node") or tier_node_size(model.code)
+    if isinstance(per_node, bool) or not isinstance(per_node, int) or not 1 <= per_node <= 16:
+        raise ValidationFailed("per_node is a whole number from 1 to 16.", field="candidates.per_node")
+    found = [{"id": f"{model.code}#{i}", "node": f"{model.code}-node-{i // per_node}", "model": model.code,
+              "free_mib": model.memory_mib} for i in range(count)]
+    return found, {"source": "tier", "tier": model.code, "count": count, "per_node": per_node}
+
+
+def model_split_create(*, actor: Actor, gpus=None, architecture_name: str = "", layers=None, batch=1,
+                       name: str = "", candidates=None) -> ModelSplit:
     """Plan a split of a named architecture or a layer table over candidate GPUs ``[{id, node, model,
-    free_mib}]`` with the heuristic; the equal-layers baseline and, for up to 6 GPUs and 128 layers, the optimum
-    beside it."""
+    free_mib}]`` — given, or chosen by ``candidates`` (``_fleet``) — with the heuristic; the equal-layers baseline
+    and, for up to 6 GPUs and 128 layers, the optimum beside it. The result names how the candidates were chosen
+    (``result.candidates``)."""
     actor.require("use")
     if architecture_name:
         try:
@@ -279,7 +334,8 @@ def model_split_create(*, actor: Actor, gpus, architecture_name: str = "", layer
         table = _layers(layers, "layers")
     if isinstance(batch, bool) or not isinstance(batch, int) or not 1 <= batch <= 1024:
         raise ValidationFailed("batch must be a whole number from 1 to 1024.", field="batch")
-    if not isinstance(gpus, list) or not 1 <= len(gpus) <= 64:
+    gpus, source = _fleet(actor, gpus, candidates)
+    if not isinstance(gpus, list) or not 1 <= len(gpus) <= MAX_SPLIT_GPUS:
         raise ValidationFailed("gpus is a list of 1 to 64 candidates {id, node, model, free_mib}.", field="gpus")
     candidates = []
     for index, row in enumerate(gpus):
@@ -306,7 +362,7 @@ def model_split_create(*, actor: Actor, gpus, architecture_name: str = "", layer
         optimal = splits.plan_split_optimal(table, candidates, batch) if small else None
     except splits.SplitError as error:  # two candidates with one id
         raise Unprocessable(str(error), field=error.field or "gpus") from None
-    result = heuristic.as_dict(table) | {"baselines": {
+    result = heuristic.as_dict(table) | {"candidates": source, "baselines": {
         "equal_layers": equal.as_dict(), **({"optimal": optimal.as_dict()} if optimal else {})}}
     with transaction.atomic():
         row = ModelSplit.objects.create(
