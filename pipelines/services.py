@@ -63,23 +63,86 @@ def _tiers(value) -> list[str]:
     return found
 
 
-def _candidates(stage: dict, index: int, tiers: list[str]) -> tuple[Candidate, ...]:
-    field = f"stages[{index}]"
-    if "architecture" in stage:
-        if not isinstance(stage["architecture"], str):
-            raise ValidationFailed(f"architecture is one of {', '.join(ARCHITECTURES)}.", field=f"{field}.architecture")
+MEASURED = ("profiled", "observed")  # tiering.models.Provenance: a measurement beats a prediction
+
+
+def _workload_rows(stage: dict, index: int, tiers: list[str], tenant) -> list[tuple[Candidate, str]]:
+    """A stage naming a registered workload (auto-tiering, ``tiering.models.Workload`` of the tenant): its latency
+    per slice from the workload's profile rows on ``tiers`` — for each slice the newest measured row (profiled or
+    observed), else the newest predicted one; the batch is the workload's, the time of a batch its step time
+    (else one step's samples over the throughput). Each candidate with its row's provenance."""
+    from tiering.models import Workload
+
+    field = f"stages[{index}].workload"
+    name = stage["workload"]
+    if not isinstance(name, str) or not name.strip():
+        raise ValidationFailed("workload is the name of a registered workload.", field=field)
+    workload = Workload.objects.filter(tenant=tenant, name=name).first()
+    if workload is None:
+        raise Unprocessable(f"No workload named {name!r} in this tenant (register it: POST /api/v1/workloads).",
+                            field=field)
+    best: dict[str, object] = {}
+    for row in workload.profiles.filter(tier__in=tiers, fits=True).order_by("-measured_at", "-pk"):
+        held = best.get(row.slice_key)
+        if held is None or (row.provenance in MEASURED and held.provenance not in MEASURED):
+            best[row.slice_key] = row
+    from gpus.performance import work_of
+    from tiering.services import spec_of
+
+    samples = work_of(spec_of(workload)).samples  # what one step handles (the throughput's unit per step)
+    found = []
+    for key in sorted(best):
+        row = best[key]
+        exec_ms = row.step_ms if row.step_ms else (samples / row.throughput * 1000.0 if row.throughput > 0 else None)
         try:
-            found = profile_for(stage["architecture"], tuple(tiers))
-        except KeyError as error:
-            raise ValidationFailed(error.args[0], field=f"{field}.architecture") from None
+            slice_ = performance.slice_from_key(key)
+        except KeyError:
+            continue  # a slice the catalogue no longer offers
+        if exec_ms and exec_ms > 0:
+            found.append((Candidate(slice_, workload.batch_size, round(exec_ms, 4)), row.provenance))
+    return found
+
+
+def _sourced(stage: dict, index: int, tiers: list[str], tenant=None) -> list[tuple[Candidate, str]]:
+    """A stage's latency table, each row with where it came from: a registered ``workload``'s auto-tiering
+    profile rows (profiled, observed or predicted) where they exist, else the rows given (``given``), else the
+    performance model for a named ``architecture`` (``performance-model``)."""
+    field = f"stages[{index}]"
+    if "workload" in stage:
+        found = _workload_rows(stage, index, tiers, tenant)
+        have = {(c.slice.key, c.batch) for c, _ in found}
+        if stage.get("profile") is not None:
+            found += [(c, "given") for c in _given(stage, index) if (c.slice.key, c.batch) not in have]
         if not found:
-            raise Unprocessable(f"{stage['architecture']} fits on no slice of {', '.join(tiers)}.",
-                                field=f"{field}.architecture")
+            raise Unprocessable(f"workload {stage['workload']!r} has no profile on {', '.join(tiers)} that fits "
+                                "(profile it, or ask for a prediction: POST /api/v1/workloads/{id}/predict); or "
+                                "give the stage a profile.", field=f"{field}.workload")
         return found
+    if "architecture" in stage:
+        return [(c, "performance-model") for c in _architecture(stage, index, tiers)]
+    return [(c, "given") for c in _given(stage, index)]
+
+
+def _architecture(stage: dict, index: int, tiers: list[str]) -> tuple[Candidate, ...]:
+    field = f"stages[{index}].architecture"
+    if not isinstance(stage["architecture"], str):
+        raise ValidationFailed(f"architecture is one of {', '.join(ARCHITECTURES)}.", field=field)
+    try:
+        found = profile_for(stage["architecture"], tuple(tiers))
+    except KeyError as error:
+        raise ValidationFailed(error.args[0], field=field) from None
+    if not found:
+        raise Unprocessable(f"{stage['architecture']} fits on no slice of {', '.join(tiers)}.", field=field)
+    return found
+
+
+def _given(stage: dict, index: int) -> tuple[Candidate, ...]:
+    field = f"stages[{index}]"
     rows = stage.get("profile")
     if rows is None:
-        raise Unprocessable(f"a stage needs an architecture (one of {', '.join(ARCHITECTURES)}) or a latency "
-                            "profile: a list of {tier, kind, profile|milli, batch, latency_ms}.", field=field)
+        raise Unprocessable(f"a stage needs a registered workload, an architecture (one of "
+                            f"{', '.join(ARCHITECTURES)}) or a latency profile: a list of {{tier, kind, "
+                            "profile|milli, batch, latency_ms}.", field=field)
     if not isinstance(rows, list) or not rows:
         raise ValidationFailed(f"a stage needs an architecture (one of {', '.join(ARCHITECTURES)}) or a latency "
                                "profile: a list of {tier, kind, profile|milli, batch, latency_ms}.", field=field)
@@ -112,9 +175,15 @@ def _candidates(stage: dict, index: int, tiers: list[str]) -> tuple[Candidate, .
     return tuple(found)
 
 
-def _pure(pipeline: Pipeline) -> esg.Pipeline:
-    stages = tuple(esg.Stage(s["name"], _candidates(s, i, pipeline.tiers)) for i, s in enumerate(pipeline.stages))
-    return esg.Pipeline(stages, tuple(tuple(e) for e in pipeline.edges), pipeline.slo_ms, pipeline.rate_rps)
+def _pure(pipeline: Pipeline) -> tuple[esg.Pipeline, dict[str, dict[tuple[str, int], str]]]:
+    """The planner's pipeline, and per stage where each (slice, batch) of its latency table came from."""
+    sourced = [_sourced(s, i, pipeline.tiers, pipeline.tenant) for i, s in enumerate(pipeline.stages)]
+    stages = tuple(esg.Stage(s["name"], tuple(c for c, _ in rows)) for s, rows in zip(pipeline.stages, sourced,
+                                                                                      strict=True))
+    sources = {s["name"]: {(c.slice.key, c.batch): source for c, source in rows}
+               for s, rows in zip(pipeline.stages, sourced, strict=True)}
+    return (esg.Pipeline(stages, tuple(tuple(e) for e in pipeline.edges), pipeline.slo_ms, pipeline.rate_rps),
+            sources)
 
 
 def pipeline_create(*, actor: Actor, project: str, name: str, stages, edges, slo_ms, rate_rps,
@@ -137,7 +206,7 @@ def pipeline_create(*, actor: Actor, project: str, name: str, stages, edges, slo
                    rate_rps=_number(rate_rps, "rate_rps", 0, 1_000_000), tiers=_tiers(tiers),
                    created_by=actor.user if actor.user.is_authenticated else None)
     try:
-        esg._order(_pure(row))  # names unique, edges known, no cycle
+        esg._order(_pure(row)[0])  # names unique, edges known, no cycle
     except esg.PipelineError as error:
         raise Unprocessable(str(error), field=error.field or "stages") from None
     with transaction.atomic():
@@ -160,7 +229,7 @@ def plan_create(*, actor: Actor, pipeline: Pipeline, method: str = "esg") -> Pip
     actor.require("use")
     if method not in ("esg", "even_greedy", "astar"):
         raise ValidationFailed("method must be esg, even_greedy or astar.", field="method")
-    pure = _pure(pipeline)
+    pure, sources = _pure(pipeline)
     prices = _prices(pipeline.tiers)
     try:
         plan = esg.PLANNERS[method](pure, prices)
@@ -170,7 +239,13 @@ def plan_create(*, actor: Actor, pipeline: Pipeline, method: str = "esg") -> Pip
     result = plan.as_dict() | {"baselines": {name: {k: v for k, v in p.as_dict().items()
                                                     if k in ("feasible", "latency_ms", "cost_per_1k", "reason")}
                                              for name, p in compared.items()},
-                               "prices": prices, "rate_rps": pipeline.rate_rps}
+                               "prices": prices, "rate_rps": pipeline.rate_rps,
+                               # where each stage's latency table came from, row by row (docs/pipelines.md)
+                               "profiles": {stage: [{"slice": key, "batch": batch, "source": source}
+                                                    for (key, batch), source in rows.items()]
+                                            for stage, rows in sources.items()}}
+    for stage in result["stages"]:  # the chosen row's source beside the choice
+        stage["profile_source"] = sources[stage["stage"]].get((stage["slice"], stage["batch"]), "given")
     with transaction.atomic():
         row = PipelinePlan.objects.create(
             tenant=actor.tenant, pipeline=pipeline, method=method, feasible=plan.feasible,

@@ -37,10 +37,15 @@ class ProfileRowInput(StrictSerializer):
 
 
 class StageInput(StrictSerializer):
-    """A stage runs one model: a catalogue architecture (profiled by the performance model) or measured rows."""
+    """A stage runs one model: a registered workload (its auto-tiering profiles), a catalogue architecture
+    (profiled by the performance model) or measured rows."""
 
     name = serializers.RegexField(r"\S", max_length=100, help_text="unique in the pipeline; not only spaces")
     architecture = serializers.ChoiceField(choices=sorted(ARCHITECTURES), required=False)
+    workload = serializers.CharField(max_length=64, required=False,
+                                     help_text="a registered workload (auto-tiering): its profile rows give the "
+                                               "latency per slice, measured first, else predicted; rows given in "
+                                               "profile fill the slices it has none for")
     profile = serializers.ListField(child=ProfileRowInput(), min_length=1, max_length=200, required=False)
 
 

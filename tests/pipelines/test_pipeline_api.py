@@ -331,3 +331,48 @@ def test_bad_split_candidates_are_refused_naming_the_field(world, change, status
                                          format="json")
     assert answer.status_code == status, answer.content
     assert answer.json()["field"] == field, answer.json()
+
+
+def test_a_stage_naming_a_workload_takes_its_latency_from_the_auto_tiering_profiles(world):
+    from tenants.access import Actor
+    from tenants.choices import Role
+    from tiering import services as tiering
+    from tiering.models import Profile
+
+    actor = Actor(user=world.member, tenant=world.acme, role=Role.MEMBER)
+    workload = tiering.workload_register(actor=actor, data={
+        "name": "bert-serve", "architecture": "bert-base", "task": "inference", "precision": "fp16", "batch_size": 8,
+        "seq_len": 128, "target_latency_ms": 50.0})
+    # the engine's predictions on two slices (stand-ins for workload_predict's stored rows) ...
+    for key, step in (("H100-80GB", 4.0), ("H100-80GB/mig/3g.40gb", 9.0)):
+        Profile.objects.create(workload=workload, slice_key=key, tier="H100-80GB", provenance="predicted",
+                               throughput=8 / step * 1000, memory_mib=4000, step_ms=step)
+    # ... and a profiling lease's measurement of the whole GPU, which beats the prediction
+    measured = tiering.profile_record(workload=workload, slice_key="H100-80GB", provenance="profiled",
+                                      throughput=8 / 5.0 * 1000, memory_mib=4000)  # 5 ms a batch
+    client = world.client("member")
+    body = {"project": "vision", "name": "served", "slo_ms": 80.0, "rate_rps": 400.0, "tiers": ["H100-80GB"],
+            "stages": [{"name": "embed", "workload": "bert-serve",
+                        "profile": [{"tier": "H100-80GB", "kind": "share", "milli": 500, "batch": 8,
+                                     "latency_ms": 30.0},
+                                    {"tier": "H100-80GB", "batch": 8, "latency_ms": 99.0}]}]}
+    _, plan = _plan(client, body)
+    rows = {(row["slice"], row["batch"]): row["source"] for row in plan["result"]["profiles"]["embed"]}
+    # measured first, else predicted; the given rows fill only the slice the workload has no profile for
+    assert rows == {("H100-80GB", 8): "profiled", ("H100-80GB/mig/3g.40gb", 8): "predicted",
+                    ("H100-80GB/share/500", 8): "given"}
+    [stage] = plan["result"]["stages"]
+    assert stage["profile_source"] == rows[(stage["slice"], stage["batch"])]
+    if stage["slice"] == "H100-80GB":
+        assert stage["exec_ms"] == pytest.approx(measured.step_ms) == 5.0  # not the given 99 ms nor the 4 predicted
+    # a workload without profiles on the tiers, and nothing given: 422 naming the stage's workload
+    tiering.workload_register(actor=actor, data={"name": "unprofiled", "architecture": "bert-base",
+                                                 "task": "inference", "precision": "fp16", "batch_size": 8,
+                                                 "target_latency_ms": 50.0})
+    for name, field in (("unprofiled", "stages[0].workload"), ("nowhere", "stages[0].workload")):
+        answer = client.post("/api/v1/pipelines", {**body, "stages": [{"name": "embed", "workload": name}]},
+                             format="json")
+        assert answer.status_code == 422 and answer.json()["field"] == field, answer.content
+    # another tenant's workload of that name is not found
+    answer = world.client("outsider").post("/api/v1/pipelines", {**body, "project": "secret"}, format="json")
+    assert answer.status_code == 422 and answer.json()["field"] == "stages[0].workload"
