@@ -41,7 +41,8 @@ def model_split_get(*, actor: Actor, pk: int) -> ModelSplit:
     return found
 
 
-def free_whole_gpus(*, actor: Actor, project=None, models: tuple[str, ...] = (), nodes: int = 0) -> list[dict]:
+def free_whole_gpus(*, actor: Actor, project=None, models: tuple[str, ...] = (),
+                    nodes: int = 0) -> list[dict]:
     """The split's candidate fleet "free now": whole GPUs free this moment on nodes that take work (as the schedule
     cycle sees them: ``leasing.selectors.scheduler_snapshot``), of the models the planners have figures for, and
     as many per model as the tenant may lease now — each GPU of a split is one whole-GPU lease, so a model counts
@@ -55,8 +56,8 @@ def free_whole_gpus(*, actor: Actor, project=None, models: tuple[str, ...] = (),
     from gpus.catalogue import model_get
     from gpus.performance import SPECS
     from leasing.scheduler.state import ClusterState
-    from leasing.selectors import scheduler_snapshot
     from leasing.scheduler.types import GpuMode
+    from leasing.selectors import scheduler_snapshot
 
     snapshot = scheduler_snapshot(now=timezone.now())
     cluster = ClusterState.from_snapshot(snapshot)
