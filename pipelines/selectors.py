@@ -49,8 +49,8 @@ def free_whole_gpus(*, actor: Actor, project=None, models: tuple[str, ...] = (),
     at most ``headroom // 1000`` GPUs, where the headroom is the quota limit left (the project's when ``project``
     is given, else the best of the tenant's projects; the tenant's own limit caps both; a model none of them has a
     quota for gives none). ``models`` keeps only those models; ``nodes`` keeps at most that many nodes, those that
-    could give the most candidates within the quotas. Nothing is reserved: the cycle places the split's leases when they are applied.
-    ``[{id, node, model, free_mib}]``, nodes with most free GPUs first."""
+    could give the most candidates within the quotas. Nothing is reserved: the cycle places the split's leases
+    when they are applied. ``[{id, node, model, free_mib}]``, those nodes first."""
     from django.utils import timezone
 
     from gpus.catalogue import model_get
