@@ -292,6 +292,9 @@ LEASE_MIN_DURATION_SECONDS = env_int("LEASE_MIN_DURATION_SECONDS", 60, minimum=1
 LEASE_MAX_DURATION_SECONDS = env_int("LEASE_MAX_DURATION_SECONDS", 30 * 86400, minimum=60)
 LEASE_PREEMPTION_NOTICE_SECONDS = env_int("LEASE_PREEMPTION_NOTICE_SECONDS", 30, minimum=0)
 LEASE_MIN_RUNTIME_SECONDS = env_int("LEASE_MIN_RUNTIME_SECONDS", 60, minimum=0)
+# a lease group (a pipeline plan, a model split) waiting longer than this is served first and reserves the tiers it
+# needs against younger requests until it fits (docs/scheduling.md "Lease groups"); 0: groups reserve nothing
+LEASE_GROUP_RESERVE_AFTER_SECONDS = env_int("LEASE_GROUP_RESERVE_AFTER_SECONDS", 300, minimum=0)
 AGENT_TIMEOUT_SECONDS = env_int("AGENT_TIMEOUT_SECONDS", 5, minimum=1)
 # workloads on leases (docs/leasing.md, "Workloads"): working and checkpoint directories must lie under one of
 # these roots (shared storage the operator mounts on every node at the same path); a lease release gives a

@@ -199,7 +199,8 @@ def scheduler_snapshot(*, now: datetime):
         .order_by("pk").values_list("pk", "gpu_id", "mig_profile", "mig_start", "state")))
     return Snapshot(nodes=core_nodes, gpus=core_gpus, allocations=tuple(core_allocations), quotas=quotas,
                     tenant_quotas=tenant_quotas, min_runtime_seconds=settings.LEASE_MIN_RUNTIME_SECONDS, warm=warm,
-                    prices=tier_prices(now=now))
+                    prices=tier_prices(now=now),
+                    group_reserve_after_seconds=settings.LEASE_GROUP_RESERVE_AFTER_SECONDS)
 
 
 def tier_prices(*, now: datetime) -> dict[str, int]:

@@ -61,6 +61,12 @@ def lease_release_run(self, lease_id: int, final: str = LeaseState.RELEASED) -> 
                                          reason=f"released; the node did not answer ({error})").state
 
 
+@shared_task(name="leasing.allocations_destroy_run", acks_late=True)
+def allocations_destroy_run(allocation_ids: list[int]) -> int:
+    """The instances of a group member requeued while it was provisioning (best effort: the reconcile)."""
+    return services.allocations_destroy(allocation_ids=allocation_ids)
+
+
 @shared_task(name="leasing.lease_notice_run", bind=True, acks_late=True, max_retries=AGENT_RETRIES)
 def lease_notice_run(self, lease_id: int) -> None:
     try:

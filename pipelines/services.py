@@ -63,23 +63,86 @@ def _tiers(value) -> list[str]:
     return found
 
 
-def _candidates(stage: dict, index: int, tiers: list[str]) -> tuple[Candidate, ...]:
-    field = f"stages[{index}]"
-    if "architecture" in stage:
-        if not isinstance(stage["architecture"], str):
-            raise ValidationFailed(f"architecture is one of {', '.join(ARCHITECTURES)}.", field=f"{field}.architecture")
+MEASURED = ("profiled", "observed")  # tiering.models.Provenance: a measurement beats a prediction
+
+
+def _workload_rows(stage: dict, index: int, tiers: list[str], tenant) -> list[tuple[Candidate, str]]:
+    """A stage naming a registered workload (auto-tiering, ``tiering.models.Workload`` of the tenant): its latency
+    per slice from the workload's profile rows on ``tiers`` — for each slice the newest measured row (profiled or
+    observed), else the newest predicted one; the batch is the workload's, the time of a batch its step time
+    (else one step's samples over the throughput). Each candidate with its row's provenance."""
+    from tiering.models import Workload
+
+    field = f"stages[{index}].workload"
+    name = stage["workload"]
+    if not isinstance(name, str) or not name.strip():
+        raise ValidationFailed("workload is the name of a registered workload.", field=field)
+    workload = Workload.objects.filter(tenant=tenant, name=name).first()
+    if workload is None:
+        raise Unprocessable(f"No workload named {name!r} in this tenant (register it: POST /api/v1/workloads).",
+                            field=field)
+    best: dict[str, object] = {}
+    for row in workload.profiles.filter(tier__in=tiers, fits=True).order_by("-measured_at", "-pk"):
+        held = best.get(row.slice_key)
+        if held is None or (row.provenance in MEASURED and held.provenance not in MEASURED):
+            best[row.slice_key] = row
+    from gpus.performance import work_of
+    from tiering.services import spec_of
+
+    samples = work_of(spec_of(workload)).samples  # what one step handles (the throughput's unit per step)
+    found = []
+    for key in sorted(best):
+        row = best[key]
+        exec_ms = row.step_ms if row.step_ms else (samples / row.throughput * 1000.0 if row.throughput > 0 else None)
         try:
-            found = profile_for(stage["architecture"], tuple(tiers))
-        except KeyError as error:
-            raise ValidationFailed(error.args[0], field=f"{field}.architecture") from None
+            slice_ = performance.slice_from_key(key)
+        except KeyError:
+            continue  # a slice the catalogue no longer offers
+        if exec_ms and exec_ms > 0:
+            found.append((Candidate(slice_, workload.batch_size, round(exec_ms, 4)), row.provenance))
+    return found
+
+
+def _sourced(stage: dict, index: int, tiers: list[str], tenant=None) -> list[tuple[Candidate, str]]:
+    """A stage's latency table, each row with where it came from: a registered ``workload``'s auto-tiering
+    profile rows (profiled, observed or predicted) where they exist, else the rows given (``given``), else the
+    performance model for a named ``architecture`` (``performance-model``)."""
+    field = f"stages[{index}]"
+    if "workload" in stage:
+        found = _workload_rows(stage, index, tiers, tenant)
+        have = {(c.slice.key, c.batch) for c, _ in found}
+        if stage.get("profile") is not None:
+            found += [(c, "given") for c in _given(stage, index) if (c.slice.key, c.batch) not in have]
         if not found:
-            raise Unprocessable(f"{stage['architecture']} fits on no slice of {', '.join(tiers)}.",
-                                field=f"{field}.architecture")
+            raise Unprocessable(f"workload {stage['workload']!r} has no profile on {', '.join(tiers)} that fits "
+                                "(profile it, or ask for a prediction: POST /api/v1/workloads/{id}/predict); or "
+                                "give the stage a profile.", field=f"{field}.workload")
         return found
+    if "architecture" in stage:
+        return [(c, "performance-model") for c in _architecture(stage, index, tiers)]
+    return [(c, "given") for c in _given(stage, index)]
+
+
+def _architecture(stage: dict, index: int, tiers: list[str]) -> tuple[Candidate, ...]:
+    field = f"stages[{index}].architecture"
+    if not isinstance(stage["architecture"], str):
+        raise ValidationFailed(f"architecture is one of {', '.join(ARCHITECTURES)}.", field=field)
+    try:
+        found = profile_for(stage["architecture"], tuple(tiers))
+    except KeyError as error:
+        raise ValidationFailed(error.args[0], field=field) from None
+    if not found:
+        raise Unprocessable(f"{stage['architecture']} fits on no slice of {', '.join(tiers)}.", field=field)
+    return found
+
+
+def _given(stage: dict, index: int) -> tuple[Candidate, ...]:
+    field = f"stages[{index}]"
     rows = stage.get("profile")
     if rows is None:
-        raise Unprocessable(f"a stage needs an architecture (one of {', '.join(ARCHITECTURES)}) or a latency "
-                            "profile: a list of {tier, kind, profile|milli, batch, latency_ms}.", field=field)
+        raise Unprocessable(f"a stage needs a registered workload, an architecture (one of "
+                            f"{', '.join(ARCHITECTURES)}) or a latency profile: a list of {{tier, kind, "
+                            "profile|milli, batch, latency_ms}.", field=field)
     if not isinstance(rows, list) or not rows:
         raise ValidationFailed(f"a stage needs an architecture (one of {', '.join(ARCHITECTURES)}) or a latency "
                                "profile: a list of {tier, kind, profile|milli, batch, latency_ms}.", field=field)
@@ -112,9 +175,15 @@ def _candidates(stage: dict, index: int, tiers: list[str]) -> tuple[Candidate, .
     return tuple(found)
 
 
-def _pure(pipeline: Pipeline) -> esg.Pipeline:
-    stages = tuple(esg.Stage(s["name"], _candidates(s, i, pipeline.tiers)) for i, s in enumerate(pipeline.stages))
-    return esg.Pipeline(stages, tuple(tuple(e) for e in pipeline.edges), pipeline.slo_ms, pipeline.rate_rps)
+def _pure(pipeline: Pipeline) -> tuple[esg.Pipeline, dict[str, dict[tuple[str, int], str]]]:
+    """The planner's pipeline, and per stage where each (slice, batch) of its latency table came from."""
+    sourced = [_sourced(s, i, pipeline.tiers, pipeline.tenant) for i, s in enumerate(pipeline.stages)]
+    stages = tuple(esg.Stage(s["name"], tuple(c for c, _ in rows)) for s, rows in zip(pipeline.stages, sourced,
+                                                                                      strict=True))
+    sources = {s["name"]: {(c.slice.key, c.batch): source for c, source in rows}
+               for s, rows in zip(pipeline.stages, sourced, strict=True)}
+    return (esg.Pipeline(stages, tuple(tuple(e) for e in pipeline.edges), pipeline.slo_ms, pipeline.rate_rps),
+            sources)
 
 
 def pipeline_create(*, actor: Actor, project: str, name: str, stages, edges, slo_ms, rate_rps,
@@ -137,7 +206,7 @@ def pipeline_create(*, actor: Actor, project: str, name: str, stages, edges, slo
                    rate_rps=_number(rate_rps, "rate_rps", 0, 1_000_000), tiers=_tiers(tiers),
                    created_by=actor.user if actor.user.is_authenticated else None)
     try:
-        esg._order(_pure(row))  # names unique, edges known, no cycle
+        esg._order(_pure(row)[0])  # names unique, edges known, no cycle
     except esg.PipelineError as error:
         raise Unprocessable(str(error), field=error.field or "stages") from None
     with transaction.atomic():
@@ -160,7 +229,7 @@ def plan_create(*, actor: Actor, pipeline: Pipeline, method: str = "esg") -> Pip
     actor.require("use")
     if method not in ("esg", "even_greedy", "astar"):
         raise ValidationFailed("method must be esg, even_greedy or astar.", field="method")
-    pure = _pure(pipeline)
+    pure, sources = _pure(pipeline)
     prices = _prices(pipeline.tiers)
     try:
         plan = esg.PLANNERS[method](pure, prices)
@@ -170,7 +239,13 @@ def plan_create(*, actor: Actor, pipeline: Pipeline, method: str = "esg") -> Pip
     result = plan.as_dict() | {"baselines": {name: {k: v for k, v in p.as_dict().items()
                                                     if k in ("feasible", "latency_ms", "cost_per_1k", "reason")}
                                              for name, p in compared.items()},
-                               "prices": prices, "rate_rps": pipeline.rate_rps}
+                               "prices": prices, "rate_rps": pipeline.rate_rps,
+                               # where each stage's latency table came from, row by row (docs/pipelines.md)
+                               "profiles": {stage: [{"slice": key, "batch": batch, "source": source}
+                                                    for (key, batch), source in rows.items()]
+                                            for stage, rows in sources.items()}}
+    for stage in result["stages"]:  # the chosen row's source beside the choice
+        stage["profile_source"] = sources[stage["stage"]].get((stage["slice"], stage["batch"]), "given")
     with transaction.atomic():
         row = PipelinePlan.objects.create(
             tenant=actor.tenant, pipeline=pipeline, method=method, feasible=plan.feasible,
@@ -218,20 +293,29 @@ def plan_apply(*, actor: Actor, plan: PipelinePlan, duration_seconds: int = 3600
     return plan
 
 
-def plan_release(*, actor: Actor, plan: PipelinePlan) -> PipelinePlan:
-    """Release every lease of an applied plan together (each release is idempotent)."""
+def _group_release(*, actor: Actor, model, row, what: str, audit: str, target: str) -> object:
+    """Release every lease of an applied plan or split together: the row marked released (locked, so two releases
+    do not race), then its lease group's members released in one transaction (``leasing.services
+    .lease_group_release``: idempotent, a member already gone is left as it is). The group's key is
+    ``<target>-<id>``, as applying made it."""
     actor.require("release")
     with transaction.atomic():
-        plan = PipelinePlan.objects.select_for_update().get(pk=plan.pk)
-        if plan.state != PlanState.APPLIED:
-            raise Conflict(f"The plan is {plan.state}, not applied.", field="state")
-        plan.state, plan.released_at = PlanState.RELEASED, timezone.now()
-        plan.save(update_fields=["state", "released_at"])
-        _audit(actor, "pipeline.release", f"pipeline-plan:{plan.pk}")
-    for link in plan.leases.select_related("lease"):
-        leasing.lease_release(lease=link.lease, actor=f"user:{actor.user.get_username()}",
-                              reason=f"pipeline plan {plan.pk} released")
-    return plan
+        row = model.objects.select_for_update().get(pk=row.pk)
+        if row.state != PlanState.APPLIED:
+            raise Conflict(f"The {what} is {row.state}, not applied.", field="state")
+        row.state, row.released_at = PlanState.RELEASED, timezone.now()
+        row.save(update_fields=["state", "released_at"])
+        _audit(actor, audit, f"{target}:{row.pk}")
+    # every member in one transaction: no cycle sees part of the group gone
+    leasing.lease_group_release(tenant_id=row.tenant_id, group_key=f"{target}-{row.pk}",
+                                actor=f"user:{actor.user.get_username()}", reason=f"{what} {row.pk} released")
+    return row
+
+
+def plan_release(*, actor: Actor, plan: PipelinePlan) -> PipelinePlan:
+    """Release every lease of an applied plan together."""
+    return _group_release(actor=actor, model=PipelinePlan, row=plan, what="pipeline plan", audit="pipeline.release",
+                          target="pipeline-plan")
 
 
 def _layers(raw, field: str) -> list[Layer]:
@@ -253,11 +337,66 @@ def _layers(raw, field: str) -> list[Layer]:
     return found
 
 
-def model_split_create(*, actor: Actor, gpus, architecture_name: str = "", layers=None, batch=1,
-                       name: str = "") -> ModelSplit:
+MAX_SPLIT_GPUS = 64
+
+
+def _fleet(actor: Actor, gpus, candidates) -> tuple[list, dict]:
+    """The candidate fleet and how it was chosen: the GPUs given (``gpus``), or ``candidates`` — ``{"free": true}``
+    (whole GPUs free now that the tenant may lease: ``selectors.free_whole_gpus``; optionally ``project``,
+    ``models``, ``nodes``) or ``{"tier": model, "count": n}`` (n hypothetical GPUs of that model, all memory
+    free, packed per node as the fleet's nodes of that model are, or ``per_node``): planned, nothing reserved."""
+    if (gpus is None) == (candidates is None):
+        raise Unprocessable("give the candidate GPUs (gpus) or how to choose them (candidates), one of the two.",
+                            field="candidates")
+    if gpus is not None:
+        return gpus, {"source": "given"}
+    if not isinstance(candidates, dict):
+        raise ValidationFailed("candidates is {free: true, ...} or {tier, count}.", field="candidates")
+    if bool(candidates.get("free")) == bool(candidates.get("tier")):
+        raise Unprocessable("candidates is either {free: true} (the GPUs free now) or {tier, count} (a tier).",
+                            field="candidates")
+    if candidates.get("free"):
+        from pipelines.selectors import free_whole_gpus
+
+        project = None
+        if candidates.get("project"):
+            project = Project.objects.filter(tenant=actor.tenant, slug=candidates["project"]).first()
+            if project is None:
+                raise NotFound(f"No project {candidates['project']!r} in this tenant.", field="candidates.project")
+        models = tuple(candidates.get("models") or ())
+        found = free_whole_gpus(actor=actor, project=project, models=models, nodes=candidates.get("nodes") or 0)
+        if not found:
+            scope = f" of {', '.join(models)}" if models else ""
+            raise Conflict(f"no whole GPU{scope} is free now that this tenant's quotas let it lease; plan on a tier "
+                           "(candidates: {tier, count}) or list the GPUs.", field="candidates")
+        return found[:MAX_SPLIT_GPUS], {"source": "free", "gpus": len(found[:MAX_SPLIT_GPUS]),
+                                        **({"project": project.slug} if project else {}),
+                                        **({"models": list(models)} if models else {}),
+                                        **({"nodes": candidates["nodes"]} if candidates.get("nodes") else {})}
+    from pipelines.selectors import tier_node_size
+
+    try:
+        model = model_get(str(candidates["tier"]))
+        performance.spec_get(model.code)
+    except KeyError as error:
+        raise ValidationFailed(str(error.args[0]), field="candidates.tier") from None
+    count = candidates.get("count")
+    if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= MAX_SPLIT_GPUS:
+        raise ValidationFailed(f"count is a whole number from 1 to {MAX_SPLIT_GPUS}.", field="candidates.count")
+    per_node = candidates.get("per_node") or tier_node_size(model.code)
+    if isinstance(per_node, bool) or not isinstance(per_node, int) or not 1 <= per_node <= 16:
+        raise ValidationFailed("per_node is a whole number from 1 to 16.", field="candidates.per_node")
+    found = [{"id": f"{model.code}#{i}", "node": f"{model.code}-node-{i // per_node}", "model": model.code,
+              "free_mib": model.memory_mib} for i in range(count)]
+    return found, {"source": "tier", "tier": model.code, "count": count, "per_node": per_node}
+
+
+def model_split_create(*, actor: Actor, gpus=None, architecture_name: str = "", layers=None, batch=1,
+                       name: str = "", candidates=None) -> ModelSplit:
     """Plan a split of a named architecture or a layer table over candidate GPUs ``[{id, node, model,
-    free_mib}]`` with the heuristic; the equal-layers baseline and, for up to 6 GPUs and 128 layers, the optimum
-    beside it."""
+    free_mib}]`` — given, or chosen by ``candidates`` (``_fleet``) — with the heuristic; the equal-layers baseline
+    and, for up to 6 GPUs and 128 layers, the optimum beside it. The result names how the candidates were chosen
+    (``result.candidates``)."""
     actor.require("use")
     if architecture_name:
         try:
@@ -270,7 +409,8 @@ def model_split_create(*, actor: Actor, gpus, architecture_name: str = "", layer
         table = _layers(layers, "layers")
     if isinstance(batch, bool) or not isinstance(batch, int) or not 1 <= batch <= 1024:
         raise ValidationFailed("batch must be a whole number from 1 to 1024.", field="batch")
-    if not isinstance(gpus, list) or not 1 <= len(gpus) <= 64:
+    gpus, source = _fleet(actor, gpus, candidates)
+    if not isinstance(gpus, list) or not 1 <= len(gpus) <= MAX_SPLIT_GPUS:
         raise ValidationFailed("gpus is a list of 1 to 64 candidates {id, node, model, free_mib}.", field="gpus")
     candidates = []
     for index, row in enumerate(gpus):
@@ -297,7 +437,7 @@ def model_split_create(*, actor: Actor, gpus, architecture_name: str = "", layer
         optimal = splits.plan_split_optimal(table, candidates, batch) if small else None
     except splits.SplitError as error:  # two candidates with one id
         raise Unprocessable(str(error), field=error.field or "gpus") from None
-    result = heuristic.as_dict(table) | {"baselines": {
+    result = heuristic.as_dict(table) | {"candidates": source, "baselines": {
         "equal_layers": equal.as_dict(), **({"optimal": optimal.as_dict()} if optimal else {})}}
     with transaction.atomic():
         row = ModelSplit.objects.create(
@@ -358,16 +498,6 @@ def model_split_apply(*, actor: Actor, split: ModelSplit, project: str,
 
 
 def model_split_release(*, actor: Actor, split: ModelSplit) -> ModelSplit:
-    """Release every lease of an applied split together (each release is idempotent)."""
-    actor.require("release")
-    with transaction.atomic():
-        split = ModelSplit.objects.select_for_update().get(pk=split.pk)
-        if split.state != PlanState.APPLIED:
-            raise Conflict(f"The split is {split.state}, not applied.", field="state")
-        split.state, split.released_at = PlanState.RELEASED, timezone.now()
-        split.save(update_fields=["state", "released_at"])
-        _audit(actor, "model_split.release", f"model-split:{split.pk}")
-    for link in split.leases.select_related("lease").order_by("group"):
-        leasing.lease_release(lease=link.lease, actor=f"user:{actor.user.get_username()}",
-                              reason=f"model split {split.pk} released")
-    return split
+    """Release every lease of an applied split together."""
+    return _group_release(actor=actor, model=ModelSplit, row=split, what="model split", audit="model_split.release",
+                          target="model-split")

@@ -119,7 +119,45 @@ class PipelineListView(TenantView):
     def get(self, request):
         pipelines = list(selectors.pipeline_list(actor=self.actor)[:100])
         splits = list(selectors.model_split_list(actor=self.actor)[:100])
-        return render(request, self.template_name, {"pipelines": pipelines, "splits": splits})
+        from gpus.layers import layered
+        from pipelines.api.serializers import TIERS
+
+        return render(request, self.template_name, {
+            "pipelines": pipelines, "splits": splits, "can_use": self.actor.can("use"),
+            "architectures": layered(), "tiers": TIERS,
+            "projects": Project.objects.filter(tenant=self.actor.tenant).order_by("slug")})
+
+
+class ModelSplitCreateView(TenantView):
+    """``POST /model-splits/new``: a catalogue architecture split over a candidate fleet chosen as the API's
+    ``candidates`` — the GPUs free now within the tenant's quotas (optionally in one project, of one model), or
+    ``count`` GPUs of a tier — through ``services.model_split_create``; its error, naming the field, comes back as a
+    message."""
+
+    http_method_names = ["post"]
+
+    def required_action(self, request) -> str:
+        return "use"
+
+    def post(self, request):
+        from portal.forms import number
+
+        data = request.POST
+        if data.get("source") == "tier":
+            candidates = {"tier": data.get("tier", ""), "count": number(data.get("count"))}
+            if (data.get("per_node") or "").strip():
+                candidates["per_node"] = number(data.get("per_node"))
+        else:
+            candidates = {"free": True, **({"project": data["project"]} if data.get("project") else {}),
+                          **({"models": [data["model"]]} if data.get("model") else {})}
+        try:
+            split = services.model_split_create(actor=self.actor, architecture_name=data.get("architecture", ""),
+                                                batch=number(data.get("batch") or "1"), candidates=candidates)
+        except ApplicationError as refused:
+            messages.error(request, f"{refused.field}: {refused.message}" if refused.field else refused.message)
+            return redirect("portal:pipelines")
+        messages.success(request, f"Split {split.pk} planned over {len(split.gpus)} candidate GPUs.")
+        return redirect("portal:model-split", pk=split.pk)
 
 
 class PipelineDetailView(TenantView):

@@ -44,6 +44,7 @@ urlpatterns = [
          name="pipeline-apply"),
     path("pipelines/<int:pk>/plans/<int:plan_id>/release", pipelines.PlanActionView.as_view(action="release"),
          name="pipeline-release"),
+    path("model-splits/new", pipelines.ModelSplitCreateView.as_view(), name="model-split-new"),
     path("model-splits/<int:pk>", pipelines.ModelSplitDetailView.as_view(), name="model-split"),
     path("model-splits/<int:pk>/apply", pipelines.ModelSplitActionView.as_view(action="apply"),
          name="model-split-apply"),

@@ -23,7 +23,9 @@ For each request:
 
 Lease groups (``Request.group``): the members of a group are served together where the first of them stands,
 each as above; all placed in one decision, or none (everything undone: the group reserves nothing), see
-``Scheduler._try_group``.
+``Scheduler._try_group``. Ageing: a group that has waited ``Snapshot.group_reserve_after_seconds`` is served
+first and, while it does not fit, reserves the tiers it needs against younger requests
+(``Scheduler._serve_aged_groups``), so a stream of small requests cannot starve it.
 """
 
 from __future__ import annotations
@@ -61,6 +63,7 @@ class Scheduler:
         self.policy = policy if isinstance(policy, Policy) else policy_get(policy, seed=seed, workload=workload)
         self.cluster = ClusterState.from_snapshot(snapshot, legacy_classes=self.policy.uses_random)
         self._running_at_start: set[str] = set(self.cluster.allocations)  # reset by each schedule()
+        self._reserved: dict[str, float] = {}  # tier -> since when an aged group holds it (reset by schedule())
         self.placer = Placer(self.cluster, self.policy)
         self.quotas = {(q.project, q.tier): _Quota(q.deserved_milli, q.limit_milli, q.weight) for q in snapshot.quotas}
         self.tenant_quotas = {
@@ -141,22 +144,30 @@ class Scheduler:
         served: list[str] = []
         by_project: dict[str, list[Request]] = {}
         self._running_at_start = set(self.cluster.allocations)  # a reclaim's victims must be among these
+        self._reserved = {}
         groups: dict[str, list[Request]] = {}
+        leaders: list[Request] = []
         for request in sorted(requests, key=lambda r: (-r.priority, r.submitted_at, r.id)):
             if request.group:
                 members = groups.setdefault(request.group, [])
                 members.append(request)
                 if len(members) > 1:
                     continue  # served with its group's leader: the member that comes first in this order
-            # without quotas (the simulator's FIFO baseline) there is no share to keep: one queue
-            by_project.setdefault(request.project if self.snapshot.enforce_quotas else "", []).append(request)
-        # in-quota pass: a request that is in-quota now is served before any over-quota one
-        deferred: dict[str, list[Request]] = {}
+            leaders.append(request)
 
         def record(found: list[Decision]) -> None:
             for decision in found:
                 decisions[decision.request] = decision
                 served.append(decision.request)
+
+        decided = self._serve_aged_groups(groups, now=now, record=record)
+        for request in leaders:
+            if request.group and request.group in decided:
+                continue
+            # without quotas (the simulator's FIFO baseline) there is no share to keep: one queue
+            by_project.setdefault(request.project if self.snapshot.enforce_quotas else "", []).append(request)
+        # in-quota pass: a request that is in-quota now is served before any over-quota one
+        deferred: dict[str, list[Request]] = {}
 
         def in_quota_pass(request: Request) -> None:
             if request.group:
@@ -194,6 +205,67 @@ class Scheduler:
                 decision = Decision(decision.request, decision.mode, decision.reason, queue_position=waiting_position)
             ordered.append(decision)
         return ordered
+
+    def _serve_aged_groups(self, groups: dict[str, list[Request]], *, now: float, record) -> set[str]:
+        """Ageing, so a large lease group is not starved by a stream of smaller requests that each fit where it
+        does not: a group whose oldest member has waited ``Snapshot.group_reserve_after_seconds`` or longer is
+        served before the fair-share rounds (oldest group first), in quota only. Placed: done. Waiting for
+        capacity: it **reserves** every tier its members have quota on — a request submitted after the group's
+        oldest member is not placed on such a tier (nor reclaims there) in this cycle, so capacity that frees
+        gathers for the group until it fits; older requests and the group's own members are not held back. A
+        group over quota, or one that only quota holds back, reserves nothing and is left to the usual passes.
+        Returns the groups decided here."""
+        bound = self.snapshot.group_reserve_after_seconds
+        decided: set[str] = set()
+        if bound <= 0:
+            return decided
+        aged = sorted((min(m.submitted_at for m in members), key) for key, members in groups.items()
+                      if now - min(m.submitted_at for m in members) >= bound)
+        for since, key in aged:
+            members = groups[key]
+            found = self._try_group(members, now=now, allow_over_quota=False)
+            if found is None:
+                continue  # over quota: borrowing reserves nothing
+            if any(d.mode != DecisionMode.WAITING for d in found):
+                record(found)
+                decided.add(key)
+                continue
+            tiers = self._group_quota_tiers(members)
+            if not tiers:
+                continue  # quota holds it back, not capacity
+            for tier in tiers:
+                self._reserved.setdefault(tier, since)
+            held = (f"; waiting {now - since:.0f} s (over {bound:.0f} s): the group reserves {', '.join(tiers)} "
+                    "against younger requests until it fits")
+            record([Decision(d.request, d.mode, d.reason + held) for d in found])
+            decided.add(key)
+        return decided
+
+    def _group_quota_tiers(self, members: list[Request]) -> list[str]:
+        """The tiers on which the whole group's need (every member that may run there) stays within the limits
+        of its projects and its tenant: those it could hold once capacity frees, so those it may reserve."""
+        need_on: dict[str, dict[tuple[str, str], int]] = {}
+        for member in members:
+            for tier, need in self.tiers_for(member):
+                by_owner = need_on.setdefault(tier, {})
+                for owner in (("project", member.project), ("tenant", member.tenant)):
+                    by_owner[owner] = by_owner.get(owner, 0) + need.total_milli
+        found = []
+        for tier, by_owner in need_on.items():
+            fits = True
+            for (kind, owner), amount in by_owner.items():
+                if not self.snapshot.enforce_quotas:
+                    break
+                quotas, usage = ((self.quotas, self.cluster.project_usage) if kind == "project"
+                                 else (self.tenant_quotas, self.cluster.tenant_usage))
+                quota = quotas.get((owner, tier))
+                if quota is None:
+                    fits = fits and kind == "tenant"  # no project quota: nothing to run on; no tenant bound: fine
+                    continue
+                fits = fits and sum(usage.get((owner, tier), [0, 0])) + amount <= quota.limit
+            if fits:
+                found.append(tier)
+        return sorted(found)
 
     @staticmethod
     def _fair_rounds(queues: dict[str, list[Request]], project_key, serve) -> None:
@@ -307,6 +379,12 @@ class Scheduler:
         reasons: list[str] = []
         over_quota_candidates: list[tuple[str, Need]] = []
         for tier, need in tiers:
+            since = self._reserved.get(tier)
+            if since is not None and request.submitted_at > since:
+                # an aged lease group reserves the tier (``_serve_aged_groups``): its own members were tried there
+                reasons.append(f"{tier} is reserved for an older lease group that has waited too long "
+                               "(ageing); younger requests wait until it is placed")
+                continue
             reason, in_quota = self.quota_check(request, tier, need)
             if reason:
                 reasons.append(reason)

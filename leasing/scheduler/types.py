@@ -169,6 +169,9 @@ class Snapshot:
     enforce_quotas: bool = True
     min_runtime_seconds: float = 0.0  # before an over-quota allocation may be preempted
     warm: tuple[WarmInstance, ...] = ()  # pre-created MIG instances no lease holds
+    # a lease group whose oldest member has waited this long is served first and, when it does not fit, reserves
+    # the tiers it needs against younger requests (0: groups reserve nothing; ``Scheduler._serve_aged_groups``)
+    group_reserve_after_seconds: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)

@@ -24,6 +24,7 @@ from leasing.choices import (
 from leasing.models import Allocation, Gpu, Lease, LeaseEvent
 from leasing.scheduler import DecisionMode, plan
 from leasing.selectors import core_group, core_request, lease_queue, scheduler_snapshot
+from leasing.services.groups import group_leaving, group_preempted
 from leasing.services.provisioning import release_instances_quietly
 from leasing.services.transitions import allocations_free, lease_transition, update_each
 from leasing.services.triggers import cycle_flag_clear, enqueue, schedule_cycle_request
@@ -53,6 +54,18 @@ def schedule_cycle(*, now: datetime | None = None) -> dict:
                 group_key__in={key for _, key in grouped}).exclude(pk__in=[lease.pk for lease in queued])
         seen = [lease.pk for lease in queued]
         transaction.on_commit(lambda: _cycle_again_if_new(seen))
+        # a group with a member still serving its preemption notice is placed again only once that member has
+        # left and is queued with the rest (else the others would start without it)
+        leaving = group_leaving(queued)
+        if leaving:
+            held = [lease for lease in queued if (lease.tenant_id, lease.group_key) in leaving]
+            for lease in held:
+                member = leaving[(lease.tenant_id, lease.group_key)]
+                lease.reason = (f"waiting: group '{lease.group_key}': lease {member} is serving its preemption "
+                                "notice; the group is placed again whole once it has left")
+                lease.queue_position = None
+            update_each(Lease, held, ["reason", "queue_position"], state=LeaseState.QUEUED)
+            queued = [lease for lease in queued if (lease.tenant_id, lease.group_key) not in leaving]
         if not queued:
             return counts
         counts["seen"] = len(queued)
@@ -195,19 +208,25 @@ def _place_many(placements: list, gpu_by_key: dict, now: datetime) -> list[int]:
     Allocation.objects.bulk_create(rows)
     update_each(Lease, changed, ["state", "reason", "tier", "over_quota", "queue_position"])
     LeaseEvent.objects.bulk_create(events)
+    # a group member bound to warm instances starts only with its group: while a sibling is made the cold way it
+    # stays PROVISIONING, and the sibling's instances being recorded starts them all (allocations_ready)
+    cold_groups = {(lease.tenant_id, lease.group_key) for lease, decision in placements
+                   if lease.group_key and lease.pk in claimed and not decision.warm}
     for lease, decision in warm:
-        _bind_warm(lease, decision, gpu_by_key, now)
+        _bind_warm(lease, decision, gpu_by_key, now,
+                   start=not (lease.group_key and (lease.tenant_id, lease.group_key) in cold_groups))
     for lease_ids in by_node.values():
         enqueue("leases_provision_run", lease_ids)
     logger.info("placed %d leases on %d nodes", len(changed), len(by_node))
     return [lease.pk for lease in changed]
 
 
-def _bind_warm(lease: Lease, decision, gpu_by_key: dict, now: datetime) -> None:
+def _bind_warm(lease: Lease, decision, gpu_by_key: dict, now: datetime, *, start: bool = True) -> None:
     """A placement on warm pool members: each member still warm (no lease, ready, live) becomes the lease's
     allocation by one conditional update, and the lease is ACTIVE at once — no agent call on the path. A
     member taken or removed since the cycle read it refuses the whole placement (IntegrityError: the
-    caller's savepoint is undone and the lease waits for the next cycle)."""
+    caller's savepoint is undone and the lease waits for the next cycle). A lease group's member whose siblings
+    are made the cold way (``start`` False) stays PROVISIONING and starts with them (``allocations_ready``)."""
     allocation = decision.allocation
     ids = [int(warm_id) for warm_id in decision.warm]
     bound = Allocation.objects.filter(pk__in=ids, lease__isnull=True, state=AllocationState.WARM,
@@ -226,6 +245,8 @@ def _bind_warm(lease: Lease, decision, gpu_by_key: dict, now: datetime) -> None:
     if extra:
         enqueue("leases_provision_run", [lease.pk])
         return
+    if not start:
+        return  # a lease group's member: it starts with the members still being provisioned
     lease_transition(lease=lease, to=LeaseState.ACTIVE, reason=f"running on {node.node_id} (warm instance)",
                      actor="scheduler", now=now, active_at=now, ends_at=now + timedelta(seconds=lease.duration_seconds))
     from leasing.services.workloads import workloads_start_after
@@ -271,16 +292,11 @@ def lease_preempt(*, lease: Lease, actor: str, now: datetime, why: str, notice_s
                      reason=f"preempted {why}; {until}")
     enqueue("lease_notice_run", lease.pk)
     if lease.group_key:
-        # a lease group runs together or not at all: its other active members get the same notice and deadline,
-        # and ``lease_preempt_due`` requeues them together, to be placed together again
-        siblings = (Lease.objects.select_for_update().filter(tenant_id=lease.tenant_id, group_key=lease.group_key,
-                                                             state=LeaseState.ACTIVE)
-                    .exclude(pk=lease.pk).order_by("pk"))
-        for sibling in siblings:
-            with_group = f"with lease {lease.pk} of its group '{lease.group_key}'"
-            lease_transition(lease=sibling, to=LeaseState.PREEMPTED, actor=actor, now=now, notice_deadline=deadline,
-                             reason=f"preempted {with_group} ({why}); {until}")
-            enqueue("lease_notice_run", sibling.pk)
+        # a lease group runs together or not at all: its other active members get the same notice and deadline
+        # (``lease_preempt_due`` requeues them together, to be placed together again), and a member still
+        # provisioning is requeued now rather than started alone (``groups.group_preempted``)
+        for sibling_id in group_preempted(lease=lease, actor=actor, now=now, why=why, deadline=deadline):
+            enqueue("lease_notice_run", sibling_id)
     return notice
 
 

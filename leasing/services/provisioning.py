@@ -77,8 +77,9 @@ def allocations_ready(*, items: list[tuple[Allocation, dict]], now: datetime) ->
         unfinished = set(Allocation.objects.filter(lease_id__in=lock_ids, freed_at__isnull=True)
                          .exclude(state=AllocationState.READY).values_list("lease_id", flat=True))
         # a group waits while a member is still waiting to be placed or has instances not yet made
+        # (or a member preempted meanwhile: the group is leaving, not starting)
         waiting_groups = {(lease.tenant_id, lease.group_key) for lease in leases.values() if lease.group_key and (
-            lease.state in (LeaseState.REQUESTED, LeaseState.QUEUED)
+            lease.state in (LeaseState.REQUESTED, LeaseState.QUEUED, LeaseState.PREEMPTED)
             or (lease.state == LeaseState.PROVISIONING and lease.pk in unfinished))}
         starting = [lease for lease in leases.values()
                     if lease.state == LeaseState.PROVISIONING and lease.pk not in unfinished
@@ -216,6 +217,23 @@ def lease_release_instances(*, lease: Lease) -> None:
     """Destroy the agent instances of every live allocation (already gone is success)."""
     for allocation in lease.allocations.filter(freed_at__isnull=True).select_related("gpu__node"):
         agent_client(allocation.gpu.node).destroy(allocation.instance_id)
+
+
+def allocations_destroy(*, allocation_ids: list[int]) -> int:
+    """Destroy the agent instances of these allocations, already freed (a group member requeued while it was
+    provisioning): best effort, an unreachable node's instance is an orphan the reconcile destroys. Returns how
+    many destroy calls were answered."""
+    from agent.client import AgentUnreachable
+
+    done = 0
+    for allocation in (Allocation.objects.filter(pk__in=allocation_ids).exclude(freed_at__isnull=True)
+                       .select_related("gpu__node").order_by("pk")):
+        try:
+            agent_client(allocation.gpu.node).destroy(allocation.instance_id)
+            done += 1
+        except AgentUnreachable as error:
+            logger.warning("allocation %s: instance not destroyed now (%s); the reconcile will", allocation.pk, error)
+    return done
 
 
 def release_instances_quietly(lease: Lease) -> None:

@@ -78,15 +78,33 @@ def lease_release(*, lease: Lease, actor: str, reason: str = "released by the ho
     now = now or timezone.now()
     with transaction.atomic(durable=True):
         lease = Lease.objects.select_for_update().get(pk=lease.pk)
-        if lease.state in FINAL_STATES or lease.state == LeaseState.RELEASING:
-            return lease
-        if lease.state in (LeaseState.REQUESTED, LeaseState.QUEUED):
-            return lease_transition(lease=lease, to=LeaseState.RELEASED, reason=reason, actor=actor, now=now,
-                                    finished_at=now)
-        lease_transition(lease=lease, to=LeaseState.RELEASING, reason=reason, actor=actor, now=now)
-        lease.allocations.filter(freed_at__isnull=True).update(state=AllocationState.RELEASING)
-        enqueue("lease_release_run", lease.pk, final)
+        return release_locked(lease=lease, actor=actor, reason=reason, final=final, now=now)
+
+
+def release_locked(*, lease: Lease, actor: str, reason: str, now: datetime,
+                   final: str = LeaseState.RELEASED) -> Lease:
+    """``lease_release`` of a lease the caller has locked, inside its transaction."""
+    if lease.state in FINAL_STATES or lease.state == LeaseState.RELEASING:
+        return lease
+    if lease.state in (LeaseState.REQUESTED, LeaseState.QUEUED):
+        return lease_transition(lease=lease, to=LeaseState.RELEASED, reason=reason, actor=actor, now=now,
+                                finished_at=now, queue_position=None)
+    lease_transition(lease=lease, to=LeaseState.RELEASING, reason=reason, actor=actor, now=now)
+    lease.allocations.filter(freed_at__isnull=True).update(state=AllocationState.RELEASING)
+    enqueue("lease_release_run", lease.pk, final)
     return lease
+
+
+def lease_group_release(*, tenant_id: int, group_key: str, actor: str, reason: str,
+                        now: datetime | None = None) -> list[Lease]:
+    """Release every member of a tenant's lease group in one transaction (a pipeline plan, a model split): no
+    schedule cycle sees part of the group gone and places the rest as the group (as it would between releases
+    made one by one). Idempotent per member, like ``lease_release``."""
+    now = now or timezone.now()
+    with transaction.atomic(durable=True):
+        members = list(Lease.objects.select_for_update().filter(tenant_id=tenant_id, group_key=group_key)
+                       .order_by("pk"))
+        return [release_locked(lease=lease, actor=actor, reason=reason, now=now) for lease in members]
 
 
 # -- tenant suspension (called by tenants.services.tenant_set_status) ------------------------------------
@@ -176,6 +194,10 @@ def allocations_free(*, lease: Lease, now: datetime, to: str, reason: str, actor
         if to == LeaseState.QUEUED:
             extra.update(active_at=None, ends_at=None, notice_deadline=None)
         lease_transition(lease=lease, to=to, reason=reason, actor=actor, now=now, **extra)
+        if to == LeaseState.FAILED and lease.group_key:  # a group does not run on without a failed member
+            from leasing.services.groups import group_failed
+
+            group_failed(lease=lease, actor=actor, now=now, why=reason)
         enqueue("schedule_cycle")
     return lease
 

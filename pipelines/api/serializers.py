@@ -37,10 +37,15 @@ class ProfileRowInput(StrictSerializer):
 
 
 class StageInput(StrictSerializer):
-    """A stage runs one model: a catalogue architecture (profiled by the performance model) or measured rows."""
+    """A stage runs one model: a registered workload (its auto-tiering profiles), a catalogue architecture
+    (profiled by the performance model) or measured rows."""
 
     name = serializers.RegexField(r"\S", max_length=100, help_text="unique in the pipeline; not only spaces")
     architecture = serializers.ChoiceField(choices=sorted(ARCHITECTURES), required=False)
+    workload = serializers.CharField(max_length=64, required=False,
+                                     help_text="a registered workload (auto-tiering): its profile rows give the "
+                                               "latency per slice, measured first, else predicted; rows given in "
+                                               "profile fill the slices it has none for")
     profile = serializers.ListField(child=ProfileRowInput(), min_length=1, max_length=200, required=False)
 
 
@@ -87,6 +92,26 @@ class SplitGpuInput(StrictSerializer):
                                         required=False, help_text="at most the model's memory (default: all of it)")
 
 
+class SplitCandidatesInput(StrictSerializer):
+    """How to choose the candidate GPUs instead of listing them: ``free`` (the whole GPUs free now that the tenant
+    may lease) or ``tier`` with ``count`` (hypothetical GPUs of one model: planned, nothing reserved)."""
+
+    free = serializers.BooleanField(required=False, help_text="true: the whole GPUs free now, within the "
+                                                               "tenant's quotas")
+    project = serializers.CharField(max_length=100, required=False,
+                                    help_text="free: count this project's quota headroom (default: the best of the "
+                                              "tenant's projects)")
+    models = serializers.ListField(child=serializers.ChoiceField(choices=TIERS), required=False,
+                                   max_length=len(TIERS), help_text="free: only these GPU models")
+    nodes = serializers.IntegerField(min_value=1, max_value=1000, required=False,
+                                     help_text="free: at most this many nodes (those with the most free GPUs)")
+    tier = serializers.ChoiceField(choices=TIERS, required=False, help_text="a GPU model: plan on count of them")
+    count = serializers.IntegerField(min_value=1, max_value=64, required=False, help_text="tier: how many GPUs")
+    per_node = serializers.IntegerField(min_value=1, max_value=16, required=False,
+                                        help_text="tier: GPUs per node (default: as the fleet's nodes of the "
+                                                  "model hold them, else 8)")
+
+
 class ModelSplitInput(StrictSerializer):
     """A model (a catalogue architecture, or a layer table) to split over candidate GPUs at a batch size."""
 
@@ -96,7 +121,10 @@ class ModelSplitInput(StrictSerializer):
     layers = serializers.ListField(child=LayerInput(), min_length=1, max_length=1000, required=False, default=None,
                                    allow_null=True)
     batch = serializers.IntegerField(min_value=1, max_value=1024, default=1)
-    gpus = serializers.ListField(child=SplitGpuInput(), min_length=1, max_length=64)
+    gpus = serializers.ListField(child=SplitGpuInput(), min_length=1, max_length=64, required=False, default=None,
+                                 allow_null=True, help_text="the candidate GPUs; or give candidates")
+    candidates = SplitCandidatesInput(required=False, default=None, allow_null=True,
+                                      help_text="choose the candidates: {free: true} or {tier, count}; or give gpus")
 
 
 class PlanOutput(serializers.ModelSerializer):

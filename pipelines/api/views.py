@@ -88,15 +88,18 @@ class ModelSplitCreateApi(APIView):
     write_action = "use"
 
     @extend_schema(request=s.ModelSplitInput, responses={
-        201: s.ModelSplitOutput,
+        201: s.ModelSplitOutput, 404: problem("No such project (candidates.project)"),
+        409: problem("candidates {free: true}: no whole GPU is free now that the tenant's quotas let it lease "
+                     "(field candidates)"),
         422: problem("Well-formed parts that do not fit together (unprocessable, naming the field): free_mib above "
-                     "the model's memory, two candidates of one id, neither architecture nor layers")},
+                     "the model's memory, two candidates of one id, neither architecture nor layers, both or "
+                     "neither of gpus and candidates, both or neither of candidates.free and candidates.tier")},
                    summary="Split a model's layers over candidate GPUs (heuristic; equal-layers and optimum beside)")
     def post(self, request):
         data = parse(s.ModelSplitInput, request)
         split = services.model_split_create(actor=request.actor, gpus=data["gpus"], layers=data["layers"],
                                             architecture_name=data["architecture"], batch=data["batch"],
-                                            name=data["name"])
+                                            name=data["name"], candidates=data["candidates"])
         return Response(s.ModelSplitOutput(split).data, status=status.HTTP_201_CREATED)
 
 

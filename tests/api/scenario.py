@@ -323,7 +323,8 @@ def pipeline_steps(step, world: World, capped: str) -> None:
     """A pipeline planned, applied (its stages leased through the leasing path), released, applied again
     (409: released), released again (409); one in a project whose spend cap is spent (402); a model split, leased
     as a gang the same way; a pipeline and a split whose parts do not fit together (422); a pipeline whose tiers
-    have no list price today, which cannot be planned (409)."""
+    have no list price today, which cannot be planned (409); splits over chosen candidates (a tier: 201; the GPUs
+    free now, none: 409; an unknown project: 404)."""
     v1, owner = "/api/v1", world.tokens["owner"]
     body = {"project": world.project.slug, "name": "contract", "slo_ms": 200.0, "rate_rps": 5.0,
             "tiers": ["H100-80GB"], "edges": [["detect", "embed"]],
@@ -352,6 +353,14 @@ def pipeline_steps(step, world: World, capped: str) -> None:
         "gpus": [{"model": "H100-80GB", "node": "n1"}, {"model": "H100-80GB", "node": "n1"}]})
     step(f"{v1}/model-splits", "post", 422, token=owner, body={
         "architecture": "bert-base", "gpus": [{"model": "L4", "free_mib": 80000}]})
+    # the candidates chosen for the tenant: a tier (hypothetical GPUs, 201); the GPUs free now, of a model the fleet
+    # has none of (409 naming candidates); free within a project the tenant does not have (404)
+    step(f"{v1}/model-splits", "post", 201, token=owner, body={
+        "architecture": "bert-base", "candidates": {"tier": "H100-80GB", "count": 2}})
+    step(f"{v1}/model-splits", "post", 409, token=owner, body={
+        "architecture": "bert-base", "candidates": {"free": True, "models": ["L4"]}})
+    step(f"{v1}/model-splits", "post", 404, token=owner, body={
+        "architecture": "bert-base", "candidates": {"free": True, "project": "nowhere"}})
     at = f"{v1}/model-splits/{split['id']}"
     step(f"{v1}/model-splits/{{id}}", "get", 200, at, token=owner)
     # the split's GPUs leased as one gang: refused by the spent cap (402), applied, released, then 409 twice

@@ -103,3 +103,31 @@ def test_the_group_is_part_of_the_idempotent_request(world):
     assert _member(world, "g1", idempotency_key="k").pk == first.pk
     with pytest.raises(IdempotencyConflict):
         _member(world, "g2", idempotency_key="k")
+
+
+def test_a_member_bound_to_a_warm_instance_waits_for_its_cold_sibling_and_they_start_together(db, settings):
+    """Before: the warm-bound member turned ACTIVE (and billed) at once while its sibling was still being made."""
+    from django.db.backends.postgresql.psycopg_any import NumericRange
+
+    from leasing.choices import AllocationState
+    from leasing.models import Allocation, Gpu
+
+    token = services.enrollment_token_create(uses=1)
+    services.node_enroll(node_id="node-m", token=token, address="http://127.0.0.1:9/n/node-m", inventory={
+        "gpus": [{"index": 0, "uuid": "GPU-m0", "model": "H100-80GB", "mode": "mig", "memory_mib": 81559}]})
+    world = make_world()
+    gpu = Gpu.objects.get()
+    warm = Allocation.objects.create(lease=None, gpu=gpu, tier=gpu.model, kind="mig", mig_profile="1g.10gb",
+                                     mig_start=0, slots=NumericRange(0, 1), milli=142, memory_mib=9856,
+                                     state=AllocationState.WARM, warm_at=timezone.now(), ready_at=timezone.now())
+    actor = Actor(user=world.member, tenant=world.acme, role=Role.MEMBER)
+    pair = [services.lease_request(actor=actor, project="vision", group="mixed", gpu={
+        "kind": "mig", "profile": "1g.10gb", "model": "H100-80GB"})[0] for _ in range(2)]
+    services.schedule_cycle()
+    pair = _fresh(*pair)
+    warm.refresh_from_db()
+    bound = next(lease for lease in pair if lease.pk == warm.lease_id)
+    cold = next(lease for lease in pair if lease.pk != warm.lease_id)
+    assert bound.state == cold.state == LeaseState.PROVISIONING  # the warm one waits for the cold one
+    services.allocation_ready(allocation=cold.allocations.get(), instance={}, now=timezone.now())
+    assert {lease.state for lease in _fresh(*pair)} == {LeaseState.ACTIVE}

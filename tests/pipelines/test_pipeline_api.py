@@ -243,3 +243,136 @@ def test_a_split_that_fits_nowhere_is_not_applied_and_others_cannot_apply(world)
                                          format="json")
     assert viewer.status_code == 403
     assert not Lease.objects.exists()
+
+
+def _enroll(node_id: str, model: str, count: int, memory_mib: int) -> None:
+    from leasing import services as leasing
+
+    token = leasing.enrollment_token_create(uses=1)
+    leasing.node_enroll(node_id=node_id, token=token, address=f"http://127.0.0.1:9/n/{node_id}", inventory={
+        "gpus": [{"index": i, "uuid": f"GPU-{node_id}-{i}", "model": model, "mode": "whole", "memory_mib": memory_mib}
+                 for i in range(count)]})
+
+
+def test_a_split_over_the_gpus_free_now_takes_what_the_tenants_quotas_allow(world):
+    from leasing import services as leasing
+    from tenants.access import Actor
+    from tenants.choices import Role
+    from tests.factories import make_quota
+
+    _enroll("node-a", "H100-80GB", 4, 81559)
+    _enroll("node-b", "A100-80GB", 2, 81920)
+    client = world.client("member")
+    body = {"architecture": "llama-2-13b", "candidates": {"free": True}}
+    # vision may hold 2 H100s (limit 2000 milli) and has no A100 quota: two H100s of node-a, nothing of node-b
+    answer = client.post("/api/v1/model-splits", body, format="json")
+    assert answer.status_code == 201, answer.content
+    split = answer.json()
+    assert [(g["node"], g["model"]) for g in split["gpus"]] == [("node-a", "H100-80GB")] * 2
+    assert split["result"]["candidates"] == {"source": "free", "gpus": 2}
+    assert split["result"]["feasible"]
+    # one H100 leased (and placed) in vision: one left in its quota
+    actor = Actor(user=world.member, tenant=world.acme, role=Role.MEMBER)
+    leasing.lease_request(actor=actor, project="vision", gpu={"kind": "whole", "model": "H100-80GB"})
+    leasing.schedule_cycle()
+    answer = client.post("/api/v1/model-splits", body, format="json")
+    assert [g["model"] for g in answer.json()["gpus"]] == ["H100-80GB"]
+    # only A100s asked for, and the tenant has no A100 quota: a documented 409 naming candidates
+    answer = client.post("/api/v1/model-splits", {**body, "candidates": {"free": True, "models": ["A100-80GB"]}},
+                         format="json")
+    assert answer.status_code == 409 and answer.json()["field"] == "candidates", answer.content
+    # with an A100 quota, node-b's two A100s are candidates too; at most one node: the one with the most free GPUs
+    make_quota(world.project, tier="A100-80GB", deserved=2000, limit=2000)
+    answer = client.post("/api/v1/model-splits", {**body, "candidates": {"free": True, "project": "vision"}},
+                         format="json")
+    assert sorted(g["model"] for g in answer.json()["gpus"]) == ["A100-80GB"] * 2 + ["H100-80GB"]
+    answer = client.post("/api/v1/model-splits", {**body, "candidates": {"free": True, "nodes": 1}}, format="json")
+    # node-a has 3 free H100s but vision may take one more; node-b's two A100s are more
+    assert {g["node"] for g in answer.json()["gpus"]} == {"node-b"}
+    # another tenant counts its own quotas: globex may hold two H100s (acme's lease does not use its quota), and
+    # has no A100 quota
+    answer = world.client("outsider").post("/api/v1/model-splits", body, format="json")
+    assert [(g["node"], g["model"]) for g in answer.json()["gpus"]] == [("node-a", "H100-80GB")] * 2
+
+
+def test_a_split_on_a_tier_plans_hypothetical_gpus_packed_as_the_tiers_nodes_are(world):
+    _enroll("node-a", "H100-80GB", 4, 81559)
+    client = world.client("member")
+    body = {"architecture": "llama-2-13b"}
+    answer = client.post("/api/v1/model-splits", {**body, "candidates": {"tier": "H100-80GB", "count": 6}},
+                         format="json")
+    assert answer.status_code == 201, answer.content
+    split = answer.json()
+    assert split["result"]["candidates"] == {"source": "tier", "tier": "H100-80GB", "count": 6, "per_node": 4}
+    assert [g["node"] for g in split["gpus"]] == ["H100-80GB-node-0"] * 4 + ["H100-80GB-node-1"] * 2
+    assert all(g["free_mib"] == 81559 for g in split["gpus"])
+    assert not Lease.objects.exists()  # planned, nothing reserved
+    # a model the fleet has none of: 8 to a node; per_node given: as given
+    answer = client.post("/api/v1/model-splits", {**body, "candidates": {"tier": "L4", "count": 3}}, format="json")
+    assert answer.json()["result"]["candidates"]["per_node"] == 8
+    answer = client.post("/api/v1/model-splits", {**body, "candidates": {"tier": "L4", "count": 3, "per_node": 1}},
+                         format="json")
+    assert len({g["node"] for g in answer.json()["gpus"]}) == 3
+
+
+@pytest.mark.parametrize(("change", "status", "field"), [
+    ({}, 422, "candidates"),  # neither gpus nor candidates
+    ({"gpus": [{"model": "L4"}], "candidates": {"tier": "L4", "count": 2}}, 422, "candidates"),
+    ({"candidates": {"free": True, "tier": "L4", "count": 2}}, 422, "candidates"),
+    ({"candidates": {"free": False}}, 422, "candidates"),
+    ({"candidates": {"tier": "L4"}}, 400, "candidates.count"),
+    ({"candidates": {"tier": "Z80", "count": 2}}, 400, "candidates.tier"),
+    ({"candidates": {"tier": "L4", "count": 65}}, 400, "candidates.count"),
+    ({"candidates": {"free": True, "project": "nowhere"}}, 404, "candidates.project"),
+    ({"candidates": {"free": True, "colour": "red"}}, 400, "candidates.colour"),
+])
+def test_bad_split_candidates_are_refused_naming_the_field(world, change, status, field):
+    answer = world.client("member").post("/api/v1/model-splits", {"architecture": "bert-base"} | change,
+                                         format="json")
+    assert answer.status_code == status, answer.content
+    assert answer.json()["field"] == field, answer.json()
+
+
+def test_a_stage_naming_a_workload_takes_its_latency_from_the_auto_tiering_profiles(world):
+    from tenants.access import Actor
+    from tenants.choices import Role
+    from tiering import services as tiering
+    from tiering.models import Profile
+
+    actor = Actor(user=world.member, tenant=world.acme, role=Role.MEMBER)
+    workload = tiering.workload_register(actor=actor, data={
+        "name": "bert-serve", "architecture": "bert-base", "task": "inference", "precision": "fp16", "batch_size": 8,
+        "seq_len": 128, "target_latency_ms": 50.0})
+    # the engine's predictions on two slices (stand-ins for workload_predict's stored rows) ...
+    for key, step in (("H100-80GB", 4.0), ("H100-80GB/mig/3g.40gb", 9.0)):
+        Profile.objects.create(workload=workload, slice_key=key, tier="H100-80GB", provenance="predicted",
+                               throughput=8 / step * 1000, memory_mib=4000, step_ms=step)
+    # ... and a profiling lease's measurement of the whole GPU, which beats the prediction
+    measured = tiering.profile_record(workload=workload, slice_key="H100-80GB", provenance="profiled",
+                                      throughput=8 / 5.0 * 1000, memory_mib=4000)  # 5 ms a batch
+    client = world.client("member")
+    body = {"project": "vision", "name": "served", "slo_ms": 80.0, "rate_rps": 400.0, "tiers": ["H100-80GB"],
+            "stages": [{"name": "embed", "workload": "bert-serve",
+                        "profile": [{"tier": "H100-80GB", "kind": "share", "milli": 500, "batch": 8,
+                                     "latency_ms": 30.0},
+                                    {"tier": "H100-80GB", "batch": 8, "latency_ms": 99.0}]}]}
+    _, plan = _plan(client, body)
+    rows = {(row["slice"], row["batch"]): row["source"] for row in plan["result"]["profiles"]["embed"]}
+    # measured first, else predicted; the given rows fill only the slice the workload has no profile for
+    assert rows == {("H100-80GB", 8): "profiled", ("H100-80GB/mig/3g.40gb", 8): "predicted",
+                    ("H100-80GB/share/500", 8): "given"}
+    [stage] = plan["result"]["stages"]
+    assert stage["profile_source"] == rows[(stage["slice"], stage["batch"])]
+    if stage["slice"] == "H100-80GB":
+        assert stage["exec_ms"] == pytest.approx(measured.step_ms) == 5.0  # not the given 99 ms nor the 4 predicted
+    # a workload without profiles on the tiers, and nothing given: 422 naming the stage's workload
+    tiering.workload_register(actor=actor, data={"name": "unprofiled", "architecture": "bert-base",
+                                                 "task": "inference", "precision": "fp16", "batch_size": 8,
+                                                 "target_latency_ms": 50.0})
+    for name, field in (("unprofiled", "stages[0].workload"), ("nowhere", "stages[0].workload")):
+        answer = client.post("/api/v1/pipelines", {**body, "stages": [{"name": "embed", "workload": name}]},
+                             format="json")
+        assert answer.status_code == 422 and answer.json()["field"] == field, answer.content
+    # another tenant's workload of that name is not found
+    answer = world.client("outsider").post("/api/v1/pipelines", {**body, "project": "secret"}, format="json")
+    assert answer.status_code == 422 and answer.json()["field"] == "stages[0].workload"

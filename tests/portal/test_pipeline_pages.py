@@ -159,3 +159,26 @@ def test_another_tenant_gets_404_and_a_viewer_cannot_apply(world, planned):
     assert not Lease.objects.exists() and ModelSplit.objects.get(pk=split.pk).state == "planned"
     listing = text(viewer.get("/pipelines/"))
     assert "video" in listing and "bert-base" in listing
+
+
+def test_the_split_form_plans_over_a_tier_or_the_gpus_free_now(world):
+    client = login("max")
+    page = client.get("/pipelines/")
+    assert "data-split-new" in page.content.decode()
+    answer = client.post("/model-splits/new", {"architecture": "llama-2-13b", "batch": "1", "source": "tier",
+                                               "tier": "H100-80GB", "count": "3", "per_node": "2"})
+    split = ModelSplit.objects.get()
+    assert answer.status_code == 302 and answer["Location"] == f"/model-splits/{split.pk}"
+    assert split.result["candidates"] == {"source": "tier", "tier": "H100-80GB", "count": 3, "per_node": 2}
+    assert [g["node"] for g in split.gpus] == ["H100-80GB-node-0"] * 2 + ["H100-80GB-node-1"]
+    # free now: the fleet here has no GPU at all, so the service's 409 comes back naming candidates
+    page = client.post("/model-splits/new", {"architecture": "bert-base", "source": "free"}, follow=True)
+    assert "candidates: no whole GPU is free now" in text(page)
+    # a count that is not a number: the service names the field, as the API would
+    page = client.post("/model-splits/new", {"architecture": "bert-base", "source": "tier", "tier": "L4",
+                                             "count": "many"}, follow=True)
+    assert "candidates.count: count is a whole number" in text(page)
+    assert ModelSplit.objects.count() == 1
+    # a viewer sees no form and is refused
+    assert "data-split-new" not in login("vic").get("/pipelines/").content.decode()
+    assert login("vic").post("/model-splits/new", {"source": "tier"}).status_code == 403

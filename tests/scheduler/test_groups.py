@@ -2,8 +2,11 @@
 placed in one decision when every member fits — each member on any node, with its own quota check — or none is.
 
 Policy under test: a group reserves nothing. When it does not fit, what it tried is undone and every request
-behind it is decided as if the group were not there; so a group never blocks smaller work (it may wait long on a
-busy fleet). A member needing a reclaim gives its victims notice and every member waits, to start together."""
+behind it is decided as if the group were not there; so a group never blocks smaller work. A member needing a
+reclaim gives its victims notice and every member waits, to start together. Until it has aged: a group that has
+waited ``Snapshot.group_reserve_after_seconds`` (off, 0, unless set; the broker sets it) is served first and
+reserves the tiers it needs against younger requests, so a stream of small requests cannot starve it (the
+``ageing`` tests)."""
 
 from __future__ import annotations
 
@@ -200,3 +203,67 @@ def test_properties_a_group_that_cannot_fit_changes_nobody_elses_decision(policy
         before = alone[decision.request]
         assert (decision.mode, decision.allocation, decision.victims, decision.warm) == (
             before.mode, before.allocation, before.victims, before.warm)
+
+
+def _stream(reserve_after: float, *, until: float = 600.0) -> tuple[float | None, list[float]]:
+    """One node of 4 H100s; project a sends a 1-GPU request every 10 s, each holding its GPU 25 s (about three
+    running at a time); project b's group of 4 one-GPU members arrives at t=5 and fits only when all 4 GPUs are
+    free at once. A cycle every 10 s over the live allocations. Returns when the group was placed (None: never)
+    and when each small request was placed."""
+    base = snapshot(("n1", H100, 4, GpuMode.WHOLE), quotas=QUOTAS)
+    base = replace(base, group_reserve_after_seconds=reserve_after)
+    live: dict[str, tuple[object, float]] = {}  # allocation id -> (allocation, ends at)
+    queued = [grouped(whole(f"g{i}", "b", submitted_at=5.0), "pipe") for i in range(4)]
+    placed_group, small_placed, now = None, [], 0.0
+    while now <= until:
+        live = {k: v for k, v in live.items() if v[1] > now}
+        queued.append(whole(f"s{int(now)}", "a", submitted_at=now))
+        snap = replace(base, allocations=tuple(allocation for allocation, _ in live.values()))
+        decisions = plan(snap, queued, now=now)
+        assert invariant_problems(snap, queued, decisions) == []
+        for decision in decisions:
+            if decision.mode == DecisionMode.PLACED:
+                member = decision.request.startswith("g")
+                live[decision.request] = (decision.allocation, now + (3600.0 if member else 25.0))
+                if member:
+                    placed_group = now if placed_group is None else placed_group
+                else:
+                    small_placed.append(now)
+        placed = {d.request for d in decisions if d.mode == DecisionMode.PLACED}
+        queued = [r for r in queued if r.id not in placed]
+        if placed_group is not None:
+            assert not [r for r in queued if r.id.startswith("g")], "the group placed whole"
+        now += 10.0
+    return placed_group, small_placed
+
+
+def test_ageing_a_large_group_is_placed_eventually_under_a_stream_of_small_requests():
+    # without ageing the group starves: a GPU frees every 10 s and a small request takes it each time
+    never, small = _stream(0.0)
+    assert never is None and len(small) >= 55
+    # with ageing (60 s) the group, once aged, reserves the H100s: the small requests younger than it wait, the
+    # running ones finish, and the group is placed whole as soon as the four are free
+    placed, small = _stream(60.0)
+    assert placed is not None and 65.0 <= placed <= 65.0 + 40.0, placed
+    # the reservation ends with the group's placement: small work is placed again later (once the group's GPUs are
+    # given back: here it holds them an hour, so none in the run) and none was placed while the group waited aged
+    assert not [t for t in small if 65.0 + 10.0 <= t < placed]
+
+
+def test_ageing_holds_back_only_younger_requests_and_a_quota_bound_group_reserves_nothing():
+    snap = replace(snapshot(("n1", H100, 2, GpuMode.WHOLE), quotas=QUOTAS), group_reserve_after_seconds=60.0)
+    group = [grouped(whole(f"g{i}", "b", submitted_at=0.0), "pipe") for i in range(3)]  # 3 GPUs: never fits here
+    older = whole("old", "a", submitted_at=-10.0)
+    younger = whole("young", "a", submitted_at=30.0)
+    decisions = by_request(plan(snap, [*group, older, younger], now=100.0))
+    assert decisions["old"].mode == DecisionMode.PLACED  # older than the group: not held back
+    assert decisions["young"].mode == DecisionMode.WAITING
+    assert "reserved for an older lease group" in decisions["young"].reason
+    assert all("reserves H100-80GB against younger requests" in decisions[f"g{i}"].reason for i in range(3))
+    # not aged yet (the same at t=50): no reservation, the younger request is placed
+    decisions = by_request(plan(snap, [*group, older, younger], now=50.0))
+    assert decisions["young"].mode == DecisionMode.PLACED
+    # a group its quota holds back (limit 2 GPUs for 3 members) reserves nothing, however long it waits
+    tight = replace(snap, quotas=(quota("a", H100, 8000, 8000), quota("b", H100, 2000, 2000)))
+    decisions = by_request(plan(tight, [*group, older, younger], now=100.0))
+    assert decisions["young"].mode == DecisionMode.PLACED

@@ -173,6 +173,8 @@ ROUTES: dict[str, Route] = {
     "portal:pipeline-plan": Route("portal", "/pipelines/{id}/plan", {"post": {"method": "esg"}}, obj="pipeline"),
     "portal:pipeline-apply": Route("portal", "/pipelines/{id}/apply", {"post": {}}, obj="plan"),
     "portal:pipeline-release": Route("portal", "/pipelines/{id}/release", {"post": {}}, obj="plan"),
+    "portal:model-split-new": Route("portal", "/model-splits/new", {"post": {
+        "architecture": "bert-base", "source": "tier", "tier": "H100-80GB", "count": "2"}}),
     "portal:model-split": Route("portal", "/model-splits/{id}", READ, obj="split"),
     "portal:model-split-apply": Route("portal", "/model-splits/{id}/apply", {"post": {"project": "vision"}},
                                       obj="split"),
