@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import date, datetime, timedelta
 from decimal import Context, Decimal, localcontext
 
@@ -392,6 +392,11 @@ def invoice_run(*, period: date, tenant: Tenant | None = None, finalize: bool | 
                         .values_list("tenant_id", flat=True))
         month = _Month(period=period, start=start, end=end, now=now, finalize=do_finalize, books=books, tables={},
                        contracted=contracted, corrected=corrected)
+        month.in_force = {t.pk: books_in_force(books, tenant=t, start=start, end=end, tables=month.tables)
+                          for t in tenants}
+        # every tenant's usage in one pass over the month's rows (read before the batches' locks, as a
+        # tenant's was before: metering does not take them); the batches then write
+        month.usage = _usage_batch(month, tenants)
         for offset in range(0, len(tenants), INVOICE_BATCH):
             _invoice_batch(month, tenants[offset:offset + INVOICE_BATCH], result)
     result["total_minor"] = dict(result["total_minor"])
@@ -434,6 +439,8 @@ class _Month:
     tables: dict
     contracted: set
     corrected: set
+    in_force: dict = field(default_factory=dict)  # tenant id → price_books_for
+    usage: dict = field(default_factory=dict)  # (tenant id, piece start) → usage groups
 
 
 def _add(a: Decimal | None, b: Decimal | None) -> Decimal | None:
@@ -445,7 +452,7 @@ def _add(a: Decimal | None, b: Decimal | None) -> Decimal | None:
         return a + b
 
 
-def _usage_batch(month: _Month, items: list[Tenant], books: dict[int, list]) -> dict[tuple[int, datetime], list]:
+def _usage_batch(month: _Month, items: list[Tenant]) -> dict[tuple[int, datetime], list]:
     """Every tenant's usage groups per piece of its month (keyed by the piece's start, as
     ``invoice_lines_compute`` asks for them), from one query: the same sums as ``USAGE_SQL`` piece by piece."""
     cuts = sorted({month.start} | {b.effective_from for b in month.books if month.start < b.effective_from < month.end})
@@ -456,7 +463,7 @@ def _usage_batch(month: _Month, items: list[Tenant], books: dict[int, list]) -> 
         rows = [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
     pieces: dict[tuple[int, datetime], dict] = {}
     for row in rows:
-        moments = [moment for moment, _book, _table in books[row["tenant_id"]]]
+        moments = [moment for moment, _book, _table in month.in_force[row["tenant_id"]]]
         low = cuts[row["piece"] - 1]
         mine = [moment for moment in moments if moment <= low]
         if not mine:
@@ -483,9 +490,6 @@ def _invoice_batch(month: _Month, items: list[Tenant], result: dict) -> None:
                            [[f"billing.invoice_build:{t.pk}:{period:%Y-%m}" for t in items]])
         existing = {invoice.tenant_id: invoice for invoice in
                     Invoice.objects.select_for_update().filter(tenant__in=items, period=period)}
-        books = {t.pk: books_in_force(month.books, tenant=t, start=month.start, end=month.end, tables=month.tables)
-                 for t in items}
-        usage = _usage_batch(month, items, books)
         projects: dict[int, dict] = defaultdict(dict)
         for project in Project.objects.filter(tenant__in=items):
             projects[project.tenant_id][project.pk] = project
@@ -499,8 +503,8 @@ def _invoice_batch(month: _Month, items: list[Tenant], result: dict) -> None:
             if invoice is not None and invoice.status != InvoiceStatus.DRAFT:
                 states.append((invoice, invoice.status))
                 continue
-            read = _Read(books=books[tenant.pk], projects=projects[tenant.pk], terms=terms.get(tenant.pk),
-                         usage=lambda moment, _end, pk=tenant.pk: usage.get((pk, moment), []))
+            read = _Read(books=month.in_force[tenant.pk], projects=projects[tenant.pk], terms=terms.get(tenant.pk),
+                         usage=lambda moment, _end, pk=tenant.pk: month.usage.get((pk, moment), []))
             try:
                 if tenant.pk in month.contracted:
                     with transaction.atomic():  # the evaluation is stored: undone with the tenant on refusal
