@@ -409,20 +409,35 @@ INVOICE_BATCH = 100  # tenants per transaction: a commit waits for the disk, 1,0
 # USAGE_SQL for many tenants at once, per piece of the month between any two price books' starts (``cuts``,
 # the month's start first): a tenant's own pieces are unions of these, and sums add up exactly
 USAGE_BATCH_SQL = """
-SELECT u.tenant_id, width_bucket(u.hour_start, %(cuts)s::timestamptz[]) AS piece,
-       u.project_id, u.tier, u.kind, u.mig_profile, u.workload_class, u.over_quota,
-       SUM(u.seconds * u.gpu_milli)                                                   AS milli_seconds,
-       SUM(CASE WHEN t.engine_active_avg IS NOT NULL THEN u.seconds * u.gpu_milli END) AS measured_ms,
-       SUM(u.seconds * u.gpu_milli * t.engine_active_avg)                              AS active_ms,
-       SUM(CASE WHEN t.fb_used_avg_mib IS NOT NULL THEN u.seconds END)                 AS memory_s,
-       SUM(u.seconds * t.fb_used_avg_mib)                                              AS memory_mib_s,
-       SUM(CASE WHEN t.engine_active_avg < %(idle)s THEN u.seconds * u.gpu_milli END)  AS idle_ms,
-       SUM(t.energy_wh)                                                                AS energy_wh
-  FROM billing_allocationusage u
-  LEFT JOIN billing_utilisationusage t ON t.lease_id = u.lease_id AND t.hour_start = u.hour_start
- WHERE u.tenant_id = ANY(%(tenants)s) AND u.hour_start >= %(start)s AND u.hour_start < %(end)s
- GROUP BY 1, 2, 3, 4, 5, 6, 7, 8
- ORDER BY 1, 3, 4, 5, 6, 7, 8, 2
+WITH held AS (  -- every row: one product and one sum each
+    SELECT u.tenant_id, width_bucket(u.hour_start, %(cuts)s::timestamptz[]) AS piece,
+           u.project_id, u.tier, u.kind, u.mig_profile, u.workload_class, u.over_quota,
+           SUM(u.seconds * u.gpu_milli) AS milli_seconds
+      FROM billing_allocationusage u
+     WHERE u.tenant_id = ANY(%(tenants)s) AND u.hour_start >= %(start)s AND u.hour_start < %(end)s
+     GROUP BY 1, 2, 3, 4, 5, 6, 7, 8
+),
+measured AS (  -- the rows with utilisation only (an inner join: the others add nothing to these sums)
+    SELECT u.tenant_id, width_bucket(u.hour_start, %(cuts)s::timestamptz[]) AS piece,
+           u.project_id, u.tier, u.kind, u.mig_profile, u.workload_class, u.over_quota,
+           SUM(CASE WHEN t.engine_active_avg IS NOT NULL THEN u.seconds * u.gpu_milli END) AS measured_ms,
+           SUM(u.seconds * u.gpu_milli * t.engine_active_avg)                              AS active_ms,
+           SUM(CASE WHEN t.fb_used_avg_mib IS NOT NULL THEN u.seconds END)                 AS memory_s,
+           SUM(u.seconds * t.fb_used_avg_mib)                                              AS memory_mib_s,
+           SUM(CASE WHEN t.engine_active_avg < %(idle)s THEN u.seconds * u.gpu_milli END)  AS idle_ms,
+           SUM(t.energy_wh)                                                                AS energy_wh
+      FROM billing_utilisationusage t
+      JOIN billing_allocationusage u ON u.lease_id = t.lease_id AND u.hour_start = t.hour_start
+     WHERE u.tenant_id = ANY(%(tenants)s) AND t.hour_start >= %(start)s AND t.hour_start < %(end)s
+     GROUP BY 1, 2, 3, 4, 5, 6, 7, 8
+)
+SELECT held.tenant_id, held.piece, held.project_id, held.tier, held.kind, held.mig_profile, held.workload_class,
+       held.over_quota, held.milli_seconds, measured.measured_ms, measured.active_ms, measured.memory_s,
+       measured.memory_mib_s, measured.idle_ms, measured.energy_wh
+  FROM held
+  LEFT JOIN measured USING (tenant_id, piece, project_id, tier, kind, mig_profile, workload_class, over_quota)
+ ORDER BY held.tenant_id, held.project_id, held.tier, held.kind, held.mig_profile, held.workload_class,
+          held.over_quota, held.piece
 """
 _GROUP_KEY = ("project_id", "tier", "kind", "mig_profile", "workload_class", "over_quota")
 _SUMS = ("milli_seconds", "measured_ms", "active_ms", "memory_s", "memory_mib_s", "idle_ms", "energy_wh")
@@ -456,7 +471,10 @@ def _usage_batch(month: _Month, items: list[Tenant]) -> dict[tuple[int, datetime
     """Every tenant's usage groups per piece of its month (keyed by the piece's start, as
     ``invoice_lines_compute`` asks for them), from one query: the same sums as ``USAGE_SQL`` piece by piece."""
     cuts = sorted({month.start} | {b.effective_from for b in month.books if month.start < b.effective_from < month.end})
-    with connection.cursor() as cursor:
+    with transaction.atomic(), connection.cursor() as cursor:
+        # a few thousand groups from millions of rows: hashed. The planner's estimate of the groups (the product
+        # of the columns' distinct counts) would otherwise have it sort every row, on disk, at 4 MB
+        cursor.execute("SET LOCAL work_mem = '256MB'")
         cursor.execute(USAGE_BATCH_SQL, {"tenants": [t.pk for t in items], "cuts": cuts, "start": month.start,
                                          "end": month.end, "idle": settings.BILLING_IDLE_ENGINE_ACTIVE})
         names = [column[0] for column in cursor.description]

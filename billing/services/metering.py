@@ -123,11 +123,24 @@ def usage_meter_window(*, start: datetime, end: datetime, now: datetime | None =
         candidates = [row[0] for row in cursor.fetchall()]
     bounds = [(candidates[offset], candidates[min(offset + chunk, len(candidates)) - 1])
               for offset in range(0, len(candidates), chunk)]
-    if workers <= 1 or len(bounds) <= 1:
-        return sum(_meter_chunk(params, lo, hi) for lo, hi in bounds)
-    if connection.in_atomic_block:
+    if workers > 1 and len(bounds) > 1 and connection.in_atomic_block:
         raise ValidationFailed("Metering with several workers needs committed leases: call it outside a "
                                "transaction.", field="workers")
+    written = _meter_chunks(params, bounds, workers)
+    if written >= ANALYZE_AFTER_ROWS:
+        # a month metered at once: the planner's statistics would still describe the table before it, and
+        # the invoice run's plan with them (an on-disk sort of every row instead of a hash of the groups)
+        with connection.cursor() as cursor:
+            cursor.execute("ANALYZE billing_allocationusage")
+    return written
+
+
+ANALYZE_AFTER_ROWS = 1_000_000
+
+
+def _meter_chunks(params: dict, bounds: list[tuple[int, int]], workers: int) -> int:
+    if workers <= 1 or len(bounds) <= 1:
+        return sum(_meter_chunk(params, lo, hi) for lo, hi in bounds)
 
     def on_own_connection(bound: tuple[int, int]) -> int:
         try:
