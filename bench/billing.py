@@ -105,7 +105,7 @@ def build(args, url: str) -> dict:
                     leases.append((lease_id, tenant, tenant, "released" if done else "active", "", kind, 1,
                                    "{" + MODEL + "}", profile, 0, 0, True, klass, 0, int(length.total_seconds()) + 1,
                                    MODEL, over, requested.isoformat(), requested.isoformat(), begin.isoformat(),
-                                   finish.isoformat(), finish.isoformat() if done else None, "", ""))
+                                   finish.isoformat(), finish.isoformat() if done else None, "", "", "{}", "[]"))
                     allocation_id += 1
                     allocations.append((allocation_id, lease_id, gpu[0], MODEL, kind, profile,
                                         slot if kind == "mig" else None,
@@ -125,7 +125,8 @@ def build(args, url: str) -> dict:
         counts["leases"] = copy_rows(cursor, "broker_lease", [
             "id", "tenant_id", "project_id", "state", "reason", "kind", "count", "models_allowed", "profile", "milli",
             "memory_mib", "gang", "workload_class", "priority", "duration_seconds", "tier", "over_quota",
-            "requested_at", "queued_at", "active_at", "ends_at", "finished_at", "idempotency_key", "request_hash"],
+            "requested_at", "queued_at", "active_at", "ends_at", "finished_at", "idempotency_key", "request_hash",
+            "access_extra", "avoid_nodes"],
             leases)
         counts["allocations"] = copy_rows(cursor, "broker_allocation", [
             "id", "lease_id", "gpu_id", "tier", "kind", "mig_profile", "mig_start", "slots", "milli", "memory_mib",

@@ -15,15 +15,19 @@ class AllocationUsage(models.Model):
     tenant_lookup = "tenant"
 
     # tenant and project are copies of the lease's (the metering statement takes them from it), kept for the
-    # invoice's query; the database guards them through the lease: its foreign key here, and the lease's own to
-    # its tenant and project. Their own foreign keys and single-column indexes cost more than the rest of a
-    # row's insert (a one-off measurement for issue 16: docs/billing.md) and guarded nothing more;
+    # invoice's query; the database guards them through the lease, and the lease's own foreign keys to its
+    # tenant and project. Per-row foreign-key checks and single-column indexes cost more than the rest of a
+    # row's insert (measurements for issue 16: docs/billing.md), so:
+    # - the lease is checked once per statement, not per row: triggers of migration 0005 (a usage row's lease
+    #   must exist, locked FOR KEY SHARE as a foreign key would; a lease with usage cannot be deleted);
+    # - the project needs no index: a project with usage has leases, whose PROTECT refuses its deletion;
     # (tenant, hour_start) and the unique (lease, hour_start) serve the lookups.
     tenant = models.ForeignKey("tenants.Tenant", on_delete=models.PROTECT, related_name="usage", db_index=False,
                                db_constraint=False)
-    project = models.ForeignKey("tenants.Project", on_delete=models.PROTECT, related_name="usage",
-                                db_constraint=False)
-    lease = models.ForeignKey("broker.Lease", on_delete=models.PROTECT, related_name="usage", db_index=False)
+    project = models.ForeignKey("tenants.Project", on_delete=models.DO_NOTHING, related_name="usage",
+                                db_index=False, db_constraint=False)
+    lease = models.ForeignKey("broker.Lease", on_delete=models.PROTECT, related_name="usage", db_index=False,
+                              db_constraint=False)
     hour_start = models.DateTimeField()
     seconds = models.DecimalField(max_digits=10, decimal_places=6)  # ≤ 3600, microseconds exact
     tier = models.CharField(max_length=32)

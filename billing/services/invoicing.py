@@ -4,12 +4,14 @@ and the monthly invoice run."""
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from datetime import date, datetime, timedelta
-from decimal import Decimal
+from decimal import Context, Decimal, localcontext
 
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import OuterRef, Q, Subquery
+from django.db.models import Exists, OuterRef, Q, Subquery
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
@@ -25,8 +27,10 @@ from billing.models import (
     Invoice,
     InvoiceLine,
     MeterWindow,
+    PriceBook,
     SloEvaluation,
 )
+from billing.selectors.prices import books_in_force
 from billing.services.metering import usage_meter_window
 from config.errors import ValidationFailed
 from leasing.models import Allocation, Lease, LeaseEvent
@@ -129,22 +133,39 @@ def _usage_groups(tenant: Tenant, start: datetime, end: datetime) -> list[dict]:
         return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
 
 
+@dataclass
+class _Read:
+    """What ``invoice_lines_compute`` reads, read beforehand for many tenants at once (the invoice run):
+    the tenant's books in force, its projects, its terms and its usage groups per piece of the month."""
+
+    books: list
+    projects: dict
+    terms: BillingTerms | None
+    usage: Callable[[datetime, datetime], list[dict]]
+
+
 def invoice_lines_compute(*, tenant: Tenant, period: date, slo_credit_pct: Decimal = Decimal(0),
-                          slo_evidence: dict | None = None) -> list[InvoiceLine]:
+                          slo_evidence: dict | None = None, read: _Read | None = None) -> list[InvoiceLine]:
     """The lines of the tenant's invoice for ``period`` from metered usage (unsaved). Usage lines by
     project × model/profile × class × over-quota (and price book, where one changed mid-month); then
     energy, discount, committed minimum and the SLO credit. Usage without a price is refused."""
     start, end = period_bounds(period)
-    books = selectors.price_books_for(tenant=tenant, start=start, end=end)
+    if read is None:
+        read = _Read(books=selectors.price_books_for(tenant=tenant, start=start, end=end),
+                     projects={p.pk: p for p in Project.objects.filter(tenant=tenant)},
+                     terms=BillingTerms.objects.filter(tenant=tenant, effective_from__lt=end)
+                     .order_by("-effective_from").first(),
+                     usage=lambda moment, piece_end: _usage_groups(tenant, moment, piece_end))
+    books = read.books
     currency = tenant.currency
-    projects = {p.pk: p for p in Project.objects.filter(tenant=tenant)}
+    projects = read.projects
     lines: list[InvoiceLine] = []
     energy_wh = defaultdict(Decimal)
     energy_price: dict[int, Decimal] = {}
     bounds = [moment for moment, _b, _t in books] + [end]
     for index, (moment, book, table) in enumerate(books):
         piece_end = bounds[index + 1]
-        for group in _usage_groups(tenant, moment, piece_end):
+        for group in read.usage(moment, piece_end):
             found = table.unit_price(group["tier"], group["kind"], group["mig_profile"],
                                      over_quota=group["over_quota"], workload_class=group["workload_class"])
             project = projects[group["project_id"]]
@@ -182,7 +203,7 @@ def invoice_lines_compute(*, tenant: Tenant, period: date, slo_credit_pct: Decim
             description=f"{projects[project_id].slug}: energy pass-through", quantity=kwh.quantize(SIX),
             unit_price=energy_price[project_id], amount_minor=to_minor(kwh * energy_price[project_id], currency)))
     charges = sum(line.amount_minor for line in lines)
-    terms = (BillingTerms.objects.filter(tenant=tenant, effective_from__lt=end).order_by("-effective_from").first())
+    terms = read.terms
     if terms is not None and terms.discount_pct and charges:
         amount = -to_minor(from_minor(charges, currency) * terms.discount_pct / 100, currency)
         lines.append(InvoiceLine(kind=LineKind.DISCOUNT, unit="percent", quantity=terms.discount_pct,
@@ -345,8 +366,9 @@ def invoice_run(*, period: date, tenant: Tenant | None = None, finalize: bool | 
     if tenant is not None:
         tenants = [tenant]
     else:
-        ids = set(AllocationUsage.objects.filter(hour_start__gte=start, hour_start__lt=end)
-                  .values_list("tenant_id", flat=True).distinct())
+        # one probe of the (tenant, hour) index per tenant, not a scan of the month's rows
+        ids = set(Tenant.objects.filter(Exists(AllocationUsage.objects.filter(
+            tenant=OuterRef("pk"), hour_start__gte=start, hour_start__lt=end))).values_list("pk", flat=True))
         ids |= set(BillingTerms.objects.filter(monthly_commit_minor__gt=0, effective_from__lt=end)
                    .values_list("tenant_id", flat=True))
         ids |= set(Invoice.objects.filter(period=period).values_list("tenant_id", flat=True))
@@ -357,26 +379,207 @@ def invoice_run(*, period: date, tenant: Tenant | None = None, finalize: bool | 
         tenants = list(Tenant.objects.filter(pk__in=ids).order_by("pk"))
     result = {"period": f"{period:%Y-%m}", "tenants": len(tenants), "drafts": 0, "finalized": 0, "unchanged": 0,
               "total_minor": defaultdict(int), "open_reason": "" if closed else why_open, "errors": {}}
-    for item in tenants:
-        try:
-            # build and finalize in one transaction: one commit per tenant, not two (a commit waits for the
-            # disk: at 1,000 tenants that was most of the run's time); a crash leaves the tenant as it was
-            with transaction.atomic():
-                invoice = invoice_build(tenant=item, period=period, now=now)
-                state = None if invoice is None else invoice.status
-                if state == InvoiceStatus.DRAFT and do_finalize:
-                    invoice_finalize(invoice=invoice, now=now)
-        except ValidationFailed as error:
-            result["errors"][item.slug] = error.message
-            continue
-        if invoice is None:
-            continue
+    if tenants:
+        # read once for every tenant: the books, who has an SLO contract, who may need a correction line
+        books = list(PriceBook.objects.filter(effective_from__lt=end).prefetch_related("rates")
+                     .order_by("effective_from", "tenant_id"))
+        contracted = set(SloContract.objects.filter(tenant__in=tenants, effective_from__lt=end)
+                         .filter(Q(effective_to__isnull=True) | Q(effective_to__gt=start))
+                         .values_list("tenant_id", flat=True))
+        previous_month = (period - timedelta(days=1)).replace(day=1)
+        corrected = set(Invoice.objects.filter(tenant__in=tenants, period=previous_month,
+                                               status__in=[InvoiceStatus.FINALIZED, InvoiceStatus.PAID])
+                        .values_list("tenant_id", flat=True))
+        month = _Month(period=period, start=start, end=end, now=now, finalize=do_finalize, books=books, tables={},
+                       contracted=contracted, corrected=corrected)
+        month.in_force = {t.pk: books_in_force(books, tenant=t, start=start, end=end, tables=month.tables)
+                          for t in tenants}
+        # every tenant's usage in one pass over the month's rows (read before the batches' locks, as a
+        # tenant's was before: metering does not take them); the batches then write
+        month.usage = _usage_batch(month, tenants)
+        for offset in range(0, len(tenants), INVOICE_BATCH):
+            _invoice_batch(month, tenants[offset:offset + INVOICE_BATCH], result)
+    result["total_minor"] = dict(result["total_minor"])
+    return result
+
+
+# -- the invoice run, many tenants per transaction ------------------------------------------------------------
+INVOICE_BATCH = 100  # tenants per transaction: a commit waits for the disk, 1,000 of them were most of the run
+
+# USAGE_SQL for many tenants at once, per piece of the month between any two price books' starts (``cuts``,
+# the month's start first): a tenant's own pieces are unions of these, and sums add up exactly
+USAGE_BATCH_SQL = """
+WITH held AS (  -- every row: one product and one sum each
+    SELECT u.tenant_id, width_bucket(u.hour_start, %(cuts)s::timestamptz[]) AS piece,
+           u.project_id, u.tier, u.kind, u.mig_profile, u.workload_class, u.over_quota,
+           SUM(u.seconds * u.gpu_milli) AS milli_seconds
+      FROM billing_allocationusage u
+     WHERE u.tenant_id = ANY(%(tenants)s) AND u.hour_start >= %(start)s AND u.hour_start < %(end)s
+     GROUP BY 1, 2, 3, 4, 5, 6, 7, 8
+),
+measured AS (  -- the rows with utilisation only (an inner join: the others add nothing to these sums)
+    SELECT u.tenant_id, width_bucket(u.hour_start, %(cuts)s::timestamptz[]) AS piece,
+           u.project_id, u.tier, u.kind, u.mig_profile, u.workload_class, u.over_quota,
+           SUM(CASE WHEN t.engine_active_avg IS NOT NULL THEN u.seconds * u.gpu_milli END) AS measured_ms,
+           SUM(u.seconds * u.gpu_milli * t.engine_active_avg)                              AS active_ms,
+           SUM(CASE WHEN t.fb_used_avg_mib IS NOT NULL THEN u.seconds END)                 AS memory_s,
+           SUM(u.seconds * t.fb_used_avg_mib)                                              AS memory_mib_s,
+           SUM(CASE WHEN t.engine_active_avg < %(idle)s THEN u.seconds * u.gpu_milli END)  AS idle_ms,
+           SUM(t.energy_wh)                                                                AS energy_wh
+      FROM billing_utilisationusage t
+      JOIN billing_allocationusage u ON u.lease_id = t.lease_id AND u.hour_start = t.hour_start
+     WHERE u.tenant_id = ANY(%(tenants)s) AND t.hour_start >= %(start)s AND t.hour_start < %(end)s
+     GROUP BY 1, 2, 3, 4, 5, 6, 7, 8
+)
+SELECT held.tenant_id, held.piece, held.project_id, held.tier, held.kind, held.mig_profile, held.workload_class,
+       held.over_quota, held.milli_seconds, measured.measured_ms, measured.active_ms, measured.memory_s,
+       measured.memory_mib_s, measured.idle_ms, measured.energy_wh
+  FROM held
+  LEFT JOIN measured USING (tenant_id, piece, project_id, tier, kind, mig_profile, workload_class, over_quota)
+ ORDER BY held.tenant_id, held.project_id, held.tier, held.kind, held.mig_profile, held.workload_class,
+          held.over_quota, held.piece
+"""
+_GROUP_KEY = ("project_id", "tier", "kind", "mig_profile", "workload_class", "over_quota")
+_SUMS = ("milli_seconds", "measured_ms", "active_ms", "memory_s", "memory_mib_s", "idle_ms", "energy_wh")
+
+
+@dataclass
+class _Month:
+    period: date
+    start: datetime
+    end: datetime
+    now: datetime
+    finalize: bool
+    books: list
+    tables: dict
+    contracted: set
+    corrected: set
+    in_force: dict = field(default_factory=dict)  # tenant id → price_books_for
+    usage: dict = field(default_factory=dict)  # (tenant id, piece start) → usage groups
+
+
+def _add(a: Decimal | None, b: Decimal | None) -> Decimal | None:
+    if a is None:
+        return b
+    if b is None:
+        return a
+    with localcontext(Context(prec=200)):  # exact: numeric sums never round
+        return a + b
+
+
+def _usage_batch(month: _Month, items: list[Tenant]) -> dict[tuple[int, datetime], list]:
+    """Every tenant's usage groups per piece of its month (keyed by the piece's start, as
+    ``invoice_lines_compute`` asks for them), from one query: the same sums as ``USAGE_SQL`` piece by piece."""
+    cuts = sorted({month.start} | {b.effective_from for b in month.books if month.start < b.effective_from < month.end})
+    with transaction.atomic(), connection.cursor() as cursor:
+        # a few thousand groups from millions of rows: hashed. The planner's estimate of the groups (the product
+        # of the columns' distinct counts) would otherwise have it sort every row, on disk, at 4 MB
+        cursor.execute("SET LOCAL work_mem = '256MB'")
+        cursor.execute(USAGE_BATCH_SQL, {"tenants": [t.pk for t in items], "cuts": cuts, "start": month.start,
+                                         "end": month.end, "idle": settings.BILLING_IDLE_ENGINE_ACTIVE})
+        names = [column[0] for column in cursor.description]
+        rows = [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
+    pieces: dict[tuple[int, datetime], dict] = {}
+    for row in rows:
+        moments = [moment for moment, _book, _table in month.in_force[row["tenant_id"]]]
+        low = cuts[row["piece"] - 1]
+        mine = [moment for moment in moments if moment <= low]
+        if not mine:
+            continue  # before the tenant's first book: no piece asks for it
+        groups = pieces.setdefault((row["tenant_id"], mine[-1]), {})
+        key = tuple(row[name] for name in _GROUP_KEY)
+        if key not in groups:
+            groups[key] = {name: row[name] for name in (*_GROUP_KEY, *_SUMS)}
+        else:
+            for name in _SUMS:
+                groups[key][name] = _add(groups[key][name], row[name])
+    return {key: list(groups.values()) for key, groups in pieces.items()}
+
+
+def _invoice_batch(month: _Month, items: list[Tenant], result: dict) -> None:
+    """What ``invoice_build`` (then ``invoice_finalize``) does for each tenant of ``items``, in one
+    transaction and a few statements: the same advisory locks (taken in tenant order, so two runs at once
+    wait on each other), the same lines and totals; a tenant whose lines are refused is left as it was."""
+    period = month.period
+    with transaction.atomic():
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT count(pg_advisory_xact_lock(hashtextextended(key, 0))) FROM "
+                           "(SELECT key FROM unnest(%s::text[]) WITH ORDINALITY AS k(key, n) ORDER BY n) AS keys",
+                           [[f"billing.invoice_build:{t.pk}:{period:%Y-%m}" for t in items]])
+        existing = {invoice.tenant_id: invoice for invoice in
+                    Invoice.objects.select_for_update().filter(tenant__in=items, period=period)}
+        projects: dict[int, dict] = defaultdict(dict)
+        for project in Project.objects.filter(tenant__in=items):
+            projects[project.tenant_id][project.pk] = project
+        terms: dict[int, BillingTerms] = {}
+        for item in BillingTerms.objects.filter(tenant__in=items, effective_from__lt=month.end).order_by(
+                "tenant_id", "-effective_from"):
+            terms.setdefault(item.tenant_id, item)
+        created, updated, lines_all, states = [], [], [], []
+        for tenant in items:
+            invoice = existing.get(tenant.pk)
+            if invoice is not None and invoice.status != InvoiceStatus.DRAFT:
+                states.append((invoice, invoice.status))
+                continue
+            read = _Read(books=month.in_force[tenant.pk], projects=projects[tenant.pk], terms=terms.get(tenant.pk),
+                         usage=lambda moment, _end, pk=tenant.pk: month.usage.get((pk, moment), []))
+            try:
+                if tenant.pk in month.contracted:
+                    with transaction.atomic():  # the evaluation is stored: undone with the tenant on refusal
+                        lines = _tenant_lines(tenant, month, read)
+                else:
+                    lines = _tenant_lines(tenant, month, read)
+            except ValidationFailed as error:
+                result["errors"][tenant.slug] = error.message
+                continue
+            if not lines and invoice is None:
+                continue
+            if invoice is None:
+                invoice = Invoice(tenant=tenant, period=period)
+                created.append(invoice)
+            else:
+                updated.append(invoice)
+            invoice.currency = tenant.currency
+            invoice.computed_at = month.now
+            for name, value in _totals(lines).items():
+                setattr(invoice, name, value)
+            lines_all.append((invoice, lines))
+            states.append((invoice, InvoiceStatus.DRAFT))
+        Invoice.objects.bulk_create(created)
+        if updated:
+            Invoice.objects.bulk_update(updated, ["currency", "computed_at", "subtotal_minor", "discount_minor",
+                                                  "credit_minor", "total_minor"])
+            InvoiceLine.objects.filter(invoice__in=updated).delete()
+        for invoice, lines in lines_all:
+            for line in lines:
+                line.invoice = invoice
+        InvoiceLine.objects.bulk_create([line for _invoice, lines in lines_all for line in lines])
+        drafts = [invoice for invoice, _lines in lines_all]
+        if month.finalize and drafts:
+            for invoice in drafts:
+                invoice.status = InvoiceStatus.FINALIZED
+                invoice.finalized_at = month.now
+                invoice.number = f"GPUB-{invoice.period:%Y%m}-{invoice.pk:06d}"
+            Invoice.objects.bulk_update(drafts, ["status", "finalized_at", "number"])
+            ids = [invoice.pk for invoice in drafts]
+            transaction.on_commit(lambda: [_push_later(invoice_id) for invoice_id in ids])
+    for invoice, state in states:
         if state != InvoiceStatus.DRAFT:
             result["unchanged"] += 1
-        elif do_finalize:
+        elif month.finalize:
             result["finalized"] += 1
         else:
             result["drafts"] += 1
         result["total_minor"][invoice.currency] += invoice.total_minor
-    result["total_minor"] = dict(result["total_minor"])
-    return result
+
+
+def _tenant_lines(tenant: Tenant, month: _Month, read: _Read) -> list[InvoiceLine]:
+    evaluation = (slo_evaluate(tenant=tenant, period=month.period, now=month.now)
+                  if tenant.pk in month.contracted else None)
+    lines = invoice_lines_compute(
+        tenant=tenant, period=month.period,
+        slo_credit_pct=evaluation.credit_pct if evaluation else Decimal(0),
+        slo_evidence=evaluation.evidence if evaluation else None, read=read)
+    if tenant.pk in month.corrected:
+        lines += _corrections(tenant=tenant, period=month.period, start=len(lines) + 1)
+    return lines
