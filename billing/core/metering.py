@@ -87,15 +87,19 @@ def lease_hours(events: Iterable[tuple[datetime, str]], units: Iterable[HeldUnit
     ``billing.services.metering`` is tested against (tests/billing/test_metering_sql.py):
 
     - the seconds of an hour are the sum of the held intervals' pieces in it, exact, capped at 3600;
-    - what was held in an hour is what the first held interval touching it held for its whole length
-      (allocations created at or before its start and not freed before its end); the tier, kind, profile
-      and over-quota flag are the first such allocation's (lowest id), milli and memory their sums;
+    - what was held in an hour is what the first held interval touching it held when it began (allocations
+      created at or before its start and not freed by then); the tier, kind, profile and over-quota flag are
+      the first such allocation's (lowest id), milli and memory their sums. It depends only on the interval's
+      start, never on where it ends, so a row is final once its hour is past and metering a window cut in two
+      gives what metering it whole gives (an earlier rule, "held for the interval's whole length", let a
+      window's end decide: an allocation freed while the lease stayed active was billed in one cut and not
+      in the other);
     - an hour whose first interval held no allocation gives no row."""
     units = list(units)
     seconds: dict[datetime, Decimal] = {}
     held: dict[datetime, list[HeldUnit]] = {}
     for begin, finish in held_intervals(events, until=until):
-        during = [u for u in units if u.created_at <= begin and (u.freed_at is None or u.freed_at >= finish)]
+        during = [u for u in units if u.created_at <= begin and (u.freed_at is None or u.freed_at > begin)]
         for bucket, piece in split_hours(begin, finish, window=(start, until)):
             seconds[bucket] = seconds.get(bucket, Decimal(0)) + Decimal(str(piece))
             held.setdefault(bucket, during)

@@ -44,12 +44,12 @@ edge AS (  -- where holding starts or stops; a start's interval ends at the next
      WHERE holds <> was
 ),
 held AS (  -- held_intervals, clipped to the window
-    SELECT lease_id, at AS begin_at, coalesce(next_at, %(until)s) AS end_at,
+    SELECT lease_id, at AS begin_at,
            greatest(at, %(start)s) AS low, least(coalesce(next_at, %(until)s), %(until)s) AS high
       FROM edge
      WHERE holds
 ),
-unit AS (  -- the allocations held over the whole interval; the first one (lowest id) names what was held
+unit AS (  -- the allocations held when the interval began; the first one (lowest id) names what was held
     SELECT held.*, u.*
       FROM held
      CROSS JOIN LATERAL (
@@ -59,7 +59,7 @@ unit AS (  -- the allocations held over the whole interval; the first one (lowes
                (array_agg(a.preemptible ORDER BY a.id))[1] AS over_quota
           FROM broker_allocation a
          WHERE a.lease_id = held.lease_id AND a.created_at <= held.begin_at
-           AND (a.freed_at IS NULL OR a.freed_at >= held.end_at)) u
+           AND (a.freed_at IS NULL OR a.freed_at > held.begin_at)) u
      WHERE held.low < held.high
 ),
 piece AS (  -- split_hours: the interval cut at every UTC hour; exact seconds (numeric, microseconds kept)
