@@ -47,25 +47,25 @@ def lease_transition(*, lease: Lease, to: str, reason: str, actor: str, now: dat
     return lease
 
 
-def update_each(model, rows: list, fields: list[str], **only) -> int:
+def update_each(model, rows: list, fields: list[str], *, returning: bool = False, **only):
     """Write ``fields`` of many rows, each with its own values, in one statement (``UPDATE … FROM
     unnest(<one array per column>)``); ``only`` adds equality conditions (``state=LeaseState.QUEUED``).
     Django's ``bulk_update`` builds a CASE per field per row: for a few dozen rows that cost more CPU
-    than the rest of a schedule cycle. Returns the number of rows changed."""
+    than the rest of a schedule cycle. Returns the number of rows changed (``returning``: their ids)."""
     if not rows:
-        return 0
+        return [] if returning else 0
     columns = {}
     for name in fields:
         field = model._meta.get_field(name)
         columns[name] = [field.get_db_prep_save(getattr(row, field.attname), connection) for row in rows]
-    return update_columns(model, [row.pk for row in rows], columns, **only)
+    return update_columns(model, [row.pk for row in rows], columns, returning=returning, **only)
 
 
-def update_columns(model, pks: list, columns: dict[str, list], **only) -> int:
+def update_columns(model, pks: list, columns: dict[str, list], *, returning: bool = False, **only):
     """``update_each`` for values already in database form (ints, strings, booleans, datetimes, None), one list
     per field in ``pks``' order: no model instance per row (a schedule cycle writes 10,000 at once)."""
     if not pks:
-        return 0
+        return [] if returning else 0
     meta = model._meta
     fields = [meta.pk, *(meta.get_field(name) for name in columns)]
     quote = connection.ops.quote_name
@@ -75,10 +75,11 @@ def update_columns(model, pks: list, columns: dict[str, list], **only) -> int:
     assignments = ", ".join(f"{quote(field.column)} = v.{quote(field.column)}" for field in fields[1:])
     conditions = "".join(f" AND t.{quote(meta.get_field(name).column)} = %s" for name in only)
     sql = (f"UPDATE {quote(meta.db_table)} AS t SET {assignments} FROM unnest({unnest}) AS v({names}) "  # noqa: S608
-           f"WHERE t.{quote(meta.pk.column)} = v.{quote(meta.pk.column)}{conditions}")
+           f"WHERE t.{quote(meta.pk.column)} = v.{quote(meta.pk.column)}{conditions}"
+           + (f" RETURNING t.{quote(meta.pk.column)}" if returning else ""))
     with connection.cursor() as cursor:
         cursor.execute(sql, [*arrays, *only.values()])
-        return cursor.rowcount
+        return [pk for (pk,) in cursor.fetchall()] if returning else cursor.rowcount
 
 
 def ids_in(ids) -> RawSQL:
