@@ -128,7 +128,7 @@ class QueuedLease:
 
 def queued_leases(queryset: QuerySet[Lease]) -> list[QueuedLease]:
     """``queryset`` (of ``lease_queue``) as ``QueuedLease`` rows: one query, no model instances, the submission
-    time as epoch seconds from PostgreSQL (a cycle reads 10,000: docs/scheduling.md, "Performance")."""
+    time as epoch seconds from PostgreSQL (a cycle reads 10,000: docs/scheduling.md, "Cycle speed at fleet scale")."""
     from django.db.models import F, FloatField, Func
     from django.db.models.functions import Coalesce
 
