@@ -13,7 +13,7 @@ Without ``--db`` (the core alone) the cycle is ``Scheduler(snapshot)`` (the work
 snapshot) plus ``schedule()``. With ``--db`` the fleet, its running leases and allocations and the queued leases
 are written (COPY, not timed) to a scratch database on ``DATABASE_URL``'s server (``<its name>_cycle_bench``,
 dropped first), and the cycle is what ``leasing.services.cycle.schedule_cycle`` does before it writes: read the
-queue and the snapshot from PostgreSQL (``lease_queue``, ``core_request``, ``scheduler_snapshot``), then
+queue and the snapshot from PostgreSQL (``queued_leases``, ``core_request``, ``scheduler_snapshot``), then
 ``plan``; then one whole ``schedule_cycle`` (read, plan and the write of every decision, committed) is timed,
 its provisioning tasks sent to an in-process broker (``memory://``), not to Redis.
 
@@ -196,7 +196,7 @@ def seed(url: str, snapshot: Snapshot, queue: list[Request], now: datetime) -> d
         def lease_row(pk, request_like, state, kind, count, profile, milli, memory, tier, over, queued, active):
             project = int(request_like.project[1:])
             return (pk, project % TENANTS + 1, project + 1, state, "", kind, count, "{" + MODEL + "}", profile, milli,
-                    memory, True, "training", 0, 3600, tier, over, queued, queued, active, "", "")
+                    memory, True, "training", 0, 3600, tier, over, queued, queued, active, "", "", "{}", "[]")
 
         for pk, allocation in enumerate(snapshot.allocations, start=1):
             unit = allocation.units[0]
@@ -225,7 +225,8 @@ def seed(url: str, snapshot: Snapshot, queue: list[Request], now: datetime) -> d
         counts["leases"] = copy_rows(cursor, "broker_lease", [
             "id", "tenant_id", "project_id", "state", "reason", "kind", "count", "models_allowed", "profile", "milli",
             "memory_mib", "gang", "workload_class", "priority", "duration_seconds", "tier", "over_quota",
-            "requested_at", "queued_at", "active_at", "idempotency_key", "request_hash"], leases)
+            "requested_at", "queued_at", "active_at", "idempotency_key", "request_hash", "access_extra", "avoid_nodes"],
+            leases)
         counts["allocations"] = copy_rows(cursor, "broker_allocation", [
             "id", "lease_id", "gpu_id", "tier", "kind", "mig_profile", "mig_start", "slots", "milli", "memory_mib",
             "preemptible", "state", "device_uuid", "access", "created_at", "ready_at"], allocations)
@@ -262,6 +263,7 @@ def db_cycle(args, snapshot: Snapshot, queue: list[Request]) -> dict:
     from django.core.management import call_command
 
     call_command("migrate", verbosity=0)
+    call_command("createcachetable", verbosity=0)  # the cycle's flag lives in the database cache here (no Redis)
     now = datetime(2026, 11, 1, 12, tzinfo=UTC)
     clock = Clock()
     counts = seed(url, snapshot, queue, now)
@@ -270,7 +272,7 @@ def db_cycle(args, snapshot: Snapshot, queue: list[Request]) -> dict:
     from django.db import connection as db
 
     from leasing.scheduler import plan
-    from leasing.selectors import core_request, lease_queue, scheduler_snapshot
+    from leasing.selectors import core_request, lease_queue, queued_leases, scheduler_snapshot
     from leasing.services import cycle
 
     db.ensure_connection()
@@ -284,8 +286,9 @@ def db_cycle(args, snapshot: Snapshot, queue: list[Request]) -> dict:
     for _ in range(args.repeat):
         pg_before = backend_cpu()
         clock = Clock()
-        queued = list(lease_queue().select_related("project")[:cycle.QUEUE_LIMIT])
-        core = [core_request(lease) for lease in queued]
+        queued = queued_leases(lease_queue()[:cycle.QUEUE_LIMIT])
+        shapes: dict = {}
+        core = [core_request(lease, shapes) for lease in queued]
         read_queue = clock.lap()
         cycle_snapshot = scheduler_snapshot(now=now)
         read = clock.lap()

@@ -42,7 +42,7 @@ class Node(models.Model):
     # A token enrollment that sent an enrollment id: sha256 of the token's hash and that id. Until the node
     # signs its first request with the secret it got (``secret_used_at``), the same token and id get the same
     # answer again (the agent's retry after a lost 201) -- see ``node_enroll``.
-    enrollment_key = models.CharField(max_length=64, blank=True, default="")
+    enrollment_key = models.CharField(max_length=64, blank=True, default="", db_default="")  # raw COPY too
     secret_used_at = models.DateTimeField(null=True, blank=True)
 
     def __str__(self) -> str:

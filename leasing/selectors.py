@@ -109,16 +109,52 @@ def lease_queue() -> QuerySet[Lease]:
                                                                                                        "pk")
 
 
-def core_request(lease: Lease):
-    """The scheduling core's ``Request`` for a queued lease (the cycle, the preview and the capacity loop)."""
+class QueuedLease:
+    """A queued lease as a schedule cycle reads it (``queued_leases``): the columns the core's request, the
+    reasons and the write need, as plain attributes. ``core_request`` takes it or a ``Lease``."""
+
+    __slots__ = ("avoid_nodes", "count", "gang", "group_key", "kind", "memory_mib", "milli", "models_allowed", "pk",
+                 "priority", "profile", "project_id", "project_slug", "queue_position", "reason", "submitted_at",
+                 "tenant_id", "workload_class")
+    COLUMNS = ("pk", "tenant_id", "project_id", "project__slug", "kind", "count", "profile", "milli", "memory_mib",
+               "models_allowed", "gang", "avoid_nodes", "submitted_at", "priority", "workload_class", "group_key",
+               "reason", "queue_position")
+
+    def __init__(self, row: tuple):
+        (self.pk, self.tenant_id, self.project_id, self.project_slug, self.kind, self.count, self.profile, self.milli,
+         self.memory_mib, self.models_allowed, self.gang, self.avoid_nodes, self.submitted_at, self.priority,
+         self.workload_class, self.group_key, self.reason, self.queue_position) = row
+
+
+def queued_leases(queryset: QuerySet[Lease]) -> list[QueuedLease]:
+    """``queryset`` (of ``lease_queue``) as ``QueuedLease`` rows: one query, no model instances, the submission
+    time as epoch seconds from PostgreSQL (a cycle reads 10,000: docs/scheduling.md, "Cycle speed at fleet scale")."""
+    from django.db.models import F, FloatField, Func
+    from django.db.models.functions import Coalesce
+
+    # epoch seconds of the instant (no time zone conversion: EXTRACT of a timestamptz), as scheduler_snapshot does
+    submitted = Func(Coalesce(F("queued_at"), F("requested_at")),
+                     template="EXTRACT(EPOCH FROM %(expressions)s)::float8", output_field=FloatField())
+    return [QueuedLease(row) for row in queryset.annotate(submitted_at=submitted).values_list(*QueuedLease.COLUMNS)]
+
+
+def core_request(lease: Lease | QueuedLease, shapes: dict | None = None):
+    """The scheduling core's ``Request`` for a queued lease (the cycle, the preview and the capacity loop).
+    ``shapes``: a dict the caller keeps across calls, so that equal shapes are one ``Shape``."""
     from leasing.scheduler import Kind, Request, Shape
     from leasing.scheduler.types import WorkloadClass as CoreWorkloadClass
 
-    shape = Shape(Kind(lease.kind), lease.count, profile=lease.profile, milli=lease.milli,
-                  memory_mib=lease.memory_mib, models=tuple(lease.models_allowed), gang=lease.gang,
-                  avoid_nodes=tuple(lease.avoid_nodes))
-    return Request(str(lease.pk), str(lease.project_id), str(lease.tenant_id), shape,
-                   (lease.queued_at or lease.requested_at).timestamp(), lease.priority,
+    key = (lease.kind, lease.count, lease.profile, lease.milli, lease.memory_mib, tuple(lease.models_allowed),
+           lease.gang, tuple(lease.avoid_nodes))
+    shape = None if shapes is None else shapes.get(key)
+    if shape is None:
+        shape = Shape(Kind(lease.kind), lease.count, profile=lease.profile, milli=lease.milli,
+                      memory_mib=lease.memory_mib, models=key[5], gang=lease.gang, avoid_nodes=key[7])
+        if shapes is not None:
+            shapes[key] = shape
+    submitted = lease.submitted_at if isinstance(lease, QueuedLease) else (lease.queued_at or lease.requested_at
+                                                                           ).timestamp()
+    return Request(str(lease.pk), str(lease.project_id), str(lease.tenant_id), shape, submitted, lease.priority,
                    CoreWorkloadClass(lease.workload_class), group=core_group(lease.tenant_id, lease.group_key))
 
 

@@ -8,7 +8,7 @@ class Migration(migrations.Migration):
 
     operations = [
         migrations.AddField(model_name="node", name="enrollment_key",
-                            field=models.CharField(blank=True, default="", max_length=64)),
+                            field=models.CharField(blank=True, default="", db_default="", max_length=64)),
         migrations.AddField(model_name="node", name="secret_used_at",
                             field=models.DateTimeField(blank=True, null=True)),
     ]

@@ -21,6 +21,7 @@ from __future__ import annotations
 from bisect import insort
 from dataclasses import dataclass, field
 from heapq import heappop, heappush
+from operator import attrgetter
 
 from gpus.catalogue import model_get
 from gpus.mig import COMPUTE_SLICES, MigPlacement, MigProfile, layout_problem, profile_get
@@ -180,7 +181,7 @@ class ClusterState:
         capacity: dict[str, int] = {}
         memory: dict[str, int] = {}
         node_id, node_gpus, ranks = None, [], {}
-        for gpu in sorted(snapshot.gpus, key=lambda g: (g.node, g.index, g.id)):
+        for gpu in sorted(snapshot.gpus, key=attrgetter("node", "index", "id")):  # C-level keys: 100,000 GPUs
             model_memory = memory.get(gpu.model)
             if model_memory is None:
                 model_memory = memory[gpu.model] = model_get(gpu.model).memory_mib

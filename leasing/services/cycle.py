@@ -10,7 +10,6 @@ from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import IntegrityError, connection, transaction
-from django.db.backends.postgresql.psycopg_any import NumericRange
 from django.db.models import Q
 from django.utils import timezone
 
@@ -21,13 +20,20 @@ from leasing.choices import (
     GpuMode,
     LeaseState,
 )
-from leasing.models import Allocation, Gpu, Lease, LeaseEvent
+from leasing.models import Allocation, Lease, LeaseEvent
 from leasing.scheduler import DecisionMode, plan
-from leasing.selectors import core_group, core_request, lease_queue, scheduler_snapshot
+from leasing.selectors import QueuedLease, core_group, core_request, lease_queue, queued_leases, scheduler_snapshot
 from leasing.services.groups import group_leaving, group_preempted
 from leasing.services.provisioning import release_instances_quietly
-from leasing.services.transitions import allocations_free, lease_transition, update_each
-from leasing.services.triggers import cycle_flag_clear, enqueue, schedule_cycle_request
+from leasing.services.transitions import (
+    allocations_free,
+    ids_in,
+    insert_rows,
+    lease_transition,
+    update_columns,
+    update_each,
+)
+from leasing.services.triggers import cycle_flag_clear, enqueue, enqueue_each, schedule_cycle_request
 
 logger = logging.getLogger(__name__)
 ADVISORY_LOCK = 0x6770_7562  # "gpub": one schedule cycle at a time
@@ -47,11 +53,11 @@ def schedule_cycle(*, now: datetime | None = None) -> dict:
                 return {**counts, "skipped": 1}
         started = time.time()  # the lock is held from here to the commit: no other cycle runs meanwhile
         # suspended tenants' leases are held, never placed
-        queued = list(lease_queue().select_related("project")[:QUEUE_LIMIT])
+        queued = queued_leases(lease_queue()[:QUEUE_LIMIT])  # plain rows (QueuedLease), not model instances
         grouped = {(lease.tenant_id, lease.group_key) for lease in queued if lease.group_key}
         if grouped and len(queued) == QUEUE_LIMIT:  # a group cut by the limit is read whole: placed whole or not
-            queued += lease_queue().select_related("project").filter(
-                group_key__in={key for _, key in grouped}).exclude(pk__in=[lease.pk for lease in queued])
+            queued += queued_leases(lease_queue().filter(group_key__in={key for _, key in grouped}).exclude(
+                pk__in=ids_in(lease.pk for lease in queued)))
         seen = [lease.pk for lease in queued]
         transaction.on_commit(lambda: _cycle_again_if_new(seen))
         # a group with a member still serving its preemption notice is placed again only once that member has
@@ -71,11 +77,11 @@ def schedule_cycle(*, now: datetime | None = None) -> dict:
         counts["seen"] = len(queued)
         snapshot = scheduler_snapshot(now=now)
         by_id = {str(lease.pk): lease for lease in queued}
-        decisions = plan(snapshot, [core_request(lease) for lease in queued], now=now.timestamp())
-        gpu_by_key = {f"g{g.pk}": g for g in Gpu.objects.filter(pk__in={
-            int(u.gpu[1:]) for d in decisions if d.allocation for u in d.allocation.units}).select_related("node")}
+        shapes: dict = {}
+        decisions = plan(snapshot, [core_request(lease, shapes) for lease in queued], now=now.timestamp())
+        gpus = {gpu.id: gpu for gpu in snapshot.gpus}  # what the plan placed on: model, mode, node
         placements = [(by_id[d.request], d) for d in decisions if d.mode == DecisionMode.PLACED]
-        placed, refused = _place_all(placements, gpu_by_key, now)
+        placed, refused = _place_all(placements, gpus, now)
         counts["placed"] = len(placed)
         waiting = []
         for decision in decisions:
@@ -102,17 +108,17 @@ def schedule_cycle(*, now: datetime | None = None) -> dict:
     return counts
 
 
-def _tenant_terms(reason: str, lease: Lease) -> str:
+def _tenant_terms(reason: str, lease: QueuedLease) -> str:
     """A core reason in the tenant's words: its project by slug, not by the core's internal id; a lease group by
     its key, its members (the core's requests) as leases — a group is one tenant's, so they are all its own."""
-    reason = reason.replace(f"project {lease.project_id} ", f"project '{lease.project.slug}' ")
+    reason = reason.replace(f"project {lease.project_id} ", f"project '{lease.project_slug}' ")
     if lease.group_key:
         reason = reason.replace(f"group {core_group(lease.tenant_id, lease.group_key)}", f"group '{lease.group_key}'")
         reason = re.sub(r"\brequest (\d+)\b", r"lease \1", reason)
     return reason
 
 
-def _reclaim_reason(lease: Lease, decision) -> str:
+def _reclaim_reason(lease: QueuedLease, decision) -> str:
     """Why an in-quota request waits for a reclaim, naming only the tenant's own leases (another tenant's
     lease ids and projects are not its business)."""
     victims = list(Lease.objects.filter(pk__in=[int(v) for v in decision.victims]).values_list("pk", "tenant_id"))
@@ -127,32 +133,38 @@ def _cycle_again_if_new(seen: list[int]) -> None:
     """After a cycle commits: requests queued while it ran (their trigger found the flag set, or the lock
     taken) get the next cycle."""
     cycle_flag_clear()
-    if lease_queue().exclude(pk__in=seen).exists():
+    if lease_queue().exclude(pk__in=ids_in(seen)).exists():
         schedule_cycle_request()
 
 
-def _allocation_rows(lease: Lease, decision, gpu_by_key: dict, now: datetime) -> list[Allocation]:
+# an allocation row as the cycle writes it (``insert_rows``: one COPY), the other columns take their defaults
+ALLOCATION_FIELDS = ["lease", "gpu", "tier", "kind", "mig_profile", "mig_start", "slots", "milli", "memory_mib",
+                     "preemptible", "state", "device_uuid", "access", "created_at"]
+EVENT_FIELDS = ["lease", "from_state", "to_state", "reason", "actor", "at"]
+_MIG, _SHARE, _WHOLE = GpuKind.MIG.value, GpuKind.SHARE.value, GpuKind.WHOLE.value
+_SHARED, _PENDING = GpuMode.SHARED.value, AllocationState.PENDING.value
+
+
+def _allocation_rows(lease_id: int, decision, gpus: dict, now: datetime) -> list[tuple]:
+    """The allocation rows (``ALLOCATION_FIELDS``) of a placement: tuples, not model instances. ``gpus``: the
+    snapshot's GPUs by the core's id (``g<pk>``), whose model and mode the plan was made on."""
     allocation = decision.allocation
     rows = []
     for unit in allocation.units:
-        gpu = gpu_by_key[unit.gpu]
+        gpu = gpus[unit.gpu]
         if unit.mig_profile:
             size = profile_get(gpu.model, unit.mig_profile).memory_slots
-            slots = NumericRange(unit.mig_start, unit.mig_start + size)
-            kind = GpuKind.MIG
-        elif gpu.mode == GpuMode.SHARED:
-            slots, kind = NumericRange(0, 0), GpuKind.SHARE
+            slots, kind, start = f"[{unit.mig_start},{unit.mig_start + size})", _MIG, unit.mig_start
+        elif gpu.mode.value == _SHARED:
+            slots, kind, start = "empty", _SHARE, None
         else:
-            slots, kind = NumericRange(0, 8), GpuKind.WHOLE
-        rows.append(Allocation(lease=lease, gpu=gpu, tier=allocation.tier, kind=kind,
-                               mig_profile=unit.mig_profile or "",
-                               mig_start=unit.mig_start if unit.mig_profile else None, slots=slots,
-                               milli=unit.milli, memory_mib=unit.memory_mib, preemptible=allocation.preemptible,
-                               created_at=now))
+            slots, kind, start = "[0,8)", _WHOLE, None
+        rows.append((lease_id, int(unit.gpu[1:]), allocation.tier, kind, unit.mig_profile or "", start, slots,
+                     unit.milli, unit.memory_mib, allocation.preemptible, _PENDING, "", "{}", now))
     return rows
 
 
-def _place_all(placements: list, gpu_by_key: dict, now: datetime) -> tuple[list[int], set[int]]:
+def _place_all(placements: list, gpus: dict, now: datetime) -> tuple[list[int], set[int]]:
     """Write the cycle's placements: (ids placed, ids whose capacity the database refused).
 
     All at once first — the leases still queued locked in key order, their allocations in one insert, their
@@ -163,7 +175,7 @@ def _place_all(placements: list, gpu_by_key: dict, now: datetime) -> tuple[list[
         return [], set()
     try:
         with transaction.atomic():
-            placed = _place_many(placements, gpu_by_key, now)
+            placed = _place_many(placements, gpus, now)
         return placed, set()
     except IntegrityError:
         pass
@@ -175,23 +187,25 @@ def _place_all(placements: list, gpu_by_key: dict, now: datetime) -> tuple[list[
     for unit in units.values():
         try:
             with transaction.atomic():
-                placed += _place_many(unit, gpu_by_key, now)
+                placed += _place_many(unit, gpus, now)
         except IntegrityError:
             refused.update(lease.pk for lease, _ in unit)
     return placed, refused
 
 
-def _place_many(placements: list, gpu_by_key: dict, now: datetime) -> list[int]:
+def _place_many(placements: list, gpus: dict, now: datetime) -> list[int]:
     """Placements → PROVISIONING with their allocations and events (inside a transaction); leases no longer
     queued (released since the cycle read them) are skipped. Provisioning is enqueued per node on commit."""
     claimed = set(Lease.objects.select_for_update().filter(
-        pk__in=[lease.pk for lease, _ in placements], state=LeaseState.QUEUED).order_by("pk")
+        pk__in=ids_in(lease.pk for lease, _ in placements), state=LeaseState.QUEUED).order_by("pk")
         .values_list("pk", flat=True))
     partial = {(lease.tenant_id, lease.group_key) for lease, _ in placements
                if lease.group_key and lease.pk not in claimed}
     if partial:  # a member released since the cycle read it: its group is not placed without it this cycle
         raise IntegrityError(f"lease group(s) {sorted(key for _, key in partial)} changed since the cycle read them")
     rows, changed, events, by_node, warm = [], [], [], {}, []
+    reasons, tiers, over_quota = [], [], []  # per lease changed, its new column values
+    provisioning, queued = LeaseState.PROVISIONING.value, LeaseState.QUEUED.value
     for lease, decision in placements:
         if lease.pk not in claimed:
             continue
@@ -199,34 +213,37 @@ def _place_many(placements: list, gpu_by_key: dict, now: datetime) -> list[int]:
         if decision.warm:  # warm pool members: bound below, no agent call
             warm.append((lease, decision))
             continue
-        rows += _allocation_rows(lease, decision, gpu_by_key, now)
-        changed.append(Lease(pk=lease.pk, state=LeaseState.PROVISIONING, reason=decision.reason,
-                             tier=allocation.tier, over_quota=allocation.preemptible, queue_position=None))
-        events.append(LeaseEvent(lease_id=lease.pk, from_state=LeaseState.QUEUED, to_state=LeaseState.PROVISIONING,
-                                 reason=decision.reason, actor="scheduler", at=now))
-        by_node.setdefault(gpu_by_key[allocation.units[0].gpu].node_id, []).append(lease.pk)
-    Allocation.objects.bulk_create(rows)
-    update_each(Lease, changed, ["state", "reason", "tier", "over_quota", "queue_position"])
-    LeaseEvent.objects.bulk_create(events)
+        rows += _allocation_rows(lease.pk, decision, gpus, now)
+        changed.append(lease.pk)
+        reasons.append(decision.reason)
+        tiers.append(allocation.tier)
+        over_quota.append(allocation.preemptible)
+        events.append((lease.pk, queued, provisioning, decision.reason, "scheduler", now))
+        by_node.setdefault(gpus[allocation.units[0].gpu].node, []).append(lease.pk)
+    # set-based: one COPY of the allocations, one UPDATE of the leases, one COPY of their events
+    insert_rows(Allocation, ALLOCATION_FIELDS, rows)
+    update_columns(Lease, changed, {"state": [provisioning] * len(changed), "reason": reasons, "tier": tiers,
+                                    "over_quota": over_quota, "queue_position": [None] * len(changed)})
+    insert_rows(LeaseEvent, EVENT_FIELDS, events)
     # a group member bound to warm instances starts only with its group: while a sibling is made the cold way it
     # stays PROVISIONING, and the sibling's instances being recorded starts them all (allocations_ready)
     cold_groups = {(lease.tenant_id, lease.group_key) for lease, decision in placements
                    if lease.group_key and lease.pk in claimed and not decision.warm}
     for lease, decision in warm:
-        _bind_warm(lease, decision, gpu_by_key, now,
+        _bind_warm(lease, decision, gpus, now,
                    start=not (lease.group_key and (lease.tenant_id, lease.group_key) in cold_groups))
-    for lease_ids in by_node.values():
-        enqueue("leases_provision_run", lease_ids)
+    enqueue_each("leases_provision_run", list(by_node.values()))
     logger.info("placed %d leases on %d nodes", len(changed), len(by_node))
-    return [lease.pk for lease in changed]
+    return changed
 
 
-def _bind_warm(lease: Lease, decision, gpu_by_key: dict, now: datetime, *, start: bool = True) -> None:
+def _bind_warm(queued: QueuedLease, decision, gpus: dict, now: datetime, *, start: bool = True) -> None:
     """A placement on warm pool members: each member still warm (no lease, ready, live) becomes the lease's
     allocation by one conditional update, and the lease is ACTIVE at once — no agent call on the path. A
     member taken or removed since the cycle read it refuses the whole placement (IntegrityError: the
     caller's savepoint is undone and the lease waits for the next cycle). A lease group's member whose siblings
     are made the cold way (``start`` False) stays PROVISIONING and starts with them (``allocations_ready``)."""
+    lease = Lease.objects.get(pk=queued.pk)  # locked QUEUED by the caller; the transitions take the model
     allocation = decision.allocation
     ids = [int(warm_id) for warm_id in decision.warm]
     bound = Allocation.objects.filter(pk__in=ids, lease__isnull=True, state=AllocationState.WARM,
@@ -235,10 +252,10 @@ def _bind_warm(lease: Lease, decision, gpu_by_key: dict, now: datetime, *, start
         bound_at=now)
     if bound != len(ids):
         raise IntegrityError(f"warm instance(s) {decision.warm} were taken or removed since the cycle read them")
-    extra = _allocation_rows(lease, decision, gpu_by_key, now)[len(ids):]
+    extra = _allocation_rows(lease.pk, decision, gpus, now)[len(ids):]
     if extra:  # units beyond the warm members (a gang): placed the cold way, the lease provisions
-        Allocation.objects.bulk_create(extra)
-    node = gpu_by_key[allocation.units[0].gpu].node
+        insert_rows(Allocation, ALLOCATION_FIELDS, extra)
+    node = gpus[allocation.units[0].gpu].node
     reason = f"{decision.reason}; bound warm instance(s) {', '.join(f'alloc-{i}' for i in ids)}"
     lease_transition(lease=lease, to=LeaseState.PROVISIONING, reason=reason, actor="scheduler", now=now,
                      tier=allocation.tier, over_quota=allocation.preemptible, queue_position=None)
@@ -247,7 +264,7 @@ def _bind_warm(lease: Lease, decision, gpu_by_key: dict, now: datetime, *, start
         return
     if not start:
         return  # a lease group's member: it starts with the members still being provisioned
-    lease_transition(lease=lease, to=LeaseState.ACTIVE, reason=f"running on {node.node_id} (warm instance)",
+    lease_transition(lease=lease, to=LeaseState.ACTIVE, reason=f"running on {node} (warm instance)",
                      actor="scheduler", now=now, active_at=now, ends_at=now + timedelta(seconds=lease.duration_seconds))
     from leasing.services.workloads import workloads_start_after
 

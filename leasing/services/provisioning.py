@@ -17,10 +17,11 @@ from leasing.choices import (
     LeaseState,
 )
 from leasing.models import Allocation, Lease, LeaseEvent, Node
-from leasing.services.transitions import allocations_free, lease_transition, update_each
+from leasing.services.transitions import allocations_free, insert_rows, lease_transition, update_each
 from leasing.services.triggers import enqueue
 
 logger = logging.getLogger(__name__)
+_GPU, _NODE = Allocation._meta.get_field("gpu"), Allocation._meta.get_field("gpu").related_model._meta.get_field("node")
 
 
 # -- allocations -----------------------------------------------------------------------------------------
@@ -62,18 +63,14 @@ def allocations_ready(*, items: list[tuple[Allocation, dict]], now: datetime) ->
         lock_ids = sorted(set(lease_ids) | _group_sibling_ids(lease_ids))
         leases = {lease.pk: lease for lease in Lease.objects.select_for_update().filter(pk__in=lock_ids)
                   .order_by("pk").only("pk", "state", "duration_seconds", "tenant_id", "group_key")}
-        pending = Allocation.objects.filter(pk__in=instances, state=AllocationState.PENDING).values_list(
-            "pk", flat=True)
-        recorded = []
-        for pk in sorted(pending):
-            instance = instances[pk]
-            recorded.append(Allocation(pk=pk, state=AllocationState.READY, ready_at=now,
-                                       device_uuid=instance.get("device_uuid", ""),
-                                       gpu_instance_id=instance.get("gpu_instance_id"),
-                                       access=instance.get("access", {})))
+        # the allocations still pending become READY with their devices: one statement, which names them
+        made = [Allocation(pk=pk, state=AllocationState.READY, ready_at=now, device_uuid=one.get("device_uuid", ""),
+                           gpu_instance_id=one.get("gpu_instance_id"), access=one.get("access", {}))
+                for pk, one in sorted(instances.items())]
+        recorded = update_each(Allocation, made, ["state", "ready_at", "device_uuid", "gpu_instance_id", "access"],
+                               returning=True, state=AllocationState.PENDING)
         if not recorded:
             return {"ready": 0, "active": 0}
-        update_each(Allocation, recorded, ["state", "ready_at", "device_uuid", "gpu_instance_id", "access"])
         unfinished = set(Allocation.objects.filter(lease_id__in=lock_ids, freed_at__isnull=True)
                          .exclude(state=AllocationState.READY).values_list("lease_id", flat=True))
         # a group waits while a member is still waiting to be placed or has instances not yet made
@@ -85,8 +82,14 @@ def allocations_ready(*, items: list[tuple[Allocation, dict]], now: datetime) ->
                     if lease.state == LeaseState.PROVISIONING and lease.pk not in unfinished
                     and (lease.pk in lease_ids or lease.group_key)
                     and (lease.tenant_id, lease.group_key) not in waiting_groups]
-        node_of = dict(Allocation.objects.filter(lease_id__in=[lease.pk for lease in starting], freed_at__isnull=True)
-                       .values_list("lease_id", "gpu__node__node_id"))
+        # the node of each lease starting: from the items where the caller read it (leases_provision does),
+        # else one query (a group's siblings on other nodes, callers that did not read it)
+        node_of = {allocation.lease_id: allocation.gpu.node.node_id for allocation, _ in items
+                   if _GPU.is_cached(allocation) and _NODE.is_cached(allocation.gpu)}
+        unknown = [lease.pk for lease in starting if lease.pk not in node_of]
+        if unknown:
+            node_of.update(Allocation.objects.filter(lease_id__in=unknown, freed_at__isnull=True)
+                           .values_list("lease_id", "gpu__node__node_id"))
         active, events = [], []
         for lease in starting:
             reason = f"running on {node_of.get(lease.pk, 'its node')}"
@@ -94,10 +97,9 @@ def allocations_ready(*, items: list[tuple[Allocation, dict]], now: datetime) ->
                 reason += f" (lease group '{lease.group_key}': every member running)"
             active.append(Lease(pk=lease.pk, state=LeaseState.ACTIVE, reason=reason, active_at=now,
                                 ends_at=now + timedelta(seconds=lease.duration_seconds)))
-            events.append(LeaseEvent(lease_id=lease.pk, from_state=LeaseState.PROVISIONING,
-                                     to_state=LeaseState.ACTIVE, reason=reason, actor="worker", at=now))
+            events.append((lease.pk, LeaseState.PROVISIONING.value, LeaseState.ACTIVE.value, reason, "worker", now))
         update_each(Lease, active, ["state", "reason", "active_at", "ends_at"])
-        LeaseEvent.objects.bulk_create(events)
+        insert_rows(LeaseEvent, ["lease", "from_state", "to_state", "reason", "actor", "at"], events)
     if active:
         from leasing.services.workloads import workloads_start_after
 

@@ -8,6 +8,7 @@ import logging
 from datetime import datetime, timedelta
 
 from django.db import connection, transaction
+from django.db.models.expressions import RawSQL
 from django.utils import timezone
 
 from config.errors import (
@@ -46,28 +47,65 @@ def lease_transition(*, lease: Lease, to: str, reason: str, actor: str, now: dat
     return lease
 
 
-def update_each(model, rows: list, fields: list[str], **only) -> int:
+def update_each(model, rows: list, fields: list[str], *, returning: bool = False, **only):
     """Write ``fields`` of many rows, each with its own values, in one statement (``UPDATE … FROM
     unnest(<one array per column>)``); ``only`` adds equality conditions (``state=LeaseState.QUEUED``).
     Django's ``bulk_update`` builds a CASE per field per row: for a few dozen rows that cost more CPU
-    than the rest of a schedule cycle. Returns the number of rows changed."""
+    than the rest of a schedule cycle. Returns the number of rows changed (``returning``: their ids)."""
+    if not rows:
+        return [] if returning else 0
+    columns = {}
+    for name in fields:
+        field = model._meta.get_field(name)
+        columns[name] = [field.get_db_prep_save(getattr(row, field.attname), connection) for row in rows]
+    return update_columns(model, [row.pk for row in rows], columns, returning=returning, **only)
+
+
+def update_columns(model, pks: list, columns: dict[str, list], *, returning: bool = False, **only):
+    """``update_each`` for values already in database form (ints, strings, booleans, datetimes, None), one list
+    per field in ``pks``' order: no model instance per row (a schedule cycle writes 10,000 at once)."""
+    if not pks:
+        return [] if returning else 0
+    meta = model._meta
+    fields = [meta.pk, *(meta.get_field(name) for name in columns)]
+    quote = connection.ops.quote_name
+    arrays = [[meta.pk.get_db_prep_value(pk, connection) for pk in pks], *columns.values()]
+    unnest = ", ".join(f"%s::{field.db_type(connection)}[]" for field in fields)
+    names = ", ".join(quote(field.column) for field in fields)
+    assignments = ", ".join(f"{quote(field.column)} = v.{quote(field.column)}" for field in fields[1:])
+    conditions = "".join(f" AND t.{quote(meta.get_field(name).column)} = %s" for name in only)
+    sql = (f"UPDATE {quote(meta.db_table)} AS t SET {assignments} FROM unnest({unnest}) AS v({names}) "  # noqa: S608
+           f"WHERE t.{quote(meta.pk.column)} = v.{quote(meta.pk.column)}{conditions}"
+           + (f" RETURNING t.{quote(meta.pk.column)}" if returning else ""))
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [*arrays, *only.values()])
+        return [pk for (pk,) in cursor.fetchall()] if returning else cursor.rowcount
+
+
+def ids_in(ids) -> RawSQL:
+    """The right side of ``pk__in`` for many ids: one array parameter (``IN (SELECT unnest(%s))``) instead of a
+    placeholder per id, which Django compiles and psycopg parses one by one (10,000 in a schedule cycle)."""
+    return RawSQL("SELECT unnest(%s::bigint[])", [list(ids)])
+
+
+def insert_rows(model, fields: list[str], rows: list[tuple]) -> int:
+    """Insert many rows by one ``COPY … FROM STDIN`` (inside the caller's transaction): ``rows`` are tuples of
+    ``fields``' values in a form PostgreSQL reads as text (ints, strings, booleans, aware datetimes, None, ranges
+    as ``"[0,8)"``, JSON as its text). Every column without a database default must be among ``fields``.
+    ``bulk_create`` of 20,000 rows builds a model instance per row and one statement with 300,000
+    placeholders, which psycopg then parses: a schedule cycle's write spent most of its CPU there. No signals
+    are sent (``bulk_create`` sends none either); a refused row (a constraint) raises Django's
+    ``IntegrityError`` like any statement, and nothing of the COPY is kept."""
     if not rows:
         return 0
     meta = model._meta
-    columns = [meta.pk, *(meta.get_field(name) for name in fields)]
     quote = connection.ops.quote_name
-    arrays = [[meta.pk.get_db_prep_value(row.pk, connection) for row in rows]]
-    arrays += [[field.get_db_prep_save(getattr(row, field.attname), connection) for row in rows]
-               for field in columns[1:]]
-    unnest = ", ".join(f"%s::{field.db_type(connection)}[]" for field in columns)
-    names = ", ".join(quote(field.column) for field in columns)
-    assignments = ", ".join(f"{quote(field.column)} = v.{quote(field.column)}" for field in columns[1:])
-    conditions = "".join(f" AND t.{quote(meta.get_field(name).column)} = %s" for name in only)
-    sql = (f"UPDATE {quote(meta.db_table)} AS t SET {assignments} FROM unnest({unnest}) AS v({names}) "  # noqa: S608
-           f"WHERE t.{quote(meta.pk.column)} = v.{quote(meta.pk.column)}{conditions}")
-    with connection.cursor() as cursor:
-        cursor.execute(sql, [*arrays, *only.values()])
-        return cursor.rowcount
+    columns = ", ".join(quote(meta.get_field(name).column) for name in fields)
+    with (connection.cursor() as cursor, connection.wrap_database_errors,
+          cursor.cursor.copy(f"COPY {quote(meta.db_table)} ({columns}) FROM STDIN") as copy):
+        for row in rows:
+            copy.write_row(row)
+    return len(rows)
 
 
 # -- release / renew / expire ---------------------------------------------------------------------------

@@ -21,6 +21,21 @@ def enqueue(task_name: str, *args) -> None:
     transaction.on_commit(lambda: getattr(tasks, task_name).delay(*args))
 
 
+def enqueue_each(task_name: str, batches: list[list]) -> None:
+    """``task(batch)`` for each batch, all sent by one callback once the current transaction commits (a schedule
+    cycle sends one provisioning task per node: ~2,000 at fleet scale)."""
+    if not batches:
+        return
+    from leasing import tasks
+
+    def send() -> None:
+        task = getattr(tasks, task_name)
+        for batch in batches:
+            task.delay(batch)
+
+    transaction.on_commit(send)
+
+
 # -- schedule-cycle triggers -------------------------------------------------------------------------
 # Every request, release and requeue asks for a cycle, but one cycle serves many: a flag in the shared cache
 # (Redis, or PostgreSQL's cache table where the broker is not Redis: settings CACHES) means "a cycle has been
