@@ -42,6 +42,16 @@ def list_prices(*, at: datetime) -> tuple[str, list[tuple[str, str, str, int]]]:
                       PriceRate.objects.filter(book_id=book).values_list("tier", "kind", "mig_profile", "per_hour")]
 
 
+def list_rate_table(*, at: datetime) -> RateTable | None:
+    """The general price book in force at ``at`` in ``LIST_PRICE_CURRENCY`` as a rate table (None: none)."""
+    from django.conf import settings
+
+    book = (PriceBook.objects.filter(tenant__isnull=True, currency=settings.LIST_PRICE_CURRENCY,
+                                     effective_from__lte=at).prefetch_related("rates")
+            .order_by("-effective_from").first())
+    return _table(book) if book else None
+
+
 def whole_list_prices(now: datetime) -> dict[str, int]:
     """Whole-GPU list price per hour per model (minor units) in force at ``now``: what leasing's ``model: auto``
     ranks models by (registered through ``leasing.extensions``)."""
