@@ -114,6 +114,7 @@ def lease_request(*, actor: Actor, project: str, gpu: object, workload_class: st
         priority=priority, duration_seconds=duration_seconds, requested_at=now, idempotency_key=idempotency_key,
         request_hash=digest, state=LeaseState.QUEUED, queued_at=now,
         reason="waiting for the scheduler" if choice is None else f"{choice.reason}; waiting for the scheduler",
+        decision="" if choice is None else choice.reason,
         group_key=group, access_extra=access_extra or {})
     requested = "requested" if choice is None else f"requested ({choice.reason})"
     events = [LeaseEvent(from_state="", to_state=LeaseState.REQUESTED,
