@@ -49,7 +49,7 @@ from bench.record import write  # noqa: E402  (at start: the tree is recorded as
 from gpus.architectures import ARCHITECTURES, ConvNet  # noqa: E402
 from gpus.performance import Workload, calibration, estimate, slices_for, whole  # noqa: E402
 from tiering.engine import rules  # noqa: E402
-from tiering.engine.decide import Option, choose, rule_options  # noqa: E402
+from tiering.engine.decide import EXPLORE_CONFIDENCE, Option, choose, measured_meets, rule_options  # noqa: E402
 from tiering.engine.features import Observation, prior_throughput  # noqa: E402
 from tiering.engine.forest import THRESHOLDS, Row, TierModel, validation_error  # noqa: E402
 
@@ -103,6 +103,21 @@ def reference_of(workload, rng, noise) -> Observation:
     return Observation(whole(REFERENCE), throughput, memory, engine)
 
 
+def forest_pick(decision, options, workload, required, model_noise, rng, noise, fallback):
+    """Where the forest's decision places the workload. Confident: its slice. Profiling first: the broker
+    measures the candidates (those exploring names, else every slice with some confidence), cheapest first, and
+    takes the first whose measurement meets the target with the noise to spare (``measured_meets``); else the
+    confident choice when there is one, else ``fallback``."""
+    if not decision.profile_first:
+        return decision.option.slice
+    if decision.candidates:
+        measured, default = decision.candidates, decision.option.slice
+    else:
+        measured, default = sorted((o.slice for o in options if o.confidence > 0), key=price_of), fallback
+    return next((s for s in measured if measured_meets(observe(workload, s, rng, noise)[0], required, model_noise)),
+                default)
+
+
 def run(args) -> dict:
     rng = random.Random(args.seed)
     began = time.monotonic()
@@ -129,7 +144,8 @@ def run(args) -> dict:
     calibration_seconds = time.monotonic() - calibrated_at
     if args.calibrate and args.confidence is None:  # chosen on the training architectures' folds alone
         threshold = model.choose_threshold(price_of, targets=args.targets, seed=args.seed,
-                                           misses_allowed=args.misses_allowed, headroom=args.headroom)
+                                           misses_allowed=args.misses_allowed, headroom=args.headroom,
+                                           explore=args.explore)
         cv = model.threshold_folds
     else:
         threshold, cv = args.confidence or 0.6, {}
@@ -168,26 +184,15 @@ def run(args) -> dict:
                 else biggest_first[0]
             options = [Option(s, price_of(s), predictions[s.key].throughput, predictions[s.key].memory_mib,
                               predictions[s.key].confidence(required * (1 + args.margin))) for s in slices]
-            decision = choose(options, required, min_confidence=threshold, headroom=args.headroom)
-            if decision.profile_first:
-                # low confidence: the broker profiles first, i.e. measures the likeliest slices; here the
-                # cheapest slice whose measurement meets the target, at the cost of one profiling lease
-                profile_first += 1
-                measured = sorted((s for s in slices if options[slices.index(s)].confidence > 0),
-                                  key=price_of)
-                chosen["forest"] = next((s for s in measured
-                                         if observe(workload, s, rng, args.noise)[0] >= required * (1 + args.margin)),
-                                        biggest_first[0])
-            else:
-                chosen["forest"] = decision.option.slice
+            decision = choose(options, required, min_confidence=threshold, headroom=args.headroom,
+                              explore=args.explore)
+            chosen["forest"] = forest_pick(decision, options, workload, required, model.noise, rng, args.noise,
+                                           biggest_first[0])
+            profile_first += decision.profile_first
             for level in SWEEP:  # sensitivity to the confidence threshold (shown, not chosen from)
-                pick = choose(options, required, min_confidence=level, headroom=args.headroom)
-                if pick.profile_first:
-                    measured = sorted((s for s in slices if options[slices.index(s)].confidence > 0), key=price_of)
-                    where = next((s for s in measured if observe(workload, s, sweep_rng, args.noise)[0]
-                                  >= required * (1 + args.margin)), biggest_first[0])
-                else:
-                    where = pick.option.slice
+                pick = choose(options, required, min_confidence=level, headroom=args.headroom, explore=args.explore)
+                where = forest_pick(pick, options, workload, required, model.noise, sweep_rng, args.noise,
+                                    biggest_first[0])
                 tally = sweep[level]
                 tally["decisions"] += 1
                 tally["misses"] += 0 if truth[where.key].fits and truth[where.key].throughput >= required else 1
@@ -237,8 +242,12 @@ def main(argv=None) -> int:
                         help="the forest's least confidence (calibrated: the share of held-out errors under which "
                              "the target is still met; uncalibrated: the share of trees, default 0.6); default "
                              "with --calibrate: chosen on the training architectures (choose_threshold)")
-    parser.add_argument("--misses-allowed", type=float, default=0.02,
-                        help="the misses a threshold may have on the calibration folds (the target's 2 %%)")
+    parser.add_argument("--misses-allowed", type=float, default=0.01,
+                        help="the misses a threshold may have on the calibration folds (half the 2 %% target)")
+    parser.add_argument("--explore", type=float, default=EXPLORE_CONFIDENCE,
+                        help="profile cheaper slices first whose confidence is at least this (below the threshold)")
+    parser.add_argument("--no-explore", dest="explore", action="store_const", const=None,
+                        help="never profile first while a slice is confident")
     parser.add_argument("--margin", type=float, default=0.0, help="the forest's margin on the target")
     parser.add_argument("--headroom", type=float, default=0.05, help="the forest's memory headroom")
     parser.add_argument("--seed", type=int, default=17)

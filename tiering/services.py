@@ -29,10 +29,10 @@ from gpus.performance import Workload as Spec
 from leasing.models import Lease
 from tenants.access import Actor
 from tenants.models import AuditEvent
-from tiering.engine.decide import Decision, Option, choose, required_throughput
+from tiering.engine.decide import EXPLORE_CONFIDENCE, Decision, Option, choose, measured_meets, required_throughput
 from tiering.engine.features import Observation
 from tiering.engine.forest import DEFAULT_THRESHOLD, Row, TierModel, validation_error
-from tiering.models import LeaseSample, Profile, Provenance, TierModelRecord, Workload
+from tiering.models import LeaseSample, Profile, ProfilingLease, Provenance, TierModelRecord, Workload
 
 REFERENCE_SLICE = "A100-80GB"  # where a profiling run starts: it holds almost every workload
 FIELDS = ("architecture", "task", "precision", "batch_size", "seq_len", "image_size")
@@ -338,16 +338,24 @@ def workload_predict(*, workload: Workload, store: bool = True, target_throughpu
         raise ValidationFailed("No price book applies to this tenant: nothing to compare.", field="workload")
     predictions = model.predict(spec, [s for s, _ in priced], reference)
     measured = _measured(workload)
+    # a slice a profiling run of this workload already tried (measured or not, e.g. it found no capacity) is not
+    # explored again: exploring must end in a placement
+    tried = set(ProfilingLease.objects.filter(run__workload=workload).values_list("slice_key", flat=True))
     options = []
     for prediction, (where, price) in zip(predictions, priced, strict=True):
         seen = measured.get(where.key)
         if seen is None:
-            options.append(Option(where, price, prediction.throughput, prediction.memory_mib,
-                                  prediction.confidence(required)))
+            confidence = prediction.confidence(required)
+            if where.key in tried and confidence < model_threshold(record):
+                confidence = 0.0  # tried and not measured: only a confident prediction places there
+            options.append(Option(where, price, prediction.throughput, prediction.memory_mib, confidence))
         else:  # measured on this very slice (profiled or observed): the measurement rules, not the model
             memory = seen.memory_mib if seen.fits else where.memory_mib * 2
-            options.append(Option(where, price, seen.throughput, memory, 1.0 if seen.throughput >= required else 0.0))
-    decision = choose(options, required, min_confidence=model_threshold(record), headroom=0.05)
+            meets = measured_meets(seen.throughput, required, record.noise or 0.0)
+            options.append(Option(where, price, seen.throughput, memory, 1.0 if meets else 0.0))
+    # cheaper slices that might do (confidence ≥ EXPLORE_CONFIDENCE) are profiled before paying for a bigger one
+    decision = choose(options, required, min_confidence=model_threshold(record), headroom=0.05,
+                      explore=EXPLORE_CONFIDENCE)
     if store:
         with transaction.atomic():
             workload.profiles.filter(provenance=Provenance.PREDICTED).delete()
