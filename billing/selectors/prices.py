@@ -22,7 +22,8 @@ _MODELS = {m.code: m for m in MODELS}
 def _table(book: PriceBook) -> RateTable:
     rates = {(r.tier, r.kind, r.mig_profile): r.per_hour for r in book.rates.all()}
     return RateTable(rates=rates, over_quota_multiplier=book.over_quota_multiplier,
-                     interactive_multiplier=book.interactive_multiplier, energy_per_kwh=book.energy_per_kwh)
+                     interactive_multiplier=book.interactive_multiplier, energy_per_kwh=book.energy_per_kwh,
+                     profiling_multiplier=book.profiling_multiplier)
 
 
 def list_prices(*, at: datetime) -> tuple[str, list[tuple[str, str, str, int]]]:

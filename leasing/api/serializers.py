@@ -183,7 +183,8 @@ class LeaseOutput(serializers.ModelSerializer):
         moment = _DATETIME.to_representation
         return {
             "id": instance.pk, "project": instance.project.slug, "state": str(instance.state),
-            "reason": instance.reason, "decision": instance.decision, "queue_position": instance.queue_position, "gpu": self.get_gpu(instance),
+            "reason": instance.reason, "decision": instance.decision, "queue_position": instance.queue_position,
+            "gpu": self.get_gpu(instance),
             "workload_class": str(instance.workload_class), "priority": instance.priority,
             "duration_seconds": instance.duration_seconds, "tier": instance.tier, "over_quota": instance.over_quota,
             **{name: moment(value) if value is not None else None for name, value in (
