@@ -226,3 +226,23 @@ def test_the_tiering_decision_outlives_placement_on_the_lease_api_and_portal(wor
                         format="json")
     assert plain.status_code == 201 and plain.json()["decision"] == ""
     assert "Shape chosen by" not in browser.get(f"/leases/{plain.json()['id']}").content.decode()
+
+
+def test_exploring_refuses_with_profile_first_and_profiles_the_cheaper_candidates(world, monkeypatch):
+    """When the engine is confident of one slice but a cheaper one might do, the request is refused with
+    ``profile_first`` and the profiling run measures exactly those cheaper slices (not the default whole GPUs)."""
+    from tiering.engine.decide import Decision, Option
+
+    _measure(Workload.objects.get(name="bert-serving"))
+    confident = Option(slice_from_key("A100-80GB"), 1.8, 3000.0, 2000, 0.9)
+    cheaper = (slice_from_key("L4/share/250"), slice_from_key("L4/share/500"))
+    monkeypatch.setattr(services, "workload_predict", lambda **_: Decision(
+        confident, 400.0, True, "cheaper slices might do: profile first", cheaper))
+    answer = world.client("member").post(
+        "/api/v1/leases", {"project": "vision", "gpu": {"kind": "auto", "workload": "bert-serving"}}, format="json")
+    assert answer.status_code == 409 and answer.json()["code"] == "profile_first", answer.json()
+    run = ProfilingRun.objects.get(pk=answer.json()["profiling_run"])
+    assert sorted(run.leases.values_list("slice_key", flat=True)) == ["L4/share/250", "L4/share/500"]
+    assert all(Lease.objects.get(pk=item.lease_id).profiling for item in run.leases.all())
+    prediction = world.client("member").post("/api/v1/workloads/bert-serving/prediction").json()
+    assert prediction["explore"] == ["L4/share/250", "L4/share/500"] and prediction["profile_first"]
