@@ -210,6 +210,7 @@ def model_retrain(*, trees: int = 60, folds: int = 3) -> TierModelRecord | None:
         else None
     if threshold is None or not any(row["decisions"] for row in model.threshold_folds.values()):
         model.threshold, threshold = None, DEFAULT_THRESHOLD  # nothing to choose on: the default, said so
+    model.held_out = []  # the folds' predictions served the choice; the persisted model keeps their residuals
     error = validation_error(rows, n_estimators=trees)
     newest = Profile.objects.exclude(provenance=Provenance.PREDICTED).aggregate(at=Max("measured_at"))["at"]
     with transaction.atomic():

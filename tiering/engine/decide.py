@@ -26,7 +26,7 @@ class Option:
 # Exploring: when the cheapest confident slice costs more than EXPLORE_PRICE × its price and a cheaper slice is
 # plausible (confidence ≥ EXPLORE_CONFIDENCE, below the threshold), the cheaper ones are profiled first rather
 # than paying for the margin for good; chosen on the calibration folds of the training architectures
-# (docs/tiering.md, "How the forest decides").
+# (docs/tiering.md §3).
 EXPLORE_CONFIDENCE = 0.1
 EXPLORE_PRICE = 0.8
 MEASURED_SIGMAS = 1.0  # what a profiled measurement must clear the target by, in σ of the measurement noise
