@@ -354,7 +354,10 @@ def _tiering() -> str:
     return (provenance("tiering") + "\n\n" + table(["policy", "decisions", "regret", "misses"], rows) + "\n\n"
             + f"{w['train']} training and {w['held_out']} held-out workloads, {w['slices']} slices; forest of "
               f"{f['forest']['trees']} trees, validation error {f['forest']['validation_error'] * 100:.1f} %; "
-              f"{f['seconds']} s. The threshold on the held-out set (sensitivity, not used to choose): {sweep}.")
+              f"{f['seconds']} s. The forest profiled first (exploring cheaper slices) in "
+              f"{f['forest_profile_first'] * 100:.1f} % of its decisions; measurement noise estimated from the "
+              f"profile database σ = {f['threshold'].get('measurement_noise', 0) * 100:.1f} %. "
+              f"The threshold on the held-out set (sensitivity, not used to choose): {sweep}.")
 
 
 @renderer("headlines")

@@ -49,16 +49,16 @@ from bench.record import write  # noqa: E402  (at start: the tree is recorded as
 from gpus.architectures import ARCHITECTURES, ConvNet  # noqa: E402
 from gpus.performance import Workload, calibration, estimate, slices_for, whole  # noqa: E402
 from tiering.engine import rules  # noqa: E402
-from tiering.engine.decide import Option, choose, rule_options  # noqa: E402
+from tiering.engine.decide import EXPLORE_CONFIDENCE, Option, choose, measured_meets, rule_options  # noqa: E402
 from tiering.engine.features import Observation, prior_throughput  # noqa: E402
-from tiering.engine.forest import Row, TierModel, validation_error  # noqa: E402
+from tiering.engine.forest import THRESHOLDS, Row, TierModel, validation_error  # noqa: E402
 
 # Price per GPU-hour (USD) of each tier offered: round figures in the range of public on-demand prices; a
 # MIG profile costs the whole GPU's rate × compute slices / 7 and a share its milli / 1000 (billing's
 # defaults, billing/pricing.py).
 PRICES = {"H200-141GB": 3.80, "H100-80GB": 3.00, "A100-80GB": 1.80, "A100-40GB": 1.30, "L4": 0.70, "T4": 0.35}
 REFERENCE = "A100-80GB"  # where a new workload's profiling lease runs first
-SWEEP = (0.6, 0.7, 0.8, 0.9, 0.95)
+SWEEP = THRESHOLDS  # the thresholds the sensitivity table shows
 
 
 def price_of(where) -> float:
@@ -103,48 +103,19 @@ def reference_of(workload, rng, noise) -> Observation:
     return Observation(whole(REFERENCE), throughput, memory, engine)
 
 
-def choose_threshold(model: TierModel, price_of, *, seed: int, targets: int, noise: float,
-                     misses_allowed: float = 0.01) -> tuple[float, dict]:
-    """The confidence threshold, chosen on the training architectures only: the calibration's held-out folds
-    (``TierModel.held_out``) replay decisions with targets drawn as the benchmark draws them; the lowest threshold
-    of ``SWEEP`` whose misses there are ≤ ``misses_allowed`` (half the 2 % target) wins. The held-out
-    architectures of the benchmark are never looked at."""
-    rng = random.Random(seed + 3)
-    by_workload: dict = {}
-    for row, predicted, memory in model.held_out:
-        by_workload.setdefault(row.workload, []).append((row, predicted, memory))
-    tallies = {level: [0, 0, []] for level in SWEEP}  # misses, decisions, regrets
-    for items in by_workload.values():
-        best = max(row.throughput for row, _, _ in items)
-        if best <= 0:
-            continue
-        for _ in range(targets):
-            required = best * math.exp(rng.uniform(math.log(0.01), math.log(0.95)))
-            meeting = [price_of(row.slice) for row, _, _ in items if row.throughput >= required]
-            if not meeting:
-                continue
-            oracle = min(meeting)
-            for level in SWEEP:
-                options = []
-                for row, predicted, memory in items:
-                    residuals = model.residuals.get(f"{row.slice.model}/{row.slice.kind}", ())
-                    confidence = (sum(1 for r in residuals if predicted * math.exp(r) >= required) / len(residuals)
-                                  if residuals and predicted > 0 else 0.0)
-                    options.append(Option(row.slice, price_of(row.slice), predicted, memory, confidence))
-                pick = choose(options, required, min_confidence=level, headroom=0.05)
-                if pick.option is None or pick.profile_first:
-                    continue  # would profile first: measured, so no miss
-                chosen = next(row for row, _, _ in items if row.slice == pick.option.slice)
-                tally = tallies[level]
-                tally[0] += 0 if chosen.throughput >= required else 1
-                tally[1] += 1
-                tally[2].append(price_of(chosen.slice) / oracle - 1)
-    summary = {str(level): {"misses": round(t[0] / max(1, t[1]), 4),
-                            "regret": round(sum(t[2]) / max(1, len(t[2])), 4), "decisions": t[1]}
-               for level, t in tallies.items()}
-    chosen_level = next((level for level in SWEEP if tallies[level][0] <= misses_allowed * max(1, tallies[level][1])),
-                        SWEEP[-1])
-    return chosen_level, summary
+def forest_pick(decision, options, workload, required, model_noise, rng, noise, fallback):
+    """Where the forest's decision places the workload. Confident: its slice. Profiling first: the broker
+    measures the candidates (those exploring names, else every slice with some confidence), cheapest first, and
+    takes the first whose measurement meets the target with the noise to spare (``measured_meets``); else the
+    confident choice when there is one, else ``fallback``."""
+    if not decision.profile_first:
+        return decision.option.slice
+    if decision.candidates:
+        measured, default = decision.candidates, decision.option.slice
+    else:
+        measured, default = sorted((o.slice for o in options if o.confidence > 0), key=price_of), fallback
+    return next((s for s in measured if measured_meets(observe(workload, s, rng, noise)[0], required, model_noise)),
+                default)
 
 
 def run(args) -> dict:
@@ -171,8 +142,13 @@ def run(args) -> dict:
     if args.calibrate:  # per-tier held-out errors: the forest's confidence becomes an empirical bound
         model.calibrate(rows, folds=args.folds, trees=max(10, args.trees // 3), seed=args.seed)
     calibration_seconds = time.monotonic() - calibrated_at
-    threshold, cv = (choose_threshold(model, price_of, seed=args.seed, targets=args.targets, noise=args.noise)
-                     if args.calibrate and args.confidence is None else (args.confidence or 0.6, {}))
+    if args.calibrate and args.confidence is None:  # chosen on the training architectures' folds alone
+        threshold = model.choose_threshold(price_of, targets=args.targets, seed=args.seed,
+                                           misses_allowed=args.misses_allowed, headroom=args.headroom,
+                                           explore=args.explore)
+        cv = model.threshold_folds
+    else:
+        threshold, cv = args.confidence or 0.6, {}
     args.chosen_confidence = threshold
     validation = validation_error(rows, seed=args.seed, n_estimators=args.trees)
     efficiencies = (model.compute_efficiency, model.memory_efficiency)
@@ -208,26 +184,15 @@ def run(args) -> dict:
                 else biggest_first[0]
             options = [Option(s, price_of(s), predictions[s.key].throughput, predictions[s.key].memory_mib,
                               predictions[s.key].confidence(required * (1 + args.margin))) for s in slices]
-            decision = choose(options, required, min_confidence=threshold, headroom=args.headroom)
-            if decision.profile_first:
-                # low confidence: the broker profiles first, i.e. measures the likeliest slices; here the
-                # cheapest slice whose measurement meets the target, at the cost of one profiling lease
-                profile_first += 1
-                measured = sorted((s for s in slices if options[slices.index(s)].confidence > 0),
-                                  key=price_of)
-                chosen["forest"] = next((s for s in measured
-                                         if observe(workload, s, rng, args.noise)[0] >= required * (1 + args.margin)),
-                                        biggest_first[0])
-            else:
-                chosen["forest"] = decision.option.slice
+            decision = choose(options, required, min_confidence=threshold, headroom=args.headroom,
+                              explore=args.explore)
+            chosen["forest"] = forest_pick(decision, options, workload, required, model.noise, rng, args.noise,
+                                           biggest_first[0])
+            profile_first += decision.profile_first
             for level in SWEEP:  # sensitivity to the confidence threshold (shown, not chosen from)
-                pick = choose(options, required, min_confidence=level, headroom=args.headroom)
-                if pick.profile_first:
-                    measured = sorted((s for s in slices if options[slices.index(s)].confidence > 0), key=price_of)
-                    where = next((s for s in measured if observe(workload, s, sweep_rng, args.noise)[0]
-                                  >= required * (1 + args.margin)), biggest_first[0])
-                else:
-                    where = pick.option.slice
+                pick = choose(options, required, min_confidence=level, headroom=args.headroom, explore=args.explore)
+                where = forest_pick(pick, options, workload, required, model.noise, sweep_rng, args.noise,
+                                    biggest_first[0])
                 tally = sweep[level]
                 tally["decisions"] += 1
                 tally["misses"] += 0 if truth[where.key].fits and truth[where.key].throughput >= required else 1
@@ -252,8 +217,9 @@ def run(args) -> dict:
         "forest_profile_first": round(profile_first / max(1, tallies["forest"]["decisions"]), 4),
         "workloads": {"train": len(train), "held_out": len(held), "held_out_architectures": sorted(held_names),
                       "slices": len(slices), "profile_rows": len(rows)},
-        "threshold": {"chosen": threshold, "how": "lowest with misses ≤ 1 % on the training architectures' "
-                      "held-out calibration folds" if cv else "given", "cross_validated": cv},
+        "threshold": {"chosen": threshold, "how": f"lowest with misses ≤ {args.misses_allowed:.0%} on the training "
+                      "architectures' held-out calibration folds (denoised)" if cv else "given",
+                      "cross_validated": cv, "measurement_noise": round(model.noise, 4)},
         "forest": {"trees": args.trees, "train_seconds": round(train_seconds, 2),
                    "calibrated": bool(args.calibrate), "calibration_seconds": round(calibration_seconds, 2),
                    "calibrated_tiers": len(model.residuals),
@@ -276,6 +242,12 @@ def main(argv=None) -> int:
                         help="the forest's least confidence (calibrated: the share of held-out errors under which "
                              "the target is still met; uncalibrated: the share of trees, default 0.6); default "
                              "with --calibrate: chosen on the training architectures (choose_threshold)")
+    parser.add_argument("--misses-allowed", type=float, default=0.01,
+                        help="the misses a threshold may have on the calibration folds (half the 2 %% target)")
+    parser.add_argument("--explore", type=float, default=EXPLORE_CONFIDENCE,
+                        help="profile cheaper slices first whose confidence is at least this (below the threshold)")
+    parser.add_argument("--no-explore", dest="explore", action="store_const", const=None,
+                        help="never profile first while a slice is confident")
     parser.add_argument("--margin", type=float, default=0.0, help="the forest's margin on the target")
     parser.add_argument("--headroom", type=float, default=0.05, help="the forest's memory headroom")
     parser.add_argument("--seed", type=int, default=17)

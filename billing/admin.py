@@ -71,13 +71,13 @@ class PriceBookAdmin(ServiceAdmin):
     one that has started is shown read-only: changing prices is a new book from a later date."""
 
     list_display = ["name", "currency", "tenant", "effective_from", "over_quota_multiplier", "interactive_multiplier",
-                    "energy_per_kwh"]
+                    "profiling_multiplier", "energy_per_kwh"]
     list_filter = ["currency", "tenant"]
     search_fields = ["name", "tenant__slug"]
     list_select_related = ["tenant"]
     inlines = [PriceRateInline]
     fields = ["name", "currency", "tenant", "effective_from", "over_quota_multiplier", "interactive_multiplier",
-              "energy_per_kwh"]
+              "profiling_multiplier", "energy_per_kwh"]
 
     def get_readonly_fields(self, request, obj=None):
         return ["currency", "tenant"] if obj is not None else []  # its scope: another scope is another book
@@ -103,7 +103,8 @@ class PriceBookAdmin(ServiceAdmin):
                 rates.append({"tier": data.get("tier"), "kind": data.get("kind"),
                               "mig_profile": data.get("mig_profile") or "", "per_hour": data.get("per_hour")})
         values = {name: form.cleaned_data.get(name) for name in ("name", "effective_from", "over_quota_multiplier",
-                                                                 "interactive_multiplier", "energy_per_kwh")}
+                                                                 "interactive_multiplier", "profiling_multiplier",
+                                                                 "energy_per_kwh")}
         book = form.instance
         if change:
             book = services.price_book_update(book=book, changes={**values, "rates": rates}, by_user=request.user)

@@ -37,6 +37,7 @@ class AllocationUsage(models.Model):
     memory_mib = models.PositiveIntegerField()  # real memory held
     workload_class = models.CharField(max_length=16)
     over_quota = models.BooleanField()
+    profiling = models.BooleanField(default=False)  # a profiling lease's: the price book's profiling rate
     metered_at = models.DateTimeField()
 
     class Meta:
@@ -114,6 +115,9 @@ class PriceBook(models.Model):
                                                 help_text="Preemptible (over-quota) work pays base × this.")
     interactive_multiplier = models.DecimalField(max_digits=6, decimal_places=4, default="1.2500",
                                                  help_text="Interactive reservations pay base × this.")
+    profiling_multiplier = models.DecimalField(max_digits=6, decimal_places=4, default="1.0000",
+                                               help_text="Profiling leases (auto-tiering measuring a workload "
+                                                         "on a tier) pay base × this: the profiling rate.")
     energy_per_kwh = models.DecimalField(max_digits=10, decimal_places=6, null=True, blank=True,
                                          help_text="Optional energy pass-through per kWh.")
     created_at = models.DateTimeField(auto_now_add=True)
@@ -127,6 +131,7 @@ class PriceBook(models.Model):
                                     name="pricebook_one_tenant_per_start"),
             models.CheckConstraint(condition=Q(over_quota_multiplier__gt=0) & Q(interactive_multiplier__gt=0),
                                    name="pricebook_multipliers_positive"),
+            models.CheckConstraint(condition=Q(profiling_multiplier__gt=0), name="pricebook_profiling_positive"),
             models.CheckConstraint(condition=Q(energy_per_kwh__isnull=True) | Q(energy_per_kwh__gte=0),
                                    name="pricebook_energy_nonnegative"),
         ]
@@ -271,6 +276,7 @@ class InvoiceLine(models.Model):
     mig_profile = models.CharField(max_length=32, blank=True)
     workload_class = models.CharField(max_length=16, blank=True)
     over_quota = models.BooleanField(default=False)
+    profiling = models.BooleanField(default=False)  # profiling leases' usage, at the profiling rate
     unit = models.CharField(max_length=40)
     quantity = models.DecimalField(max_digits=18, decimal_places=6)
     unit_price = models.DecimalField(max_digits=18, decimal_places=6)

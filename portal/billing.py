@@ -305,6 +305,8 @@ def _book_form(*, prefix: str, book=None, copy=None, values=None, errors: dict |
                      source.over_quota_multiplier if source else "0.6", numeric=True),
                field("interactive_multiplier", "Interactive multiplier",
                      source.interactive_multiplier if source else "1.25", numeric=True),
+               field("profiling_multiplier", "Profiling multiplier (profiling leases)",
+                     source.profiling_multiplier if source else "1", numeric=True),
                field("energy_per_kwh", "Energy per kWh (empty: none)", source.energy_per_kwh if source else None,
                      numeric=True)]
     if typed:
@@ -336,8 +338,8 @@ def _field_errors(error: ApplicationError | None, rows: list[int], shown: set[st
     return errors
 
 
-BOOK_FIELDS_SHOWN = {"name", "effective_from", "over_quota_multiplier", "interactive_multiplier", "energy_per_kwh",
-                     "currency", "tenant"}
+BOOK_FIELDS_SHOWN = {"name", "effective_from", "over_quota_multiplier", "interactive_multiplier",
+                     "profiling_multiplier", "energy_per_kwh", "currency", "tenant"}
 
 
 class PriceBookListView(StaffView):

@@ -332,6 +332,8 @@ def price_book_input(data: QueryDict, *, create: bool) -> tuple[dict, list[int]]
         "energy_per_kwh": data.get("energy_per_kwh", "").strip() or None,
         "rates": rates,
     }
+    if "profiling_multiplier" in data:  # the profiling rate (a form without it keeps the book's, or 1 when new)
+        values["profiling_multiplier"] = data.get("profiling_multiplier", "").strip()
     if create:
         values["currency"] = data.get("currency", "").strip()
         values["tenant"] = data.get("tenant", "").strip()

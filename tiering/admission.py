@@ -7,6 +7,8 @@ inline: ``target_throughput`` / ``target_latency_ms``). The lease asks for exact
 MIG profile or share), with the prediction and its confidence in its reason. When confidence is low (or the
 workload was never measured, or no model is trained) the request is refused with ``profile_first`` (409) and a
 profiling run of the workload on the project is started (unless one runs already): ask again once it is done.
+So it is too when a slice is confident but cheaper ones might do (the engine's exploring): the run measures
+those cheaper slices, and the next request places on the cheapest whose measurement meets the target.
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ def _target(gpu: dict, name: str) -> float | None:
 
 
 def auto_resolve(request: GpuRequest) -> GpuChoice:
-    from tiering.profiler import _shape, profiling_start
+    from tiering.profiler import MAX_SLICES, _shape, profiling_start
     from tiering.services import workload_predict
 
     gpu = request.gpu
@@ -69,9 +71,10 @@ def auto_resolve(request: GpuRequest) -> GpuChoice:
             started = (f"profiling run {running.pk} is under way" if running else
                        "a request would start a profiling run")
         elif running is None:
-            try:
+            try:  # exploring: the cheaper slices that might do (the profiler's default slices otherwise)
+                candidates = [where.key for where in decision.candidates[:MAX_SLICES]] or None
                 running = profiling_start(actor=request.actor, workload=workload, project=project.slug,
-                                          now=request.now)
+                                          slices=candidates, now=request.now)
                 started = f"profiling run {running.pk} started"
             except ApplicationError as error:
                 started = f"profiling could not start ({error.message})"

@@ -89,7 +89,8 @@ def advice_scan(*, now: datetime | None = None) -> dict[str, int]:
                     "slice_memory_mib": where.memory_mib, "samples": figures["samples"],
                     "window_seconds": int((now - start).total_seconds())}
         found: dict[str, dict] = {}
-        option = decision.option if not decision.profile_first else None
+        # exploring (cheaper slices might do) still names a confident slice: advice may point there
+        option = decision.option if not decision.profile_first or decision.candidates else None
         engine = figures["engine_active"] if figures["engine_active"] is not None else 1.0
         roomy = figures["throughput"] >= 1.5 * required or (
             engine < 0.4 and figures["memory_mib"] < 0.5 * where.memory_mib)

@@ -95,7 +95,8 @@ class LeaseSample(models.Model):
 
 class TierModelRecord(models.Model):
     """A trained decision model: the pickled ``tiering.engine.forest.TierModel``, the date of the newest
-    profile it was trained on, how many rows, and its validation error (architectures held out)."""
+    profile it was trained on, how many rows, its validation error (architectures held out) and its
+    calibrated confidence threshold."""
 
     trained_at = models.DateTimeField(default=timezone.now)
     training_set_date = models.DateTimeField()
@@ -103,6 +104,12 @@ class TierModelRecord(models.Model):
     validation_error = models.FloatField(null=True, blank=True)
     compute_efficiency = models.FloatField()
     memory_efficiency = models.FloatField()
+    # the calibration, chosen on held-out folds of architectures as the benchmark's is (docs/tiering.md): the
+    # least confidence to place on, the measurement noise taken out of the errors, and per candidate
+    # threshold the misses and regret on those folds
+    threshold = models.FloatField(null=True, blank=True)
+    noise = models.FloatField(null=True, blank=True)
+    calibration = models.JSONField(default=dict, blank=True)
     blob = models.BinaryField()
 
     class Meta:

@@ -128,7 +128,8 @@ def profiling_start(*, actor: Actor, workload: Workload, project: object, slices
             lease, _ = lease_request(
                 actor=actor, project=project, gpu=_shape(where), duration_seconds=max(
                     settings.LEASE_MIN_DURATION_SECONDS, window * 3 + 60),
-                workload_class="training" if spec.task == "training" else "inference", workload=body, now=now)
+                workload_class="training" if spec.task == "training" else "inference", workload=body,
+                profiling=True, now=now)
         except ApplicationError as error:
             refused.append((where, error))
             continue

@@ -29,14 +29,13 @@ from gpus.performance import Workload as Spec
 from leasing.models import Lease
 from tenants.access import Actor
 from tenants.models import AuditEvent
-from tiering.engine.decide import Decision, Option, choose, required_throughput
+from tiering.engine.decide import EXPLORE_CONFIDENCE, Decision, Option, choose, measured_meets, required_throughput
 from tiering.engine.features import Observation
-from tiering.engine.forest import Row, TierModel, validation_error
-from tiering.models import LeaseSample, Profile, Provenance, TierModelRecord, Workload
+from tiering.engine.forest import DEFAULT_THRESHOLD, Row, TierModel, validation_error
+from tiering.models import LeaseSample, Profile, ProfilingLease, Provenance, TierModelRecord, Workload
 
 REFERENCE_SLICE = "A100-80GB"  # where a profiling run starts: it holds almost every workload
 FIELDS = ("architecture", "task", "precision", "batch_size", "seq_len", "image_size")
-MIN_CONFIDENCE = 0.6
 
 
 def spec_of(workload: Workload) -> Spec:
@@ -196,23 +195,41 @@ def training_rows() -> list[Row]:
     return rows
 
 
-def model_retrain(*, trees: int = 60) -> TierModelRecord | None:
-    """Train the decision model on every measured profile; None when there are too few rows to learn from."""
+def model_retrain(*, trees: int = 60, folds: int = 3) -> TierModelRecord | None:
+    """Train the decision model on every measured profile and calibrate it as the benchmark does: per-tier
+    errors on ``folds`` folds of held-out architectures (measurement noise taken out), and the confidence
+    threshold chosen on those folds at the platform's list prices (misses ≤ 2 %). None when there are too
+    few rows to learn from."""
     rows = training_rows()
     if len([r for r in rows if r.throughput > 0]) < 10:
         return None
     model = TierModel(n_estimators=trees).fit(rows)
+    model.calibrate(rows, folds=folds, trees=max(10, trees // 3), least=10)
+    prices = dict((where.key, price) for where, price in tenant_slice_prices(tenant=None))
+    threshold = model.choose_threshold(lambda where: prices.get(where.key)) if prices and model.residuals \
+        else None
+    if threshold is None or not any(row["decisions"] for row in model.threshold_folds.values()):
+        model.threshold, threshold = None, DEFAULT_THRESHOLD  # nothing to choose on: the default, said so
+    model.held_out = []  # the folds' predictions served the choice; the persisted model keeps their residuals
     error = validation_error(rows, n_estimators=trees)
     newest = Profile.objects.exclude(provenance=Provenance.PREDICTED).aggregate(at=Max("measured_at"))["at"]
     with transaction.atomic():
         record = TierModelRecord.objects.create(
             training_set_date=newest, rows=model.rows, validation_error=None if math.isnan(error) else error,
             compute_efficiency=model.compute_efficiency, memory_efficiency=model.memory_efficiency,
+            threshold=threshold, noise=model.noise,
+            calibration={"chosen_on_folds": model.threshold is not None, "folds": folds,
+                         "tiers": sorted(model.residuals), "thresholds": model.threshold_folds},
             blob=model.to_bytes())
         _audit(tenant=None, actor=None, action="tiering.model_retrain", target=f"model {record.pk}",
-               rows=record.rows, validation_error=record.validation_error,
+               rows=record.rows, validation_error=record.validation_error, threshold=threshold,
                training_set_date=newest.isoformat())
     return record
+
+
+def model_threshold(record: TierModelRecord) -> float:
+    """The least confidence a prediction needs to place on: the one calibrated with the model."""
+    return record.threshold if record.threshold is not None else DEFAULT_THRESHOLD
 
 
 def model_current() -> tuple[TierModelRecord, TierModel] | None:
@@ -262,15 +279,22 @@ def _simulated(workload: Workload, spec: Spec, where: Slice, rng: random.Random,
 
 def tenant_slice_prices(*, tenant) -> list[tuple[Slice, float]]:
     """Every slice of a tier the tenant's price book prices and the performance model knows, with its price
-    per hour (a share: the GPU-hour rate × milli / 1000, as billing charges it)."""
+    per hour (a share: the GPU-hour rate × milli / 1000, as billing charges it). ``tenant`` None: the general
+    list prices (what the model's threshold is calibrated at)."""
     from billing.selectors import price_books_for
+    from billing.selectors.prices import list_rate_table
     from gpus.performance import SPECS
 
     now = timezone.now()
-    books = price_books_for(tenant=tenant, start=now, end=now + timedelta(seconds=1))
-    if not books:
-        return []
-    table = books[-1][2]
+    if tenant is None:
+        table = list_rate_table(at=now)
+        if table is None:
+            return []
+    else:
+        books = price_books_for(tenant=tenant, start=now, end=now + timedelta(seconds=1))
+        if not books:
+            return []
+        table = books[-1][2]
     out = []
     for tier in sorted({t for t, _kind, _profile in table.rates}):
         if tier not in SPECS:
@@ -315,16 +339,24 @@ def workload_predict(*, workload: Workload, store: bool = True, target_throughpu
         raise ValidationFailed("No price book applies to this tenant: nothing to compare.", field="workload")
     predictions = model.predict(spec, [s for s, _ in priced], reference)
     measured = _measured(workload)
+    # a slice a profiling run of this workload already tried (measured or not, e.g. it found no capacity) is not
+    # explored again: exploring must end in a placement
+    tried = set(ProfilingLease.objects.filter(run__workload=workload).values_list("slice_key", flat=True))
     options = []
     for prediction, (where, price) in zip(predictions, priced, strict=True):
         seen = measured.get(where.key)
         if seen is None:
-            options.append(Option(where, price, prediction.throughput, prediction.memory_mib,
-                                  prediction.confidence(required)))
+            confidence = prediction.confidence(required)
+            if where.key in tried and confidence < model_threshold(record):
+                confidence = 0.0  # tried and not measured: only a confident prediction places there
+            options.append(Option(where, price, prediction.throughput, prediction.memory_mib, confidence))
         else:  # measured on this very slice (profiled or observed): the measurement rules, not the model
             memory = seen.memory_mib if seen.fits else where.memory_mib * 2
-            options.append(Option(where, price, seen.throughput, memory, 1.0 if seen.throughput >= required else 0.0))
-    decision = choose(options, required, min_confidence=MIN_CONFIDENCE, headroom=0.05)
+            meets = measured_meets(seen.throughput, required, record.noise or 0.0)
+            options.append(Option(where, price, seen.throughput, memory, 1.0 if meets else 0.0))
+    # cheaper slices that might do (confidence ≥ EXPLORE_CONFIDENCE) are profiled before paying for a bigger one
+    decision = choose(options, required, min_confidence=model_threshold(record), headroom=0.05,
+                      explore=EXPLORE_CONFIDENCE)
     if store:
         with transaction.atomic():
             workload.profiles.filter(provenance=Provenance.PREDICTED).delete()

@@ -13,7 +13,8 @@ def model_retrain() -> dict:
     record = services.model_retrain()
     if record is None:
         return {"trained": False, "reason": "too few profile rows"}
-    return {"trained": True, "model": record.pk, "rows": record.rows, "validation_error": record.validation_error}
+    return {"trained": True, "model": record.pk, "rows": record.rows, "validation_error": record.validation_error,
+            "threshold": record.threshold}
 
 
 @shared_task(name="tiering.profiling_advance")

@@ -37,7 +37,7 @@ class InvoiceLineOutput(serializers.ModelSerializer):
     class Meta:
         model = InvoiceLine
         fields = ["position", "kind", "description", "project", "model", "mig_profile", "workload_class",
-                  "over_quota", "quantity", "unit", "unit_price", "amount_minor", "amount", "gpu_hours",
+                  "over_quota", "profiling", "quantity", "unit", "unit_price", "amount_minor", "amount", "gpu_hours",
                   "engine_active_avg", "memory_used_avg_mib", "idle_gpu_hours", "evidence"]
 
     def get_amount(self, obj) -> str:
@@ -97,7 +97,7 @@ class PriceBookOutput(serializers.ModelSerializer):
     class Meta:
         model = PriceBook
         fields = ["id", "name", "currency", "tenant", "effective_from", "over_quota_multiplier",
-                  "interactive_multiplier", "energy_per_kwh", "state", "rates", "created_at"]
+                  "interactive_multiplier", "profiling_multiplier", "energy_per_kwh", "state", "rates", "created_at"]
 
     @extend_schema_field({"type": "string", "enum": BOOK_STATES})
     def get_state(self, obj) -> str:
@@ -107,6 +107,10 @@ class PriceBookOutput(serializers.ModelSerializer):
 
             states = self.context["states"] = price_book_states()
         return states.get(obj.pk, "upcoming")
+
+
+PROFILING_HELP = ("the profiling rate: profiling leases (auto-tiering measuring a workload on a tier) pay the base "
+                  "rate × this")
 
 
 class PriceRateInput(StrictSerializer):
@@ -127,6 +131,8 @@ class PriceBookUpdateInput(StrictSerializer):
                                                      required=False)
     interactive_multiplier = serializers.DecimalField(max_digits=6, decimal_places=4, min_value=Decimal("0.0001"),
                                                       required=False)
+    profiling_multiplier = serializers.DecimalField(max_digits=6, decimal_places=4, min_value=Decimal("0.0001"),
+                                                    required=False, help_text=PROFILING_HELP)
     energy_per_kwh = serializers.DecimalField(max_digits=10, decimal_places=6, min_value=Decimal(0),
                                               allow_null=True, required=False)
     rates = PriceRateInput(many=True, required=False, allow_empty=False)
@@ -143,6 +149,8 @@ class PriceBookCreateInput(PriceBookUpdateInput):
                                                      default=Decimal("0.6"))
     interactive_multiplier = serializers.DecimalField(max_digits=6, decimal_places=4, min_value=Decimal("0.0001"),
                                                       default=Decimal("1.25"))
+    profiling_multiplier = serializers.DecimalField(max_digits=6, decimal_places=4, min_value=Decimal("0.0001"),
+                                                    default=Decimal("1"), help_text=PROFILING_HELP)
     energy_per_kwh = serializers.DecimalField(max_digits=10, decimal_places=6, min_value=Decimal(0),
                                               allow_null=True, default=None)
     rates = PriceRateInput(many=True, allow_empty=False)

@@ -46,6 +46,7 @@ class RateTable:
     over_quota_multiplier: Decimal
     interactive_multiplier: Decimal
     energy_per_kwh: Decimal | None = None
+    profiling_multiplier: Decimal = Decimal(1)  # a profiling lease's usage: base × this (the profiling rate)
 
     def base(self, tier: str, kind: str, profile: str = "") -> tuple[Decimal, str] | None:
         """(base price per unit-hour, unit name) for a shape, or None when this book has no price for it.
@@ -67,7 +68,7 @@ class RateTable:
         return (whole, "GPU-hour") if whole is not None else None
 
     def unit_price(self, tier: str, kind: str, profile: str, *, over_quota: bool,
-                   workload_class: str) -> tuple[Decimal, str] | None:
+                   workload_class: str, profiling: bool = False) -> tuple[Decimal, str] | None:
         found = self.base(tier, kind, profile)
         if found is None:
             return None
@@ -76,6 +77,8 @@ class RateTable:
             price *= self.over_quota_multiplier
         if workload_class == "interactive":
             price *= self.interactive_multiplier
+        if profiling:
+            price *= self.profiling_multiplier
         return price.quantize(RATE_PLACES, rounding=ROUND_HALF_UP), unit
 
 

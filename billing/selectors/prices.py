@@ -22,7 +22,8 @@ _MODELS = {m.code: m for m in MODELS}
 def _table(book: PriceBook) -> RateTable:
     rates = {(r.tier, r.kind, r.mig_profile): r.per_hour for r in book.rates.all()}
     return RateTable(rates=rates, over_quota_multiplier=book.over_quota_multiplier,
-                     interactive_multiplier=book.interactive_multiplier, energy_per_kwh=book.energy_per_kwh)
+                     interactive_multiplier=book.interactive_multiplier, energy_per_kwh=book.energy_per_kwh,
+                     profiling_multiplier=book.profiling_multiplier)
 
 
 def list_prices(*, at: datetime) -> tuple[str, list[tuple[str, str, str, int]]]:
@@ -40,6 +41,16 @@ def list_prices(*, at: datetime) -> tuple[str, list[tuple[str, str, str, int]]]:
         return currency, []
     return currency, [(tier, kind, profile, to_minor(per_hour, currency)) for tier, kind, profile, per_hour in
                       PriceRate.objects.filter(book_id=book).values_list("tier", "kind", "mig_profile", "per_hour")]
+
+
+def list_rate_table(*, at: datetime) -> RateTable | None:
+    """The general price book in force at ``at`` in ``LIST_PRICE_CURRENCY`` as a rate table (None: none)."""
+    from django.conf import settings
+
+    book = (PriceBook.objects.filter(tenant__isnull=True, currency=settings.LIST_PRICE_CURRENCY,
+                                     effective_from__lte=at).prefetch_related("rates")
+            .order_by("-effective_from").first())
+    return _table(book) if book else None
 
 
 def whole_list_prices(now: datetime) -> dict[str, int]:

@@ -20,7 +20,7 @@ _GROUP_KEYS = {
 }
 
 _USAGE_SUMMARY_SQL = """
-SELECT {key} AS key, u.tier, u.kind, u.mig_profile, u.workload_class, u.over_quota,
+SELECT {key} AS key, u.tier, u.kind, u.mig_profile, u.workload_class, u.over_quota, u.profiling,
        SUM(u.seconds * u.gpu_milli)                                                   AS milli_seconds,
        SUM(CASE WHEN t.engine_active_avg IS NOT NULL THEN u.seconds * u.gpu_milli END) AS measured_ms,
        SUM(u.seconds * u.gpu_milli * t.engine_active_avg)                              AS active_ms,
@@ -29,7 +29,7 @@ SELECT {key} AS key, u.tier, u.kind, u.mig_profile, u.workload_class, u.over_quo
   JOIN tenants_project p ON p.id = u.project_id
   LEFT JOIN billing_utilisationusage t ON t.lease_id = u.lease_id AND t.hour_start = u.hour_start
  WHERE u.tenant_id = %(tenant)s AND u.hour_start >= %(start)s AND u.hour_start < %(end)s
- GROUP BY 1, 2, 3, 4, 5, 6
+ GROUP BY 1, 2, 3, 4, 5, 6, 7
  ORDER BY 1
 """
 
@@ -70,7 +70,8 @@ def usage_summary(*, actor: Actor, start: datetime, end: datetime, group_by: str
             entry["active"] += Decimal(row["active_ms"] or 0)
             entry["idle_gpu_hours"] += Decimal(row["idle_ms"] or 0) / MILLI_HOUR
             found = table.unit_price(row["tier"], row["kind"], row["mig_profile"], over_quota=row["over_quota"],
-                                     workload_class=row["workload_class"]) if table else None
+                                     workload_class=row["workload_class"], profiling=row["profiling"]) \
+                if table else None
             if found is None:
                 entry["priced"] = False
             else:
@@ -91,10 +92,10 @@ def usage_summary(*, actor: Actor, start: datetime, end: datetime, group_by: str
 
 
 _SPEND_SQL = """
-SELECT u.tier, u.kind, u.mig_profile, u.workload_class, u.over_quota, SUM(u.seconds * u.gpu_milli)
+SELECT u.tier, u.kind, u.mig_profile, u.workload_class, u.over_quota, u.profiling, SUM(u.seconds * u.gpu_milli)
   FROM billing_allocationusage u
  WHERE u.tenant_id = %(tenant)s AND u.hour_start >= %(start)s AND u.hour_start < %(end)s {project}
- GROUP BY 1, 2, 3, 4, 5
+ GROUP BY 1, 2, 3, 4, 5, 6
 """
 
 
@@ -114,8 +115,9 @@ def spend_minor(*, tenant: Tenant, start: datetime, end: datetime,
         sql = _SPEND_SQL.format(project="AND u.project_id = %(project)s" if project_id else "")
         with connection.cursor() as cursor:
             cursor.execute(sql, params)
-            for tier, kind, profile, workload_class, over_quota, milli_seconds in cursor.fetchall():
-                found = table.unit_price(tier, kind, profile, over_quota=over_quota, workload_class=workload_class)
+            for tier, kind, profile, workload_class, over_quota, profiling, milli_seconds in cursor.fetchall():
+                found = table.unit_price(tier, kind, profile, over_quota=over_quota, workload_class=workload_class,
+                                         profiling=profiling)
                 if found is not None:
                     amount += units_of(kind, tier, profile, milli_seconds) * found[0]
     scope = AllocationUsage.objects.filter(tenant=tenant, hour_start__gte=start, hour_start__lt=end)

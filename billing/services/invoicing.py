@@ -107,7 +107,7 @@ def slo_evaluate(*, tenant: Tenant, period: date, now: datetime | None = None) -
 
 # -- invoices ----------------------------------------------------------------------------------------------
 USAGE_SQL = """
-SELECT u.project_id, u.tier, u.kind, u.mig_profile, u.workload_class, u.over_quota,
+SELECT u.project_id, u.tier, u.kind, u.mig_profile, u.workload_class, u.over_quota, u.profiling,
        SUM(u.seconds * u.gpu_milli)                                                   AS milli_seconds,
        SUM(CASE WHEN t.engine_active_avg IS NOT NULL THEN u.seconds * u.gpu_milli END) AS measured_ms,
        SUM(u.seconds * u.gpu_milli * t.engine_active_avg)                              AS active_ms,
@@ -118,8 +118,8 @@ SELECT u.project_id, u.tier, u.kind, u.mig_profile, u.workload_class, u.over_quo
   FROM billing_allocationusage u
   LEFT JOIN billing_utilisationusage t ON t.lease_id = u.lease_id AND t.hour_start = u.hour_start
  WHERE u.tenant_id = %(tenant)s AND u.hour_start >= %(start)s AND u.hour_start < %(end)s
- GROUP BY 1, 2, 3, 4, 5, 6
- ORDER BY 1, 2, 3, 4, 5, 6
+ GROUP BY 1, 2, 3, 4, 5, 6, 7
+ ORDER BY 1, 2, 3, 4, 5, 6, 7
 """
 
 SIX = Decimal("0.000001")
@@ -167,7 +167,8 @@ def invoice_lines_compute(*, tenant: Tenant, period: date, slo_credit_pct: Decim
         piece_end = bounds[index + 1]
         for group in read.usage(moment, piece_end):
             found = table.unit_price(group["tier"], group["kind"], group["mig_profile"],
-                                     over_quota=group["over_quota"], workload_class=group["workload_class"])
+                                     over_quota=group["over_quota"], workload_class=group["workload_class"],
+                                     profiling=group["profiling"])
             project = projects[group["project_id"]]
             if found is None:
                 raise ValidationFailed(
@@ -181,11 +182,14 @@ def invoice_lines_compute(*, tenant: Tenant, period: date, slo_credit_pct: Decim
             memory = (Decimal(group["memory_mib_s"]) / Decimal(group["memory_s"])) if group["memory_s"] else None
             idle = Decimal(group["idle_ms"] or 0) / MILLI_HOUR if measured else None
             what = group["mig_profile"] or ("shared GPU" if group["kind"] == "share" else "GPU")
-            notes = [n for n, on in (("over quota", group["over_quota"]),) if on]
+            notes = [n for n, on in (("over quota", group["over_quota"]),
+                                     (f"profiling rate × {table.profiling_multiplier.normalize()}", group["profiling"]))
+                     if on]
             piece = "" if len(books) == 1 else f", {max(moment, start):%d %b}–{piece_end:%d %b}"
             lines.append(InvoiceLine(
                 kind=LineKind.USAGE, project=project, tier=group["tier"], mig_profile=group["mig_profile"],
-                workload_class=group["workload_class"], over_quota=group["over_quota"], unit=unit,
+                workload_class=group["workload_class"], over_quota=group["over_quota"],
+                profiling=group["profiling"], unit=unit,
                 description=f"{project.slug}: {group['tier']} {what}, {group['workload_class']}"
                             + (f" ({', '.join(notes)})" if notes else "") + piece,
                 quantity=qty.quantize(SIX), unit_price=unit_price, amount_minor=to_minor(qty * unit_price, currency),

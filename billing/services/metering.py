@@ -26,7 +26,7 @@ HOLDING_STATES = sorted(HOLDING)
 # before ``until`` gives no interval, so it needs no test here). Each CTE names the rule of lease_hours it keeps.
 METER_SQL = """
 WITH lease AS (
-    SELECT l.id, l.tenant_id, l.project_id, l.workload_class
+    SELECT l.id, l.tenant_id, l.project_id, l.workload_class, l.profiling
       FROM broker_lease l
      WHERE l.id BETWEEN %(lo)s AND %(hi)s
        AND (l.finished_at IS NULL OR l.finished_at >= %(start)s)
@@ -75,10 +75,11 @@ hourly AS (  -- per lease-hour: all the pieces' seconds; what the first interval
       FROM piece
 )
 INSERT INTO billing_allocationusage AS u (tenant_id, project_id, lease_id, hour_start, seconds, tier, kind,
-                                          mig_profile, gpu_milli, memory_mib, workload_class, over_quota, metered_at)
+                                          mig_profile, gpu_milli, memory_mib, workload_class, over_quota, profiling,
+                                          metered_at)
 SELECT lease.tenant_id, lease.project_id, hourly.lease_id, hourly.hour, least(hourly.total, 3600), hourly.tier,
        hourly.kind, hourly.mig_profile, hourly.gpu_milli, hourly.memory_mib, lease.workload_class,
-       hourly.over_quota, %(now)s
+       hourly.over_quota, lease.profiling, %(now)s
   FROM hourly
   JOIN lease ON lease.id = hourly.lease_id
  WHERE hourly.nth = 1 AND hourly.units > 0
@@ -86,10 +87,11 @@ SELECT lease.tenant_id, lease.project_id, hourly.lease_id, hourly.hour, least(ho
     ON CONFLICT (lease_id, hour_start) DO UPDATE
    SET seconds = EXCLUDED.seconds, tier = EXCLUDED.tier, kind = EXCLUDED.kind, mig_profile = EXCLUDED.mig_profile,
        gpu_milli = EXCLUDED.gpu_milli, memory_mib = EXCLUDED.memory_mib, workload_class = EXCLUDED.workload_class,
-       over_quota = EXCLUDED.over_quota, metered_at = EXCLUDED.metered_at
- WHERE (u.seconds, u.tier, u.kind, u.mig_profile, u.gpu_milli, u.memory_mib, u.workload_class, u.over_quota)
+       over_quota = EXCLUDED.over_quota, profiling = EXCLUDED.profiling, metered_at = EXCLUDED.metered_at
+ WHERE (u.seconds, u.tier, u.kind, u.mig_profile, u.gpu_milli, u.memory_mib, u.workload_class, u.over_quota,
+        u.profiling)
        IS DISTINCT FROM (EXCLUDED.seconds, EXCLUDED.tier, EXCLUDED.kind, EXCLUDED.mig_profile, EXCLUDED.gpu_milli,
-                         EXCLUDED.memory_mib, EXCLUDED.workload_class, EXCLUDED.over_quota)
+                         EXCLUDED.memory_mib, EXCLUDED.workload_class, EXCLUDED.over_quota, EXCLUDED.profiling)
 """
 
 CANDIDATES_SQL = """

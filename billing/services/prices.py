@@ -29,10 +29,11 @@ from tenants.models import Tenant
 # change form is one transaction of its own, and its saves call these services inside it.
 
 MAX_MINOR = 10**15  # a monthly amount in minor units (10 trillion USD): beyond any cap or commitment
-BOOK_FIELDS = ("name", "effective_from", "over_quota_multiplier", "interactive_multiplier", "energy_per_kwh",
-               "rates")
+BOOK_FIELDS = ("name", "effective_from", "over_quota_multiplier", "interactive_multiplier", "profiling_multiplier",
+               "energy_per_kwh", "rates")
 # column (max_digits, decimal_places) and whether zero is refused, for each decimal of a book
 _BOOK_DECIMALS = {"over_quota_multiplier": (6, 4, True), "interactive_multiplier": (6, 4, True),
+                  "profiling_multiplier": (6, 4, True),
                   "energy_per_kwh": (10, 6, False)}
 _RATE_DIGITS = (14, 6)
 
@@ -151,6 +152,7 @@ def _book_audit_data(book: PriceBook, rates: list[PriceRate] | None) -> dict:
     data = {"name": book.name, "currency": book.currency, "effective_from": book.effective_from.isoformat(),
             "over_quota_multiplier": str(book.over_quota_multiplier),
             "interactive_multiplier": str(book.interactive_multiplier),
+            "profiling_multiplier": str(book.profiling_multiplier),
             "energy_per_kwh": None if book.energy_per_kwh is None else str(book.energy_per_kwh)}
     if rates is not None:
         data["rates"] = [{"tier": r.tier, "kind": r.kind, "mig_profile": r.mig_profile, "per_hour": str(r.per_hour)}
@@ -161,7 +163,7 @@ def _book_audit_data(book: PriceBook, rates: list[PriceRate] | None) -> dict:
 def price_book_create(*, name: str, currency: str, effective_from: datetime, rates: list[dict],
                       tenant: Tenant | None = None, over_quota_multiplier: object = "0.6",
                       interactive_multiplier: object = "1.25", energy_per_kwh: object = None,
-                      by_user=None) -> PriceBook:
+                      profiling_multiplier: object = "1", by_user=None) -> PriceBook:
     """A price book with its rates in one transaction, audited; every bad value is refused naming its field
     (``rates[2].per_hour``) and nothing is written. Changing prices means a new book from a date: a book may
     start in the past only while nothing it would price has been metered (usage already priced, perhaps
@@ -176,6 +178,7 @@ def price_book_create(*, name: str, currency: str, effective_from: datetime, rat
                                field="currency")
     values |= _book_values({"effective_from": effective_from, "over_quota_multiplier": over_quota_multiplier,
                             "interactive_multiplier": interactive_multiplier, "energy_per_kwh": energy_per_kwh,
+                            "profiling_multiplier": profiling_multiplier,
                             "rates": rates})
     rows = values.pop("rates")
     book = PriceBook(currency=currency, tenant=tenant, **values)

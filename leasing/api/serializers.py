@@ -156,9 +156,13 @@ class LeaseOutput(serializers.ModelSerializer):
 
     class Meta:
         model = Lease
-        fields = ["id", "project", "state", "reason", "queue_position", "gpu", "workload_class", "priority",
-                  "duration_seconds", "tier", "over_quota", "requested_at", "active_at", "ends_at",
+        fields = ["id", "project", "state", "reason", "decision", "queue_position", "gpu", "workload_class",
+                  "priority", "duration_seconds", "tier", "over_quota", "requested_at", "active_at", "ends_at",
                   "notice_deadline", "finished_at"]
+        extra_kwargs = {"decision": {"help_text": "How the GPU shape was chosen when the request let the broker "
+                                                  "choose it (gpu kind auto: the slice, its prediction and "
+                                                  "confidence); kept for the lease's life, unlike reason, "
+                                                  "which follows its state. Empty otherwise."}}
 
     @extend_schema_field(GPU_OUTPUT_SCHEMA)
     def get_gpu(self, obj) -> dict:
@@ -179,7 +183,8 @@ class LeaseOutput(serializers.ModelSerializer):
         moment = _DATETIME.to_representation
         return {
             "id": instance.pk, "project": instance.project.slug, "state": str(instance.state),
-            "reason": instance.reason, "queue_position": instance.queue_position, "gpu": self.get_gpu(instance),
+            "reason": instance.reason, "decision": instance.decision, "queue_position": instance.queue_position,
+            "gpu": self.get_gpu(instance),
             "workload_class": str(instance.workload_class), "priority": instance.priority,
             "duration_seconds": instance.duration_seconds, "tier": instance.tier, "over_quota": instance.over_quota,
             **{name: moment(value) if value is not None else None for name, value in (

@@ -42,7 +42,7 @@ def _request_hash(payload: dict) -> str:
 def lease_request(*, actor: Actor, project: str, gpu: object, workload_class: str = WorkloadClass.TRAINING,
                   priority: int = 0, duration_seconds: object = 3600, idempotency_key: str = "",
                   workload: object = None, group: str | None = None, access_extra: dict | None = None,
-                  now: datetime | None = None) -> tuple[Lease, bool]:
+                  profiling: bool = False, now: datetime | None = None) -> tuple[Lease, bool]:
     """Validate and queue a request: (the lease, created now?). The same idempotency key with the same
     body returns the first lease; with another body it is ``IdempotencyConflict``. ``workload`` (optional)
     is what the lease runs once placed (``leasing.validation.workload_check``; ``services.workloads``).
@@ -114,6 +114,7 @@ def lease_request(*, actor: Actor, project: str, gpu: object, workload_class: st
         priority=priority, duration_seconds=duration_seconds, requested_at=now, idempotency_key=idempotency_key,
         request_hash=digest, state=LeaseState.QUEUED, queued_at=now,
         reason="waiting for the scheduler" if choice is None else f"{choice.reason}; waiting for the scheduler",
+        decision="" if choice is None else choice.reason, profiling=profiling,
         group_key=group, access_extra=access_extra or {})
     requested = "requested" if choice is None else f"requested ({choice.reason})"
     events = [LeaseEvent(from_state="", to_state=LeaseState.REQUESTED,

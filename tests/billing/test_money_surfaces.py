@@ -473,7 +473,7 @@ def shown_messages(response) -> list[str]:
 def admin_book(start: datetime, **fields) -> dict:
     return {"name": "Admin list", "currency": "USD", "tenant": "", "effective_from_0": f"{start:%Y-%m-%d}",
             "effective_from_1": f"{start:%H:%M:%S}", "over_quota_multiplier": "0.6", "interactive_multiplier": "1.25",
-            "energy_per_kwh": "", "rates-TOTAL_FORMS": "2", "rates-INITIAL_FORMS": "0", "rates-MIN_NUM_FORMS": "0",
+            "profiling_multiplier": "0.5", "energy_per_kwh": "", "rates-TOTAL_FORMS": "2", "rates-INITIAL_FORMS": "0", "rates-MIN_NUM_FORMS": "0",
             "rates-MAX_NUM_FORMS": "1000", "rates-0-tier": "H100-80GB", "rates-0-kind": "whole",
             "rates-0-mig_profile": "", "rates-0-per_hour": "4.5", "rates-1-tier": "", "rates-1-kind": "whole",
             "rates-1-mig_profile": "", "rates-1-per_hour": "", **fields}
@@ -506,7 +506,9 @@ def test_admin_price_books_save_and_delete_through_the_services(world, admin_cli
     assert sorted((r.tier, r.per_hour) for r in book.rates.all()) == [("H100-80GB", Decimal("5.000000")),
                                                                         ("L4", Decimal("0.800000"))]
     assert audits("price_book.update")[0].data["fields"] == [
-        "effective_from", "energy_per_kwh", "interactive_multiplier", "name", "over_quota_multiplier", "rates"]
+        "effective_from", "energy_per_kwh", "interactive_multiplier", "name", "over_quota_multiplier",
+        "profiling_multiplier", "rates"]
+    assert book.profiling_multiplier == Decimal("0.5")  # the profiling rate, set in the admin
 
     response = admin_client.post(f"/admin/billing/pricebook/{book.pk}/delete/", {"post": "yes"}, follow=True)
     assert response.status_code == 200 and not PriceBook.objects.exists()

@@ -10,6 +10,7 @@ from billing import services as billing
 from gpus.performance import estimate, slice_from_key, slices_for
 from tests.factories import make_world
 from tiering import services, tasks
+from tiering.engine.forest import DEFAULT_THRESHOLD, THRESHOLDS
 from tiering.models import Profile, Provenance, TierModelRecord, Workload
 
 pytestmark = pytest.mark.django_db
@@ -78,9 +79,23 @@ def test_retrain_persists_a_model_with_its_training_date_and_validation_error(wo
     newest = Profile.objects.exclude(provenance=Provenance.PREDICTED).latest("measured_at").measured_at
     assert record.training_set_date == newest and record.rows > 500
     assert 0 < record.validation_error < 0.25
+    # no list prices to replay decisions at: the default threshold, and the record says it was not chosen
+    assert record.threshold == DEFAULT_THRESHOLD and not record.calibration["chosen_on_folds"]
+    _book()
     services.reference_set_seed(count=45, seed=1)  # more profiles → a second model, the first one kept
-    tasks.model_retrain()
+    result = tasks.model_retrain()
     assert TierModelRecord.objects.count() == 2
+    # the threshold is chosen as the benchmark's is: on held-out folds of architectures, misses ≤ 1 % there
+    latest = TierModelRecord.objects.order_by("-id").first()
+    assert latest.calibration["chosen_on_folds"] and result["threshold"] == latest.threshold
+    folds = latest.calibration["thresholds"]
+    assert latest.threshold in THRESHOLDS and set(folds) == {str(t) for t in THRESHOLDS}
+    assert folds[str(latest.threshold)]["decisions"] > 0 and folds[str(latest.threshold)]["misses"] <= 0.01
+    lower = [t for t in THRESHOLDS if t < latest.threshold]
+    assert all(folds[str(t)]["misses"] > 0.01 for t in lower)  # the lowest that keeps misses in bounds
+    assert latest.calibration["tiers"] and latest.noise is not None
+    _, model = services.model_current()
+    assert model.threshold == latest.threshold and services.model_threshold(latest) == latest.threshold
 
 
 def test_prediction_places_on_the_cheapest_slice_that_meets_the_target(world):
@@ -106,7 +121,7 @@ def test_prediction_places_on_the_cheapest_slice_that_meets_the_target(world):
     meeting = [p for s, p in offered if estimate(spec, s).fits and estimate(spec, s).throughput >= 400.0]
     assert chosen["price_per_hour"] <= min(meeting) * 1.5, (chosen, min(meeting))
     assert estimate(spec, slice_from_key(chosen["slice"])).throughput >= 400
-    assert chosen["confidence"] >= services.MIN_CONFIDENCE
+    assert chosen["confidence"] >= services.model_threshold(services.model_current()[0])
     profiles = client.get("/api/v1/workloads/bert-serving/profiles").json()
     kinds = {p["provenance"] for p in profiles}
     assert kinds == {"profiled", "predicted"}

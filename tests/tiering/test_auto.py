@@ -12,7 +12,7 @@ from django.utils import timezone
 from billing import services as billing
 from gpus.performance import estimate, slice_from_key
 from leasing import services as leasing
-from leasing.models import Lease
+from leasing.models import Gpu, Lease
 from tests.factories import make_quota, make_world
 from tiering import services
 from tiering.models import ProfilingRun, Workload
@@ -194,3 +194,55 @@ def test_a_profiling_run_starts_from_the_workload_page(world):
     viewer.force_login(world.viewer)
     assert viewer.post("/workloads/bert-serving/profile", {"project": "vision"}).status_code == 403
     assert ProfilingRun.objects.count() == 1
+
+
+def test_the_tiering_decision_outlives_placement_on_the_lease_api_and_portal(world):
+    """The scheduler rewrites a lease's reason as it moves it (placed, provisioning, running); the prediction
+    that chose its slice stays on the lease as its ``decision``, in the API and on the portal's page."""
+    client = world.client("member")
+    _measure(Workload.objects.get(name="bert-serving"))
+    answer = client.post("/api/v1/leases", {"project": "vision", "gpu": {"kind": "auto", "workload": "bert-serving"}},
+                         format="json")
+    assert answer.status_code == 201, answer.json()
+    body = answer.json()
+    assert body["decision"].startswith("auto-tiering of workload 'bert-serving'") and "confidence" in body["decision"]
+    lease = Lease.objects.get(pk=body["id"])
+    assert lease.kind in ("whole", "share"), _shape_of(lease)  # the demo node's GPUs serve these two kinds
+    if lease.kind == "share":  # the GPU of its model serves shares
+        Gpu.objects.filter(model=lease.models_allowed[0]).update(mode="shared")
+    counts = leasing.schedule_cycle()
+    assert counts["placed"] == 1, (counts, _shape_of(lease))
+    lease = Lease.objects.get(pk=body["id"])
+    assert lease.state != "queued" and "auto-tiering" not in lease.reason  # the scheduler's reason replaced it
+    assert lease.decision == body["decision"]
+    shown = client.get(f"/api/v1/leases/{lease.pk}").json()
+    assert shown["decision"] == body["decision"] and shown["reason"] == lease.reason
+    browser = Client()
+    browser.force_login(world.member)
+    page = browser.get(f"/leases/{lease.pk}").content.decode()
+    assert "Shape chosen by" in page and "auto-tiering of workload &#x27;bert-serving&#x27;" in page
+    # a lease whose shape was asked for outright has no decision, and the page shows no such line
+    plain = client.post("/api/v1/leases", {"project": "vision", "gpu": {"kind": "whole", "model": "L4"}},
+                        format="json")
+    assert plain.status_code == 201 and plain.json()["decision"] == ""
+    assert "Shape chosen by" not in browser.get(f"/leases/{plain.json()['id']}").content.decode()
+
+
+def test_exploring_refuses_with_profile_first_and_profiles_the_cheaper_candidates(world, monkeypatch):
+    """When the engine is confident of one slice but a cheaper one might do, the request is refused with
+    ``profile_first`` and the profiling run measures exactly those cheaper slices (not the default whole GPUs)."""
+    from tiering.engine.decide import Decision, Option
+
+    _measure(Workload.objects.get(name="bert-serving"))
+    confident = Option(slice_from_key("A100-80GB"), 1.8, 3000.0, 2000, 0.9)
+    cheaper = (slice_from_key("L4/share/250"), slice_from_key("L4/share/500"))
+    monkeypatch.setattr(services, "workload_predict", lambda **_: Decision(
+        confident, 400.0, True, "cheaper slices might do: profile first", cheaper))
+    answer = world.client("member").post(
+        "/api/v1/leases", {"project": "vision", "gpu": {"kind": "auto", "workload": "bert-serving"}}, format="json")
+    assert answer.status_code == 409 and answer.json()["code"] == "profile_first", answer.json()
+    run = ProfilingRun.objects.get(pk=answer.json()["profiling_run"])
+    assert sorted(run.leases.values_list("slice_key", flat=True)) == ["L4/share/250", "L4/share/500"]
+    assert all(Lease.objects.get(pk=item.lease_id).profiling for item in run.leases.all())
+    prediction = world.client("member").post("/api/v1/workloads/bert-serving/prediction").json()
+    assert prediction["explore"] == ["L4/share/250", "L4/share/500"] and prediction["profile_first"]

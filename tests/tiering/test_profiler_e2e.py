@@ -87,6 +87,7 @@ def test_profiler_measures_each_candidate_slice_from_prometheus_and_the_workload
     # parallel: every lease was active before the first one's window was over
     first_end = min(lease.active_at for lease in leases) + timedelta(seconds=12)
     assert all(lease.active_at < first_end for lease in leases), [lease.active_at for lease in leases]
+    assert all(lease.profiling for lease in leases)  # billed at the price book's profiling rate
     wait_until(lambda: all(lease.state == LeaseState.RELEASED for lease in leases.all()), timeout=60)
 
     spec = services.spec_of(workload)

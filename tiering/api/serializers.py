@@ -51,6 +51,9 @@ class PredictionOutput(serializers.Serializer):
     chosen = OptionOutput(allow_null=True)
     profile_first = serializers.BooleanField()
     reason = serializers.CharField()
+    explore = serializers.ListField(child=serializers.CharField(), help_text=(
+        "the cheaper slices to profile first while a slice is confident (exploring; chosen is the confident "
+        "one), cheapest first; empty otherwise"))
 
 
 class SampleInput(StrictSerializer):

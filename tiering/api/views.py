@@ -51,7 +51,8 @@ def prediction_data(workload, decision) -> dict:
             "chosen": None if option is None else {
                 "slice": option.slice.key, "label": option.slice.label, "price_per_hour": option.price,
                 "throughput": option.throughput, "memory_mib": option.memory_mib, "confidence": option.confidence},
-            "profile_first": decision.profile_first, "reason": decision.reason}
+            "profile_first": decision.profile_first, "reason": decision.reason,
+            "explore": [where.key for where in decision.candidates]}
 
 
 class WorkloadPredictionApi(APIView):

@@ -8,6 +8,7 @@ import io
 import math
 import pickle
 import random
+import statistics
 from dataclasses import dataclass
 
 import numpy as np
@@ -15,6 +16,7 @@ from sklearn.ensemble import RandomForestRegressor
 
 from gpus.performance import Slice, Workload
 
+from .decide import EXPLORE_CONFIDENCE, Option, choose, measured_meets
 from .features import NAMES, Observation, features, prior_memory, prior_throughput
 
 
@@ -54,6 +56,9 @@ class TierModel:
         self.rows = 0
         self.compute_efficiency, self.memory_efficiency = 1.0, 1.0
         self.residuals: dict[str, tuple[float, ...]] = {}  # per GPU model: held-out log(measured / predicted)
+        self.noise = 0.0  # run-to-run noise of one measurement (σ of its log), estimated from repeats
+        self.threshold: float | None = None  # the least confidence to place on, chosen on the held-out folds
+        self.threshold_folds: dict[str, dict] = {}  # per candidate threshold: misses, regret on those folds
 
     def _forest(self) -> RandomForestRegressor:
         return RandomForestRegressor(n_estimators=self.n_estimators, min_samples_leaf=self.min_samples_leaf,
@@ -117,8 +122,93 @@ class TierModel:
                     self.held_out.append((row, prediction.throughput, prediction.memory_mib))
             for row in (r for r in rows if r.workload.architecture in held and r.throughput <= 0):
                 self.held_out.append((row, 0.0, row.memory_mib))  # did not fit: its measured memory
-        self.residuals = {tier: tuple(sorted(values)) for tier, values in errors.items() if len(values) >= least}
+        # A held-out error mixes the model's error with the noise of the measurement it is compared with; a
+        # target is judged on the workload's true speed, so the noise (estimated from repeated measurements of
+        # the same workload on the same slice) is taken out: each tier's errors are shrunk about their median
+        # so their variance is the model's alone (σ² − noise², a deconvolution under Gaussian noise).
+        self.noise = noise_of(rows)
+        self.residuals, self._shrink = {}, {}
+        for tier, values in errors.items():
+            if len(values) < least:
+                continue
+            centre, spread = statistics.median(values), statistics.pvariance(values)
+            factor = math.sqrt(max(0.0, spread - self.noise ** 2) / spread) if spread > 0 else 1.0
+            self._shrink[tier] = (centre, factor)
+            self.residuals[tier] = tuple(sorted(centre + (v - centre) * factor for v in values))
         return self
+
+    def denoised(self, row: Row, predicted: float) -> float:
+        """A held-out row's measured throughput with its share of the measurement noise taken out, as the
+        residuals were (what a threshold is chosen against: the true speed, not one noisy run of it)."""
+        shrink = getattr(self, "_shrink", {}).get(_tier_key(row.slice))
+        if shrink is None or row.throughput <= 0 or predicted <= 0:
+            return row.throughput
+        centre, factor = shrink
+        return predicted * math.exp(centre + (math.log(row.throughput / predicted) - centre) * factor)
+
+    def confidence(self, where: Slice, predicted: float, required: float) -> float:
+        """The calibrated confidence that ``where`` reaches ``required`` when the forest predicts
+        ``predicted`` (the share of its tier's held-out errors under which it still does)."""
+        residuals = self.residuals.get(_tier_key(where), ())
+        if not residuals or predicted <= 0:
+            return 0.0
+        return sum(1 for r in residuals if predicted * math.exp(r) >= required) / len(residuals)
+
+    def choose_threshold(self, price_of, *, targets: int = 3, seed: int = 0, misses_allowed: float = 0.01,
+                         headroom: float = 0.05, levels: tuple[float, ...] | None = None,
+                         explore: float | None = EXPLORE_CONFIDENCE) -> float:
+        """The least confidence to place on, chosen on the calibration's held-out folds only (architectures
+        the model being judged never saw, and nothing else): decisions are replayed there with targets drawn
+        log-uniform between 1 % and 95 % of each workload's best, judged on the denoised measurements, and
+        the lowest level whose misses are ≤ ``misses_allowed`` (half the 2 % target: architectures unlike the
+        training ones miss more) wins (the lowest: regret falls as the level does). A decision that profiles
+        first takes the cheapest candidate whose measurement (the denoised value with a run's noise drawn anew)
+        meets the target with the noise to spare (``measured_meets``), else the confident choice. Kept on the
+        model (``threshold``, ``threshold_folds``) and persisted with it."""
+        levels = levels or THRESHOLDS
+        held = getattr(self, "held_out", [])
+        rng, runs = random.Random(seed + 3), random.Random(seed + 4)  # the targets; the profiling runs' noise
+        by_workload: dict = {}
+        for row, predicted, memory in held:
+            if price_of(row.slice) is None:
+                continue  # a slice without a price is never offered
+            by_workload.setdefault(row.workload, []).append((row, predicted, memory, self.denoised(row, predicted)))
+        tallies = {level: [0, 0, 0.0] for level in levels}  # misses, decisions, Σ regret
+        for items in by_workload.values():
+            best = max(truth for *_, truth in items)
+            if best <= 0:
+                continue
+            for _ in range(targets):
+                required = best * math.exp(rng.uniform(math.log(0.01), math.log(0.95)))
+                meeting = [price_of(row.slice) for row, _, _, truth in items if truth >= required]
+                if not meeting:
+                    continue
+                oracle = min(meeting)
+                options = [Option(row.slice, price_of(row.slice), predicted, memory,
+                                  self.confidence(row.slice, predicted, required))
+                           for row, predicted, memory, _ in items]
+                # a profiling run measures afresh: the denoised value with a run's noise drawn anew
+                measured = {row.slice: (truth * math.exp(runs.gauss(0, self.noise)) if truth > 0 else 0.0, truth)
+                            for row, _, _, truth in items}
+                for level in levels:
+                    pick = choose(options, required, min_confidence=level, headroom=headroom, explore=explore)
+                    where = pick.option.slice if pick.option is not None and (
+                        not pick.profile_first or pick.candidates) else None
+                    if pick.candidates:  # profiled first: the held-out rows are those measurements
+                        where = next((s for s in pick.candidates
+                                      if measured_meets(measured[s][0], required, self.noise)), where)
+                    if where is None:
+                        continue  # nothing confident: it would profile every likely slice first
+                    tally = tallies[level]
+                    tally[0] += 0 if measured[where][1] >= required else 1
+                    tally[1] += 1
+                    tally[2] += price_of(where) / oracle - 1
+        self.threshold_folds = {str(level): {"misses": round(t[0] / max(1, t[1]), 4),
+                                             "regret": round(t[2] / max(1, t[1]), 4), "decisions": t[1]}
+                                for level, t in tallies.items()}
+        self.threshold = next((level for level in levels if tallies[level][1]
+                               and tallies[level][0] <= misses_allowed * tallies[level][1]), levels[-1])
+        return self.threshold
 
     def importances(self) -> dict[str, float]:
         return dict(zip(NAMES, (round(float(v), 4) for v in self.throughput_forest.feature_importances_),
@@ -148,6 +238,22 @@ def _grouped(rows: list[Row]) -> dict:
     for row in rows:
         groups.setdefault((row.workload, row.reference), []).append(row)
     return groups
+
+
+THRESHOLDS = (0.5, 0.55, 0.6, 0.65, 0.7, 0.75, 0.8, 0.85, 0.9, 0.95)
+DEFAULT_THRESHOLD = 0.6  # a model pickled before thresholds were chosen on its folds
+
+
+def noise_of(rows: list[Row]) -> float:
+    """The run-to-run noise of a measurement (σ of its log) from repeats: a row measured on its workload's
+    reference slice is a second measurement of the reference observation, and the log of their ratio has
+    variance 2σ². 0 when the database holds no such repeat."""
+    pairs = [math.log(r.throughput / r.reference.throughput) for r in rows
+             if r.slice == r.reference.slice and r.throughput > 0 and r.reference.throughput > 0
+             and r.throughput != r.reference.throughput]  # the reference's own row is no repeat
+    if len(pairs) < 5:
+        return 0.0
+    return statistics.pstdev(pairs) / math.sqrt(2)
 
 
 def fit_efficiencies(rows: list[Row], seed: int = 0, sample: int = 600) -> tuple[float, float]:

@@ -2,7 +2,8 @@
 
 The file holds the fields of ``POST /api/v1/price-books`` (docs/billing.md): ``name``, ``currency``,
 ``effective_from`` (ISO 8601), ``rates`` (a list of ``{"tier", "kind", "mig_profile", "per_hour"}``), and optionally
-``tenant`` (a slug: a negotiated book), ``over_quota_multiplier``, ``interactive_multiplier``, ``energy_per_kwh``.
+``tenant`` (a slug: a negotiated book), ``over_quota_multiplier``, ``interactive_multiplier``,
+``profiling_multiplier`` (the profiling rate), ``energy_per_kwh``.
 Every bad value is refused naming its field, nothing is written; the book is audited like one made in the portal.
 """
 
@@ -18,7 +19,7 @@ from config.errors import ApplicationError
 from tenants.models import Tenant
 
 FIELDS = {"name", "currency", "effective_from", "rates", "tenant", "over_quota_multiplier", "interactive_multiplier",
-          "energy_per_kwh"}
+          "profiling_multiplier", "energy_per_kwh"}
 
 
 class Command(BaseCommand):
