@@ -415,15 +415,15 @@ INVOICE_BATCH = 100  # tenants per transaction: a commit waits for the disk, 1,0
 USAGE_BATCH_SQL = """
 WITH held AS (  -- every row: one product and one sum each
     SELECT u.tenant_id, width_bucket(u.hour_start, %(cuts)s::timestamptz[]) AS piece,
-           u.project_id, u.tier, u.kind, u.mig_profile, u.workload_class, u.over_quota,
+           u.project_id, u.tier, u.kind, u.mig_profile, u.workload_class, u.over_quota, u.profiling,
            SUM(u.seconds * u.gpu_milli) AS milli_seconds
       FROM billing_allocationusage u
      WHERE u.tenant_id = ANY(%(tenants)s) AND u.hour_start >= %(start)s AND u.hour_start < %(end)s
-     GROUP BY 1, 2, 3, 4, 5, 6, 7, 8
+     GROUP BY 1, 2, 3, 4, 5, 6, 7, 8, 9
 ),
 measured AS (  -- the rows with utilisation only (an inner join: the others add nothing to these sums)
     SELECT u.tenant_id, width_bucket(u.hour_start, %(cuts)s::timestamptz[]) AS piece,
-           u.project_id, u.tier, u.kind, u.mig_profile, u.workload_class, u.over_quota,
+           u.project_id, u.tier, u.kind, u.mig_profile, u.workload_class, u.over_quota, u.profiling,
            SUM(CASE WHEN t.engine_active_avg IS NOT NULL THEN u.seconds * u.gpu_milli END) AS measured_ms,
            SUM(u.seconds * u.gpu_milli * t.engine_active_avg)                              AS active_ms,
            SUM(CASE WHEN t.fb_used_avg_mib IS NOT NULL THEN u.seconds END)                 AS memory_s,
@@ -433,17 +433,18 @@ measured AS (  -- the rows with utilisation only (an inner join: the others add 
       FROM billing_utilisationusage t
       JOIN billing_allocationusage u ON u.lease_id = t.lease_id AND u.hour_start = t.hour_start
      WHERE u.tenant_id = ANY(%(tenants)s) AND t.hour_start >= %(start)s AND t.hour_start < %(end)s
-     GROUP BY 1, 2, 3, 4, 5, 6, 7, 8
+     GROUP BY 1, 2, 3, 4, 5, 6, 7, 8, 9
 )
 SELECT held.tenant_id, held.piece, held.project_id, held.tier, held.kind, held.mig_profile, held.workload_class,
-       held.over_quota, held.milli_seconds, measured.measured_ms, measured.active_ms, measured.memory_s,
+       held.over_quota, held.profiling, held.milli_seconds, measured.measured_ms, measured.active_ms, measured.memory_s,
        measured.memory_mib_s, measured.idle_ms, measured.energy_wh
   FROM held
-  LEFT JOIN measured USING (tenant_id, piece, project_id, tier, kind, mig_profile, workload_class, over_quota)
+  LEFT JOIN measured USING (tenant_id, piece, project_id, tier, kind, mig_profile, workload_class, over_quota,
+                            profiling)
  ORDER BY held.tenant_id, held.project_id, held.tier, held.kind, held.mig_profile, held.workload_class,
-          held.over_quota, held.piece
+          held.over_quota, held.profiling, held.piece
 """
-_GROUP_KEY = ("project_id", "tier", "kind", "mig_profile", "workload_class", "over_quota")
+_GROUP_KEY = ("project_id", "tier", "kind", "mig_profile", "workload_class", "over_quota", "profiling")
 _SUMS = ("milli_seconds", "measured_ms", "active_ms", "memory_s", "memory_mib_s", "idle_ms", "energy_wh")
 
 

@@ -473,7 +473,8 @@ def shown_messages(response) -> list[str]:
 def admin_book(start: datetime, **fields) -> dict:
     return {"name": "Admin list", "currency": "USD", "tenant": "", "effective_from_0": f"{start:%Y-%m-%d}",
             "effective_from_1": f"{start:%H:%M:%S}", "over_quota_multiplier": "0.6", "interactive_multiplier": "1.25",
-            "profiling_multiplier": "0.5", "energy_per_kwh": "", "rates-TOTAL_FORMS": "2", "rates-INITIAL_FORMS": "0", "rates-MIN_NUM_FORMS": "0",
+            "profiling_multiplier": "0.5", "energy_per_kwh": "", "rates-TOTAL_FORMS": "2", "rates-INITIAL_FORMS": "0",
+            "rates-MIN_NUM_FORMS": "0",
             "rates-MAX_NUM_FORMS": "1000", "rates-0-tier": "H100-80GB", "rates-0-kind": "whole",
             "rates-0-mig_profile": "", "rates-0-per_hour": "4.5", "rates-1-tier": "", "rates-1-kind": "whole",
             "rates-1-mig_profile": "", "rates-1-per_hour": "", **fields}

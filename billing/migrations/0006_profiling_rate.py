@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('billing', '0004_usage_lean_indexes_for_set_based_metering'),
+        ('billing', '0005_usage_lease_checked_per_statement'),
         ('tenants', '0003_slo_overlap_message'),
     ]
 

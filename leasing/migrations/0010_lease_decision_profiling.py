@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('broker', '0008_workload_placements_ports_avoid'),
+        ('broker', '0009_node_enrollment_replay'),
     ]
 
     operations = [
