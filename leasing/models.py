@@ -118,9 +118,9 @@ class Lease(models.Model):
     reason = models.TextField(blank=True)
     # how the shape was chosen, when a gpu resolver chose it (auto-tiering: the slice, its prediction and
     # confidence): written at the request and kept for the lease's life, while ``reason`` follows its state
-    decision = models.TextField(blank=True, default="")
+    decision = models.TextField(blank=True, default="", db_default="")
     # a profiling lease (auto-tiering's profiler measuring a workload): billed at the price book's profiling rate
-    profiling = models.BooleanField(default=False)
+    profiling = models.BooleanField(default=False, db_default=False)
     # shape
     kind = models.CharField(max_length=8, choices=GpuKind.choices)
     count = models.PositiveSmallIntegerField(default=1)

@@ -13,11 +13,11 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name='lease',
             name='decision',
-            field=models.TextField(blank=True, default=''),
+            field=models.TextField(blank=True, default='', db_default=''),
         ),
         migrations.AddField(
             model_name='lease',
             name='profiling',
-            field=models.BooleanField(default=False),
+            field=models.BooleanField(default=False, db_default=False),
         ),
     ]
