@@ -111,3 +111,14 @@ def tier_node_size(model: str) -> int:
 
     per_node = Counter(Gpu.objects.filter(model=model, lost_at__isnull=True).values_list("node_id", flat=True))
     return max(per_node.values(), default=8)
+
+
+def nodes_holding(models: set[str]) -> dict[str, set[str]]:
+    """GPU model -> the ids of the nodes holding a GPU of it (not lost, not released by staff)."""
+    from leasing.models import Gpu
+
+    found: dict[str, set[str]] = {}
+    for model, node_id in (Gpu.objects.filter(model__in=models, released_at__isnull=True, lost_at__isnull=True)
+                           .values_list("model", "node__node_id")):
+        found.setdefault(model, set()).add(node_id)
+    return found

@@ -464,6 +464,28 @@ def _split_access(split: ModelSplit, index: int, group: dict) -> dict:
                       "sends_to_group": index + 1 if index + 1 < count else None}}
 
 
+def _split_pins(split: ModelSplit) -> list[list[str]] | None:
+    """A split planned on the GPUs free now (``candidates: {free: true}``) is leased on the nodes it was planned
+    on, since its latency counts the transfers between those nodes: per group, the other nodes holding GPUs of its
+    model, for the lease's ``avoid_nodes`` (the scheduler's node exclusion), so the group waits for its planned
+    node rather than run elsewhere. None for a split planned on given GPUs or on a tier (no real nodes: any GPU
+    of the model will do). A planned node gone since (removed, or no GPU of that model any more) is a 409."""
+    if (split.result.get("candidates") or {}).get("source") != "free":
+        return None
+    from pipelines.selectors import nodes_holding
+
+    groups = split.result["groups"]
+    holders = nodes_holding({group["model"] for group in groups})
+    pins = []
+    for index, group in enumerate(groups):
+        nodes = holders.get(group["model"], set())
+        if group["node"] not in nodes:
+            raise Conflict(f"group {index} was planned on node {group['node']}, which has no {group['model']} any "
+                           "more: plan the split again.", field="groups")
+        pins.append(sorted(nodes - {group["node"]}))
+    return pins
+
+
 def model_split_apply(*, actor: Actor, split: ModelSplit, project: str,
                       duration_seconds: int = 3600) -> ModelSplit:
     """Lease the GPUs of a feasible split as a gang: one lease per group (a whole GPU of the group's model, as
@@ -483,12 +505,13 @@ def model_split_apply(*, actor: Actor, split: ModelSplit, project: str,
         target = Project.objects.filter(tenant=actor.tenant, slug=project).first()
         if target is None:
             raise NotFound(f"No project {project!r} in this tenant.", field="project")
+        pins = _split_pins(split)
         for index, group in enumerate(split.result["groups"]):
             lease, _ = leasing.lease_request(
                 actor=actor, project=target.slug, gpu={"kind": "whole", "model": group["model"], "count": 1},
                 workload_class="inference", duration_seconds=duration_seconds,
                 idempotency_key=f"model-split-{split.pk}-{index}", group=f"model-split-{split.pk}",
-                access_extra=_split_access(split, index, group))
+                access_extra=_split_access(split, index, group), avoid_nodes=pins[index] if pins else None)
             ModelSplitLease.objects.create(split=split, group=index, lease=lease)
         split.state, split.project, split.applied_at = PlanState.APPLIED, target, timezone.now()
         split.save(update_fields=["state", "project", "applied_at"])

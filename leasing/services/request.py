@@ -42,7 +42,8 @@ def _request_hash(payload: dict) -> str:
 def lease_request(*, actor: Actor, project: str, gpu: object, workload_class: str = WorkloadClass.TRAINING,
                   priority: int = 0, duration_seconds: object = 3600, idempotency_key: str = "",
                   workload: object = None, group: str | None = None, access_extra: dict | None = None,
-                  profiling: bool = False, now: datetime | None = None) -> tuple[Lease, bool]:
+                  profiling: bool = False, avoid_nodes: list[str] | None = None,
+                  now: datetime | None = None) -> tuple[Lease, bool]:
     """Validate and queue a request: (the lease, created now?). The same idempotency key with the same
     body returns the first lease; with another body it is ``IdempotencyConflict``. ``workload`` (optional)
     is what the lease runs once placed (``leasing.validation.workload_check``; ``services.workloads``).
@@ -50,7 +51,9 @@ def lease_request(*, actor: Actor, project: str, gpu: object, workload_class: st
     makes the lease a member of the tenant's lease group of that key: the scheduler places the queued
     members together or none of them (docs/scheduling.md "Lease groups"). ``access_extra`` (optional, set by
     those apps too: a JSON object of at most 16 KiB) is added to each device's access details (a model split's
-    layer range for that device)."""
+    layer range for that device). ``avoid_nodes`` (optional, set by those apps: node ids) keeps the lease off
+    those nodes, as a re-placed workload's failed nodes are (a model split planned on the GPUs free now is pinned
+    to its planned nodes this way)."""
     actor.require("use")
     now = now or timezone.now()
     requested_gpu = gpu
@@ -70,6 +73,9 @@ def lease_request(*, actor: Actor, project: str, gpu: object, workload_class: st
     if access_extra is not None and (not isinstance(access_extra, dict)
                                      or len(json.dumps(access_extra, default=str)) > 16384):
         raise ValidationFailed("access_extra is a JSON object of at most 16 KiB.", field="access_extra")
+    if avoid_nodes is not None and (not isinstance(avoid_nodes, list)
+                                    or not all(isinstance(n, str) and 0 < len(n) <= 100 for n in avoid_nodes)):
+        raise ValidationFailed("avoid_nodes is a list of node ids.", field="avoid_nodes")
     # a resolved request is the same request when its body is: the key replays it whatever it resolves to now
     payload = {"project": project, "gpu": shape if choice is None else requested_gpu, "workload_class": workload_class,
                "priority": priority, "duration_seconds": duration_seconds}
@@ -79,6 +85,8 @@ def lease_request(*, actor: Actor, project: str, gpu: object, workload_class: st
         payload["workload"] = workload_spec
     if group is not None:
         payload["group"] = group
+    if avoid_nodes:
+        payload["avoid_nodes"] = sorted(avoid_nodes)
     digest = _request_hash(payload)
     # one query: the project, its quota limits, the lease this idempotency key already made (if any) and
     # whether each admission check that said when it applies does (billing's: a spend cap exists)
@@ -115,7 +123,7 @@ def lease_request(*, actor: Actor, project: str, gpu: object, workload_class: st
         request_hash=digest, state=LeaseState.QUEUED, queued_at=now,
         reason="waiting for the scheduler" if choice is None else f"{choice.reason}; waiting for the scheduler",
         decision="" if choice is None else choice.reason, profiling=profiling,
-        group_key=group, access_extra=access_extra or {})
+        group_key=group, access_extra=access_extra or {}, avoid_nodes=sorted(avoid_nodes or []))
     requested = "requested" if choice is None else f"requested ({choice.reason})"
     events = [LeaseEvent(from_state="", to_state=LeaseState.REQUESTED,
                          reason=f"{requested}; {warning}" if warning else requested,

@@ -114,7 +114,8 @@ class ModelSplitApplyApi(APIView):
 
     @extend_schema(request=s.ModelSplitApplyInput,
                    responses={200: s.ModelSplitOutput, 404: problem("No such split or project"),
-                              409: problem("The split is released or found no groups that fit"),
+                              409: problem("The split is released, found no groups that fit, or a node it was "
+                                           "planned on no longer holds its model"),
                               402: problem("A monthly spend cap refuses a group's lease (budget_exceeded)")},
                    summary="Lease the split's GPUs as one gang (all or none), the layer range in each lease's access")
     def post(self, request, pk: int):

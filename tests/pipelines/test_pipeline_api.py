@@ -376,3 +376,41 @@ def test_a_stage_naming_a_workload_takes_its_latency_from_the_auto_tiering_profi
     # another tenant's workload of that name is not found
     answer = world.client("outsider").post("/api/v1/pipelines", {**body, "project": "secret"}, format="json")
     assert answer.status_code == 422 and answer.json()["field"] == "stages[0].workload"
+
+
+def test_a_split_planned_on_the_gpus_free_now_is_leased_on_its_planned_node(world):
+    """Its latency counts the transfers between the planned nodes: the leases are kept off every other node holding
+    the model (``avoid_nodes``), so the group is placed where it was planned — here node-b, where the scheduler by
+    itself puts the group on node-a, which it fills exactly — and a planned node gone since planning is a 409
+    asking to plan again."""
+    from django.utils import timezone
+
+    from leasing import services as leasing
+    from leasing.models import Allocation, Gpu
+    from tests.factories import make_quota
+
+    _enroll("node-a", "H100-80GB", 2, 81559)
+    _enroll("node-b", "H100-80GB", 4, 81559)
+    make_quota(world.project, tier="H100-80GB", deserved=4000, limit=4000)
+    client = world.client("member")
+    body = {"architecture": "llama-2-13b", "candidates": {"free": True, "nodes": 1}}
+    split = client.post("/api/v1/model-splits", body, format="json").json()
+    assert {g["node"] for g in split["gpus"]} == {"node-b"}  # the node that can give the most
+    assert split["result"]["feasible"] and {g["node"] for g in split["result"]["groups"]} == {"node-b"}
+    answer = client.post(f"/api/v1/model-splits/{split['id']}/apply", {"project": "vision"}, format="json")
+    assert answer.status_code in (200, 201), answer.content
+    leases = Lease.objects.filter(group_key=f"model-split-{split['id']}")
+    assert leases.count() == len(split["result"]["groups"])
+    assert all(lease.avoid_nodes == ["node-a"] for lease in leases)
+    leasing.schedule_cycle()
+    nodes = set(Allocation.objects.filter(lease__in=leases, freed_at__isnull=True)
+                .values_list("gpu__node__node_id", flat=True))
+    assert nodes == {"node-b"}
+    # planned again, then the planned node loses its GPUs: applying is a 409 naming the groups, nothing leased
+    split = client.post("/api/v1/model-splits", body, format="json").json()
+    assert split["result"]["feasible"], split["result"]
+    planned = {g["node"] for g in split["result"]["groups"]}
+    Gpu.objects.filter(node__node_id__in=planned).update(lost_at=timezone.now())
+    answer = client.post(f"/api/v1/model-splits/{split['id']}/apply", {"project": "vision"}, format="json")
+    assert answer.status_code == 409 and answer.json()["field"] == "groups", answer.content
+    assert not Lease.objects.filter(group_key=f"model-split-{split['id']}").exists()
