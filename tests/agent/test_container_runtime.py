@@ -143,7 +143,9 @@ def test_the_agent_runs_the_engine_sigterms_it_at_the_notice_and_kills_the_conta
                                                  "args": ["sh", "-c", "sleep 1000"], "restart_count": 1})
         assert devices_of(started["argv"]) == [f"nvidia.com/gpu={created['device_uuid']}"]
         deadline_wait = time.monotonic() + 10
-        while not log.exists() and time.monotonic() < deadline_wait:
+        # the fake opens the log before it writes the line: wait for a whole line, not for the file (a loaded
+        # machine once showed the file empty)
+        while not (log.exists() and log.read_text().endswith("\n")) and time.monotonic() < deadline_wait:
             time.sleep(0.05)
         run_call = json.loads(log.read_text().splitlines()[0])
         assert run_call["argv"] == started["argv"][1:]
