@@ -106,15 +106,19 @@ def slo_evaluate(*, tenant: Tenant, period: date, now: datetime | None = None) -
 
 
 # -- invoices ----------------------------------------------------------------------------------------------
-USAGE_SQL = """
-SELECT u.project_id, u.tier, u.kind, u.mig_profile, u.workload_class, u.over_quota, u.profiling,
-       SUM(u.seconds * u.gpu_milli)                                                   AS milli_seconds,
+# what utilisation adds to a usage group (u: billing_allocationusage, t: billing_utilisationusage); one text for
+# the one-tenant read (USAGE_SQL) and the many-tenant one (USAGE_BATCH_SQL), whose sums must agree exactly
+_UTILISATION_SUMS = """
        SUM(CASE WHEN t.engine_active_avg IS NOT NULL THEN u.seconds * u.gpu_milli END) AS measured_ms,
        SUM(u.seconds * u.gpu_milli * t.engine_active_avg)                              AS active_ms,
        SUM(CASE WHEN t.fb_used_avg_mib IS NOT NULL THEN u.seconds END)                 AS memory_s,
        SUM(u.seconds * t.fb_used_avg_mib)                                              AS memory_mib_s,
        SUM(CASE WHEN t.engine_active_avg < %(idle)s THEN u.seconds * u.gpu_milli END)  AS idle_ms,
-       SUM(t.energy_wh)                                                                AS energy_wh
+       SUM(t.energy_wh)                                                                AS energy_wh"""
+USAGE_SQL = """
+SELECT u.project_id, u.tier, u.kind, u.mig_profile, u.workload_class, u.over_quota, u.profiling,
+       SUM(u.seconds * u.gpu_milli)                                                   AS milli_seconds,"""
+USAGE_SQL += _UTILISATION_SUMS + """
   FROM billing_allocationusage u
   LEFT JOIN billing_utilisationusage t ON t.lease_id = u.lease_id AND t.hour_start = u.hour_start
  WHERE u.tenant_id = %(tenant)s AND u.hour_start >= %(start)s AND u.hour_start < %(end)s
@@ -423,13 +427,8 @@ WITH held AS (  -- every row: one product and one sum each
 ),
 measured AS (  -- the rows with utilisation only (an inner join: the others add nothing to these sums)
     SELECT u.tenant_id, width_bucket(u.hour_start, %(cuts)s::timestamptz[]) AS piece,
-           u.project_id, u.tier, u.kind, u.mig_profile, u.workload_class, u.over_quota, u.profiling,
-           SUM(CASE WHEN t.engine_active_avg IS NOT NULL THEN u.seconds * u.gpu_milli END) AS measured_ms,
-           SUM(u.seconds * u.gpu_milli * t.engine_active_avg)                              AS active_ms,
-           SUM(CASE WHEN t.fb_used_avg_mib IS NOT NULL THEN u.seconds END)                 AS memory_s,
-           SUM(u.seconds * t.fb_used_avg_mib)                                              AS memory_mib_s,
-           SUM(CASE WHEN t.engine_active_avg < %(idle)s THEN u.seconds * u.gpu_milli END)  AS idle_ms,
-           SUM(t.energy_wh)                                                                AS energy_wh
+           u.project_id, u.tier, u.kind, u.mig_profile, u.workload_class, u.over_quota, u.profiling,"""
+USAGE_BATCH_SQL += _UTILISATION_SUMS + """
       FROM billing_utilisationusage t
       JOIN billing_allocationusage u ON u.lease_id = t.lease_id AND u.hour_start = t.hour_start
      WHERE u.tenant_id = ANY(%(tenants)s) AND t.hour_start >= %(start)s AND t.hour_start < %(end)s
