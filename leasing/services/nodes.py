@@ -278,8 +278,7 @@ def node_heartbeat_signed(*, node_id: str, headers, method: str, path: str, quer
     if len(headers.get(HEADER_NONCE, "")) > 64:
         raise AgentUnauthenticated("X-Gpub-Nonce must be at most 64 characters.", field=HEADER_NONCE)
     with connection.cursor() as cursor:
-        cursor.execute(f"SELECT id, secret, secret_used_at FROM {Node._meta.db_table} WHERE node_id = %s",  # noqa: S608
-                       [node_id])
+        cursor.execute("SELECT id, secret, secret_used_at FROM broker_node WHERE node_id = %s", [node_id])
         row = cursor.fetchone()
     outcome: dict[str, bool] = {}
 
@@ -292,7 +291,7 @@ def node_heartbeat_signed(*, node_id: str, headers, method: str, path: str, quer
                 cursor.execute(
                     "WITH claimed AS (INSERT INTO broker_agentnonce (node_id, nonce, expires_at) VALUES (%s, %s, %s) "
                     "ON CONFLICT (node_id, nonce) DO NOTHING RETURNING 1), "
-                    f"beat AS (UPDATE {Node._meta.db_table} SET last_heartbeat_at = %s, "  # noqa: S608
+                    "beat AS (UPDATE broker_node SET last_heartbeat_at = %s, "
                     "secret_used_at = COALESCE(secret_used_at, %s) "
                     "WHERE id = %s AND status = 'ready' AND silent_since IS NULL AND EXISTS (SELECT FROM claimed) "
                     "RETURNING 1) "
