@@ -298,6 +298,9 @@ def _leasing_scale() -> str:
     without, with_nodes = f["without"], f["with"]
     keys = [k for k in without if isinstance(without[k], (int, float))]
     rows = [[k, without[k], with_nodes.get(k, "–")] for k in keys]
+    rows += [[f"CPU ms per lease: {group}", without["cpu_ms_per_lease"].get(group, "–"),
+              with_nodes["cpu_ms_per_lease"].get(group, "–")]
+             for group in dict.fromkeys([*without["cpu_ms_per_lease"], *with_nodes["cpu_ms_per_lease"]])]
     return (provenance("leasing_scale") + "\n\n"
             + table(["", f"{f['base_nodes']} nodes", f"+ {f['scale_nodes']:,} nodes heartbeating and scraped"], rows)
             + f"\n\nNodes heartbeating: {f['nodes_heartbeating']:,} / {f['scale_nodes']:,}; Prometheus targets up: "
