@@ -3,8 +3,8 @@
 Heartbeats (1,000 nodes every 15 s are 67 requests a second), workload reports and enrollments come here, to
 processes of their own, so that they never share the tenant API's request workers, threads and GIL
 (docs/operations.md, "The agents' ingress"; ``make run`` starts it on ``PORT + 1``, the image's ``agents``
-role). It answers only what an agent calls (``/api/v1/agents/...``) and the health probes; everything else
-is 404 here (the tenant API, the portal and the admin are the web server's).
+role). It answers only what an agent calls (``/api/v1/agents/...``), the health probes and ``/metrics``;
+everything else is 404 here (the tenant API, the portal and the admin are the web server's).
 
 The usual heartbeat (``POST /api/v1/agents/<node>/heartbeat``, a node id of the enrollment's alphabet, no
 query, a body within ``DATA_UPLOAD_MAX_MEMORY_SIZE``, an allowed Host) is answered here without Django's
@@ -49,7 +49,7 @@ logger = logging.getLogger("gpubroker.access")
 errors = logging.getLogger(__name__)
 
 AGENTS = "/api/v1/agents/"
-PROBES = ("/healthz", "/readyz")
+OWN = ("/healthz", "/readyz", "/metrics")  # the probes, and this process's counters (bearer METRICS_TOKEN)
 HEARTBEAT = re.compile(r"/api/v1/agents/([A-Za-z0-9][A-Za-z0-9._-]{0,99})/heartbeat")  # EnrollInput's node_id
 ROUTE = "/api/v1/agents/<str:node_id>/heartbeat"  # the label the web server's metrics give it
 REQUEST_ID = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
@@ -137,7 +137,7 @@ def application(environ, start_response):
     path = environ.get("PATH_INFO", "")
     if environ.get("SCRIPT_NAME"):  # mounted under a prefix: Django's handler knows what to do with it
         return django_application(environ, start_response)
-    if not path.startswith(AGENTS) and path not in PROBES:
+    if not path.startswith(AGENTS) and path not in OWN:
         return _problem(start_response, 404, "Not found", "not_found",
                         "This is the agents' ingress: it serves /api/v1/agents/ only (the API is on the web server).",
                         uuid.uuid4().hex)

@@ -70,7 +70,8 @@ def launcher(tmp_path):
     }
     log = (tmp_path / "run.log").open("w+")
     process = subprocess.Popen(
-        [sys.executable, "-m", "infra.run", "--port", str(port), "--fleet-port", str(free_port()),
+        [sys.executable, "-m", "infra.run", "--port", str(port), "--agents-port", str(free_port()),
+         "--fleet-port", str(free_port()),
          "--prometheus-port", str(free_port()), "--fleet-nodes", "1", "--workers", "1"],
         cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
     )
@@ -112,7 +113,7 @@ def _wait(predicate, timeout: float, launched, what: str):
 def test_run_restarts_a_killed_worker_and_stops_every_child_on_sigint(launcher):
     _wait(lambda: "GPU broker is running" in _log(launcher), STARTUP_SECONDS, launcher, "the launcher")
     children = _children(launcher["pid_file"])
-    assert {"web", "worker", "beat", "fleet"} <= set(children), children
+    assert {"web", "agents", "worker", "beat", "fleet"} <= set(children), children
     launcher["seen"].update(children.values())
     old_worker = children["worker"]
 
