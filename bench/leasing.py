@@ -343,13 +343,19 @@ def _scale(args, *, clients, body, children, folder: Path, env: dict, site: str,
 
     alone = phase(f"without the {args.scale_nodes} nodes", 0)
 
+    def harness() -> None:
+        """--harness-nice: the 1,000 simulated nodes and Prometheus stand for other machines; niced, they take
+        the broker's cores only when its processes leave them idle (their CPU is still counted)."""
+        if args.harness_nice:
+            os.nice(args.harness_nice)
+
     port = free_port()
     state = folder / "scale-fleet"
     children["scale_fleet"] = subprocess.Popen(
         [str(BIN / "python"), "-m", "agent.fleet", "--nodes", str(args.scale_nodes), "--prefix", "load",
          "--listen", f"127.0.0.1:{port}", "--state-dir", str(state), "--shape", "h100-80gb:8:mig",
          "--broker-url", site, "--log-level", "ERROR"], cwd=ROOT, env={**env, "GPUB_ENROLLMENT_TOKEN": enroll_token},
-        stdout=open(folder / "scale-fleet.log", "w"), stderr=subprocess.STDOUT)  # noqa: SIM115
+        stdout=open(folder / "scale-fleet.log", "w"), stderr=subprocess.STDOUT, preexec_fn=harness)  # noqa: SIM115
     _wait_http(f"http://127.0.0.1:{port}/healthz", children["scale_fleet"], folder / "scale-fleet.log", timeout=120)
     started = time.monotonic()
     while time.monotonic() - started < 300:
@@ -367,7 +373,7 @@ def _scale(args, *, clients, body, children, folder: Path, env: dict, site: str,
         (folder / "prometheus.yml").write_text(config)
         children["prometheus"] = subprocess.Popen(
             [binary, f"--config.file={folder / 'prometheus.yml'}", f"--storage.tsdb.path={folder / 'tsdb'}",
-             f"--web.listen-address=127.0.0.1:{prometheus_port}"],
+             f"--web.listen-address=127.0.0.1:{prometheus_port}"], preexec_fn=harness,
             stdout=open(folder / "prometheus.log", "w"), stderr=subprocess.STDOUT)  # noqa: SIM115
         _wait_http(f"http://127.0.0.1:{prometheus_port}/-/ready", children["prometheus"], folder / "prometheus.log")
     else:
@@ -450,6 +456,9 @@ def main() -> None:
                              "with N more simulated nodes enrolled, heartbeating and scraped by Prometheus; prints "
                              "the API's request latency of both phases and their ratio")
     parser.add_argument("--rate", type=float, default=100.0, help="scale mode: lease requests per second")
+    parser.add_argument("--harness-nice", type=int, default=0, metavar="N",
+                        help="scale mode: run the added simulated nodes and Prometheus at this nice level (they "
+                             "stand for machines of their own; 0: as the broker's processes)")
     parser.add_argument("--seconds", type=float, default=20.0, help="scale mode: seconds per phase")
     parser.add_argument("--label", default="", help="added to the results file's name (e.g. before: a run of older "
                                                     "code, leasing_before.json)")
