@@ -1,6 +1,6 @@
 # One image for every part of the broker: web (gunicorn), worker and scheduler-worker (Celery), beat (Celery beat
 # under a leader lock), migrate (a Job), and the node agent (python -m agent; --backend nvml on GPU nodes).
-# The role is the first argument: docker run IMAGE web|worker|scheduler-worker|beat|migrate|agent|manage ...
+# The role is the first argument: docker run IMAGE web|agent-ingress|worker|scheduler-worker|beat|migrate|agent|manage ...
 # Linted by hadolint in make test (tests/deploy/test_manifests.py); docs/operations.md "Kubernetes".
 FROM python:3.11-slim-bookworm
 
@@ -31,6 +31,6 @@ RUN DJANGO_DEBUG=1 SECRET_KEY=build-only python manage.py collectstatic --noinpu
     && chown -R gpubroker:gpubroker /var/lib/gpubroker "$PROMETHEUS_MULTIPROC_DIR"
 
 USER 10001
-EXPOSE 8000 9400 9808
+EXPOSE 8000 8001 9400 9808
 ENTRYPOINT ["/app/infra/docker/entrypoint.sh"]
 CMD ["web"]

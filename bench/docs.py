@@ -298,6 +298,9 @@ def _leasing_scale() -> str:
     without, with_nodes = f["without"], f["with"]
     keys = [k for k in without if isinstance(without[k], (int, float))]
     rows = [[k, without[k], with_nodes.get(k, "–")] for k in keys]
+    rows += [[f"CPU ms per lease: {group}", without["cpu_ms_per_lease"].get(group, "–"),
+              with_nodes["cpu_ms_per_lease"].get(group, "–")]
+             for group in dict.fromkeys([*without["cpu_ms_per_lease"], *with_nodes["cpu_ms_per_lease"]])]
     return (provenance("leasing_scale") + "\n\n"
             + table(["", f"{f['base_nodes']} nodes", f"+ {f['scale_nodes']:,} nodes heartbeating and scraped"], rows)
             + f"\n\nNodes heartbeating: {f['nodes_heartbeating']:,} / {f['scale_nodes']:,}; Prometheus targets up: "
@@ -370,6 +373,10 @@ def _headlines() -> str:
         return "met" if met else "**missed**"
 
     lease, scale = fig("leasing"), fig("leasing_scale")
+
+    def api_cpu(phase: dict) -> float:
+        return phase["cpu_ms_per_lease"]["API (gunicorn)"]
+
     core, db = fig("scheduler_cycle"), fig("scheduler_cycle_db")
     bill, hourly = fig("billing"), fig("billing_hourly")
     close_cpu = round(bill["month_close"]["python_cpu_s"] + bill["month_close"]["postgres_cpu_s"], 1)
@@ -391,7 +398,8 @@ def _headlines() -> str:
         ["lease path (`leasing`)", f"{lease['cpu_ms_per_lease_total']} CPU ms per lease, "
          f"{lease['leases_per_second']} leases/s, p99 {lease['latency_p99_s']} s", "≤ 5 ms, p99 ≤ 1 s",
          yes(lease["cpu_ms_per_lease_total"] <= 5 and lease["latency_p99_s"] <= 1)],
-        ["1,000 more nodes heartbeating (`leasing_scale`)", f"API p99 × {scale['api_p99_ratio']}",
+        ["1,000 more nodes heartbeating (`leasing_scale`)", f"API p99 × {scale['api_p99_ratio']}; API CPU ms per lease "
+         f"{api_cpu(scale['without'])} → {api_cpu(scale['with'])}",
          "unaffected", yes(scale["api_p99_ratio"] <= 1.2)],
         [f"schedule cycle, {core['gpus']:,} GPUs / {core['queued']:,} requests (`scheduler_cycle`, `_db`)",
          f"core {core['cycle_cpu_seconds']} CPU s ({core['decisions_per_cpu_second']:,} decisions per CPU s); "

@@ -145,6 +145,8 @@ def _meter(database: services.Service, private: bool, broker: services.Service, 
 
     meter = CpuMeter()
     meter.add("API (gunicorn)", lambda: [children["api"].pid])
+    if "agents" in children:
+        meter.add("agents' ingress (gunicorn)", lambda: [children["agents"].pid])
     meter.add("Celery workers", lambda: [child.pid for child in children["workers"]])
     meter.add("agents (fleet)", lambda: [children["fleet"].pid])
     if "scale_fleet" in children:
@@ -285,13 +287,16 @@ def _scale(args, *, clients, body, children, folder: Path, env: dict, site: str,
     ``--scale-nodes`` more nodes heartbeating (every AGENT_HEARTBEAT_SECONDS) and scraped by Prometheus (every
     15 s); both phases in one run, so their ratio does not depend on what else the machine does."""
     from django.conf import settings
+    from django.utils import timezone
 
-    from leasing.models import Lease, LeaseEvent, Node
+    from agent.signing import WINDOW
+    from leasing.models import AgentNonce, Lease, LeaseEvent, Node
 
     def phase(label: str, first: int) -> dict:
         before = Lease.objects.order_by("-pk").values_list("pk", flat=True).first() or 0
         cpu = meter()
         cpu.begin()
+        began = timezone.now()
         latencies, wall = _paced(clients, body, rate=args.rate, count=args.leases, first=first)
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline:
@@ -300,6 +305,11 @@ def _scale(args, *, clients, body, children, folder: Path, env: dict, site: str,
                 break
             time.sleep(0.25)
         used = cpu.since()
+        ended = timezone.now()
+        # signed agent requests in the window (heartbeats, and the rare workload report): each claims one nonce,
+        # kept until 2 x WINDOW after it arrived
+        signed = AgentNonce.objects.filter(expires_at__gte=began + timezone.timedelta(seconds=2 * WINDOW),
+                                           expires_at__lt=ended + timezone.timedelta(seconds=2 * WINDOW)).count()
         times: dict[int, dict[str, float]] = {}
         for lease_id, state, at in LeaseEvent.objects.filter(lease_id__gt=before, to_state__in=["requested", "active"]
                                                              ).values_list("lease_id", "to_state", "at"):
@@ -316,14 +326,28 @@ def _scale(args, *, clients, body, children, folder: Path, env: dict, site: str,
             "to_active_p99_s": round(_pct(to_active, 0.99), 3),
             "cpu_ms_per_lease": {name: round((user + system) * 1000 / count, 2)
                                  for name, (user, system) in used.items()},
+            "signed_agent_requests": signed,
+            "signed_agent_requests_per_second": round(signed / (ended - began).total_seconds(), 1),
         }
+        if "agents' ingress (gunicorn)" in used and signed:
+            figures["ingress_cpu_ms_per_agent_request"] = round(sum(used["agents' ingress (gunicorn)"]) * 1000 / signed,
+                                                                2)
         print(f"{label}: {args.leases} requests at {figures['sent_per_second']}/s; API latency p50 "
               f"{figures['api_p50_ms']} ms, p99 {figures['api_p99_ms']} ms, max {figures['api_max_ms']} ms; "
               f"request -> ACTIVE p50 {figures['to_active_p50_s']} s, p99 {figures['to_active_p99_s']} s")
         print("  CPU ms per lease: " + ", ".join(f"{name} {ms}" for name, ms in figures["cpu_ms_per_lease"].items()))
+        print(f"  signed agent requests (heartbeats): {signed}, {figures['signed_agent_requests_per_second']}/s"
+              + (f"; the agents' ingress: {figures['ingress_cpu_ms_per_agent_request']} CPU ms each"
+                 if "ingress_cpu_ms_per_agent_request" in figures else ""))
         return figures
 
     alone = phase(f"without the {args.scale_nodes} nodes", 0)
+
+    def harness() -> None:
+        """--harness-nice: the 1,000 simulated nodes and Prometheus stand for other machines; niced, they take
+        the broker's cores only when its processes leave them idle (their CPU is still counted)."""
+        if args.harness_nice:
+            os.nice(args.harness_nice)
 
     port = free_port()
     state = folder / "scale-fleet"
@@ -331,7 +355,7 @@ def _scale(args, *, clients, body, children, folder: Path, env: dict, site: str,
         [str(BIN / "python"), "-m", "agent.fleet", "--nodes", str(args.scale_nodes), "--prefix", "load",
          "--listen", f"127.0.0.1:{port}", "--state-dir", str(state), "--shape", "h100-80gb:8:mig",
          "--broker-url", site, "--log-level", "ERROR"], cwd=ROOT, env={**env, "GPUB_ENROLLMENT_TOKEN": enroll_token},
-        stdout=open(folder / "scale-fleet.log", "w"), stderr=subprocess.STDOUT)  # noqa: SIM115
+        stdout=open(folder / "scale-fleet.log", "w"), stderr=subprocess.STDOUT, preexec_fn=harness)  # noqa: SIM115
     _wait_http(f"http://127.0.0.1:{port}/healthz", children["scale_fleet"], folder / "scale-fleet.log", timeout=120)
     started = time.monotonic()
     while time.monotonic() - started < 300:
@@ -349,7 +373,7 @@ def _scale(args, *, clients, body, children, folder: Path, env: dict, site: str,
         (folder / "prometheus.yml").write_text(config)
         children["prometheus"] = subprocess.Popen(
             [binary, f"--config.file={folder / 'prometheus.yml'}", f"--storage.tsdb.path={folder / 'tsdb'}",
-             f"--web.listen-address=127.0.0.1:{prometheus_port}"],
+             f"--web.listen-address=127.0.0.1:{prometheus_port}"], preexec_fn=harness,
             stdout=open(folder / "prometheus.log", "w"), stderr=subprocess.STDOUT)  # noqa: SIM115
         _wait_http(f"http://127.0.0.1:{prometheus_port}/-/ready", children["prometheus"], folder / "prometheus.log")
     else:
@@ -371,7 +395,6 @@ def _scale(args, *, clients, body, children, folder: Path, env: dict, site: str,
     while time.monotonic() < wait_until and (prometheus_port is not None and targets_up() < args.scale_nodes):
         time.sleep(1)
     loaded = phase(f"with the {args.scale_nodes} nodes heartbeating and scraped", args.leases)
-    from django.utils import timezone
 
     recent = timezone.now() - timezone.timedelta(seconds=settings.AGENT_HEARTBEAT_SECONDS * 2)
     beating = Node.objects.filter(node_id__startswith="load-", last_heartbeat_at__gte=recent).count()
@@ -384,7 +407,8 @@ def _scale(args, *, clients, body, children, folder: Path, env: dict, site: str,
         "rate_per_second": args.rate, "seconds_per_phase": args.seconds, "base_nodes": args.nodes,
         "scale_nodes": args.scale_nodes, "heartbeat_seconds": settings.AGENT_HEARTBEAT_SECONDS,
         "scrape_interval_seconds": 15 if prometheus_port else None, "nodes_heartbeating": beating,
-        "prometheus_targets_up": up, "without": alone, "with": loaded, "api_p99_ratio": round(ratio, 2),
+        "prometheus_targets_up": up, "agents_ingress": not args.agents_on_api,
+        "without": alone, "with": loaded, "api_p99_ratio": round(ratio, 2),
     }, settings=vars(args), quick=args.quick)
 
 
@@ -423,11 +447,18 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2, help="Celery worker processes (2 children each)")
     parser.add_argument("--web-workers", type=int, default=2, help="gunicorn worker processes")
     parser.add_argument("--threads", type=int, default=4, help="threads per gunicorn worker")
+    parser.add_argument("--agent-workers", type=int, default=1,
+                        help="worker processes of the agents' ingress (gunicorn config.agent_wsgi, --threads each)")
+    parser.add_argument("--agents-on-api", action="store_true",
+                        help="no agents' ingress: the agents call the API's gunicorn (the single-port set-up)")
     parser.add_argument("--scale-nodes", type=int, default=0, metavar="N",
                         help="the scale mode: leases paced at --rate for --seconds, first with the fleet alone, then "
                              "with N more simulated nodes enrolled, heartbeating and scraped by Prometheus; prints "
                              "the API's request latency of both phases and their ratio")
     parser.add_argument("--rate", type=float, default=100.0, help="scale mode: lease requests per second")
+    parser.add_argument("--harness-nice", type=int, default=0, metavar="N",
+                        help="scale mode: run the added simulated nodes and Prometheus at this nice level (they "
+                             "stand for machines of their own; 0: as the broker's processes)")
     parser.add_argument("--seconds", type=float, default=20.0, help="scale mode: seconds per phase")
     parser.add_argument("--label", default="", help="added to the results file's name (e.g. before: a run of older "
                                                     "code, leasing_before.json)")
@@ -475,7 +506,7 @@ def main() -> None:
     api_token, enroll_token = output[-2], output[-1]
     folder = Path(tempfile.mkdtemp(prefix="bench-leasing-"))
     samples = folder / "profile"
-    logs = {name: open(folder / f"{name}.log", "w") for name in ("api", "workers", "fleet")}  # noqa: SIM115
+    logs = {name: open(folder / f"{name}.log", "w") for name in ("api", "agents", "workers", "fleet")}  # noqa: SIM115
     children: dict = {"workers": []}
     finished = False
     try:
@@ -490,6 +521,14 @@ def main() -> None:
                  "--without-heartbeat"], cwd=ROOT, env=env, stdout=logs["workers"], stderr=subprocess.STDOUT))
         site = f"http://127.0.0.1:{port}"
         _wait_http(site + "/healthz", children["api"], folder / "api.log")
+        if not args.agents_on_api:  # as make run and the image run it: the agents' own gunicorn (config.agent_wsgi)
+            agents_port = free_port()
+            children["agents"] = subprocess.Popen(
+                [str(BIN / "gunicorn"), "config.agent_wsgi", "--bind", f"127.0.0.1:{agents_port}", "--workers",
+                 str(args.agent_workers), "--worker-class", "gthread", "--threads", str(args.threads),
+                 "--log-level", "warning"], cwd=ROOT, env=env, stdout=logs["agents"], stderr=subprocess.STDOUT)
+            site = f"http://127.0.0.1:{agents_port}"
+            _wait_http(site + "/healthz", children["agents"], folder / "agents.log")
         fleet_port = free_port()
         children["fleet"] = subprocess.Popen(
             [str(BIN / "python"), "-m", "agent.fleet", "--nodes", str(args.nodes), "--listen",
@@ -598,7 +637,7 @@ def main() -> None:
         finished = True
     finally:
         everything = [children.get("prometheus"), children.get("scale_fleet"), children.get("fleet"),
-                      *children["workers"], children.get("api")]
+                      *children["workers"], children.get("agents"), children.get("api")]
         for child in everything:
             if child is not None:
                 child.terminate()

@@ -1,8 +1,10 @@
 """``make run``: the whole service on one machine, with what it needs started or reused.
 
 Finds or starts PostgreSQL and the Celery broker (``infra/services.py``), migrates, seeds the demo,
-then starts the web server (gunicorn), a Celery worker, Celery beat, a fleet of simulated GPU nodes
-(``agent.fleet``) and, where it is installed, Prometheus scraping them, as child processes, and
+then starts the web server (gunicorn), the agents' ingress (a gunicorn of its own, ``config.agent_wsgi``, on
+``--agents-port``, PORT + 1 by default: the nodes' heartbeats never share the tenant API's workers), a Celery
+worker, Celery beat, a fleet of simulated GPU nodes (``agent.fleet``, calling the ingress) and, where it is
+installed, Prometheus scraping them, as child processes, and
 supervises them: a child that exits is restarted after a back-off (1 s, doubling up to 30 s; back to
 1 s once it has stayed up for a minute), with one log line per restart naming the child, how it ended
 and the delay. Their PIDs are in ``var/run.json``. Only Ctrl-C (or SIGTERM) stops everything: each
@@ -68,6 +70,14 @@ def web_command(*, port: int, workers: int = 2, threads: int = 4) -> list[str]:
             "--workers", str(workers),
             "--worker-class", "gthread", "--threads", str(threads), "--graceful-timeout", "10",
             "--access-logfile", "-"]
+
+
+def agents_command(*, port: int, workers: int = 1, threads: int = 4) -> list[str]:
+    """The agents' ingress as make run starts it: gunicorn with ``config.agent_wsgi`` (heartbeats, workload reports
+    and enrollments only; the usual heartbeat without Django's request cycle), apart from the tenant API's."""
+    return [str(BIN / "gunicorn"), "config.agent_wsgi", "--config", "python:config.gunicorn", "--bind",
+            f"127.0.0.1:{port}", "--workers", str(workers), "--worker-class", "gthread", "--threads", str(threads),
+            "--graceful-timeout", "10"]
 
 
 def describe_exit(returncode: int) -> str:
@@ -180,13 +190,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=2, help="gunicorn worker processes")
     parser.add_argument("--threads", type=int, default=4,
                         help="threads per gunicorn worker (health probes are answered while others hash passwords)")
+    parser.add_argument("--agents-port", type=int, default=None,
+                        help="the agents' ingress (enrollment, heartbeats, workload reports); default PORT + 1")
     parser.add_argument("--fleet-nodes", type=int, default=4, help="simulated GPU nodes (agent.fleet)")
     parser.add_argument("--fleet-port", type=int, default=9400)
     parser.add_argument("--prometheus-port", type=int, default=9090)
     args = parser.parse_args(argv)
+    if args.agents_port is None:
+        args.agents_port = args.port + 1
 
-    for port, what in ((args.port, "PORT"), (args.fleet_port, "--fleet-port"), (args.prometheus_port,
-                                                                              "--prometheus-port")):
+    for port, what in ((args.port, "PORT"), (args.agents_port, "--agents-port"), (args.fleet_port, "--fleet-port"),
+                       (args.prometheus_port, "--prometheus-port")):
         if not _port_free(port):
             say(f"port {port} on 127.0.0.1 is in use; stop what holds it or choose another ({what})")
             return 2
@@ -219,6 +233,7 @@ def main(argv: list[str] | None = None) -> int:
         broker = services.ensure_broker(redis_db=0)
         started_services.append(broker)
         site = f"http://127.0.0.1:{args.port}"
+        agents_site = f"http://127.0.0.1:{args.agents_port}"
         env_values = {
             "DATABASE_URL": database.url,
             "CELERY_BROKER_URL": broker.url,
@@ -262,6 +277,7 @@ def main(argv: list[str] | None = None) -> int:
 
         specs = [
             ("web", web_command(port=args.port, workers=args.workers, threads=args.threads)),
+            ("agents", agents_command(port=args.agents_port)),
             ("worker", [str(BIN / "celery"), "-A", "config", "worker", "--loglevel", "INFO", "--concurrency", "2",
                         "--hostname", f"worker-{os.getpid()}@%h"]),
             # schedule cycles have a worker of their own: agent calls of seconds never hold a placement back
@@ -284,7 +300,7 @@ def main(argv: list[str] | None = None) -> int:
         with os.fdopen(os.open(token_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as handle:
             handle.write(token)
         specs.append(("fleet", [str(BIN / "python"), "-m", "agent.fleet", "--nodes", str(args.fleet_nodes),
-                                "--broker-url", site, "--enrollment-token-file", str(token_file),
+                                "--broker-url", agents_site, "--enrollment-token-file", str(token_file),
                                 "--listen", f"127.0.0.1:{args.fleet_port}", "--state-dir", str(fleet_dir),
                                 "--shape", "h100-80gb:8:mig", "--shape", "a100-80gb:8:whole",
                                 "--shape", "h100-80gb:4:mig,l4:4:shared"]))
@@ -304,12 +320,12 @@ def main(argv: list[str] | None = None) -> int:
         state["supervising"] = True
 
         deadline = time.monotonic() + 30
-        while not _http_ok(f"{site}/healthz"):
+        while not (_http_ok(f"{site}/healthz") and _http_ok(f"{agents_site}/healthz")):
             if state["stop_requested"]:
                 stop_all()
                 return 0
             if time.monotonic() > deadline:
-                say("the web server did not answer /healthz within 30 s")
+                say("the web server or the agents' ingress did not answer /healthz within 30 s")
                 stop_all()
                 return 1
             supervisor.check()
@@ -322,6 +338,7 @@ def main(argv: list[str] | None = None) -> int:
             f"  admin       {site}/admin/",
             f"  API docs    {site}/api/docs/",
             f"  health      {site}/healthz   readiness {site}/readyz",
+            f"  agents      {agents_site}/api/v1/agents/ (the nodes' ingress: enrollment, heartbeats)",
             f"  PostgreSQL  {database.how} ({services.redact(database.url)})",
             f"  broker      {broker.how} ({services.redact(broker.url)})",
             f"  GPU nodes   {args.fleet_nodes} simulated at http://127.0.0.1:{args.fleet_port}/n/<node>/ "

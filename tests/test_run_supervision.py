@@ -58,7 +58,7 @@ def launcher(tmp_path):
     var.mkdir(parents=True, exist_ok=True)
     parts = urlsplit(os.environ["DATABASE_URL"])
     database_url = urlunsplit(parts._replace(path=parts.path.rstrip("/") + "_supervised"))
-    port = free_port()
+    port, fleet_port = free_port(), free_port()
     env = {
         **os.environ,
         "GPUBROKER_VAR_DIR": str(var),
@@ -70,12 +70,14 @@ def launcher(tmp_path):
     }
     log = (tmp_path / "run.log").open("w+")
     process = subprocess.Popen(
-        [sys.executable, "-m", "infra.run", "--port", str(port), "--fleet-port", str(free_port()),
+        [sys.executable, "-m", "infra.run", "--port", str(port), "--agents-port", str(free_port()),
+         "--fleet-port", str(fleet_port),
          "--prometheus-port", str(free_port()), "--fleet-nodes", "1", "--workers", "1"],
         cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
     )
     seen: set[int] = set()
     launched = {"process": process, "site": f"http://127.0.0.1:{port}", "pid_file": var / "run.json",
+                "fleet": f"http://127.0.0.1:{fleet_port}",
                 "env": env, "log": log, "seen": seen}
     try:
         yield launched
@@ -91,6 +93,17 @@ def launcher(tmp_path):
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(pid, signal.SIGKILL)
         log.close()
+
+
+def _fleet_health(url: str) -> dict:
+    import json
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url + "/healthz", timeout=3) as response:
+            return json.loads(response.read())
+    except OSError:
+        return {}
 
 
 def _log(launched) -> str:
@@ -112,7 +125,9 @@ def _wait(predicate, timeout: float, launched, what: str):
 def test_run_restarts_a_killed_worker_and_stops_every_child_on_sigint(launcher):
     _wait(lambda: "GPU broker is running" in _log(launcher), STARTUP_SECONDS, launcher, "the launcher")
     children = _children(launcher["pid_file"])
-    assert {"web", "worker", "beat", "fleet"} <= set(children), children
+    assert {"web", "agents", "worker", "beat", "fleet"} <= set(children), children
+    # the fleet's node enrolled and heartbeats through the agents' ingress (its only broker URL)
+    _wait(lambda: _fleet_health(launcher["fleet"]).get("enrolled") == 1, 60, launcher, "the node's enrollment")
     launcher["seen"].update(children.values())
     old_worker = children["worker"]
 

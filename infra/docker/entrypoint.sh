@@ -16,6 +16,12 @@ case "$role" in
         exec gunicorn config.wsgi --config python:config.gunicorn --bind "0.0.0.0:${PORT:-8000}" \
             --workers "${WEB_WORKERS:-2}" --worker-class gthread --threads "${WEB_THREADS:-4}" \
             --graceful-timeout 20 --access-logfile - "$@" ;;
+    agent-ingress)
+        # the node agents' own web server (config.agent_wsgi): enrollment, heartbeats, workload reports; the
+        # usual heartbeat without Django's request cycle, never on the tenant API's workers
+        exec gunicorn config.agent_wsgi --config python:config.gunicorn --bind "0.0.0.0:${AGENT_INGRESS_PORT:-8001}" \
+            --workers "${AGENT_INGRESS_WORKERS:-1}" --worker-class gthread --threads "${AGENT_INGRESS_THREADS:-4}" \
+            --graceful-timeout 20 "$@" ;;
     worker)
         # METRICS_PORT (default 9808): this worker's counters for Prometheus (no web process beside it)
         METRICS_PORT="${METRICS_PORT:-9808}" exec celery -A config worker --loglevel INFO \

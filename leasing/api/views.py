@@ -176,10 +176,8 @@ class AgentHeartbeatApi(APIView):
                    responses={200: s.HeartbeatOutput, 401: problem("Missing, stale or wrong signature")},
                    summary="Agent heartbeat (signed)")
     def post(self, request, node_id: str):
-        node = services.node_request_verify(node_id=node_id, headers=request.headers, method="POST",
-                                            path=request.path, query=request.META.get("QUERY_STRING", ""),
-                                            body=request.body)
-        services.node_heartbeat(node=node)
+        services.node_heartbeat_signed(node_id=node_id, headers=request.headers, method="POST", path=request.path,
+                                       query=request.META.get("QUERY_STRING", ""), body=request.body)
         return Response({"heartbeat_seconds": settings.AGENT_HEARTBEAT_SECONDS})
 
 

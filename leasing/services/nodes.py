@@ -264,6 +264,60 @@ def node_request_verify(*, node_id: str, headers, method: str, path: str, query:
     return node
 
 
+def node_heartbeat_signed(*, node_id: str, headers, method: str, path: str, query: str, body: bytes,
+                          now: datetime | None = None) -> Node:
+    """A signed heartbeat, checked and recorded: ``node_request_verify`` then ``node_heartbeat`` with the same
+    checks and effects, in two statements for the usual case (a ready node) instead of three or four, and one
+    commit (one WAL flush) instead of two: the node's row is read (its secret), the signature checked here,
+    and one statement claims the nonce and, only when it was new, records the heartbeat (and the first use of
+    the secret). A replayed nonce writes nothing; a node that is not ``ready`` (silent, back now) takes
+    ``node_heartbeat``'s transaction as before. 1,000 nodes every 15 s are 67 of these a second."""
+    from agent.signing import HEADER_NONCE, WINDOW, SignatureError, verify
+
+    now = now or timezone.now()
+    if len(headers.get(HEADER_NONCE, "")) > 64:
+        raise AgentUnauthenticated("X-Gpub-Nonce must be at most 64 characters.", field=HEADER_NONCE)
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT id, secret, secret_used_at FROM broker_node WHERE node_id = %s", [node_id])
+        row = cursor.fetchone()
+    outcome: dict[str, bool] = {}
+
+    class _Claim:
+        @staticmethod
+        def add(nonce: str, _now: float) -> bool:
+            # the nonce (unique per node: a replay in any web process inserts nothing) and the heartbeat of a
+            # ready node, in one statement; the UPDATE runs only when the INSERT did
+            with connection.cursor() as cursor:
+                cursor.execute(
+                    "WITH claimed AS (INSERT INTO broker_agentnonce (node_id, nonce, expires_at) VALUES (%s, %s, %s) "
+                    "ON CONFLICT (node_id, nonce) DO NOTHING RETURNING 1), "
+                    "beat AS (UPDATE broker_node SET last_heartbeat_at = %s, "
+                    "secret_used_at = COALESCE(secret_used_at, %s) "
+                    "WHERE id = %s AND status = 'ready' AND silent_since IS NULL AND EXISTS (SELECT FROM claimed) "
+                    "RETURNING 1) "
+                    "SELECT EXISTS (SELECT FROM claimed), EXISTS (SELECT FROM beat)",
+                    [row[0], nonce, now + timedelta(seconds=2 * WINDOW), now, now, row[0]])
+                claimed, beat = cursor.fetchone()
+            outcome["beat"] = beat
+            return claimed
+
+    try:
+        verify(headers, method, path, query, body,
+               lambda nid: row[1] if row is not None and nid == node_id else None, _Claim, now=now.timestamp())
+    except SignatureError as error:
+        raise AgentUnauthenticated(str(error)) from None
+    node = Node(pk=row[0], node_id=node_id, secret=row[1], secret_used_at=row[2] or now)
+    if outcome.get("beat"):
+        node.last_heartbeat_at = now
+        node.status = "ready"
+        return node
+    # not a ready node (silent and back now, or another status): the first use of the secret, then the
+    # heartbeat's own transaction, as node_request_verify and node_heartbeat do
+    if row[2] is None:
+        Node.objects.filter(pk=node.pk, secret_used_at__isnull=True).update(secret_used_at=now)
+    return node_heartbeat(node=node, now=now)
+
+
 SILENT_NOTE = "is silent"
 
 

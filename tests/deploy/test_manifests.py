@@ -84,6 +84,10 @@ def test_the_example_overlay_renders_a_complete_valid_install():
     assert agent["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
     assert "--backend=nvml" in agent["containers"][0]["args"]
     assert "--allow-mig-changes" in agent["containers"][0]["args"]  # the overlay's opt-in
+    # the agents call their own ingress, never the tenant API's web pods
+    assert "--broker-url=http://gpubroker-agent-ingress:8001" in agent["containers"][0]["args"]
+    ingress = by_kind[("Deployment", "gpubroker-agent-ingress")]["spec"]["template"]["spec"]["containers"][0]
+    assert ingress["args"] == ["agent-ingress"] and ("Service", "gpubroker-agent-ingress") in by_kind
     base_agent = yaml.safe_load((K8S / "base" / "agent-daemonset.yaml").read_text())
     assert "--allow-mig-changes" not in base_agent["spec"]["template"]["spec"]["containers"][0]["args"]
 
