@@ -88,6 +88,9 @@ def test_the_example_overlay_renders_a_complete_valid_install():
     assert "--broker-url=http://gpubroker-agent-ingress:8001" in agent["containers"][0]["args"]
     ingress = by_kind[("Deployment", "gpubroker-agent-ingress")]["spec"]["template"]["spec"]["containers"][0]
     assert ingress["args"] == ["agent-ingress"] and ("Service", "gpubroker-agent-ingress") in by_kind
+    # ... by a Host the broker accepts (Django answers 400 to a Host not in ALLOWED_HOSTS)
+    config = by_kind[next(k for k in by_kind if k[0] == "ConfigMap" and k[1].startswith("gpubroker-config"))]
+    assert "gpubroker-agent-ingress" in config["data"]["ALLOWED_HOSTS"].split(",")
     base_agent = yaml.safe_load((K8S / "base" / "agent-daemonset.yaml").read_text())
     assert "--allow-mig-changes" not in base_agent["spec"]["template"]["spec"]["containers"][0]["args"]
 
