@@ -20,7 +20,7 @@ from config.errors import (
     NotFound,
     ValidationFailed,
 )
-from config.prepared import PreparedQuery
+from config.prepared import PreparedQuery, preparing_cursor
 from leasing.choices import (
     LeaseState,
     WorkloadClass,
@@ -208,7 +208,7 @@ def _lease_insert(lease: Lease, events: list[LeaseEvent]) -> None:
     values = [field.get_db_prep_save(field.pre_save(lease, True), db) for field in fields]
     arrays = [[field.get_db_prep_save(getattr(event, field.attname), db) for event in events]
               for field in event_fields]
-    with transaction.atomic() if db.in_atomic_block else nullcontext(), db.cursor() as cursor:
+    with transaction.atomic() if db.in_atomic_block else nullcontext(), preparing_cursor(db) as cursor:
         cursor.execute(sql, [*values, *arrays])
         lease.pk = cursor.fetchone()[0]
     lease._state.adding, lease._state.db = False, db.alias
