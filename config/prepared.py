@@ -53,8 +53,9 @@ def preparing_cursor(connection):
     ``execute_wrappers`` all apply) whose statements run as server-side prepared statements, kept by psycopg
     per connection (at most ``prepared_max``, 100 by default). For a few fixed statements on the hottest paths
     only: every distinct text takes a slot, and prepared statements need a session-pooling (or no) pooler —
-    PgBouncer in transaction mode before 1.21 would not keep them. Any other backend, or while Django logs
-    queries: its ordinary cursor."""
+    PgBouncer in transaction mode before 1.21 would not keep them. They pay off on a connection that outlives
+    the request (``CONN_MAX_AGE``, 60 s here); on one opened per request the first run of each costs a round trip
+    more (the Parse). Any other backend, or while Django logs queries: its ordinary cursor."""
     if psycopg is None or connection.vendor != "postgresql" or connection.queries_logged:
         return connection.cursor()  # while queries are logged (DEBUG, assertNumQueries): as Django runs them, with
         # the values in the logged text (Django finds no text for a prepared statement's run)
