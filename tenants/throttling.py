@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 
@@ -22,10 +23,43 @@ def client_ip(request) -> str | None:
     return BaseThrottle().get_ident(request) or None
 
 
+# One Redis round trip per request: a sliding-window counter over two fixed windows (the current one and the
+# one before, weighted by how much of it still lies inside the sliding window). KEYS: the current and the previous
+# window's counters; ARGV: the limit, the window in seconds, the seconds elapsed in the current window. Answers
+# 0 when the request is allowed (and counted), else the seconds to wait (at least 1).
+_SLIDING_WINDOW = """
+local limit, window, elapsed = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+local current = tonumber(redis.call('GET', KEYS[1]) or '0')
+local previous = tonumber(redis.call('GET', KEYS[2]) or '0')
+local weight = (window - elapsed) / window
+if previous * weight + current >= limit then
+  local wait
+  if current >= limit or previous == 0 then
+    wait = window - elapsed
+  else
+    wait = window * (1 - (limit - current) / previous) - elapsed
+    if wait <= 0 then wait = window - elapsed end
+  end
+  return tostring(math.max(1, math.ceil(wait)))
+end
+redis.call('INCR', KEYS[1])
+redis.call('EXPIRE', KEYS[1], math.ceil(2 * window) + 1)
+return 0
+"""
+
+
 class TenantRateThrottle(SimpleRateThrottle):
-    """One request budget per token (or per session user), so one noisy script cannot starve others."""
+    """One request budget per token (or per session user), so one noisy script cannot starve others.
+
+    The budget (``API_RATE_LIMIT``, e.g. 6000/min) is a sliding window, counted as a sliding-window counter:
+    the requests of the current fixed window plus those of the previous one weighted by the share of it still
+    inside the sliding window. On Redis that is one script, one round trip and two small integers per token
+    (DRF's ``SimpleRateThrottle`` read and rewrote the pickled list of every request's time, up to 6,000 floats,
+    on each request). On another cache (PostgreSQL's, where no Redis answers) the same counter is kept with the
+    cache's ``add`` and atomic ``incr``."""
 
     scope = "tenant"
+    _scripts: dict[int, object] = {}
 
     def get_cache_key(self, request, view):
         token = getattr(request, "auth", None)
@@ -37,13 +71,55 @@ class TenantRateThrottle(SimpleRateThrottle):
             ident = f"ip:{client_ip(request) or 'unknown'}"
         return self.cache_format % {"scope": self.scope, "ident": ident}
 
+    def allow_request(self, request, view):
+        if self.rate is None:
+            return True
+        key = self.get_cache_key(request, view)
+        if key is None:
+            return True
+        now = self.timer()
+        window = int(now // self.duration)
+        elapsed = now - window * self.duration
+        current, previous = f"{key}:w{window}", f"{key}:w{window - 1}"
+        self._wait: float | None = None
+        backend = getattr(self.cache, "_cache", None)
+        if hasattr(backend, "get_client") and hasattr(self.cache, "make_and_validate_key"):  # Redis
+            client = backend.get_client(write=True)
+            script = self._scripts.get(id(client))
+            if script is None:
+                script = self._scripts.setdefault(id(client), client.register_script(_SLIDING_WINDOW))
+            answer = int(script(keys=[self.cache.make_and_validate_key(current),
+                                      self.cache.make_and_validate_key(previous)],
+                                args=[self.num_requests, self.duration, repr(elapsed)]))
+            if answer:
+                self._wait = float(answer)
+            return not answer
+        return self._allow_generic(current, previous, elapsed)
+
+    def _allow_generic(self, current: str, previous: str, elapsed: float) -> bool:
+        """The same counter on a cache without scripts (two reads, then ``add`` and ``incr``)."""
+        counts = self.cache.get_many([current, previous])
+        count, before = counts.get(current, 0), counts.get(previous, 0)
+        if before * (self.duration - elapsed) / self.duration + count >= self.num_requests:
+            if count >= self.num_requests or before == 0:
+                wait = self.duration - elapsed
+            else:
+                wait = self.duration * (1 - (self.num_requests - count) / before) - elapsed
+                if wait <= 0:
+                    wait = self.duration - elapsed
+            self._wait = float(max(1, math.ceil(wait)))
+            return False
+        timeout = 2 * self.duration + 1
+        if not self.cache.add(current, 1, timeout=timeout):
+            try:
+                self.cache.incr(current)
+            except ValueError:  # expired between add and incr
+                self.cache.set(current, 1, timeout=timeout)
+        return True
+
     def wait(self):
-        """Seconds until a request is allowed again. DRF answers None once the history holds more than the
-        rate allows (it did, counted under a higher rate), and the 429 then had no Retry-After."""
-        wait = super().wait()
-        if wait is None and self.history:
-            wait = max(1.0, self.duration - (self.now - self.history[-1]))  # until the oldest one expires
-        return wait
+        """Seconds until a request is allowed again (the 429's Retry-After), at least 1."""
+        return getattr(self, "_wait", None) or 1.0
 
 
 class FailedTokenThrottle:

@@ -248,3 +248,47 @@ def test_healthz_answers_at_once_during_a_burst_of_bad_logins(web_server):
     assert len(latencies) >= 5 and statistics.median(latencies) < 0.5 and max(latencies) < 3.0, latencies
     print(f"healthz during the burst: {len(latencies)} probes, max {max(latencies) * 1000:.0f} ms; "
           f"logins: {statuses.count(200)} checked, {statuses.count(429)} refused")
+
+
+# --- the API request budget (tenants.throttling.TenantRateThrottle) ----------------------------------------
+
+
+def _budget_statuses(world, count: int) -> list:
+    client = world.client("owner")
+    return [client.get("/api/v1/projects") for _ in range(count)]
+
+
+@pytest.mark.parametrize("backend", ["configured", "generic"])
+def test_api_request_budget_is_a_sliding_window_with_retry_after(world, monkeypatch, backend):
+    """3 requests a minute per token: the 4th is a 429 problem+json with Retry-After; the next window still
+    counts the previous one's requests by the share of it inside the sliding minute; another token has its
+    own budget. ``generic``: the cache's add/incr path (PostgreSQL's cache, where no Redis answers)."""
+    from tenants.throttling import TenantRateThrottle
+
+    monkeypatch.setattr(TenantRateThrottle, "rate", "3/min", raising=False)
+    if backend == "generic":
+        monkeypatch.setattr(TenantRateThrottle, "allow_request", _generic_allow(TenantRateThrottle.allow_request))
+    start = (time.time() // 60 + 1) * 60
+    with time_machine.travel(start + 1, tick=False):
+        answers = _budget_statuses(world, 4)
+        assert [a.status_code for a in answers] == [200, 200, 200, 429]
+        refused = answers[-1]
+        assert refused["Content-Type"].startswith("application/problem+json") and refused.json()["status"] == 429
+        assert 1 <= int(refused["Retry-After"]) <= 60
+        assert world.client("member").get("/api/v1/projects").status_code == 200  # its own budget
+    with time_machine.travel(start + 60 + 15, tick=False):  # 3 × 45/60 = 2.25 still count: one more fits
+        assert [a.status_code for a in _budget_statuses(world, 2)] == [200, 429]
+    with time_machine.travel(start + 120 + 1, tick=False):  # the first window is out of the sliding minute
+        assert [a.status_code for a in _budget_statuses(world, 1)] == [200]
+
+
+def _generic_allow(allow):
+    def allow_request(self, request, view):
+        class NoScripts:  # the cache without a Redis client: add/incr
+            def __getattr__(self, name):
+                if name in ("_cache", "make_and_validate_key"):
+                    raise AttributeError(name)
+                return getattr(cache, name)
+        self.cache = NoScripts()
+        return allow(self, request, view)
+    return allow_request

@@ -127,6 +127,39 @@ class LeaseCreateInput(StrictSerializer):
                   '(or "image" on container nodes); errors name workload.<field>')
 
 
+_LEASE_CREATE_FIELDS = frozenset({"project", "gpu", "workload_class", "priority", "duration_seconds", "workload"})
+_WORKLOAD_CLASSES = {str(value): value for value, _ in WorkloadClass.choices}  # ChoiceField's own mapping
+
+
+def lease_create_parse(data) -> dict:
+    """``LeaseCreateInput``'s validated data for ``data`` (a parsed JSON body), without building a serializer
+    for the common body whose every value is plainly valid: a ``Serializer`` deep-copies its declared fields for
+    each instance and runs each through DRF's generic validation, which cost about a third of a millisecond per
+    lease request. Anything else — a missing, unknown, null, mistyped, out-of-range or unusual value — goes to
+    the serializer itself, so every error (and its problem+json naming the field) is the serializer's. A test
+    checks that both give the same result for a corpus of bodies, valid and not."""
+    if type(data) is dict and data.keys() <= _LEASE_CREATE_FIELDS:
+        project, gpu = data.get("project"), data.get("gpu")
+        workload_class = data.get("workload_class", WorkloadClass.TRAINING.value)
+        priority, duration = data.get("priority", 0), data.get("duration_seconds", 3600)
+        low, high = _duration_bounds()
+        if (type(project) is str and 0 < len(project) <= 63 and project.isascii() and "\x00" not in project
+                and type(gpu) is dict and type(workload_class) is str and workload_class in _WORKLOAD_CLASSES
+                and type(priority) is int and -100 <= priority <= 100
+                and type(duration) is int and low <= duration <= high
+                and (data.get("workload") is None or type(data.get("workload")) is dict)):
+            parsed = {"project": project, "gpu": gpu,
+                      "workload_class": _WORKLOAD_CLASSES[workload_class] if "workload_class" in data
+                      else WorkloadClass.TRAINING,
+                      "priority": priority, "duration_seconds": duration}
+            if "workload" in data:
+                parsed["workload"] = data["workload"]
+            return parsed
+    serializer = LeaseCreateInput(data=data)
+    serializer.is_valid(raise_exception=True)
+    return serializer.validated_data
+
+
 class LeaseRenewInput(StrictSerializer):
     duration_seconds = _duration_field()
 

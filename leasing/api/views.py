@@ -49,7 +49,7 @@ class LeaseListApi(APIView):
                                      description="same key + same body → the same lease; other body → 409")],
         summary="Request GPU capacity (a whole GPU, a MIG slice or a share)")
     def post(self, request):
-        data = parse(s.LeaseCreateInput, request)
+        data = s.lease_create_parse(request.data)
         lease, created = services.lease_request(actor=request.actor,
                                                 idempotency_key=request.headers.get("Idempotency-Key", ""), **data)
         return Response(s.LeaseOutput(lease).data, status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
