@@ -22,7 +22,7 @@ from leasing.choices import (
 )
 from leasing.models import Allocation, Lease, LeaseEvent
 from leasing.scheduler import DecisionMode, plan
-from leasing.selectors import QueuedLease, core_group, core_request, lease_queue, queued_leases, scheduler_snapshot
+from leasing.selectors import QueuedLease, core_group, core_request, lease_queue, queued_leases
 from leasing.services.groups import group_leaving, group_preempted
 from leasing.services.provisioning import release_instances_quietly
 from leasing.services.transitions import (
@@ -34,6 +34,7 @@ from leasing.services.transitions import (
     update_each,
 )
 from leasing.services.triggers import cycle_flag_clear, enqueue, enqueue_each, schedule_cycle_request
+from leasing.snapshot import snapshot_cache
 
 logger = logging.getLogger(__name__)
 ADVISORY_LOCK = 0x6770_7562  # "gpub": one schedule cycle at a time
@@ -75,7 +76,11 @@ def schedule_cycle(*, now: datetime | None = None) -> dict:
         if not queued:
             return counts
         counts["seen"] = len(queued)
-        snapshot = scheduler_snapshot(now=now)
+        # this process's snapshot kept since its last cycle, with only what changed since read again (by the
+        # change log's transaction ids: leasing/snapshot.py); read whole the first time and on any doubt
+        cache = snapshot_cache()
+        snapshot = cache.load(now=now)
+        cache.prune(wall=started)
         by_id = {str(lease.pk): lease for lease in queued}
         shapes: dict = {}
         decisions = plan(snapshot, [core_request(lease, shapes) for lease in queued], now=now.timestamp())
