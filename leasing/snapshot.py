@@ -32,7 +32,11 @@ from leasing.choices import AllocationState, LeaseState
 # ones reads whole again
 PRUNE_AFTER_SECONDS = 600
 PRUNE_EVERY_SECONDS = 60
-_XMIN = "pg_snapshot_xmin(pg_current_snapshot())::text::bigint"
+# the reading statement's snapshot: a transaction it does not see has an id at or above xmax, or among xip (the
+# ones still running); every other transaction had ended (its changes seen, when it committed)
+_SNAPSHOT = ("SELECT pg_snapshot_xmin(s)::text::bigint, pg_snapshot_xmax(s)::text::bigint, "
+             "ARRAY(SELECT pg_snapshot_xip(s)::text::bigint), pg_current_xact_id_if_assigned()::text::bigint "
+             "FROM pg_current_snapshot() s")
 
 
 def _allocation_sql(where: str) -> str:
@@ -61,6 +65,7 @@ class SnapshotCache:
     def clear(self) -> None:
         self.token: str | None = None
         self.watermark: int | None = None
+        self.unseen: tuple[int, list[int]] = (0, [])
         self.nodes: dict[int, object] = {}  # pk → core Node
         self.node_ids: dict[int, str] = {}  # pk → node id
         self.gpus: dict[int, tuple] = {}  # pk → (core Gpu, node pk)
@@ -77,8 +82,8 @@ class SnapshotCache:
         from leasing.selectors import scheduler_snapshot
 
         with self.lock, connection.cursor() as cursor:
-            cursor.execute(f"SELECT {_XMIN}, pg_current_xact_id_if_assigned()::text::bigint")
-            watermark, own = cursor.fetchone()
+            cursor.execute(_SNAPSHOT)
+            watermark, xmax, running, own = cursor.fetchone()
             if own is not None:
                 cursor.execute("SELECT EXISTS (SELECT 1 FROM broker_snapshotchange WHERE xid = %s)", [own])
                 if cursor.fetchone()[0]:  # this transaction changed the fleet and may roll back: nothing kept
@@ -97,9 +102,13 @@ class SnapshotCache:
                 self.token = token
                 self.stats["full"] += 1
             else:
-                self._read_changes(cursor, since=self.watermark)
+                self._read_changes(cursor, since=self.unseen)
                 self.stats["delta"] += 1
-            self.watermark = watermark
+            # the ones it may not have seen: those still running (this one too: the cycle writes its placements
+            # after this read, under an id that may be below xmax and is never in its own snapshot's xip)
+            running = [*running, own] if own is not None else running
+            self.watermark = min([watermark, *running])  # transactions below it had all ended when it began
+            self.unseen = (xmax, running)
             return self._snapshot(now)
 
     def _read_whole(self, cursor) -> None:
@@ -111,8 +120,13 @@ class SnapshotCache:
         self._leases_from(cursor, "", [])
         self._warm_from(cursor, "", [])
 
-    def _read_changes(self, cursor, *, since: int) -> None:
-        cursor.execute("SELECT DISTINCT kind, key FROM broker_snapshotchange WHERE xid >= %s", [since])
+    def _read_changes(self, cursor, *, since: tuple[int, list[int]]) -> None:
+        # the changes of every transaction the last read did not see: those that began after it (xmax and
+        # above) and those running then (however long they ran; an unrelated long transaction keeps xmin low,
+        # so "xid >= xmin" would read the same old changes again and again)
+        xmax, running = since
+        cursor.execute("SELECT DISTINCT kind, key FROM broker_snapshotchange WHERE xid >= %s OR xid = ANY(%s)",
+                       [xmax, running])
         keys: dict[str, set] = {"node": set(), "gpu": set(), "lease": set(), "alloc": set()}
         for kind, key in cursor.fetchall():
             keys[kind].add(key)

@@ -124,6 +124,13 @@ OPS = ("enroll", "cordon", "silence", "rename", "move", "heartbeat", "lose", "sw
        "preempt", "priority", "warm", "bind", "unwarm")
 
 
+def _other() -> psycopg.Connection:
+    """A second connection to the test database (its own transactions)."""
+    url = connection.settings_dict
+    return psycopg.connect(dbname=url["NAME"], user=url["USER"], host=url["HOST"], port=url["PORT"] or 5432,
+                           password=url["PASSWORD"] or None)
+
+
 def _check(cache: SnapshotCache) -> None:
     now = timezone.now()
     kept = cache.load(now=now)
@@ -173,9 +180,7 @@ def test_a_change_committed_after_the_read_began_is_not_missed(projects):
     cache = SnapshotCache()
     _check(cache)
     gpu = Gpu.objects.order_by("pk").first()
-    url = connection.settings_dict
-    with psycopg.connect(dbname=url["NAME"], user=url["USER"], host=url["HOST"], port=url["PORT"] or 5432,
-                         password=url["PASSWORD"] or None) as other:
+    with _other() as other:
         other.execute("UPDATE broker_gpu SET lost_at = now() WHERE id = %s", [gpu.pk])  # open, not committed
         _check(cache)  # not seen yet: equal to a fresh read, which does not see it either
         assert f"g{gpu.pk}" in {g.id for g in cache.load(now=timezone.now()).gpus}
@@ -216,6 +221,23 @@ def test_flush_pruning_and_own_changes_read_whole(projects):
         assert len(snapshot.nodes) == 2 and cache.nodes == before and cache.stats["bypass"] == 1
         transaction.set_rollback(True)
     _check(cache)
+
+
+def test_changes_written_after_the_read_by_the_reading_transaction_are_read_next(projects):
+    """The cycle reads, then writes its placements in the same transaction: the next read must see them, even
+    when that transaction had its id before it read (its own id is in no snapshot's running list)."""
+    node = _node(0)
+    cache = SnapshotCache()
+    _check(cache)
+    with transaction.atomic():
+        Node.objects.filter(pk=node.pk).update(last_heartbeat_at=timezone.now())  # an id, no change logged
+        with _other() as other:  # a later transaction ends first: this one's id is now below xmax
+            other.execute("SELECT pg_current_xact_id()")  # an id, committed
+        cache.load(now=timezone.now())
+        assert cache.stats["bypass"] == 0
+        _apply(("place", 1), projects)
+    _check(cache)
+    assert len(cache.load(now=timezone.now()).allocations) == 1
 
 
 def test_only_snapshot_columns_are_logged(projects):
