@@ -69,7 +69,7 @@ class SnapshotCache:
         self.nodes: dict[int, object] = {}  # pk → core Node
         self.node_ids: dict[int, str] = {}  # pk → node id
         self.gpus: dict[int, tuple] = {}  # pk → (core Gpu, node pk)
-        self.leases: dict[int, tuple] = {}  # lease pk → (first allocation id, rows)
+        self.leases: dict[int, tuple] = {}  # lease pk → (first allocation id, its row, the lease's units)
         self.warm: dict[int, object] = {}  # allocation pk → core WarmInstance
         self._nodes = self._gpus = self._allocations = None  # tuples built from the above, None when stale
         self._built: dict[int, object] = {}  # lease pk → core Allocation (started_at known)
@@ -193,14 +193,17 @@ class SnapshotCache:
                                      bool(target)), node)
 
     def _leases_from(self, cursor, where: str, params: list) -> None:
+        from leasing.scheduler import Unit
+
         cursor.execute(_allocation_sql(where), [LeaseState.PREEMPTED, *params])
         leases = self.leases
-        for row in cursor.fetchall():
+        for row in cursor.fetchall():  # per lease: its first allocation's id and row, its units
+            unit = Unit(f"g{row[1]}", row[2], row[3], row[4], row[5] if row[5] is not None else -1)
             held = leases.get(row[0])
             if held is None:
-                leases[row[0]] = (row[13], [row])
+                leases[row[0]] = (row[13], row, [unit])
             else:
-                held[1].append(row)
+                held[2].append(unit)
 
     def _warm_from(self, cursor, where: str, params: list) -> None:
         from leasing.scheduler import WarmInstance
@@ -212,7 +215,7 @@ class SnapshotCache:
     # -- the snapshot -------------------------------------------------------------------------------------------
     def _snapshot(self, now: datetime):
         from leasing.scheduler import Allocation as CoreAllocation
-        from leasing.scheduler import Snapshot, Unit
+        from leasing.scheduler import Snapshot
         from leasing.selectors import core_group, snapshot_quotas, tier_prices
 
         if self._nodes is None:
@@ -223,16 +226,15 @@ class SnapshotCache:
         built, gpus = self._built, self.gpus
         if self._allocations is None:
             dated = []
-            for pk, (first, rows) in self.leases.items():
+            for pk, (first, head, units) in self.leases.items():
                 allocation = built.get(pk)
                 if allocation is None:
-                    head = rows[0]
                     gpu_id, tier, preemptible, project_id, tenant_id, started_at, priority, group_key = (
                         head[1], *head[6:13])
                     allocation = CoreAllocation(
                         id=str(pk), project=str(project_id), tenant=str(tenant_id), tier=tier,
                         node=gpus[gpu_id][0].node,
-                        units=tuple(Unit(f"g{r[1]}", r[2], r[3], r[4], r[5] if r[5] is not None else -1) for r in rows),
+                        units=tuple(units),
                         preemptible=preemptible, started_at=now_seconds if started_at is None else started_at,
                         priority=priority, group=core_group(tenant_id, group_key))
                     if started_at is not None:  # one without a start is dated by the cycle's clock: built anew
