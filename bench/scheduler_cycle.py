@@ -13,9 +13,12 @@ Without ``--db`` (the core alone) the cycle is ``Scheduler(snapshot)`` (the work
 snapshot) plus ``schedule()``. With ``--db`` the fleet, its running leases and allocations and the queued leases
 are written (COPY, not timed) to a scratch database on ``DATABASE_URL``'s server (``<its name>_cycle_bench``,
 dropped first), and the cycle is what ``leasing.services.cycle.schedule_cycle`` does before it writes: read the
-queue and the snapshot from PostgreSQL (``queued_leases``, ``core_request``, ``scheduler_snapshot``), then
-``plan``; then one whole ``schedule_cycle`` (read, plan and the write of every decision, committed) is timed,
-its provisioning tasks sent to an in-process broker (``memory://``), not to Redis.
+queue and the snapshot from PostgreSQL (``queued_leases``, ``core_request``, ``scheduler_snapshot``: read whole,
+what a cycle does the first time in a process), then ``plan``; then the same on the snapshot the scheduler process
+keeps between cycles (``leasing.snapshot``: nothing changed since its last load, the decisions checked identical);
+then one whole ``schedule_cycle`` on the kept snapshot (read, plan and the write of every decision, committed) is
+timed, its provisioning tasks sent to an in-process broker (``memory://``), not to Redis; then the next kept load,
+which reads again the leases that cycle placed (by id, from the change log).
 
 Each figure is printed as wall seconds and as this process's CPU seconds (``time.process_time``): on a busy
 machine the wall figures grow, the CPU ones do not. The best of ``--repeat`` runs is kept. Decisions per second
@@ -315,7 +318,6 @@ def db_cycle(args, snapshot: Snapshot, queue: list[Request]) -> dict:
         kept_read = clock.lap()
         kept_decisions = plan(kept_snapshot, core, now=now.timestamp(), policy=args.policy)
         kept_runs.append((clock.lap(), kept_read, backend_cpu() - pg_before))
-        print(f"  kept load: {kept_cache.stats}")
     assert digest(kept_decisions) == digest(decisions), "the kept snapshot planned differently"
     kept_total, kept_read, kept_pg = min(kept_runs, key=lambda run: run[0][1])
     figures = {
