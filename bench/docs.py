@@ -252,13 +252,21 @@ def _scheduler_cycle() -> str:
          f"{core['decisions_per_second']:,} per wall second"],
         [f"`--db`: queue read ({db['queued']:,} leases, `core_request`)", db["queue_read_cpu_seconds"],
          db["queue_read_wall_seconds"]],
-        ["`--db`: snapshot load (queue included)", db["snapshot_load_cpu_seconds"], db["snapshot_load_wall_seconds"]],
+        ["`--db`: snapshot load, read whole (queue included)", db["snapshot_load_cpu_seconds"],
+         db["snapshot_load_wall_seconds"]],
         ["`--db`: plan (`plan()`, working state included)", db["plan_cpu_seconds"], db["plan_wall_seconds"]],
         ["`--db`: read + plan (the cycle without its write)",
          f"{db['cycle_cpu_seconds']} (+ {db['postgres_cpu_seconds']} PostgreSQL)", db["cycle_wall_seconds"]],
-        ["`--db`: `schedule_cycle`, the write included",
+        ["`--db`: kept snapshot brought up to date, nothing changed (queue included)",
+         db["kept_snapshot_load_cpu_seconds"], db["kept_snapshot_load_wall_seconds"]],
+        ["`--db`: read + plan on the kept snapshot",
+         f"{db['kept_cycle_cpu_seconds']} (+ {db['kept_postgres_cpu_seconds']} PostgreSQL; "
+         f"{db['kept_decisions_per_cpu_second']:,} decisions per CPU second)", db["kept_cycle_wall_seconds"]],
+        ["`--db`: `schedule_cycle` on the kept snapshot, the write included",
          f"{db['cycle_with_write_cpu_seconds']} (+ {db['cycle_with_write_postgres_cpu_seconds']} PostgreSQL)",
          db["cycle_with_write_wall_seconds"]],
+        [f"`--db`: the next kept load, that write's {db['kept_load_after_write_changes']:,} leases read again",
+         db["kept_load_after_write_cpu_seconds"], db["kept_load_after_write_wall_seconds"]],
     ]
     return (provenance("scheduler_cycle", "scheduler_cycle_db") + "\n\n"
             + table([f"{core['gpus']:,} GPUs, {core['queued']:,} requests", "CPU s", "wall s"], rows) + "\n\n"

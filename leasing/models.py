@@ -15,6 +15,7 @@ from django.contrib.postgres.constraints import ExclusionConstraint
 from django.contrib.postgres.fields import ArrayField, IntegerRangeField, RangeOperators
 from django.db import models
 from django.db.models import Q
+from django.db.models.functions import Now
 from django.utils import timezone
 
 from leasing.choices import AllocationState, GpuKind, GpuMode, LeaseState, NodeStatus, WorkloadClass
@@ -317,3 +318,30 @@ class WorkloadPlacement(models.Model):
 
     def __str__(self) -> str:
         return f"placement {self.number} of lease {self.workload.lease_id} on {self.node_name}"
+
+
+class SnapshotChange(models.Model):
+    """What changed in the scheduler's view of the fleet, written by triggers in the same transaction as the change
+    (migration 0011): ``kind`` node / gpu / lease (its live allocations or the lease columns they carry) / alloc (a
+    warm pool member), ``key`` that row's id, ``xid`` the writing transaction's id. The schedule cycle keeps its
+    snapshot between cycles and re-reads only these rows (``leasing.snapshot``; docs/scheduling.md)."""
+
+    xid = models.BigIntegerField(db_index=True)
+    kind = models.CharField(max_length=8)
+    key = models.BigIntegerField()
+    at = models.DateTimeField(db_default=Now(), db_index=True)
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.key} (xid {self.xid})"
+
+
+class SnapshotEpoch(models.Model):
+    """One row: the change log's identity. A kept snapshot is reused only while this row is the one it was read
+    under (a TRUNCATE of the fleet's tables deletes it, a flush empties it) and while no change it needs was pruned
+    (``pruned_xid``: the highest transaction id whose changes were deleted)."""
+
+    token = models.CharField(max_length=36)
+    pruned_xid = models.BigIntegerField(default=0, db_default=0)
+
+    def __str__(self) -> str:
+        return f"snapshot epoch {self.token} (pruned below {self.pruned_xid})"

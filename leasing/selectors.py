@@ -10,7 +10,7 @@ from django.db.models import Prefetch, QuerySet
 from django.utils import timezone
 
 from config.errors import NotFound, ValidationFailed
-from leasing.choices import AllocationState, LeaseState
+from leasing.choices import LeaseState
 from leasing.models import Allocation, Gpu, Lease, LeaseEvent, Node
 from tenants.access import Actor, restrict
 
@@ -165,60 +165,20 @@ def core_group(tenant_id: int, group_key: str | None) -> str:
 
 def scheduler_snapshot(*, now: datetime):
     """What the scheduling core sees: nodes (silent or cordoned ones closed to new work), GPUs not lost,
-    live allocations grouped by lease, quotas. Read as plain values (no model instances), one query per table
-    and no id lists sent back: every cycle reads every GPU and every live allocation, so this is the part of a
-    cycle that grows with the fleet (100,000 GPUs: docs/scheduling.md, "Performance")."""
-    from django.db import connection
+    live allocations grouped by lease, quotas, warm pool members, prices. Read whole, as plain values (no model
+    instances), one query per table, each in id order (``leasing.snapshot``, which also keeps it between cycles:
+    ``scheduler_snapshot_kept``). Every GPU and every live allocation: the part of a cycle that grows with the
+    fleet (100,000 GPUs: docs/scheduling.md, "Performance")."""
+    from leasing.snapshot import snapshot_read
 
-    from leasing.scheduler import Allocation as CoreAllocation
-    from leasing.scheduler import Gpu as CoreGpu
-    from leasing.scheduler import GpuMode as CoreMode
-    from leasing.scheduler import Node as CoreNode
-    from leasing.scheduler import QuotaSpec, Snapshot, TenantQuotaSpec, Unit, WarmInstance
+    return snapshot_read(now=now)
+
+
+def snapshot_quotas() -> tuple[tuple, tuple]:
+    """The project and tenant quotas as the core's records (small: read every cycle)."""
+    from leasing.scheduler import QuotaSpec, TenantQuotaSpec
     from tenants.models import Quota, TenantQuota
 
-    nodes = list(Node.objects.values_list("pk", "node_id", "cordoned", "status"))
-    node_ids = {pk: node_id for pk, node_id, _, _ in nodes}
-    core_nodes = tuple(CoreNode(node_id, cordoned=cordoned or status != "ready")
-                       for _, node_id, cordoned, status in nodes)
-    # every GPU not lost (a GPU's node is always read: the foreign key): no list of node ids to send back
-    gpus = list(Gpu.objects.filter(lost_at__isnull=True).values_list(
-        "pk", "node_id", "model", "mode", "index", "nvlink_domain", "mode_target"))
-    modes = {mode.value: mode for mode in CoreMode}
-    # a GPU whose mode the capacity loop is changing takes no new work until the agent has switched it
-    core_gpus = tuple(CoreGpu(f"g{pk}", node_ids[node], model, modes[mode], index, nvlink_domain, bool(target))
-                      for pk, node, model, mode, index, nvlink_domain, target in gpus)
-    gpu_node = {pk: node_ids[node] for pk, node, *_ in gpus}
-    units: dict[int, list] = {}
-    first: dict[int, tuple] = {}
-    # capacity of preempted leases counts as free: it is promised to whoever reclaimed it, and a placement
-    # on it before the holder has left fails on the exclusion constraint and waits for the next cycle. One
-    # statement, its start time as epoch seconds (parsing ~100,000 timestamps costs more than the query)
-    allocation, lease, gpu = Allocation._meta.db_table, Lease._meta.db_table, Gpu._meta.db_table
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f"SELECT a.lease_id, a.gpu_id, a.milli, a.memory_mib, a.mig_profile, a.mig_start, a.tier, a.preemptible, "  # noqa: S608
-            f"l.project_id, l.tenant_id, EXTRACT(EPOCH FROM COALESCE(l.active_at, l.queued_at))::float8, l.priority, "
-            f"l.group_key FROM {allocation} a JOIN {lease} l ON l.id = a.lease_id JOIN {gpu} g ON g.id = a.gpu_id "
-            f"WHERE a.freed_at IS NULL AND g.lost_at IS NULL AND l.state <> %s ORDER BY a.id",
-            [LeaseState.PREEMPTED])
-        live = cursor.fetchall()
-    for row in live:
-        lease_id, gpu_id, milli, memory_mib, mig_profile, mig_start = row[:6]
-        held = units.get(lease_id)
-        if held is None:
-            held = units[lease_id] = []
-            first[lease_id] = row
-        held.append(Unit(f"g{gpu_id}", milli, memory_mib, mig_profile, mig_start if mig_start is not None else -1))
-    now_seconds = now.timestamp()
-    core_allocations = []
-    for lease_id, held in units.items():
-        gpu_id, tier, preemptible, project_id, tenant_id, started_at, priority, group_key = (
-            first[lease_id][1], *first[lease_id][6:])
-        core_allocations.append(CoreAllocation(
-            id=str(lease_id), project=str(project_id), tenant=str(tenant_id), tier=tier, node=gpu_node[gpu_id],
-            units=tuple(held), preemptible=preemptible, started_at=now_seconds if started_at is None else started_at,
-            priority=priority, group=core_group(tenant_id, group_key)))
     quotas = tuple(QuotaSpec(str(project_id), str(tenant_id), tier, deserved, limit, weight)
                    for project_id, tenant_id, tier, deserved, limit, weight in Quota.objects.values_list(
                        "project_id", "project__tenant_id", "tier", "deserved_gpu_milli", "limit_gpu_milli",
@@ -226,17 +186,7 @@ def scheduler_snapshot(*, now: datetime):
     tenant_quotas = tuple(TenantQuotaSpec(str(tenant_id), tier, deserved, limit)
                           for tenant_id, tier, deserved, limit in TenantQuota.objects.values_list(
                               "tenant_id", "tier", "deserved_gpu_milli", "limit_gpu_milli"))
-    # warm pool members (no lease): bindable when WARM; one still being created (PENDING) holds its slots but
-    # is not offered (a lease bound to it would wait for the agent's whole batch, longer than a cold create)
-    warm = tuple(WarmInstance(str(pk), f"g{gpu_id}", profile, start, state == AllocationState.WARM)
-                 for pk, gpu_id, profile, start, state in (
-        Allocation.objects.filter(freed_at__isnull=True, lease__isnull=True, gpu__lost_at__isnull=True,
-                                  state__in=(AllocationState.WARM, AllocationState.PENDING), gpu__mode_target="")
-        .order_by("pk").values_list("pk", "gpu_id", "mig_profile", "mig_start", "state")))
-    return Snapshot(nodes=core_nodes, gpus=core_gpus, allocations=tuple(core_allocations), quotas=quotas,
-                    tenant_quotas=tenant_quotas, min_runtime_seconds=settings.LEASE_MIN_RUNTIME_SECONDS, warm=warm,
-                    prices=tier_prices(now=now),
-                    group_reserve_after_seconds=settings.LEASE_GROUP_RESERVE_AFTER_SECONDS)
+    return quotas, tenant_quotas
 
 
 def tier_prices(*, now: datetime) -> dict[str, int]:

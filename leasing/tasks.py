@@ -27,7 +27,8 @@ def schedule_cycle() -> dict:
 
 @shared_task(name="leasing.leases_provision_run", bind=True, acks_late=True, max_retries=AGENT_RETRIES)
 def leases_provision_run(self, lease_ids: list[int]) -> dict:
-    """The leases one schedule cycle placed on one node: one agent call, one transaction."""
+    """The leases one schedule cycle placed on a batch of nodes (``cycle.provision_batches``): one agent call per
+    node, the calls made at once, then one transaction."""
     try:
         return services.leases_provision(lease_ids=lease_ids)
     except AgentUnreachable as error:

@@ -3,7 +3,9 @@ destroying instances on release, and preemption notices."""
 
 from __future__ import annotations
 
+import contextvars
 import logging
+from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta
 
 from django.conf import settings
@@ -154,9 +156,39 @@ def lease_provision(*, lease_id: int) -> str:
     return Lease.objects.values_list("state", flat=True).get(pk=lease_id)
 
 
+# a provisioning task's agent calls made at once (one per node; a cycle sends a task per batch of nodes)
+PROVISION_CONCURRENCY = 16
+
+
+def _create_on_nodes(by_node: dict[int, list]) -> list[tuple[object, list, object]]:
+    """(node, its allocations, the agent's answers or the exception its call raised) per node, in ``by_node``'s
+    order: one ``create_many`` call per node, the calls made concurrently (threads: they wait on the network)
+    when there are several nodes, each in a copy of this context (a trace's spans keep their parent). No
+    database access in the threads."""
+    from agent.client import AgentHTTPError, AgentUnreachable
+
+    def call(allocations: list) -> object:
+        node = allocations[0].gpu.node
+        try:
+            return agent_client(node).create_many({a.instance_id: allocation_spec(a) for a in allocations})
+        except (AgentUnreachable, AgentHTTPError) as error:
+            return error
+
+    groups = list(by_node.values())
+    if len(groups) <= 1:
+        answers = [call(allocations) for allocations in groups]
+    else:
+        with ThreadPoolExecutor(max_workers=min(len(groups), PROVISION_CONCURRENCY)) as pool:
+            futures = [pool.submit(contextvars.copy_context().run, call, allocations) for allocations in groups]
+            answers = [future.result() for future in futures]
+    return [(allocations[0].gpu.node, allocations, answer) for allocations, answer in zip(groups, answers,
+                                                                                         strict=True)]
+
+
 def leases_provision(*, lease_ids: list[int]) -> dict[str, int]:
     """Create the pending instances of these leases (idempotent): one batch call per node
-    (``AgentClient.create_many``), then one transaction records them all (``allocations_ready``). A
+    (``AgentClient.create_many``; several nodes' calls at once), then one transaction records them all
+    (``allocations_ready``). A
     refusal (4xx) requeues that lease with the reason, its other instances destroyed. A node that does
     not answer (or answers 5xx) raises ``AgentUnreachable`` once what the other nodes made is recorded;
     running this again is harmless (the agent returns the instances it already made)."""
@@ -168,14 +200,12 @@ def leases_provision(*, lease_ids: list[int]) -> dict[str, int]:
     for allocation in pending:
         by_node.setdefault(allocation.gpu.node_id, []).append(allocation)
     ready, refused, unreachable = [], {}, []
-    for allocations in by_node.values():
-        node = allocations[0].gpu.node
-        try:
-            answers = agent_client(node).create_many({a.instance_id: allocation_spec(a) for a in allocations})
-        except AgentUnreachable as error:
-            unreachable.append(str(error))
+    for node, allocations, answers in _create_on_nodes(by_node):
+        if isinstance(answers, AgentUnreachable):
+            unreachable.append(str(answers))
             continue
-        except AgentHTTPError as error:  # the call as a whole refused
+        if isinstance(answers, AgentHTTPError):  # the call as a whole refused
+            error = answers
             answers = {a.instance_id: {"status": error.status, "problem": error.problem} for a in allocations}
         for allocation in allocations:
             answer = answers.get(allocation.instance_id) or {"status": 502, "problem": {"detail": "no answer"}}

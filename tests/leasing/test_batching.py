@@ -133,3 +133,33 @@ def test_batching_a_node_is_provisioned_in_one_call_and_a_refusal_requeues_alone
     node = Node.objects.get(pk=lost.gpu.node_id)
     held = {i["allocation_id"] for i in services.agent_client(node).inventory()["instances"]}
     assert held == {a.instance_id for a in Allocation.objects.filter(gpu__node=node, freed_at__isnull=True)}
+
+
+def test_batching_a_cycle_sends_one_provisioning_task_per_batch_of_nodes():
+    """Per node while few (spread over the workers), batches of at most 32 nodes at fleet scale."""
+    from leasing.services.cycle import provision_batches
+
+    assert provision_batches([[1], [2, 3], [4]]) == [[1], [2, 3], [4]]
+    nodes = [[n] for n in range(1918)]
+    batches = provision_batches(nodes)
+    assert len(batches) == 60 and max(len(batch) for batch in batches) <= 32
+    assert [lease for batch in batches for lease in batch] == list(range(1918))  # every lease once, in order
+    assert provision_batches([]) == []
+
+
+def test_batching_one_task_provisions_several_nodes_at_once(fleet, world, no_tasks):
+    make_quota(world.project, "H100-80GB", deserved=4000, limit=4000)
+    make_quota(world.project, "A100-80GB", deserved=4000, limit=4000)
+    actor = _member(world)
+    mig, _ = services.lease_request(actor=actor, project="vision", gpu={"kind": "mig", "profile": "7g.80gb"})
+    whole, _ = services.lease_request(actor=actor, project="vision",
+                                      gpu={"kind": "whole", "model": "A100-80GB"})
+    services.schedule_cycle()
+    sent = [args[0] for name, args in no_tasks if name == "leases_provision_run"]
+    assert sorted(sent) == sorted([[mig.pk], [whole.pk]])  # two nodes: a task each
+    nodes = set(Allocation.objects.filter(lease__in=[mig, whole]).values_list("gpu__node", flat=True))
+    assert len(nodes) == 2
+    # the same two leases in one task (a batch): both nodes' agents called, all recorded in one go
+    assert services.leases_provision(lease_ids=[mig.pk, whole.pk]) == {"active": 2, "requeued": 0}
+    assert {Lease.objects.get(pk=pk).state for pk in (mig.pk, whole.pk)} == {"active"}
+    assert services.leases_provision(lease_ids=[mig.pk, whole.pk]) == {"active": 0, "requeued": 0}  # idempotent
