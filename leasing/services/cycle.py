@@ -22,6 +22,7 @@ from leasing.choices import (
 )
 from leasing.models import Allocation, Lease, LeaseEvent
 from leasing.scheduler import DecisionMode, plan
+from leasing.scheduler.collector import collector_paused
 from leasing.selectors import QueuedLease, core_group, core_request, lease_queue, queued_leases
 from leasing.services.groups import group_leaving, group_preempted
 from leasing.services.provisioning import release_instances_quietly
@@ -52,64 +53,71 @@ def schedule_cycle(*, now: datetime | None = None) -> dict:
             if not cursor.fetchone()[0]:
                 # a cycle is running: it looks again for what it did not see once it has committed
                 return {**counts, "skipped": 1}
-        started = time.time()  # the lock is held from here to the commit: no other cycle runs meanwhile
-        # suspended tenants' leases are held, never placed
-        queued = queued_leases(lease_queue()[:QUEUE_LIMIT])  # plain rows (QueuedLease), not model instances
-        grouped = {(lease.tenant_id, lease.group_key) for lease in queued if lease.group_key}
-        if grouped and len(queued) == QUEUE_LIMIT:  # a group cut by the limit is read whole: placed whole or not
-            queued += queued_leases(lease_queue().filter(group_key__in={key for _, key in grouped}).exclude(
-                pk__in=ids_in(lease.pk for lease in queued)))
-        seen = [lease.pk for lease in queued]
-        transaction.on_commit(lambda: _cycle_again_if_new(seen))
-        # a group with a member still serving its preemption notice is placed again only once that member has
-        # left and is queued with the rest (else the others would start without it)
-        leaving = group_leaving(queued)
-        if leaving:
-            held = [lease for lease in queued if (lease.tenant_id, lease.group_key) in leaving]
-            for lease in held:
-                member = leaving[(lease.tenant_id, lease.group_key)]
-                lease.reason = (f"waiting: group '{lease.group_key}': lease {member} is serving its preemption "
-                                "notice; the group is placed again whole once it has left")
-                lease.queue_position = None
-            update_each(Lease, held, ["reason", "queue_position"], state=LeaseState.QUEUED)
-            queued = [lease for lease in queued if (lease.tenant_id, lease.group_key) not in leaving]
-        if not queued:
-            return counts
-        counts["seen"] = len(queued)
-        # this process's snapshot kept since its last cycle, with only what changed since read again (by the
-        # change log's transaction ids: leasing/snapshot.py); read whole the first time and on any doubt
-        cache = snapshot_cache()
-        snapshot = cache.load(now=now)
-        cache.prune(wall=started)
-        by_id = {str(lease.pk): lease for lease in queued}
-        shapes: dict = {}
-        decisions = plan(snapshot, [core_request(lease, shapes) for lease in queued], now=now.timestamp())
-        gpus = {gpu.id: gpu for gpu in snapshot.gpus}  # what the plan placed on: model, mode, node
-        placements = [(by_id[d.request], d) for d in decisions if d.mode == DecisionMode.PLACED]
-        placed, refused = _place_all(placements, gpus, now)
-        counts["placed"] = len(placed)
-        waiting = []
-        for decision in decisions:
-            lease = by_id[decision.request]
-            if decision.mode == DecisionMode.PLACED:
-                if lease.pk not in refused:
-                    continue  # placed, or released since the cycle read it (its placement is undone)
-                reason = "waiting: the capacity chosen is still being vacated; retrying next cycle"
-            elif decision.mode == DecisionMode.PREEMPT:
-                counts["preempt"] += 1
-                _preempt(decision, now)
-                reason = _reclaim_reason(lease, decision)
-            else:
-                counts["waiting"] += 1
-                reason = _tenant_terms(decision.reason, lease)
-            if (lease.reason, lease.queue_position) != (reason, decision.queue_position):
-                lease.reason, lease.queue_position = reason, decision.queue_position
-                waiting.append(lease)
-        # what waits, and why: one statement for all whose reason or place changed (still queued only)
-        update_each(Lease, waiting, ["reason", "queue_position"], state=LeaseState.QUEUED)
-        # a cycle that decided something, with the span it held the lock (wall clock; the scale-out test checks
-        # that no two of these overlap across scheduler workers: tests/deploy/test_scaleout.py)
-        logger.info("schedule cycle ran from %.6f to %.6f: %s", started, time.time(), counts)
+        # the collector paused while the cycle makes its objects (leasing/scheduler/collector.py)
+        with collector_paused():
+            return _schedule_cycle_locked(now, counts)
+
+
+def _schedule_cycle_locked(now: datetime, counts: dict) -> dict:
+    """The cycle's body, in ``schedule_cycle``'s transaction with its lock held."""
+    started = time.time()  # the lock is held from here to the commit: no other cycle runs meanwhile
+    # suspended tenants' leases are held, never placed
+    queued = queued_leases(lease_queue()[:QUEUE_LIMIT])  # plain rows (QueuedLease), not model instances
+    grouped = {(lease.tenant_id, lease.group_key) for lease in queued if lease.group_key}
+    if grouped and len(queued) == QUEUE_LIMIT:  # a group cut by the limit is read whole: placed whole or not
+        queued += queued_leases(lease_queue().filter(group_key__in={key for _, key in grouped}).exclude(
+            pk__in=ids_in(lease.pk for lease in queued)))
+    seen = [lease.pk for lease in queued]
+    transaction.on_commit(lambda: _cycle_again_if_new(seen))
+    # a group with a member still serving its preemption notice is placed again only once that member has
+    # left and is queued with the rest (else the others would start without it)
+    leaving = group_leaving(queued)
+    if leaving:
+        held = [lease for lease in queued if (lease.tenant_id, lease.group_key) in leaving]
+        for lease in held:
+            member = leaving[(lease.tenant_id, lease.group_key)]
+            lease.reason = (f"waiting: group '{lease.group_key}': lease {member} is serving its preemption "
+                            "notice; the group is placed again whole once it has left")
+            lease.queue_position = None
+        update_each(Lease, held, ["reason", "queue_position"], state=LeaseState.QUEUED)
+        queued = [lease for lease in queued if (lease.tenant_id, lease.group_key) not in leaving]
+    if not queued:
+        return counts
+    counts["seen"] = len(queued)
+    # this process's snapshot kept since its last cycle, with only what changed since read again (by the
+    # change log's transaction ids: leasing/snapshot.py); read whole the first time and on any doubt
+    cache = snapshot_cache()
+    snapshot = cache.load(now=now)
+    cache.prune(wall=started)
+    by_id = {str(lease.pk): lease for lease in queued}
+    shapes: dict = {}
+    decisions = plan(snapshot, [core_request(lease, shapes) for lease in queued], now=now.timestamp())
+    gpus = {gpu.id: gpu for gpu in snapshot.gpus}  # what the plan placed on: model, mode, node
+    placements = [(by_id[d.request], d) for d in decisions if d.mode == DecisionMode.PLACED]
+    placed, refused = _place_all(placements, gpus, now)
+    counts["placed"] = len(placed)
+    waiting = []
+    for decision in decisions:
+        lease = by_id[decision.request]
+        if decision.mode == DecisionMode.PLACED:
+            if lease.pk not in refused:
+                continue  # placed, or released since the cycle read it (its placement is undone)
+            reason = "waiting: the capacity chosen is still being vacated; retrying next cycle"
+        elif decision.mode == DecisionMode.PREEMPT:
+            counts["preempt"] += 1
+            _preempt(decision, now)
+            reason = _reclaim_reason(lease, decision)
+        else:
+            counts["waiting"] += 1
+            reason = _tenant_terms(decision.reason, lease)
+        if (lease.reason, lease.queue_position) != (reason, decision.queue_position):
+            lease.reason, lease.queue_position = reason, decision.queue_position
+            waiting.append(lease)
+    # what waits, and why: one statement for all whose reason or place changed (still queued only)
+    update_each(Lease, waiting, ["reason", "queue_position"], state=LeaseState.QUEUED)
+    # a cycle that decided something, with the span it held the lock (wall clock; the scale-out test checks
+    # that no two of these overlap across scheduler workers: tests/deploy/test_scaleout.py)
+    logger.info("schedule cycle ran from %.6f to %.6f: %s", started, time.time(), counts)
     return counts
 
 
