@@ -411,10 +411,11 @@ def _headlines() -> str:
          "unaffected", yes(scale["api_p99_ratio"] <= 1.2)],
         [f"schedule cycle, {core['gpus']:,} GPUs / {core['queued']:,} requests (`scheduler_cycle`, `_db`)",
          f"core {core['cycle_cpu_seconds']} CPU s ({core['decisions_per_cpu_second']:,} decisions per CPU s); "
-         f"from PostgreSQL on the kept snapshot: read + plan {db['kept_cycle_cpu_seconds']} CPU s, with the write "
-         f"{db['cycle_with_write_cpu_seconds']} CPU s (read whole: {db['cycle_cpu_seconds']})",
+         f"from PostgreSQL on the kept snapshot: read + plan {db['kept_cycle_wall_seconds']} s "
+         f"({db['kept_cycle_cpu_seconds']} CPU s); with the write {db['cycle_with_write_wall_seconds']} s "
+         f"({db['cycle_with_write_cpu_seconds']} CPU s + {db['cycle_with_write_postgres_cpu_seconds']} PostgreSQL)",
          "≤ 2 s, ≥ 10,000 decisions/s",
-         yes(db["cycle_with_write_cpu_seconds"] <= 2 and core["decisions_per_cpu_second"] >= 10000)],
+         yes(db["cycle_with_write_wall_seconds"] <= 2 and core["decisions_per_cpu_second"] >= 10000)],
         ["month close, 1,000 tenants / 10,000 GPUs (`billing`)",
          f"{bill['month_close']['wall_s']} s wall, {close_cpu} CPU s", "≤ 60 s", yes(bill["month_close"]["wall_s"] <= 60)],
         ["hourly metering at 100,000 GPUs (`billing_hourly`)", f"{hourly['hourly_metering']['wall_s']} s",
