@@ -381,6 +381,9 @@ def _fleet(actor: Actor, gpus, candidates) -> tuple[list, dict]:
     except KeyError as error:
         raise ValidationFailed(str(error.args[0]), field="candidates.tier") from None
     count = candidates.get("count")
+    if count is None:  # the body is well formed (each field is optional alone), the pair is not: a tier needs count
+        raise Unprocessable(f"a tier needs count: how many GPUs of it, 1 to {MAX_SPLIT_GPUS}.",
+                            field="candidates.count")
     if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= MAX_SPLIT_GPUS:
         raise ValidationFailed(f"count is a whole number from 1 to {MAX_SPLIT_GPUS}.", field="candidates.count")
     per_node = candidates.get("per_node") or tier_node_size(model.code)

@@ -93,7 +93,8 @@ class ModelSplitCreateApi(APIView):
                      "(field candidates)"),
         422: problem("Well-formed parts that do not fit together (unprocessable, naming the field): free_mib above "
                      "the model's memory, two candidates of one id, neither architecture nor layers, both or "
-                     "neither of gpus and candidates, both or neither of candidates.free and candidates.tier")},
+                     "neither of gpus and candidates, both or neither of candidates.free and candidates.tier, a "
+                     "candidates.tier without candidates.count")},
                    summary="Split a model's layers over candidate GPUs (heuristic; equal-layers and optimum beside)")
     def post(self, request):
         data = parse(s.ModelSplitInput, request)

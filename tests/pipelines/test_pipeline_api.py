@@ -320,7 +320,7 @@ def test_a_split_on_a_tier_plans_hypothetical_gpus_packed_as_the_tiers_nodes_are
     ({"gpus": [{"model": "L4"}], "candidates": {"tier": "L4", "count": 2}}, 422, "candidates"),
     ({"candidates": {"free": True, "tier": "L4", "count": 2}}, 422, "candidates"),
     ({"candidates": {"free": False}}, 422, "candidates"),
-    ({"candidates": {"tier": "L4"}}, 400, "candidates.count"),
+    ({"candidates": {"tier": "L4"}}, 422, "candidates.count"),  # well formed (each field optional), the pair is not
     ({"candidates": {"tier": "Z80", "count": 2}}, 400, "candidates.tier"),
     ({"candidates": {"tier": "L4", "count": 65}}, 400, "candidates.count"),
     ({"candidates": {"free": True, "project": "nowhere"}}, 404, "candidates.project"),

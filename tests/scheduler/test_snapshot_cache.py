@@ -125,10 +125,12 @@ OPS = ("enroll", "cordon", "silence", "rename", "move", "heartbeat", "lose", "sw
 
 
 def _other() -> psycopg.Connection:
-    """A second connection to the test database (its own transactions)."""
-    url = connection.settings_dict
-    return psycopg.connect(dbname=url["NAME"], user=url["USER"], host=url["HOST"], port=url["PORT"] or 5432,
-                           password=url["PASSWORD"] or None)
+    """A second connection to the test database (its own transactions), with the parameters Django connects with
+    (the embedded PostgreSQL's socket directory is in OPTIONS, not in HOST)."""
+    params = connection.get_connection_params()
+    for django_only in ("cursor_factory", "context", "prepare_threshold"):
+        params.pop(django_only, None)
+    return psycopg.connect(**params)
 
 
 def _check(cache: SnapshotCache) -> None:
