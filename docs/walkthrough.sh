@@ -6,7 +6,7 @@
 # them only check the answers and wait.
 #
 #   make run                    # in another terminal: the service, its demo tenants and a simulated fleet
-#   sh docs/walkthrough.sh      # BASE_URL=http://127.0.0.1:8001 sh docs/walkthrough.sh after make run PORT=8001
+#   sh docs/walkthrough.sh      # BASE_URL=http://127.0.0.1:8010 sh docs/walkthrough.sh after make run PORT=8010
 #
 # Needs curl and the project's .venv (its Python reads the JSON answers; jq is not needed). manage.py
 # finds the database of the running `make run` through var/runtime.env (DATABASE_URL, when set, wins).
