@@ -167,8 +167,8 @@ def scheduler_snapshot(*, now: datetime):
     """What the scheduling core sees: nodes (silent or cordoned ones closed to new work), GPUs not lost,
     live allocations grouped by lease, quotas, warm pool members, prices. Read whole, as plain values (no model
     instances), one query per table, each in id order (``leasing.snapshot``, which also keeps it between cycles:
-    ``scheduler_snapshot_kept``). Every GPU and every live allocation: the part of a cycle that grows with the
-    fleet (100,000 GPUs: docs/scheduling.md, "Performance")."""
+    ``snapshot_cache().load``, the schedule cycle's). Every GPU and every live allocation: the part of a cycle
+    that grows with the fleet (100,000 GPUs: docs/scheduling.md, "Performance")."""
     from leasing.snapshot import snapshot_read
 
     return snapshot_read(now=now)

@@ -281,10 +281,6 @@ def snapshot_read(*, now: datetime):
 _cache = SnapshotCache()
 
 
-def scheduler_snapshot_kept(*, now: datetime):
-    """The schedule cycle's snapshot: this process's kept one, brought up to date (``SnapshotCache.load``)."""
-    return _cache.load(now=now)
-
-
 def snapshot_cache() -> SnapshotCache:
+    """This process's kept snapshot (the schedule cycle brings it up to date with ``load``)."""
     return _cache

@@ -232,32 +232,43 @@ def node_inventory_sync(*, node: Node, inventory: object, now: datetime, strict:
     return refused
 
 
-def node_request_verify(*, node_id: str, headers, method: str, path: str, query: str, body: bytes,
-                        now: datetime | None = None) -> Node:
-    """The node that signed this request (``agent.signing``), else ``AgentUnauthenticated``. The nonce is
-    claimed in PostgreSQL (unique per node), so a replay is refused by every web process."""
+def _signed_by(*, node_id: str, secret: str | None, headers, method: str, path: str, query: str, body: bytes,
+               now: datetime, claim) -> None:
+    """The request's signature checked (``agent.signing``) against the node's ``secret`` (None: no such node), its
+    nonce claimed by ``claim(nonce, expires_at) -> bool`` (False: seen before); else ``AgentUnauthenticated``."""
     from agent.signing import HEADER_NONCE, WINDOW, SignatureError, verify
 
-    now = now or timezone.now()
-    node = Node.objects.filter(node_id=node_id).only("pk", "node_id", "secret", "secret_used_at").first()
     if len(headers.get(HEADER_NONCE, "")) > 64:
         raise AgentUnauthenticated("X-Gpub-Nonce must be at most 64 characters.", field=HEADER_NONCE)
 
     class _Nonces:
         @staticmethod
         def add(nonce: str, _now: float) -> bool:
-            with connection.cursor() as cursor:
-                cursor.execute(
-                    "INSERT INTO broker_agentnonce (node_id, nonce, expires_at) VALUES (%s, %s, %s) "
-                    "ON CONFLICT (node_id, nonce) DO NOTHING", [node.pk, nonce, now + timedelta(seconds=2 * WINDOW)])
-                return cursor.rowcount == 1
+            return claim(nonce, now + timedelta(seconds=2 * WINDOW))
 
     try:
-        verify(headers, method, path, query, body,
-               lambda nid: node.secret if node is not None and nid == node_id else None, _Nonces,
+        verify(headers, method, path, query, body, lambda nid: secret if nid == node_id else None, _Nonces,
                now=now.timestamp())
     except SignatureError as error:
         raise AgentUnauthenticated(str(error)) from None
+
+
+def node_request_verify(*, node_id: str, headers, method: str, path: str, query: str, body: bytes,
+                        now: datetime | None = None) -> Node:
+    """The node that signed this request (``agent.signing``), else ``AgentUnauthenticated``. The nonce is
+    claimed in PostgreSQL (unique per node), so a replay is refused by every web process."""
+    now = now or timezone.now()
+    node = Node.objects.filter(node_id=node_id).only("pk", "node_id", "secret", "secret_used_at").first()
+
+    def claim(nonce: str, expires_at: datetime) -> bool:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "INSERT INTO broker_agentnonce (node_id, nonce, expires_at) VALUES (%s, %s, %s) "
+                "ON CONFLICT (node_id, nonce) DO NOTHING", [node.pk, nonce, expires_at])
+            return cursor.rowcount == 1
+
+    _signed_by(node_id=node_id, secret=node.secret if node is not None else None, headers=headers, method=method,
+               path=path, query=query, body=body, now=now, claim=claim)
     if node.secret_used_at is None:  # the agent holds its secret: its enrollment answer is not repeated any more
         Node.objects.filter(pk=node.pk, secret_used_at__isnull=True).update(secret_used_at=now)
         node.secret_used_at = now
@@ -272,40 +283,30 @@ def node_heartbeat_signed(*, node_id: str, headers, method: str, path: str, quer
     and one statement claims the nonce and, only when it was new, records the heartbeat (and the first use of
     the secret). A replayed nonce writes nothing; a node that is not ``ready`` (silent, back now) takes
     ``node_heartbeat``'s transaction as before. 1,000 nodes every 15 s are 67 of these a second."""
-    from agent.signing import HEADER_NONCE, WINDOW, SignatureError, verify
-
     now = now or timezone.now()
-    if len(headers.get(HEADER_NONCE, "")) > 64:
-        raise AgentUnauthenticated("X-Gpub-Nonce must be at most 64 characters.", field=HEADER_NONCE)
     with connection.cursor() as cursor:
         cursor.execute("SELECT id, secret, secret_used_at FROM broker_node WHERE node_id = %s", [node_id])
         row = cursor.fetchone()
     outcome: dict[str, bool] = {}
 
-    class _Claim:
-        @staticmethod
-        def add(nonce: str, _now: float) -> bool:
-            # the nonce (unique per node: a replay in any web process inserts nothing) and the heartbeat of a
-            # ready node, in one statement; the UPDATE runs only when the INSERT did
-            with connection.cursor() as cursor:
-                cursor.execute(
-                    "WITH claimed AS (INSERT INTO broker_agentnonce (node_id, nonce, expires_at) VALUES (%s, %s, %s) "
-                    "ON CONFLICT (node_id, nonce) DO NOTHING RETURNING 1), "
-                    "beat AS (UPDATE broker_node SET last_heartbeat_at = %s, "
-                    "secret_used_at = COALESCE(secret_used_at, %s) "
-                    "WHERE id = %s AND status = 'ready' AND silent_since IS NULL AND EXISTS (SELECT FROM claimed) "
-                    "RETURNING 1) "
-                    "SELECT EXISTS (SELECT FROM claimed), EXISTS (SELECT FROM beat)",
-                    [row[0], nonce, now + timedelta(seconds=2 * WINDOW), now, now, row[0]])
-                claimed, beat = cursor.fetchone()
-            outcome["beat"] = beat
-            return claimed
+    def claim(nonce: str, expires_at: datetime) -> bool:
+        # the nonce (unique per node: a replay in any web process inserts nothing) and the heartbeat of a ready
+        # node, in one statement; the UPDATE runs only when the INSERT did
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "WITH claimed AS (INSERT INTO broker_agentnonce (node_id, nonce, expires_at) VALUES (%s, %s, %s) "
+                "ON CONFLICT (node_id, nonce) DO NOTHING RETURNING 1), "
+                "beat AS (UPDATE broker_node SET last_heartbeat_at = %s, "
+                "secret_used_at = COALESCE(secret_used_at, %s) "
+                "WHERE id = %s AND status = 'ready' AND silent_since IS NULL AND EXISTS (SELECT FROM claimed) "
+                "RETURNING 1) "
+                "SELECT EXISTS (SELECT FROM claimed), EXISTS (SELECT FROM beat)",
+                [row[0], nonce, expires_at, now, now, row[0]])
+            claimed, outcome["beat"] = cursor.fetchone()
+        return claimed
 
-    try:
-        verify(headers, method, path, query, body,
-               lambda nid: row[1] if row is not None and nid == node_id else None, _Claim, now=now.timestamp())
-    except SignatureError as error:
-        raise AgentUnauthenticated(str(error)) from None
+    _signed_by(node_id=node_id, secret=row[1] if row is not None else None, headers=headers, method=method,
+               path=path, query=query, body=body, now=now, claim=claim)
     node = Node(pk=row[0], node_id=node_id, secret=row[1], secret_used_at=row[2] or now)
     if outcome.get("beat"):
         node.last_heartbeat_at = now
