@@ -25,28 +25,20 @@ def client_ip(request) -> str | None:
 
 # One Redis round trip per request: a sliding-window counter over two fixed windows (the current one and the
 # one before, weighted by how much of it still lies inside the sliding window). KEYS: the current and the previous
-# window's counters; ARGV: the limit, the window in seconds, the seconds elapsed in the current window. Answers
-# 0 when the request is allowed (and counted), else the seconds to wait (at least 1).
+# window's counters; ARGV: the limit, the window in seconds, the seconds elapsed in the current window. Counts the
+# request when it is within the budget; answers {counted (1 or 0), the current count, the previous count} as they
+# were before it, from which ``_over`` says how long to wait.
 _SLIDING_WINDOW = """
 local limit, window, elapsed = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local current = tonumber(redis.call('GET', KEYS[1]) or '0')
 local previous = tonumber(redis.call('GET', KEYS[2]) or '0')
-local weight = (window - elapsed) / window
-if previous * weight + current >= limit then
-  local wait
-  if current >= limit or previous == 0 then
-    wait = window - elapsed
-  else
-    wait = window * (1 - (limit - current) / previous) - elapsed
-    if wait <= 0 then wait = window - elapsed end
-  end
-  return tostring(math.max(1, math.ceil(wait)))
+if previous * (window - elapsed) / window + current >= limit then
+  return {0, current, previous}
 end
 redis.call('INCR', KEYS[1])
 redis.call('EXPIRE', KEYS[1], math.ceil(2 * window) + 1)
-return 0
+return {1, current, previous}
 """
-
 
 class TenantRateThrottle(SimpleRateThrottle):
     """One request budget per token (or per session user), so one noisy script cannot starve others.
@@ -88,26 +80,36 @@ class TenantRateThrottle(SimpleRateThrottle):
             script = self._scripts.get(id(client))
             if script is None:
                 script = self._scripts.setdefault(id(client), client.register_script(_SLIDING_WINDOW))
-            answer = int(script(keys=[self.cache.make_and_validate_key(current),
-                                      self.cache.make_and_validate_key(previous)],
-                                args=[self.num_requests, self.duration, repr(elapsed)]))
-            if answer:
-                self._wait = float(answer)
-            return not answer
+            counted, count, before = script(keys=[self.cache.make_and_validate_key(current),
+                                                  self.cache.make_and_validate_key(previous)],
+                                            args=[self.num_requests, self.duration, repr(elapsed)])
+            if not counted:
+                self._wait = self._seconds_to_wait(int(count), int(before), elapsed)
+            return bool(counted)
         return self._allow_generic(current, previous, elapsed)
+
+    def _over(self, count: int, before: int, elapsed: float) -> bool:
+        """Whether a request now would exceed the budget: this window's ``count`` and the previous one's
+        ``before``, weighted by the share of it still inside the sliding window (the script's test)."""
+        return before * (self.duration - elapsed) / self.duration + count >= self.num_requests
+
+    def _seconds_to_wait(self, count: int, before: int, elapsed: float) -> float:
+        """Until the previous window's weight has fallen enough for one more request, else until this window
+        ends; at least 1."""
+        if count >= self.num_requests or before == 0:
+            wait = self.duration - elapsed
+        else:
+            wait = self.duration * (1 - (self.num_requests - count) / before) - elapsed
+            if wait <= 0:
+                wait = self.duration - elapsed
+        return float(max(1, math.ceil(wait)))
 
     def _allow_generic(self, current: str, previous: str, elapsed: float) -> bool:
         """The same counter on a cache without scripts (two reads, then ``add`` and ``incr``)."""
         counts = self.cache.get_many([current, previous])
         count, before = counts.get(current, 0), counts.get(previous, 0)
-        if before * (self.duration - elapsed) / self.duration + count >= self.num_requests:
-            if count >= self.num_requests or before == 0:
-                wait = self.duration - elapsed
-            else:
-                wait = self.duration * (1 - (self.num_requests - count) / before) - elapsed
-                if wait <= 0:
-                    wait = self.duration - elapsed
-            self._wait = float(max(1, math.ceil(wait)))
+        if self._over(count, before, elapsed):
+            self._wait = self._seconds_to_wait(count, before, elapsed)
             return False
         timeout = 2 * self.duration + 1
         if not self.cache.add(current, 1, timeout=timeout):
