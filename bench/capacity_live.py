@@ -7,7 +7,7 @@ The issue's target: p95 time-to-GPU under 1 s for warm-pool profiles in the live
 whole service on this machine as ``bench/leasing.py`` does (its helpers are imported, not copied): a
 PostgreSQL server (``DATABASE_URL``'s, else a private embedded one), the Celery broker as ``make run`` finds
 it, gunicorn, ``--workers`` Celery worker processes, **Celery beat** with ``CAPACITY_PLAN_SECONDS =
---plan-every`` (so ``fleet.plan_run`` runs from beat exactly as in production, beside the other periodic
+--plan-every`` (so ``capacity.plan_run`` runs from beat exactly as in production, beside the other periodic
 tasks), and a fleet of ``--nodes`` simulated nodes of 8 x H100 in MIG mode.
 
 The agents answer a MIG create ``--create-latency`` seconds late per instance (default 2 s): creating a GPU
@@ -19,7 +19,7 @@ process at ``--rate`` per second (the same seeded sequence of gaps in both), eac
 thread (DELETE) ``--hold`` seconds after it was asked for, or as soon as it is active when that is later
 (a client gives back only what it got):
 
-1. **cold**: every capacity-loop kind off (``fleet.services.policy_set``): every lease pays the cold path.
+1. **cold**: every capacity-loop kind off (``capacity.services.policy_set``): every lease pays the cold path.
 2. **warm**: ``warm_pool = auto`` with ``cold_provision_seconds`` = the refill time of a member: the plan
    period (the planner notices a member used) plus the create latency times the members one planner run
    makes on one node (rate x plan period, rounded up: the planner puts a refill on one GPU, whose node makes
@@ -35,7 +35,7 @@ rest went the cold way. Bound leases whose member was still being made when they
 (``warm_at`` after ``requested_at``) are shown apart: they waited for an agent call after all. CPU per
 lease of each phase is measured as in ``bench/leasing.py`` (process trees, first request of the phase to
 its last ACTIVE; beat and the planner's agent calls included, and the releases that fall inside it). The
-warm pool's price is the GPU-hours its members were held by nobody (``fleet.selectors.warm_holding``). On a
+warm pool's price is the GPU-hours its members were held by nobody (``capacity.selectors.warm_holding``). On a
 busy machine the absolute seconds move; the ratio p95 bound-warm / p95 cold of the same run moves much
 less, so it is printed too.
 
@@ -126,7 +126,7 @@ def _arguments() -> argparse.Namespace:
 def _setup(env: dict, nodes: int) -> tuple[str, str]:
     """A tenant with a project and quota for the whole fleet: (API token, enrollment token)."""
     setup = ("from tests.factories import make_tenant, make_member, make_project, make_quota, make_token;"
-             "from leasing import services;"
+             "from broker import services;"
              "t = make_tenant('bench'); u = make_member(t, 'bencher', 'member'); p = make_project(t, 'load');"
              f"make_quota(p, '{MODEL}', deserved={nodes * 8 * 1000}, limit={nodes * 8 * 1000});"
              f"print(make_token(t, u)[1]); print(services.enrollment_token_create(uses={nodes}))")
@@ -222,7 +222,7 @@ class Releaser(threading.Thread):
             connection.close()
 
     def _loop(self) -> None:
-        from leasing.models import Lease
+        from broker.models import Lease
 
         while True:
             with self.wake:
@@ -273,7 +273,7 @@ def _arrive(phase: str, args, port: int, token: str, releaser: Releaser) -> tupl
 # -- what the database says -------------------------------------------------------------------------------------
 def _served(ids: list[int]) -> set[int]:
     """The leases that reached ACTIVE, or ended without (released while waiting)."""
-    from leasing.models import Lease, LeaseEvent
+    from broker.models import Lease, LeaseEvent
 
     active = set(LeaseEvent.objects.filter(lease_id__in=ids, to_state="active").values_list("lease_id", flat=True))
     ended = set(Lease.objects.filter(pk__in=ids, state__in=("released", "expired", "failed")).values_list(
@@ -294,7 +294,7 @@ def _wait_served(ids: list[int], meter, limit: float) -> bool:
 def _time_to_gpu(ids: list[int]) -> tuple[dict[int, float], set[int], set[int], float]:
     """(seconds from request to first ACTIVE per lease that got one, those that bound a warm member, those
     whose member was still being made when they were asked for, the time of the last ACTIVE)."""
-    from leasing.models import Allocation, Lease, LeaseEvent
+    from broker.models import Allocation, Lease, LeaseEvent
 
     requested = dict(Lease.objects.filter(pk__in=ids).values_list("pk", "requested_at"))
     active: dict[int, datetime] = {}
@@ -310,7 +310,7 @@ def _time_to_gpu(ids: list[int]) -> tuple[dict[int, float], set[int], set[int], 
 
 
 def _requested(ids: list[int]) -> list[datetime]:
-    from leasing.models import Lease
+    from broker.models import Lease
 
     return list(Lease.objects.filter(pk__in=ids).values_list("requested_at", flat=True))
 
@@ -345,7 +345,7 @@ def _cpu(used: dict, busy: float, leases: int) -> dict:
 
 
 def _policy(warm: bool, args) -> None:
-    from fleet.services import policy_set
+    from capacity.services import policy_set
 
     values: dict = dict.fromkeys(MODE_KINDS, "off")
     if warm:
@@ -356,8 +356,8 @@ def _policy(warm: bool, args) -> None:
 
 def _pool() -> tuple[int, int, int | None]:
     """(warm members ready, being made, the size the last applied warm-pool adjustment left)."""
-    from fleet.models import Adjustment
-    from leasing.models import Allocation
+    from broker.models import Allocation
+    from capacity.models import Adjustment
 
     members = Allocation.objects.filter(lease__isnull=True, freed_at__isnull=True, mig_profile=PROFILE)
     last = (Adjustment.objects.filter(kind="warm_pool", state="applied").order_by("-finished_at", "-pk")
@@ -382,9 +382,9 @@ def _warm_up(meter, limit: float) -> dict:
 
 
 def _pool_figures(start: datetime, end: datetime) -> dict:
-    from fleet.models import Adjustment
-    from fleet.selectors import warm_holding
-    from leasing.models import Allocation
+    from broker.models import Allocation
+    from capacity.models import Adjustment
+    from capacity.selectors import warm_holding
 
     made = Allocation.objects.filter(warm_at__isnull=False, warm_at__gte=start, warm_at__lt=end)
     held = warm_holding(start=start, end=end).get(f"{MODEL} {PROFILE}", {})

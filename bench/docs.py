@@ -346,7 +346,7 @@ OPENB = ("default", "multigpu20", "multigpu30", "gpushare20", "gpushare40", "gpu
 
 @renderer("openb")
 def _openb() -> str:
-    from leasing.sim.fragmentation import results_table
+    from bench.sim.fragmentation import results_table
 
     return provenance(*(f"openb_{trace}" for trace in OPENB)) + "\n\n" + results_table(RESULTS)
 

@@ -43,8 +43,8 @@ def main() -> None:
     import psutil
 
     from agent.signing import sign
-    from leasing import services
-    from leasing.models import Node
+    from broker import services
+    from broker.models import Node
     from tests.agent.conftest import free_port, wait_http
 
     Node.objects.filter(node_id__startswith="hbcpu-").delete()

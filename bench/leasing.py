@@ -290,7 +290,7 @@ def _scale(args, *, clients, body, children, folder: Path, env: dict, site: str,
     from django.utils import timezone
 
     from agent.signing import WINDOW
-    from leasing.models import AgentNonce, Lease, LeaseEvent, Node
+    from broker.models import AgentNonce, Lease, LeaseEvent, Node
 
     def phase(label: str, first: int) -> dict:
         before = Lease.objects.order_by("-pk").values_list("pk", flat=True).first() or 0
@@ -496,7 +496,7 @@ def main() -> None:
     manage = [str(BIN / "python"), "manage.py"]
     subprocess.run([*manage, "migrate", "-v", "0"], cwd=ROOT, env=env, check=True)
     setup = ("from tests.factories import make_tenant, make_member, make_project, make_quota, make_token;"
-             "from leasing import services;"
+             "from broker import services;"
              "t = make_tenant('bench'); u = make_member(t, 'bencher', 'member'); p = make_project(t, 'load');"
              f"make_quota(p, 'H100-80GB', deserved={args.nodes * 8 * 1000}, limit={args.nodes * 8 * 1000});"
              f"print(make_token(t, u)[1]);"
@@ -564,7 +564,7 @@ def main() -> None:
         import django
 
         django.setup()  # before the measured window: the client's own start-up is not the path's cost
-        from leasing.models import Lease, LeaseEvent
+        from broker.models import Lease, LeaseEvent
 
         if args.scale_nodes:
             _scale(args, clients=clients, body=body, children=children, folder=folder, env=env, site=site,

@@ -5,7 +5,7 @@
 Stages are models of the catalogue (``gpus.architectures``: ResNet, ViT, BERT, GPT-2 from their published
 configurations), profiled on the whole GPUs, MIG slices and time-sliced shares of H100, A100 and L4 by the
 performance model auto-tiering uses (``gpus.performance``, calibrated against MLPerf Inference) through
-``leasing.pipelines.profiles``; prices 400 / 250 / 80 minor units per GPU-hour (H100 / A100 / L4).
+``pipelines.planner.profiles``; prices 400 / 250 / 80 minor units per GPU-hour (H100 / A100 / L4).
 Pipelines: chains of 2..8 stages and DAGs (fan-out / fan-in) at 20, 100 and 500 requests/s, with SLOs of 1.2x,
 1.5x, 2x and 3x the fastest possible latency. Each planner's plan is then **run**: Poisson arrivals through the
 stages with the planned batch sizes (a batch closes when full or when its first request has waited (b-1)/λ),
@@ -30,7 +30,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.record import write
-from leasing.pipelines.esg import (
+from pipelines.planner.esg import (
     Pipeline,
     Stage,
     _order,
@@ -40,7 +40,7 @@ from leasing.pipelines.esg import (
     plan_even_greedy,
     plan_exhaustive,
 )
-from leasing.pipelines.profiles import profile_for
+from pipelines.planner.profiles import profile_for
 
 PRICES = {"H100-80GB": 400, "A100-80GB": 250, "L4": 80}
 MODELS = ("H100-80GB", "A100-80GB", "L4")

@@ -12,16 +12,16 @@ minute.
 Without ``--db`` (the core alone) the cycle is ``Scheduler(snapshot)`` (the working state built from the frozen
 snapshot) plus ``schedule()``. With ``--db`` the fleet, its running leases and allocations and the queued leases
 are written (COPY, not timed) to a scratch database on ``DATABASE_URL``'s server (``<its name>_cycle_bench``,
-dropped first), and the cycle is what ``leasing.services.cycle.schedule_cycle`` does before it writes: read the
+dropped first), and the cycle is what ``broker.services.cycle.schedule_cycle`` does before it writes: read the
 queue and the snapshot from PostgreSQL (``queued_leases``, ``core_request``, ``scheduler_snapshot``: read whole,
 what a cycle does the first time in a process), then ``plan``; then the same on the snapshot the scheduler process
-keeps between cycles (``leasing.snapshot``: nothing changed since its last load, the decisions checked identical);
+keeps between cycles (``broker.snapshot``: nothing changed since its last load, the decisions checked identical);
 then one whole ``schedule_cycle`` on the kept snapshot (read, plan and the write of every decision, committed) is
 timed, its provisioning tasks sent to an in-process broker (``memory://``), not to Redis; then the next kept load,
 which reads again the leases that cycle placed (by id, from the change log).
 
 Every timed cycle runs with the garbage collector paused, as ``schedule_cycle`` runs it
-(``leasing.scheduler.collector``), the young collection made on leaving included in its time.
+(``broker.scheduler.collector``), the young collection made on leaving included in its time.
 
 Each figure is printed as wall seconds and as this process's CPU seconds (``time.process_time``): on a busy
 machine the wall figures grow, the CPU ones do not. The best of ``--repeat`` runs is kept. Decisions per second
@@ -45,7 +45,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.record import write  # noqa: E402
-from leasing.scheduler import (  # noqa: E402
+from broker.scheduler import (  # noqa: E402
     Gpu,
     GpuMode,
     Kind,
@@ -56,8 +56,8 @@ from leasing.scheduler import (  # noqa: E402
     Snapshot,
     TenantQuotaSpec,
 )
-from leasing.scheduler.collector import collector_paused  # noqa: E402
-from leasing.scheduler.plan import Scheduler  # noqa: E402
+from broker.scheduler.collector import collector_paused  # noqa: E402
+from broker.scheduler.plan import Scheduler  # noqa: E402
 
 MODEL = "H100-80GB"
 PROJECTS = 20
@@ -279,10 +279,10 @@ def db_cycle(args, snapshot: Snapshot, queue: list[Request]) -> dict:
 
     from django.db import connection as db
 
-    from leasing.scheduler import plan
-    from leasing.selectors import core_request, lease_queue, queued_leases, scheduler_snapshot
-    from leasing.services import cycle
-    from leasing.snapshot import snapshot_cache
+    from broker.scheduler import plan
+    from broker.selectors import core_request, lease_queue, queued_leases, scheduler_snapshot
+    from broker.services import cycle
+    from broker.snapshot import snapshot_cache
 
     db.ensure_connection()
     backend = psutil.Process(db.connection.info.backend_pid)
@@ -300,7 +300,7 @@ def db_cycle(args, snapshot: Snapshot, queue: list[Request]) -> dict:
             shapes: dict = {}
             core = [core_request(lease, shapes) for lease in queued]
             read_queue = clock.lap()
-            # read whole (what every cycle did before the snapshot was kept: leasing/snapshot.py)
+            # read whole (what every cycle did before the snapshot was kept: broker/snapshot.py)
             cycle_snapshot = scheduler_snapshot(now=now)
             read = clock.lap()
             decisions = plan(cycle_snapshot, core, now=now.timestamp(), policy=args.policy)

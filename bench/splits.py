@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.record import write
 from gpus.catalogue import model_get
 from gpus.layers import layers_of
-from leasing.pipelines.splits import SplitGpu, plan_equal_layers, plan_split, plan_split_optimal
+from pipelines.planner.splits import SplitGpu, plan_equal_layers, plan_split, plan_split_optimal
 
 ARCHS = ("gpt2-xl", "bert-large", "llama-2-7b", "llama-3-8b", "llama-2-13b")
 GPU_MODELS = ("A100-40GB", "L4", "A10", "T4")

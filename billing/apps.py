@@ -6,10 +6,10 @@ class BillingConfig(AppConfig):
     verbose_name = "Metering and billing"
 
     def ready(self) -> None:
-        """Take part in leasing's decisions through its seam (``leasing.extensions``): the monthly spend caps
+        """Take part in leasing's decisions through its seam (``broker.extensions``): the monthly spend caps
         admit or refuse requests and renewals, and the general price book ranks ``model: auto``."""
         from billing import selectors, services
-        from leasing import extensions
+        from broker import extensions
 
         extensions.request_check_register(services.budget_admit_request, applies=services.budget_caps_exist)
         extensions.renewal_check_register(services.budget_admit_renewal)

@@ -9,7 +9,7 @@ everything else is 404 here (the tenant API, the portal and the admin are the we
 The usual heartbeat (``POST /api/v1/agents/<node>/heartbeat``, a node id of the enrollment's alphabet, no
 query, a body within ``DATA_UPLOAD_MAX_MEMORY_SIZE``, an allowed Host) is answered here without Django's
 request cycle: no middleware (sessions, CSRF, messages, tenant lookup), no URL resolution, no DRF request,
-throttle or response rendering. What it does is ``leasing.services.node_heartbeat_signed``, the same service
+throttle or response rendering. What it does is ``broker.services.node_heartbeat_signed``, the same service
 the DRF view calls: the signature, timestamp window and nonce (claimed in PostgreSQL, so a replay is refused
 by every process) are checked exactly as there. Anything else, and any request this path is not sure of,
 goes to Django's full handler unchanged, so that every other answer (problem+json for bad input, 413, 400 on
@@ -40,9 +40,9 @@ from django.conf import settings  # noqa: E402  (after the application: settings
 from django.db import close_old_connections  # noqa: E402
 from django.http.request import split_domain_port, validate_host  # noqa: E402
 
+from broker.services.nodes import node_heartbeat_signed  # noqa: E402
 from config.errors import ApplicationError  # noqa: E402
 from config.problems import RETRY_AFTER_SECONDS, UNAVAILABLE_DETAIL, database_unavailable, problem_body  # noqa: E402
-from leasing.services.nodes import node_heartbeat_signed  # noqa: E402
 from observability import metrics  # noqa: E402
 
 logger = logging.getLogger("gpubroker.access")

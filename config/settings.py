@@ -64,11 +64,11 @@ INSTALLED_APPS = [
     "django_htmx",
     "axes",
     "tenants",
-    "leasing.apps.LeasingConfig",
+    "broker.apps.BrokerConfig",
     "billing",
     "portal",
     "notifications",
-    "fleet",
+    "capacity",
     "pipelines",
     "tiering",
 ]
@@ -197,7 +197,7 @@ CELERY_TASK_DEFAULT_QUEUE = env_str("CELERY_TASK_DEFAULT_QUEUE", "celery")
 # else: cycles take milliseconds, but agent calls (provisioning, warm-pool creation) hold a worker for seconds,
 # and a cycle queued behind them delays every placement, warm binds included (make run uses "scheduler")
 CELERY_SCHEDULER_QUEUE = env_str("CELERY_SCHEDULER_QUEUE", "")
-CELERY_TASK_ROUTES = ({"leasing.schedule_cycle": {"queue": CELERY_SCHEDULER_QUEUE}} if CELERY_SCHEDULER_QUEUE
+CELERY_TASK_ROUTES = ({"broker.schedule_cycle": {"queue": CELERY_SCHEDULER_QUEUE}} if CELERY_SCHEDULER_QUEUE
                       else {})
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
@@ -223,9 +223,9 @@ if CELERY_BROKER_URL.startswith("filesystem://"):
     }
 # Periodic tasks are declared here, in one place (STYLE.md "Celery tasks stay thin").
 CELERY_BEAT_SCHEDULE: dict = {
-    "lease-expire": {"task": "leasing.lease_expire_due", "schedule": 15.0},
-    "schedule-cycle": {"task": "leasing.schedule_cycle", "schedule": 10.0},
-    "reconcile": {"task": "leasing.reconcile", "schedule": 30.0},
+    "lease-expire": {"task": "broker.lease_expire_due", "schedule": 15.0},
+    "schedule-cycle": {"task": "broker.schedule_cycle", "schedule": 10.0},
+    "reconcile": {"task": "broker.reconcile", "schedule": 30.0},
     # every complete hour metered once per source (allocation, utilisation); open windows retried
     "meter-pending": {"task": "billing.meter_pending", "schedule": 300.0},
     # drafts of the month refreshed, and last month finalized once it is closed (idempotent)
@@ -342,7 +342,7 @@ LIST_PRICE_CURRENCY = env_str("LIST_PRICE_CURRENCY", "USD")
 CAPACITY_PROPOSAL_TTL_SECONDS = env_int("CAPACITY_PROPOSAL_TTL_SECONDS", 7 * 86_400, minimum=60)
 CAPACITY_EFFECT_AFTER_SECONDS = env_int("CAPACITY_EFFECT_AFTER_SECONDS", 600, minimum=1)  # measured after
 # snapshot → planner → adjustments recorded, the auto ones applied
-CELERY_BEAT_SCHEDULE["capacity-plan"] = {"task": "fleet.plan_run", "schedule": float(CAPACITY_PLAN_SECONDS)}
+CELERY_BEAT_SCHEDULE["capacity-plan"] = {"task": "capacity.plan_run", "schedule": float(CAPACITY_PLAN_SECONDS)}
 
 # --- Auto-tiering (docs/tiering.md) ------------------------------------------------------------------
 # the decision model is retrained on the profile database this often (seconds)
@@ -456,8 +456,8 @@ SPECTACULAR_SETTINGS["POSTPROCESSING_HOOKS"] = [
     "config.openapi.add_error_responses",
 ]
 SPECTACULAR_SETTINGS["ENUM_NAME_OVERRIDES"].update({
-    "LeaseStateEnum": "leasing.choices.LeaseState",
-    "AllocationStateEnum": "leasing.choices.AllocationState",
+    "LeaseStateEnum": "broker.choices.LeaseState",
+    "AllocationStateEnum": "broker.choices.AllocationState",
     # one name per choice set where two serializers' fields share a name ("state", "tier")
     "PlanStateEnum": "pipelines.models.PlanState",
     "GpuModelCodeEnum": "billing.api.serializers.MODEL_CODES",

@@ -1,6 +1,6 @@
 """Layer tables of the catalogue's architectures, and the time of one layer on a slice.
 
-The model-split planner (``leasing.pipelines.splits``) cuts a model into contiguous runs of layers, so it needs
+The model-split planner (``pipelines.planner.splits``) cuts a model into contiguous runs of layers, so it needs
 the model layer by layer: parameters, FLOPs per sample (a multiply-add counts 2) and the activation each layer
 hands to the next, per sample. This module derives them from the same architectures (``gpus.architectures``)
 and the same arithmetic as ``gpus.performance.work_of``, so a whole model costs the same here as there:

@@ -2,7 +2,7 @@ from django.db import models
 
 
 class EventKind(models.TextChoices):
-    """What a tenant can subscribe to. Lease kinds come from ``leasing.models.LeaseEvent`` rows (the outbox);
+    """What a tenant can subscribe to. Lease kinds come from ``broker.models.LeaseEvent`` rows (the outbox);
     ``advice`` from ``notification_emit`` (the capacity loop)."""
 
     LEASE_NOTICE = "lease.notice", "Notice given (preemption or reclaim deadline)"

@@ -25,9 +25,9 @@ from django.db import transaction
 from django.db.models import Exists, F, OuterRef, Q
 from django.utils import timezone
 
+from broker.choices import LeaseState
+from broker.models import Lease, LeaseEvent
 from config.errors import ValidationFailed
-from leasing.choices import LeaseState
-from leasing.models import Lease, LeaseEvent
 from notifications import signing, transport
 from notifications.choices import EMAIL_KINDS, Channel, DeliveryStatus, EventKind
 from notifications.models import Delivery, Notification, NotificationPreference, OutboxCursor, WebhookEndpoint

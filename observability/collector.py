@@ -21,8 +21,8 @@ LIVE_STATES = ("requested", "queued", "provisioning", "active", "preempted", "re
 def _tables() -> dict[str, str]:
     """``{broker_lease}`` in the queries below → the model's quoted table (app labels may differ from packages)."""
     from billing.models import Invoice, MeterWindow
-    from fleet.models import Adjustment
-    from leasing.models import Allocation, Gpu, Lease, Node
+    from broker.models import Allocation, Gpu, Lease, Node
+    from capacity.models import Adjustment
     from notifications.models import Delivery
     from tenants.models import SloContract, Tenant
 
@@ -31,7 +31,7 @@ def _tables() -> dict[str, str]:
         ("broker_lease", Lease), ("broker_node", Node), ("broker_gpu", Gpu), ("broker_allocation", Allocation),
         ("tenants_tenant", Tenant), ("tenants_slocontract", SloContract),
         ("billing_meterwindow", MeterWindow), ("billing_invoice", Invoice),
-        ("notifications_delivery", Delivery), ("fleet_adjustment", Adjustment))}
+        ("notifications_delivery", Delivery), ("capacity_adjustment", Adjustment))}
 
 
 def _rows(sql: str, params: list | None = None) -> list[tuple]:
@@ -214,7 +214,7 @@ class DatabaseCollector:
         adjustments = GaugeMetricFamily("gpubroker_adjustments", "Capacity adjustments by kind and state.",
                                         labels=["kind", "state"])
         seen_adjustment = set()
-        for kind, state, count in _rows("SELECT kind, state, count(*) FROM {fleet_adjustment} GROUP BY 1, 2"):
+        for kind, state, count in _rows("SELECT kind, state, count(*) FROM {capacity_adjustment} GROUP BY 1, 2"):
             adjustments.add_metric([kind, state], count)
             seen_adjustment.add(state)
         for state in ("proposed", "applied", "failed"):

@@ -89,8 +89,8 @@ def _provisioned(*, outcome, args, retval, began_at, **_):
     if not args or began_at is None:
         return
     lease_ids = args[0] if isinstance(args[0], list) else [args[0]]
-    from leasing.choices import AllocationState
-    from leasing.models import Allocation
+    from broker.choices import AllocationState
+    from broker.models import Allocation
 
     if outcome != "success":
         for node_id in set(Allocation.objects.filter(lease_id__in=lease_ids, state=AllocationState.PENDING,
@@ -159,15 +159,15 @@ def _planned(*, outcome, retval, **_):
 
 
 _RESULTS = {
-    "leasing.schedule_cycle": _cycle,
-    "leasing.leases_provision_run": _provisioned,
-    "leasing.lease_provision_run": _provisioned,
-    "leasing.reconcile": _reconciled,
+    "broker.schedule_cycle": _cycle,
+    "broker.leases_provision_run": _provisioned,
+    "broker.lease_provision_run": _provisioned,
+    "broker.reconcile": _reconciled,
     "billing.meter_pending": _metered,
     "billing.invoice_run_due": _invoiced,
     "billing.services.stripe_sync.invoice_push_task": _pushed,
     "notifications.delivery_send": _delivered,
-    "fleet.plan_run": _planned,
+    "capacity.plan_run": _planned,
 }
 
 

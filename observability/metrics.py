@@ -28,7 +28,7 @@ TASKS = Counter("gpubroker_celery_tasks", "Celery tasks finished, by task name a
 TASK_DURATION = Histogram("gpubroker_celery_task_duration_seconds", "Run time of Celery tasks.", ["task"],
                           buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0))
 
-# The schedule cycle (leasing.schedule_cycle)
+# The schedule cycle (broker.schedule_cycle)
 CYCLES = Counter("gpubroker_schedule_cycles", "Schedule cycles: ran (read a non-empty queue), idle (empty queue), "
                  "skipped (another cycle held the lock), failed.", ["outcome"])
 CYCLE_DURATION = Histogram("gpubroker_schedule_cycle_duration_seconds", "Duration of schedule cycles that ran.",
@@ -52,7 +52,7 @@ PROVISIONING_FAILURES = Counter("gpubroker_provisioning_failures", "Provisioning
                                 "refused (the agent said no; the lease is requeued) or unreachable (retried).",
                                 ["node", "reason"])
 
-# Reconcile (leasing.reconcile)
+# Reconcile (broker.reconcile)
 RECONCILE_RUNS = Counter("gpubroker_reconcile_runs", "Reconcile runs finished.")
 RECONCILE_FOUND = Counter("gpubroker_reconcile_findings", "What reconcile runs found: orphans (instances "
                           "destroyed), vanished (leases lost), silent (nodes taken out), resumed (stuck leases), "

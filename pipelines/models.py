@@ -1,5 +1,5 @@
 """Pipelines, their plans (what ESG or a baseline chose) and model splits. The planners are the pure
-``leasing.pipelines``; these rows keep their input and answer, and the leases a plan was applied as."""
+``pipelines.planner``; these rows keep their input and answer, and the leases a plan was applied as."""
 
 from django.conf import settings
 from django.db import models

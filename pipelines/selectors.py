@@ -44,7 +44,7 @@ def model_split_get(*, actor: Actor, pk: int) -> ModelSplit:
 def free_whole_gpus(*, actor: Actor, project=None, models: tuple[str, ...] = (),
                     nodes: int = 0) -> list[dict]:
     """The split's candidate fleet "free now": whole GPUs free this moment on nodes that take work (as the schedule
-    cycle sees them: ``leasing.selectors.scheduler_snapshot``), of the models the planners have figures for, and
+    cycle sees them: ``broker.selectors.scheduler_snapshot``), of the models the planners have figures for, and
     as many per model as the tenant may lease now — each GPU of a split is one whole-GPU lease, so a model counts
     at most ``headroom // 1000`` GPUs, where the headroom is the quota limit left (the project's when ``project``
     is given, else the best of the tenant's projects; the tenant's own limit caps both; a model none of them has a
@@ -53,11 +53,11 @@ def free_whole_gpus(*, actor: Actor, project=None, models: tuple[str, ...] = (),
     when they are applied. ``[{id, node, model, free_mib}]``, those nodes first."""
     from django.utils import timezone
 
+    from broker.scheduler.state import ClusterState
+    from broker.scheduler.types import GpuMode
+    from broker.selectors import scheduler_snapshot
     from gpus.catalogue import model_get
     from gpus.performance import SPECS
-    from leasing.scheduler.state import ClusterState
-    from leasing.scheduler.types import GpuMode
-    from leasing.selectors import scheduler_snapshot
 
     snapshot = scheduler_snapshot(now=timezone.now())
     cluster = ClusterState.from_snapshot(snapshot)
@@ -107,7 +107,7 @@ def tier_node_size(model: str) -> int:
     HGX-style 8-GPU node): a split planned "on a tier" packs its hypothetical GPUs per node so."""
     from collections import Counter
 
-    from leasing.models import Gpu
+    from broker.models import Gpu
 
     per_node = Counter(Gpu.objects.filter(model=model, lost_at__isnull=True).values_list("node_id", flat=True))
     return max(per_node.values(), default=8)
@@ -115,7 +115,7 @@ def tier_node_size(model: str) -> int:
 
 def nodes_holding(models: set[str]) -> dict[str, set[str]]:
     """GPU model -> the ids of the nodes holding a GPU of it (not lost, not released by staff)."""
-    from leasing.models import Gpu
+    from broker.models import Gpu
 
     found: dict[str, set[str]] = {}
     for model, node_id in (Gpu.objects.filter(model__in=models, released_at__isnull=True, lost_at__isnull=True)

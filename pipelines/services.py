@@ -1,5 +1,5 @@
-"""The only writers of pipelines, plans and model splits. Planning is the pure ``leasing.pipelines``; applying
-a plan leases its stages through ``leasing.services.lease_request`` (quotas, spend caps, billing and SLO
+"""The only writers of pipelines, plans and model splits. Planning is the pure ``pipelines.planner``; applying
+a plan leases its stages through ``broker.services.lease_request`` (quotas, spend caps, billing and SLO
 accounting as for any lease), all of them in one transaction: if any stage is refused, no lease is made.
 
 Input errors name the field (``stages[1].architecture``, ``edges[0]``) as every service does: 400 when a value is
@@ -12,16 +12,16 @@ from __future__ import annotations
 from django.db import transaction
 from django.utils import timezone
 
+from broker import services as broker
+from broker.extensions import list_prices
 from config.errors import ApplicationError, Conflict, NotFound, ValidationFailed
 from gpus import performance
 from gpus.architectures import ARCHITECTURES
 from gpus.catalogue import UnknownModel, model_get
 from gpus.layers import Layer, NoLayerTable, layers_of
-from leasing import services as leasing
-from leasing.extensions import list_prices
-from leasing.pipelines import esg, splits
-from leasing.pipelines.profiles import Candidate, profile_for
 from pipelines.models import ModelSplit, ModelSplitLease, Pipeline, PipelinePlan, PlanLease, PlanState
+from pipelines.planner import esg, splits
+from pipelines.planner.profiles import Candidate, profile_for
 from tenants.access import Actor
 from tenants.models import AuditEvent, Project
 
@@ -282,7 +282,7 @@ def plan_apply(*, actor: Actor, plan: PipelinePlan, duration_seconds: int = 3600
         if not plan.feasible:
             raise Conflict("The plan does not meet the SLO: it is not applied.", field="feasible")
         for stage in plan.result["stages"]:
-            lease, _ = leasing.lease_request(
+            lease, _ = broker.lease_request(
                 actor=actor, project=plan.pipeline.project.slug, gpu=_gpu_of(stage), workload_class="inference",
                 duration_seconds=duration_seconds, idempotency_key=f"pipeline-plan-{plan.pk}-{stage['stage']}",
                 group=f"pipeline-plan-{plan.pk}")
@@ -295,7 +295,7 @@ def plan_apply(*, actor: Actor, plan: PipelinePlan, duration_seconds: int = 3600
 
 def _group_release(*, actor: Actor, model, row, what: str, audit: str, target: str) -> object:
     """Release every lease of an applied plan or split together: the row marked released (locked, so two releases
-    do not race), then its lease group's members released in one transaction (``leasing.services
+    do not race), then its lease group's members released in one transaction (``broker.services
     .lease_group_release``: idempotent, a member already gone is left as it is). The group's key is
     ``<target>-<id>``, as applying made it."""
     actor.require("release")
@@ -307,7 +307,7 @@ def _group_release(*, actor: Actor, model, row, what: str, audit: str, target: s
         row.save(update_fields=["state", "released_at"])
         _audit(actor, audit, f"{target}:{row.pk}")
     # every member in one transaction: no cycle sees part of the group gone
-    leasing.lease_group_release(tenant_id=row.tenant_id, group_key=f"{target}-{row.pk}",
+    broker.lease_group_release(tenant_id=row.tenant_id, group_key=f"{target}-{row.pk}",
                                 actor=f"user:{actor.user.get_username()}", reason=f"{what} {row.pk} released")
     return row
 
@@ -492,7 +492,7 @@ def _split_pins(split: ModelSplit) -> list[list[str]] | None:
 def model_split_apply(*, actor: Actor, split: ModelSplit, project: str,
                       duration_seconds: int = 3600) -> ModelSplit:
     """Lease the GPUs of a feasible split as a gang: one lease per group (a whole GPU of the group's model, as
-    the split's latency model assumes), all in one transaction through ``leasing.services.lease_request``
+    the split's latency model assumes), all in one transaction through ``broker.services.lease_request``
     (quotas, spend caps, billing), one lease group (``model-split-<id>``) so the scheduler places them all or
     none, provisioning requeues them together, and a member preempted takes the others with it. Each lease's
     access details carry its layer range. Applying an applied split again is a no-op."""
@@ -510,7 +510,7 @@ def model_split_apply(*, actor: Actor, split: ModelSplit, project: str,
             raise NotFound(f"No project {project!r} in this tenant.", field="project")
         pins = _split_pins(split)
         for index, group in enumerate(split.result["groups"]):
-            lease, _ = leasing.lease_request(
+            lease, _ = broker.lease_request(
                 actor=actor, project=target.slug, gpu={"kind": "whole", "model": group["model"], "count": 1},
                 workload_class="inference", duration_seconds=duration_seconds,
                 idempotency_key=f"model-split-{split.pk}-{index}", group=f"model-split-{split.pk}",

@@ -3,8 +3,8 @@ open first, accepted or rejected in place (htmx) where the service lets them. Pl
 ``/ops/capacity`` — pools, warm instances and what holding them costs, the loop's recent actions, the
 review queue, the policies and a planner run on demand.
 
-Reads go through ``fleet.selectors`` (tenant-scoped: another tenant's adjustment is 404), writes through
-one ``fleet.services`` function each; the service's message is what the user reads."""
+Reads go through ``capacity.selectors`` (tenant-scoped: another tenant's adjustment is 404), writes through
+one ``capacity.services`` function each; the service's message is what the user reads."""
 
 from __future__ import annotations
 
@@ -15,12 +15,12 @@ from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.utils import timezone
 
+from capacity import presenters as capacity_presenters
+from capacity import selectors as capacity_selectors
+from capacity import services as capacity_services
+from capacity.choices import AdjustmentState, LoopMode
+from capacity.selectors import MODE_FIELDS, NUMBER_FIELDS
 from config.errors import ApplicationError
-from fleet import presenters as fleet_presenters
-from fleet import selectors as fleet
-from fleet import services as fleet_services
-from fleet.choices import AdjustmentState, LoopMode
-from fleet.selectors import MODE_FIELDS, NUMBER_FIELDS
 from portal import forms
 from portal.ops import StaffView
 from portal.views import TenantView
@@ -44,9 +44,9 @@ class AdviceView(TenantView):
     template_name = "portal/advice.html"
 
     def get(self, request):
-        rows = fleet_presenters.open_first(fleet.adjustment_list(actor=self.actor))[:ADVICE_PAGE_SIZE]
-        context = {"rows": fleet_presenters.adjustment_rows(rows, user=request.user, actor=self.actor),
-                   "panel": fleet_presenters.advice_panel(actor=self.actor),
+        rows = capacity_presenters.open_first(capacity_selectors.adjustment_list(actor=self.actor))[:ADVICE_PAGE_SIZE]
+        context = {"rows": capacity_presenters.adjustment_rows(rows, user=request.user, actor=self.actor),
+                   "panel": capacity_presenters.advice_panel(actor=self.actor),
                    # auto-tiering's advice on running leases (tiering/advice.py): migrate or quantize, advice only
                    "tier_advice": tiering_selectors.advice_list(actor=self.actor)[:ADVICE_PAGE_SIZE]}
         return render(request, self.template_name, context)
@@ -61,21 +61,21 @@ class AdviceDecideView(TenantView):
     decision = "accept"
 
     def post(self, request, pk: int):
-        adjustment = fleet.adjustment_get(actor=self.actor, pk=pk)
+        adjustment = capacity_selectors.adjustment_get(actor=self.actor, pk=pk)
         error = None
         try:
             if self.decision == "accept":
-                adjustment = fleet_services.adjustment_accept(adjustment=adjustment, user=request.user,
+                adjustment = capacity_services.adjustment_accept(adjustment=adjustment, user=request.user,
                                                               actor=self.actor)
             else:
-                adjustment = fleet_services.adjustment_reject(adjustment=adjustment, user=request.user,
+                adjustment = capacity_services.adjustment_reject(adjustment=adjustment, user=request.user,
                                                               actor=self.actor,
                                                               reason=request.POST.get("reason", "").strip())
         except ApplicationError as refused:
             error = refused.message
-            adjustment = fleet.adjustment_get(actor=self.actor, pk=pk)
+            adjustment = capacity_selectors.adjustment_get(actor=self.actor, pk=pk)
         if request.htmx:
-            row = fleet_presenters.adjustment_row(adjustment, user=request.user, actor=self.actor)
+            row = capacity_presenters.adjustment_row(adjustment, user=request.user, actor=self.actor)
             return render(request, "portal/partials/_advice_row.html", {"row": row, "error": error})
         if error:
             messages.error(request, error)
@@ -112,25 +112,25 @@ class CapacityView(StaffView):
         now = timezone.now()
         errors = _policy_errors(error)
         policies = []
-        for policy in fleet.policy_list():
+        for policy in capacity_selectors.policy_list():
             key = f"policy-{policy.pk}"
             policies.append({"policy": policy, "key": key,
                              "values": request.POST if form == key else _policy_values(policy)})
         staff = {"user": request.user, "actor": None}
         context = {
-            "pools": fleet.fleet_pools(),
-            "warm": list(fleet.warm_instances()[:WARM_SHOWN]),
-            "holding": fleet_presenters.warm_holding_cost(start=fleet_presenters.month_start(now), end=now),
-            "review": fleet_presenters.adjustment_rows(
-                fleet.adjustment_list(actor=None, staff=True, state=AdjustmentState.PROPOSED)[:REVIEW_MAX], **staff),
-            "recent": fleet_presenters.adjustment_rows(fleet.adjustment_list(actor=None, staff=True)[:RECENT],
-                                                       **staff),
+            "pools": capacity_selectors.fleet_pools(),
+            "warm": list(capacity_selectors.warm_instances()[:WARM_SHOWN]),
+            "holding": capacity_presenters.warm_holding_cost(start=capacity_presenters.month_start(now), end=now),
+            "review": capacity_presenters.adjustment_rows(capacity_selectors.adjustment_list(
+                actor=None, staff=True, state=AdjustmentState.PROPOSED)[:REVIEW_MAX], **staff),
+            "recent": capacity_presenters.adjustment_rows(
+                capacity_selectors.adjustment_list(actor=None, staff=True)[:RECENT], **staff),
             "policies": policies,
             "new_values": request.POST if form == "policy-new" else {},
             "mode_fields": MODE_FIELDS,
             "number_fields": NUMBER_FIELDS,
             "modes": LoopMode.choices,
-            "default_mode": fleet_presenters.default_mode(),
+            "default_mode": capacity_presenters.default_mode(),
             "form": form,
             "errors": errors,
             "now": now,
@@ -150,19 +150,19 @@ class CapacityDecideView(StaffView):
     decision = "accept"
 
     def post(self, request, pk: int):
-        adjustment = fleet.adjustment_get(actor=None, pk=pk, staff=True)
+        adjustment = capacity_selectors.adjustment_get(actor=None, pk=pk, staff=True)
         error = None
         try:
             if self.decision == "accept":
-                adjustment = fleet_services.adjustment_accept(adjustment=adjustment, user=request.user)
+                adjustment = capacity_services.adjustment_accept(adjustment=adjustment, user=request.user)
             else:
-                adjustment = fleet_services.adjustment_reject(adjustment=adjustment, user=request.user,
+                adjustment = capacity_services.adjustment_reject(adjustment=adjustment, user=request.user,
                                                               reason=request.POST.get("reason", "").strip())
         except ApplicationError as refused:
             error = refused.message
-            adjustment = fleet.adjustment_get(actor=None, pk=pk, staff=True)
+            adjustment = capacity_selectors.adjustment_get(actor=None, pk=pk, staff=True)
         if request.htmx:
-            row = fleet_presenters.adjustment_row(adjustment, user=request.user, actor=None)
+            row = capacity_presenters.adjustment_row(adjustment, user=request.user, actor=None)
             return render(request, "ops/partials/_review_row.html", {"row": row, "error": error})
         if error:
             messages.error(request, error)
@@ -178,11 +178,11 @@ class CapacityPolicySaveView(CapacityView):
     http_method_names = ["post"]
 
     def post(self, request, pk: int | None = None):
-        policy = fleet.policy_get(pk=pk) if pk else None
+        policy = capacity_selectors.policy_get(pk=pk) if pk else None
         form = f"policy-{pk}" if pk else "policy-new"
         try:
             scope, values = forms.policy_input(request.POST)
-            policy = fleet_services.policy_set(scope=policy.scope if policy else scope, values=values,
+            policy = capacity_services.policy_set(scope=policy.scope if policy else scope, values=values,
                                                by_user=request.user)
         except ApplicationError as error:
             return self.render_page(request, form=form, error=error, status=error.status)
@@ -194,9 +194,9 @@ class CapacityPolicyDeleteView(CapacityView):
     http_method_names = ["post"]
 
     def post(self, request, pk: int):
-        policy = fleet.policy_get(pk=pk)
+        policy = capacity_selectors.policy_get(pk=pk)
         try:
-            fleet_services.policy_delete(policy=policy, by_user=request.user)
+            capacity_services.policy_delete(policy=policy, by_user=request.user)
         except ApplicationError as error:
             return self.render_page(request, form=f"policy-{pk}", error=error, status=error.status)
         messages.success(request, f"Policy {policy.scope} deleted: the scope inherits the default again.")
@@ -207,7 +207,7 @@ class CapacityRunView(StaffView):
     http_method_names = ["post"]
 
     def post(self, request):
-        counts = fleet_services.plan_run()
+        counts = capacity_services.plan_run()
         if counts.get("skipped"):
             messages.error(request, "Another planner run is in progress; nothing was done.")
         else:

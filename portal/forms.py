@@ -145,7 +145,7 @@ def _words(data: QueryDict, name: str) -> list[str]:
 
 def workload_input(data: QueryDict, *, interactive: bool) -> dict | None:
     """The request's optional ``workload`` from the form's workload fields; None when they are all left as
-    they come (a bare lease). Only the shaping happens here; ``leasing.validation.workload_check`` decides
+    they come (a bare lease). Only the shaping happens here; ``broker.validation.workload_check`` decides
     (a missing command, a path outside the allowed roots, a name the platform sets all come back naming
     ``workload.<field>``). The port is the interactive class's only, like the kind's fields are the kind's."""
     workload: dict = {}
@@ -253,11 +253,11 @@ def slo_step_field(field: str | None, rows: list[int]) -> str | None:
 
 # -- platform staff: capacity policies --------------------------------------------------------------------
 def policy_input(data: QueryDict) -> tuple[str, dict]:
-    """(scope, values) for ``fleet.services.policy_set`` from the policy form: a mode left empty inherits, a
+    """(scope, values) for ``capacity.services.policy_set`` from the policy form: a mode left empty inherits, a
     number left empty inherits (null), idle rules as JSON (empty: the built-in rules)."""
     import json
 
-    from fleet.selectors import MODE_FIELDS, NUMBER_FIELDS
+    from capacity.selectors import MODE_FIELDS, NUMBER_FIELDS
 
     values: dict = {name: data.get(name, "").strip() for name in MODE_FIELDS if name in data}
     for name in NUMBER_FIELDS:

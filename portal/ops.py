@@ -1,7 +1,7 @@
 """Platform staff pages: the fleet map, the queue, tenants (quotas, SLO contracts, billing terms, suspension).
 
 Staff act on the platform, not inside a tenant, so these pages read through the platform selectors
-(``leasing.selectors.node_list``…, ``tenants.selectors.platform_*``) and write through the same services
+(``broker.selectors.node_list``…, ``tenants.selectors.platform_*``) and write through the same services
 the Django admin and the management commands use, with the same error messages."""
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.utils import timezone
 
+from broker import selectors as broker
+from broker import services as broker_services
 from config.errors import ApplicationError
 from gpus.catalogue import TIER_CODES
-from leasing import selectors as leasing
-from leasing import services as leasing_services
 from portal import forms, presenters
 from portal.views import PortalView
 from tenants import selectors, services
@@ -35,9 +35,9 @@ class FleetView(StaffView):
     template_name = "ops/fleet.html"
 
     def get(self, request):
-        nodes = list(leasing.node_list())
-        allocations = list(leasing.allocation_list_live())
-        utilisation = leasing.fleet_utilisation()
+        nodes = list(broker.node_list())
+        allocations = list(broker.allocation_list_live())
+        utilisation = broker.fleet_utilisation()
         tenants = list({a.lease.tenant_id: a.lease.tenant for a in allocations}.values())
         cards, colours = presenters.fleet_map(nodes, allocations, tenants, utilisation)
         legend = sorted(((t.slug, t.name, colours[t.pk]) for t in tenants), key=lambda item: item[0])
@@ -57,13 +57,13 @@ class FleetView(StaffView):
 
 class NodeCordonView(StaffView):
     def post(self, request, node_id: str):
-        node = leasing.node_get(node_id=node_id)
+        node = broker.node_get(node_id=node_id)
         reason = request.POST.get("reason", "").strip()[:200]
         if request.POST.get("action") == "uncordon":
-            leasing_services.node_uncordon(node=node, by_user=request.user, reason=reason)
+            broker_services.node_uncordon(node=node, by_user=request.user, reason=reason)
             messages.success(request, f"{node.node_id} is open to new work again.")
         else:
-            leasing_services.node_cordon(node=node, by_user=request.user, reason=reason)
+            broker_services.node_cordon(node=node, by_user=request.user, reason=reason)
             messages.success(request, f"{node.node_id} is cordoned: no new work is placed there; running leases "
                                       f"keep running.")
         return redirect(f"{reverse('portal:fleet')}#node-{node.node_id}")
@@ -75,7 +75,7 @@ class QueueView(StaffView):
 
     def get(self, request):
         pools: dict[str, list] = {}
-        for lease in leasing.queue_list():
+        for lease in broker.queue_list():
             pool = lease.models_allowed[0] if lease.models_allowed else "auto"
             pools.setdefault(pool, []).append((lease, presenters.shape_label(lease)))
         ordered = sorted(pools.items(), key=lambda item: (item[0] == "auto", item[0]))

@@ -8,9 +8,9 @@ from dataclasses import dataclass, field
 from datetime import UTC
 from decimal import Decimal
 
+from broker.choices import FINAL_STATES, GpuMode, LeaseState
 from gpus.catalogue import model_get
 from gpus.mig import MEMORY_SLOTS, profiles_for
-from leasing.choices import FINAL_STATES, GpuMode, LeaseState
 
 # Tenant colours on the fleet map: distinct, readable with white text (contrast >= 4.5:1), stable per tenant.
 TENANT_COLOURS = ("#0b5cad", "#8a3ffc", "#0e7a6d", "#b8420f", "#6f4e00", "#9f1853", "#1f6f3a", "#4a5a78")
@@ -245,7 +245,7 @@ def poll_seconds(lease) -> int | None:
 
 
 def lease_workload(lease):
-    """The lease's workload (``leasing.models.Workload``), or None for a bare lease."""
+    """The lease's workload (``broker.models.Workload``), or None for a bare lease."""
     from django.core.exceptions import ObjectDoesNotExist
 
     try:

@@ -18,11 +18,11 @@ from django.utils import timezone
 from django.views import View
 
 from billing.selectors import quotes
+from broker import selectors as broker
+from broker import services as broker_services
+from broker.choices import FINAL_STATES, HOLDING_STATES, LeaseState, WorkloadClass
+from capacity.presenters import advice_panel
 from config.errors import ApplicationError, NotFound, PermissionDenied, TenantSuspended
-from fleet.presenters import advice_panel
-from leasing import selectors as leasing
-from leasing import services as leasing_services
-from leasing.choices import FINAL_STATES, HOLDING_STATES, LeaseState, WorkloadClass
 from portal import forms, presenters
 from portal.pricing import dashboard_spend
 from tenants import selectors, services
@@ -107,12 +107,12 @@ class DashboardView(TenantView):
     def get(self, request):
         actor = self.actor
         leases = {
-            "active": list(leasing.lease_list(actor=actor, state=STATE_GROUPS["active"])[:20]),
-            "waiting": list(leasing.lease_list(actor=actor, state=STATE_GROUPS["waiting"])[:20]),
+            "active": list(broker.lease_list(actor=actor, state=STATE_GROUPS["active"])[:20]),
+            "waiting": list(broker.lease_list(actor=actor, state=STATE_GROUPS["waiting"])[:20]),
         }
         if request.htmx:
             return render(request, "portal/partials/_dashboard_leases.html", {"leases": leases})
-        usage = leasing.quota_usage(actor=actor)
+        usage = broker.quota_usage(actor=actor)
         quotas = list(selectors.quota_list(actor=actor))
         projects = [(project, presenters.quota_bars([q for q in quotas if q.project_id == project.pk], usage,
                                                     project_id=project.pk, with_weight=True))
@@ -150,7 +150,7 @@ class LeaseListView(TenantView):
         if group not in STATE_GROUPS:
             group = "live"
         project = request.GET.get("project", "")
-        leases = leasing.lease_list(actor=self.actor, state=STATE_GROUPS[group], project=project)
+        leases = broker.lease_list(actor=self.actor, state=STATE_GROUPS[group], project=project)
         page = Paginator(leases, 25).get_page(request.GET.get("page"))
         context = {"page": page, "group": group, "project": project, "groups": STATE_GROUP_LABELS,
                    "projects": selectors.project_list(actor=self.actor), "can_use": self.actor.can("use"),
@@ -207,7 +207,7 @@ class LeaseRequestView(TenantView):
                                                                     idempotency_key=key))
         try:
             body = forms.lease_request_input(request.POST)  # a workload line that is no words names its field
-            lease, created = leasing_services.lease_request(actor=self.actor, idempotency_key=key, **body)
+            lease, created = broker_services.lease_request(actor=self.actor, idempotency_key=key, **body)
         except ApplicationError as error:
             if error.field == "Idempotency-Key":  # the form was sent before with other values
                 error.field, key = None, ""
@@ -255,7 +255,7 @@ class LeaseDetailView(TenantView):
     def context(self, lease, **extra) -> dict:
         now = timezone.now()
         workload = presenters.lease_workload(lease)
-        series = leasing.lease_utilisation(lease=lease, now=now) if lease.active_at else []
+        series = broker.lease_utilisation(lease=lease, now=now) if lease.active_at else []
         return {
             "lease": lease,
             "shape": presenters.shape_label(lease),
@@ -265,7 +265,7 @@ class LeaseDetailView(TenantView):
             "workload": workload,
             "workload_line": shlex.join(workload.spec.get("command", []) + workload.spec.get("args", []))
             if workload else "",
-            "placements": leasing_services.workload_placements(lease=lease) if workload else [],
+            "placements": broker_services.workload_placements(lease=lease) if workload else [],
             "telemetry_down": series is None,
             "poll": presenters.poll_seconds(lease),
             "can_use": self.actor.can("use"),
@@ -277,7 +277,7 @@ class LeaseDetailView(TenantView):
         }
 
     def get(self, request, pk: int):
-        lease = leasing.lease_get(actor=self.actor, lease_id=pk)
+        lease = broker.lease_get(actor=self.actor, lease_id=pk)
         context = self.context(lease)
         if request.htmx and request.htmx.target == "lease-live":
             # the actions change only with the state: sent along (out of band) when the state moved
@@ -289,7 +289,7 @@ class LeaseDetailView(TenantView):
 class LeaseLogView(TenantView):
     """``GET /leases/<id>/log?stream=stdout|stderr[&placement=N]``: the partial with the tail of the lease's
     workload log (the last ``LOG_TAIL`` bytes of its current placement, read from its node, or of an earlier
-    placement ``N``, as the broker kept it when that placement ended: ``leasing.services.workload_logs``); the
+    placement ``N``, as the broker kept it when that placement ended: ``broker.services.workload_logs``); the
     lease page polls the current placement's while the lease lives. The lease is looked up among the acting
     tenant's own first, so another tenant's lease is 404 before a byte is read."""
 
@@ -298,17 +298,17 @@ class LeaseLogView(TenantView):
     def get(self, request, pk: int):
         from agent.client import AgentHTTPError, AgentUnreachable
 
-        lease = leasing.lease_get(actor=self.actor, lease_id=pk)
+        lease = broker.lease_get(actor=self.actor, lease_id=pk)
         workload = presenters.lease_workload(lease)
         if workload is None:
             raise NotFound("This lease has no workload.", field="id")
         stream = "stderr" if request.GET.get("stream") == "stderr" else "stdout"
-        placements = leasing_services.workload_placements(lease=lease)
+        placements = broker_services.workload_placements(lease=lease)
         chosen = request.GET.get("placement", "")
         placement = int(chosen) if chosen.isdigit() and 1 <= int(chosen) < workload.placements else None
         log, unavailable = None, ""
         try:
-            log = leasing_services.workload_logs(lease=lease, stream=stream, tail=self.LOG_TAIL, placement=placement)
+            log = broker_services.workload_logs(lease=lease, stream=stream, tail=self.LOG_TAIL, placement=placement)
         except NotFound as error:
             unavailable = error.message
         except (AgentUnreachable, AgentHTTPError):
@@ -324,9 +324,9 @@ class LeaseReleaseView(LeaseDetailView):
     write_action = "release"  # allowed while the tenant is suspended: giving back stops the meter
 
     def post(self, request, pk: int):
-        lease = leasing.lease_get(actor=self.actor, lease_id=pk)
+        lease = broker.lease_get(actor=self.actor, lease_id=pk)
         try:
-            lease = leasing_services.lease_release(lease=lease, actor=self.actor_label())
+            lease = broker_services.lease_release(lease=lease, actor=self.actor_label())
         except ApplicationError as error:
             messages.error(request, error.message)
         else:
@@ -342,12 +342,12 @@ class LeaseRenewView(LeaseDetailView):
     write_action = "use"
 
     def post(self, request, pk: int):
-        lease = leasing.lease_get(actor=self.actor, lease_id=pk)
+        lease = broker.lease_get(actor=self.actor, lease_id=pk)
         try:
-            lease = leasing_services.lease_renew(lease=lease, actor=self.actor_label(),
+            lease = broker_services.lease_renew(lease=lease, actor=self.actor_label(),
                                                  duration_seconds=forms.number(request.POST.get("duration_seconds")))
         except ApplicationError as error:
-            lease = leasing.lease_get(actor=self.actor, lease_id=pk)
+            lease = broker.lease_get(actor=self.actor, lease_id=pk)
             context = self.context(lease, renew_error=error.message,
                                    renew_value=request.POST.get("duration_seconds", ""))
             return render(request, self.template_name, context, status=error.status)

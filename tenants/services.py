@@ -119,7 +119,7 @@ def tenant_set_status(*, tenant: Tenant, status: str, by_user=None, reason: str 
     tenant suspended. Suspending again sweeps again. Reactivation gives the held leases back to the
     scheduler (a cycle is asked for); released leases stay released.
     """
-    from leasing import services as leasing  # leasing builds on tenants: imported here, one way at import time
+    from broker import services as broker  # leasing builds on tenants: imported here, one way at import time
 
     if status not in TenantStatus.values:
         raise ValidationFailed(f"status must be one of {', '.join(TenantStatus.values)}.", field="status")
@@ -127,18 +127,18 @@ def tenant_set_status(*, tenant: Tenant, status: str, by_user=None, reason: str 
     by = f"staff:{by_user.get_username()}" if by_user is not None and by_user.is_authenticated else "broker"
     note = f" ({reason})" if reason else ""
     with transaction.atomic(durable=True):
-        leasing.schedule_cycle_wait()
+        broker.schedule_cycle_wait()
         changed = Tenant.objects.filter(pk=tenant.pk).exclude(status=status).update(status=status, updated_at=now)
         if changed:
             _audit(tenant=tenant, actor_user=by_user, action=f"tenant.{status}", target=tenant.slug, reason=reason)
             if status == TenantStatus.SUSPENDED:
-                leasing.leases_hold(tenant_id=tenant.pk, reason=f"held: tenant '{tenant.slug}' is suspended{note}",
+                broker.leases_hold(tenant_id=tenant.pk, reason=f"held: tenant '{tenant.slug}' is suspended{note}",
                                     actor=by, now=now)
             else:
-                leasing.leases_unhold(tenant_id=tenant.pk, actor=by, now=now)
+                broker.leases_unhold(tenant_id=tenant.pk, actor=by, now=now)
     tenant.refresh_from_db()
     if tenant.status == TenantStatus.SUSPENDED:
-        leasing.leases_release_all(tenant_id=tenant.pk, actor=by,
+        broker.leases_release_all(tenant_id=tenant.pk, actor=by,
                                    reason=f"released: tenant '{tenant.slug}' was suspended{note}")
     return tenant
 

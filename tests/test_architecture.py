@@ -1,8 +1,8 @@
 """Dependencies point one way (docs/architecture.md §2): the catalogue, the scheduling core, the capacity planner
 and billing's arithmetic import only the standard library and what is listed for them; the node agent imports
 the catalogue and itself. Relative imports count as imports of the package they resolve into, and
-``from leasing import scheduler`` counts as an import of ``leasing`` (all of it). The apps built on leasing
-(billing, fleet, notifications) take part in its decisions through ``leasing.extensions``: leasing imports none
+``from broker import scheduler`` counts as an import of ``leasing`` (all of it). The apps built on leasing
+(billing, fleet, notifications) take part in its decisions through ``broker.extensions``: leasing imports none
 of them."""
 
 import ast
@@ -18,10 +18,10 @@ ROOT = Path(__file__).resolve().parent.parent
 # library; a prefix allows its submodules ("gpus" allows gpus.mig)
 PURE = {
     "gpus": {"gpus"},
-    "leasing/scheduler": {"gpus", "leasing.scheduler"},
-    "leasing/capacity": {"gpus", "leasing.scheduler.types", "leasing.capacity"},
+    "broker/scheduler": {"gpus", "broker.scheduler"},
+    "capacity/planner": {"gpus", "broker.scheduler.types", "capacity.planner"},
     # the pipeline planners (ESG, model splits): the catalogue and themselves
-    "leasing/pipelines": {"gpus", "leasing.pipelines"},
+    "pipelines/planner": {"gpus", "pipelines.planner"},
     "agent": {"gpus", "agent"},
     # billing's arithmetic: money and rates, metering intervals, SLO figures, periods (no Django, no database)
     "billing/core/pricing.py": {"gpus"},
@@ -46,7 +46,7 @@ def _dotted(target: str) -> str:
 
 
 def _module_of(path: Path) -> list[str]:
-    """The dotted package path of the module at ``path`` (``leasing/capacity/planner.py`` -> leasing.capacity)."""
+    """The dotted package path of the module at ``path`` (``capacity/planner/planner.py`` -> capacity.planner)."""
     return list(path.relative_to(ROOT).parent.parts)
 
 
@@ -101,7 +101,7 @@ def test_architecture_pure_modules_load_no_framework():
                             env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)})
     assert result.returncode == 0, result.stderr
     loaded = set(json.loads(result.stdout.splitlines()[-1]))
-    assert "leasing" in loaded and "billing" in loaded  # the check did import them
+    assert "broker" in loaded and "billing" in loaded  # the check did import them
     assert not loaded & FRAMEWORKS, sorted(loaded & FRAMEWORKS)
 
 
@@ -115,24 +115,24 @@ def _offenders_in(target: str, module: str, source: str) -> set[str]:
     ("target", "module", "source", "bad"),
     [
         # relative imports resolve into the package they name
-        ("leasing/capacity", "leasing/capacity/planner.py", "from ..sim import capacity", "leasing.sim"),
-        ("leasing/capacity", "leasing/capacity/planner.py", "from ..api import views", "leasing.api"),
-        ("leasing/capacity", "leasing/capacity/planner.py", "from .. import models", "leasing.models"),
-        ("leasing/capacity", "leasing/capacity/planner.py", "import django", "django"),
-        ("leasing/capacity", "leasing/capacity/planner.py", "from django.db import models", "django.db"),
-        ("leasing/capacity", "leasing/capacity/planner.py", "from leasing import models", "leasing"),
+        ("capacity/planner", "capacity/planner/planner.py", "from ..sim import capacity", "capacity.sim"),
+        ("capacity/planner", "capacity/planner/planner.py", "from ..api import views", "broker.api"),
+        ("capacity/planner", "capacity/planner/planner.py", "from .. import models", "broker.models"),
+        ("capacity/planner", "capacity/planner/planner.py", "import django", "django"),
+        ("capacity/planner", "capacity/planner/planner.py", "from django.db import models", "django.db"),
+        ("capacity/planner", "capacity/planner/planner.py", "from broker import models", "broker"),
         # the planner may use the scheduler's types, not the scheduler itself
-        ("leasing/capacity", "leasing/capacity/planner.py", "from leasing.scheduler.plan import plan",
-         "leasing.scheduler.plan"),
-        ("leasing/capacity", "leasing/capacity/planner.py", "from ..scheduler import placement", "leasing.scheduler"),
-        ("leasing/capacity", "leasing/capacity/planner.py", "from leasing.scheduler import plan", "leasing.scheduler"),
+        ("capacity/planner", "capacity/planner/planner.py", "from broker.scheduler.plan import plan",
+         "broker.scheduler.plan"),
+        ("capacity/planner", "capacity/planner/planner.py", "from ..scheduler import placement", "broker.scheduler"),
+        ("capacity/planner", "capacity/planner/planner.py", "from broker.scheduler import plan", "broker.scheduler"),
         # the scheduling core: itself, gpus and the standard library; not the rest of leasing
-        ("leasing/scheduler", "leasing/scheduler/plan.py", "from leasing.capacity import plan_capacity",
-         "leasing.capacity"),
-        ("leasing/scheduler", "leasing/scheduler/plan.py", "from leasing.selectors import lease_queue",
-         "leasing.selectors"),
-        ("leasing/scheduler", "leasing/scheduler/plan.py", "from .. import services", "leasing.services"),
-        ("leasing/scheduler", "leasing/scheduler/plan.py", "from leasing import choices", "leasing"),
+        ("broker/scheduler", "broker/scheduler/plan.py", "from capacity.planner import plan_capacity",
+         "capacity.planner"),
+        ("broker/scheduler", "broker/scheduler/plan.py", "from broker.selectors import lease_queue",
+         "broker.selectors"),
+        ("broker/scheduler", "broker/scheduler/plan.py", "from .. import services", "broker.services"),
+        ("broker/scheduler", "broker/scheduler/plan.py", "from broker import choices", "broker"),
         # billing's arithmetic: no Django, no billing models or services
         ("billing/core/pricing.py", "billing/core/pricing.py", "from django.conf import settings", "django.conf"),
         ("billing/core/pricing.py", "billing/core/pricing.py", "from ..models import PriceBook", "billing.models"),
@@ -142,8 +142,8 @@ def _offenders_in(target: str, module: str, source: str) -> set[str]:
         ("billing/core/slo.py", "billing/core/slo.py", "from billing.core.pricing import to_minor",
          "billing.core.pricing"),
         # the pipeline planners: not the scheduler, not the Django app that stores their plans
-        ("leasing/pipelines", "leasing/pipelines/esg.py", "from leasing.scheduler import plan", "leasing.scheduler"),
-        ("leasing/pipelines", "leasing/pipelines/esg.py", "from pipelines.models import Pipeline", "pipelines.models"),
+        ("pipelines/planner", "pipelines/planner/esg.py", "from broker.scheduler import plan", "broker.scheduler"),
+        ("pipelines/planner", "pipelines/planner/esg.py", "from pipelines.models import Pipeline", "pipelines.models"),
         # the decision engine: not the tiering app's models or services
         ("tiering/engine", "tiering/engine/decide.py", "from ..models import Workload", "tiering.models"),
         ("tiering/engine", "tiering/engine/forest.py", "from tiering import services", "tiering"),
@@ -158,11 +158,11 @@ def test_architecture_catches_what_a_pure_module_must_not_import(target, module,
 @pytest.mark.parametrize(
     ("target", "module", "source"),
     [
-        ("leasing/capacity", "leasing/capacity/planner.py",
-         "from .types import Mode\nfrom leasing.scheduler.types import Kind\nfrom gpus.mig import profile_get\n"
+        ("capacity/planner", "capacity/planner/planner.py",
+         "from .types import Mode\nfrom broker.scheduler.types import Kind\nfrom gpus.mig import profile_get\n"
          "import math"),
-        ("leasing/scheduler", "leasing/scheduler/plan.py",
-         "from .state import ClusterState\nfrom leasing.scheduler.types import Kind\nfrom gpus import catalogue\n"
+        ("broker/scheduler", "broker/scheduler/plan.py",
+         "from .state import ClusterState\nfrom broker.scheduler.types import Kind\nfrom gpus import catalogue\n"
          "from __future__ import annotations\nimport heapq"),
         ("billing/core/pricing.py", "billing/core/pricing.py",
          "from decimal import Decimal\nfrom gpus.mig import profile_get"),
@@ -174,12 +174,12 @@ def test_architecture_allows_the_pure_modules_own_imports(target, module, source
 
 
 # the apps that read leases (to meter, bill, advise, notify) sit above leasing: it never imports them
-ABOVE_LEASING = ("billing", "fleet", "notifications", "pipelines", "portal", "tiering")
+ABOVE_LEASING = ("billing", "capacity", "notifications", "pipelines", "portal", "tiering")
 
 
 def test_architecture_leasing_imports_no_app_built_on_it():
     offenders = {f"{path.relative_to(ROOT)}: {name}"
-                 for path in _files("leasing") for name in imports_of(path)
+                 for path in _files("broker") for name in imports_of(path)
                  if name.split(".")[0] in ABOVE_LEASING}
     assert not offenders, sorted(offenders)
 
@@ -187,4 +187,4 @@ def test_architecture_leasing_imports_no_app_built_on_it():
 def test_architecture_leasing_check_sees_a_function_level_import():
     """The check reads imports inside functions too (the old budget check was one)."""
     source = "def f():\n    from billing.services import budget_check\n"
-    assert "billing.services" in imports_of(ROOT / "leasing/services/request.py", source)
+    assert "billing.services" in imports_of(ROOT / "broker/services/request.py", source)

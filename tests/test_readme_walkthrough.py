@@ -16,9 +16,9 @@ from django.core.management import CommandError, call_command
 from django.urls import Resolver404, resolve
 
 from billing.models import Invoice
-from leasing import services as leasing
-from leasing.models import Lease
-from tests.leasing.conftest import _test_database_url, start_fleet, start_workers, stop_workers
+from broker import services as broker
+from broker.models import Lease
+from tests.broker.conftest import _test_database_url, start_fleet, start_workers, stop_workers
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
@@ -112,7 +112,7 @@ def _manage(env: dict, *args: str) -> None:
 @pytest.fixture
 def demo_env(live_server, transactional_db, tmp_path) -> dict:
     """The script's environment: manage.py on the test database, which holds the demo as `make run` seeds it."""
-    leasing.cycle_flag_clear()
+    broker.cycle_flag_clear()
     env = {**os.environ, "DATABASE_URL": _test_database_url(), "GPUBROKER_VAR_DIR": str(tmp_path / "var"),
            "BASE_URL": live_server.url, "OUT_DIR": str(tmp_path / "out")}
     _manage(env, "seed_demo")

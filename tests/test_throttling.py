@@ -181,7 +181,7 @@ def test_login_over_https_sets_secure_cookies_and_hsts(db, client):
 @pytest.fixture
 def web_server(transactional_db):
     """gunicorn as make run starts it (infra.run.web_command), on the test database."""
-    from tests.leasing.conftest import _test_database_url
+    from tests.broker.conftest import _test_database_url
 
     url = _test_database_url()  # the test database, over TCP or the embedded server's Unix socket
     port = free_port()

@@ -1,6 +1,6 @@
 """``gpu: {"kind": "auto", "workload": "<name>"}`` at admission (docs/tiering.md, "Auto at admission").
 
-Registered in ``TieringConfig.ready`` as leasing's gpu resolver for the kind ``auto`` (``leasing.extensions``):
+Registered in ``TieringConfig.ready`` as leasing's gpu resolver for the kind ``auto`` (``broker.extensions``):
 before leasing validates a request, the workload's prediction at the tenant's prices, limited to the models the
 project has quota for, picks the cheapest slice predicted to meet the target (the workload's, or one given
 inline: ``target_throughput`` / ``target_latency_ms``). The lease asks for exactly that slice (its model, its
@@ -13,8 +13,8 @@ those cheaper slices, and the next request places on the cheapest whose measurem
 
 from __future__ import annotations
 
+from broker.extensions import GpuChoice, GpuRequest
 from config.errors import ApplicationError, NotFound, ValidationFailed
-from leasing.extensions import GpuChoice, GpuRequest
 from tenants.models import Project, Quota
 from tiering.models import ProfilingRun, ProfilingState, Workload
 

@@ -28,9 +28,9 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
+from broker.choices import LeaseState
+from broker.models import Lease
 from gpus.performance import estimate, slice_from_key
-from leasing.choices import LeaseState
-from leasing.models import Lease
 from tiering.models import AdviceKind, LeaseSample, Provenance, TierAdvice
 
 logger = logging.getLogger(__name__)

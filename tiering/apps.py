@@ -8,7 +8,7 @@ class TieringConfig(AppConfig):
 
     def ready(self) -> None:
         # gpu: {"kind": "auto", "workload": ...} is resolved here (leasing imports nothing of tiering)
-        from leasing.extensions import gpu_resolver_register
+        from broker.extensions import gpu_resolver_register
         from tiering.admission import auto_resolve
 
         gpu_resolver_register("auto", auto_resolve)

@@ -29,10 +29,10 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
+from broker.choices import FINAL_STATES, LeaseState
+from broker.models import Gpu, Lease
 from config.errors import ApplicationError, Conflict, NotFound, ValidationFailed
 from gpus.performance import Slice, slice_from_key
-from leasing.choices import FINAL_STATES, LeaseState
-from leasing.models import Gpu, Lease
 from tenants.access import Actor
 from tenants.models import ApiToken, Membership, Project
 from tiering.models import LeaseSample, ProfilingLease, ProfilingRun, ProfilingState, Provenance, Workload
@@ -92,7 +92,7 @@ def profiling_start(*, actor: Actor, workload: Workload, project: object, slices
     the field) when the workload already has a running run, the project is unknown or a value is out of
     bounds; a slice whose lease is refused (no quota for its tier) is left out and said so in the run's
     outcome; when every one is refused the run fails and the first refusal is raised."""
-    from leasing.services import lease_request
+    from broker.services import lease_request
     from tenants.services import api_token_create
     from tiering.services import _audit, spec_of
 
@@ -186,7 +186,7 @@ def lease_telemetry(*, lease: Lease, start: datetime, end: datetime) -> dict:
 
 def profiling_advance(*, run_id: int, now: datetime | None = None) -> str:
     """Close what is due in a run (idempotent; see the module docstring). Returns the run's state."""
-    from leasing.services import lease_release
+    from broker.services import lease_release
     from tiering.services import profile_record
 
     now = now or timezone.now()

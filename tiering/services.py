@@ -12,6 +12,7 @@ from django.db import transaction
 from django.db.models import Max
 from django.utils import timezone
 
+from broker.models import Lease
 from config.errors import Conflict, NotFound, ValidationFailed
 from gpus.architectures import ARCHITECTURES, ConvNet
 from gpus.performance import (
@@ -26,7 +27,6 @@ from gpus.performance import (
     workload_problems,
 )
 from gpus.performance import Workload as Spec
-from leasing.models import Lease
 from tenants.access import Actor
 from tenants.models import AuditEvent
 from tiering.engine.decide import EXPLORE_CONFIDENCE, Decision, Option, choose, measured_meets, required_throughput

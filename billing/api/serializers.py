@@ -7,8 +7,8 @@ from billing.choices import CapAction, RateKind
 from billing.core.pricing import from_minor
 from billing.models import BillingTerms, Invoice, InvoiceLine, PriceBook, PriceRate, SpendCap
 from billing.services import MAX_MINOR
+from broker.api.serializers import GPU_OUTPUT_SCHEMA
 from gpus.catalogue import MODELS
-from leasing.api.serializers import GPU_OUTPUT_SCHEMA
 from tenants.api.serializers import StrictSerializer
 from tenants.choices import CURRENCIES
 

@@ -18,12 +18,12 @@ from rest_framework.views import APIView
 from billing import selectors, services
 from billing.api import serializers as s
 from billing.selectors import documents, quotes
+from broker import selectors as broker_selectors
+from broker.api import serializers as leasing_s
+from broker.api.permissions import ReadOnlyPostPermission
 from config.api import paginate, parse
 from config.errors import NotFound, ValidationFailed
 from config.openapi import PAGE_PARAMETERS, paginated, problem
-from leasing import selectors as leasing_selectors
-from leasing.api import serializers as leasing_s
-from leasing.api.permissions import ReadOnlyPostPermission
 from tenants.api.staff import StaffApi
 from tenants.selectors import platform_tenant_get, project_get
 
@@ -234,4 +234,4 @@ class OfferListApi(APIView):
     @extend_schema(responses=s.OfferListOutput, summary="GPU models on offer with their free capacity now")
     def get(self, request):
         return Response({"offers": selectors.offer_prices(tenant=request.actor.tenant,
-                                                          offers=leasing_selectors.offer_list())})
+                                                          offers=broker_selectors.offer_list())})

@@ -55,7 +55,7 @@ def list_rate_table(*, at: datetime) -> RateTable | None:
 
 def whole_list_prices(now: datetime) -> dict[str, int]:
     """Whole-GPU list price per hour per model (minor units) in force at ``now``: what leasing's ``model: auto``
-    ranks models by (registered through ``leasing.extensions``)."""
+    ranks models by (registered through ``broker.extensions``)."""
     _currency, rates = list_prices(at=now)
     return {tier: minor for tier, kind, _profile, minor in rates if kind == "whole"}
 
@@ -162,7 +162,7 @@ def _quote(book: PriceBook, table: RateTable, *, gpu: dict, workload_class: str,
 
 
 def offer_prices(*, tenant: Tenant, offers: list[dict], at: datetime | None = None) -> list[dict]:
-    """The offers (``leasing.selectors.offer_list``) with the tenant's prices per hour in force now: a whole
+    """The offers (``broker.selectors.offer_list``) with the tenant's prices per hour in force now: a whole
     GPU, each MIG profile (per instance) and a whole GPU's worth of shares; in-quota, non-interactive rates
     (over-quota and interactive multipliers are in ``multipliers``)."""
     at = at or timezone.now()

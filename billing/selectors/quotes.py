@@ -1,7 +1,7 @@
 """The quote before a lease (``POST /api/v1/quotes`` and the portal's request panel): leasing's preview of the
 request (fits, reclaims or waits; quota standing; the wait) with billing's price for it and the spend caps'
 verdict. It lives in billing because it is the one place that joins the two: billing reads leasing, never the
-other way (``leasing.extensions``). Nothing is written.
+other way (``broker.extensions``). Nothing is written.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from decimal import Decimal
 from django.conf import settings
 from django.utils import timezone
 
-from leasing.models import Lease
-from leasing.selectors import LeasePreview, _lease_dry_run, duration_words
+from broker.models import Lease
+from broker.selectors import LeasePreview, _lease_dry_run, duration_words
 from tenants.access import Actor
 
 
@@ -112,8 +112,8 @@ def lease_quote(*, actor: Actor, project: object, gpu: object, workload_class: o
     """The quote of a request — the one function behind ``POST /api/v1/quotes`` and the portal's live
     preview, so the two never disagree. The same checks and errors as ``lease_request`` (each naming its
     field, the optional workload's included); ``view`` is enough (it writes nothing). Reads only."""
-    from leasing import services
-    from leasing.validation import workload_check
+    from broker import services
+    from broker.validation import workload_check
 
     now = now or timezone.now()
     run = _lease_dry_run(actor=actor, project=project, gpu=gpu, workload_class=workload_class, priority=priority,
@@ -149,7 +149,7 @@ def _gpu_output(shape: dict, tier: str) -> dict:
 
 
 def _expected_wait(preview: LeasePreview, victims: tuple[str, ...], *, now: datetime) -> int | None:
-    from leasing import services
+    from broker import services
 
     if preview.outcome == "fits":
         return 0

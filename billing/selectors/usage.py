@@ -140,8 +140,8 @@ def _lease_gpu(lease) -> dict:
 def spend_forecast(*, tenant: Tenant, project_id: int | None = None, now: datetime | None = None) -> tuple[int, int]:
     """(charges metered this month, what the live leases will cost from the end of metering until their
     end or the month's), in minor units, at current prices, before discounts and credits."""
-    from leasing.choices import FINAL_STATES
-    from leasing.models import Lease
+    from broker.choices import FINAL_STATES
+    from broker.models import Lease
 
     now = now or timezone.now()
     start = now.replace(day=1, hour=0, minute=0, second=0, microsecond=0)

@@ -1,5 +1,5 @@
 """Monthly spend caps (tenant admins; platform staff in the admin) and the budget guard leasing admits requests and
-renewals with (``leasing.extensions``)."""
+renewals with (``broker.extensions``)."""
 
 from __future__ import annotations
 
@@ -160,7 +160,7 @@ def budget_check_renewal(*, lease, ends_at: datetime, now: datetime | None = Non
 
 
 def budget_admit_request(admission) -> str:
-    """``budget_check`` as leasing's admission check for a new request (``leasing.extensions.RequestAdmission``)."""
+    """``budget_check`` as leasing's admission check for a new request (``broker.extensions.RequestAdmission``)."""
     return budget_check(tenant=admission.actor.tenant, project=admission.project, gpu=admission.gpu,
                         workload_class=admission.workload_class, duration_seconds=admission.duration_seconds,
                         now=admission.now)

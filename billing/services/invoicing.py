@@ -33,8 +33,8 @@ from billing.models import (
 )
 from billing.selectors.prices import books_in_force
 from billing.services.metering import usage_meter_window
+from broker.models import Allocation, Lease, LeaseEvent
 from config.errors import ValidationFailed
-from leasing.models import Allocation, Lease, LeaseEvent
 from tenants.models import Project, SloContract, Tenant
 
 

@@ -47,10 +47,10 @@ from urllib3.util.retry import Retry
 
 from billing.core.metering import HOLDING, HOUR, held_intervals, hour_floor
 from billing.models import UtilisationUsage
+from broker.choices import GpuKind
+from broker.models import Allocation, Lease, LeaseEvent
 from config.errors import ApplicationError, ValidationFailed
 from gpus.mig import COMPUTE_SLICES, UnknownProfile, profile_get
-from leasing.choices import GpuKind
-from leasing.models import Allocation, Lease, LeaseEvent
 
 logger = logging.getLogger(__name__)
 

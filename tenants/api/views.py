@@ -76,7 +76,7 @@ class QuotaListApi(APIView):
     def get(self, request):
         project_slug = request.query_params.get("project")
         project = selectors.project_get(actor=request.actor, slug=project_slug) if project_slug else None
-        from leasing.selectors import quota_usage
+        from broker.selectors import quota_usage
 
         context = {"usage": quota_usage(actor=request.actor)}
         return Response({

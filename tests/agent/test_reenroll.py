@@ -8,10 +8,10 @@ import sys
 
 import pytest
 
-from leasing import services
-from leasing.models import Node
+from broker import services
+from broker.models import Node
 from tests.agent.conftest import ROOT, free_port, wait_http
-from tests.leasing.conftest import wait_until
+from tests.broker.conftest import wait_until
 
 
 def _agent(state_dir, log, url: str, token: str = "") -> subprocess.Popen:

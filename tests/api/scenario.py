@@ -26,8 +26,8 @@ from agent.signing import sign
 from billing import services as billing
 from billing.choices import InvoiceStatus, LineKind
 from billing.models import Invoice, InvoiceLine
-from leasing import services as broker
-from leasing.models import Allocation, Gpu, Lease
+from broker import services as broker
+from broker.models import Allocation, Gpu, Lease
 from tenants.choices import Role
 from tenants.models import Membership
 from tests.factories import World, make_member, make_project, make_quota, make_token
@@ -206,7 +206,7 @@ def capacity_steps(step, world: World) -> None:
     (policies, the fleet, a planner run) with a staff member's token, each refused body kind included."""
     from django.contrib.auth import get_user_model
 
-    from fleet.models import Adjustment
+    from capacity.models import Adjustment
 
     owner, v1 = world.tokens["owner"], "/api/v1"
     advice = [Adjustment.objects.create(

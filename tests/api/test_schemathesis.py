@@ -169,7 +169,7 @@ def _hand_written_cases(url: str, schema: dict, world) -> set:
 
 def _lease_id(world) -> str:
     """A lease of acme (the views look it up before reading the body)."""
-    from leasing.models import Lease
+    from broker.models import Lease
 
     return str(Lease.objects.filter(tenant=world.acme).order_by("pk").last().pk)
 

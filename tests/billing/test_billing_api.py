@@ -79,7 +79,7 @@ def test_another_tenants_invoice_is_not_found(invoiced):
 
 
 def test_offers_carry_the_tenants_prices(world):
-    from leasing import services
+    from broker import services
 
     token = services.enrollment_token_create()
     services.node_enroll(node_id="n2", token=token, address="http://127.0.0.1:9/n/n2", inventory={"gpus": [

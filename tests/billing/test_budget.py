@@ -57,7 +57,7 @@ def test_metered_spend_and_running_leases_count(world):
 
 
 def test_the_api_refuses_a_request_over_a_cap_with_the_figures_and_writes_nothing(world):
-    from leasing.models import Lease
+    from broker.models import Lease
 
     SpendCap.objects.create(tenant=world.acme, monthly_minor=1000)
     client = world.client("member")

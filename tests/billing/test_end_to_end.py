@@ -18,9 +18,9 @@ from billing.choices import InvoiceStatus, StripeState
 from billing.core.metering import HOUR, hour_floor
 from billing.models import Invoice, StripeEvent, UtilisationUsage
 from billing.services.utilisation import utilisation_meter_hour
-from leasing.models import LeaseEvent
+from broker.models import LeaseEvent
+from tests.broker.conftest import Api, start_fleet, start_workers, stop_workers, wait_until
 from tests.factories import make_world
-from tests.leasing.conftest import Api, start_fleet, start_workers, stop_workers, wait_until
 from tests.stripe_server import StripeTestServer, deliver
 
 

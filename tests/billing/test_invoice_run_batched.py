@@ -8,7 +8,7 @@ from decimal import Decimal
 from billing import services as billing
 from billing.models import AllocationUsage, BillingTerms, Invoice, InvoiceLine, UtilisationUsage
 from billing.services import invoicing
-from leasing.models import Lease
+from broker.models import Lease
 from tests.factories import make_project, make_tenant
 
 OCTOBER = date(2026, 10, 1)

@@ -18,10 +18,10 @@ import pytest
 
 from billing import services as billing
 from billing.models import AllocationUsage, Invoice, InvoiceLine
-from leasing.models import Lease
+from broker.models import Lease
 from tests.agent.conftest import ROOT
+from tests.broker.conftest import _test_database_url
 from tests.factories import make_project, make_tenant
-from tests.leasing.conftest import _test_database_url
 
 TENANTS = 12
 JANUARY = date(2026, 1, 1)

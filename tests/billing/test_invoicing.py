@@ -13,10 +13,10 @@ from django.db import IntegrityError, transaction
 from billing import services as billing
 from billing.choices import InvoiceStatus, LineKind
 from billing.models import BillingTerms, Invoice, InvoiceLine, SloEvaluation
+from broker import services
+from broker.choices import LeaseState
+from broker.models import Allocation, Lease
 from config.errors import ValidationFailed
-from leasing import services
-from leasing.choices import LeaseState
-from leasing.models import Allocation, Lease
 from tenants import services as tenant_services
 from tenants.access import Actor
 from tenants.choices import Role

@@ -10,9 +10,9 @@ import time_machine
 from billing.core.metering import held_intervals, split_hours
 from billing.models import AllocationUsage
 from billing.services import usage_meter_window
-from leasing import services
-from leasing.choices import LeaseState
-from leasing.models import Allocation, Lease
+from broker import services
+from broker.choices import LeaseState
+from broker.models import Allocation, Lease
 from tenants.access import Actor
 from tenants.choices import Role
 from tests.factories import make_world

@@ -14,8 +14,8 @@ from psycopg.types.range import Range
 from billing.core.metering import HeldUnit, LeaseHour, lease_hours
 from billing.models import AllocationUsage
 from billing.services import usage_meter_window
-from leasing import services
-from leasing.models import Allocation, Gpu, Lease, LeaseEvent
+from broker import services
+from broker.models import Allocation, Gpu, Lease, LeaseEvent
 from tests.factories import make_world
 
 T0 = datetime(2026, 1, 31, 20, tzinfo=UTC)  # near a month boundary on purpose

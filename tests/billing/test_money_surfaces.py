@@ -16,7 +16,7 @@ from rest_framework.test import APIClient
 
 from billing import services as billing
 from billing.models import AllocationUsage, BillingTerms, PriceBook, SpendCap
-from leasing import services as leasing
+from broker import services as broker
 from tenants.access import Actor
 from tenants.choices import Role
 from tenants.models import AuditEvent
@@ -68,7 +68,7 @@ def audits(action: str) -> list[AuditEvent]:
 def metered_hour(world, hour_start: datetime) -> AllocationUsage:
     """One hour of a whole H100 metered for acme's project (a queued lease stands in for the one that ran)."""
     actor = Actor(user=world.member, tenant=world.acme, role=Role.MEMBER)
-    lease = leasing.lease_request(actor=actor, project="vision", gpu={"kind": "mig", "profile": "1g.10gb"})[0]
+    lease = broker.lease_request(actor=actor, project="vision", gpu={"kind": "mig", "profile": "1g.10gb"})[0]
     return AllocationUsage.objects.create(
         tenant=world.acme, project=world.project, lease=lease, hour_start=hour_start, seconds=Decimal(3600),
         tier="H100-80GB", kind="whole", gpu_milli=1000, memory_mib=81559, workload_class="training",

@@ -11,9 +11,9 @@ import time_machine
 from billing import services as billing
 from billing.models import AllocationUsage, Invoice, PriceBook
 from billing.selectors.usage import spend_minor
-from leasing import services
-from leasing.choices import LeaseState
-from leasing.models import Allocation, Lease
+from broker import services
+from broker.choices import LeaseState
+from broker.models import Allocation, Lease
 from tenants.access import Actor
 from tenants.choices import Role
 from tests.billing.test_money_surfaces import book_form, future, portal

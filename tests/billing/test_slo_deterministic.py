@@ -9,9 +9,9 @@ import pytest
 from django.db import transaction
 
 from billing import services as billing
-from leasing import services as leasing
-from leasing.choices import LeaseState
-from leasing.models import Lease, LeaseEvent
+from broker import services as broker
+from broker.choices import LeaseState
+from broker.models import Lease, LeaseEvent
 from tenants import services as tenant_services
 from tests.billing.test_invoicing import start_lease
 from tests.billing.test_invoicing import world as world
@@ -100,9 +100,9 @@ def test_slo_time_to_gpu_sample_survives_a_later_requeue_and_over_quota_placemen
     # in February its node is drained: the lease is preempted, requeued and placed again, this time over
     # quota: the lease row says over_quota now, but in January it was placed within quota
     with transaction.atomic():
-        leasing.lease_transition(lease=Lease.objects.get(pk=lease.pk), to=LeaseState.PREEMPTED,
+        broker.lease_transition(lease=Lease.objects.get(pk=lease.pk), to=LeaseState.PREEMPTED,
                                  reason="node drained", actor="staff:root", now=t(3, 8, month=2))
-    leasing.allocations_free(lease=Lease.objects.get(pk=lease.pk), now=t(3, 8, month=2), to=LeaseState.QUEUED,
+    broker.allocations_free(lease=Lease.objects.get(pk=lease.pk), now=t(3, 8, month=2), to=LeaseState.QUEUED,
                              reason="node lost; retrying")
     Lease.objects.filter(pk=lease.pk).update(over_quota=True)
     assert evaluation_at(world.acme, t(15, 9, month=3)) == first

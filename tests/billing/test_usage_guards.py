@@ -8,7 +8,7 @@ import pytest
 from django.db import IntegrityError, transaction
 
 from billing.models import AllocationUsage
-from leasing.models import Lease
+from broker.models import Lease
 from tests.factories import make_world
 
 HOUR = datetime(2026, 1, 5, 10, tzinfo=UTC)

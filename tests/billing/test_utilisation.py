@@ -19,9 +19,9 @@ from billing.models import AllocationUsage, MeterWindow, UtilisationUsage
 from billing.services import usage_meter_window
 from billing.services.metering_run import meter_pending
 from billing.services.utilisation import PrometheusLate, PrometheusUnavailable, utilisation_meter_hour
-from leasing import services
-from leasing.choices import LeaseState
-from leasing.models import Allocation, Lease
+from broker import services
+from broker.choices import LeaseState
+from broker.models import Allocation, Lease
 from tenants.access import Actor
 from tenants.choices import Role
 from tests.agent.conftest import AgentProcess

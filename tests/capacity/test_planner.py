@@ -1,10 +1,11 @@
-"""The capacity planner (``leasing.capacity``): table-driven cases per kind. No database."""
+"""The capacity planner (``capacity.planner``): table-driven cases per kind. No database."""
 
 from __future__ import annotations
 
 import pytest
 
-from leasing.capacity import (
+from broker.scheduler.types import GpuMode, Kind, QuotaSpec, WorkloadClass
+from capacity.planner import (
     AdjustmentKind,
     Arrivals,
     CapacityGpu,
@@ -25,7 +26,6 @@ from leasing.capacity import (
     plan_capacity,
     poisson_pool_size,
 )
-from leasing.scheduler.types import GpuMode, Kind, QuotaSpec, WorkloadClass
 
 H100 = "H100-80GB"
 NOW = 100_000.0

@@ -12,8 +12,8 @@ import random
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gpus.mig import MigPlacement, free_starts, profiles_for
-from leasing.capacity import (
+from broker.scheduler.types import GpuMode, Kind, WorkloadClass
+from capacity.planner import (
     AdjustmentKind,
     Arrivals,
     CapacityGpu,
@@ -30,7 +30,7 @@ from leasing.capacity import (
     layout_problems,
     plan_capacity,
 )
-from leasing.scheduler.types import GpuMode, Kind, WorkloadClass
+from gpus.mig import MigPlacement, free_starts, profiles_for
 
 MODELS = ("H100-80GB", "A100-40GB", "L4")
 NOW = 1_000_000.0

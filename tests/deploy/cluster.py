@@ -95,7 +95,7 @@ class Cluster:
         self._manage("createcachetable")
         script = (
             "from tests.factories import make_tenant, make_member, make_project, make_quota, make_token;"
-            "from leasing import services;"
+            "from broker import services;"
             f"t = make_tenant('scale-{self.run_id[-6:]}'); u = make_member(t, 'loader-{self.run_id[-6:]}', 'member');"
             "p = make_project(t, 'load');"
             f"make_quota(p, 'H100-80GB', deserved={self.nodes * 8000}, limit={self.nodes * 8000});"

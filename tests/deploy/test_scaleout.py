@@ -97,7 +97,7 @@ def _scale_out(broker_url: str) -> None:
         assert sorted(cluster.leaders().values()) == ["leading", "standby"], cluster.leaders()
         # every worker host took part in provisioning
         for process in cluster.processes["worker"]:
-            assert "leasing.leases_provision_run" in cluster.log(process.name), f"{process.name} ran no provisioning"
+            assert "broker.leases_provision_run" in cluster.log(process.name), f"{process.name} ran no provisioning"
         # a task's result comes back through the result backend (Redis, or rpc:// with RabbitMQ)
         said = cluster._manage("shell", "-c", "from config.celery import ping; "
                                f"print(ping.apply_async(queue={cluster.queue!r}).get(timeout=60))")

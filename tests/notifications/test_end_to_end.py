@@ -9,8 +9,8 @@ import pytest
 
 from notifications.models import Delivery
 from notifications.tasks import deliveries_send_due_task, outbox_process_task
+from tests.broker.conftest import Api, start_workers, stop_workers, wait_until
 from tests.factories import make_world
-from tests.leasing.conftest import Api, start_workers, stop_workers, wait_until
 from tests.notifications.conftest import documented_verify
 
 pytestmark = pytest.mark.slow

@@ -11,9 +11,9 @@ from django.core import mail
 from django.db import connection
 from django.utils import timezone
 
-from leasing import services as leasing
-from leasing.choices import LeaseState
-from leasing.models import Lease, LeaseEvent
+from broker import services as broker
+from broker.choices import LeaseState
+from broker.models import Lease, LeaseEvent
 from notifications import services
 from notifications.choices import DeliveryStatus
 from notifications.models import Delivery, Notification, NotificationPreference, OutboxCursor, WebhookEndpoint
@@ -32,7 +32,7 @@ def _actor(world, who="owner"):
 
 
 def _lease(world):
-    return leasing.lease_request(actor=_actor(world, "member"), project=world.project.slug,
+    return broker.lease_request(actor=_actor(world, "member"), project=world.project.slug,
                                  gpu={"kind": "mig", "profile": "1g.10gb"})[0]
 
 
@@ -276,7 +276,7 @@ def test_outbox_two_concurrent_runs_never_double(loopback, receiver):
     services.webhook_endpoint_create(actor=_actor(world), url=receiver.url, event_types=["lease.released"])
     for _ in range(20):
         lease = _lease(world)
-        leasing.lease_release(lease=lease, actor="user:max")
+        broker.lease_release(lease=lease, actor="user:max")
     barrier, made = threading.Barrier(4), []
 
     def run():

@@ -18,7 +18,7 @@ import pytest
 
 from tests.api.server import api_server
 from tests.api.server import test_database_url as database_url
-from tests.leasing.conftest import Api, start_fleet, start_workers, stop_workers, wait_until
+from tests.broker.conftest import Api, start_fleet, start_workers, stop_workers, wait_until
 from tests.observability import live, promql
 
 
@@ -65,9 +65,9 @@ def _queue() -> str:
 
 
 def test_live_metrics_after_lease_traffic(broker):
-    from leasing.models import Node
-    from leasing.services import agent_client
-    from leasing.tasks import reconcile
+    from broker.models import Node
+    from broker.services import agent_client
+    from broker.tasks import reconcile
 
     url, api, metrics_dir = broker
     a100 = Node.objects.get(gpus__model="A100-80GB", gpus__index=0)
@@ -119,7 +119,7 @@ def test_live_metrics_after_lease_traffic(broker):
         assert live.value(found, "gpubroker_agent_requests_total", node=node, outcome="ok") >= 1
     assert sum(live.value(found, "gpubroker_provisioning_duration_seconds_count", node=n) for n in nodes) == 3
     assert live.value(found, "gpubroker_agent_requests_total", operation="destroy", outcome="ok") >= 1
-    assert live.value(found, "gpubroker_celery_tasks_total", task="leasing.leases_provision_run",
+    assert live.value(found, "gpubroker_celery_tasks_total", task="broker.leases_provision_run",
                       outcome="success") >= 1
     # states of the database at scrape time
     assert live.value(found, "gpubroker_leases", state="active", tier="H100-80GB") == 1
@@ -130,7 +130,7 @@ def test_live_metrics_after_lease_traffic(broker):
     assert live.value(found, "gpubroker_queue_oldest_wait_by_tenant_seconds", tenant="acme") > 0
     assert live.value(found, "gpubroker_slo_time_to_gpu_seconds", tenant="acme") == 600
     assert live.value(found, "gpubroker_provisioning_failures_total", node=a100.node_id, reason="unreachable") >= 1
-    assert live.value(found, "gpubroker_celery_tasks_total", task="leasing.leases_provision_run", outcome="retry") >= 1
+    assert live.value(found, "gpubroker_celery_tasks_total", task="broker.leases_provision_run", outcome="retry") >= 1
     assert live.value(found, "gpubroker_database_collector_up") == 1
     for sample in found["gpubroker_node_last_heartbeat_timestamp_seconds"]:
         assert sample.value > time.time() - 60

@@ -13,10 +13,10 @@ import pytest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
 
-from leasing.models import Lease
-from leasing.services.triggers import cycle_flag_clear
+from broker.models import Lease
+from broker.services.triggers import cycle_flag_clear
 from observability import tracing
-from tests.leasing.conftest import start_fleet, wait_until
+from tests.broker.conftest import start_fleet, wait_until
 
 
 @pytest.fixture
@@ -73,10 +73,10 @@ def test_one_lease_request_is_one_trace_from_http_to_the_agent(exporter, in_proc
     def named(prefix: str, task: str):
         return [s for s in trace if s.name == f"{prefix}/{task}"]
 
-    [cycle_sent] = named("apply_async", "leasing.schedule_cycle")
-    cycle_runs = named("run", "leasing.schedule_cycle")
-    [provision_sent] = named("apply_async", "leasing.leases_provision_run")
-    [provision_run] = named("run", "leasing.leases_provision_run")
+    [cycle_sent] = named("apply_async", "broker.schedule_cycle")
+    cycle_runs = named("run", "broker.schedule_cycle")
+    [provision_sent] = named("apply_async", "broker.leases_provision_run")
+    [provision_run] = named("run", "broker.leases_provision_run")
     agent_puts = [s for s in trace if s.kind == SpanKind.CLIENT
                   and (s.attributes.get("http.request.method") or s.attributes.get("http.method")) == "PUT"]
     assert agent_puts, [s.name for s in trace]

@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gpus.performance import mig, share, whole
-from leasing.pipelines.esg import (
+from pipelines.planner.esg import (
     Pipeline,
     PipelineError,
     Stage,
@@ -29,7 +29,7 @@ from leasing.pipelines.esg import (
     plan_even_greedy,
     plan_exhaustive,
 )
-from leasing.pipelines.profiles import Candidate
+from pipelines.planner.profiles import Candidate
 
 PRICES = {"H100-80GB": 400, "A100-80GB": 250, "L4": 80}
 SLICES = (mig("H100-80GB", "1g.10gb"), mig("H100-80GB", "3g.40gb"), whole("H100-80GB"),

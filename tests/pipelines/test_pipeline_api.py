@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
+from broker import extensions
+from broker.models import Lease
 from config.errors import Conflict
-from leasing import extensions
-from leasing.models import Lease
 from pipelines.models import Pipeline, PipelinePlan, PlanLease
 from tenants.models import AuditEvent
 from tests.factories import make_world
@@ -246,16 +246,16 @@ def test_a_split_that_fits_nowhere_is_not_applied_and_others_cannot_apply(world)
 
 
 def _enroll(node_id: str, model: str, count: int, memory_mib: int) -> None:
-    from leasing import services as leasing
+    from broker import services as broker
 
-    token = leasing.enrollment_token_create(uses=1)
-    leasing.node_enroll(node_id=node_id, token=token, address=f"http://127.0.0.1:9/n/{node_id}", inventory={
+    token = broker.enrollment_token_create(uses=1)
+    broker.node_enroll(node_id=node_id, token=token, address=f"http://127.0.0.1:9/n/{node_id}", inventory={
         "gpus": [{"index": i, "uuid": f"GPU-{node_id}-{i}", "model": model, "mode": "whole", "memory_mib": memory_mib}
                  for i in range(count)]})
 
 
 def test_a_split_over_the_gpus_free_now_takes_what_the_tenants_quotas_allow(world):
-    from leasing import services as leasing
+    from broker import services as broker
     from tenants.access import Actor
     from tenants.choices import Role
     from tests.factories import make_quota
@@ -273,8 +273,8 @@ def test_a_split_over_the_gpus_free_now_takes_what_the_tenants_quotas_allow(worl
     assert split["result"]["feasible"]
     # one H100 leased (and placed) in vision: one left in its quota
     actor = Actor(user=world.member, tenant=world.acme, role=Role.MEMBER)
-    leasing.lease_request(actor=actor, project="vision", gpu={"kind": "whole", "model": "H100-80GB"})
-    leasing.schedule_cycle()
+    broker.lease_request(actor=actor, project="vision", gpu={"kind": "whole", "model": "H100-80GB"})
+    broker.schedule_cycle()
     answer = client.post("/api/v1/model-splits", body, format="json")
     assert [g["model"] for g in answer.json()["gpus"]] == ["H100-80GB"]
     # only A100s asked for, and the tenant has no A100 quota: a documented 409 naming candidates
@@ -385,8 +385,8 @@ def test_a_split_planned_on_the_gpus_free_now_is_leased_on_its_planned_node(worl
     asking to plan again."""
     from django.utils import timezone
 
-    from leasing import services as leasing
-    from leasing.models import Allocation, Gpu
+    from broker import services as broker
+    from broker.models import Allocation, Gpu
     from tests.factories import make_quota
 
     _enroll("node-a", "H100-80GB", 2, 81559)
@@ -402,7 +402,7 @@ def test_a_split_planned_on_the_gpus_free_now_is_leased_on_its_planned_node(worl
     leases = Lease.objects.filter(group_key=f"model-split-{split['id']}")
     assert leases.count() == len(split["result"]["groups"])
     assert all(lease.avoid_nodes == ["node-a"] for lease in leases)
-    leasing.schedule_cycle()
+    broker.schedule_cycle()
     nodes = set(Allocation.objects.filter(lease__in=leases, freed_at__isnull=True)
                 .values_list("gpu__node__node_id", flat=True))
     assert nodes == {"node-b"}

@@ -12,10 +12,10 @@ import pytest
 from billing import services as billing
 from billing.core.metering import HOUR, hour_floor
 from billing.models import AllocationUsage
-from leasing.models import Allocation, Lease, LeaseEvent, Node
-from leasing.services import agent_client
+from broker.models import Allocation, Lease, LeaseEvent, Node
+from broker.services import agent_client
+from tests.broker.conftest import Api, start_fleet, start_workers, stop_workers, wait_until
 from tests.factories import make_quota, make_world
-from tests.leasing.conftest import Api, start_fleet, start_workers, stop_workers, wait_until
 
 # one option per stage (a whole H100, batch 1, 5 ms): at 20 requests/s each stage is one instance of one GPU
 STAGE = [{"tier": "H100-80GB", "kind": "whole", "batch": 1, "latency_ms": 5}]

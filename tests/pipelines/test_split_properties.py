@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from gpus.architectures import ARCHITECTURES, ConvNet
 from gpus.layers import Layer, NoLayerTable, layer_ms, layered, layers_of
 from gpus.performance import Workload, work_of
-from leasing.pipelines.splits import (
+from pipelines.planner.splits import (
     SplitError,
     SplitGpu,
     _Model,

@@ -18,11 +18,11 @@ from pathlib import Path
 import pytest
 from django.utils import timezone
 
-from leasing.models import Allocation, Lease
+from broker.models import Allocation, Lease
 from tests import real_parts
 from tests.agent.conftest import ROOT, free_port, wait_http
+from tests.broker.conftest import start_fleet, start_workers, stop_workers, wait_until
 from tests.factories import make_project, make_user, make_world
-from tests.leasing.conftest import start_fleet, start_workers, stop_workers, wait_until
 
 CHROMIUM = real_parts.CHROMIUM_PATH
 PROMETHEUS = shutil.which("prometheus")
@@ -201,7 +201,7 @@ def test_browser_request_a_mig_slice_watch_it_turn_active_and_release_it(live_se
                                                                          fleet, prometheus):
     base = live_server.url
     # some work of both tenants on the fleet already, so that the map and the dashboard have something to show
-    from leasing.services import lease_request
+    from broker.services import lease_request
     from tenants.access import Actor
     from tenants.choices import Role
 
@@ -424,7 +424,7 @@ def test_browser_request_with_a_workload_and_follow_its_log(live_server, browser
 
 @pytest.mark.usefixtures("_close_server_connections")
 def test_browser_viewer_cannot_request_and_another_tenant_gets_404(live_server, browser, portal_world):
-    from leasing.services import lease_request
+    from broker.services import lease_request
     from tenants.access import Actor
     from tenants.choices import Role
 
@@ -486,14 +486,14 @@ def test_browser_usage_invoice_and_billing_reports(live_server, browser, portal_
 
     from billing import services as billing
     from billing.models import AllocationUsage, Invoice, UtilisationUsage
-    from leasing import services as leasing
-    from leasing.choices import LeaseState
+    from broker import services as broker
+    from broker.choices import LeaseState
     from tenants.access import Actor
     from tenants.choices import Role
 
     world = portal_world
-    token = leasing.enrollment_token_create()
-    leasing.node_enroll(node_id="gpu-a", token=token, address="http://127.0.0.1:9/n/gpu-a", inventory={"gpus": [
+    token = broker.enrollment_token_create()
+    broker.node_enroll(node_id="gpu-a", token=token, address="http://127.0.0.1:9/n/gpu-a", inventory={"gpus": [
         {"index": i, "uuid": f"GPU-a-{i}", "model": "H100-80GB", "mode": "mig" if i < 2 else "whole",
          "memory_mib": 81559} for i in range(4)]})
     actor = Actor(user=world.member, tenant=world.acme, role=Role.MEMBER)
@@ -506,16 +506,16 @@ def test_browser_usage_invoice_and_billing_reports(live_server, browser, portal_
         for index, (project, gpu, klass) in enumerate(shapes):
             start = month + timedelta(days=day, hours=8 + index)
             with time_machine.travel(start, tick=False):
-                lease, _ = leasing.lease_request(actor=actor, project=project, gpu=gpu, workload_class=klass,
+                lease, _ = broker.lease_request(actor=actor, project=project, gpu=gpu, workload_class=klass,
                                                  duration_seconds=86400)
-                leasing.schedule_cycle()
+                broker.schedule_cycle()
                 for allocation in Allocation.objects.filter(lease=lease):
-                    leasing.allocation_ready(allocation=allocation, instance={"device_uuid": "X"},
+                    broker.allocation_ready(allocation=allocation, instance={"device_uuid": "X"},
                                              now=start + timedelta(seconds=40))
             finish = start + timedelta(hours=2 + (day * 3 + index * 5) % 9)
             with time_machine.travel(finish, tick=False):
-                leasing.lease_release(lease=lease, actor="user:max", now=finish)
-                leasing.allocations_free(lease=Lease.objects.get(pk=lease.pk), now=finish, to=LeaseState.RELEASED,
+                broker.lease_release(lease=lease, actor="user:max", now=finish)
+                broker.allocations_free(lease=Lease.objects.get(pk=lease.pk), now=finish, to=LeaseState.RELEASED,
                                          reason="released")
     end = (month + timedelta(days=32)).replace(day=1)
     billing.usage_meter_window(start=month, end=end, now=end)
@@ -554,14 +554,14 @@ def test_browser_usage_invoice_and_billing_reports(live_server, browser, portal_
 def test_browser_capacity_loop_staff_review_and_tenant_advice(live_server, browser, portal_world, fleet):
     """Staff see the pools with a warm instance made on a real agent and accept quota advice on
     /ops/capacity; the tenant's admin sees the advice on the dashboard and accepts a right-sizing on /advice."""
-    from fleet import services as fleet_services
-    from fleet.models import Adjustment
-    from leasing.models import Gpu
+    from broker.models import Gpu
+    from capacity import services as capacity_services
+    from capacity.models import Adjustment
     from tenants.models import Quota
 
     world = portal_world
     h100 = Gpu.objects.filter(model="H100-80GB").order_by("pk").first()
-    created, skipped = fleet_services._create_warm([{"gpu": f"g{h100.pk}", "start": 6, "profile": "1g.10gb"}],
+    created, skipped = capacity_services._create_warm([{"gpu": f"g{h100.pk}", "start": 6, "profile": "1g.10gb"}],
                                                    timezone.now())
     assert created == 1, skipped
     quota = Adjustment.objects.create(

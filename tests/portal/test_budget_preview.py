@@ -8,8 +8,8 @@ from django.utils import timezone
 
 from billing import services as billing
 from billing.models import SpendCap
-from leasing import services as leasing
-from leasing.models import Allocation, Lease
+from broker import services as broker
+from broker.models import Allocation, Lease
 from tests.portal.test_pages import field_error, fleet_node, lease_for, login, text
 
 PREVIEW = {"project": "vision", "gpu.kind": "whole", "gpu.model": "H100-80GB", "duration_seconds": "7200"}
@@ -49,10 +49,10 @@ def test_budget_portal_renew_over_a_refuse_cap_shows_402_and_changes_nothing(wor
     prices()
     fleet_node(mode="whole")
     lease = lease_for(world, kind="whole", model="H100-80GB")
-    leasing.schedule_cycle()
+    broker.schedule_cycle()
     now = timezone.now()
     for allocation in Allocation.objects.filter(lease=lease):
-        leasing.allocation_ready(allocation=allocation, instance={"device_uuid": "X"}, now=now)
+        broker.allocation_ready(allocation=allocation, instance={"device_uuid": "X"}, now=now)
     lease.refresh_from_db()
     assert lease.state == "active"
     SpendCap.objects.create(tenant=world.acme, monthly_minor=1)  # 0.01 USD: any renewal breaks it

@@ -14,9 +14,9 @@ from django.test import Client
 from django.utils import timezone
 
 from billing.models import PriceBook, PriceRate
-from leasing import services as leasing
-from leasing.choices import LeaseState
-from leasing.models import Allocation, Gpu, Lease, Node
+from broker import services as broker
+from broker.choices import LeaseState
+from broker.models import Allocation, Gpu, Lease, Node
 from tenants.access import Actor
 from tenants.choices import Role
 from tenants.models import ApiToken, AuditEvent, Membership, Quota, SloContract, TenantQuota
@@ -46,7 +46,7 @@ def lease_for(world, tenant="acme", **gpu) -> Lease:
     owner, tenant_obj = (world.member, world.acme) if tenant == "acme" else (world.outsider, world.globex)
     role = Role.MEMBER if tenant == "acme" else Role.OWNER
     project = "vision" if tenant == "acme" else "secret"
-    lease, _ = leasing.lease_request(actor=Actor(user=owner, tenant=tenant_obj, role=role), project=project,
+    lease, _ = broker.lease_request(actor=Actor(user=owner, tenant=tenant_obj, role=role), project=project,
                                      gpu=gpu or {"kind": "mig", "profile": "1g.10gb"}, duration_seconds=3600)
     return lease
 
@@ -293,7 +293,7 @@ def test_lease_page_live_partial_sends_actions_only_when_the_state_moved(world, 
     assert "hx-swap-oob" not in same
     moved = client.get(f"/leases/{lease.pk}?shown=provisioning", headers=headers).content.decode()
     assert 'id="lease-actions" class="card actions-card" aria-labelledby="h-actions" hx-swap-oob="true"' in moved
-    leasing.lease_release(lease=lease, actor="test")
+    broker.lease_release(lease=lease, actor="test")
     final = client.get(f"/leases/{lease.pk}?shown=queued", headers=headers).content.decode()
     assert "hx-trigger" not in final.split('id="lease-actions"')[0]  # finished: polling stops
 
@@ -312,7 +312,7 @@ def test_lease_page_preemption_banner_counts_down(world, client):
 def test_lease_list_filters_by_state_and_project(world, client):
     queued = lease_for(world)
     released = lease_for(world)
-    leasing.lease_release(lease=released, actor="test")
+    broker.lease_release(lease=released, actor="test")
     login(client, "max")
     live = text(client.get("/leases/"))
     assert f"#{queued.pk}" in live and f"#{released.pk}" not in live
@@ -529,7 +529,7 @@ WORKLOAD = {"workload.command": "python 'train model.py' --name \"run 1\"", "wor
 
 
 def test_request_form_with_a_workload_stores_what_the_api_would(world, client):
-    from leasing.models import Workload
+    from broker.models import Workload
 
     response = login(client, "max").post("/leases/new", {**MIG, **WORKLOAD})
     lease = Lease.objects.get()
@@ -550,7 +550,7 @@ def test_request_form_with_a_workload_stores_what_the_api_would(world, client):
 
 
 def test_request_form_interactive_workload_keeps_its_port_and_a_bare_lease_has_none(world, client):
-    from leasing.models import Workload
+    from broker.models import Workload
 
     login(client, "max")
     client.post("/leases/new", {**MIG, **WORKLOAD, "workload_class": "interactive", "workload.restart_policy": "never"})
@@ -561,7 +561,7 @@ def test_request_form_interactive_workload_keeps_its_port_and_a_bare_lease_has_n
     assert "port 8888, on a host port of its node once it runs" in text(page)
     # running on a node: the page and the API's lease detail give the same host:port (Workload.endpoint), the
     # node's host port its placement was given, not the port the workload asked for
-    from leasing.models import WorkloadPlacement
+    from broker.models import WorkloadPlacement
 
     node = fleet_node()
     Workload.objects.filter(pk=workload.pk).update(node=node, state="running", placements=1)
@@ -577,7 +577,7 @@ def test_request_form_interactive_workload_keeps_its_port_and_a_bare_lease_has_n
 
 
 def test_request_form_takes_an_image_as_the_api_does(world, client):
-    from leasing.models import Workload
+    from broker.models import Workload
 
     login(client, "max")
     image = {"workload.image": "nvcr.io/nvidia/pytorch:24.05-py3", "workload.command": "",
@@ -617,7 +617,7 @@ def test_request_form_takes_an_image_as_the_api_does(world, client):
     ({"gpu.count": "2", "gpu.gang": "false"}, "workload", "A workload runs on one node"),
 ])
 def test_request_form_workload_errors_are_named_under_their_field(world, client, changes, key, message):
-    from leasing.models import Workload
+    from broker.models import Workload
 
     response = login(client, "max").post("/leases/new", {**MIG, **WORKLOAD, **changes})
     assert response.status_code == 400
@@ -632,12 +632,12 @@ def test_request_form_workload_errors_are_named_under_their_field(world, client,
 
 
 def test_lease_log_partial_is_the_tenants_own_and_says_when_there_is_nothing_yet(world, client):
-    from leasing.models import Workload
+    from broker.models import Workload
 
-    theirs = leasing.lease_request(actor=Actor(user=world.outsider, tenant=world.globex, role=Role.OWNER),
+    theirs = broker.lease_request(actor=Actor(user=world.outsider, tenant=world.globex, role=Role.OWNER),
                                    project="secret", gpu={"kind": "mig", "profile": "1g.10gb"},
                                    workload={"command": ["python", "secret.py"]})[0]
-    ours = leasing.lease_request(actor=Actor(user=world.member, tenant=world.acme, role=Role.MEMBER),
+    ours = broker.lease_request(actor=Actor(user=world.member, tenant=world.acme, role=Role.MEMBER),
                                  project="vision", gpu={"kind": "mig", "profile": "1g.10gb"},
                                  workload={"command": ["python", "train.py"]})[0]
     bare = lease_for(world)
@@ -658,16 +658,16 @@ def test_lease_log_partial_is_the_tenants_own_and_says_when_there_is_nothing_yet
     log = client.get(f"/leases/{ours.pk}/log?stream=stderr")
     assert log.status_code == 200 and "does not answer right now" in text(log)
     assert 'data-stream="stderr"' in log.content.decode()
-    leasing.lease_release(lease=ours, actor="test")
+    broker.lease_release(lease=ours, actor="test")
     assert "hx-trigger" not in client.get(f"/leases/{ours.pk}/log").content.decode()  # finished: no polling
 
 
 def test_lease_log_partial_shows_an_earlier_placements_kept_log(world, client):
     from django.utils import timezone
 
-    from leasing.models import Workload, WorkloadPlacement
+    from broker.models import Workload, WorkloadPlacement
 
-    ours = leasing.lease_request(actor=Actor(user=world.member, tenant=world.acme, role=Role.MEMBER),
+    ours = broker.lease_request(actor=Actor(user=world.member, tenant=world.acme, role=Role.MEMBER),
                                  project="vision", gpu={"kind": "mig", "profile": "1g.10gb"},
                                  workload={"command": ["python", "train.py"]})[0]
     first, second = fleet_node("gpu-node-01"), fleet_node("gpu-node-02")

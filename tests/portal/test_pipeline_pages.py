@@ -11,8 +11,8 @@ from html import unescape
 import pytest
 from django.test import Client
 
-from leasing import extensions
-from leasing.models import Lease
+from broker import extensions
+from broker.models import Lease
 from pipelines import services as pipelines
 from pipelines.models import ModelSplit, PipelinePlan
 from tenants.access import Actor

@@ -11,9 +11,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 
-from gpus.catalogue import model_get
-from gpus.mig import MigPlacement, layout_problem, profile_get
-from leasing.scheduler import (
+from broker.scheduler import (
     Allocation,
     Decision,
     DecisionMode,
@@ -29,6 +27,8 @@ from leasing.scheduler import (
     Unit,
     WarmInstance,
 )
+from gpus.catalogue import model_get
+from gpus.mig import MigPlacement, layout_problem, profile_get
 
 H100 = "H100-80GB"
 A100 = "A100-40GB"

@@ -1,6 +1,6 @@
 """`auto` tier selection: the cheapest model that serves the shape, and the decision says why."""
 
-from leasing.scheduler import Gpu, GpuMode, Kind, Node, QuotaSpec, Request, Shape, Snapshot, plan
+from broker.scheduler import Gpu, GpuMode, Kind, Node, QuotaSpec, Request, Shape, Snapshot, plan
 
 
 def _fleet(**quota_limits):

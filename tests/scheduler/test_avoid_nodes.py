@@ -5,7 +5,7 @@ from dataclasses import replace
 
 import pytest
 
-from leasing.scheduler import DecisionMode, GpuMode, Kind, Request, Shape, WarmInstance, plan
+from broker.scheduler import DecisionMode, GpuMode, Kind, Request, Shape, WarmInstance, plan
 from tests.scheduler.builders import H100, by_request, held, invariant_problems, quota, snapshot, whole
 
 POLICIES = ["default", "best-fit", "dot-product", "packing", "fgd", "random"]

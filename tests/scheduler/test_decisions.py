@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from leasing.scheduler import Allocation, DecisionMode, GpuMode, Kind, Shape, Unit, plan
-from leasing.scheduler.placement import need_for, workload_from_needs
+from broker.scheduler import Allocation, DecisionMode, GpuMode, Kind, Shape, Unit, plan
+from broker.scheduler.placement import need_for, workload_from_needs
 from tests.scheduler.builders import (
     A100,
     H100,
@@ -160,7 +160,7 @@ def test_decisions_depend_only_on_the_arguments():
 
 
 _CROSS_PROCESS = """
-from leasing.scheduler import Allocation, Node, Snapshot, plan
+from broker.scheduler import Allocation, Node, Snapshot, plan
 from tests.scheduler.builders import L4, node_gpus, quota, whole
 
 nodes = (Node("x", cpu_milli={x_cpu}), Node("y", cpu_milli=2000), Node("z"))

@@ -5,7 +5,7 @@ from collections import Counter
 
 import pytest
 
-from leasing.scheduler import DecisionMode, GpuMode, plan
+from broker.scheduler import DecisionMode, GpuMode, plan
 from tests.scheduler.builders import H100, L4, held, invariant_problems, quota, share, snapshot, whole
 
 

@@ -16,7 +16,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from leasing.scheduler import DecisionMode, GpuMode, Kind, Request, Shape, plan
+from broker.scheduler import DecisionMode, GpuMode, Kind, Request, Shape, plan
 from tests.scheduler.builders import (
     H100,
     by_request,

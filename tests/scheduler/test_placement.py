@@ -3,10 +3,10 @@ gangs on one node and all-or-nothing, cordoned nodes skipped, allowed models, ``
 
 import pytest
 
+from broker.scheduler import Allocation, DecisionMode, Gpu, GpuMode, Node, Snapshot, Unit, plan
+from broker.scheduler.placement import POLICIES
 from gpus.catalogue import model_get
 from gpus.mig import layout_problem
-from leasing.scheduler import Allocation, DecisionMode, Gpu, GpuMode, Node, Snapshot, Unit, plan
-from leasing.scheduler.placement import POLICIES
 from tests.scheduler.builders import (
     A100,
     H100,

@@ -5,9 +5,9 @@ import random
 
 import pytest
 
-from leasing.scheduler.placement import DefaultPolicy, FgdPolicy, Need, node_fragmentation, node_stranding
-from leasing.scheduler.state import FULL, GpuState, NodeState
-from leasing.scheduler.types import Gpu, GpuMode, Kind, Node, Unit
+from broker.scheduler.placement import DefaultPolicy, FgdPolicy, Need, node_fragmentation, node_stranding
+from broker.scheduler.state import FULL, GpuState, NodeState
+from broker.scheduler.types import Gpu, GpuMode, Kind, Node, Unit
 
 
 def _node(model: str, used: list[int], cpu: int = 64_000, free_cpu: int | None = None, memory: int = 262_144):

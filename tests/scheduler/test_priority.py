@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from leasing.scheduler import DecisionMode, GpuMode, plan
+from broker.scheduler import DecisionMode, GpuMode, plan
 from tests.scheduler.builders import L4, held, invariant_problems, quota, snapshot, whole
 
 

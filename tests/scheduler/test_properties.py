@@ -10,10 +10,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from broker.scheduler import Decision, DecisionMode, GpuMode, Kind, Node, Request, Shape, Snapshot, plan
+from broker.scheduler.placement import POLICIES, need_for, workload_from_needs
+from broker.scheduler.plan import Scheduler
 from gpus.mig import profiles_for
-from leasing.scheduler import Decision, DecisionMode, GpuMode, Kind, Node, Request, Shape, Snapshot, plan
-from leasing.scheduler.placement import POLICIES, need_for, workload_from_needs
-from leasing.scheduler.plan import Scheduler
 from tests.scheduler.builders import (
     A100,
     H100,

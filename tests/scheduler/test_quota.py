@@ -5,7 +5,7 @@ from dataclasses import replace
 
 import pytest
 
-from leasing.scheduler import DecisionMode, GpuMode, plan
+from broker.scheduler import DecisionMode, GpuMode, plan
 from tests.scheduler.builders import (
     H100,
     L4,
@@ -187,7 +187,7 @@ def test_quota_one_full_mig_gpu_fits_a_one_gpu_quota(profiles):
 def test_interactive_work_never_borrows_training_does():
     """Run:ai's split: interactive work is never preemptible, so it runs only within its deserved quota and
     otherwise waits (saying why); training borrows idle capacity over quota, preemptible."""
-    from leasing.scheduler.types import WorkloadClass
+    from broker.scheduler.types import WorkloadClass
 
     snap = snapshot(FOUR_H100, quotas=[quota("a", H100, 1000, 4000)],
                     allocations=[held("old", "a", "n1-g0", preemptible=False)])

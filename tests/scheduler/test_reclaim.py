@@ -3,8 +3,8 @@ lowest priority, youngest first, never non-preemptible work, never work younger 
 
 import pytest
 
-from leasing.scheduler import Allocation, DecisionMode, GpuMode, Unit, plan
-from leasing.scheduler.plan import Scheduler
+from broker.scheduler import Allocation, DecisionMode, GpuMode, Unit, plan
+from broker.scheduler.plan import Scheduler
 from tests.scheduler.builders import (
     H100,
     by_request,

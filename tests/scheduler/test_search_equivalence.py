@@ -13,9 +13,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from leasing.scheduler import GpuMode, Node, Snapshot, Unit
-from leasing.scheduler.placement import POLICIES, Need, Placer
-from leasing.scheduler.plan import Scheduler
+from broker.scheduler import GpuMode, Node, Snapshot, Unit
+from broker.scheduler.placement import POLICIES, Need, Placer
+from broker.scheduler.plan import Scheduler
 from tests.scheduler.builders import node_gpus, outcome
 from tests.scheduler.test_properties import MIG_MODELS, MODELS, _workload, quota_sets, request_lists
 
@@ -105,7 +105,7 @@ def test_search_equivalence_domain_names_do_not_split_classes():
 
 
 def replace_allocation(allocation_id: str, node: str, gpu: str):
-    from leasing.scheduler import Allocation
+    from broker.scheduler import Allocation
 
     return Allocation(allocation_id, "p", "t", MODELS[0], node, (Unit(gpu, 1000, 81_559),), False)
 
@@ -115,7 +115,7 @@ def test_search_equivalence_holds_across_log_compaction():
     (``log_generation`` rises, classes no node is in are forgotten); every decision still equals the brute force's."""
     import random
 
-    from leasing.scheduler import Kind, Request, Shape
+    from broker.scheduler import Kind, Request, Shape
 
     nodes = tuple(Node(f"n{i}") for i in range(6))
     gpus = tuple(replace(gpu, mode=(GpuMode.WHOLE, GpuMode.SHARED, GpuMode.MIG)[i % 3], nvlink_domain=f"n{i}/nv")

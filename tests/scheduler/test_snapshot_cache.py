@@ -1,4 +1,4 @@
-"""The snapshot kept between cycles (leasing/snapshot.py) equals the snapshot read whole, after any fleet change.
+"""The snapshot kept between cycles (broker/snapshot.py) equals the snapshot read whole, after any fleet change.
 
 Random sequences of changes — nodes enrolled, cordoned, silenced, renamed; GPUs lost, found, switched, given a
 mode target; leases placed, freed, preempted, requeued, reprioritised; warm pool members made, bound, freed — are
@@ -18,9 +18,9 @@ from django.utils import timezone
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from leasing.models import Allocation, Gpu, Lease, Node, SnapshotChange, SnapshotEpoch
-from leasing.selectors import scheduler_snapshot
-from leasing.snapshot import SnapshotCache
+from broker.models import Allocation, Gpu, Lease, Node, SnapshotChange, SnapshotEpoch
+from broker.selectors import scheduler_snapshot
+from broker.snapshot import SnapshotCache
 from tests.factories import make_project, make_quota, make_tenant
 
 MODEL = "H100-80GB"

@@ -11,8 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gpus.mig import MigPlacement, layout_problem, profile_get, profiles_for
-from leasing.scheduler import (
+from broker.scheduler import (
     Allocation,
     DecisionMode,
     Gpu,
@@ -26,8 +25,9 @@ from leasing.scheduler import (
     WarmInstance,
     plan,
 )
-from leasing.scheduler.placement import POLICIES
-from leasing.scheduler.plan import Scheduler
+from broker.scheduler.placement import POLICIES
+from broker.scheduler.plan import Scheduler
+from gpus.mig import MigPlacement, layout_problem, profile_get, profiles_for
 from tests.scheduler.builders import (
     A100,
     H100,

@@ -1,6 +1,6 @@
-"""The capacity replay (``leasing.sim.capacity``) on the sparse start of the Philly trace (fast)."""
+"""The capacity replay (``bench.sim.capacity``) on the sparse start of the Philly trace (fast)."""
 
-from leasing.sim.capacity import Replay, main_capacity
+from bench.sim.capacity import Replay, main_capacity
 
 SETTINGS = dict(days=20, load_factor=0.8, tick=300, cold_mig=30, cold_whole=10, warm_bind=0.5, price_minor=300,
                 history_hours=6, queue_cap=64)

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from leasing.scheduler.placement import POLICIES
-from leasing.sim.fragmentation import run_seed
+from bench.sim.fragmentation import run_seed
+from broker.scheduler.placement import POLICIES
 
 ROOT = Path(__file__).resolve().parents[2]
 OPENB = ROOT / "bench" / "traces" / "openb"
@@ -53,7 +53,7 @@ def test_fragmentation_cli_writes_json(small_trace, tmp_path):
     nodes, pods = small_trace
     out = tmp_path / "out.json"
     result = subprocess.run(
-        [sys.executable, "-m", "leasing.sim", "fragmentation", "--nodes", str(nodes), "--pods", str(pods),
+        [sys.executable, "-m", "bench.sim", "fragmentation", "--nodes", str(nodes), "--pods", str(pods),
          "--policy", "best-fit", "--seeds", "1-2", "--json", str(out)],
         cwd=ROOT, capture_output=True, text=True, timeout=300,
     )
@@ -66,7 +66,7 @@ def test_fragmentation_cli_writes_json(small_trace, tmp_path):
 
 
 def test_fragmentation_cli_refuses_missing_file(tmp_path):
-    result = subprocess.run([sys.executable, "-m", "leasing.sim", "fragmentation", "--nodes", str(tmp_path / "x.csv")],
+    result = subprocess.run([sys.executable, "-m", "bench.sim", "fragmentation", "--nodes", str(tmp_path / "x.csv")],
                             cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert result.returncode == 2 and "no such file" in result.stderr
 
@@ -76,8 +76,8 @@ def test_arrival_is_the_trace_shuffled_then_topped_up_to_130_percent():
     the total stays within 130%."""
     import random
 
-    from leasing.sim.fragmentation import arrival
-    from leasing.sim.openb import load_tasks
+    from bench.sim.fragmentation import arrival
+    from bench.sim.openb import load_tasks
 
     tasks = load_tasks(OPENB / "openb_pod_list_default.csv")
     total = sum(t.gpu_milli for t in tasks)
@@ -94,8 +94,8 @@ def test_arrival_is_the_trace_shuffled_then_topped_up_to_130_percent():
 def test_arrival_trims_a_trace_above_130_percent():
     import random
 
-    from leasing.sim.fragmentation import arrival
-    from leasing.sim.openb import load_tasks
+    from bench.sim.fragmentation import arrival
+    from bench.sim.openb import load_tasks
 
     tasks = load_tasks(OPENB / "openb_pod_list_default.csv")
     total = sum(t.gpu_milli for t in tasks)
@@ -108,8 +108,8 @@ def test_arrival_trims_a_trace_above_130_percent():
 def test_shuffled_node_order_renames_nodes_and_their_gpus():
     import random
 
-    from leasing.sim.fragmentation import shuffle_nodes
-    from leasing.sim.openb import load_nodes
+    from bench.sim.fragmentation import shuffle_nodes
+    from bench.sim.openb import load_nodes
 
     nodes, gpus = load_nodes(OPENB / "openb_node_list_gpu_node.csv")
     renamed, regpus = shuffle_nodes(nodes, gpus, random.Random(3))
@@ -124,7 +124,7 @@ def test_shuffled_node_order_renames_nodes_and_their_gpus():
 def test_fragmentation_cli_writes_one_results_file_per_trace(small_trace, tmp_path):
     nodes, pods = small_trace
     result = subprocess.run(
-        [sys.executable, "-m", "leasing.sim", "fragmentation", "--nodes", str(nodes), "--pods", str(pods),
+        [sys.executable, "-m", "bench.sim", "fragmentation", "--nodes", str(nodes), "--pods", str(pods),
          "--policy", "default,fgd", "--seeds", "1-2", "--json-dir", str(tmp_path)],
         cwd=ROOT, capture_output=True, text=True, timeout=600,
     )
@@ -144,6 +144,6 @@ def test_fragmentation_cli_writes_one_results_file_per_trace(small_trace, tmp_pa
 
 
 def test_fragmentation_cli_refuses_unknown_trace():
-    result = subprocess.run([sys.executable, "-m", "leasing.sim", "fragmentation", "--trace", "nosuch"],
+    result = subprocess.run([sys.executable, "-m", "bench.sim", "fragmentation", "--trace", "nosuch"],
                             cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert result.returncode == 2 and "no such trace: nosuch" in result.stderr

@@ -1,12 +1,12 @@
-"""The quota replay (``leasing.sim.quota``) on tiny synthetic traces: 2 projects, 16 GPUs (two nodes)."""
+"""The quota replay (``bench.sim.quota``) on tiny synthetic traces: 2 projects, 16 GPUs (two nodes)."""
 
 import json
 import random
 
 import pytest
 
-from leasing.sim import quota
-from leasing.sim.philly import DEFAULT_TRACE, Job, Trace
+from bench.sim import quota
+from bench.sim.philly import DEFAULT_TRACE, Job, Trace
 
 PARTS = {"a": 8, "b": 8}
 
@@ -138,7 +138,7 @@ def test_command_line_on_the_philly_trace(tmp_path, capsys):
         assert policy in printed
     # one results file per policy, in bench/record.py's format
     payloads = [json.loads((tmp_path / f"philly_quota_{policy}.json").read_text()) for policy in quota.POLICIES]
-    assert all(p["command"].startswith("python -m leasing.sim quota --jobs") for p in payloads)
+    assert all(p["command"].startswith("python -m bench.sim quota --jobs") for p in payloads)
     results = [p["figures"] for p in payloads]
     assert [r["policy"] for r in results] == list(quota.POLICIES)
     assert all(r["completed"] == r["jobs"] == 400 for r in results)

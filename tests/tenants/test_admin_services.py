@@ -14,7 +14,7 @@ import pytest
 from django.contrib.auth import get_user_model
 from django.test import Client
 
-from leasing import services as leasing
+from broker import services as broker
 from tenants import services
 from tenants.access import Actor
 from tenants.choices import Role
@@ -310,7 +310,7 @@ def test_admin_audit_log_stays_read_only(world, staff):
 def test_admin_project_with_a_lease_is_not_deleted(world, staff):
     """A project its leases name stays (the service's 409 in the API): the admin's confirmation page lists the
     lease as protected and a confirmation posted anyway gets the same page: no service runs."""
-    leasing.lease_request(actor=Actor(user=world.member, tenant=world.acme, role=Role.MEMBER), project="vision",
+    broker.lease_request(actor=Actor(user=world.member, tenant=world.acme, role=Role.MEMBER), project="vision",
                           gpu={"kind": "mig", "profile": "1g.10gb"})
     url = f"/admin/tenants/project/{world.project.pk}/delete/"
     assert "<title>Cannot delete project" in staff.get(url).content.decode()

@@ -25,7 +25,7 @@ from django.test import Client
 from django.urls import URLPattern, URLResolver, get_resolver
 
 from billing.models import Invoice
-from leasing import services as leasing
+from broker import services as broker
 from notifications.models import WebhookEndpoint
 from tenants.access import Actor
 from tenants.choices import Role
@@ -68,13 +68,13 @@ ROUTES: dict[str, Route] = {
     "api-tokens": Route("api", "/api/v1/tokens", {"get": None, "post": {"name": "t", "scopes": ["read"]}}),
     "api-token": Route("api", "/api/v1/tokens/{id}", {"get": None, "delete": None}, obj="token"),
     "api-slo-contracts": Route("api", "/api/v1/slo-contracts", READ),
-    # -- leasing API (leasing/api) ---------------------------------------------------------------------
+    # -- leasing API (broker/api) ---------------------------------------------------------------------
     "api-leases": Route("api", "/api/v1/leases", {
         "get": None, "post": {"project": "vision", "gpu": {"kind": "mig", "profile": "1g.10gb"}}}),
     "api-lease": Route("api", "/api/v1/leases/{id}", {"get": None, "delete": None}, obj="lease"),
     "api-lease-renew": Route("api", "/api/v1/leases/{id}/renew", {"post": {"duration_seconds": 600}}, obj="lease"),
     "api-offers": Route("api", "/api/v1/offers", READ),
-    # a quote writes nothing (leasing.api.permissions): a viewer and a read-only token may ask for one
+    # a quote writes nothing (broker.api.permissions): a viewer and a read-only token may ask for one
     "api-quotes": Route("api", "/api/v1/quotes", {"post": {"project": "vision", "gpu": {"kind": "whole"}}},
                         viewer={"post": 200}, reads=frozenset({"post"})),
     "api-agent-enroll": Route("agent", "/api/v1/agents/enroll", {
@@ -104,7 +104,7 @@ ROUTES: dict[str, Route] = {
                                                           "delete": None}, obj="webhook"),
     "api-webhook-rotate": Route("api", "/api/v1/webhooks/{id}/rotate", {"post": None}, obj="webhook"),
     "api-webhook-deliveries": Route("api", "/api/v1/webhooks/{id}/deliveries", READ, obj="webhook"),
-    # -- capacity loop (fleet/api): a tenant's adjustments; the platform's policies, fleet and planner run --
+    # -- capacity loop (capacity/api): a tenant's adjustments; the platform's policies, fleet and planner run --
     "api-adjustments": Route("api", "/api/v1/adjustments", READ),
     "api-adjustment": Route("api", "/api/v1/adjustments/{id}", READ, obj="adjustment"),
     "api-adjustment-accept": Route("api", "/api/v1/adjustments/{id}/accept", {"post": None}, obj="adjustment"),
@@ -116,7 +116,7 @@ ROUTES: dict[str, Route] = {
         "get": None, "patch": {"modes": {"warm_pool": "off"}}, "delete": None}),
     "api-capacity-fleet": Route("staff-api", "/api/v1/capacity/fleet", READ),
     "api-capacity-run": Route("staff-api", "/api/v1/capacity/run", {"post": None}),
-    # -- workloads on leases (leasing/api), pipelines and splits (pipelines/api), auto-tiering (tiering/api) --
+    # -- workloads on leases (broker/api), pipelines and splits (pipelines/api), auto-tiering (tiering/api) --
     "api-lease-logs": Route("api", "/api/v1/leases/{id}/logs", READ, obj="workload_lease"),
     "api-agent-workloads": Route("agent", "/api/v1/agents/node-1/workloads", {"post": {}}),
     "api-pipelines": Route("api", "/api/v1/pipelines", {"get": None, "post": PIPELINE}),
@@ -297,7 +297,7 @@ def objects(world):
 
     def lease(tenant, user, project):
         role = Membership.objects.get(tenant=tenant, user=user).role
-        return leasing.lease_request(actor=Actor(user=user, tenant=tenant, role=Role(role)), project=project.slug,
+        return broker.lease_request(actor=Actor(user=user, tenant=tenant, role=Role(role)), project=project.slug,
                                      gpu={"kind": "mig", "profile": "1g.10gb"})[0]
 
     def invoice(tenant):
@@ -309,7 +309,7 @@ def objects(world):
                                               event_types=["lease.released"], secret="whsec_test").pk
 
     def adjustment(tenant, lease_id):
-        from fleet.models import Adjustment
+        from capacity.models import Adjustment
 
         return Adjustment.objects.create(kind="right_size", target=f"lease:{lease_id}", fingerprint=f"routes{lease_id}",
                                          mode="advise", reason="routes", tenant=tenant, tenant_ids=[tenant.pk]).pk
@@ -326,7 +326,7 @@ def objects(world):
                                              gpus=[{"model": "H100-80GB", "node": "n1"}])
         workload = tiering.workload_register(actor=actor, data={
             "name": f"w-{tenant.slug}", "architecture": "bert-base", "target_throughput": 100.0})
-        running = leasing.lease_request(actor=actor, project=project.slug, gpu={"kind": "mig", "profile": "1g.10gb"},
+        running = broker.lease_request(actor=actor, project=project.slug, gpu={"kind": "mig", "profile": "1g.10gb"},
                                         workload={"command": ["python", "train.py"]})[0]
         return {"pipeline": pipeline.pk, "plan": f"{pipeline.pk}/plans/{plan.pk}", "split": split.pk,
                 "workload": workload.name, "workload_lease": running.pk}
@@ -452,14 +452,14 @@ def test_routes_nothing_changed_for_the_other_tenant(world, objects):
         _call(client, route.kind, method, _url(route, objects, "own"), route.methods[method])
     assert Membership.objects.get(user=world.member).role == Role.MEMBER
     assert ApiToken.objects.get(pk=objects["own"]["token"]).revoked_at is None
-    from leasing.models import Lease
+    from broker.models import Lease
 
     assert Lease.objects.get(pk=objects["own"]["lease"]).state == "queued"
     assert Project.objects.get(pk=world.project.pk).name == "Vision"
     webhook = WebhookEndpoint.objects.get(pk=objects["own"]["webhook"])
     assert (webhook.secret, webhook.is_active, webhook.deleted_at, webhook.description) == \
         ("whsec_test", True, None, "")
-    from fleet.models import Adjustment
+    from capacity.models import Adjustment
 
     assert Adjustment.objects.get(pk=objects["own"]["adjustment"]).state == "proposed"
     from billing.models import SpendCap

@@ -1,11 +1,11 @@
 """Suspension (docs/tenancy.md, "Suspension"): a suspended tenant reads and gives back, and starts nothing
 that costs money or grants access; read-only tokens write nothing, not even on their own user's things.
-The flow across the worker and the agents is in tests/leasing/test_suspension_flow.py."""
+The flow across the worker and the agents is in tests/broker/test_suspension_flow.py."""
 
 from django.test import Client
 
-from leasing import services as leasing
-from leasing.models import Lease, LeaseEvent
+from broker import services as broker
+from broker.models import Lease, LeaseEvent
 from tenants import services
 from tenants.access import Actor
 from tenants.choices import Role
@@ -14,7 +14,7 @@ from tenants.models import ApiToken, AuditEvent, Membership
 
 def _lease(world):
     actor = Actor(user=world.member, tenant=world.acme, role=Role.MEMBER)
-    return leasing.lease_request(actor=actor, project="vision", gpu={"kind": "mig", "profile": "1g.10gb"})[0]
+    return broker.lease_request(actor=actor, project="vision", gpu={"kind": "mig", "profile": "1g.10gb"})[0]
 
 
 def test_suspension_member_can_still_release_a_lease(world):
@@ -70,7 +70,7 @@ def test_suspension_still_allows_taking_access_away(world):
 
 
 def test_suspension_holds_queued_leases_until_reactivated(world):
-    from leasing.selectors import lease_preview, lease_queue
+    from broker.selectors import lease_preview, lease_queue
 
     lease = _lease(world)
     assert list(lease_queue()) == [lease]

@@ -10,9 +10,9 @@ from django.test import Client
 from django.utils import timezone
 
 from billing import services as billing
+from broker import services as broker
+from broker.models import Gpu, Lease
 from gpus.performance import estimate, slice_from_key
-from leasing import services as leasing
-from leasing.models import Gpu, Lease
 from tests.factories import make_quota, make_world
 from tiering import services
 from tiering.models import ProfilingRun, Workload
@@ -31,8 +31,8 @@ def world():
     billing.price_book_create(name="list", currency="USD", effective_from=timezone.now() - timedelta(days=1),
                               rates=[{"tier": "H100-80GB", "per_hour": "3.00"},
                                      {"tier": "A100-80GB", "per_hour": "1.80"}, {"tier": "L4", "per_hour": "0.70"}])
-    token = leasing.enrollment_token_create(uses=1)
-    leasing.node_enroll(node_id="node-a", token=token, address="http://127.0.0.1:9/n/node-a", inventory={"gpus": [
+    token = broker.enrollment_token_create(uses=1)
+    broker.node_enroll(node_id="node-a", token=token, address="http://127.0.0.1:9/n/node-a", inventory={"gpus": [
         {"index": 0, "uuid": "GPU-a100", "model": "A100-80GB", "mode": "whole", "memory_mib": 81920},
         {"index": 1, "uuid": "GPU-l4", "model": "L4", "mode": "whole", "memory_mib": 23034}]})
     services.reference_set_seed(count=40, seed=1)
@@ -210,7 +210,7 @@ def test_the_tiering_decision_outlives_placement_on_the_lease_api_and_portal(wor
     assert lease.kind in ("whole", "share"), _shape_of(lease)  # the demo node's GPUs serve these two kinds
     if lease.kind == "share":  # the GPU of its model serves shares
         Gpu.objects.filter(model=lease.models_allowed[0]).update(mode="shared")
-    counts = leasing.schedule_cycle()
+    counts = broker.schedule_cycle()
     assert counts["placed"] == 1, (counts, _shape_of(lease))
     lease = Lease.objects.get(pk=body["id"])
     assert lease.state != "queued" and "auto-tiering" not in lease.reason  # the scheduler's reason replaced it

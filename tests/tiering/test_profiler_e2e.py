@@ -16,12 +16,12 @@ import pytest
 from django.utils import timezone
 
 from billing import services as billing
-from leasing.choices import LeaseState
-from leasing.models import Lease
+from broker.choices import LeaseState
+from broker.models import Lease
 from tests.billing.conftest import needs_prometheus, prometheus_server  # noqa: F401 (a fixture)
+from tests.broker.conftest import Api, start_workers, stop_workers, wait_until
+from tests.capacity.conftest import start_fleet
 from tests.factories import make_quota, make_world
-from tests.fleet.conftest import start_fleet
-from tests.leasing.conftest import Api, start_workers, stop_workers, wait_until
 from tiering import services
 from tiering.models import LeaseSample, Profile, ProfilingRun, Workload
 from tiering.profiler import profiling_candidates

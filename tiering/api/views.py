@@ -8,9 +8,9 @@ from rest_framework import status
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from broker import selectors as broker_selectors
 from config.api import paginate, parse
 from config.openapi import PAGE_PARAMETERS, paginated, problem
-from leasing import selectors as leasing_selectors
 from tiering import profiler, selectors, services
 from tiering.api import serializers as s
 
@@ -111,7 +111,7 @@ class LeaseSampleApi(APIView):
                               409: problem("The lease is not running: samples are taken while it runs")},
                    summary="The workload's own throughput on this lease (samples/s; tokens/s for generation)")
     def post(self, request, pk: int):
-        leasing_selectors.lease_get(actor=request.actor, lease_id=pk)  # 404 before the body, as every lease route
+        broker_selectors.lease_get(actor=request.actor, lease_id=pk)  # 404 before the body, as every lease route
         body = parse(s.SampleInput, request)
         sample = services.lease_sample_record(actor=request.actor, lease_id=pk, throughput=body.get("throughput"),
                                               step_ms=body.get("step_ms"), workload=body.get("workload"))

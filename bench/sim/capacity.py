@@ -1,0 +1,646 @@
+"""Closed-loop benchmark of the capacity planner: ``python -m bench.sim capacity --loop off|advise|auto``.
+
+Replays the Philly job list (arrival times, durations, GPU counts, virtual clusters as projects) for a
+window (default 30 days) through the scheduling core (``broker.scheduler.plan.Scheduler``, the code the live
+service runs) on a fleet of 8-GPU H100 nodes, and every ``--tick`` seconds runs the capacity planner
+(``capacity.planner.plan_capacity``, the same code) on a snapshot of the replay.
+
+Model (assumptions, stated in docs/capacity.md):
+- shapes: Philly jobs of 2+ GPUs stay whole-GPU gangs (class training); 1-GPU jobs take the shape of the
+  openb tasks in order (``gpu_milli`` < 1000: the smallest H100 MIG profile with that many slices, class
+  interactive; whole: a whole GPU, interactive);
+- utilisation: each lease replays one GenAI container series (``agent/data/genai_series.json.gz``, 60 s
+  samples, chosen and offset by the job index), continuing across preemptions;
+- the fleet starts with a static split: whole nodes in MIG mode in proportion to the window's MIG demand
+  (what an operator would configure by hand), the rest whole;
+- time to GPU = queue wait + provisioning: a cold MIG create ``--cold-mig`` s, a cold whole GPU ``--cold-whole``
+  s, a warm bind ``--warm-bind`` s; preemptions take effect at once (no notice period in this replay);
+- ``off``: no planner; ``advise``: the planner runs and its proposals are counted, nothing is applied (a human
+  would act later); ``auto``: proposals are applied with conditional checks (a GPU must still be idle, a
+  lease still held), as the live service will.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import gzip
+import heapq
+import json
+import math
+import sys
+import time
+from collections import Counter, deque
+from dataclasses import replace
+from pathlib import Path
+
+from bench.sim import quota as quota_sim
+from bench.sim.philly import DEFAULT_TRACE, load
+from broker.scheduler.placement import need_for
+from broker.scheduler.plan import Scheduler
+from broker.scheduler.types import (
+    Allocation,
+    DecisionMode,
+    Gpu,
+    GpuMode,
+    Kind,
+    Node,
+    QuotaSpec,
+    Request,
+    Shape,
+    Snapshot,
+    Unit,
+    WorkloadClass,
+)
+from capacity.planner import (
+    AdjustmentKind,
+    Arrivals,
+    CapacityGpu,
+    CapacitySnapshot,
+    DemandShape,
+    History,
+    IdleRule,
+    Instance,
+    Mode,
+    Policy,
+    Price,
+    ReclaimClass,
+    Utilisation,
+    Waiting,
+    WarmInstance,
+    plan_capacity,
+)
+from capacity.planner.types import DEFAULT_IDLE_RULES
+
+ROOT = Path(__file__).resolve().parents[2]
+MODEL = "H100-80GB"
+TENANT = "philly"
+WARM = "_warm"
+PER_NODE = 8
+FULL = 1000
+IDLE_PCT = 5  # a sample under 5 % engine activity is idle (the planner's default interactive threshold)
+LOOPS = ("off", "advise", "auto", "auto-train")
+AUTO_LOOPS = ("auto", "auto-train")
+MIG_BY_MILLI = ((142, "1g.10gb"), (285, "2g.20gb"), (428, "3g.40gb"), (571, "4g.40gb"))
+_COMPLETE, _READY, _TICK, _ARRIVE = 0, 1, 2, 3
+
+
+def _series() -> list[tuple[list[int], list[int], list[int]]]:
+    """(util %, prefix sum of util, prefix count of idle samples) per GenAI container."""
+    with gzip.open(ROOT / "agent" / "data" / "genai_series.json.gz") as handle:
+        data = json.loads(handle.read())
+    out = []
+    for entry in data["series"]:
+        util = entry["util_pct"]
+        total, idle = [0], [0]
+        for value in util:
+            total.append(total[-1] + value)
+            idle.append(idle[-1] + (value < IDLE_PCT))
+        out.append((util, total, idle))
+    return out
+
+
+def _openb_single_gpu_shapes() -> list[Shape]:
+    shapes = []
+    with (ROOT / "bench" / "traces" / "openb" / "openb_pod_list_default.csv").open() as handle:
+        for row in csv.DictReader(handle):
+            count, milli = int(row["num_gpu"]), int(row["gpu_milli"])
+            if count != 1:
+                continue
+            if milli >= FULL:
+                shapes.append(Shape(Kind.WHOLE, 1, models=(MODEL,)))
+                continue
+            profile = next((name for limit, name in MIG_BY_MILLI if milli <= limit), "")
+            shapes.append(Shape(Kind.MIG, 1, profile=profile, models=(MODEL,)) if profile
+                          else Shape(Kind.WHOLE, 1, models=(MODEL,)))
+    return shapes
+
+
+def _demand_shape(shape: Shape) -> DemandShape:
+    if shape.kind == Kind.MIG:
+        return DemandShape(MODEL, Kind.MIG, shape.profile)
+    return DemandShape(MODEL, Kind.WHOLE)
+
+
+class Job:
+    __slots__ = (
+        "arrival",
+        "done",
+        "first_start",
+        "held",
+        "index",
+        "klass",
+        "milli",
+        "noticed_at",
+        "offset",
+        "over",
+        "project",
+        "remaining",
+        "request",
+        "seg_start",
+        "series",
+        "shape",
+        "token",
+        "waiting_since",
+        "warm",
+    )
+
+    def __init__(self, index, project, arrival, duration, shape, klass, series, offset):
+        self.index, self.project, self.arrival, self.remaining = index, project, arrival, duration
+        self.shape, self.klass, self.series, self.offset = shape, klass, series, offset
+        self.request = Request(f"j{index:06d}", project, TENANT, shape, submitted_at=arrival, workload_class=klass)
+        self.held = 0.0  # seconds held in earlier segments (the series position)
+        self.seg_start = None
+        self.token = 0
+        self.milli = 0
+        self.first_start = None
+        self.noticed_at = None
+        self.waiting_since = arrival
+        self.over = False
+        self.done = False
+        self.warm = False
+
+
+class Replay:
+    def __init__(self, *, loop: str, days: float, load_factor: float, tick: float, cold_mig: float,
+                 cold_whole: float, warm_bind: float, price_minor: int, history_hours: float, queue_cap: int,
+                 start_day: float = 0.0, cycle: float = 60.0):
+        self.loop, self.tick, self.cold_mig = loop, tick, cold_mig
+        self.cold_whole, self.warm_bind, self.cycle = cold_whole, warm_bind, cycle
+        self.price_minor, self.history_seconds, self.queue_cap = price_minor, history_hours * 3600, queue_cap
+        trace = load(DEFAULT_TRACE, days=start_day + days)
+        skip = start_day * 86400
+        trace.jobs = [replace(job, index=i, arrival=job.arrival - skip)
+                      for i, job in enumerate(j for j in trace.jobs if j.arrival >= skip)]
+        self.end = days * 86400
+        self.series = _series()
+        singles = _openb_single_gpu_shapes()
+        self.jobs: list[Job] = []
+        single_i = 0
+        for job in trace.jobs:
+            if job.gpus > 1:
+                shape = Shape(Kind.WHOLE, job.gpus, models=(MODEL,), gang=job.gpus <= PER_NODE)
+                klass = WorkloadClass.TRAINING
+            else:
+                shape = singles[single_i % len(singles)]
+                single_i += 1
+                klass = WorkloadClass.INTERACTIVE
+            pick = (job.index * 7919) % len(self.series)
+            offset = (job.index * 104729) % len(self.series[pick][0])
+            self.jobs.append(Job(job.index, job.project, job.arrival, job.duration, shape, klass, pick, offset))
+        # fleet size: offered milli-seconds over the window / load, in whole nodes
+        offered = sum(self._unit_milli(j.shape) * j.shape.count * min(j.remaining, self.end - j.arrival)
+                      for j in self.jobs) / self.end / FULL
+        gpus = max(math.ceil(offered / load_factor / PER_NODE) * PER_NODE, 32)
+        mig_work = sum(self._unit_milli(j.shape) * min(j.remaining, self.end - j.arrival)
+                       for j in self.jobs if j.shape.kind == Kind.MIG) / self.end / FULL
+        mig_nodes = max(1, round(mig_work / load_factor / PER_NODE))
+        nodes, devices = [], []
+        for n in range(gpus // PER_NODE):
+            nodes.append(Node(f"n{n:04d}"))
+            mode = GpuMode.MIG if n >= gpus // PER_NODE - mig_nodes else GpuMode.WHOLE
+            for g in range(PER_NODE):
+                devices.append(Gpu(f"n{n:04d}/{g}", f"n{n:04d}", MODEL, mode, g))
+        self.gpus = gpus
+        parts = quota_sim.partitions(trace, gpus)
+        self.deserved = {p: n * FULL for p, n in parts.items()}
+        quotas = tuple(QuotaSpec(p, TENANT, MODEL, n * FULL, gpus * FULL, 1) for p, n in parts.items())
+        quotas += (QuotaSpec(WARM, "_platform", MODEL, 0, gpus * FULL, 1),)
+        self.base = Snapshot(nodes=tuple(nodes), gpus=tuple(devices), quotas=quotas)
+        self.scheduler = Scheduler(self.base)
+        self.by_id = {j.request.id: j for j in self.jobs}
+        self.queue: dict[str, Job] = {}
+        self.heap: list = []
+        self.seq = 0
+        self.history: deque = deque()
+        self.warm: dict[str, tuple[float, str]] = {}  # warm allocation id -> (ready at, profile)
+        self.warm_seq = 0
+        self.mode_since: dict[str, float] = {}
+        self.proposed: Counter = Counter()
+        self.applied: Counter = Counter()
+        self.refused: Counter = Counter()
+        self.stats = Counter()
+        self.ttg: dict[str, list[float]] = {"cold": [], "warm": [], "mig": [], "whole": []}
+        self.waits: list[float] = []
+        self.touched: set[str] = set()
+        self.violations = 0
+        self.mig_gpus_initial = sum(1 for d in devices if d.mode == GpuMode.MIG)
+
+    @staticmethod
+    def _unit_milli(shape: Shape) -> int:
+        return need_for(shape, MODEL).milli
+
+    def push(self, when, kind, key, token=0):
+        self.seq += 1
+        heapq.heappush(self.heap, (when, kind, self.seq, key, token))
+
+    # -- holding and metering ---------------------------------------------------------------------------
+    def _start(self, job: Job, allocation: Allocation, now: float, warm: bool) -> None:
+        job.milli = allocation.milli
+        job.over = allocation.preemptible
+        job.seg_start = now
+        job.token += 1
+        job.noticed_at = None
+        self.queue.pop(job.request.id, None)
+        if job.first_start is None:
+            job.first_start = now
+            wait = now - job.arrival
+            provision = self.warm_bind if warm else (self.cold_mig if job.shape.kind == Kind.MIG else self.cold_whole)
+            self.waits.append(wait)
+            self.ttg["warm" if warm else "cold"].append(wait + provision)
+            self.ttg["mig" if job.shape.kind == Kind.MIG else "whole"].append(wait + provision)
+            self.stats["warm_binds" if warm else "cold_starts"] += 1
+        self.push(now + job.remaining, _COMPLETE, job.request.id, job.token)
+
+    def _meter(self, job: Job, until: float) -> float:
+        """Close the running segment at ``until``: allocated, engine-active and idle GPU-seconds."""
+        ran = max(0.0, min(until, self.end) - job.seg_start)
+        util, total, idle = self.series[job.series]
+        length = len(util)
+        first = job.offset + int(job.held // 60)
+        minutes = int(ran // 60)
+        cycles, rest = divmod(minutes, length)
+        start = first % length
+
+        def span(prefix):
+            whole = cycles * prefix[length]
+            end = start + rest
+            if end <= length:
+                return whole + prefix[end] - prefix[start]
+            return whole + prefix[length] - prefix[start] + prefix[end - length]
+
+        gpu = job.milli / FULL
+        self.stats["allocated_s"] += gpu * ran
+        self.stats["active_s"] += gpu * 60 * span(total) / 100
+        self.stats["idle_s"] += gpu * 60 * span(idle)
+        job.held += until - job.seg_start
+        job.seg_start = None
+        return ran
+
+    def _stop(self, job: Job, now: float, *, requeue: bool) -> None:
+        self._meter(job, now)
+        self.scheduler.cluster.remove(job.request.id)
+        ran = job.held  # not used further; remaining shrinks by the segment
+        del ran
+        job.token += 1
+        if requeue:
+            job.waiting_since = now
+            self.queue[job.request.id] = job
+
+    # -- the loop ------------------------------------------------------------------------------------
+    def run(self) -> dict:
+        wall = time.perf_counter()
+        for job in self.jobs:
+            self.push(job.arrival, _ARRIVE, job.request.id)
+        self.push(self.tick, _TICK, "")  # every loop ticks, so the scheduling cycles are the same
+        last_cycle = -math.inf
+        while self.heap and self.heap[0][0] < self.end:
+            now = max(self.heap[0][0], last_cycle + self.cycle)
+            last_cycle = now
+            tick = False
+            while self.heap and self.heap[0][0] <= now:
+                when, kind, _, key, token = heapq.heappop(self.heap)
+                if kind == _ARRIVE:
+                    job = self.by_id[key]
+                    self.history.append((when, _demand_shape(job.shape), job.shape.count))
+                    if not self._bind_warm(job, now):
+                        self.queue[key] = job
+                elif kind == _COMPLETE:
+                    job = self.by_id[key]
+                    if token == job.token and job.seg_start is not None:
+                        segment = now - job.seg_start
+                        self._stop(job, now, requeue=False)
+                        job.remaining -= segment
+                        job.done = True
+                        self.stats["completed"] += 1
+                elif kind == _TICK:
+                    tick = True
+            self._schedule(now)
+            if tick:
+                if self.loop != "off":
+                    self._plan(now)
+                self._schedule(now)
+                self.push(now + self.tick, _TICK, "")
+        for job in self.jobs:
+            if job.seg_start is not None:
+                self._meter(job, self.end)
+        for allocation_id, (ready, _) in self.warm.items():
+            self.stats["warm_held_s"] += self._warm_milli(allocation_id) / FULL * max(0.0, self.end - ready)
+        return self._result(time.perf_counter() - wall)
+
+    def _warm_milli(self, allocation_id: str) -> int:
+        allocation = self.scheduler.cluster.allocations.get(allocation_id)
+        return allocation.milli if allocation else 0
+
+    def _candidates(self) -> list[Request]:
+        """Per (project, shape), the oldest few waiting: what one cycle can place of a group is a prefix."""
+        seen: Counter = Counter()
+        out = []
+        for job in sorted(self.queue.values(), key=lambda j: (j.waiting_since, j.index)):
+            key = (job.project, job.shape)
+            if seen[key] < 2:
+                seen[key] += 1
+                out.append(job.request)
+        return out
+
+    def _schedule(self, now: float) -> None:
+        requests = self._candidates()
+        if not requests:
+            return
+        for decision in self.scheduler.schedule(requests, now=now):
+            if decision.mode == DecisionMode.WAITING:
+                continue
+            for victim in decision.victims:
+                self._lose(victim, now)
+            self._start(self.by_id[decision.request], decision.allocation, now, warm=False)
+
+    def _lose(self, allocation_id: str, now: float) -> None:
+        """The scheduler preempted ``allocation_id`` (it already removed it from its state)."""
+        if allocation_id in self.warm:
+            ready, _ = self.warm.pop(allocation_id)
+            self.stats["warm_held_s"] += max(0.0, now - ready) * self._last_warm_milli.pop(allocation_id, 0) / FULL
+            return
+        job = self.by_id[allocation_id]
+        if not job.over:
+            self.violations += 1  # an in-quota lease preempted: a guarantee broken
+        self._meter(job, now)
+        job.token += 1
+        job.waiting_since = now
+        self.queue[job.request.id] = job
+        self.stats["preempted_by_scheduler"] += 1
+
+    # -- warm pools -------------------------------------------------------------------------------------
+    _last_warm_milli: dict
+
+    def _bind_warm(self, job: Job, now: float) -> bool:
+        if job.shape.kind != Kind.MIG or not self.warm:
+            return False
+        need = need_for(job.shape, MODEL)
+        reason, in_quota = self.scheduler.quota_check(job.request, MODEL, need)
+        if reason:
+            return False
+        for allocation_id in sorted(self.warm):
+            ready, profile = self.warm[allocation_id]
+            if profile != job.shape.profile or ready > now:
+                continue
+            warm = self.scheduler.cluster.remove(allocation_id)
+            del self.warm[allocation_id]
+            self.stats["warm_held_s"] += warm.milli / FULL * (now - ready)
+            self._last_warm_milli.pop(allocation_id, None)
+            unit = warm.units[0]
+            allocation = Allocation(job.request.id, job.project, TENANT, MODEL, warm.node, (unit,),
+                                    preemptible=not in_quota, started_at=now)
+            self.scheduler.cluster.apply(allocation)
+            self._start(job, allocation, now, warm=True)
+            return True
+        return False
+
+    # -- the planner ------------------------------------------------------------------------------------
+    def _snapshot(self, now: float) -> CapacitySnapshot:
+        cluster = self.scheduler.cluster
+        instances: dict[str, list] = {gpu_id: [] for gpu_id in cluster.gpus}
+        warm: dict[str, list] = {gpu_id: [] for gpu_id in cluster.gpus}
+        utilisation = []
+        training = self.loop == "auto-train"  # training series only where its reclaim is on
+        window = 3600 if training else 1800
+        for allocation in cluster.allocations.values():
+            if allocation.id in self.warm:
+                ready, profile = self.warm[allocation.id]
+                unit = allocation.units[0]
+                warm[unit.gpu].append(WarmInstance(allocation.id, profile, unit.mig_start, ready <= now))
+                continue
+            job = self.by_id[allocation.id]
+            for unit in allocation.units:
+                instances[unit.gpu].append(Instance(allocation.id, job.project, not allocation.preemptible,
+                                                    job.klass, unit.mig_profile, unit.mig_start, unit.milli,
+                                                    started_at=job.seg_start, noticed_at=job.noticed_at))
+            if job.seg_start is not None and now - job.seg_start >= window and (
+                    job.klass != WorkloadClass.TRAINING or allocation.preemptible or training):
+                utilisation.append(self._trailing(job, now, window))
+        gpus = tuple(CapacityGpu(gpu_id, state.gpu.node, MODEL, state.gpu.mode, tuple(instances[gpu_id]),
+                                 tuple(warm[gpu_id]), self.mode_since.get(gpu_id, 0.0))
+                     for gpu_id, state in cluster.gpus.items())
+        while self.history and self.history[0][0] < now - self.history_seconds:
+            self.history.popleft()
+        arrivals: Counter = Counter()
+        for _, shape, count in self.history:
+            arrivals[shape] += count
+        queue = []
+        used_in = {p: u[0] for (p, _), u in cluster.project_usage.items()}
+        for job in sorted(self.queue.values(), key=lambda j: (j.waiting_since, j.index))[: self.queue_cap]:
+            need = self._unit_milli(job.shape) * job.shape.count
+            queue.append(Waiting(job.request.id, job.project, _demand_shape(job.shape), job.shape.count,
+                                 used_in.get(job.project, 0) + need <= self.deserved.get(job.project, 0),
+                                 waited_seconds=int(now - job.waiting_since)))
+        mode = Mode.AUTO if self.loop in AUTO_LOOPS else Mode.ADVISE
+        rules = DEFAULT_IDLE_RULES
+        if self.loop == "auto-train":  # the policy lever: idle training is reclaimed too (1 h idle, 30 min notice)
+            rules = tuple((c, IdleRule(True, 50, 3600, 1800) if c == ReclaimClass.TRAINING else r)
+                          for c, r in DEFAULT_IDLE_RULES)
+        policy = Policy(mode_switch=mode, mig_layout=mode, warm_pool=mode, idle_reclaim=mode,
+                        cold_provision_seconds=int(self.cold_mig), idle_rules=rules)
+        return CapacitySnapshot(gpus=gpus, queue=tuple(queue),
+                                history=History(now - self.history_seconds, now,
+                                                tuple(Arrivals(s, n) for s, n in sorted(arrivals.items()))),
+                                utilisation=tuple(utilisation), prices=(Price(MODEL, self.price_minor),),
+                                policies=(policy,))
+
+    def _trailing(self, job: Job, now: float, window: int) -> Utilisation:
+        util = self.series[job.series][0]
+        held = job.held + (now - job.seg_start)
+        last = job.offset + int(held // 60)
+        samples = [util[(last - window // 60 + i) % len(util)] * 10 for i in range(window // 60)]
+        return Utilisation(job.request.id, now - window, 60, tuple(samples), (0,) * len(samples))
+
+    def _plan(self, now: float) -> None:
+        snapshot = self._snapshot(now)
+        adjustments = plan_capacity(snapshot, now=now)
+        for adjustment in adjustments:
+            self.proposed[adjustment.kind.value] += 1
+            if self.loop not in AUTO_LOOPS or adjustment.mode != Mode.AUTO:
+                continue
+            if self._apply(adjustment, now):
+                self.applied[adjustment.kind.value] += 1
+            else:
+                self.refused[adjustment.kind.value] += 1
+
+    def _apply(self, adjustment, now: float) -> bool:
+        """Apply with the live service's conditional checks; False when the world moved on."""
+        cluster = self.scheduler.cluster
+        change = adjustment.change
+        holders = {gpu_id: [] for gpu_id in cluster.gpus}
+        for allocation in cluster.allocations.values():
+            for unit in allocation.units:
+                holders[unit.gpu].append(allocation)
+        if adjustment.kind in (AdjustmentKind.MODE_SWITCH, AdjustmentKind.MIG_LAYOUT):
+            held = holders[change.gpu]
+            if any(not a.preemptible and a.id not in self.warm for a in held):
+                self.violations += 1  # the planner proposed touching an in-quota holder: must never happen
+                return False
+            if held and not change.drain:
+                return False
+            if {a.id for a in held} - set(adjustment.risk):
+                return False
+            for allocation in held:
+                cluster.remove(allocation.id)
+                self._lose(allocation.id, now)
+                self.touched.add(allocation.id)
+            self._switch(change.gpu, GpuMode(change.to_mode))
+            self.mode_since[change.gpu] = now
+            self.stats["mode_switches"] += 1
+            return True
+        if adjustment.kind == AdjustmentKind.WARM_POOL:
+            for warm_id in change.remove:
+                if warm_id in self.warm:
+                    ready, _ = self.warm.pop(warm_id)
+                    allocation = cluster.remove(warm_id)
+                    self.stats["warm_held_s"] += allocation.milli / FULL * max(0.0, now - ready)
+            for slot in change.slots:
+                state = cluster.gpus[slot.gpu]
+                if state.gpu.mode != GpuMode.MIG or any(a.id not in self.warm for a in holders[slot.gpu]):
+                    continue
+                profile = next(p for p in _profiles() if p.name == slot.profile)
+                if slot.start not in state.mig_starts(profile):
+                    continue
+                self.warm_seq += 1
+                warm_id = f"{WARM}{self.warm_seq:07d}"
+                unit = Unit(slot.gpu, profile.gpu_milli, profile.memory_mib, profile.name, slot.start)
+                cluster.apply(Allocation(warm_id, WARM, "_platform", MODEL, state.gpu.node, (unit,), True,
+                                         started_at=now))
+                self.warm[warm_id] = (now + self.cold_mig, profile.name)
+                self._last_warm_milli[warm_id] = profile.gpu_milli
+            return True
+        if adjustment.kind == AdjustmentKind.IDLE_RECLAIM:
+            job = self.by_id.get(change.lease)
+            if job is None or job.seg_start is None:
+                return False
+            if change.step in ("notice", "cancel"):
+                job.noticed_at = now if change.step == "notice" else None
+                return True
+            segment = now - job.seg_start
+            self._stop(job, now, requeue=change.step == "preempt")
+            job.remaining -= segment
+            if change.step == "release":
+                job.done = True
+                self.stats["released_idle"] += 1
+            else:
+                self.stats["preempted_idle"] += 1
+            self.touched.add(job.request.id)
+            return True
+        return False
+
+    def _switch(self, gpu_id: str, mode: GpuMode) -> None:
+        """Change a GPU's mode: a new scheduler state from the snapshot with the current allocations."""
+        gpus = tuple(replace(g, mode=mode) if g.id == gpu_id else g for g in self.base.gpus)
+        self.base = replace(self.base, gpus=gpus)
+        allocations = tuple(self.scheduler.cluster.allocations.values())
+        self.scheduler = Scheduler(replace(self.base, allocations=allocations))
+
+    # -- figures -------------------------------------------------------------------------------------
+    def _result(self, wall: float) -> dict:
+        s = self.stats
+        capacity_s = self.gpus * self.end
+        hours = 3600
+        idle_h = s["idle_s"] / hours
+        pct = quota_sim._pct
+        return {
+            "loop": self.loop,
+            "jobs": len(self.jobs),
+            "gpus": self.gpus,
+            "mig_gpus_at_start": self.mig_gpus_initial,
+            "window_days": round(self.end / 86400, 2),
+            "fleet_allocation_pct": round(100 * s["allocated_s"] / capacity_s, 2),
+            "allocated_gpu_hours": round(s["allocated_s"] / hours, 1),
+            "engine_active_share_pct": round(100 * s["active_s"] / max(s["allocated_s"], 1e-9), 2),
+            "idle_allocated_gpu_hours": round(idle_h, 1),
+            "idle_allocated_cost_minor": round(idle_h * self.price_minor),
+            "warm_held_gpu_hours": round(s["warm_held_s"] / hours, 1),
+            "warm_holding_cost_minor": round(s["warm_held_s"] / hours * self.price_minor),
+            "ttg_p95_s": {k: round(pct(v, 0.95), 1) for k, v in self.ttg.items()},
+            "ttg_n": {k: len(v) for k, v in self.ttg.items()},
+            "queue_wait_s": {"mean": round(sum(self.waits) / max(len(self.waits), 1), 1),
+                             "p95": round(pct(self.waits, 0.95), 1)},
+            "started": len(self.waits),
+            "completed": s["completed"],
+            "leases_touched_by_reclaim": len(self.touched),
+            "released_idle": s["released_idle"],
+            "preempted_idle": s["preempted_idle"],
+            "preempted_by_scheduler": s["preempted_by_scheduler"],
+            "mode_switches": s["mode_switches"],
+            "warm_binds": s["warm_binds"],
+            "in_quota_violations": self.violations,
+            "proposed": dict(sorted(self.proposed.items())),
+            "applied": dict(sorted(self.applied.items())),
+            "refused_by_conditional_checks": dict(sorted(self.refused.items())),
+            "wall_seconds": round(wall, 1),
+        }
+
+
+def _profiles():
+    from gpus.mig import profiles_for
+
+    return profiles_for(MODEL)
+
+
+def main_capacity(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.sim capacity", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--loop", default="all",
+                        help="off, advise, auto, auto-train (auto with idle training reclaimed), a comma list, or all")
+    parser.add_argument("--days", type=float, default=30.0, help="replay window (days of Philly arrivals)")
+    parser.add_argument("--start-day", type=float, default=20.0,
+                        help="skip this many days of the trace first (before day 19 it holds a few jobs a day)")
+    parser.add_argument("--load", type=float, default=0.8, help="mean offered load as a fraction of the fleet")
+    parser.add_argument("--tick", type=float, default=300.0, help="seconds between planner runs")
+    parser.add_argument("--cycle", type=float, default=60.0, help="at most one scheduling cycle per this many s")
+    parser.add_argument("--cold-mig", type=float, default=30.0, help="seconds of a cold MIG create + start")
+    parser.add_argument("--cold-whole", type=float, default=10.0, help="seconds of a cold whole-GPU start")
+    parser.add_argument("--warm-bind", type=float, default=0.5, help="seconds of a warm bind")
+    parser.add_argument("--price", type=int, default=300, help="minor units per H100 GPU-hour")
+    parser.add_argument("--history-hours", type=float, default=6.0, help="request history the planner reads")
+    parser.add_argument("--queue-cap", type=int, default=64, help="oldest waiting requests the planner reads")
+    parser.add_argument("--json-dir", type=Path, default=None, help="write capacity_<loop>.json here")
+    args = parser.parse_args(argv)
+    loops = LOOPS if args.loop == "all" else tuple(x.strip() for x in args.loop.split(","))
+    for loop in loops:
+        if loop not in LOOPS:
+            print(f"unknown loop {loop!r}; use {', '.join(LOOPS)}", file=sys.stderr)
+            return 2
+    from bench.record import command_line, write  # the benchmarks' one results format
+
+    command = command_line(["-m bench.sim", "capacity", *(sys.argv[2:] if argv is None else argv)])
+    results = []
+    for loop in loops:
+        replay = Replay(loop=loop, days=args.days, load_factor=args.load, tick=args.tick, cold_mig=args.cold_mig,
+                        cold_whole=args.cold_whole, warm_bind=args.warm_bind, price_minor=args.price,
+                        history_hours=args.history_hours, queue_cap=args.queue_cap, start_day=args.start_day,
+                        cycle=args.cycle)
+        replay._last_warm_milli = {}
+        result = replay.run()
+        results.append(result)
+        if args.json_dir:
+            write(f"capacity_{loop}", result, settings=vars(args), command=command, directory=args.json_dir)
+        print(f"  {loop}: {result['wall_seconds']} s wall", flush=True)
+    print(table(results))
+    return 0
+
+
+def table(results: list[dict]) -> str:
+    columns = (
+        ("loop", lambda r: r["loop"]),
+        ("alloc %", lambda r: r["fleet_allocation_pct"]),
+        ("active %", lambda r: r["engine_active_share_pct"]),
+        ("idle GPUh", lambda r: r["idle_allocated_gpu_hours"]),
+        ("idle cost", lambda r: r["idle_allocated_cost_minor"]),
+        ("warm GPUh", lambda r: r["warm_held_gpu_hours"]),
+        ("p95 ttg MIG s", lambda r: r["ttg_p95_s"]["mig"]),
+        ("warm s", lambda r: r["ttg_p95_s"]["warm"]),
+        ("cold s", lambda r: r["ttg_p95_s"]["cold"]),
+        ("wait mean s", lambda r: r["queue_wait_s"]["mean"]),
+        ("wait p95 s", lambda r: r["queue_wait_s"]["p95"]),
+        ("reclaimed", lambda r: r["leases_touched_by_reclaim"]),
+        ("switches", lambda r: r["mode_switches"]),
+        ("violations", lambda r: r["in_quota_violations"]),
+    )
+    rows = [[name for name, _ in columns]] + [[str(get(r)) for _, get in columns] for r in results]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(columns))]
+    return "\n".join("  ".join(cell.rjust(w) for cell, w in zip(row, widths, strict=True)) for row in rows)

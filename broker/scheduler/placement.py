@@ -1,0 +1,709 @@
+"""Placement policies behind one interface, and the search that applies them.
+
+A policy scores a candidate placement of one request on one node (lower is better). The search
+evaluates each distinct node state once (``ClusterState.by_signature``) and memoises scores by
+(node signature, request shape), so a policy is pure in the node's free capacity. Ties break on the
+node id, so runs are deterministic for a given seed.
+
+Policies: ``random``, ``best-fit``, ``dot-product``, ``packing``, ``fgd`` (fragmentation gradient
+descent, Weng et al., USENIX ATC 2023, as published) and ``default`` (ours; see ``docs/scheduling.md``).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import random as _random
+from dataclasses import dataclass, replace
+
+from broker.scheduler.state import FULL, ClassInfo, ClusterState, GpuState, NodeState
+from broker.scheduler.types import GpuMode, Kind, Shape, Unit
+from gpus.catalogue import model_get
+from gpus.mig import COMPUTE_SLICES, MigProfile, profile_get
+
+
+@dataclass(frozen=True, slots=True)
+class Need:
+    """A request shape resolved to one GPU model: what each unit takes."""
+
+    kind: Kind
+    count: int  # 0: no GPU at all (CPU-only work, as in the openb trace)
+    models: tuple[str, ...]  # allowed GPU models; empty: any
+    milli: int  # per unit, quota units
+    memory_mib: int  # per unit
+    profile: MigProfile | None
+    gang: bool
+    cpu_milli: int
+    host_memory_mib: int
+    avoid: frozenset[str] = frozenset()  # node ids it must not be placed on
+
+    @property
+    def total_milli(self) -> int:
+        return self.milli * self.count
+
+    def allows(self, model: str) -> bool:
+        return not self.models or model in self.models
+
+    def key(self) -> tuple:
+        return (self.kind, self.count, self.models, self.milli, self.memory_mib,
+                self.profile.name if self.profile else "", self.gang, self.cpu_milli, self.host_memory_mib,
+                tuple(sorted(self.avoid)))
+
+
+def need_for(shape: Shape, model: str) -> Need | None:
+    """Resolve ``shape`` on ``model``; None when the model cannot serve it at all."""
+    gpu_model = model_get(model)
+    if shape.kind == Kind.WHOLE:
+        if shape.memory_mib and gpu_model.memory_mib < shape.memory_mib:
+            return None
+        return Need(Kind.WHOLE, shape.count, (model,), FULL, gpu_model.memory_mib, None, shape.gang,
+                    shape.cpu_milli, shape.host_memory_mib, frozenset(shape.avoid_nodes))
+    if shape.kind == Kind.SHARE:
+        if shape.memory_mib > gpu_model.memory_mib or not 0 < shape.milli <= FULL:
+            return None
+        return Need(Kind.SHARE, shape.count, (model,), shape.milli, shape.memory_mib, None, shape.gang,
+                    shape.cpu_milli, shape.host_memory_mib, frozenset(shape.avoid_nodes))
+    # MIG: a full profile name on that model, or a compute size ("3g") for auto
+    try:
+        profile = profile_get(model, shape.profile)
+    except KeyError:
+        from gpus.mig import profiles_for
+
+        sized = [p for p in profiles_for(model) if p.name.split(".")[0] == shape.profile
+                 and not p.shape.media_extensions and p.memory_mib >= shape.memory_mib]
+        if not sized:
+            return None
+        profile = min(sized, key=lambda p: p.memory_mib)
+    if shape.memory_mib and profile.memory_mib < shape.memory_mib:
+        return None
+    return Need(Kind.MIG, shape.count, (model,), profile.gpu_milli, profile.memory_mib, profile, shape.gang,
+                shape.cpu_milli, shape.host_memory_mib, frozenset(shape.avoid_nodes))
+
+
+# -- candidate units on one node -------------------------------------------------------------------
+
+
+def node_accepts(node: NodeState, need: Need) -> bool:
+    """Whether ``node`` takes work of ``need`` at all: not cordoned, not one the need avoids, and its host
+    CPU and memory free."""
+    if node.node.cordoned or node.node.id in need.avoid:
+        return False
+    if node.node.cpu_milli and node.free_cpu_milli < need.cpu_milli:
+        return False
+    return not (node.node.memory_mib and node.free_memory_mib < need.host_memory_mib)
+
+
+def gpu_options(gpu: GpuState, need: Need) -> list[Unit]:
+    """Every distinct way one unit of ``need`` fits on ``gpu``."""
+    if not need.allows(gpu.gpu.model):
+        return []
+    if need.kind == Kind.WHOLE:
+        return [Unit(gpu.gpu.id, FULL, gpu.memory_mib)] if gpu.fits_whole() else []
+    if need.kind == Kind.SHARE:
+        if gpu.fits_share(need.milli, need.memory_mib):
+            return [Unit(gpu.gpu.id, need.milli, need.memory_mib)]
+        return []
+    assert need.profile is not None
+    return [Unit(gpu.gpu.id, need.milli, need.memory_mib, need.profile.name, start)
+            for start in gpu.mig_starts(need.profile)]
+
+
+class Policy:
+    """Base class: subclasses implement ``score`` (lower is better) and may override unit choice."""
+
+    name = "base"
+    uses_random = False
+
+    def __init__(self, *, seed: int = 0, workload: list[tuple[Need, float]] | None = None):
+        self.rng = _random.Random(seed)
+        self.workload = list(workload or [])  # a copy: later changes by the caller do not leak in
+        self._demand: dict[str, list[tuple[MigProfile, float]]] = {}
+
+    # How a node's units are chosen for a multi-unit need: by default tightest GPUs first.
+    def unit_order(self, gpu: GpuState, unit: Unit) -> tuple:
+        return (gpu.free_milli, unit.mig_start, gpu.gpu.index)
+
+    def node_options(self, node: NodeState, need: Need) -> list[tuple[Unit, ...]]:
+        """Candidate unit sets on one node (one per distinct GPU choice for single units)."""
+        if not node_accepts(node, need):
+            return []
+        if need.count == 0:
+            return [()] if not node.gpus or not need.models or not node.models.isdisjoint(need.models) else []
+        per_gpu = [(gpu, gpu_options(gpu, need)) for gpu in node.gpus]
+        per_gpu = [(gpu, units) for gpu, units in per_gpu if units]
+        if need.count == 1:
+            options: list[tuple[Unit, ...]] = []
+            seen: set[tuple] = set()
+            for gpu, units in per_gpu:
+                for unit in units:
+                    key = (gpu.signature(), unit.mig_start)
+                    if key not in seen:
+                        seen.add(key)
+                        options.append((unit,))
+            return options
+        if need.kind == Kind.MIG:
+            return self._multi_mig(per_gpu, need)
+        ranked = sorted(per_gpu, key=lambda item: self.unit_order(item[0], item[1][0]))
+        if len(ranked) < need.count:
+            return []
+        # Prefer one NVLink domain when the node has several.
+        domains: dict[str, list] = {}
+        for gpu, units in ranked:
+            domains.setdefault(gpu.gpu.nvlink_domain, []).append(units[0])
+        for units in domains.values():
+            if len(units) >= need.count:
+                return [tuple(units[: need.count])]
+        return [tuple(units[0] for _, units in ranked[: need.count])]
+
+    def _multi_mig(self, per_gpu, need: Need) -> list[tuple[Unit, ...]]:
+        chosen: list[Unit] = []
+        for gpu, _ in sorted(per_gpu, key=lambda item: self.unit_order(item[0], item[1][0])):
+            slots = gpu.slot_mask
+            compute = gpu.compute_used
+            profile = need.profile
+            assert profile is not None
+            width = (1 << profile.memory_slots) - 1
+            media = gpu.media_used
+            for start in profile.starts:
+                if len(chosen) == need.count:
+                    break
+                if compute + profile.compute_slices > COMPUTE_SLICES:
+                    break
+                if profile.shape.media_extensions and media:
+                    break  # at most one +me instance per GPU
+                if not (slots >> start) & width:
+                    slots |= width << start
+                    compute += profile.compute_slices
+                    media += int(profile.shape.media_extensions)
+                    chosen.append(Unit(gpu.gpu.id, need.milli, need.memory_mib, profile.name, start))
+            if len(chosen) == need.count:
+                return [tuple(chosen)]
+        return []
+
+    def score(self, cluster: ClusterState, node: NodeState, units: tuple[Unit, ...], need: Need) -> float:
+        raise NotImplementedError
+
+
+def _after(node: NodeState, units: tuple[Unit, ...]) -> list[int]:
+    """Free milli per GPU of ``node`` after placing ``units``."""
+    taken: dict[str, int] = {}
+    for unit in units:
+        taken[unit.gpu] = taken.get(unit.gpu, 0) + unit.milli
+    return [gpu.free_milli - taken.get(gpu.gpu.id, 0) for gpu in node.gpus]
+
+
+class RandomPolicy(Policy):
+    name = "random"
+    uses_random = True
+
+    def score(self, cluster, node, units, need):
+        return 0.0
+
+
+class BestFitPolicy(Policy):
+    """The node left with the least free capacity (GPU and CPU, normalised) after placement."""
+
+    name = "best-fit"
+
+    def score(self, cluster, node, units, need):
+        gpu_total = FULL * max(1, len(node.gpus))
+        score = sum(_after(node, units)) / gpu_total
+        if node.node.cpu_milli:
+            score += (node.free_cpu_milli - need.cpu_milli) / node.node.cpu_milli
+        return score
+
+
+class DotProductPolicy(Policy):
+    """The node whose free (CPU, GPU) vector is most aligned with the request's (largest dot product)."""
+
+    name = "dot-product"
+
+    def score(self, cluster, node, units, need):
+        gpu_total = FULL * max(1, len(node.gpus))
+        dot = (need.total_milli / gpu_total) * (node.free_milli / gpu_total)
+        if node.node.cpu_milli:
+            dot += (need.cpu_milli / node.node.cpu_milli) * (node.free_cpu_milli / node.node.cpu_milli)
+        return -dot
+
+
+class PackingPolicy(Policy):
+    """GPU packing: shares go to partly used GPUs first, then to nodes already in use, then idle ones."""
+
+    name = "packing"
+
+    def score(self, cluster, node, units, need):
+        gpus = {gpu.gpu.id: gpu for gpu in node.gpus}
+        partly = any(FULL - gpus[u.gpu].free_milli > 0 for u in units)
+        node_used = any(gpu.free_milli < FULL for gpu in node.gpus)
+        tier = 0 if partly else (1 if node_used else 2)
+        return tier * 10 + BestFitPolicy.score(self, cluster, node, units, need)
+
+
+def workload_from_needs(needs: list[Need], coverage: float = 0.95) -> list[tuple[Need, float]]:
+    """FGD's "typical" shapes: the most frequent needs that together cover ``coverage`` of them."""
+    counts: dict[tuple, tuple[Need, int]] = {}
+    for need in needs:
+        # FGD's shape: (CPU, GPU count, GPU milli, GPU model); host memory does not split shapes
+        need = Need(need.kind, need.count, need.models, need.milli, need.memory_mib, need.profile, need.gang,
+                    need.cpu_milli, 0)
+        key = need.key()
+        counts[key] = (need, counts.get(key, (need, 0))[1] + 1)
+    ranked = sorted(counts.values(), key=lambda item: (-item[1], item[0].key()))
+    total = len(needs)
+    out: list[tuple[Need, float]] = []
+    covered = 0
+    for need, count in ranked:
+        out.append((need, count / total))
+        covered += count
+        if covered >= coverage * total:
+            break
+    return out
+
+
+def node_fragmentation(node: NodeState, free: list[int], free_cpu: int, workload: list[tuple[Need, float]],
+                       gpus: list[GpuState] | None = None) -> float:
+    """Expected GPU capacity (milli) of ``node`` that the typical workload cannot use (FGD's measure).
+
+    ``free`` is the free milli per GPU (in ``node.gpus`` order), ``free_cpu`` the free CPU. For each
+    typical need m: if m cannot run on the node at all (model, CPU, too few GPUs) or needs no GPU, all
+    free GPU capacity is a fragment; otherwise the free capacity of the GPUs too small for m is.
+    """
+    total_free = sum(free)
+    if total_free == 0:
+        return 0.0
+    model = node.gpus[0].gpu.model if node.gpus else ""
+    result = 0.0
+    for need, probability in workload:
+        if need.total_milli == 0 or not need.allows(model) or (
+            node.node.cpu_milli and free_cpu < need.cpu_milli
+        ):
+            result += probability * total_free
+            continue
+        if need.kind == Kind.SHARE or (need.kind == Kind.WHOLE and need.count == 1):
+            small = sum(f for f in free if f < need.milli)
+            if need.kind == Kind.WHOLE:
+                small = sum(f for f in free if f < FULL)
+            result += probability * (total_free if small == total_free else small)
+        elif need.kind == Kind.WHOLE:
+            whole_free = sum(1 for f in free if f == FULL)
+            if whole_free < need.count:
+                result += probability * total_free
+            else:
+                result += probability * sum(f for f in free if f < FULL)
+        else:  # MIG: a GPU is a fragment for m when m has no free start on it
+            frag = 0
+            for gpu, f in zip(gpus or node.gpus, free, strict=False):
+                if f and not gpu.mig_starts(need.profile):  # type: ignore[arg-type]
+                    frag += f
+            result += probability * frag
+    return result
+
+
+class FgdPolicy(Policy):
+    """Fragmentation gradient descent: the placement that least increases the node's fragmentation, scored as
+    the authors' simulator (hkust-adsl/kubernetes-scheduler-simulator) does: the typical shapes' frequencies
+    renormalised to sum to 1, and a node's score the integer ``int(100 * sigmoid(-Δfragmentation / 1000))``,
+    so that placements within a few tens of milli-GPU of each other tie (ties go to the lowest node id, the
+    first in the simulator's shuffled node order) and, on a node, to the lowest GPU index."""
+
+    name = "fgd"
+
+    def __init__(self, *, seed: int = 0, workload: list[tuple[Need, float]] | None = None):
+        super().__init__(seed=seed, workload=workload)
+        total = sum(p for _, p in self.workload)
+        if total > 0:
+            self.workload = [(n, p / total) for n, p in self.workload]
+        self._pure = not any(n.kind == Kind.MIG for n, _ in self.workload)
+        self._memo: dict[tuple, float] = {}
+
+    def _fragmentation(self, node: NodeState, free: list[int], free_cpu: int) -> float:
+        if not self._pure or any(g.gpu.mode == GpuMode.MIG for g in node.gpus):
+            return node_fragmentation(node, free, free_cpu, self.workload)
+        key = (node.gpus[0].gpu.model if node.gpus else "", bool(node.node.cpu_milli), free_cpu, *sorted(free))
+        value = self._memo.get(key)
+        if value is None:
+            value = self._memo[key] = node_fragmentation(node, free, free_cpu, self.workload)
+        return value
+
+    def score(self, cluster, node, units, need):
+        before = self._fragmentation(node, [g.free_milli for g in node.gpus], node.free_cpu_milli)
+        after = self._fragmentation(node, _after(node, units), node.free_cpu_milli - need.cpu_milli)
+        return -int(100 / (1 + math.exp((after - before) / 1000)))
+
+
+def node_stranding(node: NodeState, free: list[int], free_cpu: int, free_memory: int,
+                   workload: list[tuple[Need, float]], *, host_weight: float = 0.25) -> float:
+    """Expected GPU capacity (milli) of a node that the typical workload could *not* consume if it kept
+    arriving. For each typical need m: all free GPU when m cannot run there at all (model, CPU, memory,
+    or m needs no GPU); otherwise the free GPU minus what as many copies of m as the free GPUs hold would
+    take (an 810-milli share leaves 190 of a GPU behind), plus ``host_weight`` times the GPU capacity of
+    the copies that the free CPU / host memory could not feed (GPUs stranded behind exhausted CPU).
+
+    ``DefaultPolicy`` weights that last part by the kind of task it places (``host_weight_*``, chosen on the
+    openb traces, docs/scheduling.md: a uniform 0.25 over-weights CPU stranding where multi-GPU tasks
+    dominate, none ignores it where CPU-only and CPU-heavy tasks compete for the GPU nodes' cores)."""
+    total_free = sum(free)
+    if total_free == 0:
+        return 0.0
+    result = 0.0
+    tracks_cpu, tracks_memory = bool(node.node.cpu_milli), bool(node.node.memory_mib)
+    for need, probability in workload:
+        usable = [f for gpu, f in zip(node.gpus, free, strict=True) if need.allows(gpu.gpu.model)]
+        if (need.total_milli == 0 or not usable or (tracks_cpu and free_cpu < need.cpu_milli)
+                or (tracks_memory and free_memory < need.host_memory_mib)):
+            result += probability * total_free
+            continue
+        if need.kind == Kind.WHOLE:
+            copies_gpu = sum(1 for f in usable if f == FULL) // need.count
+        else:
+            copies_gpu = sum(f // need.milli for f in usable)
+        copies_host = min(
+            free_cpu // need.cpu_milli if tracks_cpu and need.cpu_milli else copies_gpu,
+            free_memory // need.host_memory_mib if tracks_memory and need.host_memory_mib else copies_gpu,
+        )
+        unfed = max(0, copies_gpu - copies_host)
+        result += probability * (total_free - copies_gpu * need.total_milli + host_weight * unfed * need.total_milli)
+    return result
+
+
+def mig_copies(slot_mask: int, compute_used: int, profile: MigProfile) -> int:
+    """How many more instances of ``profile`` fit a MIG GPU with this layout (lowest starts first, which
+    is optimal for one profile: its starts are aligned to its size)."""
+    count = 0
+    width = (1 << profile.memory_slots) - 1
+    for start in profile.starts:
+        if compute_used + profile.compute_slices > COMPUTE_SLICES:
+            break
+        if not (slot_mask >> start) & width:
+            slot_mask |= width << start
+            compute_used += profile.compute_slices
+            count += 1
+    return count
+
+
+def mig_stranding(slot_mask: int, compute_used: int, demand: list[tuple[MigProfile, float]]) -> float:
+    """Expected compute (milli) of one MIG GPU that the MIG demand could not use."""
+    free = (COMPUTE_SLICES - compute_used) * FULL // COMPUTE_SLICES
+    result = 0.0
+    for profile, probability in demand:
+        result += probability * (free - mig_copies(slot_mask, compute_used, profile) * profile.gpu_milli)
+    return result
+
+
+def mig_demand(model: str, workload: list[tuple[Need, float]]) -> list[tuple[MigProfile, float]]:
+    """The MIG profiles in demand on ``model`` with normalised probabilities; with no history, every
+    profile of the model (but +me) equally likely."""
+    demand = [(n.profile, p) for n, p in workload
+              if n.kind == Kind.MIG and n.profile is not None and n.profile.model == model]
+    if not demand:
+        from gpus.mig import profiles_for
+
+        offered = [p for p in profiles_for(model) if not p.shape.media_extensions]
+        demand = [(p, 1.0) for p in offered]
+    total = sum(p for _, p in demand)
+    return [(profile, p / total) for profile, p in demand]
+
+
+class DefaultPolicy(Policy):
+    """Ours: minimise the increase of the node's *stranded* capacity (``node_stranding``): FGD's idea,
+    measured by how many copies of each typical need the node could still take given its free GPU,
+    CPU and memory together, with GPUs stranded behind exhausted CPU or memory weighted 0.25 when the task
+    placed takes whole GPUs and 0.05 when it takes a share or no GPU (``host_weight_*``).
+    The increase is counted in steps of ``quantum`` milli-GPU, and placements within one step tie; ties go
+    to the lowest node id (in the openb replay, the seed's node order), which spreads near-equal
+    placements over the fleet instead of packing them (best-fit tie-breaking cost 0.1-0.4 points on the
+    openb traces, docs/scheduling.md). For MIG, the same measure per GPU over its slot layout picks start
+    slots that keep larger profiles possible (a 3g goes to slot 4 so that a 4g can still start at 0), with
+    best-fit among equal layouts."""
+
+    name = "default"
+    # weight of GPUs stranded behind exhausted CPU / memory, by the kind of the task placed: whole GPUs, and
+    # shares (or CPU-only work); chosen on the openb traces, docs/scheduling.md
+    host_weight_whole = 0.25
+    host_weight_share = 0.05
+    quantum = 40.0  # milli-GPU
+    mig_best_fit_weight = 1.0
+
+    def __init__(self, *, seed: int = 0, workload: list[tuple[Need, float]] | None = None):
+        super().__init__(seed=seed, workload=workload)
+        self._memo: dict[tuple, tuple[float, float]] = {}
+        # the workload as plain tuples for the one-model fast path of ``_stranding``
+        self._compiled = [(p, n.total_milli, frozenset(n.models), n.cpu_milli, n.host_memory_mib,
+                           n.kind == Kind.WHOLE, n.count, n.milli) for n, p in self.workload if n.kind != Kind.MIG]
+        self._has_mig = len(self._compiled) != len(self.workload)
+
+    def _stranding(self, node: NodeState, free: list[int], free_cpu: int, free_memory: int) -> tuple[float, float]:
+        """``node_stranding``, memoised: it depends only on the free capacity per GPU model (and whether CPU
+        and memory are tracked), so nodes in the same state, before or after a placement, share it. A node
+        of one GPU model (the usual case) takes a fast path that computes the same sum."""
+        models = {g.gpu.model for g in node.gpus}
+        tracks_cpu, tracks_memory = bool(node.node.cpu_milli), bool(node.node.memory_mib)
+        if len(models) != 1 or self._has_mig:
+            key = (tracks_cpu, tracks_memory, free_cpu, free_memory,
+                   *sorted(zip([g.gpu.model for g in node.gpus], free, strict=True)))
+            value = self._memo.get(key)
+            if value is None:
+                value = self._memo[key] = (node_stranding(node, free, free_cpu, free_memory, self.workload,
+                                                          host_weight=0.0),
+                                           node_stranding(node, free, free_cpu, free_memory, self.workload,
+                                                          host_weight=1.0)
+                                           - node_stranding(node, free, free_cpu, free_memory, self.workload,
+                                                            host_weight=0.0))
+            return value
+        (model,) = models
+        key = (model, tracks_cpu, tracks_memory, free_cpu, free_memory, *sorted(free))
+        value = self._memo.get(key)
+        if value is None:
+            value = self._memo[key] = self._stranding_one_model(model, free, free_cpu, free_memory, tracks_cpu,
+                                                                tracks_memory)
+        return value
+
+    def _stranding_one_model(self, model: str, free: list[int], free_cpu: int, free_memory: int, tracks_cpu: bool,
+                             tracks_memory: bool) -> tuple[float, float]:
+        total_free = sum(free)
+        if total_free == 0:
+            return 0.0, 0.0
+        full = free.count(FULL)
+        share_copies: dict[int, int] = {}
+        result = host = 0.0
+        for probability, total_milli, models, cpu, memory, whole, count, milli in self._compiled:
+            if (total_milli == 0 or (models and model not in models) or (tracks_cpu and free_cpu < cpu)
+                    or (tracks_memory and free_memory < memory)):
+                result += probability * total_free
+                continue
+            if whole:
+                copies_gpu = full // count
+            else:
+                copies_gpu = share_copies.get(milli)
+                if copies_gpu is None:
+                    copies_gpu = share_copies[milli] = sum(f // milli for f in free)
+            copies_host = min(free_cpu // cpu if tracks_cpu and cpu else copies_gpu,
+                              free_memory // memory if tracks_memory and memory else copies_gpu)
+            result += probability * (total_free - copies_gpu * total_milli)
+            if copies_gpu > copies_host:
+                host += probability * (copies_gpu - copies_host) * total_milli
+        return result, host
+
+    def score(self, cluster, node, units, need):
+        if need.kind == Kind.MIG:
+            return self._mig_score(node, units) + self.mig_best_fit_weight * BestFitPolicy.score(
+                self, cluster, node, units, need)
+        gpu_before, host_before = self._stranding(node, [g.free_milli for g in node.gpus], node.free_cpu_milli,
+                                                  node.free_memory_mib)
+        gpu_after, host_after = self._stranding(node, _after(node, units), node.free_cpu_milli - need.cpu_milli,
+                                                node.free_memory_mib - need.host_memory_mib)
+        host_weight = self.host_weight_whole if need.kind == Kind.WHOLE else self.host_weight_share
+        delta = (gpu_after - gpu_before) + host_weight * (host_after - host_before)
+        return round(delta / self.quantum) if self.quantum else delta
+
+    def _mig_score(self, node: NodeState, units: tuple[Unit, ...]) -> float:
+        gpus = {gpu.gpu.id: gpu for gpu in node.gpus}
+        layout: dict[str, list[int]] = {}
+        for unit in units:
+            gpu = gpus[unit.gpu]
+            mask, compute = layout.get(unit.gpu, [gpu.slot_mask, gpu.compute_used])
+            profile = profile_get(gpu.gpu.model, unit.mig_profile)
+            layout[unit.gpu] = [mask | (((1 << profile.memory_slots) - 1) << unit.mig_start),
+                                compute + profile.compute_slices]
+        delta = 0.0
+        for gpu_id, (mask, compute) in layout.items():
+            gpu = gpus[gpu_id]
+            demand = self._demand.get(gpu.gpu.model)
+            if demand is None:  # the workload is fixed for the policy's life
+                demand = self._demand[gpu.gpu.model] = mig_demand(gpu.gpu.model, self.workload)
+            delta += mig_stranding(mask, compute, demand) - mig_stranding(gpu.slot_mask, gpu.compute_used, demand)
+        return delta
+
+
+POLICIES: dict[str, type[Policy]] = {
+    policy.name: policy
+    for policy in (RandomPolicy, BestFitPolicy, DotProductPolicy, PackingPolicy, FgdPolicy, DefaultPolicy)
+}
+
+
+def policy_get(name: str, **kwargs) -> Policy:
+    try:
+        return POLICIES[name](**kwargs)
+    except KeyError:
+        raise KeyError(f"unknown policy {name!r}; known: {', '.join(POLICIES)}") from None
+
+
+# -- search ------------------------------------------------------------------------------------------
+
+
+def may_fit(info: ClassInfo, need: Need) -> bool:
+    """False only when ``Policy.node_options`` finds nothing for ``need`` on a node of this class (a cheap
+    necessary condition: each whole or share unit takes one GPU of its kind, a MIG one an open MIG GPU)."""
+    if info.cordoned or (need.models and info.models.isdisjoint(need.models)):
+        return False
+    if need.count == 0:
+        return True
+    if need.kind == Kind.WHOLE:
+        return info.whole_free >= need.count
+    if need.kind == Kind.SHARE:
+        return info.shared_open >= need.count
+    return info.mig_open > 0
+
+
+class Placer:
+    """Finds the best node and units for a need under a policy, one evaluation per node class.
+
+    Per need it keeps a heap of (score, lowest node id, class, units by GPU position) over the live classes,
+    caught up from ``ClusterState.signature_log`` at each search; scores are memoised per (need, class). The
+    result is the one a search of every node would give: the lowest score, ties on the lowest node id."""
+
+    def __init__(self, cluster: ClusterState, policy: Policy):
+        self.cluster = cluster
+        self.policy = policy
+        self._memo: dict[tuple, tuple[float, tuple] | None] = {}  # the random policy's, by legacy signature
+        # per need: [heap of (score, lowest node id, class id, units), log position, {class id: best or None}]
+        self._heaps: dict[tuple, list] = {}
+        self._generation = cluster.log_generation
+        # the class prefilter is exact for the base class's node_options only
+        self._prefilter = type(policy).node_options is Policy.node_options
+
+    def _best_on_signature(self, node: NodeState, signature: tuple, need: Need):
+        key = (signature, need.key())
+        if key in self._memo:
+            return self._memo[key]
+        best = None
+        for units in self.policy.node_options(node, need):
+            score = self.policy.score(self.cluster, node, units, need)
+            if best is None or score < best[0]:
+                best = (score, units)
+        if best is not None:
+            best = (best[0], _relative(node, best[1]))
+        self._memo[key] = best
+        return best
+
+    def _best_on_class(self, node: NodeState, need: Need):
+        """(score rounded, units as (GPU position, milli, memory, profile, start)) of the best option on
+        ``node``, the first of equal scores in ``node_options`` order; None when nothing fits."""
+        best = None
+        policy, cluster = self.policy, self.cluster
+        for units in policy.node_options(node, need):
+            score = policy.score(cluster, node, units, need)
+            if best is None or score < best[0]:
+                best = (score, units)
+        if best is None:
+            return None
+        gpus = cluster.gpus
+        # scores are sums of float terms: round so that equal placements tie exactly
+        return round(best[0], 6), tuple((gpus[unit.gpu].position, unit.milli, unit.memory_mib, unit.mig_profile,
+                                         unit.mig_start) for unit in best[1])
+
+    def find(self, need: Need) -> tuple[str, tuple[Unit, ...]] | None:
+        """The chosen node and units, or None when nothing fits."""
+        if self.policy.uses_random:
+            return self._find_random(need)
+        if need.avoid:
+            return self._find_avoiding(need)
+        cluster = self.cluster
+        if cluster.log_generation != self._generation:  # the log was compacted: rebuild from live classes
+            self._heaps.clear()
+            self._generation = cluster.log_generation
+        key = need.key()
+        entry = self._heaps.get(key)
+        if entry is None:
+            entry = self._heaps[key] = [[], 0, {}]
+        heap, position, memo = entry
+        log = cluster.signature_log
+        if position < len(log):
+            # catch up with the classes that appeared (or whose lowest node id fell) since this need was placed
+            by_class, nodes, info = cluster.by_signature, cluster.nodes, cluster.class_info
+            prefilter = self._prefilter
+            for class_id in log[position:]:
+                members = by_class.get(class_id)
+                if not members:
+                    continue
+                best = memo.get(class_id, False)
+                if best is False:
+                    if prefilter and not may_fit(info[class_id], need):
+                        best = None
+                    elif need.models and info[class_id].models.isdisjoint(need.models):
+                        continue
+                    else:
+                        best = self._best_on_class(nodes[next(iter(members))], need)
+                    memo[class_id] = best
+                if best is not None:
+                    heapq.heappush(heap, (best[0], cluster.lowest(class_id), class_id, best[1]))
+            entry[1] = len(log)
+        # the best class that still has nodes, ties broken on the lowest node id; entries whose class has
+        # no nodes any more are dropped, and those whose lowest node id rose are re-ranked
+        by_class = cluster.by_signature
+        while heap:
+            score, lowest, class_id, relative = heap[0]
+            if class_id not in by_class:
+                heapq.heappop(heap)
+                continue
+            node_id = cluster.lowest(class_id)
+            if node_id != lowest:
+                heapq.heapreplace(heap, (score, node_id, class_id, relative))
+                continue
+            gpus = cluster.nodes[node_id].gpus
+            return node_id, tuple(Unit(gpus[index].gpu.id, milli, memory, profile, start)
+                                  for index, milli, memory, profile, start in relative)
+        return None
+
+    def _find_avoiding(self, need: Need) -> tuple[str, tuple[Unit, ...]] | None:
+        """``find`` for a need that avoids some nodes (rare: a workload re-placed after failures): every node
+        class evaluated once, as for any need, then the best score on a node it does not avoid, the lowest
+        such node id on ties. Nothing is memoised under the avoiding need."""
+        cluster = self.cluster
+        anywhere = replace(need, avoid=frozenset())
+        best: tuple[tuple, tuple] | None = None
+        for class_id, members in cluster.by_signature.items():
+            allowed = [node_id for node_id in members if node_id not in need.avoid]
+            if not allowed:
+                continue
+            if need.models and cluster.class_info[class_id].models.isdisjoint(need.models):
+                continue
+            found = self._best_on_class(cluster.nodes[next(iter(members))], anywhere)
+            if found is not None and (best is None or (found[0], min(allowed)) < best[0]):
+                best = ((found[0], min(allowed)), found[1])
+        if best is None:
+            return None
+        node_id = best[0][1]
+        gpus = cluster.nodes[node_id].gpus
+        return node_id, tuple(Unit(gpus[index].gpu.id, milli, memory, profile, start)
+                              for index, milli, memory, profile, start in best[1])
+
+    def _find_random(self, need: Need) -> tuple[str, tuple[Unit, ...]] | None:
+        cluster = self.cluster
+        scored: list[tuple[tuple, tuple, int]] = []
+        anywhere = replace(need, avoid=frozenset())
+        for signature, members in cluster.legacy_by_signature.items():
+            sample = cluster.nodes[next(iter(members))]
+            if need.models and sample.models.isdisjoint(need.models):
+                continue
+            if need.avoid and members <= need.avoid:
+                continue
+            best = self._best_on_signature(sample, signature, anywhere)
+            if best is not None:
+                scored.append((signature, best[1], len(members - need.avoid)))
+        if not scored:
+            return None
+        signature, relative, _ = self.policy.rng.choices(scored, weights=[s[2] for s in scored])[0]
+        members = sorted(cluster.legacy_by_signature[signature] - need.avoid)
+        node_id = members[self.policy.rng.randrange(len(members))]
+        return node_id, _materialise(cluster.nodes[node_id], relative)
+
+
+def _relative(node: NodeState, units: tuple[Unit, ...]) -> tuple:
+    """Units described by GPU state and rank among equal GPUs, valid on any node of the same signature."""
+    signatures = {gpu.gpu.id: gpu.signature() for gpu in node.gpus}
+    out = []
+    for unit in units:
+        signature = signatures[unit.gpu]
+        rank = [gpu_id for gpu_id, other in signatures.items() if other == signature].index(unit.gpu)
+        out.append((signature, rank, unit.milli, unit.memory_mib, unit.mig_profile, unit.mig_start))
+    return tuple(out)
+
+
+def _materialise(node: NodeState, relative: tuple) -> tuple[Unit, ...]:
+    signatures = [(gpu, gpu.signature()) for gpu in node.gpus]
+    units = []
+    for signature, rank, milli, memory, profile, start in relative:
+        same = [gpu for gpu, other in signatures if other == signature]
+        units.append(Unit(same[rank].gpu.id, milli, memory, profile, start))
+    return tuple(units)

@@ -1,0 +1,716 @@
+"""One scheduling cycle: requests in, decisions out.
+
+Order: across projects by fair share, never by priority. Every request that is in quota is served first,
+the project using the smallest part of its guarantee first; over-quota requests follow, the project with
+the least over-quota usage per weight first; both re-ranked after every admission, which divides idle
+capacity by weighted max-min fairness. Priority (then submission time, then id) orders the requests of
+one project only. Without quotas (``enforce_quotas=False``, the simulator's baselines) one queue in
+priority / submission order.
+
+For each request:
+1. Tiers: the allowed models, or for ``auto`` every model that satisfies the shape, cheapest first.
+2. Quota: ``limit`` is never exceeded (project and tenant); the request is *in-quota* when the
+   project's and the tenant's non-preemptible use plus the request stay within ``deserved``, else it is
+   *over-quota* (preemptible, idle capacity only).
+3. Placement: a MIG request binds warm instances of its profile on the tier when one node that accepts it
+   has enough (``Decision.warm``), else placement through the policy (``placement.Placer``).
+4. An in-quota request that does not fit **reclaims**: over-quota allocations of the tier are preempted,
+   taking first those of the projects furthest above their fair share (over-quota use / weight), and
+   within a project the lowest priority, then the youngest; only allocations past the minimum runtime;
+   the node needing the fewest victims wins (a request that may spread over nodes takes victims anywhere, in that order,
+   keeping only those needed). Evaluated on the state and undone when it does not help.
+5. Otherwise the request waits, with the reason.
+
+Lease groups (``Request.group``): the members of a group are served together where the first of them stands,
+each as above; all placed in one decision, or none (everything undone: the group reserves nothing), see
+``Scheduler._try_group``. Ageing: a group that has waited ``Snapshot.group_reserve_after_seconds`` is served
+first and, while it does not fit, reserves the tiers it needs against younger requests
+(``Scheduler._serve_aged_groups``), so a stream of small requests cannot starve it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from broker.scheduler.placement import Need, Placer, Policy, need_for, node_accepts, policy_get
+from broker.scheduler.state import FULL, ClusterState
+from broker.scheduler.types import (
+    Allocation,
+    Decision,
+    DecisionMode,
+    GpuMode,
+    Kind,
+    Request,
+    Snapshot,
+    WorkloadClass,
+)
+from gpus.catalogue import MODELS
+from gpus.mig import COMPUTE_SLICES
+
+
+@dataclass
+class _Quota:
+    deserved: int
+    limit: int
+    weight: int = 1
+
+
+class Scheduler:
+    """Holds the working state across cycles (the simulator) or for one cycle (``plan``)."""
+
+    def __init__(self, snapshot: Snapshot, *, policy: Policy | str = "default", seed: int = 0, workload=None):
+        self.snapshot = snapshot
+        self.policy = policy if isinstance(policy, Policy) else policy_get(policy, seed=seed, workload=workload)
+        self.cluster = ClusterState.from_snapshot(snapshot, legacy_classes=self.policy.uses_random)
+        self._running_at_start: set[str] = set(self.cluster.allocations)  # reset by each schedule()
+        self._reserved: dict[str, float] = {}  # tier -> since when an aged group holds it (reset by schedule())
+        self.placer = Placer(self.cluster, self.policy)
+        self.quotas = {(q.project, q.tier): _Quota(q.deserved_milli, q.limit_milli, q.weight) for q in snapshot.quotas}
+        self.tenant_quotas = {
+            (q.tenant, q.tier): _Quota(q.deserved_milli, q.limit_milli) for q in snapshot.tenant_quotas
+        }
+        self.models_present = sorted(self.cluster.capacity_milli_by_model)
+        # tiers per shape: the models present and the prices are fixed for the scheduler's life
+        self._tiers: dict = {}
+
+    # -- tiers ------------------------------------------------------------------------------------
+    def tiers_for(self, request: Request) -> list[tuple[str, Need]]:
+        """The (model, resolved need) pairs the request may run on, in the order they are tried (a shared
+        list: callers do not change it)."""
+        tiers = self._tiers.get(request.shape)
+        if tiers is None:
+            tiers = self._tiers[request.shape] = self._tiers_for(request.shape)
+        return tiers
+
+    def _tiers_for(self, shape) -> list[tuple[str, Need]]:
+        models = shape.models or tuple(self.models_present)
+        out = []
+        for model in models:
+            if model not in self.cluster.capacity_milli_by_model:
+                continue
+            need = need_for(shape, model)
+            if need is not None:
+                out.append((model, need))
+        if not shape.models:  # auto: cheapest per unit of work first, then smallest model
+            prices = self.snapshot.prices
+            memory = {m.code: m.memory_mib for m in MODELS}
+            out.sort(key=lambda item: (prices.get(item[0], 10**12) * item[1].milli, memory.get(item[0], 0), item[0]))
+        return out
+
+    # -- quota ------------------------------------------------------------------------------------
+    def quota_check(self, request: Request, tier: str, need: Need) -> tuple[str | None, bool]:
+        """(reason it must wait, in_quota)."""
+        if not self.snapshot.enforce_quotas:
+            return None, True
+        quota = self.quotas.get((request.project, tier))
+        if quota is None:
+            return f"project {request.project} has no quota for {tier}", False
+        used_in, used_over = self.cluster.project_usage.get((request.project, tier), [0, 0])
+        amount = need.total_milli
+        if used_in + used_over + amount > quota.limit:
+            return (
+                f"project quota limit for {tier} exhausted ({used_in + used_over}/{quota.limit} milli in use, "
+                f"request needs {amount})"
+            ), False
+        tenant_quota = self.tenant_quotas.get((request.tenant, tier))
+        tenant_in, tenant_over = self.cluster.tenant_usage.get((request.tenant, tier), [0, 0])
+        if tenant_quota is not None and tenant_in + tenant_over + amount > tenant_quota.limit:
+            return (
+                f"tenant quota limit for {tier} exhausted ({tenant_in + tenant_over}/{tenant_quota.limit} milli in use)"
+            ), False
+        in_quota = used_in + amount <= quota.deserved and (
+            tenant_quota is None or tenant_in + amount <= tenant_quota.deserved
+        )
+        if not in_quota and quota.weight == 0:
+            return (
+                f"project quota for {tier} exhausted ({used_in}/{quota.deserved} milli guaranteed in use) "
+                f"and the project does not borrow (over-quota weight 0)"
+            ), False
+        return None, in_quota
+
+    def over_share(self, project: str, tier: str) -> float:
+        quota = self.quotas.get((project, tier))
+        over = self.cluster.project_usage.get((project, tier), [0, 0])[1]
+        return over / max(quota.weight if quota else 1, 1e-9)
+
+    # -- one cycle --------------------------------------------------------------------------------
+    def schedule(self, requests: list[Request], *, now: float) -> list[Decision]:
+        """Decide every request. Across projects the order is fair share, never priority: the in-quota
+        pass serves the project using the smallest part of its guarantee first, the over-quota pass the
+        project with the least over-quota use per weight; both re-rank after every admission. Priority
+        (then submission time, then id) orders the requests of one project only, so what one project
+        sends as priority cannot move another project's work."""
+        decisions: dict[str, Decision] = {}
+        served: list[str] = []
+        by_project: dict[str, list[Request]] = {}
+        self._running_at_start = set(self.cluster.allocations)  # a reclaim's victims must be among these
+        self._reserved = {}
+        groups: dict[str, list[Request]] = {}
+        leaders: list[Request] = []
+        for request in sorted(requests, key=lambda r: (-r.priority, r.submitted_at, r.id)):
+            if request.group:
+                members = groups.setdefault(request.group, [])
+                members.append(request)
+                if len(members) > 1:
+                    continue  # served with its group's leader: the member that comes first in this order
+            leaders.append(request)
+
+        def record(found: list[Decision]) -> None:
+            for decision in found:
+                decisions[decision.request] = decision
+                served.append(decision.request)
+
+        decided = self._serve_aged_groups(groups, now=now, record=record)
+        for request in leaders:
+            if request.group and request.group in decided:
+                continue
+            # without quotas (the simulator's FIFO baseline) there is no share to keep: one queue
+            by_project.setdefault(request.project if self.snapshot.enforce_quotas else "", []).append(request)
+        # in-quota pass: a request that is in-quota now is served before any over-quota one
+        deferred: dict[str, list[Request]] = {}
+
+        def in_quota_pass(request: Request) -> None:
+            if request.group:
+                found = self._try_group(groups[request.group], now=now, allow_over_quota=False)
+                decision = found[0] if found else None
+            else:
+                decision = self._try(request, now=now, allow_over_quota=False)
+                found = [decision]
+            if decision is None:
+                deferred.setdefault(request.project if self.snapshot.enforce_quotas else "", []).append(request)
+            else:
+                record(found)
+
+        self._fair_rounds(by_project, self._guarantee_key, in_quota_pass)
+
+        # over-quota pass: weighted max-min fairness of the idle capacity
+        def over_quota_pass(request: Request) -> None:
+            if request.group:
+                found = self._try_group(groups[request.group], now=now, allow_over_quota=True)
+                assert found is not None
+                record(found)
+                return
+            decision = self._try(request, now=now, allow_over_quota=True)
+            assert decision is not None
+            decisions[request.id] = decision
+            served.append(request.id)
+
+        self._fair_rounds(deferred, self._fair_key, over_quota_pass)
+        ordered = []
+        waiting_position = 0
+        for request_id in served:
+            decision = decisions[request_id]
+            if decision.mode == DecisionMode.WAITING:
+                waiting_position += 1
+                decision = Decision(decision.request, decision.mode, decision.reason, queue_position=waiting_position)
+            ordered.append(decision)
+        return ordered
+
+    def _serve_aged_groups(self, groups: dict[str, list[Request]], *, now: float, record) -> set[str]:
+        """Ageing, so a large lease group is not starved by a stream of smaller requests that each fit where it
+        does not: a group whose oldest member has waited ``Snapshot.group_reserve_after_seconds`` or longer is
+        served before the fair-share rounds (oldest group first), in quota only. Placed: done. Waiting for
+        capacity: it **reserves** every tier its members have quota on — a request submitted after the group's
+        oldest member is not placed on such a tier (nor reclaims there) in this cycle, so capacity that frees
+        gathers for the group until it fits; older requests and the group's own members are not held back. A
+        group over quota, or one that only quota holds back, reserves nothing and is left to the usual passes.
+        Returns the groups decided here."""
+        bound = self.snapshot.group_reserve_after_seconds
+        decided: set[str] = set()
+        if bound <= 0:
+            return decided
+        aged = sorted((min(m.submitted_at for m in members), key) for key, members in groups.items()
+                      if now - min(m.submitted_at for m in members) >= bound)
+        for since, key in aged:
+            members = groups[key]
+            found = self._try_group(members, now=now, allow_over_quota=False)
+            if found is None:
+                continue  # over quota: borrowing reserves nothing
+            if any(d.mode != DecisionMode.WAITING for d in found):
+                record(found)
+                decided.add(key)
+                continue
+            tiers = self._group_quota_tiers(members)
+            if not tiers:
+                continue  # quota holds it back, not capacity
+            for tier in tiers:
+                self._reserved.setdefault(tier, since)
+            held = (f"; waiting {now - since:.0f} s (over {bound:.0f} s): the group reserves {', '.join(tiers)} "
+                    "against younger requests until it fits")
+            record([Decision(d.request, d.mode, d.reason + held) for d in found])
+            decided.add(key)
+        return decided
+
+    def _group_quota_tiers(self, members: list[Request]) -> list[str]:
+        """The tiers on which the whole group's need (every member that may run there) stays within the limits
+        of its projects and its tenant: those it could hold once capacity frees, so those it may reserve."""
+        need_on: dict[str, dict[tuple[str, str], int]] = {}
+        for member in members:
+            for tier, need in self.tiers_for(member):
+                by_owner = need_on.setdefault(tier, {})
+                for owner in (("project", member.project), ("tenant", member.tenant)):
+                    by_owner[owner] = by_owner.get(owner, 0) + need.total_milli
+        found = []
+        for tier, by_owner in need_on.items():
+            fits = True
+            for (kind, owner), amount in by_owner.items():
+                if not self.snapshot.enforce_quotas:
+                    break
+                quotas, usage = ((self.quotas, self.cluster.project_usage) if kind == "project"
+                                 else (self.tenant_quotas, self.cluster.tenant_usage))
+                quota = quotas.get((owner, tier))
+                if quota is None:
+                    fits = fits and kind == "tenant"  # no project quota: nothing to run on; no tenant bound: fine
+                    continue
+                fits = fits and sum(usage.get((owner, tier), [0, 0])) + amount <= quota.limit
+            if fits:
+                found.append(tier)
+        return sorted(found)
+
+    @staticmethod
+    def _fair_rounds(queues: dict[str, list[Request]], project_key, serve) -> None:
+        """Serve every queue (one per project, already in its own priority order): each step the project
+        whose head has the smallest ``project_key`` (ties: the project id), re-ranked after each step.
+        The tie-break depends neither on priorities nor on which requests failed (the simulator prunes
+        those that cannot be placed and must reach the same decisions). Only the served project's key is
+        recomputed: serving one project changes no other's key (in-quota use grows only with its own
+        admissions, over-quota use likewise; reclaim takes over-quota work, which the guarantee key does
+        not count)."""
+        heads = {project: 0 for project in queues}
+        keys = {project: project_key(queues[project][0]) for project in queues}
+        while keys:
+            project = min(keys, key=lambda p: (keys[p], p))
+            request = queues[project][heads[project]]
+            serve(request)
+            heads[project] += 1
+            if heads[project] == len(queues[project]):
+                del keys[project]
+            else:
+                keys[project] = project_key(queues[project][heads[project]])
+
+    def _guarantee_key(self, request: Request) -> float:
+        """The part of its guarantee (``deserved``) the request's project already uses, on the best of the
+        request's tiers: the project furthest from its guarantee is served first."""
+        shares = []
+        for tier, _need in self.tiers_for(request):
+            quota = self.quotas.get((request.project, tier))
+            if quota is None or quota.deserved <= 0:
+                continue
+            used_in = self.cluster.project_usage.get((request.project, tier), [0, 0])[0]
+            shares.append(used_in / quota.deserved)
+        return min(shares, default=0.0)
+
+    def _fair_key(self, request: Request) -> float:
+        tiers = self.tiers_for(request)
+        return min((self.over_share(request.project, tier) for tier, _ in tiers), default=0.0)
+
+    def _try_group(self, members: list[Request], *, now: float, allow_over_quota: bool) -> list[Decision] | None:
+        """Decisions for a lease group, all in one: every member is tried in turn on the working state (its
+        own tiers, quota check and placement, as a request alone; the members placed before it count in its
+        quota use and occupy their capacity). When one member must wait, everything the group did is undone
+        and every member waits, naming the member that does not fit: the group reserves nothing and smaller
+        requests behind it are served as if it were not there. None: some member is over quota and the
+        in-quota pass defers the whole group. When a member needs a reclaim, no member starts: the reclaiming
+        members give their victims notice and the others wait (their capacity held for the rest of this
+        cycle), so the whole group is placed together in a later cycle once the victims have left."""
+        if len(members) == 1:
+            decision = self._try(members[0], now=now, allow_over_quota=allow_over_quota)
+            return None if decision is None else [decision]
+        allocations_before = dict(self.cluster.allocations)
+        warm_before = dict(self.cluster.warm)
+        group = members[0].group
+        done: list[Decision] = []
+        for member in members:
+            decision = self._try(member, now=now, allow_over_quota=allow_over_quota)
+            if decision is None or decision.mode == DecisionMode.WAITING:
+                self._undo(done, allocations_before, warm_before)
+                if decision is None:
+                    return None
+                why = decision.reason.removeprefix("waiting: ")
+                tail = f"no member is placed until all {len(members)} fit"
+                return [
+                    self._waiting(other, f"group {group}: request {member.id} ({_describe(member)}) does not fit: "
+                                         f"{why}; {tail}")
+                    for other in members
+                ]
+            done.append(decision)
+        fresh = sorted({v for d in done for v in d.victims} - self._running_at_start)
+        if fresh:
+            # a group served in the over-quota pass would reclaim what this very cycle placed: not a running
+            # allocation, so nothing to give notice to; the group waits, and reclaims next cycle if it must
+            self._undo(done, allocations_before, warm_before)
+            return [self._waiting(other, f"group {group}: would reclaim capacity placed in this cycle "
+                                         f"({', '.join(fresh)}); waits for the next")
+                    for other in members]
+        reclaiming = [d.request for d in done if d.mode == DecisionMode.PREEMPT]
+        if not reclaiming:
+            together = f"; with group {group} ({len(members)} members placed together)"
+            return [Decision(d.request, d.mode, d.reason + together, allocation=d.allocation, victims=d.victims,
+                             warm=d.warm) for d in done]
+        names = ", ".join(f"request {r}" for r in reclaiming)
+        # the members that would start now wait for the others: what they took goes back to the working state
+        # (kept, it was capacity no decision holds, and a later request could pick it as a victim)
+        self._undo([d for d in done if d.mode != DecisionMode.PREEMPT], allocations_before, warm_before)
+        return [d if d.mode == DecisionMode.PREEMPT else self._waiting_for(d.request, (
+            f"group {group}: starts with its other members once the capacity reclaimed for {names} is free"))
+            for d in done]
+
+    def _undo(self, decisions: list[Decision], allocations_before: dict[str, Allocation],
+              warm_before: dict) -> None:
+        """Take back what ``decisions`` did to the working state, latest first: the allocation placed, the
+        victims it preempted, the warm instances it bound."""
+        for decision in reversed(decisions):
+            self.cluster.remove(decision.allocation.id)
+            for victim in decision.victims:
+                self.cluster.apply(allocations_before[victim])
+            for warm_id in decision.warm:
+                self.cluster.apply_warm(warm_before[warm_id])
+
+    def _try(self, request: Request, *, now: float, allow_over_quota: bool) -> Decision | None:
+        """A decision, or None when the request is over-quota and over-quota admission comes later."""
+        tiers = self.tiers_for(request)
+        shape = request.shape
+        if not shape.gang and shape.count > 1 and (shape.cpu_milli or shape.host_memory_mib):
+            return self._waiting(request, "a request spread over several nodes (gang off) cannot reserve host "
+                                          "CPU or memory; ask for a gang or leave them out")
+        if not tiers:
+            wanted = ", ".join(request.shape.models) or "any model here"
+            return self._waiting(request, f"no GPU model offers this shape ({_describe(request)}) on {wanted}")
+        reasons: list[str] = []
+        over_quota_candidates: list[tuple[str, Need]] = []
+        for tier, need in tiers:
+            since = self._reserved.get(tier)
+            if since is not None and request.submitted_at > since:
+                # an aged lease group reserves the tier (``_serve_aged_groups``): its own members were tried there
+                reasons.append(f"{tier} is reserved for an older lease group that has waited too long "
+                               "(ageing); younger requests wait until it is placed")
+                continue
+            reason, in_quota = self.quota_check(request, tier, need)
+            if reason:
+                reasons.append(reason)
+                continue
+            if not in_quota:
+                if request.workload_class == WorkloadClass.INTERACTIVE:
+                    # interactive work is never preemptible, so it never borrows: it waits for its deserved
+                    # quota (training borrows idle capacity over quota and may be preempted)
+                    reasons.append(f"interactive work runs only within the guaranteed quota; {tier}'s is in use")
+                    continue
+                over_quota_candidates.append((tier, need))
+                continue
+            placed = self._place(request, tier, need, preemptible=False, now=now)
+            if placed:
+                return placed
+            reclaimed = self._reclaim(request, tier, need, now=now)
+            if reclaimed:
+                return reclaimed
+            reasons.append(self._no_fit_reason(tier, need))
+        if over_quota_candidates:
+            if not allow_over_quota:
+                return None
+            for tier, need in over_quota_candidates:
+                placed = self._place(request, tier, need, preemptible=True, now=now)
+                if placed:
+                    return placed
+                reasons.append(f"over quota on {tier} and no idle capacity: {self._no_fit_reason(tier, need)}")
+        return self._waiting(request, "; ".join(dict.fromkeys(reasons)))
+
+    def place(self, request: Request, tier: str, need: Need, *, preemptible: bool, now: float) -> Decision | None:
+        """Place one resolved need through the policy, without quota checks (the trace simulator's entry)."""
+        return self._place(request, tier, need, preemptible=preemptible, now=now)
+
+    def _place(self, request: Request, tier: str, need: Need, *, preemptible: bool, now: float):
+        warm_ids: tuple[str, ...] = ()
+        bound = self._warm_for(tier, need) if self.cluster.warm_index else None
+        if bound is not None:  # a warm instance of the profile: bind it, no placement search
+            node_id, warm_ids = bound
+            found = (node_id, tuple(self.cluster.warm_units[warm_id] for warm_id in warm_ids))
+            for warm_id in warm_ids:
+                self.cluster.remove_warm(warm_id)
+        else:
+            found = self._find(need)
+            if found is None:
+                return None
+        allocation = self._allocation(request, tier, need, found, preemptible=preemptible, now=now)
+        self.cluster.apply(allocation)
+        kind = "over quota, preemptible" if preemptible else "within quota"
+        reason = f"placed on {allocation.node} ({tier}, {kind})"
+        if warm_ids:
+            reason += f", binding warm instance{'s' if len(warm_ids) > 1 else ''} {', '.join(warm_ids)}"
+        if request.shape is not None and not request.shape.models:
+            reason += "; " + self.auto_reason(request, tier)
+        return Decision(request.id, DecisionMode.PLACED, reason, allocation=allocation, warm=warm_ids)
+
+    def _warm_for(self, tier: str, need: Need) -> tuple[str, tuple[str, ...]] | None:
+        """The node and the warm instances a MIG need binds on ``tier``: ``count`` instances of its profile
+        on one node that accepts the request (not cordoned, its host CPU and memory free), the lowest
+        (node, GPU index, start, id) first; None when there are not that many."""
+        if need.kind != Kind.MIG or need.profile is None or need.count < 1:
+            return None
+        entries = self.cluster.warm_index.get((tier, need.profile.name))
+        if not entries or len(entries) < need.count:
+            return None
+        node_id: str | None = None
+        accepts, chosen = False, []
+        for entry_node, _index, _start, warm_id in entries:  # in order, so one node's entries are together
+            if entry_node != node_id:
+                node_id, chosen = entry_node, []
+                accepts = node_accepts(self.cluster.nodes[node_id], need)
+            if accepts:
+                chosen.append(warm_id)
+                if len(chosen) == need.count:
+                    return node_id, tuple(chosen)
+        return None
+
+    def auto_reason(self, request: Request, tier: str) -> str:
+        """Why ``auto`` chose ``tier``: its price, and why cheaper models were passed over."""
+        price = self.snapshot.prices.get(tier)
+        text = f"auto: {tier}" + (f" at {price} per GPU-hour" if price is not None else "")
+        passed = []
+        for model in self.models_present:
+            if model == tier:
+                continue
+            other = self.snapshot.prices.get(model)
+            if other is None or price is None or other >= price:
+                continue
+            if need_for(request.shape, model) is None:
+                passed.append(f"{model} ({other}) cannot serve the shape")
+            else:
+                passed.append(f"{model} ({other}) has no room or quota")
+        return text + ("; cheaper: " + ", ".join(passed) if passed else ", the cheapest that fits")
+
+    def _find(self, need: Need):
+        if need.gang or need.count <= 1:
+            return self.placer.find(need)
+        if need.cpu_milli or need.host_memory_mib:
+            return None  # a request spread over nodes cannot reserve host CPU/memory (reason in _try)
+        # not a gang: place units one at a time (all-or-nothing), possibly on several nodes
+        single = Need(need.kind, 1, need.models, need.milli, need.memory_mib, need.profile, True, 0, 0,
+                      need.avoid)
+        held = []
+        for index in range(need.count):
+            found = self.placer.find(single)
+            if found is None:
+                break
+            temp = Allocation(f"__tmp{index}", "", "", "", found[0], found[1], True)
+            self.cluster.apply(temp)
+            held.append(temp)
+        for temp in held:
+            self.cluster.remove(temp.id)
+        if len(held) < need.count:
+            return None
+        return "multi", tuple(held)
+
+    def _allocation(self, request, tier, need, found, *, preemptible, now) -> Allocation:
+        node_id, units = found
+        if node_id == "multi":  # spread over nodes: one allocation per request, first node recorded
+            units = tuple(unit for temp in units for unit in temp.units)
+            node_id = found[1][0].node
+        return Allocation(
+            id=request.id,
+            project=request.project,
+            tenant=request.tenant,
+            tier=tier,
+            node=node_id,
+            units=units,
+            preemptible=preemptible,
+            started_at=now,
+            priority=request.priority,
+            cpu_milli=need.cpu_milli,
+            host_memory_mib=need.host_memory_mib,
+            group=request.group,
+        )
+
+    # -- reclaim ----------------------------------------------------------------------------------
+    def _reclaim(self, request: Request, tier: str, need: Need, *, now: float) -> Decision | None:
+        min_runtime = self.snapshot.min_runtime_seconds
+        candidates = [
+            a for a in self.cluster.allocations.values()
+            if a.preemptible and a.tier == tier and a.started_at + min_runtime <= now and a.id != request.id
+        ]
+        if request.group:  # a group member never reclaims from its own group
+            candidates = [a for a in candidates if a.group != request.group]
+        if not candidates:
+            return None
+        # the preferred victims first: the project furthest above its fair share (ties: the project whose
+        # newest borrowed work is youngest, then the project id), and within a project the lowest priority,
+        # then the youngest. Priority compares allocations of one project only: a project cannot shield
+        # its borrowed work from reclaim by sending a high priority.
+        share = {a.project: self.over_share(a.project, tier) for a in candidates}
+        newest: dict[str, float] = {}
+        for allocation in candidates:
+            newest[allocation.project] = max(newest.get(allocation.project, allocation.started_at),
+                                             allocation.started_at)
+        candidates.sort(key=lambda a: (-share[a.project], -newest[a.project], a.project, a.priority,
+                                       -a.started_at, a.id))
+        if not need.gang and need.count > 1:
+            return self._reclaim_spread(request, tier, need, candidates, now=now)
+        rank = {allocation.id: position for position, allocation in enumerate(candidates)}
+        by_node: dict[str, list[Allocation]] = {}
+        for allocation in candidates:
+            for node_id in self.cluster._nodes_of(allocation):
+                by_node.setdefault(node_id, []).append(allocation)
+        best: tuple[tuple, str, list[Allocation]] | None = None
+        for node_id, victims_here in by_node.items():
+            if node_id in need.avoid:
+                continue
+            chosen = self._victims_on(node_id, victims_here, need)
+            if chosen is None:
+                continue
+            # fewest victims, then the set whose members rank best as victims, then the node id
+            key = (len(chosen), sorted(rank[v.id] for v in chosen), node_id)
+            if best is None or key < best[0]:
+                best = (key, node_id, chosen)
+        if best is None:
+            return None
+        _, node_id, victims = best
+        for victim in victims:
+            self.cluster.remove(victim.id)
+        units = self.placer.policy.node_options(self.cluster.nodes[node_id], need)
+        allocation = self._allocation(request, tier, need, (node_id, units[0]), preemptible=False, now=now)
+        self.cluster.apply(allocation)
+        names = ", ".join(f"{v.id} ({v.project})" for v in victims)
+        return Decision(request.id, DecisionMode.PREEMPT,
+                        f"in quota on {tier}: reclaiming from over-quota work: {names}",
+                        allocation=allocation, victims=tuple(v.id for v in victims))
+
+    def _reclaim_spread(self, request, tier, need, candidates, *, now) -> Decision | None:
+        """Reclaim for a request that may spread over nodes: victims anywhere in the tier, in victim order.
+
+        Victims are removed in order while a cheap per-GPU count says the request cannot fit yet; then
+        the placement search confirms, and the victims not needed are put back (latest first, so the
+        preferred victims stay chosen). The state is unchanged when it does not help."""
+        room = {gpu_id: self._units_room(gpu, need) for gpu_id, gpu in self.cluster.gpus.items()
+                if gpu.gpu.model == tier and not self.cluster.nodes[gpu.gpu.node].node.cordoned
+                and gpu.gpu.node not in need.avoid}
+        total = sum(room.values())
+        removed: list[Allocation] = []
+        found = self._find(need) if total >= need.count else None
+        for victim in candidates:
+            if found is not None:
+                break
+            removed.append(self.cluster.remove(victim.id))
+            for unit in victim.units:
+                if unit.gpu in room:
+                    now_room = self._units_room(self.cluster.gpus[unit.gpu], need)
+                    total += now_room - room[unit.gpu]
+                    room[unit.gpu] = now_room
+            if total >= need.count:
+                found = self._find(need)
+        if found is None:
+            for victim in reversed(removed):
+                self.cluster.apply(victim)
+            return None
+        for victim in reversed(removed[:-1]):
+            self.cluster.apply(victim)
+            if self._find(need) is not None:
+                removed.remove(victim)
+            else:
+                self.cluster.remove(victim.id)
+        found = self._find(need)
+        allocation = self._allocation(request, tier, need, found, preemptible=False, now=now)
+        self.cluster.apply(allocation)
+        names = ", ".join(f"{v.id} ({v.project})" for v in removed)
+        return Decision(request.id, DecisionMode.PREEMPT,
+                        f"in quota on {tier}: reclaiming from over-quota work: {names}",
+                        allocation=allocation, victims=tuple(v.id for v in removed))
+
+    @staticmethod
+    def _units_room(gpu, need: Need) -> int:
+        """An upper bound on how many single units of ``need`` this GPU could take now."""
+        if need.kind == Kind.WHOLE:
+            return int(gpu.fits_whole())
+        if need.kind == Kind.MIG:
+            if not gpu.mig_starts(need.profile):
+                return 0
+            return (COMPUTE_SLICES - gpu.compute_used) // need.profile.compute_slices
+        if gpu.gpu.mode != GpuMode.SHARED:
+            return 0
+        by_memory = (gpu.memory_mib - gpu.used_memory_mib) // need.memory_mib if need.memory_mib else need.count
+        return max(0, min((FULL - gpu.used_milli) // max(need.milli, 1), by_memory))
+
+    def _victims_on(self, node_id: str, ordered: list[Allocation], need: Need) -> list[Allocation] | None:
+        """The fewest victims on one node (in victim order) whose removal lets ``need`` fit, or None.
+
+        One victim is tried alone first (each, in order); otherwise victims are removed in order until it
+        fits and those not needed are put back. The state is unchanged afterwards."""
+        for victim in ordered:
+            self.cluster.remove(victim.id)
+            fits = self._fits_on(node_id, need)
+            self.cluster.apply(victim)
+            if fits:
+                return [victim]
+        removed: list[Allocation] = []
+        fitted = False
+        for victim in ordered:
+            removed.append(self.cluster.remove(victim.id))
+            if self._fits_on(node_id, need):
+                fitted = True
+                break
+        if fitted:
+            for victim in list(removed[:-1]):
+                self.cluster.apply(victim)
+                if self._fits_on(node_id, need):
+                    removed.remove(victim)
+                else:
+                    self.cluster.remove(victim.id)
+        for victim in removed:
+            self.cluster.apply(victim)
+        return removed if fitted else None
+
+    def _fits_on(self, node_id: str, need: Need) -> bool:
+        return bool(self.placer.policy.node_options(self.cluster.nodes[node_id], need))
+
+    # -- reasons ----------------------------------------------------------------------------------
+    def _no_fit_reason(self, tier: str, need: Need) -> str:
+        if need.kind == Kind.MIG and need.profile is not None:
+            profile = need.profile
+            repartitionable = sum(
+                1
+                for gpu in self.cluster.gpus.values()
+                if gpu.gpu.model == tier
+                and gpu.gpu.mode.value == "mig"
+                and not gpu.mig_starts(profile)
+                and 7 - gpu.compute_used >= profile.compute_slices
+                and 8 - bin(gpu.slot_mask).count("1") >= profile.memory_slots
+            )
+            text = f"no {profile.name} slot free on {tier}"
+            if repartitionable:
+                text += f"; {repartitionable} GPUs have the slices free in other slots and could be repartitioned"
+            return text
+        if need.kind == Kind.WHOLE and not need.gang and need.count > 1:
+            return f"fewer than {need.count} {tier} GPUs free in total"
+        if need.kind == Kind.WHOLE:
+            return f"no node has {need.count} free {tier} GPU{'s' if need.count > 1 else ''}"
+        return f"no {tier} GPU has {need.milli} milli and {need.memory_mib} MiB free"
+
+    def _waiting(self, request: Request, reason: str) -> Decision:
+        return self._waiting_for(request.id, reason)
+
+    @staticmethod
+    def _waiting_for(request_id: str, reason: str) -> Decision:
+        return Decision(request_id, DecisionMode.WAITING, f"waiting: {reason}")
+
+
+def _describe(request: Request) -> str:
+    shape = request.shape
+    if shape.kind == Kind.MIG:
+        return f"{shape.count} x MIG {shape.profile}"
+    if shape.kind == Kind.SHARE:
+        return f"{shape.count} x share {shape.milli} milli / {shape.memory_mib} MiB"
+    return f"{shape.count} x whole GPU"
+
+
+def plan(
+    snapshot: Snapshot,
+    requests: list[Request],
+    *,
+    now: float,
+    policy: str | Policy = "default",
+    seed: int = 0,
+    workload=None,
+) -> list[Decision]:
+    """Decisions for ``requests`` on ``snapshot``; pure: the snapshot is not changed."""
+    return Scheduler(snapshot, policy=policy, seed=seed, workload=workload).schedule(requests, now=now)
+
+
+__all__ = ["Scheduler", "plan"]

@@ -1,0 +1,394 @@
+"""Readers of leasing data; every tenant-facing query goes through ``tenants.access.restrict``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+from django.conf import settings
+from django.db.models import Prefetch, QuerySet
+from django.utils import timezone
+
+from broker.choices import LeaseState
+from broker.models import Allocation, Gpu, Lease, LeaseEvent, Node
+from config.errors import NotFound, ValidationFailed
+from tenants.access import Actor, restrict
+
+
+def lease_list(*, actor: Actor, state: str = "", project: str = "") -> QuerySet[Lease]:
+    queryset = restrict(Lease.objects.all(), actor).select_related("project").order_by("-requested_at", "-pk")
+    if state:
+        states = state.split(",")  # exactly the states, comma-separated: " queued" or "a,,b" is a 400
+        unknown = [s for s in states if s not in LeaseState.values]
+        if unknown:
+            raise ValidationFailed(f"Unknown state {unknown[0]!r}; states: {', '.join(LeaseState.values)}.",
+                                   field="state")
+        queryset = queryset.filter(state__in=states)
+    if project:
+        queryset = queryset.filter(project__slug=project)
+    return queryset
+
+
+def lease_get(*, actor: Actor, lease_id: int) -> Lease:
+    live = Allocation.objects.select_related("gpu__node").order_by("pk")
+    lease = (restrict(Lease.objects.all(), actor).select_related("project", "workload__node")
+             .prefetch_related(Prefetch("allocations", queryset=live),
+                               Prefetch("events", queryset=LeaseEvent.objects.order_by("at", "pk")))
+             .filter(pk=lease_id).first())
+    if lease is None:
+        raise NotFound("No such lease.", field="id")
+    return lease
+
+
+def quota_usage(*, actor: Actor) -> dict[tuple[int, str], dict[str, int]]:
+    """(project id, tier) → {"in_use": in-quota milli, "over": over-quota milli} of live allocations."""
+    from django.db.models import Sum
+
+    usage: dict[tuple[int, str], dict[str, int]] = {}
+    rows = (restrict(Allocation.objects.filter(freed_at__isnull=True, lease__isnull=False), actor)
+            .values("lease__project_id", "tier", "preemptible").annotate(total=Sum("milli")))
+    for row in rows:
+        entry = usage.setdefault((row["lease__project_id"], row["tier"]), {"in_use": 0, "over": 0})
+        entry["over" if row["preemptible"] else "in_use"] += row["total"]
+    return usage
+
+
+def offer_list(*, now=None) -> list[dict]:
+    """Free capacity per GPU model: whole GPUs, MIG instances per profile, share milli (ready nodes only)."""
+    from django.utils import timezone
+
+    from broker.scheduler.state import ClusterState
+    from gpus.catalogue import model_get
+    from gpus.mig import COMPUTE_SLICES, profiles_for
+
+    cluster = ClusterState.from_snapshot(scheduler_snapshot(now=now or timezone.now()))
+    offers: dict[str, dict] = {}
+    for gpu in cluster.gpus.values():
+        if cluster.nodes[gpu.gpu.node].node.cordoned:
+            continue
+        model = gpu.gpu.model
+        offer = offers.setdefault(model, {
+            "model": model, "memory_mib": model_get(model).memory_mib, "gpus": 0,
+            "whole": {"gpus": 0, "free": 0}, "mig": {}, "share": {"gpus": 0, "free_milli": 0},
+            "price_per_gpu_hour": None})
+        offer["gpus"] += 1
+        mode = gpu.gpu.mode.value
+        if mode == "whole":
+            offer["whole"]["gpus"] += 1
+            offer["whole"]["free"] += int(gpu.fits_whole())
+        elif mode == "shared":
+            offer["share"]["gpus"] += 1
+            offer["share"]["free_milli"] += gpu.free_milli
+        else:
+            for profile in profiles_for(model):
+                if profile.shape.media_extensions:
+                    continue
+                # how many more of this profile fit, placed lowest start first on the current layout
+                mask, compute, count = gpu.slot_mask, gpu.compute_used, 0
+                width = (1 << profile.memory_slots) - 1
+                for start in profile.starts:
+                    if compute + profile.compute_slices <= COMPUTE_SLICES and not (mask >> start) & width:
+                        mask |= width << start
+                        compute += profile.compute_slices
+                        count += 1
+                entry = offer["mig"].setdefault(profile.name, {"profile": profile.name,
+                                                               "memory_mib": profile.memory_mib, "free": 0})
+                entry["free"] += count
+    for offer in offers.values():
+        offer["mig"] = sorted(offer["mig"].values(), key=lambda item: item["memory_mib"])
+    return sorted(offers.values(), key=lambda item: item["model"])
+
+
+def lease_queue() -> QuerySet[Lease]:
+    """The queue the scheduler works on, oldest first: QUEUED leases of active tenants. A suspended
+    tenant's queued leases are held (tenants.services.tenant_set_status): never placed, never counted ahead
+    of anyone, until the tenant is reactivated."""
+    from tenants.choices import TenantStatus
+
+    return Lease.objects.filter(state=LeaseState.QUEUED, tenant__status=TenantStatus.ACTIVE).order_by("queued_at",
+                                                                                                       "pk")
+
+
+class QueuedLease:
+    """A queued lease as a schedule cycle reads it (``queued_leases``): the columns the core's request, the
+    reasons and the write need, as plain attributes. ``core_request`` takes it or a ``Lease``."""
+
+    __slots__ = ("avoid_nodes", "count", "gang", "group_key", "kind", "memory_mib", "milli", "models_allowed", "pk",
+                 "priority", "profile", "project_id", "project_slug", "queue_position", "reason", "submitted_at",
+                 "tenant_id", "workload_class")
+    COLUMNS = ("pk", "tenant_id", "project_id", "project__slug", "kind", "count", "profile", "milli", "memory_mib",
+               "models_allowed", "gang", "avoid_nodes", "submitted_at", "priority", "workload_class", "group_key",
+               "reason", "queue_position")
+
+    def __init__(self, row: tuple):
+        (self.pk, self.tenant_id, self.project_id, self.project_slug, self.kind, self.count, self.profile, self.milli,
+         self.memory_mib, self.models_allowed, self.gang, self.avoid_nodes, self.submitted_at, self.priority,
+         self.workload_class, self.group_key, self.reason, self.queue_position) = row
+
+
+def queued_leases(queryset: QuerySet[Lease]) -> list[QueuedLease]:
+    """``queryset`` (of ``lease_queue``) as ``QueuedLease`` rows: one query, no model instances, the submission
+    time as epoch seconds from PostgreSQL (a cycle reads 10,000: docs/scheduling.md, "Cycle speed at fleet scale")."""
+    from django.db.models import F, FloatField, Func
+    from django.db.models.functions import Coalesce
+
+    # epoch seconds of the instant (no time zone conversion: EXTRACT of a timestamptz), as scheduler_snapshot does
+    submitted = Func(Coalesce(F("queued_at"), F("requested_at")),
+                     template="EXTRACT(EPOCH FROM %(expressions)s)::float8", output_field=FloatField())
+    return [QueuedLease(row) for row in queryset.annotate(submitted_at=submitted).values_list(*QueuedLease.COLUMNS)]
+
+
+def core_request(lease: Lease | QueuedLease, shapes: dict | None = None):
+    """The scheduling core's ``Request`` for a queued lease (the cycle, the preview and the capacity loop).
+    ``shapes``: a dict the caller keeps across calls, so that equal shapes are one ``Shape``."""
+    from broker.scheduler import Kind, Request, Shape
+    from broker.scheduler.types import WorkloadClass as CoreWorkloadClass
+
+    key = (lease.kind, lease.count, lease.profile, lease.milli, lease.memory_mib, tuple(lease.models_allowed),
+           lease.gang, tuple(lease.avoid_nodes))
+    shape = None if shapes is None else shapes.get(key)
+    if shape is None:
+        shape = Shape(Kind(lease.kind), lease.count, profile=lease.profile, milli=lease.milli,
+                      memory_mib=lease.memory_mib, models=key[5], gang=lease.gang, avoid_nodes=key[7])
+        if shapes is not None:
+            shapes[key] = shape
+    submitted = lease.submitted_at if isinstance(lease, QueuedLease) else (lease.queued_at or lease.requested_at
+                                                                           ).timestamp()
+    return Request(str(lease.pk), str(lease.project_id), str(lease.tenant_id), shape, submitted, lease.priority,
+                   CoreWorkloadClass(lease.workload_class), group=core_group(lease.tenant_id, lease.group_key))
+
+
+def core_group(tenant_id: int, group_key: str | None) -> str:
+    """The core's group of a lease: its key within its tenant (two tenants' keys never meet); "" alone."""
+    return f"{tenant_id}:{group_key}" if group_key else ""
+
+
+def scheduler_snapshot(*, now: datetime):
+    """What the scheduling core sees: nodes (silent or cordoned ones closed to new work), GPUs not lost,
+    live allocations grouped by lease, quotas, warm pool members, prices. Read whole, as plain values (no model
+    instances), one query per table, each in id order (``broker.snapshot``, which also keeps it between cycles:
+    ``snapshot_cache().load``, the schedule cycle's). Every GPU and every live allocation: the part of a cycle
+    that grows with the fleet (100,000 GPUs: docs/scheduling.md, "Performance")."""
+    from broker.snapshot import snapshot_read
+
+    return snapshot_read(now=now)
+
+
+def snapshot_quotas() -> tuple[tuple, tuple]:
+    """The project and tenant quotas as the core's records (small: read every cycle)."""
+    from broker.scheduler import QuotaSpec, TenantQuotaSpec
+    from tenants.models import Quota, TenantQuota
+
+    quotas = tuple(QuotaSpec(str(project_id), str(tenant_id), tier, deserved, limit, weight)
+                   for project_id, tenant_id, tier, deserved, limit, weight in Quota.objects.values_list(
+                       "project_id", "project__tenant_id", "tier", "deserved_gpu_milli", "limit_gpu_milli",
+                       "over_quota_weight"))
+    tenant_quotas = tuple(TenantQuotaSpec(str(tenant_id), tier, deserved, limit)
+                          for tenant_id, tier, deserved, limit in TenantQuota.objects.values_list(
+                              "tenant_id", "tier", "deserved_gpu_milli", "limit_gpu_milli"))
+    return quotas, tenant_quotas
+
+
+def tier_prices(*, now: datetime) -> dict[str, int]:
+    """Whole-GPU price per hour per model, in minor units: what ``model: auto`` ranks models by (cheapest per unit
+    of work first) and names in its reasons. Billing provides them (``broker.extensions.list_prices_register``:
+    the general price book in force, in ``LIST_PRICE_CURRENCY``); a tenant's own book may differ, the ranking
+    follows the list prices. Empty without a book (or without billing)."""
+    from broker.extensions import list_prices
+
+    return list_prices(now)
+
+
+# -- portal: request preview, utilisation, fleet and queue ----------------------------------------------
+@dataclass(frozen=True)
+class LeasePreview:
+    """What would happen to a request if it were made now (nothing is written).
+
+    ``outcome``: ``fits`` (placed at the next cycle), ``reclaims`` (placed once over-quota work of
+    others has been given notice) or ``waits`` (with ``queue_position`` and ``reason``). ``tier`` is
+    the GPU model it would run on (or the first one whose quota allows it when it waits), ``gpu`` the
+    request's ``gpu`` object with that model filled in when the request said ``auto``.
+    """
+
+    outcome: str
+    reason: str
+    tier: str
+    over_quota: bool
+    queue_position: int | None
+    units_milli: int
+    gpu: dict
+
+
+def lease_preview(*, actor: Actor, project: object, gpu: object, workload_class: object = "training",
+                  priority: object = 0, duration_seconds: object = 3600, now: datetime | None = None) -> LeasePreview:
+    """Dry run of ``services.lease_request``: the same checks and errors (each naming its field), then one
+    scheduling plan over the current queue with this request appended last among its priority. Reads only."""
+    return _lease_dry_run(actor=actor, project=project, gpu=gpu, workload_class=workload_class, priority=priority,
+                          duration_seconds=duration_seconds, now=now or timezone.now()).preview
+
+
+@dataclass(frozen=True)
+class _DryRun:
+    """A preview with what the quote needs besides it: the request as ``lease_request`` validated it."""
+
+    preview: LeasePreview
+    project: object  # tenants.models.Project
+    shape: dict  # services.shape_from(gpu)
+    gpu: dict  # the request's gpu object (a resolved kind, e.g. tiering's auto, replaced by what it chose)
+    fitting: tuple[str, ...]  # models whose project quota limit admits it, in the request's order
+    victims: tuple[str, ...]  # lease ids a reclaim would give notice to
+
+
+def _lease_dry_run(*, actor: Actor, project: object, gpu: object, workload_class: object, priority: object,
+                   duration_seconds: object, now: datetime) -> _DryRun:
+    from broker.extensions import GpuRequest, gpu_resolve
+    from broker.scheduler import DecisionMode, Kind, Request, Shape
+    from broker.scheduler.plan import Scheduler
+    from broker.validation import request_validate
+
+    actor.require("view")
+    # a kind another app resolves (tiering's auto) previews as what it resolves to, writing nothing
+    choice = gpu_resolve(GpuRequest(actor=actor, project=project, gpu=gpu, workload_class=workload_class,
+                                    duration_seconds=duration_seconds, now=now, preview=True))
+    if choice is not None:
+        gpu = choice.gpu
+    valid = request_validate(actor=actor, project=project, gpu=gpu, workload_class=workload_class,
+                             priority=priority, duration_seconds=duration_seconds)
+    target, shape, units, quotas = valid.project, valid.input.shape, valid.fitting, valid.quotas
+    fitting = tuple(units)
+    resolved = dict(gpu)  # shape_from accepted it: an object
+
+    def result(outcome: str, reason: str, tier: str, over: bool, position: int | None,
+               victims: tuple[str, ...] = ()) -> _DryRun:
+        reason = reason.replace(f"project {target.pk} ", f"project '{target.slug}' ")  # the tenant's words
+        if choice is not None:
+            reason = f"{choice.reason}; {reason}"
+        if tier and resolved.get("model", "auto") == "auto":
+            resolved["model"] = tier
+        preview = LeasePreview(outcome, reason, tier, over, position, units.get(tier, 0), resolved)
+        return _DryRun(preview, target, shape, dict(gpu), fitting, victims)
+
+    if not actor.tenant.is_active:  # its requests would be held, not scheduled
+        return result("waits", f"held: tenant '{actor.tenant.slug}' is suspended", fitting[0], False, None)
+    core_shape = Shape(Kind(shape["kind"]), shape["count"], profile=shape["profile"], milli=shape["milli"],
+                       memory_mib=shape["memory_mib"], models=tuple(shape["models"]), gang=shape["gang"])
+    from broker.scheduler.types import WorkloadClass as CoreWorkloadClass
+
+    # the request's class matters: interactive work never borrows over quota (it waits for its guarantee)
+    mine = Request("preview", str(target.pk), str(actor.tenant.pk), core_shape, now.timestamp(), priority,
+                   CoreWorkloadClass(workload_class))
+    queued = lease_queue()[:5000]
+    snapshot = scheduler_snapshot(now=now)
+    decisions = Scheduler(snapshot).schedule([*map(core_request, queued), mine], now=now.timestamp())
+    decision = next(d for d in decisions if d.request == "preview")
+
+    if decision.mode == DecisionMode.PLACED:
+        allocation = decision.allocation
+        kind = "over quota: preemptible, billed at the over-quota rate" if allocation.preemptible else "within quota"
+        return result("fits", f"on {allocation.tier}, {kind}", allocation.tier, allocation.preemptible, None)
+    if decision.mode == DecisionMode.PREEMPT:
+        tier = decision.allocation.tier
+        return result("reclaims", f"in quota on {tier}: starts once over-quota work of other projects has had its "
+                                  f"preemption notice", tier, False, None, tuple(decision.victims))
+    # waiting: would it be in quota or over quota on the first model whose quota admits it now?
+    fresh = Scheduler(snapshot)
+    for tier, need in fresh.tiers_for(mine):
+        blocked, in_quota = fresh.quota_check(mine, tier, need)
+        if blocked is None:  # interactive work waits for its guarantee: it never runs over quota
+            over = not in_quota and mine.workload_class != CoreWorkloadClass.INTERACTIVE
+            return result("waits", decision.reason, tier, over, decision.queue_position)
+    # no GPU of an allowed model is in the fleet now: judge by the project's own quota
+    used = quota_usage(actor=actor)
+    tier = fitting[0]
+    in_use = used.get((target.pk, tier), {"in_use": 0})["in_use"]
+    return result("waits", decision.reason, tier, in_use + units[tier] > quotas[tier].deserved_gpu_milli,
+                  decision.queue_position)
+
+
+def duration_words(seconds: int) -> str:
+    """``7200`` → "2 h", ``5400`` → "1 h 30 min", ``90`` → "1 min 30 s", ``90000`` → "1 d 1 h"."""
+    parts = []
+    for unit, size in (("d", 86400), ("h", 3600), ("min", 60), ("s", 1)):
+        amount, seconds = divmod(seconds, size)
+        if amount:
+            parts.append(f"{amount} {unit}")
+    return " ".join(parts[:2]) or "0 s"
+
+
+def _prometheus(path: str, params: dict) -> list | None:
+    """One Prometheus HTTP API query; None when Prometheus does not answer (telemetry is optional)."""
+    import json
+    import urllib.error
+    import urllib.parse
+    import urllib.request
+
+    url = f"{settings.PROMETHEUS_URL.rstrip('/')}/api/v1/{path}?{urllib.parse.urlencode(params)}"
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:  # noqa: S310 (a configured http(s) URL)
+            body = json.loads(response.read())
+    except (OSError, ValueError):
+        return None
+    if body.get("status") != "success":
+        return None
+    return body["data"]["result"]
+
+
+def lease_utilisation(*, lease: Lease, now: datetime | None = None, points: int = 60) -> list[float] | None:
+    """The lease's compute utilisation (0-100 %, mean over its devices) from DCGM metrics in Prometheus,
+    ``points`` samples over its time on GPUs; [] when there is none yet, None when Prometheus is down."""
+    if lease.active_at is None:
+        return []
+    ids = "|".join(f"alloc-{pk}" for pk in Allocation.objects.filter(lease=lease).values_list("pk", flat=True))
+    if not ids:
+        return []
+    end = lease.finished_at or now or timezone.now()
+    start = lease.active_at
+    step = max(1.0, (end - start).total_seconds() / points)
+    result = _prometheus("query_range", {
+        "query": f'avg(DCGM_FI_PROF_GR_ENGINE_ACTIVE{{allocation_id=~"{ids}"}})',
+        "start": start.timestamp(), "end": end.timestamp(), "step": f"{step:.3f}"})
+    if result is None:
+        return None
+    values = result[0]["values"] if result else []
+    return [round(float(value) * 100, 1) for _, value in values]
+
+
+def fleet_utilisation() -> dict[str, float] | None:
+    """Platform staff: compute utilisation now (0-100 %) per allocation instance id and per GPU UUID
+    (whole and shared GPUs), from Prometheus; None when it does not answer."""
+    consumers = _prometheus("query", {"query": 'DCGM_FI_PROF_GR_ENGINE_ACTIVE{allocation_id!=""}'})
+    if consumers is None:
+        return None
+    gpus = _prometheus("query", {"query": "DCGM_FI_DEV_GPU_UTIL"}) or []
+    found = {row["metric"]["allocation_id"]: round(float(row["value"][1]) * 100, 1) for row in consumers}
+    found.update({row["metric"]["UUID"]: round(float(row["value"][1]), 1) for row in gpus})
+    return found
+
+
+def node_list() -> QuerySet[Node]:
+    """Platform staff: every node with its GPUs (lost ones excluded), by pool and id."""
+    return Node.objects.prefetch_related(
+        Prefetch("gpus", queryset=Gpu.objects.filter(lost_at__isnull=True).order_by("index"))
+    ).order_by("pool", "node_id")
+
+
+def node_get(*, node_id: str) -> Node:
+    node = Node.objects.filter(node_id=node_id).first()
+    if node is None:
+        raise NotFound(f"No node {node_id!r}.", field="node")
+    return node
+
+
+def allocation_list_live() -> QuerySet[Allocation]:
+    """Platform staff: every allocation that holds capacity now, with its lease, tenant and project."""
+    return (Allocation.objects.filter(freed_at__isnull=True, lease__isnull=False)
+            .select_related("lease__tenant", "lease__project", "gpu").order_by("gpu_id", "mig_start", "pk"))
+
+
+def queue_list() -> QuerySet[Lease]:
+    """Platform staff: every waiting lease of every tenant in the scheduler's order (its last position)."""
+    from django.db.models import F
+
+    return (Lease.objects.filter(state__in=(LeaseState.REQUESTED, LeaseState.QUEUED))
+            .select_related("tenant", "project")
+            .order_by(F("queue_position").asc(nulls_last=True), "-priority", "queued_at", "pk"))

@@ -1,0 +1,125 @@
+"""Celery tasks of the leasing flow: thin, idempotent, ids in, one service call each (STYLE.md)."""
+
+from __future__ import annotations
+
+import logging
+
+from celery import shared_task
+from django.utils import timezone
+
+from agent.client import AgentUnreachable
+from broker import services
+from broker.choices import LeaseState
+from broker.models import Lease
+
+logger = logging.getLogger(__name__)
+AGENT_RETRIES = 4
+
+
+def _backoff(retries: int) -> float:
+    return min(30.0, 0.5 * 2**retries)
+
+
+@shared_task(name="broker.schedule_cycle", acks_late=True)
+def schedule_cycle() -> dict:
+    return services.schedule_cycle()
+
+
+@shared_task(name="broker.leases_provision_run", bind=True, acks_late=True, max_retries=AGENT_RETRIES)
+def leases_provision_run(self, lease_ids: list[int]) -> dict:
+    """The leases one schedule cycle placed on a batch of nodes (``cycle.provision_batches``): one agent call per
+    node, the calls made at once, then one transaction."""
+    try:
+        return services.leases_provision(lease_ids=lease_ids)
+    except AgentUnreachable as error:
+        if self.request.retries < AGENT_RETRIES:
+            raise self.retry(countdown=_backoff(self.request.retries)) from error
+        return {"requeued": services.leases_provision_give_up(
+            lease_ids=lease_ids, reason=f"the node did not answer ({error}); requeued")}
+
+
+@shared_task(name="broker.lease_provision_run", bind=True, acks_late=True, max_retries=AGENT_RETRIES)
+def lease_provision_run(self, lease_id: int) -> str:
+    try:
+        return services.lease_provision(lease_id=lease_id)
+    except AgentUnreachable as error:
+        if self.request.retries < AGENT_RETRIES:
+            raise self.retry(countdown=_backoff(self.request.retries)) from error
+        services.leases_provision_give_up(lease_ids=[lease_id], reason=f"the node did not answer ({error}); requeued")
+        return Lease.objects.values_list("state", flat=True).get(pk=lease_id)
+
+
+@shared_task(name="broker.lease_release_run", bind=True, acks_late=True, max_retries=AGENT_RETRIES)
+def lease_release_run(self, lease_id: int, final: str = LeaseState.RELEASED) -> str:
+    try:
+        return services.lease_release_finish(lease_id=lease_id, final=final)
+    except AgentUnreachable as error:
+        if self.request.retries < AGENT_RETRIES:
+            raise self.retry(countdown=_backoff(self.request.retries)) from error
+        # give the capacity back anyway; the reconcile destroys the instance when the node answers again
+        lease = Lease.objects.get(pk=lease_id)
+        return services.allocations_free(lease=lease, now=timezone.now(), to=final,
+                                         reason=f"released; the node did not answer ({error})").state
+
+
+@shared_task(name="broker.allocations_destroy_run", acks_late=True)
+def allocations_destroy_run(allocation_ids: list[int]) -> int:
+    """The instances of a group member requeued while it was provisioning (best effort: the reconcile)."""
+    return services.allocations_destroy(allocation_ids=allocation_ids)
+
+
+@shared_task(name="broker.lease_notice_run", bind=True, acks_late=True, max_retries=AGENT_RETRIES)
+def lease_notice_run(self, lease_id: int) -> None:
+    try:
+        services.lease_notice(lease_id=lease_id)
+    except AgentUnreachable as error:
+        if self.request.retries < AGENT_RETRIES:
+            raise self.retry(countdown=_backoff(self.request.retries)) from error
+        logger.warning("preemption notice for lease %s not delivered: %s", lease_id, error)
+
+
+@shared_task(name="broker.lease_workload_start_run", bind=True, acks_late=True, max_retries=AGENT_RETRIES)
+def lease_workload_start_run(self, lease_id: int) -> str:
+    """Start an ACTIVE lease's workload on its node (idempotent per placement)."""
+    try:
+        return services.lease_workload_start(lease_id=lease_id)
+    except AgentUnreachable as error:
+        if self.request.retries < AGENT_RETRIES:
+            raise self.retry(countdown=_backoff(self.request.retries)) from error
+        logger.warning("workload of lease %s not started: %s", lease_id, error)
+        return "unreachable"
+
+
+@shared_task(name="broker.workload_placement_log_keep_run", bind=True, acks_late=True, max_retries=AGENT_RETRIES)
+def workload_placement_log_keep_run(self, placement_id: int) -> bool:
+    """Keep the tail of an ended workload placement's logs on the broker (idempotent)."""
+    try:
+        return services.workload_placement_log_keep(placement_id=placement_id)
+    except AgentUnreachable as error:
+        if self.request.retries < AGENT_RETRIES:
+            raise self.retry(countdown=_backoff(self.request.retries)) from error
+        logger.warning("logs of workload placement %s not kept: %s", placement_id, error)
+        return False
+
+
+@shared_task(name="broker.lease_expire_due", acks_late=True)
+def lease_expire_due() -> dict:
+    return {"expired": services.lease_expire_due(), "preempted": services.lease_preempt_due()}
+
+
+@shared_task(name="broker.reconcile", acks_late=True)
+def reconcile() -> dict:
+    """Periodic: resume stuck leases, check heartbeats, reconcile every answering node."""
+    from broker.models import Node
+
+    totals = {"resumed": services.leases_resume_stuck(), "silent": services.nodes_check_heartbeats(),
+              "orphans": 0, "vanished": 0, "unreachable": 0}
+    for node in Node.objects.filter(status="ready").order_by("pk"):
+        try:
+            found = services.node_reconcile(node=node)
+        except AgentUnreachable:
+            totals["unreachable"] += 1
+            continue
+        totals["orphans"] += found["orphans"]
+        totals["vanished"] += found["vanished"]
+    return totals

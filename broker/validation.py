@@ -1,0 +1,283 @@
+"""The rules of a lease request, in one place: ``lease_request`` (the writer), ``lease_preview`` and the quote (the
+readers) validate with these functions, so a request the quote accepts is accepted, and refused with the same
+field and words.
+
+``request_input_check`` checks the body (shape, class, priority, duration: no database); ``request_quota_check``
+checks it against the project's quota limits and the fleet (a request no node could ever hold is refused).
+``lease_request`` runs the two with its own one-query project lookup (idempotency replay and quota limits in one
+round trip) between them; the readers call ``request_validate``, which looks the project up through the tenant's
+selectors.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from django.conf import settings
+
+from agent.backend import InvalidRequest
+from agent.workloads import spec_from_json
+from broker.choices import GpuKind, WorkloadClass
+from broker.models import Gpu
+from config.errors import PermissionDenied, QuotaExceeded, ValidationFailed
+from gpus.catalogue import UnknownModel, model_get
+from gpus.mig import UnknownProfile, profile_get, profiles_for
+from tenants.access import Actor
+
+MAX_COUNT = 64
+_KINDS = frozenset(GpuKind.values)  # TextChoices.values builds its list on every access
+# The highest priority a member may send; above it (up to 100) needs the tenant's admin or owner role.
+# Priority orders requests inside one project only (the scheduler never compares it across projects), so
+# this bound keeps one member from jumping every colleague's queue without an admin's say.
+MEMBER_MAX_PRIORITY = 10
+MAX_GPU_INDEX = 1023  # Gpu.index is a smallint; past it was a 500 ("smallint out of range")
+MAX_GPU_MEMORY_MIB = 1 << 24  # 16 TiB; Gpu.memory_mib is an integer
+
+def shape_from(gpu: object) -> dict:
+    """Validate the ``gpu`` object of a request; errors name the field (``gpu.profile``)."""
+    if not isinstance(gpu, dict):
+        raise ValidationFailed("gpu must be an object, e.g. {\"kind\": \"mig\", \"profile\": \"1g.10gb\"}.",
+                               field="gpu")
+    known = {"kind", "count", "model", "profile", "milli", "memory_mib", "gang"}
+    for key in gpu:
+        if key not in known:
+            raise ValidationFailed(f"Unknown field {key!r}; known: {', '.join(sorted(known))}.", field=f"gpu.{key}")
+    kind = gpu.get("kind")
+    if not isinstance(kind, str) or kind not in _KINDS:  # an object or a list is unhashable
+        raise ValidationFailed(f"gpu.kind must be one of {', '.join(GpuKind.values)}.", field="gpu.kind")
+
+    def integer(name: str, default: int, low: int, high: int) -> int:
+        value = gpu.get(name, default)
+        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+            raise ValidationFailed(f"gpu.{name} must be a whole number from {low} to {high}.", field=f"gpu.{name}")
+        return value
+
+    count = integer("count", 1, 1, MAX_COUNT)
+    gang = gpu.get("gang", True)
+    if not isinstance(gang, bool):
+        raise ValidationFailed("gpu.gang must be true or false.", field="gpu.gang")
+    model = gpu.get("model", "auto")
+    if not isinstance(model, str):
+        raise ValidationFailed("gpu.model must be a model code or \"auto\".", field="gpu.model")
+    models: list[str] = []
+    if model != "auto":
+        try:
+            models = [model_get(model).code]
+        except UnknownModel as error:
+            raise ValidationFailed(error.args[0], field="gpu.model") from None
+    shape = {"kind": kind, "count": count, "gang": gang, "models": models, "profile": "", "milli": 0,
+             "memory_mib": 0}
+    # a key that does not apply to the kind is refused, not ignored (the OpenAPI document says so too)
+    for name in {GpuKind.MIG: ("milli", "memory_mib"), GpuKind.SHARE: ("profile",)}.get(kind, ()):
+        if name in gpu:
+            raise ValidationFailed(f"gpu.{name} does not apply to kind {kind!r}.", field=f"gpu.{name}")
+    if kind == GpuKind.MIG:
+        profile = gpu.get("profile")
+        if not isinstance(profile, str) or not profile:
+            raise ValidationFailed("gpu.profile is required for a MIG slice, e.g. \"1g.10gb\".", field="gpu.profile")
+        candidates = models or [m for m in ("A100-40GB", "A100-80GB", "H100-80GB", "H100-NVL-94GB", "H200-141GB")]
+        offered = []
+        for code in candidates:
+            try:
+                offered.append(profile_get(code, profile).name)
+            except UnknownProfile:
+                continue
+        if not offered:
+            if models:
+                names = ", ".join(p.name for p in profiles_for(models[0])) or "none (no MIG on this model)"
+                raise ValidationFailed(f"Profile {profile!r} is not offered on {models[0]}; offered: {names}.",
+                                       field="gpu.profile")
+            raise ValidationFailed(f"No GPU model offers MIG profile {profile!r}.", field="gpu.profile")
+        shape["profile"] = offered[0]
+    elif kind == GpuKind.SHARE:
+        shape["milli"] = integer("milli", 0, 1, 999)
+        shape["memory_mib"] = integer("memory_mib", 0, 1, 1 << 20)
+    else:
+        for name in ("profile", "milli"):
+            if name in gpu:
+                raise ValidationFailed(f"gpu.{name} does not apply to a whole GPU.", field=f"gpu.{name}")
+        if "memory_mib" in gpu:
+            shape["memory_mib"] = integer("memory_mib", 0, 1, 1 << 20)  # with model "auto": the need
+    return shape
+
+
+def priority_check(actor: Actor, priority: object) -> None:
+    """Priority orders work inside a project only (docs/scheduling.md); members may send up to
+    ``MEMBER_MAX_PRIORITY``, admins and owners up to 100. Shared by the request and its preview."""
+    if isinstance(priority, bool) or not isinstance(priority, int) or not -100 <= priority <= 100:
+        raise ValidationFailed("priority must be a whole number from -100 to 100.", field="priority")
+    if priority > MEMBER_MAX_PRIORITY and not actor.can("manage"):
+        raise PermissionDenied(f"A priority above {MEMBER_MAX_PRIORITY} needs the admin or owner role in tenant "
+                               f"'{actor.tenant.slug}'; members may send -100 to {MEMBER_MAX_PRIORITY}.",
+                               field="priority")
+
+
+def duration_check(value: object) -> int:
+    low, high = settings.LEASE_MIN_DURATION_SECONDS, settings.LEASE_MAX_DURATION_SECONDS
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise ValidationFailed(f"duration_seconds must be a whole number from {low} to {high}.",
+                               field="duration_seconds")
+    return value
+
+
+def units_per_gpu(shape: dict, model: str) -> int:
+    """How many units of the shape one GPU of ``model`` can hold at most, whatever its mode now (the capacity
+    loop may switch it): a whole GPU 1, MIG instances of the profile on an empty GPU, shares 1000 // milli."""
+    from gpus.mig import MigPlacement, free_starts
+
+    if shape["kind"] == GpuKind.WHOLE:
+        return 1
+    if shape["kind"] == GpuKind.SHARE:
+        return 1000 // max(1, shape["milli"])
+    try:
+        profile = profile_get(model, shape["profile"])
+    except UnknownProfile:
+        return 0
+    layout: list = []
+    while starts := free_starts(layout, profile):
+        layout.append(MigPlacement(starts[0], profile))
+    return len(layout)
+
+
+def never_fits(shape: dict, tiers: list[str]) -> str:
+    """Why no node of the fleet as it is could ever hold this request — a gang needs its units on one node,
+    a spread request on all of them together — or "" (it could, or the fleet has no GPU of these models yet:
+    nodes may still enrol). Single units always fit a GPU of their model."""
+    from django.db.models import Count
+
+    count = shape["count"]
+    if count <= 1:
+        return ""
+    nodes = list(Gpu.objects.filter(lost_at__isnull=True, model__in=tiers, node__status__in=("ready", "silent"))
+                 .values("node_id", "model").annotate(gpus=Count("pk")).order_by())
+    if not nodes:
+        return ""
+    per_node = [row["gpus"] * units_per_gpu(shape, row["model"]) for row in nodes]
+    most = max(per_node) if shape["gang"] else sum(per_node)
+    if count <= most:
+        return ""
+    unit = {"mig": f"MIG {shape['profile']} instance", "share": f"share of {shape['milli']} milli"}.get(
+        shape["kind"], "whole GPU")
+    where = "one node of the fleet holds" if shape["gang"] else "the whole fleet holds"
+    hint = "; ask for fewer, or gang: false to spread them over nodes" if shape["gang"] else "; ask for fewer"
+    return (f"{count} x {unit} can never be placed: {where} at most {most} on {', '.join(tiers)}{hint}.")
+
+
+def quota_units(shape: dict, tier: str) -> int:
+    if shape["kind"] == GpuKind.WHOLE:
+        per = 1000
+    elif shape["kind"] == GpuKind.MIG:
+        per = profile_get(tier, shape["profile"]).gpu_milli
+    else:
+        per = shape["milli"]
+    return per * shape["count"]
+
+
+@dataclass(frozen=True)
+class RequestInput:
+    """A request body that passed ``request_input_check``: ``shape`` is ``shape_from(gpu)``."""
+
+    project: str
+    shape: dict
+    workload_class: str
+    priority: int
+    duration_seconds: int
+
+
+def request_input_check(*, actor: Actor, project: object, gpu: object, workload_class: object, priority: object,
+                        duration_seconds: object) -> RequestInput:
+    """The body's own rules (no database): the project is a slug, ``gpu`` a valid shape, the class known, the
+    priority within the actor's role, the duration within the deployment's bounds. Errors name the field."""
+    if not isinstance(project, str):
+        raise ValidationFailed("project must be a project slug.", field="project")
+    shape = shape_from(gpu)
+    if workload_class not in WorkloadClass.values:
+        raise ValidationFailed(f"workload_class must be one of {', '.join(WorkloadClass.values)}.",
+                               field="workload_class")
+    priority_check(actor, priority)
+    duration_check(duration_seconds)
+    return RequestInput(project, shape, str(workload_class), priority, duration_seconds)
+
+
+def request_quota_check(*, request: RequestInput, limits: dict[str, int]) -> dict[str, int]:
+    """The models whose project quota limit (``limits``: model → milli-GPU) admits the request, each with the
+    units it would count (in the request's order: its models, else every model with a quota); refused with
+    ``QuotaExceeded`` when none does, and with ``ValidationFailed`` on ``gpu.count`` when no node of the fleet
+    could ever hold it on those models."""
+    shape = request.shape
+    tiers = shape["models"] or sorted(limits)
+    fitting: dict[str, int] = {}
+    for tier in tiers:
+        if tier not in limits:
+            continue
+        try:
+            units = quota_units(shape, tier)
+        except UnknownProfile:  # the profile does not exist on this model
+            continue
+        if units <= limits[tier]:
+            fitting[tier] = units
+    if not fitting:
+        wanted = ", ".join(tiers) or "any model"
+        raise QuotaExceeded(f"Project {request.project!r} has no quota on {wanted} whose limit allows this "
+                            "request.", field="gpu")
+    never = never_fits(shape, list(fitting))
+    if never:
+        raise ValidationFailed(never, field="gpu.count")
+    return fitting
+
+
+@dataclass(frozen=True)
+class ValidRequest:
+    """What ``request_validate`` found: the checked body, the project and the models that admit it (with the
+    units each would count)."""
+
+    input: RequestInput
+    project: object  # tenants.models.Project
+    fitting: dict[str, int]
+    quotas: dict  # model → tenants.models.Quota of the project
+
+
+def request_validate(*, actor: Actor, project: object, gpu: object, workload_class: object, priority: object,
+                     duration_seconds: object) -> ValidRequest:
+    """Both checks, the project looked up as the actor sees it (``NotFound`` on ``project``): for the preview and
+    the quote, which must refuse exactly what ``lease_request`` refuses."""
+    from tenants.selectors import project_get, quota_list
+
+    checked = request_input_check(actor=actor, project=project, gpu=gpu, workload_class=workload_class,
+                                  priority=priority, duration_seconds=duration_seconds)
+    target = project_get(actor=actor, slug=checked.project)
+    quotas = {quota.tier: quota for quota in quota_list(actor=actor, project=target)}
+    limits = {tier: quota.limit_gpu_milli for tier, quota in quotas.items()}
+    return ValidRequest(checked, target, request_quota_check(request=checked, limits=limits), quotas)
+
+
+# -- workloads ------------------------------------------------------------------------------------------------
+WORKLOAD_TOP_FIELDS = ("command", "image", "args", "env", "workdir", "checkpoint_dir", "restart_policy",
+                       "max_restarts", "port")
+
+
+def workload_check(value: object, shape: dict) -> dict | None:
+    """A lease's optional workload, checked by the same rules the agent applies (``agent.workloads``) with
+    the roots of ``WORKLOAD_ALLOWED_ROOTS``; a refusal names the field as ``workload.<field>``. A workload
+    runs on one node: a lease of several devices must be a gang (same node)."""
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise ValidationFailed("workload must be an object (command or image, args, env, ...).", field="workload")
+    for name in ("instances", "restart_count", "host_port"):
+        if name not in value:
+            continue
+        raise ValidationFailed(f"workload.{name} is set by the broker.", field=f"workload.{name}")
+    if shape["count"] > 1 and not shape["gang"]:
+        raise ValidationFailed("A workload runs on one node: a lease of several devices needs gang: true.",
+                               field="workload")
+    try:
+        spec = spec_from_json({**value, "instances": ["lease"]},
+                              [Path(root) for root in settings.WORKLOAD_ALLOWED_ROOTS])
+    except InvalidRequest as error:
+        raise ValidationFailed(error.message, field=f"workload.{error.field}") from None
+    checked = {name: spec[name] for name in WORKLOAD_TOP_FIELDS}
+    if spec["perf"] is not None:  # simulated nodes: the performance model's workload (docs/tiering.md)
+        checked["perf"] = spec["perf"]
+    return checked

@@ -1,0 +1,219 @@
+from drf_spectacular.utils import extend_schema_field
+from rest_framework import serializers
+
+from capacity import presenters
+from capacity.choices import AdjustmentKind, AdjustmentState, LoopMode
+from capacity.models import Adjustment, CapacityPolicy
+from capacity.selectors import MODE_FIELDS, NUMBER_FIELDS
+from capacity.services import IDLE_CLASSES
+from tenants.api.serializers import StrictSerializer
+
+MAX_POLICY_SECONDS = 30 * 86_400  # capacity.services.policy_set's bound for every number
+SCOPE_HELP = '"" (the default), "pool:<GPU model>" (mode switch, MIG layout, warm pool) or "project:<project id>" ' \
+             "(idle reclaim, right-sizing, quota advice)"
+FREE_OBJECT = {"type": "object", "additionalProperties": True}
+IDLE_RULE_SCHEMA = {
+    "type": "object", "additionalProperties": False,
+    "properties": {
+        "enabled": {"type": "boolean"},
+        "threshold_permille": {"type": "integer", "minimum": 0, "maximum": 1000,
+                               "description": "idle below this engine activity (per mille)"},
+        "window_seconds": {"type": "integer", "minimum": 1, "maximum": MAX_POLICY_SECONDS},
+        "notice_seconds": {"type": "integer", "minimum": 0, "maximum": MAX_POLICY_SECONDS},
+    },
+}
+IDLE_RULES_SCHEMA = {
+    "type": "object", "additionalProperties": False,
+    "description": "per reclaim class; a key left out keeps the built-in rule",
+    "properties": {name: IDLE_RULE_SCHEMA for name in IDLE_CLASSES},
+}
+
+
+@extend_schema_field(FREE_OBJECT)
+class ObjectField(serializers.JSONField):
+    """The planner's own JSON (change, evidence, effect): documented in docs/capacity.md, kind by kind."""
+
+
+@extend_schema_field(IDLE_RULES_SCHEMA)
+class IdleRulesField(serializers.JSONField):
+    """Checked by ``capacity.services.policy_set``, which names the offending ``idle_rules.<class>.<key>``."""
+
+
+# -- adjustments -------------------------------------------------------------------------------------------
+class MoneyOutput(serializers.Serializer):
+    minor = serializers.IntegerField(help_text="integer minor units (cents); negative = a cost")
+    currency = serializers.CharField(help_text='ISO 4217; "" where nothing was priced')
+    formatted = serializers.CharField(help_text='e.g. "12.50 USD"; "" where nothing was priced')
+
+
+class ExpectedGainOutput(serializers.Serializer):
+    gpu_hours = serializers.DecimalField(max_digits=18, decimal_places=2,
+                                         help_text="GPU-seconds ÷ 3600, two decimals; negative = a cost")
+    money = MoneyOutput()
+    time_to_gpu_seconds = serializers.IntegerField()
+
+
+class AdjustmentOutput(serializers.ModelSerializer):
+    kind = serializers.ChoiceField(choices=AdjustmentKind.choices)
+    state = serializers.ChoiceField(choices=AdjustmentState.choices)
+    mode = serializers.ChoiceField(choices=LoopMode.choices, help_text="the policy's mode when it was proposed")
+    change = ObjectField()
+    evidence = ObjectField()
+    effect = ObjectField(allow_null=True, help_text="measured after it was applied (null until then)")
+    expected_gain = serializers.SerializerMethodField()
+    risk = serializers.ListField(child=serializers.IntegerField(), help_text="ids of the leases it touches")
+    lease = serializers.IntegerField(source="lease_id", allow_null=True)
+    project = serializers.SlugRelatedField(slug_field="slug", read_only=True, allow_null=True)
+
+    class Meta:
+        model = Adjustment
+        fields = ["id", "kind", "target", "state", "mode", "reason", "change", "evidence", "expected_gain", "risk",
+                  "lease", "project", "proposed_at", "decided_at", "applied_by", "finished_at", "outcome", "effect"]
+
+    @extend_schema_field(ExpectedGainOutput)
+    def get_expected_gain(self, obj) -> dict:
+        return ExpectedGainOutput(presenters.expected_gain(obj)).data
+
+
+class AdjustmentRejectInput(StrictSerializer):
+    reason = serializers.CharField(required=False, allow_blank=True, max_length=2000, default="",
+                                   help_text="kept on the adjustment's outcome and in the audit log")
+
+
+# -- policies ----------------------------------------------------------------------------------------------
+MODE_SCHEMA = {"type": "string", "enum": [*LoopMode.values, None], "nullable": True,
+               "description": "null: inherit (the default scope's mode, then the built-in default)"}
+# inline (not a component): the six kinds share one choice set under six names
+MODES_SCHEMA = {"type": "object", "additionalProperties": False,
+                "description": "the mode of each kind in this scope: off | advise | auto, null: inherit",
+                "properties": {name: MODE_SCHEMA for name in MODE_FIELDS}}
+
+
+@extend_schema_field({**MODES_SCHEMA, "required": list(MODE_FIELDS)})
+class ModesOutputField(serializers.Field):
+    def __init__(self, **kwargs):
+        super().__init__(source="*", read_only=True, **kwargs)
+
+    def to_representation(self, value) -> dict:
+        return {name: getattr(value, name) or None for name in MODE_FIELDS}  # stored "" = inherit
+
+
+@extend_schema_field(MODES_SCHEMA)
+class ModesInputField(serializers.JSONField):
+    """Only the kinds given change; each error names ``modes.<kind>``."""
+
+    def to_internal_value(self, data) -> dict:
+        if not isinstance(data, dict):
+            raise serializers.ValidationError("Expected an object keyed by kind.")
+        errors = {}
+        for name, value in data.items():
+            if name not in MODE_FIELDS:
+                errors[name] = [f"Unknown kind; one of {', '.join(MODE_FIELDS)}."]
+            elif value is not None and value not in LoopMode.values:
+                errors[name] = [f"Must be one of {', '.join(LoopMode.values)}, or null (inherit)."]
+        if errors:
+            raise serializers.ValidationError(errors)
+        return dict(data)
+
+
+def _number_field(**kwargs) -> serializers.IntegerField:
+    return serializers.IntegerField(min_value=0, max_value=MAX_POLICY_SECONDS, allow_null=True, **kwargs,
+                                    help_text="null: inherit")
+
+
+class PolicyOutput(serializers.ModelSerializer):
+    modes = ModesOutputField()
+    idle_rules = IdleRulesField()
+
+    class Meta:
+        model = CapacityPolicy
+        fields = ["id", "scope", "modes", "idle_rules", *NUMBER_FIELDS, "updated_at"]
+
+
+class PolicyUpdateInput(StrictSerializer):
+    """Fields left out keep their value; null sets a field back to inherit."""
+
+    modes = ModesInputField(required=False)
+    idle_rules = IdleRulesField(required=False, allow_null=True)
+    warm_target_p95_seconds = _number_field(required=False)
+    cold_provision_seconds = _number_field(required=False)
+    warm_min_arrivals = _number_field(required=False)
+    mode_hold_seconds = _number_field(required=False)
+
+
+class PolicyCreateInput(PolicyUpdateInput):
+    scope = serializers.CharField(max_length=80, allow_blank=True, help_text=SCOPE_HELP)
+
+
+def policy_values(data: dict) -> dict:
+    """The validated input as ``capacity.services.policy_set`` takes it (modes flattened)."""
+    values = {name: value for name, value in data.items() if name not in ("modes", "scope")}
+    return {**values, **data.get("modes", {})}
+
+
+# -- the fleet ---------------------------------------------------------------------------------------------
+class WarmCountOutput(serializers.Serializer):
+    profile = serializers.CharField()
+    ready = serializers.IntegerField()
+    creating = serializers.IntegerField()
+
+
+class PoolOutput(serializers.Serializer):
+    model = serializers.CharField()
+    gpus = serializers.IntegerField()
+    modes = serializers.DictField(child=serializers.IntegerField(), help_text="GPUs per mode (whole, mig, shared)")
+    changing = serializers.IntegerField(help_text="GPUs closed to the scheduler while their mode changes")
+    warm = WarmCountOutput(many=True)
+
+
+class WarmInstanceOutput(serializers.Serializer):
+    id = serializers.IntegerField(source="pk")
+    node = serializers.CharField(source="gpu.node.node_id")
+    gpu_index = serializers.IntegerField(source="gpu.index")
+    model = serializers.CharField(source="gpu.model")
+    profile = serializers.CharField(source="mig_profile")
+    start = serializers.IntegerField(source="mig_start", allow_null=True)
+    state = serializers.CharField()
+    created_at = serializers.DateTimeField(allow_null=True)
+    warm_at = serializers.DateTimeField(allow_null=True)
+
+
+class HoldingPoolOutput(serializers.Serializer):
+    model = serializers.CharField()
+    profile = serializers.CharField()
+    members = serializers.IntegerField()
+    gpu_hours = serializers.DecimalField(max_digits=18, decimal_places=2)
+    cost_minor = serializers.IntegerField(allow_null=True, help_text="null: the general price book has no price")
+
+
+class HoldingOutput(serializers.Serializer):
+    start = serializers.DateTimeField()
+    end = serializers.DateTimeField()
+    currency = serializers.CharField()
+    gpu_hours = serializers.DecimalField(max_digits=18, decimal_places=2)
+    cost_minor = serializers.IntegerField(help_text="the priced pools' cost")
+    priced = serializers.BooleanField(help_text="false: the general price book has no price for some pool")
+    pools = HoldingPoolOutput(many=True)
+
+
+class FleetOutput(serializers.Serializer):
+    pools = PoolOutput(many=True)
+    warm_instances = WarmInstanceOutput(many=True)
+    warm_holding = HoldingOutput(help_text="what warm pools cost the platform this month (held by nobody)")
+    recent = AdjustmentOutput(many=True, help_text="the loop's last 20 adjustments")
+
+
+class PlanRunOutput(serializers.Serializer):
+    """``capacity.services.plan_run``'s counts; ``skipped`` alone when another run held the planner's lock."""
+
+    proposed = serializers.IntegerField(required=False, help_text="adjustments open after the run")
+    new = serializers.IntegerField(required=False)
+    expired = serializers.IntegerField(required=False)
+    applied = serializers.IntegerField(required=False, help_text="auto-mode adjustments applied")
+    failed = serializers.IntegerField(required=False)
+    drained = serializers.IntegerField(required=False, help_text="mode switches finished after a drain")
+    measured = serializers.IntegerField(required=False, help_text="effects measured")
+    interrupted = serializers.IntegerField(required=False,
+                                           help_text="rows left applying by a stopped process, now failed")
+    prometheus = serializers.CharField(required=False, help_text='"ok", or why utilisation was not read')
+    skipped = serializers.IntegerField(required=False, help_text="1: another run was in progress")

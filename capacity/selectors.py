@@ -1,0 +1,424 @@
+"""Readers of the capacity loop: the planner's snapshot built from the tables and Prometheus, the loop's
+policies, the adjustments a tenant or staff may see, and the fleet's pools.
+
+``capacity_snapshot`` is the live twin of ``bench.sim.capacity.Replay._snapshot``: same types, filled
+from PostgreSQL (GPUs, live and warm allocations, the queue with the scheduler's own quota verdict, the
+request history, quotas and hourly usage, the general price book) and from Prometheus (the per-lease
+engine-active and framebuffer series the DCGM metrics carry by ``allocation_id``).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.db.models import Q, QuerySet
+
+from broker.choices import AllocationState, LeaseState
+from broker.models import Allocation, Gpu, Lease
+from broker.scheduler import GpuMode as CoreMode
+from broker.scheduler import Kind
+from broker.scheduler.types import WorkloadClass
+from capacity.choices import AdjustmentKind
+from capacity.models import Adjustment, CapacityPolicy
+from capacity.planner import (
+    Arrivals,
+    CapacityGpu,
+    CapacitySnapshot,
+    DemandShape,
+    History,
+    IdleRule,
+    Instance,
+    Policy,
+    Price,
+    QuotaUse,
+    ReclaimClass,
+    Utilisation,
+    Waiting,
+    WarmInstance,
+)
+from capacity.planner.types import DEFAULT_IDLE_RULES, Mode
+from config.errors import NotFound
+from tenants.access import Actor
+
+logger = logging.getLogger(__name__)
+
+ENGINE_ACTIVE = "DCGM_FI_PROF_GR_ENGINE_ACTIVE"
+FB_USED = "DCGM_FI_DEV_FB_USED"
+MODE_FIELDS = ("mode_switch", "mig_layout", "warm_pool", "idle_reclaim", "right_size", "quota_advice")
+NUMBER_FIELDS = ("warm_target_p95_seconds", "cold_provision_seconds", "warm_min_arrivals", "mode_hold_seconds")
+
+
+# -- policies ------------------------------------------------------------------------------------------
+def _rules(raw: dict, base: tuple) -> tuple[tuple[ReclaimClass, IdleRule], ...]:
+    out = []
+    for name, rule in base:
+        given = raw.get(name.value) or {}
+        out.append((name, IdleRule(**{**{"enabled": rule.enabled, "threshold_permille": rule.threshold_permille,
+                                           "window_seconds": rule.window_seconds,
+                                           "notice_seconds": rule.notice_seconds}, **given})))
+    return tuple(out)
+
+
+def _merge(base: Policy, row: CapacityPolicy) -> Policy:
+    values = {name: Mode(getattr(row, name)) for name in MODE_FIELDS if getattr(row, name)}
+    values |= {name: getattr(row, name) for name in NUMBER_FIELDS if getattr(row, name) is not None}
+    return replace(base, scope=row.scope, idle_rules=_rules(row.idle_rules or {}, base.idle_rules), **values)
+
+
+def policies_in_force() -> tuple[Policy, ...]:
+    """Every scope's policy, each merged over the default scope's, itself over the planner's defaults
+    (``settings.CAPACITY_DEFAULT_MODE`` for every kind)."""
+    builtin = Policy(**{name: Mode(settings.CAPACITY_DEFAULT_MODE) for name in MODE_FIELDS},
+                     idle_rules=DEFAULT_IDLE_RULES)
+    rows = list(CapacityPolicy.objects.order_by("scope"))
+    default_row = next((row for row in rows if row.scope == ""), None)
+    default = _merge(builtin, default_row) if default_row else builtin
+    return (default, *(_merge(default, row) for row in rows if row.scope))
+
+
+def policy_list() -> QuerySet[CapacityPolicy]:
+    return CapacityPolicy.objects.order_by("scope")
+
+
+def policy_get(*, pk: int) -> CapacityPolicy:
+    policy = CapacityPolicy.objects.filter(pk=pk).first()
+    if policy is None:
+        raise NotFound("No such capacity policy.", field="id")
+    return policy
+
+
+# -- the snapshot ----------------------------------------------------------------------------------------
+@dataclass
+class SnapshotNotes:
+    """What the snapshot could not read (the run says so instead of failing)."""
+
+    prometheus: str = "ok"
+    skipped: list[str] = field(default_factory=list)
+
+
+def capacity_snapshot(*, now: datetime) -> tuple[CapacitySnapshot, SnapshotNotes]:
+    notes = SnapshotNotes()
+    policies = policies_in_force()
+    leases: dict[int, Lease] = {}
+    gpus = _gpus(now, leases)
+    queue = _queue(now)
+    history = _history(now)
+    utilisation = _utilisation(now, leases, policies, notes)
+    quotas, quota_use = _quotas(now, policies)
+    prices, currency = _prices(now)
+    snapshot = CapacitySnapshot(gpus=gpus, queue=queue, history=history, utilisation=utilisation, quotas=quotas,
+                                quota_use=quota_use, prices=prices, currency=currency, policies=policies)
+    return snapshot, notes
+
+
+def _gpus(now: datetime, leases: dict[int, Lease]) -> tuple[CapacityGpu, ...]:
+    """GPUs of ready, uncordoned nodes that are not lost and not already changing mode, with their live
+    instances (lease held) and warm pool members. ``leases`` is filled with the live leases read."""
+    rows = list(Gpu.objects.filter(lost_at__isnull=True, node__status="ready", node__cordoned=False, mode_target="")
+                .select_related("node").order_by("node__node_id", "index"))
+    live = (Allocation.objects.filter(gpu__in=rows, freed_at__isnull=True).select_related("lease")
+            .order_by("pk"))
+    instances: dict[int, list[Instance]] = defaultdict(list)
+    warm: dict[int, list[WarmInstance]] = defaultdict(list)
+    noticed_at = _noticed_at([a.lease_id for a in live if a.lease_id is not None
+                              and a.lease.state == LeaseState.ACTIVE and a.lease.notice_deadline is not None])
+    for allocation in live:
+        if allocation.lease_id is None:
+            warm[allocation.gpu_id].append(WarmInstance(str(allocation.pk), allocation.mig_profile,
+                                                        allocation.mig_start, allocation.state == AllocationState.WARM))
+            continue
+        lease = allocation.lease
+        leases[lease.pk] = lease
+        started = lease.active_at or lease.queued_at or lease.requested_at
+        noticed = noticed_at.get(lease.pk)
+        instances[allocation.gpu_id].append(Instance(
+            lease=str(lease.pk), project=str(lease.project_id), in_quota=not allocation.preemptible,
+            workload_class=WorkloadClass(lease.workload_class), profile=allocation.mig_profile,
+            start=allocation.mig_start if allocation.mig_start is not None else -1, milli=allocation.milli,
+            memory_mib=allocation.memory_mib, started_at=started.timestamp(), noticed_at=noticed))
+    return tuple(CapacityGpu(id=f"g{gpu.pk}", node=gpu.node.node_id, model=gpu.model, mode=CoreMode(gpu.mode),
+                             instances=tuple(instances[gpu.pk]), warm=tuple(warm[gpu.pk]),
+                             mode_since=(gpu.mode_since or gpu.node.enrolled_at).timestamp())
+                 for gpu in rows)
+
+
+def _noticed_at(lease_ids: list[int]) -> dict[int, float]:
+    """Per noticed lease, when the capacity loop's idle notice went out (its newest applied notice
+    adjustment), in one query; a lease noticed otherwise (the scheduler's preemption) is not in it."""
+    if not lease_ids:
+        return {}
+    out: dict[int, float] = {}
+    for lease_id, finished in (Adjustment.objects.filter(
+            kind=AdjustmentKind.IDLE_RECLAIM, lease_id__in=set(lease_ids), state="applied", change__step="notice")
+            .order_by("lease_id", "-finished_at").values_list("lease_id", "finished_at")):
+        out.setdefault(lease_id, finished.timestamp())
+    return out
+
+
+def _queue(now: datetime) -> tuple[Waiting, ...]:
+    """The scheduler's queue, each request resolved to a model and told in-quota or not by the scheduling
+    core's own quota check on the current snapshot (the oldest ``CAPACITY_QUEUE_MAX``)."""
+    from broker.scheduler.plan import Scheduler
+    from broker.selectors import core_request, lease_queue, scheduler_snapshot
+
+    queued = list(lease_queue()[: settings.CAPACITY_QUEUE_MAX])
+    if not queued:
+        return ()
+    core = Scheduler(scheduler_snapshot(now=now))
+    out = []
+    for lease in queued:
+        request = core_request(lease)
+        chosen = None
+        for tier, need in core.tiers_for(request):
+            reason, in_quota = core.quota_check(request, tier, need)
+            if reason is None:
+                chosen = (tier, need, in_quota)
+                break
+            chosen = chosen or (tier, need, False)
+        if chosen is None:
+            continue
+        tier, need, in_quota = chosen
+        out.append(Waiting(request=str(lease.pk), project=str(lease.project_id), shape=_demand(tier, need),
+                           count=lease.count, in_quota=in_quota, reason=lease.reason,
+                           waited_seconds=int((now - (lease.queued_at or lease.requested_at)).total_seconds())))
+    return tuple(out)
+
+
+def _demand(tier: str, need) -> DemandShape:
+    if need.kind == Kind.MIG:
+        return DemandShape(tier, Kind.MIG, need.profile.name, need.profile.gpu_milli)
+    if need.kind == Kind.SHARE:
+        return DemandShape(tier, Kind.SHARE, "", need.milli)
+    return DemandShape(tier, Kind.WHOLE)
+
+
+def _history(now: datetime) -> History:
+    """Units requested per shape over the last ``CAPACITY_HISTORY_SECONDS`` (the model and profile they
+    ran on, or the first model they allowed when they never ran)."""
+    start = now - timedelta(seconds=settings.CAPACITY_HISTORY_SECONDS)
+    counts: dict[DemandShape, int] = defaultdict(int)
+    rows = (Lease.objects.filter(requested_at__gte=start, requested_at__lt=now)
+            .values_list("pk", "kind", "count", "tier", "models_allowed", "profile", "milli"))
+    placed_profile = dict(Allocation.objects.filter(lease__requested_at__gte=start, lease__requested_at__lt=now)
+                          .exclude(mig_profile="").values_list("lease_id", "mig_profile"))
+    for pk, kind, count, tier, models_allowed, profile, milli in rows:
+        model = tier or (models_allowed[0] if models_allowed else "")
+        if not model:
+            continue
+        if kind == "mig":
+            name = placed_profile.get(pk, profile)
+            if "." not in name:
+                continue  # an auto compute size that never resolved to a profile
+            shape = DemandShape(model, Kind.MIG, name)
+        elif kind == "share":
+            shape = DemandShape(model, Kind.SHARE, "", milli)
+        else:
+            shape = DemandShape(model, Kind.WHOLE)
+        counts[shape] += count
+    return History(start.timestamp(), now.timestamp(), tuple(Arrivals(s, n) for s, n in sorted(counts.items())))
+
+
+def _series_seconds(policies: tuple[Policy, ...]) -> int:
+    longest = 0
+    for policy in policies:
+        if policy.idle_reclaim != Mode.OFF:
+            longest = max([longest, *(r.window_seconds for _, r in policy.idle_rules if r.enabled)])
+        if policy.right_size != Mode.OFF:
+            longest = max(longest, policy.right_size_min_seconds)
+    return min(longest, settings.CAPACITY_SERIES_MAX_SECONDS)
+
+
+def _utilisation(now: datetime, leases: dict[int, Lease], policies, notes: SnapshotNotes) -> tuple[Utilisation, ...]:
+    """Per live lease: engine-active per-mille (mean over its instances) and framebuffer MiB (their sum),
+    one point per ``CAPACITY_SERIES_STEP_SECONDS`` from when the lease started (or the window's start)."""
+    from broker.selectors import _prometheus
+
+    seconds = _series_seconds(policies)
+    running = {pk: lease for pk, lease in leases.items()
+               if lease.state in (LeaseState.ACTIVE, LeaseState.PREEMPTED) and lease.active_at is not None}
+    if not seconds or not running:
+        return ()
+    step = settings.CAPACITY_SERIES_STEP_SECONDS
+    start = now - timedelta(seconds=seconds)
+    owner = {f"alloc-{pk}": lease_id for pk, lease_id in Allocation.objects.filter(
+        lease_id__in=running, freed_at__isnull=True).values_list("pk", "lease_id")}
+    series: dict[str, dict[int, dict[int, list[float]]]] = {}
+    for name, metric in (("engine", ENGINE_ACTIVE), ("fb", FB_USED)):
+        result = _prometheus("query_range", {"query": f'{metric}{{allocation_id!=""}}', "start": start.timestamp(),
+                                             "end": now.timestamp(), "step": step})
+        if result is None:
+            notes.prometheus = f"Prometheus at {settings.PROMETHEUS_URL} did not answer; idle reclaim and " \
+                               "right-sizing were skipped this run"
+            return ()
+        points: dict[int, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
+        for row in result:
+            lease_id = owner.get(row["metric"].get("allocation_id", ""))
+            if lease_id is None:
+                continue
+            for moment, value in row["values"]:
+                points[lease_id][round(float(moment))].append(float(value))
+        series[name] = points
+    out = []
+    for lease_id in sorted(running):
+        lease = running[lease_id]
+        since = max(lease.active_at, start).timestamp()
+        engine = series["engine"].get(lease_id, {})
+        moments = sorted(t for t in engine if t >= since)
+        if not moments:
+            continue
+        fb = series["fb"].get(lease_id, {})
+        active, memory = [], []
+        for moment in range(moments[0], int(now.timestamp()) + 1, step):
+            values = engine.get(moment)
+            if values is None:  # a missed scrape: the newest point before it stands
+                values = [active[-1] / 1000] if active else [0.0]
+            active.append(round(1000 * sum(values) / len(values)))
+            memory.append(round(sum(fb.get(moment, [memory[-1] if memory else 0]))))
+        out.append(Utilisation(str(lease_id), float(moments[0] - step), step, tuple(active), tuple(memory)))
+    return tuple(out)
+
+
+def _quotas(now: datetime, policies) -> tuple[tuple, tuple[QuotaUse, ...]]:
+    from billing.models import AllocationUsage
+    from broker.selectors import scheduler_snapshot
+
+    quotas = scheduler_snapshot(now=now).quotas
+    if all(policy.quota_advice == Mode.OFF for policy in policies):
+        return quotas, ()
+    window = max(policy.quota_window_seconds for policy in policies)
+    start = (now - timedelta(seconds=window)).replace(minute=0, second=0, microsecond=0)
+    hours = int((now - start).total_seconds() // 3600)
+    if hours <= 0:
+        return quotas, ()
+    use: dict[tuple[str, str], list[int]] = {}
+    for project_id, tier, hour, milli, seconds in (
+            AllocationUsage.objects.filter(hour_start__gte=start, hour_start__lt=now, over_quota=False)
+            .values_list("project_id", "tier", "hour_start", "gpu_milli", "seconds")):
+        index = int((hour - start).total_seconds() // 3600)
+        if 0 <= index < hours:
+            use.setdefault((str(project_id), tier), [0] * hours)[index] += int(milli * seconds / 3600)
+    return quotas, tuple(QuotaUse(project, tier, start.timestamp(), 3600, tuple(values))
+                         for (project, tier), values in sorted(use.items()))
+
+
+def _prices(now: datetime) -> tuple[tuple[Price, ...], str]:
+    """The general price book in force in ``LIST_PRICE_CURRENCY`` (whole-GPU and MIG-profile rates). A
+    tenant's own book prices its right-sizing advice (``capacity.services``)."""
+    from billing.selectors import list_prices
+
+    currency, rates = list_prices(at=now)
+    return tuple(Price(tier, minor, profile=profile, share=kind == "share")
+                 for tier, kind, profile, minor in rates), currency
+
+
+# -- what people see ---------------------------------------------------------------------------------------
+def adjustment_list(*, actor: Actor | None, staff: bool = False, kind: str = "", state: str = "",
+                    open_only: bool = False) -> QuerySet[Adjustment]:
+    """Staff: every adjustment. A tenant: its own advice and every change that touched one of its leases."""
+    rows = Adjustment.objects.select_related("tenant", "project", "lease", "gpu__node").order_by("-proposed_at", "-pk")
+    if not staff:
+        rows = rows.filter(Q(tenant=actor.tenant) | Q(tenant_ids__contains=[actor.tenant.pk]))
+    if kind:
+        rows = rows.filter(kind=kind)
+    if state:
+        rows = rows.filter(state=state)
+    if open_only:
+        rows = rows.filter(state__in=("proposed", "applying"))
+    return rows
+
+
+def adjustment_get(*, actor: Actor | None, pk: int, staff: bool = False) -> Adjustment:
+    found = adjustment_list(actor=actor, staff=staff).filter(pk=pk).first()
+    if found is None:
+        raise NotFound("No such adjustment.", field="id")
+    return found
+
+
+def advice_savings(*, actor: Actor) -> dict:
+    """The tenant dashboard's advice panel: open advice and what following it would have saved."""
+    rows = list(adjustment_list(actor=actor, open_only=True).filter(
+        kind__in=(AdjustmentKind.RIGHT_SIZE, AdjustmentKind.IDLE_RECLAIM, AdjustmentKind.QUOTA_ADVICE)))
+    money: dict[str, int] = defaultdict(int)
+    for row in rows:
+        if row.gain_money_minor > 0 and row.currency:
+            money[row.currency] += row.gain_money_minor
+    return {"count": len(rows), "rows": rows[:5], "money": dict(money)}
+
+
+def fleet_pools() -> list[dict]:
+    """Staff fleet page: per model, GPUs by mode (and changing), warm pool members by profile, live leases."""
+    pools: dict[str, dict] = {}
+    for gpu in Gpu.objects.filter(lost_at__isnull=True).order_by("model"):
+        pool = pools.setdefault(gpu.model, {"model": gpu.model, "modes": defaultdict(int), "changing": 0,
+                                            "warm": defaultdict(lambda: [0, 0]), "gpus": 0})
+        pool["gpus"] += 1
+        pool["modes"][gpu.mode] += 1
+        pool["changing"] += bool(gpu.mode_target)
+    for model, profile, state in Allocation.objects.filter(lease__isnull=True, freed_at__isnull=True).values_list(
+            "gpu__model", "mig_profile", "state"):
+        if model in pools:
+            pools[model]["warm"][profile][0 if state == AllocationState.WARM else 1] += 1
+    return [{**p, "modes": dict(p["modes"]),
+             "warm": [{"profile": k, "ready": v[0], "creating": v[1]} for k, v in sorted(p["warm"].items())]}
+            for _, p in sorted(pools.items())]
+
+
+def warm_instances() -> QuerySet[Allocation]:
+    return (Allocation.objects.filter(lease__isnull=True, freed_at__isnull=True).select_related("gpu__node")
+            .order_by("gpu__model", "mig_profile", "pk"))
+
+
+def warm_holding(*, start: datetime, end: datetime) -> dict[str, dict]:
+    """The platform's cost of warm pools over [start, end): per model and profile, the GPU-hours warm members
+    were held by nobody (from ``warm_at`` until bound, freed or ``end``), priced at the general book."""
+    from billing.core.pricing import gpu_hours_of
+
+    out: dict[str, dict] = {}
+    rows = (Allocation.objects.filter(warm_at__isnull=False, warm_at__lt=end)
+            .filter(Q(bound_at__isnull=True) | Q(bound_at__gt=start))
+            .filter(Q(freed_at__isnull=True) | Q(freed_at__gt=start))
+            .values_list("gpu__model", "mig_profile", "milli", "warm_at", "bound_at", "freed_at"))
+    for model, profile, milli, warm_at, bound_at, freed_at in rows:
+        until = min(t for t in (bound_at, freed_at, end) if t is not None)
+        since = max(warm_at, start)
+        if until <= since:
+            continue
+        entry = out.setdefault(f"{model} {profile}", {"model": model, "profile": profile, "milli_seconds": 0,
+                                                      "members": 0})
+        entry["milli_seconds"] += int(milli * (until - since).total_seconds())
+        entry["members"] += 1
+    prices, currency = _prices(end)
+    for entry in out.values():
+        entry["gpu_hours"] = gpu_hours_of(entry["milli_seconds"])
+        per_hour = _profile_price(prices, entry["model"], entry["profile"])
+        # the platform's cost: what the idle member's capacity would have earned at the general list price
+        entry["currency"] = currency
+        entry["cost_minor"] = (None if per_hour is None else
+                               round(per_hour * entry["milli_seconds"] / _milli_of(entry["model"], entry["profile"])
+                                     / 3600))
+    return out
+
+
+def _profile_price(prices: tuple[Price, ...], model: str, profile: str) -> int | None:
+    """Minor units per instance-hour of ``profile``: its own rate, else the whole-GPU rate pro rata."""
+    from gpus.mig import profile_get
+
+    whole = None
+    for price in prices:
+        if price.model == model and price.profile == profile:
+            return price.minor_per_gpu_hour
+        if price.model == model and not price.profile and not price.share:
+            whole = price.minor_per_gpu_hour
+    if whole is None:
+        return None
+    return whole * profile_get(model, profile).compute_slices // 7
+
+
+def _milli_of(model: str, profile: str) -> int:
+    from gpus.mig import profile_get
+
+    return profile_get(model, profile).gpu_milli

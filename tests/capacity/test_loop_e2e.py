@@ -1,0 +1,167 @@
+"""The capacity loop end to end: simulated agents over HTTP, a real Celery worker, the live API, and a real
+Prometheus scraping the agents' DCGM metrics. Each test sets the policy it needs (auto for its kind) and
+runs the planner as the periodic task does."""
+
+from __future__ import annotations
+
+import json
+import time
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from agent.client import AgentClient
+from broker.choices import LeaseState
+from broker.models import Allocation, Gpu, Lease, Node
+from capacity import services as capacity_services
+from capacity.models import Adjustment
+from notifications.models import Notification
+from tests.billing.conftest import needs_prometheus
+from tests.broker.conftest import wait_until
+
+pytestmark = [pytest.mark.slow]
+
+
+def agent_of(node: Node) -> AgentClient:
+    return AgentClient(node.address, node.node_id, node.secret)
+
+
+def lease_of(pk: int) -> Lease:
+    return Lease.objects.get(pk=pk)
+
+
+def request(api, shape: dict, **extra) -> int:
+    status, body = api().call("POST", "/leases", {"project": "vision", "gpu": shape, "duration_seconds": 3600, **extra})
+    assert status == 201, body
+    return body["id"]
+
+
+def test_a_warm_pool_serves_a_lease_with_no_provisioning_call(loop, api, world, settings):
+    """History of 1g.10gb requests → the planner (warm pool on auto) pre-creates one; the next request
+    binds it in the schedule cycle: the agent made its instance before the lease existed, and the lease
+    was active well under a second after it was asked for. The cold path (1.5 s create latency) is slower."""
+    _, _state = loop(("h100-80gb:2:mig",), "--create-latency", "1.5")
+    loop_policy = loop_set(warm_pool="auto", warm_min_arrivals=1)
+    assert loop_policy.warm_pool == "auto"
+    shape = {"kind": "mig", "profile": "1g.10gb", "model": "H100-80GB"}
+    # three cold requests make the history (each pays the 1.5 s create)
+    cold = []
+    for _ in range(3):
+        pk = request(api, shape)
+        lease = wait_until(lambda pk=pk: (le := lease_of(pk)).state == LeaseState.ACTIVE and le, timeout=30)
+        cold.append((lease.active_at - lease.requested_at).total_seconds())
+        api().call("DELETE", f"/leases/{pk}")
+    wait_until(lambda: not Allocation.objects.filter(lease__isnull=False, freed_at__isnull=True).exists(), timeout=30)
+    assert min(cold) >= 1.5, cold
+
+    counts = capacity_services.plan_run()
+    warm = Adjustment.objects.get(kind="warm_pool")
+    assert warm.state == "applied", (warm.outcome, counts)
+    member = Allocation.objects.get(lease__isnull=True, freed_at__isnull=True)
+    assert member.state == "warm" and member.mig_profile == "1g.10gb" and member.warm_at is not None
+    node = Node.objects.get()
+    made = {i["allocation_id"]: i for i in agent_of(node).inventory()["instances"]}
+    assert member.instance_id in made
+
+    pk = request(api, shape)
+    lease = wait_until(lambda: (le := lease_of(pk)).state == LeaseState.ACTIVE and le, timeout=30)
+    bound = Allocation.objects.get(lease=lease)
+    assert bound.pk == member.pk and bound.bound_at is not None
+    assert "bound warm instance" in " ".join(lease.events.values_list("reason", flat=True))
+    # no provisioning call on its path: the agent's instance is older than the lease
+    instance = agent_of(node).instance(bound.instance_id)
+    assert instance["created_at"] < lease.requested_at.timestamp()
+    warm_seconds = (lease.active_at - lease.requested_at).total_seconds()
+    assert warm_seconds < 1.0, warm_seconds
+    # the platform's holding cost: the member was warm (nobody's) from warm_at until bound
+    from capacity.selectors import warm_holding
+
+    held = warm_holding(start=member.warm_at - timedelta(seconds=1), end=timezone.now())
+    assert held["H100-80GB 1g.10gb"]["members"] == 1 and held["H100-80GB 1g.10gb"]["milli_seconds"] > 0
+
+
+def loop_set(**values):
+    return capacity_services.policy_set(scope="", values=values)
+
+
+def test_a_queue_of_mig_requests_on_whole_gpus_switches_a_gpu_and_drains(loop, api, world):
+    """Two 3g.40gb requests wait on a node whose H100s are whole; the planner (mode switch and MIG layout on
+    auto) switches an idle GPU to MIG through the agent; the queue drains onto it."""
+    loop(("h100-80gb:2:whole",))
+    loop_set(mode_switch="auto", mig_layout="auto", warm_pool="off", idle_reclaim="off", right_size="off",
+             quota_advice="off")
+    shape = {"kind": "mig", "profile": "3g.40gb", "model": "H100-80GB"}
+    ids = [request(api, shape) for _ in range(2)]
+    wait_until(lambda: all(lease_of(pk).reason.startswith("waiting") or "no" in lease_of(pk).reason for pk in ids)
+               and all(lease_of(pk).state == LeaseState.QUEUED for pk in ids), timeout=30)
+
+    capacity_services.plan_run()
+    switch = Adjustment.objects.get(kind__in=("mig_layout", "mode_switch"))
+    assert switch.state == "applied", switch.outcome
+    gpu = Gpu.objects.get(pk=int(switch.change["gpu"].lstrip("g")))
+    assert gpu.mode == "mig" and gpu.mode_target == ""
+    node = Node.objects.get()
+    reported = {g["uuid"]: g["mode"] for g in agent_of(node).inventory()["gpus"]}
+    assert reported[gpu.uuid] == "mig"
+    for pk in ids:
+        wait_until(lambda pk=pk: lease_of(pk).state == LeaseState.ACTIVE, timeout=30)
+        assert Allocation.objects.get(lease_id=pk).gpu_id == gpu.pk
+    # the other GPU stayed whole: only what the queue needed was switched
+    assert Gpu.objects.exclude(pk=gpu.pk).get().mode == "whole"
+    assert "queued" in json.dumps(switch.evidence)
+
+
+@needs_prometheus
+def test_an_idle_interactive_lease_is_noticed_then_released(loop, api, world, settings, prometheus_server):
+    """An interactive lease whose metered engine activity stays at 1 % gets the loop's notice (deadline on
+    the lease, ``lease.notice`` notification, the agent's instance notice), then is released; a busy one
+    beside it is left alone. The evidence is the Prometheus series."""
+    _, state = loop(("h100-80gb:1:mig",))
+    prometheus = prometheus_server(file_sd=state / "prometheus-targets.json").start()
+    settings.PROMETHEUS_URL = prometheus.url
+    settings.CAPACITY_SERIES_STEP_SECONDS = 1
+    rules = {"interactive": {"enabled": True, "threshold_permille": 50, "window_seconds": 4, "notice_seconds": 3}}
+    loop_set(idle_reclaim="auto", mode_switch="off", mig_layout="off", warm_pool="off", right_size="off",
+             quota_advice="off", idle_rules=rules)
+    world.member.email = "max@acme.example"
+    world.member.save(update_fields=["email"])
+    shape = {"kind": "mig", "profile": "1g.10gb", "model": "H100-80GB"}
+    idle = request(api, shape, workload_class="interactive")
+    busy = request(api, shape, workload_class="interactive")
+    node = Node.objects.get()
+    for pk, value in ((idle, 0.01), (busy, 0.9)):
+        wait_until(lambda pk=pk: lease_of(pk).state == LeaseState.ACTIVE, timeout=30)
+        allocation = Allocation.objects.get(lease_id=pk)
+        agent_of(node).faults(pin_activity={"instance": allocation.instance_id, "engine_active": value})
+    idle_alloc = Allocation.objects.get(lease_id=idle).instance_id
+    prometheus.wait_for(f'DCGM_FI_PROF_GR_ENGINE_ACTIVE{{allocation_id="{idle_alloc}"}} < 0.05', timeout=30)
+    time.sleep(5)  # the window (4 s) of pinned samples
+
+    capacity_services.plan_run()
+    notice = Adjustment.objects.get(kind="idle_reclaim", lease_id=idle)
+    assert notice.step == "notice" and notice.state == "applied", notice.outcome
+    assert not Adjustment.objects.filter(kind="idle_reclaim", lease_id=busy).exists()
+    lease = lease_of(idle)
+    assert lease.state == LeaseState.ACTIVE and lease.notice_deadline is not None and "idle" in lease.reason
+    told = Notification.objects.get(lease=lease, kind="lease.notice")
+    # the holder is e-mailed (the worker hands it to the mail backend), as for a preemption notice
+    assert told.deliveries.filter(channel="email", recipient=world.member).exists()
+    wait_until(lambda: agent_of(node).instance(idle_alloc)["notice"] is not None, timeout=15)
+    # the holder sees it on the lease page and in the API
+    from django.test import Client
+
+    browser = Client()
+    assert browser.login(username="max", password="pw-max")
+    page = browser.get(f"/leases/{idle}").content.decode()
+    assert "Idle notice" in page and "unless it gets busy" in page
+    assert api().call("GET", f"/leases/{idle}")[1]["notice_deadline"] is not None
+    assert notice.evidence["figures"]["mean engine active (permille)"] < 50
+
+    time.sleep(3.5)  # the notice runs out, still idle
+    capacity_services.plan_run()
+    release = Adjustment.objects.get(kind="idle_reclaim", lease_id=idle, change__step="release")
+    assert release.state == "applied" and release.effect["gpu_seconds_freed"] > 0
+    wait_until(lambda: lease_of(idle).state == LeaseState.RELEASED, timeout=30)
+    assert lease_of(busy).state == LeaseState.ACTIVE
+    assert "idle" in lease_of(idle).events.filter(to_state=LeaseState.RELEASING).get().reason
