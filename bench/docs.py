@@ -383,7 +383,8 @@ def _tiering() -> str:
 
 @renderer("headlines")
 def _headlines() -> str:
-    """README's one table: each benchmark's headline figure against its target, every cell from a results file."""
+    """docs/performance.md's headline table: each benchmark's figure against its target, every cell from a
+    results file."""
     def fig(name: str) -> dict:
         return load(name)["figures"]
 
