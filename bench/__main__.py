@@ -6,6 +6,7 @@
     python -m bench run billing openb     # some of them
     python -m bench docs                  # rewrite the docs' tables from bench/results/*.json
     python -m bench docs --check          # exit 1 if a docs table differs from its results file
+    python -m bench stale                 # which results files are older than the code they measure
 
 ``make bench`` is ``python -m bench all``; ``make bench BENCH_ARGS=--quick`` the smoke run. Each benchmark runs
 as its own process with this interpreter, one after the other (they measure CPU and would disturb each other),
@@ -38,6 +39,14 @@ class Benchmark:
     results: tuple[str, ...]  # the results files (bench/results/<name>.json) a full run writes
     needs: str  # the real parts it starts or uses
     minutes: float  # about how long the full run took on the 2-core development machine
+    # the source whose figures these are, besides the benchmark's own module: a change to it after a results
+    # file's commit makes that file stale (bench/staleness.py)
+    measures: tuple[str, ...] = ()
+
+    def sources(self) -> tuple[str, ...]:
+        """The benchmark's module (a script, or the package ``-m`` runs) and what it measures, as paths."""
+        first = self.full[1].replace(".", "/") if self.full[0] == "-m" else self.full[0]
+        return (first, *self.measures)
 
     def argv(self, quick: bool, results: Path) -> list[str]:
         """The arguments, with the results folder as the command would be typed at the repository's root."""
@@ -45,69 +54,89 @@ class Benchmark:
         return [part.replace("{results}", shown) for part in (self.quick if quick else self.full)]
 
 
+# what the benchmarks of the whole live service measure: the broker, its configuration, tenants and the agents
+LIVE_SERVICE = ("broker", "config", "tenants", "agent", "gpus")
+
 OPENB_TRACES = ("default", "multigpu20", "multigpu30", "gpushare20", "gpushare40", "gpushare60", "gpushare80",
                 "gpuspec10", "gpuspec20")
 
 BENCHMARKS: tuple[Benchmark, ...] = (
     Benchmark("agent_ops", "create+delete operations per second on one node agent (fsync per change)",
               ("bench/agent_ops.py", "ops", "--seconds", "8"), ("bench/agent_ops.py", "ops", "--quick"),
-              ("agent_ops",), "an agent process", 0.5),
+              ("agent_ops",), "an agent process", 0.5,
+              measures=("agent", "gpus")),
     Benchmark("agent_scrape", "1,000 simulated nodes' /metrics, one pass and a real Prometheus scraping them",
               ("bench/agent_ops.py", "scrape", "--nodes", "1000", "--prometheus-seconds", "75"),
-              ("bench/agent_ops.py", "scrape", "--quick"), ("agent_scrape",), "a fleet process, Prometheus", 3),
+              ("bench/agent_ops.py", "scrape", "--quick"), ("agent_scrape",), "a fleet process, Prometheus", 3,
+              measures=("agent", "gpus")),
     Benchmark("openb", "placement quality on the Alibaba openb traces (FGD's method): default against faithful FGD",
               ("-m", "bench.sim", "fragmentation", "--trace", "all", "--seeds", "42-51", "--json-dir", "{results}",
                "--jobs", "2"),
               ("-m", "bench.sim", "fragmentation", "--trace", "all", "--quick", "--json-dir", "{results}", "--jobs",
                "2"),
-              tuple(f"openb_{trace}" for trace in OPENB_TRACES), "nothing (pure replay)", 10),
+              tuple(f"openb_{trace}" for trace in OPENB_TRACES), "nothing (pure replay)", 10,
+              measures=("broker/scheduler", "gpus")),
     Benchmark("quota", "quota replay of the Philly trace: static partitions, FIFO and ours",
               ("-m", "bench.sim", "quota", "--jobs", PHILLY, "--load", "0.8", "--policy", "all",
                "--json-dir", "{results}"),
               ("-m", "bench.sim", "quota", "--jobs", PHILLY, "--load", "0.8", "--policy", "all", "--limit", "6000",
                "--json-dir", "{results}"),
-              ("philly_quota_static", "philly_quota_fifo", "philly_quota_ours"), "nothing (pure replay)", 4),
+              ("philly_quota_static", "philly_quota_fifo", "philly_quota_ours"), "nothing (pure replay)", 4,
+              measures=("broker/scheduler", "gpus")),
     Benchmark("capacity", "closed-loop capacity replay (Philly arrivals, GenAI utilisation): loop off/advise/auto",
               ("-m", "bench.sim", "capacity", "--days", "3", "--start-day", "30", "--json-dir", "{results}"),
               ("-m", "bench.sim", "capacity", "--days", "0.5", "--start-day", "30", "--loop", "off,auto",
                "--json-dir", "{results}"),
               ("capacity_off", "capacity_advise", "capacity_auto", "capacity_auto-train"), "nothing (pure replay)",
-              8),
+              8,
+              measures=("capacity/planner", "broker/scheduler", "gpus")),
     Benchmark("billing", "a month's close (metering + invoice_run) for 1,000 tenants on 10,000 GPUs",
               ("bench/billing.py", "--workers", "2"), ("bench/billing.py", "--quick", "--workers", "2"), ("billing",),
-              "PostgreSQL", 15),
+              "PostgreSQL", 15,
+              measures=("billing", "broker/models.py")),
     Benchmark("billing_hourly", "one hour's metering run at 100,000 GPUs", ("bench/billing.py", "--hourly"),
               ("bench/billing.py", "--hourly", "--nodes", "1250", "--tenants", "100"), ("billing_hourly",),
-              "PostgreSQL", 5),
+              "PostgreSQL", 5,
+              measures=("billing", "broker/models.py")),
     Benchmark("leasing", "the lease path, request to ACTIVE, on the whole live service: leases/s, CPU per lease",
               ("bench/leasing.py",), ("bench/leasing.py", "--quick"), ("leasing",),
-              "PostgreSQL, Redis, gunicorn, Celery workers, a simulated fleet", 4),
+              "PostgreSQL, Redis, gunicorn, Celery workers, a simulated fleet", 4,
+              measures=LIVE_SERVICE),
     Benchmark("leasing_profile", "the same with py-spy sampling every process: the top costs per process",
               ("bench/leasing.py", "--leases", "300", "--nodes", "20", "--profile"),
               ("bench/leasing.py", "--quick", "--profile"), ("leasing_profile",),
-              "the same, and py-spy", 3),
+              "the same, and py-spy", 3,
+              measures=LIVE_SERVICE),
     Benchmark("leasing_scale", "API latency with and without 1,000 more nodes heartbeating and scraped",
               ("bench/leasing.py", "--scale-nodes", "1000"), ("bench/leasing.py", "--quick", "--scale-nodes", "100"),
-              ("leasing_scale",), "the same, and Prometheus", 10),
+              ("leasing_scale",), "the same, and Prometheus", 10,
+              measures=(*LIVE_SERVICE, "observability")),
     Benchmark("scheduler_cycle", "one schedule cycle at 100,000 GPUs and 10,000 queued requests: the core alone",
               ("bench/scheduler_cycle.py",), ("bench/scheduler_cycle.py", "--quick"), ("scheduler_cycle",),
-              "nothing (pure)", 2),
+              "nothing (pure)", 2,
+              measures=("broker/scheduler", "gpus")),
     Benchmark("scheduler_cycle_db", "the same cycle read from and written to PostgreSQL",
               ("bench/scheduler_cycle.py", "--db"), ("bench/scheduler_cycle.py", "--db", "--quick"),
-              ("scheduler_cycle_db",), "PostgreSQL", 10),
+              ("scheduler_cycle_db",), "PostgreSQL", 10,
+              measures=("broker/scheduler", "broker/snapshot.py", "broker/services/cycle.py", "gpus")),
     Benchmark("scaleout", "leases/s with 1 worker, then 3, against 2 web servers, 2 schedulers and 100 nodes",
               ("bench/scaleout.py",), ("bench/scaleout.py", "--quick"), ("scaleout",),
-              "PostgreSQL, Redis, gunicorn x2, Celery workers, beat contenders, simulated fleets", 5),
+              "PostgreSQL, Redis, gunicorn x2, Celery workers, beat contenders, simulated fleets", 5,
+              measures=LIVE_SERVICE),
     Benchmark("pipelines", "ESG against even-split+greedy and the A* optimum on generated pipelines; planning time",
-              ("bench/pipelines.py",), ("bench/pipelines.py", "--quick"), ("pipelines",), "nothing (pure)", 2),
+              ("bench/pipelines.py",), ("bench/pipelines.py", "--quick"), ("pipelines",), "nothing (pure)", 2,
+              measures=("pipelines/planner", "gpus")),
     Benchmark("splits", "model splits: heuristic against equal layers and the DP optimum",
-              ("bench/splits.py",), ("bench/splits.py", "--quick"), ("splits",), "nothing (pure)", 3),
+              ("bench/splits.py",), ("bench/splits.py", "--quick"), ("splits",), "nothing (pure)", 3,
+              measures=("pipelines/planner", "gpus")),
     Benchmark("tiering", "auto-tiering on held-out architectures: cost regret and target misses by policy",
               ("bench/tiering.py", "--json", "{results}/tiering.json"),
-              ("bench/tiering.py", "--quick", "--json", "{results}/tiering.json"), ("tiering",), "nothing (pure)", 18),
+              ("bench/tiering.py", "--quick", "--json", "{results}/tiering.json"), ("tiering",), "nothing (pure)", 18,
+              measures=("tiering/engine", "gpus")),
     Benchmark("capacity_live", "warm pools in the live service: p95 time to GPU warm against cold",
               ("bench/capacity_live.py",), ("bench/capacity_live.py", "--quick"), ("capacity_live",),
-              "PostgreSQL, Redis, gunicorn, Celery workers and beat, a simulated fleet", 9),
+              "PostgreSQL, Redis, gunicorn, Celery workers and beat, a simulated fleet", 9,
+              measures=(*LIVE_SERVICE, "capacity", "bench/leasing.py")),
 )
 
 
@@ -118,6 +147,15 @@ def by_name() -> dict[str, Benchmark]:
 def results_files() -> set[str]:
     """Every results file a full run of every benchmark writes (stems)."""
     return {name for bench in BENCHMARKS for name in bench.results}
+
+
+def staleness() -> list:
+    """The freshness of every registered results file (``bench/staleness.py``), in the order of ``BENCHMARKS``."""
+    from bench.record import RESULTS
+    from bench.staleness import results_freshness
+
+    return [results_freshness(name, root=ROOT, results=RESULTS, sources=bench.sources())
+            for bench in BENCHMARKS for name in bench.results]
 
 
 def run(selected: list[Benchmark], quick: bool) -> int:
@@ -148,6 +186,7 @@ def main(argv: list[str] | None = None) -> int:
     some.add_argument("--quick", action="store_true", help="smoke sizes, results in bench/results/quick/")
     docs = sub.add_parser("docs", help="rewrite the docs' tables from the results files")
     docs.add_argument("--check", action="store_true", help="change nothing; exit 1 where a table differs")
+    sub.add_parser("stale", help="results files older than the code they measure (exit 1: a commit not in history)")
     args = parser.parse_args(argv)
     if args.command == "list":
         for bench in BENCHMARKS:
@@ -160,7 +199,16 @@ def main(argv: list[str] | None = None) -> int:
         changed = update(check=args.check)
         for line in changed:
             print(("differs: " if args.check else "rewrote: ") + line)
+        if not args.check:  # the tables just marked: say which files, and why
+            for state in staleness():
+                if state.state not in ("fresh", "unknown"):
+                    print(state.line())
         return 1 if (args.check and changed) else 0
+    if args.command == "stale":
+        states = staleness()
+        for state in states:
+            print(state.line())
+        return 1 if any(state.state == "missing" for state in states) else 0
     selected = list(BENCHMARKS) if args.command == "all" else [by_name()[name] for name in args.names]
     return run(selected, args.quick)
 

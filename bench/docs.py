@@ -17,7 +17,17 @@ import re
 from collections.abc import Callable
 from pathlib import Path
 
-from bench.record import RESULTS, ROOT, load
+from bench.record import RESULTS, ROOT
+from bench.record import load as _load_file
+
+STALE_MARK = "**Stale:**"  # the line a block gets when the code behind its figures changed since they were recorded
+_LOADED: list[str] = []  # the results files the renderer now running has read
+
+
+def load(name: str) -> dict:
+    """The results file ``name`` (``bench.record.load``), noted as one the table being made is drawn from."""
+    _LOADED.append(name)
+    return _load_file(name)
 
 BLOCK = re.compile(r"<!-- bench:(?P<name>[\w.-]+) -->\n(?P<body>.*?)<!-- /bench:(?P=name) -->", re.S)
 RENDERERS: dict[str, Callable[[], str]] = {}
@@ -373,7 +383,8 @@ def _tiering() -> str:
 
 @renderer("headlines")
 def _headlines() -> str:
-    """README's one table: each benchmark's headline figure against its target, every cell from a results file."""
+    """docs/performance.md's headline table: each benchmark's figure against its target, every cell from a
+    results file."""
     def fig(name: str) -> dict:
         return load(name)["figures"]
 
@@ -451,8 +462,41 @@ def blocks(text: str) -> list[tuple[str, str]]:
     return [(m.group("name"), m.group("body")) for m in BLOCK.finditer(text)]
 
 
+def without_marks(body: str) -> str:
+    """A block without its staleness line: what the results files alone decide (the line depends on the code's
+    history since, which moves with every commit; ``python -m bench docs`` writes it, the check ignores it)."""
+    kept = "".join(line for line in body.splitlines(keepends=True) if not line.startswith(STALE_MARK))
+    return kept.rstrip("\n") + "\n" if kept.strip() else kept
+
+
+def stale_mark(names: list[str]) -> str:
+    """The line a block gets when some of the results files behind it are stale or untraceable (empty if none):
+    which files, and the command that records them again."""
+    from bench.__main__ import BENCHMARKS
+    from bench.staleness import FRESH, UNKNOWN, results_freshness
+
+    owner = {result: bench for bench in BENCHMARKS for result in bench.results}
+    old, rerun = [], []
+    for name in dict.fromkeys(names):
+        bench = owner.get(name)
+        if bench is None:
+            continue
+        state = results_freshness(name, root=ROOT, results=RESULTS, sources=bench.sources())
+        if state.state in (FRESH, UNKNOWN):
+            continue
+        old.append(f"`{name}.json`" + (" (commit not in history)" if state.state != "stale" else ""))
+        rerun.append(bench.name)
+    if not old:
+        return ""
+    which = ", ".join(old) if len(old) <= 4 else f"{len(old)} of its results files"
+    return (f"{STALE_MARK} the code these figures measure changed after they were recorded ({which}; "
+            f"`python -m bench stale` says what changed); re-run `python -m bench run "
+            f"{' '.join(dict.fromkeys(rerun))}` on a quiet machine.\n")
+
+
 def update(check: bool = False) -> list[str]:
-    """Rewrite (or, with ``check``, compare) every block; return ``path: name`` of those that differ."""
+    """Rewrite (or, with ``check``, compare) every block; return ``path: name`` of those that differ. Rewriting
+    also marks the blocks whose results files are stale (``stale_mark``); comparing ignores that line."""
     differs = []
     for path in documents():
         text = path.read_text()
@@ -461,11 +505,18 @@ def update(check: bool = False) -> list[str]:
             name = match.group("name")
             if name not in RENDERERS:
                 raise KeyError(f"{path.relative_to(ROOT)}: no renderer named {name!r} (bench/docs.py)")
+            _LOADED.clear()
             try:
                 body = render(name)
             except (OSError, KeyError, TypeError, ValueError) as error:  # a missing or older-format results file
                 differs.append(f"{path.relative_to(ROOT)}: {name} (cannot render: {type(error).__name__} {error})")
                 return match.group(0)
+            if check:
+                if body != without_marks(match.group("body")):
+                    differs.append(f"{path.relative_to(ROOT)}: {name}")
+                return match.group(0)
+            mark = stale_mark(list(_LOADED))
+            body += ("\n" + mark) if mark else ""
             if body != match.group("body"):
                 differs.append(f"{path.relative_to(ROOT)}: {name}")
             return f"<!-- bench:{name} -->\n{body}<!-- /bench:{name} -->"

@@ -5,11 +5,11 @@ from __future__ import annotations
 from datetime import timedelta
 
 from celery import shared_task
+from django.conf import settings
 from django.utils import timezone
 
 from billing import services
-from billing.services import metering_run
-from billing.services.stripe_sync import invoice_push_task, invoices_push_due  # noqa: F401  (registers the Stripe tasks)
+from billing.services import metering_run, stripe_sync
 
 
 @shared_task(name="billing.invoice_run_due", acks_late=True)
@@ -26,3 +26,25 @@ def invoice_run_due() -> list[dict]:
 def meter_pending() -> dict:
     """Every complete hour metered (allocations and utilisation); open windows retried (idempotent)."""
     return metering_run.meter_pending()
+
+
+# The Stripe tasks keep the names they were registered under in billing.services.stripe_sync (beat entries,
+# queued messages and the observability hooks refer to them by name).
+@shared_task(name="billing.services.stripe_sync.invoice_push_task", bind=True, acks_late=True,
+             autoretry_for=stripe_sync.RETRYABLE_ERRORS, retry_backoff=30, retry_backoff_max=3600, retry_jitter=True,
+             max_retries=settings.STRIPE_MAX_RETRIES)
+def invoice_push_task(self, invoice_id: int) -> str:
+    """Push one invoice; Stripe or network failures are retried with exponential back-off (30 s doubling up
+    to an hour, ``STRIPE_MAX_RETRIES`` times); the periodic re-push takes over after that."""
+    return stripe_sync.invoice_push(invoice_id=invoice_id)
+
+
+@shared_task(name="billing.services.stripe_sync.invoices_push_due", acks_late=True)
+def invoices_push_due() -> int:
+    """Periodic: enqueue a push for every finalized invoice not in Stripe yet; returns how many."""
+    if not settings.STRIPE_API_KEY:
+        return 0
+    invoice_ids = stripe_sync.invoice_ids_push_due()
+    for invoice_id in invoice_ids:
+        invoice_push_task.delay(invoice_id)
+    return len(invoice_ids)

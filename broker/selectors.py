@@ -9,7 +9,7 @@ from django.conf import settings
 from django.db.models import Prefetch, QuerySet
 from django.utils import timezone
 
-from broker.choices import LeaseState
+from broker.choices import GpuMode, LeaseState
 from broker.models import Allocation, Gpu, Lease, LeaseEvent, Node
 from config.errors import NotFound, ValidationFailed
 from tenants.access import Actor, restrict
@@ -73,10 +73,10 @@ def offer_list(*, now=None) -> list[dict]:
             "price_per_gpu_hour": None})
         offer["gpus"] += 1
         mode = gpu.gpu.mode.value
-        if mode == "whole":
+        if mode == GpuMode.WHOLE:
             offer["whole"]["gpus"] += 1
             offer["whole"]["free"] += int(gpu.fits_whole())
-        elif mode == "shared":
+        elif mode == GpuMode.SHARED:
             offer["share"]["gpus"] += 1
             offer["share"]["free_milli"] += gpu.free_milli
         else:

@@ -26,7 +26,7 @@ from datetime import datetime
 from django.conf import settings
 from django.db import connection
 
-from broker.choices import AllocationState, LeaseState
+from broker.choices import AllocationState, LeaseState, NodeStatus
 
 # changes older than this are deleted by the cycle (``prune``); a cache whose watermark is below the deleted
 # ones reads whole again
@@ -177,7 +177,7 @@ class SnapshotCache:
 
         cursor.execute(_NODE_SQL.format(where=where), params)
         for pk, node_id, cordoned, status in cursor.fetchall():
-            self.nodes[pk] = CoreNode(node_id, cordoned=cordoned or status != "ready")
+            self.nodes[pk] = CoreNode(node_id, cordoned=cordoned or status != NodeStatus.READY)
             self.node_ids[pk] = node_id
 
     def _gpus_from(self, cursor, where: str, params: list) -> None:

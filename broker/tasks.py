@@ -9,7 +9,7 @@ from django.utils import timezone
 
 from agent.client import AgentUnreachable
 from broker import services
-from broker.choices import LeaseState
+from broker.choices import LeaseState, NodeStatus
 from broker.models import Lease
 
 logger = logging.getLogger(__name__)
@@ -114,7 +114,7 @@ def reconcile() -> dict:
 
     totals = {"resumed": services.leases_resume_stuck(), "silent": services.nodes_check_heartbeats(),
               "orphans": 0, "vanished": 0, "unreachable": 0}
-    for node in Node.objects.filter(status="ready").order_by("pk"):
+    for node in Node.objects.filter(status=NodeStatus.READY).order_by("pk"):
         try:
             found = services.node_reconcile(node=node)
         except AgentUnreachable:

@@ -18,7 +18,7 @@ from django.conf import settings
 
 from agent.backend import InvalidRequest
 from agent.workloads import spec_from_json
-from broker.choices import GpuKind, WorkloadClass
+from broker.choices import GpuKind, NodeStatus, WorkloadClass
 from broker.models import Gpu
 from config.errors import PermissionDenied, QuotaExceeded, ValidationFailed
 from gpus.catalogue import UnknownModel, model_get
@@ -149,7 +149,8 @@ def never_fits(shape: dict, tiers: list[str]) -> str:
     count = shape["count"]
     if count <= 1:
         return ""
-    nodes = list(Gpu.objects.filter(lost_at__isnull=True, model__in=tiers, node__status__in=("ready", "silent"))
+    nodes = list(Gpu.objects.filter(lost_at__isnull=True, model__in=tiers,
+                                    node__status__in=(NodeStatus.READY, NodeStatus.SILENT))
                  .values("node_id", "model").annotate(gpus=Count("pk")).order_by())
     if not nodes:
         return ""

@@ -20,9 +20,9 @@ class AdjustmentAdmin(admin.ModelAdmin):
     search_fields = ["target", "reason"]
     list_select_related = ["tenant"]
     fields = ["kind", "target", "state", "mode", "reason", "change", "evidence", "gain_gpu_seconds",
-              "gain_money_minor", "currency", "gain_time_to_gpu_seconds", "risk", "tenant_ids", "tenant", "project",
-              "lease", "gpu", "proposed_at", "last_seen_at", "decided_at", "decided_by", "applied_by", "finished_at",
-              "outcome", "effect", "effect_at", "fingerprint"]
+              "gain_money_minor", "currency", "priced_with", "gain_time_to_gpu_seconds", "risk", "tenant_ids",
+              "tenant", "project", "lease", "gpu", "proposed_at", "last_seen_at", "decided_at", "decided_by",
+              "applied_by", "finished_at", "outcome", "effect", "effect_at", "fingerprint"]
     readonly_fields = fields
     actions = ["accept", "reject"]
 

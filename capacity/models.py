@@ -37,6 +37,9 @@ class Adjustment(models.Model):
     gain_gpu_seconds = models.BigIntegerField(default=0)
     gain_money_minor = models.BigIntegerField(default=0)
     currency = models.CharField(max_length=3, blank=True)
+    # the price book the money gain was priced at where it is not the general one the planner used (a tenant's
+    # own book pricing its right-sizing advice); shown beside the gain, never written into ``reason``
+    priced_with = models.CharField(max_length=200, blank=True)
     gain_time_to_gpu_seconds = models.IntegerField(default=0)
     risk = ArrayField(models.BigIntegerField(), default=list, blank=True)
     tenant_ids = ArrayField(models.BigIntegerField(), default=list, blank=True)  # every tenant it concerns

@@ -37,6 +37,7 @@ def expected_gain(adjustment: Adjustment) -> dict:
         "gpu_hours": gpu_hours(adjustment.gain_gpu_seconds),
         "money": {"minor": adjustment.gain_money_minor, "currency": adjustment.currency,
                   "formatted": money_text(adjustment.gain_money_minor, adjustment.currency)},
+        "priced_with": adjustment.priced_with,
         "time_to_gpu_seconds": adjustment.gain_time_to_gpu_seconds,
     }
 
@@ -44,7 +45,7 @@ def expected_gain(adjustment: Adjustment) -> dict:
 def may_decide(adjustment: Adjustment, *, user, actor) -> bool:
     """Whether ``user`` (acting as ``actor``, None for staff outside any tenant) may accept or reject this
     adjustment now: it is proposed and the service's rule lets them."""
-    from capacity.services import _may_decide
+    from capacity.services.decisions import _may_decide
 
     if adjustment.state != AdjustmentState.PROPOSED:
         return False

@@ -17,7 +17,7 @@ from datetime import datetime, timedelta
 from django.conf import settings
 from django.db.models import Q, QuerySet
 
-from broker.choices import AllocationState, LeaseState
+from broker.choices import AllocationState, LeaseState, NodeStatus
 from broker.models import Allocation, Gpu, Lease
 from broker.scheduler import GpuMode as CoreMode
 from broker.scheduler import Kind
@@ -118,7 +118,8 @@ def capacity_snapshot(*, now: datetime) -> tuple[CapacitySnapshot, SnapshotNotes
 def _gpus(now: datetime, leases: dict[int, Lease]) -> tuple[CapacityGpu, ...]:
     """GPUs of ready, uncordoned nodes that are not lost and not already changing mode, with their live
     instances (lease held) and warm pool members. ``leases`` is filled with the live leases read."""
-    rows = list(Gpu.objects.filter(lost_at__isnull=True, node__status="ready", node__cordoned=False, mode_target="")
+    rows = list(Gpu.objects.filter(lost_at__isnull=True, node__status=NodeStatus.READY, node__cordoned=False,
+                                   mode_target="")
                 .select_related("node").order_by("node__node_id", "index"))
     live = (Allocation.objects.filter(gpu__in=rows, freed_at__isnull=True).select_related("lease")
             .order_by("pk"))

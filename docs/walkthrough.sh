@@ -1,9 +1,9 @@
 #!/bin/sh
-# The README's walk-through, run for real: a token, quotas, a problem+json answer, a MIG slice from
-# request to release, usage, a draft invoice and its PDF (README.md, "The API in one example" and
-# "Usage and invoices"). Every command the README shows is here word for word, and every curl or
-# manage.py call here is in the README (tests/test_readme_walkthrough.py checks both); the lines around
-# them only check the answers and wait.
+# The walk-through, run for real: a token, quotas, a problem+json answer, a MIG slice from request to
+# release, usage, a draft invoice and its PDF (docs/tour.md, "The walk-through"; README.md's one example is
+# its lease part). Every command those pages show is here word for word, and every curl or manage.py call
+# here is in docs/tour.md (tests/test_readme_walkthrough.py checks both); the lines around them only check
+# the answers and wait.
 #
 #   make run                    # in another terminal: the service, its demo tenants and a simulated fleet
 #   sh docs/walkthrough.sh      # BASE_URL=http://127.0.0.1:8010 sh docs/walkthrough.sh after make run PORT=8010
@@ -123,4 +123,4 @@ case $first_line in
     *) fail "$OUT_DIR/invoice.pdf does not start with %PDF";;
 esac
 
-step "done: every step of the README's walk-through worked against $BASE_URL"
+step "done: every step of the walk-through worked against $BASE_URL"

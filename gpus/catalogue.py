@@ -1,5 +1,9 @@
 """GPU models the broker knows: memory, MIG capability and the tier a quota or price refers to.
 
+One catalogue: every model here has its MIG rows (``gpus.mig``, exactly when ``mig_capable``), its performance
+row (``gpus.performance.SPECS``) and its NVML device name (``vendor_name``), unless it is ``trace_only``;
+``tests/gpus/test_catalogue.py`` fails naming the model and the table that lacks it.
+
 A *tier* is the model code (``H100-80GB``): quotas and prices are per tier, and MIG slices and shares
 count toward the tier of the GPU they are carved from. This module is pure data and standard library;
 the scheduling core and the agent both import it.
@@ -23,6 +27,9 @@ class GpuModel:
     # board power: the limit and a typical idle draw, in watts (the simulated agent's power model)
     max_power_w: int = 300
     idle_power_w: int = 40
+    # a code of a replayed trace whose hardware the trace does not name: memory only, no performance row and
+    # no device name an agent could report (tests/gpus/test_catalogue.py holds every other model to all rows)
+    trace_only: bool = False
 
 
 MODELS: tuple[GpuModel, ...] = (
@@ -38,8 +45,8 @@ MODELS: tuple[GpuModel, ...] = (
     GpuModel("A10", "NVIDIA A10", 23_028, False, False, max_power_w=150, idle_power_w=20),
     GpuModel("P100", "Tesla P100-PCIE-16GB", 16_384, False, False, max_power_w=250, idle_power_w=30),
     # Model codes of the Alibaba openb trace whose hardware the trace does not name.
-    GpuModel("G2", "openb G2", 16_384, False, False),
-    GpuModel("G3", "openb G3", 32_768, False, False),
+    GpuModel("G2", "openb G2", 16_384, False, False, trace_only=True),
+    GpuModel("G3", "openb G3", 32_768, False, False, trace_only=True),
 )
 
 _BY_CODE: dict[str, GpuModel] = {}

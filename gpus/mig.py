@@ -99,6 +99,17 @@ def _profile_name(model: str, shape: MigShape) -> str:
     return f"{compute}.{gb}gb" + ("+me" if shape.media_extensions else "")
 
 
+def mig_models() -> tuple[str, ...]:
+    """The models the MIG tables have a row for (usable memory or profile names by slot count)."""
+    return tuple(sorted(set(_MEMORY_BY_SLOTS) | set(_NAME_GB)))
+
+
+def mig_rows(model: str) -> dict[str, tuple[int, int, int, int]]:
+    """The MIG table rows of ``model`` by table name (``memory_mib``, ``name_gb``), those it has."""
+    rows = {"memory_mib": _MEMORY_BY_SLOTS.get(model), "name_gb": _NAME_GB.get(model)}
+    return {name: row for name, row in rows.items() if row is not None}
+
+
 @cache
 def profiles_for(model: str) -> tuple[MigProfile, ...]:
     """The MIG profiles of a model (empty when the model has no MIG)."""

@@ -13,6 +13,8 @@ import time
 from django.db import connection
 from prometheus_client.core import GaugeMetricFamily
 
+from broker.choices import NodeStatus
+
 logger = logging.getLogger(__name__)
 
 LIVE_STATES = ("requested", "queued", "provisioning", "active", "preempted", "releasing")
@@ -120,7 +122,7 @@ class DatabaseCollector:
                                   labels=["status", "cordoned"])
         heartbeat = GaugeMetricFamily("gpubroker_node_last_heartbeat_timestamp_seconds",
                                       "Unix time of each node's last heartbeat.", labels=["node", "status"])
-        counts: dict[tuple[str, str], int] = {(s, c): 0 for s in ("ready", "silent") for c in ("false", "true")}
+        counts: dict[tuple[str, str], int] = {(s, c): 0 for s in NodeStatus.values for c in ("false", "true")}
         for node_id, status, cordoned, last in _rows(
                 "SELECT node_id, status, cordoned, COALESCE(last_heartbeat_at, enrolled_at) FROM {broker_node}"):
             key = (status, "true" if cordoned else "false")

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from datetime import UTC
 from decimal import Decimal
 
-from broker.choices import FINAL_STATES, GpuMode, LeaseState
+from broker.choices import FINAL_STATES, GpuMode, LeaseState, NodeStatus
 from gpus.catalogue import model_get
 from gpus.mig import MEMORY_SLOTS, profiles_for
 
@@ -160,7 +160,7 @@ class NodeCard:
     def state(self) -> str:
         if self.cordoned:
             return "cordoned"
-        return "ready" if self.status == "ready" else "silent"
+        return "ready" if self.status == NodeStatus.READY else "silent"
 
 
 _SEGMENT_STATE = {LeaseState.PROVISIONING: "provisioning", LeaseState.ACTIVE: "active",

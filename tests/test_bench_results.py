@@ -4,7 +4,11 @@
   ``bench/record.py``'s format, from a committed tree;
 - every benchmark table in the docs equals what ``bench/docs.py`` makes from those files (``python -m bench docs``
   rewrites them), and every table's renderer is used somewhere;
-- ``python -m bench`` runs a benchmark end to end and writes its file where it says.
+- ``python -m bench`` runs a benchmark end to end and writes its file where it says;
+- every results file's commit is in the history, an ancestor of ``HEAD`` (else the file cannot be traced to
+  any code: the test fails); one older than the code it measures (``bench/staleness.py``) is *reported* as a
+  ``StaleResults`` warning, not failed: recording again needs a quiet machine, not a code change. A shallow clone
+  without the commits says "unknown" and skips.
 """
 
 from __future__ import annotations
@@ -12,12 +16,14 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import warnings
 
 import pytest
 
 from bench import docs
-from bench.__main__ import BENCHMARKS, by_name, results_files
+from bench.__main__ import BENCHMARKS, by_name, results_files, staleness
 from bench.record import RESULTS, ROOT
+from bench.staleness import FRESH, MISSING, STALE, UNKNOWN, freshness
 
 REQUIRED = {"name", "command", "commit", "dirty", "date", "machine", "settings", "figures"}
 
@@ -77,3 +83,75 @@ def test_python_m_bench_runs_a_benchmark_and_records_it(tmp_path):
     assert payload["settings"]["quick"] is True
     assert [run["client_threads"] for run in payload["figures"]["runs"]] == [1, 4]
     assert all(run["operations"] > 0 for run in payload["figures"]["runs"])
+
+
+class StaleResults(UserWarning):
+    """A results file older than the code it measures: re-run its benchmark (``python -m bench stale``)."""
+
+
+def test_results_files_trace_to_an_ancestor_commit_and_stale_ones_are_reported():
+    states = staleness()
+    if all(state.state == UNKNOWN for state in states):
+        pytest.skip(f"git cannot say: {states[0].detail}")
+    for state in states:
+        if state.state == STALE:
+            warnings.warn(StaleResults(state.line()), stacklevel=1)
+    missing = [state.line() for state in states if state.state == MISSING]
+    assert not missing, "results files whose commit is not in this branch's history:\n" + "\n".join(missing)
+
+
+def _git(repo, *args: str) -> str:
+    return subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@example.com", *args], cwd=repo,
+                          capture_output=True, text=True, check=True).stdout.strip()
+
+
+def test_staleness_compares_content_so_a_move_is_not_a_change(tmp_path):
+    """On a scratch repository: a measured module renamed with its imports (and docstring) rewritten is fresh;
+    an edit of its code is stale, naming the file; an unmeasured file changing is nothing; a commit not in the
+    history, or off the branch, is missing; a shallow clone without the commit is unknown."""
+    repo = tmp_path / "repo"
+    (repo / "old" / "core").mkdir(parents=True)
+    (repo / "old" / "core" / "plan.py").write_text(
+        '"""The planner (old.core)."""\nfrom old.core import types\n\n\ndef plan(x):\n    return x + 1\n')
+    (repo / "old" / "core" / "types.py").write_text("LIMIT = 3\n")
+    (repo / "notes.txt").write_text("a\n")
+    _git(repo, "init", "-q", "-b", "main")
+    _git(repo, "add", ".")
+    _git(repo, "commit", "-q", "-m", "one")
+    recorded = _git(repo, "rev-parse", "HEAD")
+
+    _git(repo, "mv", "old", "new")
+    (repo / "new" / "core" / "plan.py").write_text(
+        '"""The planner, moved (new.core)."""\nfrom new.core import types\n\n\ndef plan(x):\n    return x + 1\n')
+    (repo / "notes.txt").write_text("b\n")
+    _git(repo, "commit", "-q", "-am", "the move")
+    state = freshness("plan", recorded, ("new/core",), root=repo)
+    assert (state.state, state.changed) == (FRESH, ())
+
+    (repo / "new" / "core" / "plan.py").write_text(
+        '"""The planner, moved."""\nfrom new.core import types\n\n\ndef plan(x):\n    return x + 2\n')
+    _git(repo, "commit", "-q", "-am", "a real change")
+    state = freshness("plan", recorded, ("new/core",), root=repo)
+    assert (state.state, state.changed) == (STALE, ("new/core/plan.py",))
+    assert "new/core/plan.py" in state.line() and recorded[:10] in state.line()
+    assert freshness("plan", recorded, ("notes-elsewhere",), root=repo).state == FRESH
+
+    assert freshness("plan", "0" * 40, ("new/core",), root=repo).state == MISSING
+    _git(repo, "checkout", "-q", "-b", "side", recorded)
+    (repo / "notes.txt").write_text("c\n")
+    _git(repo, "commit", "-q", "-am", "off the branch")
+    side = _git(repo, "rev-parse", "HEAD")
+    _git(repo, "checkout", "-q", "main")
+    state = freshness("plan", side, ("new/core",), root=repo)
+    assert state.state == MISSING and "not an ancestor" in state.detail
+
+    shallow = tmp_path / "shallow"
+    subprocess.run(["git", "clone", "-q", "--depth", "1", f"file://{repo}", str(shallow)], check=True)
+    assert freshness("plan", recorded, ("new/core",), root=shallow).state == UNKNOWN
+
+
+def test_docs_check_ignores_the_stale_mark_that_docs_writes():
+    table = "| a |\n|---|\n| 1 |\n"
+    marked = table + "\n" + docs.STALE_MARK + " the code these figures measure changed …\n"
+    assert docs.without_marks(marked) == table
+    assert docs.without_marks(table) == table

@@ -1,6 +1,7 @@
-"""The README's walk-through (issue 14): ``docs/walkthrough.sh`` runs every command the README shows, against
-a live server with real parts (the Django live server, a Celery worker process, simulated agents enrolled
-over HTTP, ``manage.py`` on the test database), and the README and the script cannot drift apart."""
+"""The walk-through (issue 14): ``docs/walkthrough.sh`` runs every command that ``docs/tour.md`` ("The
+walk-through") and the README's one API example show, against a live server with real parts (the Django live
+server, a Celery worker process, simulated agents enrolled over HTTP, ``manage.py`` on the test database), and
+those pages and the script cannot drift apart."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from tests.broker.conftest import _test_database_url, start_fleet, start_workers
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
+TOUR = ROOT / "docs" / "tour.md"
 SCRIPT = ROOT / "docs" / "walkthrough.sh"
 # README line → the script's form of it (the script takes BASE_URL from the environment)
 SCRIPT_FORM = {"BASE_URL=http://127.0.0.1:8000": "BASE_URL=${BASE_URL:-http://127.0.0.1:8000}"}
@@ -44,10 +46,22 @@ def _commands(text: str) -> list[str]:
     return commands
 
 
-def _readme_walkthrough() -> list[str]:
-    text = README.read_text()
-    section = text[text.index("## The API in one example"):text.index("## Scheduling, measured")]
+def _section_commands(path: Path, heading: str) -> list[str]:
+    """The commands of the ``sh`` blocks in the section ``heading`` of ``path`` (up to the next ``## ``)."""
+    text = path.read_text()
+    start = text.index(heading + "\n")
+    end = text.find("\n## ", start + len(heading))
+    section = text[start:end if end != -1 else len(text)]
     return [command for block in re.findall(r"```sh\n(.*?)```", section, re.S) for command in _commands(block)]
+
+
+def _readme_walkthrough() -> list[str]:
+    """Every walk-through command the docs show: the whole of it in docs/tour.md, the README's one example."""
+    return [*_section_commands(TOUR, "## The walk-through"), *_readme_example()]
+
+
+def _readme_example() -> list[str]:
+    return _section_commands(README, "## The API in one example")
 
 
 def test_readme_walkthrough_every_readme_command_is_in_the_script():
@@ -59,6 +73,16 @@ def test_readme_walkthrough_every_readme_command_is_in_the_script():
                    "$INVOICE.pdf"):
         assert any(needed in command for command in readme), f"the README's walk-through lost {needed!r}"
     missing = [c for c in readme if not any(SCRIPT_FORM.get(c, c) in line for line in script)]
+    assert not missing, f"documented commands that docs/walkthrough.sh does not run: {missing}"
+
+
+def test_readme_walkthrough_the_readme_example_is_run_by_the_script():
+    """The README's one example is the lease part of the walk-through, word for word."""
+    example = _readme_example()
+    for needed in ("manage.py tenant_bootstrap", '"$BASE_URL/api/v1/leases")', "/api/v1/leases/$LEASE", "-X DELETE"):
+        assert any(needed in command for command in example), f"the README's example lost {needed!r}"
+    script = _commands(SCRIPT.read_text())
+    missing = [c for c in example if not any(SCRIPT_FORM.get(c, c) in line for line in script)]
     assert not missing, f"README commands that docs/walkthrough.sh does not run: {missing}"
 
 
@@ -69,7 +93,7 @@ def test_readme_walkthrough_every_script_call_is_in_the_readme():
     assert len(calls) >= 9
     unshown = [line for line in calls
                if not any(c in line for c in SCRIPT_ONLY) and not any(c in line for c in readme)]
-    assert not unshown, f"docs/walkthrough.sh calls that the README does not show: {unshown}"
+    assert not unshown, f"docs/walkthrough.sh calls that docs/tour.md does not show: {unshown}"
 
 
 def test_readme_walkthrough_has_no_fixed_ids_or_months():
@@ -81,7 +105,7 @@ def test_readme_walkthrough_has_no_fixed_ids_or_months():
 
 
 def test_readme_names_portal_pages_that_exist():
-    paths = set(re.findall(r"`(/[a-z0-9_./-]*)[`?]", README.read_text()))
+    paths = set(re.findall(r"`(/[a-z0-9_./-]*)[`?]", README.read_text() + TOUR.read_text()))
     assert {"/ops/", "/ops/fleet", "/usage", "/invoices/"} <= paths
     unknown = []
     for path in sorted(paths):
@@ -89,7 +113,7 @@ def test_readme_names_portal_pages_that_exist():
             resolve(path.split("?")[0])
         except Resolver404:
             unknown.append(path)
-    assert not unknown, f"the README names pages that are 404: {unknown}"
+    assert not unknown, f"the README or docs/tour.md names pages that are 404: {unknown}"
 
 
 def test_readme_ops_leads_staff_to_the_fleet_map(admin_client):

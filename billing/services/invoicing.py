@@ -337,10 +337,10 @@ def invoice_finalize(*, invoice: Invoice, now: datetime | None = None) -> Invoic
 
 def _push_later(invoice_id: int) -> None:
     try:
-        from billing.services import stripe_sync
+        from billing import tasks
     except ImportError:  # the Stripe part is optional in a deployment without it
         return
-    stripe_sync.invoice_push_task.delay(invoice_id)
+    tasks.invoice_push_task.delay(invoice_id)
 
 
 def period_closed(*, period: date, now: datetime) -> tuple[bool, str]:

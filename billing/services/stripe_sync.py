@@ -1,11 +1,11 @@
 """Stripe mirror of our invoices (docs/architecture.md §5.7): push finalized invoices, apply Stripe's webhook events.
 
-Push (:func:`invoice_push`, run by the Celery task :func:`invoice_push_task` after finalization and re-run by
-the periodic :func:`invoices_push_due`): the tenant's customer (one per tenant, ``BillingAccount``), a Stripe
-invoice (``collection_method=send_invoice``, ``auto_advance=false``), one invoice item per line (negative
-amounts for credits and discounts), then finalize and send. Every call that creates or changes something
-carries an idempotency key derived from our ids (:func:`idempotency_key`), so a re-run after a crash or a
-timeout at any point creates nothing twice while Stripe remembers the key (24 h); past that, ids we stored
+Push (:func:`invoice_push`, run by the Celery task ``billing.tasks.invoice_push_task`` after finalization and
+re-run by the periodic ``billing.tasks.invoices_push_due``): the tenant's customer (one per tenant,
+``BillingAccount``), a Stripe invoice (``collection_method=send_invoice``, ``auto_advance=false``), one invoice
+item per line (negative amounts for credits and discounts), then finalize and send. Every call that creates or
+changes something carries an idempotency key derived from our ids (:func:`idempotency_key`), so a re-run after a
+crash or a timeout at any point creates nothing twice while Stripe remembers the key (24 h); past that, ids we stored
 (customer, Stripe invoice) are retrieved instead of created, and items already on the Stripe invoice (found by
 the line id in their metadata) are not added again. Before finalizing, the Stripe invoice's total must equal
 ours. A failure or timeout at Stripe leaves our invoice as it was and records ``stripe_state=failed``, the
@@ -28,7 +28,6 @@ from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
 import stripe
-from celery import shared_task
 from django.conf import settings
 from django.db import DatabaseError, IntegrityError, connection, transaction
 from django.db.models import F
@@ -253,26 +252,6 @@ def invoice_ids_push_due() -> list[int]:
     """Finalized invoices not (yet) in Stripe: never pushed, failed, or left half-way by a dead worker."""
     return list(Invoice.objects.filter(status=InvoiceStatus.FINALIZED).exclude(stripe_state=StripeState.SENT)
                 .order_by("pk").values_list("pk", flat=True))
-
-
-@shared_task(name="billing.services.stripe_sync.invoice_push_task", bind=True, acks_late=True,
-             autoretry_for=RETRYABLE_ERRORS, retry_backoff=30, retry_backoff_max=3600, retry_jitter=True,
-             max_retries=settings.STRIPE_MAX_RETRIES)
-def invoice_push_task(self, invoice_id: int) -> str:
-    """Push one invoice; Stripe or network failures are retried with exponential back-off (30 s doubling up
-    to an hour, ``STRIPE_MAX_RETRIES`` times); the periodic re-push takes over after that."""
-    return invoice_push(invoice_id=invoice_id)
-
-
-@shared_task(name="billing.services.stripe_sync.invoices_push_due", acks_late=True)
-def invoices_push_due() -> int:
-    """Periodic: enqueue a push for every finalized invoice not in Stripe yet; returns how many."""
-    if not settings.STRIPE_API_KEY:
-        return 0
-    invoice_ids = invoice_ids_push_due()
-    for invoice_id in invoice_ids:
-        invoice_push_task.delay(invoice_id)
-    return len(invoice_ids)
 
 
 # --- webhook events ---------------------------------------------------------------------------------------

@@ -17,6 +17,7 @@ from broker.choices import (
     AllocationState,
     GpuMode,
     LeaseState,
+    NodeStatus,
 )
 from broker.models import Allocation, Gpu, Lease, Node
 from broker.services.provisioning import agent_client, release_instances_quietly
@@ -153,7 +154,7 @@ def node_enroll(*, node_id: str, token: str, address: str, inventory: object, ho
                         f"re-enrollment (manage.py node_reenroll_approve {node_id}).", field="node_id")
                 how = "approved"
         fields = {"address": address, "hostname": hostname, "agent_version": agent_version,
-                  "secret": secrets.token_urlsafe(32), "status": "ready", "silent_since": None,
+                  "secret": secrets.token_urlsafe(32), "status": NodeStatus.READY, "silent_since": None,
                   "reenroll_approved_at": None, "enrolled_at": now, "last_heartbeat_at": now,
                   "enrollment_key": _enrollment_key(digest, enrollment_id) if record is not None else "",
                   "secret_used_at": None}
@@ -310,7 +311,7 @@ def node_heartbeat_signed(*, node_id: str, headers, method: str, path: str, quer
     node = Node(pk=row[0], node_id=node_id, secret=row[1], secret_used_at=row[2] or now)
     if outcome.get("beat"):
         node.last_heartbeat_at = now
-        node.status = "ready"
+        node.status = NodeStatus.READY
         return node
     # not a ready node (silent and back now, or another status): the first use of the secret, then the
     # heartbeat's own transaction, as node_request_verify and node_heartbeat do
@@ -328,14 +329,15 @@ def node_heartbeat(*, node: Node, now: datetime | None = None) -> Node:
     now = now or timezone.now()
     # the usual case, a ready node: one conditional UPDATE, its own transaction (1,000 nodes every 15 s are
     # 67 of these a second; a lock, a read and a second statement each cost the API more than the heartbeat)
-    if Node.objects.filter(pk=node.pk, status="ready", silent_since__isnull=True).update(last_heartbeat_at=now):
+    ready = Node.objects.filter(pk=node.pk, status=NodeStatus.READY, silent_since__isnull=True)
+    if ready.update(last_heartbeat_at=now):
         node.last_heartbeat_at = now
-        node.status = "ready"
+        node.status = NodeStatus.READY
         return node
     with transaction.atomic(durable=True):
         node_row = Node.objects.select_for_update().get(pk=node.pk)
-        Node.objects.filter(pk=node.pk).update(last_heartbeat_at=now, status="ready", silent_since=None)
-        if node_row.status == "silent":
+        Node.objects.filter(pk=node.pk).update(last_heartbeat_at=now, status=NodeStatus.READY, silent_since=None)
+        if node_row.status == NodeStatus.SILENT:
             reason = (f"node {node.node_id} answers again (silent since "
                       f"{node_row.silent_since.isoformat(timespec='seconds') if node_row.silent_since else '?'}); "
                       f"the lease runs on")
@@ -347,7 +349,7 @@ def node_heartbeat(*, node: Node, now: datetime | None = None) -> Node:
             if not node_row.cordoned:
                 enqueue("schedule_cycle")
     node.last_heartbeat_at = now
-    node.status = "ready"
+    node.status = NodeStatus.READY
     return node
 
 
@@ -465,10 +467,10 @@ def nodes_check_heartbeats(*, now: datetime | None = None) -> int:
     grace = timedelta(seconds=settings.AGENT_LOST_AFTER_SECONDS)
     limit = now - timedelta(seconds=3 * settings.AGENT_HEARTBEAT_SECONDS)
     silenced = 0
-    for node in Node.objects.filter(status="ready", last_heartbeat_at__lt=limit).order_by("pk"):
+    for node in Node.objects.filter(status=NodeStatus.READY, last_heartbeat_at__lt=limit).order_by("pk"):
         with transaction.atomic(durable=True):
-            if not Node.objects.filter(pk=node.pk, status="ready", last_heartbeat_at__lt=limit).update(
-                    status="silent", silent_since=now):
+            if not Node.objects.filter(pk=node.pk, status=NodeStatus.READY, last_heartbeat_at__lt=limit).update(
+                    status=NodeStatus.SILENT, silent_since=now):
                 continue  # it answered meanwhile
             last = node.last_heartbeat_at
             deadline = last + grace
@@ -479,11 +481,11 @@ def nodes_check_heartbeats(*, now: datetime | None = None) -> int:
             _audit(action="node.silent", target=node.node_id,
                    data={"last_heartbeat_at": last.isoformat(), "lost_at": deadline.isoformat(), "leases": count})
             silenced += 1
-    for node in Node.objects.filter(status="silent", last_heartbeat_at__lt=now - grace).order_by("pk"):
+    for node in Node.objects.filter(status=NodeStatus.SILENT, last_heartbeat_at__lt=now - grace).order_by("pk"):
         for lease in _leases_on(node).order_by("pk"):
             last_event = lease.events.order_by("-at").values_list("at", flat=True).first()
             stop = max(node.last_heartbeat_at, last_event or node.last_heartbeat_at)
-            if not Node.objects.filter(pk=node.pk, status="silent").exists():
+            if not Node.objects.filter(pk=node.pk, status=NodeStatus.SILENT).exists():
                 break  # it came back meanwhile: its leases run on
             allocations_free(lease=lease, now=stop, to=LeaseState.FAILED, actor="broker",
                              reason=f"node {node.node_id} stopped answering (last heartbeat "

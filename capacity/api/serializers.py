@@ -50,6 +50,8 @@ class ExpectedGainOutput(serializers.Serializer):
     gpu_hours = serializers.DecimalField(max_digits=18, decimal_places=2,
                                          help_text="GPU-seconds ÷ 3600, two decimals; negative = a cost")
     money = MoneyOutput()
+    priced_with = serializers.CharField(help_text='the price book the money was priced at where not the general '
+                                                  'one (a tenant\'s own book); "" for the general book')
     time_to_gpu_seconds = serializers.IntegerField()
 
 

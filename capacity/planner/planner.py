@@ -597,8 +597,7 @@ def _right_size(snapshot: CapacitySnapshot, policies: _Policies, now: float) -> 
             risk=(),
             mode=policy.right_size,
             reason=(f"lease {series.lease} used at most {p95_engine / 10:.1f} % (p95) of its engine and "
-                    f"{peak_fb} MiB over {int(span) // 3600} h; {what} would have fitted and saved {saving} "
-                    f"{snapshot.currency} minor units"),
+                    f"{peak_fb} MiB over {int(span) // 3600} h; {what} would have fitted"),
         ))
     return out
 

@@ -9,6 +9,7 @@ import pytest
 import stripe
 from django.test import Client
 
+from billing import tasks
 from billing.choices import InvoiceStatus, LineKind, StripeState
 from billing.models import BillingAccount, Invoice, InvoiceLine, StripeEvent
 from billing.services import stripe_sync
@@ -233,7 +234,7 @@ def test_stripe_sync_disabled_is_a_noop_that_says_why(stripe_server, tenant, set
     invoice.refresh_from_db()
     assert (invoice.stripe_state, invoice.stripe_attempts, invoice.stripe_error) == (
         StripeState.NOT_SENT, 0, stripe_sync.DISABLED)
-    assert stripe_sync.invoices_push_due() == 0
+    assert tasks.invoices_push_due() == 0
     assert stripe_server.requests == []
 
 
@@ -248,7 +249,7 @@ def test_stripe_sync_draft_is_not_pushed(stripe_server, tenant):
 def test_stripe_sync_task_retries_stripe_failures_but_not_refusals(stripe_server, tenant, settings):
     invoice = make_invoice(tenant)
     stripe_server.fail(2, path="^/v1/customers$")
-    result = stripe_sync.invoice_push_task.apply(args=[invoice.pk])
+    result = tasks.invoice_push_task.apply(args=[invoice.pk])
     invoice.refresh_from_db()
     assert result.successful() and result.get() == invoice.stripe_invoice_id
     assert (invoice.stripe_state, invoice.stripe_attempts) == (StripeState.SENT, 3)
@@ -256,7 +257,7 @@ def test_stripe_sync_task_retries_stripe_failures_but_not_refusals(stripe_server
     other = make_invoice(tenant, period=date(2026, 2, 1))
     settings.STRIPE_API_KEY = "sk_test_revoked"
     count = len(stripe_server.requests)
-    result = stripe_sync.invoice_push_task.apply(args=[other.pk])
+    result = tasks.invoice_push_task.apply(args=[other.pk])
     assert result.failed() and isinstance(result.result, stripe.AuthenticationError)
     assert len(stripe_server.requests) == count + 1  # no retry of a refusal
     other.refresh_from_db()
@@ -268,8 +269,8 @@ def test_stripe_sync_periodic_task_repushes_failed_and_unsent_invoices(stripe_se
     stripe_sync.invoice_push(invoice_id=sent.pk)
     Invoice.objects.filter(pk=failed.pk).update(stripe_state=StripeState.FAILED, stripe_attempts=4)
     enqueued = []
-    monkeypatch.setattr(stripe_sync.invoice_push_task, "delay", enqueued.append)
-    assert stripe_sync.invoices_push_due() == 2
+    monkeypatch.setattr(tasks.invoice_push_task, "delay", enqueued.append)
+    assert tasks.invoices_push_due() == 2
     assert enqueued == [failed.pk, unsent.pk]
 
 

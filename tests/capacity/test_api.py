@@ -123,7 +123,10 @@ def test_api_adjustment_shows_the_gain_in_gpu_hours_and_money(world, rows):
     body = world.client("viewer").get(f"/api/v1/adjustments/{rows['acme'].pk}").json()
     assert body["expected_gain"] == {"gpu_hours": "1.50", "money": {"minor": 1250, "currency": "USD",
                                                                     "formatted": "12.50 USD"},
-                                     "time_to_gpu_seconds": 30}
+                                     "priced_with": "", "time_to_gpu_seconds": 30}
+    Adjustment.objects.filter(pk=rows["acme"].pk).update(priced_with="acme contract")
+    body = world.client("viewer").get(f"/api/v1/adjustments/{rows['acme'].pk}").json()
+    assert body["expected_gain"]["priced_with"] == "acme contract"  # the book that priced the saving, a field
     assert body["lease"] == rows["acme"].lease_id and body["project"] == "vision"
     assert body["state"] == "proposed" and body["decided_at"] is None and body["effect"] is None
     assert set(body) == {"id", "kind", "target", "state", "mode", "reason", "change", "evidence", "expected_gain",

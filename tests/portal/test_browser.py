@@ -555,14 +555,13 @@ def test_browser_capacity_loop_staff_review_and_tenant_advice(live_server, brows
     """Staff see the pools with a warm instance made on a real agent and accept quota advice on
     /ops/capacity; the tenant's admin sees the advice on the dashboard and accepts a right-sizing on /advice."""
     from broker.models import Gpu
-    from capacity import services as capacity_services
     from capacity.models import Adjustment
+    from capacity.services.warm_pool import _create_warm
     from tenants.models import Quota
 
     world = portal_world
     h100 = Gpu.objects.filter(model="H100-80GB").order_by("pk").first()
-    created, skipped = capacity_services._create_warm([{"gpu": f"g{h100.pk}", "start": 6, "profile": "1g.10gb"}],
-                                                   timezone.now())
+    created, skipped = _create_warm([{"gpu": f"g{h100.pk}", "start": 6, "profile": "1g.10gb"}], timezone.now())
     assert created == 1, skipped
     quota = Adjustment.objects.create(
         kind="quota_advice", target=f"project:{world.project.pk}/H100-80GB", fingerprint="q" * 64, mode="advise",
@@ -575,7 +574,7 @@ def test_browser_capacity_loop_staff_review_and_tenant_advice(live_server, brows
         project=world.project, tenant_ids=[world.acme.pk], gain_gpu_seconds=86400 * 6, gain_money_minor=8640,
         currency="USD", change={"model": "H100-80GB", "profile": "1g.10gb", "size_before": 1000, "size_after": 142},
         reason="lease 17 used at most 9.7 % (p95) of its engine and 3100 MiB over 24 h; MIG 1g.10gb on H100-80GB "
-               "would have fitted and saved 86.40 USD at the prices of List prices")
+               "would have fitted", priced_with="List prices")
 
     staff = open_page(browser, live_server.url, "root")
     staff.goto(f"{live_server.url}/ops/capacity")
@@ -589,6 +588,7 @@ def test_browser_capacity_loop_staff_review_and_tenant_advice(live_server, brows
     admin.goto(f"{live_server.url}/")
     assert "86.40" in admin.content()  # the dashboard's advice card: the money open advice would save
     admin.goto(f"{live_server.url}/advice")
+    assert "at the prices of List prices" in admin.content()  # the book that priced the saving, beside it
     assert admin.locator(f"#accept-{quota.pk}").count() == 0  # quota advice is the platform's to decide
     shoot(admin, "advice")
     admin.locator(f"#accept-{right.pk}").click()

@@ -1,4 +1,4 @@
-"""The Django admin writes through ``tenants.services`` (README: "writing through the same services"): each
+"""The Django admin writes through ``tenants.services`` (docs/tour.md: "writing through the same services"): each
 change made there leaves the service's audit event in the staff user's name, keeps the service's rules (the
 last owner stays), and a refusal is a message or a form error — nothing of it saved, never a 500. Bulk
 "delete selected" is gone, and what no service writes is read-only.

@@ -5,7 +5,7 @@ told to with ``--finalize``). Idempotent: run it again, after a crash or not, an
 
 It meters the month's complete hours first; the hour in progress is metered once it has ended (the
 ``billing.meter_pending`` task), so a lease of the last minutes is on no invoice yet. ``--through-now``
-also meters that hour up to now, for a draft that shows it (README's walk-through); the meter recomputes
+also meters that hour up to now, for a draft that shows it (docs/tour.md's walk-through); the meter recomputes
 the whole hour after it ends (the spend forecast of budget caps counts running leases from then on, never
 from the end of that hour). A preview for a draft: refused with ``--finalize``.
 """

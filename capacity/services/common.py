@@ -1,0 +1,66 @@
+"""What every part of the loop's services shares: the loop's actor name, the conflict error, finishing a
+row, the schedule cycle's lock, and the one audit helper."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from django.db import connection, transaction
+
+from capacity.models import Adjustment
+from config.errors import ApplicationError
+
+LOOP = "capacity-loop"
+
+
+class AdjustmentConflict(ApplicationError):
+    status = 409
+    code = "adjustment_conflict"
+    title = "Adjustment no longer open"
+
+
+def _state(adjustment: Adjustment) -> str:
+    return Adjustment.objects.values_list("state", flat=True).get(pk=adjustment.pk)
+
+
+def _finish(adjustment: Adjustment, state: str, outcome: str, *, now: datetime, effect: dict | None = None) -> None:
+    fields = {"state": state, "finished_at": now, "outcome": outcome}
+    if effect is not None:
+        fields |= {"effect": effect, "effect_at": now}
+    Adjustment.objects.filter(pk=adjustment.pk).update(**fields)
+    adjustment.state, adjustment.outcome = state, outcome
+
+
+def _audit(action: str, user, data: dict, *, adjustment: Adjustment | None = None, target: str = "") -> None:
+    """The audit row of a decision on an adjustment (its tenant, ``adjustment:<id>``, its kind and target
+    added to ``data``) or of a platform setting (``target``, no tenant). The one place this package writes
+    ``AuditEvent``."""
+    from tenants.models import AuditEvent
+
+    tenant = None
+    if adjustment is not None:
+        tenant, target = adjustment.tenant, f"adjustment:{adjustment.pk}"
+        data = {"kind": adjustment.kind, "adjustment_target": adjustment.target, **data}
+    AuditEvent.objects.create(tenant=tenant, actor=user if user is not None and user.is_authenticated else None,
+                              action=action, target=target, data=data)
+
+
+def _cycle_lock() -> None:
+    """Wait for the schedule cycle's advisory lock (held to the end of the caller's transaction): no cycle
+    places while the loop changes a GPU. A cycle that found the lock taken meanwhile skipped (leaving its
+    trigger flag set, which would hold back every trigger until it expires): after the commit the flag is
+    cleared and a cycle asked for, so what queued meanwhile is placed at once."""
+    from broker.services import ADVISORY_LOCK, cycle_flag_clear, schedule_cycle_request
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_advisory_xact_lock(%s)", [ADVISORY_LOCK])
+
+    def again() -> None:
+        cycle_flag_clear()
+        schedule_cycle_request()
+
+    transaction.on_commit(again)
+
+
+def _gpu_of(adjustment: Adjustment) -> int:
+    return int(str(adjustment.change["gpu"]).lstrip("g"))

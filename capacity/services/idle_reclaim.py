@@ -1,0 +1,76 @@
+"""Idle reclaim in three steps, each its own proposal: a notice (deadline, agent notice, ``lease.notice``
+notification), then at the deadline a release (in quota) or a preemption (over quota), or the notice
+withdrawn when the lease is busy again. Every step re-reads the lease under its row lock."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from django.db import transaction
+
+from broker.choices import LeaseState
+from broker.models import Lease
+from capacity.choices import AdjustmentState
+from capacity.models import Adjustment
+from capacity.selectors import policies_in_force
+from capacity.services.common import LOOP, _finish
+
+
+def reclaim_apply(adjustment: Adjustment, now: datetime) -> None:
+    from broker.services import enqueue, lease_preempt, lease_release
+    from notifications.services import notification_emit
+
+    step = adjustment.step
+    lease_id = int(adjustment.change["lease"])
+    figures = adjustment.evidence.get("figures", {})
+    with transaction.atomic(durable=True):
+        lease = Lease.objects.select_for_update().select_related("tenant").get(pk=lease_id)
+        if lease.state != LeaseState.ACTIVE:
+            return _finish(adjustment, AdjustmentState.EXPIRED, f"the lease is {lease.state} now", now=now)
+        if step == "notice":
+            if lease.notice_deadline is not None:
+                return _finish(adjustment, AdjustmentState.EXPIRED, "the lease already has a notice", now=now)
+            seconds = _notice_seconds(lease)
+            deadline = now + timedelta(seconds=seconds)
+            step_word = "preempted (back to the queue)" if lease.over_quota else "released"
+            reason = (f"idle: engine activity {figures.get('mean engine active (permille)', '?')}‰ on average over "
+                      f"{figures.get('window seconds', '?')} s; it will be {step_word} at "
+                      f"{deadline.isoformat(timespec='seconds')} unless it gets busy")
+            Lease.objects.filter(pk=lease.pk).update(notice_deadline=deadline, reason=reason)
+            notification_emit(tenant=lease.tenant, kind="lease.notice", lease=lease, key=f"idle{adjustment.pk}",
+                              now=now, data={"reason": reason, "deadline": deadline.isoformat(),
+                                             "adjustment": adjustment.pk})
+            enqueue("lease_notice_run", lease.pk)
+            return _finish(adjustment, AdjustmentState.APPLIED, f"notice given until {deadline.isoformat()}", now=now)
+        if step == "cancel":
+            Lease.objects.filter(pk=lease.pk).update(notice_deadline=None, reason="busy again: idle notice withdrawn")
+            return _finish(adjustment, AdjustmentState.APPLIED, "notice withdrawn: the lease is busy again", now=now)
+        if lease.notice_deadline is None:  # withdrawn (busy again) since the proposal: the lease stays
+            return _finish(adjustment, AdjustmentState.EXPIRED, "the lease has no idle notice any more", now=now)
+        remaining = max(0, int(((lease.ends_at or now) - now).total_seconds()))
+        milli = sum(lease.allocations.filter(freed_at__isnull=True).values_list("milli", flat=True))
+        effect = {"gpu_seconds_freed": milli * remaining // 1000, "milli": milli}
+        why = (f"idle (engine activity {figures.get('mean engine active (permille)', '?')}‰ over "
+               f"{figures.get('window seconds', '?')} s, notice given) — adjustment {adjustment.pk}")
+        if step == "preempt":
+            lease_preempt(lease=lease, actor=LOOP, now=now, why=f"as {why}", notice_seconds=0)
+            transaction.on_commit(_expire_soon)
+            return _finish(adjustment, AdjustmentState.APPLIED, "preempted: back to the queue", now=now,
+                           effect=effect)
+    lease_release(lease=lease, actor=LOOP, reason=f"released: {why}", now=now)
+    return _finish(adjustment, AdjustmentState.APPLIED, "released", now=now, effect=effect)
+
+
+def _expire_soon() -> None:
+    from broker import tasks
+
+    tasks.lease_expire_due.apply_async(countdown=0.5)
+
+
+def _notice_seconds(lease: Lease) -> int:
+    from capacity.planner import ReclaimClass
+
+    policies = {p.scope: p for p in policies_in_force()}
+    policy = policies.get(f"project:{lease.project_id}", policies[""])
+    klass = ReclaimClass.OVER_QUOTA if lease.over_quota else ReclaimClass(lease.workload_class)
+    return policy.idle_rule(klass).notice_seconds

@@ -1,0 +1,148 @@
+"""One turn of the loop: the snapshot, the pure planner, its proposals kept as rows (refreshed, new, expired),
+the ``auto`` ones applied, drains finished, interrupted rows failed, effects measured."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.db import connection, transaction
+from django.db.models import Q
+from django.utils import timezone
+
+from broker.models import Gpu, Lease
+from capacity.choices import ADVICE_KINDS, AdjustmentKind, AdjustmentState, LoopMode
+from capacity.models import Adjustment
+from capacity.planner import Adjustment as Proposal
+from capacity.planner import plan_capacity
+from capacity.selectors import capacity_snapshot
+from capacity.services.applying import adjustment_apply, applying_sweep
+from capacity.services.common import LOOP, AdjustmentConflict
+from capacity.services.effects import effects_measure
+from capacity.services.mode_switch import drains_finish
+from capacity.services.right_size import price_for_tenant
+
+PLAN_LOCK = 0x6770_6370  # "gpcp": one planner run at a time
+
+
+def plan_run(*, now: datetime | None = None) -> dict:
+    """One turn of the loop. Returns counts: proposed (rows open after the run), new, expired, applied,
+    failed, and what the snapshot could not read. ``now`` is read once and is every step's clock."""
+    now = now or timezone.now()
+    with transaction.atomic(durable=True):
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_try_advisory_xact_lock(%s)", [PLAN_LOCK])
+            if not cursor.fetchone()[0]:
+                return {"skipped": 1}
+        snapshot, notes = capacity_snapshot(now=now)
+        proposals = plan_capacity(snapshot, now=now.timestamp())
+        # without series the planner cannot judge idleness or size: what it proposed from them stays open
+        blind = () if notes.prometheus == "ok" else (AdjustmentKind.IDLE_RECLAIM, AdjustmentKind.RIGHT_SIZE)
+        rows, counts = adjustments_record(proposals, now=now, currency=snapshot.currency, keep=blind)
+    counts |= {"applied": 0, "failed": 0, "prometheus": notes.prometheus}
+    for row in rows:
+        if row.mode == LoopMode.AUTO and row.state == AdjustmentState.PROPOSED and row.kind not in ADVICE_KINDS:
+            try:
+                done = adjustment_apply(adjustment=row, actor=LOOP, now=now)
+            except AdjustmentConflict:  # another run, or a person, took it meanwhile
+                continue
+            counts["applied" if done.state in (AdjustmentState.APPLIED, AdjustmentState.APPLYING) else "failed"] += 1
+    counts["drained"] = drains_finish(now=now)
+    counts["interrupted"] = applying_sweep(now=now)
+    counts["measured"] = effects_measure(now=now)
+    return counts
+
+
+def fingerprint(proposal: Proposal) -> str:
+    body = {"kind": proposal.kind.value, "target": proposal.target, "change": asdict(proposal.change)}
+    return hashlib.sha256(json.dumps(body, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def _who(proposal: Proposal) -> dict:
+    """Whom an adjustment concerns: its lease, project, GPU, tenant, and every tenant whose lease it touches."""
+    from tenants.models import Project
+
+    found: dict = {"lease": None, "project": None, "gpu": None, "tenant": None}
+    kind, _, rest = proposal.target.partition(":")
+    if kind == "lease":
+        found["lease"] = Lease.objects.select_related("project").filter(pk=int(rest)).first()
+        if found["lease"]:
+            found["project"], found["tenant"] = found["lease"].project, found["lease"].tenant
+    elif kind == "project":
+        found["project"] = Project.objects.select_related("tenant").filter(pk=int(rest.split("/")[0])).first()
+        if found["project"]:
+            found["tenant"] = found["project"].tenant
+    elif kind == "gpu":
+        found["gpu"] = Gpu.objects.filter(pk=int(rest.lstrip("g"))).first()
+    touched = set(Lease.objects.filter(pk__in=[int(r) for r in proposal.risk]).values_list("tenant_id", flat=True))
+    if found["tenant"]:
+        touched.add(found["tenant"].pk)
+    found["tenant_ids"] = sorted(touched)
+    return found
+
+
+def adjustments_record(proposals: list[Proposal], *, now: datetime, currency: str,
+                       keep: tuple[str, ...] = ()) -> tuple[list[Adjustment], dict]:
+    """Each proposal as a row: the open row with its fingerprint is refreshed (evidence, gain, last seen), or a
+    new one is made (tenants told of new advice, once per fingerprint); open proposals the planner no longer
+    makes expire (except those of the ``keep`` kinds, which this run could not judge), and so do those older
+    than ``CAPACITY_PROPOSAL_TTL_SECONDS``. Inside the caller's transaction."""
+    by_print = {fingerprint(p): p for p in proposals}
+    existing = {row.fingerprint: row for row in Adjustment.objects.select_for_update().filter(
+        fingerprint__in=by_print, state__in=(AdjustmentState.PROPOSED, AdjustmentState.APPLYING))}
+    # a person's "no" (or accepted advice) stands for the proposal's lifetime: not proposed again every minute
+    decided = set(Adjustment.objects.filter(
+        fingerprint__in=by_print, finished_at__gte=now - timedelta(seconds=settings.CAPACITY_PROPOSAL_TTL_SECONDS))
+        .filter(Q(state=AdjustmentState.REJECTED) | Q(state=AdjustmentState.APPLIED, kind__in=ADVICE_KINDS))
+        .values_list("fingerprint", flat=True))
+    rows, new = [], 0
+    for print_, proposal in by_print.items():
+        if print_ in decided and print_ not in existing:
+            continue
+        gain = proposal.expected_gain
+        values = {"evidence": {"start": proposal.evidence.start, "end": proposal.evidence.end,
+                               "figures": dict(proposal.evidence.figures)},
+                  "gain_gpu_seconds": gain.gpu_seconds, "gain_money_minor": gain.money_minor,
+                  "gain_time_to_gpu_seconds": gain.time_to_gpu_seconds, "currency": currency,
+                  "priced_with": "", "reason": proposal.reason, "mode": proposal.mode.value,
+                  "last_seen_at": now}
+        row = existing.get(print_)
+        if row is not None:
+            if row.state == AdjustmentState.PROPOSED:
+                for name, value in values.items():
+                    setattr(row, name, value)
+                price_for_tenant(row)
+                row.save(update_fields=[*values])
+            rows.append(row)
+            continue
+        who = _who(proposal)
+        row = Adjustment(kind=proposal.kind.value, target=proposal.target, fingerprint=print_,
+                         change=asdict(proposal.change), risk=[int(r) for r in proposal.risk], proposed_at=now,
+                         **values, **who)
+        price_for_tenant(row)
+        row.save()
+        new += 1
+        rows.append(row)
+        if row.kind in ADVICE_KINDS and row.tenant is not None:
+            _tell_advice(row, now)
+    stale = Adjustment.objects.filter(state=AdjustmentState.PROPOSED).exclude(fingerprint__in=by_print).exclude(
+        kind__in=keep)
+    expired = stale.update(state=AdjustmentState.EXPIRED, finished_at=now,
+                           outcome="no longer proposed: the queue, the fleet or the usage changed")
+    expired += Adjustment.objects.filter(state=AdjustmentState.PROPOSED, proposed_at__lt=now - timedelta(
+        seconds=settings.CAPACITY_PROPOSAL_TTL_SECONDS)).update(
+        state=AdjustmentState.EXPIRED, finished_at=now, outcome="nobody decided within the proposal's lifetime")
+    return rows, {"proposed": len(rows), "new": new, "expired": expired}
+
+
+def _tell_advice(row: Adjustment, now: datetime) -> None:
+    from notifications.services import notification_emit
+
+    # keyed by the fingerprint: the same advice proposed again after it expired is not told twice
+    notification_emit(tenant=row.tenant, kind="advice", key=row.fingerprint[:24], lease=row.lease, now=now,
+                      data={"adjustment": {"id": row.pk, "kind": row.kind, "target": row.target,
+                                           "reason": row.reason, "saving_minor": row.gain_money_minor,
+                                           "currency": row.currency, "priced_with": row.priced_with}})
