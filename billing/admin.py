@@ -16,7 +16,7 @@ from django.utils import timezone
 
 from billing import services
 from billing.models import BillingTerms, PriceBook, PriceRate, SpendCap
-from config.errors import ApplicationError
+from core.errors import ApplicationError
 
 
 class ServiceAdmin(admin.ModelAdmin):

@@ -11,7 +11,7 @@ from django.utils import timezone
 
 from broker.choices import LeaseState
 from broker.models import Allocation, Gpu, Lease, LeaseEvent, Node
-from config.errors import NotFound, ValidationFailed
+from core.errors import NotFound, ValidationFailed
 from tenants.access import Actor, restrict
 
 

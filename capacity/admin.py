@@ -10,7 +10,7 @@ from django.http import HttpResponseRedirect
 from capacity import services
 from capacity.models import Adjustment, CapacityPolicy
 from capacity.selectors import MODE_FIELDS, NUMBER_FIELDS
-from config.errors import ApplicationError
+from core.errors import ApplicationError
 
 
 @admin.register(Adjustment)

@@ -41,7 +41,7 @@ from capacity.planner import (
     WarmInstance,
 )
 from capacity.planner.types import DEFAULT_IDLE_RULES, Mode
-from config.errors import NotFound
+from core.errors import NotFound
 from tenants.access import Actor
 
 logger = logging.getLogger(__name__)

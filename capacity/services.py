@@ -39,7 +39,7 @@ from capacity.models import Adjustment, CapacityPolicy
 from capacity.planner import Adjustment as Proposal
 from capacity.planner import plan_capacity
 from capacity.selectors import MODE_FIELDS, NUMBER_FIELDS, capacity_snapshot, policies_in_force
-from config.errors import ApplicationError, PermissionDenied, ValidationFailed
+from core.errors import ApplicationError, PermissionDenied, ValidationFailed
 from gpus.mig import profile_get
 
 logger = logging.getLogger(__name__)

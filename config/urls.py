@@ -6,9 +6,9 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, Spec
 from config import health
 from observability import views as observability_views
 
-handler400 = "config.problems.handler400"
-handler404 = "config.problems.handler404"
-handler500 = "config.problems.handler500"
+handler400 = "core.problems.handler400"
+handler404 = "core.problems.handler404"
+handler500 = "core.problems.handler500"
 
 urlpatterns = [
     path("healthz", health.healthz, name="healthz"),

@@ -27,7 +27,7 @@ from django.utils import timezone
 
 from broker.choices import LeaseState
 from broker.models import Lease, LeaseEvent
-from config.errors import ValidationFailed
+from core.errors import ValidationFailed
 from notifications import signing, transport
 from notifications.choices import EMAIL_KINDS, Channel, DeliveryStatus, EventKind
 from notifications.models import Delivery, Notification, NotificationPreference, OutboxCursor, WebhookEndpoint

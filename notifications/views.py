@@ -7,7 +7,7 @@ from __future__ import annotations
 from django.contrib import messages
 from django.shortcuts import redirect, render
 
-from config.errors import ApplicationError
+from core.errors import ApplicationError
 from notifications import selectors, services
 from notifications.choices import EventKind
 from notifications.models import Delivery

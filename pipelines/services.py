@@ -14,7 +14,7 @@ from django.utils import timezone
 
 from broker import services as broker
 from broker.extensions import list_prices
-from config.errors import ApplicationError, Conflict, NotFound, ValidationFailed
+from core.errors import ApplicationError, Conflict, NotFound, ValidationFailed
 from gpus import performance
 from gpus.architectures import ARCHITECTURES
 from gpus.catalogue import UnknownModel, model_get

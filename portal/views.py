@@ -22,7 +22,7 @@ from broker import selectors as broker
 from broker import services as broker_services
 from broker.choices import FINAL_STATES, HOLDING_STATES, LeaseState, WorkloadClass
 from capacity.presenters import advice_panel
-from config.errors import ApplicationError, NotFound, PermissionDenied, TenantSuspended
+from core.errors import ApplicationError, NotFound, PermissionDenied, TenantSuspended
 from portal import forms, presenters
 from portal.pricing import dashboard_spend
 from tenants import selectors, services

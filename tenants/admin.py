@@ -26,7 +26,7 @@ from django.contrib.admin.options import csrf_protect_m
 from django.core.exceptions import ValidationError
 from django.http import HttpResponseRedirect
 
-from config.errors import ApplicationError
+from core.errors import ApplicationError
 from tenants import services
 from tenants.access import Actor
 from tenants.choices import Role, TenantStatus

@@ -14,7 +14,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import Q, Sum
 from django.utils import timezone
 
-from config.errors import Conflict, PermissionDenied, QuotaExceeded, ValidationFailed
+from core.errors import Conflict, PermissionDenied, QuotaExceeded, ValidationFailed
 from gpus.catalogue import UnknownModel, model_get
 from tenants.access import Actor
 from tenants.choices import CURRENCIES, ROLE_RANK, Role, SloMetric, TenantStatus, TokenScope

@@ -31,7 +31,7 @@ from django.utils import timezone
 
 from broker.choices import FINAL_STATES, LeaseState
 from broker.models import Gpu, Lease
-from config.errors import ApplicationError, Conflict, NotFound, ValidationFailed
+from core.errors import ApplicationError, Conflict, NotFound, ValidationFailed
 from gpus.performance import Slice, slice_from_key
 from tenants.access import Actor
 from tenants.models import ApiToken, Membership, Project

@@ -1,6 +1,6 @@
 """The only writers of auto-tiering rows (docs/tiering.md): register a workload, record a profile or a
 throughput sample, retrain the decision model, predict (and store) the cheapest slice for a workload.
-Each is one transaction with its audit row; errors name the field (``config.errors``)."""
+Each is one transaction with its audit row; errors name the field (``core.errors``)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from django.db.models import Max
 from django.utils import timezone
 
 from broker.models import Lease
-from config.errors import Conflict, NotFound, ValidationFailed
+from core.errors import Conflict, NotFound, ValidationFailed
 from gpus.architectures import ARCHITECTURES, ConvNet
 from gpus.performance import (
     PRECISIONS,

@@ -16,7 +16,7 @@ from billing.core.periods import period_bounds
 from billing.core.pricing import HOUR_SECONDS, format_money, to_minor
 from billing.models import SpendCap
 from billing.services.prices import MAX_MINOR, _audit
-from config.errors import Conflict, NotFound, ValidationFailed
+from core.errors import Conflict, NotFound, ValidationFailed
 from tenants.access import Actor
 from tenants.models import Project, Tenant
 

@@ -34,7 +34,7 @@ from billing.models import (
 from billing.selectors.prices import books_in_force
 from billing.services.metering import usage_meter_window
 from broker.models import Allocation, Lease, LeaseEvent
-from config.errors import ValidationFailed
+from core.errors import ValidationFailed
 from tenants.models import Project, SloContract, Tenant
 
 

@@ -17,7 +17,7 @@ from billing.models import (
     PriceRate,
 )
 from billing.services.invoicing import period_parse
-from config.errors import Conflict, NotFound, ValidationFailed
+from core.errors import Conflict, NotFound, ValidationFailed
 from gpus.catalogue import MODELS
 from gpus.mig import UnknownProfile, profile_get
 from tenants.models import Tenant

@@ -49,7 +49,7 @@ from billing.core.metering import HOLDING, HOUR, held_intervals, hour_floor
 from billing.models import UtilisationUsage
 from broker.choices import GpuKind
 from broker.models import Allocation, Lease, LeaseEvent
-from config.errors import ApplicationError, ValidationFailed
+from core.errors import ApplicationError, ValidationFailed
 from gpus.mig import COMPUTE_SLICES, UnknownProfile, profile_get
 
 logger = logging.getLogger(__name__)

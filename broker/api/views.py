@@ -13,9 +13,9 @@ from agent.signing import HEADER_NODE
 from broker import selectors, services
 from broker.api import serializers as s
 from broker.choices import LeaseState
-from config.api import paginate, parse
-from config.errors import ValidationFailed
-from config.openapi import PAGE_PARAMETERS, paginated, problem
+from core.api import paginate, parse
+from core.errors import ValidationFailed
+from core.openapi import PAGE_PARAMETERS, paginated, problem
 
 
 def _actor_label(request) -> str:

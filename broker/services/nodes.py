@@ -23,7 +23,7 @@ from broker.services.provisioning import agent_client, release_instances_quietly
 from broker.services.transitions import allocations_free
 from broker.services.triggers import enqueue
 from broker.validation import MAX_GPU_INDEX, MAX_GPU_MEMORY_MIB
-from config.errors import (
+from core.errors import (
     ApplicationError,
     NotFound,
     ValidationFailed,
@@ -372,7 +372,7 @@ def node_reenroll_approve(*, node: Node, by_user=None, reason: str = "") -> Node
 def gpu_release(*, gpu: Gpu, by_user=None, reason: str = "") -> Gpu:
     """Staff: release a GPU from its node so that another node may claim it (moved hardware). It leaves
     scheduling at once (marked lost until a node reports it again); refused while an allocation holds it."""
-    from config.errors import Conflict
+    from core.errors import Conflict
 
     now = timezone.now()
     with transaction.atomic(durable=True):

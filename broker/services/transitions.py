@@ -21,7 +21,7 @@ from broker.extensions import RenewalAdmission, renewal_admit
 from broker.models import Lease, LeaseEvent
 from broker.services.triggers import enqueue
 from broker.validation import duration_check
-from config.errors import (
+from core.errors import (
     LeaseStateConflict,
 )
 

@@ -30,7 +30,7 @@ from broker.models import Lease, LeaseEvent, Node, Workload, WorkloadPlacement
 from broker.services.provisioning import agent_client, release_instances_quietly
 from broker.services.transitions import allocations_free, lease_release, lease_transition
 from broker.services.triggers import enqueue
-from config.errors import NotFound, ValidationFailed
+from core.errors import NotFound, ValidationFailed
 
 logger = logging.getLogger(__name__)
 RUNNING = ("starting", "running", "backoff")

@@ -11,8 +11,8 @@ from rest_framework import status
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from config.api import paginate, parse
-from config.openapi import PAGE_PARAMETERS, paginated, problem
+from core.api import paginate, parse
+from core.openapi import PAGE_PARAMETERS, paginated, problem
 from tenants import selectors, services
 from tenants.api import serializers as s
 
