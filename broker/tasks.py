@@ -7,7 +7,7 @@ import logging
 from celery import shared_task
 from django.utils import timezone
 
-from agent.client import AgentUnreachable
+from agent.protocol import AgentUnreachable
 from broker import services
 from broker.choices import LeaseState
 from broker.models import Lease

@@ -16,8 +16,7 @@ from pathlib import Path
 
 from django.conf import settings
 
-from agent.backend import InvalidRequest
-from agent.workloads import spec_from_json
+from agent.protocol import InvalidRequest, spec_from_json
 from broker.choices import GpuKind, WorkloadClass
 from broker.models import Gpu
 from core.errors import PermissionDenied, QuotaExceeded, ValidationFailed

@@ -296,7 +296,7 @@ class LeaseLogView(TenantView):
     LOG_TAIL = 16 * 1024
 
     def get(self, request, pk: int):
-        from agent.client import AgentHTTPError, AgentUnreachable
+        from agent.protocol import AgentHTTPError, AgentUnreachable
 
         lease = broker.lease_get(actor=self.actor, lease_id=pk)
         workload = presenters.lease_workload(lease)

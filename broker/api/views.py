@@ -9,7 +9,7 @@ from rest_framework.permissions import AllowAny
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from agent.signing import HEADER_NODE
+from agent.protocol import HEADER_NODE
 from broker import selectors, services
 from broker.api import serializers as s
 from broker.choices import LeaseState
@@ -166,7 +166,7 @@ class AgentEnrollApi(APIView):
 
 
 class AgentHeartbeatApi(APIView):
-    """Signed by the node's secret (agent.signing), each nonce accepted once across all web processes;
+    """Signed by the node's secret (agent.protocol), each nonce accepted once across all web processes;
     401 otherwise."""
 
     authentication_classes: list = []

@@ -234,9 +234,9 @@ def node_inventory_sync(*, node: Node, inventory: object, now: datetime, strict:
 
 def _signed_by(*, node_id: str, secret: str | None, headers, method: str, path: str, query: str, body: bytes,
                now: datetime, claim) -> None:
-    """The request's signature checked (``agent.signing``) against the node's ``secret`` (None: no such node), its
+    """The request's signature checked (``agent.protocol``) against the node's ``secret`` (None: no such node), its
     nonce claimed by ``claim(nonce, expires_at) -> bool`` (False: seen before); else ``AgentUnauthenticated``."""
-    from agent.signing import HEADER_NONCE, WINDOW, SignatureError, verify
+    from agent.protocol import HEADER_NONCE, WINDOW, SignatureError, verify
 
     if len(headers.get(HEADER_NONCE, "")) > 64:
         raise AgentUnauthenticated("X-Gpub-Nonce must be at most 64 characters.", field=HEADER_NONCE)
@@ -255,7 +255,7 @@ def _signed_by(*, node_id: str, secret: str | None, headers, method: str, path: 
 
 def node_request_verify(*, node_id: str, headers, method: str, path: str, query: str, body: bytes,
                         now: datetime | None = None) -> Node:
-    """The node that signed this request (``agent.signing``), else ``AgentUnauthenticated``. The nonce is
+    """The node that signed this request (``agent.protocol``), else ``AgentUnauthenticated``. The nonce is
     claimed in PostgreSQL (unique per node), so a replay is refused by every web process."""
     now = now or timezone.now()
     node = Node.objects.filter(node_id=node_id).only("pk", "node_id", "secret", "secret_used_at").first()

@@ -39,7 +39,7 @@ def allocation_spec(allocation: Allocation) -> dict:
 
 
 def agent_client(node: Node):
-    from agent.client import AgentClient
+    from agent.protocol import AgentClient
 
     return AgentClient(node.address, node.node_id, node.secret, timeout=settings.AGENT_TIMEOUT_SECONDS, retries=1)
 
@@ -165,7 +165,7 @@ def _create_on_nodes(by_node: dict[int, list]) -> list[tuple[object, list, objec
     order: one ``create_many`` call per node, the calls made concurrently (threads: they wait on the network)
     when there are several nodes, each in a copy of this context (a trace's spans keep their parent). No
     database access in the threads."""
-    from agent.client import AgentHTTPError, AgentUnreachable
+    from agent.protocol import AgentHTTPError, AgentUnreachable
 
     def call(allocations: list) -> object:
         node = allocations[0].gpu.node
@@ -192,7 +192,7 @@ def leases_provision(*, lease_ids: list[int]) -> dict[str, int]:
     refusal (4xx) requeues that lease with the reason, its other instances destroyed. A node that does
     not answer (or answers 5xx) raises ``AgentUnreachable`` once what the other nodes made is recorded;
     running this again is harmless (the agent returns the instances it already made)."""
-    from agent.client import AgentHTTPError, AgentUnreachable
+    from agent.protocol import AgentHTTPError, AgentUnreachable
 
     pending = (Allocation.objects.filter(lease_id__in=lease_ids, lease__state=LeaseState.PROVISIONING,
                                          state=AllocationState.PENDING).select_related("gpu__node").order_by("pk"))
@@ -255,7 +255,7 @@ def allocations_destroy(*, allocation_ids: list[int]) -> int:
     """Destroy the agent instances of these allocations, already freed (a group member requeued while it was
     provisioning): best effort, an unreachable node's instance is an orphan the reconcile destroys. Returns how
     many destroy calls were answered."""
-    from agent.client import AgentUnreachable
+    from agent.protocol import AgentUnreachable
 
     done = 0
     for allocation in (Allocation.objects.filter(pk__in=allocation_ids).exclude(freed_at__isnull=True)
@@ -270,7 +270,7 @@ def allocations_destroy(*, allocation_ids: list[int]) -> int:
 
 def release_instances_quietly(lease: Lease) -> None:
     """Best effort: an unreachable node keeps its instance until the reconcile destroys it as an orphan."""
-    from agent.client import AgentUnreachable
+    from agent.protocol import AgentUnreachable
 
     try:
         lease_release_instances(lease=lease)

@@ -48,7 +48,7 @@ def lease_workload_start(*, lease_id: int) -> str:
     """Start the lease's workload on its node (idempotent per placement). Returns the workload's state. A
     refusal by the agent (4xx: a path outside the node's roots, an image on a process node) fails the lease
     with the reason; an unreachable node raises ``AgentUnreachable`` (the task retries)."""
-    from agent.client import AgentHTTPError
+    from agent.protocol import AgentHTTPError
 
     workload = Workload.objects.select_related("lease").filter(lease_id=lease_id).first()
     if workload is None or workload.lease.state != LeaseState.ACTIVE:
@@ -290,7 +290,7 @@ def _lease_replace_after_failures(*, lease: Lease, node: Node, at: datetime, act
 def workload_stop_for_release(*, lease: Lease) -> None:
     """Before a lease's instances are destroyed: a running workload gets SIGTERM and the grace
     (``WORKLOAD_STOP_GRACE_SECONDS``) to end, then the destroy kills whatever is left."""
-    from agent.client import AgentHTTPError, AgentUnreachable
+    from agent.protocol import AgentHTTPError, AgentUnreachable
 
     workload = Workload.objects.filter(lease=lease).select_related("node").first()
     if workload is None or workload.state not in RUNNING or workload.node is None:
@@ -311,7 +311,7 @@ def workload_placement_log_keep(*, placement_id: int) -> bool:
     node) on its ``WorkloadPlacement``, so ``GET /api/v1/leases/{id}/logs?placement=N`` answers after the
     workload moved on (or the node pruned it). Idempotent; False when the node has no log to give (the
     agent answers 404) or the tail is kept already. An unreachable node raises ``AgentUnreachable``."""
-    from agent.client import AgentHTTPError
+    from agent.protocol import AgentHTTPError
 
     placement = WorkloadPlacement.objects.select_related("node").filter(pk=placement_id).first()
     if placement is None or placement.log_kept_at is not None or placement.node is None:
@@ -360,7 +360,7 @@ def workload_logs(*, lease: Lease, stream: str = "stdout", offset: int | None = 
     ``WORKLOAD_LOG_FOLLOW_SECONDS``) until there are bytes beyond ``offset`` or the workload has ended.
     ``lease`` is the caller's (selectors restrict it to the tenant), so a tenant only ever reads its own
     workloads' bytes."""
-    from agent.client import AgentHTTPError, AgentUnreachable
+    from agent.protocol import AgentHTTPError, AgentUnreachable
 
     workload = Workload.objects.filter(lease=lease).select_related("node").first()
     if workload is None:
