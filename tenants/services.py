@@ -17,10 +17,10 @@ from django.utils import timezone
 from core.errors import Conflict, PermissionDenied, QuotaExceeded, ValidationFailed
 from gpus.catalogue import UnknownModel, model_get
 from tenants.access import Actor
+from tenants.audit import audit_record
 from tenants.choices import CURRENCIES, ROLE_RANK, Role, SloMetric, TenantStatus, TokenScope
 from tenants.models import (
     ApiToken,
-    AuditEvent,
     Membership,
     Project,
     Quota,
@@ -33,16 +33,6 @@ from tenants.tokens import token_generate
 
 SLUG_HELP = "lowercase letters, digits and hyphens, 1-63 characters, not starting or ending with a hyphen"
 MAX_TOKEN_LIFETIME = timedelta(days=366)
-
-
-def _audit(*, tenant: Tenant | None, actor_user, action: str, target: str, **data) -> None:
-    AuditEvent.objects.create(
-        tenant=tenant,
-        actor=actor_user if actor_user and actor_user.is_authenticated else None,
-        action=action,
-        target=target,
-        data=data,
-    )
 
 
 def _validate_slug(value: str, field: str) -> str:
@@ -103,7 +93,7 @@ def tenant_create(*, name: str, slug: str, billing_email: str, currency: str = "
         if Tenant.objects.filter(slug=slug).exists():
             raise Conflict(f"A tenant with slug '{slug}' already exists.", field="slug")
         tenant = Tenant.objects.create(name=name, slug=slug, billing_email=billing_email, currency=currency)
-        _audit(tenant=tenant, actor_user=by_user, action="tenant.create", target=slug)
+        audit_record(tenant=tenant, by=by_user, action="tenant.create", target=slug)
     return tenant
 
 
@@ -130,7 +120,8 @@ def tenant_set_status(*, tenant: Tenant, status: str, by_user=None, reason: str 
         broker.schedule_cycle_wait()
         changed = Tenant.objects.filter(pk=tenant.pk).exclude(status=status).update(status=status, updated_at=now)
         if changed:
-            _audit(tenant=tenant, actor_user=by_user, action=f"tenant.{status}", target=tenant.slug, reason=reason)
+            audit_record(tenant=tenant, by=by_user, action=f"tenant.{status}", target=tenant.slug,
+                         data={"reason": reason})
             if status == TenantStatus.SUSPENDED:
                 broker.leases_hold(tenant_id=tenant.pk, reason=f"held: tenant '{tenant.slug}' is suspended{note}",
                                     actor=by, now=now)
@@ -157,13 +148,8 @@ def tenant_update(*, actor: Actor, name: str | None = None, billing_email: str |
     with transaction.atomic(durable=True):
         if changes:
             Tenant.objects.filter(pk=actor.tenant.pk).update(**changes, updated_at=timezone.now())
-            _audit(
-                tenant=actor.tenant,
-                actor_user=actor.user,
-                action="tenant.update",
-                target=actor.tenant.slug,
-                fields=sorted(changes),
-            )
+            audit_record(tenant=actor.tenant, by=actor.user, action="tenant.update", target=actor.tenant.slug,
+                         data={"fields": sorted(changes)})
     return Tenant.objects.get(pk=actor.tenant.pk)
 
 
@@ -178,7 +164,7 @@ def project_create(*, actor: Actor, slug: str, name: str, description: str = "")
         if Project.objects.filter(tenant=actor.tenant, slug=slug).exists():
             raise Conflict(f"Project '{slug}' already exists in this tenant.", field="slug")
         project = Project.objects.create(tenant=actor.tenant, slug=slug, name=name, description=description or "")
-        _audit(tenant=actor.tenant, actor_user=actor.user, action="project.create", target=slug)
+        audit_record(tenant=actor.tenant, by=actor.user, action="project.create", target=slug)
     return project
 
 
@@ -194,13 +180,8 @@ def project_update(
     with transaction.atomic(durable=True):
         if changes:
             Project.objects.filter(pk=project.pk, tenant=actor.tenant).update(**changes)
-            _audit(
-                tenant=actor.tenant,
-                actor_user=actor.user,
-                action="project.update",
-                target=project.slug,
-                fields=sorted(changes),
-            )
+            audit_record(tenant=actor.tenant, by=actor.user, action="project.update", target=project.slug,
+                         data={"fields": sorted(changes)})
     project.refresh_from_db()
     return project
 
@@ -213,7 +194,7 @@ def project_delete(*, actor: Actor, project: Project) -> None:
     try:
         with transaction.atomic(durable=True):
             Project.objects.filter(pk=project.pk, tenant=actor.tenant).delete()
-            _audit(tenant=actor.tenant, actor_user=actor.user, action="project.delete", target=project.slug)
+            audit_record(tenant=actor.tenant, by=actor.user, action="project.delete", target=project.slug)
     except ProtectedError:
         raise Conflict(
             f"Project '{project.slug}' still has leases or usage; it cannot be deleted.", field="project"
@@ -232,7 +213,8 @@ def membership_add(*, tenant: Tenant, user, role: str, by_user=None) -> Membersh
         if not created and membership.role != role:
             raise Conflict(f"{user.get_username()} is already a {membership.role} of '{tenant.slug}'.", field="user")
         if created:
-            _audit(tenant=tenant, actor_user=by_user, action="member.add", target=user.get_username(), role=role)
+            audit_record(tenant=tenant, by=by_user, action="member.add", target=user.get_username(),
+                         data={"role": role})
     return membership
 
 
@@ -259,14 +241,8 @@ def membership_change_role(*, actor: Actor, membership: Membership, role: str) -
         if membership.role == Role.OWNER and role != Role.OWNER:
             _ensure_owner_remains(actor.tenant, membership)
         Membership.objects.filter(pk=membership.pk, tenant=actor.tenant).update(role=role)
-        _audit(
-            tenant=actor.tenant,
-            actor_user=actor.user,
-            action="member.role",
-            target=str(membership.user_id),
-            old=membership.role,
-            new=role,
-        )
+        audit_record(tenant=actor.tenant, by=actor.user, action="member.role", target=str(membership.user_id),
+                     data={"old": membership.role, "new": role})
     membership.refresh_from_db()
     return membership
 
@@ -289,7 +265,7 @@ def membership_remove(*, actor: Actor, membership: Membership) -> None:
             revoked_at=now
         )
         Membership.objects.filter(pk=membership.pk, tenant=actor.tenant).delete()
-        _audit(tenant=actor.tenant, actor_user=actor.user, action="member.remove", target=str(membership.user_id))
+        audit_record(tenant=actor.tenant, by=actor.user, action="member.remove", target=str(membership.user_id))
 
 
 def membership_invite(*, actor: Actor, username: str, role: str) -> Membership:
@@ -347,7 +323,7 @@ def api_token_create(
             created_at=now,
             expires_at=expires_at,
         )
-        _audit(tenant=actor.tenant, actor_user=actor.user, action="token.create", target=prefix, scopes=scopes)
+        audit_record(tenant=actor.tenant, by=actor.user, action="token.create", target=prefix, data={"scopes": scopes})
     return token, token_text
 
 
@@ -361,7 +337,7 @@ def api_token_revoke(*, actor: Actor, token: ApiToken, now: datetime | None = No
             revoked_at=now
         )
         if changed:
-            _audit(tenant=actor.tenant, actor_user=actor.user, action="token.revoke", target=token.prefix)
+            audit_record(tenant=actor.tenant, by=actor.user, action="token.revoke", target=token.prefix)
     token.refresh_from_db()
     return token
 
@@ -402,14 +378,8 @@ def tenant_quota_set(
                 field="limit_gpu_milli",
             )
         TenantQuota.objects.filter(pk=quota.pk).update(deserved_gpu_milli=deserved, limit_gpu_milli=limit)
-        _audit(
-            tenant=tenant,
-            actor_user=by_user,
-            action="tenant_quota.set",
-            target=tier,
-            deserved_gpu_milli=deserved,
-            limit_gpu_milli=limit,
-        )
+        audit_record(tenant=tenant, by=by_user, action="tenant_quota.set", target=tier,
+                     data={"deserved_gpu_milli": deserved, "limit_gpu_milli": limit})
     quota.refresh_from_db()
     return quota
 
@@ -483,15 +453,8 @@ def quota_set(
             tier=tier,
             defaults={"deserved_gpu_milli": deserved, "limit_gpu_milli": limit, "over_quota_weight": weight},
         )
-        _audit(
-            tenant=project.tenant,
-            actor_user=by_user,
-            action="quota.set",
-            target=f"{project.slug}/{tier}",
-            deserved_gpu_milli=deserved,
-            limit_gpu_milli=limit,
-            over_quota_weight=weight,
-        )
+        audit_record(tenant=project.tenant, by=by_user, action="quota.set", target=f"{project.slug}/{tier}",
+                     data={"deserved_gpu_milli": deserved, "limit_gpu_milli": limit, "over_quota_weight": weight})
     return quota
 
 
@@ -558,7 +521,7 @@ def slo_contract_create(
             )
             for s in credit_steps
         )
-        _audit(tenant=tenant, actor_user=by_user, action="slo_contract.create", target=name)
+        audit_record(tenant=tenant, by=by_user, action="slo_contract.create", target=name)
     return contract
 
 
@@ -648,7 +611,7 @@ def slo_contract_save(*, tenant: Tenant, contract: SloContract | None = None, by
             SloContract.objects.filter(pk=contract.pk, tenant=tenant).update(**values)
             SloCreditStep.objects.filter(contract=contract).delete()
             SloCreditStep.objects.bulk_create(SloCreditStep(contract=contract, **step) for step in steps)
-            _audit(tenant=tenant, actor_user=by_user, action="slo_contract.update", target=values["name"])
+            audit_record(tenant=tenant, by=by_user, action="slo_contract.update", target=values["name"])
     except IntegrityError:
         raise overlap from None
     contract.refresh_from_db()

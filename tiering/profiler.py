@@ -93,8 +93,9 @@ def profiling_start(*, actor: Actor, workload: Workload, project: object, slices
     bounds; a slice whose lease is refused (no quota for its tier) is left out and said so in the run's
     outcome; when every one is refused the run fails and the first refusal is raised."""
     from broker.services import lease_request
+    from tenants.audit import audit_record
     from tenants.services import api_token_create
-    from tiering.services import _audit, spec_of
+    from tiering.services import spec_of
 
     actor.require("use")
     now = now or timezone.now()
@@ -120,8 +121,8 @@ def profiling_start(*, actor: Actor, workload: Workload, project: object, slices
             tenant=actor.tenant, workload=workload, project=Project.objects.get(tenant=actor.tenant, slug=project),
             created_by=actor.user if actor.user.is_authenticated else None, window_seconds=window,
             deadline_at=deadline, token_prefix=token.prefix, started_at=now)
-        _audit(tenant=actor.tenant, actor=actor, action="tiering.profiling_start", target=workload.name,
-               run=run.pk, slices=[s.key for s in chosen], window_seconds=window)
+        audit_record(tenant=actor.tenant, by=actor, action="tiering.profiling_start", target=workload.name,
+                     data={"run": run.pk, "slices": [s.key for s in chosen], "window_seconds": window})
     refused: list[tuple[Slice, ApplicationError]] = []
     for where in chosen:
         try:
@@ -264,16 +265,17 @@ def _close(item: ProfilingLease, outcome: str, profile=None) -> None:
 
 def _finish(run: ProfilingRun, state: str, now: datetime) -> None:
     """End the run (once) and revoke the samples token."""
+    from tenants.audit import audit_record
     from tenants.services import api_token_revoke
-    from tiering.services import _audit
 
     with transaction.atomic(durable=True):
         changed = ProfilingRun.objects.filter(pk=run.pk, state=ProfilingState.RUNNING).update(
             state=state, finished_at=now)
         if changed:
-            _audit(tenant=run.tenant, actor=None, action=f"tiering.profiling_{state}", target=run.workload.name,
-                   run=run.pk, measured=list(ProfilingLease.objects.filter(run=run, profile__isnull=False)
-                                             .values_list("slice_key", flat=True)))
+            audit_record(tenant=run.tenant, by=None, action=f"tiering.profiling_{state}", target=run.workload.name,
+                         data={"run": run.pk,
+                               "measured": list(ProfilingLease.objects.filter(run=run, profile__isnull=False)
+                                                .values_list("slice_key", flat=True))})
     token = ApiToken.objects.filter(tenant=run.tenant, prefix=run.token_prefix, revoked_at__isnull=True).first()
     if changed and token is not None and run.created_by is not None:
         membership = Membership.objects.filter(tenant=run.tenant, user=run.created_by).first()

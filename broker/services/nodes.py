@@ -29,6 +29,7 @@ from core.errors import (
     ValidationFailed,
 )
 from gpus.catalogue import UnknownModel, model_get
+from tenants.audit import audit_record
 
 # -- nodes: enrollment and heartbeats --------------------------------------------------------------------
 ENROLL_PREFIX = "gpub_enroll_"
@@ -73,8 +74,8 @@ def enrollment_token_create(*, uses: int = 1, pool: str = "default", ttl_seconds
         EnrollmentToken.objects.create(prefix=prefix, secret_hash=hashlib.sha256(token.encode()).hexdigest(),
                                        pool=pool, uses_left=uses, expires_at=now + timedelta(seconds=ttl_seconds),
                                        created_at=now)
-        _audit(action="node.enrollment_token_create", target=prefix, by_user=by_user,
-               data={"pool": pool, "uses": uses, "ttl_seconds": ttl_seconds})
+        audit_record(tenant=None, by=by_user, action="node.enrollment_token_create", target=prefix,
+                     data={"pool": pool, "uses": uses, "ttl_seconds": ttl_seconds})
     return token
 
 
@@ -90,16 +91,9 @@ def enrollment_token_revoke(*, prefix: str, by_user=None, reason: str = "") -> i
         taken = record.uses_left
         if taken:
             EnrollmentToken.objects.filter(pk=record.pk).update(uses_left=0)
-            _audit(action="node.enrollment_token_revoke", target=prefix, by_user=by_user,
-                   data={"uses_taken": taken, **({"reason": reason} if reason else {})})
+            audit_record(tenant=None, by=by_user, action="node.enrollment_token_revoke", target=prefix,
+                         data={"uses_taken": taken, **({"reason": reason} if reason else {})})
     return taken
-
-
-def _audit(*, action: str, target: str, data: dict, by_user=None) -> None:
-    from tenants.models import AuditEvent
-
-    AuditEvent.objects.create(tenant=None, actor=by_user if by_user is not None and by_user.is_authenticated else None,
-                              action=action, target=target, data=data)
 
 
 def _enrollment_key(token_digest: str, enrollment_id: str) -> str:
@@ -138,7 +132,8 @@ def node_enroll(*, node_id: str, token: str, address: str, inventory: object, ho
             if (existing is not None and key and existing.enrollment_key == key and existing.secret_used_at is None
                     and existing.reenroll_approved_at is None
                     and (now - existing.enrolled_at).total_seconds() <= settings.ENROLLMENT_REPLAY_SECONDS):
-                _audit(action="node.enroll.repeated", target=node_id, data={"address": address})
+                audit_record(tenant=None, by=None, action="node.enroll.repeated", target=node_id,
+                             data={"address": address})
                 return existing
             # read without a lock: the use is taken last, by a conditional UPDATE just before the commit, so
             # concurrent enrollments (a rack powering on) hold the token's row only for that statement
@@ -167,8 +162,9 @@ def node_enroll(*, node_id: str, token: str, address: str, inventory: object, ho
                 pk=record.pk, uses_left__gte=1).update(uses_left=F("uses_left") - 1):
             # racing enrollments spent its last use since it was read: nothing of this one is kept
             raise AgentUnauthenticated("Invalid, expired or spent enrollment token.", field="token")
-        _audit(action="node.enroll" if existing is None else "node.reenroll", target=node_id,
-               data={"how": how, "address": address, **({"token": record.prefix} if record else {})})
+        audit_record(tenant=None, by=None, action="node.enroll" if existing is None else "node.reenroll",
+                     target=node_id,
+                     data={"how": how, "address": address, **({"token": record.prefix} if record else {})})
     return node
 
 
@@ -341,7 +337,7 @@ def node_heartbeat(*, node: Node, now: datetime | None = None) -> Node:
                       f"the lease runs on")
             leases = _leases_on(node).filter(reason__contains=SILENT_NOTE)
             count = leases.update(reason=reason)
-            _audit(action="node.back", target=node.node_id, data={
+            audit_record(tenant=None, by=None, action="node.back", target=node.node_id, data={
                 "last_heartbeat_at": node_row.last_heartbeat_at.isoformat() if node_row.last_heartbeat_at else None,
                 "leases_kept": count})
             if not node_row.cordoned:
@@ -363,8 +359,8 @@ def node_reenroll_approve(*, node: Node, by_user=None, reason: str = "") -> Node
     now = timezone.now()
     with transaction.atomic(durable=True):
         Node.objects.filter(pk=node.pk).update(reenroll_approved_at=now)
-        _audit(action="node.reenroll_approve", target=node.node_id, data={"reason": reason} if reason else {},
-               by_user=by_user)
+        audit_record(tenant=None, by=by_user, action="node.reenroll_approve", target=node.node_id,
+                     data={"reason": reason} if reason else {})
     node.refresh_from_db()
     return node
 
@@ -381,8 +377,8 @@ def gpu_release(*, gpu: Gpu, by_user=None, reason: str = "") -> Gpu:
             raise Conflict(f"GPU {gpu.uuid} is held by a live lease; release or fail that lease first.",
                            field="gpu")
         Gpu.objects.filter(pk=gpu.pk).update(released_at=now, lost_at=gpu.lost_at or now)
-        _audit(action="gpu.release", target=gpu.uuid, by_user=by_user,
-               data={"node": gpu.node.node_id, **({"reason": reason} if reason else {})})
+        audit_record(tenant=None, by=by_user, action="gpu.release", target=gpu.uuid,
+                     data={"node": gpu.node.node_id, **({"reason": reason} if reason else {})})
     gpu.refresh_from_db()
     return gpu
 
@@ -476,8 +472,8 @@ def nodes_check_heartbeats(*, now: datetime | None = None) -> int:
                       f"the lease keeps its capacity and fails at {deadline.isoformat(timespec='seconds')} "
                       f"unless the node answers again")
             count = _leases_on(node).update(reason=reason)
-            _audit(action="node.silent", target=node.node_id,
-                   data={"last_heartbeat_at": last.isoformat(), "lost_at": deadline.isoformat(), "leases": count})
+            audit_record(tenant=None, by=None, action="node.silent", target=node.node_id,
+                         data={"last_heartbeat_at": last.isoformat(), "lost_at": deadline.isoformat(), "leases": count})
             silenced += 1
     for node in Node.objects.filter(status="silent", last_heartbeat_at__lt=now - grace).order_by("pk"):
         for lease in _leases_on(node).order_by("pk"):
@@ -506,15 +502,11 @@ def node_uncordon(*, node: Node, by_user=None, reason: str = "") -> Node:
 
 
 def _node_set_cordoned(*, node: Node, cordoned: bool, by_user, reason: str) -> Node:
-    from tenants.models import AuditEvent
-
     with transaction.atomic(durable=True):
         changed = Node.objects.filter(pk=node.pk, cordoned=not cordoned).update(cordoned=cordoned)
         if changed:
-            AuditEvent.objects.create(
-                tenant=None, actor=by_user if by_user is not None and by_user.is_authenticated else None,
-                action="node.cordon" if cordoned else "node.uncordon", target=node.node_id,
-                data={"reason": reason} if reason else {})
+            audit_record(tenant=None, by=by_user, action="node.cordon" if cordoned else "node.uncordon",
+                         target=node.node_id, data={"reason": reason} if reason else {})
             if not cordoned:
                 enqueue("schedule_cycle")
     node.refresh_from_db()
