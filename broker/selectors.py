@@ -5,13 +5,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
-from django.conf import settings
 from django.db.models import Prefetch, QuerySet
 from django.utils import timezone
 
 from broker.choices import LeaseState
 from broker.models import Allocation, Gpu, Lease, LeaseEvent, Node
 from core.errors import NotFound, ValidationFailed
+from core.prometheus import OPTIONAL_TIMEOUT_SECONDS, Prometheus, PrometheusError
 from tenants.access import Actor, restrict
 
 
@@ -315,24 +315,6 @@ def duration_words(seconds: int) -> str:
     return " ".join(parts[:2]) or "0 s"
 
 
-def _prometheus(path: str, params: dict) -> list | None:
-    """One Prometheus HTTP API query; None when Prometheus does not answer (telemetry is optional)."""
-    import json
-    import urllib.error
-    import urllib.parse
-    import urllib.request
-
-    url = f"{settings.PROMETHEUS_URL.rstrip('/')}/api/v1/{path}?{urllib.parse.urlencode(params)}"
-    try:
-        with urllib.request.urlopen(url, timeout=2) as response:  # noqa: S310 (a configured http(s) URL)
-            body = json.loads(response.read())
-    except (OSError, ValueError):
-        return None
-    if body.get("status") != "success":
-        return None
-    return body["data"]["result"]
-
-
 def lease_utilisation(*, lease: Lease, now: datetime | None = None, points: int = 60) -> list[float] | None:
     """The lease's compute utilisation (0-100 %, mean over its devices) from DCGM metrics in Prometheus,
     ``points`` samples over its time on GPUs; [] when there is none yet, None when Prometheus is down."""
@@ -344,10 +326,11 @@ def lease_utilisation(*, lease: Lease, now: datetime | None = None, points: int 
     end = lease.finished_at or now or timezone.now()
     start = lease.active_at
     step = max(1.0, (end - start).total_seconds() / points)
-    result = _prometheus("query_range", {
-        "query": f'avg(DCGM_FI_PROF_GR_ENGINE_ACTIVE{{allocation_id=~"{ids}"}})',
-        "start": start.timestamp(), "end": end.timestamp(), "step": f"{step:.3f}"})
-    if result is None:
+    try:
+        result = Prometheus(timeout=OPTIONAL_TIMEOUT_SECONDS).query_range(
+            f'avg(DCGM_FI_PROF_GR_ENGINE_ACTIVE{{allocation_id=~"{ids}"}})',
+            start=start.timestamp(), end=end.timestamp(), step=f"{step:.3f}")
+    except PrometheusError:
         return None
     values = result[0]["values"] if result else []
     return [round(float(value) * 100, 1) for _, value in values]
@@ -356,10 +339,15 @@ def lease_utilisation(*, lease: Lease, now: datetime | None = None, points: int 
 def fleet_utilisation() -> dict[str, float] | None:
     """Platform staff: compute utilisation now (0-100 %) per allocation instance id and per GPU UUID
     (whole and shared GPUs), from Prometheus; None when it does not answer."""
-    consumers = _prometheus("query", {"query": 'DCGM_FI_PROF_GR_ENGINE_ACTIVE{allocation_id!=""}'})
-    if consumers is None:
+    prometheus = Prometheus(timeout=OPTIONAL_TIMEOUT_SECONDS)
+    try:
+        consumers = prometheus.query('DCGM_FI_PROF_GR_ENGINE_ACTIVE{allocation_id!=""}')
+    except PrometheusError:
         return None
-    gpus = _prometheus("query", {"query": "DCGM_FI_DEV_GPU_UTIL"}) or []
+    try:
+        gpus = prometheus.query("DCGM_FI_DEV_GPU_UTIL")
+    except PrometheusError:
+        gpus = []
     found = {row["metric"]["allocation_id"]: round(float(row["value"][1]) * 100, 1) for row in consumers}
     found.update({row["metric"]["UUID"]: round(float(row["value"][1]), 1) for row in gpus})
     return found

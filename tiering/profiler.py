@@ -24,7 +24,6 @@ import logging
 import statistics
 from datetime import datetime, timedelta
 
-import requests
 from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
@@ -32,6 +31,7 @@ from django.utils import timezone
 from broker.choices import FINAL_STATES, LeaseState
 from broker.models import Gpu, Lease
 from core.errors import ApplicationError, Conflict, NotFound, ValidationFailed
+from core.prometheus import Prometheus, PrometheusError
 from gpus.performance import Slice, slice_from_key
 from tenants.access import Actor
 from tenants.models import ApiToken, Membership, Project
@@ -158,15 +158,11 @@ class PrometheusMissing(Exception):
     pass
 
 
-def _prometheus(expression: str, at: datetime) -> float | None:
+def _instant_value(expression: str, at: datetime) -> float | None:
     """One instant query's single value (None: no series)."""
     try:
-        answer = requests.get(settings.PROMETHEUS_URL.rstrip("/") + "/api/v1/query",
-                              params={"query": expression, "time": f"{at.timestamp():.3f}"},
-                              timeout=settings.PROMETHEUS_TIMEOUT_SECONDS)
-        answer.raise_for_status()
-        result = answer.json()["data"]["result"]
-    except (requests.RequestException, ValueError, KeyError) as error:
+        result = Prometheus().query(expression, at=at.timestamp())
+    except PrometheusError as error:
         raise PrometheusMissing(f"Prometheus at {settings.PROMETHEUS_URL} did not answer: {error}") from None
     return float(result[0]["value"][1]) if result else None
 
@@ -177,8 +173,8 @@ def lease_telemetry(*, lease: Lease, start: datetime, end: datetime) -> dict:
     allocation = lease.allocations.order_by("pk").first()
     seconds = max(2, int((end - start).total_seconds()))
     label = f'{{allocation_id="{allocation.instance_id}"}}' if allocation else '{allocation_id="-"}'
-    engine = _prometheus(f"avg_over_time(DCGM_FI_PROF_GR_ENGINE_ACTIVE{label}[{seconds}s])", end)
-    memory = _prometheus(f"max_over_time(DCGM_FI_DEV_FB_USED{label}[{seconds}s])", end)
+    engine = _instant_value(f"avg_over_time(DCGM_FI_PROF_GR_ENGINE_ACTIVE{label}[{seconds}s])", end)
+    memory = _instant_value(f"max_over_time(DCGM_FI_DEV_FB_USED{label}[{seconds}s])", end)
     samples = list(LeaseSample.objects.filter(lease=lease, reported_at__gte=start, reported_at__lte=end)
                    .values_list("throughput", flat=True))
     return {"engine_active": engine, "memory_mib": None if memory is None else int(memory),
