@@ -26,8 +26,8 @@ from tenants.models import Tenant
 # -- price books, terms, caps ----------------------------------------------------------------------------------
 # Who sets what (docs/billing.md, "Who sets what"): platform staff set price books and a tenant's terms (the ops
 # pages, the Django admin, the staff API); a tenant's admins set its spend caps (the Budgets page, the API).
-# Every change writes its AuditEvent in its transaction. The transactions are not durable: the Django admin's
-# change form is one transaction of its own, and its saves call these services inside it.
+# Every change writes its AuditEvent in its transaction. The transactions are not durable (a caller may compose
+# them); the Django admin (core.admin.ServiceAdmin) calls each outside any transaction of its own.
 
 MAX_MINOR = 10**15  # a monthly amount in minor units (10 trillion USD): beyond any cap or commitment
 BOOK_FIELDS = ("name", "effective_from", "over_quota_multiplier", "interactive_multiplier", "profiling_multiplier",
