@@ -28,6 +28,7 @@ from django.utils import timezone
 from broker.choices import LeaseState
 from broker.models import Lease, LeaseEvent
 from core.errors import ValidationFailed
+from core.task_registry import task
 from notifications import signing, transport
 from notifications.choices import EMAIL_KINDS, Channel, DeliveryStatus, EventKind
 from notifications.models import Delivery, Notification, NotificationPreference, OutboxCursor, WebhookEndpoint
@@ -229,10 +230,9 @@ def _enqueue_sends(delivery_ids: list[int]) -> None:
         return
 
     def enqueue():
-        from notifications.tasks import delivery_send_task
-
+        sending = task("notifications", "delivery_send_task")
         for delivery_id in delivery_ids:
-            delivery_send_task.delay(delivery_id)
+            sending.delay(delivery_id)
 
     transaction.on_commit(enqueue)
 
@@ -275,9 +275,7 @@ def outbox_process(*, now: datetime | None = None) -> int:
 
 
 def _enqueue_outbox() -> None:
-    from notifications.tasks import outbox_process_task
-
-    transaction.on_commit(outbox_process_task.delay)
+    transaction.on_commit(task("notifications", "outbox_process_task").delay)
 
 
 def notification_emit(*, tenant: Tenant, kind: str, data: dict, lease: Lease | None = None,

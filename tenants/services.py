@@ -19,6 +19,7 @@ from gpus.catalogue import UnknownModel, model_get
 from tenants.access import Actor
 from tenants.audit import audit_record
 from tenants.choices import CURRENCIES, ROLE_RANK, Role, SloMetric, TenantStatus, TokenScope
+from tenants.extensions import TenantStatusChange, tenant_status_listeners
 from tenants.models import (
     ApiToken,
     Membership,
@@ -109,28 +110,24 @@ def tenant_set_status(*, tenant: Tenant, status: str, by_user=None, reason: str 
     tenant suspended. Suspending again sweeps again. Reactivation gives the held leases back to the
     scheduler (a cycle is asked for); released leases stay released.
     """
-    from broker import services as broker  # leasing builds on tenants: imported here, one way at import time
-
     if status not in TenantStatus.values:
         raise ValidationFailed(f"status must be one of {', '.join(TenantStatus.values)}.", field="status")
     now = timezone.now()
     by = f"staff:{by_user.get_username()}" if by_user is not None and by_user.is_authenticated else "broker"
     note = f" ({reason})" if reason else ""
+    listeners = tenant_status_listeners()  # the broker's (tenants.extensions): it holds and releases the leases
     with transaction.atomic(durable=True):
-        broker.schedule_cycle_wait()
+        for listener in listeners:
+            listener.prepare()
         changed = Tenant.objects.filter(pk=tenant.pk).exclude(status=status).update(status=status, updated_at=now)
         if changed:
             audit_record(tenant=tenant, by=by_user, action=f"tenant.{status}", target=tenant.slug,
                          data={"reason": reason})
-            if status == TenantStatus.SUSPENDED:
-                broker.leases_hold(tenant_id=tenant.pk, reason=f"held: tenant '{tenant.slug}' is suspended{note}",
-                                    actor=by, now=now)
-            else:
-                broker.leases_unhold(tenant_id=tenant.pk, actor=by, now=now)
+            for listener in listeners:
+                listener.changed(TenantStatusChange(tenant=tenant, status=status, by=by, note=note, now=now))
     tenant.refresh_from_db()
-    if tenant.status == TenantStatus.SUSPENDED:
-        broker.leases_release_all(tenant_id=tenant.pk, actor=by,
-                                   reason=f"released: tenant '{tenant.slug}' was suspended{note}")
+    for listener in listeners:
+        listener.settled(TenantStatusChange(tenant=tenant, status=tenant.status, by=by, note=note, now=now))
     return tenant
 
 

@@ -32,6 +32,7 @@ from broker.choices import FINAL_STATES, LeaseState
 from broker.models import Gpu, Lease
 from core.errors import ApplicationError, Conflict, NotFound, ValidationFailed
 from core.prometheus import Prometheus, PrometheusError
+from core.task_registry import task
 from gpus.performance import Slice, slice_from_key
 from tenants.access import Actor
 from tenants.models import ApiToken, Membership, Project
@@ -147,9 +148,7 @@ def profiling_start(*, actor: Actor, workload: Workload, project: object, slices
 
 
 def _enqueue(run_id: int, countdown: float) -> None:
-    from tiering.tasks import profiling_advance
-
-    profiling_advance.apply_async((run_id,), countdown=countdown)
+    task("tiering", "profiling_advance").apply_async((run_id,), countdown=countdown)
 
 
 # -- reading what was measured ---------------------------------------------------------------------------

@@ -19,9 +19,9 @@ from broker.choices import (
     LeaseState,
 )
 from broker.models import Allocation, Gpu, Lease, Node
+from broker.services.groups import allocations_free
 from broker.services.provisioning import agent_client, release_instances_quietly
-from broker.services.transitions import allocations_free
-from broker.services.triggers import enqueue
+from broker.services.triggers import enqueue, task
 from broker.validation import MAX_GPU_INDEX, MAX_GPU_MEMORY_MIB
 from core.errors import (
     ApplicationError,
@@ -391,20 +391,18 @@ def leases_resume_stuck(*, now: datetime | None = None) -> int:
     """Leases left mid-flight by a worker that died (its message may come back only much later):
     provisioning or releasing for longer than ``STUCK_AFTER`` → the idempotent task again."""
     now = now or timezone.now()
-    from broker import tasks
-
     count = 0
     stale = now - STUCK_AFTER
     for lease_id in Lease.objects.filter(state=LeaseState.PROVISIONING, allocations__freed_at__isnull=True,
                                          allocations__created_at__lte=stale).values_list("pk", flat=True).distinct():
-        tasks.lease_provision_run.delay(lease_id)
+        task("lease_provision_run").delay(lease_id)
         count += 1
     releasing = Lease.objects.filter(state=LeaseState.RELEASING, events__to_state=LeaseState.RELEASING,
                                      events__at__lte=stale).values_list("pk", flat=True).distinct()
     for lease_id in releasing:
         final = LeaseState.EXPIRED if Lease.objects.filter(pk=lease_id, ends_at__lte=now).exists() \
             else LeaseState.RELEASED
-        tasks.lease_release_run.delay(lease_id, final)
+        task("lease_release_run").delay(lease_id, final)
         count += 1
     return count
 

@@ -18,8 +18,9 @@ from broker.choices import (
     GpuKind,
     LeaseState,
 )
-from broker.models import Allocation, Lease, LeaseEvent, Node
-from broker.services.transitions import allocations_free, insert_rows, lease_transition, update_each
+from broker.models import Allocation, Lease, LeaseEvent, Node, Workload
+from broker.services.groups import allocations_free
+from broker.services.transitions import insert_rows, lease_transition, update_each
 from broker.services.triggers import enqueue
 
 logger = logging.getLogger(__name__)
@@ -103,8 +104,6 @@ def allocations_ready(*, items: list[tuple[Allocation, dict]], now: datetime) ->
         update_each(Lease, active, ["state", "reason", "active_at", "ends_at"])
         insert_rows(LeaseEvent, ["lease", "from_state", "to_state", "reason", "actor", "at"], events)
     if active:
-        from broker.services.workloads import workloads_start_after
-
         workloads_start_after([lease.pk for lease in active])
     logger.info("%d instances recorded, %d leases active", len(recorded), len(active))
     return {"ready": len(recorded), "active": len(active)}
@@ -278,18 +277,6 @@ def release_instances_quietly(lease: Lease) -> None:
         logger.warning("lease %s: instances not destroyed now (%s); the reconcile will", lease.pk, error)
 
 
-def lease_release_finish(*, lease_id: int, final: str) -> str:
-    lease = Lease.objects.get(pk=lease_id)
-    if lease.state != LeaseState.RELEASING:
-        return lease.state
-    from broker.services.workloads import workload_stop_for_release
-
-    workload_stop_for_release(lease=lease)  # SIGTERM and its grace before the devices go
-    lease_release_instances(lease=lease)
-    reason = "the lease reached its end" if final == LeaseState.EXPIRED else "released"
-    return allocations_free(lease=lease, now=timezone.now(), to=final, reason=reason).state
-
-
 def lease_notice(*, lease_id: int) -> None:
     lease = Lease.objects.get(pk=lease_id)
     # a preemption, or the capacity loop's idle notice on a running lease
@@ -300,3 +287,7 @@ def lease_notice(*, lease_id: int) -> None:
                                                  lease.reason)
 
 
+def workloads_start_after(lease_ids: list[int]) -> None:
+    """Ask for the workload start of these (now ACTIVE) leases that have one, after commit."""
+    for lease_id in Workload.objects.filter(lease_id__in=lease_ids).values_list("lease_id", flat=True):
+        enqueue("lease_workload_start_run", lease_id)

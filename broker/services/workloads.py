@@ -27,8 +27,9 @@ from django.utils import timezone
 
 from broker.choices import AllocationState, LeaseState
 from broker.models import Lease, LeaseEvent, Node, Workload, WorkloadPlacement
+from broker.services.groups import allocations_free
 from broker.services.provisioning import agent_client, release_instances_quietly
-from broker.services.transitions import allocations_free, lease_release, lease_transition
+from broker.services.transitions import lease_release, lease_transition
 from broker.services.triggers import enqueue
 from core.errors import NotFound, ValidationFailed
 
@@ -36,12 +37,6 @@ logger = logging.getLogger(__name__)
 RUNNING = ("starting", "running", "backoff")
 ENDED = ("succeeded", "failed", "stopped", "preempted")
 HOLDING = (LeaseState.PROVISIONING, LeaseState.ACTIVE, LeaseState.PREEMPTED, LeaseState.RELEASING)
-
-
-def workloads_start_after(lease_ids: list[int]) -> None:
-    """Ask for the workload start of these (now ACTIVE) leases that have one, after commit."""
-    for lease_id in Workload.objects.filter(lease_id__in=lease_ids).values_list("lease_id", flat=True):
-        enqueue("lease_workload_start_run", lease_id)
 
 
 def lease_workload_start(*, lease_id: int) -> str:
