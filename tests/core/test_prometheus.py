@@ -17,7 +17,7 @@ class _Api(BaseHTTPRequestHandler):
     answers: dict[str, tuple[int, bytes]] = {}
     seen: list[tuple[str, dict]] = []
 
-    def do_GET(self):  # noqa: N802 (http.server's name)
+    def do_GET(self):
         parts = urlsplit(self.path)
         self.seen.append((parts.path, {k: v[0] for k, v in parse_qs(parts.query).items()}))
         status, body = self.answers.get(parts.path, (404, b"not found"))
