@@ -14,56 +14,10 @@ from __future__ import annotations
 import abc
 from dataclasses import asdict, dataclass
 
+from agent.protocol import AgentError, Conflict, InvalidRequest, NotFound, NotPermitted, problem_body
+
 KINDS = ("whole", "mig", "share")
 MODES = ("whole", "mig", "shared")
-
-
-class AgentError(Exception):
-    """A request the agent refuses; ``status`` is the HTTP status, ``field`` the input at fault."""
-
-    status = 400
-    code = "invalid"
-
-    def __init__(self, message: str, *, field: str | None = None):
-        super().__init__(message)
-        self.message = message
-        self.field = field
-
-
-TYPE_BASE = "https://gpubroker.dev/problems/"
-
-
-def problem_body(error: AgentError) -> dict:
-    """The problem+json body for a refusal (the fields of the broker's API errors)."""
-    return {"type": TYPE_BASE + error.code, "title": type(error).__name__, "status": error.status,
-            "detail": error.message, "code": error.code, "field": error.field}
-
-
-class InvalidRequest(AgentError):
-    status = 422
-    code = "invalid"
-
-
-class NotFound(AgentError):
-    status = 404
-    code = "not_found"
-
-
-class Conflict(AgentError):
-    status = 409
-    code = "conflict"
-
-
-class Unavailable(AgentError):
-    """The device or the library is not there or does not answer (NVML missing, GPU lost, injected)."""
-
-    status = 503
-    code = "unavailable"
-
-
-class NotPermitted(AgentError):
-    status = 403
-    code = "not_permitted"
 
 
 @dataclass(frozen=True, slots=True)

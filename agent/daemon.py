@@ -53,9 +53,9 @@ from urllib.parse import urlsplit
 
 import aiohttp
 
-from agent import PROTOCOL, __version__
-from agent.backend import AgentError, Backend
-from agent.signing import sign
+from agent import __version__
+from agent.backend import Backend
+from agent.protocol import PROTOCOL, AgentError, sign
 
 logger = logging.getLogger("agent")
 MAX_BACKOFF = 60.0

@@ -41,20 +41,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agent.backend import (
-    AgentError,
-    Backend,
-    Conflict,
-    GpuReading,
-    InstanceReading,
-    InstanceSpec,
-    InvalidRequest,
-    NotFound,
-    NotPermitted,
-    Readings,
-    Unavailable,
-    held_refusal,
-)
+from agent.backend import Backend, GpuReading, InstanceReading, InstanceSpec, Readings, held_refusal
+from agent.protocol import AgentError, Conflict, InvalidRequest, NotFound, NotPermitted, Unavailable
 from gpus.catalogue import MODELS, GpuModel, model_get
 from gpus.mig import MigPlacement, MigProfile, UnknownProfile, layout_problem, profile_get, profiles_for
 

@@ -15,8 +15,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from agent.backend import AgentError
 from agent.nvml_backend import NvmlBackend
+from agent.protocol import AgentError
 
 
 def main(argv: list[str] | None = None, *, nvml: Any = None) -> int:

@@ -6,7 +6,7 @@ are serialised per node and run off the event loop (the sim backend fsyncs every
 
 ``/healthz`` and ``/metrics`` are read-only and unsigned, as dcgm-exporter's are (Prometheus cannot sign);
 ``metrics_token`` makes ``/metrics`` require ``Authorization: Bearer <token>``. Everything under ``/v1``
-must be signed by the broker (``agent.signing``); an unsigned, forged, stale or replayed request is 401
+must be signed by the broker (``agent.protocol``); an unsigned, forged, stale or replayed request is 401
 and changes nothing.
 """
 
@@ -22,20 +22,22 @@ from dataclasses import dataclass, field
 
 from aiohttp import web
 
-from agent import PROTOCOL, __version__
-from agent.backend import (
+from agent import __version__
+from agent.backend import Backend, InstanceSpec, mode_from_json
+from agent.metrics import render
+from agent.protocol import (
+    PROTOCOL,
     TYPE_BASE,
     AgentError,
-    Backend,
-    InstanceSpec,
     InvalidRequest,
+    NonceCache,
     NotFound,
-    mode_from_json,
+    SignatureError,
     problem_body,
+    spec_from_json,
+    verify,
 )
-from agent.metrics import render
-from agent.signing import NonceCache, SignatureError, verify
-from agent.workloads import WorkloadManager, spec_from_json
+from agent.workloads import WorkloadManager
 
 logger = logging.getLogger("agent")
 ALLOCATION_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")

@@ -33,18 +33,8 @@ import time
 import uuid
 from pathlib import Path
 
-from agent.backend import (
-    Backend,
-    Conflict,
-    GpuReading,
-    InstanceReading,
-    InstanceSpec,
-    InvalidRequest,
-    NotFound,
-    Readings,
-    Unavailable,
-    held_refusal,
-)
+from agent.backend import Backend, GpuReading, InstanceReading, InstanceSpec, Readings, held_refusal
+from agent.protocol import Conflict, InvalidRequest, NotFound, Unavailable
 from agent.telemetry import all_series, pick
 from gpus.catalogue import UnknownModel, model_get
 from gpus.mig import COMPUTE_SLICES, MigPlacement, UnknownProfile, layout_problem, profile_get
@@ -388,7 +378,7 @@ class SimBackend(Backend):
         return record, {"engine_active": float(engine), "fb_used_mib": memory}
 
     def perf_load(self, allocation_ids: list[str], perf: dict) -> float:
-        """The performance model's workload ``perf`` (``agent.workloads.perf_from_json``) runs on these
+        """The performance model's workload ``perf`` (``agent.protocol.perf_from_json``) runs on these
         instances: each one's engine activity and framebuffer follow ``gpus.performance.estimate`` of it on
         the instance's slice (a workload that does not fit holds the whole memory and computes nothing, as one
         that died of an out-of-memory error). Returns the throughput of the whole workload (samples/s; tokens/s

@@ -45,153 +45,18 @@ import sys
 import time
 from pathlib import Path
 
-from agent.backend import Conflict, InvalidRequest, NotFound
+from agent.protocol import WORKLOAD_ID, Conflict, InvalidRequest, NotFound
 from agent.shim import log_read
 
-WORKLOAD_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
-ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
-IMAGE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/:@+-]{0,254}$")
-RESTART_POLICIES = ("never", "on-preemption", "on-failure")
-RESERVED_ENV = ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "RESTART_COUNT", "CHECKPOINT_DIR", "PORT")
-RESERVED_PREFIXES = ("CUDA_MPS_", "GPUB_")
-MAX_ENV_BYTES = 32 * 1024
-MAX_ARGV_BYTES = 64 * 1024
-MAX_ARGS = 256
-MAX_INSTANCES = 16
-MAX_RESTARTS = 100
 MAX_EVENTS = 200
 MAX_LOG_READ = 256 * 1024
 LOG_MAX_BYTES = 16 * 1024 * 1024  # per stream of a workload (all its runs): the default of workload_log_max_bytes
 STATE_FILE = "workloads.json"
 ACTIVE = ("running", "backoff")
 FINAL = ("succeeded", "failed", "stopped", "preempted")
-SPEC_FIELDS = ("instances", "command", "image", "args", "env", "workdir", "checkpoint_dir", "restart_policy",
-               "max_restarts", "restart_count", "port", "host_port", "perf")
-PERF_FIELDS = ("architecture", "task", "precision", "batch_size", "seq_len", "image_size")
 SHIM = Path(__file__).with_name("shim.py")
 BASE_ENV = ("PATH", "LANG", "LC_ALL", "HOME", "TMPDIR", "TZ")
 ENGINE_ENV_PREFIXES = ("DOCKER_", "CONTAINER_", "CONTAINERS_", "PODMAN_")
-
-
-# -- the request ----------------------------------------------------------------------------------
-def _string_list(body: dict, name: str, *, required: bool = False) -> list[str]:
-    value = body.get(name, [])
-    if not isinstance(value, list) or not all(isinstance(v, str) and "\0" not in v for v in value):
-        raise InvalidRequest(f"{name} must be a list of strings", field=name)
-    if required and (not value or not value[0]):
-        raise InvalidRequest(f"{name} must name the program to run, e.g. [\"python\", \"train.py\"]", field=name)
-    if len(value) > MAX_ARGS:
-        raise InvalidRequest(f"{name} has {len(value)} items; at most {MAX_ARGS}", field=name)
-    return list(value)
-
-
-def check_path(name: str, value: object, roots: list[Path]) -> str:
-    """An absolute, normalised path inside one of ``roots`` (``field`` names the input at fault)."""
-    if value in (None, ""):
-        return ""
-    if not isinstance(value, str) or "\0" in value or not value.startswith("/"):
-        raise InvalidRequest(f"{name} must be an absolute path", field=name)
-    if os.path.normpath(value) != value.rstrip("/") or "/../" in f"{value}/":
-        raise InvalidRequest(f"{name} must be a normalised path (no '..', '.', '//')", field=name)
-    path = Path(value)
-    if not any(path == root or path.is_relative_to(root) for root in roots):
-        allowed = ", ".join(str(r) for r in roots) or "(none configured)"
-        raise InvalidRequest(f"{name} {value!r} is outside the allowed roots: {allowed}", field=name)
-    return value
-
-
-def spec_from_json(body: object, roots: list[Path]) -> dict:
-    """Validate the JSON body of ``PUT /v1/workloads/{id}``; errors name the field. Returns the normalised
-    spec (every field present)."""
-    if not isinstance(body, dict):
-        raise InvalidRequest("the body must be a JSON object", field="body")
-    unknown = sorted(set(body) - set(SPEC_FIELDS))
-    if unknown:
-        raise InvalidRequest(f"unknown field {unknown[0]!r}", field=unknown[0])
-    instances = body.get("instances")
-    if (not isinstance(instances, list) or not 1 <= len(instances) <= MAX_INSTANCES
-            or not all(isinstance(i, str) and WORKLOAD_ID.match(i) for i in instances)
-            or len(set(instances)) != len(instances)):
-        raise InvalidRequest(f"instances must list 1 to {MAX_INSTANCES} distinct allocation ids of this node",
-                             field="instances")
-    image = body.get("image") or ""
-    if image and (not isinstance(image, str) or not IMAGE.match(image)):
-        raise InvalidRequest("image must be an image reference such as 'nvcr.io/nvidia/pytorch:24.05-py3'",
-                             field="image")
-    command = _string_list(body, "command", required=not image)
-    args = _string_list(body, "args")
-    if sum(len(a.encode()) + 1 for a in command + args) > MAX_ARGV_BYTES:
-        raise InvalidRequest(f"command and args together must be at most {MAX_ARGV_BYTES} bytes", field="args")
-    env = body.get("env", {})
-    if not isinstance(env, dict):
-        raise InvalidRequest("env must be an object of NAME: value strings", field="env")
-    size = 0
-    for key, value in env.items():
-        if not isinstance(key, str) or not ENV_NAME.match(key):
-            raise InvalidRequest(f"env name {key!r} is not a valid variable name", field=f"env.{key}")
-        if key in RESERVED_ENV or key.startswith(RESERVED_PREFIXES):
-            raise InvalidRequest(f"env {key} is set by the platform (the leased devices, restarts, deadline)",
-                                 field=f"env.{key}")
-        if not isinstance(value, str) or "\0" in value:
-            raise InvalidRequest(f"env {key} must be a string", field=f"env.{key}")
-        size += len(key.encode()) + len(value.encode()) + 2
-    if size > MAX_ENV_BYTES:
-        raise InvalidRequest(f"env is {size} bytes; at most {MAX_ENV_BYTES}", field="env")
-    policy = body.get("restart_policy", "never")
-    if policy not in RESTART_POLICIES:
-        raise InvalidRequest(f"restart_policy must be one of {', '.join(RESTART_POLICIES)}", field="restart_policy")
-
-    def integer(name: str, default: int, low: int, high: int) -> int:
-        value = body.get(name, default)
-        if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
-            raise InvalidRequest(f"{name} must be an integer {low}..{high}", field=name)
-        return value
-
-    port = body.get("port")
-    if port is not None:
-        port = integer("port", 0, 1024, 65535)
-    host_port = body.get("host_port")
-    if host_port is not None:
-        if port is None:
-            raise InvalidRequest("host_port maps an interactive workload's port: give port too", field="host_port")
-        host_port = integer("host_port", 0, 1024, 65535)
-    perf = perf_from_json(body.get("perf"))
-    return {"instances": list(instances), "command": command, "image": image, "args": args, "env": dict(env),
-            "workdir": check_path("workdir", body.get("workdir"), roots),
-            "checkpoint_dir": check_path("checkpoint_dir", body.get("checkpoint_dir"), roots),
-            "restart_policy": policy, "max_restarts": integer("max_restarts", 3, 0, MAX_RESTARTS),
-            "restart_count": integer("restart_count", 0, 0, 1_000_000), "port": port, "host_port": host_port,
-            "perf": perf}
-
-
-def perf_from_json(value: object) -> dict | None:
-    """The optional ``perf`` of a workload: the performance model's workload (``gpus.performance.Workload``)
-    that the process stands for on a **simulated** node, whose DCGM series then follow that workload on the
-    instance's slice (docs/tiering.md, "The profiler"). A real node refuses it (``agent.server``)."""
-    if value is None:
-        return None
-    from gpus.performance import Workload, workload_problems
-
-    if not isinstance(value, dict):
-        raise InvalidRequest("perf must be an object: architecture, task, precision, batch_size, seq_len, "
-                             "image_size", field="perf")
-    unknown = sorted(set(value) - set(PERF_FIELDS))
-    if unknown:
-        raise InvalidRequest(f"unknown field {unknown[0]!r} in perf; known: {', '.join(PERF_FIELDS)}",
-                             field=f"perf.{unknown[0]}")
-    if not isinstance(value.get("architecture"), str):
-        raise InvalidRequest("perf.architecture must name an architecture (e.g. 'bert-base')",
-                             field="perf.architecture")
-    defaults = {"task": "inference", "precision": "bf16", "batch_size": 1, "seq_len": 512, "image_size": 224}
-    perf = {**defaults, **value}
-    candidate = object.__new__(Workload)  # unchecked: workload_problems names the field
-    for key in PERF_FIELDS:
-        object.__setattr__(candidate, key, perf[key])
-    problems = workload_problems(candidate)
-    if problems:
-        field, message = problems[0]
-        raise InvalidRequest(f"perf.{field}: {message}", field=f"perf.{field}")
-    return {key: perf[key] for key in PERF_FIELDS}
 
 
 def device_env(instances: list[dict]) -> dict[str, str]:

@@ -33,7 +33,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from agent.client import AgentClient  # noqa: E402
+from agent.protocol import AgentClient  # noqa: E402
 from bench.record import write  # noqa: E402
 from tests.agent.conftest import free_port, wait_http  # noqa: E402
 

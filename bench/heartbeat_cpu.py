@@ -42,7 +42,7 @@ def main() -> None:
     django.setup()
     import psutil
 
-    from agent.signing import sign
+    from agent.protocol import sign
     from broker import services
     from broker.models import Node
     from tests.agent.conftest import free_port, wait_http

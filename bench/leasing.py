@@ -289,7 +289,7 @@ def _scale(args, *, clients, body, children, folder: Path, env: dict, site: str,
     from django.conf import settings
     from django.utils import timezone
 
-    from agent.signing import WINDOW
+    from agent.protocol import WINDOW
     from broker.models import AgentNonce, Lease, LeaseEvent, Node
 
     def phase(label: str, first: int) -> dict:

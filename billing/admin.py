@@ -3,46 +3,19 @@
 Every save and delete goes through ``billing.services`` (``price_book_create`` / ``_update`` / ``_delete``,
 ``billing_terms_set`` / ``_delete``, ``spend_cap_create`` / ``_update`` / ``_delete``), so the admin keeps
 the same rules as the API and the portal — a book that has started is read-only, terms of past months stay,
-one cap per scope — and every change is audited. A refusal comes back as a message, nothing saved (the
-admin's change form is one transaction, and the service raised inside it)."""
+one cap per scope — and every change is audited. Each admin write is one service call (``core.admin.ServiceAdmin``:
+no wrapping transaction); a refusal comes back as a message, nothing saved."""
 
 from __future__ import annotations
 
 from datetime import UTC
 
-from django.contrib import admin, messages
-from django.http import HttpResponseRedirect
+from django.contrib import admin
 from django.utils import timezone
 
 from billing import services
 from billing.models import BillingTerms, PriceBook, PriceRate, SpendCap
-from config.errors import ApplicationError
-
-
-class ServiceAdmin(admin.ModelAdmin):
-    """Saves and deletes through a service; its refusal is shown as a message on the page, nothing written."""
-
-    def get_actions(self, request):
-        actions = super().get_actions(request)
-        actions.pop("delete_selected", None)  # one at a time, through the service
-        return actions
-
-    def changeform_view(self, request, object_id=None, form_url="", extra_context=None):
-        try:
-            return super().changeform_view(request, object_id, form_url, extra_context)
-        except ApplicationError as error:  # the service refused: its transaction and the admin's rolled back
-            return self._refused(request, error)
-
-    def delete_view(self, request, object_id, extra_context=None):
-        try:
-            return super().delete_view(request, object_id, extra_context)
-        except ApplicationError as error:
-            return self._refused(request, error)
-
-    def _refused(self, request, error: ApplicationError) -> HttpResponseRedirect:
-        where = f"{error.field}: " if error.field else ""
-        self.message_user(request, f"Not saved — {where}{error.message}", level=messages.ERROR)
-        return HttpResponseRedirect(request.get_full_path())
+from core.admin import ServiceAdmin
 
 
 # -- price books -------------------------------------------------------------------------------------------------

@@ -8,7 +8,7 @@ class BillingConfig(AppConfig):
     def ready(self) -> None:
         """Take part in leasing's decisions through its seam (``broker.extensions``): the monthly spend caps
         admit or refuse requests and renewals, and the general price book ranks ``model: auto``."""
-        from billing import selectors, services
+        from billing import selectors, services, tasks  # noqa: F401 (tasks: registered for sending by name)
         from broker import extensions
 
         extensions.request_check_register(services.budget_admit_request, applies=services.budget_caps_exist)

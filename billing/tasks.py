@@ -10,6 +10,7 @@ from django.utils import timezone
 
 from billing import services
 from billing.services import metering_run, stripe_sync
+from core.task_registry import tasks_register
 
 
 @shared_task(name="billing.invoice_run_due", acks_late=True)
@@ -48,3 +49,7 @@ def invoices_push_due() -> int:
     for invoice_id in invoice_ids:
         invoice_push_task.delay(invoice_id)
     return len(invoice_ids)
+
+
+tasks_register("billing", invoice_run_due=invoice_run_due, meter_pending=meter_pending,
+               invoice_push_task=invoice_push_task, invoices_push_due=invoices_push_due)

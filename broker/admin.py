@@ -5,7 +5,7 @@ from django.contrib import admin, messages
 
 from broker import services
 from broker.models import EnrollmentToken, Gpu, Node
-from config.errors import ApplicationError
+from core.errors import ApplicationError
 
 
 class GpuInline(admin.TabularInline):

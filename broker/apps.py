@@ -9,3 +9,15 @@ class BrokerConfig(AppConfig):
 
     name = "broker"
     verbose_name = "Broker"
+
+    def ready(self) -> None:
+        # the services send their follow-up tasks by name: importing the tasks registers them (core.task_registry)
+        from broker import tasks  # noqa: F401
+        from broker.selectors import quota_usage
+        from broker.services.suspension import TENANT_STATUS_LISTENER
+        from tenants.extensions import quota_usage_register, tenant_status_listener_register
+
+        # tenants sits below the broker: what a tenant's status change does to its leases, and the usage its
+        # quotas show, are the broker's, registered here (tenants.extensions)
+        tenant_status_listener_register(TENANT_STATUS_LISTENER)
+        quota_usage_register(lambda actor: quota_usage(actor=actor))

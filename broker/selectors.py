@@ -5,13 +5,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
-from django.conf import settings
 from django.db.models import Prefetch, QuerySet
 from django.utils import timezone
 
 from broker.choices import GpuMode, LeaseState
 from broker.models import Allocation, Gpu, Lease, LeaseEvent, Node
-from config.errors import NotFound, ValidationFailed
+from broker.snapshot import core_group
+from core.errors import NotFound, ValidationFailed
+from core.prometheus import OPTIONAL_TIMEOUT_SECONDS, Prometheus, PrometheusError
 from tenants.access import Actor, restrict
 
 
@@ -158,11 +159,6 @@ def core_request(lease: Lease | QueuedLease, shapes: dict | None = None):
                    CoreWorkloadClass(lease.workload_class), group=core_group(lease.tenant_id, lease.group_key))
 
 
-def core_group(tenant_id: int, group_key: str | None) -> str:
-    """The core's group of a lease: its key within its tenant (two tenants' keys never meet); "" alone."""
-    return f"{tenant_id}:{group_key}" if group_key else ""
-
-
 def scheduler_snapshot(*, now: datetime):
     """What the scheduling core sees: nodes (silent or cordoned ones closed to new work), GPUs not lost,
     live allocations grouped by lease, quotas, warm pool members, prices. Read whole, as plain values (no model
@@ -172,31 +168,6 @@ def scheduler_snapshot(*, now: datetime):
     from broker.snapshot import snapshot_read
 
     return snapshot_read(now=now)
-
-
-def snapshot_quotas() -> tuple[tuple, tuple]:
-    """The project and tenant quotas as the core's records (small: read every cycle)."""
-    from broker.scheduler import QuotaSpec, TenantQuotaSpec
-    from tenants.models import Quota, TenantQuota
-
-    quotas = tuple(QuotaSpec(str(project_id), str(tenant_id), tier, deserved, limit, weight)
-                   for project_id, tenant_id, tier, deserved, limit, weight in Quota.objects.values_list(
-                       "project_id", "project__tenant_id", "tier", "deserved_gpu_milli", "limit_gpu_milli",
-                       "over_quota_weight"))
-    tenant_quotas = tuple(TenantQuotaSpec(str(tenant_id), tier, deserved, limit)
-                          for tenant_id, tier, deserved, limit in TenantQuota.objects.values_list(
-                              "tenant_id", "tier", "deserved_gpu_milli", "limit_gpu_milli"))
-    return quotas, tenant_quotas
-
-
-def tier_prices(*, now: datetime) -> dict[str, int]:
-    """Whole-GPU price per hour per model, in minor units: what ``model: auto`` ranks models by (cheapest per unit
-    of work first) and names in its reasons. Billing provides them (``broker.extensions.list_prices_register``:
-    the general price book in force, in ``LIST_PRICE_CURRENCY``); a tenant's own book may differ, the ranking
-    follows the list prices. Empty without a book (or without billing)."""
-    from broker.extensions import list_prices
-
-    return list_prices(now)
 
 
 # -- portal: request preview, utilisation, fleet and queue ----------------------------------------------
@@ -223,12 +194,12 @@ def lease_preview(*, actor: Actor, project: object, gpu: object, workload_class:
                   priority: object = 0, duration_seconds: object = 3600, now: datetime | None = None) -> LeasePreview:
     """Dry run of ``services.lease_request``: the same checks and errors (each naming its field), then one
     scheduling plan over the current queue with this request appended last among its priority. Reads only."""
-    return _lease_dry_run(actor=actor, project=project, gpu=gpu, workload_class=workload_class, priority=priority,
+    return lease_dry_run(actor=actor, project=project, gpu=gpu, workload_class=workload_class, priority=priority,
                           duration_seconds=duration_seconds, now=now or timezone.now()).preview
 
 
 @dataclass(frozen=True)
-class _DryRun:
+class DryRun:
     """A preview with what the quote needs besides it: the request as ``lease_request`` validated it."""
 
     preview: LeasePreview
@@ -239,8 +210,10 @@ class _DryRun:
     victims: tuple[str, ...]  # lease ids a reclaim would give notice to
 
 
-def _lease_dry_run(*, actor: Actor, project: object, gpu: object, workload_class: object, priority: object,
-                   duration_seconds: object, now: datetime) -> _DryRun:
+def lease_dry_run(*, actor: Actor, project: object, gpu: object, workload_class: object, priority: object,
+                  duration_seconds: object, now: datetime) -> DryRun:
+    """The dry run behind ``lease_preview`` and billing's quote (``billing.selectors.quotes``): the request checked
+    as ``lease_request`` checks it, then planned over the current queue. Reads only."""
     from broker.extensions import GpuRequest, gpu_resolve
     from broker.scheduler import DecisionMode, Kind, Request, Shape
     from broker.scheduler.plan import Scheduler
@@ -259,14 +232,14 @@ def _lease_dry_run(*, actor: Actor, project: object, gpu: object, workload_class
     resolved = dict(gpu)  # shape_from accepted it: an object
 
     def result(outcome: str, reason: str, tier: str, over: bool, position: int | None,
-               victims: tuple[str, ...] = ()) -> _DryRun:
+               victims: tuple[str, ...] = ()) -> DryRun:
         reason = reason.replace(f"project {target.pk} ", f"project '{target.slug}' ")  # the tenant's words
         if choice is not None:
             reason = f"{choice.reason}; {reason}"
         if tier and resolved.get("model", "auto") == "auto":
             resolved["model"] = tier
         preview = LeasePreview(outcome, reason, tier, over, position, units.get(tier, 0), resolved)
-        return _DryRun(preview, target, shape, dict(gpu), fitting, victims)
+        return DryRun(preview, target, shape, dict(gpu), fitting, victims)
 
     if not actor.tenant.is_active:  # its requests would be held, not scheduled
         return result("waits", f"held: tenant '{actor.tenant.slug}' is suspended", fitting[0], False, None)
@@ -315,24 +288,6 @@ def duration_words(seconds: int) -> str:
     return " ".join(parts[:2]) or "0 s"
 
 
-def _prometheus(path: str, params: dict) -> list | None:
-    """One Prometheus HTTP API query; None when Prometheus does not answer (telemetry is optional)."""
-    import json
-    import urllib.error
-    import urllib.parse
-    import urllib.request
-
-    url = f"{settings.PROMETHEUS_URL.rstrip('/')}/api/v1/{path}?{urllib.parse.urlencode(params)}"
-    try:
-        with urllib.request.urlopen(url, timeout=2) as response:  # noqa: S310 (a configured http(s) URL)
-            body = json.loads(response.read())
-    except (OSError, ValueError):
-        return None
-    if body.get("status") != "success":
-        return None
-    return body["data"]["result"]
-
-
 def lease_utilisation(*, lease: Lease, now: datetime | None = None, points: int = 60) -> list[float] | None:
     """The lease's compute utilisation (0-100 %, mean over its devices) from DCGM metrics in Prometheus,
     ``points`` samples over its time on GPUs; [] when there is none yet, None when Prometheus is down."""
@@ -344,10 +299,11 @@ def lease_utilisation(*, lease: Lease, now: datetime | None = None, points: int 
     end = lease.finished_at or now or timezone.now()
     start = lease.active_at
     step = max(1.0, (end - start).total_seconds() / points)
-    result = _prometheus("query_range", {
-        "query": f'avg(DCGM_FI_PROF_GR_ENGINE_ACTIVE{{allocation_id=~"{ids}"}})',
-        "start": start.timestamp(), "end": end.timestamp(), "step": f"{step:.3f}"})
-    if result is None:
+    try:
+        result = Prometheus(timeout=OPTIONAL_TIMEOUT_SECONDS).query_range(
+            f'avg(DCGM_FI_PROF_GR_ENGINE_ACTIVE{{allocation_id=~"{ids}"}})',
+            start=start.timestamp(), end=end.timestamp(), step=f"{step:.3f}")
+    except PrometheusError:
         return None
     values = result[0]["values"] if result else []
     return [round(float(value) * 100, 1) for _, value in values]
@@ -356,10 +312,15 @@ def lease_utilisation(*, lease: Lease, now: datetime | None = None, points: int 
 def fleet_utilisation() -> dict[str, float] | None:
     """Platform staff: compute utilisation now (0-100 %) per allocation instance id and per GPU UUID
     (whole and shared GPUs), from Prometheus; None when it does not answer."""
-    consumers = _prometheus("query", {"query": 'DCGM_FI_PROF_GR_ENGINE_ACTIVE{allocation_id!=""}'})
-    if consumers is None:
+    prometheus = Prometheus(timeout=OPTIONAL_TIMEOUT_SECONDS)
+    try:
+        consumers = prometheus.query('DCGM_FI_PROF_GR_ENGINE_ACTIVE{allocation_id!=""}')
+    except PrometheusError:
         return None
-    gpus = _prometheus("query", {"query": "DCGM_FI_DEV_GPU_UTIL"}) or []
+    try:
+        gpus = prometheus.query("DCGM_FI_DEV_GPU_UTIL")
+    except PrometheusError:
+        gpus = []
     found = {row["metric"]["allocation_id"]: round(float(row["value"][1]) * 100, 1) for row in consumers}
     found.update({row["metric"]["UUID"]: round(float(row["value"][1]), 1) for row in gpus})
     return found

@@ -79,8 +79,6 @@ class SnapshotCache:
     # -- reading ------------------------------------------------------------------------------------------------
     def load(self, *, now: datetime):
         """The snapshot now: the kept one brought up to date, or read whole (see the module's doc)."""
-        from broker.selectors import scheduler_snapshot
-
         with self.lock, connection.cursor() as cursor:
             cursor.execute(_SNAPSHOT)
             watermark, xmax, running, own = cursor.fetchone()
@@ -88,7 +86,7 @@ class SnapshotCache:
                 cursor.execute("SELECT EXISTS (SELECT 1 FROM broker_snapshotchange WHERE xid = %s)", [own])
                 if cursor.fetchone()[0]:  # this transaction changed the fleet and may roll back: nothing kept
                     self.stats["bypass"] += 1
-                    return scheduler_snapshot(now=now)
+                    return snapshot_read(now=now)
             cursor.execute("SELECT token, pruned_xid FROM broker_snapshotepoch WHERE id = 1")
             row = cursor.fetchone()
             if row is None:
@@ -216,7 +214,6 @@ class SnapshotCache:
     def _snapshot(self, now: datetime):
         from broker.scheduler import Allocation as CoreAllocation
         from broker.scheduler import Snapshot
-        from broker.selectors import core_group, snapshot_quotas, tier_prices
 
         if self._nodes is None:
             self._nodes = tuple(self.nodes[pk] for pk in sorted(self.nodes))
@@ -284,3 +281,34 @@ _cache = SnapshotCache()
 def snapshot_cache() -> SnapshotCache:
     """This process's kept snapshot (the schedule cycle brings it up to date with ``load``)."""
     return _cache
+
+
+# -- what the snapshot reads besides the fleet -----------------------------------------------------------------
+def core_group(tenant_id: int, group_key: str | None) -> str:
+    """The core's group of a lease: its key within its tenant (two tenants' keys never meet); "" alone."""
+    return f"{tenant_id}:{group_key}" if group_key else ""
+
+
+def snapshot_quotas() -> tuple[tuple, tuple]:
+    """The project and tenant quotas as the core's records (small: read every cycle)."""
+    from broker.scheduler import QuotaSpec, TenantQuotaSpec
+    from tenants.models import Quota, TenantQuota
+
+    quotas = tuple(QuotaSpec(str(project_id), str(tenant_id), tier, deserved, limit, weight)
+                   for project_id, tenant_id, tier, deserved, limit, weight in Quota.objects.values_list(
+                       "project_id", "project__tenant_id", "tier", "deserved_gpu_milli", "limit_gpu_milli",
+                       "over_quota_weight"))
+    tenant_quotas = tuple(TenantQuotaSpec(str(tenant_id), tier, deserved, limit)
+                          for tenant_id, tier, deserved, limit in TenantQuota.objects.values_list(
+                              "tenant_id", "tier", "deserved_gpu_milli", "limit_gpu_milli"))
+    return quotas, tenant_quotas
+
+
+def tier_prices(*, now: datetime) -> dict[str, int]:
+    """Whole-GPU price per hour per model, in minor units: what ``model: auto`` ranks models by (cheapest per unit
+    of work first) and names in its reasons. Billing provides them (``broker.extensions.list_prices_register``:
+    the general price book in force, in ``LIST_PRICE_CURRENCY``); a tenant's own book may differ, the ranking
+    follows the list prices. Empty without a book (or without billing)."""
+    from broker.extensions import list_prices
+
+    return list_prices(now)

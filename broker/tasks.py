@@ -7,10 +7,11 @@ import logging
 from celery import shared_task
 from django.utils import timezone
 
-from agent.client import AgentUnreachable
+from agent.protocol import AgentUnreachable
 from broker import services
 from broker.choices import LeaseState, NodeStatus
 from broker.models import Lease
+from core.task_registry import tasks_register
 
 logger = logging.getLogger(__name__)
 AGENT_RETRIES = 4
@@ -123,3 +124,13 @@ def reconcile() -> dict:
         totals["orphans"] += found["orphans"]
         totals["vanished"] += found["vanished"]
     return totals
+
+
+# the services send these by name (broker.services.triggers), without importing this module
+tasks_register(
+    "broker",
+    schedule_cycle=schedule_cycle, leases_provision_run=leases_provision_run, lease_provision_run=lease_provision_run,
+    lease_release_run=lease_release_run, allocations_destroy_run=allocations_destroy_run,
+    lease_notice_run=lease_notice_run, lease_workload_start_run=lease_workload_start_run,
+    workload_placement_log_keep_run=workload_placement_log_keep_run, lease_expire_due=lease_expire_due,
+    reconcile=reconcile)

@@ -16,11 +16,10 @@ from pathlib import Path
 
 from django.conf import settings
 
-from agent.backend import InvalidRequest
-from agent.workloads import spec_from_json
+from agent.protocol import InvalidRequest, spec_from_json
 from broker.choices import GpuKind, NodeStatus, WorkloadClass
 from broker.models import Gpu
-from config.errors import PermissionDenied, QuotaExceeded, ValidationFailed
+from core.errors import PermissionDenied, QuotaExceeded, ValidationFailed
 from gpus.catalogue import UnknownModel, model_get
 from gpus.mig import UnknownProfile, profile_get, profiles_for
 from tenants.access import Actor

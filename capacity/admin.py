@@ -5,12 +5,12 @@ gets the same rules and errors as the API and the ops page."""
 from __future__ import annotations
 
 from django.contrib import admin, messages
-from django.http import HttpResponseRedirect
 
 from capacity import services
 from capacity.models import Adjustment, CapacityPolicy
 from capacity.selectors import MODE_FIELDS, NUMBER_FIELDS
-from config.errors import ApplicationError
+from core.admin import ServiceAdmin
+from core.errors import ApplicationError
 
 
 @admin.register(Adjustment)
@@ -64,7 +64,7 @@ class AdjustmentAdmin(admin.ModelAdmin):
 
 
 @admin.register(CapacityPolicy)
-class CapacityPolicyAdmin(admin.ModelAdmin):
+class CapacityPolicyAdmin(ServiceAdmin):
     """The form checks field types (and that a new scope is not taken); the service checks the rest (the
     scope names a GPU model or a project, the idle rules' classes and bounds) and its refusal comes back as
     a message on the form, nothing saved."""
@@ -84,11 +84,6 @@ class CapacityPolicyAdmin(admin.ModelAdmin):
     def has_delete_permission(self, request, obj=None):
         return obj is None or obj.scope != ""  # the default scope stays (its fields can be emptied)
 
-    def get_actions(self, request):
-        actions = super().get_actions(request)
-        actions.pop("delete_selected", None)  # one at a time, through policy_delete
-        return actions
-
     def save_model(self, request, obj, form, change):
         values = {name: form.cleaned_data[name] for name in (*MODE_FIELDS, "idle_rules", *NUMBER_FIELDS)
                   if name in form.cleaned_data}
@@ -97,20 +92,3 @@ class CapacityPolicyAdmin(admin.ModelAdmin):
 
     def delete_model(self, request, obj):
         services.policy_delete(policy=obj, by_user=request.user)
-
-    def changeform_view(self, request, object_id=None, form_url="", extra_context=None):
-        try:
-            return super().changeform_view(request, object_id, form_url, extra_context)
-        except ApplicationError as error:  # the service refused: nothing was written (its transaction)
-            return self._refused(request, error)
-
-    def delete_view(self, request, object_id, extra_context=None):
-        try:
-            return super().delete_view(request, object_id, extra_context)
-        except ApplicationError as error:
-            return self._refused(request, error)
-
-    def _refused(self, request, error: ApplicationError) -> HttpResponseRedirect:
-        where = f"{error.field}: " if error.field else ""
-        self.message_user(request, f"Not saved — {where}{error.message}", level=messages.ERROR)
-        return HttpResponseRedirect(request.get_full_path())

@@ -16,7 +16,7 @@ from billing.core.pricing import format_money
 from capacity.choices import OPEN_STATES, AdjustmentState
 from capacity.models import Adjustment
 from capacity.selectors import warm_holding
-from config.errors import ApplicationError
+from core.errors import ApplicationError
 
 HOUR = Decimal(3600)
 HUNDREDTHS = Decimal("0.01")

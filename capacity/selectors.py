@@ -41,7 +41,8 @@ from capacity.planner import (
     WarmInstance,
 )
 from capacity.planner.types import DEFAULT_IDLE_RULES, Mode
-from config.errors import NotFound
+from core.errors import NotFound
+from core.prometheus import OPTIONAL_TIMEOUT_SECONDS, Prometheus, PrometheusError
 from tenants.access import Actor
 
 logger = logging.getLogger(__name__)
@@ -236,8 +237,6 @@ def _series_seconds(policies: tuple[Policy, ...]) -> int:
 def _utilisation(now: datetime, leases: dict[int, Lease], policies, notes: SnapshotNotes) -> tuple[Utilisation, ...]:
     """Per live lease: engine-active per-mille (mean over its instances) and framebuffer MiB (their sum),
     one point per ``CAPACITY_SERIES_STEP_SECONDS`` from when the lease started (or the window's start)."""
-    from broker.selectors import _prometheus
-
     seconds = _series_seconds(policies)
     running = {pk: lease for pk, lease in leases.items()
                if lease.state in (LeaseState.ACTIVE, LeaseState.PREEMPTED) and lease.active_at is not None}
@@ -248,10 +247,12 @@ def _utilisation(now: datetime, leases: dict[int, Lease], policies, notes: Snaps
     owner = {f"alloc-{pk}": lease_id for pk, lease_id in Allocation.objects.filter(
         lease_id__in=running, freed_at__isnull=True).values_list("pk", "lease_id")}
     series: dict[str, dict[int, dict[int, list[float]]]] = {}
+    prometheus = Prometheus(timeout=OPTIONAL_TIMEOUT_SECONDS)
     for name, metric in (("engine", ENGINE_ACTIVE), ("fb", FB_USED)):
-        result = _prometheus("query_range", {"query": f'{metric}{{allocation_id!=""}}', "start": start.timestamp(),
-                                             "end": now.timestamp(), "step": step})
-        if result is None:
+        try:
+            result = prometheus.query_range(f'{metric}{{allocation_id!=""}}', start=start.timestamp(),
+                                            end=now.timestamp(), step=step)
+        except PrometheusError:
             notes.prometheus = f"Prometheus at {settings.PROMETHEUS_URL} did not answer; idle reclaim and " \
                                "right-sizing were skipped this run"
             return ()

@@ -41,8 +41,8 @@ from django.db import close_old_connections  # noqa: E402
 from django.http.request import split_domain_port, validate_host  # noqa: E402
 
 from broker.services.nodes import node_heartbeat_signed  # noqa: E402
-from config.errors import ApplicationError  # noqa: E402
-from config.problems import RETRY_AFTER_SECONDS, UNAVAILABLE_DETAIL, database_unavailable, problem_body  # noqa: E402
+from core.errors import ApplicationError  # noqa: E402
+from core.problems import RETRY_AFTER_SECONDS, UNAVAILABLE_DETAIL, database_unavailable, problem_body  # noqa: E402
 from observability import metrics  # noqa: E402
 
 logger = logging.getLogger("gpubroker.access")

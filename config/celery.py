@@ -19,7 +19,7 @@ _tokens: dict[str, object] = {}
 
 @task_prerun.connect
 def _bind_task_context(task_id=None, task=None, **_):
-    from config.logging import request_id_var
+    from core.logging import request_id_var
 
     _tokens[task_id] = request_id_var.set(f"task:{task_id}")
     _close_old_connections(task)
@@ -27,7 +27,7 @@ def _bind_task_context(task_id=None, task=None, **_):
 
 @task_postrun.connect
 def _unbind_task_context(task_id=None, task=None, **_):
-    from config.logging import request_id_var
+    from core.logging import request_id_var
 
     token = _tokens.pop(task_id, None)
     if token is not None:

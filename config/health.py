@@ -72,7 +72,7 @@ def readyz(request):
             "broker": broker_scheme}
     response = JsonResponse(body, status=200 if not failing else 503)
     if failing:
-        from config.problems import RETRY_AFTER_SECONDS
+        from core.problems import RETRY_AFTER_SECONDS
 
         response["Retry-After"] = str(RETRY_AFTER_SECONDS)
     return response

@@ -10,7 +10,7 @@ import uuid
 
 from django.http.multipartparser import MultiPartParserError
 
-from config.logging import request_id_var, tenant_var, user_var
+from core.logging import request_id_var, tenant_var, user_var
 
 logger = logging.getLogger("gpubroker.access")
 _REQUEST_ID_RE = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
@@ -57,7 +57,7 @@ class RejectNulMiddleware:
 
     PostgreSQL text cannot hold NUL: psycopg raises ``ValueError`` for any query that carries one, which
     surfaced as a 500 wherever a parameter reaches a query. Checked once here so every route benefits;
-    JSON bodies are checked by ``config.parsers.SafeJSONParser``. API routes answer problem+json, the
+    JSON bodies are checked by ``core.parsers.SafeJSONParser``. API routes answer problem+json, the
     portal an HTML page with the same message.
     """
 
@@ -71,13 +71,13 @@ class RejectNulMiddleware:
         except MultiPartParserError as exc:
             field, message = "body", f"malformed multipart body ({exc})."
         if field is not None:
-            from config.parsers import printable
-            from config.problems import _json_problem, error_page
+            from core.parsers import printable
+            from core.problems import error_page, json_problem
 
             name = printable(field)
             detail = f"{name}: {message}"
             if request.path.startswith("/api/"):
-                return _json_problem(request, 400, "Invalid input", "invalid", detail, field=name)
+                return json_problem(request, 400, "Invalid input", "invalid", detail, field=name)
             return error_page(request, status=400, title="Invalid input", message=detail)
         return self.get_response(request)
 

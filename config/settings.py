@@ -160,7 +160,7 @@ REST_FRAMEWORK = {
     ],
     "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",
     "PAGE_SIZE": 50,
-    "EXCEPTION_HANDLER": "config.problems.problem_exception_handler",
+    "EXCEPTION_HANDLER": "core.problems.problem_exception_handler",
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "DEFAULT_THROTTLE_CLASSES": ["tenants.throttling.TenantRateThrottle"],
     "DEFAULT_THROTTLE_RATES": {"tenant": env_str("API_RATE_LIMIT", "6000/min")},
@@ -418,7 +418,7 @@ LOG_FORMAT = env_choice("LOG_FORMAT", "json", ("json", "text"))
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "filters": {"request_context": {"()": "config.logging.RequestContextFilter"}},
+    "filters": {"request_context": {"()": "core.logging.RequestContextFilter"}},
     "formatters": {
         "json": {
             "()": "pythonjsonlogger.json.JsonFormatter",
@@ -450,10 +450,10 @@ LOGGING = {
 # JSON bodies size-, depth- and character-checked by the parser; every error documented in the schema.
 MIDDLEWARE.insert(MIDDLEWARE.index("config.middleware.RequestContextMiddleware") + 1,
                   "config.middleware.RejectNulMiddleware")
-REST_FRAMEWORK["DEFAULT_PARSER_CLASSES"] = ["config.parsers.SafeJSONParser"]
+REST_FRAMEWORK["DEFAULT_PARSER_CLASSES"] = ["core.parsers.SafeJSONParser"]
 SPECTACULAR_SETTINGS["POSTPROCESSING_HOOKS"] = [
     "drf_spectacular.hooks.postprocess_schema_enums",
-    "config.openapi.add_error_responses",
+    "core.openapi.add_error_responses",
 ]
 SPECTACULAR_SETTINGS["ENUM_NAME_OVERRIDES"].update({
     "LeaseStateEnum": "broker.choices.LeaseState",
@@ -463,7 +463,7 @@ SPECTACULAR_SETTINGS["ENUM_NAME_OVERRIDES"].update({
     "GpuModelCodeEnum": "billing.api.serializers.MODEL_CODES",
     "PipelineTierEnum": "pipelines.api.serializers.TIERS",
 })
-REST_FRAMEWORK["DEFAULT_PAGINATION_CLASS"] = "config.pagination.BoundedLimitOffsetPagination"
+REST_FRAMEWORK["DEFAULT_PAGINATION_CLASS"] = "core.pagination.BoundedLimitOffsetPagination"
 
 # --- Observability (observability/; docs/operations.md "Metrics" and "Traces") -----------------------------
 # /metrics answers only with "Authorization: Bearer $METRICS_TOKEN" (unset: 404). Multi-process metrics need

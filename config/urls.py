@@ -5,10 +5,11 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, Spec
 
 from config import health
 from observability import views as observability_views
+from portal import notifications as notification_pages
 
-handler400 = "config.problems.handler400"
-handler404 = "config.problems.handler404"
-handler500 = "config.problems.handler500"
+handler400 = "core.problems.handler400"
+handler404 = "core.problems.handler404"
+handler500 = "core.problems.handler500"
 
 urlpatterns = [
     path("healthz", health.healthz, name="healthz"),
@@ -27,6 +28,6 @@ urlpatterns = [
     path("api/v1/", include("capacity.api.urls")),
     path("api/v1/", include("pipelines.api.urls")),
     path("api/v1/", include("tiering.api.urls")),
-    path("settings/notifications/", include("notifications.urls")),
+    path("settings/notifications/", include((notification_pages.urlpatterns, "notifications"))),
     path("", include("portal.urls")),
 ]

@@ -27,12 +27,14 @@ from django.utils import timezone
 
 from broker.choices import LeaseState
 from broker.models import Lease, LeaseEvent
-from config.errors import ValidationFailed
+from core.errors import ValidationFailed
+from core.task_registry import task
 from notifications import signing, transport
 from notifications.choices import EMAIL_KINDS, Channel, DeliveryStatus, EventKind
 from notifications.models import Delivery, Notification, NotificationPreference, OutboxCursor, WebhookEndpoint
 from tenants.access import Actor
-from tenants.models import AuditEvent, Membership, Tenant
+from tenants.audit import audit_record
+from tenants.models import Membership, Tenant
 
 logger = logging.getLogger(__name__)
 
@@ -40,11 +42,6 @@ LEASE_STREAM = "lease_events"
 OUTBOX_BATCH = 500
 CLAIM_MARGIN_SECONDS = 30
 USER_AGENT = "gpubroker-webhooks/1"
-
-
-def _audit(*, tenant: Tenant, user, action: str, target: str, **data) -> None:
-    AuditEvent.objects.create(tenant=tenant, actor=user if user is not None and user.is_authenticated else None,
-                              action=action, target=target, data=data)
 
 
 def _validate_event_types(event_types) -> list[str]:
@@ -78,8 +75,8 @@ def webhook_endpoint_create(*, actor: Actor, url: str, event_types: list[str], d
         endpoint = WebhookEndpoint.objects.create(tenant=actor.tenant, url=url, event_types=event_types,
                                                   description=description.strip()[:200], secret=secret,
                                                   created_by=actor.user, created_at=now)
-        _audit(tenant=actor.tenant, user=actor.user, action="webhook.create", target=f"webhook:{endpoint.pk}",
-               url=url, event_types=event_types)
+        audit_record(tenant=actor.tenant, by=actor.user, action="webhook.create", target=f"webhook:{endpoint.pk}",
+                     data={"url": url, "event_types": event_types})
     return endpoint, secret
 
 
@@ -104,8 +101,8 @@ def webhook_endpoint_update(*, actor: Actor, endpoint: WebhookEndpoint, url: str
     with transaction.atomic(durable=True):
         if changes:
             WebhookEndpoint.objects.filter(pk=endpoint.pk, deleted_at__isnull=True).update(**changes)
-        _audit(tenant=actor.tenant, user=actor.user, action="webhook.update", target=f"webhook:{endpoint.pk}",
-               **{k: v for k, v in changes.items() if k in ("url", "event_types", "description", "is_active")})
+        audit_record(tenant=actor.tenant, by=actor.user, action="webhook.update", target=f"webhook:{endpoint.pk}",
+                     data={k: v for k, v in changes.items() if k in ("url", "event_types", "description", "is_active")})
     endpoint.refresh_from_db()
     return endpoint
 
@@ -119,8 +116,8 @@ def webhook_endpoint_delete(*, actor: Actor, endpoint: WebhookEndpoint, now: dat
                                                               disabled_reason="deleted")
         Delivery.objects.filter(endpoint=endpoint, status=DeliveryStatus.PENDING).update(
             status=DeliveryStatus.FAILED, last_error="endpoint deleted", completed_at=now)
-        _audit(tenant=actor.tenant, user=actor.user, action="webhook.delete", target=f"webhook:{endpoint.pk}",
-               url=endpoint.url)
+        audit_record(tenant=actor.tenant, by=actor.user, action="webhook.delete", target=f"webhook:{endpoint.pk}",
+                     data={"url": endpoint.url})
 
 
 def webhook_endpoint_rotate(*, actor: Actor, endpoint: WebhookEndpoint,
@@ -136,8 +133,8 @@ def webhook_endpoint_rotate(*, actor: Actor, endpoint: WebhookEndpoint,
         WebhookEndpoint.objects.filter(pk=endpoint.pk).update(
             secret=secret, previous_secret=locked.secret if grace else "",
             previous_secret_expires_at=now + grace if grace else None)
-        _audit(tenant=actor.tenant, user=actor.user, action="webhook.rotate", target=f"webhook:{endpoint.pk}",
-               previous_valid_until=(now + grace).isoformat() if grace else None)
+        audit_record(tenant=actor.tenant, by=actor.user, action="webhook.rotate", target=f"webhook:{endpoint.pk}",
+                     data={"previous_valid_until": (now + grace).isoformat() if grace else None})
     endpoint.refresh_from_db()
     return endpoint, secret
 
@@ -147,8 +144,8 @@ def notification_preference_set(*, user, email_lease_events: bool, tenant: Tenan
     with transaction.atomic(durable=True):
         NotificationPreference.objects.update_or_create(
             user=user, defaults={"email_lease_events": bool(email_lease_events), "updated_at": timezone.now()})
-        _audit(tenant=tenant, user=user, action="notifications.preference", target=f"user:{user.pk}",
-               email_lease_events=bool(email_lease_events))
+        audit_record(tenant=tenant, by=user, action="notifications.preference", target=f"user:{user.pk}",
+                     data={"email_lease_events": bool(email_lease_events)})
 
 
 # -- making notifications ------------------------------------------------------------------------------
@@ -233,10 +230,9 @@ def _enqueue_sends(delivery_ids: list[int]) -> None:
         return
 
     def enqueue():
-        from notifications.tasks import delivery_send_task
-
+        sending = task("notifications", "delivery_send_task")
         for delivery_id in delivery_ids:
-            delivery_send_task.delay(delivery_id)
+            sending.delay(delivery_id)
 
     transaction.on_commit(enqueue)
 
@@ -279,9 +275,7 @@ def outbox_process(*, now: datetime | None = None) -> int:
 
 
 def _enqueue_outbox() -> None:
-    from notifications.tasks import outbox_process_task
-
-    transaction.on_commit(outbox_process_task.delay)
+    transaction.on_commit(task("notifications", "outbox_process_task").delay)
 
 
 def notification_emit(*, tenant: Tenant, kind: str, data: dict, lease: Lease | None = None,
@@ -427,8 +421,8 @@ def _endpoint_record(endpoint: WebhookEndpoint, *, succeeded: bool, now: datetim
     if disable:
         reason = f"disabled automatically: every delivery failed since {failing_since:%Y-%m-%d %H:%M} UTC"
         changes.update(is_active=False, disabled_reason=reason)
-        _audit(tenant=locked.tenant, user=None, action="webhook.disable", target=f"webhook:{locked.pk}",
-               reason=reason, consecutive_failures=failures)
+        audit_record(tenant=locked.tenant, by=None, action="webhook.disable", target=f"webhook:{locked.pk}",
+                     data={"reason": reason, "consecutive_failures": failures})
     WebhookEndpoint.objects.filter(pk=endpoint.pk).update(**changes)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from celery import shared_task
 
+from core.task_registry import tasks_register
 from notifications import services
 
 
@@ -26,3 +27,8 @@ def deliveries_send_due_task() -> int:
     for delivery_id in due:
         delivery_send_task.delay(delivery_id)
     return len(due)
+
+
+# the services send these by name (core.task_registry), without importing this module
+tasks_register("notifications", outbox_process_task=outbox_process_task, delivery_send_task=delivery_send_task,
+               deliveries_send_due_task=deliveries_send_due_task)

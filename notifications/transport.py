@@ -21,7 +21,7 @@ from urllib.parse import urlsplit
 import urllib3
 from django.conf import settings
 
-from config.errors import ApplicationError
+from core.errors import ApplicationError
 
 
 class UnsafeUrl(ApplicationError):

@@ -190,10 +190,10 @@ def connect() -> None:
     from celery.signals import task_postrun, task_prerun
     from celery.signals import worker_ready as worker_ready_signal
 
-    from agent import client
+    from agent import protocol
 
     task_prerun.connect(task_started, weak=False, dispatch_uid="observability.task_started")
     task_postrun.connect(task_finished, weak=False, dispatch_uid="observability.task_finished")
     worker_ready_signal.connect(worker_ready, weak=False, dispatch_uid="observability.worker_ready")
-    if agent_call_observed not in client.OBSERVERS:
-        client.OBSERVERS.append(agent_call_observed)
+    if agent_call_observed not in protocol.OBSERVERS:
+        protocol.OBSERVERS.append(agent_call_observed)

@@ -38,7 +38,7 @@ CYCLE_DECISIONS = Counter("gpubroker_schedule_decisions", "Decisions of schedule
 CYCLE_LAST = Gauge("gpubroker_schedule_cycle_last_timestamp_seconds",
                    "Unix time the last schedule cycle finished (ran or idle).", multiprocess_mode="max")
 
-# Agent calls (agent.client.AgentClient) and provisioning
+# Agent calls (agent.protocol.AgentClient) and provisioning
 AGENT_REQUESTS = Counter("gpubroker_agent_requests", "Calls to node agents, by node, operation and outcome "
                          "(ok, refused: 4xx, unreachable: no answer or 5xx after retries).",
                          ["node", "operation", "outcome"])

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from config.errors import NotFound
+from core.errors import NotFound
 from pipelines.models import ModelSplit, Pipeline, PipelinePlan
 from tenants.access import Actor
 

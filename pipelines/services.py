@@ -14,7 +14,7 @@ from django.utils import timezone
 
 from broker import services as broker
 from broker.extensions import list_prices
-from config.errors import ApplicationError, Conflict, NotFound, ValidationFailed
+from core.errors import ApplicationError, Conflict, NotFound, ValidationFailed
 from gpus import performance
 from gpus.architectures import ARCHITECTURES
 from gpus.catalogue import UnknownModel, model_get
@@ -23,7 +23,8 @@ from pipelines.models import ModelSplit, ModelSplitLease, Pipeline, PipelinePlan
 from pipelines.planner import esg, splits
 from pipelines.planner.profiles import Candidate, profile_for
 from tenants.access import Actor
-from tenants.models import AuditEvent, Project
+from tenants.audit import audit_record
+from tenants.models import Project
 
 MAX_STAGES = 24
 
@@ -35,11 +36,6 @@ class Unprocessable(ApplicationError):
     code = "unprocessable"
     title = "The input's parts do not fit together"
 DEFAULT_TIERS = ("H100-80GB", "A100-80GB", "L4")
-
-
-def _audit(actor: Actor, action: str, target: str, **data) -> None:
-    AuditEvent.objects.create(tenant=actor.tenant, actor=actor.user if actor.user.is_authenticated else None,
-                              action=action, target=target, data=data)
 
 
 def _number(value, field: str, low: float, high: float) -> float:
@@ -211,7 +207,8 @@ def pipeline_create(*, actor: Actor, project: str, name: str, stages, edges, slo
         raise Unprocessable(str(error), field=error.field or "stages") from None
     with transaction.atomic():
         row.save()
-        _audit(actor, "pipeline.create", f"pipeline:{row.pk}", name=row.name, stages=len(stages))
+        audit_record(tenant=actor.tenant, by=actor, action="pipeline.create", target=f"pipeline:{row.pk}",
+                     data={"name": row.name, "stages": len(stages)})
     return row
 
 
@@ -251,8 +248,8 @@ def plan_create(*, actor: Actor, pipeline: Pipeline, method: str = "esg") -> Pip
             tenant=actor.tenant, pipeline=pipeline, method=method, feasible=plan.feasible,
             latency_ms=plan.latency_ms if plan.choices else None,
             cost_per_1k=plan.cost_per_1k if plan.choices else None, result=result)
-        _audit(actor, "pipeline.plan", f"pipeline-plan:{row.pk}", pipeline=pipeline.pk, method=method,
-               feasible=plan.feasible)
+        audit_record(tenant=actor.tenant, by=actor, action="pipeline.plan", target=f"pipeline-plan:{row.pk}",
+                     data={"pipeline": pipeline.pk, "method": method, "feasible": plan.feasible})
     return row
 
 
@@ -289,7 +286,8 @@ def plan_apply(*, actor: Actor, plan: PipelinePlan, duration_seconds: int = 3600
             PlanLease.objects.create(plan=plan, stage=stage["stage"], lease=lease)
         plan.state, plan.applied_at = PlanState.APPLIED, timezone.now()
         plan.save(update_fields=["state", "applied_at"])
-        _audit(actor, "pipeline.apply", f"pipeline-plan:{plan.pk}", leases=[p.lease_id for p in plan.leases.all()])
+        audit_record(tenant=actor.tenant, by=actor, action="pipeline.apply", target=f"pipeline-plan:{plan.pk}",
+                     data={"leases": [p.lease_id for p in plan.leases.all()]})
     return plan
 
 
@@ -305,7 +303,7 @@ def _group_release(*, actor: Actor, model, row, what: str, audit: str, target: s
             raise Conflict(f"The {what} is {row.state}, not applied.", field="state")
         row.state, row.released_at = PlanState.RELEASED, timezone.now()
         row.save(update_fields=["state", "released_at"])
-        _audit(actor, audit, f"{target}:{row.pk}")
+        audit_record(tenant=actor.tenant, by=actor, action=audit, target=f"{target}:{row.pk}")
     # every member in one transaction: no cycle sees part of the group gone
     broker.lease_group_release(tenant_id=row.tenant_id, group_key=f"{target}-{row.pk}",
                                 actor=f"user:{actor.user.get_username()}", reason=f"{what} {row.pk} released")
@@ -450,8 +448,8 @@ def model_split_create(*, actor: Actor, gpus=None, architecture_name: str = "", 
             gpus=[{"id": g.id, "node": g.node, "model": g.model, "free_mib": g.free_mib} for g in candidates],
             feasible=heuristic.feasible, result=result,
             created_by=actor.user if actor.user.is_authenticated else None)
-        _audit(actor, "model_split.create", f"model-split:{row.pk}", feasible=heuristic.feasible,
-               gpus=len(heuristic.groups))
+        audit_record(tenant=actor.tenant, by=actor, action="model_split.create", target=f"model-split:{row.pk}",
+                     data={"feasible": heuristic.feasible, "gpus": len(heuristic.groups)})
     return row
 
 
@@ -518,8 +516,9 @@ def model_split_apply(*, actor: Actor, split: ModelSplit, project: str,
             ModelSplitLease.objects.create(split=split, group=index, lease=lease)
         split.state, split.project, split.applied_at = PlanState.APPLIED, target, timezone.now()
         split.save(update_fields=["state", "project", "applied_at"])
-        _audit(actor, "model_split.apply", f"model-split:{split.pk}", project=target.slug,
-               leases=[link.lease_id for link in split.leases.order_by("group")])
+        audit_record(tenant=actor.tenant, by=actor, action="model_split.apply", target=f"model-split:{split.pk}",
+                     data={"project": target.slug,
+                           "leases": [link.lease_id for link in split.leases.order_by("group")]})
     return split
 
 

@@ -24,7 +24,7 @@ from billing.choices import CapAction, RateKind
 from billing.core.pricing import format_money, from_minor
 from billing.selectors import documents, reports
 from billing.services import period_bounds, period_parse
-from config.errors import ApplicationError, NotFound, ValidationFailed
+from core.errors import ApplicationError, NotFound, ValidationFailed
 from gpus.catalogue import TIER_CODES
 from portal import forms, presenters
 from portal.ops import StaffView

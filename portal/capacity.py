@@ -20,7 +20,7 @@ from capacity import selectors as capacity_selectors
 from capacity import services as capacity_services
 from capacity.choices import AdjustmentState, LoopMode
 from capacity.selectors import MODE_FIELDS, NUMBER_FIELDS
-from config.errors import ApplicationError
+from core.errors import ApplicationError
 from portal import forms
 from portal.ops import StaffView
 from portal.views import TenantView

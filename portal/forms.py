@@ -14,7 +14,7 @@ from datetime import UTC, datetime
 
 from django.http import QueryDict
 
-from config.errors import ApplicationError, ValidationFailed
+from core.errors import ApplicationError, ValidationFailed
 
 _INTEGER = re.compile(r"^[+-]?\d{1,12}$")
 

@@ -13,7 +13,7 @@ from django.utils import timezone
 
 from broker import selectors as broker
 from broker import services as broker_services
-from config.errors import ApplicationError
+from core.errors import ApplicationError
 from gpus.catalogue import TIER_CODES
 from portal import forms, presenters
 from portal.views import PortalView

@@ -13,7 +13,7 @@ from __future__ import annotations
 from django.contrib import messages
 from django.shortcuts import redirect, render
 
-from config.errors import ApplicationError
+from core.errors import ApplicationError
 from pipelines import selectors, services
 from pipelines.models import ModelSplit, PipelinePlan, PlanState
 from portal.views import TenantView

@@ -9,7 +9,7 @@ from django.utils import timezone
 
 from billing import selectors as billing
 from billing.core.pricing import format_money
-from config.errors import ApplicationError
+from core.errors import ApplicationError
 
 
 def price_quote(*, tenant, gpu: dict, workload_class: str, over_quota: bool):

@@ -9,7 +9,7 @@ from __future__ import annotations
 from django.contrib import messages
 from django.shortcuts import redirect, render
 
-from config.errors import ApplicationError
+from core.errors import ApplicationError
 from gpus.performance import slice_from_key
 from portal.views import TenantView
 from tenants import selectors as tenant_selectors

@@ -22,7 +22,7 @@ from broker import selectors as broker
 from broker import services as broker_services
 from broker.choices import FINAL_STATES, HOLDING_STATES, LeaseState, WorkloadClass
 from capacity.presenters import advice_panel
-from config.errors import ApplicationError, NotFound, PermissionDenied, TenantSuspended
+from core.errors import ApplicationError, NotFound, PermissionDenied, TenantSuspended
 from portal import forms, presenters
 from portal.pricing import dashboard_spend
 from tenants import selectors, services
@@ -296,7 +296,7 @@ class LeaseLogView(TenantView):
     LOG_TAIL = 16 * 1024
 
     def get(self, request, pk: int):
-        from agent.client import AgentHTTPError, AgentUnreachable
+        from agent.protocol import AgentHTTPError, AgentUnreachable
 
         lease = broker.lease_get(actor=self.actor, lease_id=pk)
         workload = presenters.lease_workload(lease)

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Literal
 
 from django.db.models import Model, QuerySet
 
-from config.errors import PermissionDenied, TenantSuspended
+from core.errors import PermissionDenied, TenantSuspended
 from tenants.choices import ROLE_RANK, Role, TokenScope
 
 if TYPE_CHECKING:

@@ -1,15 +1,10 @@
 """Django admin for platform staff, writing through ``tenants.services`` — the same rules, errors and audit
 events as the API and the portal — or read-only where no service writes the model.
 
-How a write goes (``ServiceAdmin``):
-- the admin's forms check types; ``save_model`` / ``save_formset`` / ``delete_model`` call the services;
-- staff act inside a tenant as an owner would (``staff_actor``): the audit row names the staff user, and the
-  services' rules hold — the last owner stays, a suspended tenant's roles and projects do not change;
-- each service is one durable transaction of its own, so the admin's own wrapping transaction is left out
-  (a durable block cannot nest in it); a service's refusal is an error message on the page, nothing of that
-  write saved, never a 500;
-- Django's bulk "delete selected" is off everywhere here (it deletes rows without the services); deleting
-  is one object at a time through its service, where one exists.
+How a write goes: ``core.admin.ServiceAdmin`` (no wrapping transaction: each service is one durable transaction
+of its own; a refusal is a message on the page; no bulk delete), and staff act inside a tenant as an owner would
+(``staff_actor``): the audit row names the staff user, and the services' rules hold — the last owner stays, a
+suspended tenant's roles and projects do not change.
 
 Per model: tenants (created, renamed, suspended and reactivated; never deleted — they hold the billing
 record), projects (created, renamed, deleted while nothing references them), memberships (added, role
@@ -21,12 +16,11 @@ them), audit events (read-only)."""
 from __future__ import annotations
 
 from django import forms
-from django.contrib import admin, messages
-from django.contrib.admin.options import csrf_protect_m
+from django.contrib import admin
 from django.core.exceptions import ValidationError
-from django.http import HttpResponseRedirect
 
-from config.errors import ApplicationError
+from core.admin import ServiceAdmin
+from core.errors import ApplicationError
 from tenants import services
 from tenants.access import Actor
 from tenants.choices import Role, TenantStatus
@@ -54,52 +48,6 @@ def _adopt(obj, saved) -> None:
     for field in obj._meta.concrete_fields:
         setattr(obj, field.attname, getattr(saved, field.attname))
     obj._state.adding, obj._state.db = False, saved._state.db
-
-
-class ServiceAdmin(admin.ModelAdmin):
-    """A model admin whose writes are service calls: no wrapping transaction, refusals as messages."""
-
-    def get_actions(self, request):
-        actions = super().get_actions(request)
-        actions.pop("delete_selected", None)  # bulk deletes bypass the services
-        return actions
-
-    @csrf_protect_m
-    def changeform_view(self, request, object_id=None, form_url="", extra_context=None):
-        try:  # not in a transaction: each service is one durable transaction of its own
-            return self._changeform_view(request, object_id, form_url, extra_context)
-        except ApplicationError as error:
-            return self._refused(request, error)
-
-    @csrf_protect_m
-    def delete_view(self, request, object_id, extra_context=None):
-        try:
-            return self._delete_view(request, object_id, extra_context)
-        except ApplicationError as error:
-            return self._refused(request, error)
-
-    def _refused(self, request, error: ApplicationError) -> HttpResponseRedirect:
-        where = f"{error.field}: " if error.field else ""
-        self.message_user(request, f"Not saved — {where}{error.message}", level=messages.ERROR)
-        return HttpResponseRedirect(request.get_full_path())
-
-    def save_formset(self, request, form, formset, change):
-        formset.save(commit=False)  # what changed, for the admin's log; read-only inlines change nothing
-        if formset.new_objects or formset.changed_objects or formset.deleted_objects:
-            raise NotImplementedError(f"{type(self).__name__}: {formset.model.__name__} has no service here")
-
-    def _each(self, request, queryset, what: str, call) -> None:
-        """An action over the selection, one service call per row, each refusal reported with its row."""
-        done = 0
-        for obj in queryset.order_by("pk"):
-            try:
-                call(obj)
-            except ApplicationError as error:
-                self.message_user(request, f"{obj}: {error.message}", level=messages.ERROR)
-                continue
-            done += 1
-        if done:
-            self.message_user(request, f"{done} {what}.", level=messages.SUCCESS)
 
 
 # -- tenants and their members -------------------------------------------------------------------------------
@@ -201,12 +149,12 @@ class TenantAdmin(ServiceAdmin):
 
     @admin.action(description="Suspend selected tenants")
     def suspend(self, request, queryset):
-        self._each(request, queryset, "suspended", lambda tenant: services.tenant_set_status(
+        self.each_row(request, queryset, "suspended", lambda tenant: services.tenant_set_status(
             tenant=tenant, status=TenantStatus.SUSPENDED, by_user=request.user, reason="admin"))
 
     @admin.action(description="Reactivate selected tenants")
     def activate(self, request, queryset):
-        self._each(request, queryset, "reactivated", lambda tenant: services.tenant_set_status(
+        self.each_row(request, queryset, "reactivated", lambda tenant: services.tenant_set_status(
             tenant=tenant, status=TenantStatus.ACTIVE, by_user=request.user, reason="admin"))
 
 
@@ -358,7 +306,7 @@ class ApiTokenAdmin(ServiceAdmin):
 
     @admin.action(description="Revoke selected tokens")
     def revoke(self, request, queryset):
-        self._each(request, queryset.select_related("tenant"), "revoked", lambda token: services.api_token_revoke(
+        self.each_row(request, queryset.select_related("tenant"), "revoked", lambda token: services.api_token_revoke(
             actor=staff_actor(request, token.tenant), token=token))
 
 

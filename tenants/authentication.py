@@ -17,7 +17,7 @@ from django.shortcuts import render
 from django.utils import timezone
 from rest_framework import authentication, exceptions
 
-from config.prepared import PreparedQuery
+from core.prepared import PreparedQuery
 from tenants import services
 from tenants.models import ApiToken, Membership, Tenant
 from tenants.throttling import FailedTokenThrottle
@@ -61,7 +61,7 @@ def _fields(model) -> list[str]:
 
 def _token_lookup() -> PreparedQuery:
     """The token of a prefix with its tenant, its user and the member's role, as one SQL statement compiled once
-    (``config.prepared``: compiling the ORM's join and subquery cost more CPU than PostgreSQL answering it)."""
+    (``core.prepared``: compiling the ORM's join and subquery cost more CPU than PostgreSQL answering it)."""
     global _token_prepared
     if _token_prepared is None:
         user_model = get_user_model()

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from rest_framework import permissions
 
-from config.errors import PermissionDenied
+from core.errors import PermissionDenied
 from tenants.selectors import actor_for_request
 
 SAFE_METHODS = ("GET", "HEAD", "OPTIONS")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from django.db.models import QuerySet
 
-from config.errors import NotFound
+from core.errors import NotFound
 from tenants.access import Actor, restrict
 from tenants.choices import ROLE_RANK, Role
 from tenants.models import ApiToken, Membership, Project, Quota, SloContract, Tenant, TenantQuota
@@ -36,7 +36,7 @@ def actor_for_request(request) -> Actor | None:
         membership = next((m for m in memberships if m.tenant.slug == chosen), memberships[0])
         actor = Actor(user=request.user, tenant=membership.tenant, role=Role(membership.role))
     request._cached_actor = actor
-    from config.logging import tenant_var
+    from core.logging import tenant_var
 
     tenant_var.set(actor.tenant.slug)
     return actor

@@ -14,13 +14,14 @@ from django.db import IntegrityError, transaction
 from django.db.models import Q, Sum
 from django.utils import timezone
 
-from config.errors import Conflict, PermissionDenied, QuotaExceeded, ValidationFailed
+from core.errors import Conflict, PermissionDenied, QuotaExceeded, ValidationFailed
 from gpus.catalogue import UnknownModel, model_get
 from tenants.access import Actor
+from tenants.audit import audit_record
 from tenants.choices import CURRENCIES, ROLE_RANK, Role, SloMetric, TenantStatus, TokenScope
+from tenants.extensions import TenantStatusChange, tenant_status_listeners
 from tenants.models import (
     ApiToken,
-    AuditEvent,
     Membership,
     Project,
     Quota,
@@ -33,16 +34,6 @@ from tenants.tokens import token_generate
 
 SLUG_HELP = "lowercase letters, digits and hyphens, 1-63 characters, not starting or ending with a hyphen"
 MAX_TOKEN_LIFETIME = timedelta(days=366)
-
-
-def _audit(*, tenant: Tenant | None, actor_user, action: str, target: str, **data) -> None:
-    AuditEvent.objects.create(
-        tenant=tenant,
-        actor=actor_user if actor_user and actor_user.is_authenticated else None,
-        action=action,
-        target=target,
-        data=data,
-    )
 
 
 def _validate_slug(value: str, field: str) -> str:
@@ -103,7 +94,7 @@ def tenant_create(*, name: str, slug: str, billing_email: str, currency: str = "
         if Tenant.objects.filter(slug=slug).exists():
             raise Conflict(f"A tenant with slug '{slug}' already exists.", field="slug")
         tenant = Tenant.objects.create(name=name, slug=slug, billing_email=billing_email, currency=currency)
-        _audit(tenant=tenant, actor_user=by_user, action="tenant.create", target=slug)
+        audit_record(tenant=tenant, by=by_user, action="tenant.create", target=slug)
     return tenant
 
 
@@ -119,27 +110,24 @@ def tenant_set_status(*, tenant: Tenant, status: str, by_user=None, reason: str 
     tenant suspended. Suspending again sweeps again. Reactivation gives the held leases back to the
     scheduler (a cycle is asked for); released leases stay released.
     """
-    from broker import services as broker  # leasing builds on tenants: imported here, one way at import time
-
     if status not in TenantStatus.values:
         raise ValidationFailed(f"status must be one of {', '.join(TenantStatus.values)}.", field="status")
     now = timezone.now()
     by = f"staff:{by_user.get_username()}" if by_user is not None and by_user.is_authenticated else "broker"
     note = f" ({reason})" if reason else ""
+    listeners = tenant_status_listeners()  # the broker's (tenants.extensions): it holds and releases the leases
     with transaction.atomic(durable=True):
-        broker.schedule_cycle_wait()
+        for listener in listeners:
+            listener.prepare()
         changed = Tenant.objects.filter(pk=tenant.pk).exclude(status=status).update(status=status, updated_at=now)
         if changed:
-            _audit(tenant=tenant, actor_user=by_user, action=f"tenant.{status}", target=tenant.slug, reason=reason)
-            if status == TenantStatus.SUSPENDED:
-                broker.leases_hold(tenant_id=tenant.pk, reason=f"held: tenant '{tenant.slug}' is suspended{note}",
-                                    actor=by, now=now)
-            else:
-                broker.leases_unhold(tenant_id=tenant.pk, actor=by, now=now)
+            audit_record(tenant=tenant, by=by_user, action=f"tenant.{status}", target=tenant.slug,
+                         data={"reason": reason})
+            for listener in listeners:
+                listener.changed(TenantStatusChange(tenant=tenant, status=status, by=by, note=note, now=now))
     tenant.refresh_from_db()
-    if tenant.status == TenantStatus.SUSPENDED:
-        broker.leases_release_all(tenant_id=tenant.pk, actor=by,
-                                   reason=f"released: tenant '{tenant.slug}' was suspended{note}")
+    for listener in listeners:
+        listener.settled(TenantStatusChange(tenant=tenant, status=tenant.status, by=by, note=note, now=now))
     return tenant
 
 
@@ -157,13 +145,8 @@ def tenant_update(*, actor: Actor, name: str | None = None, billing_email: str |
     with transaction.atomic(durable=True):
         if changes:
             Tenant.objects.filter(pk=actor.tenant.pk).update(**changes, updated_at=timezone.now())
-            _audit(
-                tenant=actor.tenant,
-                actor_user=actor.user,
-                action="tenant.update",
-                target=actor.tenant.slug,
-                fields=sorted(changes),
-            )
+            audit_record(tenant=actor.tenant, by=actor.user, action="tenant.update", target=actor.tenant.slug,
+                         data={"fields": sorted(changes)})
     return Tenant.objects.get(pk=actor.tenant.pk)
 
 
@@ -178,7 +161,7 @@ def project_create(*, actor: Actor, slug: str, name: str, description: str = "")
         if Project.objects.filter(tenant=actor.tenant, slug=slug).exists():
             raise Conflict(f"Project '{slug}' already exists in this tenant.", field="slug")
         project = Project.objects.create(tenant=actor.tenant, slug=slug, name=name, description=description or "")
-        _audit(tenant=actor.tenant, actor_user=actor.user, action="project.create", target=slug)
+        audit_record(tenant=actor.tenant, by=actor.user, action="project.create", target=slug)
     return project
 
 
@@ -194,13 +177,8 @@ def project_update(
     with transaction.atomic(durable=True):
         if changes:
             Project.objects.filter(pk=project.pk, tenant=actor.tenant).update(**changes)
-            _audit(
-                tenant=actor.tenant,
-                actor_user=actor.user,
-                action="project.update",
-                target=project.slug,
-                fields=sorted(changes),
-            )
+            audit_record(tenant=actor.tenant, by=actor.user, action="project.update", target=project.slug,
+                         data={"fields": sorted(changes)})
     project.refresh_from_db()
     return project
 
@@ -213,7 +191,7 @@ def project_delete(*, actor: Actor, project: Project) -> None:
     try:
         with transaction.atomic(durable=True):
             Project.objects.filter(pk=project.pk, tenant=actor.tenant).delete()
-            _audit(tenant=actor.tenant, actor_user=actor.user, action="project.delete", target=project.slug)
+            audit_record(tenant=actor.tenant, by=actor.user, action="project.delete", target=project.slug)
     except ProtectedError:
         raise Conflict(
             f"Project '{project.slug}' still has leases or usage; it cannot be deleted.", field="project"
@@ -232,7 +210,8 @@ def membership_add(*, tenant: Tenant, user, role: str, by_user=None) -> Membersh
         if not created and membership.role != role:
             raise Conflict(f"{user.get_username()} is already a {membership.role} of '{tenant.slug}'.", field="user")
         if created:
-            _audit(tenant=tenant, actor_user=by_user, action="member.add", target=user.get_username(), role=role)
+            audit_record(tenant=tenant, by=by_user, action="member.add", target=user.get_username(),
+                         data={"role": role})
     return membership
 
 
@@ -259,14 +238,8 @@ def membership_change_role(*, actor: Actor, membership: Membership, role: str) -
         if membership.role == Role.OWNER and role != Role.OWNER:
             _ensure_owner_remains(actor.tenant, membership)
         Membership.objects.filter(pk=membership.pk, tenant=actor.tenant).update(role=role)
-        _audit(
-            tenant=actor.tenant,
-            actor_user=actor.user,
-            action="member.role",
-            target=str(membership.user_id),
-            old=membership.role,
-            new=role,
-        )
+        audit_record(tenant=actor.tenant, by=actor.user, action="member.role", target=str(membership.user_id),
+                     data={"old": membership.role, "new": role})
     membership.refresh_from_db()
     return membership
 
@@ -289,7 +262,7 @@ def membership_remove(*, actor: Actor, membership: Membership) -> None:
             revoked_at=now
         )
         Membership.objects.filter(pk=membership.pk, tenant=actor.tenant).delete()
-        _audit(tenant=actor.tenant, actor_user=actor.user, action="member.remove", target=str(membership.user_id))
+        audit_record(tenant=actor.tenant, by=actor.user, action="member.remove", target=str(membership.user_id))
 
 
 def membership_invite(*, actor: Actor, username: str, role: str) -> Membership:
@@ -347,7 +320,7 @@ def api_token_create(
             created_at=now,
             expires_at=expires_at,
         )
-        _audit(tenant=actor.tenant, actor_user=actor.user, action="token.create", target=prefix, scopes=scopes)
+        audit_record(tenant=actor.tenant, by=actor.user, action="token.create", target=prefix, data={"scopes": scopes})
     return token, token_text
 
 
@@ -361,7 +334,7 @@ def api_token_revoke(*, actor: Actor, token: ApiToken, now: datetime | None = No
             revoked_at=now
         )
         if changed:
-            _audit(tenant=actor.tenant, actor_user=actor.user, action="token.revoke", target=token.prefix)
+            audit_record(tenant=actor.tenant, by=actor.user, action="token.revoke", target=token.prefix)
     token.refresh_from_db()
     return token
 
@@ -402,14 +375,8 @@ def tenant_quota_set(
                 field="limit_gpu_milli",
             )
         TenantQuota.objects.filter(pk=quota.pk).update(deserved_gpu_milli=deserved, limit_gpu_milli=limit)
-        _audit(
-            tenant=tenant,
-            actor_user=by_user,
-            action="tenant_quota.set",
-            target=tier,
-            deserved_gpu_milli=deserved,
-            limit_gpu_milli=limit,
-        )
+        audit_record(tenant=tenant, by=by_user, action="tenant_quota.set", target=tier,
+                     data={"deserved_gpu_milli": deserved, "limit_gpu_milli": limit})
     quota.refresh_from_db()
     return quota
 
@@ -483,15 +450,8 @@ def quota_set(
             tier=tier,
             defaults={"deserved_gpu_milli": deserved, "limit_gpu_milli": limit, "over_quota_weight": weight},
         )
-        _audit(
-            tenant=project.tenant,
-            actor_user=by_user,
-            action="quota.set",
-            target=f"{project.slug}/{tier}",
-            deserved_gpu_milli=deserved,
-            limit_gpu_milli=limit,
-            over_quota_weight=weight,
-        )
+        audit_record(tenant=project.tenant, by=by_user, action="quota.set", target=f"{project.slug}/{tier}",
+                     data={"deserved_gpu_milli": deserved, "limit_gpu_milli": limit, "over_quota_weight": weight})
     return quota
 
 
@@ -558,7 +518,7 @@ def slo_contract_create(
             )
             for s in credit_steps
         )
-        _audit(tenant=tenant, actor_user=by_user, action="slo_contract.create", target=name)
+        audit_record(tenant=tenant, by=by_user, action="slo_contract.create", target=name)
     return contract
 
 
@@ -648,7 +608,7 @@ def slo_contract_save(*, tenant: Tenant, contract: SloContract | None = None, by
             SloContract.objects.filter(pk=contract.pk, tenant=tenant).update(**values)
             SloCreditStep.objects.filter(contract=contract).delete()
             SloCreditStep.objects.bulk_create(SloCreditStep(contract=contract, **step) for step in steps)
-            _audit(tenant=tenant, actor_user=by_user, action="slo_contract.update", target=values["name"])
+            audit_record(tenant=tenant, by=by_user, action="slo_contract.update", target=values["name"])
     except IntegrityError:
         raise overlap from None
     contract.refresh_from_db()

@@ -64,7 +64,7 @@ def test_health_request_id_is_echoed(client):
 def test_logs_are_json_with_request_id_tenant_and_user(world, client, caplog):
     from pythonjsonlogger.json import JsonFormatter
 
-    from config.logging import RequestContextFilter
+    from core.logging import RequestContextFilter
 
     formatter = JsonFormatter("%(asctime)s %(levelname)s %(name)s %(message)s")
     records = []

@@ -14,7 +14,7 @@ those cheaper slices, and the next request places on the cheapest whose measurem
 from __future__ import annotations
 
 from broker.extensions import GpuChoice, GpuRequest
-from config.errors import ApplicationError, NotFound, ValidationFailed
+from core.errors import ApplicationError, NotFound, ValidationFailed
 from tenants.models import Project, Quota
 from tiering.models import ProfilingRun, ProfilingState, Workload
 

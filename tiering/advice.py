@@ -140,7 +140,7 @@ def advice_scan(*, now: datetime | None = None) -> dict[str, int]:
 
 
 def _advice_save(*, lease: Lease, workload, key: str, found: dict, evidence: dict, now: datetime) -> int:
-    from tiering.services import _audit
+    from tenants.audit import audit_record
 
     with transaction.atomic():
         TierAdvice.objects.filter(lease=lease, open=True).exclude(kind__in=list(found)).update(open=False,
@@ -153,8 +153,8 @@ def _advice_save(*, lease: Lease, workload, key: str, found: dict, evidence: dic
             if row is None:
                 TierAdvice.objects.create(tenant=lease.tenant, lease=lease, workload=workload, kind=kind,
                                           created_at=now, **values)
-                _audit(tenant=lease.tenant, actor=None, action=f"tiering.advice_{kind}", target=f"lease {lease.pk}",
-                       suggested=item["suggested"], saving_per_hour=values["saving_per_hour"])
+                audit_record(tenant=lease.tenant, by=None, action=f"tiering.advice_{kind}", target=f"lease {lease.pk}",
+                             data={"suggested": item["suggested"], "saving_per_hour": values["saving_per_hour"]})
             else:
                 TierAdvice.objects.filter(pk=row.pk).update(**values)
     return len(found)

@@ -24,14 +24,15 @@ import logging
 import statistics
 from datetime import datetime, timedelta
 
-import requests
 from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
 from broker.choices import FINAL_STATES, LeaseState
 from broker.models import Gpu, Lease
-from config.errors import ApplicationError, Conflict, NotFound, ValidationFailed
+from core.errors import ApplicationError, Conflict, NotFound, ValidationFailed
+from core.prometheus import Prometheus, PrometheusError
+from core.task_registry import task
 from gpus.performance import Slice, slice_from_key
 from tenants.access import Actor
 from tenants.models import ApiToken, Membership, Project
@@ -93,8 +94,9 @@ def profiling_start(*, actor: Actor, workload: Workload, project: object, slices
     bounds; a slice whose lease is refused (no quota for its tier) is left out and said so in the run's
     outcome; when every one is refused the run fails and the first refusal is raised."""
     from broker.services import lease_request
+    from tenants.audit import audit_record
     from tenants.services import api_token_create
-    from tiering.services import _audit, spec_of
+    from tiering.services import spec_of
 
     actor.require("use")
     now = now or timezone.now()
@@ -120,8 +122,8 @@ def profiling_start(*, actor: Actor, workload: Workload, project: object, slices
             tenant=actor.tenant, workload=workload, project=Project.objects.get(tenant=actor.tenant, slug=project),
             created_by=actor.user if actor.user.is_authenticated else None, window_seconds=window,
             deadline_at=deadline, token_prefix=token.prefix, started_at=now)
-        _audit(tenant=actor.tenant, actor=actor, action="tiering.profiling_start", target=workload.name,
-               run=run.pk, slices=[s.key for s in chosen], window_seconds=window)
+        audit_record(tenant=actor.tenant, by=actor, action="tiering.profiling_start", target=workload.name,
+                     data={"run": run.pk, "slices": [s.key for s in chosen], "window_seconds": window})
     refused: list[tuple[Slice, ApplicationError]] = []
     for where in chosen:
         try:
@@ -146,9 +148,7 @@ def profiling_start(*, actor: Actor, workload: Workload, project: object, slices
 
 
 def _enqueue(run_id: int, countdown: float) -> None:
-    from tiering.tasks import profiling_advance
-
-    profiling_advance.apply_async((run_id,), countdown=countdown)
+    task("tiering", "profiling_advance").apply_async((run_id,), countdown=countdown)
 
 
 # -- reading what was measured ---------------------------------------------------------------------------
@@ -157,15 +157,11 @@ class PrometheusMissing(Exception):
     pass
 
 
-def _prometheus(expression: str, at: datetime) -> float | None:
+def _instant_value(expression: str, at: datetime) -> float | None:
     """One instant query's single value (None: no series)."""
     try:
-        answer = requests.get(settings.PROMETHEUS_URL.rstrip("/") + "/api/v1/query",
-                              params={"query": expression, "time": f"{at.timestamp():.3f}"},
-                              timeout=settings.PROMETHEUS_TIMEOUT_SECONDS)
-        answer.raise_for_status()
-        result = answer.json()["data"]["result"]
-    except (requests.RequestException, ValueError, KeyError) as error:
+        result = Prometheus().query(expression, at=at.timestamp())
+    except PrometheusError as error:
         raise PrometheusMissing(f"Prometheus at {settings.PROMETHEUS_URL} did not answer: {error}") from None
     return float(result[0]["value"][1]) if result else None
 
@@ -176,8 +172,8 @@ def lease_telemetry(*, lease: Lease, start: datetime, end: datetime) -> dict:
     allocation = lease.allocations.order_by("pk").first()
     seconds = max(2, int((end - start).total_seconds()))
     label = f'{{allocation_id="{allocation.instance_id}"}}' if allocation else '{allocation_id="-"}'
-    engine = _prometheus(f"avg_over_time(DCGM_FI_PROF_GR_ENGINE_ACTIVE{label}[{seconds}s])", end)
-    memory = _prometheus(f"max_over_time(DCGM_FI_DEV_FB_USED{label}[{seconds}s])", end)
+    engine = _instant_value(f"avg_over_time(DCGM_FI_PROF_GR_ENGINE_ACTIVE{label}[{seconds}s])", end)
+    memory = _instant_value(f"max_over_time(DCGM_FI_DEV_FB_USED{label}[{seconds}s])", end)
     samples = list(LeaseSample.objects.filter(lease=lease, reported_at__gte=start, reported_at__lte=end)
                    .values_list("throughput", flat=True))
     return {"engine_active": engine, "memory_mib": None if memory is None else int(memory),
@@ -264,16 +260,17 @@ def _close(item: ProfilingLease, outcome: str, profile=None) -> None:
 
 def _finish(run: ProfilingRun, state: str, now: datetime) -> None:
     """End the run (once) and revoke the samples token."""
+    from tenants.audit import audit_record
     from tenants.services import api_token_revoke
-    from tiering.services import _audit
 
     with transaction.atomic(durable=True):
         changed = ProfilingRun.objects.filter(pk=run.pk, state=ProfilingState.RUNNING).update(
             state=state, finished_at=now)
         if changed:
-            _audit(tenant=run.tenant, actor=None, action=f"tiering.profiling_{state}", target=run.workload.name,
-                   run=run.pk, measured=list(ProfilingLease.objects.filter(run=run, profile__isnull=False)
-                                             .values_list("slice_key", flat=True)))
+            audit_record(tenant=run.tenant, by=None, action=f"tiering.profiling_{state}", target=run.workload.name,
+                         data={"run": run.pk,
+                               "measured": list(ProfilingLease.objects.filter(run=run, profile__isnull=False)
+                                                .values_list("slice_key", flat=True))})
     token = ApiToken.objects.filter(tenant=run.tenant, prefix=run.token_prefix, revoked_at__isnull=True).first()
     if changed and token is not None and run.created_by is not None:
         membership = Membership.objects.filter(tenant=run.tenant, user=run.created_by).first()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from django.db.models import QuerySet
 
-from config.errors import NotFound
+from core.errors import NotFound
 from tenants.access import Actor, restrict
 from tiering.models import Profile, ProfilingRun, TierAdvice, Workload
 

@@ -1,6 +1,6 @@
 """The only writers of auto-tiering rows (docs/tiering.md): register a workload, record a profile or a
 throughput sample, retrain the decision model, predict (and store) the cheapest slice for a workload.
-Each is one transaction with its audit row; errors name the field (``config.errors``)."""
+Each is one transaction with its audit row; errors name the field (``core.errors``)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from django.db.models import Max
 from django.utils import timezone
 
 from broker.models import Lease
-from config.errors import Conflict, NotFound, ValidationFailed
+from core.errors import Conflict, NotFound, ValidationFailed
 from gpus.architectures import ARCHITECTURES, ConvNet
 from gpus.performance import (
     PRECISIONS,
@@ -28,7 +28,7 @@ from gpus.performance import (
 )
 from gpus.performance import Workload as Spec
 from tenants.access import Actor
-from tenants.models import AuditEvent
+from tenants.audit import audit_record
 from tiering.engine.decide import EXPLORE_CONFIDENCE, Decision, Option, choose, measured_meets, required_throughput
 from tiering.engine.features import Observation
 from tiering.engine.forest import DEFAULT_THRESHOLD, Row, TierModel, validation_error
@@ -40,11 +40,6 @@ FIELDS = ("architecture", "task", "precision", "batch_size", "seq_len", "image_s
 
 def spec_of(workload: Workload) -> Spec:
     return Spec(*(getattr(workload, name) for name in FIELDS))
-
-
-def _audit(*, tenant, actor: Actor | None, action: str, target: str, **data) -> None:
-    AuditEvent.objects.create(tenant=tenant, actor=actor.user if actor else None, action=action, target=target,
-                              data=data)
 
 
 def _number(data: dict, name: str, *, integer: bool, low: float, high: float, default=None):
@@ -110,8 +105,8 @@ def workload_register(*, actor: Actor, data: dict) -> Workload:
         if Workload.objects.filter(tenant=actor.tenant, name=cleaned["name"]).exists():
             raise Conflict(f"A workload named '{cleaned['name']}' already exists.", field="name")
         workload = Workload.objects.create(tenant=actor.tenant, **cleaned)
-        _audit(tenant=actor.tenant, actor=actor, action="tiering.workload_register", target=workload.name,
-               **{k: v for k, v in cleaned.items() if k != "name"})
+        audit_record(tenant=actor.tenant, by=actor, action="tiering.workload_register", target=workload.name,
+                     data={**{k: v for k, v in cleaned.items() if k != "name"}})
     return workload
 
 
@@ -134,9 +129,9 @@ def profile_record(*, workload: Workload, slice_key: str, provenance: str, throu
             memory_mib=memory_mib, engine_active=engine_active, fits=throughput > 0,
             step_ms=samples / throughput * 1000 if throughput > 0 else None, lease=lease,
             measured_at=at or timezone.now())
-        _audit(tenant=workload.tenant, actor=None, action=f"tiering.profile_{provenance}", target=workload.name,
-               slice=where.key, throughput=round(throughput, 3), memory_mib=memory_mib,
-               lease=lease.pk if lease else None)
+        audit_record(tenant=workload.tenant, by=None, action=f"tiering.profile_{provenance}", target=workload.name,
+                     data={"slice": where.key, "throughput": round(throughput, 3), "memory_mib": memory_mib,
+                           "lease": lease.pk if lease else None})
     return profile
 
 
@@ -221,9 +216,9 @@ def model_retrain(*, trees: int = 60, folds: int = 3) -> TierModelRecord | None:
             calibration={"chosen_on_folds": model.threshold is not None, "folds": folds,
                          "tiers": sorted(model.residuals), "thresholds": model.threshold_folds},
             blob=model.to_bytes())
-        _audit(tenant=None, actor=None, action="tiering.model_retrain", target=f"model {record.pk}",
-               rows=record.rows, validation_error=record.validation_error, threshold=threshold,
-               training_set_date=newest.isoformat())
+        audit_record(tenant=None, by=None, action="tiering.model_retrain", target=f"model {record.pk}",
+                     data={"rows": record.rows, "validation_error": record.validation_error, "threshold": threshold,
+                           "training_set_date": newest.isoformat()})
     return record
 
 
@@ -366,8 +361,8 @@ def workload_predict(*, workload: Workload, store: bool = True, target_throughpu
                         confidence=o.confidence, fits=o.memory_mib <= o.slice.memory_mib,
                         step_ms=work_of(spec).samples / o.throughput * 1000 if o.throughput > 0 else None)
                 for o in options])
-            _audit(tenant=workload.tenant, actor=None, action="tiering.predict", target=workload.name,
-                   model=record.pk, chosen=decision.option.slice.key if decision.option else None,
-                   confidence=decision.option.confidence if decision.option else None,
-                   profile_first=decision.profile_first)
+            audit_record(tenant=workload.tenant, by=None, action="tiering.predict", target=workload.name,
+                         data={"model": record.pk, "chosen": decision.option.slice.key if decision.option else None,
+                               "confidence": decision.option.confidence if decision.option else None,
+                               "profile_first": decision.profile_first})
     return decision

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from celery import shared_task
 
+from core.task_registry import tasks_register
 from tiering import services
 
 
@@ -46,3 +47,8 @@ def advice_scan() -> dict:
     from tiering.advice import advice_scan as scan
 
     return scan()
+
+
+# the services send these by name (core.task_registry), without importing this module
+tasks_register("tiering", model_retrain=model_retrain, profiling_advance=profiling_advance,
+               profiling_advance_all=profiling_advance_all, advice_scan=advice_scan)

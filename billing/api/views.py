@@ -21,9 +21,9 @@ from billing.selectors import documents, quotes
 from broker import selectors as broker_selectors
 from broker.api import serializers as leasing_s
 from broker.api.permissions import ReadOnlyPostPermission
-from config.api import paginate, parse
-from config.errors import NotFound, ValidationFailed
-from config.openapi import PAGE_PARAMETERS, paginated, problem
+from core.api import paginate, parse
+from core.errors import NotFound, ValidationFailed
+from core.openapi import PAGE_PARAMETERS, paginated, problem
 from tenants.api.staff import StaffApi
 from tenants.selectors import platform_tenant_get, project_get
 

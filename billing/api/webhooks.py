@@ -17,8 +17,8 @@ from django.http import HttpRequest, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 
 from billing.services import stripe_sync
-from config.errors import ApplicationError
-from config.problems import PROBLEM_CONTENT_TYPE, problem_body
+from core.errors import ApplicationError
+from core.problems import PROBLEM_CONTENT_TYPE, problem_body
 
 logger = logging.getLogger(__name__)
 

@@ -23,7 +23,7 @@ def spend_cap_list(*, actor: Actor) -> QuerySet:
 
 
 def spend_cap_get(*, actor: Actor, pk: int):
-    from config.errors import NotFound
+    from core.errors import NotFound
 
     cap = spend_cap_list(actor=actor).filter(pk=pk).first()
     if cap is None:

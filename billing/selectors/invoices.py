@@ -13,7 +13,7 @@ def invoice_list(*, actor: Actor) -> QuerySet[Invoice]:
 
 
 def invoice_get(*, actor: Actor, invoice_id: int) -> Invoice:
-    from config.errors import NotFound
+    from core.errors import NotFound
 
     invoice = restrict(Invoice.objects.all(), actor).prefetch_related("lines__project").filter(pk=invoice_id).first()
     if invoice is None:

@@ -196,7 +196,7 @@ def price_book_list() -> QuerySet[PriceBook]:
 
 
 def price_book_get(*, pk: int) -> PriceBook:
-    from config.errors import NotFound
+    from core.errors import NotFound
 
     book = PriceBook.objects.select_related("tenant").prefetch_related("rates").filter(pk=pk).first()
     if book is None:

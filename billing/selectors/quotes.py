@@ -14,7 +14,7 @@ from django.conf import settings
 from django.utils import timezone
 
 from broker.models import Lease
-from broker.selectors import LeasePreview, _lease_dry_run, duration_words
+from broker.selectors import LeasePreview, duration_words, lease_dry_run
 from tenants.access import Actor
 
 
@@ -116,7 +116,7 @@ def lease_quote(*, actor: Actor, project: object, gpu: object, workload_class: o
     from broker.validation import workload_check
 
     now = now or timezone.now()
-    run = _lease_dry_run(actor=actor, project=project, gpu=gpu, workload_class=workload_class, priority=priority,
+    run = lease_dry_run(actor=actor, project=project, gpu=gpu, workload_class=workload_class, priority=priority,
                          duration_seconds=duration_seconds, now=now)
     workload_check(workload, run.shape)  # as lease_request checks it (a workload needs one node, allowed roots)
     preview = run.preview

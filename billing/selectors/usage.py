@@ -40,7 +40,7 @@ def usage_summary(*, actor: Actor, start: datetime, end: datetime, group_by: str
     from django.conf import settings
     from django.db import connection
 
-    from config.errors import ValidationFailed
+    from core.errors import ValidationFailed
 
     if group_by not in _GROUP_KEYS:
         raise ValidationFailed(f"group_by must be one of {', '.join(_GROUP_KEYS)}.", field="group_by")

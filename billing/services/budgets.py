@@ -15,9 +15,10 @@ from billing.choices import CapAction
 from billing.core.periods import period_bounds
 from billing.core.pricing import HOUR_SECONDS, format_money, to_minor
 from billing.models import SpendCap
-from billing.services.prices import MAX_MINOR, _audit
-from config.errors import Conflict, NotFound, ValidationFailed
+from billing.services.prices import MAX_MINOR
+from core.errors import Conflict, NotFound, ValidationFailed
 from tenants.access import Actor
+from tenants.audit import audit_record
 from tenants.models import Project, Tenant
 
 
@@ -74,8 +75,8 @@ def spend_cap_create(*, tenant: Tenant, project: Project | None = None, monthly_
             if SpendCap.objects.filter(tenant=tenant, project=project).exists():
                 raise taken
             cap = SpendCap.objects.create(tenant=tenant, project=project, **values)
-            _audit(tenant=tenant, by_user=user, event="spend_cap.create", target=_cap_target(tenant, project),
-                   data={"currency": tenant.currency, **values})
+            audit_record(tenant=tenant, by=user, action="spend_cap.create", target=_cap_target(tenant, project),
+                         data={"currency": tenant.currency, **values})
     except IntegrityError:  # a racing create of the same scope
         raise taken from None
     return cap
@@ -94,9 +95,9 @@ def spend_cap_update(*, cap: SpendCap, monthly_minor: object = None, action: obj
         before = {"monthly_minor": locked.monthly_minor, "action": locked.action}
         if values:
             SpendCap.objects.filter(pk=locked.pk).update(**values)
-        _audit(tenant=locked.tenant, by_user=user, event="spend_cap.update",
-               target=_cap_target(locked.tenant, locked.project),
-               data={"currency": locked.tenant.currency, "before": before, **values})
+        audit_record(tenant=locked.tenant, by=user, action="spend_cap.update",
+                     target=_cap_target(locked.tenant, locked.project),
+                     data={"currency": locked.tenant.currency, "before": before, **values})
     locked.refresh_from_db()
     return locked
 
@@ -105,8 +106,9 @@ def spend_cap_delete(*, cap: SpendCap, actor: Actor | None = None, by_user=None)
     """Remove a cap (its scope is then unlimited, or limited by the tenant's cap), audited."""
     user = _cap_by(actor=actor, tenant=cap.tenant, by_user=by_user)
     with transaction.atomic():
-        _audit(tenant=cap.tenant, by_user=user, event="spend_cap.delete", target=_cap_target(cap.tenant, cap.project),
-               data={"currency": cap.tenant.currency, "monthly_minor": cap.monthly_minor, "action": cap.action})
+        audit_record(tenant=cap.tenant, by=user, action="spend_cap.delete",
+                     target=_cap_target(cap.tenant, cap.project),
+                     data={"currency": cap.tenant.currency, "monthly_minor": cap.monthly_minor, "action": cap.action})
         if not SpendCap.objects.filter(pk=cap.pk).delete()[0]:
             raise NotFound(f"No spend cap {cap.pk} in this tenant.", field="id")
 

@@ -34,7 +34,7 @@ from billing.models import (
 from billing.selectors.prices import books_in_force
 from billing.services.metering import usage_meter_window
 from broker.models import Allocation, Lease, LeaseEvent
-from config.errors import ValidationFailed
+from core.errors import ValidationFailed
 from tenants.models import Project, SloContract, Tenant
 
 
@@ -336,11 +336,10 @@ def invoice_finalize(*, invoice: Invoice, now: datetime | None = None) -> Invoic
 
 
 def _push_later(invoice_id: int) -> None:
-    try:
-        from billing import tasks
-    except ImportError:  # the Stripe part is optional in a deployment without it
-        return
-    tasks.invoice_push_task.delay(invoice_id)
+    """Stripe's push after commit, sent by name (``billing.tasks`` registers it: ``core.task_registry``)."""
+    from core.task_registry import task
+
+    task("billing", "invoice_push_task").delay(invoice_id)
 
 
 def period_closed(*, period: date, now: datetime) -> tuple[bool, str]:

@@ -18,7 +18,7 @@ from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
 from billing.core.metering import HOLDING, hour_floor
-from config.errors import ValidationFailed
+from core.errors import ValidationFailed
 
 HOLDING_STATES = sorted(HOLDING)
 

@@ -34,7 +34,7 @@ from billing.models import MeterWindow
 from billing.services import usage_meter_window
 from billing.services.utilisation import MeteringDeferred, utilisation_meter_hour
 from broker.models import LeaseEvent
-from config.errors import ApplicationError, ValidationFailed
+from core.errors import ApplicationError, ValidationFailed
 
 logger = logging.getLogger(__name__)
 RUN_LOCK = 0x6770_6D72  # "gpmr"

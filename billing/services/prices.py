@@ -17,16 +17,17 @@ from billing.models import (
     PriceRate,
 )
 from billing.services.invoicing import period_parse
-from config.errors import Conflict, NotFound, ValidationFailed
+from core.errors import Conflict, NotFound, ValidationFailed
 from gpus.catalogue import MODELS
 from gpus.mig import UnknownProfile, profile_get
+from tenants.audit import audit_record
 from tenants.models import Tenant
 
 # -- price books, terms, caps ----------------------------------------------------------------------------------
 # Who sets what (docs/billing.md, "Who sets what"): platform staff set price books and a tenant's terms (the ops
 # pages, the Django admin, the staff API); a tenant's admins set its spend caps (the Budgets page, the API).
-# Every change writes its AuditEvent in its transaction. The transactions are not durable: the Django admin's
-# change form is one transaction of its own, and its saves call these services inside it.
+# Every change writes its AuditEvent in its transaction. The transactions are not durable (a caller may compose
+# them); the Django admin (core.admin.ServiceAdmin) calls each outside any transaction of its own.
 
 MAX_MINOR = 10**15  # a monthly amount in minor units (10 trillion USD): beyond any cap or commitment
 BOOK_FIELDS = ("name", "effective_from", "over_quota_multiplier", "interactive_multiplier", "profiling_multiplier",
@@ -36,13 +37,6 @@ _BOOK_DECIMALS = {"over_quota_multiplier": (6, 4, True), "interactive_multiplier
                   "profiling_multiplier": (6, 4, True),
                   "energy_per_kwh": (10, 6, False)}
 _RATE_DIGITS = (14, 6)
-
-
-def _audit(*, tenant: Tenant | None, by_user, event: str, target: str, data: dict) -> None:
-    from tenants.models import AuditEvent
-
-    AuditEvent.objects.create(tenant=tenant, actor=by_user if by_user is not None and by_user.is_authenticated
-                              else None, action=event, target=target, data=data)
 
 
 def _decimal_in(value: object, field: str, *, max_digits: int, places: int, positive: bool = False) -> Decimal:
@@ -190,8 +184,8 @@ def price_book_create(*, name: str, currency: str, effective_from: datetime, rat
             for row in rows:
                 row.book = book
             PriceRate.objects.bulk_create(rows)
-            _audit(tenant=tenant, by_user=by_user, event="price_book.create", target=f"price_book:{book.pk}",
-                   data=_book_audit_data(book, rows))
+            audit_record(tenant=tenant, by=by_user, action="price_book.create", target=f"price_book:{book.pk}",
+                         data=_book_audit_data(book, rows))
     except IntegrityError:  # a racing create of the same scope and start
         raise ValidationFailed("Another book of this scope starts at that moment.", field="effective_from") from None
     return book
@@ -234,8 +228,8 @@ def price_book_update(*, book: PriceBook, changes: dict, by_user=None, now: date
                     row.book = locked
                 PriceRate.objects.bulk_create(rates)
             fields = sorted([*clean, *(["rates"] if rates is not None else [])])
-            _audit(tenant=locked.tenant, by_user=by_user, event="price_book.update", target=f"price_book:{locked.pk}",
-                   data={"fields": fields, **_book_audit_data(locked, rates)})
+            audit_record(tenant=locked.tenant, by=by_user, action="price_book.update",
+                         target=f"price_book:{locked.pk}", data={"fields": fields, **_book_audit_data(locked, rates)})
     except IntegrityError:
         raise ValidationFailed("Another book of this scope starts at that moment.", field="effective_from") from None
     return PriceBook.objects.prefetch_related("rates").get(pk=locked.pk)
@@ -249,8 +243,8 @@ def price_book_delete(*, book: PriceBook, by_user=None, now: datetime | None = N
         if locked is None:
             raise NotFound(f"No price book {book.pk}.", field="id")
         _book_not_started(locked, now)
-        _audit(tenant=locked.tenant, by_user=by_user, event="price_book.delete", target=f"price_book:{locked.pk}",
-               data=_book_audit_data(locked, list(locked.rates.all())))
+        audit_record(tenant=locked.tenant, by=by_user, action="price_book.delete", target=f"price_book:{locked.pk}",
+                     data=_book_audit_data(locked, list(locked.rates.all())))
         locked.delete()
 
 
@@ -295,10 +289,10 @@ def billing_terms_set(*, tenant: Tenant, discount_pct: object, monthly_commit_mi
             terms, created = BillingTerms.objects.update_or_create(
                 tenant=tenant, effective_from=start,
                 defaults={"discount_pct": discount, "monthly_commit_minor": commit})
-            _audit(tenant=tenant, by_user=by_user, event="billing_terms.set",
-                   target=f"billing_terms:{tenant.slug}/{month:%Y-%m}",
-                   data={"period": f"{month:%Y-%m}", "created": created, "discount_pct": str(discount),
-                         "monthly_commit_minor": commit, "currency": tenant.currency})
+            audit_record(tenant=tenant, by=by_user, action="billing_terms.set",
+                         target=f"billing_terms:{tenant.slug}/{month:%Y-%m}",
+                         data={"period": f"{month:%Y-%m}", "created": created, "discount_pct": str(discount),
+                               "monthly_commit_minor": commit, "currency": tenant.currency})
     except IntegrityError:  # a racing first save of the same month
         raise Conflict("The terms of that month were saved at the same moment; try again.", field="period") from None
     return terms
@@ -311,7 +305,7 @@ def billing_terms_delete(*, terms: BillingTerms, by_user=None, now: datetime | N
         raise Conflict(f"The terms from {terms.effective_from:%Y-%m} applied to invoices of past months; they stay. "
                        f"Set new terms from this month instead.", field="period")
     with transaction.atomic():
-        _audit(tenant=terms.tenant, by_user=by_user, event="billing_terms.delete",
-               target=f"billing_terms:{terms.tenant.slug}/{terms.effective_from:%Y-%m}",
-               data={"discount_pct": str(terms.discount_pct), "monthly_commit_minor": terms.monthly_commit_minor})
+        audit_record(tenant=terms.tenant, by=by_user, action="billing_terms.delete",
+                     target=f"billing_terms:{terms.tenant.slug}/{terms.effective_from:%Y-%m}",
+                     data={"discount_pct": str(terms.discount_pct), "monthly_commit_minor": terms.monthly_commit_minor})
         BillingTerms.objects.filter(pk=terms.pk).delete()

@@ -35,7 +35,7 @@ from django.utils import timezone
 
 from billing.choices import InvoiceStatus, StripeState
 from billing.models import BillingAccount, Invoice, StripeEvent
-from config.errors import ApplicationError, Conflict, ValidationFailed
+from core.errors import ApplicationError, Conflict, ValidationFailed
 from tenants.models import Tenant
 
 logger = logging.getLogger(__name__)

@@ -37,19 +37,17 @@ from decimal import Decimal
 from fractions import Fraction
 from itertools import pairwise
 
-import requests
 from django.conf import settings
 from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
-from prometheus_api_client import PrometheusApiClientException, PrometheusConnect
-from urllib3.util.retry import Retry
 
 from billing.core.metering import HOLDING, HOUR, held_intervals, hour_floor
 from billing.models import UtilisationUsage
 from broker.choices import GpuKind
 from broker.models import Allocation, Lease, LeaseEvent
-from config.errors import ApplicationError, ValidationFailed
+from core.errors import ApplicationError, ValidationFailed
+from core.prometheus import Prometheus, PrometheusError
 from gpus.mig import COMPUTE_SLICES, UnknownProfile, profile_get
 
 logger = logging.getLogger(__name__)
@@ -208,17 +206,14 @@ class _Index:
 
 
 # -- Prometheus ---------------------------------------------------------------------------------------
-def _client() -> PrometheusConnect:
-    retry = Retry(total=2, backoff_factor=0.2, status_forcelist=(502, 503, 504), allowed_methods=None,
-                  raise_on_status=False)
-    return PrometheusConnect(url=settings.PROMETHEUS_URL, retry=retry,
-                             timeout=settings.PROMETHEUS_TIMEOUT_SECONDS)
+def _client() -> Prometheus:
+    return Prometheus(retries=2)
 
 
 def _ask(what: str, call, *args, **kwargs) -> list:
     try:
         return call(*args, **kwargs)
-    except (requests.RequestException, PrometheusApiClientException, ValueError, KeyError) as error:
+    except PrometheusError as error:
         raise PrometheusUnavailable(f"Prometheus at {settings.PROMETHEUS_URL} did not answer the {what} query: "
                                     f"{error}", extra={"query": what}) from error
 
@@ -232,8 +227,8 @@ def _points(series: dict) -> list[tuple[int, Fraction]]:
     return out
 
 
-def _check_fresh(prometheus: PrometheusConnect, end: datetime) -> None:
-    result = _ask("freshness", prometheus.custom_query, FRESHNESS_QUERY)
+def _check_fresh(prometheus: Prometheus, end: datetime) -> None:
+    result = _ask("freshness", prometheus.query, FRESHNESS_QUERY)
     if not result:
         raise PrometheusLate("Prometheus has no recent scrape (no `up` sample in its last 5 minutes); the window "
                              f"up to {end.isoformat()} stays open.")
@@ -314,7 +309,7 @@ def _rows(holdings: list[_Holding], hour_start: datetime, now: datetime) -> list
 
 
 def utilisation_meter_hour(*, hour_start: datetime, now: datetime | None = None,
-                           prometheus: PrometheusConnect | None = None) -> int:
+                           prometheus: Prometheus | None = None) -> int:
     """Meter one UTC hour from Prometheus (up to ``now`` when it is still running) and upsert one
     ``UtilisationUsage`` row per lease that held capacity in it; returns the rows written.
 
@@ -335,8 +330,9 @@ def utilisation_meter_hour(*, hour_start: datetime, now: datetime | None = None,
         return 0
     prometheus = prometheus or _client()
     _check_fresh(prometheus, end)
-    results = {key: _ask(key, prometheus.custom_query_range, query, start_time=hour_start, end_time=end,
-                         step=str(step))
+    # whole seconds, as the window's edges are (the HTTP API takes fractions too)
+    results = {key: _ask(key, prometheus.query_range, query, start=round(hour_start.timestamp()),
+                         end=round(end.timestamp()), step=str(step))
                for key, query in QUERIES.items()}
     _collect(holdings, results, (_micros(hour_start), _micros(end)))
     rows = _rows(holdings, hour_start, now)

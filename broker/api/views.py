@@ -9,13 +9,13 @@ from rest_framework.permissions import AllowAny
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from agent.signing import HEADER_NODE
+from agent.protocol import HEADER_NODE
 from broker import selectors, services
 from broker.api import serializers as s
 from broker.choices import LeaseState
-from config.api import paginate, parse
-from config.errors import ValidationFailed
-from config.openapi import PAGE_PARAMETERS, paginated, problem
+from core.api import paginate, parse
+from core.errors import ValidationFailed
+from core.openapi import PAGE_PARAMETERS, paginated, problem
 
 
 def _actor_label(request) -> str:
@@ -166,7 +166,7 @@ class AgentEnrollApi(APIView):
 
 
 class AgentHeartbeatApi(APIView):
-    """Signed by the node's secret (agent.signing), each nonce accepted once across all web processes;
+    """Signed by the node's secret (agent.protocol), each nonce accepted once across all web processes;
     401 otherwise."""
 
     authentication_classes: list = []

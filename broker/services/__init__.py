@@ -3,9 +3,14 @@
 - ``request``: a request validated (``broker.validation``), admitted (``broker.extensions``) and queued;
 - ``cycle``: the schedule cycle — placements, warm binds, preemptions and their notices;
 - ``provisioning``: the agents' work outside transactions, and what they made, recorded;
+- ``release``: the agent side of a release (the workload stopped, the instances destroyed, the lease final);
 - ``transitions``: the conditional update every change is made of; release, renew, expire, hold;
+- ``groups``: lease groups leave together; ``allocations_free`` (a member that fails takes its group with it);
+- ``workloads``: the tenants' jobs on their leases;
 - ``nodes``: enrollment, signed agent requests, heartbeats, the reconcile, cordons;
-- ``triggers``: follow-up tasks after commit and the flag that lets one cycle serve many triggers.
+- ``triggers``: follow-up tasks after commit (sent by name: ``broker.tasks`` registers them) and the flag that lets
+  one cycle serve many triggers;
+- ``suspension``: what a tenant's suspension does to its leases (registered in ``tenants.extensions``).
 
 Every lease change is a conditional update (``WHERE state = <the state we read>``) plus a ``LeaseEvent`` in the
 same transaction; a change that lost a race raises ``LeaseStateConflict`` and writes nothing. Follow-up work is
@@ -22,6 +27,7 @@ from broker.services.cycle import (
     schedule_cycle,
     schedule_cycle_wait,
 )
+from broker.services.groups import allocations_free
 from broker.services.nodes import (
     ENROLL_PREFIX,
     SILENT_NOTE,
@@ -51,15 +57,15 @@ from broker.services.provisioning import (
     allocations_ready,
     lease_notice,
     lease_provision,
-    lease_release_finish,
     lease_release_instances,
     leases_provision,
     leases_provision_give_up,
+    workloads_start_after,
 )
+from broker.services.release import lease_release_finish
 from broker.services.request import lease_request
 from broker.services.transitions import (
     HOLD_RELEASED_REASON,
-    allocations_free,
     lease_expire_due,
     lease_group_release,
     lease_release,
@@ -77,7 +83,6 @@ from broker.services.workloads import (
     workload_placements,
     workload_stop_for_release,
     workloads_report,
-    workloads_start_after,
 )
 from broker.validation import MAX_COUNT, MAX_GPU_INDEX, MAX_GPU_MEMORY_MIB, MEMBER_MAX_PRIORITY
 

@@ -22,19 +22,18 @@ from broker.choices import (
 from broker.models import Allocation, Lease, LeaseEvent
 from broker.scheduler import DecisionMode, plan
 from broker.scheduler.collector import collector_paused
-from broker.selectors import QueuedLease, core_group, core_request, lease_queue, queued_leases
-from broker.services.groups import group_leaving, group_preempted
-from broker.services.provisioning import release_instances_quietly
+from broker.selectors import QueuedLease, core_request, lease_queue, queued_leases
+from broker.services.groups import allocations_free, group_leaving, group_preempted
+from broker.services.provisioning import release_instances_quietly, workloads_start_after
 from broker.services.transitions import (
-    allocations_free,
     ids_in,
     insert_rows,
     lease_transition,
     update_columns,
     update_each,
 )
-from broker.services.triggers import cycle_flag_clear, enqueue, enqueue_each, schedule_cycle_request
-from broker.snapshot import snapshot_cache
+from broker.services.triggers import cycle_flag_clear, enqueue, enqueue_each, schedule_cycle_request, task
+from broker.snapshot import core_group, snapshot_cache
 from gpus.mig import profile_get
 
 logger = logging.getLogger(__name__)
@@ -297,8 +296,6 @@ def _bind_warm(queued: QueuedLease, decision, gpus: dict, now: datetime, *, star
         return  # a lease group's member: it starts with the members still being provisioned
     lease_transition(lease=lease, to=LeaseState.ACTIVE, reason=f"running on {node} (warm instance)",
                      actor="scheduler", now=now, active_at=now, ends_at=now + timedelta(seconds=lease.duration_seconds))
-    from broker.services.workloads import workloads_start_after
-
     workloads_start_after([lease.pk])
 
 
@@ -315,9 +312,7 @@ def _preempt(decision, now: datetime) -> None:
         whose = f"lease {decision.request}" if claimant == victim.tenant_id else "another tenant"
         notice = lease_preempt(lease=victim, actor="scheduler", now=now, why=f"for in-quota work ({whose})")
         longest = max(longest, notice)
-    from broker import tasks
-
-    transaction.on_commit(lambda: tasks.lease_expire_due.apply_async(countdown=longest + 0.5))
+    transaction.on_commit(lambda: task("lease_expire_due").apply_async(countdown=longest + 0.5))
 
 
 def lease_notice_seconds(*, tenant_id: int, now: datetime) -> int:

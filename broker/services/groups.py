@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
+from django.db import transaction
 from django.db.models import Q
 
 from broker.choices import FINAL_STATES, AllocationState, LeaseState
@@ -93,3 +94,21 @@ def group_leaving(queued: list[Lease]) -> dict[tuple[int, str], int]:
                                .values_list("pk", "tenant_id", "group_key")):
         found.setdefault((tenant_id, key), pk)
     return found
+
+
+def allocations_free(*, lease: Lease, now: datetime, to: str, reason: str, actor: str = "worker") -> Lease:
+    """Free every live allocation of the lease and move it to ``to`` (QUEUED to retry, FAILED, RELEASED,
+    EXPIRED) in one transaction; then trigger a schedule cycle."""
+    with transaction.atomic(durable=True):
+        lease = Lease.objects.select_for_update().get(pk=lease.pk)
+        if lease.state in FINAL_STATES:
+            return lease
+        lease.allocations.filter(freed_at__isnull=True).update(state=AllocationState.FREED, freed_at=now)
+        extra = {"finished_at": now} if to in FINAL_STATES else {"queued_at": now, "tier": "", "over_quota": False}
+        if to == LeaseState.QUEUED:
+            extra.update(active_at=None, ends_at=None, notice_deadline=None)
+        lease_transition(lease=lease, to=to, reason=reason, actor=actor, now=now, **extra)
+        if to == LeaseState.FAILED and lease.group_key:  # a group does not run on without a failed member
+            group_failed(lease=lease, actor=actor, now=now, why=reason)
+        enqueue("schedule_cycle")
+    return lease

@@ -20,16 +20,17 @@ from broker.choices import (
     NodeStatus,
 )
 from broker.models import Allocation, Gpu, Lease, Node
+from broker.services.groups import allocations_free
 from broker.services.provisioning import agent_client, release_instances_quietly
-from broker.services.transitions import allocations_free
-from broker.services.triggers import enqueue
+from broker.services.triggers import enqueue, task
 from broker.validation import MAX_GPU_INDEX, MAX_GPU_MEMORY_MIB
-from config.errors import (
+from core.errors import (
     ApplicationError,
     NotFound,
     ValidationFailed,
 )
 from gpus.catalogue import UnknownModel, model_get
+from tenants.audit import audit_record
 
 # -- nodes: enrollment and heartbeats --------------------------------------------------------------------
 ENROLL_PREFIX = "gpub_enroll_"
@@ -74,8 +75,8 @@ def enrollment_token_create(*, uses: int = 1, pool: str = "default", ttl_seconds
         EnrollmentToken.objects.create(prefix=prefix, secret_hash=hashlib.sha256(token.encode()).hexdigest(),
                                        pool=pool, uses_left=uses, expires_at=now + timedelta(seconds=ttl_seconds),
                                        created_at=now)
-        _audit(action="node.enrollment_token_create", target=prefix, by_user=by_user,
-               data={"pool": pool, "uses": uses, "ttl_seconds": ttl_seconds})
+        audit_record(tenant=None, by=by_user, action="node.enrollment_token_create", target=prefix,
+                     data={"pool": pool, "uses": uses, "ttl_seconds": ttl_seconds})
     return token
 
 
@@ -91,16 +92,9 @@ def enrollment_token_revoke(*, prefix: str, by_user=None, reason: str = "") -> i
         taken = record.uses_left
         if taken:
             EnrollmentToken.objects.filter(pk=record.pk).update(uses_left=0)
-            _audit(action="node.enrollment_token_revoke", target=prefix, by_user=by_user,
-                   data={"uses_taken": taken, **({"reason": reason} if reason else {})})
+            audit_record(tenant=None, by=by_user, action="node.enrollment_token_revoke", target=prefix,
+                         data={"uses_taken": taken, **({"reason": reason} if reason else {})})
     return taken
-
-
-def _audit(*, action: str, target: str, data: dict, by_user=None) -> None:
-    from tenants.models import AuditEvent
-
-    AuditEvent.objects.create(tenant=None, actor=by_user if by_user is not None and by_user.is_authenticated else None,
-                              action=action, target=target, data=data)
 
 
 def _enrollment_key(token_digest: str, enrollment_id: str) -> str:
@@ -139,7 +133,8 @@ def node_enroll(*, node_id: str, token: str, address: str, inventory: object, ho
             if (existing is not None and key and existing.enrollment_key == key and existing.secret_used_at is None
                     and existing.reenroll_approved_at is None
                     and (now - existing.enrolled_at).total_seconds() <= settings.ENROLLMENT_REPLAY_SECONDS):
-                _audit(action="node.enroll.repeated", target=node_id, data={"address": address})
+                audit_record(tenant=None, by=None, action="node.enroll.repeated", target=node_id,
+                             data={"address": address})
                 return existing
             # read without a lock: the use is taken last, by a conditional UPDATE just before the commit, so
             # concurrent enrollments (a rack powering on) hold the token's row only for that statement
@@ -168,8 +163,9 @@ def node_enroll(*, node_id: str, token: str, address: str, inventory: object, ho
                 pk=record.pk, uses_left__gte=1).update(uses_left=F("uses_left") - 1):
             # racing enrollments spent its last use since it was read: nothing of this one is kept
             raise AgentUnauthenticated("Invalid, expired or spent enrollment token.", field="token")
-        _audit(action="node.enroll" if existing is None else "node.reenroll", target=node_id,
-               data={"how": how, "address": address, **({"token": record.prefix} if record else {})})
+        audit_record(tenant=None, by=None, action="node.enroll" if existing is None else "node.reenroll",
+                     target=node_id,
+                     data={"how": how, "address": address, **({"token": record.prefix} if record else {})})
     return node
 
 
@@ -235,9 +231,9 @@ def node_inventory_sync(*, node: Node, inventory: object, now: datetime, strict:
 
 def _signed_by(*, node_id: str, secret: str | None, headers, method: str, path: str, query: str, body: bytes,
                now: datetime, claim) -> None:
-    """The request's signature checked (``agent.signing``) against the node's ``secret`` (None: no such node), its
+    """The request's signature checked (``agent.protocol``) against the node's ``secret`` (None: no such node), its
     nonce claimed by ``claim(nonce, expires_at) -> bool`` (False: seen before); else ``AgentUnauthenticated``."""
-    from agent.signing import HEADER_NONCE, WINDOW, SignatureError, verify
+    from agent.protocol import HEADER_NONCE, WINDOW, SignatureError, verify
 
     if len(headers.get(HEADER_NONCE, "")) > 64:
         raise AgentUnauthenticated("X-Gpub-Nonce must be at most 64 characters.", field=HEADER_NONCE)
@@ -256,7 +252,7 @@ def _signed_by(*, node_id: str, secret: str | None, headers, method: str, path: 
 
 def node_request_verify(*, node_id: str, headers, method: str, path: str, query: str, body: bytes,
                         now: datetime | None = None) -> Node:
-    """The node that signed this request (``agent.signing``), else ``AgentUnauthenticated``. The nonce is
+    """The node that signed this request (``agent.protocol``), else ``AgentUnauthenticated``. The nonce is
     claimed in PostgreSQL (unique per node), so a replay is refused by every web process."""
     now = now or timezone.now()
     node = Node.objects.filter(node_id=node_id).only("pk", "node_id", "secret", "secret_used_at").first()
@@ -343,7 +339,7 @@ def node_heartbeat(*, node: Node, now: datetime | None = None) -> Node:
                       f"the lease runs on")
             leases = _leases_on(node).filter(reason__contains=SILENT_NOTE)
             count = leases.update(reason=reason)
-            _audit(action="node.back", target=node.node_id, data={
+            audit_record(tenant=None, by=None, action="node.back", target=node.node_id, data={
                 "last_heartbeat_at": node_row.last_heartbeat_at.isoformat() if node_row.last_heartbeat_at else None,
                 "leases_kept": count})
             if not node_row.cordoned:
@@ -365,8 +361,8 @@ def node_reenroll_approve(*, node: Node, by_user=None, reason: str = "") -> Node
     now = timezone.now()
     with transaction.atomic(durable=True):
         Node.objects.filter(pk=node.pk).update(reenroll_approved_at=now)
-        _audit(action="node.reenroll_approve", target=node.node_id, data={"reason": reason} if reason else {},
-               by_user=by_user)
+        audit_record(tenant=None, by=by_user, action="node.reenroll_approve", target=node.node_id,
+                     data={"reason": reason} if reason else {})
     node.refresh_from_db()
     return node
 
@@ -374,7 +370,7 @@ def node_reenroll_approve(*, node: Node, by_user=None, reason: str = "") -> Node
 def gpu_release(*, gpu: Gpu, by_user=None, reason: str = "") -> Gpu:
     """Staff: release a GPU from its node so that another node may claim it (moved hardware). It leaves
     scheduling at once (marked lost until a node reports it again); refused while an allocation holds it."""
-    from config.errors import Conflict
+    from core.errors import Conflict
 
     now = timezone.now()
     with transaction.atomic(durable=True):
@@ -383,8 +379,8 @@ def gpu_release(*, gpu: Gpu, by_user=None, reason: str = "") -> Gpu:
             raise Conflict(f"GPU {gpu.uuid} is held by a live lease; release or fail that lease first.",
                            field="gpu")
         Gpu.objects.filter(pk=gpu.pk).update(released_at=now, lost_at=gpu.lost_at or now)
-        _audit(action="gpu.release", target=gpu.uuid, by_user=by_user,
-               data={"node": gpu.node.node_id, **({"reason": reason} if reason else {})})
+        audit_record(tenant=None, by=by_user, action="gpu.release", target=gpu.uuid,
+                     data={"node": gpu.node.node_id, **({"reason": reason} if reason else {})})
     gpu.refresh_from_db()
     return gpu
 
@@ -397,20 +393,18 @@ def leases_resume_stuck(*, now: datetime | None = None) -> int:
     """Leases left mid-flight by a worker that died (its message may come back only much later):
     provisioning or releasing for longer than ``STUCK_AFTER`` → the idempotent task again."""
     now = now or timezone.now()
-    from broker import tasks
-
     count = 0
     stale = now - STUCK_AFTER
     for lease_id in Lease.objects.filter(state=LeaseState.PROVISIONING, allocations__freed_at__isnull=True,
                                          allocations__created_at__lte=stale).values_list("pk", flat=True).distinct():
-        tasks.lease_provision_run.delay(lease_id)
+        task("lease_provision_run").delay(lease_id)
         count += 1
     releasing = Lease.objects.filter(state=LeaseState.RELEASING, events__to_state=LeaseState.RELEASING,
                                      events__at__lte=stale).values_list("pk", flat=True).distinct()
     for lease_id in releasing:
         final = LeaseState.EXPIRED if Lease.objects.filter(pk=lease_id, ends_at__lte=now).exists() \
             else LeaseState.RELEASED
-        tasks.lease_release_run.delay(lease_id, final)
+        task("lease_release_run").delay(lease_id, final)
         count += 1
     return count
 
@@ -478,8 +472,8 @@ def nodes_check_heartbeats(*, now: datetime | None = None) -> int:
                       f"the lease keeps its capacity and fails at {deadline.isoformat(timespec='seconds')} "
                       f"unless the node answers again")
             count = _leases_on(node).update(reason=reason)
-            _audit(action="node.silent", target=node.node_id,
-                   data={"last_heartbeat_at": last.isoformat(), "lost_at": deadline.isoformat(), "leases": count})
+            audit_record(tenant=None, by=None, action="node.silent", target=node.node_id,
+                         data={"last_heartbeat_at": last.isoformat(), "lost_at": deadline.isoformat(), "leases": count})
             silenced += 1
     for node in Node.objects.filter(status=NodeStatus.SILENT, last_heartbeat_at__lt=now - grace).order_by("pk"):
         for lease in _leases_on(node).order_by("pk"):
@@ -508,15 +502,11 @@ def node_uncordon(*, node: Node, by_user=None, reason: str = "") -> Node:
 
 
 def _node_set_cordoned(*, node: Node, cordoned: bool, by_user, reason: str) -> Node:
-    from tenants.models import AuditEvent
-
     with transaction.atomic(durable=True):
         changed = Node.objects.filter(pk=node.pk, cordoned=not cordoned).update(cordoned=cordoned)
         if changed:
-            AuditEvent.objects.create(
-                tenant=None, actor=by_user if by_user is not None and by_user.is_authenticated else None,
-                action="node.cordon" if cordoned else "node.uncordon", target=node.node_id,
-                data={"reason": reason} if reason else {})
+            audit_record(tenant=None, by=by_user, action="node.cordon" if cordoned else "node.uncordon",
+                         target=node.node_id, data={"reason": reason} if reason else {})
             if not cordoned:
                 enqueue("schedule_cycle")
     node.refresh_from_db()

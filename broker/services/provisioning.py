@@ -18,8 +18,9 @@ from broker.choices import (
     GpuKind,
     LeaseState,
 )
-from broker.models import Allocation, Lease, LeaseEvent, Node
-from broker.services.transitions import allocations_free, insert_rows, lease_transition, update_each
+from broker.models import Allocation, Lease, LeaseEvent, Node, Workload
+from broker.services.groups import allocations_free
+from broker.services.transitions import insert_rows, lease_transition, update_each
 from broker.services.triggers import enqueue
 
 logger = logging.getLogger(__name__)
@@ -39,7 +40,7 @@ def allocation_spec(allocation: Allocation) -> dict:
 
 
 def agent_client(node: Node):
-    from agent.client import AgentClient
+    from agent.protocol import AgentClient
 
     return AgentClient(node.address, node.node_id, node.secret, timeout=settings.AGENT_TIMEOUT_SECONDS, retries=1)
 
@@ -103,8 +104,6 @@ def allocations_ready(*, items: list[tuple[Allocation, dict]], now: datetime) ->
         update_each(Lease, active, ["state", "reason", "active_at", "ends_at"])
         insert_rows(LeaseEvent, ["lease", "from_state", "to_state", "reason", "actor", "at"], events)
     if active:
-        from broker.services.workloads import workloads_start_after
-
         workloads_start_after([lease.pk for lease in active])
     logger.info("%d instances recorded, %d leases active", len(recorded), len(active))
     return {"ready": len(recorded), "active": len(active)}
@@ -165,7 +164,7 @@ def _create_on_nodes(by_node: dict[int, list]) -> list[tuple[object, list, objec
     order: one ``create_many`` call per node, the calls made concurrently (threads: they wait on the network)
     when there are several nodes, each in a copy of this context (a trace's spans keep their parent). No
     database access in the threads."""
-    from agent.client import AgentHTTPError, AgentUnreachable
+    from agent.protocol import AgentHTTPError, AgentUnreachable
 
     def call(allocations: list) -> object:
         node = allocations[0].gpu.node
@@ -192,7 +191,7 @@ def leases_provision(*, lease_ids: list[int]) -> dict[str, int]:
     refusal (4xx) requeues that lease with the reason, its other instances destroyed. A node that does
     not answer (or answers 5xx) raises ``AgentUnreachable`` once what the other nodes made is recorded;
     running this again is harmless (the agent returns the instances it already made)."""
-    from agent.client import AgentHTTPError, AgentUnreachable
+    from agent.protocol import AgentHTTPError, AgentUnreachable
 
     pending = (Allocation.objects.filter(lease_id__in=lease_ids, lease__state=LeaseState.PROVISIONING,
                                          state=AllocationState.PENDING).select_related("gpu__node").order_by("pk"))
@@ -255,7 +254,7 @@ def allocations_destroy(*, allocation_ids: list[int]) -> int:
     """Destroy the agent instances of these allocations, already freed (a group member requeued while it was
     provisioning): best effort, an unreachable node's instance is an orphan the reconcile destroys. Returns how
     many destroy calls were answered."""
-    from agent.client import AgentUnreachable
+    from agent.protocol import AgentUnreachable
 
     done = 0
     for allocation in (Allocation.objects.filter(pk__in=allocation_ids).exclude(freed_at__isnull=True)
@@ -270,24 +269,12 @@ def allocations_destroy(*, allocation_ids: list[int]) -> int:
 
 def release_instances_quietly(lease: Lease) -> None:
     """Best effort: an unreachable node keeps its instance until the reconcile destroys it as an orphan."""
-    from agent.client import AgentUnreachable
+    from agent.protocol import AgentUnreachable
 
     try:
         lease_release_instances(lease=lease)
     except AgentUnreachable as error:
         logger.warning("lease %s: instances not destroyed now (%s); the reconcile will", lease.pk, error)
-
-
-def lease_release_finish(*, lease_id: int, final: str) -> str:
-    lease = Lease.objects.get(pk=lease_id)
-    if lease.state != LeaseState.RELEASING:
-        return lease.state
-    from broker.services.workloads import workload_stop_for_release
-
-    workload_stop_for_release(lease=lease)  # SIGTERM and its grace before the devices go
-    lease_release_instances(lease=lease)
-    reason = "the lease reached its end" if final == LeaseState.EXPIRED else "released"
-    return allocations_free(lease=lease, now=timezone.now(), to=final, reason=reason).state
 
 
 def lease_notice(*, lease_id: int) -> None:
@@ -300,3 +287,7 @@ def lease_notice(*, lease_id: int) -> None:
                                                  lease.reason)
 
 
+def workloads_start_after(lease_ids: list[int]) -> None:
+    """Ask for the workload start of these (now ACTIVE) leases that have one, after commit."""
+    for lease_id in Workload.objects.filter(lease_id__in=lease_ids).values_list("lease_id", flat=True):
+        enqueue("lease_workload_start_run", lease_id)

@@ -23,12 +23,12 @@ from broker.extensions import GpuRequest, RequestAdmission, gpu_resolve, request
 from broker.models import Lease, LeaseEvent, Workload
 from broker.services.triggers import enqueue
 from broker.validation import request_input_check, request_quota_check, workload_check
-from config.errors import (
+from core.errors import (
     IdempotencyConflict,
     NotFound,
     ValidationFailed,
 )
-from config.prepared import PreparedQuery, preparing_cursor
+from core.prepared import PreparedQuery, preparing_cursor
 from tenants.access import Actor
 from tenants.models import Project, Quota
 
@@ -153,7 +153,7 @@ _project_lookups: dict[tuple, PreparedQuery] = {}
 
 
 def _project_lookup(keyed: bool, conditions: list) -> PreparedQuery:
-    """The request's one read, compiled once per process (``config.prepared``; the ORM compiling this query —
+    """The request's one read, compiled once per process (``core.prepared``; the ORM compiling this query —
     two subqueries and a JSON aggregate — cost more CPU than PostgreSQL answering it): the tenant's project of
     that slug with its quota limits, the lease an Idempotency-Key already made, and one ``applies_<i>`` flag per
     admission check that said when it applies. Its shape depends on whether a key was given and on which

@@ -21,7 +21,7 @@ from broker.extensions import RenewalAdmission, renewal_admit
 from broker.models import Lease, LeaseEvent
 from broker.services.triggers import enqueue
 from broker.validation import duration_check
-from config.errors import (
+from core.errors import (
     LeaseStateConflict,
 )
 
@@ -145,7 +145,7 @@ def lease_group_release(*, tenant_id: int, group_key: str, actor: str, reason: s
         return [release_locked(lease=lease, actor=actor, reason=reason, now=now) for lease in members]
 
 
-# -- tenant suspension (called by tenants.services.tenant_set_status) ------------------------------------
+# -- tenant suspension (called by broker.services.suspension, the broker's listener of tenants' status) ------
 HOLD_RELEASED_REASON = "waiting for the scheduler"
 
 
@@ -218,25 +218,3 @@ def lease_expire_due(*, now: datetime | None = None) -> int:
         except LeaseStateConflict:
             continue
     return count
-
-
-def allocations_free(*, lease: Lease, now: datetime, to: str, reason: str, actor: str = "worker") -> Lease:
-    """Free every live allocation of the lease and move it to ``to`` (QUEUED to retry, FAILED, RELEASED,
-    EXPIRED) in one transaction; then trigger a schedule cycle."""
-    with transaction.atomic(durable=True):
-        lease = Lease.objects.select_for_update().get(pk=lease.pk)
-        if lease.state in FINAL_STATES:
-            return lease
-        lease.allocations.filter(freed_at__isnull=True).update(state=AllocationState.FREED, freed_at=now)
-        extra = {"finished_at": now} if to in FINAL_STATES else {"queued_at": now, "tier": "", "over_quota": False}
-        if to == LeaseState.QUEUED:
-            extra.update(active_at=None, ends_at=None, notice_deadline=None)
-        lease_transition(lease=lease, to=to, reason=reason, actor=actor, now=now, **extra)
-        if to == LeaseState.FAILED and lease.group_key:  # a group does not run on without a failed member
-            from broker.services.groups import group_failed
-
-            group_failed(lease=lease, actor=actor, now=now, why=reason)
-        enqueue("schedule_cycle")
-    return lease
-
-

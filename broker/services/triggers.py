@@ -4,11 +4,20 @@ triggers."""
 from __future__ import annotations
 
 import logging
+from typing import Any
 
+from celery import current_app
 from django.core.cache import cache
 from django.db import DatabaseError, connection, transaction
 
+from core.task_registry import task as registered_task
+
 logger = logging.getLogger(__name__)
+
+
+def task(name: str) -> Any:
+    """The broker's task ``name`` (registered by ``broker.tasks``: ``core.task_registry``)."""
+    return registered_task("broker", name)
 
 
 def enqueue(task_name: str, *args) -> None:
@@ -16,9 +25,7 @@ def enqueue(task_name: str, *args) -> None:
     if task_name == "schedule_cycle" and not args:
         transaction.on_commit(schedule_cycle_request)
         return
-    from broker import tasks
-
-    transaction.on_commit(lambda: getattr(tasks, task_name).delay(*args))
+    transaction.on_commit(lambda: task(task_name).delay(*args))
 
 
 def enqueue_each(task_name: str, batches: list[list]) -> None:
@@ -26,12 +33,10 @@ def enqueue_each(task_name: str, batches: list[list]) -> None:
     cycle sends one provisioning task per node: ~2,000 at fleet scale)."""
     if not batches:
         return
-    from broker import tasks
-
     def send() -> None:
-        task = getattr(tasks, task_name)
+        sending = task(task_name)
         for batch in batches:
-            task.delay(batch)
+            sending.delay(batch)
 
     transaction.on_commit(send)
 
@@ -52,23 +57,19 @@ CYCLE_FLAG_SECONDS = 10
 
 def _cycle_flag_key() -> str:
     """This deployment's flag: one per database and Celery queue (under the cache's ``KEY_PREFIX``)."""
-    from config.celery import app
-
-    return f"cycle-requested:{connection.settings_dict['NAME']}:{app.conf.task_default_queue}"
+    return f"cycle-requested:{connection.settings_dict['NAME']}:{current_app.conf.task_default_queue}"
 
 
 def schedule_cycle_request() -> None:
     """Ask for a schedule cycle; call it after the change it is for has committed (``enqueue`` does)."""
     import redis
 
-    from broker import tasks
-
     try:
         if not cache.add(_cycle_flag_key(), 1, timeout=CYCLE_FLAG_SECONDS):
             return  # a requested cycle has not read the queue yet: it will see this change
     except (redis.RedisError, DatabaseError) as error:
         logger.warning("schedule-cycle flag not set (%s); sending the task anyway", error)
-    tasks.schedule_cycle.delay()
+    task("schedule_cycle").delay()
 
 
 def cycle_flag_clear() -> None:

@@ -27,10 +27,11 @@ from django.utils import timezone
 
 from broker.choices import AllocationState, LeaseState
 from broker.models import Lease, LeaseEvent, Node, Workload, WorkloadPlacement
+from broker.services.groups import allocations_free
 from broker.services.provisioning import agent_client, release_instances_quietly
-from broker.services.transitions import allocations_free, lease_release, lease_transition
+from broker.services.transitions import lease_release, lease_transition
 from broker.services.triggers import enqueue
-from config.errors import NotFound, ValidationFailed
+from core.errors import NotFound, ValidationFailed
 
 logger = logging.getLogger(__name__)
 RUNNING = ("starting", "running", "backoff")
@@ -38,17 +39,11 @@ ENDED = ("succeeded", "failed", "stopped", "preempted")
 HOLDING = (LeaseState.PROVISIONING, LeaseState.ACTIVE, LeaseState.PREEMPTED, LeaseState.RELEASING)
 
 
-def workloads_start_after(lease_ids: list[int]) -> None:
-    """Ask for the workload start of these (now ACTIVE) leases that have one, after commit."""
-    for lease_id in Workload.objects.filter(lease_id__in=lease_ids).values_list("lease_id", flat=True):
-        enqueue("lease_workload_start_run", lease_id)
-
-
 def lease_workload_start(*, lease_id: int) -> str:
     """Start the lease's workload on its node (idempotent per placement). Returns the workload's state. A
     refusal by the agent (4xx: a path outside the node's roots, an image on a process node) fails the lease
     with the reason; an unreachable node raises ``AgentUnreachable`` (the task retries)."""
-    from agent.client import AgentHTTPError
+    from agent.protocol import AgentHTTPError
 
     workload = Workload.objects.select_related("lease").filter(lease_id=lease_id).first()
     if workload is None or workload.lease.state != LeaseState.ACTIVE:
@@ -290,7 +285,7 @@ def _lease_replace_after_failures(*, lease: Lease, node: Node, at: datetime, act
 def workload_stop_for_release(*, lease: Lease) -> None:
     """Before a lease's instances are destroyed: a running workload gets SIGTERM and the grace
     (``WORKLOAD_STOP_GRACE_SECONDS``) to end, then the destroy kills whatever is left."""
-    from agent.client import AgentHTTPError, AgentUnreachable
+    from agent.protocol import AgentHTTPError, AgentUnreachable
 
     workload = Workload.objects.filter(lease=lease).select_related("node").first()
     if workload is None or workload.state not in RUNNING or workload.node is None:
@@ -311,7 +306,7 @@ def workload_placement_log_keep(*, placement_id: int) -> bool:
     node) on its ``WorkloadPlacement``, so ``GET /api/v1/leases/{id}/logs?placement=N`` answers after the
     workload moved on (or the node pruned it). Idempotent; False when the node has no log to give (the
     agent answers 404) or the tail is kept already. An unreachable node raises ``AgentUnreachable``."""
-    from agent.client import AgentHTTPError
+    from agent.protocol import AgentHTTPError
 
     placement = WorkloadPlacement.objects.select_related("node").filter(pk=placement_id).first()
     if placement is None or placement.log_kept_at is not None or placement.node is None:
@@ -360,7 +355,7 @@ def workload_logs(*, lease: Lease, stream: str = "stdout", offset: int | None = 
     ``WORKLOAD_LOG_FOLLOW_SECONDS``) until there are bytes beyond ``offset`` or the workload has ended.
     ``lease`` is the caller's (selectors restrict it to the tenant), so a tenant only ever reads its own
     workloads' bytes."""
-    from agent.client import AgentHTTPError, AgentUnreachable
+    from agent.protocol import AgentHTTPError, AgentUnreachable
 
     workload = Workload.objects.filter(lease=lease).select_related("node").first()
     if workload is None:

@@ -18,9 +18,9 @@ from rest_framework.views import APIView
 from capacity import presenters, selectors, services
 from capacity.api import serializers as s
 from capacity.choices import AdjustmentKind, AdjustmentState
-from config.api import paginate, parse
-from config.errors import ValidationFailed
-from config.openapi import PAGE_PARAMETERS, paginated, problem
+from core.api import paginate, parse
+from core.errors import ValidationFailed
+from core.openapi import PAGE_PARAMETERS, paginated, problem
 from tenants.api.staff import StaffApi, StaffOrTenantPermission, is_staff
 
 RECENT = 20

@@ -11,14 +11,14 @@ from django.core.exceptions import ObjectDoesNotExist
 from django.db import DatabaseError, transaction
 from django.utils import timezone
 
-from agent.client import AgentHTTPError, AgentUnreachable
+from agent.protocol import AgentHTTPError, AgentUnreachable
 from capacity.choices import AdjustmentKind, AdjustmentState
 from capacity.models import Adjustment
 from capacity.services.common import AdjustmentConflict, _audit, _finish, _state
 from capacity.services.idle_reclaim import reclaim_apply
 from capacity.services.mode_switch import mode_apply
 from capacity.services.warm_pool import warm_apply
-from config.errors import ApplicationError
+from core.errors import ApplicationError
 
 logger = logging.getLogger("capacity.services")
 

@@ -8,7 +8,7 @@ from datetime import datetime
 from django.db import connection, transaction
 
 from capacity.models import Adjustment
-from config.errors import ApplicationError
+from core.errors import ApplicationError
 
 LOOP = "capacity-loop"
 
@@ -34,15 +34,14 @@ def _finish(adjustment: Adjustment, state: str, outcome: str, *, now: datetime, 
 def _audit(action: str, user, data: dict, *, adjustment: Adjustment | None = None, target: str = "") -> None:
     """The audit row of a decision on an adjustment (its tenant, ``adjustment:<id>``, its kind and target
     added to ``data``) or of a platform setting (``target``, no tenant). The one place this package writes
-    ``AuditEvent``."""
-    from tenants.models import AuditEvent
+    ``AuditEvent`` (through ``tenants.audit.audit_record``)."""
+    from tenants.audit import audit_record
 
     tenant = None
     if adjustment is not None:
         tenant, target = adjustment.tenant, f"adjustment:{adjustment.pk}"
         data = {"kind": adjustment.kind, "adjustment_target": adjustment.target, **data}
-    AuditEvent.objects.create(tenant=tenant, actor=user if user is not None and user.is_authenticated else None,
-                              action=action, target=target, data=data)
+    audit_record(tenant=tenant, by=user, action=action, target=target, data=data)
 
 
 def _cycle_lock() -> None:

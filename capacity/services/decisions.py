@@ -14,7 +14,7 @@ from capacity.models import Adjustment
 from capacity.services.applying import adjustment_apply
 from capacity.services.common import AdjustmentConflict, _audit, _finish, _state
 from capacity.services.quota_advice import quota_advice_apply
-from config.errors import ApplicationError, PermissionDenied, ValidationFailed
+from core.errors import ApplicationError, PermissionDenied, ValidationFailed
 
 
 def _may_decide(adjustment: Adjustment, *, user, actor) -> None:

@@ -55,7 +55,7 @@ def mode_apply(adjustment: Adjustment, now: datetime) -> None:
 
 
 def _switch_now(adjustment: Adjustment, now: datetime) -> None:
-    from agent.client import AgentHTTPError, AgentUnreachable
+    from agent.protocol import AgentHTTPError, AgentUnreachable
     from broker.services import agent_client, schedule_cycle_request
 
     gpu = Gpu.objects.select_related("node").get(pk=_gpu_of(adjustment))

@@ -9,7 +9,7 @@ from capacity.choices import LoopMode
 from capacity.models import CapacityPolicy
 from capacity.selectors import MODE_FIELDS, NUMBER_FIELDS
 from capacity.services.common import _audit
-from config.errors import ValidationFailed
+from core.errors import ValidationFailed
 
 IDLE_CLASSES = ("interactive", "inference", "training", "over-quota")
 RULE_KEYS = {"enabled": bool, "threshold_permille": int, "window_seconds": int, "notice_seconds": int}

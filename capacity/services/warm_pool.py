@@ -43,7 +43,7 @@ def _remove_warm(ids: list[int], now: datetime) -> int:
 def _destroy_warm(ids: list[int], now: datetime) -> None:
     """Destroy warm members on their agents, then free the rows (one not destroyed now is freed anyway: the
     reconcile destroys it as an orphan when its node answers)."""
-    from agent.client import AgentHTTPError, AgentUnreachable
+    from agent.protocol import AgentHTTPError, AgentUnreachable
     from broker.services import agent_client
 
     for allocation in Allocation.objects.filter(pk__in=ids).select_related("gpu__node"):
@@ -58,7 +58,7 @@ def _destroy_warm(ids: list[int], now: datetime) -> None:
 def _create_warm(slots, now: datetime) -> tuple[int, list[str]]:
     """Warm allocations for the slots (each on a MIG GPU no lease holds, its slots free: the exclusion
     constraint decides), then one agent call per node; what the agent made becomes WARM."""
-    from agent.client import AgentHTTPError, AgentUnreachable
+    from agent.protocol import AgentHTTPError, AgentUnreachable
     from broker.services import agent_client, allocation_spec
 
     skipped: list[str] = []

@@ -8,8 +8,8 @@ from rest_framework import status
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from config.api import paginate, parse
-from config.openapi import PAGE_PARAMETERS, paginated, problem
+from core.api import paginate, parse
+from core.openapi import PAGE_PARAMETERS, paginated, problem
 from notifications import selectors, services
 from notifications.api import serializers as s
 

@@ -8,8 +8,8 @@ from rest_framework import status
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from config.api import parse
-from config.openapi import problem
+from core.api import parse
+from core.openapi import problem
 from pipelines import selectors, services
 from pipelines.api import serializers as s
 

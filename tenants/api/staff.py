@@ -9,7 +9,7 @@ from __future__ import annotations
 from rest_framework import permissions
 from rest_framework.views import APIView
 
-from config.errors import PermissionDenied
+from core.errors import PermissionDenied
 from tenants.permissions import SAFE_METHODS, TenantRolePermission
 from tenants.selectors import actor_for_request
 

@@ -11,10 +11,11 @@ from rest_framework import status
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from config.api import paginate, parse
-from config.openapi import PAGE_PARAMETERS, paginated, problem
+from core.api import paginate, parse
+from core.openapi import PAGE_PARAMETERS, paginated, problem
 from tenants import selectors, services
 from tenants.api import serializers as s
+from tenants.extensions import quota_usage
 
 
 class TenantApi(APIView):
@@ -76,9 +77,7 @@ class QuotaListApi(APIView):
     def get(self, request):
         project_slug = request.query_params.get("project")
         project = selectors.project_get(actor=request.actor, slug=project_slug) if project_slug else None
-        from broker.selectors import quota_usage
-
-        context = {"usage": quota_usage(actor=request.actor)}
+        context = {"usage": quota_usage(actor=request.actor)}  # the broker's (tenants.extensions)
         return Response({
             "tenant": s.TenantQuotaOutput(selectors.tenant_quota_list(actor=request.actor), many=True,
                                           context=context).data,

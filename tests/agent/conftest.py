@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.client import AgentClient
+from agent.protocol import AgentClient
 
 ROOT = Path(__file__).resolve().parents[2]
 SECRET = "test-secret-for-node-agent-0123456789"

@@ -3,7 +3,7 @@
 
 import pytest
 
-from agent.client import AgentClient, AgentHTTPError
+from agent.protocol import AgentClient, AgentHTTPError
 from tests.agent.conftest import AgentProcess, gpu_of, snapshot_of
 
 

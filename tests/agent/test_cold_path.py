@@ -10,8 +10,8 @@ import urllib.request
 
 import pytest
 
-from agent.client import AgentClient, AgentHTTPError
 from agent.daemon import load_config
+from agent.protocol import AgentClient, AgentHTTPError
 from tests.agent.conftest import ROOT, AgentProcess, gpu_of
 from tests.agent.test_fleet import FleetProcess
 

@@ -3,7 +3,7 @@ it is down, and a real Prometheus server scraping every node.
 
 The broker's side of enrollment lands with the leasing work; until then ``EnrollmentEndpoint`` here
 serves exactly the documented exchange (docs/agent-protocol.md) and checks signatures with the same
-``agent.signing`` the broker will use.
+``agent.protocol`` the broker will use.
 """
 
 import asyncio
@@ -22,8 +22,7 @@ from pathlib import Path
 import pytest
 from aiohttp import web
 
-from agent.client import AgentClient
-from agent.signing import NonceCache, SignatureError, verify
+from agent.protocol import AgentClient, NonceCache, SignatureError, verify
 from tests import real_parts
 from tests.agent.conftest import ROOT, free_port, wait_http
 

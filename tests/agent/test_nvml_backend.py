@@ -23,9 +23,9 @@ import pytest
 from aiohttp import web
 
 from agent import nvml_check
-from agent.backend import Conflict, InstanceSpec, InvalidRequest, NotFound, NotPermitted, Unavailable
-from agent.client import AgentClient, AgentHTTPError
+from agent.backend import InstanceSpec
 from agent.nvml_backend import NVML_MISSING, PYNVML_MISSING, STATE_FILE, NvmlBackend, model_for_device_name
+from agent.protocol import AgentClient, AgentHTTPError, Conflict, InvalidRequest, NotFound, NotPermitted, Unavailable
 from agent.server import AgentNode, node_app
 from tests.agent.conftest import SECRET, free_port
 

@@ -7,7 +7,7 @@ import time
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from agent.client import AgentHTTPError
+from agent.protocol import AgentHTTPError
 from agent.telemetry import all_series, pick
 from gpus.catalogue import model_get
 from tests.agent.conftest import AgentProcess, gpu_of

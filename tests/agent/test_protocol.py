@@ -2,7 +2,7 @@
 
 import pytest
 
-from agent.client import AgentHTTPError
+from agent.protocol import AgentHTTPError
 from tests.agent.conftest import gpu_of, snapshot_of
 
 
@@ -125,7 +125,7 @@ def test_overlapping_mig_instance_is_refused(client):
 
 
 def test_malformed_json_is_a_clear_error(agent):
-    from agent.client import AgentClient
+    from agent.protocol import AgentClient
 
     raw = AgentClient(agent.url, agent.node_id, "test-secret-for-node-agent-0123456789", retries=0)
     with pytest.raises(AgentHTTPError) as error:

@@ -6,7 +6,7 @@ import time
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from agent.client import AgentClient, AgentHTTPError, AgentUnreachable
+from agent.protocol import AgentClient, AgentHTTPError, AgentUnreachable
 from tests.agent.conftest import SECRET, AgentProcess, gpu_of, snapshot_of
 
 

@@ -8,7 +8,7 @@ import urllib.request
 
 import pytest
 
-from agent.signing import NonceCache, SignatureError, sign, verify
+from agent.protocol import NonceCache, SignatureError, sign, verify
 from tests.agent.conftest import SECRET, gpu_of, snapshot_of
 
 

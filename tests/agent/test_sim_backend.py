@@ -4,7 +4,8 @@ import itertools
 
 import pytest
 
-from agent.backend import Conflict, InstanceSpec, InvalidRequest, NotFound, Unavailable
+from agent.backend import InstanceSpec
+from agent.protocol import Conflict, InvalidRequest, NotFound, Unavailable
 from agent.sim import SimBackend, parse_gpu_specs
 from gpus.mig import MigPlacement, layout_problem, profiles_for
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.client import AgentClient, AgentHTTPError
+from agent.protocol import AgentClient, AgentHTTPError
 from tests.agent.conftest import AgentProcess, gpu_of
 
 

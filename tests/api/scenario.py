@@ -22,7 +22,7 @@ from decimal import Decimal
 from django.db.backends.postgresql.psycopg_any import NumericRange
 from django.utils import timezone
 
-from agent.signing import sign
+from agent.protocol import sign
 from billing import services as billing
 from billing.choices import InvoiceStatus, LineKind
 from billing.models import Invoice, InvoiceLine

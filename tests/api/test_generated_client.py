@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.signing import sign
+from agent.protocol import sign
 from tests.api.scenario import INVENTORY, call, place, seed
 from tests.api.server import api_server
 from tests.api.server import test_database_url as database_url  # not collected as a test

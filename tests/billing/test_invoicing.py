@@ -16,7 +16,7 @@ from billing.models import BillingTerms, Invoice, InvoiceLine, SloEvaluation
 from broker import services
 from broker.choices import LeaseState
 from broker.models import Allocation, Lease
-from config.errors import ValidationFailed
+from core.errors import ValidationFailed
 from tenants import services as tenant_services
 from tenants.access import Actor
 from tenants.choices import Role

@@ -87,7 +87,7 @@ def test_metering_the_hour_in_progress_is_completed_later(world):
 
 
 def test_metering_window_must_be_whole_hours(world):
-    from config.errors import ValidationFailed
+    from core.errors import ValidationFailed
 
     with pytest.raises(ValidationFailed):
         usage_meter_window(start=t(1, 9, 30), end=t(1, 10))

@@ -9,7 +9,7 @@ from django.db import transaction
 from billing.models import AllocationUsage
 from billing.services import usage_meter_window
 from broker import services
-from config.errors import ValidationFailed
+from core.errors import ValidationFailed
 from tests.billing.test_metering_sql import T0, expected_rows, write
 from tests.factories import make_world
 

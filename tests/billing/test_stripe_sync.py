@@ -13,7 +13,7 @@ from billing import tasks
 from billing.choices import InvoiceStatus, LineKind, StripeState
 from billing.models import BillingAccount, Invoice, InvoiceLine, StripeEvent
 from billing.services import stripe_sync
-from config.errors import Conflict
+from core.errors import Conflict
 from tests.factories import make_tenant
 from tests.stripe_server import StripeTestServer, build_event, deliver, post_signed, signature_header
 from tests.stripe_server.webhooks import encode

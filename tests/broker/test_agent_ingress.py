@@ -15,7 +15,7 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from agent.signing import sign
+from agent.protocol import sign
 from broker import services
 from broker.models import Node
 from tenants.models import AuditEvent

@@ -13,7 +13,7 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from agent.signing import sign
+from agent.protocol import sign
 from broker import services
 from broker.models import AgentNonce
 from tests.agent.conftest import ROOT, free_port, wait_http

@@ -97,7 +97,7 @@ def test_a_preempted_member_takes_its_group_which_is_requeued_and_placed_whole_o
 
 
 def test_the_group_is_part_of_the_idempotent_request(world):
-    from config.errors import IdempotencyConflict
+    from core.errors import IdempotencyConflict
 
     first = _member(world, "g1", idempotency_key="k")
     assert _member(world, "g1", idempotency_key="k").pk == first.pk

@@ -8,7 +8,7 @@ import pytest
 from django.core.management import call_command
 from django.db import transaction
 
-from agent.signing import sign
+from agent.protocol import sign
 from broker import services
 from broker.models import EnrollmentToken, Gpu, Node
 from tenants.models import AuditEvent

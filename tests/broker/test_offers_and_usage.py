@@ -60,7 +60,7 @@ def test_enrollment_refuses_a_spent_token_and_names_bad_inventory(world):
 
 
 def test_heartbeat_must_be_signed(world):
-    from agent.signing import sign
+    from agent.protocol import sign
     from broker.models import Node
 
     client = world.client("member")

@@ -1,5 +1,5 @@
 """The lease request's statements (the token, the project read, the insert) run as server-side prepared
-statements (``config.prepared.preparing_cursor``), through Django's cursor wrapper (its transaction and error
+statements (``core.prepared.preparing_cursor``), through Django's cursor wrapper (its transaction and error
 translation; while Django logs queries they run unprepared, so the log has their text); everything else stays
 unprepared, as Django runs it."""
 

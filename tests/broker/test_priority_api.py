@@ -75,7 +75,7 @@ def test_priority_preview_applies_the_members_bound(world, who, priority, refuse
     """The preview (portal) says what the request would: a member's priority above the bound is refused,
     naming the field; an admin's is not."""
     from broker import selectors
-    from config.errors import PermissionDenied
+    from core.errors import PermissionDenied
     from tenants.access import Actor
 
     user = {"member": world.member, "admin": world.admin}[who]

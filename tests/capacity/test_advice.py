@@ -17,7 +17,7 @@ from broker.models import Allocation
 from capacity import services as capacity_services
 from capacity.models import Adjustment, CapacityPolicy
 from capacity.selectors import policies_in_force
-from config.errors import ValidationFailed
+from core.errors import ValidationFailed
 from notifications.models import Notification
 from tenants.access import Actor
 from tenants.choices import Role

@@ -11,7 +11,7 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from agent.client import AgentClient
+from agent.protocol import AgentClient
 from broker.choices import LeaseState
 from broker.models import Allocation, Gpu, Lease, Node
 from capacity import services as capacity_services

@@ -292,7 +292,7 @@ class Cluster:
 
     def agent_instances(self) -> list[str]:
         """Every instance the simulated nodes hold (allocation ids), asked over HTTP with each node's secret."""
-        from agent.client import AgentClient
+        from agent.protocol import AgentClient
 
         nodes = [node for number in range(len(self.fleet_ports))
                  for node in json.loads((self.folder / f"fleet{number + 1}" / "fleet.json").read_text())["nodes"]]

@@ -7,7 +7,7 @@ import pytest
 
 from broker import extensions
 from broker.models import Lease
-from config.errors import Conflict
+from core.errors import Conflict
 from pipelines.models import Pipeline, PipelinePlan, PlanLease
 from tenants.models import AuditEvent
 from tests.factories import make_world

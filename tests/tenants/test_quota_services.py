@@ -3,7 +3,7 @@ import threading
 import pytest
 from django.db import connection
 
-from config.errors import QuotaExceeded, ValidationFailed
+from core.errors import QuotaExceeded, ValidationFailed
 from tenants import services
 from tenants.models import Quota
 from tests.factories import make_project, make_tenant

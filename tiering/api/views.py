@@ -9,8 +9,8 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from broker import selectors as broker_selectors
-from config.api import paginate, parse
-from config.openapi import PAGE_PARAMETERS, paginated, problem
+from core.api import paginate, parse
+from core.openapi import PAGE_PARAMETERS, paginated, problem
 from tiering import profiler, selectors, services
 from tiering.api import serializers as s
 

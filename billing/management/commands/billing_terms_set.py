@@ -6,7 +6,7 @@ from __future__ import annotations
 from django.core.management.base import BaseCommand, CommandError
 
 from billing import services
-from config.errors import ApplicationError
+from core.errors import ApplicationError
 from tenants.models import Tenant
 
 

@@ -18,7 +18,7 @@ from django.utils import timezone
 from billing import services
 from billing.core.metering import HOUR, hour_floor
 from billing.core.pricing import format_money
-from config.errors import ValidationFailed
+from core.errors import ValidationFailed
 from tenants.models import Tenant
 
 

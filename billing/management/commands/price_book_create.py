@@ -15,7 +15,7 @@ from django.core.management.base import BaseCommand, CommandError
 from django.utils.dateparse import parse_datetime
 
 from billing import services
-from config.errors import ApplicationError
+from core.errors import ApplicationError
 from tenants.models import Tenant
 
 FIELDS = {"name", "currency", "effective_from", "rates", "tenant", "over_quota_multiplier", "interactive_multiplier",

@@ -8,7 +8,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from billing import services
 from billing.models import SpendCap
-from config.errors import ApplicationError
+from core.errors import ApplicationError
 from tenants.models import Project, Tenant
 
 

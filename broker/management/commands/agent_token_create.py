@@ -1,7 +1,7 @@
 from django.core.management.base import BaseCommand, CommandError
 
 from broker import services
-from config.errors import ApplicationError
+from core.errors import ApplicationError
 
 
 class Command(BaseCommand):

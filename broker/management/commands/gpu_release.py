@@ -2,7 +2,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from broker import services
 from broker.models import Gpu
-from config.errors import ApplicationError
+from core.errors import ApplicationError
 
 
 class Command(BaseCommand):

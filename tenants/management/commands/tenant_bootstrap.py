@@ -7,7 +7,7 @@ Prints the token once. Running it again reuses the tenant and user and issues an
 
 from django.core.management.base import BaseCommand, CommandError
 
-from config.errors import ApplicationError
+from core.errors import ApplicationError
 from tenants import services
 from tenants.access import Actor
 from tenants.choices import Role, TokenScope

@@ -1,5 +1,5 @@
 """Helpers every app's REST views use: one page of a queryset, and validated input (errors become the
-project's problem+json through ``config.problems``)."""
+project's problem+json through ``core.problems``)."""
 
 from __future__ import annotations
 

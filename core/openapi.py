@@ -5,7 +5,7 @@ Which errors an operation documents follows from how the stack works (``tests/ap
 produces each one against a live server):
 
 - every operation: 400 (a NUL in any query parameter, ``config.middleware``), 429 and 503 with
-  ``Retry-After`` (throttled; the database cannot be reached, ``config.problems``);
+  ``Retry-After`` (throttled; the database cannot be reached, ``core.problems``);
 - with authentication: 401 (no/invalid token), 403 (role or token scope);
 - with path parameters: 404 (not found, or another tenant's);
 - with a request body: 413 (too large) and 415 (not JSON);

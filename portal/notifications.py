@@ -1,13 +1,15 @@
-"""Portal pages under Settings → Notifications: the tenant's webhook endpoints (create with the secret
-shown once, rotate, disable/enable, delete, recent deliveries) and the user's own lease mail switch.
-Thin like every portal view: tenant-scoped selectors, one service per write."""
+"""Portal pages under Settings → Notifications (``/settings/notifications/``, URL names ``notifications:*``): the
+tenant's webhook endpoints (create with the secret shown once, rotate, disable/enable, delete, recent deliveries)
+and the user's own lease mail switch. Thin like every portal view: tenant-scoped selectors, one service per write.
+The pages of every feature live in ``portal/``; the app (``notifications/``) is their model, services and API."""
 
 from __future__ import annotations
 
 from django.contrib import messages
 from django.shortcuts import redirect, render
+from django.urls import path
 
-from config.errors import ApplicationError
+from core.errors import ApplicationError
 from notifications import selectors, services
 from notifications.choices import EventKind
 from notifications.models import Delivery
@@ -105,3 +107,13 @@ class WebhookDeleteView(TenantView):
         services.webhook_endpoint_delete(actor=self.actor, endpoint=endpoint)
         messages.success(request, f"Endpoint {endpoint.url} deleted.")
         return redirect("notifications:settings")
+
+
+# included by config.urls under the namespace "notifications"
+urlpatterns = [
+    path("", NotificationSettingsView.as_view(), name="settings"),
+    path("preference", NotificationPreferenceView.as_view(), name="preference"),
+    path("webhooks/<int:pk>/rotate", WebhookRotateView.as_view(), name="webhook-rotate"),
+    path("webhooks/<int:pk>/toggle", WebhookToggleView.as_view(), name="webhook-toggle"),
+    path("webhooks/<int:pk>/delete", WebhookDeleteView.as_view(), name="webhook-delete"),
+]

@@ -1,7 +1,7 @@
 """The one tree of errors the application raises on purpose.
 
 Each error knows its HTTP status, a stable machine-readable ``code``, a human-readable message and,
-where one input was at fault, the ``field``. ``config.problems`` turns them into RFC 9457
+where one input was at fault, the ``field``. ``core.problems`` turns them into RFC 9457
 ``application/problem+json`` responses; portal views show the same message next to the field.
 """
 

@@ -19,7 +19,7 @@ from rest_framework import exceptions as drf_exceptions
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_default_handler
 
-from config.errors import ApplicationError
+from core.errors import ApplicationError
 
 logger = logging.getLogger(__name__)
 PROBLEM_CONTENT_TYPE = "application/problem+json"
@@ -134,8 +134,9 @@ def _title(exc: drf_exceptions.APIException) -> str:
     return titles.get(exc.status_code) or str(exc.default_detail).rstrip(".")
 
 
-def _json_problem(request, status: int, title: str, code: str, detail: str, field: str | None = None,
+def json_problem(request, status: int, title: str, code: str, detail: str, field: str | None = None,
                   headers: dict[str, str] | None = None) -> JsonResponse:
+    """A problem+json answer outside DRF (Django's error handlers, the middleware that refuses NUL)."""
     response = JsonResponse(
         problem_body(status=status, title=title, detail=detail, code=code, field=field),
         status=status,
@@ -161,13 +162,13 @@ def handler400(request, exception=None):
     else:
         status, title, code, detail = 400, "Bad request", "bad_request", "The request could not be read."
     if request.path.startswith("/api/"):
-        return _json_problem(request, status, title, code, detail, field="body")
+        return json_problem(request, status, title, code, detail, field="body")
     return error_page(request, status=status, title=title, message=detail)
 
 
 def handler404(request, exception=None):
     if request.path.startswith("/api/"):
-        return _json_problem(request, 404, "Not found", "not_found", f"No route or object at {request.path}.")
+        return json_problem(request, 404, "Not found", "not_found", f"No route or object at {request.path}.")
     from django.views.defaults import page_not_found
 
     return page_not_found(request, exception)
@@ -178,12 +179,12 @@ def handler500(request):
     if database_unavailable(sys.exc_info()[1]):
         retry = {"Retry-After": str(RETRY_AFTER_SECONDS)}
         if request.path.startswith("/api/"):
-            return _json_problem(request, 503, "Service unavailable", "unavailable", UNAVAILABLE_DETAIL,
+            return json_problem(request, 503, "Service unavailable", "unavailable", UNAVAILABLE_DETAIL,
                                  headers=retry)
         return error_page(request, status=503, title="Service unavailable", message=UNAVAILABLE_DETAIL,
                           headers=retry)
     if request.path.startswith("/api/"):
-        return _json_problem(request, 500, "Internal error", "internal_error",
+        return json_problem(request, 500, "Internal error", "internal_error",
                              "The server failed; the request id in X-Request-ID identifies it in the logs.")
     from django.views.defaults import server_error
 
