@@ -2,8 +2,11 @@
 "Workloads").
 
 A workload names the instances it runs on (allocation ids of this node) and what to run: a command (the
-process runtime) or an image (a container runtime), arguments, environment, working directory,
-checkpoint directory, restart policy and, for interactive leases, a port. The agent
+process runtime) or an image (a container runtime), arguments, environment, secret environment
+(``secret_env``: in the workload's environment like ``env``, but kept in a 0600 file beside its logs, never in
+the state file, an answer or a log line, which show its names only), working directory, checkpoint
+directory (under ``<root>/<scope>`` when the broker gives the workload's ``scope``, ``<tenant>/<project>``, and
+with symbolic links resolved), restart policy and, for interactive leases, a port. The agent
 
 - starts it through a **runtime** (``ProcessRuntime``: a plain process, used by the simulated fleet so
   that everything runs here for real; ``ContainerRuntime``: ``docker run`` / ``podman run`` with the
@@ -65,8 +68,14 @@ LOG_MAX_BYTES = 16 * 1024 * 1024  # per stream of a workload (all its runs): the
 STATE_FILE = "workloads.json"
 ACTIVE = ("running", "backoff")
 FINAL = ("succeeded", "failed", "stopped", "preempted")
-SPEC_FIELDS = ("instances", "command", "image", "args", "env", "workdir", "checkpoint_dir", "restart_policy",
-               "max_restarts", "restart_count", "port", "host_port", "perf")
+SPEC_FIELDS = ("instances", "command", "image", "args", "env", "secret_env", "scope", "workdir", "checkpoint_dir",
+               "restart_policy", "max_restarts", "restart_count", "port", "host_port", "perf")
+# an ``env`` name that says it holds a credential is refused: such values go in ``secret_env``, which is never
+# shown (docs/security.md, "Workload secrets"). A word of the name (split at "_") or the whole name.
+SECRET_WORDS = ("TOKEN", "TOKENS", "SECRET", "SECRETS", "PASSWORD", "PASSWD", "KEY", "KEYS", "APIKEY", "CREDENTIAL",
+                "CREDENTIALS")
+SECRET_FILE = "secret_env.json"  # the workload's secret values, beside its logs (0600), never in workloads.json
+SCOPE = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}(/[a-z0-9][a-z0-9-]{0,62}){0,3}$")
 PERF_FIELDS = ("architecture", "task", "precision", "batch_size", "seq_len", "image_size")
 SHIM = Path(__file__).with_name("shim.py")
 BASE_ENV = ("PATH", "LANG", "LC_ALL", "HOME", "TMPDIR", "TZ")
@@ -85,8 +94,23 @@ def _string_list(body: dict, name: str, *, required: bool = False) -> list[str]:
     return list(value)
 
 
-def check_path(name: str, value: object, roots: list[Path]) -> str:
-    """An absolute, normalised path inside one of ``roots`` (``field`` names the input at fault)."""
+def env_name_looks_secret(name: str) -> bool:
+    """True for a variable name that says it holds a credential (``HF_TOKEN``, ``DB_PASSWORD``, ``AWS_SECRET_
+    ACCESS_KEY``, ``API_KEY``): a word of it, split at ``_``, is one of ``SECRET_WORDS``."""
+    words = name.upper().split("_")
+    return any(word in SECRET_WORDS for word in words) or name.upper().endswith(("TOKEN", "SECRET", "PASSWORD"))
+
+
+def scoped_roots(roots: list[Path], scope: str) -> list[Path]:
+    """The directories a workload of ``scope`` (``<tenant>/<project>``, set by the broker) may name: the scope
+    under each root. Without a scope (a node operator's direct call), the roots themselves."""
+    return [root / scope for root in roots] if scope else list(roots)
+
+
+def check_path(name: str, value: object, roots: list[Path], *, resolve: bool = False) -> str:
+    """An absolute, normalised path inside one of ``roots`` (``field`` names the input at fault). With
+    ``resolve`` (on the node, where the file system is) the path with its symbolic links resolved must stay
+    inside the resolved root too, so a link a workload left in its directory cannot lead another run out."""
     if value in (None, ""):
         return ""
     if not isinstance(value, str) or "\0" in value or not value.startswith("/"):
@@ -94,15 +118,45 @@ def check_path(name: str, value: object, roots: list[Path]) -> str:
     if os.path.normpath(value) != value.rstrip("/") or "/../" in f"{value}/":
         raise InvalidRequest(f"{name} must be a normalised path (no '..', '.', '//')", field=name)
     path = Path(value)
-    if not any(path == root or path.is_relative_to(root) for root in roots):
+    inside = [root for root in roots if path == root or path.is_relative_to(root)]
+    if not inside:
         allowed = ", ".join(str(r) for r in roots) or "(none configured)"
         raise InvalidRequest(f"{name} {value!r} is outside the allowed roots: {allowed}", field=name)
+    if resolve:
+        real, real_root = Path(os.path.realpath(path)), Path(os.path.realpath(inside[0]))
+        if not (real == real_root or real.is_relative_to(real_root)):
+            raise InvalidRequest(f"{name} {value!r} leads outside {inside[0]} through a symbolic link", field=name)
     return value
 
 
-def spec_from_json(body: object, roots: list[Path]) -> dict:
+def _env_object(body: dict, name: str, *, secret: bool) -> tuple[dict[str, str], int]:
+    """``env`` or ``secret_env``: NAME → string; platform names refused; in ``env`` a name that says it holds a
+    credential is refused too, pointing to ``secret_env``. Returns the object and its size in bytes."""
+    env = body.get(name, {})
+    if not isinstance(env, dict):
+        raise InvalidRequest(f"{name} must be an object of NAME: value strings", field=name)
+    size = 0
+    for key, value in env.items():
+        if not isinstance(key, str) or not ENV_NAME.match(key):
+            raise InvalidRequest(f"{name} name {key!r} is not a valid variable name", field=f"{name}.{key}")
+        if key in RESERVED_ENV or key.startswith(RESERVED_PREFIXES):
+            raise InvalidRequest(f"{name} {key} is set by the platform (the leased devices, restarts, deadline)",
+                                 field=f"{name}.{key}")
+        if not secret and env_name_looks_secret(key):
+            raise InvalidRequest(f"env {key} looks like a credential: put it in secret_env, which is given to the "
+                                 "workload the same way but never shown by any answer, page, log or event",
+                                 field=f"{name}.{key}")
+        if not isinstance(value, str) or "\0" in value:
+            raise InvalidRequest(f"{name} {key} must be a string", field=f"{name}.{key}")
+        size += len(key.encode()) + len(value.encode()) + 2
+    return dict(env), size
+
+
+def spec_from_json(body: object, roots: list[Path], *, resolve: bool = False) -> dict:
     """Validate the JSON body of ``PUT /v1/workloads/{id}``; errors name the field. Returns the normalised
-    spec (every field present)."""
+    spec (every field present). ``secret_env`` holds values the workload gets in its environment but that
+    nothing shows; ``scope`` (``<tenant>/<project>``, set by the broker) narrows the paths to ``<root>/<scope>``
+    of each root; ``resolve`` (the node) checks the paths with their symbolic links resolved too."""
     if not isinstance(body, dict):
         raise InvalidRequest("the body must be a JSON object", field="body")
     unknown = sorted(set(body) - set(SPEC_FIELDS))
@@ -122,21 +176,18 @@ def spec_from_json(body: object, roots: list[Path]) -> dict:
     args = _string_list(body, "args")
     if sum(len(a.encode()) + 1 for a in command + args) > MAX_ARGV_BYTES:
         raise InvalidRequest(f"command and args together must be at most {MAX_ARGV_BYTES} bytes", field="args")
-    env = body.get("env", {})
-    if not isinstance(env, dict):
-        raise InvalidRequest("env must be an object of NAME: value strings", field="env")
-    size = 0
-    for key, value in env.items():
-        if not isinstance(key, str) or not ENV_NAME.match(key):
-            raise InvalidRequest(f"env name {key!r} is not a valid variable name", field=f"env.{key}")
-        if key in RESERVED_ENV or key.startswith(RESERVED_PREFIXES):
-            raise InvalidRequest(f"env {key} is set by the platform (the leased devices, restarts, deadline)",
-                                 field=f"env.{key}")
-        if not isinstance(value, str) or "\0" in value:
-            raise InvalidRequest(f"env {key} must be a string", field=f"env.{key}")
-        size += len(key.encode()) + len(value.encode()) + 2
-    if size > MAX_ENV_BYTES:
-        raise InvalidRequest(f"env is {size} bytes; at most {MAX_ENV_BYTES}", field="env")
+    env, size = _env_object(body, "env", secret=False)
+    secret_env, secret_size = _env_object(body, "secret_env", secret=True)
+    both = sorted(set(env) & set(secret_env))
+    if both:
+        raise InvalidRequest(f"{both[0]} is in env and in secret_env: give it once", field=f"secret_env.{both[0]}")
+    if size + secret_size > MAX_ENV_BYTES:
+        what = f"env is {size} bytes" if not secret_size else f"env and secret_env are {size + secret_size} bytes"
+        raise InvalidRequest(f"{what}; at most {MAX_ENV_BYTES}", field="env" if size > secret_size else "secret_env")
+    scope = body.get("scope") or ""
+    if not isinstance(scope, str) or (scope and not SCOPE.match(scope)):
+        raise InvalidRequest("scope must be <tenant>/<project> slugs", field="scope")
+    roots = scoped_roots(roots, scope)
     policy = body.get("restart_policy", "never")
     if policy not in RESTART_POLICIES:
         raise InvalidRequest(f"restart_policy must be one of {', '.join(RESTART_POLICIES)}", field="restart_policy")
@@ -156,9 +207,10 @@ def spec_from_json(body: object, roots: list[Path]) -> dict:
             raise InvalidRequest("host_port maps an interactive workload's port: give port too", field="host_port")
         host_port = integer("host_port", 0, 1024, 65535)
     perf = perf_from_json(body.get("perf"))
-    return {"instances": list(instances), "command": command, "image": image, "args": args, "env": dict(env),
-            "workdir": check_path("workdir", body.get("workdir"), roots),
-            "checkpoint_dir": check_path("checkpoint_dir", body.get("checkpoint_dir"), roots),
+    return {"instances": list(instances), "command": command, "image": image, "args": args, "env": env,
+            "secret_env": secret_env, "scope": scope,
+            "workdir": check_path("workdir", body.get("workdir"), roots, resolve=resolve),
+            "checkpoint_dir": check_path("checkpoint_dir", body.get("checkpoint_dir"), roots, resolve=resolve),
             "restart_policy": policy, "max_restarts": integer("max_restarts", 3, 0, MAX_RESTARTS),
             "restart_count": integer("restart_count", 0, 0, 1_000_000), "port": port, "host_port": host_port,
             "perf": perf}
@@ -449,9 +501,11 @@ class WorkloadManager:
         if not WORKLOAD_ID.match(workload_id):
             raise InvalidRequest("workload_id must be 1-128 of A-Z a-z 0-9 . _ : - (starting alphanumeric)",
                                  field="workload_id")
+        secret_env = dict(spec.get("secret_env") or {})
+        spec = {**spec, "secret_env": sorted(secret_env)}  # kept: the names; the values only in SECRET_FILE
         existing = self.workloads.get(workload_id)
         if existing is not None:
-            if existing["spec"] == spec:
+            if existing["spec"] == spec and self._secret_env(existing) == secret_env:
                 return self._public(existing), False
             raise Conflict(f"workload {workload_id!r} exists with another definition", field="workload_id")
         for other in self.workloads.values():
@@ -474,6 +528,7 @@ class WorkloadManager:
                     "events": [], "seq": 0, "acked_seq": 0}
         directory = self._dir(workload)
         directory.mkdir(parents=True, exist_ok=True)
+        self._secret_env_write(workload, secret_env)
         workload["argv"] = self.runtime.argv(workload, self._env(workload, token="-"), directory)  # refusals first
         self.workloads[workload_id] = workload
         if notice:  # placed with a notice already running out: there is nothing to run
@@ -593,10 +648,29 @@ class WorkloadManager:
         path.with_suffix(".tmp").write_text(f"{workload['notice']['deadline']:.3f}\n")
         os.replace(path.with_suffix(".tmp"), path)
 
+    def _secret_env_write(self, workload: dict, values: dict[str, str]) -> None:
+        """The workload's secret values in its directory, readable by the agent's user only (written before
+        the state file names the workload, so a restarted agent always finds them)."""
+        path = self._dir(workload) / SECRET_FILE
+        temporary = path.with_suffix(".tmp")
+        descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(descriptor, "w") as handle:
+            json.dump(values, handle)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temporary, path)
+
+    def _secret_env(self, workload: dict) -> dict[str, str]:
+        try:
+            return json.loads((self._dir(workload) / SECRET_FILE).read_text())
+        except (OSError, ValueError):
+            return {}
+
     def _env(self, workload: dict, token: str) -> dict[str, str]:
         spec = workload["spec"]
         env = {key: os.environ[key] for key in BASE_ENV if key in os.environ}
         env.update(spec["env"])
+        env.update(self._secret_env(workload))
         env.update(workload["access"])
         env.update({"RESTART_COUNT": str(spec["restart_count"] + workload["local_restarts"]),
                     "GPUB_WORKLOAD_ID": workload["workload_id"], "GPUB_RUN_TOKEN": token,
