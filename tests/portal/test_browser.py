@@ -343,14 +343,16 @@ print("done", flush=True)
 @pytest.fixture
 def workload_fleet(live_server, tmp_path, portal_world, settings):
     """One node with an A100 whose agent runs workloads (as real processes) under a shared root, the root
-    the broker allows too; the job script lies there."""
+    the broker allows too; the job script lies in acme's vision project's directory there, which it yields
+    (a workload's paths lie under <root>/<tenant>/<project>)."""
     root = tmp_path / "shared"
-    root.mkdir()
-    (root / "job.py").write_text(JOB)
+    own = root / "acme" / "vision"
+    own.mkdir(parents=True)
+    (own / "job.py").write_text(JOB)
     settings.WORKLOAD_ALLOWED_ROOTS = [str(root)]
     process = start_fleet(live_server.url, tmp_path / "fleet", 1, "a100-80gb:1:whole",
                           extra=("--workload-root", str(root)))
-    yield root
+    yield own
     process.terminate()
     process.wait(30)
 
