@@ -705,3 +705,22 @@ def test_lease_log_partial_shows_an_earlier_placements_kept_log(world, client):
     login(client, "bob")
     outsider = client.get(f"/leases/{ours.pk}/log?placement=1")
     assert outsider.status_code == 404 and "bye" not in outsider.content.decode()
+
+
+def test_request_form_secret_environment_is_write_only(world, client):
+    """Issue 27: the form's secret box goes to ``secret_env``; the lease page shows the names, never a value,
+    and a refused form comes back with the box empty (the value is not echoed)."""
+    from broker.models import Workload
+
+    login(client, "max")
+    refused = client.post("/leases/new", {**MIG, **WORKLOAD, "workload.secret_env": "HF_TOKEN=hf_planted_value",
+                                          "workload.workdir": "/etc"})
+    assert refused.status_code == 400 and "hf_planted_value" not in refused.content.decode()
+    assert "outside the allowed roots" in text(refused)
+    client.post("/leases/new", {**MIG, **WORKLOAD, "workload.secret_env": "HF_TOKEN=hf_planted_value"})
+    workload = Workload.objects.get()
+    assert workload.spec["secret_env"] == ["HF_TOKEN"] and "hf_planted_value" not in str(workload.spec)
+    page = client.get(f"/leases/{workload.lease_id}").content.decode()
+    assert "HF_TOKEN" in page and "hf_planted_value" not in page
+    bad = client.post("/leases/new", {**MIG, **WORKLOAD, "workload.secret_env": "GPUB_X=1"})
+    assert "secret_env GPUB_X is set by the platform" in text(bad)
