@@ -505,7 +505,8 @@ class WorkloadManager:
         spec = {**spec, "secret_env": sorted(secret_env)}  # kept: the names; the values only in SECRET_FILE
         existing = self.workloads.get(workload_id)
         if existing is not None:
-            if existing["spec"] == spec and self._secret_env(existing) == secret_env:
+            # (a workload kept by an agent from before secret_env and scope existed has neither key)
+            if {"secret_env": [], "scope": "", **existing["spec"]} == spec and self._secret_env(existing) == secret_env:
                 return self._public(existing), False
             raise Conflict(f"workload {workload_id!r} exists with another definition", field="workload_id")
         for other in self.workloads.values():

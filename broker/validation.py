@@ -11,6 +11,7 @@ selectors.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -261,8 +262,6 @@ def workload_scope(*, tenant_slug: str, project: object) -> str:
     """Where a workload of this tenant's project may name paths: ``<tenant>/<project>`` under each root of
     ``WORKLOAD_ALLOWED_ROOTS`` (never another tenant's or project's directory, never a root itself). A project
     that is not a slug cannot exist: 404 on ``project``, as the request's lookup would answer."""
-    import re
-
     from tenants.models import SLUG_REGEX
 
     if not isinstance(project, str) or not re.match(SLUG_REGEX, project):

@@ -375,6 +375,7 @@ def test_browser_request_with_a_workload_and_follow_its_log(live_server, browser
     page.get_by_text("Run a workload on it").click()
     page.get_by_label("Command").fill(f"{sys.executable} -u job.py")
     page.get_by_label("Environment").fill("GREETING=<b>hello</b>")
+    page.get_by_label("Secrets").fill("HF_TOKEN=browser-planted-secret")  # write-only (issue 27)
     page.get_by_label("Working directory").fill("/etc")
     preview = page.locator("#preview")
     preview.get_by_text("workdir '/etc' is outside the allowed roots").wait_for()  # the live preview checks it
@@ -390,6 +391,7 @@ def test_browser_request_with_a_workload_and_follow_its_log(live_server, browser
     page.wait_for_url(f"{base}/leases/*")
     lease = Lease.objects.order_by("-pk").first()
     assert lease.workload.spec["port"] == 18888 and lease.workload.spec["max_restarts"] == 1
+    assert lease.workload.spec["secret_env"] == ["HF_TOKEN"] and "browser-planted-secret" not in page.content()
 
     # the workload runs on the leased GPU; its state, node and endpoint arrive with the live part, its log by itself
     page.evaluate("window.__sameDocument = true")

@@ -708,7 +708,7 @@ def test_lease_log_partial_shows_an_earlier_placements_kept_log(world, client):
 
 
 def test_request_form_secret_environment_is_write_only(world, client):
-    """Issue 27: the form's secret box goes to ``secret_env``; the lease page shows the names, never a value,
+    """Issue 27: the form's Secrets box goes to ``secret_env``; the lease page shows the names, never a value,
     and a refused form comes back with the box empty (the value is not echoed)."""
     from broker.models import Workload
 
