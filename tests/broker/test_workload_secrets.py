@@ -236,3 +236,28 @@ def test_secrets_sealed_with_an_old_key_still_open_after_rotation(world, setting
     settings.WORKLOAD_SECRET_KEYS = [new, old]
     assert secret_env_open(sealed) == {"HF_TOKEN": PLANTED}
     assert secret_env_open(secret_env_seal({"A": "b"})) == {"A": "b"}
+
+
+def test_migration_moves_secret_looking_env_of_earlier_workloads_into_the_sealed_field(world):
+    """Workloads stored before secret_env (migration broker 0012): the profiler's PERF_TOKEN and any env name
+    that says it holds a credential leave the shown spec for the sealed column; the rest stays."""
+    import importlib
+
+    from django.apps import apps
+
+    from broker.models import Lease
+    from broker.workload_secrets import secret_env_open
+
+    lease_id = _lease_with_secret(world)["id"]
+    Workload.objects.filter(lease_id=lease_id).update(
+        spec={"command": ["python"], "env": {"PERF_TOKEN": world.tokens["member"], "WANDB_MODE": "offline",
+                                             "DB_PASSWORD": PLANTED}}, secret_env_sealed="")
+    assert not Lease.objects.exclude(pk=lease_id).exists()  # one workload: the one rewritten above
+    migration = importlib.import_module("broker.migrations.0012_workload_secret_env")
+    migration.seal_secret_looking_env(apps, None)
+    workload = Workload.objects.get(lease_id=lease_id)
+    assert workload.spec == {"command": ["python"], "env": {"WANDB_MODE": "offline"},
+                             "secret_env": ["DB_PASSWORD", "PERF_TOKEN"]}
+    assert secret_env_open(workload.secret_env_sealed) == {"PERF_TOKEN": world.tokens["member"],
+                                                           "DB_PASSWORD": PLANTED}
+    assert world.client("viewer").get(f"/api/v1/leases/{lease_id}").content.decode().count("gpub_") == 0
