@@ -4,9 +4,10 @@ with one small API call (``POST /api/v1/leases/{id}/samples``; docs/tiering.md, 
 
 Environment: ``GPUB_PERF_THROUGHPUT`` (set by the simulated agent: the model's throughput on the leased slice,
 0 when the workload does not fit), ``GPUB_WORKLOAD_ID`` (``lease-<lease>-a<allocation>``, set by the agent),
-``PERF_SAMPLES_URL`` (the broker's samples URL with ``{lease}`` where the lease id goes), ``PERF_TOKEN`` (an API
-token of the tenant), ``PERF_INTERVAL_SECONDS`` (default 1) and ``PERF_NOISE`` (σ of the log-normal run-to-run
-noise of each sample, default 0.02). A workload that does not fit exits 1 with an out-of-memory message; the
+``PERF_SAMPLES_URL`` (the broker's samples URL with ``{lease}`` where the lease id goes), ``PERF_TOKEN`` (in the
+workload's ``secret_env``: the profiler's samples credential, good for this lease's samples only, or a tenant's own
+API token when the tenant runs it), ``PERF_INTERVAL_SECONDS`` (default 1) and ``PERF_NOISE`` (σ of the log-normal
+run-to-run noise of each sample, default 0.02). A workload that does not fit exits 1 with an out-of-memory message; the
 others report until SIGTERM and exit 0. Standard library only: it runs with any Python on the node.
 """
 

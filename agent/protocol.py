@@ -189,8 +189,13 @@ MAX_ARGV_BYTES = 64 * 1024
 MAX_ARGS = 256
 MAX_INSTANCES = 16
 MAX_RESTARTS = 100
-SPEC_FIELDS = ("instances", "command", "image", "args", "env", "workdir", "checkpoint_dir", "restart_policy",
-               "max_restarts", "restart_count", "port", "host_port", "perf")
+SPEC_FIELDS = ("instances", "command", "image", "args", "env", "secret_env", "scope", "workdir", "checkpoint_dir",
+               "restart_policy", "max_restarts", "restart_count", "port", "host_port", "perf")
+# an ``env`` name that says it holds a credential is refused: such values go in ``secret_env``, which is never
+# shown (docs/security.md, "Workload secrets"). A word of the name (split at "_") or the whole name.
+SECRET_WORDS = ("TOKEN", "TOKENS", "SECRET", "SECRETS", "PASSWORD", "PASSWD", "KEY", "KEYS", "APIKEY", "CREDENTIAL",
+                "CREDENTIALS")
+SCOPE = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}(/[a-z0-9][a-z0-9-]{0,62}){0,3}$")
 PERF_FIELDS = ("architecture", "task", "precision", "batch_size", "seq_len", "image_size")
 
 
@@ -205,8 +210,23 @@ def _string_list(body: dict, name: str, *, required: bool = False) -> list[str]:
     return list(value)
 
 
-def check_path(name: str, value: object, roots: list[Path]) -> str:
-    """An absolute, normalised path inside one of ``roots`` (``field`` names the input at fault)."""
+def env_name_looks_secret(name: str) -> bool:
+    """True for a variable name that says it holds a credential (``HF_TOKEN``, ``DB_PASSWORD``, ``AWS_SECRET_
+    ACCESS_KEY``, ``API_KEY``): a word of it, split at ``_``, is one of ``SECRET_WORDS``."""
+    words = name.upper().split("_")
+    return any(word in SECRET_WORDS for word in words) or name.upper().endswith(("TOKEN", "SECRET", "PASSWORD"))
+
+
+def scoped_roots(roots: list[Path], scope: str) -> list[Path]:
+    """The directories a workload of ``scope`` (``<tenant>/<project>``, set by the broker) may name: the scope
+    under each root. Without a scope (a node operator's direct call), the roots themselves."""
+    return [root / scope for root in roots] if scope else list(roots)
+
+
+def check_path(name: str, value: object, roots: list[Path], *, resolve: bool = False) -> str:
+    """An absolute, normalised path inside one of ``roots`` (``field`` names the input at fault). With
+    ``resolve`` (on the node, where the file system is) the path with its symbolic links resolved must stay
+    inside the resolved root too, so a link a workload left in its directory cannot lead another run out."""
     if value in (None, ""):
         return ""
     if not isinstance(value, str) or "\0" in value or not value.startswith("/"):
@@ -214,15 +234,45 @@ def check_path(name: str, value: object, roots: list[Path]) -> str:
     if os.path.normpath(value) != value.rstrip("/") or "/../" in f"{value}/":
         raise InvalidRequest(f"{name} must be a normalised path (no '..', '.', '//')", field=name)
     path = Path(value)
-    if not any(path == root or path.is_relative_to(root) for root in roots):
+    inside = [root for root in roots if path == root or path.is_relative_to(root)]
+    if not inside:
         allowed = ", ".join(str(r) for r in roots) or "(none configured)"
         raise InvalidRequest(f"{name} {value!r} is outside the allowed roots: {allowed}", field=name)
+    if resolve:
+        real, real_root = Path(os.path.realpath(path)), Path(os.path.realpath(inside[0]))
+        if not (real == real_root or real.is_relative_to(real_root)):
+            raise InvalidRequest(f"{name} {value!r} leads outside {inside[0]} through a symbolic link", field=name)
     return value
 
 
-def spec_from_json(body: object, roots: list[Path]) -> dict:
+def _env_object(body: dict, name: str, *, secret: bool) -> tuple[dict[str, str], int]:
+    """``env`` or ``secret_env``: NAME → string; platform names refused; in ``env`` a name that says it holds a
+    credential is refused too, pointing to ``secret_env``. Returns the object and its size in bytes."""
+    env = body.get(name, {})
+    if not isinstance(env, dict):
+        raise InvalidRequest(f"{name} must be an object of NAME: value strings", field=name)
+    size = 0
+    for key, value in env.items():
+        if not isinstance(key, str) or not ENV_NAME.match(key):
+            raise InvalidRequest(f"{name} name {key!r} is not a valid variable name", field=f"{name}.{key}")
+        if key in RESERVED_ENV or key.startswith(RESERVED_PREFIXES):
+            raise InvalidRequest(f"{name} {key} is set by the platform (the leased devices, restarts, deadline)",
+                                 field=f"{name}.{key}")
+        if not secret and env_name_looks_secret(key):
+            raise InvalidRequest(f"env {key} looks like a credential: put it in secret_env, which is given to the "
+                                 "workload the same way but never shown by any answer, page, log or event",
+                                 field=f"{name}.{key}")
+        if not isinstance(value, str) or "\0" in value:
+            raise InvalidRequest(f"{name} {key} must be a string", field=f"{name}.{key}")
+        size += len(key.encode()) + len(value.encode()) + 2
+    return dict(env), size
+
+
+def spec_from_json(body: object, roots: list[Path], *, resolve: bool = False) -> dict:
     """Validate the JSON body of ``PUT /v1/workloads/{id}``; errors name the field. Returns the normalised
-    spec (every field present)."""
+    spec (every field present). ``secret_env`` holds values the workload gets in its environment but that
+    nothing shows; ``scope`` (``<tenant>/<project>``, set by the broker) narrows the paths to ``<root>/<scope>``
+    of each root; ``resolve`` (the node) checks the paths with their symbolic links resolved too."""
     if not isinstance(body, dict):
         raise InvalidRequest("the body must be a JSON object", field="body")
     unknown = sorted(set(body) - set(SPEC_FIELDS))
@@ -242,21 +292,18 @@ def spec_from_json(body: object, roots: list[Path]) -> dict:
     args = _string_list(body, "args")
     if sum(len(a.encode()) + 1 for a in command + args) > MAX_ARGV_BYTES:
         raise InvalidRequest(f"command and args together must be at most {MAX_ARGV_BYTES} bytes", field="args")
-    env = body.get("env", {})
-    if not isinstance(env, dict):
-        raise InvalidRequest("env must be an object of NAME: value strings", field="env")
-    size = 0
-    for key, value in env.items():
-        if not isinstance(key, str) or not ENV_NAME.match(key):
-            raise InvalidRequest(f"env name {key!r} is not a valid variable name", field=f"env.{key}")
-        if key in RESERVED_ENV or key.startswith(RESERVED_PREFIXES):
-            raise InvalidRequest(f"env {key} is set by the platform (the leased devices, restarts, deadline)",
-                                 field=f"env.{key}")
-        if not isinstance(value, str) or "\0" in value:
-            raise InvalidRequest(f"env {key} must be a string", field=f"env.{key}")
-        size += len(key.encode()) + len(value.encode()) + 2
-    if size > MAX_ENV_BYTES:
-        raise InvalidRequest(f"env is {size} bytes; at most {MAX_ENV_BYTES}", field="env")
+    env, size = _env_object(body, "env", secret=False)
+    secret_env, secret_size = _env_object(body, "secret_env", secret=True)
+    both = sorted(set(env) & set(secret_env))
+    if both:
+        raise InvalidRequest(f"{both[0]} is in env and in secret_env: give it once", field=f"secret_env.{both[0]}")
+    if size + secret_size > MAX_ENV_BYTES:
+        what = f"env is {size} bytes" if not secret_size else f"env and secret_env are {size + secret_size} bytes"
+        raise InvalidRequest(f"{what}; at most {MAX_ENV_BYTES}", field="env" if size > secret_size else "secret_env")
+    scope = body.get("scope") or ""
+    if not isinstance(scope, str) or (scope and not SCOPE.match(scope)):
+        raise InvalidRequest("scope must be <tenant>/<project> slugs", field="scope")
+    roots = scoped_roots(roots, scope)
     policy = body.get("restart_policy", "never")
     if policy not in RESTART_POLICIES:
         raise InvalidRequest(f"restart_policy must be one of {', '.join(RESTART_POLICIES)}", field="restart_policy")
@@ -276,9 +323,10 @@ def spec_from_json(body: object, roots: list[Path]) -> dict:
             raise InvalidRequest("host_port maps an interactive workload's port: give port too", field="host_port")
         host_port = integer("host_port", 0, 1024, 65535)
     perf = perf_from_json(body.get("perf"))
-    return {"instances": list(instances), "command": command, "image": image, "args": args, "env": dict(env),
-            "workdir": check_path("workdir", body.get("workdir"), roots),
-            "checkpoint_dir": check_path("checkpoint_dir", body.get("checkpoint_dir"), roots),
+    return {"instances": list(instances), "command": command, "image": image, "args": args, "env": env,
+            "secret_env": secret_env, "scope": scope,
+            "workdir": check_path("workdir", body.get("workdir"), roots, resolve=resolve),
+            "checkpoint_dir": check_path("checkpoint_dir", body.get("checkpoint_dir"), roots, resolve=resolve),
             "restart_policy": policy, "max_restarts": integer("max_restarts", 3, 0, MAX_RESTARTS),
             "restart_count": integer("restart_count", 0, 0, 1_000_000), "port": port, "host_port": host_port,
             "perf": perf}

@@ -325,7 +325,7 @@ async def workload_put(request: web.Request) -> web.Response:
     node = _node(request)
     manager = _manager(node)
     workload_id = _workload_id(request)
-    spec = spec_from_json(await _json_body(request), manager.roots)
+    spec = spec_from_json(await _json_body(request), manager.roots, resolve=True)
 
     def start():
         nonlocal spec

@@ -2,8 +2,11 @@
 "Workloads").
 
 A workload names the instances it runs on (allocation ids of this node) and what to run: a command (the
-process runtime) or an image (a container runtime), arguments, environment, working directory,
-checkpoint directory, restart policy and, for interactive leases, a port. The agent
+process runtime) or an image (a container runtime), arguments, environment, secret environment
+(``secret_env``: in the workload's environment like ``env``, but kept in a 0600 file beside its logs, never in
+the state file, an answer or a log line, which show its names only), working directory, checkpoint
+directory (under ``<root>/<scope>`` when the broker gives the workload's ``scope``, ``<tenant>/<project>``, and
+with symbolic links resolved), restart policy and, for interactive leases, a port. The agent
 
 - starts it through a **runtime** (``ProcessRuntime``: a plain process, used by the simulated fleet so
   that everything runs here for real; ``ContainerRuntime``: ``docker run`` / ``podman run`` with the
@@ -54,6 +57,7 @@ LOG_MAX_BYTES = 16 * 1024 * 1024  # per stream of a workload (all its runs): the
 STATE_FILE = "workloads.json"
 ACTIVE = ("running", "backoff")
 FINAL = ("succeeded", "failed", "stopped", "preempted")
+SECRET_FILE = "secret_env.json"  # the workload's secret values, beside its logs (0600), never in workloads.json
 SHIM = Path(__file__).with_name("shim.py")
 BASE_ENV = ("PATH", "LANG", "LC_ALL", "HOME", "TMPDIR", "TZ")
 ENGINE_ENV_PREFIXES = ("DOCKER_", "CONTAINER_", "CONTAINERS_", "PODMAN_")
@@ -314,9 +318,12 @@ class WorkloadManager:
         if not WORKLOAD_ID.match(workload_id):
             raise InvalidRequest("workload_id must be 1-128 of A-Z a-z 0-9 . _ : - (starting alphanumeric)",
                                  field="workload_id")
+        secret_env = dict(spec.get("secret_env") or {})
+        spec = {**spec, "secret_env": sorted(secret_env)}  # kept: the names; the values only in SECRET_FILE
         existing = self.workloads.get(workload_id)
         if existing is not None:
-            if existing["spec"] == spec:
+            # (a workload kept by an agent from before secret_env and scope existed has neither key)
+            if {"secret_env": [], "scope": "", **existing["spec"]} == spec and self._secret_env(existing) == secret_env:
                 return self._public(existing), False
             raise Conflict(f"workload {workload_id!r} exists with another definition", field="workload_id")
         for other in self.workloads.values():
@@ -339,6 +346,7 @@ class WorkloadManager:
                     "events": [], "seq": 0, "acked_seq": 0}
         directory = self._dir(workload)
         directory.mkdir(parents=True, exist_ok=True)
+        self._secret_env_write(workload, secret_env)
         workload["argv"] = self.runtime.argv(workload, self._env(workload, token="-"), directory)  # refusals first
         self.workloads[workload_id] = workload
         if notice:  # placed with a notice already running out: there is nothing to run
@@ -458,10 +466,29 @@ class WorkloadManager:
         path.with_suffix(".tmp").write_text(f"{workload['notice']['deadline']:.3f}\n")
         os.replace(path.with_suffix(".tmp"), path)
 
+    def _secret_env_write(self, workload: dict, values: dict[str, str]) -> None:
+        """The workload's secret values in its directory, readable by the agent's user only (written before
+        the state file names the workload, so a restarted agent always finds them)."""
+        path = self._dir(workload) / SECRET_FILE
+        temporary = path.with_suffix(".tmp")
+        descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(descriptor, "w") as handle:
+            json.dump(values, handle)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temporary, path)
+
+    def _secret_env(self, workload: dict) -> dict[str, str]:
+        try:
+            return json.loads((self._dir(workload) / SECRET_FILE).read_text())
+        except (OSError, ValueError):
+            return {}
+
     def _env(self, workload: dict, token: str) -> dict[str, str]:
         spec = workload["spec"]
         env = {key: os.environ[key] for key in BASE_ENV if key in os.environ}
         env.update(spec["env"])
+        env.update(self._secret_env(workload))
         env.update(workload["access"])
         env.update({"RESTART_COUNT": str(spec["restart_count"] + workload["local_restarts"]),
                     "GPUB_WORKLOAD_ID": workload["workload_id"], "GPUB_RUN_TOKEN": token,

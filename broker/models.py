@@ -247,7 +247,8 @@ class LeaseEvent(models.Model):
 
 class Workload(models.Model):
     """What a lease runs, if anything (docs/leasing.md, "Workloads"): the definition the tenant gave (``spec``:
-    command or image, args, env, workdir, checkpoint_dir, restart_policy, max_restarts, port) and what its
+    command or image, args, env, secret_env names, scope, workdir, checkpoint_dir, restart_policy, max_restarts,
+    port; the secret values sealed apart in ``secret_env_sealed``) and what its
     runs did, as the node's agent reported it. Each placement of the lease runs it under its own agent
     workload id (``lease-<id>-p<placement>``); ``restart_count`` is the ``RESTART_COUNT`` of the latest
     run, and a placement after a preemption starts at that + 1. Every report is also a ``LeaseEvent``."""
@@ -255,6 +256,9 @@ class Workload(models.Model):
     tenant_lookup = "lease__tenant"
     lease = models.OneToOneField(Lease, on_delete=models.PROTECT, related_name="workload")
     spec = models.JSONField()
+    # the values of the spec's ``secret_env`` (the spec keeps their names), encrypted: a Fernet token of
+    # ``broker.workload_secrets``; opened only to start the workload on its node, never shown
+    secret_env_sealed = models.TextField(blank=True, default="", db_default="")
     state = models.CharField(max_length=16, default="pending")  # pending, then the agent's workload state
     node = models.ForeignKey(Node, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
     agent_workload_id = models.CharField(max_length=128, blank=True)

@@ -11,6 +11,7 @@ selectors.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,7 +20,7 @@ from django.conf import settings
 from agent.protocol import InvalidRequest, spec_from_json
 from broker.choices import GpuKind, NodeStatus, WorkloadClass
 from broker.models import Gpu
-from core.errors import PermissionDenied, QuotaExceeded, ValidationFailed
+from core.errors import NotFound, PermissionDenied, QuotaExceeded, ValidationFailed
 from gpus.catalogue import UnknownModel, model_get
 from gpus.mig import UnknownProfile, profile_get, profiles_for
 from tenants.access import Actor
@@ -253,19 +254,37 @@ def request_validate(*, actor: Actor, project: object, gpu: object, workload_cla
 
 
 # -- workloads ------------------------------------------------------------------------------------------------
-WORKLOAD_TOP_FIELDS = ("command", "image", "args", "env", "workdir", "checkpoint_dir", "restart_policy",
-                       "max_restarts", "port")
+WORKLOAD_TOP_FIELDS = ("command", "image", "args", "env", "secret_env", "scope", "workdir", "checkpoint_dir",
+                       "restart_policy", "max_restarts", "port")
 
 
-def workload_check(value: object, shape: dict) -> dict | None:
+def workload_scope(*, tenant_slug: str, project: object) -> str:
+    """Where a workload of this tenant's project may name paths: ``<tenant>/<project>`` under each root of
+    ``WORKLOAD_ALLOWED_ROOTS`` (never another tenant's or project's directory, never a root itself). A project
+    that is not a slug cannot exist: 404 on ``project``, as the request's lookup would answer."""
+    from tenants.models import SLUG_REGEX
+
+    if not isinstance(project, str) or not re.match(SLUG_REGEX, project):
+        raise NotFound(f"No project {project!r} in this tenant.", field="project")
+    return f"{tenant_slug}/{project}"
+
+
+def workload_check(value: object, shape: dict, *, scope: str) -> dict | None:
+    """``workload_split``'s spec: what is stored and shown (``secret_env`` as its names only)."""
+    return workload_split(value, shape, scope=scope)[0]
+
+
+def workload_split(value: object, shape: dict, *, scope: str) -> tuple[dict | None, dict[str, str]]:
     """A lease's optional workload, checked by the same rules the agent applies (``agent.workloads``) with
-    the roots of ``WORKLOAD_ALLOWED_ROOTS``; a refusal names the field as ``workload.<field>``. A workload
-    runs on one node: a lease of several devices must be a gang (same node)."""
+    the roots of ``WORKLOAD_ALLOWED_ROOTS`` narrowed to ``scope`` (``workload_scope``); a refusal names the
+    field as ``workload.<field>``. A workload runs on one node: a lease of several devices must be a gang (same
+    node). Returns the spec to store and show — ``secret_env`` replaced by the sorted list of its names — and
+    the secret values apart (sealed by ``broker.workload_secrets``, never stored or shown in clear)."""
     if value is None:
-        return None
+        return None, {}
     if not isinstance(value, dict):
         raise ValidationFailed("workload must be an object (command or image, args, env, ...).", field="workload")
-    for name in ("instances", "restart_count", "host_port"):
+    for name in ("instances", "restart_count", "host_port", "scope"):
         if name not in value:
             continue
         raise ValidationFailed(f"workload.{name} is set by the broker.", field=f"workload.{name}")
@@ -273,11 +292,12 @@ def workload_check(value: object, shape: dict) -> dict | None:
         raise ValidationFailed("A workload runs on one node: a lease of several devices needs gang: true.",
                                field="workload")
     try:
-        spec = spec_from_json({**value, "instances": ["lease"]},
+        spec = spec_from_json({**value, "instances": ["lease"], "scope": scope},
                               [Path(root) for root in settings.WORKLOAD_ALLOWED_ROOTS])
     except InvalidRequest as error:
         raise ValidationFailed(error.message, field=f"workload.{error.field}") from None
     checked = {name: spec[name] for name in WORKLOAD_TOP_FIELDS}
+    checked["secret_env"] = sorted(spec["secret_env"])
     if spec["perf"] is not None:  # simulated nodes: the performance model's workload (docs/tiering.md)
         checked["perf"] = spec["perf"]
-    return checked
+    return checked, spec["secret_env"]

@@ -299,7 +299,12 @@ AGENT_TIMEOUT_SECONDS = env_int("AGENT_TIMEOUT_SECONDS", 5, minimum=1)
 # workloads on leases (docs/leasing.md, "Workloads"): working and checkpoint directories must lie under one of
 # these roots (shared storage the operator mounts on every node at the same path); a lease release gives a
 # running workload this long between SIGTERM and SIGKILL; a log follow waits at most this long for new bytes
+# (a workload names paths under <root>/<tenant slug>/<project slug>/ only: docs/leasing.md, "Workloads")
 WORKLOAD_ALLOWED_ROOTS = env_list("WORKLOAD_ALLOWED_ROOTS", ["/srv/gpubroker"])
+# a workload's secret_env is stored encrypted (Fernet) with the first of these keys (each 32 url-safe base64 bytes,
+# `Fernet.generate_key()`), and any of them decrypts (key rotation); empty: a key derived (HKDF) from SECRET_KEY,
+# and from each SECRET_KEY_FALLBACKS for decrypting (docs/security.md, "Workload secrets")
+WORKLOAD_SECRET_KEYS = env_list("WORKLOAD_SECRET_KEYS", [])
 WORKLOAD_STOP_GRACE_SECONDS = env_int("WORKLOAD_STOP_GRACE_SECONDS", 10, minimum=0)
 WORKLOAD_LOG_FOLLOW_SECONDS = env_int("WORKLOAD_LOG_FOLLOW_SECONDS", 20, minimum=1)
 # when a placement ends, the broker keeps the tail of its logs, this many bytes per stream (the logs of earlier

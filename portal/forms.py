@@ -69,16 +69,19 @@ def last_value(data: QueryDict, name: str, default: str = "") -> str:
 LEASE_FIELDS = {"project", "gpu", "gpu_kind", "gpu_model", "gpu_profile", "gpu_count", "gpu_gang", "gpu_milli",
                 "gpu_memory_mib", "gpu_workload", "gpu_target_throughput", "workload_class", "priority",
                 "duration_seconds",
-                "workload", "workload_image", "workload_command", "workload_args", "workload_env", "workload_workdir",
-                "workload_checkpoint_dir", "workload_restart_policy", "workload_max_restarts", "workload_port"}
+                "workload", "workload_image", "workload_command", "workload_args", "workload_env",
+                "workload_secret_env", "workload_workdir", "workload_checkpoint_dir", "workload_restart_policy",
+                "workload_max_restarts", "workload_port"}
 RESTART_POLICIES = (("never", "Never"), ("on-preemption", "After a preemption"),
                     ("on-failure", "After a preemption or a failure"))
 
 
 def lease_field_errors(error: ApplicationError) -> FieldErrors:
-    """The request form's errors: ``workload.env.NAME`` is shown under the environment box."""
-    if (error.field or "").startswith("workload.env."):
-        error.field = "workload.env"
+    """The request form's errors: ``workload.env.NAME`` is shown under the environment box, ``workload.secret_env.
+    NAME`` under the secret one."""
+    for box in ("workload.env", "workload.secret_env"):
+        if (error.field or "").startswith(f"{box}."):
+            error.field = box
     return FieldErrors(error, shown=LEASE_FIELDS)
 
 
@@ -131,7 +134,8 @@ def workload_given(data, errors: dict) -> bool:
     """Whether the form's workload part holds anything (typed, or an error under it): it is shown open."""
     return (any(key.startswith("workload_") and key != "workload_class" for key in errors)
             or any(data.get(f"workload.{name}", "").strip()
-                   for name in ("image", "command", "args", "env", "workdir", "checkpoint_dir", "port"))
+                   for name in ("image", "command", "args", "env", "secret_env", "workdir", "checkpoint_dir",
+                                "port"))
             or data.get("workload.restart_policy", "never") not in ("", "never"))
 
 
@@ -156,17 +160,18 @@ def workload_input(data: QueryDict, *, interactive: bool) -> dict | None:
         words = _words(data, f"workload.{name}")
         if words:
             workload[name] = words
-    env = {}
-    for number_, line in enumerate(data.get("workload.env", "").splitlines(), start=1):
-        line = line.strip()
-        if not line or line.startswith("#"):
-            continue
-        key, equals, value = line.partition("=")
-        if not equals:
-            raise ValidationFailed(f"workload.env line {number_} is not NAME=value.", field="workload.env")
-        env[key.strip()] = value
-    if env:
-        workload["env"] = env
+    for name in ("env", "secret_env"):  # secret_env: write-only, the page never shows it back (templates)
+        env = {}
+        for number_, line in enumerate(data.get(f"workload.{name}", "").splitlines(), start=1):
+            line = line.strip()
+            if not line or line.startswith("#"):
+                continue
+            key, equals, value = line.partition("=")
+            if not equals:
+                raise ValidationFailed(f"workload.{name} line {number_} is not NAME=value.", field=f"workload.{name}")
+            env[key.strip()] = value
+        if env:
+            workload[name] = env
     for name in ("workdir", "checkpoint_dir"):
         value = data.get(f"workload.{name}", "").strip()
         if value:

@@ -184,7 +184,8 @@ class LeaseRequestView(TenantView):
             "classes": WorkloadClass.choices,
             "restart_policies": forms.RESTART_POLICIES,
             "workload_open": forms.workload_given(values, errors or {}),
-            "workload_root": (settings.WORKLOAD_ALLOWED_ROOTS or [""])[0],
+            # a workload's paths lie under <root>/<tenant>/<project> (docs/leasing.md, "Workloads")
+            "workload_root": f"{(settings.WORKLOAD_ALLOWED_ROOTS or [''])[0]}/{self.actor.tenant.slug}/<project>",
             "durations": forms.DURATIONS,
             "values": values,
             "kind": values.get("gpu.kind", "mig"),

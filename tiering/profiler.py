@@ -4,9 +4,10 @@
 capacity allows; the others wait in the queue until the run's deadline), each running the workload for
 ``window_seconds``. On the simulated fleet the lease's workload is ``agent/perf_workload.py`` with the
 performance model's definition (``workload.perf``): the simulated agent drives the instance's DCGM series by
-it and the process reports its throughput through ``POST /api/v1/leases/{id}/samples`` with an API token of
-the tenant minted for the run (revoked when the run ends). On real GPUs the tenant's own workload reports the
-same way.
+it and the process reports its throughput through ``POST /api/v1/leases/{id}/samples`` with the lease's samples
+credential (``tiering.credentials``: posts that lease's samples and nothing else, until the run ends), given in
+the workload's ``secret_env`` as ``PERF_TOKEN`` (never shown). No API token is minted for a run. On real GPUs the
+tenant's own workload reports the same way, with an API token of its own in its ``secret_env``.
 
 ``profiling_advance`` (Celery ``tiering.profiling_advance``, again every few seconds while the run lasts)
 closes each lease whose window is over: engine activity (mean) and framebuffer used (peak) over the window
@@ -95,7 +96,7 @@ def profiling_start(*, actor: Actor, workload: Workload, project: object, slices
     outcome; when every one is refused the run fails and the first refusal is raised."""
     from broker.services import lease_request
     from tenants.audit import audit_record
-    from tenants.services import api_token_create
+    from tiering.credentials import samples_credential_issue
     from tiering.services import spec_of
 
     actor.require("use")
@@ -109,19 +110,17 @@ def profiling_start(*, actor: Actor, workload: Workload, project: object, slices
     if ProfilingRun.objects.filter(workload=workload, state=ProfilingState.RUNNING).exists():
         raise Conflict(f"Workload '{workload.name}' is being profiled already.", field="workload")
     deadline = now + timedelta(seconds=window + settings.TIERING_PROFILING_QUEUE_SECONDS)
-    token, secret = api_token_create(actor=actor, name=f"profiling {workload.name}"[:100], scopes=["write"],
-                                     expires_at=deadline + timedelta(minutes=10), now=now)
     spec = spec_of(workload)
     perf = {"architecture": spec.architecture, "task": spec.task, "precision": spec.precision,
             "batch_size": spec.batch_size, "seq_len": spec.seq_len, "image_size": spec.image_size}
     body = {"command": list(settings.TIERING_PROFILER_COMMAND), "restart_policy": "never", "perf": perf,
             "env": {"PERF_SAMPLES_URL": settings.SITE_URL.rstrip("/") + "/api/v1/leases/{lease}/samples",
-                    "PERF_TOKEN": secret, "PERF_INTERVAL_SECONDS": "1", "PERF_WORKLOAD": workload.name}}
+                    "PERF_INTERVAL_SECONDS": "1", "PERF_WORKLOAD": workload.name}}
     with transaction.atomic(durable=True):
         run = ProfilingRun.objects.create(
             tenant=actor.tenant, workload=workload, project=Project.objects.get(tenant=actor.tenant, slug=project),
             created_by=actor.user if actor.user.is_authenticated else None, window_seconds=window,
-            deadline_at=deadline, token_prefix=token.prefix, started_at=now)
+            deadline_at=deadline, started_at=now)
         audit_record(tenant=actor.tenant, by=actor, action="tiering.profiling_start", target=workload.name,
                      data={"run": run.pk, "slices": [s.key for s in chosen], "window_seconds": window})
     refused: list[tuple[Slice, ApplicationError]] = []
@@ -130,7 +129,10 @@ def profiling_start(*, actor: Actor, workload: Workload, project: object, slices
             lease, _ = lease_request(
                 actor=actor, project=project, gpu=_shape(where), duration_seconds=max(
                     settings.LEASE_MIN_DURATION_SECONDS, window * 3 + 60),
-                workload_class="training" if spec.task == "training" else "inference", workload=body,
+                workload_class="training" if spec.task == "training" else "inference", workload={
+                    # the samples credential: this run's lease of this slice only, in the never-shown secret_env
+                    **body, "secret_env": {"PERF_TOKEN": samples_credential_issue(
+                        run_id=run.pk, slice_key=where.key, expires_at=deadline + timedelta(minutes=10))}},
                 profiling=True, now=now)
         except ApplicationError as error:
             refused.append((where, error))
@@ -259,7 +261,8 @@ def _close(item: ProfilingLease, outcome: str, profile=None) -> None:
 
 
 def _finish(run: ProfilingRun, state: str, now: datetime) -> None:
-    """End the run (once) and revoke the samples token."""
+    """End the run (once): its leases' samples credentials stop working with it. A run started before the
+    samples credential existed had an API token minted for it (``token_prefix``): it is revoked here."""
     from tenants.audit import audit_record
     from tenants.services import api_token_revoke
 

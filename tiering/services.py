@@ -13,7 +13,7 @@ from django.db.models import Max
 from django.utils import timezone
 
 from broker.models import Lease
-from core.errors import Conflict, NotFound, ValidationFailed
+from core.errors import Conflict, NotFound, PermissionDenied, ValidationFailed
 from gpus.architectures import ARCHITECTURES, ConvNet
 from gpus.performance import (
     PRECISIONS,
@@ -155,6 +155,35 @@ def lease_sample_record(*, actor: Actor, lease_id: int, throughput, step_ms=None
     if lease.state not in ("active", "releasing"):
         raise Conflict(f"Lease {lease_id} is {lease.state}: samples are taken while it runs.", field="id")
     return LeaseSample.objects.create(lease=lease, throughput=float(throughput), step_ms=step_ms, workload=named)
+
+
+def lease_sample_record_by_credential(*, credential, lease_id: int, throughput, step_ms=None,
+                                      workload=None) -> LeaseSample:
+    """A profiling lease's sample, posted with its samples credential (``tiering.credentials``): accepted for
+    the one lease of the credential's run and slice while the run runs (403 for any other lease and once the run
+    is over), recorded as the run's workload's. Nothing else accepts the credential."""
+    from tiering.models import ProfilingRun, ProfilingState
+
+    run = ProfilingRun.objects.select_related("workload").filter(pk=credential.run_id).first()
+    if run is None or run.state != ProfilingState.RUNNING:
+        raise PermissionDenied("This samples credential's profiling run is over.", field="id")
+    item = ProfilingLease.objects.filter(run=run, slice_key=credential.slice_key).first()
+    if item is None:  # the run is still requesting its leases: the workload retries
+        raise Conflict("This samples credential's lease is not registered with its run yet; retry.", field="id")
+    if item.lease_id != lease_id:
+        raise PermissionDenied(f"This samples credential posts samples for lease {item.lease_id} only.", field="id")
+    if workload is not None and workload != run.workload.name:
+        raise PermissionDenied(f"This samples credential reports workload {run.workload.name!r} only.",
+                               field="workload")
+    lease = Lease.objects.get(pk=lease_id)
+    throughput = _number({"throughput": throughput}, "throughput", integer=False, low=0, high=1e12)
+    if throughput is None:
+        raise ValidationFailed("throughput is required (samples/s; tokens/s for generation).", field="throughput")
+    step_ms = _number({"step_ms": step_ms}, "step_ms", integer=False, low=0.0, high=3.6e6)
+    if lease.state not in ("active", "releasing"):
+        raise Conflict(f"Lease {lease_id} is {lease.state}: samples are taken while it runs.", field="id")
+    return LeaseSample.objects.create(lease=lease, throughput=float(throughput), step_ms=step_ms,
+                                      workload=run.workload)
 
 
 # -- the profile database and the model --------------------------------------------------------------------

@@ -113,12 +113,14 @@ def lease_quote(*, actor: Actor, project: object, gpu: object, workload_class: o
     preview, so the two never disagree. The same checks and errors as ``lease_request`` (each naming its
     field, the optional workload's included); ``view`` is enough (it writes nothing). Reads only."""
     from broker import services
-    from broker.validation import workload_check
+    from broker.validation import workload_check, workload_scope
 
     now = now or timezone.now()
     run = lease_dry_run(actor=actor, project=project, gpu=gpu, workload_class=workload_class, priority=priority,
                          duration_seconds=duration_seconds, now=now)
-    workload_check(workload, run.shape)  # as lease_request checks it (a workload needs one node, allowed roots)
+    # as lease_request checks it (a workload needs one node, paths under the project's own directory)
+    if workload is not None:
+        workload_check(workload, run.shape, scope=workload_scope(tenant_slug=actor.tenant.slug, project=project))
     preview = run.preview
     own_notice = services.lease_notice_seconds(tenant_id=actor.tenant.pk, now=now)
     if preview.over_quota:

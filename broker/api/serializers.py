@@ -122,9 +122,13 @@ class LeaseCreateInput(StrictSerializer):
     workload = serializers.JSONField(
         required=False, allow_null=True,
         help_text='what the lease runs once placed (optional): {"command": ["python", "train.py"], "args": [], '
-                  '"env": {}, "workdir": "/srv/gpubroker/...", "checkpoint_dir": "/srv/gpubroker/...", '
+                  '"env": {}, "secret_env": {"HF_TOKEN": "…"}, "workdir": "/srv/gpubroker/<tenant>/<project>/...", '
+                  '"checkpoint_dir": "/srv/gpubroker/<tenant>/<project>/...", '
                   '"restart_policy": "never" | "on-preemption" | "on-failure", "max_restarts": 3, "port": 8888} '
-                  '(or "image" on container nodes); errors name workload.<field>')
+                  '(or "image" on container nodes); errors name workload.<field>. secret_env is write-only: the '
+                  'workload gets it in its environment, no answer shows more than its names; an env name that '
+                  'looks like a credential (TOKEN, SECRET, PASSWORD, KEY …) is refused, pointing to secret_env. '
+                  'Paths lie under the project\'s own directory, <root>/<tenant>/<project>')
 
 
 _LEASE_CREATE_FIELDS = frozenset({"project", "gpu", "workload_class", "priority", "duration_seconds", "workload"})
@@ -232,7 +236,9 @@ _DATETIME = serializers.DateTimeField()  # DRF's own formatting of a moment (ISO
 
 WORKLOAD_OUTPUT_SCHEMA = {
     "type": "object", "nullable": True,
-    "properties": {"spec": {"type": "object", "additionalProperties": True},
+    "properties": {"spec": {"type": "object", "additionalProperties": True,
+                            "description": "the workload as requested; secret_env as the list of its names only "
+                                           "(the values are never shown)"},
                    "state": {"type": "string"}, "node": {"type": "string", "nullable": True},
                    "restart_count": {"type": "integer"}, "placements": {"type": "integer"},
                    "exit_code": {"type": "integer", "nullable": True}, "signal": {"type": "integer", "nullable": True},

@@ -22,7 +22,8 @@ from broker.choices import (
 from broker.extensions import GpuRequest, RequestAdmission, gpu_resolve, request_admit, request_check_conditions
 from broker.models import Lease, LeaseEvent, Workload
 from broker.services.triggers import enqueue
-from broker.validation import request_input_check, request_quota_check, workload_check
+from broker.validation import request_input_check, request_quota_check, workload_scope, workload_split
+from broker.workload_secrets import secret_env_digest, secret_env_seal
 from core.errors import (
     IdempotencyConflict,
     NotFound,
@@ -65,7 +66,9 @@ def lease_request(*, actor: Actor, project: str, gpu: object, workload_class: st
     checked = request_input_check(actor=actor, project=project, gpu=gpu, workload_class=workload_class,
                                   priority=priority, duration_seconds=duration_seconds)
     shape = checked.shape
-    workload_spec = workload_check(workload, shape)
+    workload_spec, secret_env = workload_split(
+        workload, shape,
+        scope=workload_scope(tenant_slug=actor.tenant.slug, project=project) if workload is not None else "")
     if len(idempotency_key) > 200:
         raise ValidationFailed("Idempotency-Key is at most 200 characters.", field="Idempotency-Key")
     if group is not None and (not isinstance(group, str) or not 1 <= len(group) <= 100):
@@ -83,6 +86,8 @@ def lease_request(*, actor: Actor, project: str, gpu: object, workload_class: st
         payload["access_extra"] = access_extra
     if workload_spec is not None:
         payload["workload"] = workload_spec
+        if secret_env:  # the same secrets replay the request; other ones conflict; the hash holds no clear value
+            payload["workload_secret_env"] = secret_env_digest(secret_env)
     if group is not None:
         payload["group"] = group
     if avoid_nodes:
@@ -136,7 +141,8 @@ def lease_request(*, actor: Actor, project: str, gpu: object, workload_class: st
         else:
             with transaction.atomic():
                 _lease_insert(lease, events)
-                Workload.objects.create(lease=lease, spec=workload_spec)
+                Workload.objects.create(lease=lease, spec=workload_spec,
+                                        secret_env_sealed=secret_env_seal(secret_env))
         enqueue("schedule_cycle")
     except IntegrityError:
         # the same key raced us: the winner's lease is the answer (or a conflict when its body differs)

@@ -31,6 +31,7 @@ from broker.services.groups import allocations_free
 from broker.services.provisioning import agent_client, release_instances_quietly
 from broker.services.transitions import lease_release, lease_transition
 from broker.services.triggers import enqueue
+from broker.workload_secrets import secret_env_open
 from core.errors import NotFound, ValidationFailed
 
 logger = logging.getLogger(__name__)
@@ -64,7 +65,9 @@ def lease_workload_start(*, lease_id: int) -> str:
             return "failed"
         workload.refresh_from_db()
     placement = workload.placement_rows.filter(number=workload.placements).first()
-    body = {**workload.spec, "instances": [a.instance_id for a in allocations], "restart_count": workload.restart_count,
+    # the secret values go to the node only in this signed call (the spec keeps their names)
+    body = {**workload.spec, "secret_env": secret_env_open(workload.secret_env_sealed),
+            "instances": [a.instance_id for a in allocations], "restart_count": workload.restart_count,
             "max_restarts": agent_max_restarts(workload)}
     if placement is not None and placement.host_port is not None:
         body["host_port"] = placement.host_port

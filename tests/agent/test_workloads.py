@@ -330,3 +330,69 @@ def test_kill_9_of_the_agent_finds_its_workloads_and_runs_none_twice(tmp_path):
         assert sorted((root / "starts").read_text().split()) == ["wl-ends", "wl-keeps"]  # no run started twice
     finally:
         agent.stop()
+
+
+DUMP_ENV = ("import json, os; print(json.dumps(dict(os.environ)), flush=True); "
+            "raise SystemExit(1 if os.environ['RESTART_COUNT'] == '0' else 0)")
+PLANTED = "planted-hf-token-value-7f3a9c"
+
+
+def test_secret_env_reaches_the_workload_only_and_holds_no_token_of_the_node(tmp_path, root):
+    """``secret_env`` (issue 27): the workload's environment has the value, also after a restart, while the
+    state file, every answer and the agent's log have its name at most; the node's own secret and any API
+    token are nowhere in the workload's environment."""
+    from tests.agent.conftest import SECRET
+
+    agent = AgentProcess(tmp_path / "agent", extra=("--workload-root", str(root), "--restart-backoff", "0.2",
+                                                    "--log-level", "INFO")).start()
+    try:
+        client = agent.client(retries=0)
+        mig_and_share(client, "sec")
+        spec = {"instances": ["sec-m"], "command": [sys.executable, "-c", DUMP_ENV], "env": {"MODE": "offline"},
+                "secret_env": {"HF_TOKEN": PLANTED}, "restart_policy": "on-failure", "max_restarts": 1}
+        started = client.workload_start("wl-sec", spec)
+        assert started["spec"]["secret_env"] == ["HF_TOKEN"]
+        done = final(client, "wl-sec")
+        assert done["state"] == "succeeded" and len(done["runs"]) == 2  # the restart read the secret again
+        runs = [json.loads(line) for line in client.workload_logs("wl-sec")["data"].splitlines()
+                if line.startswith("{")]
+        assert [env["HF_TOKEN"] for env in runs] == [PLANTED, PLANTED]
+        for env in runs:
+            text = json.dumps(env)
+            assert SECRET not in text and "gpub_" not in text  # no node secret, no API token of any tenant
+            assert set(env) <= {"PATH", "LANG", "LC_ALL", "HOME", "TMPDIR", "TZ", "MODE", "HF_TOKEN",
+                                "CUDA_VISIBLE_DEVICES", "RESTART_COUNT", "GPUB_WORKLOAD_ID", "GPUB_RUN_TOKEN",
+                                "GPUB_DEADLINE_FILE", "LC_CTYPE"}, sorted(env)
+        # the same definition again is the same workload; other secrets are another definition
+        assert client.workload_start("wl-sec", spec)["runs"] == done["runs"]
+        with pytest.raises(AgentHTTPError) as refused:
+            client.workload_start("wl-sec", {**spec, "secret_env": {"HF_TOKEN": "other"}})
+        assert refused.value.status == 409
+        answers = json.dumps([client.workload("wl-sec"), client.workloads(), started])
+        state = (agent.state_dir / "workloads.json").read_text()
+        secret_file = agent.state_dir / "workloads" / "wl-sec" / "secret_env.json"
+        assert oct(secret_file.stat().st_mode & 0o777) == "0o600"
+    finally:
+        agent.stop()
+    logged = agent.process.stderr.read().decode() + agent.process.stdout.read().decode()
+    assert "wl-sec" in logged  # the agent logged the start, not the value
+    for where, text in (("answers", answers), ("state file", state), ("log", logged)):
+        assert PLANTED not in text, where
+
+
+def test_a_path_through_a_symbolic_link_out_of_the_workloads_scope_is_refused(client, root):
+    """Issue 27, item 4: the broker scopes paths to <root>/<tenant>/<project> (``scope``); the node checks
+    them with links resolved, so a link a workload left in its own directory leads nowhere else."""
+    mig_and_share(client, "lnk")
+    (root / "acme" / "vision").mkdir(parents=True)
+    (root / "globex" / "secret").mkdir(parents=True)
+    (root / "acme" / "vision" / "escape").symlink_to(root / "globex" / "secret")
+    spec = {"instances": ["lnk-m"], "command": [sys.executable, "-c", "pass"], "scope": "acme/vision"}
+    for field, path in (("workdir", root / "acme" / "vision" / "escape"),
+                        ("checkpoint_dir", root / "acme" / "vision" / "escape" / "ckpt"),
+                        ("workdir", root / "globex" / "secret"), ("workdir", root), ("workdir", root / "acme")):
+        with pytest.raises(AgentHTTPError) as refused:
+            client.workload_start("wl-lnk", {**spec, field: str(path)})
+        assert refused.value.status == 422 and refused.value.problem["field"] == field, path
+    ok = client.workload_start("wl-lnk", {**spec, "workdir": str(root / "acme" / "vision")})
+    assert final(client, "wl-lnk")["state"] == "succeeded" and ok["spec"]["scope"] == "acme/vision"

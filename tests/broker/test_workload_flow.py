@@ -87,12 +87,13 @@ def test_a_training_workload_is_preempted_and_resumes_on_another_node_from_its_c
     # a bare over-quota lease holds one node; the training lease takes the other
     _, holder = client.call("POST", "/leases", {"project": "batch", "gpu": {"kind": "whole", "model": "A100-80GB"}})
     wait_until(lambda: lease(holder["id"])["state"] == "active")
-    checkpoint = shared / "run-1"
-    checkpoint.mkdir()
+    own = shared / "acme" / "vision"  # the project's own directory: paths live under <root>/<tenant>/<project>
+    checkpoint = own / "run-1"
+    checkpoint.mkdir(parents=True)
     status, train = client.call("POST", "/leases", {
         "project": "vision", "gpu": {"kind": "whole", "model": "A100-80GB"}, "duration_seconds": 3600,
         "workload": {"command": [sys.executable, "-c", TRAIN], "args": [str(STEPS)],
-                     "checkpoint_dir": str(checkpoint), "workdir": str(shared), "restart_policy": "on-preemption"}})
+                     "checkpoint_dir": str(checkpoint), "workdir": str(own), "restart_policy": "on-preemption"}})
     assert status == 201, train
     first = wait_until(lambda: (body := lease(train["id"]))["workload"]["state"] == "running" and body)
     first_node = first["devices"][0]["node"]
@@ -201,7 +202,13 @@ def test_a_tenant_cannot_read_another_tenants_workload_logs_and_bad_definitions_
 
     for workload, field in (({"args": ["x"]}, "workload.command"),
                             ({"command": ["python"], "checkpoint_dir": "/etc"}, "workload.checkpoint_dir"),
-                            ({"command": ["python"], "workdir": str(shared) + "/../x"}, "workload.workdir"),
+                            ({"command": ["python"], "workdir": str(shared) + "/acme/vision/../x"},
+                             "workload.workdir"),
+                            # another tenant's directory, the root, the tenant's own root (not a project's)
+                            ({"command": ["python"], "workdir": str(shared) + "/globex/secret"}, "workload.workdir"),
+                            ({"command": ["python"], "workdir": str(shared)}, "workload.workdir"),
+                            ({"command": ["python"], "checkpoint_dir": str(shared) + "/acme"},
+                             "workload.checkpoint_dir"),
                             ({"command": ["python"], "env": {"A": "x" * 40000}}, "workload.env"),
                             ({"command": ["python"], "restart_policy": "sometimes"}, "workload.restart_policy"),
                             ("python train.py", "workload")):

@@ -179,16 +179,18 @@ def test_a_workload_failing_on_one_node_is_placed_on_another_within_its_limit(sh
     try:
         batch = make_project(world.acme, "batch")
         make_quota(batch, "A100-80GB", deserved=1000, limit=1000, tenant_deserved=2000, tenant_limit=2000)
+        own = shared / "acme" / "batch"  # the project's own directory (<root>/<tenant>/<project>)
+        own.mkdir(parents=True)
         client = api("member")
         status, lease = client.call("POST", "/leases", {
             "project": "batch", "gpu": {"kind": "whole", "model": "A100-80GB"},
-            "workload": {"command": [sys.executable, "-c", FAIL], "checkpoint_dir": str(shared),
+            "workload": {"command": [sys.executable, "-c", FAIL], "checkpoint_dir": str(own),
                          "restart_policy": "on-failure", "max_restarts": 3}})
         assert status == 201, lease
         done = wait_until(lambda: (body := client.call("GET", f"/leases/{lease['id']}")[1])["state"] == "failed"
                           and body, timeout=90)
         # 4 runs in all (max_restarts 3): 2 on the first node, then 2 on the other one
-        runs = (shared / "runs").read_text().split()
+        runs = (own / "runs").read_text().split()
         assert len(runs) == 4 and runs[0] == runs[1] and runs[2] == runs[3] and runs[0] != runs[2]
         history = done["workload"]["history"]
         assert [(h["placement"], h["state"], h["failed_runs"]) for h in history] == [

@@ -343,14 +343,16 @@ print("done", flush=True)
 @pytest.fixture
 def workload_fleet(live_server, tmp_path, portal_world, settings):
     """One node with an A100 whose agent runs workloads (as real processes) under a shared root, the root
-    the broker allows too; the job script lies there."""
+    the broker allows too; the job script lies in acme's vision project's directory there, which it yields
+    (a workload's paths lie under <root>/<tenant>/<project>)."""
     root = tmp_path / "shared"
-    root.mkdir()
-    (root / "job.py").write_text(JOB)
+    own = root / "acme" / "vision"
+    own.mkdir(parents=True)
+    (own / "job.py").write_text(JOB)
     settings.WORKLOAD_ALLOWED_ROOTS = [str(root)]
     process = start_fleet(live_server.url, tmp_path / "fleet", 1, "a100-80gb:1:whole",
                           extra=("--workload-root", str(root)))
-    yield root
+    yield own
     process.terminate()
     process.wait(30)
 
@@ -373,6 +375,7 @@ def test_browser_request_with_a_workload_and_follow_its_log(live_server, browser
     page.get_by_text("Run a workload on it").click()
     page.get_by_label("Command").fill(f"{sys.executable} -u job.py")
     page.get_by_label("Environment").fill("GREETING=<b>hello</b>")
+    page.get_by_label("Secrets").fill("HF_TOKEN=browser-planted-secret")  # write-only (issue 27)
     page.get_by_label("Working directory").fill("/etc")
     preview = page.locator("#preview")
     preview.get_by_text("workdir '/etc' is outside the allowed roots").wait_for()  # the live preview checks it
@@ -388,6 +391,7 @@ def test_browser_request_with_a_workload_and_follow_its_log(live_server, browser
     page.wait_for_url(f"{base}/leases/*")
     lease = Lease.objects.order_by("-pk").first()
     assert lease.workload.spec["port"] == 18888 and lease.workload.spec["max_restarts"] == 1
+    assert lease.workload.spec["secret_env"] == ["HF_TOKEN"] and "browser-planted-secret" not in page.content()
 
     # the workload runs on the leased GPU; its state, node and endpoint arrive with the live part, its log by itself
     page.evaluate("window.__sameDocument = true")

@@ -524,7 +524,8 @@ def test_a_bar_chart_of_zeros_says_all_zero_not_a_made_up_highest():
 # -- workloads (docs/leasing.md "Workloads"; the real-fleet page and log: test_workload_pages.py) -----------
 WORKLOAD = {"workload.command": "python 'train model.py' --name \"run 1\"", "workload.args": "--epochs 3",
             "workload.env": "WANDB_MODE=offline\n\n# a comment\nOPTS=a=b c\n",
-            "workload.workdir": "/srv/gpubroker/acme", "workload.checkpoint_dir": "/srv/gpubroker/acme/run-1",
+            "workload.workdir": "/srv/gpubroker/acme/vision",
+            "workload.checkpoint_dir": "/srv/gpubroker/acme/vision/run-1",
             "workload.restart_policy": "on-failure", "workload.max_restarts": "2", "workload.port": "8888"}
 
 
@@ -536,8 +537,9 @@ def test_request_form_with_a_workload_stores_what_the_api_would(world, client):
     assert response.status_code == 302 and response["Location"] == f"/leases/{lease.pk}"
     spec = Workload.objects.get(lease=lease).spec
     assert spec == {"command": ["python", "train model.py", "--name", "run 1"], "image": "", "args": ["--epochs", "3"],
-                    "env": {"WANDB_MODE": "offline", "OPTS": "a=b c"}, "workdir": "/srv/gpubroker/acme",
-                    "checkpoint_dir": "/srv/gpubroker/acme/run-1", "restart_policy": "on-failure", "max_restarts": 2,
+                    "env": {"WANDB_MODE": "offline", "OPTS": "a=b c"}, "secret_env": [], "scope": "acme/vision",
+                    "workdir": "/srv/gpubroker/acme/vision", "checkpoint_dir": "/srv/gpubroker/acme/vision/run-1",
+                    "restart_policy": "on-failure", "max_restarts": 2,
                     "port": None}  # a training lease: the port is the interactive class's only
     page = text(client.get(f"/leases/{lease.pk}"))
     assert "Workload state Pending" in page and "python 'train model.py' --name 'run 1' --epochs 3" in page
@@ -605,7 +607,10 @@ def test_request_form_takes_an_image_as_the_api_does(world, client):
     ({"workload.command": "python 'train.py"}, "workload_command",
      "workload.command cannot be split into words: No closing quotation."),
     ({"workload.workdir": "/etc"}, "workload_workdir",
-     "workdir '/etc' is outside the allowed roots: /srv/gpubroker"),
+     "workdir '/etc' is outside the allowed roots: /srv/gpubroker/acme/vision"),
+    ({"workload.workdir": "/srv/gpubroker/globex/secret"}, "workload_workdir",
+     "workdir '/srv/gpubroker/globex/secret' is outside the allowed roots: /srv/gpubroker/acme/vision"),
+    ({"workload.env": "HF_TOKEN=hf_x"}, "workload_env", "env HF_TOKEN looks like a credential: put it in secret_env"),
     ({"workload.checkpoint_dir": "/srv/gpubroker/../etc"}, "workload_checkpoint_dir",
      "checkpoint_dir must be a normalised path"),
     ({"workload.env": "CUDA_VISIBLE_DEVICES=0"}, "workload_env",
@@ -700,3 +705,22 @@ def test_lease_log_partial_shows_an_earlier_placements_kept_log(world, client):
     login(client, "bob")
     outsider = client.get(f"/leases/{ours.pk}/log?placement=1")
     assert outsider.status_code == 404 and "bye" not in outsider.content.decode()
+
+
+def test_request_form_secret_environment_is_write_only(world, client):
+    """Issue 27: the form's Secrets box goes to ``secret_env``; the lease page shows the names, never a value,
+    and a refused form comes back with the box empty (the value is not echoed)."""
+    from broker.models import Workload
+
+    login(client, "max")
+    refused = client.post("/leases/new", {**MIG, **WORKLOAD, "workload.secret_env": "HF_TOKEN=hf_planted_value",
+                                          "workload.workdir": "/etc"})
+    assert refused.status_code == 400 and "hf_planted_value" not in refused.content.decode()
+    assert "outside the allowed roots" in text(refused)
+    client.post("/leases/new", {**MIG, **WORKLOAD, "workload.secret_env": "HF_TOKEN=hf_planted_value"})
+    workload = Workload.objects.get()
+    assert workload.spec["secret_env"] == ["HF_TOKEN"] and "hf_planted_value" not in str(workload.spec)
+    page = client.get(f"/leases/{workload.lease_id}").content.decode()
+    assert "HF_TOKEN" in page and "hf_planted_value" not in page
+    bad = client.post("/leases/new", {**MIG, **WORKLOAD, "workload.secret_env": "GPUB_X=1"})
+    assert "secret_env GPUB_X is set by the platform" in text(bad)

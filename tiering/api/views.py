@@ -6,13 +6,16 @@ from __future__ import annotations
 from drf_spectacular.utils import extend_schema
 from rest_framework import status
 from rest_framework.response import Response
+from rest_framework.settings import api_settings
 from rest_framework.views import APIView
 
 from broker import selectors as broker_selectors
 from core.api import paginate, parse
 from core.openapi import PAGE_PARAMETERS, paginated, problem
+from tenants.permissions import TenantRolePermission
 from tiering import profiler, selectors, services
 from tiering.api import serializers as s
+from tiering.credentials import SamplesCredential, SamplesCredentialAuthentication
 
 
 class WorkloadListApi(APIView):
@@ -103,14 +106,33 @@ class WorkloadAdviceApi(APIView):
         return Response(s.AdviceOutput(selectors.advice_list(actor=request.actor, workload=workload), many=True).data)
 
 
+class SamplesCredentialOrTenantRole(TenantRolePermission):
+    """The samples route: a profiling lease's samples credential (checked against the lease by the service), or
+    a tenant's API token or session with the ``use`` action as on every other route."""
+
+    def has_permission(self, request, view) -> bool:
+        if isinstance(request.auth, SamplesCredential):
+            return True
+        return super().has_permission(request, view)
+
+
 class LeaseSampleApi(APIView):
     write_action = "use"
+    authentication_classes = [SamplesCredentialAuthentication, *api_settings.DEFAULT_AUTHENTICATION_CLASSES]
+    permission_classes = [SamplesCredentialOrTenantRole]
 
     @extend_schema(request=s.SampleInput,
-                   responses={201: s.SampleOutput, 404: problem("No such lease (or named workload) in this tenant"),
+                   responses={201: s.SampleOutput, 403: problem("A samples credential of another lease"),
+                              404: problem("No such lease (or named workload) in this tenant"),
                               409: problem("The lease is not running: samples are taken while it runs")},
                    summary="The workload's own throughput on this lease (samples/s; tokens/s for generation)")
     def post(self, request, pk: int):
+        if isinstance(request.auth, SamplesCredential):
+            body = parse(s.SampleInput, request)
+            sample = services.lease_sample_record_by_credential(
+                credential=request.auth, lease_id=pk, throughput=body.get("throughput"), step_ms=body.get("step_ms"),
+                workload=body.get("workload"))
+            return Response(s.SampleOutput(sample).data, status=status.HTTP_201_CREATED)
         broker_selectors.lease_get(actor=request.actor, lease_id=pk)  # 404 before the body, as every lease route
         body = parse(s.SampleInput, request)
         sample = services.lease_sample_record(actor=request.actor, lease_id=pk, throughput=body.get("throughput"),
