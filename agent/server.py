@@ -384,7 +384,7 @@ async def workload_logs(request: web.Request) -> web.Response:
     def number(name: str) -> int | None:
         if name not in query:
             return None
-        if not query[name].isdigit():
+        if not (query[name].isascii() and query[name].isdigit()):  # int() refuses "²", which isdigit() accepts
             raise InvalidRequest(f"{name} must be a non-negative integer", field=name)
         return int(query[name])
 

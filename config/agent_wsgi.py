@@ -92,8 +92,8 @@ def _to_django(environ, start_response, body: bytes | None = None):
 def heartbeat(environ, start_response, node_id: str):
     """``node_heartbeat_signed`` and its answer, as ``AgentHeartbeatApi`` gives them."""
     length = environ.get("CONTENT_LENGTH") or "0"
-    if (not length.isdigit() or int(length) > settings.DATA_UPLOAD_MAX_MEMORY_SIZE or environ.get("QUERY_STRING")
-            or not _host_allowed(environ)):
+    if (not (length.isascii() and length.isdigit()) or int(length) > settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+            or environ.get("QUERY_STRING") or not _host_allowed(environ)):
         return _to_django(environ, start_response)
     started = time.perf_counter()
     incoming = environ.get("HTTP_X_REQUEST_ID", "")

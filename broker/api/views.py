@@ -16,6 +16,7 @@ from broker.choices import LeaseState
 from config.api import paginate, parse
 from config.errors import ValidationFailed
 from config.openapi import PAGE_PARAMETERS, paginated, problem
+from config.parsers import parse_integer
 
 
 def _actor_label(request) -> str:
@@ -109,11 +110,7 @@ class LeaseLogsApi(APIView):
         query = request.query_params
 
         def number(name: str, high: int) -> int | None:
-            if name not in query:
-                return None
-            if not query[name].isdigit() or int(query[name]) > high:
-                raise ValidationFailed(f"{name} must be a whole number from 0 to {high}.", field=name)
-            return int(query[name])
+            return parse_integer(query[name], field=name, low=0, high=high) if name in query else None
 
         stream = query.get("stream", "stdout")
         if stream not in ("stdout", "stderr"):
