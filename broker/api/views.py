@@ -140,7 +140,9 @@ class AgentEnrollApi(APIView):
 
     @extend_schema(request=s.EnrollInput,
                    responses={201: s.EnrolledOutput, 401: problem("Invalid, expired or spent enrollment token"),
-                              409: problem("The node id is enrolled, or a GPU belongs to another node")},
+                              409: problem("The node id is enrolled, or a GPU belongs to another node"),
+                              422: problem("The address does not name an IP inside the agents' networks "
+                                           "(NODE_ADDRESS_NETWORKS): node_address_refused")},
                    summary="Agent enrollment")
     def post(self, request):
         body = request.body

@@ -46,6 +46,15 @@ class AgentUnauthenticated(ApplicationError):
     title = "Not authenticated"
 
 
+class NodeAddressRefused(ApplicationError):
+    """A node address outside ``NODE_ADDRESS_NETWORKS`` (422 naming ``address``; nothing written): a well-formed
+    URL that this deployment does not send signed calls to, as a webhook's ``unsafe_url``."""
+
+    status = 422
+    code = "node_address_refused"
+    title = "Node address refused"
+
+
 class EnrollmentConflict(ApplicationError):
     """An enrollment that would take over another node's identity or GPUs (409; nothing written)."""
 
@@ -109,11 +118,12 @@ def _enrollment_key(token_digest: str, enrollment_id: str) -> str:
 
 
 def node_address_check(address: str) -> None:
-    """Refuse (400 on ``address``) a node address the broker must not send signed calls to: its host must be an IP
-    address inside one of ``NODE_ADDRESS_NETWORKS`` (the agents' networks; loopback, link-local and public
-    addresses only where configured). Names are refused: what a name resolves to can change after this check."""
+    """Refuse (``NodeAddressRefused``, 422 on ``address``) a node address the broker must not send signed calls
+    to: its host must be an IP address inside one of ``NODE_ADDRESS_NETWORKS`` (the agents' networks; loopback,
+    link-local and public addresses only where configured). Names are refused: what a name resolves to can change
+    after this check."""
     networks = [ipaddress.ip_network(network) for network in settings.NODE_ADDRESS_NETWORKS]
-    refused = ValidationFailed(
+    refused = NodeAddressRefused(
         "address must be http(s)://IP:PORT/... with the IP inside the agents' networks (NODE_ADDRESS_NETWORKS: "
         f"{', '.join(map(str, networks))}); the broker sends its signed calls there.", field="address")
     try:
@@ -136,7 +146,7 @@ def node_enroll(*, node_id: str, token: str, address: str, inventory: object, ho
       by the caller with ``node_request_verify``), or a token after staff approved it once
       (``node_reenroll_approve``); otherwise 409 on ``node_id`` and no token use is spent.
     - The address must name an IP inside ``NODE_ADDRESS_NETWORKS`` (``node_address_check``), on every
-      enrollment and re-enrollment: 400 on ``address``, nothing written, no token use spent.
+      enrollment and re-enrollment: 422 on ``address``, nothing written, no token use spent.
     - Every GPU reported must be new, this node's already, or released by staff (``gpu_release``); another
       node's GPU is refused with 409 naming ``inventory.gpus[i]``.
     - Idempotent for an agent that lost the answer: a token enrollment that sends an ``enrollment_id`` (random,

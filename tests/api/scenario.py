@@ -141,6 +141,8 @@ def scripted_session(url: str, contract: Contract) -> set[tuple[str, str, int]]:
     enroll = {"node_id": "contract-node", "token": contract.enrollment_token, "address": "http://127.0.0.1:9/",
               "inventory": INVENTORY}
     step(f"{v1}/agents/enroll", "post", 401, body={**enroll, "token": "gpub_enroll_00000000_forged"})
+    # an address outside NODE_ADDRESS_NETWORKS (the cloud metadata service): refused before the token is spent
+    step(f"{v1}/agents/enroll", "post", 422, body={**enroll, "address": "http://169.254.169.254/latest"})
     node = step(f"{v1}/agents/enroll", "post", 201, body=enroll)
     step(f"{v1}/agents/enroll", "post", 409, body=enroll)  # the node id is enrolled; only its secret re-enrolls
     beat_path = f"{v1}/agents/contract-node/heartbeat"
