@@ -43,7 +43,7 @@ STATE_GROUP_LABELS = (("live", "Live (not finished)"), ("active", "On GPUs"), ("
 
 
 def error_page(request, status: int, message: str) -> HttpResponse:
-    template = {400: "400.html", 404: "404.html"}.get(status, "403.html")
+    template = {403: "403.html", 404: "404.html"}.get(status, "400.html")
     return render(request, template, {"message": message}, status=status)
 
 
@@ -59,8 +59,8 @@ class PortalView(LoginRequiredMixin, View):
             return error_page(request, 404, error.message)
         except (PermissionDenied, TenantSuspended) as error:
             return error_page(request, 403, error.message)
-        except ValidationFailed as error:
-            return error_page(request, 400, error.message)
+        except ValidationFailed as error:  # its status: 400, or a subclass's (402 over a spend cap)
+            return error_page(request, error.status, error.message)
 
     def handle_no_permission(self):
         if self.request.user.is_authenticated:
