@@ -111,16 +111,24 @@ def _node(request: web.Request) -> AgentNode:
     return request.app[NODE_KEY]
 
 
+# aiohttp's own refusals, typed as this server types its answers (a body past ``client_max_size`` raises 413
+# from ``request.read()``; it was typed ``method_not_allowed``, the one code for every status but 404)
+HTTP_ERRORS = {400: ("bad_request", "Bad request"), 404: ("not_found", "Not Found"),
+               405: ("method_not_allowed", "Method Not Allowed"), 413: ("too_large", "Request too large")}
+
+
 @web.middleware
 async def problem_middleware(request: web.Request, handler):
-    """Routing errors (404, 405) as problem+json too."""
+    """aiohttp's errors (404, 405, 413, ...) as problem+json too, each typed by its status."""
     try:
         return await handler(request)
     except web.HTTPException as error:
         if error.status < 400:
             raise
-        return problem(error.status, "not_found" if error.status == 404 else "method_not_allowed", error.reason,
-                       f"{request.method} {request.path}: {error.reason}")
+        code, title = HTTP_ERRORS.get(error.status, ("http_error", error.reason))
+        detail = (f"bodies are limited to {MAX_BODY} bytes" if error.status == 413
+                  else f"{request.method} {request.path}: {error.reason}")
+        return problem(error.status, code, title, detail)
 
 
 @web.middleware
@@ -386,7 +394,7 @@ async def workload_logs(request: web.Request) -> web.Response:
     def number(name: str) -> int | None:
         if name not in query:
             return None
-        if not query[name].isdigit():
+        if not (query[name].isascii() and query[name].isdigit()):  # int() refuses "²", which isdigit() accepts
             raise InvalidRequest(f"{name} must be a non-negative integer", field=name)
         return int(query[name])
 

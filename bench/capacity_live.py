@@ -475,6 +475,7 @@ def main() -> None:
            "CELERY_TASK_DEFAULT_QUEUE": queue, "CELERY_SCHEDULER_QUEUE": f"{queue}-scheduler",
            "RUNTIME_ENV_FILE": "/dev/null", "LOG_LEVEL": args.log_level,
            "ALLOWED_HOSTS": "127.0.0.1", "DJANGO_SETTINGS_MODULE": "config.settings",
+           "NODE_ADDRESS_NETWORKS": services.LOCAL_NODE_ADDRESS_NETWORKS,
            "CAPACITY_PLAN_SECONDS": str(args.plan_every), "CAPACITY_HISTORY_SECONDS": str(args.history)}
     os.environ.update(env)
     subprocess.run([str(BIN / "python"), "manage.py", "migrate", "-v", "0"], cwd=ROOT, env=env, check=True)

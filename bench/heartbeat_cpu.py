@@ -35,6 +35,7 @@ def main() -> None:
     args = parser.parse_args()
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
     os.environ.setdefault("LOG_LEVEL", "WARNING")
+    os.environ.setdefault("NODE_ADDRESS_NETWORKS", "127.0.0.0/8")  # its nodes are enrolled at 127.0.0.1
     subprocess.run([sys.executable, "manage.py", "migrate", "-v", "0"], cwd=ROOT, check=True)
 
     import django

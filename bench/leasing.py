@@ -491,7 +491,8 @@ def main() -> None:
     port = free_port()
     env = {**os.environ, "DATABASE_URL": url, "CELERY_BROKER_URL": broker.url, "SECRET_KEY": "bench",
            "CELERY_TASK_DEFAULT_QUEUE": queue, "RUNTIME_ENV_FILE": "/dev/null", "LOG_LEVEL": "WARNING",
-           "ALLOWED_HOSTS": "127.0.0.1", "DJANGO_SETTINGS_MODULE": "config.settings"}
+           "ALLOWED_HOSTS": "127.0.0.1", "DJANGO_SETTINGS_MODULE": "config.settings",
+           "NODE_ADDRESS_NETWORKS": services.LOCAL_NODE_ADDRESS_NETWORKS}
     os.environ.update(env)
     manage = [str(BIN / "python"), "manage.py"]
     subprocess.run([*manage, "migrate", "-v", "0"], cwd=ROOT, env=env, check=True)

@@ -4,7 +4,8 @@ Heartbeats (1,000 nodes every 15 s are 67 requests a second), workload reports a
 processes of their own, so that they never share the tenant API's request workers, threads and GIL
 (docs/operations.md, "The agents' ingress"; ``make run`` starts it on ``PORT + 1``, the image's ``agents``
 role). It answers only what an agent calls (``/api/v1/agents/...``), the health probes and ``/metrics``;
-everything else is 404 here (the tenant API, the portal and the admin are the web server's).
+everything else is 404 here (the tenant API, the portal and the admin are the web server's), whatever prefix
+(``SCRIPT_NAME``) a request comes with: the route after the prefix decides.
 
 The usual heartbeat (``POST /api/v1/agents/<node>/heartbeat``, a node id of the enrollment's alphabet, no
 query, a body within ``DATA_UPLOAD_MAX_MEMORY_SIZE``, an allowed Host) is answered here without Django's
@@ -92,8 +93,8 @@ def _to_django(environ, start_response, body: bytes | None = None):
 def heartbeat(environ, start_response, node_id: str):
     """``node_heartbeat_signed`` and its answer, as ``AgentHeartbeatApi`` gives them."""
     length = environ.get("CONTENT_LENGTH") or "0"
-    if (not length.isdigit() or int(length) > settings.DATA_UPLOAD_MAX_MEMORY_SIZE or environ.get("QUERY_STRING")
-            or not _host_allowed(environ)):
+    if (not (length.isascii() and length.isdigit()) or int(length) > settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+            or environ.get("QUERY_STRING") or not _host_allowed(environ)):
         return _to_django(environ, start_response)
     started = time.perf_counter()
     incoming = environ.get("HTTP_X_REQUEST_ID", "")
@@ -134,13 +135,15 @@ def heartbeat(environ, start_response, node_id: str):
 
 
 def application(environ, start_response):
+    # PATH_INFO is the path after the prefix (SCRIPT_NAME), which is the path Django resolves: the allow-list
+    # applies to it whatever the prefix, which gunicorn also takes from a ``SCRIPT_NAME`` request header.
     path = environ.get("PATH_INFO", "")
-    if environ.get("SCRIPT_NAME"):  # mounted under a prefix: Django's handler knows what to do with it
-        return django_application(environ, start_response)
     if not path.startswith(AGENTS) and path not in OWN:
         return _problem(start_response, 404, "Not found", "not_found",
                         "This is the agents' ingress: it serves /api/v1/agents/ only (the API is on the web server).",
                         uuid.uuid4().hex)
+    if environ.get("SCRIPT_NAME"):  # mounted under a prefix: signatures cover the full path, Django's handler
+        return django_application(environ, start_response)  # builds it (request.path)
     match = HEARTBEAT.fullmatch(path)
     if match is not None and environ.get("REQUEST_METHOD") == "POST":
         return heartbeat(environ, start_response, match.group(1))

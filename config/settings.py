@@ -8,6 +8,7 @@ set in the real environment always win over it.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import sys
 from datetime import timedelta
@@ -327,6 +328,18 @@ AGENT_HEARTBEAT_SECONDS = env_int("AGENT_HEARTBEAT_SECONDS", 15, minimum=1)
 # How long after a token enrollment its answer may be asked for again (same token, same enrollment id, the
 # secret not yet used): an agent whose 201 was lost retries within its back-off, well inside this
 ENROLLMENT_REPLAY_SECONDS = env_int("ENROLLMENT_REPLAY_SECONDS", 3600, minimum=0)
+# Where node agents may listen: an enrolling node's address must name an IP inside one of these networks
+# (comma-separated CIDR), since the broker sends its signed calls there; otherwise an enrollment could point them
+# at loopback, the cloud metadata service or another internal service. The private ranges by default (never
+# loopback or link-local); `make run` and the tests add loopback, where their simulated nodes listen.
+DEFAULT_NODE_ADDRESS_NETWORKS = ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "fc00::/7")
+NODE_ADDRESS_NETWORKS = env_list("NODE_ADDRESS_NETWORKS", list(DEFAULT_NODE_ADDRESS_NETWORKS))
+for _network in NODE_ADDRESS_NETWORKS:
+    try:
+        ipaddress.ip_network(_network)
+    except ValueError:
+        raise ImproperlyConfigured(f"NODE_ADDRESS_NETWORKS: {_network!r} is not a network (CIDR, e.g. "
+                                   "10.0.0.0/8).") from None
 # a node silent for 3 heartbeats leaves scheduling at once; its leases keep their capacity until it has been
 # silent this long (counted from its last heartbeat), then fail (docs/operations.md, "A silent node")
 AGENT_LOST_AFTER_SECONDS = env_int("AGENT_LOST_AFTER_SECONDS", 300, minimum=1)

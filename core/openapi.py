@@ -5,7 +5,8 @@ Which errors an operation documents follows from how the stack works (``tests/ap
 produces each one against a live server):
 
 - every operation: 400 (a NUL in any query parameter, ``config.middleware``), 429 and 503 with
-  ``Retry-After`` (throttled; the database cannot be reached, ``core.problems``);
+  ``Retry-After`` (throttled; the database cannot be reached, ``core.problems``), 414 and 431 (a request line
+  or header fields past gunicorn's limits, answered as problem+json by ``config.gunicorn``);
 - with authentication: 401 (no/invalid token), 403 (role or token scope);
 - with path parameters: 404 (not found, or another tenant's);
 - with a request body: 413 (too large) and 415 (not JSON);
@@ -76,8 +77,10 @@ _GENERIC = {
     403: "The role or the token's scopes do not allow this",
     404: "No such object (or it belongs to another tenant)",
     413: "Request body too large",
+    414: "Request line (path and query) longer than 4094 bytes (refused by gunicorn, config.gunicorn)",
     415: "The body is not application/json",
     429: "Too many requests; retry after Retry-After seconds",
+    431: "More than 100 header fields, or one longer than 8190 bytes (refused by gunicorn, config.gunicorn)",
     503: "The database cannot be reached; retry after Retry-After seconds",
 }
 # the heartbeat's and the workload report's node is looked up only once its signature verified (unknown: 401)
@@ -99,7 +102,7 @@ def add_error_responses(result, generator, request, public):
             if method not in ("get", "post", "put", "patch", "delete"):
                 continue
             responses = operation.setdefault("responses", {})
-            statuses = {400, 429, 503}  # the throttle also counts anonymous callers (by address)
+            statuses = {400, 414, 429, 431, 503}  # the throttle also counts anonymous callers (by address)
             if any(requirement for requirement in operation.get("security", [])):
                 statuses |= {401, 403}
             if any(p.get("in") == "path" for p in operation.get("parameters", [])) and \

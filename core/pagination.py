@@ -9,6 +9,9 @@ from __future__ import annotations
 from rest_framework.exceptions import ValidationError
 from rest_framework.pagination import LimitOffsetPagination
 
+from core.errors import ValidationFailed
+from core.parsers import parse_integer
+
 MAX_OFFSET = 10_000_000
 
 
@@ -19,13 +22,10 @@ class BoundedLimitOffsetPagination(LimitOffsetPagination):
         raw = request.query_params.get(name)
         if raw is None:
             return default  # an empty value (``?limit=``) is not a number: 400 like any other
-        try:
-            value = int(raw)
-        except ValueError:
+        try:  # ASCII digits only: int() alone also reads " 5", "+5", "5_0" and "٥"
+            return parse_integer(raw, field=name, low=low, high=high)
+        except ValidationFailed:
             raise ValidationError({name: [f"Must be a whole number from {low} to {high}."]}) from None
-        if not low <= value <= high:
-            raise ValidationError({name: [f"Must be a whole number from {low} to {high}."]})
-        return value
 
     def get_limit(self, request):
         return self._bounded(request, self.limit_query_param, self.default_limit, 1, self.max_limit)

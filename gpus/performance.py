@@ -167,7 +167,7 @@ def slice_from_key(key: str) -> Slice:
         return whole(parts[0])
     if len(parts) == 3 and parts[1] == "mig":
         return mig(parts[0], parts[2])
-    if len(parts) == 3 and parts[1] == "share" and parts[2].isdigit():
+    if len(parts) == 3 and parts[1] == "share" and parts[2].isascii() and parts[2].isdigit():
         return share(parts[0], int(parts[2]))
     raise KeyError(f"not a slice: {key!r} (MODEL, MODEL/mig/PROFILE or MODEL/share/MILLI)")
 

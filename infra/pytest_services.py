@@ -36,6 +36,7 @@ def pytest_load_initial_conftests(early_config, parser, args):
     os.environ.setdefault("DATABASE_CONN_MAX_AGE", "0")  # threads of live_server must not hold connections
     os.environ.setdefault("LOG_FORMAT", "text")
     os.environ.setdefault("LOG_LEVEL", "WARNING")
+    os.environ.setdefault("NODE_ADDRESS_NETWORKS", services.LOCAL_NODE_ADDRESS_NETWORKS)  # simulated nodes: 127.0.0.1
     _started.extend([database, broker])
     services.say(f"tests use PostgreSQL ({database.how}) and broker {broker.url.split('://')[0]} ({broker.how})")
 

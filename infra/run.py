@@ -243,6 +243,8 @@ def main(argv: list[str] | None = None) -> int:
             "CSRF_TRUSTED_ORIGINS": f"{site},http://localhost:{args.port}",
             "PROMETHEUS_URL": f"http://127.0.0.1:{args.prometheus_port}",
             "HTTPS": "0",  # served over plain HTTP on the loopback: cookies without Secure
+            # the simulated nodes listen on 127.0.0.1
+            "NODE_ADDRESS_NETWORKS": os.environ.get("NODE_ADDRESS_NETWORKS", services.LOCAL_NODE_ADDRESS_NETWORKS),
         }
         # The broker's own metrics (docs/operations.md "Metrics"): a token for /metrics, shared with Prometheus
         # through a 0600 file, and one folder where every web and worker process writes its counters (emptied at

@@ -31,6 +31,9 @@ ROOT = Path(__file__).resolve().parent.parent
 VAR = Path(os.environ.get("GPUBROKER_VAR_DIR") or ROOT / "var").resolve()
 PG_DATA = VAR / "pg"
 DB_NAME = "gpubroker"
+# NODE_ADDRESS_NETWORKS where the simulated nodes of make run, the tests and the benchmarks listen: loopback,
+# besides the private ranges of the default (a deployment's own agents' networks go in its settings)
+LOCAL_NODE_ADDRESS_NETWORKS = "127.0.0.0/8,::1/128,10.0.0.0/8,172.16.0.0/12,192.168.0.0/16,fc00::/7"
 
 
 def say(message: str) -> None:

@@ -34,7 +34,7 @@ def signature_verify(header: str, body: bytes, secret: str, *, now: int,
     """What a receiver does (the snippet in docs/notifications.md is this function, standalone)."""
     items = [part.split("=", 1) for part in header.split(",") if "=" in part]
     timestamps = [value for key, value in items if key == "t"]
-    if len(timestamps) != 1 or not timestamps[0].isdigit():
+    if len(timestamps) != 1 or not (timestamps[0].isascii() and timestamps[0].isdigit()):
         return False
     timestamp = int(timestamps[0])
     if abs(now - timestamp) > tolerance_seconds:

@@ -4,7 +4,10 @@ A webhook URL is the tenant's input, and the broker POSTs to it from inside the 
 - only ``https://`` (``http://`` only with ``WEBHOOK_ALLOW_LOOPBACK``, development and tests);
 - the host must resolve, and every address it resolves to must be global: private, loopback, link-local
   (cloud metadata at 169.254.169.254), shared, reserved, multicast and unspecified addresses are refused
-  (loopback alone is let through with ``WEBHOOK_ALLOW_LOOPBACK``);
+  (loopback alone is let through with ``WEBHOOK_ALLOW_LOOPBACK``), and so is every IPv6 spelling of such an
+  IPv4 address (``[::ffff:127.0.0.1]``, ``[::169.254.169.254]``, NAT64 ``[64:ff9b::a9fe:a9fe]``, 6to4
+  ``[2002:7f00:1::1]``, IPv4-translated) and every non-global IPv6 (site-local ``fec0::/10``, unique local,
+  link-local, documentation, Teredo, …);
 - the check runs when the endpoint is saved *and* before every send, and the connection goes to the very
   address that was checked (pinned; the Host header and TLS name stay the URL's), so DNS that answers a
   public address at the check and a private one at the connect (rebinding) reaches nothing inside;
@@ -39,11 +42,32 @@ class Target:
     address: str  # the checked IP the connection goes to
 
 
+# IPv6 that reaches an IPv4 host through a translator: the IPv4 in the low 32 bits decides (RFC 6052)
+_NAT64 = ipaddress.IPv6Network("64:ff9b::/96")
+# IPv6 that is not globally reachable (IANA special-purpose registry) and that Python's ``is_global`` /
+# ``is_reserved`` / ``is_site_local`` do not all know in every supported version: IPv4-compatible ``::a.b.c.d``
+# (deprecated), IPv4-translated ``::ffff:0:a.b.c.d``, the local-use NAT64 prefix, documentation (RFC 9637),
+# SRv6 SIDs, site-local.
+_NOT_GLOBAL_V6 = tuple(ipaddress.IPv6Network(network) for network in (
+    "::/96", "::ffff:0:0:0/96", "64:ff9b:1::/48", "3fff::/20", "5f00::/16", "fec0::/10"))
+
+
 def _address_allowed(address: ipaddress.IPv4Address | ipaddress.IPv6Address, allow_loopback: bool) -> bool:
-    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
-        address = address.ipv4_mapped
+    """Whether a POST may go to ``address``: a global unicast address, and for an IPv6 form that carries an
+    IPv4 address (mapped, NAT64, 6to4) that IPv4 address is global too. Loopback only with ``allow_loopback``,
+    and then only as itself (``127.0.0.1``, ``::1``, ``::ffff:127.0.0.1``), never wrapped in a translation."""
+    if isinstance(address, ipaddress.IPv6Address):
+        if address.ipv4_mapped is not None:  # ::ffff:a.b.c.d is the socket address of a.b.c.d
+            address = address.ipv4_mapped
+        elif address in _NAT64:
+            return _address_allowed(ipaddress.IPv4Address(address.packed[-4:]), allow_loopback=False)
+        elif address.sixtofour is not None and not _address_allowed(address.sixtofour, allow_loopback=False):
+            return False
     if address.is_loopback:
         return allow_loopback
+    if isinstance(address, ipaddress.IPv6Address) and (
+            address.is_reserved or address.is_site_local or any(address in net for net in _NOT_GLOBAL_V6)):
+        return False
     return address.is_global and not address.is_multicast
 
 

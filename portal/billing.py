@@ -25,6 +25,7 @@ from billing.core.pricing import format_money, from_minor
 from billing.selectors import documents, reports
 from billing.services import period_bounds, period_parse
 from core.errors import ApplicationError, NotFound, ValidationFailed
+from core.parsers import MAX_ID, parse_integer
 from gpus.catalogue import TIER_CODES
 from portal import forms, presenters
 from portal.ops import StaffView
@@ -361,8 +362,8 @@ class PriceBookListView(StaffView):
             scopes.setdefault(label, []).append({"book": book, "state": states.get(book.pk, "upcoming"),
                                                  "state_label": STATE_LABELS[states.get(book.pk, "upcoming")]})
         copy = None
-        if request.method == "GET" and request.GET.get("copy", "").isdigit():
-            copy = billing.price_book_get(pk=int(request.GET["copy"]))
+        if request.method == "GET" and request.GET.get("copy", ""):
+            copy = billing.price_book_get(pk=parse_integer(request.GET["copy"], field="copy", low=1, high=MAX_ID))
         errors = _field_errors(error, rows or [], BOOK_FIELDS_SHOWN)
         context = {
             "scopes": list(scopes.items()),

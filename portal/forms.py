@@ -15,8 +15,10 @@ from datetime import UTC, datetime
 from django.http import QueryDict
 
 from core.errors import ApplicationError, ValidationFailed
+from core.parsers import parse_integer
+from tenants.services import MAX_TOKEN_LIFETIME
 
-_INTEGER = re.compile(r"^[+-]?\d{1,12}$")
+_INTEGER = re.compile(r"[+-]?[0-9]{1,12}")  # ASCII digits: int() also reads "١٢", and "\d" matches it
 
 # choices for the request form (values in seconds, as the API takes them)
 DURATIONS: tuple[tuple[int, str], ...] = (
@@ -57,7 +59,7 @@ class FieldErrors(dict):
 def number(value: str | None):
     """An integer when the text is one; otherwise the text itself (the service names the field)."""
     text = (value or "").strip()
-    return int(text) if _INTEGER.match(text) else text
+    return int(text) if _INTEGER.fullmatch(text) else text
 
 
 def last_value(data: QueryDict, name: str, default: str = "") -> str:
@@ -193,9 +195,8 @@ def token_create_input(data: QueryDict, *, now: datetime) -> dict:
     days = data.get("expires_in_days", "").strip()
     expires_at = None
     if days:
-        if not days.isdigit():
-            raise ValidationFailed("expires_at must be a number of days from now.", field="expires_at")
-        expires_at = now + timedelta(days=int(days))
+        expires_at = now + timedelta(days=parse_integer(days, field="expires_at", low=1, high=MAX_TOKEN_LIFETIME.days,
+                                                        what="a number of days from now"))
     return {"name": data.get("name", ""), "scopes": data.getlist("scopes"), "expires_at": expires_at}
 
 

@@ -14,6 +14,7 @@ from django.contrib import messages
 from django.shortcuts import redirect, render
 
 from core.errors import ApplicationError
+from core.parsers import MAX_ID, parse_integer
 from pipelines import selectors, services
 from pipelines.models import ModelSplit, PipelinePlan, PlanState
 from portal.views import TenantView
@@ -107,8 +108,8 @@ def _plan_of(request, actor, pipeline) -> PipelinePlan | None:
     """The plan asked for (``?plan=``), else the latest."""
     wanted = request.GET.get("plan", "")
     plans = selectors.plan_list(actor=actor, pipeline=pipeline)
-    if wanted.isdigit():
-        return plans.filter(pk=int(wanted)).first()
+    if wanted:
+        return plans.filter(pk=parse_integer(wanted, field="plan", low=1, high=MAX_ID)).first()
     return plans.first()
 
 

@@ -22,7 +22,8 @@ from broker import selectors as broker
 from broker import services as broker_services
 from broker.choices import FINAL_STATES, HOLDING_STATES, LeaseState, WorkloadClass
 from capacity.presenters import advice_panel
-from core.errors import ApplicationError, NotFound, PermissionDenied, TenantSuspended
+from core.errors import ApplicationError, NotFound, PermissionDenied, TenantSuspended, ValidationFailed
+from core.parsers import MAX_ID, parse_integer
 from portal import forms, presenters
 from portal.pricing import dashboard_spend
 from tenants import selectors, services
@@ -42,13 +43,14 @@ STATE_GROUP_LABELS = (("live", "Live (not finished)"), ("active", "On GPUs"), ("
 
 
 def error_page(request, status: int, message: str) -> HttpResponse:
-    template = "404.html" if status == 404 else "403.html"
+    template = {403: "403.html", 404: "404.html"}.get(status, "400.html")
     return render(request, template, {"message": message}, status=status)
 
 
 class PortalView(LoginRequiredMixin, View):
     """Login required; application errors the view does not handle itself become their page (404 for
-    what the actor's tenant does not hold, 403 for what the role does not allow)."""
+    what the actor's tenant does not hold, 403 for what the role does not allow, 400 for a query parameter
+    that is not what the page reads, e.g. ``?placement=²``)."""
 
     def dispatch(self, request, *args, **kwargs):
         try:
@@ -57,6 +59,8 @@ class PortalView(LoginRequiredMixin, View):
             return error_page(request, 404, error.message)
         except (PermissionDenied, TenantSuspended) as error:
             return error_page(request, 403, error.message)
+        except ValidationFailed as error:  # its status: 400, or a subclass's (402 over a spend cap)
+            return error_page(request, error.status, error.message)
 
     def handle_no_permission(self):
         if self.request.user.is_authenticated:
@@ -306,7 +310,9 @@ class LeaseLogView(TenantView):
         stream = "stderr" if request.GET.get("stream") == "stderr" else "stdout"
         placements = broker_services.workload_placements(lease=lease)
         chosen = request.GET.get("placement", "")
-        placement = int(chosen) if chosen.isdigit() and 1 <= int(chosen) < workload.placements else None
+        placement = parse_integer(chosen, field="placement", low=1, high=MAX_ID) if chosen else None
+        if placement is not None and placement >= workload.placements:  # the current one: read from its node
+            placement = None
         log, unavailable = None, ""
         try:
             log = broker_services.workload_logs(lease=lease, stream=stream, tail=self.LOG_TAIL, placement=placement)

@@ -40,12 +40,21 @@ redis.call('EXPIRE', KEYS[1], math.ceil(2 * window) + 1)
 return {1, current, previous}
 """
 
+def _acting_tenant_id(request) -> int | None:
+    """The tenant the permission check resolved for this request (``request.actor``), if any."""
+    actor = getattr(request, "actor", None)
+    tenant = getattr(actor, "tenant", None) if actor is not None else None
+    return getattr(tenant, "pk", None)
+
+
 class TenantRateThrottle(SimpleRateThrottle):
-    """One request budget per token (or per session user), so one noisy script cannot starve others.
+    """One request budget per tenant, shared by all its tokens and members' sessions, so one noisy tenant
+    cannot starve the others, and minting a second token does not double a tenant's budget (an unauthenticated
+    request counts against its address, a staff session without a tenant against its user).
 
     The budget (``API_RATE_LIMIT``, e.g. 6000/min) is a sliding window, counted as a sliding-window counter:
     the requests of the current fixed window plus those of the previous one weighted by the share of it still
-    inside the sliding window. On Redis that is one script, one round trip and two small integers per token
+    inside the sliding window. On Redis that is one script, one round trip and two small integers per tenant
     (DRF's ``SimpleRateThrottle`` read and rewrote the pickled list of every request's time, up to 6,000 floats,
     on each request). On another cache (PostgreSQL's, where no Redis answers) the same counter is kept with the
     cache's ``add`` and atomic ``incr``."""
@@ -55,9 +64,11 @@ class TenantRateThrottle(SimpleRateThrottle):
 
     def get_cache_key(self, request, view):
         token = getattr(request, "auth", None)
-        if token is not None and hasattr(token, "prefix"):
-            ident = f"token:{token.prefix}"
-        elif request.user and request.user.is_authenticated:
+        if token is not None and getattr(token, "tenant_id", None) is not None:
+            ident = f"tenant:{token.tenant_id}"
+        elif (tenant_id := _acting_tenant_id(request)) is not None:  # a portal session on the API
+            ident = f"tenant:{tenant_id}"
+        elif request.user and request.user.is_authenticated:  # staff without a tenant
             ident = f"user:{request.user.pk}"
         else:
             ident = f"ip:{client_ip(request) or 'unknown'}"

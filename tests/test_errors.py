@@ -212,3 +212,45 @@ def test_errors_database_outage_is_503_with_retry_after(db):
             urllib.request.urlopen(portal, timeout=20)
         assert page.value.code == 503 and int(page.value.headers["Retry-After"]) > 0
         assert page.value.headers["Content-Type"].startswith("text/html")
+
+
+def test_errors_refused_before_the_application_are_problem_json(db):
+    """Issue 27, item 11: gunicorn refuses a request line past ``limit_request_line`` (414) and too many or too
+    large header fields (431) before Django sees them; they were gunicorn's HTML pages. With the deployment's
+    gunicorn configuration (``config.gunicorn``) they are problem+json like every other error, and documented."""
+    import http.client
+    from urllib.parse import urlsplit
+
+    from tests.api.server import api_server
+    from tests.broker.conftest import _test_database_url
+
+    with api_server(_test_database_url()) as url:
+        host, port = urlsplit(url).hostname, urlsplit(url).port
+        cases = {414: ("/api/v1/projects?q=" + "x" * 5000, {}),
+                 431: ("/api/v1/projects", {f"X-Filler-{n}": "y" for n in range(120)})}
+        for status, (path, headers) in cases.items():
+            connection = http.client.HTTPConnection(host, port, timeout=20)
+            connection.request("GET", path, headers=headers)
+            answer = connection.getresponse()
+            body = answer.read()
+            connection.close()
+            assert answer.status == status, (status, answer.status, body[:200])
+            assert answer.getheader("Content-Type") == "application/problem+json", body[:200]
+            problem = json.loads(body)
+            assert problem["status"] == status and problem["type"].endswith("/" + problem["code"])
+            assert set(problem) >= {"type", "title", "status", "detail", "code", "field"}
+
+
+def test_errors_openapi_documents_402_of_profiling_runs_and_the_servers_refusals(client):
+    """Issue 27, item 11: a profiling run refused by a spend cap is a 402 the document did not list; 414 and 431
+    (refused by gunicorn) may answer any operation."""
+    from config import gunicorn as gunicorn_config
+    from core.problems import TYPE_BASE
+
+    schema = client.get("/api/schema/", {"format": "json"}).json()
+    profiling = schema["paths"]["/api/v1/workloads/{name}/profiling-runs"]["post"]["responses"]
+    assert "402" in profiling and "application/problem+json" in profiling["402"]["content"]
+    for path, operations in schema["paths"].items():
+        for method, operation in operations.items():
+            assert {"414", "431"} <= set(operation["responses"]), (method, path)
+    assert gunicorn_config.PROBLEM_TYPE_BASE == TYPE_BASE

@@ -350,8 +350,8 @@ def _budget_statuses(world, count: int) -> list:
 
 @pytest.mark.parametrize("backend", ["configured", "generic"])
 def test_api_request_budget_is_a_sliding_window_with_retry_after(world, monkeypatch, backend):
-    """3 requests a minute per token: the 4th is a 429 problem+json with Retry-After; the next window still
-    counts the previous one's requests by the share of it inside the sliding minute; another token has its
+    """3 requests a minute per tenant: the 4th is a 429 problem+json with Retry-After; the next window still
+    counts the previous one's requests by the share of it inside the sliding minute; another tenant has its
     own budget. ``generic``: the cache's add/incr path (PostgreSQL's cache, where no Redis answers)."""
     from tenants.throttling import TenantRateThrottle
 
@@ -365,11 +365,36 @@ def test_api_request_budget_is_a_sliding_window_with_retry_after(world, monkeypa
         refused = answers[-1]
         assert refused["Content-Type"].startswith("application/problem+json") and refused.json()["status"] == 429
         assert 1 <= int(refused["Retry-After"]) <= 60
-        assert world.client("member").get("/api/v1/projects").status_code == 200  # its own budget
+        assert world.client("outsider").get("/api/v1/projects").status_code == 200  # another tenant's budget
     with time_machine.travel(start + 60 + 15, tick=False):  # 3 × 45/60 = 2.25 still count: one more fits
         assert [a.status_code for a in _budget_statuses(world, 2)] == [200, 429]
     with time_machine.travel(start + 120 + 1, tick=False):  # the first window is out of the sliding minute
         assert [a.status_code for a in _budget_statuses(world, 1)] == [200]
+
+
+@pytest.mark.parametrize("backend", ["configured", "generic"])
+def test_api_request_budget_is_the_tenants_not_each_tokens(world, monkeypatch, backend):
+    """The budget is the tenant's (docs/security.md): once the owner's token has spent it, a second token of the
+    same tenant, of another member, and a member's portal session on the API are refused too (429), while
+    another tenant's token is still served. Issue 27, item 9: a second token kept working."""
+    from django.test import Client
+
+    from tenants.throttling import TenantRateThrottle
+
+    monkeypatch.setattr(TenantRateThrottle, "rate", "3/min", raising=False)
+    if backend == "generic":
+        monkeypatch.setattr(TenantRateThrottle, "allow_request", _generic_allow(TenantRateThrottle.allow_request))
+    session = Client()
+    assert session.login(username="max", password="pw-max")
+    start = (time.time() // 60 + 1) * 60
+    with time_machine.travel(start + 1, tick=False):
+        assert [a.status_code for a in _budget_statuses(world, 3)] == [200, 200, 200]
+        for who in ("owner_read", "member", "viewer"):
+            refused = world.client(who).get("/api/v1/projects")
+            assert refused.status_code == 429, who
+            assert refused.json()["code"] == "throttled" and int(refused["Retry-After"]) >= 1
+        assert session.get("/api/v1/projects").status_code == 429
+        assert world.client("outsider").get("/api/v1/projects").status_code == 200
 
 
 def _generic_allow(allow):

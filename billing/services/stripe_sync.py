@@ -281,7 +281,7 @@ def _invoice_for(obj: dict[str, Any]) -> Invoice | None:
     metadata = obj.get("metadata") if isinstance(obj.get("metadata"), dict) else {}
     ours = str(metadata.get("invoice_id", ""))
     invoices = Invoice.objects.select_for_update()
-    if ours.isdigit():
+    if ours.isascii() and ours.isdigit() and len(ours) < 19:
         invoice = invoices.filter(pk=int(ours)).first()
         if (invoice is not None and invoice.stripe_invoice_id in ("", obj.get("id"))
                 and metadata.get("invoice_number", invoice.number) == invoice.number):

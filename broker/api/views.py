@@ -16,6 +16,7 @@ from broker.choices import LeaseState
 from core.api import paginate, parse
 from core.errors import ValidationFailed
 from core.openapi import PAGE_PARAMETERS, paginated, problem
+from core.parsers import parse_integer
 
 
 def _actor_label(request) -> str:
@@ -109,11 +110,7 @@ class LeaseLogsApi(APIView):
         query = request.query_params
 
         def number(name: str, high: int) -> int | None:
-            if name not in query:
-                return None
-            if not query[name].isdigit() or int(query[name]) > high:
-                raise ValidationFailed(f"{name} must be a whole number from 0 to {high}.", field=name)
-            return int(query[name])
+            return parse_integer(query[name], field=name, low=0, high=high) if name in query else None
 
         stream = query.get("stream", "stdout")
         if stream not in ("stdout", "stderr"):
@@ -143,7 +140,9 @@ class AgentEnrollApi(APIView):
 
     @extend_schema(request=s.EnrollInput,
                    responses={201: s.EnrolledOutput, 401: problem("Invalid, expired or spent enrollment token"),
-                              409: problem("The node id is enrolled, or a GPU belongs to another node")},
+                              409: problem("The node id is enrolled, or a GPU belongs to another node"),
+                              422: problem("The address does not name an IP inside the agents' networks "
+                                           "(NODE_ADDRESS_NETWORKS): node_address_refused")},
                    summary="Agent enrollment")
     def post(self, request):
         body = request.body

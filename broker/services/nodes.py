@@ -4,8 +4,10 @@ reconcile of what the agents hold against what the database says, cordons and GP
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 import logging
 from datetime import datetime, timedelta
+from urllib.parse import urlsplit
 
 from django.conf import settings
 from django.db import IntegrityError, connection, transaction
@@ -44,6 +46,15 @@ class AgentUnauthenticated(ApplicationError):
     status = 401
     code = "unauthenticated"
     title = "Not authenticated"
+
+
+class NodeAddressRefused(ApplicationError):
+    """A node address outside ``NODE_ADDRESS_NETWORKS`` (422 naming ``address``; nothing written): a well-formed
+    URL that this deployment does not send signed calls to, as a webhook's ``unsafe_url``."""
+
+    status = 422
+    code = "node_address_refused"
+    title = "Node address refused"
 
 
 class EnrollmentConflict(ApplicationError):
@@ -101,6 +112,25 @@ def _enrollment_key(token_digest: str, enrollment_id: str) -> str:
     return hashlib.sha256(f"{token_digest}\n{enrollment_id}".encode()).hexdigest() if enrollment_id else ""
 
 
+def node_address_check(address: str) -> None:
+    """Refuse (``NodeAddressRefused``, 422 on ``address``) a node address the broker must not send signed calls
+    to: its host must be an IP address inside one of ``NODE_ADDRESS_NETWORKS`` (the agents' networks; loopback,
+    link-local and public addresses only where configured). Names are refused: what a name resolves to can change
+    after this check."""
+    networks = [ipaddress.ip_network(network) for network in settings.NODE_ADDRESS_NETWORKS]
+    refused = NodeAddressRefused(
+        "address must be http(s)://IP:PORT/... with the IP inside the agents' networks (NODE_ADDRESS_NETWORKS: "
+        f"{', '.join(map(str, networks))}); the broker sends its signed calls there.", field="address")
+    try:
+        parts = urlsplit(address)
+        parts.port  # noqa: B018 - a port out of range raises here
+        host = ipaddress.ip_address(parts.hostname or "")
+    except ValueError:
+        raise refused from None
+    if parts.scheme not in ("http", "https") or not any(host in network for network in networks):
+        raise refused
+
+
 def node_enroll(*, node_id: str, token: str, address: str, inventory: object, hostname: str = "",
                 agent_version: str = "", signed_by_node: bool = False, enrollment_id: str = "",
                 now: datetime | None = None) -> Node:
@@ -110,6 +140,8 @@ def node_enroll(*, node_id: str, token: str, address: str, inventory: object, ho
     - An enrolled node id: the request signed with the node's current secret (``signed_by_node``, checked
       by the caller with ``node_request_verify``), or a token after staff approved it once
       (``node_reenroll_approve``); otherwise 409 on ``node_id`` and no token use is spent.
+    - The address must name an IP inside ``NODE_ADDRESS_NETWORKS`` (``node_address_check``), on every
+      enrollment and re-enrollment: 422 on ``address``, nothing written, no token use spent.
     - Every GPU reported must be new, this node's already, or released by staff (``gpu_release``); another
       node's GPU is refused with 409 naming ``inventory.gpus[i]``.
     - Idempotent for an agent that lost the answer: a token enrollment that sends an ``enrollment_id`` (random,
@@ -122,6 +154,7 @@ def node_enroll(*, node_id: str, token: str, address: str, inventory: object, ho
 
     from broker.models import EnrollmentToken
 
+    node_address_check(address)
     now = now or timezone.now()
     with transaction.atomic(durable=True):
         existing = Node.objects.select_for_update().filter(node_id=node_id).first()

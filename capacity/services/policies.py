@@ -30,7 +30,8 @@ def _clean_scope(scope: object) -> str:
         except UnknownModel as error:
             raise ValidationFailed(f"scope: {error}", field="scope") from error
         return scope
-    if kind == "project" and rest.isdigit() and Project.objects.filter(pk=int(rest)).exists():
+    if (kind == "project" and rest.isascii() and rest.isdigit() and len(rest) < 19
+            and Project.objects.filter(pk=int(rest)).exists()):
         return scope
     raise ValidationFailed("scope must be \"\" (the default), \"pool:<GPU model>\" or \"project:<id of a project>\".",
                            field="scope")

@@ -131,3 +131,21 @@ def test_malformed_json_is_a_clear_error(agent):
     with pytest.raises(AgentHTTPError) as error:
         raw.request("PUT", "/v1/instances/x", None)  # no body at all
     assert error.value.status == 422 and error.value.problem["field"] == "body"
+
+
+@pytest.mark.parametrize("extra", [1, 4096, 1 << 20])  # past MAX_BODY; past aiohttp's own client_max_size too
+def test_oversized_body_is_a_413_typed_too_large(agent, extra):
+    """Issue 27, item 11: a body past aiohttp's limit was a 413 problem typed ``method_not_allowed``."""
+    import json
+    import urllib.error
+    import urllib.request
+
+    from agent.server import MAX_BODY
+
+    request = urllib.request.Request(agent.url + "/v1/instances/x", data=b"x" * (MAX_BODY + extra), method="PUT",
+                                     headers={"Content-Type": "application/json"})
+    with pytest.raises(urllib.error.HTTPError) as answer:
+        urllib.request.urlopen(request, timeout=10)
+    problem = json.loads(answer.value.read())
+    assert answer.value.code == 413 and answer.value.headers["Content-Type"].startswith("application/problem+json")
+    assert (problem["status"], problem["code"], problem["type"].rsplit("/", 1)[1]) == (413, "too_large", "too_large")

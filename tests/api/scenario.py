@@ -141,6 +141,8 @@ def scripted_session(url: str, contract: Contract) -> set[tuple[str, str, int]]:
     enroll = {"node_id": "contract-node", "token": contract.enrollment_token, "address": "http://127.0.0.1:9/",
               "inventory": INVENTORY}
     step(f"{v1}/agents/enroll", "post", 401, body={**enroll, "token": "gpub_enroll_00000000_forged"})
+    # an address outside NODE_ADDRESS_NETWORKS (the cloud metadata service): refused before the token is spent
+    step(f"{v1}/agents/enroll", "post", 422, body={**enroll, "address": "http://169.254.169.254/latest"})
     node = step(f"{v1}/agents/enroll", "post", 201, body=enroll)
     step(f"{v1}/agents/enroll", "post", 409, body=enroll)  # the node id is enrolled; only its secret re-enrolls
     beat_path = f"{v1}/agents/contract-node/heartbeat"
@@ -195,7 +197,7 @@ def scripted_session(url: str, contract: Contract) -> set[tuple[str, str, int]]:
     money_steps(step, world)
     workload_steps(step, world, node["secret"])
     pipeline_steps(step, world, contract.capped)
-    tiering_steps(step, world, running["id"])
+    tiering_steps(step, world, running["id"], contract.capped)
     # no active lease is left for the fuzzer (it cannot place one; renewing this one is produced above)
     step(f"{v1}/leases/{{id}}", "delete", 202, f"{v1}/leases/{running['id']}", token=owner)
     return produced
@@ -373,7 +375,7 @@ def pipeline_steps(step, world: World, capped: str) -> None:
     step(f"{v1}/model-splits/{{id}}/release", "post", 409, f"{at}/release", token=owner)
 
 
-def tiering_steps(step, world: World, running_id: int) -> None:
+def tiering_steps(step, world: World, running_id: int, capped: str) -> None:
     """A workload registered and read, with its profiles and a prediction (none measured yet: profile first);
     a throughput sample of the running lease."""
     v1, owner = "/api/v1", world.tokens["owner"]
@@ -393,5 +395,11 @@ def tiering_steps(step, world: World, running_id: int) -> None:
     step(runs, "post", 201, f"{v1}/workloads/contract-bert/profiling-runs", token=owner, body=body)
     step(runs, "post", 409, f"{v1}/workloads/contract-bert/profiling-runs", token=owner, body=body)  # one at a time
     step(runs, "post", 404, f"{v1}/workloads/no-such-workload/profiling-runs", token=owner, body=body)
+    # every candidate's lease refused by the spent cap of its project: the run fails with that refusal (402)
+    step(f"{v1}/workloads", "post", 201, token=owner, body={
+        "name": "contract-capped", "architecture": "bert-base", "task": "inference", "precision": "int8",
+        "batch_size": 8, "seq_len": 128, "target_throughput": 400.0})
+    step(runs, "post", 402, f"{v1}/workloads/contract-capped/profiling-runs", token=owner,
+         body={**body, "project": capped})
     step(runs, "get", 200, f"{v1}/workloads/contract-bert/profiling-runs", token=owner)
     step(f"{v1}/workloads/{{name}}/advice", "get", 200, f"{v1}/workloads/contract-bert/advice", token=owner)

@@ -45,7 +45,8 @@ def api_server(database_url: str, **environment: str) -> Iterator[str]:
            "ALLOWED_HOSTS": "127.0.0.1", "LOG_LEVEL": "WARNING", "LOG_FORMAT": "text", **environment}
     gunicorn = Path(sys.executable).parent / "gunicorn"
     process = subprocess.Popen(
-        [str(gunicorn), "config.wsgi:application", "--bind", f"127.0.0.1:{port}", "--workers", "2",
+        [str(gunicorn), "config.wsgi:application", "--config", "python:config.gunicorn",  # as deployed
+         "--bind", f"127.0.0.1:{port}", "--workers", "2",
          "--timeout", "60", "--graceful-timeout", "2", "--log-level", "warning"],
         cwd=ROOT, env=env,
     )

@@ -142,6 +142,10 @@ def _hand_written_cases(url: str, schema: dict, world) -> set:
         authenticated = any(op.get("security", [{}]))
         # 400: a NUL in a query parameter, refused before any view
         record(path, method, call(url, method, concrete + "?q=%00", token=world.tokens["viewer"], body=body)[0])
+        # 414 and 431: a request line or header fields past gunicorn's limits (config.gunicorn: problem+json)
+        record(path, method, call(url, method, concrete + "?q=" + "x" * 5000, body=body)[0])
+        fillers = {f"X-Filler-{n}": "y" for n in range(120)}
+        record(path, method, call(url, method, concrete, body=body, headers=fillers)[0])
         if authenticated:
             record(path, method, call(url, method, concrete, body=body)[0])  # 401: no token
             if method == "get":  # 403 on reads: a signed-in user who belongs to no tenant

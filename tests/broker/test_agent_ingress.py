@@ -4,6 +4,7 @@ the web server's view does, its refusals are the same problem+json, a nonce it a
 server (and the other way round), what it does not take on itself goes to Django unchanged, and the tenant API
 is not served there."""
 
+import io
 import json
 import os
 import subprocess
@@ -119,3 +120,60 @@ def test_agent_ingress_heartbeat_of_a_silent_node_brings_it_back(web_and_ingress
     node.refresh_from_db()
     assert node.status == "ready" and node.silent_since is None and node.secret_used_at is not None
     assert AuditEvent.objects.filter(action="node.back", target="quiet").count() == 1
+
+
+# -- a prefix (SCRIPT_NAME) must not open the tenant API or the portal on the agents' port (issue 27, item 8) --
+TENANT_ROUTES = ("/api/v1/leases", "/api/v1/projects", "/api/v1/tokens", "/api/v1/schema", "/", "/leases/",
+                 "/settings/tokens", "/admin/", "/accounts/login/", "/ops/fleet")
+PREFIXES = ("/x", "/api", "/api/v1/agents", "/healthz", "/metrics", "/a/b/c")
+
+
+def _wsgi_status(environ: dict) -> tuple[str, dict]:
+    from config.agent_wsgi import application
+
+    seen = {}
+
+    def start_response(status, headers, exc_info=None):
+        seen["status"], seen["headers"] = status, dict(headers)
+
+    body = b"".join(application(environ, start_response))
+    return seen["status"], {"content_type": seen["headers"].get("Content-Type"), "body": body}
+
+
+@pytest.mark.parametrize("prefix", ("", *PREFIXES))
+def test_agent_ingress_never_serves_a_tenant_or_portal_route_whatever_the_prefix(db, prefix):
+    """In process, every SCRIPT_NAME (what gunicorn derives from a ``SCRIPT_NAME`` header or its environment):
+    the route after the prefix decides, and a tenant or portal route is the ingress's own 404."""
+    for route in TENANT_ROUTES:
+        for method in ("GET", "POST"):
+            environ = {"REQUEST_METHOD": method, "SCRIPT_NAME": prefix, "PATH_INFO": route, "QUERY_STRING": "",
+                       "SERVER_NAME": "127.0.0.1", "SERVER_PORT": "8001", "HTTP_HOST": "127.0.0.1:8001",
+                       "wsgi.url_scheme": "http", "wsgi.input": io.BytesIO(b""), "CONTENT_LENGTH": "0",
+                       "HTTP_AUTHORIZATION": "Bearer gpub_x_y"}
+            status, answer = _wsgi_status(environ)
+            assert status.startswith("404") and answer["content_type"] == "application/problem+json", \
+                (prefix, route, method, status)
+            assert json.loads(answer["body"])["code"] == "not_found"
+
+
+@pytest.fixture
+def ingress_only(transactional_db):
+    process, url = _gunicorn("config.agent_wsgi")
+    yield url
+    process.terminate()
+    process.wait(20)
+
+
+def test_agent_ingress_refuses_tenant_routes_behind_a_script_name_header(ingress_only, world):
+    """Over HTTP through gunicorn, which takes ``SCRIPT_NAME`` from a header of a trusted peer (127.0.0.1 by
+    default): with a valid token and any prefix, the tenant API and the portal stay 404 here, while an agent's
+    route under the prefix is still the agents' (an unsigned heartbeat: 401)."""
+    token = {"Authorization": f"Bearer {world.tokens['owner']}"}
+    for prefix in PREFIXES:
+        for route in TENANT_ROUTES:
+            status, content_type, problem = _call(ingress_only + prefix + route, method="GET",
+                                                  headers={**token, "SCRIPT_NAME": prefix})
+            assert (status, content_type, problem["code"]) == (404, "application/problem+json", "not_found"), \
+                (prefix, route, status)
+    status, content_type, _ = _call(ingress_only + "/x/api/v1/agents/n1/heartbeat", b"{}", {"SCRIPT_NAME": "/x"})
+    assert (status, content_type) == (401, "application/problem+json")

@@ -259,3 +259,63 @@ def test_node_enrollment_id_out_of_shape_is_400(world, value):
                                                       "enrollment_id": value}, format="json")
     assert response.status_code == 400 and response.json()["field"] == "enrollment_id"
     assert _uses_left(token) == 1
+
+
+# -- node addresses within NODE_ADDRESS_NETWORKS (issue 27, item 10) ---------------------------------------------
+AGENT_NETWORKS = ["10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "fc00::/7"]  # the agents' private networks
+OUTSIDE = ["http://127.0.0.1:9400", "http://127.1:9400", "http://[::1]:9400", "http://169.254.169.254/latest",
+           "http://0.0.0.0:9400", "http://8.8.8.8:9400", "http://[fe80::1]:9400", "http://[::ffff:127.0.0.1]:9400",
+           "http://[::ffff:10.0.0.5]:9400", "http://localhost:9400", "http://metadata.google.internal/",
+           "http://10.0.0.5.nip.io:9400", "http://2130706433:9400", "http://0x7f000001:9400"]
+NOT_URLS = {"http://127.1:9400", "http://2130706433:9400", "http://0x7f000001:9400"}
+
+
+@pytest.mark.parametrize("address", OUTSIDE)
+def test_node_enrollment_refuses_an_address_outside_the_agents_networks(world, settings, address):
+    settings.NODE_ADDRESS_NETWORKS = AGENT_NETWORKS
+    token = services.enrollment_token_create()
+    response = world.client("outsider").post(ENROLL, _body("stray", token, _gpu("GPU-stray"), address=address),
+                                             format="json")
+    # short and numeric IPv4 spellings are not URLs to the serializer already (400); the rest is the network rule's
+    assert response.status_code == (400 if address in NOT_URLS else 422), (address, response.content)
+    assert response["Content-Type"].startswith("application/problem+json") and response.json()["field"] == "address"
+    assert "NODE_ADDRESS_NETWORKS" in response.json()["detail"] or address in NOT_URLS
+    assert not Node.objects.filter(node_id="stray").exists() and _uses_left(token) == 1
+
+
+@pytest.mark.parametrize("address", ["http://10.0.0.5:9400", "http://172.16.3.4:9400/n/x", "https://192.168.1.2:9400",
+                                     "http://[fd00::5]:9400"])
+def test_node_enrollment_accepts_an_address_inside_the_agents_networks(world, settings, address):
+    settings.NODE_ADDRESS_NETWORKS = AGENT_NETWORKS
+    token = services.enrollment_token_create()
+    response = world.client("outsider").post(ENROLL, _body("placed", token, address=address), format="json")
+    assert response.status_code == 201, response.content
+    assert Node.objects.get(node_id="placed").address == address
+
+
+def test_node_reenrollment_cannot_move_a_node_outside_the_agents_networks(world, victim, settings):
+    settings.NODE_ADDRESS_NETWORKS = AGENT_NETWORKS
+    body = json.dumps(_body("victim", "", _gpu("GPU-victim-0"), _gpu("GPU-victim-1", 1),
+                            address="http://169.254.169.254:80/latest")).encode()
+    moved = world.client("outsider").generic("POST", ENROLL, body, content_type="application/json",
+                                              **_headers(sign(victim.secret, "victim", "POST", ENROLL, body)))
+    assert moved.status_code == 422 and moved.json()["field"] == "address"
+    node = Node.objects.get(node_id="victim")
+    assert node.address == "http://10.0.0.5:9400" and node.secret == victim.secret
+
+
+def test_node_address_networks_default_leaves_out_loopback_link_local_and_public(settings):
+    import ipaddress
+
+    networks = [ipaddress.ip_network(n) for n in settings.DEFAULT_NODE_ADDRESS_NETWORKS]
+    for outside in ("127.0.0.1", "::1", "169.254.169.254", "fe80::1", "8.8.8.8", "0.0.0.0", "::"):
+        assert not any(ipaddress.ip_address(outside) in n for n in networks)
+    for inside in ("10.0.0.5", "192.168.1.2", "172.16.0.1", "fd00::5"):
+        assert any(ipaddress.ip_address(inside) in n for n in networks)
+
+
+def test_node_enrollment_on_loopback_when_configured_as_in_the_demo(world, settings):
+    settings.NODE_ADDRESS_NETWORKS = [*AGENT_NETWORKS, "127.0.0.0/8", "::1/128"]
+    token = services.enrollment_token_create()
+    response = world.client("outsider").post(ENROLL, _body("demo", token), format="json")  # http://127.0.0.1:9/…
+    assert response.status_code == 201, response.content

@@ -62,7 +62,8 @@ class Cluster:
             "CACHE_KEY_PREFIX": self.run_id, "SECRET_KEY": os.environ.get("SECRET_KEY", "scale-out-test"),
             "RUNTIME_ENV_FILE": os.devnull, "ALLOWED_HOSTS": "127.0.0.1", "DJANGO_SETTINGS_MODULE": "config.settings",
             "LOG_LEVEL": "WARNING", "LOG_FORMAT": "text", "HTTPS": "0", "DJANGO_DEBUG": "0",
-            "GPUBROKER_VAR_DIR": str(self.folder / "var"), "OTEL_SDK_DISABLED": "true", **self.environment,
+            "GPUBROKER_VAR_DIR": str(self.folder / "var"), "OTEL_SDK_DISABLED": "true",
+            "NODE_ADDRESS_NETWORKS": services.LOCAL_NODE_ADDRESS_NETWORKS, **self.environment,
         }
         self.env.pop("CACHE_URL", None)  # the deployment's default: the broker's Redis, else PostgreSQL's table
         self.env.pop("PROMETHEUS_MULTIPROC_DIR", None)

@@ -87,7 +87,10 @@ class WorkloadProfilingApi(APIView):
 
     @extend_schema(request=s.ProfilingRunInput,
                    responses={201: s.ProfilingRunOutput, 404: problem("No such workload or project in this tenant"),
-                              409: problem("The workload is being profiled already")},
+                              402: problem("Every candidate's lease would pass a refusing monthly spend cap "
+                                           "(budget_exceeded, with the figures)"),
+                              409: problem("The workload is being profiled already, or no candidate's lease fits "
+                                           "the quota")},
                    summary="Profile the workload: a short lease per candidate slice (default: the whole GPU of each "
                            "priced model in the fleet), in parallel where capacity allows")
     def post(self, request, name: str):
