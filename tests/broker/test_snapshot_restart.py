@@ -4,11 +4,17 @@ placements were refused by the overlap constraint, each a failed savepoint and a
 A restart can take back commits the kept snapshot saw (asynchronous commit: a crash loses the last ones), and no
 change-log row says so. Here a release the cache saw is undone behind the triggers' back (as the crash would
 undo it), and the cache is made to remember the server's previous start time (as it would after a restart):
-the cycle must read whole, see the GPU taken again, and place only on the free one — no refusal."""
+the cycle must read whole, see the GPU taken again, and place only on the free one — no refusal. The last test
+restarts a real (embedded, private) PostgreSQL between two loads and checks the cache sees it."""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 from django.db import connection
@@ -17,6 +23,7 @@ from django.utils import timezone
 from broker import services, tasks
 from broker.models import Allocation, Lease
 from broker.snapshot import snapshot_cache
+from infra import services as infra_services
 from tenants.access import Actor
 from tenants.choices import Role
 from tests.factories import make_quota, make_world
@@ -99,3 +106,50 @@ def _placed_one_and_the_other_waits_for_capacity(leases) -> None:
     rows = sorted((lease.state, lease.reason) for lease in Lease.objects.filter(pk__in=[x.pk for x in leases]))
     assert [state for state, _ in rows] == ["provisioning", "queued"]
     assert "still being vacated" not in rows[1][1], rows[1][1]
+
+
+ROOT = Path(__file__).resolve().parents[2]
+_LOAD_RESTART_LOAD = """
+import json, sys, time
+from pathlib import Path
+import django
+django.setup()
+from django.db import OperationalError, connection
+from django.utils import timezone
+from broker.snapshot import SnapshotCache
+from infra import services
+cache = SnapshotCache()
+cache.load(now=timezone.now())
+cache.load(now=timezone.now())
+kept = dict(cache.stats)
+services.embedded_restart(Path(sys.argv[1]))
+connection.close()
+for attempt in range(20):  # as the cycle's task retries: the server may still be starting
+    try:
+        cache.load(now=timezone.now())
+        break
+    except OperationalError:
+        connection.close()
+        time.sleep(0.5)
+print(json.dumps({"kept": kept, "after": cache.stats}))
+"""
+
+
+def test_snapshot_restart_of_a_real_server_is_seen(tmp_path, monkeypatch):
+    """The same with a real restart: a PostgreSQL of the test's own (embedded, never the shared server), migrated,
+    a cache loaded twice (kept), the server restarted (``pg_ctl restart``), the next load reads whole."""
+    pgdata = tmp_path / "pg"
+    monkeypatch.setenv("DATABASE_URL", "")  # ensure_postgres: an embedded server in pgdata, not the configured one
+    server = infra_services.ensure_postgres(pgdata=pgdata)
+    try:
+        env = {**os.environ, "DATABASE_URL": server.url, "DJANGO_SETTINGS_MODULE": "config.settings",
+               "PYTHONPATH": str(ROOT)}
+        subprocess.run([sys.executable, "manage.py", "migrate", "-v0"], cwd=ROOT, env=env, check=True, timeout=300)
+        done = subprocess.run([sys.executable, "-c", _LOAD_RESTART_LOAD, str(pgdata)], cwd=ROOT, env=env,
+                              timeout=300, capture_output=True, text=True)
+    finally:
+        server.shutdown()
+    assert done.returncode == 0, done.stderr[-3000:]
+    stats = json.loads(done.stdout.strip().splitlines()[-1])
+    assert stats["kept"]["full"] == 1 and stats["kept"]["delta"] == 1  # kept between the first two loads
+    assert stats["after"]["stale"] == 1 and stats["after"]["full"] == 2, stats
