@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from datetime import timedelta
@@ -149,7 +150,22 @@ def test_snapshot_restart_of_a_real_server_is_seen(tmp_path, monkeypatch):
                               timeout=300, capture_output=True, text=True)
     finally:
         server.shutdown()
+        _stop_leftover(pgdata)
     assert done.returncode == 0, done.stderr[-3000:]
     stats = json.loads(done.stdout.strip().splitlines()[-1])
     assert stats["kept"]["full"] == 1 and stats["kept"]["delta"] == 1  # kept between the first two loads
     assert stats["after"]["stale"] == 1 and stats["after"]["full"] == 2, stats
+
+
+def _stop_leftover(pgdata: Path) -> None:
+    """The server this test started, if ``pg_ctl stop`` left it running: its postmaster, by the pid in its own
+    pid file (SIGINT: PostgreSQL's fast shutdown)."""
+    pid_file = pgdata / "postmaster.pid"
+    try:
+        pid = int(pid_file.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return
+    try:
+        os.kill(pid, signal.SIGINT)
+    except ProcessLookupError:
+        return
