@@ -12,13 +12,18 @@ it re-reads are read now, whatever order the writers committed in. Re-reading a 
 A full read instead, and on any doubt: the first time; when the log's epoch row is not the one the cache was read
 under (a TRUNCATE of the fleet's tables deletes it, a test database flush empties it); when changes the cache
 needs were pruned; when the reading transaction itself has written changes it may still roll back (then the
-snapshot is read whole and not kept). Quotas, tenant quotas, prices and settings are small and read every time.
+snapshot is read whole and not kept); when the server is not the one the cache was read from — it started
+since (``pg_postmaster_start_time()``: a restart, a crash, a failover; a crash can lose commits the cache saw
+when commits are asynchronous, and nothing in the log says so) or its transaction ids went backwards (a restore
+or a standby that lagged): issue 27 item 12, 853 placements planned on such a snapshot and refused by the
+overlap constraint after a database restart. Quotas, tenant quotas, prices and settings are small and read every time.
 
 The result equals ``scheduler_snapshot(now=…)`` read at the same moment, records and order alike
 (``tests/scheduler/test_snapshot_cache.py`` checks it after random fleet changes)."""
 
 from __future__ import annotations
 
+import logging
 import threading
 import uuid
 from datetime import datetime
@@ -28,15 +33,18 @@ from django.db import connection
 
 from broker.choices import AllocationState, LeaseState, NodeStatus
 
+logger = logging.getLogger(__name__)
+
 # changes older than this are deleted by the cycle (``prune``); a cache whose watermark is below the deleted
 # ones reads whole again
 PRUNE_AFTER_SECONDS = 600
 PRUNE_EVERY_SECONDS = 60
 # the reading statement's snapshot: a transaction it does not see has an id at or above xmax, or among xip (the
 # ones still running); every other transaction had ended (its changes seen, when it committed)
+# (and when the server started: a cache read before a restart is stale)
 _SNAPSHOT = ("SELECT pg_snapshot_xmin(s)::text::bigint, pg_snapshot_xmax(s)::text::bigint, "
-             "ARRAY(SELECT pg_snapshot_xip(s)::text::bigint), pg_current_xact_id_if_assigned()::text::bigint "
-             "FROM pg_current_snapshot() s")
+             "ARRAY(SELECT pg_snapshot_xip(s)::text::bigint), pg_current_xact_id_if_assigned()::text::bigint, "
+             "pg_postmaster_start_time() FROM pg_current_snapshot() s")
 
 
 def _allocation_sql(where: str) -> str:
@@ -64,6 +72,7 @@ class SnapshotCache:
 
     def clear(self) -> None:
         self.token: str | None = None
+        self.server_started: datetime | None = None  # the server's start time when the cache was read
         self.watermark: int | None = None
         self.unseen: tuple[int, list[int]] = (0, [])
         self.nodes: dict[int, object] = {}  # pk → core Node
@@ -74,14 +83,14 @@ class SnapshotCache:
         self._nodes = self._gpus = self._allocations = None  # tuples built from the above, None when stale
         self._built: dict[int, object] = {}  # lease pk → core Allocation (started_at known)
         self.last_prune = 0.0
-        self.stats = {"full": 0, "delta": 0, "bypass": 0, "rows": 0}
+        self.stats = {"full": 0, "delta": 0, "bypass": 0, "rows": 0, "stale": 0}
 
     # -- reading ------------------------------------------------------------------------------------------------
     def load(self, *, now: datetime):
         """The snapshot now: the kept one brought up to date, or read whole (see the module's doc)."""
         with self.lock, connection.cursor() as cursor:
             cursor.execute(_SNAPSHOT)
-            watermark, xmax, running, own = cursor.fetchone()
+            watermark, xmax, running, own, server_started = cursor.fetchone()
             if own is not None:
                 cursor.execute("SELECT EXISTS (SELECT 1 FROM broker_snapshotchange WHERE xid = %s)", [own])
                 if cursor.fetchone()[0]:  # this transaction changed the fleet and may roll back: nothing kept
@@ -95,9 +104,13 @@ class SnapshotCache:
                 cursor.execute("SELECT token, pruned_xid FROM broker_snapshotepoch WHERE id = 1")
                 row = cursor.fetchone()
             token, pruned = row
-            if self.token != token or self.watermark is None or pruned >= self.watermark:
+            stale = self._stale_reason(server_started=server_started, xmax=xmax)
+            if stale is not None:
+                logger.warning("kept scheduler snapshot is stale (%s): read whole", stale)
+                self.stats["stale"] += 1
+            if self.token != token or self.watermark is None or pruned >= self.watermark or stale is not None:
                 self._read_whole(cursor)
-                self.token = token
+                self.token, self.server_started = token, server_started
                 self.stats["full"] += 1
             else:
                 self._read_changes(cursor, since=self.unseen)
@@ -109,10 +122,21 @@ class SnapshotCache:
             self.unseen = (xmax, running)
             return self._snapshot(now)
 
+    def _stale_reason(self, *, server_started: datetime, xmax: int) -> str | None:
+        """Why what the cache holds cannot be brought up to date from the log, when it holds something: the server
+        started since it was read (its log says nothing of commits a crash lost), or transaction ids went back."""
+        if self.watermark is None:
+            return None  # nothing kept: read whole anyway
+        if self.server_started is not None and server_started != self.server_started:
+            return f"the database server started at {server_started.isoformat()}, after this cache was read"
+        if xmax < self.unseen[0]:
+            return f"transaction ids went back from {self.unseen[0]} to {xmax} (a restore or a failover)"
+        return None
+
     def _read_whole(self, cursor) -> None:
-        token_keep, last_prune, stats = self.token, self.last_prune, self.stats
+        token_keep, last_prune, stats, started = self.token, self.last_prune, self.stats, self.server_started
         self.clear()
-        self.token, self.last_prune, self.stats = token_keep, last_prune, stats
+        self.token, self.last_prune, self.stats, self.server_started = token_keep, last_prune, stats, started
         self._nodes_from(cursor, "", [])
         self._gpus_from(cursor, "", [])
         self._leases_from(cursor, "", [])

@@ -254,26 +254,32 @@ else:
                           "KEY_PREFIX": CACHE_KEY_PREFIX,
                           "OPTIONS": {"socket_connect_timeout": 2, "socket_timeout": 2}}}
 
-# Login lockout (django-axes; portal and admin sign-in): after LOGIN_FAILURE_LIMIT failures from one
-# address, or for one username from anywhere, that address / username is refused (429) for
-# LOGIN_LOCKOUT_SECONDS, before any password is hashed. Attempts live in PostgreSQL (admin "Access attempts",
-# ``manage.py axes_reset_username NAME`` unlocks).
+# Login lockout (django-axes; portal and admin sign-in): after LOGIN_FAILURE_LIMIT failures for one username from
+# one address, or from one address over all usernames (spraying), that (username, address) / address is refused
+# (429) for LOGIN_LOCKOUT_SECONDS, before any password is hashed. Never per username alone: guesses from
+# elsewhere must not lock the real user out of their own address (issue 27 item 7). A user locked out at their
+# own address (a NAT shared with the guesser) asks the locked-out page for an unlock link (tenants/lockout.py):
+# signed, single use, valid LOGIN_UNLOCK_LINK_SECONDS. Attempts live in PostgreSQL (admin "Access attempts",
+# ``manage.py axes_reset_ip ADDRESS`` / ``axes_reset_username NAME`` unlock).
 AUTHENTICATION_BACKENDS = [
     "tenants.authentication.LoginLockoutBackend",  # first: refuses a locked-out login before hashing
     "django.contrib.auth.backends.ModelBackend",
 ]
 AXES_FAILURE_LIMIT = env_int("LOGIN_FAILURE_LIMIT", 10, minimum=1)
 AXES_COOLOFF_TIME = timedelta(seconds=env_int("LOGIN_LOCKOUT_SECONDS", 900, minimum=1))
-AXES_LOCKOUT_PARAMETERS = ["ip_address", "username"]  # each on its own: per address and per account
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"], "ip_address"]  # per account at an address; per address
 AXES_RESET_COOL_OFF_ON_FAILURE_DURING_LOCKOUT = False  # a lockout ends on time, however hard it is hammered
 AXES_RESET_ON_SUCCESS = False  # an attacker's own good login must not wipe an address's failures
 AXES_CLIENT_IP_CALLABLE = "tenants.throttling.client_ip"  # the same address as the API throttles
 AXES_LOCKOUT_CALLABLE = "tenants.authentication.login_lockout_response"
 AXES_VERBOSE = False
+LOGIN_UNLOCK_LINK_SECONDS = env_int("LOGIN_UNLOCK_LINK_SECONDS", 900, minimum=60)
+LOGIN_UNLOCK_RESEND_SECONDS = env_int("LOGIN_UNLOCK_RESEND_SECONDS", 60, minimum=1)  # one mail per account
 LOGIN_CONCURRENCY = env_int("LOGIN_CONCURRENCY", 2, minimum=1)  # password checks at once per web process
 
-# Failed API-token authentications per client address (wrong, malformed, revoked or expired bearer tokens):
-# past the limit in a window, every bearer request from that address gets 429 with Retry-After.
+# Failed API-token authentications (wrong, malformed, revoked or expired bearer tokens), per (token prefix,
+# address) and, for tokens that name no token, per address: past the limit in a window, those tokens get 429 with
+# Retry-After from that address; a valid token with another prefix keeps working there (tenants/throttling.py).
 API_TOKEN_FAILURE_LIMIT = env_int("API_TOKEN_FAILURE_LIMIT", 30, minimum=1)
 API_TOKEN_FAILURE_WINDOW_SECONDS = env_int("API_TOKEN_FAILURE_WINDOW_SECONDS", 300, minimum=1)
 

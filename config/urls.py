@@ -5,6 +5,7 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, Spec
 
 from config import health
 from observability import views as observability_views
+from portal import account as account_pages
 from portal import notifications as notification_pages
 
 handler400 = "core.problems.handler400"
@@ -18,6 +19,8 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     path("accounts/login/", auth_views.LoginView.as_view(redirect_authenticated_user=True), name="login"),
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
+    path("accounts/unlock/", account_pages.LoginUnlockRequestView.as_view(), name="login-unlock-request"),
+    path("accounts/unlock/<str:token>", account_pages.LoginUnlockView.as_view(), name="login-unlock"),
     path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),
     path("api/redoc/", SpectacularRedocView.as_view(url_name="api-schema"), name="api-redoc"),

@@ -1,7 +1,9 @@
 """``Authorization: Bearer <token>`` for the REST API, and the login lockout of the portal and admin.
 
-Failed token authentications are counted per client address (``tenants.throttling.FailedTokenThrottle``);
-failed password logins by django-axes, per address and per username (``LoginLockoutBackend``).
+Failed token authentications are counted per (token prefix, address), and per address for tokens that name no
+token (``tenants.throttling.FailedTokenThrottle``): bad tokens never lock a valid one out;
+failed password logins by django-axes, per (username, address) and per address (``LoginLockoutBackend``); a
+browser that followed an unlock link (``tenants.lockout``) passes the lockout for its one account.
 """
 
 from __future__ import annotations
@@ -19,14 +21,17 @@ from rest_framework import authentication, exceptions
 
 from core.prepared import PreparedQuery
 from tenants import services
+from tenants.lockout import login_unlocked_username
 from tenants.models import ApiToken, Membership, Tenant
 from tenants.throttling import FailedTokenThrottle
 from tenants.tokens import token_matches, token_parse_prefix
 
 
 class LoginLockoutBackend(AxesBackend):
-    """django-axes' lockout check, first in ``AUTHENTICATION_BACKENDS``: a locked-out address or username is
-    refused before ``ModelBackend`` hashes the password (so a burst of guesses cannot tie up the web workers).
+    """django-axes' lockout check, first in ``AUTHENTICATION_BACKENDS``: a locked-out (username, address) or
+    address is refused before ``ModelBackend`` hashes the password (so a burst of guesses cannot tie up the web
+    workers). A browser holding an unlock cookie for ``username`` (``tenants.lockout``) goes on to the password
+    check: the real user's way in while someone at their address keeps them locked out.
 
     Only logins that come with a request are counted and checked (the portal and admin sign-in forms); a
     call without one (``Client.login`` in tests, a shell) has no address to count and goes to the next
@@ -36,15 +41,19 @@ class LoginLockoutBackend(AxesBackend):
     def authenticate(self, request, username=None, password=None, **kwargs):
         if request is None:
             return None
+        if username is not None and login_unlocked_username(request) == username:
+            return None
         return super().authenticate(request, username=username, password=password, **kwargs)
 
 
 def login_lockout_response(request, original_response=None, credentials=None):
-    """The page shown while locked out: 429 with Retry-After (the cool-off) and how staff unlock."""
+    """The page shown while locked out: 429 with Retry-After (the cool-off), the form that mails an unlock
+    link, and how staff unlock."""
     cool_off = get_cool_off(request)
     seconds = math.ceil(cool_off.total_seconds()) if cool_off else None
     response = render(request, "registration/locked_out.html",
                       {"minutes": math.ceil(seconds / 60) if seconds else None,
+                       "username": (credentials or {}).get("username") or request.POST.get("username", ""),
                        "failure_limit": settings.AXES_FAILURE_LIMIT},
                       status=settings.AXES_HTTP_RESPONSE_CODE)
     if seconds:
@@ -97,26 +106,44 @@ class BearerTokenAuthentication(authentication.BaseAuthentication):
         scheme, _, credentials = header.partition(" ")
         if scheme.lower() != self.keyword.lower():
             return None
-        throttle = FailedTokenThrottle()
-        wait = throttle.wait(request)
-        if wait is not None:
-            raise exceptions.Throttled(wait=wait, detail="Too many failed token authentications from this "
-                                                         "address; try again later.")
-        try:
-            return self._authenticate_credentials(credentials.strip())
-        except exceptions.AuthenticationFailed:
-            throttle.record_failure(request)
-            raise
+        return self._authenticate_credentials(request, credentials.strip())
 
-    def _authenticate_credentials(self, credentials: str):
+    @staticmethod
+    def _refuse_throttled(wait: float):
+        raise exceptions.Throttled(wait=wait, detail="Too many failed authentications with this token from "
+                                                     "this address; try again later.")
+
+    def _authenticate_credentials(self, request, credentials: str):
+        throttle = FailedTokenThrottle()
         prefix = token_parse_prefix(credentials)
         if not credentials or prefix is None:
+            if (wait := throttle.wait(request, prefix=None)) is not None:
+                self._refuse_throttled(wait)
+            throttle.record_failure(request, prefix=None)
             raise exceptions.AuthenticationFailed("Malformed bearer token; expected gpub_<prefix>_<secret>.")
+        # failures of this prefix from this address: refused before the lookup and the hash
+        if (wait := throttle.wait(request, prefix=prefix)) is not None:
+            self._refuse_throttled(wait)
         # one query: the token, its tenant and user, and the user's current role in that tenant (read fresh
         # on every request, so a removed member or a changed role counts at once), compiled once per process
         found = _token_lookup().rows(prefix=prefix)
-        token = _token_from_row(found[0]) if found else None
-        if token is None or not token_matches(credentials, token.secret_hash):
+        if not found:  # names no token: the address's cap, which a token that exists never meets
+            if (wait := throttle.wait(request, prefix=None)) is not None:
+                self._refuse_throttled(wait)
+            throttle.record_failure(request, prefix=None)
+            raise exceptions.AuthenticationFailed("Invalid token.")
+        token = _token_from_row(found[0])
+        try:
+            self._check_token(token, credentials)
+        except exceptions.AuthenticationFailed:
+            throttle.record_failure(request, prefix=prefix)
+            raise
+        token.role = token.member_role
+        return token.user, token
+
+    @staticmethod
+    def _check_token(token: ApiToken, credentials: str) -> None:
+        if not token_matches(credentials, token.secret_hash):
             raise exceptions.AuthenticationFailed("Invalid token.")
         now = timezone.now()
         if token.revoked_at is not None:
@@ -128,8 +155,6 @@ class BearerTokenAuthentication(authentication.BaseAuthentication):
         if token.member_role is None:
             raise exceptions.AuthenticationFailed("The token's user is no longer a member of its tenant.")
         services.api_token_mark_used(token=token, now=now)
-        token.role = token.member_role
-        return token.user, token
 
     def authenticate_header(self, request):
         return f'{self.keyword} realm="api"'

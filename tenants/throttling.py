@@ -136,35 +136,42 @@ class TenantRateThrottle(SimpleRateThrottle):
 
 
 class FailedTokenThrottle:
-    """Failed bearer-token authentications per client address, in fixed windows on the shared cache.
+    """Failed bearer-token authentications, in fixed windows on the shared cache, counted so that bad tokens
+    sent from an address never lock a valid token out there (issue 27 item 7).
 
-    Past ``API_TOKEN_FAILURE_LIMIT`` failures in a window of ``API_TOKEN_FAILURE_WINDOW_SECONDS``, every
-    bearer request from that address is refused until the window ends (``wait()``), the good ones too:
-    whoever guesses from an address learns nothing more there for a while. Counting uses the cache's
-    atomic ``incr`` so concurrent web processes never lose a failure.
+    Two kinds of counter, each refusing (429 until its window ends, ``wait()``) past
+    ``API_TOKEN_FAILURE_LIMIT`` failures in ``API_TOKEN_FAILURE_WINDOW_SECONDS``:
+
+    - per (token prefix, address), for a token whose prefix names a real token but which fails (wrong secret,
+      revoked, expired, its user gone): only that prefix is refused from that address, before its hash is
+      compared; every other token from the address works;
+    - per address, for tokens that name no token at all (unparseable, or a prefix no token has): past the cap
+      such tokens get 429 at once from that address, but a token whose prefix exists is never refused by it
+      (it goes on to its own counter and its hash check).
+
+    Counting uses the cache's atomic ``incr`` so concurrent web processes never lose a failure.
     """
 
     def __init__(self) -> None:
         self.limit = settings.API_TOKEN_FAILURE_LIMIT
         self.window_seconds = settings.API_TOKEN_FAILURE_WINDOW_SECONDS
 
-    def _window(self, now: float) -> int:
-        return int(now // self.window_seconds) * self.window_seconds
+    def _key(self, request, prefix: str | None, window_start: int) -> str:
+        scope = f"prefix:{prefix}" if prefix else "unknown"
+        return f"throttle:token-failures:{client_ip(request) or 'unknown'}:{scope}:{window_start}"
 
-    def _key(self, request, window_start: int) -> str:
-        return f"throttle:token-failures:{client_ip(request) or 'unknown'}:{window_start}"
-
-    def wait(self, request) -> float | None:
-        """Seconds until this address may try a token again; ``None`` when it may now."""
+    def wait(self, request, *, prefix: str | None) -> float | None:
+        """Seconds until this address may try the token of ``prefix`` (None: tokens that name no token) again;
+        ``None`` when it may now."""
         now = time.time()
-        start = self._window(now)
-        if (cache.get(self._key(request, start)) or 0) < self.limit:
+        start = int(now // self.window_seconds) * self.window_seconds
+        if (cache.get(self._key(request, prefix, start)) or 0) < self.limit:
             return None
         return max(start + self.window_seconds - now, 1.0)
 
-    def record_failure(self, request) -> None:
-        start = self._window(time.time())
-        key = self._key(request, start)
+    def record_failure(self, request, *, prefix: str | None) -> None:
+        start = int(time.time() // self.window_seconds) * self.window_seconds
+        key = self._key(request, prefix, start)
         cache.add(key, 0, timeout=self.window_seconds + 5)
         try:
             cache.incr(key)

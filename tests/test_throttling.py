@@ -48,32 +48,91 @@ def test_login_lockout_per_address_refuses_even_the_right_password(db, client):
     assert _login(client, "alice", "pw-alice", addr="10.1.0.2").status_code == 302  # another address
 
 
-def test_login_lockout_per_account_from_many_addresses(db, client):
+def test_login_lockout_attack_from_one_address_does_not_lock_the_user_out_elsewhere(db, client):
+    """Issue 27 item 7: ten wrong passwords used to lock any known account, staff too, out from every address."""
+    make_user("root", is_staff=True, is_superuser=True)
+    statuses = [_login(client, "root", "wrong", addr="10.2.0.66").status_code for _ in range(3 * LIMIT)]
+    assert set(statuses[LIMIT:]) == {429}  # the attacker's address is refused
+    assert _login(client, "root", "pw-root", addr="10.2.0.66").status_code == 429
+    assert _login(client, "root", "pw-root", addr="10.2.0.7").status_code == 302  # the real user, elsewhere
+    assert _login(client, "root", "pw-root", addr="10.2.0.8", path="/admin/login/").status_code == 302
+
+
+def test_login_lockout_per_account_at_one_address(db, client):
     make_user("alice")
     make_user("bob")
-    statuses = [_login(client, "alice", "wrong", addr=f"10.2.{i // 250}.{i % 250}").status_code
-                for i in range(100)]
+    statuses = [_login(client, "alice", "wrong", addr="10.2.1.1").status_code for _ in range(LIMIT + 5)]
     assert set(statuses[LIMIT:]) == {429}
-    assert _login(client, "alice", "pw-alice", addr="10.9.9.9").status_code == 429  # a fresh address
-    assert _login(client, "bob", "pw-bob", addr="10.9.9.9").status_code == 302  # another account
-
-
-def test_login_lockout_covers_the_admin_sign_in(db, client):
-    make_user("root", is_staff=True, is_superuser=True)
-    for _ in range(LIMIT):
-        _login(client, "root", "wrong", path="/admin/login/")
-    assert _login(client, "root", "pw-root", path="/admin/login/").status_code == 429
+    assert _login(client, "alice", "pw-alice", addr="10.2.1.1").status_code == 429
+    # guesses spread over many addresses lock no address (each below the limit) and not the account
+    for i in range(3 * LIMIT):
+        _login(client, "bob", "wrong", addr=f"10.2.2.{i}")
+    assert _login(client, "bob", "pw-bob", addr="10.2.3.1").status_code == 302
 
 
 def test_login_lockout_ends_when_staff_reset_the_account(db, client):
     from django.core.management import call_command
 
     make_user("alice")
-    for i in range(LIMIT):
-        _login(client, "alice", "wrong", addr=f"10.3.0.{i}")
-    assert _login(client, "alice", "pw-alice", addr="10.3.1.1").status_code == 429
+    for _ in range(LIMIT):
+        _login(client, "alice", "wrong", addr="10.3.0.1")
+    assert _login(client, "alice", "pw-alice", addr="10.3.0.1").status_code == 429
     call_command("axes_reset_username", "alice")
-    assert _login(client, "alice", "pw-alice", addr="10.3.1.1").status_code == 302
+    assert _login(client, "alice", "pw-alice", addr="10.3.0.1").status_code == 302
+
+
+def _unlock_link(client, mailoutbox, username, addr):
+    sent = client.post("/accounts/unlock/", {"username": username}, REMOTE_ADDR=addr)
+    assert sent.status_code == 202
+    assert len(mailoutbox) == 1
+    [link] = [word for word in mailoutbox[0].body.split() if "/accounts/unlock/" in word]
+    return link.split("testserver", 1)[1]
+
+
+def test_login_unlock_link_lets_the_real_user_in_once(db, client, mailoutbox):
+    """Someone at the user's own address (a shared NAT) locks them out there; the mailed link lets that browser
+    sign in with the password, once; the guesser's browser stays locked out."""
+    from django.test import Client
+
+    make_user("alice", email="alice@acme.test")
+    attacker = Client()
+    for _ in range(LIMIT):
+        _login(attacker, "alice", "wrong", addr="10.7.0.1")
+    locked = _login(client, "alice", "pw-alice", addr="10.7.0.1")
+    assert locked.status_code == 429 and b"unlock link" in locked.content
+    path = _unlock_link(client, mailoutbox, "alice", "10.7.0.1")
+    assert mailoutbox[0].to == ["alice@acme.test"]
+    assert client.get(path, REMOTE_ADDR="10.7.0.1").status_code == 302
+    assert _login(client, "alice", "pw-alice", addr="10.7.0.1").status_code == 302
+    assert _login(attacker, "alice", "pw-alice", addr="10.7.0.1").status_code == 429  # the cookie is per browser
+    again = Client().get(path, REMOTE_ADDR="10.7.0.9")
+    assert again.status_code == 409 and b"already been used" in again.content
+    # the link never signs in by itself: without the password the unlocked browser is refused
+    client.logout()
+    assert _login(client, "alice", "wrong", addr="10.7.0.1").status_code in (200, 429)
+    assert "_auth_user_id" not in client.session
+
+
+def test_login_unlock_link_expires(db, client, mailoutbox):
+    make_user("alice", email="alice@acme.test")
+    with time_machine.travel(time.time(), tick=False) as clock:
+        for _ in range(LIMIT):
+            _login(client, "alice", "wrong", addr="10.8.0.1")
+        path = _unlock_link(client, mailoutbox, "alice", "10.8.0.1")
+        clock.shift(settings.LOGIN_UNLOCK_LINK_SECONDS + 1)
+        expired = client.get(path, REMOTE_ADDR="10.8.0.1")
+    assert expired.status_code == 400 and b"expired" in expired.content
+    assert "login_unlock" not in expired.cookies
+
+
+def test_login_unlock_request_tells_nothing_and_floods_no_mailbox(db, client, mailoutbox):
+    make_user("alice", email="alice@acme.test")
+    answers = {client.post("/accounts/unlock/", {"username": name}, REMOTE_ADDR="10.8.1.1").content
+               .split(b"<section", 1)[1].split(b"</section>", 1)[0] for name in ("alice", "nobody", "alice", "alice")}
+    assert len(answers) == 1  # the same page for a real account, a missing one, and a repeat
+    assert len(mailoutbox) == 1  # one mail per account per LOGIN_UNLOCK_RESEND_SECONDS
+    forged = client.get("/accounts/unlock/" + "x" * 40, REMOTE_ADDR="10.8.1.1")
+    assert forged.status_code == 400
 
 
 def test_login_address_ignores_a_forged_forwarded_for(db, client):
@@ -106,18 +165,49 @@ def _bad_tokens_get_429(world):
     assert refused["Content-Type"].startswith("application/problem+json")
     assert refused.json()["status"] == 429
     assert 1 <= int(refused["Retry-After"]) <= settings.API_TOKEN_FAILURE_WINDOW_SECONDS
-    # a good token from that address waits too; from another address it works
+    # a valid token from that address keeps working (issue 27 item 7: it used to wait with the bad ones)
     good = world.client("owner")
     assert token_parse_prefix(world.tokens["owner"]) is not None
-    assert good.get("/api/v1/projects", REMOTE_ADDR="10.5.0.1").status_code == 429
+    assert good.get("/api/v1/projects", REMOTE_ADDR="10.5.0.1").status_code == 200
     assert good.get("/api/v1/projects", REMOTE_ADDR="10.5.0.2").status_code == 200
+
+
+def test_api_bad_tokens_from_an_address_do_not_block_a_valid_token(world):
+    """Malformed tokens, unknown prefixes, and wrong secrets for a real token's prefix, all from one address:
+    each kind is refused past its limit there, and every valid token with another prefix still works from that
+    address. (A prefix guessed at is refused from that address only, even with its right secret: the guesser
+    learns nothing there for the window.)"""
+    from tenants.tokens import token_parse_prefix
+
+    window = settings.API_TOKEN_FAILURE_WINDOW_SECONDS
+    limit = settings.API_TOKEN_FAILURE_LIMIT
+    prefix = token_parse_prefix(world.tokens["viewer"])
+    guessed = api_client(f"gpub_{prefix}_" + "z" * 43)  # the viewer's prefix, a wrong secret
+    with time_machine.travel((time.time() // window + 1) * window + 1, tick=False):
+        malformed = [api_client(f"junk-{i}").get("/api/v1/projects", REMOTE_ADDR="10.5.1.1").status_code
+                     for i in range(limit + 3)]
+        unknown = api_client("gpub_zzzzzzzzzz_" + "q" * 43).get("/api/v1/projects", REMOTE_ADDR="10.5.1.1")
+        same_prefix = [guessed.get("/api/v1/projects", REMOTE_ADDR="10.5.1.1").status_code
+                       for _ in range(limit + 3)]
+        good = world.client("owner").get("/api/v1/projects", REMOTE_ADDR="10.5.1.1")
+        other = world.client("member").get("/api/v1/projects", REMOTE_ADDR="10.5.1.1")
+        targeted = world.client("viewer").get("/api/v1/projects", REMOTE_ADDR="10.5.1.1")
+        viewer_elsewhere = world.client("viewer").get("/api/v1/projects", REMOTE_ADDR="10.5.1.2")
+        elsewhere = guessed.get("/api/v1/projects", REMOTE_ADDR="10.5.1.2")
+    assert malformed[:limit] == [401] * limit and set(malformed[limit:]) == {429}
+    assert unknown.status_code == 429  # the address's cap for tokens that name no token
+    assert same_prefix[:limit] == [401] * limit and set(same_prefix[limit:]) == {429}
+    assert good.status_code == 200, good.content
+    assert other.status_code == 200, other.content
+    assert targeted.status_code == 429 and viewer_elsewhere.status_code == 200
+    assert elsewhere.status_code == 401  # the prefix's counter is per address
 
 
 def test_api_token_failures_are_counted_in_the_shared_cache(world):
     """The counter lives in the cache every web process uses (Redis or PostgreSQL), not in this process."""
     assert "locmem" not in settings.CACHES["default"]["BACKEND"].lower()
     api_client("gpub_abcdefgh_" + "y" * 40).get("/api/v1/projects", REMOTE_ADDR="10.6.0.1")
-    keys = [k for k in _cache_keys() if "token-failures:10.6.0.1" in k]
+    keys = [k for k in _cache_keys() if "token-failures:10.6.0.1:" in k]
     assert keys, "no failure counter in the shared cache"
 
 

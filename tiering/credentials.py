@@ -68,14 +68,14 @@ class SamplesCredentialAuthentication(authentication.BaseAuthentication):
         value = value.strip()
         if scheme.lower() != self.keyword.lower() or not value.startswith(PREFIX):
             return None
-        throttle = FailedTokenThrottle()
-        wait = throttle.wait(request)
-        if wait is not None:
-            raise exceptions.Throttled(wait=wait, detail="Too many failed token authentications from this "
-                                                         "address; try again later.")
         credential = samples_credential_check(value, now=timezone.now())
-        if credential is None:
-            throttle.record_failure(request)
+        if credential is None:  # a bad one only: the address's cap for tokens that name none never refuses a good one
+            throttle = FailedTokenThrottle()
+            wait = throttle.wait(request, prefix=None)
+            if wait is not None:
+                raise exceptions.Throttled(wait=wait, detail="Too many failed token authentications from this "
+                                                             "address; try again later.")
+            throttle.record_failure(request, prefix=None)
             raise exceptions.AuthenticationFailed("Invalid or expired samples credential.")
         return AnonymousUser(), credential
 

@@ -95,6 +95,8 @@ def _schedule_cycle_locked(now: datetime, counts: dict) -> dict:
     placements = [(by_id[d.request], d) for d in decisions if d.mode == DecisionMode.PLACED]
     placed, refused = _place_all(placements, gpus, now)
     counts["placed"] = len(placed)
+    if refused:  # planned on capacity the database says is taken (not yet vacated, or a stale snapshot)
+        counts["refused"] = len(refused)
     waiting = []
     for decision in decisions:
         lease = by_id[decision.request]
@@ -232,7 +234,9 @@ def _place_many(placements: list, gpus: dict, now: datetime) -> list[int]:
         over_quota.append(allocation.preemptible)
         events.append((lease.pk, queued, provisioning, decision.reason, "scheduler", now))
         by_node.setdefault(gpus[allocation.units[0].gpu].node, []).append(lease.pk)
-    # set-based: one COPY of the allocations, one UPDATE of the leases, one COPY of their events
+    # set-based: one COPY of the allocations, one UPDATE of the leases, one COPY of their events. The rows in
+    # GPU key order, the order every writer of several GPUs' rows takes them in (node_inventory_sync)
+    rows.sort(key=lambda row: row[1])
     insert_rows(Allocation, ALLOCATION_FIELDS, rows)
     update_columns(Lease, changed, {"state": [provisioning] * len(changed), "reason": reasons, "tier": tiers,
                                     "over_quota": over_quota, "queue_position": [None] * len(changed)})

@@ -11,7 +11,7 @@ from urllib.parse import urlsplit
 
 from django.conf import settings
 from django.db import IntegrityError, connection, transaction
-from django.db.models import F
+from django.db.models import F, Q
 from django.utils import timezone
 
 from broker.choices import (
@@ -223,9 +223,22 @@ def node_inventory_sync(*, node: Node, inventory: object, now: datetime, strict:
         except (KeyError, TypeError, ValueError, UnknownModel) as error:
             raise ValidationFailed(f"inventory.gpus[{index}] is not a GPU the broker knows: {error}",
                                    field=f"inventory.gpus[{index}]") from None
-    owners = dict(Gpu.objects.select_for_update().filter(uuid__in=[uuid for _, uuid, _ in parsed],
-                                                         released_at__isnull=True)
-                  .exclude(node=node).values_list("uuid", "node__node_id"))
+    # Every GPU row this sync may write (those reported, and this node's live ones it may mark lost), locked
+    # in one statement in primary-key order before any is written: two syncs, the GPU writers of capacity and
+    # staff (which lock one GPU) then always wait in the same order, never in a circle (issue 27 item 12: a
+    # DeadlockDetected here during a kill test). FOR NO KEY UPDATE, as an UPDATE of non-key columns takes: a
+    # GPU's key never changes, so the KEY SHARE lock that inserting an allocation takes on its GPU (the
+    # cycle's placement write, provisioning, the warm pool) never waits for a sync, nor a sync for it.
+    uuids = [uuid for _, uuid, _ in parsed]
+    locked = list(Gpu.objects.select_for_update(no_key=True)
+                  .filter(Q(uuid__in=uuids) | Q(node=node, lost_at__isnull=True)).order_by("pk")
+                  .values_list("pk", "uuid", "node_id", "released_at"))
+    reported = set(uuids)
+    owner_pks = {node_pk for _, uuid, node_pk, released_at in locked
+                 if uuid in reported and released_at is None and node_pk != node.pk}
+    node_ids = dict(Node.objects.filter(pk__in=owner_pks).values_list("pk", "node_id"))
+    owners = {uuid: node_ids[node_pk] for _, uuid, node_pk, released_at in locked
+              if node_pk in node_ids and released_at is None}
     refused = [index for index, uuid, _ in parsed if uuid in owners]
     if refused and strict:
         index = refused[0]
@@ -234,8 +247,8 @@ def node_inventory_sync(*, node: Node, inventory: object, now: datetime, strict:
                                  f"(manage.py gpu_release {uuid}) before another node can claim it.",
                                  field=f"inventory.gpus[{index}]")
     # the rows these GPUs already have, read once (an enrollment used to cost a SELECT and a write per GPU)
-    known = {gpu.uuid: gpu for gpu in Gpu.objects.select_for_update().filter(
-        uuid__in=[uuid for _, uuid, _ in parsed if uuid not in owners])}
+    known = {gpu.uuid: gpu for gpu in Gpu.objects.filter(
+        uuid__in=[uuid for _, uuid, _ in parsed if uuid not in owners])}  # locked above
     seen, new = [], []
     for _index, uuid, values in parsed:
         if uuid in owners:
@@ -258,7 +271,9 @@ def node_inventory_sync(*, node: Node, inventory: object, now: datetime, strict:
                 values = {name: getattr(gpu, name) for name in ("index", "model", "mode", "memory_mib")}
                 Gpu.objects.update_or_create(uuid=gpu.uuid, defaults={"node": node, **values, "lost_at": None,
                                                                       "released_at": None})
-    Gpu.objects.filter(node=node, lost_at__isnull=True).exclude(uuid__in=seen).update(lost_at=now)
+    # only rows locked above (a GPU inserted since by a racing enrollment of this node is reported by it)
+    Gpu.objects.filter(pk__in=[pk for pk, _, node_pk, _ in locked if node_pk == node.pk], lost_at__isnull=True
+                       ).exclude(uuid__in=seen).update(lost_at=now)
     return refused
 
 
@@ -407,7 +422,7 @@ def gpu_release(*, gpu: Gpu, by_user=None, reason: str = "") -> Gpu:
 
     now = timezone.now()
     with transaction.atomic(durable=True):
-        gpu = Gpu.objects.select_for_update().select_related("node").get(pk=gpu.pk)
+        gpu = Gpu.objects.select_for_update(of=("self",)).select_related("node").get(pk=gpu.pk)  # not the node
         if Allocation.objects.filter(gpu=gpu, freed_at__isnull=True).exists():
             raise Conflict(f"GPU {gpu.uuid} is held by a live lease; release or fail that lease first.",
                            field="gpu")

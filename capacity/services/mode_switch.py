@@ -23,7 +23,10 @@ def mode_apply(adjustment: Adjustment, now: datetime) -> None:
     change = adjustment.change
     with transaction.atomic(durable=True):
         _cycle_lock()
-        gpu = Gpu.objects.select_for_update().select_related("node").get(pk=_gpu_of(adjustment))
+        # the GPU's row only (not its node's, which heartbeats lock), as an update of non-key columns locks it:
+        # an allocation inserted on it (KEY SHARE) neither waits for it nor makes it wait (issue 27 item 12)
+        gpu = (Gpu.objects.select_for_update(no_key=True, of=("self",)).select_related("node")
+               .get(pk=_gpu_of(adjustment)))
         if gpu.mode != change["from_mode"] or gpu.mode_target or gpu.lost_at or gpu.node.status != NodeStatus.READY:
             return _finish(adjustment, AdjustmentState.EXPIRED, f"the GPU changed since the proposal (now {gpu.mode}"
                            f"{', changing' if gpu.mode_target else ''}, node {gpu.node.status})", now=now)

@@ -34,7 +34,7 @@ def warm_apply(adjustment: Adjustment, now: datetime) -> None:
 def _remove_warm(ids: list[int], now: datetime) -> int:
     with transaction.atomic():
         taken = list(Allocation.objects.select_for_update().filter(
-            pk__in=ids, lease__isnull=True, freed_at__isnull=True).values_list("pk", flat=True))
+            pk__in=ids, lease__isnull=True, freed_at__isnull=True).order_by("pk").values_list("pk", flat=True))
         Allocation.objects.filter(pk__in=taken).update(state=AllocationState.RELEASING)
     _destroy_warm(taken, now)
     return len(taken)
@@ -65,9 +65,13 @@ def _create_warm(slots, now: datetime) -> tuple[int, list[str]]:
     made: list[Allocation] = []
     with transaction.atomic(durable=True):
         _cycle_lock()
+        # the slots' GPUs locked at once in key order (the order of every writer of several GPUs' rows:
+        # node_inventory_sync), their rows only, as an update of non-key columns locks them (issue 27 item 12)
+        wanted = sorted({int(str(slot["gpu"]).lstrip("g")) for slot in slots})
+        locked = {gpu.pk: gpu for gpu in Gpu.objects.select_for_update(no_key=True, of=("self",))
+                  .select_related("node").filter(pk__in=wanted).order_by("pk")}
         for slot in slots:
-            gpu = (Gpu.objects.select_for_update().select_related("node")
-                   .filter(pk=int(str(slot["gpu"]).lstrip("g"))).first())
+            gpu = locked.get(int(str(slot["gpu"]).lstrip("g")))
             if (gpu is None or gpu.mode != GpuMode.MIG or gpu.mode_target or gpu.lost_at
                     or gpu.node.status != NodeStatus.READY):
                 skipped.append(f"{slot['gpu']}: not an available MIG GPU")

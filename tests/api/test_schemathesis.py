@@ -68,8 +68,8 @@ def test_api_schemathesis_live_server_conforms_and_every_status_is_produced(worl
     contract = seed(world)
     owner_token = world.tokens["owner"]
     produced: set[tuple[str, str, int]] = set()
-    # the fuzzer sends bad tokens on purpose: past 30 in 5 minutes every bearer request from 127.0.0.1
-    # would be a 429 (tenants.throttling.FailedTokenThrottle, tested in tests/tenants), the owner's too
+    # the fuzzer sends bad tokens on purpose: past 30 in 5 minutes every malformed or unknown token from 127.0.0.1
+    # would be a 429 (tenants.throttling.FailedTokenThrottle, tested in tests/test_throttling.py), not the owner's
     with api_server(database_url(), **CONTRACT_SERVER_ENV) as url:
         status, _, content = call(url, "get", "/api/schema/?format=json", token=owner_token)
         assert status == 200

@@ -237,6 +237,10 @@ ALLOWED = {
     "readyz": "readiness probe: public by design, reveals only up/down",
     "login": "the login form itself (throttled by tenants/throttling.py)",
     "logout": "ends the caller's own session",
+    "login-unlock-request": "mails an account's own address an unlock link; the same answer for any username, "
+                            "one mail per account a minute (tests/test_throttling.py)",
+    "login-unlock": "a signed, single-use, expiring link; only lets its browser reach the password check "
+                    "(tests/test_throttling.py)",
     "api-schema": "the OpenAPI document: public, describes routes, holds no data",
     "api-docs": "Swagger UI over the public schema",
     "api-redoc": "ReDoc over the public schema",
