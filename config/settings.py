@@ -298,7 +298,7 @@ LEASE_GROUP_RESERVE_AFTER_SECONDS = env_int("LEASE_GROUP_RESERVE_AFTER_SECONDS",
 AGENT_TIMEOUT_SECONDS = env_int("AGENT_TIMEOUT_SECONDS", 5, minimum=1)
 # workloads on leases (docs/leasing.md, "Workloads"): working and checkpoint directories must lie under one of
 # these roots (shared storage the operator mounts on every node at the same path); a lease release gives a
-# running workload this long between SIGTERM and SIGKILL; a log follow waits at most this long for new bytes
+# running workload this long between SIGTERM and SIGKILL
 # (a workload names paths under <root>/<tenant slug>/<project slug>/ only: docs/leasing.md, "Workloads")
 WORKLOAD_ALLOWED_ROOTS = env_list("WORKLOAD_ALLOWED_ROOTS", ["/srv/gpubroker"])
 # a workload's secret_env is stored encrypted (Fernet) with the first of these keys (each 32 url-safe base64 bytes,
@@ -306,7 +306,15 @@ WORKLOAD_ALLOWED_ROOTS = env_list("WORKLOAD_ALLOWED_ROOTS", ["/srv/gpubroker"])
 # and from each SECRET_KEY_FALLBACKS for decrypting (docs/security.md, "Workload secrets")
 WORKLOAD_SECRET_KEYS = env_list("WORKLOAD_SECRET_KEYS", [])
 WORKLOAD_STOP_GRACE_SECONDS = env_int("WORKLOAD_STOP_GRACE_SECONDS", 10, minimum=0)
-WORKLOAD_LOG_FOLLOW_SECONDS = env_int("WORKLOAD_LOG_FOLLOW_SECONDS", 20, minimum=1)
+# A log follow (docs/leasing.md "Following a log") is a long poll: it waits at most WORKLOAD_LOG_FOLLOW_SECONDS for
+# bytes after its offset, then answers next_offset to re-ask from. A waiting follow holds a web thread, so at most
+# WORKLOAD_LOG_FOLLOWS_PER_TENANT of one tenant wait at once across every web process (slots in the shared cache;
+# over it: 429 with Retry-After), and at most WORKLOAD_LOG_FOLLOW_WAITERS wait in one web process (default half its
+# gunicorn threads, which config/gunicorn.py tells it as WEB_THREADS), so the other threads always answer.
+WORKLOAD_LOG_FOLLOW_SECONDS = env_int("WORKLOAD_LOG_FOLLOW_SECONDS", 5, minimum=1)
+WORKLOAD_LOG_FOLLOWS_PER_TENANT = env_int("WORKLOAD_LOG_FOLLOWS_PER_TENANT", 2, minimum=1)
+WORKLOAD_LOG_FOLLOW_WAITERS = env_int("WORKLOAD_LOG_FOLLOW_WAITERS", max(1, env_int("WEB_THREADS", 4, minimum=1) // 2),
+                                      minimum=1)
 # when a placement ends, the broker keeps the tail of its logs, this many bytes per stream (the logs of earlier
 # placements); interactive workloads get a host port of their node from this range (first-last), never one a
 # live workload on that node holds; with restart_policy on-failure, after this many failed runs in a row on one
