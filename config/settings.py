@@ -409,7 +409,10 @@ EMAIL_USE_TLS = env_bool("EMAIL_USE_TLS", False)
 DEFAULT_FROM_EMAIL = env_str("DEFAULT_FROM_EMAIL", "GPU broker <noreply@gpubroker.invalid>")
 # outbound webhooks: a POST waits this long; back-off base and cap between attempts; give up after this
 # many attempts or this long after the event, whichever comes first
+# the deadline of one delivery attempt: connecting, sending and reading the answer all end by then, however the
+# receiver paces its bytes (notifications/transport.py); of the answer at most WEBHOOK_RESPONSE_MAX_BYTES are read
 WEBHOOK_TIMEOUT_SECONDS = env_float("WEBHOOK_TIMEOUT_SECONDS", 5.0, minimum=0.1, maximum=30.0)
+WEBHOOK_RESPONSE_MAX_BYTES = env_int("WEBHOOK_RESPONSE_MAX_BYTES", 65536, minimum=0)
 WEBHOOK_BACKOFF_BASE_SECONDS = env_float("WEBHOOK_BACKOFF_BASE_SECONDS", 30.0, minimum=0.01, maximum=3600.0)
 WEBHOOK_BACKOFF_MAX_SECONDS = env_float("WEBHOOK_BACKOFF_MAX_SECONDS", 3600.0, minimum=0.01, maximum=86400.0)
 WEBHOOK_MAX_ATTEMPTS = env_int("WEBHOOK_MAX_ATTEMPTS", 12, minimum=1)

@@ -4,6 +4,7 @@ rotation, sending and retrying in-process against a real receiver, the outbox, a
 from __future__ import annotations
 
 import threading
+import time
 from datetime import timedelta
 
 import pytest
@@ -232,6 +233,43 @@ def test_webhooks_endpoint_failing_long_is_disabled_and_audited(world, loopback,
     services.delivery_send(delivery_id=delivery.pk, now=start + timedelta(hours=2))
     delivery.refresh_from_db()
     assert delivery.status == "failed" and len(receiver.hits) == 2
+
+
+# -- the deadline: a receiver never holds a worker longer than WEBHOOK_TIMEOUT_SECONDS ----------------------------
+DRIPPED = b"HTTP/1.1 200 OK\r\nContent-Length: 1000\r\n\r\n" + b"x" * 1000
+
+
+def _dripped_delivery(world, settings, receiver_url: str) -> tuple[Delivery, float]:
+    settings.WEBHOOK_TIMEOUT_SECONDS = 3
+    services.webhook_endpoint_create(actor=_actor(world), url=receiver_url, event_types=["lease.released"])
+    _event(_lease(world), LeaseState.RELEASED)
+    services.outbox_process()
+    delivery = Delivery.objects.get()
+    started = time.monotonic()
+    services.delivery_send(delivery_id=delivery.pk)
+    elapsed = time.monotonic() - started
+    delivery.refresh_from_db()
+    return delivery, elapsed
+
+
+def test_webhooks_a_receiver_dripping_its_answer_is_cut_at_the_deadline(world, loopback, drip, settings):
+    """One byte every 2 s from the status line on: a per-socket timeout never fires (issue 27 item 3: a 5 s post
+    held a worker 40 s); the deadline ends the attempt at 3 s, a failed attempt that says why."""
+    receiver = drip(DRIPPED)
+    delivery, elapsed = _dripped_delivery(world, settings, receiver.url)
+    assert elapsed < 3 + 1.0, f"the post took {elapsed:.1f} s"
+    assert (delivery.status, delivery.attempts, delivery.last_status_code) == (DeliveryStatus.PENDING, 1, None)
+    assert "deadline" in delivery.last_error and "3 s" in delivery.last_error, delivery.last_error
+    print(f"\ndripping receiver: the attempt ended after {elapsed:.2f} s: {delivery.last_error}")
+
+
+def test_webhooks_a_receiver_dripping_its_body_counts_by_its_status(world, loopback, drip, settings):
+    """The status and headers at once, then the body a byte every 2 s: the answer is the status; the rest is not
+    waited for past the deadline."""
+    receiver = drip(DRIPPED, at_once=DRIPPED.index(b"\r\n\r\n") + 4)
+    delivery, elapsed = _dripped_delivery(world, settings, receiver.url)
+    assert elapsed < 3 + 1.0, f"the post took {elapsed:.1f} s"
+    assert (delivery.status, delivery.last_status_code) == (DeliveryStatus.SUCCEEDED, 200)
 
 
 # -- the outbox ---------------------------------------------------------------------------------------
