@@ -197,8 +197,16 @@ CELERY_TASK_DEFAULT_QUEUE = env_str("CELERY_TASK_DEFAULT_QUEUE", "celery")
 # else: cycles take milliseconds, but agent calls (provisioning, warm-pool creation) hold a worker for seconds,
 # and a cycle queued behind them delays every placement, warm binds included (make run uses "scheduler")
 CELERY_SCHEDULER_QUEUE = env_str("CELERY_SCHEDULER_QUEUE", "")
-CELERY_TASK_ROUTES = ({"broker.schedule_cycle": {"queue": CELERY_SCHEDULER_QUEUE}} if CELERY_SCHEDULER_QUEUE
-                      else {})
+# webhook and e-mail deliveries (and the outbox run that makes them) on a queue of their own (empty: the default
+# queue), consumed by a worker of their own: a delivery may wait WEBHOOK_TIMEOUT_SECONDS on a tenant's receiver,
+# and provisioning and releases must never queue behind one, nor a delivery behind agent calls (make run, the
+# image's notifications-worker role, compose and the manifests use "notifications"; docs/notifications.md)
+CELERY_NOTIFICATIONS_QUEUE = env_str("CELERY_NOTIFICATIONS_QUEUE", "")
+CELERY_TASK_ROUTES: dict = {}
+if CELERY_SCHEDULER_QUEUE:
+    CELERY_TASK_ROUTES["broker.schedule_cycle"] = {"queue": CELERY_SCHEDULER_QUEUE}
+if CELERY_NOTIFICATIONS_QUEUE:
+    CELERY_TASK_ROUTES["notifications.*"] = {"queue": CELERY_NOTIFICATIONS_QUEUE}
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1

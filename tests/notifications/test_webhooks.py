@@ -3,6 +3,7 @@ rotation, sending and retrying in-process against a real receiver, the outbox, a
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from datetime import timedelta
@@ -373,3 +374,27 @@ def test_portal_webhook_page_creates_and_shows_secret_once(world, client, loopba
     assert secret.encode() in response.content
     page = client.get("/settings/notifications/")
     assert page.status_code == 200 and b"127.0.0.1:9" in page.content and secret.encode() not in page.content
+
+
+def test_webhooks_deliveries_go_to_their_own_queue_apart_from_lease_work():
+    """With CELERY_NOTIFICATIONS_QUEUE (make run, the image's roles, compose and the manifests set it), every
+    notifications task is routed to that queue and the lease work stays on the default one, so the
+    notifications worker and the default worker never wait on each other's tasks."""
+    import json
+    import subprocess
+    import sys
+
+    from tests.api.server import ROOT
+
+    code = ("import json; from config.celery import app; "
+            "print(json.dumps({name: app.amqp.router.route({}, name)['queue'].name for name in "
+            "['notifications.delivery_send', 'notifications.deliveries_send_due', 'notifications.outbox_process', "
+            "'broker.leases_provision_run', 'broker.lease_release_run', 'broker.schedule_cycle']}))")
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "config.settings", "CELERY_TASK_DEFAULT_QUEUE": "celery",
+           "CELERY_NOTIFICATIONS_QUEUE": "notifications", "CELERY_SCHEDULER_QUEUE": "scheduler"}
+    out = subprocess.run([sys.executable, "-c", f"import django; django.setup(); {code}"], cwd=ROOT, env=env,
+                         capture_output=True, text=True, check=True).stdout
+    assert json.loads(out.strip().splitlines()[-1]) == {
+        "notifications.delivery_send": "notifications", "notifications.deliveries_send_due": "notifications",
+        "notifications.outbox_process": "notifications", "broker.leases_provision_run": "celery",
+        "broker.lease_release_run": "celery", "broker.schedule_cycle": "scheduler"}
