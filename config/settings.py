@@ -198,8 +198,16 @@ CELERY_TASK_DEFAULT_QUEUE = env_str("CELERY_TASK_DEFAULT_QUEUE", "celery")
 # else: cycles take milliseconds, but agent calls (provisioning, warm-pool creation) hold a worker for seconds,
 # and a cycle queued behind them delays every placement, warm binds included (make run uses "scheduler")
 CELERY_SCHEDULER_QUEUE = env_str("CELERY_SCHEDULER_QUEUE", "")
-CELERY_TASK_ROUTES = ({"broker.schedule_cycle": {"queue": CELERY_SCHEDULER_QUEUE}} if CELERY_SCHEDULER_QUEUE
-                      else {})
+# webhook and e-mail deliveries (and the outbox run that makes them) on a queue of their own (empty: the default
+# queue), consumed by a worker of their own: a delivery may wait WEBHOOK_TIMEOUT_SECONDS on a tenant's receiver,
+# and provisioning and releases must never queue behind one, nor a delivery behind agent calls (make run, the
+# image's notifications-worker role, compose and the manifests use "notifications"; docs/notifications.md)
+CELERY_NOTIFICATIONS_QUEUE = env_str("CELERY_NOTIFICATIONS_QUEUE", "")
+CELERY_TASK_ROUTES: dict = {}
+if CELERY_SCHEDULER_QUEUE:
+    CELERY_TASK_ROUTES["broker.schedule_cycle"] = {"queue": CELERY_SCHEDULER_QUEUE}
+if CELERY_NOTIFICATIONS_QUEUE:
+    CELERY_TASK_ROUTES["notifications.*"] = {"queue": CELERY_NOTIFICATIONS_QUEUE}
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
@@ -305,7 +313,7 @@ LEASE_GROUP_RESERVE_AFTER_SECONDS = env_int("LEASE_GROUP_RESERVE_AFTER_SECONDS",
 AGENT_TIMEOUT_SECONDS = env_int("AGENT_TIMEOUT_SECONDS", 5, minimum=1)
 # workloads on leases (docs/leasing.md, "Workloads"): working and checkpoint directories must lie under one of
 # these roots (shared storage the operator mounts on every node at the same path); a lease release gives a
-# running workload this long between SIGTERM and SIGKILL; a log follow waits at most this long for new bytes
+# running workload this long between SIGTERM and SIGKILL
 # (a workload names paths under <root>/<tenant slug>/<project slug>/ only: docs/leasing.md, "Workloads")
 WORKLOAD_ALLOWED_ROOTS = env_list("WORKLOAD_ALLOWED_ROOTS", ["/srv/gpubroker"])
 # a workload's secret_env is stored encrypted (Fernet) with the first of these keys (each 32 url-safe base64 bytes,
@@ -313,7 +321,15 @@ WORKLOAD_ALLOWED_ROOTS = env_list("WORKLOAD_ALLOWED_ROOTS", ["/srv/gpubroker"])
 # and from each SECRET_KEY_FALLBACKS for decrypting (docs/security.md, "Workload secrets")
 WORKLOAD_SECRET_KEYS = env_list("WORKLOAD_SECRET_KEYS", [])
 WORKLOAD_STOP_GRACE_SECONDS = env_int("WORKLOAD_STOP_GRACE_SECONDS", 10, minimum=0)
-WORKLOAD_LOG_FOLLOW_SECONDS = env_int("WORKLOAD_LOG_FOLLOW_SECONDS", 20, minimum=1)
+# A log follow (docs/leasing.md "Following a log") is a long poll: it waits at most WORKLOAD_LOG_FOLLOW_SECONDS for
+# bytes after its offset, then answers next_offset to re-ask from. A waiting follow holds a web thread, so at most
+# WORKLOAD_LOG_FOLLOWS_PER_TENANT of one tenant wait at once across every web process (slots in the shared cache;
+# over it: 429 with Retry-After), and at most WORKLOAD_LOG_FOLLOW_WAITERS wait in one web process (default half its
+# gunicorn threads, which config/gunicorn.py tells it as WEB_THREADS), so the other threads always answer.
+WORKLOAD_LOG_FOLLOW_SECONDS = env_int("WORKLOAD_LOG_FOLLOW_SECONDS", 5, minimum=1)
+WORKLOAD_LOG_FOLLOWS_PER_TENANT = env_int("WORKLOAD_LOG_FOLLOWS_PER_TENANT", 2, minimum=1)
+WORKLOAD_LOG_FOLLOW_WAITERS = env_int("WORKLOAD_LOG_FOLLOW_WAITERS", max(1, env_int("WEB_THREADS", 4, minimum=1) // 2),
+                                      minimum=1)
 # when a placement ends, the broker keeps the tail of its logs, this many bytes per stream (the logs of earlier
 # placements); interactive workloads get a host port of their node from this range (first-last), never one a
 # live workload on that node holds; with restart_policy on-failure, after this many failed runs in a row on one
@@ -420,7 +436,10 @@ EMAIL_USE_TLS = env_bool("EMAIL_USE_TLS", False)
 DEFAULT_FROM_EMAIL = env_str("DEFAULT_FROM_EMAIL", "GPU broker <noreply@gpubroker.invalid>")
 # outbound webhooks: a POST waits this long; back-off base and cap between attempts; give up after this
 # many attempts or this long after the event, whichever comes first
+# the deadline of one delivery attempt: connecting, sending and reading the answer all end by then, however the
+# receiver paces its bytes (notifications/transport.py); of the answer at most WEBHOOK_RESPONSE_MAX_BYTES are read
 WEBHOOK_TIMEOUT_SECONDS = env_float("WEBHOOK_TIMEOUT_SECONDS", 5.0, minimum=0.1, maximum=30.0)
+WEBHOOK_RESPONSE_MAX_BYTES = env_int("WEBHOOK_RESPONSE_MAX_BYTES", 65536, minimum=0)
 WEBHOOK_BACKOFF_BASE_SECONDS = env_float("WEBHOOK_BACKOFF_BASE_SECONDS", 30.0, minimum=0.01, maximum=3600.0)
 WEBHOOK_BACKOFF_MAX_SECONDS = env_float("WEBHOOK_BACKOFF_MAX_SECONDS", 3600.0, minimum=0.01, maximum=86400.0)
 WEBHOOK_MAX_ATTEMPTS = env_int("WEBHOOK_MAX_ATTEMPTS", 12, minimum=1)

@@ -71,3 +71,16 @@ class IdempotencyConflict(ApplicationError):
     status = 409
     code = "idempotency_conflict"
     title = "Idempotency key reused with a different request"
+
+
+class TooManyRequests(ApplicationError):
+    """Over a limit of concurrent or repeated work; answered 429 with ``Retry-After: retry_after_seconds``."""
+
+    status = 429
+    code = "too_many_requests"
+    title = "Too many requests"
+
+    def __init__(self, message: str, *, retry_after_seconds: int, field: str | None = None,
+                 extra: dict[str, Any] | None = None):
+        super().__init__(message, field=field, extra=extra)
+        self.retry_after_seconds = max(1, int(retry_after_seconds))

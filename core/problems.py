@@ -19,7 +19,7 @@ from rest_framework import exceptions as drf_exceptions
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_default_handler
 
-from core.errors import ApplicationError
+from core.errors import ApplicationError, TooManyRequests
 
 logger = logging.getLogger(__name__)
 PROBLEM_CONTENT_TYPE = "application/problem+json"
@@ -86,6 +86,8 @@ def problem_exception_handler(exc: Exception, context: dict[str, Any]) -> Respon
         body = problem_body(
             status=exc.status, title=exc.title, detail=exc.message, code=exc.code, field=exc.field, **exc.extra
         )
+        if isinstance(exc, TooManyRequests):
+            headers = {"Retry-After": str(exc.retry_after_seconds)}
     elif isinstance(exc, drf_exceptions.ValidationError):
         body = _validation_problem(exc)
     elif isinstance(exc, drf_exceptions.ParseError):

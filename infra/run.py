@@ -269,6 +269,7 @@ def main(argv: list[str] | None = None) -> int:
         os.environ["RUNTIME_ENV_FILE"] = str(runtime)
         os.environ["GPUBROKER_VAR_DIR"] = str(VAR)
         os.environ.setdefault("CELERY_SCHEDULER_QUEUE", "scheduler")
+        os.environ.setdefault("CELERY_NOTIFICATIONS_QUEUE", "notifications")
         os.environ.setdefault("LOG_FORMAT", "text")
 
         _manage("migrate", "--noinput", "-v", "0")
@@ -286,6 +287,11 @@ def main(argv: list[str] | None = None) -> int:
             ("scheduler", [str(BIN / "celery"), "-A", "config", "worker", "--loglevel", "INFO", "--concurrency", "1",
                            "--queues", os.environ["CELERY_SCHEDULER_QUEUE"], "--hostname",
                            f"scheduler-{os.getpid()}@%h"]),
+            # webhook and e-mail deliveries have a worker of their own: a slow receiver (up to its deadline,
+            # WEBHOOK_TIMEOUT_SECONDS) never holds back provisioning or releases, nor they a delivery
+            ("notifications", [str(BIN / "celery"), "-A", "config", "worker", "--loglevel", "INFO", "--concurrency",
+                               "2", "--queues", os.environ["CELERY_NOTIFICATIONS_QUEUE"], "--hostname",
+                               f"notifications-{os.getpid()}@%h"]),
             ("beat", [str(BIN / "celery"), "-A", "config", "beat", "--loglevel", "INFO", "--schedule",
                       str(VAR / "celerybeat-schedule")]),
         ]

@@ -338,7 +338,8 @@ def _send_webhook(delivery: Delivery, now: datetime) -> tuple[int | None, str, b
         "Gpub-Delivery-Attempt": str(delivery.attempts),
     }
     try:
-        response = transport.post(endpoint.url, body, headers, timeout_seconds=settings.WEBHOOK_TIMEOUT_SECONDS)
+        response = transport.post(endpoint.url, body, headers, timeout_seconds=settings.WEBHOOK_TIMEOUT_SECONDS,
+                                  max_response_bytes=settings.WEBHOOK_RESPONSE_MAX_BYTES)
     except transport.UnsafeUrl as error:
         return None, error.message[:300], False
     if response.status is not None and 200 <= response.status < 300:

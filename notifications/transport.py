@@ -11,17 +11,23 @@ A webhook URL is the tenant's input, and the broker POSTs to it from inside the 
 - the check runs when the endpoint is saved *and* before every send, and the connection goes to the very
   address that was checked (pinned; the Host header and TLS name stay the URL's), so DNS that answers a
   public address at the check and a private one at the connect (rebinding) reaches nothing inside;
-- redirects are never followed, and every POST has a timeout.
+- redirects are never followed, and every POST ends by its deadline (the whole exchange, not each socket
+  read: ``post``), reading at most a bounded part of the answer.
 """
 
 from __future__ import annotations
 
+import contextlib
+import http.client
 import ipaddress
 import socket
+import threading
+import time
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 import urllib3
+import urllib3.connection
 from django.conf import settings
 
 from core.errors import ApplicationError
@@ -118,31 +124,65 @@ class Response:
     error: str = ""
 
 
-def post(url: str, body: bytes, headers: dict[str, str], *, timeout_seconds: float) -> Response:
-    """POST ``body`` to ``url`` through the guard (``UnsafeUrl`` if it resolves somewhere refused)."""
+def post(url: str, body: bytes, headers: dict[str, str], *, timeout_seconds: float,
+         max_response_bytes: int = 64 * 1024) -> Response:
+    """POST ``body`` to ``url`` through the guard (``UnsafeUrl`` if it resolves somewhere refused).
+
+    ``timeout_seconds`` is a deadline for the whole exchange, not a per-socket timeout: connecting, the TLS
+    handshake, sending, the status line and headers and the part of the body read all end by then. Each socket
+    operation waits at most the time left, and a watchdog thread shuts the socket down at the deadline, which
+    ends a read in progress; so a receiver that drips one byte at a time (each read returns before a per-socket
+    timeout would fire) holds the sender no longer than the deadline. At most ``max_response_bytes`` of the body
+    are read; the status decides the outcome. Resolving the name (``url_check``) comes before the deadline
+    starts and is bounded by the system resolver."""
     target = url_check(url)
+    deadline = time.monotonic() + timeout_seconds
     host_header = target.host if ":" not in target.host else f"[{target.host}]"
     default_port = 443 if target.scheme == "https" else 80
     if target.port != default_port:
         host_header += f":{target.port}"
-    pool_kwargs = {"timeout": urllib3.Timeout(total=timeout_seconds), "retries": False, "maxsize": 1}
+
+    def left() -> float:
+        return max(0.001, deadline - time.monotonic())
+
     if target.scheme == "https":
-        pool = urllib3.HTTPSConnectionPool(target.address, target.port, server_hostname=target.host,
-                                           assert_hostname=target.host, cert_reqs="CERT_REQUIRED",
-                                           **pool_kwargs)
+        connection = urllib3.connection.HTTPSConnection(
+            target.address, target.port, timeout=left(), server_hostname=target.host, assert_hostname=target.host,
+            cert_reqs="CERT_REQUIRED")
     else:
-        pool = urllib3.HTTPConnectionPool(target.address, target.port, **pool_kwargs)
+        connection = urllib3.connection.HTTPConnection(target.address, target.port, timeout=left())
+    expired = threading.Event()
+
+    def hang_up() -> None:
+        expired.set()
+        sock = connection.sock
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+
+    watchdog = threading.Timer(left(), hang_up)
+    watchdog.daemon = True
+    watchdog.start()
+    status = None
     try:
-        response = pool.urlopen("POST", target.path, body=body, headers={**headers, "Host": host_header},
-                                redirect=False, retries=False, preload_content=False)
-        try:
-            response.read(64 * 1024, decode_content=False)  # a bounded look at the answer, then hang up
-        finally:
-            response.release_conn()
-        return Response(response.status)
-    except urllib3.exceptions.HTTPError as error:
-        return Response(None, f"{type(error).__name__}: {error}"[:300])
-    except OSError as error:
+        connection.request("POST", target.path, body=body, headers={**headers, "Host": host_header},
+                           preload_content=False)
+        response = connection.getresponse()
+        status = response.status
+        read = 0
+        while read < max_response_bytes and not expired.is_set():  # a bounded look at the answer, then hang up
+            chunk = response.read(min(8192, max_response_bytes - read), decode_content=False)
+            if not chunk:
+                break
+            read += len(chunk)
+        return Response(status)
+    except (urllib3.exceptions.HTTPError, http.client.HTTPException, OSError) as error:
+        if status is not None:
+            return Response(status)  # answered; only the rest of its body was cut off
+        if expired.is_set():
+            return Response(None, f"deadline: no answer within {timeout_seconds:g} s (WEBHOOK_TIMEOUT_SECONDS, the "
+                                  f"whole delivery's time); hung up")
         return Response(None, f"{type(error).__name__}: {error}"[:300])
     finally:
-        pool.close()
+        watchdog.cancel()
+        connection.close()

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import statistics
 import subprocess
 import sys
@@ -21,8 +20,7 @@ from django.contrib.auth.hashers import PBKDF2PasswordHasher
 from django.core.cache import cache
 from django.test import override_settings
 
-from infra import run
-from infra.services import free_port
+from tests.api import server
 from tests.factories import api_client, make_user
 from tests.real_parts import require
 
@@ -271,32 +269,8 @@ def test_login_over_https_sets_secure_cookies_and_hsts(db, client):
 @pytest.fixture
 def web_server(transactional_db):
     """gunicorn as make run starts it (infra.run.web_command), on the test database."""
-    from tests.broker.conftest import _test_database_url
-
-    url = _test_database_url()  # the test database, over TCP or the embedded server's Unix socket
-    port = free_port()
-    env = {**os.environ, "DATABASE_URL": url, "LOG_LEVEL": "WARNING"}
-    process = subprocess.Popen(run.web_command(port=port), cwd=ROOT, env=env, start_new_session=True,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    site = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                if requests.get(f"{site}/healthz", timeout=2).status_code == 200:
-                    break
-            except requests.RequestException:
-                pass
-            assert time.monotonic() < deadline and process.poll() is None, "gunicorn did not start"
-            time.sleep(0.2)
+    with server.production_web_server(server.test_database_url()) as site:
         yield site
-    finally:
-        os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
 
 
 def test_healthz_answers_at_once_during_a_burst_of_bad_logins(web_server):

@@ -88,8 +88,10 @@ class LeaseRenewApi(APIView):
 
 class LeaseLogsApi(APIView):
     """The lease's workload log from its node: ``offset`` (from there) or ``tail`` (the last bytes), ``limit``
-    (at most 256 KiB), ``stream`` (stdout | stderr), ``follow`` (seconds to wait for new bytes, bounded),
-    ``placement`` (an earlier placement's log, as the broker kept it when that placement ended)."""
+    (at most 256 KiB), ``stream`` (stdout | stderr), ``follow`` (a long poll: wait at most
+    ``WORKLOAD_LOG_FOLLOW_SECONDS`` for bytes after ``offset``, then re-ask from ``next_offset``; 429 over the
+    tenant's waiting follows), ``placement`` (an earlier placement's log, as the broker kept it when that placement
+    ended). docs/leasing.md "Following a log"."""
 
     @extend_schema(
         parameters=[OpenApiParameter("stream", {"type": "string", "enum": ["stdout", "stderr"]}),
@@ -97,14 +99,21 @@ class LeaseLogsApi(APIView):
                     OpenApiParameter("tail", {"type": "integer", "minimum": 0}),
                     OpenApiParameter("limit", {"type": "integer", "minimum": 1, "maximum": 262144}),
                     OpenApiParameter("follow", {"type": "integer", "minimum": 0, "maximum": 60},
-                                     description="wait up to this many seconds (bounded) for bytes after offset"),
+                                     description="a long poll: when there are no bytes after offset yet, wait up "
+                                                 "to this many seconds, but never longer than the server's "
+                                                 "WORKLOAD_LOG_FOLLOW_SECONDS (default 5), for some; then answer "
+                                                 "(maybe empty) and re-ask with offset=next_offset while state "
+                                                 "is running. Waiting follows are capped per tenant (429)"),
                     OpenApiParameter("placement", {"type": "integer", "minimum": 1, "maximum": 100000},
                                      description="an earlier placement's log (1, 2, …; default the current): "
                                                  "the tail the broker kept when it ended")],
         responses={200: {"type": "object", "additionalProperties": True},
                    400: problem("A parameter out of range (the field names it)"),
-                   404: problem("No such lease in this tenant, or it has no workload")},
-        summary="The lease's workload log (tail, or from an offset; follow waits for new bytes)")
+                   404: problem("No such lease in this tenant, or it has no workload"),
+                   429: problem("too_many_follows: the tenant already has WORKLOAD_LOG_FOLLOWS_PER_TENANT follows "
+                                "waiting, or this server's waiting places are taken; re-ask after Retry-After "
+                                "seconds (or without follow). Also the request budget (too_many_requests)")},
+        summary="The lease's workload log (tail, or from an offset; follow: a long poll of a few seconds)")
     def get(self, request, pk: int):
         lease = selectors.lease_get(actor=request.actor, lease_id=pk)
         query = request.query_params

@@ -18,10 +18,14 @@ transactions.
 from __future__ import annotations
 
 import logging
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime
 
 from django.conf import settings
+from django.core.cache import cache
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
@@ -32,7 +36,7 @@ from broker.services.provisioning import agent_client, release_instances_quietly
 from broker.services.transitions import lease_release, lease_transition
 from broker.services.triggers import enqueue
 from broker.workload_secrets import secret_env_open
-from core.errors import NotFound, ValidationFailed
+from core.errors import NotFound, TooManyRequests, ValidationFailed
 
 logger = logging.getLogger(__name__)
 RUNNING = ("starting", "running", "backoff")
@@ -350,14 +354,67 @@ def workload_placements(*, lease: Lease) -> list[WorkloadPlacement]:
     return list(WorkloadPlacement.objects.filter(workload__lease=lease).order_by("number"))
 
 
+class TooManyFollows(TooManyRequests):
+    code = "too_many_follows"
+
+
+class _ProcessWaiters:
+    """How many log follows wait in this web process now (at most ``WORKLOAD_LOG_FOLLOW_WAITERS``)."""
+
+    lock = threading.Lock()
+    count = 0
+
+    @classmethod
+    def take(cls) -> bool:
+        with cls.lock:
+            if cls.count >= settings.WORKLOAD_LOG_FOLLOW_WAITERS:
+                return False
+            cls.count += 1
+            return True
+
+    @classmethod
+    def give_back(cls) -> None:
+        with cls.lock:
+            cls.count -= 1
+
+
+@contextmanager
+def _follow_slot(tenant_id: int) -> Iterator[None]:
+    """Hold one of the tenant's ``WORKLOAD_LOG_FOLLOWS_PER_TENANT`` waiting places (keys in the shared cache, so
+    the cap holds across web processes; each expires on its own, so a process killed while waiting frees its
+    place within ``ttl``) and one of this process's; else ``TooManyFollows``."""
+    wait = settings.WORKLOAD_LOG_FOLLOW_SECONDS
+    ttl = wait + settings.AGENT_TIMEOUT_SECONDS + 5  # the longest a follow can hold it: the wait, one agent call
+    slot = next((key for key in (f"log-follow:{tenant_id}:{n}" for n in range(settings.WORKLOAD_LOG_FOLLOWS_PER_TENANT))
+                 if cache.add(key, 1, timeout=ttl)), None)
+    if slot is None:
+        raise TooManyFollows(
+            f"This tenant already has {settings.WORKLOAD_LOG_FOLLOWS_PER_TENANT} log follows waiting (the most at "
+            f"once); re-ask after Retry-After seconds, or read without follow.", field="follow",
+            retry_after_seconds=wait, extra={"limit": settings.WORKLOAD_LOG_FOLLOWS_PER_TENANT})
+    if not _ProcessWaiters.take():
+        cache.delete(slot)
+        raise TooManyFollows("This server's places for waiting log follows are all taken; re-ask after "
+                             "Retry-After seconds, or read without follow.", field="follow", retry_after_seconds=1)
+    try:
+        yield
+    finally:
+        _ProcessWaiters.give_back()
+        cache.delete(slot)
+
+
 def workload_logs(*, lease: Lease, stream: str = "stdout", offset: int | None = None, tail: int | None = None,
                   limit: int = 64 * 1024, follow_seconds: float = 0, placement: int | None = None) -> dict:
     """A range of the lease's workload log: of the current placement from its node, from ``offset`` or the
     last ``tail`` bytes; of an earlier ``placement`` (1, 2, …) from the tail kept when it ended (or from its
-    node while the tail is not kept yet). With ``follow_seconds`` it waits (bounded by
-    ``WORKLOAD_LOG_FOLLOW_SECONDS``) until there are bytes beyond ``offset`` or the workload has ended.
-    ``lease`` is the caller's (selectors restrict it to the tenant), so a tenant only ever reads its own
-    workloads' bytes."""
+    node while the tail is not kept yet). ``lease`` is the caller's (selectors restrict it to the tenant), so a
+    tenant only ever reads its own workloads' bytes.
+
+    With ``follow_seconds`` it is a long poll: when there are no bytes beyond ``offset`` yet and the workload
+    runs, it waits (at most ``WORKLOAD_LOG_FOLLOW_SECONDS``, whatever was asked) until there are or the workload
+    ends, and answers what it has; the caller re-asks from ``next_offset``. Waiting holds a web thread, so a
+    follow takes a place first (``_follow_slot``: per tenant, per process) and raises ``TooManyFollows`` (429)
+    when none is free, before it calls the node."""
     from agent.protocol import AgentHTTPError, AgentUnreachable
 
     workload = Workload.objects.filter(lease=lease).select_related("node").first()
@@ -380,10 +437,10 @@ def workload_logs(*, lease: Lease, stream: str = "stdout", offset: int | None = 
         return {**base, "stream": stream, "offset": 0, "next_offset": 0, "size": 0, "first_offset": 0, "data": "",
                 "state": workload.state, "node": None, "kept": False}
     client = agent_client(node)
-    deadline = time.monotonic() + min(follow_seconds, settings.WORKLOAD_LOG_FOLLOW_SECONDS)
-    while True:
+
+    def read() -> dict:
         try:
-            answer = client.workload_logs(agent_id, stream=stream, offset=offset, tail=tail, limit=limit)
+            return client.workload_logs(agent_id, stream=stream, offset=offset, tail=tail, limit=limit)
         except AgentHTTPError as error:
             if error.status == 404:
                 raise NotFound("The workload's node no longer has this log.", field="id") from None
@@ -393,8 +450,19 @@ def workload_logs(*, lease: Lease, stream: str = "stdout", offset: int | None = 
                 raise
             raise NotFound(f"The node {node.node_id} does not answer and this placement's log was not kept.",
                            field="placement") from None
-        if answer["data"] or answer["state"] not in ("running", "backoff") or time.monotonic() >= deadline:
-            break
-        time.sleep(0.5)
+
+    def settled(answer: dict) -> bool:
+        return bool(answer["data"]) or answer["state"] not in ("running", "backoff")
+
+    wait = min(follow_seconds, settings.WORKLOAD_LOG_FOLLOW_SECONDS)
+    if wait <= 0:
+        answer = read()
+    else:  # the place first: a refused follow costs no agent call
+        with _follow_slot(lease.tenant_id):
+            deadline = time.monotonic() + wait
+            answer = read()
+            while not settled(answer) and time.monotonic() < deadline:
+                time.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
+                answer = read()
     answer.pop("workload_id", None)
     return {**base, **answer, "node": node.node_id, "kept": False}

@@ -30,6 +30,11 @@ case "$role" in
         # schedule cycles only (CELERY_SCHEDULER_QUEUE): never queued behind agent calls
         METRICS_PORT="${METRICS_PORT:-9808}" exec celery -A config worker --loglevel INFO --concurrency 1 \
             --queues "${CELERY_SCHEDULER_QUEUE:-scheduler}" --hostname "scheduler@${HOSTNAME:-%h}" "$@" ;;
+    notifications-worker)
+        # webhook and e-mail deliveries only (CELERY_NOTIFICATIONS_QUEUE): a slow receiver never holds lease work
+        METRICS_PORT="${METRICS_PORT:-9808}" exec celery -A config worker --loglevel INFO \
+            --concurrency "${NOTIFICATIONS_CONCURRENCY:-4}" \
+            --queues "${CELERY_NOTIFICATIONS_QUEUE:-notifications}" --hostname "notifications@${HOSTNAME:-%h}" "$@" ;;
     beat)
         # one beat among the replicas: the others wait for the lock (manage.py run_as_leader)
         exec python manage.py run_as_leader --lock beat -- \

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -73,3 +74,37 @@ def api_server(database_url: str, **environment: str) -> Iterator[str]:
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait(timeout=10)
+
+
+@contextlib.contextmanager
+def production_web_server(database_url: str, **environment: str) -> Iterator[str]:
+    """gunicorn exactly as make run and the image start it (``infra.run.web_command``: gthread, the same workers,
+    threads and ``config.gunicorn`` hooks), serving ``database_url``; yields its base URL. Stopped by its own
+    process group (its workers with it)."""
+    from infra import run
+
+    port = free_port()
+    env = {**os.environ, "DATABASE_URL": database_url, "LOG_LEVEL": "WARNING", **environment}
+    process = subprocess.Popen(run.web_command(port=port), cwd=ROOT, env=env, start_new_session=True,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    site = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                with urllib.request.urlopen(site + "/healthz", timeout=2) as response:
+                    if response.status == 200:
+                        break
+            except (urllib.error.URLError, ConnectionError, TimeoutError):
+                pass
+            if process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("gunicorn did not answer /healthz within 30 s")
+            time.sleep(0.2)
+        yield site
+    finally:
+        os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()

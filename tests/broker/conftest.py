@@ -109,6 +109,25 @@ def fleet(live_server, tmp_path, transactional_db):
     process.wait(30)
 
 
+@pytest.fixture
+def shared(tmp_path, settings):
+    """The workload root the agents and the broker agree on (per-tenant roots are derived under it)."""
+    root = tmp_path / "shared"
+    root.mkdir()
+    settings.WORKLOAD_ALLOWED_ROOTS = [str(root)]
+    return root
+
+
+@pytest.fixture
+def workload_fleet(live_server, tmp_path, transactional_db, shared):
+    """Two nodes of one A100 each; their agents run workloads under the shared root."""
+    process = start_fleet(live_server.url, tmp_path / "fleet", 2, "a100-80gb:1:whole",
+                          extra=("--workload-root", str(shared), "--restart-backoff", "0.2"))
+    yield process
+    process.terminate()
+    process.wait(30)
+
+
 class Api:
     """The REST API over real HTTP, as a tenant's script would call it."""
 

@@ -15,7 +15,6 @@ from datetime import UTC, datetime, timedelta
 from decimal import ROUND_HALF_UP, Decimal
 from io import StringIO
 
-import pytest
 from django.core.management import call_command
 from django.utils import timezone
 
@@ -23,7 +22,7 @@ from billing import services as billing
 from billing.core.metering import held_intervals
 from billing.models import AllocationUsage, Invoice
 from broker.models import Lease, Workload
-from tests.broker.conftest import Api, start_fleet, wait_until
+from tests.broker.conftest import Api, wait_until
 from tests.factories import make_project, make_quota
 
 TRAIN = """
@@ -45,24 +44,6 @@ while step < int(sys.argv[1]):
 print("done", flush=True)
 """
 STEPS = 60  # 6 s of training in all
-
-
-@pytest.fixture
-def shared(tmp_path, settings):
-    root = tmp_path / "shared"
-    root.mkdir()
-    settings.WORKLOAD_ALLOWED_ROOTS = [str(root)]
-    return root
-
-
-@pytest.fixture
-def workload_fleet(live_server, tmp_path, transactional_db, shared):
-    """Two nodes of one A100 each; their agents run workloads under the shared root."""
-    process = start_fleet(live_server.url, tmp_path / "fleet", 2, "a100-80gb:1:whole",
-                          extra=("--workload-root", str(shared), "--restart-backoff", "0.2"))
-    yield process
-    process.terminate()
-    process.wait(30)
 
 
 def events_of(client: Api, lease_id: int) -> list[dict]:

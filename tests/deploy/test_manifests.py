@@ -97,6 +97,9 @@ def test_the_example_overlay_renders_a_complete_valid_install():
     job = by_kind[("Job", "gpubroker-migrate")]["spec"]["template"]["spec"]["containers"][0]
     assert job["args"] == ["migrate"]
     assert ("Deployment", "gpubroker-worker") in by_kind and ("Deployment", "gpubroker-scheduler-worker") in by_kind
+    # webhook deliveries on a worker of their own, on the queue the config routes them to (issue 27 item 3)
+    notifier = by_kind[("Deployment", "gpubroker-notifications-worker")]["spec"]["template"]["spec"]["containers"][0]
+    assert notifier["args"] == ["notifications-worker"] and config["data"]["CELERY_NOTIFICATIONS_QUEUE"]
 
     # every secret and config map a pod reads exists in the render
     names = {(d["kind"], d["metadata"]["name"]) for d in documents}
@@ -150,7 +153,7 @@ def test_the_dockerfile_passes_hadolint_and_the_entrypoint_parses():
     parsed = subprocess.run(["sh", "-n", str(ROOT / "infra" / "docker" / "entrypoint.sh")], capture_output=True,
                             text=True)
     assert parsed.returncode == 0, parsed.stderr
-    roles = {"web", "worker", "scheduler-worker", "beat", "migrate", "agent", "manage"}
+    roles = {"web", "worker", "scheduler-worker", "notifications-worker", "beat", "migrate", "agent", "manage"}
     entrypoint = (ROOT / "infra" / "docker" / "entrypoint.sh").read_text()
     assert all(f"    {role})" in entrypoint for role in roles)
 
@@ -202,8 +205,9 @@ def test_the_compose_file_passes_its_schema_and_its_references_resolve():
     compose = yaml.safe_load((ROOT / "compose.yaml").read_text())
     jsonschema.validate(compose, COMPOSE_SCHEMA)
     services = compose["services"]
-    assert {"postgres", "redis", "migrate", "web", "worker", "scheduler-worker", "beat", "prometheus",
-            "grafana"} <= set(services)
+    assert {"postgres", "redis", "migrate", "web", "worker", "scheduler-worker", "notifications-worker", "beat",
+            "prometheus", "grafana"} <= set(services)
+    assert services["worker"]["environment"]["CELERY_NOTIFICATIONS_QUEUE"]  # so the default worker never takes one
     for name, service in services.items():
         depends = service.get("depends_on", [])
         for other in depends:

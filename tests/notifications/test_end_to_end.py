@@ -3,6 +3,7 @@ real HTTP receiver on 127.0.0.1 that fails before it accepts. The outbox task is
 
 from __future__ import annotations
 
+import os
 import time
 
 import pytest
@@ -91,3 +92,70 @@ def test_end_to_end_two_workers_never_double_send(live_server, workers, receiver
     keys = [hit.headers["idempotency-key"] for hit in receiver.hits]
     assert sorted(keys) == sorted(set(keys)) and len(keys) == len(leases)
     assert Delivery.objects.filter(status="succeeded").count() == len(leases)
+
+
+def test_end_to_end_deliveries_held_by_a_slow_receiver_never_hold_back_a_lease(live_server, transactional_db,
+                                                                                tmp_path, drip, settings):
+    """Workers as make run and the manifests start them: a default worker (one slot: lease work) and a
+    notifications worker (one slot) on ``CELERY_NOTIFICATIONS_QUEUE``. Three deliveries to a receiver that drips
+    its answer hold the notifications worker for three deadlines (3 x 3 s); a lease requested after them is
+    placed and provisioned meanwhile (on one shared worker it would wait behind all three)."""
+    import subprocess
+    import sys
+
+    from broker.services import cycle_flag_clear
+    from config.celery import app
+    from notifications import services
+    from tests.broker.conftest import ROOT, _test_database_url, start_fleet
+
+    queue = f"e2e-{time.monotonic_ns()}"
+    notifications_queue = f"{queue}-notifications"
+    routes, default_queue = app.conf.task_routes, app.conf.task_default_queue
+    app.conf.task_default_queue = queue
+    app.conf.task_routes = {"notifications.*": {"queue": notifications_queue}}
+    app.amqp.flush_routes()
+    del app.amqp.router  # the router is built once per process, holding the routes of then
+    env = {**os.environ, "DATABASE_URL": _test_database_url(), "CELERY_TASK_DEFAULT_QUEUE": queue,
+           "CELERY_NOTIFICATIONS_QUEUE": notifications_queue, "WEBHOOK_ALLOW_LOOPBACK": "1",
+           "WEBHOOK_TIMEOUT_SECONDS": "3", "AGENT_TIMEOUT_SECONDS": "2"}
+    workers = [subprocess.Popen(
+        [sys.executable, "-m", "celery", "-A", "config", "worker", "--pool", "prefork", "--concurrency", "1",
+         "--queues", name, "--hostname", f"{role}-{queue}@%h", "--loglevel", "WARNING", "--without-gossip",
+         "--without-mingle", "--without-heartbeat"], cwd=ROOT, env=env)
+        for role, name in (("default", queue), ("notifications", notifications_queue))]
+    fleet = start_fleet(live_server.url, tmp_path / "fleet", 1, "h100-80gb:1:mig")
+    try:
+        settings.WEBHOOK_ALLOW_LOOPBACK = True
+        world = make_world()
+        receiver = drip(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+        member = Api(live_server.url, world.tokens["member"])
+        status, _ = Api(live_server.url, world.tokens["owner"]).call(
+            "POST", "/webhooks", {"url": receiver.url, "event_types": ["advice"]})
+        assert status == 201
+        for number in range(3):  # three sends enqueued on commit, to the notifications queue
+            services.notification_emit(tenant=world.acme, kind="advice", data={"n": number}, key=f"held-{number}")
+        wait_until(lambda: receiver.opened, timeout=30)
+        cycle_flag_clear()  # no cycle left pending by an earlier test on a queue no one reads now
+        status, lease = member.call("POST", "/leases", {"project": "vision",
+                                                        "gpu": {"kind": "mig", "profile": "1g.10gb"}})
+        assert status == 201, lease
+        wait_until(lambda: member.call("GET", f"/leases/{lease['id']}")[1]["state"] == "active", timeout=60)
+        active_at = time.monotonic()
+        wait_until(lambda: len(receiver.opened) == 3, timeout=60)
+        # active while the notifications worker was still on its first or second delivery
+        assert active_at < receiver.opened[2], (active_at - receiver.opened[0], receiver.opened)
+        wait_until(lambda: Delivery.objects.filter(attempts__gte=1, claimed_until=None).count() == 3, timeout=30)
+        assert all("deadline" in d.last_error for d in Delivery.objects.all())
+        print(f"\nlease active {active_at - receiver.opened[0]:.1f} s after the first held delivery began; the "
+              f"deliveries began at +{receiver.opened[1] - receiver.opened[0]:.1f} s and "
+              f"+{receiver.opened[2] - receiver.opened[0]:.1f} s")
+    finally:
+        fleet.terminate()
+        fleet.wait(30)
+        for worker in workers:
+            worker.terminate()
+        for worker in workers:
+            worker.wait(30)
+        app.conf.task_routes, app.conf.task_default_queue = routes, default_queue
+        app.amqp.flush_routes()
+        del app.amqp.router

@@ -3,7 +3,9 @@ rotation, sending and retrying in-process against a real receiver, the outbox, a
 
 from __future__ import annotations
 
+import os
 import threading
+import time
 from datetime import timedelta
 
 import pytest
@@ -234,6 +236,43 @@ def test_webhooks_endpoint_failing_long_is_disabled_and_audited(world, loopback,
     assert delivery.status == "failed" and len(receiver.hits) == 2
 
 
+# -- the deadline: a receiver never holds a worker longer than WEBHOOK_TIMEOUT_SECONDS ----------------------------
+DRIPPED = b"HTTP/1.1 200 OK\r\nContent-Length: 1000\r\n\r\n" + b"x" * 1000
+
+
+def _dripped_delivery(world, settings, receiver_url: str) -> tuple[Delivery, float]:
+    settings.WEBHOOK_TIMEOUT_SECONDS = 3
+    services.webhook_endpoint_create(actor=_actor(world), url=receiver_url, event_types=["lease.released"])
+    _event(_lease(world), LeaseState.RELEASED)
+    services.outbox_process()
+    delivery = Delivery.objects.get()
+    started = time.monotonic()
+    services.delivery_send(delivery_id=delivery.pk)
+    elapsed = time.monotonic() - started
+    delivery.refresh_from_db()
+    return delivery, elapsed
+
+
+def test_webhooks_a_receiver_dripping_its_answer_is_cut_at_the_deadline(world, loopback, drip, settings):
+    """One byte every 2 s from the status line on: a per-socket timeout never fires (issue 27 item 3: a 5 s post
+    held a worker 40 s); the deadline ends the attempt at 3 s, a failed attempt that says why."""
+    receiver = drip(DRIPPED)
+    delivery, elapsed = _dripped_delivery(world, settings, receiver.url)
+    assert elapsed < 3 + 1.0, f"the post took {elapsed:.1f} s"
+    assert (delivery.status, delivery.attempts, delivery.last_status_code) == (DeliveryStatus.PENDING, 1, None)
+    assert "deadline" in delivery.last_error and "3 s" in delivery.last_error, delivery.last_error
+    print(f"\ndripping receiver: the attempt ended after {elapsed:.2f} s: {delivery.last_error}")
+
+
+def test_webhooks_a_receiver_dripping_its_body_counts_by_its_status(world, loopback, drip, settings):
+    """The status and headers at once, then the body a byte every 2 s: the answer is the status; the rest is not
+    waited for past the deadline."""
+    receiver = drip(DRIPPED, at_once=DRIPPED.index(b"\r\n\r\n") + 4)
+    delivery, elapsed = _dripped_delivery(world, settings, receiver.url)
+    assert elapsed < 3 + 1.0, f"the post took {elapsed:.1f} s"
+    assert (delivery.status, delivery.last_status_code) == (DeliveryStatus.SUCCEEDED, 200)
+
+
 # -- the outbox ---------------------------------------------------------------------------------------
 def test_outbox_only_subscribed_kinds_and_active_endpoints(world, loopback, receiver):
     services.webhook_endpoint_create(actor=_actor(world), url=receiver.url, event_types=["lease.notice"])
@@ -335,3 +374,27 @@ def test_portal_webhook_page_creates_and_shows_secret_once(world, client, loopba
     assert secret.encode() in response.content
     page = client.get("/settings/notifications/")
     assert page.status_code == 200 and b"127.0.0.1:9" in page.content and secret.encode() not in page.content
+
+
+def test_webhooks_deliveries_go_to_their_own_queue_apart_from_lease_work():
+    """With CELERY_NOTIFICATIONS_QUEUE (make run, the image's roles, compose and the manifests set it), every
+    notifications task is routed to that queue and the lease work stays on the default one, so the
+    notifications worker and the default worker never wait on each other's tasks."""
+    import json
+    import subprocess
+    import sys
+
+    from tests.api.server import ROOT
+
+    code = ("import json; from config.celery import app; "
+            "print(json.dumps({name: app.amqp.router.route({}, name)['queue'].name for name in "
+            "['notifications.delivery_send', 'notifications.deliveries_send_due', 'notifications.outbox_process', "
+            "'broker.leases_provision_run', 'broker.lease_release_run', 'broker.schedule_cycle']}))")
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "config.settings", "CELERY_TASK_DEFAULT_QUEUE": "celery",
+           "CELERY_NOTIFICATIONS_QUEUE": "notifications", "CELERY_SCHEDULER_QUEUE": "scheduler"}
+    out = subprocess.run([sys.executable, "-c", f"import django; django.setup(); {code}"], cwd=ROOT, env=env,
+                         capture_output=True, text=True, check=True).stdout
+    assert json.loads(out.strip().splitlines()[-1]) == {
+        "notifications.delivery_send": "notifications", "notifications.deliveries_send_due": "notifications",
+        "notifications.outbox_process": "notifications", "broker.leases_provision_run": "celery",
+        "broker.lease_release_run": "celery", "broker.schedule_cycle": "scheduler"}
