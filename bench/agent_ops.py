@@ -35,7 +35,7 @@ sys.path.insert(0, str(ROOT))
 
 from agent.client import AgentClient  # noqa: E402
 from bench.record import write  # noqa: E402
-from tests.agent.conftest import free_port, wait_http  # noqa: E402
+from core.processes import free_port, wait_http  # noqa: E402
 
 
 def _percentile(values: list[float], q: float) -> float:

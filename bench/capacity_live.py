@@ -71,8 +71,8 @@ sys.path.insert(0, str(ROOT))
 
 from bench.leasing import BIN, Client, _meter, _pct, _postgres, _print_cpu, _queue_delete, _wait_http  # noqa: E402
 from bench.record import RESULTS, results_dir, write  # noqa: E402
+from core.processes import free_port  # noqa: E402
 from infra import services  # noqa: E402
-from tests.agent.conftest import free_port  # noqa: E402
 
 PROFILE = "1g.10gb"
 MODEL = "H100-80GB"

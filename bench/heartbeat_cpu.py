@@ -45,7 +45,7 @@ def main() -> None:
     from agent.signing import sign
     from broker import services
     from broker.models import Node
-    from tests.agent.conftest import free_port, wait_http
+    from core.processes import free_port, wait_http
 
     Node.objects.filter(node_id__startswith="hbcpu-").delete()
     token = services.enrollment_token_create(uses=args.nodes)

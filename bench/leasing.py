@@ -43,8 +43,8 @@ from bench.profile import report as profile_report  # noqa: E402
 from bench.profile import start as profile_start  # noqa: E402
 from bench.profile import stop as profile_stop  # noqa: E402
 from bench.record import load, write  # noqa: E402  (at start: the tree is recorded as the run found it)
+from core.processes import free_port  # noqa: E402
 from infra import services  # noqa: E402
-from tests.agent.conftest import free_port  # noqa: E402
 
 BIN = Path(sys.executable).parent
 PGDATA = ROOT / "var" / "bench-pg"

@@ -7,6 +7,10 @@ from tests.factories import make_world
 # (CI=true): the hooks live in tests/real_parts.py, and importing them here registers them for the suite.
 from tests.real_parts import pytest_configure, pytest_runtest_setup  # noqa: F401
 
+# Fixtures shared across directories (Prometheus servers, the session's Celery worker); helpers are imported from
+# tests/support/ as a library, never from a conftest.
+pytest_plugins = ["tests.support.fixtures"]
+
 
 @pytest.fixture(autouse=True, scope="session")
 def _fast_password_hashing():

@@ -181,9 +181,9 @@ def test_login_over_https_sets_secure_cookies_and_hsts(db, client):
 @pytest.fixture
 def web_server(transactional_db):
     """gunicorn as make run starts it (infra.run.web_command), on the test database."""
-    from tests.broker.conftest import _test_database_url
+    from tests.support.processes import test_database_url
 
-    url = _test_database_url()  # the test database, over TCP or the embedded server's Unix socket
+    url = test_database_url()  # the test database, over TCP or the embedded server's Unix socket
     port = free_port()
     env = {**os.environ, "DATABASE_URL": url, "LOG_LEVEL": "WARNING"}
     process = subprocess.Popen(run.web_command(port=port), cwd=ROOT, env=env, start_new_session=True,

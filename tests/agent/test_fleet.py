@@ -25,7 +25,8 @@ from aiohttp import web
 from agent.client import AgentClient
 from agent.signing import NonceCache, SignatureError, verify
 from tests import real_parts
-from tests.agent.conftest import ROOT, free_port, wait_http
+from tests.support.processes import ROOT, free_port, wait_http
+from tests.support.processes import wait_until as support_wait_until
 
 TOKEN = "enroll-token-for-tests"
 
@@ -123,13 +124,8 @@ class FleetProcess:
         return json.loads((self.state_dir / "fleet.json").read_text())
 
 
-def wait_until(predicate, timeout=15.0, step=0.05):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(step)
-    return False
+def wait_until(predicate, timeout=15.0):
+    return support_wait_until(predicate, timeout, 0.05)
 
 
 def test_fleet_nodes_enroll_heartbeat_signed_and_back_off_while_the_broker_is_down(tmp_path):

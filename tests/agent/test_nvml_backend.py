@@ -27,7 +27,8 @@ from agent.backend import Conflict, InstanceSpec, InvalidRequest, NotFound, NotP
 from agent.client import AgentClient, AgentHTTPError
 from agent.nvml_backend import NVML_MISSING, PYNVML_MISSING, STATE_FILE, NvmlBackend, model_for_device_name
 from agent.server import AgentNode, node_app
-from tests.agent.conftest import SECRET, free_port
+from tests.support.agents import SECRET
+from tests.support.processes import free_port
 
 MIB = 2**20
 H100 = "GPU-11111111-1111-1111-1111-111111111111"

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from agent.client import AgentClient, AgentHTTPError
-from tests.agent.conftest import AgentProcess, gpu_of
+from tests.support.agents import AgentProcess, gpu_of
 
 
 def wait_for(predicate, timeout: float = 15.0, every: float = 0.05):

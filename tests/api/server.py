@@ -8,32 +8,17 @@ from __future__ import annotations
 
 import contextlib
 import os
-import socket
-import subprocess
 import sys
 import time
 import urllib.error
-import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
-from django.db import connection
+from core import processes
+from tests.support.processes import ROOT, free_port, test_database_url
 
-ROOT = Path(__file__).resolve().parent.parent.parent
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def test_database_url() -> str:
-    """The URL of the database the tests run against (pytest-django's ``test_…`` database), over TCP or the
-    embedded server's Unix socket: the plugin's ``DATABASE_URL`` with the test database's name."""
-    parts = urllib.parse.urlsplit(os.environ["DATABASE_URL"])
-    return urllib.parse.urlunsplit(parts._replace(path="/" + connection.settings_dict["NAME"]))
+__all__ = ["ROOT", "api_server", "free_port", "test_database_url"]
 
 
 @contextlib.contextmanager
@@ -44,7 +29,7 @@ def api_server(database_url: str, **environment: str) -> Iterator[str]:
            "RUNTIME_ENV_FILE": os.devnull, "SECRET_KEY": os.environ.get("SECRET_KEY", "test-secret"),
            "ALLOWED_HOSTS": "127.0.0.1", "LOG_LEVEL": "WARNING", "LOG_FORMAT": "text", **environment}
     gunicorn = Path(sys.executable).parent / "gunicorn"
-    process = subprocess.Popen(
+    process = processes.start(
         [str(gunicorn), "config.wsgi:application", "--bind", f"127.0.0.1:{port}", "--workers", "2",
          "--timeout", "60", "--graceful-timeout", "2", "--log-level", "warning"],
         cwd=ROOT, env=env,
@@ -66,9 +51,4 @@ def api_server(database_url: str, **environment: str) -> Iterator[str]:
             time.sleep(0.1)
         yield url
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(timeout=10)
+        processes.stop(process, timeout=10)

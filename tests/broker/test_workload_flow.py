@@ -23,8 +23,9 @@ from billing import services as billing
 from billing.core.metering import held_intervals
 from billing.models import AllocationUsage, Invoice
 from broker.models import Lease, Workload
-from tests.broker.conftest import Api, start_fleet, wait_until
 from tests.factories import make_project, make_quota
+from tests.support.api import Api
+from tests.support.processes import start_fleet, wait_until
 
 TRAIN = """
 import json, os, signal, sys, time

@@ -9,9 +9,10 @@ import pytest
 
 from notifications.models import Delivery
 from notifications.tasks import deliveries_send_due_task, outbox_process_task
-from tests.broker.conftest import Api, start_workers, stop_workers, wait_until
 from tests.factories import make_world
-from tests.notifications.conftest import documented_verify
+from tests.support.api import Api
+from tests.support.processes import start_workers, stop_workers, wait_until
+from tests.support.webhooks import documented_verify
 
 pytestmark = pytest.mark.slow
 BACKOFF_BASE = 0.4

@@ -1,0 +1,1 @@
+"""Shared plumbing below every app: errors, API helpers, audit, Prometheus client, process launching."""
