@@ -45,6 +45,7 @@ def main() -> None:
     from agent.signing import sign
     from broker import services
     from broker.models import Node
+    from core import processes
     from core.processes import free_port, wait_http
 
     Node.objects.filter(node_id__startswith="hbcpu-").delete()
@@ -55,7 +56,7 @@ def main() -> None:
                                     inventory={"gpus": []})
         secrets[node.node_id] = node.secret
     port = free_port()
-    server = subprocess.Popen([sys.executable, "-m", "gunicorn", args.app, "--bind", f"127.0.0.1:{port}", "--workers",
+    server = processes.start([sys.executable, "-m", "gunicorn", args.app, "--bind", f"127.0.0.1:{port}", "--workers",
                                "1", "--worker-class", "gthread", "--threads", "4", "--log-level", "warning"],
                               cwd=ROOT, stderr=subprocess.PIPE)
     try:
@@ -114,8 +115,7 @@ def main() -> None:
         print(f"{args.app}: {len(latencies)} heartbeats ({refused[0]} not 200) at {args.rate:g}/s; server CPU "
               f"{used * 1000 / len(latencies):.2f} ms per heartbeat; latency p50 {p50:.1f} ms, p99 {p99:.1f} ms")
     finally:
-        server.terminate()
-        server.wait(20)
+        processes.stop(server, timeout=20)
         Node.objects.filter(node_id__startswith="hbcpu-").delete()
 
 

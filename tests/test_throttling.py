@@ -22,9 +22,9 @@ from django.core.cache import cache
 from django.test import override_settings
 
 from infra import run
-from infra.services import free_port
 from tests.factories import api_client, make_user
 from tests.real_parts import require
+from tests.support.processes import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 LIMIT = settings.AXES_FAILURE_LIMIT
