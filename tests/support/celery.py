@@ -3,9 +3,13 @@
 Starting a worker costs about two seconds of CPU (Django, Celery, the apps' tasks) and stopping it a warm shutdown;
 a test that only needs *a* worker consuming its tasks gets this one instead (``celery_worker`` in
 ``tests/support/fixtures.py``). Between tests it is brought back to the state a fresh worker would start in:
-nothing queued, nothing held back (reserved or waiting for its ETA), nothing running. A test that kills or
-restarts workers, or needs several racing, or a worker with other settings, still starts its own
-(``tests.support.processes.start_workers``).
+nothing queued, nothing held back (reserved or waiting for its ETA), nothing running.
+
+A worker reads its settings from the environment once, at start: a test that sets one for it
+(``monkeypatch.setenv("WORKLOAD_HOST_PORTS", ...)`` before taking the worker) gets a worker started with that
+environment, as it did when every test started its own. ``attach`` compares the environment with the one the
+session's worker was started with and, where they differ, replaces the worker. A test that kills or restarts
+workers, or needs several racing, still starts its own (``tests.support.processes.start_workers``).
 """
 
 from __future__ import annotations
@@ -19,13 +23,19 @@ from core import processes
 from tests.support.processes import ROOT, worker_command, worker_env
 
 IDLE_TIMEOUT_SECONDS = 30.0  # as long as a warm shutdown was given (stop_workers), and a margin
+NOT_SETTINGS = frozenset({"PYTEST_CURRENT_TEST"})  # changes with every test; no worker reads it
+
+
+def _environment() -> dict[str, str]:
+    return {name: value for name, value in os.environ.items() if name not in NOT_SETTINGS}
 
 
 class SessionWorker:
-    def __init__(self, process: subprocess.Popen, queue: str, node: str):
+    def __init__(self, process: subprocess.Popen, queue: str, node: str, environment: dict[str, str]):
         self.process = process
         self.queue = queue
         self.node = node  # the worker's node name (remote control answers to it)
+        self.environment = environment  # the test process's environment when it was started
 
     @property
     def pid(self) -> int:
@@ -35,8 +45,9 @@ class SessionWorker:
     def start(cls) -> SessionWorker:
         queue = f"session-{os.getpid()}-{time.monotonic_ns()}"
         node = f"w-{queue}@{socket.gethostname()}"
+        environment = _environment()
         process = processes.start(worker_command(queue, node), cwd=ROOT, env=worker_env(queue))
-        worker = cls(process, queue, node)
+        worker = cls(process, queue, node, environment)
         worker._wait_ready()
         return worker
 
@@ -47,12 +58,15 @@ class SessionWorker:
                              process=self.process, what=f"Celery worker {self.node} answering a ping")
 
     def attach(self) -> None:
-        """The test process sends to this worker's queue from now on (a new worker where the last one died)."""
+        """The test process sends to this worker's queue from now on; a new worker where the last one died or
+        the environment changed since it started."""
         from config.celery import app
 
-        if self.process.poll() is not None:
+        if self.process.poll() is not None or _environment() != self.environment:
+            self.stop()
             replacement = SessionWorker.start()
             self.process, self.queue, self.node = replacement.process, replacement.queue, replacement.node
+            self.environment = replacement.environment
         app.conf.task_default_queue = self.queue
 
     def detach(self) -> None:
