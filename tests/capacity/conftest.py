@@ -12,7 +12,7 @@ import pytest
 from broker import services
 from tests.factories import make_world
 from tests.support.api import Api
-from tests.support.processes import start_fleet_node, stop_fleet
+from tests.support.processes import start_fleet_node, start_workers, stop_fleet, stop_workers
 
 
 @pytest.fixture(autouse=True)
@@ -26,11 +26,15 @@ def world(transactional_db):
 
 
 @pytest.fixture
-def loop(live_server, tmp_path, world, settings, celery_worker):
-    """``loop(shapes, *agent flags)`` → (fleet process, its state dir); a worker runs throughout (the session's,
-    tests/support/celery.py)."""
+def loop(live_server, tmp_path, world, settings):
+    """``loop(shapes, *agent flags)`` → (fleet process, its state dir); a worker runs throughout.
+
+    A worker of its own, not the session's (tests/support/celery.py): with the shared one,
+    test_a_queue_of_mig_requests_on_whole_gpus_switches_a_gpu_and_drains failed 2 runs in 4 (its leases never
+    placed after the planner's mode switch), the cause not found yet; until it is, each test gets a fresh worker."""
     settings.LEASE_MIN_DURATION_SECONDS = 1
     settings.LEASE_MIN_RUNTIME_SECONDS = 0
+    workers = start_workers(1)
     fleets: list[subprocess.Popen] = []
 
     def make(shapes: tuple[str, ...], *extra: str):
@@ -40,6 +44,7 @@ def loop(live_server, tmp_path, world, settings, celery_worker):
         return process, state
 
     yield make
+    stop_workers(workers)
     for process in fleets:
         stop_fleet(process)
 

@@ -30,6 +30,15 @@ def _environment() -> dict[str, str]:
     return {name: value for name, value in os.environ.items() if name not in NOT_SETTINGS}
 
 
+def _cycle_flag_clear() -> None:
+    """The schedule-cycle flag is kept per database and *queue* (broker/services/triggers.py): with one queue for
+    the session, a flag left set by the last test (its cycle purged or revoked above) would swallow this test's
+    triggers for up to 10 s. A worker of its own, on a new queue, started with no flag; so does this one."""
+    from broker.services import cycle_flag_clear
+
+    cycle_flag_clear()
+
+
 class SessionWorker:
     def __init__(self, process: subprocess.Popen, queue: str, node: str, environment: dict[str, str]):
         self.process = process
@@ -68,15 +77,21 @@ class SessionWorker:
             self.process, self.queue, self.node = replacement.process, replacement.queue, replacement.node
             self.environment = replacement.environment
         app.conf.task_default_queue = self.queue
+        _cycle_flag_clear()
 
     def detach(self) -> None:
-        """Back to idle: the queue purged, the tasks held back revoked, the running ones finished. The test
-        process sends to the default queue again."""
+        """Back to idle: the queue purged, the tasks held back revoked, the running ones finished, the cycle flag
+        cleared. The test process sends to the default queue again."""
         from config.celery import app
 
-        app.conf.task_default_queue = "celery"
-        if self.process.poll() is not None:
-            return
+        try:
+            if self.process.poll() is None:
+                self._drain(app)
+                _cycle_flag_clear()  # a cycle it asked for may have been purged or revoked with its flag still set
+        finally:
+            app.conf.task_default_queue = "celery"
+
+    def _drain(self, app) -> None:
         inspect = app.control.inspect(destination=[self.node], timeout=5.0)
         revoked: set[str] = set()
         deadline = time.monotonic() + IDLE_TIMEOUT_SECONDS
