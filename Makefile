@@ -1,6 +1,7 @@
 # Two commands for a fresh machine with Python 3.11+:
 #   make run   - the whole service with a demo (embedded PostgreSQL where none is configured)
-#   make test  - linter and every test, against real PostgreSQL
+#   make test  - linter and every test, against real PostgreSQL (pytest-xdist, one worker per core)
+#   make test PYTEST_ARGS="-m 'not e2e'"  - the fast tier only: no live server, worker, agent, browser
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -10,7 +11,9 @@ PORT ?= 8000
 
 help:
 	@echo "make run    start the service with a demo fleet (PORT=$(PORT))"
-	@echo "make test   install test needs, lint, run the whole suite"
+	@echo "make test   install test needs, lint, run the whole suite (xdist: PYTEST_WORKERS=auto; 0 = one process)"
+	@echo "make test PYTEST_ARGS=\"-m 'not e2e'\"   the fast tier only (e2e: live server, Celery worker, agents,"
+	@echo "           browser, Prometheus, transactional_db; set in tests/conftest.py); PYTEST_ARGS go to pytest"
 	@echo "make bench  every benchmark -> bench/results/*.json (BENCH_ARGS=--quick: smoke sizes, minutes)"
 
 $(VENV)/.installed: requirements.txt requirements-dev.txt

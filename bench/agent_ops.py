@@ -35,7 +35,8 @@ sys.path.insert(0, str(ROOT))
 
 from agent.protocol import AgentClient  # noqa: E402
 from bench.record import write  # noqa: E402
-from tests.agent.conftest import free_port, wait_http  # noqa: E402
+from core import processes  # noqa: E402
+from core.processes import free_port, wait_http  # noqa: E402
 
 
 def _percentile(values: list[float], q: float) -> float:
@@ -48,7 +49,7 @@ def bench_ops(seconds: float, threads: list[int]) -> dict:
     with tempfile.TemporaryDirectory() as state:
         port = free_port()
         secret = "bench-secret"
-        process = subprocess.Popen(
+        process = processes.start(
             [sys.executable, "-m", "agent", "--node-id", "bench", "--listen", f"127.0.0.1:{port}", "--state-dir",
              state, "--gpus", "h100-80gb:8:mig", "--secret", secret, "--log-level", "WARNING"], cwd=ROOT,
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
@@ -93,8 +94,7 @@ def bench_ops(seconds: float, threads: list[int]) -> dict:
                       f" over {elapsed:.1f} s; latency p50 {statistics.median(latencies) * 1000:.1f} ms, "
                       f"p99 {_percentile(latencies, 0.99) * 1000:.1f} ms")
         finally:
-            process.terminate()
-            process.wait(20)
+            processes.stop(process, timeout=20)
     return figures
 
 
@@ -104,7 +104,7 @@ def bench_scrape(nodes: int, prometheus_seconds: float) -> dict:
         folder = Path(folder)
         port = free_port()
         started = time.monotonic()
-        fleet = subprocess.Popen(
+        fleet = processes.start(
             [sys.executable, "-m", "agent.fleet", "--nodes", str(nodes), "--listen", f"127.0.0.1:{port}",
              "--state-dir", str(folder / "fleet"), "--shape", "h100-80gb:8:mig", "--log-level", "WARNING"],
             cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
@@ -143,7 +143,7 @@ def bench_scrape(nodes: int, prometheus_seconds: float) -> dict:
             config = (ROOT / "infra" / "prometheus.yml").read_text()
             config = config.replace("__TARGETS__", str(folder / "fleet" / "prometheus-targets.json"))
             (folder / "prometheus.yml").write_text(config)
-            prometheus = subprocess.Popen(
+            prometheus = processes.start(
                 [binary, f"--config.file={folder / 'prometheus.yml'}", f"--storage.tsdb.path={folder / 'tsdb'}",
                  f"--web.listen-address=127.0.0.1:{web_port}"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             wait_http(f"http://127.0.0.1:{web_port}/-/ready", prometheus, timeout=60)
@@ -170,10 +170,8 @@ def bench_scrape(nodes: int, prometheus_seconds: float) -> dict:
                   f"engine-active series {query('count(DCGM_FI_PROF_GR_ENGINE_ACTIVE)')}")
         finally:
             if prometheus:
-                prometheus.terminate()
-                prometheus.wait(30)
-            fleet.terminate()
-            fleet.wait(60)
+                processes.stop(prometheus, timeout=30)
+            processes.stop(fleet, timeout=60)
     return figures
 
 

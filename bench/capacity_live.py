@@ -71,8 +71,9 @@ sys.path.insert(0, str(ROOT))
 
 from bench.leasing import BIN, Client, _meter, _pct, _postgres, _print_cpu, _queue_delete, _wait_http  # noqa: E402
 from bench.record import RESULTS, results_dir, write  # noqa: E402
+from core import processes  # noqa: E402
+from core.processes import free_port  # noqa: E402
 from infra import services  # noqa: E402
-from tests.agent.conftest import free_port  # noqa: E402
 
 PROFILE = "1g.10gb"
 MODEL = "H100-80GB"
@@ -138,28 +139,28 @@ def _setup(env: dict, nodes: int) -> tuple[str, str]:
 def _start(args, env: dict, queue: str, folder: Path, logs: dict, children: dict, enroll_token: str) -> int:
     """gunicorn, the workers, beat and the fleet; returns the API's port once every node has enrolled."""
     port = free_port()
-    children["api"] = subprocess.Popen(
+    children["api"] = processes.start(
         [str(BIN / "gunicorn"), "config.wsgi", "--bind", f"127.0.0.1:{port}", "--workers", str(args.web_workers),
          "--threads", str(args.threads), "--log-level", args.log_level.lower()], cwd=ROOT, env=env, stdout=logs["api"],
         stderr=subprocess.STDOUT)
     for number in range(args.workers):
-        children["workers"].append(subprocess.Popen(
+        children["workers"].append(processes.start(
             [str(BIN / "celery"), "-A", "config", "worker", "--concurrency", "2", "--queues", queue, "--hostname",
              f"capbench{number}@%h", "--loglevel", args.log_level, "--without-gossip", "--without-mingle",
              "--without-heartbeat"], cwd=ROOT, env=env, stdout=logs["workers"], stderr=subprocess.STDOUT))
     # schedule cycles on a queue of their own with a worker of their own (as make run does): agent calls of
     # seconds (cold creates, warm-pool members) never hold a cycle back
-    children["workers"].append(subprocess.Popen(
+    children["workers"].append(processes.start(
         [str(BIN / "celery"), "-A", "config", "worker", "--concurrency", "1", "--queues", env["CELERY_SCHEDULER_QUEUE"],
          "--hostname", "capbench-scheduler@%h", "--loglevel", args.log_level, "--without-gossip", "--without-mingle",
          "--without-heartbeat"], cwd=ROOT, env=env, stdout=logs["workers"], stderr=subprocess.STDOUT))
-    children["beat"] = subprocess.Popen(
+    children["beat"] = processes.start(
         [str(BIN / "celery"), "-A", "config", "beat", "--loglevel", args.log_level, "--schedule",
          str(folder / "celerybeat-schedule")], cwd=ROOT, env=env, stdout=logs["beat"], stderr=subprocess.STDOUT)
     site = f"http://127.0.0.1:{port}"
     _wait_http(site + "/healthz", children["api"], folder / "api.log")
     fleet_port = free_port()
-    children["fleet"] = subprocess.Popen(
+    children["fleet"] = processes.start(
         [str(BIN / "python"), "-m", "agent.fleet", "--nodes", str(args.nodes), "--listen", f"127.0.0.1:{fleet_port}",
          "--state-dir", str(folder / "fleet"), "--shape", "h100-80gb:8:mig", "--broker-url", site,
          "--create-latency", str(args.create_latency), "--log-level", "ERROR"], cwd=ROOT,
@@ -177,16 +178,7 @@ def _start(args, env: dict, queue: str, folder: Path, logs: dict, children: dict
 def _stop(children: dict) -> None:
     """Beat first (nothing more is sent), then the fleet, the workers and the API."""
     everything = [children.get("beat"), children.get("fleet"), *children["workers"], children.get("api")]
-    for child in everything:
-        if child is not None:
-            child.terminate()
-    for child in everything:
-        if child is None:
-            continue
-        try:
-            child.wait(30)
-        except subprocess.TimeoutExpired:
-            child.kill()
+    processes.stop_all([child for child in everything if child is not None], timeout=30)
 
 
 # -- the clients ---------------------------------------------------------------------------------------------

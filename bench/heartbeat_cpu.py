@@ -46,7 +46,8 @@ def main() -> None:
     from agent.protocol import sign
     from broker import services
     from broker.models import Node
-    from tests.agent.conftest import free_port, wait_http
+    from core import processes
+    from core.processes import free_port, wait_http
 
     Node.objects.filter(node_id__startswith="hbcpu-").delete()
     token = services.enrollment_token_create(uses=args.nodes)
@@ -56,7 +57,7 @@ def main() -> None:
                                     inventory={"gpus": []})
         secrets[node.node_id] = node.secret
     port = free_port()
-    server = subprocess.Popen([sys.executable, "-m", "gunicorn", args.app, "--bind", f"127.0.0.1:{port}", "--workers",
+    server = processes.start([sys.executable, "-m", "gunicorn", args.app, "--bind", f"127.0.0.1:{port}", "--workers",
                                "1", "--worker-class", "gthread", "--threads", "4", "--log-level", "warning"],
                               cwd=ROOT, stderr=subprocess.PIPE)
     try:
@@ -115,8 +116,7 @@ def main() -> None:
         print(f"{args.app}: {len(latencies)} heartbeats ({refused[0]} not 200) at {args.rate:g}/s; server CPU "
               f"{used * 1000 / len(latencies):.2f} ms per heartbeat; latency p50 {p50:.1f} ms, p99 {p99:.1f} ms")
     finally:
-        server.terminate()
-        server.wait(20)
+        processes.stop(server, timeout=20)
         Node.objects.filter(node_id__startswith="hbcpu-").delete()
 
 

@@ -43,8 +43,9 @@ from bench.profile import report as profile_report  # noqa: E402
 from bench.profile import start as profile_start  # noqa: E402
 from bench.profile import stop as profile_stop  # noqa: E402
 from bench.record import load, write  # noqa: E402  (at start: the tree is recorded as the run found it)
+from core import processes  # noqa: E402
+from core.processes import free_port  # noqa: E402
 from infra import services  # noqa: E402
-from tests.agent.conftest import free_port  # noqa: E402
 
 BIN = Path(sys.executable).parent
 PGDATA = ROOT / "var" / "bench-pg"
@@ -511,12 +512,12 @@ def main() -> None:
     children: dict = {"workers": []}
     finished = False
     try:
-        children["api"] = subprocess.Popen(
+        children["api"] = processes.start(
             [str(BIN / "gunicorn"), "config.wsgi", "--bind", f"127.0.0.1:{port}", "--workers",
              str(args.web_workers), "--threads", str(args.threads), "--log-level", "warning"], cwd=ROOT, env=env,
             stdout=logs["api"], stderr=subprocess.STDOUT)
         for number in range(args.workers):
-            children["workers"].append(subprocess.Popen(
+            children["workers"].append(processes.start(
                 [str(BIN / "celery"), "-A", "config", "worker", "--concurrency", "2", "--queues", queue, "--hostname",
                  f"bench{number}@%h", "--loglevel", "WARNING", "--without-gossip", "--without-mingle",
                  "--without-heartbeat"], cwd=ROOT, env=env, stdout=logs["workers"], stderr=subprocess.STDOUT))
@@ -524,14 +525,14 @@ def main() -> None:
         _wait_http(site + "/healthz", children["api"], folder / "api.log")
         if not args.agents_on_api:  # as make run and the image run it: the agents' own gunicorn (config.agent_wsgi)
             agents_port = free_port()
-            children["agents"] = subprocess.Popen(
+            children["agents"] = processes.start(
                 [str(BIN / "gunicorn"), "config.agent_wsgi", "--bind", f"127.0.0.1:{agents_port}", "--workers",
                  str(args.agent_workers), "--worker-class", "gthread", "--threads", str(args.threads),
                  "--log-level", "warning"], cwd=ROOT, env=env, stdout=logs["agents"], stderr=subprocess.STDOUT)
             site = f"http://127.0.0.1:{agents_port}"
             _wait_http(site + "/healthz", children["agents"], folder / "agents.log")
         fleet_port = free_port()
-        children["fleet"] = subprocess.Popen(
+        children["fleet"] = processes.start(
             [str(BIN / "python"), "-m", "agent.fleet", "--nodes", str(args.nodes), "--listen",
              f"127.0.0.1:{fleet_port}", "--state-dir", str(folder / "fleet"), "--shape", "h100-80gb:8:mig",
              "--broker-url", site, "--log-level", "ERROR"], cwd=ROOT,
@@ -639,16 +640,7 @@ def main() -> None:
     finally:
         everything = [children.get("prometheus"), children.get("scale_fleet"), children.get("fleet"),
                       *children["workers"], children.get("agents"), children.get("api")]
-        for child in everything:
-            if child is not None:
-                child.terminate()
-        for child in everything:
-            if child is None:
-                continue
-            try:
-                child.wait(30)
-            except subprocess.TimeoutExpired:
-                child.kill()
+        processes.stop_all([child for child in everything if child is not None], timeout=30)
         for log in logs.values():
             log.close()
         _queue_delete(broker.url, queue)

@@ -26,8 +26,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from core import processes
+from core.processes import describe_exit, http_ok, signal_group
 from infra import services
 from infra.services import ROOT, VAR, say
+
+__all__ = ["Supervisor", "agents_command", "describe_exit", "main", "next_delay", "web_command"]
 
 BIN = Path(sys.executable).parent
 
@@ -54,13 +58,7 @@ def _manage(*args: str) -> None:
 
 
 def _http_ok(url: str) -> bool:
-    import urllib.request
-
-    try:
-        with urllib.request.urlopen(url, timeout=2) as response:  # noqa: S310 - loopback URL we built
-            return response.status == 200
-    except OSError:
-        return False
+    return http_ok(url, timeout=2)
 
 
 def web_command(*, port: int, workers: int = 2, threads: int = 4) -> list[str]:
@@ -80,31 +78,12 @@ def agents_command(*, port: int, workers: int = 1, threads: int = 4) -> list[str
             "--graceful-timeout", "10"]
 
 
-def describe_exit(returncode: int) -> str:
-    """``status 1`` or ``signal SIGKILL`` (Popen reports death by a signal as a negative code)."""
-    if returncode < 0:
-        try:
-            return f"signal {signal.Signals(-returncode).name}"
-        except ValueError:
-            return f"signal {-returncode}"
-    return f"status {returncode}"
-
-
 def next_delay(previous: float, uptime: float, *, first: float = RESTART_FIRST_DELAY_SECONDS,
                cap: float = RESTART_MAX_DELAY_SECONDS, stable_after: float = STABLE_AFTER_SECONDS) -> float:
     """Exponential back-off with a cap, reset when the child had stayed up ``stable_after`` seconds."""
     if previous <= 0 or uptime >= stable_after:
         return first
     return min(previous * 2, cap)
-
-
-def _signal_group(pgid: int, sig: int) -> bool:
-    """Signal a child's own process group (its session: ``start_new_session``). False when it is empty."""
-    try:
-        os.killpg(pgid, sig)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 @dataclass
@@ -137,7 +116,7 @@ class Supervisor:
 
     def _start(self, child: Child) -> None:
         # Own session: the terminal's Ctrl-C reaches only us, and we stop the children in order.
-        child.process = subprocess.Popen(child.command, cwd=ROOT, start_new_session=True)
+        child.process = processes.start(child.command, cwd=ROOT)
         child.started_at = time.monotonic()
         child.restart_at = None
         self._write_pid_file()
@@ -155,7 +134,7 @@ class Supervisor:
         for child in self.children:
             process = child.process
             if child.restart_at is None and process is not None and process.poll() is not None:
-                _signal_group(process.pid, signal.SIGTERM)  # what it forked and left behind
+                signal_group(process.pid, signal.SIGTERM)  # what it forked and left behind
                 child.delay = next_delay(child.delay, now - child.started_at)
                 child.restart_at = now + child.delay
                 child.restarts += 1
@@ -163,23 +142,23 @@ class Supervisor:
                     f"restart #{child.restarts} in {child.delay:g} s")
             elif child.restart_at is not None and now >= child.restart_at:
                 if process is not None:
-                    _signal_group(process.pid, signal.SIGKILL)  # leftovers that ignored SIGTERM
+                    signal_group(process.pid, signal.SIGKILL)  # leftovers that ignored SIGTERM
                 self._start(child)
                 say(f"restarted {child.name} (pid {child.process.pid})")
 
     def stop(self) -> None:
         running = [c for c in reversed(self.children) if c.process is not None]
         for child in running:
-            _signal_group(child.process.pid, signal.SIGTERM)
+            signal_group(child.process.pid, signal.SIGTERM)
         for child in running:
             process = child.process
             try:
                 process.wait(timeout=STOP_TIMEOUT_SECONDS)
             except subprocess.TimeoutExpired:
                 say(f"{child.name} (pid {process.pid}) did not stop in {STOP_TIMEOUT_SECONDS:g} s; killing it")
-                _signal_group(process.pid, signal.SIGKILL)
+                signal_group(process.pid, signal.SIGKILL)
                 process.wait()
-            _signal_group(process.pid, signal.SIGKILL)  # anything of its group still there
+            signal_group(process.pid, signal.SIGKILL)  # anything of its group still there
             say(f"stopped {child.name} (pid {process.pid})")
         self.pid_file.unlink(missing_ok=True)
 

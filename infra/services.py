@@ -25,6 +25,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
+from core import processes
+from core.processes import free_port
+
+__all__ = ["ROOT", "VAR", "Service", "ensure_broker", "ensure_postgres", "ensure_rabbitmq", "free_port",
+           "result_backend_for", "say", "secret_key"]
+
 ROOT = Path(__file__).resolve().parent.parent
 # Where make run keeps its state (embedded PostgreSQL, secrets, pid file). GPUBROKER_VAR_DIR moves it, so a
 # second instance (the supervision test, a developer's second checkout) never touches the first one's.
@@ -179,22 +185,14 @@ def _broker_answers(url: str) -> str | None:
     return None
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def _start_redis(binary: str) -> tuple[str, subprocess.Popen]:
     folder = VAR / "redis"
     folder.mkdir(parents=True, exist_ok=True)
     port = free_port()
-    process = subprocess.Popen(
+    process = processes.start(
         [binary, "--bind", "127.0.0.1", "--port", str(port), "--save", "", "--appendonly", "no",
          "--dir", str(folder), "--logfile", str(folder / "redis.log")],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
+        cwd=None, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
@@ -209,12 +207,7 @@ def _start_redis(binary: str) -> tuple[str, subprocess.Popen]:
 
 def _stop_process(process: subprocess.Popen, what: str) -> None:
     if process.poll() is None:
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        processes.stop(process, timeout=10)
         say(f"stopped {what} (pid {process.pid})")
 
 

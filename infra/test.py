@@ -3,6 +3,12 @@
 On a Debian machine as root, missing system packages are installed with apt-get; elsewhere the
 command says what is missing. A test that needs a missing part is skipped on a developer's machine and
 FAILS in CI (``CI=true``), naming the part (tests/real_parts.py): a CI run never goes green without them.
+
+pytest runs on ``-n auto`` pytest-xdist workers (one per core; ``PYTEST_WORKERS=0`` or ``-n 0`` runs in one
+process) with ``--dist loadfile`` (a module's tests, and its module-scoped agent or trained model, stay on one
+worker) and prints the 25 slowest phases. Each worker has its own test database, Redis database and cache prefix
+(infra/pytest_services.py). Arguments after ``make test`` (``PYTEST_ARGS``) go to pytest as they are:
+``PYTEST_ARGS="-m 'not e2e'"`` runs the fast tier only (tests/conftest.py says what is e2e).
 """
 
 from __future__ import annotations
@@ -72,6 +78,19 @@ def ensure_rabbitmq_running() -> None:
         subprocess.run(["service", "rabbitmq-server", "start"], check=False)
 
 
+def pytest_arguments(argv: list[str]) -> list[str]:
+    """What ``make test`` adds to the caller's pytest arguments: xdist workers (unless ``-n``/``--numprocesses``
+    or ``-p no:xdist`` is given, or ``PYTEST_WORKERS``) and ``--durations=25`` (unless ``--durations`` is)."""
+    added: list[str] = []
+    given = " ".join(argv)
+    workers = os.environ.get("PYTEST_WORKERS", "auto").strip() or "auto"
+    if not any(a == "-n" or a.startswith(("-n", "--numprocesses")) for a in argv) and "no:xdist" not in given:
+        added += ["-n", workers, "--dist", "loadfile"]
+    if "--durations" not in given:
+        added.append("--durations=25")
+    return [*added, *argv]
+
+
 def main(argv: list[str]) -> int:
     ensure_system_packages()
     ensure_rabbitmq_running()
@@ -81,7 +100,7 @@ def main(argv: list[str]) -> int:
     if lint.returncode != 0:
         return lint.returncode
     say("pytest")
-    return subprocess.run([sys.executable, "-m", "pytest", *argv], cwd=ROOT).returncode
+    return subprocess.run([sys.executable, "-m", "pytest", *pytest_arguments(argv)], cwd=ROOT).returncode
 
 
 if __name__ == "__main__":

@@ -1,3 +1,5 @@
+import types
+
 import pytest
 from django.core.cache import cache
 
@@ -6,6 +8,10 @@ from tests.factories import make_world
 # A test whose real part (Chromium, Prometheus, Redis, ...) is missing is skipped locally and fails in CI
 # (CI=true): the hooks live in tests/real_parts.py, and importing them here registers them for the suite.
 from tests.real_parts import pytest_configure, pytest_runtest_setup  # noqa: F401
+
+# Fixtures shared across directories (Prometheus servers, the session's Celery worker); helpers are imported from
+# tests/support/ as a library, never from a conftest.
+pytest_plugins = ["tests.support.fixtures"]
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -50,3 +56,38 @@ def _clear_cache(request):
 @pytest.fixture
 def world(db):
     return make_world()
+
+
+# A test is end-to-end (``-m e2e``; ``-m "not e2e"`` is the fast tier, seconds per directory) when
+# * it uses one of these fixtures: each starts, or serves, something outside the test process (the live server's
+#   thread, a Celery worker, simulated agents, Chromium, Prometheus) or needs committed data that such a process
+#   reads (``transactional_db``, with the database flush after each test). Fixtures built on them (``fleet``,
+#   ``worker``, ``loop``, ``api`` ...) are covered through them;
+# * or its module starts processes in test bodies: it imports a launcher (``core.processes``, ``subprocess``,
+#   tests/support's processes, agents, Prometheus or Celery helpers, tests/api/server.py);
+# * or it is marked ``slow`` (real processes, by hand).
+E2E_FIXTURES = frozenset({
+    "live_server", "transactional_db", "django_db_reset_sequences", "celery_worker", "celery_worker_session",
+    "browser", "prometheus_server", "agent",
+})
+E2E_MODULES = frozenset({
+    "subprocess", "core.processes", "tests.support.processes", "tests.support.agents", "tests.support.prometheus",
+    "tests.support.celery", "tests.api.server",
+})
+
+
+def _starts_processes(module) -> bool:
+    for value in vars(module).values():
+        name = value.__name__ if isinstance(value, types.ModuleType) else getattr(value, "__module__", None)
+        if name in E2E_MODULES:
+            return True
+    return False
+
+
+def pytest_collection_modifyitems(config, items):
+    modules: dict[str, bool] = {}
+    for item in items:
+        module = getattr(item, "module", None)
+        launches = module is not None and modules.setdefault(module.__name__, _starts_processes(module))
+        if launches or E2E_FIXTURES.intersection(getattr(item, "fixturenames", ())) or item.get_closest_marker("slow"):
+            item.add_marker(pytest.mark.e2e)

@@ -222,9 +222,9 @@ def test_errors_refused_before_the_application_are_problem_json(db):
     from urllib.parse import urlsplit
 
     from tests.api.server import api_server
-    from tests.broker.conftest import _test_database_url
+    from tests.support.processes import test_database_url
 
-    with api_server(_test_database_url()) as url:
+    with api_server(test_database_url()) as url:
         host, port = urlsplit(url).hostname, urlsplit(url).port
         cases = {414: ("/api/v1/projects?q=" + "x" * 5000, {}),
                  431: ("/api/v1/projects", {f"X-Filler-{n}": "y" for n in range(120)})}

@@ -33,7 +33,7 @@ def test_health_readyz_names_failing_database(db, client, monkeypatch):
     from django.db import connections
 
     from config import health
-    from infra.services import free_port
+    from tests.support.processes import free_port
 
     default = connections["default"]
     port = free_port()  # bound and closed again: nothing listens there

@@ -19,7 +19,7 @@ from django.urls import Resolver404, resolve
 from billing.models import Invoice
 from broker import services as broker
 from broker.models import Lease
-from tests.broker.conftest import _test_database_url, start_fleet, start_workers, stop_workers
+from tests.support.processes import start_fleet, start_workers, stop_workers, test_database_url
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
@@ -137,7 +137,7 @@ def _manage(env: dict, *args: str) -> None:
 def demo_env(live_server, transactional_db, tmp_path) -> dict:
     """The script's environment: manage.py on the test database, which holds the demo as `make run` seeds it."""
     broker.cycle_flag_clear()
-    env = {**os.environ, "DATABASE_URL": _test_database_url(), "GPUBROKER_VAR_DIR": str(tmp_path / "var"),
+    env = {**os.environ, "DATABASE_URL": test_database_url(), "GPUBROKER_VAR_DIR": str(tmp_path / "var"),
            "BASE_URL": live_server.url, "OUT_DIR": str(tmp_path / "out")}
     _manage(env, "seed_demo")
     _manage(env, "seed_prices")
@@ -189,7 +189,7 @@ def test_readme_walkthrough_script_stops_with_a_reason_when_no_node_serves(demo_
 
 
 def test_readme_walkthrough_script_says_when_nothing_answers(tmp_path):
-    from tests.agent.conftest import free_port
+    from tests.support.processes import free_port
 
     env = {**os.environ, "BASE_URL": f"http://127.0.0.1:{free_port()}"}
     result, output = _walkthrough(env, tmp_path)

@@ -22,7 +22,7 @@ from urllib.parse import urlsplit, urlunsplit
 import pytest
 
 from infra import run
-from infra.services import free_port
+from tests.support.processes import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 STARTUP_SECONDS = 120  # a fresh clone migrates, collects static files and seeds once; later runs take ~15 s

@@ -4,7 +4,7 @@
 import pytest
 
 from agent.protocol import AgentClient, AgentHTTPError
-from tests.agent.conftest import AgentProcess, gpu_of, snapshot_of
+from tests.support.agents import AgentProcess, gpu_of, snapshot_of
 
 
 def _mig_batch(client) -> dict:

@@ -12,8 +12,9 @@ import pytest
 
 from agent.daemon import load_config
 from agent.protocol import AgentClient, AgentHTTPError
-from tests.agent.conftest import ROOT, AgentProcess, gpu_of
 from tests.agent.test_fleet import FleetProcess
+from tests.support.agents import AgentProcess, gpu_of
+from tests.support.processes import ROOT
 
 LATENCY = 1.0
 QUICK = LATENCY / 2  # an answer that did not wait for the latency

@@ -20,7 +20,7 @@ from agent.backend import InstanceSpec
 from agent.protocol import InvalidRequest, spec_from_json
 from agent.sim import SimBackend
 from agent.workloads import ContainerRuntime, WorkloadManager, device_env
-from tests.agent.conftest import AgentProcess
+from tests.support.agents import AgentProcess
 
 CDI_NAME = re.compile(r"^nvidia\.com/gpu=(all|\d+|\d+:\d+|GPU-[0-9a-f-]{36}|MIG-[0-9a-f-]{36})$")
 

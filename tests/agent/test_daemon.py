@@ -6,7 +6,7 @@ import sys
 import pytest
 
 from agent.daemon import AgentConfig, backoff_delay, load_config, resolve_secret, stored_secret
-from tests.agent.conftest import ROOT
+from tests.support.processes import ROOT
 
 
 def test_config_file_with_flags_winning(tmp_path):

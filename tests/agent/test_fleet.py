@@ -24,7 +24,8 @@ from aiohttp import web
 
 from agent.protocol import AgentClient, NonceCache, SignatureError, verify
 from tests import real_parts
-from tests.agent.conftest import ROOT, free_port, wait_http
+from tests.support.processes import ROOT, free_port, wait_http
+from tests.support.processes import wait_until as support_wait_until
 
 TOKEN = "enroll-token-for-tests"
 
@@ -122,13 +123,8 @@ class FleetProcess:
         return json.loads((self.state_dir / "fleet.json").read_text())
 
 
-def wait_until(predicate, timeout=15.0, step=0.05):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(step)
-    return False
+def wait_until(predicate, timeout=15.0):
+    return support_wait_until(predicate, timeout, 0.05)
 
 
 def test_fleet_nodes_enroll_heartbeat_signed_and_back_off_while_the_broker_is_down(tmp_path):

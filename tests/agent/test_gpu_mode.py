@@ -5,7 +5,7 @@ survives ``kill -9``."""
 import pytest
 
 from agent.protocol import AgentClient, AgentHTTPError
-from tests.agent.conftest import AgentProcess, gpu_of, snapshot_of
+from tests.support.agents import AgentProcess, gpu_of, snapshot_of
 
 ORIGINAL_MODES = {0: "mig", 1: "mig", 2: "whole", 3: "shared"}  # conftest.GPUS
 

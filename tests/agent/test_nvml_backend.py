@@ -27,7 +27,8 @@ from agent.backend import InstanceSpec
 from agent.nvml_backend import NVML_MISSING, PYNVML_MISSING, STATE_FILE, NvmlBackend, model_for_device_name
 from agent.protocol import AgentClient, AgentHTTPError, Conflict, InvalidRequest, NotFound, NotPermitted, Unavailable
 from agent.server import AgentNode, node_app
-from tests.agent.conftest import SECRET, free_port
+from tests.support.agents import SECRET
+from tests.support.processes import free_port
 
 MIB = 2**20
 H100 = "GPU-11111111-1111-1111-1111-111111111111"

@@ -10,7 +10,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from agent.protocol import AgentHTTPError
 from agent.telemetry import all_series, pick
 from gpus.catalogue import model_get
-from tests.agent.conftest import AgentProcess, gpu_of
+from tests.support.agents import AgentProcess, gpu_of
 
 
 def samples(client, name: str, allocation_id: str) -> list[float]:

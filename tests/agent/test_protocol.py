@@ -3,7 +3,7 @@
 import pytest
 
 from agent.protocol import AgentHTTPError
-from tests.agent.conftest import gpu_of, snapshot_of
+from tests.support.agents import gpu_of, snapshot_of
 
 
 def test_healthz_and_inventory(client):

@@ -10,8 +10,7 @@ import pytest
 
 from broker import services
 from broker.models import Node
-from tests.agent.conftest import ROOT, free_port, wait_http
-from tests.broker.conftest import wait_until
+from tests.support.processes import ROOT, free_port, wait_http, wait_until
 
 
 def _agent(state_dir, log, url: str, token: str = "") -> subprocess.Popen:

@@ -7,7 +7,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from agent.protocol import AgentClient, AgentHTTPError, AgentUnreachable
-from tests.agent.conftest import SECRET, AgentProcess, gpu_of, snapshot_of
+from tests.support.agents import SECRET, AgentProcess, gpu_of, snapshot_of
 
 
 def families(text: str) -> dict:

@@ -9,7 +9,7 @@ import urllib.request
 import pytest
 
 from agent.protocol import NonceCache, SignatureError, sign, verify
-from tests.agent.conftest import SECRET, gpu_of, snapshot_of
+from tests.support.agents import SECRET, gpu_of, snapshot_of
 
 
 def send(agent, method, path, body=b"", headers=None):

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from agent.protocol import AgentClient, AgentHTTPError
-from tests.agent.conftest import AgentProcess, gpu_of
+from tests.support.agents import AgentProcess, gpu_of
 
 
 def wait_for(predicate, timeout: float = 15.0, every: float = 0.05):
@@ -341,7 +341,7 @@ def test_secret_env_reaches_the_workload_only_and_holds_no_token_of_the_node(tmp
     """``secret_env`` (issue 27): the workload's environment has the value, also after a restart, while the
     state file, every answer and the agent's log have its name at most; the node's own secret and any API
     token are nowhere in the workload's environment."""
-    from tests.agent.conftest import SECRET
+    from tests.support.agents import SECRET
 
     agent = AgentProcess(tmp_path / "agent", extra=("--workload-root", str(root), "--restart-backoff", "0.2",
                                                     "--log-level", "INFO")).start()

@@ -8,33 +8,18 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
-import socket
 import subprocess
 import sys
 import time
 import urllib.error
-import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
-from django.db import connection
+from core import processes
+from tests.support.processes import ROOT, free_port, test_database_url
 
-ROOT = Path(__file__).resolve().parent.parent.parent
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def test_database_url() -> str:
-    """The URL of the database the tests run against (pytest-django's ``test_…`` database), over TCP or the
-    embedded server's Unix socket: the plugin's ``DATABASE_URL`` with the test database's name."""
-    parts = urllib.parse.urlsplit(os.environ["DATABASE_URL"])
-    return urllib.parse.urlunsplit(parts._replace(path="/" + connection.settings_dict["NAME"]))
+__all__ = ["ROOT", "api_server", "free_port", "production_web_server", "test_database_url"]
 
 
 @contextlib.contextmanager
@@ -45,7 +30,7 @@ def api_server(database_url: str, **environment: str) -> Iterator[str]:
            "RUNTIME_ENV_FILE": os.devnull, "SECRET_KEY": os.environ.get("SECRET_KEY", "test-secret"),
            "ALLOWED_HOSTS": "127.0.0.1", "LOG_LEVEL": "WARNING", "LOG_FORMAT": "text", **environment}
     gunicorn = Path(sys.executable).parent / "gunicorn"
-    process = subprocess.Popen(
+    process = processes.start(
         [str(gunicorn), "config.wsgi:application", "--config", "python:config.gunicorn",  # as deployed
          "--bind", f"127.0.0.1:{port}", "--workers", "2",
          "--timeout", "60", "--graceful-timeout", "2", "--log-level", "warning"],
@@ -68,12 +53,7 @@ def api_server(database_url: str, **environment: str) -> Iterator[str]:
             time.sleep(0.1)
         yield url
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(timeout=10)
+        processes.stop(process, timeout=10)
 
 
 @contextlib.contextmanager
@@ -85,26 +65,11 @@ def production_web_server(database_url: str, **environment: str) -> Iterator[str
 
     port = free_port()
     env = {**os.environ, "DATABASE_URL": database_url, "LOG_LEVEL": "WARNING", **environment}
-    process = subprocess.Popen(run.web_command(port=port), cwd=ROOT, env=env, start_new_session=True,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    process = processes.start(run.web_command(port=port), env=env, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL)
     site = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                with urllib.request.urlopen(site + "/healthz", timeout=2) as response:
-                    if response.status == 200:
-                        break
-            except (urllib.error.URLError, ConnectionError, TimeoutError):
-                pass
-            if process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError("gunicorn did not answer /healthz within 30 s")
-            time.sleep(0.2)
+        processes.wait_http(site + "/healthz", process, timeout=30, step=0.2)
         yield site
     finally:
-        os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
+        processes.stop(process, timeout=15, whole_group=True)

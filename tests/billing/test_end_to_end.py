@@ -19,9 +19,10 @@ from billing.core.metering import HOUR, hour_floor
 from billing.models import Invoice, StripeEvent, UtilisationUsage
 from billing.services.utilisation import utilisation_meter_hour
 from broker.models import LeaseEvent
-from tests.broker.conftest import Api, start_fleet, start_workers, stop_workers, wait_until
 from tests.factories import make_world
 from tests.stripe_server import StripeTestServer, deliver
+from tests.support.api import Api
+from tests.support.processes import start_fleet, start_workers, stop_workers, wait_until
 
 
 @pytest.mark.slow

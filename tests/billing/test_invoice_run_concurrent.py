@@ -19,9 +19,8 @@ import pytest
 from billing import services as billing
 from billing.models import AllocationUsage, Invoice, InvoiceLine
 from broker.models import Lease
-from tests.agent.conftest import ROOT
-from tests.broker.conftest import _test_database_url
 from tests.factories import make_project, make_tenant
+from tests.support.processes import ROOT, test_database_url
 
 TENANTS = 12
 JANUARY = date(2026, 1, 1)
@@ -54,7 +53,7 @@ def waiting_on_locks(cursor) -> int:
 @pytest.mark.slow
 def test_invoice_run_twice_at_once_both_finish_with_one_invoice_per_tenant(transactional_db):
     usage_for_tenants()
-    url = _test_database_url()
+    url = test_database_url()
     env = {**os.environ, "DATABASE_URL": url}
     command = [sys.executable, "manage.py", "invoice_run", "--period", "2026-01", "--finalize"]
     with psycopg.connect(url) as gate:

@@ -15,9 +15,8 @@ from billing import services as billing
 from billing.choices import InvoiceStatus
 from billing.models import AllocationUsage, Invoice, InvoiceLine
 from broker.models import Lease
-from tests.agent.conftest import ROOT
-from tests.broker.conftest import _test_database_url
 from tests.factories import make_project, make_tenant
+from tests.support.processes import ROOT, test_database_url
 
 TENANTS = 150
 JANUARY = date(2026, 1, 1)
@@ -44,7 +43,7 @@ def usage_for_many_tenants():
 @pytest.mark.slow
 def test_invoice_run_killed_half_way_converges(transactional_db):
     usage_for_many_tenants()
-    env = {**os.environ, "DATABASE_URL": _test_database_url()}
+    env = {**os.environ, "DATABASE_URL": test_database_url()}
     command = [sys.executable, "manage.py", "invoice_run", "--period", "2026-01"]
     process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 60

@@ -24,9 +24,9 @@ from broker.choices import LeaseState
 from broker.models import Allocation, Lease
 from tenants.access import Actor
 from tenants.choices import Role
-from tests.agent.conftest import AgentProcess
-from tests.billing.conftest import needs_prometheus
 from tests.factories import make_quota
+from tests.support.agents import AgentProcess
+from tests.support.prometheus import needs_prometheus
 
 pytestmark = [needs_prometheus, pytest.mark.slow]
 FIGURES = ("engine_active_avg", "fb_used_avg_mib", "energy_wh", "samples")

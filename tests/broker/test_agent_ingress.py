@@ -20,13 +20,12 @@ from agent.protocol import sign
 from broker import services
 from broker.models import Node
 from tenants.models import AuditEvent
-from tests.agent.conftest import ROOT, free_port, wait_http
-from tests.broker.conftest import _test_database_url
+from tests.support.processes import ROOT, free_port, test_database_url, wait_http
 
 
 def _gunicorn(app: str) -> tuple[subprocess.Popen, str]:
     port = free_port()
-    env = {**os.environ, "DATABASE_URL": _test_database_url(), "LOG_LEVEL": "ERROR"}
+    env = {**os.environ, "DATABASE_URL": test_database_url(), "LOG_LEVEL": "ERROR"}
     process = subprocess.Popen([sys.executable, "-m", "gunicorn", app, "--bind", f"127.0.0.1:{port}",
                                 "--workers", "1", "--worker-class", "gthread", "--threads", "2",
                                 "--log-level", "warning"], cwd=ROOT, env=env,

@@ -7,8 +7,8 @@ import threading
 from django.db import connection
 
 from broker.models import Allocation, Lease
-from tests.broker.conftest import start_fleet, start_workers, stop_workers, wait_until
 from tests.factories import make_quota
+from tests.support.processes import start_fleet, start_workers, stop_workers, wait_until
 
 
 def test_concurrency_200_requests_for_50_gpus(live_server, tmp_path, api, world, settings):

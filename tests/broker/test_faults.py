@@ -9,7 +9,7 @@ from django.utils import timezone
 from broker import services
 from broker.models import Allocation, Lease, Node
 from broker.services import agent_client
-from tests.broker.conftest import start_workers, stop_workers, wait_until
+from tests.support.processes import start_workers, stop_workers, wait_until
 
 
 def _request(client, profile="1g.10gb"):
@@ -85,7 +85,7 @@ def test_faults_vanished_instance_fails_its_lease(worker, fleet, api, world):
 def test_faults_agent_killed_and_restarted_converges(worker, fleet, api, world):
     import subprocess
 
-    from tests.agent.conftest import ROOT, wait_http
+    from tests.support.processes import ROOT, wait_http
 
     lease_id = _request(api("member"))
     wait_until(lambda: Lease.objects.get(pk=lease_id).state == "active")

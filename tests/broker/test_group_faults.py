@@ -21,8 +21,8 @@ from broker.models import Allocation, Lease, LeaseEvent, Node
 from broker.services import agent_client
 from tenants.access import Actor
 from tenants.choices import Role
-from tests.broker.conftest import start_fleet
 from tests.factories import make_quota, make_world
+from tests.support.processes import start_fleet
 
 
 @pytest.fixture

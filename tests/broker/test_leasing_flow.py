@@ -5,7 +5,7 @@ import time
 
 from broker.choices import AllocationState
 from broker.models import Allocation, LeaseEvent
-from tests.broker.conftest import wait_until
+from tests.support.processes import wait_until
 
 
 def test_leasing_flow_mig_slice_from_request_to_released(worker, fleet, api):

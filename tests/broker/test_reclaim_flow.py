@@ -4,8 +4,8 @@ restarts when B gives the GPU back."""
 
 from broker.models import Node
 from broker.services import agent_client
-from tests.broker.conftest import wait_until
 from tests.factories import make_project, make_quota
+from tests.support.processes import wait_until
 
 
 def test_reclaim_flow_preempts_over_quota_work_and_requeues_it(worker, fleet, api, world):

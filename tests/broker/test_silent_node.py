@@ -13,7 +13,7 @@ from broker import services
 from broker.models import Allocation, Lease, Node
 from broker.services import agent_client
 from tenants.models import AuditEvent
-from tests.broker.conftest import start_fleet, wait_until
+from tests.support.processes import start_fleet, wait_until
 
 
 @pytest.fixture

@@ -7,8 +7,8 @@ from django.test import Client
 
 from broker import services
 from broker.models import Node
-from tests.broker.conftest import wait_until
 from tests.factories import make_user
+from tests.support.processes import wait_until
 
 SLICE = {"kind": "mig", "profile": "1g.10gb"}
 

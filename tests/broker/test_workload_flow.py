@@ -22,8 +22,9 @@ from billing import services as billing
 from billing.core.metering import held_intervals
 from billing.models import AllocationUsage, Invoice
 from broker.models import Lease, Workload
-from tests.broker.conftest import Api, wait_until
 from tests.factories import make_project, make_quota
+from tests.support.api import Api
+from tests.support.processes import wait_until
 
 TRAIN = """
 import json, os, signal, sys, time

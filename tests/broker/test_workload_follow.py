@@ -20,8 +20,9 @@ import requests
 
 from config.celery import app
 from tests.api import server
-from tests.broker.conftest import Api, wait_until
 from tests.factories import make_quota
+from tests.support.api import Api
+from tests.support.processes import wait_until
 
 FOLLOWS = 50
 # prints "started", stays silent until the test creates the file named by argv[1], prints "more", then sleeps

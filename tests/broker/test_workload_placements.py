@@ -16,8 +16,8 @@ from django.utils import timezone
 
 from broker.models import Lease, Node, Workload, WorkloadPlacement
 from broker.services import workloads as workload_services
-from tests.broker.conftest import start_fleet, wait_until
 from tests.factories import make_project, make_quota
+from tests.support.processes import start_fleet, wait_until
 
 SERVE = """
 import os, socket, time

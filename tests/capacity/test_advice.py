@@ -21,8 +21,8 @@ from core.errors import ValidationFailed
 from notifications.models import Notification
 from tenants.access import Actor
 from tenants.choices import Role
-from tests.billing.conftest import needs_prometheus
 from tests.factories import make_world
+from tests.support.prometheus import needs_prometheus
 
 NOW = datetime.now(tz=UTC).replace(microsecond=0)
 QUIET = {"mode_switch": "off", "mig_layout": "off", "warm_pool": "off", "idle_reclaim": "off", "quota_advice": "off"}

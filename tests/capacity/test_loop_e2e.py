@@ -17,8 +17,8 @@ from broker.models import Allocation, Gpu, Lease, Node
 from capacity import services as capacity_services
 from capacity.models import Adjustment
 from notifications.models import Notification
-from tests.billing.conftest import needs_prometheus
-from tests.broker.conftest import wait_until
+from tests.support.processes import wait_until
+from tests.support.prometheus import needs_prometheus
 
 pytestmark = [pytest.mark.slow]
 

@@ -11,10 +11,10 @@ here by its own PID. The database must be migrated and have the cache table (``c
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import threading
@@ -23,6 +23,8 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from core import processes
+from core.processes import free_port
 from infra import services
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -72,8 +74,7 @@ class Cluster:
     # -- processes -------------------------------------------------------------------------------------------
     def _spawn(self, role: str, name: str, argv: list[str], **extra_env: str) -> subprocess.Popen:
         log = open(self.folder / f"{name}.log", "ab")  # noqa: SIM115 - closed with the process
-        process = subprocess.Popen(argv, cwd=ROOT, env={**self.env, **extra_env}, stdout=log,
-                                   stderr=subprocess.STDOUT, start_new_session=True)
+        process = processes.start(argv, cwd=ROOT, env={**self.env, **extra_env}, stdout=log, stderr=subprocess.STDOUT)
         process.log = log
         process.name = name
         self.processes.setdefault(role, []).append(process)
@@ -107,7 +108,7 @@ class Cluster:
 
     def start_web(self) -> None:
         for number in range(1, self.web + 1):
-            port = services.free_port()
+            port = free_port()
             self.ports.append(port)
             self._spawn("web", f"web{number}", [
                 str(BIN / "gunicorn"), "config.wsgi", "--config", "python:config.gunicorn", "--bind",
@@ -142,7 +143,7 @@ class Cluster:
         loaded machine outlasts the agents' patience: see ``--broker-timeout``)."""
         self.fleet_ports = []
         for number in range(1, -(-self.nodes // per_fleet) + 1):
-            port = services.free_port()
+            port = free_port()
             count = min(per_fleet, self.nodes - per_fleet * (number - 1))
             self.fleet_ports.append((port, count))
             self._spawn("fleet", f"fleet{number}", [
@@ -163,8 +164,8 @@ class Cluster:
     def _wait(self, what: str, ready, timeout: float) -> None:
         deadline = time.monotonic() + timeout
         while not ready():
-            for processes in self.processes.values():
-                for process in processes:
+            for role_processes in self.processes.values():
+                for process in role_processes:
                     if process.poll() is not None:
                         raise RuntimeError(f"{process.name} exited ({process.returncode}) while waiting for {what}:\n"
                                            f"{self.log(process.name)[-3000:]}")
@@ -203,14 +204,12 @@ class Cluster:
         everything = [p for role in roles for p in self.processes.get(role, [])]
         for process in everything:
             if process.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(process.pid, 15)
+                processes.signal_group(process.pid, signal.SIGTERM)  # each role in its own group: it and its children
         for process in everything:
             try:
                 process.wait(30)
             except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(process.pid, 9)
+                processes.signal_group(process.pid, signal.SIGKILL)
                 process.wait(10)
             process.log.close()
         self._queues_delete()

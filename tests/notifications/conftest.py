@@ -1,28 +1,14 @@
-"""A real HTTP receiver on 127.0.0.1 (``http.server`` in a thread) that answers a script of statuses,
-and the receiver-side signature check read from docs/notifications.md (the snippet tenants copy)."""
+"""A real HTTP receiver on 127.0.0.1 (``http.server`` in a thread) that answers a script of statuses (the
+receiver-side signature check read from docs/notifications.md is ``tests.support.webhooks.documented_verify``)."""
 
 from __future__ import annotations
 
-import re
 import threading
 import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 
 import pytest
-
-DOCS = Path(__file__).resolve().parents[2] / "docs" / "notifications.md"
-
-
-def documented_verify():
-    """The ``verify`` function of the receiver snippet in docs/notifications.md, executed as written."""
-    text = DOCS.read_text()
-    section = text.split("### Verifying a delivery", 1)[1]
-    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
-    namespace: dict = {}
-    exec(compile(code, str(DOCS), "exec"), namespace)  # our own documentation's snippet
-    return namespace["verify"]
 
 
 @dataclass

@@ -10,9 +10,10 @@ import pytest
 
 from notifications.models import Delivery
 from notifications.tasks import deliveries_send_due_task, outbox_process_task
-from tests.broker.conftest import Api, start_workers, stop_workers, wait_until
 from tests.factories import make_world
-from tests.notifications.conftest import documented_verify
+from tests.support.api import Api
+from tests.support.processes import start_workers, stop_workers, wait_until
+from tests.support.webhooks import documented_verify
 
 pytestmark = pytest.mark.slow
 BACKOFF_BASE = 0.4
@@ -106,7 +107,7 @@ def test_end_to_end_deliveries_held_by_a_slow_receiver_never_hold_back_a_lease(l
     from broker.services import cycle_flag_clear
     from config.celery import app
     from notifications import services
-    from tests.broker.conftest import ROOT, _test_database_url, start_fleet
+    from tests.support.processes import ROOT, start_fleet, test_database_url
 
     queue = f"e2e-{time.monotonic_ns()}"
     notifications_queue = f"{queue}-notifications"
@@ -115,7 +116,7 @@ def test_end_to_end_deliveries_held_by_a_slow_receiver_never_hold_back_a_lease(l
     app.conf.task_routes = {"notifications.*": {"queue": notifications_queue}}
     app.amqp.flush_routes()
     del app.amqp.router  # the router is built once per process, holding the routes of then
-    env = {**os.environ, "DATABASE_URL": _test_database_url(), "CELERY_TASK_DEFAULT_QUEUE": queue,
+    env = {**os.environ, "DATABASE_URL": test_database_url(), "CELERY_TASK_DEFAULT_QUEUE": queue,
            "CELERY_NOTIFICATIONS_QUEUE": notifications_queue, "WEBHOOK_ALLOW_LOOPBACK": "1",
            "WEBHOOK_TIMEOUT_SECONDS": "3", "AGENT_TIMEOUT_SECONDS": "2"}
     workers = [subprocess.Popen(

@@ -22,7 +22,7 @@ from notifications.models import Delivery, Notification, NotificationPreference,
 from tenants.access import Actor
 from tenants.choices import Role
 from tenants.models import AuditEvent
-from tests.notifications.conftest import documented_verify
+from tests.support.webhooks import documented_verify
 
 PUBLIC = "https://93.184.215.14/hook"
 

@@ -18,8 +18,9 @@ import pytest
 
 from tests.api.server import api_server
 from tests.api.server import test_database_url as database_url
-from tests.broker.conftest import Api, start_fleet, start_workers, stop_workers, wait_until
 from tests.observability import live, promql
+from tests.support.api import Api
+from tests.support.processes import start_fleet, start_workers, stop_workers, wait_until
 
 
 @pytest.fixture
@@ -151,7 +152,7 @@ def test_live_metrics_after_lease_traffic(broker):
 
 def _prometheus_scrapes_the_broker(url: str, tmp_path) -> None:
     from infra.prometheus_config import render
-    from tests.agent.conftest import free_port, wait_http
+    from tests.support.processes import free_port, wait_http
 
     token_file = tmp_path / "metrics-token"
     token_file.write_text(live.TOKEN)

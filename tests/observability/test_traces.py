@@ -16,7 +16,7 @@ from opentelemetry.trace import SpanKind
 from broker.models import Lease
 from broker.services.triggers import cycle_flag_clear
 from observability import tracing
-from tests.broker.conftest import start_fleet, wait_until
+from tests.support.processes import start_fleet, wait_until
 
 
 @pytest.fixture

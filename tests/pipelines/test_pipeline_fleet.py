@@ -14,8 +14,9 @@ from billing.core.metering import HOUR, hour_floor
 from billing.models import AllocationUsage
 from broker.models import Allocation, Lease, LeaseEvent, Node
 from broker.services import agent_client
-from tests.broker.conftest import Api, start_fleet, start_workers, stop_workers, wait_until
 from tests.factories import make_quota, make_world
+from tests.support.api import Api
+from tests.support.processes import start_fleet, wait_until
 
 # one option per stage (a whole H100, batch 1, 5 ms): at 20 requests/s each stage is one instance of one GPU
 STAGE = [{"tier": "H100-80GB", "kind": "whole", "batch": 1, "latency_ms": 5}]
@@ -25,15 +26,13 @@ PIPELINE = {"project": "vision", "name": "video", "slo_ms": 60.0, "rate_rps": 20
 
 
 @pytest.fixture
-def setup(live_server, transactional_db, settings):
+def setup(live_server, transactional_db, settings, celery_worker):
     world = make_world()
     make_quota(world.project, deserved=4000, limit=4000)  # three whole GPUs fit the project's quota
     billing.price_book_create(name="e2e", currency="USD", effective_from=datetime(2025, 1, 1, tzinfo=UTC),
                               rates=[{"tier": "H100-80GB", "per_hour": "7.00"}])
     settings.LEASE_MIN_DURATION_SECONDS = 1
-    workers = start_workers(1)
-    yield world, Api(live_server.url, world.tokens["member"])
-    stop_workers(workers)
+    return world, Api(live_server.url, world.tokens["member"])
 
 
 def _apply(api: Api) -> tuple[str, list[int]]:

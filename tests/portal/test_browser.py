@@ -20,9 +20,8 @@ from django.utils import timezone
 
 from broker.models import Allocation, Lease
 from tests import real_parts
-from tests.agent.conftest import ROOT, free_port, wait_http
-from tests.broker.conftest import start_fleet, start_workers, stop_workers, wait_until
 from tests.factories import make_project, make_user, make_world
+from tests.support.processes import ROOT, free_port, start_fleet, wait_http, wait_until
 
 CHROMIUM = real_parts.CHROMIUM_PATH
 PROMETHEUS = shutil.which("prometheus")
@@ -123,11 +122,10 @@ def _set_prices() -> bool:
 
 
 @pytest.fixture
-def worker(portal_world, settings):
+def worker(portal_world, settings, celery_worker):
+    """The session's Celery worker (tests/support/celery.py), idle."""
     settings.LEASE_MIN_RUNTIME_SECONDS = 0
-    processes = start_workers(1)
-    yield processes[0]
-    stop_workers(processes)
+    return celery_worker
 
 
 @pytest.fixture

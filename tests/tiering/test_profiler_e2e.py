@@ -18,10 +18,11 @@ from django.utils import timezone
 from billing import services as billing
 from broker.choices import LeaseState
 from broker.models import Lease
-from tests.billing.conftest import needs_prometheus, prometheus_server  # noqa: F401 (a fixture)
-from tests.broker.conftest import Api, start_workers, stop_workers, wait_until
-from tests.capacity.conftest import start_fleet
 from tests.factories import make_quota, make_world
+from tests.support.api import Api
+from tests.support.processes import start_fleet_node as start_fleet
+from tests.support.processes import start_workers, stop_workers, wait_until
+from tests.support.prometheus import needs_prometheus
 from tiering import services
 from tiering.models import LeaseSample, Profile, ProfilingRun, Workload
 from tiering.profiler import profiling_candidates
@@ -38,7 +39,7 @@ def world(transactional_db):
 
 
 @pytest.fixture
-def scene(live_server, tmp_path, world, settings, monkeypatch, prometheus_server):  # noqa: F811
+def scene(live_server, tmp_path, world, settings, monkeypatch, prometheus_server):
     """A node with a whole A100-80GB, a whole L4 and an H100 in MIG mode, Prometheus scraping it, one worker
     that reads that Prometheus, and the tenant's price book and quotas for the three models."""
     settings.LEASE_MIN_DURATION_SECONDS = 1

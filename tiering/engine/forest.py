@@ -1,6 +1,10 @@
 """The Random Forest: predicts a workload's throughput and peak memory on a slice as ratios to what was
 observed on its reference slice, from ``features``. Trained on the profile database (profiled and observed
-rows); its confidence that a slice meets a target is the share of its trees that say so."""
+rows); its confidence that a slice meets a target is the share of its trees that say so.
+
+NumPy and scikit-learn are imported where a forest is fitted or asked (about a second of CPU): every Celery
+worker and web process imports this module through ``tiering.services``, and most never train or predict.
+Unpickling a stored model imports them too (pickle loads the classes it names)."""
 
 from __future__ import annotations
 
@@ -10,14 +14,15 @@ import pickle
 import random
 import statistics
 from dataclasses import dataclass
-
-import numpy as np
-from sklearn.ensemble import RandomForestRegressor
+from typing import TYPE_CHECKING
 
 from gpus.performance import Slice, Workload
 
 from .decide import EXPLORE_CONFIDENCE, Option, choose, measured_meets
 from .features import NAMES, Observation, features, prior_memory, prior_throughput
+
+if TYPE_CHECKING:
+    from sklearn.ensemble import RandomForestRegressor
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,10 +66,14 @@ class TierModel:
         self.threshold_folds: dict[str, dict] = {}  # per candidate threshold: misses, regret on those folds
 
     def _forest(self) -> RandomForestRegressor:
+        from sklearn.ensemble import RandomForestRegressor
+
         return RandomForestRegressor(n_estimators=self.n_estimators, min_samples_leaf=self.min_samples_leaf,
                                      max_features=0.6, random_state=self.seed, n_jobs=1)
 
     def fit(self, rows: list[Row]) -> TierModel:
+        import numpy as np
+
         ran = [r for r in rows if r.throughput > 0]
         if len(ran) < 10:
             raise ValueError(f"too few profile rows to train on: {len(ran)} (need 10 that ran)")
@@ -84,6 +93,8 @@ class TierModel:
     def predict(self, workload: Workload, slices: list[Slice], reference: Observation) -> list[Prediction]:
         if self.throughput_forest is None:
             raise ValueError("the model is not trained")
+        import numpy as np
+
         x = np.array([features(workload, s, reference) for s in slices])
         prior = np.array([self._prior(workload, s, reference) for s in slices])
         per_tree = np.exp(np.array([tree.predict(x) for tree in self.throughput_forest.estimators_])) * prior

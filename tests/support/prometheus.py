@@ -1,7 +1,7 @@
-"""A real Prometheus server for billing tests: history backfilled with promtool, or live scraping.
+"""A real Prometheus server on 127.0.0.1: history backfilled with promtool, or live scraping.
 
-Each server scrapes itself every second (so ``up`` always has a fresh sample, as on any real
-Prometheus) plus the targets a test gives it; it runs as a child process stopped by its own PID.
+Each server scrapes itself every second (so ``up`` always has a fresh sample, as on any real Prometheus) plus the
+targets a test gives it; it runs as a child process stopped by its own PID (``core.processes``).
 """
 
 from __future__ import annotations
@@ -14,9 +14,8 @@ import urllib.parse
 import urllib.request
 from pathlib import Path
 
-import pytest
-
-from tests.agent.conftest import free_port, wait_http
+from core import processes
+from core.processes import free_port, wait_http
 from tests.real_parts import PROMETHEUS_AND_PROMTOOL
 
 PROMETHEUS = shutil.which("prometheus")
@@ -61,22 +60,16 @@ class PrometheusServer:
         return path
 
     def start(self) -> PrometheusServer:
-        self.process = subprocess.Popen(
+        self.process = processes.start(
             [PROMETHEUS, f"--config.file={self._config()}", f"--storage.tsdb.path={self.data}",
              "--storage.tsdb.retention.time=30d", f"--web.listen-address=127.0.0.1:{self.port}"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+            cwd=None, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         wait_http(f"{self.url}/-/ready", self.process, timeout=30)
         self.wait_for("up", timeout=30)  # the first scrape: data is fresh from here on
         return self
 
     def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(20)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(10)
+        processes.stop(self.process, timeout=20)
 
     def query(self, expression: str, at: float | None = None) -> list:
         params = {"query": expression, **({"time": f"{at:.3f}"} if at is not None else {})}
@@ -91,18 +84,3 @@ class PrometheusServer:
                 return result
             time.sleep(0.2)
         raise AssertionError(f"{expression!r} did not come true within {timeout} s")
-
-
-@pytest.fixture
-def prometheus_server(tmp_path):
-    """Makes Prometheus servers (``prometheus_server(targets=...)``); every one is stopped at the end."""
-    servers: list[PrometheusServer] = []
-
-    def make(*, targets: tuple[str, ...] = (), file_sd: Path | None = None) -> PrometheusServer:
-        server = PrometheusServer(tmp_path / f"prometheus-{len(servers)}", targets=targets, file_sd=file_sd)
-        servers.append(server)
-        return server
-
-    yield make
-    for server in servers:
-        server.stop()
