@@ -15,6 +15,11 @@ class NumberField(serializers.FloatField):
     def to_internal_value(self, data):
         if isinstance(data, bool) or not isinstance(data, int | float):
             self.fail("invalid")
+        # an integer past a bound must not pass by rounding to it as a float (10**18 + 1 -> 1e18)
+        if isinstance(data, int) and self.max_value is not None and data > self.max_value:
+            self.fail("max_value", max_value=self.max_value)
+        if isinstance(data, int) and self.min_value is not None and data < self.min_value:
+            self.fail("min_value", min_value=self.min_value)
         return super().to_internal_value(data)
 
 

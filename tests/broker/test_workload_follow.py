@@ -26,8 +26,11 @@ from tests.support.processes import wait_until
 
 FOLLOWS = 50
 # prints "started", stays silent until the test creates the file named by argv[1], prints "more", then sleeps
-WAITER = ("import os, sys, time\nprint('started', flush=True)\nwhile not os.path.exists(sys.argv[1]):\n"
-          "    time.sleep(0.1)\nprint('more', flush=True)\ntime.sleep(600)\n")
+# bounded (180 s at most), so a failed run that never releases its lease leaves no workload behind: the agent
+# keeps workloads running when it stops, to adopt them again
+WAITER = ("import os, sys, time\nend = time.monotonic() + 180\nprint('started', flush=True)\n"
+          "while not os.path.exists(sys.argv[1]) and time.monotonic() < end:\n"
+          "    time.sleep(0.1)\nprint('more', flush=True)\ntime.sleep(max(0, end - time.monotonic()))\n")
 
 
 def test_workload_follow_fifty_follows_leave_healthz_and_another_tenant_under_a_second(

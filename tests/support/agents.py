@@ -9,8 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from agent.client import AgentClient
-
+from agent.protocol import AgentClient
 from core import processes
 from core.processes import ROOT, free_port, wait_http
 
