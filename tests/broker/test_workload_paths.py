@@ -7,6 +7,8 @@ same rules for its own directory. The node checks the same scope with symbolic l
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from broker.models import Workload
@@ -71,3 +73,21 @@ def test_a_workload_names_paths_in_its_projects_directory_and_the_broker_sends_i
 def test_the_scope_is_the_brokers_a_tenant_cannot_set_it(world):
     status, problem = _request(world, "member", "vision", scope="globex/secret", workdir=f"{ROOT}/globex/secret")
     assert status == 400 and problem["field"] == "workload.scope"
+
+
+def test_the_documented_workload_request_is_accepted_as_written(world):
+    """docs/leasing.md "Workloads": the request in its JSON block, sent as written (tenant acme, project vision),
+    is a lease with its workload, and the answer names the secret without its value."""
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "leasing.md").read_text()
+    block = text.split("```json\nPOST /api/v1/leases\n", 1)[1].split("```", 1)[0]
+    body = json.loads(block)
+    answer = world.client("member").post("/api/v1/leases", body, format="json")
+    assert answer.status_code == 201, answer.json()
+    secret = body["workload"]["secret_env"]["HF_TOKEN"]
+    detail = world.client("member").get(f"/api/v1/leases/{answer.json()['id']}")
+    assert secret not in answer.content.decode() + detail.content.decode()
+    assert detail.json()["workload"]["spec"]["secret_env"] == ["HF_TOKEN"]  # its name, never its value
+    spec = Workload.objects.get(lease_id=answer.json()["id"]).spec
+    assert spec["scope"] == "acme/vision" and spec["workdir"] == body["workload"]["workdir"]
