@@ -10,9 +10,6 @@ import contextlib
 import os
 import subprocess
 import sys
-import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -38,19 +35,7 @@ def api_server(database_url: str, **environment: str) -> Iterator[str]:
     )
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            if process.poll() is not None:
-                raise RuntimeError(f"gunicorn exited with {process.returncode} before answering")
-            try:
-                with urllib.request.urlopen(url + "/healthz", timeout=2) as response:
-                    if response.status == 200:
-                        break
-            except (urllib.error.URLError, ConnectionError, TimeoutError):
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError("gunicorn did not answer /healthz within 30 s")
-            time.sleep(0.1)
+        processes.wait_http(url + "/healthz", process, timeout=30, step=0.1)
         yield url
     finally:
         processes.stop(process, timeout=10)
