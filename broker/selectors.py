@@ -111,6 +111,12 @@ def share_enforcement_of(devices) -> dict | None:
     if not shares:
         return None
     unenforced = [device for device in shares if device.gpu.share_enforcement != ShareEnforcement.MPS]
+    gpus = {device.gpu_id for device in shares}
+    if not unenforced and len(gpus) > 1:  # one CUDA process talks to one MPS daemon, and each GPU has its own
+        return {"mode": ShareEnforcement.NONE.value,
+                "reason": f"its shares are on {len(gpus)} GPUs and a process reaches one GPU's MPS control daemon: "
+                          "a workload spanning them is limited on the first GPU only (each GPU's own MPS "
+                          "enforces shares used from separate processes)"}
     if not unenforced:
         return {"mode": ShareEnforcement.MPS.value,
                 "reason": "each share's compute and memory limits are enforced by the GPU's MPS control daemon"}
