@@ -110,7 +110,8 @@ class AgentConfig:
         if self.container_devices not in ("cdi", "none"):
             raise ValueError(f"container_devices must be cdi or none, got {self.container_devices!r}")
         if not isinstance(self.mps_control, str):
-            raise ValueError(f"mps_control must be a program name or path (\"\" turns MPS off), got {self.mps_control!r}")
+            raise ValueError(f"mps_control must be a program name or path (\"\" turns MPS off), "
+                             f"got {self.mps_control!r}")
         if isinstance(self.workload_roots, str):
             self.workload_roots = [self.workload_roots]
         for root in self.workload_roots:

@@ -286,7 +286,8 @@ def _share_enforcement(item: dict, index: int) -> dict:
     mode = item.get("share_enforcement", ShareEnforcement.NONE)
     if mode not in ShareEnforcement.values:
         raise ValidationFailed(f"inventory.gpus[{index}].share_enforcement must be one of "
-                               f"{', '.join(ShareEnforcement.values)}.", field=f"inventory.gpus[{index}].share_enforcement")
+                               f"{', '.join(ShareEnforcement.values)}.",
+                               field=f"inventory.gpus[{index}].share_enforcement")
     reason = item.get("share_enforcement_reason", "")
     if not isinstance(reason, str):
         raise ValidationFailed(f"inventory.gpus[{index}].share_enforcement_reason must be a string.",

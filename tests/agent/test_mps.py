@@ -68,7 +68,8 @@ def test_mps_control_starts_one_daemon_per_gpu_tells_it_and_quits(tmp_path, daem
     assert control.server_list("GPU-a") == []  # no CUDA client here, so no server
     state = told(tmp_path, "GPU-a")
     assert state["cuda_visible_devices"] == "GPU-a"  # the daemon sees its own GPU only
-    assert state["default_active_thread_percentage"] == 25 and state["default_device_pinned_mem_limit"] == {"0": "2048M"}
+    assert state["default_active_thread_percentage"] == 25
+    assert state["default_device_pinned_mem_limit"] == {"0": "2048M"}
     with pytest.raises(MpsError, match="Unknown command"):
         control.command("GPU-a", "set_default_sm_magic 3")
     control.stop("GPU-a")
