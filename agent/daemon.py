@@ -26,6 +26,8 @@ Configuration: a TOML file (``--config``) and/or flags (flags win)::
                                                   # "none" (an engine with no GPU: the container engine test)
     mps_control = "nvidia-cuda-mps-control"       # shares enforced by one MPS control daemon per shared GPU
                                                   # (agent.mps); "" turns MPS off: shares reported unenforced
+    mps_directory = ""                            # the daemons' pipe and log directories (default STATE_DIR/mps;
+                                                  # their unix sockets need a path under 108 bytes)
 
 Enrollment (``POST {broker}/api/v1/agents/enroll``, the token in the body) returns the per-node secret,
 saved as ``state_dir/secret`` (0600); later starts reuse it. Heartbeats (``POST
@@ -90,6 +92,7 @@ class AgentConfig:
     workload_log_max_bytes: int = 16 * 1024 * 1024
     container_devices: str = "cdi"
     mps_control: str = "nvidia-cuda-mps-control"
+    mps_directory: str = ""
 
     def validate(self) -> AgentConfig:
         if not self.node_id:
@@ -112,6 +115,8 @@ class AgentConfig:
         if not isinstance(self.mps_control, str):
             raise ValueError(f"mps_control must be a program name or path (\"\" turns MPS off), "
                              f"got {self.mps_control!r}")
+        if not isinstance(self.mps_directory, str) or (self.mps_directory and not self.mps_directory.startswith("/")):
+            raise ValueError(f"mps_directory must be an absolute path (or \"\"), got {self.mps_directory!r}")
         if isinstance(self.workload_roots, str):
             self.workload_roots = [self.workload_roots]
         for root in self.workload_roots:
@@ -427,7 +432,8 @@ def serve(config: AgentConfig) -> None:
     state_dir.mkdir(parents=True, exist_ok=True)
     from agent.mps import enforce_shares
 
-    backend = enforce_shares(build_backend(config, state_dir), Path(state_dir or config.state_dir), config.mps_control)
+    backend = enforce_shares(build_backend(config, state_dir), Path(state_dir or config.state_dir), config.mps_control,
+                             config.mps_directory)
     node = AgentNode(config.node_id, backend, resolve_secret(config, state_dir), config.hostname,
                      metrics_token=config.metrics_token, workloads=build_workloads(config, state_dir))
     app = node_app(node)
@@ -484,6 +490,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--mps-control", dest="mps_control", metavar="PROGRAM",
                         help="the MPS control program enforcing shares (default nvidia-cuda-mps-control; "
                              "\"\" turns MPS off)")
+    parser.add_argument("--mps-directory", dest="mps_directory", metavar="PATH",
+                        help="the MPS daemons' pipe and log directories (default STATE_DIR/mps)")
     add_workload_flags(parser)
     add_latency_flags(parser, default=None)
     parser.add_argument("--log-level", default="INFO")

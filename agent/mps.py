@@ -39,7 +39,9 @@ from agent.protocol import AgentError, Unavailable, problem_body
 
 EXECUTABLE = "nvidia-cuda-mps-control"
 PID_FILE = "nvidia-cuda-mps-control.pid"  # written by the daemon in its pipe directory (NVIDIA's MPS docs)
-COMMAND_TIMEOUT = 10.0
+COMMAND_TIMEOUT = 30.0
+SOCKET_PATH_MAX = 107  # a unix socket's path (sun_path, 108 bytes with its NUL): MPS's sockets live in the pipe dir
+SOCKET_NAME_MAX = len("control_privileged")
 ENFORCED = "mps"
 UNENFORCED = "none"
 
@@ -62,10 +64,11 @@ def _alive(pid: int) -> bool:
 
 
 class MpsControl:
-    """The MPS control daemons of one node, one per GPU, under ``STATE_DIR/mps/<GPU UUID>/``."""
+    """The MPS control daemons of one node, one per GPU, under ``directory/<GPU UUID>/`` (``STATE_DIR/mps``
+    unless given: the pipe directory holds unix sockets, whose paths may not pass 107 bytes)."""
 
-    def __init__(self, state_dir: Path, executable: str = EXECUTABLE):
-        self.root = Path(state_dir) / "mps"
+    def __init__(self, state_dir: Path, executable: str = EXECUTABLE, *, directory: Path | None = None):
+        self.root = Path(directory) if directory else Path(state_dir) / "mps"
         self.executable = executable
 
     def resolved(self) -> str | None:
@@ -107,6 +110,10 @@ class MpsControl:
         program = self.resolved()
         if program is None:
             raise MpsError(f"{self.executable} is not installed on this node")
+        pipe = str(self.pipe_directory(gpu_uuid))
+        if len(pipe) + 1 + SOCKET_NAME_MAX > SOCKET_PATH_MAX:
+            raise MpsError(f"the MPS pipe directory {pipe} is too long for the daemon's unix sockets (at most "
+                           f"{SOCKET_PATH_MAX - 1 - SOCKET_NAME_MAX} characters): set mps_directory shorter")
         for directory in (self.pipe_directory(gpu_uuid), self.log_directory(gpu_uuid)):
             directory.mkdir(parents=True, exist_ok=True, mode=0o700)
         try:
@@ -294,11 +301,13 @@ class ShareEnforcingBackend:
                 self.sync(gpu_uuid)
 
 
-def enforce_shares(backend, state_dir: Path, executable: str):
-    """The node's backend with MPS (``executable`` the control program; "" turns MPS off)."""
+def enforce_shares(backend, state_dir: Path, executable: str, directory: str = ""):
+    """The node's backend with MPS (``executable`` the control program, "" turns MPS off; ``directory`` where the
+    daemons' pipe and log directories go, "" for ``STATE_DIR/mps``)."""
     if not executable:
         return ShareEnforcingBackend(backend, None)
-    return ShareEnforcingBackend(backend, MpsControl(state_dir, executable))
+    return ShareEnforcingBackend(backend, MpsControl(state_dir, executable, directory=Path(directory) if directory
+                                                     else None))
 
 
 __all__ = ["ENFORCED", "UNENFORCED", "MpsControl", "MpsError", "ShareEnforcingBackend", "enforce_shares",
