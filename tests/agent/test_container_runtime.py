@@ -13,14 +13,17 @@ in ``CUDA_VISIBLE_DEVICES``). A stand-in ``docker`` on PATH that records what it
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import resource
 import shutil
+import signal
 import subprocess
 import sys
 import tarfile
+import tempfile
 import time
 from pathlib import Path
 
@@ -244,14 +247,14 @@ def podman(tmp_path_factory) -> dict[str, str]:
         require(f"{program} (on PATH)", shutil.which(program) is not None, ENGINE_HINT)
     require(f"{BUSYBOX} (static)", os.access(BUSYBOX, os.X_OK), ENGINE_HINT)
     root = tmp_path_factory.mktemp("podman")
-    nofile = resource.getrlimit(resource.RLIMIT_NOFILE)
-    nproc = resource.getrlimit(resource.RLIMIT_NPROC)
-    limit = lambda pair: ":".join("-1" if v == resource.RLIM_INFINITY else str(v) for v in pair)  # noqa: E731
-    # The limits the container gets are this process's own: podman's defaults (nofile 1048576) are more than
-    # a root without CAP_SYS_RESOURCE (a VM sandbox) may set, and then no container starts at all.
+    # Modest limits for the container: podman's defaults (nofile 1048576) are more than a root without
+    # CAP_SYS_RESOURCE (this VM) may set, and then no container starts at all ("error setting rlimit type 7");
+    # on this machine even the shell's own nproc (96364) is refused by the OCI runtime, 4096 is not.
+    limit = lambda kind: min(4096, resource.getrlimit(kind)[1] if resource.getrlimit(kind)[1] >= 0 else 4096)  # noqa: E731
     (root / "containers.conf").write_text(
         "[containers]\n"
-        f'default_ulimits = ["nofile={limit(nofile)}", "nproc={limit(nproc)}"]\n'
+        f'default_ulimits = ["nofile={limit(resource.RLIMIT_NOFILE)}:{limit(resource.RLIMIT_NOFILE)}", '
+        f'"nproc={limit(resource.RLIMIT_NPROC)}:{limit(resource.RLIMIT_NPROC)}"]\n'
         'netns = "none"\n'
         'init_path = "/usr/bin/catatonit"\n'
         "[engine]\n"
@@ -298,13 +301,14 @@ while true; do sleep 0.1; done
 
 def test_podman_runs_a_share_workload_through_the_agent_sigterm_at_the_notice_and_its_exit_reported(
         tmp_path, monkeypatch, podman):
-    for key, value in podman.items():
-        monkeypatch.setenv(key, value)  # the agent hands CONTAINERS_* to the engine CLI, nothing else of its own
+    mps_dir = Path(tempfile.mkdtemp(prefix="gpub-mps-"))  # short: the MPS daemon's unix sockets live there
     checkpoint = tmp_path / "ckpt"
     checkpoint.mkdir()
     agent = AgentProcess(tmp_path / "a", extra=(
         "--workload-runtime", "podman", "--container-devices", "none", "--workload-root", str(tmp_path),
-        "--mps-control", str(FAKE_MPS)))
+        "--mps-control", str(FAKE_MPS), "--mps-directory", str(mps_dir)))
+    for key, value in podman.items():
+        monkeypatch.setenv(key, value)  # the agent hands CONTAINERS_* to the engine CLI, nothing else of its own
     agent.start()
     try:
         client = agent.client(retries=0)
@@ -341,3 +345,7 @@ def test_podman_runs_a_share_workload_through_the_agent_sigterm_at_the_notice_an
         assert not Path(pipe, "nvidia-cuda-mps-control.pid").exists()  # the last share gone: the daemon quit
     finally:
         agent.stop()
+        for pid_file in mps_dir.rglob("nvidia-cuda-mps-control.pid"):  # a daemon a failed test left behind
+            with contextlib.suppress(OSError, ValueError):
+                os.kill(int(pid_file.read_text()), signal.SIGKILL)
+        shutil.rmtree(mps_dir, ignore_errors=True)
