@@ -134,3 +134,13 @@ def test_an_inventory_with_an_unknown_enforcement_is_refused_naming_the_field(wo
     node = enroll({"gpus": [old]})  # an agent from before: counted as unenforced
     gpu = Gpu.objects.get(node=node)
     assert gpu.share_enforcement == "none" and "does not report" in gpu.share_enforcement_reason
+
+
+def test_staff_see_each_gpus_enforcement_in_the_admin(world, inventories, admin_client):
+    node = enroll(inventories["none"])
+    gpu = Gpu.objects.get(node=node)
+    listed = admin_client.get("/admin/broker/gpu/?share_enforcement__exact=none").content.decode()
+    assert gpu.uuid in listed and "Not enforced" in listed
+    assert gpu.uuid not in admin_client.get("/admin/broker/gpu/?share_enforcement__exact=mps").content.decode()
+    page = admin_client.get(f"/admin/broker/gpu/{gpu.pk}/change/").content.decode()
+    assert "MPS is turned off on this node" in page
