@@ -5,8 +5,8 @@ A share's compute percentage and memory cap are only numbers in the workload's e
 daemon serves the GPU: a CUDA client that finds no daemon runs without MPS, unlimited. So the agent runs one:
 
 - **started with the GPU's first share**: ``nvidia-cuda-mps-control -d`` with ``CUDA_VISIBLE_DEVICES=<GPU UUID>``
-  (the daemon sees that GPU only), ``CUDA_MPS_PIPE_DIRECTORY=STATE_DIR/mps/<GPU UUID>/pipe`` and
-  ``CUDA_MPS_LOG_DIRECTORY=STATE_DIR/mps/<GPU UUID>/log``;
+  (the daemon sees that GPU only), ``CUDA_MPS_PIPE_DIRECTORY=<mps_directory>/<GPU UUID>/pipe`` and
+  ``CUDA_MPS_LOG_DIRECTORY=<mps_directory>/<GPU UUID>/log`` (``mps_directory`` defaults to ``STATE_DIR/mps``);
 - **limits through its control interface** (``echo COMMAND | nvidia-cuda-mps-control`` with the GPU's pipe
   directory): ``set_default_active_thread_percentage <p>`` and ``set_default_device_pinned_mem_limit 0 <n>M``,
   the tightest of the GPU's shares, so a client that drops its own variables still gets no more than the
@@ -171,7 +171,8 @@ class MpsControl:
 
 def share_limits(shares: list[dict]) -> tuple[int, int]:
     """(active thread percentage, pinned memory MiB): the tightest of a GPU's shares."""
-    percentage = min(int(i["access"]["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"]) for i in shares)
+    percentage = min(int(i.get("access", {}).get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE") or max(1, -(-i["milli"] // 10)))
+                     for i in shares)
     return percentage, min(int(i["memory_mib"]) for i in shares)
 
 
