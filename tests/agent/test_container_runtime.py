@@ -349,3 +349,40 @@ def test_podman_runs_a_share_workload_through_the_agent_sigterm_at_the_notice_an
             with contextlib.suppress(OSError, ValueError):
                 os.kill(int(pid_file.read_text()), signal.SIGKILL)
         shutil.rmtree(mps_dir, ignore_errors=True)
+
+
+def test_podman_container_that_ignores_sigterm_is_killed_at_the_deadline_and_removed(tmp_path, monkeypatch, podman):
+    for key, value in podman.items():
+        monkeypatch.setenv(key, value)
+    agent = AgentProcess(tmp_path / "a", extra=(
+        "--workload-runtime", "podman", "--container-devices", "none", "--workload-root", str(tmp_path),
+        "--mps-control", ""))
+    agent.start()
+    try:
+        client = agent.client(retries=0)
+        whole = next(g for g in client.inventory()["gpus"] if g["mode"] == "whole")
+        client.create("c-w", {"kind": "whole", "gpu": whole["uuid"]})
+        client.workload_start("wl-k", {"instances": ["c-w"], "image": IMAGE, "command": [
+            "/bin/sh", "-c", "trap 'echo ignoring SIGTERM' TERM; echo up; while true; do sleep 0.1; done"]})
+        deadline_wait = time.monotonic() + 60
+        while "up" not in client.workload_logs("wl-k")["data"] and time.monotonic() < deadline_wait:
+            assert client.workload("wl-k")["state"] == "running", client.workload_logs("wl-k", stream="stderr")
+            time.sleep(0.1)
+        client.notice("c-w", time.time() + 2.0, "reclaimed")
+        deadline_wait = time.monotonic() + 40
+        while client.workload("wl-k")["state"] == "running" and time.monotonic() < deadline_wait:
+            time.sleep(0.1)
+        done = client.workload("wl-k")
+        assert done["state"] == "preempted" and done["runs"][0]["signal"] == 9, done
+        assert "ignoring SIGTERM" in client.workload_logs("wl-k")["data"]
+        engine_env = {**os.environ, **podman}
+        deadline_wait = time.monotonic() + 30  # `podman kill` at the deadline; --rm removes the container after
+        while time.monotonic() < deadline_wait:
+            listed = subprocess.run(["podman", "ps", "--all", "--format", "{{.Names}}"], env=engine_env,
+                                    capture_output=True, text=True, timeout=60, check=True).stdout.split()
+            if "gpub-wl-k" not in listed:
+                break
+            time.sleep(0.5)
+        assert "gpub-wl-k" not in listed
+    finally:
+        agent.stop()
