@@ -261,10 +261,12 @@ class LeaseDetailView(TenantView):
         now = timezone.now()
         workload = presenters.lease_workload(lease)
         series = broker.lease_utilisation(lease=lease, now=now) if lease.active_at else []
+        devices = [a for a in lease.allocations.all() if a.freed_at is None]
         return {
             "lease": lease,
             "shape": presenters.shape_label(lease),
-            "devices": [a for a in lease.allocations.all() if a.freed_at is None],
+            "devices": devices,
+            "share_enforcement": broker.share_enforcement_of(devices),
             "events": list(lease.events.all()),
             "sparkline": presenters.Sparkline(series) if series else None,
             "workload": workload,

@@ -174,11 +174,17 @@ class DeviceOutput(serializers.ModelSerializer):
     gpu_index = serializers.IntegerField(source="gpu.index")
     model = serializers.CharField(source="tier")
     instance_id = serializers.CharField()
+    share_enforcement = serializers.SerializerMethodField(
+        help_text="a share only (else null): mps (its limits enforced by the GPU's MPS control daemon) or none "
+                  "(environment variables the workload may ignore; see the lease's share_enforcement.reason)")
 
     class Meta:
         model = Allocation
         fields = ["instance_id", "node", "gpu_uuid", "gpu_index", "model", "kind", "mig_profile", "mig_start",
-                  "milli", "memory_mib", "state", "device_uuid", "gpu_instance_id", "access"]
+                  "milli", "memory_mib", "state", "device_uuid", "gpu_instance_id", "access", "share_enforcement"]
+
+    def get_share_enforcement(self, obj) -> str | None:
+        return obj.gpu.share_enforcement if obj.kind == GpuKind.SHARE else None
 
 
 class EventOutput(serializers.ModelSerializer):
@@ -276,13 +282,27 @@ def workload_output(lease) -> dict | None:
                         for p in workload.placement_rows.order_by("number")]}
 
 
+SHARE_ENFORCEMENT_SCHEMA = {
+    "type": "object", "nullable": True,
+    "description": "a lease with shares only (else null): whether their compute and memory limits hold — mps when "
+                   "every share's GPU runs an MPS control daemon, none otherwise, with the reason (docs/leasing.md)",
+    "properties": {"mode": {"type": "string", "enum": ["mps", "none"]}, "reason": {"type": "string"}}}
+
+
 class LeaseDetailOutput(LeaseOutput):
     devices = serializers.SerializerMethodField()
     events = EventOutput(many=True)
     workload = serializers.SerializerMethodField()
+    share_enforcement = serializers.SerializerMethodField()
 
     class Meta(LeaseOutput.Meta):
-        fields = [*LeaseOutput.Meta.fields, "devices", "events", "workload"]
+        fields = [*LeaseOutput.Meta.fields, "devices", "share_enforcement", "events", "workload"]
+
+    @extend_schema_field(SHARE_ENFORCEMENT_SCHEMA)
+    def get_share_enforcement(self, obj) -> dict | None:
+        from broker.selectors import share_enforcement_of
+
+        return share_enforcement_of([a for a in obj.allocations.all() if a.freed_at is None])
 
     @extend_schema_field(WORKLOAD_OUTPUT_SCHEMA)
     def get_workload(self, obj) -> dict | None:
