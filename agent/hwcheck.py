@@ -76,6 +76,7 @@ WORKLOAD_ID = "hwcheck-trap"
 LOAD_ID = "lease-0-a0"
 SIM_GPUS = "h100-80gb:1:whole,h100-80gb:1:shared"
 DEFAULT_TIMEOUT = 300
+MIN_TIMEOUT = 5
 MAX_TIMEOUT = 1800
 PASS, FAIL, SKIP = "PASS", "FAIL", "SKIP"
 PERF = {"architecture": "bert-base", "task": "inference", "precision": "bf16", "batch_size": 32, "seq_len": 128}
@@ -86,6 +87,7 @@ SMI_FIELDS = ("index", "uuid", "name", "memory.total", "driver_version", "mig.mo
 TRAP = r"""
 import json, os, signal, sys, time
 ckpt = os.environ["CHECKPOINT_DIR"]
+os.makedirs(ckpt, exist_ok=True)
 with open(os.path.join(ckpt, "starts"), "a") as f:
     f.write("%d\n" % os.getpid())
 seen = {k: os.environ.get(k) for k in ("CUDA_VISIBLE_DEVICES", "GPUB_WORKLOAD_ID", "RESTART_COUNT")}
@@ -153,6 +155,10 @@ class CheckFailed(Exception):
     """The check failed; the message is its detail."""
 
 
+class CheckTimedOut(CheckFailed):
+    """A wait of the check ran to its deadline."""
+
+
 class CheckSkipped(Exception):
     """The check cannot run here; the message is the reason."""
 
@@ -177,7 +183,7 @@ def wait_for(predicate: Callable[[], object], deadline: float, what: str, step: 
         if value:
             return value
         if time.monotonic() >= deadline:
-            raise CheckFailed(f"{what}: not within the check's bound")
+            raise CheckTimedOut(f"{what}: not within the check's bound")
         time.sleep(step)
 
 
@@ -290,7 +296,7 @@ class SampleReceiver:
         receiver = self
 
         class Handler(BaseHTTPRequestHandler):
-            def do_POST(self):  # noqa: N802 (http.server's name)
+            def do_POST(self):
                 length = int(self.headers.get("Content-Length") or 0)
                 body = self.rfile.read(min(length, 65536))
                 if self.headers.get("Authorization") != f"Bearer {receiver.token}":
@@ -412,13 +418,15 @@ class HwCheck:
         self.work_root = base / "work"
         self.state_dir.mkdir(mode=0o700, exist_ok=True)
         self.work_root.mkdir(exist_ok=True)
-        os.chmod(base, 0o755)  # a workload of another uid (an isolating agent) reaches its directories
-        os.chmod(self.work_root, 0o755)
+        # a workload of another uid (an agent that isolates them) must reach its directories: read and traverse only
+        os.chmod(base, 0o755)  # noqa: S103
+        os.chmod(self.work_root, 0o755)  # noqa: S103
         self.agent = AgentChild(self.backend, self.state_dir, self.work_root, args.sim_gpus, args.allow_mig_changes)
         self.client: AgentClient | None = None
         self.inventory: dict = {}
         self.truth: list[dict] = []
         self.target: dict | None = None  # the GPU of the whole-instance and workload checks
+        self.target_reason = "no GPU chosen"
         self.idle: dict = {}
         self.pgids: set[int] = set()  # the process groups of every workload run (the shim leads each)
         self.compute_before: dict[str, set[int]] = {}
@@ -437,12 +445,19 @@ class HwCheck:
             status = PASS
         except CheckSkipped as skipped:
             status, detail = SKIP, str(skipped)
+        except CheckTimedOut as late:
+            status, detail = FAIL, str(late)
+            if deadline == self.deadline and name != "cleanup":
+                # the run's bound, shorter than the check's, cut it: the last check before cleanup
+                self.record(CheckResult(name, FAIL, round(time.monotonic() - started, 2),
+                                        f"the whole run passed its bound of {self.args.timeout} s ({detail})"))
+                raise HardStop from None
         except CheckFailed as failed:
             status, detail = FAIL, str(failed)
         except Exception as error:  # noqa: BLE001 - a check's own crash (NVML, the agent, a file) is its FAIL
             status, detail = FAIL, f"{type(error).__name__}: {error}"
         except HardStop:
-            status, detail = FAIL, f"the whole run passed its bound of {self.args.timeout} s"
+            status, detail = FAIL, f"the whole run passed its bound of {self.args.timeout} s (SIGALRM)"
             self.record(CheckResult(name, status, round(time.monotonic() - started, 2), detail))
             raise
         seconds = time.monotonic() - started
@@ -609,7 +624,7 @@ class HwCheck:
         if self.args.gpu is not None:
             chosen = [g for g in gpus if self.args.gpu in (g.get("uuid"), str(g.get("index")))]
             if not chosen:
-                raise CheckFailed(f"--gpu {self.args.gpu}: no such GPU in the inventory")
+                raise CheckSkipped(f"--gpu {self.args.gpu}: no such GPU in the inventory")
         else:
             chosen = [g for g in gpus if g.get("mode") == "whole"]
         held = {i.get("gpu") for i in self.inventory.get("instances", [])}
@@ -619,6 +634,10 @@ class HwCheck:
         return free[0]
 
     def check_telemetry_idle(self, deadline: float) -> tuple[str, dict]:
+        try:
+            self.target = self.pick_target()
+        except CheckSkipped as why:
+            self.target, self.target_reason = None, str(why)
         gpus = self.gpus()
         first, first_at = self.metrics(), time.monotonic()
         time.sleep(max(0.0, min(1.0, deadline - time.monotonic() - 1)))
@@ -671,7 +690,7 @@ class HwCheck:
 
     def check_whole_instance(self, deadline: float) -> tuple[str, dict]:
         if self.target is None:
-            raise CheckSkipped("no GPU in whole mode without instances")
+            raise CheckSkipped(self.target_reason)
         gpu = self.target
         spec = {"kind": "whole", "gpu": gpu["uuid"]}
         created = self.client.create(WHOLE_ID, spec)
@@ -756,6 +775,11 @@ class HwCheck:
         finally:
             if receiver is not None:
                 receiver.close()
+            with contextlib.suppress(AgentHTTPError, AgentUnreachable):  # a failed check leaves no load running
+                if self.client.workload(LOAD_ID)["state"] in ("running", "backoff"):
+                    self.client.workload_stop(LOAD_ID, grace_seconds=0, reason="hwcheck: load check failed")
+                    with contextlib.suppress(CheckFailed):
+                        self.wait_final(LOAD_ID, time.monotonic() + 5)
         last = ended["runs"][-1]
         if last.get("exit_code") != 0:
             raise CheckFailed(f"the load exited {last.get('exit_code')} (signal {last.get('signal')}): "
@@ -771,7 +795,7 @@ class HwCheck:
             raise CheckSkipped("no whole-GPU instance to run on (see whole_instance)")
         checkpoint = self.work_root / "trap"
         checkpoint.mkdir(exist_ok=True)
-        os.chmod(checkpoint, 0o755)
+        os.chmod(checkpoint, 0o755)  # noqa: S103 (the agent gives it to the workload's uid)
         started = self.client.workload_start(WORKLOAD_ID, {
             "instances": [WHOLE_ID], "command": [sys.executable, "-c", TRAP], "checkpoint_dir": str(checkpoint),
             "restart_policy": "never"})
@@ -866,9 +890,14 @@ class HwCheck:
         left = [i["allocation_id"] for i in self.client.inventory()["instances"]]
         if left:
             raise CheckFailed(f"instances left after delete: {left}")
-        live = [w["workload_id"] for w in self.client.workloads() if w["state"] in ("running", "backoff")]
-        if live:
-            raise CheckFailed(f"workloads still live after their instance went: {live}")
+
+        def live() -> list[str]:
+            return [w["workload_id"] for w in self.client.workloads() if w["state"] in ("running", "backoff")]
+
+        with contextlib.suppress(CheckFailed):
+            wait_for(lambda: not live(), min(deadline, time.monotonic() + 5), "the workloads to end")
+        if still := live():
+            raise CheckFailed(f"workloads still live 5 s after their instance went: {still}")
         return f"{len(answers)} instance(s) deleted; no live workload"
 
     def check_mig(self, deadline: float) -> tuple[str, dict]:
@@ -963,15 +992,17 @@ class HwCheck:
             instance = self.client.create(allocation_id, {"kind": "share", "gpu": gpu["uuid"], "milli": milli,
                                                           "memory_mib": memory})
             access = instance.get("access") or {}
-            want = {"CUDA_VISIBLE_DEVICES": gpu["uuid"], "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": str(math.ceil(milli / 10)),
+            want = {"CUDA_VISIBLE_DEVICES": gpu["uuid"],
+                    "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": str(math.ceil(milli / 10)),
                     "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": f"0={memory}M"}
             for key, value in want.items():
                 if access.get(key) != value:
                     raise CheckFailed(f"{allocation_id}: access {key}={access.get(key)!r}, expected {value!r}")
         entry = next(g for g in self.gpus() if g["uuid"] == gpu["uuid"])
         shares = entry.get("shares") or {}
-        if (shares.get("milli_used"), shares.get("memory_used_mib")) != (500, sum(m for _, m in asks.values())):
-            raise CheckFailed(f"the GPU's shares say {shares}, not 500 milli and {sum(m for _, m in asks.values())} MiB")
+        memory_total = sum(m for _, m in asks.values())
+        if (shares.get("milli_used"), shares.get("memory_used_mib")) != (500, memory_total):
+            raise CheckFailed(f"the GPU's shares say {shares}, not 500 milli and {memory_total} MiB")
         for allocation_id in asks:
             workload_id = f"{allocation_id}-env"
             self.client.workload_start(workload_id, {"instances": [allocation_id],
@@ -979,9 +1010,11 @@ class HwCheck:
             ended = self.wait_final(workload_id, deadline)
             seen = json.loads(self.client.workload_logs(workload_id, tail=2000)["data"].strip().splitlines()[-1])
             access = self.client.instance(allocation_id)["access"]
-            for key in ("CUDA_VISIBLE_DEVICES", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"):
+            for key in ("CUDA_VISIBLE_DEVICES", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE",
+                        "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"):
                 if seen.get(key) != access.get(key):
-                    raise CheckFailed(f"{workload_id} sees {key}={seen.get(key)!r}, its access says {access.get(key)!r}")
+                    raise CheckFailed(f"{workload_id} sees {key}={seen.get(key)!r}, its access says "
+                                      f"{access.get(key)!r}")
             if ended["runs"][-1].get("exit_code") != 0:
                 raise CheckFailed(f"{workload_id} exited {ended['runs'][-1].get('exit_code')}")
         return (f"two shares on GPU {gpu.get('index')} (300 and 200 milli, {asks[PREFIX + 'share-a'][1]} MiB each): "
@@ -1041,7 +1074,7 @@ class HwCheck:
         code = self.agent.stop()
         if left:
             raise CheckFailed(f"instances left: {left}")
-        if running and code != 0:
+        if running and self.client is not None and code != 0:  # (one stopped before it answered may not say 0)
             raise CheckFailed(f"the agent exited {code} at SIGTERM, not 0: {self.agent.log_tail()}")
 
         def alive() -> list[int]:
@@ -1072,38 +1105,40 @@ class HwCheck:
 
     # -- the whole run ---------------------------------------------------------------------------------------
     def main(self) -> int:
+        plan = [("inventory", 30, self.check_inventory),
+                ("inventory_memory_fields", 30, self.check_memory_fields),
+                ("inventory_share_enforcement", 10, self.check_share_enforcement),
+                ("telemetry_idle", 20, self.check_telemetry_idle),
+                ("whole_instance", 30, self.check_whole_instance),
+                ("instance_device_uuid", 10, self.check_device_uuid),
+                ("telemetry_load", 60, self.check_telemetry_load),
+                ("workload", 30, self.check_workload),
+                ("workload_uid", 5, self.check_workload_uid),
+                ("agent_kill9_adoption", 45, self.check_adoption),
+                ("notice_sigterm_checkpoint", 45, self.check_notice),
+                ("instances_release", 30, self.check_release)]
+        if self.args.mps:
+            plan += [("mps_shares", 45, self.check_mps_shares), ("mps_memory_cap", 60, self.check_mps_cap)]
+        if self.args.allow_mig_changes:
+            plan.append(("mig_profiles", 150, self.check_mig))
+        stepped = -1  # the plan's step in progress (-1: agent_start)
         previous = signal.signal(signal.SIGALRM, _hard_stop)
         signal.alarm(max(1, int(self.args.timeout)))
         try:
             try:
                 self.run("agent_start", 60, self.check_agent_start)
-                if self.client is not None:
-                    self.run("inventory", 30, self.check_inventory)
-                    self.run("inventory_memory_fields", 30, self.check_memory_fields)
-                    self.run("inventory_share_enforcement", 10, self.check_share_enforcement)
-                    try:
-                        self.target = self.pick_target()
-                    except (CheckSkipped, CheckFailed) as why:
-                        self.record(CheckResult("target_gpu", SKIP if isinstance(why, CheckSkipped) else FAIL, 0,
-                                                str(why)))
-                    self.run("telemetry_idle", 20, self.check_telemetry_idle)
-                    self.run("whole_instance", 30, self.check_whole_instance)
-                    self.run("instance_device_uuid", 10, self.check_device_uuid)
-                    self.run("telemetry_load", 60, self.check_telemetry_load)
-                    self.run("workload", 30, self.check_workload)
-                    self.run("workload_uid", 5, self.check_workload_uid)
-                    self.run("agent_kill9_adoption", 45, self.check_adoption)
-                    self.run("notice_sigterm_checkpoint", 45, self.check_notice)
-                    self.run("instances_release", 30, self.check_release)
-                    if self.args.mps:
-                        self.run("mps_shares", 45, self.check_mps_shares)
-                        self.run("mps_memory_cap", 60, self.check_mps_cap)
+                for step, (name, bound, check) in enumerate(plan):
+                    stepped = step
+                    if self.client is None:
+                        self.record(CheckResult(name, SKIP, 0.0, "not run: the agent did not start"))
+                        continue
+                    self.run(name, bound, check)
+                    if name == "mps_memory_cap":
                         with contextlib.suppress(AgentHTTPError, AgentUnreachable):
                             self.release_shares()
-                    if self.args.allow_mig_changes:
-                        self.run("mig_profiles", 150, self.check_mig)
             except HardStop:
-                pass
+                for name, _bound, _check in plan[stepped + 1:]:
+                    self.record(CheckResult(name, SKIP, 0.0, "not run: the whole run passed its bound"))
             signal.alarm(0)
             self.deadline = time.monotonic() + 40  # cleanup has its own bound past the run's
             self.run("cleanup", 40, self.check_cleanup)
@@ -1181,7 +1216,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--gpu", metavar="UUID|INDEX", help="the GPU to check (default: the first that fits)")
     parser.add_argument("--json", metavar="PATH", help="write the report there")
     parser.add_argument("--timeout", type=int, default=DEFAULT_TIMEOUT, metavar="SECONDS",
-                        help=f"bound of the whole run (default {DEFAULT_TIMEOUT}, at most {MAX_TIMEOUT})")
+                        help=f"bound of the checks (default {DEFAULT_TIMEOUT}, {MIN_TIMEOUT}..{MAX_TIMEOUT}); "
+                             "cleanup has 40 s more")
     parser.add_argument("--allow-mig-changes", action="store_true",
                         help="also cycle every MIG profile at every start on one GPU with no instance, then restore "
                              "its mode")
@@ -1190,8 +1226,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="keep the agent's state and the workloads' files there (default: a temporary directory, "
                              "removed at the end)")
     args = parser.parse_args(argv)
-    if not 10 <= args.timeout <= MAX_TIMEOUT:
-        parser.error(f"--timeout must be 10..{MAX_TIMEOUT} seconds, got {args.timeout}")
+    if not MIN_TIMEOUT <= args.timeout <= MAX_TIMEOUT:
+        parser.error(f"--timeout must be {MIN_TIMEOUT}..{MAX_TIMEOUT} seconds, got {args.timeout}")
     if args.backend == "sim":
         from agent.sim import parse_gpu_specs
 

@@ -16,10 +16,10 @@ import os
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
+from agent.hwcheck import process_group_alive
 from core.processes import ROOT
 from gpus.mig import profiles_for
 
@@ -102,9 +102,8 @@ def test_hwcheck_leaves_no_instance_and_no_process(default_run):
     assert sim["instances"] == {}
     assert [g["mode"] for g in sim["gpus"]] == ["whole", "shared"]  # as declared: nothing switched by default
     workloads = json.loads((base / "run" / "state" / "workloads.json").read_text())["workloads"]
-    pids = [run["pid"] for w in workloads.values() for run in w["runs"]]
-    assert pids and not [pid for pid in pids if Path(f"/proc/{pid}").exists()
-                         and Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] != "Z"]
+    groups = [run["pid"] for w in workloads.values() for run in w["runs"]]  # each run leads its process group
+    assert len(groups) == 2 and [pid for group in groups for pid in process_group_alive(group)] == []
     assert checks_of(report)["cleanup"]["status"] == "PASS"
 
 
@@ -169,8 +168,45 @@ def test_hwcheck_without_nvml_fails_with_the_reason_and_exits_1(tmp_path):
     assert done.returncode == 1 and report["passed"] is False
     assert checks["agent_start"]["status"] == "FAIL"
     assert "NVML is not available" in checks["agent_start"]["detail"]
-    assert report["truth"] == "nvidia-smi" and list(checks) == ["agent_start", "cleanup"]
+    assert report["truth"] == "nvidia-smi" and list(checks) == list(DEFAULT_CHECKS)
+    assert {c["status"] for name, c in checks.items() if name not in ("agent_start", "cleanup")} == {"SKIP"}
+    assert checks["inventory"]["detail"] == "not run: the agent did not start"
     assert seconds < 60
+
+
+def test_hwcheck_whole_run_is_bounded_and_cleans_up_when_it_runs_out(tmp_path):
+    """--timeout 5: the watchdog ends the check in progress as a FAIL, cleanup still runs, nothing is left."""
+    done, seconds = hwcheck("--backend", "sim", "--timeout", "5", "--json", str(tmp_path / "r.json"),
+                            "--state-dir", str(tmp_path / "run"), timeout=90)
+    report = json.loads((tmp_path / "r.json").read_text())
+    checks = report["checks"]
+    assert done.returncode == 1
+    stopped = [c for c in checks if c["detail"].startswith("the whole run passed its bound of 5 s")]
+    assert len(stopped) == 1 and stopped[0]["status"] == "FAIL", done.stdout
+    assert checks[-1]["name"] == "cleanup" and checks[-1]["status"] == "PASS", checks[-1]
+    assert [c["name"] for c in checks] == list(DEFAULT_CHECKS)  # the ones after the cut: SKIP "not run"
+    after = checks[checks.index(stopped[0]) + 1:-1]
+    assert all(c["status"] == "SKIP" and c["detail"].startswith("not run") for c in after)
+    assert seconds < 5 + 40 + 15
+    sim_file = tmp_path / "run" / "state" / "sim-state.json"  # (absent when the bound fell before the agent began)
+    assert not sim_file.exists() or json.loads(sim_file.read_text())["instances"] == {}
+    workloads_file = tmp_path / "run" / "state" / "workloads.json"
+    if workloads_file.exists():
+        workloads = json.loads(workloads_file.read_text())["workloads"]
+        assert [p for w in workloads.values() for r in w["runs"] for p in process_group_alive(r["pid"])] == []
+
+
+def test_device_check_script_writes_its_reports_and_fails_without_a_gpu(tmp_path):
+    """bench/device_check.sh as a lead runs it; here, without a driver, each step fails and says so."""
+    out = tmp_path / "out"
+    done = subprocess.run(["sh", str(ROOT / "bench" / "device_check.sh")], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "OUT": str(out), "PYTHON": sys.executable}, check=False)
+    assert done.returncode != 0
+    assert "agent.nvml_check: exit 2" in done.stdout and "agent.hwcheck: exit 1" in done.stdout, done.stdout
+    report = json.loads((out / "hwcheck.json").read_text())
+    assert report["backend"] == "nvml" and report["options"]["timeout_seconds"] == 300
+    assert "NVML is not available" in (out / "nvml_check.err").read_text()
+    assert (out / "nvidia-smi.txt").exists() and "FAIL  agent_start" in (out / "hwcheck.txt").read_text()
 
 
 def test_hwcheck_refuses_bad_arguments_naming_them():
