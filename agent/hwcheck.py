@@ -921,7 +921,15 @@ class HwCheck:
         placements, refused = 0, ""
         try:
             if found != "mig":
-                self.client.set_gpu_mode(gpu["uuid"], "mig")
+                try:
+                    self.client.set_gpu_mode(gpu["uuid"], "mig")
+                except AgentHTTPError as refused:
+                    if refused.status != 409:
+                        raise
+                    raise CheckFailed(
+                        f"enabling MIG on GPU {gpu.get('index')} was refused: {refused.problem.get('detail')}; "
+                        f"hwcheck resets no GPU. If the change is left pending on the device, `nvidia-smi -i "
+                        f"{gpu.get('index')} -mig 0` cancels it") from None
             for profile in profiles_for(gpu["model"]):
                 for start in profile.starts:
                     if time.monotonic() > deadline - 10:
@@ -1092,12 +1100,19 @@ class HwCheck:
                   if running else f"the agent had exited ({self.agent.process.returncode}); no workload process left")
         if self.backend == "nvml" and self.agent.starts and running:
             probe = NvmlProcesses()
-            try:
+
+            def new_processes() -> dict[str, list[int]]:
                 now = probe.pids()
+                found = {uuid: sorted(pids - self.compute_before.get(uuid, set())) for uuid, pids in now.items()}
+                return {uuid: pids for uuid, pids in found.items() if pids}
+
+            try:
+                with contextlib.suppress(CheckFailed):  # a process that just exited may linger a moment in NVML
+                    wait_for(lambda: not new_processes(), min(deadline, time.monotonic() + 10),
+                             "the GPUs' compute processes to go", step=0.5)
+                new = new_processes()
             finally:
                 probe.close()
-            new = {uuid: sorted(pids - self.compute_before.get(uuid, set())) for uuid, pids in now.items()}
-            new = {uuid: pids for uuid, pids in new.items() if pids}
             if new:
                 raise CheckFailed(f"compute process(es) on the GPU after cleanup (NVML): {new}")
             detail += "; NVML shows no new compute process on any GPU"
@@ -1228,6 +1243,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if not MIN_TIMEOUT <= args.timeout <= MAX_TIMEOUT:
         parser.error(f"--timeout must be {MIN_TIMEOUT}..{MAX_TIMEOUT} seconds, got {args.timeout}")
+    if args.state_dir and (state := Path(args.state_dir) / "state").is_dir() and any(state.iterdir()):
+        parser.error(f"--state-dir: {state} holds an earlier run's agent state; give an empty or new directory")
     if args.backend == "sim":
         from agent.sim import parse_gpu_specs
 

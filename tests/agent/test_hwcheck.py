@@ -55,7 +55,7 @@ def default_run(tmp_path_factory):
 
 
 def test_hwcheck_default_checks_pass_on_sim(default_run):
-    done, seconds, report, _ = default_run
+    done, _, report, _ = default_run
     checks = checks_of(report)
     assert tuple(checks) == DEFAULT_CHECKS, done.stdout
     not_passed = {name: (c["status"], c["detail"]) for name, c in checks.items()
@@ -69,7 +69,6 @@ def test_hwcheck_default_checks_pass_on_sim(default_run):
     lines = [line.split()[:2] for line in done.stdout.splitlines() if line.split()[:1] in (["PASS"], ["FAIL"],
                                                                                           ["SKIP"])]
     assert [name for _, name in lines] == list(DEFAULT_CHECKS)
-    assert seconds < 120  # bounded well inside its 300 s default
 
 
 def test_hwcheck_exit_status_follows_the_report(default_run):
@@ -163,7 +162,7 @@ def test_hwcheck_mig_and_mps_opt_in_cycle_profiles_and_restore_the_mode(tmp_path
 
 def test_hwcheck_without_nvml_fails_with_the_reason_and_exits_1(tmp_path):
     """This machine has no NVIDIA driver: the default backend's agent cannot start, and the check says why."""
-    done, seconds = hwcheck("--json", str(tmp_path / "r.json"), timeout=90)
+    done, _ = hwcheck("--json", str(tmp_path / "r.json"), timeout=90)
     report = json.loads((tmp_path / "r.json").read_text())
     checks = checks_of(report)
     assert done.returncode == 1 and report["passed"] is False
@@ -172,7 +171,6 @@ def test_hwcheck_without_nvml_fails_with_the_reason_and_exits_1(tmp_path):
     assert report["truth"] == "nvidia-smi" and list(checks) == list(DEFAULT_CHECKS)
     assert {c["status"] for name, c in checks.items() if name not in ("agent_start", "cleanup")} == {"SKIP"}
     assert checks["inventory"]["detail"] == "not run: the agent did not start"
-    assert seconds < 60
 
 
 def test_hwcheck_whole_run_is_bounded_and_cleans_up_when_it_runs_out(tmp_path):
@@ -215,6 +213,12 @@ def test_hwcheck_refuses_bad_arguments_naming_them():
     assert done.returncode == 2 and "--timeout" in done.stderr
     done, _ = hwcheck("--backend", "sim", "--sim-gpus", "h100-80gb:x", timeout=30)
     assert done.returncode == 2 and "--sim-gpus" in done.stderr
+
+
+def test_hwcheck_refuses_a_state_dir_with_an_earlier_run(default_run):
+    _, _, _, base = default_run
+    done, _ = hwcheck("--backend", "sim", "--state-dir", str(base / "run"), timeout=30)
+    assert done.returncode == 2 and "holds an earlier run" in done.stderr
 
 
 def test_hwcheck_never_resets_a_gpu():
