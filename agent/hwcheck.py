@@ -497,17 +497,20 @@ class HwCheck:
             return " ".join(data.split())[-600:]
         return ""
 
-    def has_torch(self, device: str) -> bool:
-        """Whether this interpreter can run CUDA through torch on ``device`` (asked once, in a child)."""
+    def has_torch(self, device: str, deadline: float) -> bool:
+        """Whether this interpreter (the workloads' too) can run CUDA through torch on ``device``: asked once,
+        in a child, within the check's bound."""
         if self.torch_ok is None:
             try:
                 done = subprocess.run([sys.executable, "-c", PROBE_TORCH], capture_output=True, text=True,
-                                      timeout=90, env={**os.environ, "CUDA_VISIBLE_DEVICES": device}, check=False)
+                                      timeout=max(1.0, min(90.0, deadline - time.monotonic() - 5)),
+                                      env={**os.environ, "CUDA_VISIBLE_DEVICES": device}, check=False)
                 self.torch_ok = done.returncode == 0
-                self.torch_reason = {1: "torch is not installed for " + sys.executable,
-                                     3: "torch sees no CUDA device"}.get(done.returncode, done.stderr.strip()[-200:])
+                last = (done.stderr.strip().splitlines() or [""])[-1][-200:]
+                self.torch_reason = ("torch sees no CUDA device" if done.returncode == 3
+                                     else f"torch cannot run with {sys.executable}: {last}")
             except (OSError, subprocess.TimeoutExpired) as error:
-                self.torch_ok, self.torch_reason = False, str(error)
+                self.torch_ok, self.torch_reason = False, f"torch did not answer: {error}"
         return self.torch_ok
 
     # -- checks ---------------------------------------------------------------------------------------------
@@ -741,9 +744,9 @@ class HwCheck:
                     "env": {"PERF_SAMPLES_URL": receiver.url, "PERF_INTERVAL_SECONDS": "0.2"},
                     "secret_env": {"PERF_TOKEN": receiver.token}, "perf": PERF}
         else:
-            if not self.has_torch(uuid):
+            if not self.has_torch(uuid, deadline):
                 raise CheckSkipped(f"no CUDA load available ({self.torch_reason})")
-            spec = {"instances": [WHOLE_ID], "command": [sys.executable, "-c", MATMUL], "args": ["12"]}
+            spec = {"instances": [WHOLE_ID], "command": [sys.executable, "-c", MATMUL], "args": ["20"]}
         try:
             self.client.workload_start(LOAD_ID, spec)
             self.workload_state(LOAD_ID)
@@ -1038,7 +1041,7 @@ class HwCheck:
         if enforcement_mode(entry["share_enforcement"]) != "mps":
             raise CheckSkipped(f"share_enforcement is {entry['share_enforcement']!r} on this GPU: nothing enforces a "
                                "share's memory cap here")
-        if self.backend == "sim" or not self.has_torch(gpu["uuid"]):
+        if self.backend == "sim" or not self.has_torch(gpu["uuid"], deadline):
             raise CheckSkipped(f"no CUDA load available ({self.torch_reason or 'simulated GPUs'})")
         cap = self.client.instance(f"{PREFIX}share-a")["memory_mib"]
         outcomes = {}
@@ -1126,7 +1129,7 @@ class HwCheck:
                 ("telemetry_idle", 20, self.check_telemetry_idle),
                 ("whole_instance", 30, self.check_whole_instance),
                 ("instance_device_uuid", 10, self.check_device_uuid),
-                ("telemetry_load", 60, self.check_telemetry_load),
+                ("telemetry_load", 90, self.check_telemetry_load),
                 ("workload", 30, self.check_workload),
                 ("workload_uid", 5, self.check_workload_uid),
                 ("agent_kill9_adoption", 45, self.check_adoption),
