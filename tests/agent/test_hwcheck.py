@@ -195,17 +195,87 @@ def test_hwcheck_whole_run_is_bounded_and_cleans_up_when_it_runs_out(tmp_path):
         assert [p for w in workloads.values() for r in w["runs"] for p in process_group_alive(r["pid"])] == []
 
 
-def test_device_check_script_writes_its_reports_and_fails_without_a_gpu(tmp_path):
-    """bench/device_check.sh as a lead runs it; here, without a driver, each step fails and says so."""
+FAKE_GPU = ROOT / "tests" / "agent" / "fake_gpu"  # pynvml and nvidia-smi stand-ins: one idle H100, MIG disabled
+H100_UUID = "GPU-0f0e5e6a-6a4c-4f1e-9d3b-1d2c3b4a5f60"
+
+
+def fake_gpu_env(tmp_path, **changes) -> dict[str, str]:
+    """The environment that puts the fake GPU under a child: its state file (``changes`` to the GPU), its pynvml
+    first on PYTHONPATH, its nvidia-smi first on PATH."""
+    gpu = {"name": "NVIDIA H100 80GB HBM3", "uuid": H100_UUID, "memory_total_mib": 81559,
+           "memory_reserved_mib": 480, "memory_used_mib": 0, "mig": 0, "power_w": 70.5, "energy_mj": 123456789,
+           "util_pct": 0, "compute_pids": [], **changes}
+    state = tmp_path / "fake-gpu.json"
+    state.write_text(json.dumps({"driver": "580.159.04", "gpus": [gpu]}))
+    return {**os.environ, "FAKE_GPU_STATE": str(state), "PATH": f"{FAKE_GPU}:{os.environ['PATH']}",
+            "PYTHONPATH": f"{FAKE_GPU}:{ROOT}"}
+
+
+@pytest.fixture(scope="module")
+def gpu_node_run(tmp_path_factory):
+    """One default (nvml) run on the stand-in GPU."""
+    base = tmp_path_factory.mktemp("hwcheck-gpu")
+    done = subprocess.run([sys.executable, "-m", "agent.hwcheck", "--json", str(base / "r.json")], cwd=ROOT,
+                          env=fake_gpu_env(base), capture_output=True, text=True, timeout=200, check=False)
+    return done, json.loads((base / "r.json").read_text())
+
+
+def test_hwcheck_on_a_gpu_node_compares_the_agent_with_nvidia_smi(gpu_node_run):
+    """The default (nvml) run on a stand-in GPU: the agent's inventory against nvidia-smi, telemetry against its
+    power.draw, the whole GPU, the workload, kill -9 and adoption, the notice, cleanup through NVML."""
+    done, report = gpu_node_run
+    checks = checks_of(report)
+    assert report["truth"] == "nvidia-smi" and report["backend"] == "nvml"
+    assert report["gpu"] == {"name": "NVIDIA H100 80GB HBM3", "uuid": H100_UUID, "model": "H100-80GB",
+                             "driver": "580.159.04"}
+    for name in ("agent_start", "inventory", "telemetry_idle", "whole_instance", "workload", "agent_kill9_adoption",
+                 "notice_sigterm_checkpoint", "instances_release", "cleanup"):
+        assert checks[name]["status"] == "PASS", (name, done.stdout, done.stderr)
+    assert checks["telemetry_load"]["status"] == "SKIP"  # no torch with CUDA here: never a PASS
+    assert checks["telemetry_load"]["detail"].startswith("no CUDA load available (")
+    assert "NVML shows no new compute process" in checks["cleanup"]["detail"]
+    assert done.returncode == 1  # the contract checks below, until their branches are merged
+
+
+@pytest.mark.xfail(strict=True, reason="needs wave9-nodefix: whole-GPU instances carry the GPU's UUID in device_uuid "
+                                       "on the nvml backend, and memory_total/reserved (NVML v2 memory) as nvidia-smi")
+def test_hwcheck_on_a_gpu_node_contract_device_uuid_and_memory(gpu_node_run):
+    checks = checks_of(gpu_node_run[1])
+    assert checks["instance_device_uuid"]["status"] == "PASS", checks["instance_device_uuid"]["detail"]
+    assert checks[CONTRACT_MEMORY]["status"] == "PASS", checks[CONTRACT_MEMORY]["detail"]
+
+
+def test_hwcheck_on_a_gpu_node_fails_where_nvml_and_nvidia_smi_disagree_or_the_gpu_is_busy(tmp_path):
+    env = fake_gpu_env(tmp_path, util_pct=60, smi={"memory.total": "81920", "power.draw": "180.00"})
+    command = [sys.executable, "-m", "agent.hwcheck", "--json", str(tmp_path / "r.json"), "--timeout", "5"]
+    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=200, check=False)
+    checks = checks_of(json.loads((tmp_path / "r.json").read_text()))
+    assert done.returncode == 1
+    assert checks["inventory"]["status"] == "FAIL"
+    assert checks["inventory"]["detail"] == "GPU 0: memory 81559 MiB vs 81920 MiB"
+    assert checks["telemetry_idle"]["status"] == "FAIL"
+    assert checks["telemetry_idle"]["detail"] == "GPU 0: power 70.5 W, nvidia-smi says 180.0 W"
+    env = fake_gpu_env(tmp_path, util_pct=60)
+    subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=200, check=False)
+    checks = checks_of(json.loads((tmp_path / "r.json").read_text()))
+    assert checks["telemetry_idle"]["detail"] == ("GPU 0 is not idle: 60.0 % busy before the check put any load")
+
+
+def test_device_check_script_on_a_gpu_machine_writes_every_report(tmp_path):
+    """bench/device_check.sh as a lead runs it on a lent machine (here the stand-in GPU): each step's output
+    under $OUT, the exit status of the first step that failed."""
     out = tmp_path / "out"
-    done = subprocess.run(["sh", str(ROOT / "bench" / "device_check.sh")], cwd=ROOT, capture_output=True, text=True,
-                          timeout=120, env={**os.environ, "OUT": str(out), "PYTHON": sys.executable}, check=False)
-    assert done.returncode != 0
-    assert "agent.nvml_check: exit 2" in done.stdout and "agent.hwcheck: exit 1" in done.stdout, done.stdout
+    env = {**fake_gpu_env(tmp_path), "OUT": str(out), "PYTHON": sys.executable}
+    done = subprocess.run(["sh", str(ROOT / "bench" / "device_check.sh")], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=200, env=env, check=False)
+    assert "nvidia-smi: exit 0" in done.stdout and "agent.nvml_check: exit 0" in done.stdout, done.stdout
+    assert H100_UUID in (out / "nvidia-smi.txt").read_text()
+    nvml = json.loads((out / "nvml_check.json").read_text())
+    assert nvml["driver"] == "580.159.04" and nvml["inventory"]["gpus"][0]["uuid"] == H100_UUID
     report = json.loads((out / "hwcheck.json").read_text())
     assert report["backend"] == "nvml" and report["options"]["timeout_seconds"] == 300
-    assert "NVML is not available" in (out / "nvml_check.err").read_text()
-    assert (out / "nvidia-smi.txt").exists() and "FAIL  agent_start" in (out / "hwcheck.txt").read_text()
+    assert "PASS  agent_start" in (out / "hwcheck.txt").read_text()
+    assert done.returncode == (0 if report["passed"] else 1)
 
 
 def test_hwcheck_refuses_bad_arguments_naming_them():
