@@ -739,9 +739,13 @@ class HwCheck:
         receiver = expected = None
         if self.backend == "sim":
             expected = sim_load_expected(self.target["model"])
+            # a copy in its own working directory: an isolating agent shows a workload its directories, not ours
+            load_dir = self.work_root / "load"
+            load_dir.mkdir(exist_ok=True)
+            shutil.copyfile(ROOT / "agent" / "perf_workload.py", load_dir / "perf_workload.py")
             receiver = SampleReceiver()
-            spec = {"instances": [WHOLE_ID], "command": [sys.executable, str(ROOT / "agent" / "perf_workload.py")],
-                    "env": {"PERF_SAMPLES_URL": receiver.url, "PERF_INTERVAL_SECONDS": "0.2"},
+            spec = {"instances": [WHOLE_ID], "command": [sys.executable, str(load_dir / "perf_workload.py")],
+                    "workdir": str(load_dir), "env": {"PERF_SAMPLES_URL": receiver.url, "PERF_INTERVAL_SECONDS": "0.2"},
                     "secret_env": {"PERF_TOKEN": receiver.token}, "perf": PERF}
         else:
             if not self.has_torch(uuid, deadline):
