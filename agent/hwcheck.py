@@ -35,9 +35,10 @@ the mode found restored; a mode is only ever switched with no instance on the GP
 their limits (the ``access`` environment and the workloads' own), and, where the agent enforces shares with
 MPS and torch can run, a process over its share's memory cap fails while one within it succeeds.
 
-Bounded: each check has its own bound and the whole run ``--timeout`` (default 300 s; a watchdog stops it
-there, cleans up and exits 1). It never resets a GPU: no reset is called here, and the agent never calls one.
-Standard library (and the agent); ``pynvml`` only on the ``nvml`` backend, read-only.
+Bounded: each check has its own bound and the whole run ``--timeout`` (default 300 s): a watchdog ends the checks
+at its last quarter (at most 40 s), which cleanup keeps, and the run exits 1. It never resets a GPU: no reset is
+called here, and the agent never calls one. Standard library (and the agent); ``pynvml`` only on the ``nvml``
+backend, read-only.
 """
 
 from __future__ import annotations
@@ -408,7 +409,10 @@ class HwCheck:
         self.args = args
         self.backend = args.backend
         self.started = time.monotonic()
-        self.deadline = self.started + args.timeout
+        # the whole run within --timeout: the checks until its last quarter (at most 40 s), kept for cleanup
+        self.cleanup_seconds = min(40.0, max(2.0, args.timeout / 4))
+        self.end = self.started + args.timeout
+        self.deadline = self.end - self.cleanup_seconds
         self.results: list[CheckResult] = []
         self.keep_state = bool(args.state_dir)
         base = Path(args.state_dir) if args.state_dir else Path(tempfile.mkdtemp(prefix="hwcheck-"))
@@ -1087,7 +1091,7 @@ class HwCheck:
                 for instance in self.client.inventory()["instances"]:
                     self.client.destroy(instance["allocation_id"])
                 left = [i["allocation_id"] for i in self.client.inventory()["instances"]]
-        code = self.agent.stop()
+        code = self.agent.stop(timeout=max(1.0, min(15.0, deadline - time.monotonic() - 1)))
         if left:
             raise CheckFailed(f"instances left: {left}")
         if running and self.client is not None and code != 0:  # (one stopped before it answered may not say 0)
@@ -1146,7 +1150,7 @@ class HwCheck:
             plan.append(("mig_profiles", 150, self.check_mig))
         stepped = -1  # the plan's step in progress (-1: agent_start)
         previous = signal.signal(signal.SIGALRM, _hard_stop)
-        signal.alarm(max(1, int(self.args.timeout)))
+        signal.setitimer(signal.ITIMER_REAL, max(0.5, self.deadline - time.monotonic()))
         try:
             try:
                 self.run("agent_start", 60, self.check_agent_start)
@@ -1162,11 +1166,11 @@ class HwCheck:
             except HardStop:
                 for name, _bound, _check in plan[stepped + 1:]:
                     self.record(CheckResult(name, SKIP, 0.0, "not run: the whole run passed its bound"))
-            signal.alarm(0)
-            self.deadline = time.monotonic() + 40  # cleanup has its own bound past the run's
-            self.run("cleanup", 40, self.check_cleanup)
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            self.deadline = max(self.end, time.monotonic() + 2)  # cleanup: the rest of the run's bound
+            self.run("cleanup", max(2.0, self.deadline - time.monotonic()), self.check_cleanup)
         finally:
-            signal.alarm(0)
+            signal.setitimer(signal.ITIMER_REAL, 0)
             signal.signal(signal.SIGALRM, previous)
             self.agent.stop(timeout=5)
         report = self.report()
@@ -1239,8 +1243,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--gpu", metavar="UUID|INDEX", help="the GPU to check (default: the first that fits)")
     parser.add_argument("--json", metavar="PATH", help="write the report there")
     parser.add_argument("--timeout", type=int, default=DEFAULT_TIMEOUT, metavar="SECONDS",
-                        help=f"bound of the checks (default {DEFAULT_TIMEOUT}, {MIN_TIMEOUT}..{MAX_TIMEOUT}); "
-                             "cleanup has 40 s more")
+                        help=f"bound of the whole run (default {DEFAULT_TIMEOUT}, {MIN_TIMEOUT}..{MAX_TIMEOUT}); "
+                             "its last quarter (at most 40 s) is kept for cleanup")
     parser.add_argument("--allow-mig-changes", action="store_true",
                         help="also cycle every MIG profile at every start on one GPU with no instance, then restore "
                              "its mode")

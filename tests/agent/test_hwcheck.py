@@ -186,7 +186,7 @@ def test_hwcheck_whole_run_is_bounded_and_cleans_up_when_it_runs_out(tmp_path):
     assert [c["name"] for c in checks] == list(DEFAULT_CHECKS)  # the ones after the cut: SKIP "not run"
     after = checks[checks.index(stopped[0]) + 1:-1]
     assert all(c["status"] == "SKIP" and c["detail"].startswith("not run") for c in after)
-    assert seconds < 5 + 40 + 15
+    assert seconds < 5 + 10  # the bound, and the interpreter's start and exit
     sim_file = tmp_path / "run" / "state" / "sim-state.json"  # (absent when the bound fell before the agent began)
     assert not sim_file.exists() or json.loads(sim_file.read_text())["instances"] == {}
     workloads_file = tmp_path / "run" / "state" / "workloads.json"
