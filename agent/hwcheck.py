@@ -654,44 +654,47 @@ class HwCheck:
             with contextlib.suppress(CheckFailed):
                 smi_power = {r["uuid"]: float(r["power.draw"]) for r in nvidia_smi_gpus(("uuid", "power.draw"))
                              if smi_int(r["power.draw"]) is not None}
-        shown, idle = [], {}
+        shown, idle, problems = [], {}, []
         for gpu in gpus:
             uuid, index = gpu["uuid"], gpu.get("index")
             power = gpu_series(second, "DCGM_FI_DEV_POWER_USAGE", uuid)
             energy0 = gpu_series(first, "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", uuid)
             energy1 = gpu_series(second, "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", uuid)
             if len(power) != 1 or len(energy1) != 1 or len(energy0) != 1:
-                raise CheckFailed(f"GPU {index}: expected one power and one energy series, got {len(power)} and "
-                                  f"{len(energy1)}")
+                problems.append(f"GPU {index}: expected one power and one energy series, got {len(power)} and "
+                                f"{len(energy1)}")
+                continue
             watts, joules = power[0][1], (energy1[0][1] - energy0[0][1]) / 1000
             if energy1[0][1] < energy0[0][1]:
-                raise CheckFailed(f"GPU {index}: the energy counter went down ({energy0[0][1]} -> {energy1[0][1]})")
+                problems.append(f"GPU {index}: the energy counter went down ({energy0[0][1]} -> {energy1[0][1]})")
             if not 0 < watts < 2000:
-                raise CheckFailed(f"GPU {index}: power {watts} W is not a plausible reading")
-            if self.backend == "sim":
+                problems.append(f"GPU {index}: power {watts} W is not a plausible reading")
+            if self.backend == "sim" and gpu.get("mode") != "mig":
                 model = model_get(gpu["model"])
-                if gpu.get("mode") != "mig" and abs(watts - model.idle_power_w) > 0.5:
-                    raise CheckFailed(f"GPU {index}: idle power {watts} W, the model's idle is {model.idle_power_w} W")
                 expected = model.idle_power_w * (second_at - first_at)
-                if gpu.get("mode") != "mig" and not 0.5 * expected <= joules <= 2 * expected + 1:
-                    raise CheckFailed(f"GPU {index}: energy grew {joules:.1f} J in {second_at - first_at:.2f} s at "
-                                      f"{watts} W")
+                if abs(watts - model.idle_power_w) > 0.5:
+                    problems.append(f"GPU {index}: idle power {watts} W, the model's idle is {model.idle_power_w} W")
+                elif not 0.5 * expected <= joules <= 2 * expected + 1:
+                    problems.append(f"GPU {index}: energy grew {joules:.1f} J in {second_at - first_at:.2f} s at "
+                                    f"{watts} W")
             elif uuid in smi_power and abs(watts - smi_power[uuid]) > max(30.0, 0.2 * smi_power[uuid]):
-                raise CheckFailed(f"GPU {index}: power {watts} W, nvidia-smi says {smi_power[uuid]} W")
+                problems.append(f"GPU {index}: power {watts} W, nvidia-smi says {smi_power[uuid]} W")
             util = gpu_series(second, "DCGM_FI_DEV_GPU_UTIL", uuid)
             if gpu.get("mode") == "whole":
-                if len(util) != 1:
-                    raise CheckFailed(f"GPU {index}: a whole GPU has one DCGM_FI_DEV_GPU_UTIL series, got {len(util)}")
-                if not 0 <= util[0][1] <= 100:
-                    raise CheckFailed(f"GPU {index}: utilisation {util[0][1]} % is out of range")
+                if len(util) != 1 or not 0 <= util[0][1] <= 100:
+                    problems.append(f"GPU {index}: a whole GPU has one DCGM_FI_DEV_GPU_UTIL series of 0..100 %, got "
+                                    f"{[value for _, value in util]}")
+                    continue
                 fb = gpu_series(second, "DCGM_FI_DEV_FB_USED", uuid)
                 idle[uuid] = {"watts": watts, "util": util[0][1], "fb_used_mib": fb[0][1] if fb else None}
                 if util[0][1] > 10 and self.target is not None and uuid == self.target["uuid"]:
-                    raise CheckFailed(f"GPU {index} is not idle: {util[0][1]} % busy before the check put any load")
+                    problems.append(f"GPU {index} is not idle: {util[0][1]} % busy before the check put any load")
             elif gpu.get("mode") == "mig" and util:
-                raise CheckFailed(f"GPU {index}: a MIG-mode GPU has no GPU-level utilisation, yet it has {len(util)}")
+                problems.append(f"GPU {index}: a MIG-mode GPU has no GPU-level utilisation, yet it has {len(util)}")
             shown.append(f"{index}: {watts:g} W, +{joules:.1f} J in {second_at - first_at:.1f} s"
                          + (f", {util[0][1]:g} %" if util else ""))
+        if problems:
+            raise CheckFailed("; ".join(problems))
         self.idle = idle
         return "; ".join(shown), {"idle": idle}
 
