@@ -115,7 +115,6 @@ def test_hwcheck_contract_memory_fields(default_run):
     assert check["status"] == "PASS", check["detail"]
 
 
-@pytest.mark.xfail(strict=True, reason="needs wave9-engine: share_enforcement ('mps' | 'none') per GPU")
 def test_hwcheck_contract_share_enforcement(default_run):
     _, _, report, _ = default_run
     check = checks_of(report)[CONTRACT_SHARES]
