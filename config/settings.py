@@ -16,6 +16,7 @@ from pathlib import Path
 
 from django.core.exceptions import ImproperlyConfigured
 
+from config.openapi import TAGS as OPENAPI_TAGS
 from config.env import (
     env_bool,
     env_choice,
@@ -497,7 +498,9 @@ REST_FRAMEWORK["DEFAULT_PARSER_CLASSES"] = ["core.parsers.SafeJSONParser"]
 SPECTACULAR_SETTINGS["POSTPROCESSING_HOOKS"] = [
     "drf_spectacular.hooks.postprocess_schema_enums",
     "core.openapi.add_error_responses",
+    "config.openapi.assign_tags",  # one tag per operation, by path (issue 29)
 ]
+SPECTACULAR_SETTINGS["TAGS"] = OPENAPI_TAGS  # the groups, in the order the document shows them (config/openapi.py)
 SPECTACULAR_SETTINGS["ENUM_NAME_OVERRIDES"].update({
     "LeaseStateEnum": "broker.choices.LeaseState",
     "AllocationStateEnum": "broker.choices.AllocationState",

@@ -93,6 +93,34 @@ class TenantListView(StaffView):
         return render(request, self.template_name, {"tenants": selectors.platform_tenant_list()})
 
 
+class TenantNewView(StaffView):
+    """The new-tenant page: ``tenant_create`` as the admin and the staff API call it (the same checks and
+    messages, audited in the staff user's name); a refusal comes back under its field with the values as typed."""
+
+    template_name = "ops/tenant_new.html"
+
+    def render_form(self, request, *, error: ApplicationError | None = None, status: int = 200):
+        from tenants.choices import CURRENCIES
+
+        errors = forms.FieldErrors(error, shown={"name", "slug", "billing_email", "currency"})
+        return render(request, self.template_name, {"errors": errors, "values": request.POST,
+                                                    "currencies": CURRENCIES}, status=status)
+
+    def get(self, request):
+        return self.render_form(request)
+
+    def post(self, request):
+        try:
+            tenant = services.tenant_create(
+                name=request.POST.get("name", ""), slug=request.POST.get("slug", "").strip(),
+                billing_email=request.POST.get("billing_email", "").strip(),
+                currency=request.POST.get("currency", "USD"), by_user=request.user)
+        except ApplicationError as error:
+            return self.render_form(request, error=error, status=error.status)
+        messages.success(request, f"Tenant {tenant.name} created. Set its quotas and add its projects below.")
+        return redirect("portal:ops-tenant", slug=tenant.slug)
+
+
 def _terms_context(tenant) -> dict:
     """The billing-terms card: every start (the latest first, amounts formatted), the terms of this month's
     invoice, and the form's defaults (this month, the terms in force)."""

@@ -70,6 +70,8 @@ urlpatterns = [
          name="ops-policy-delete"),
     path("ops/capacity/run", capacity.CapacityRunView.as_view(), name="ops-capacity-run"),
     path("ops/tenants", ops.TenantListView.as_view(), name="ops-tenants"),
+    # not under ops/tenants/: "new" is a valid tenant slug
+    path("ops/new-tenant", ops.TenantNewView.as_view(), name="ops-tenant-new"),
     path("ops/tenants/<slug:slug>", ops.TenantDetailView.as_view(), name="ops-tenant"),
     path("ops/tenants/<slug:slug>/status", ops.TenantStatusView.as_view(http_method_names=["post"]),
          name="ops-tenant-status"),

@@ -28,7 +28,6 @@ from tenants.choices import CURRENCIES, Role, SloMetric, TenantStatus
 from tenants.models import Project, Quota, Tenant, TenantQuota
 
 STAFF_ONLY = "Platform staff only (is_staff); everyone else gets 403."
-TAG = "staff: tenants"
 
 
 def staff_actor(request, tenant: Tenant) -> Actor:
@@ -161,13 +160,13 @@ def _tenant_out(slug: str) -> dict:
 
 
 class PlatformTenantListApi(StaffApi):
-    @extend_schema(tags=[TAG], responses=paginated(PlatformTenantOutput), parameters=PAGE_PARAMETERS,
+    @extend_schema(responses=paginated(PlatformTenantOutput), parameters=PAGE_PARAMETERS,
                    operation_id="v1_staff_tenants_list", description=STAFF_ONLY,
                    summary="Every tenant with its status and numbers of projects and members")
     def get(self, request):
         return paginate(self, request, selectors.platform_tenant_list(), PlatformTenantOutput)
 
-    @extend_schema(tags=[TAG], request=PlatformTenantCreateInput,
+    @extend_schema(request=PlatformTenantCreateInput,
                    responses={201: PlatformTenantOutput, 409: problem("The slug is taken")},
                    operation_id="v1_staff_tenants_create", description=STAFF_ONLY, summary="Create a tenant (active)")
     def post(self, request):
@@ -177,12 +176,12 @@ class PlatformTenantListApi(StaffApi):
 
 
 class PlatformTenantDetailApi(StaffApi):
-    @extend_schema(tags=[TAG], responses=PlatformTenantOutput, operation_id="v1_staff_tenants_retrieve",
+    @extend_schema(responses=PlatformTenantOutput, operation_id="v1_staff_tenants_retrieve",
                    description=STAFF_ONLY, summary="One tenant")
     def get(self, request, slug: str):
         return Response(_tenant_out(selectors.platform_tenant_get(slug=slug).slug))
 
-    @extend_schema(tags=[TAG], request=PlatformTenantUpdateInput,
+    @extend_schema(request=PlatformTenantUpdateInput,
                    responses={200: PlatformTenantOutput, 403: problem("The tenant is suspended")},
                    operation_id="v1_staff_tenants_partial_update", description=STAFF_ONLY,
                    summary="Rename a tenant or change its billing e-mail (fields left out keep their value)")
@@ -194,7 +193,7 @@ class PlatformTenantDetailApi(StaffApi):
 
 
 class PlatformTenantStatusApi(StaffApi):
-    @extend_schema(tags=[TAG], request=StatusInput, responses=PlatformTenantOutput,
+    @extend_schema(request=StatusInput, responses=PlatformTenantOutput,
                    operation_id="v1_staff_tenants_status_update",
                    description=f"{STAFF_ONLY} Suspending holds the tenant's queued leases and releases its running "
                                f"ones (docs/tenancy.md, \"Suspension\"); reactivating gives the held ones back to "
@@ -208,7 +207,7 @@ class PlatformTenantStatusApi(StaffApi):
 
 
 class PlatformQuotaListApi(StaffApi):
-    @extend_schema(tags=[TAG], responses=PlatformQuotasOutput, operation_id="v1_staff_tenants_quotas_retrieve",
+    @extend_schema(responses=PlatformQuotasOutput, operation_id="v1_staff_tenants_quotas_retrieve",
                    description=STAFF_ONLY, summary="A tenant's quota per tier and its projects' quotas (milli-GPU)")
     def get(self, request, slug: str):
         tenant = selectors.platform_tenant_get(slug=slug)
@@ -219,7 +218,7 @@ class PlatformQuotaListApi(StaffApi):
 
 
 class PlatformTenantQuotaApi(StaffApi):
-    @extend_schema(tags=[TAG], request=TenantQuotaInput,
+    @extend_schema(request=TenantQuotaInput,
                    responses={200: PlatformTenantQuotaOutput,
                               409: problem("The tenant's projects already hold more than the new bound")},
                    operation_id="v1_staff_tenants_quotas_update", description=STAFF_ONLY,
@@ -232,14 +231,14 @@ class PlatformTenantQuotaApi(StaffApi):
 
 
 class PlatformProjectListApi(StaffApi):
-    @extend_schema(tags=[TAG], responses=paginated(PlatformProjectOutput), parameters=PAGE_PARAMETERS,
+    @extend_schema(responses=paginated(PlatformProjectOutput), parameters=PAGE_PARAMETERS,
                    operation_id="v1_staff_projects_list", description=STAFF_ONLY,
                    summary="A tenant's projects with their status and quotas")
     def get(self, request, slug: str):
         tenant = selectors.platform_tenant_get(slug=slug)
         return paginate(self, request, selectors.platform_project_list(tenant=tenant), PlatformProjectOutput)
 
-    @extend_schema(tags=[TAG], request=PlatformProjectCreateInput,
+    @extend_schema(request=PlatformProjectCreateInput,
                    responses={201: PlatformProjectOutput, 403: problem("The tenant is suspended"),
                               409: problem("The slug is taken")},
                    operation_id="v1_staff_projects_create", description=STAFF_ONLY,
@@ -252,12 +251,12 @@ class PlatformProjectListApi(StaffApi):
 
 
 class PlatformProjectDetailApi(StaffApi):
-    @extend_schema(tags=[TAG], responses=PlatformProjectOutput, operation_id="v1_staff_projects_retrieve",
+    @extend_schema(responses=PlatformProjectOutput, operation_id="v1_staff_projects_retrieve",
                    description=STAFF_ONLY, summary="One project of a tenant")
     def get(self, request, slug: str, project: str):
         return Response(_project_out(selectors.platform_tenant_get(slug=slug), project))
 
-    @extend_schema(tags=[TAG], request=PlatformProjectUpdateInput,
+    @extend_schema(request=PlatformProjectUpdateInput,
                    responses={200: PlatformProjectOutput, 403: problem("The tenant is suspended")},
                    operation_id="v1_staff_projects_partial_update", description=STAFF_ONLY,
                    summary="Rename a project or change its description")
@@ -270,7 +269,7 @@ class PlatformProjectDetailApi(StaffApi):
 
 
 class PlatformProjectStatusApi(StaffApi):
-    @extend_schema(tags=[TAG], request=StatusInput, responses=PlatformProjectOutput,
+    @extend_schema(request=StatusInput, responses=PlatformProjectOutput,
                    operation_id="v1_staff_projects_status_update",
                    description=f"{STAFF_ONLY} A suspended project takes no new lease requests (403 naming "
                                f"`project`); its leases keep running and may be released.",
@@ -284,7 +283,7 @@ class PlatformProjectStatusApi(StaffApi):
 
 
 class PlatformProjectQuotaApi(StaffApi):
-    @extend_schema(tags=[TAG], request=ProjectQuotaInput,
+    @extend_schema(request=ProjectQuotaInput,
                    responses={200: PlatformQuotaOutput, 409: problem("Over the tenant's quota for that tier")},
                    operation_id="v1_staff_projects_quotas_update", description=STAFF_ONLY,
                    summary="Set a project's quota for one tier, within its tenant's bound")
@@ -303,14 +302,14 @@ def _contract_values(data: dict) -> dict:
 
 
 class PlatformSloContractListApi(StaffApi):
-    @extend_schema(tags=[TAG], responses=paginated(SloContractOutput), parameters=PAGE_PARAMETERS,
+    @extend_schema(responses=paginated(SloContractOutput), parameters=PAGE_PARAMETERS,
                    operation_id="v1_staff_slo_contracts_list", description=STAFF_ONLY,
                    summary="A tenant's SLO contracts (the latest first) with their credit steps")
     def get(self, request, slug: str):
         tenant = selectors.platform_tenant_get(slug=slug)
         return paginate(self, request, selectors.platform_slo_contract_list(tenant=tenant), SloContractOutput)
 
-    @extend_schema(tags=[TAG], request=SloContractInput,
+    @extend_schema(request=SloContractInput,
                    responses={201: SloContractOutput, 409: problem("The period overlaps another contract")},
                    operation_id="v1_staff_slo_contracts_create", description=STAFF_ONLY,
                    summary="Create an SLO contract with its credit steps")
@@ -323,13 +322,13 @@ class PlatformSloContractListApi(StaffApi):
 
 
 class PlatformSloContractDetailApi(StaffApi):
-    @extend_schema(tags=[TAG], responses=SloContractOutput, operation_id="v1_staff_slo_contracts_retrieve",
+    @extend_schema(responses=SloContractOutput, operation_id="v1_staff_slo_contracts_retrieve",
                    description=STAFF_ONLY, summary="One SLO contract")
     def get(self, request, slug: str, pk: int):
         tenant = selectors.platform_tenant_get(slug=slug)
         return Response(SloContractOutput(selectors.platform_slo_contract_get(tenant=tenant, pk=pk)).data)
 
-    @extend_schema(tags=[TAG], request=SloContractInput,
+    @extend_schema(request=SloContractInput,
                    responses={200: SloContractOutput, 409: problem("The period overlaps another contract")},
                    operation_id="v1_staff_slo_contracts_update", description=STAFF_ONLY,
                    summary="Replace every value of an SLO contract, its credit steps included")

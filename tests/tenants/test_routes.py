@@ -236,6 +236,8 @@ ROUTES: dict[str, Route] = {
     "portal:ops-price-book-delete": Route("staff", "/ops/price-books/1/delete", {"post": {}}),
     "portal:ops-billing-terms": Route("staff", "/ops/tenants/acme/billing-terms", {"post": {"discount_pct": "50"}}),
     "portal:ops-tenants": Route("staff", "/ops/tenants", READ),
+    "portal:ops-tenant-new": Route("staff", "/ops/new-tenant", {
+        "get": None, "post": {"name": "Initech", "slug": "initech", "billing_email": "ap@initech.example"}}),
     "portal:ops-tenant": Route("staff", "/ops/tenants/acme", READ),
     "portal:ops-tenant-status": Route("staff", "/ops/tenants/acme/status", {"post": {"status": "suspended"}}),
     "portal:ops-tenant-quota": Route("staff", "/ops/tenants/acme/tenant-quota", {"post": {"tier": "H100-80GB"}}),
