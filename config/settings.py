@@ -16,7 +16,6 @@ from pathlib import Path
 
 from django.core.exceptions import ImproperlyConfigured
 
-from config.openapi import TAGS as OPENAPI_TAGS
 from config.env import (
     env_bool,
     env_choice,
@@ -28,6 +27,7 @@ from config.env import (
     env_url,
     read_env_file,
 )
+from config.openapi import TAGS as OPENAPI_TAGS
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(os.environ.get("GPUBROKER_VAR_DIR") or BASE_DIR / "var").resolve()  # infra/services.py: VAR

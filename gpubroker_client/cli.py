@@ -117,7 +117,7 @@ def cmd_lease_request(client: Client, args) -> int:
     if args.quiet:
         print(lease["id"], file=args.out)
         return 0
-    _emit(args, lease, lambda lease: _fields(lease, LEASE_COLUMNS + ["queue_position"], args.out))
+    _emit(args, lease, lambda lease: _fields(lease, [*LEASE_COLUMNS, "queue_position"], args.out))
     return 0
 
 

@@ -125,7 +125,8 @@ def test_staff_api_bad_input_names_the_field_and_writes_nothing(client, world):
     _problem(client.put("/api/v1/tenants/acme/quotas/H100-80GB", {"deserved_gpu_milli": 500, "limit_gpu_milli": 8000},
                         format="json"), 409, "deserved_gpu_milli")
     _problem(client.put("/api/v1/tenants/acme/projects/vision/quotas/H100-80GB",
-                        {"deserved_gpu_milli": 5000, "limit_gpu_milli": 5000}, format="json"), 409, "deserved_gpu_milli")
+                        {"deserved_gpu_milli": 5000, "limit_gpu_milli": 5000}, format="json"),
+             409, "deserved_gpu_milli")
     assert TenantQuota.objects.get(tenant=world.acme).deserved_gpu_milli == 4000
     assert Quota.objects.get(project=world.project).deserved_gpu_milli == 1000
 
