@@ -131,7 +131,8 @@ def test_staff_api_bad_input_names_the_field_and_writes_nothing(client, world):
     assert Quota.objects.get(project=world.project).deserved_gpu_milli == 1000
 
     bad_step = {**CONTRACT, "credit_steps": [{"metric": "uptime", "threshold": "1", "credit_pct": "1"}]}
-    _problem(client.post("/api/v1/tenants/acme/slo-contracts", bad_step, format="json"), 400, "credit_steps")
+    _problem(client.post("/api/v1/tenants/acme/slo-contracts", bad_step, format="json"), 400,
+             "credit_steps[0].metric")
     over = {**CONTRACT, "credit_steps": [{"metric": "availability", "threshold": "101", "credit_pct": "1"}]}
     _problem(client.post("/api/v1/tenants/acme/slo-contracts", over, format="json"), 400,
              "credit_steps[0].threshold")
