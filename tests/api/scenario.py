@@ -448,7 +448,8 @@ def staff_tenant_steps(step, world: World) -> None:
          body={"deserved_gpu_milli": 500, "limit_gpu_milli": 4000})  # below what the project holds
     step(project_status, "put", 200, at(project_status), token=staff, body={"status": "suspended"})
     step(project_status, "put", 200, at(project_status), token=staff, body={"status": "active"})
-    gold = {"name": "gold", "effective_from": "2026-01-01T00:00:00Z", "time_to_gpu_p95_seconds": 300,
+    gold = {"name": "gold", "effective_from": "2026-01-01T00:00:00Z", "effective_to": "2027-01-01T00:00:00Z",
+            "time_to_gpu_p95_seconds": 300,
             "availability_target_pct": "99.5", "preemption_notice_seconds": 600,
             "credit_steps": [{"metric": "availability", "threshold": "99", "credit_pct": "10"}]}
     made = step(contracts, "post", 201, at(contracts), token=staff, body=gold)
@@ -457,7 +458,7 @@ def staff_tenant_steps(step, world: World) -> None:
     step(contract, "get", 200, at(contract, id=made["id"]), token=staff)
     step(contract, "put", 200, at(contract, id=made["id"]), token=staff, body={**gold, "name": "gold-2"})
     later = step(contracts, "post", 201, at(contracts), token=staff,
-                 body={**gold, "name": "later", "effective_from": "2030-01-01T00:00:00Z"})
+                 body={**gold, "name": "later", "effective_from": "2030-01-01T00:00:00Z", "effective_to": None})
     step(contract, "put", 409, at(contract, id=later["id"]), token=staff,
          body={**gold, "effective_from": "2025-01-01T00:00:00Z"})  # would overlap gold
     for template, method, path in ((tenants, "post", tenants), (tenant, "patch", at(tenant)),
