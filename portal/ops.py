@@ -222,6 +222,27 @@ class ProjectQuotaSetView(TenantDetailView):
         return redirect("portal:ops-tenant", slug=slug)
 
 
+class ProjectStatusView(TenantDetailView):
+    """Suspend or reactivate one project (``project_set_status``, as the staff API does)."""
+
+    def post(self, request, slug: str, project: str):
+        tenant = selectors.platform_tenant_get(slug=slug)
+        target = selectors.platform_project_list(tenant=tenant).filter(slug=project).first()
+        if target is None:
+            error = ApplicationError(f"No project {project!r} in this tenant.", field="project")
+            return self.render_page(request, slug, form=f"ps-{project}", error=error, status=404)
+        try:
+            target = services.project_set_status(project=target, status=request.POST.get("status", ""),
+                                                 by_user=request.user,
+                                                 reason=request.POST.get("reason", "").strip()[:200])
+        except ApplicationError as error:
+            return self.render_page(request, slug, form=f"ps-{project}", error=error, status=error.status)
+        messages.success(request, f"Project {target.slug} is {target.get_status_display().lower()}."
+                         + (" It takes no new lease requests; its running leases keep running."
+                            if target.status == "suspended" else ""))
+        return redirect("portal:ops-tenant", slug=slug)
+
+
 class SloContractSaveView(TenantDetailView):
     def post(self, request, slug: str, pk: int | None = None):
         tenant = selectors.platform_tenant_get(slug=slug)

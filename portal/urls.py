@@ -77,6 +77,8 @@ urlpatterns = [
          name="ops-tenant-status"),
     path("ops/tenants/<slug:slug>/tenant-quota", ops.TenantQuotaSetView.as_view(http_method_names=["post"]),
          name="ops-tenant-quota"),
+    path("ops/tenants/<slug:slug>/projects/<slug:project>/status",
+         ops.ProjectStatusView.as_view(http_method_names=["post"]), name="ops-project-status"),
     path("ops/tenants/<slug:slug>/project-quota", ops.ProjectQuotaSetView.as_view(http_method_names=["post"]),
          name="ops-project-quota"),
     path("ops/tenants/<slug:slug>/billing-terms", ops.BillingTermsSetView.as_view(http_method_names=["post"]),

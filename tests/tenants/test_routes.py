@@ -241,6 +241,8 @@ ROUTES: dict[str, Route] = {
     "portal:ops-tenant": Route("staff", "/ops/tenants/acme", READ),
     "portal:ops-tenant-status": Route("staff", "/ops/tenants/acme/status", {"post": {"status": "suspended"}}),
     "portal:ops-tenant-quota": Route("staff", "/ops/tenants/acme/tenant-quota", {"post": {"tier": "H100-80GB"}}),
+    "portal:ops-project-status": Route("staff", "/ops/tenants/acme/projects/vision/status", {
+        "post": {"status": "suspended"}}),
     "portal:ops-project-quota": Route("staff", "/ops/tenants/acme/project-quota", {"post": {"project": "vision"}}),
     "portal:ops-slo-new": Route("staff", "/ops/tenants/acme/slo-contracts", {"post": {"name": "x"}}),
     "portal:ops-slo": Route("staff", "/ops/tenants/acme/slo-contracts/1", {"post": {"name": "x"}}),
