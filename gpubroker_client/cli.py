@@ -194,7 +194,7 @@ def build_parser() -> argparse.ArgumentParser:
         sub.add_argument("--project", required=True, help="project slug")
         sub.add_argument("--gpu", required=True, help=GPU_HELP)
         sub.add_argument("--duration", type=int, help="seconds (default 3600)")
-        sub.add_argument("--class", dest="workload_class", help="training | inference | interactive | batch")
+        sub.add_argument("--class", dest="workload_class", choices=["training", "inference", "interactive"])
 
     request = lease_commands.add_parser("request", help="request GPU capacity")
     shape(request)

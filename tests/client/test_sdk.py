@@ -107,3 +107,19 @@ def test_sdk_staff_onboards_a_tenant_on_the_live_server(live_server, world):
     actions = set(AuditEvent.objects.filter(tenant__slug="initech", actor=operator).values_list("action", flat=True))
     assert {"tenant.create", "tenant_quota.set", "project.create", "quota.set", "slo_contract.create",
             "slo_contract.update", "project.suspended", "tenant.suspended"} <= actions
+
+
+def test_cli_accepts_every_value_the_server_does():
+    """The CLI's fixed choices (``--class``, ``--group-by``, ``--stream``) take every value the API documents."""
+    from broker.choices import WorkloadClass
+    from gpubroker_client.cli import build_parser
+
+    parser = build_parser()
+    for value in WorkloadClass.values:
+        assert parser.parse_args(["quote", "--project", "p", "--gpu", "auto", "--class", value]).workload_class == value
+    schema = SchemaGenerator().get_schema(request=None, public=True)
+    usage = {p["name"]: p for p in schema["paths"]["/api/v1/usage"]["get"]["parameters"]}
+    for value in usage["group_by"]["schema"]["enum"]:
+        assert parser.parse_args(["usage", "--group-by", value]).group_by == value
+    for value in ("stdout", "stderr"):
+        assert parser.parse_args(["lease", "logs", "1", "--stream", value]).stream == value
