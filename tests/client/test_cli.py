@@ -87,3 +87,17 @@ def test_cli_refusal_prints_the_problem_and_exits_1(live_server, world):
     run = subprocess.run([str(SCRIPT), "lease", "request", "--project", "vision", "--gpu", "mig:1g.10gb"],
                          capture_output=True, text=True, env=viewer, timeout=60)
     assert run.returncode == 1 and run.stderr.startswith("gpubroker: 403 ")
+
+
+def test_cli_the_sdk_example_of_the_docs_runs_against_the_live_server(live_server, world, tmp_path):
+    """docs/cli.md's Python example, as written, in a fresh interpreter with the token in the environment."""
+    text = DOC.read_text()
+    (example,) = re.findall(r"```python\n(.*?)```", text[text.index("## The Python SDK"):], re.S)
+    env = {**os.environ, "GPUBROKER_URL": live_server.url, "GPUBROKER_TOKEN": world.tokens["member"],
+           "XDG_CONFIG_HOME": str(tmp_path), "PYTHONPATH": str(ROOT)}
+    run = subprocess.run([sys.executable, "-c", example], capture_output=True, text=True, env=env, timeout=120,
+                         cwd=tmp_path)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.strip().splitlines()[-1].startswith("404 not_found project No project 'nlp'")
+    lease = Lease.objects.get(project=world.project, idempotency_key="nightly-2026-11-26")
+    assert lease.state in ("released", "releasing")
