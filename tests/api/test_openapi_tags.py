@@ -14,9 +14,6 @@ METHODS = ("get", "post", "put", "patch", "delete")
 # /usage, is one answer, not a list route.)
 UNPAGINATED_LISTS: dict[str, str] = {
     "/api/v1/workloads/{name}/profiles": "one profile per slice of the catalogue at most: bounded by gpus, not data",
-    # auto-tiering's own routes are being changed on the tiering branch of this wave: paginated there or at merge
-    "/api/v1/workloads/{name}/advice": "tiering branch (wave 9): not yet paginated",
-    "/api/v1/workloads/{name}/profiling-runs": "tiering branch (wave 9): not yet paginated",
 }
 
 
