@@ -16,10 +16,11 @@ help:
 	@echo "           browser, Prometheus, transactional_db; set in tests/conftest.py); PYTEST_ARGS go to pytest"
 	@echo "make bench  every benchmark -> bench/results/*.json (BENCH_ARGS=--quick: smoke sizes, minutes)"
 
-$(VENV)/.installed: requirements.txt requirements-dev.txt
+$(VENV)/.installed: requirements.txt requirements-dev.txt pyproject.toml
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "Python 3.11+ is required, found " + sys.version' 
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements.txt -r requirements-dev.txt
+	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps -e .  # gpubroker (docs/cli.md)
 	@touch $@
 
 venv: $(VENV)/.installed

@@ -27,6 +27,7 @@ from config.env import (
     env_url,
     read_env_file,
 )
+from config.openapi import TAGS as OPENAPI_TAGS
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(os.environ.get("GPUBROKER_VAR_DIR") or BASE_DIR / "var").resolve()  # infra/services.py: VAR
@@ -497,7 +498,9 @@ REST_FRAMEWORK["DEFAULT_PARSER_CLASSES"] = ["core.parsers.SafeJSONParser"]
 SPECTACULAR_SETTINGS["POSTPROCESSING_HOOKS"] = [
     "drf_spectacular.hooks.postprocess_schema_enums",
     "core.openapi.add_error_responses",
+    "config.openapi.assign_tags",  # one tag per operation, by path (issue 29)
 ]
+SPECTACULAR_SETTINGS["TAGS"] = OPENAPI_TAGS  # the groups, in the order the document shows them (config/openapi.py)
 SPECTACULAR_SETTINGS["ENUM_NAME_OVERRIDES"].update({
     "LeaseStateEnum": "broker.choices.LeaseState",
     "AllocationStateEnum": "broker.choices.AllocationState",

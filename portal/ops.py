@@ -93,6 +93,34 @@ class TenantListView(StaffView):
         return render(request, self.template_name, {"tenants": selectors.platform_tenant_list()})
 
 
+class TenantNewView(StaffView):
+    """The new-tenant page: ``tenant_create`` as the admin and the staff API call it (the same checks and
+    messages, audited in the staff user's name); a refusal comes back under its field with the values as typed."""
+
+    template_name = "ops/tenant_new.html"
+
+    def render_form(self, request, *, error: ApplicationError | None = None, status: int = 200):
+        from tenants.choices import CURRENCIES
+
+        errors = forms.FieldErrors(error, shown={"name", "slug", "billing_email", "currency"})
+        return render(request, self.template_name, {"errors": errors, "values": request.POST,
+                                                    "currencies": CURRENCIES}, status=status)
+
+    def get(self, request):
+        return self.render_form(request)
+
+    def post(self, request):
+        try:
+            tenant = services.tenant_create(
+                name=request.POST.get("name", ""), slug=request.POST.get("slug", "").strip(),
+                billing_email=request.POST.get("billing_email", "").strip(),
+                currency=request.POST.get("currency", "USD"), by_user=request.user)
+        except ApplicationError as error:
+            return self.render_form(request, error=error, status=error.status)
+        messages.success(request, f"Tenant {tenant.name} created. Set its quotas and add its projects below.")
+        return redirect("portal:ops-tenant", slug=tenant.slug)
+
+
 def _terms_context(tenant) -> dict:
     """The billing-terms card: every start (the latest first, amounts formatted), the terms of this month's
     invoice, and the form's defaults (this month, the terms in force)."""
@@ -191,6 +219,27 @@ class ProjectQuotaSetView(TenantDetailView):
         except ApplicationError as error:
             return self.render_page(request, slug, form=form, error=error, status=error.status)
         messages.success(request, f"Quota of {project.slug} for {quota.tier} saved.")
+        return redirect("portal:ops-tenant", slug=slug)
+
+
+class ProjectStatusView(TenantDetailView):
+    """Suspend or reactivate one project (``project_set_status``, as the staff API does)."""
+
+    def post(self, request, slug: str, project: str):
+        tenant = selectors.platform_tenant_get(slug=slug)
+        target = selectors.platform_project_list(tenant=tenant).filter(slug=project).first()
+        if target is None:
+            error = ApplicationError(f"No project {project!r} in this tenant.", field="project")
+            return self.render_page(request, slug, form=f"ps-{project}", error=error, status=404)
+        try:
+            target = services.project_set_status(project=target, status=request.POST.get("status", ""),
+                                                 by_user=request.user,
+                                                 reason=request.POST.get("reason", "").strip()[:200])
+        except ApplicationError as error:
+            return self.render_page(request, slug, form=f"ps-{project}", error=error, status=error.status)
+        messages.success(request, f"Project {target.slug} is {target.get_status_display().lower()}."
+                         + (" It takes no new lease requests; its running leases keep running."
+                            if target.status == "suspended" else ""))
         return redirect("portal:ops-tenant", slug=slug)
 
 

@@ -195,14 +195,26 @@ class QuotaInline(admin.TabularInline):
 
 @admin.register(Project)
 class ProjectAdmin(ServiceAdmin):
-    list_display = ["slug", "tenant", "name", "created_at"]
-    list_filter = ["tenant"]
+    list_display = ["slug", "tenant", "name", "status", "created_at"]
+    list_filter = ["status", "tenant"]
     search_fields = ["slug", "name", "tenant__slug"]
     inlines = [QuotaInline]
-    fields = ["tenant", "slug", "name", "description"]
+    fields = ["tenant", "slug", "name", "description", "status"]
+    actions = ["suspend", "activate"]
 
     def get_readonly_fields(self, request, obj=None):
-        return [] if obj is None else ["tenant", "slug"]  # leases and usage name the project
+        # leases and usage name the project; its status changes by the actions (project_set_status, audited)
+        return ["status"] if obj is None else ["tenant", "slug", "status"]
+
+    @admin.action(description="Suspend selected projects (no new lease requests)")
+    def suspend(self, request, queryset):
+        self.each_row(request, queryset, "suspended", lambda project: services.project_set_status(
+            project=project, status=TenantStatus.SUSPENDED, by_user=request.user, reason="admin"))
+
+    @admin.action(description="Reactivate selected projects")
+    def activate(self, request, queryset):
+        self.each_row(request, queryset, "reactivated", lambda project: services.project_set_status(
+            project=project, status=TenantStatus.ACTIVE, by_user=request.user, reason="admin"))
 
     def save_model(self, request, obj, form, change):
         actor = staff_actor(request, obj.tenant)

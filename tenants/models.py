@@ -63,7 +63,11 @@ class Tenant(models.Model):
 
 
 class Project(models.Model):
-    """A queue inside a tenant: leases are requested for a project and counted against its quotas."""
+    """A queue inside a tenant: leases are requested for a project and counted against its quotas.
+
+    A suspended project (platform staff, ``project_set_status``) takes no new lease requests; its running leases
+    keep running and may be released, and it may be reactivated.
+    """
 
     tenant_lookup = "tenant"
 
@@ -71,6 +75,7 @@ class Project(models.Model):
     slug = models.SlugField(max_length=63)
     name = models.CharField(max_length=200)
     description = models.TextField(blank=True)
+    status = models.CharField(max_length=16, choices=TenantStatus.choices, default=TenantStatus.ACTIVE)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -79,6 +84,7 @@ class Project(models.Model):
             models.UniqueConstraint(fields=["tenant", "slug"], name="project_slug_unique_per_tenant"),
             models.CheckConstraint(condition=Q(slug__regex=SLUG_REGEX), name="project_slug_format"),
             models.CheckConstraint(condition=Q(name__regex=r"\S"), name="project_name_not_blank"),
+            models.CheckConstraint(condition=Q(status__in=TenantStatus.values), name="project_status_valid"),
         ]
 
     def __str__(self) -> str:

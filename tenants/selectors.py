@@ -126,6 +126,11 @@ def platform_project_list(*, tenant: Tenant) -> QuerySet[Project]:
     return Project.objects.filter(tenant=tenant).prefetch_related("quotas").order_by("slug")
 
 
+def platform_quota_list(*, tenant: Tenant) -> QuerySet[Quota]:
+    """Every project quota of the tenant, by project then tier."""
+    return Quota.objects.filter(project__tenant=tenant).select_related("project").order_by("project__slug", "tier")
+
+
 def platform_slo_contract_list(*, tenant: Tenant) -> QuerySet[SloContract]:
     return SloContract.objects.filter(tenant=tenant).prefetch_related("credit_steps").order_by("-effective_from")
 

@@ -198,6 +198,21 @@ def project_delete(*, actor: Actor, project: Project) -> None:
         ) from None
 
 
+def project_set_status(*, project: Project, status: str, by_user=None, reason: str = "") -> Project:
+    """Suspend or reactivate one project (platform staff). A suspended project takes no new lease requests
+    (``broker.services.request`` refuses them, 403 naming ``project``); its leases keep running and may be
+    released. Conditional update in one transaction with its audit row: setting the status it has writes nothing."""
+    if status not in TenantStatus.values:
+        raise ValidationFailed(f"status must be one of {', '.join(TenantStatus.values)}.", field="status")
+    with transaction.atomic(durable=True):
+        changed = Project.objects.filter(pk=project.pk).exclude(status=status).update(status=status)
+        if changed:
+            audit_record(tenant=project.tenant, by=by_user, action=f"project.{status}", target=project.slug,
+                         data={"reason": reason})
+    project.refresh_from_db()
+    return project
+
+
 # --- members -----------------------------------------------------------------------------------
 
 

@@ -64,7 +64,9 @@ LAYERS: list[set[str]] = [
 ]
 LAYER = {unit: rank for rank, row in enumerate(LAYERS) for unit in row}
 # beside the table: the node-side agent daemon and what it may import
-SIDE = {"agent": {"gpus", "agent.protocol"}}
+SIDE = {"agent": {"gpus", "agent.protocol"},
+        # the command-line client and SDK (docs/cli.md): installed alone, it talks to the server over HTTP only
+        "gpubroker_client": set()}
 # outside the table, above it: may import anything, imported by nothing in the table
 TOOLS = {"tests", "bench", "infra", "manage"}
 SKIP_DIRS = {".venv", ".git", "var", "node_modules", "__pycache__", "static", "templates", "docs"}
@@ -393,6 +395,7 @@ PURE = {
     # the pipeline planners (ESG, model splits): the catalogue and themselves
     "pipelines/planner": {"gpus", "pipelines.planner"},
     "agent": {"gpus", "agent"},
+    "gpubroker_client": {"gpubroker_client"},
     # billing's arithmetic: money and rates, metering intervals, SLO figures, periods (no Django, no database)
     "billing/core/pricing.py": {"gpus"},
     "billing/core/metering.py": set(),
@@ -401,7 +404,8 @@ PURE = {
     # auto-tiering's decision engine: features, rules, the forest, the choice (docs/tiering.md)
     "tiering/engine": {"gpus", "tiering.engine"},
 }
-THIRD_PARTY_ALLOWED = {"agent": {"nvidia_ml_py", "pynvml", "aiohttp"}, "tiering/engine": {"numpy", "sklearn"}}
+THIRD_PARTY_ALLOWED = {"agent": {"nvidia_ml_py", "pynvml", "aiohttp"}, "tiering/engine": {"numpy", "sklearn"},
+                       "gpubroker_client": {"requests"}}
 # what must not be loaded at all when the pure modules are imported (a package __init__ counts too)
 FRAMEWORKS = {"django", "rest_framework", "celery", "kombu", "psycopg", "requests", "httpx"}
 
@@ -445,7 +449,8 @@ def test_architecture_pure_modules_load_no_framework():
     database driver: checked in a fresh interpreter, so a dynamic or indirect import is caught too. The agent's
     protocol module is in the list: the node side imports it, and it must stay installable without Django."""
     modules = sorted({_dotted(str(path.relative_to(ROOT))).removesuffix(".__init__")
-                      for target in PURE if target != "agent" for path in _files(target)} | {"agent.protocol"})
+                      for target in PURE if target not in ("agent", "gpubroker_client") for path in _files(target)}
+                     | {"agent.protocol"})
     code = (f"import importlib, json, sys\nfor m in {modules!r}: importlib.import_module(m)\n"
             "print(json.dumps(sorted({n.split('.')[0] for n in sys.modules})))")
     result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60,
@@ -454,6 +459,20 @@ def test_architecture_pure_modules_load_no_framework():
     loaded = set(json.loads(result.stdout.splitlines()[-1]))
     assert "broker" in loaded and "billing" in loaded and "agent" in loaded  # the check did import them
     assert not loaded & FRAMEWORKS, sorted(loaded & FRAMEWORKS)
+
+
+def test_architecture_client_loads_nothing_of_the_server():
+    """The client (``gpubroker_client``, docs/cli.md) imported in a fresh interpreter loads ``requests`` and the
+    standard library: no Django, DRF, Celery or database driver, and no package of the server."""
+    code = ("import json, sys, gpubroker_client, gpubroker_client.cli\n"
+            "print(json.dumps(sorted({n.split('.')[0] for n in sys.modules})))")
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60,
+                            env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)})
+    assert result.returncode == 0, result.stderr
+    loaded = set(json.loads(result.stdout.splitlines()[-1]))
+    assert "gpubroker_client" in loaded and "requests" in loaded
+    server = (top_level() - {"gpubroker_client"}) | FRAMEWORKS - {"requests"}
+    assert not loaded & server, sorted(loaded & server)
 
 
 def _offenders_in(target: str, module: str, source: str) -> set[str]:

@@ -27,10 +27,12 @@ from broker.workload_secrets import secret_env_digest, secret_env_seal
 from core.errors import (
     IdempotencyConflict,
     NotFound,
+    PermissionDenied,
     ValidationFailed,
 )
 from core.prepared import PreparedQuery, preparing_cursor
 from tenants.access import Actor
+from tenants.choices import TenantStatus
 from tenants.models import Project, Quota
 
 logger = logging.getLogger(__name__)
@@ -112,6 +114,8 @@ def lease_request(*, actor: Actor, project: str, gpu: object, workload_class: st
         raise NotFound(f"No project {project!r} in this tenant.", field="project")
     target = Project.from_db("default", _PROJECT_FIELDS, [row[name] for name in _PROJECT_FIELDS])
     target.tenant = actor.tenant  # the actor's, which the lookup filtered on
+    if target.status != TenantStatus.ACTIVE:  # platform staff suspended this project (tenants.services)
+        raise PermissionDenied(f"Project {project!r} is suspended; it takes no new lease requests.", field="project")
     fitting = list(request_quota_check(request=checked,
                                        limits={quota["tier"]: quota["limit"] for quota in row["limits"]}))
     # the checks other apps registered (billing's monthly spend caps: refuse with a 402, or warn)

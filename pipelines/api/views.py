@@ -8,8 +8,8 @@ from rest_framework import status
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from core.api import parse
-from core.openapi import problem
+from core.api import paginate, parse
+from core.openapi import PAGE_PARAMETERS, paginated, problem
 from pipelines import selectors, services
 from pipelines.api import serializers as s
 
@@ -17,9 +17,10 @@ from pipelines.api import serializers as s
 class PipelineListApi(APIView):
     write_action = "use"
 
-    @extend_schema(responses=s.PipelineOutput(many=True), summary="The tenant's pipelines")
+    @extend_schema(responses=paginated(s.PipelineOutput), parameters=PAGE_PARAMETERS,
+                   operation_id="v1_pipelines_list", summary="The tenant's pipelines (a page)")
     def get(self, request):
-        return Response(s.PipelineOutput(selectors.pipeline_list(actor=request.actor)[:100], many=True).data)
+        return paginate(self, request, selectors.pipeline_list(actor=request.actor), s.PipelineOutput)
 
     @extend_schema(request=s.PipelineInput, responses={
         201: s.PipelineOutput, 404: problem("No such project"),

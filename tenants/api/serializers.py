@@ -68,7 +68,7 @@ class TenantUpdateInput(StrictSerializer):
 class ProjectOutput(serializers.ModelSerializer):
     class Meta:
         model = Project
-        fields = ["slug", "name", "description", "created_at"]
+        fields = ["slug", "name", "description", "status", "created_at"]
 
 
 class ProjectCreateInput(StrictSerializer):

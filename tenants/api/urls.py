@@ -1,6 +1,6 @@
 from django.urls import path
 
-from tenants.api import views
+from tenants.api import platform, views
 
 urlpatterns = [
     path("tenant", views.TenantApi.as_view(), name="api-tenant"),
@@ -12,4 +12,25 @@ urlpatterns = [
     path("tokens", views.TokenListApi.as_view(), name="api-tokens"),
     path("tokens/<int:pk>", views.TokenDetailApi.as_view(), name="api-token"),
     path("slo-contracts", views.SloContractListApi.as_view(), name="api-slo-contracts"),
+]
+
+# the staff API (tenants/api/platform.py): platform staff only
+urlpatterns += [
+    path("tenants", platform.PlatformTenantListApi.as_view(), name="api-staff-tenants"),
+    path("tenants/<slug:slug>", platform.PlatformTenantDetailApi.as_view(), name="api-staff-tenant"),
+    path("tenants/<slug:slug>/status", platform.PlatformTenantStatusApi.as_view(), name="api-staff-tenant-status"),
+    path("tenants/<slug:slug>/quotas", platform.PlatformQuotaListApi.as_view(), name="api-staff-quotas"),
+    path("tenants/<slug:slug>/quotas/<str:tier>", platform.PlatformTenantQuotaApi.as_view(),
+         name="api-staff-tenant-quota"),
+    path("tenants/<slug:slug>/projects", platform.PlatformProjectListApi.as_view(), name="api-staff-projects"),
+    path("tenants/<slug:slug>/projects/<slug:project>", platform.PlatformProjectDetailApi.as_view(),
+         name="api-staff-project"),
+    path("tenants/<slug:slug>/projects/<slug:project>/status", platform.PlatformProjectStatusApi.as_view(),
+         name="api-staff-project-status"),
+    path("tenants/<slug:slug>/projects/<slug:project>/quotas/<str:tier>", platform.PlatformProjectQuotaApi.as_view(),
+         name="api-staff-project-quota"),
+    path("tenants/<slug:slug>/slo-contracts", platform.PlatformSloContractListApi.as_view(),
+         name="api-staff-slo-contracts"),
+    path("tenants/<slug:slug>/slo-contracts/<int:pk>", platform.PlatformSloContractDetailApi.as_view(),
+         name="api-staff-slo-contract"),
 ]

@@ -198,6 +198,7 @@ def scripted_session(url: str, contract: Contract) -> set[tuple[str, str, int]]:
     workload_steps(step, world, node["secret"])
     pipeline_steps(step, world, contract.capped)
     tiering_steps(step, world, running["id"], contract.capped)
+    staff_tenant_steps(step, world)
     # no active lease is left for the fuzzer (it cannot place one; renewing this one is produced above)
     step(f"{v1}/leases/{{id}}", "delete", 202, f"{v1}/leases/{running['id']}", token=owner)
     return produced
@@ -403,3 +404,81 @@ def tiering_steps(step, world: World, running_id: int, capped: str) -> None:
          body={**body, "project": capped})
     step(runs, "get", 200, f"{v1}/workloads/contract-bert/profiling-runs", token=owner)
     step(f"{v1}/workloads/{{name}}/advice", "get", 200, f"{v1}/workloads/contract-bert/advice", token=owner)
+
+
+def staff_tenant_steps(step, world: World) -> None:
+    """The staff API for tenants (tenants/api/platform.py) with a staff member's token: a tenant onboarded (its
+    quota, a project, its quota, an SLO contract replaced), each 409 (a taken slug, a bound below what projects
+    hold, a project over the bound, an overlapping contract), a suspended tenant's 403 on changes, 404 for a tenant,
+    project or contract that does not exist, and 413/415 on each body."""
+    from django.contrib.auth import get_user_model
+
+    user = make_member(world.acme, "platform-ops", Role.ADMIN)
+    get_user_model().objects.filter(pk=user.pk).update(is_staff=True)
+    staff = make_token(world.acme, user)[1]
+    v1, slug = "/api/v1", "onboard"
+    tenants, tenant = f"{v1}/tenants", f"{v1}/tenants/{{slug}}"
+    status_, quotas, quota = f"{tenant}/status", f"{tenant}/quotas", f"{tenant}/quotas/{{tier}}"
+    projects, project = f"{tenant}/projects", f"{tenant}/projects/{{project}}"
+    project_status, project_quota = f"{project}/status", f"{project}/quotas/{{tier}}"
+    contracts, contract = f"{tenant}/slo-contracts", f"{tenant}/slo-contracts/{{id}}"
+    here = {"slug": slug, "project": "web", "tier": "H100-80GB"}
+
+    def at(template: str, **values) -> str:
+        return template.format(**{**here, **values})
+
+    step(tenants, "get", 200, token=staff)
+    onboard = {"slug": slug, "name": "Onboard", "billing_email": "ap@onboard.example"}
+    step(tenants, "post", 201, token=staff, body=onboard)
+    step(tenants, "post", 409, token=staff, body={**onboard, "name": "Again"})
+    step(tenant, "get", 200, at(tenant), token=staff)
+    step(tenant, "patch", 200, at(tenant), token=staff, body={"name": "Onboard Inc"})
+    step(quota, "put", 200, at(quota), token=staff, body={"deserved_gpu_milli": 2000, "limit_gpu_milli": 4000})
+    step(quotas, "get", 200, at(quotas), token=staff)
+    step(projects, "post", 201, at(projects), token=staff, body={"slug": "web", "name": "Web"})
+    step(projects, "post", 409, at(projects), token=staff, body={"slug": "web", "name": "Again"})
+    step(projects, "get", 200, at(projects), token=staff)
+    step(project, "get", 200, at(project), token=staff)
+    step(project, "patch", 200, at(project), token=staff, body={"description": "the web team"})
+    step(project_quota, "put", 200, at(project_quota), token=staff,
+         body={"deserved_gpu_milli": 1000, "limit_gpu_milli": 2000})
+    step(project_quota, "put", 409, at(project_quota), token=staff,
+         body={"deserved_gpu_milli": 3000, "limit_gpu_milli": 3000})  # over the tenant's bound
+    step(quota, "put", 409, at(quota), token=staff,
+         body={"deserved_gpu_milli": 500, "limit_gpu_milli": 4000})  # below what the project holds
+    step(project_status, "put", 200, at(project_status), token=staff, body={"status": "suspended"})
+    step(project_status, "put", 200, at(project_status), token=staff, body={"status": "active"})
+    gold = {"name": "gold", "effective_from": "2026-01-01T00:00:00Z", "effective_to": "2027-01-01T00:00:00Z",
+            "time_to_gpu_p95_seconds": 300,
+            "availability_target_pct": "99.5", "preemption_notice_seconds": 600,
+            "credit_steps": [{"metric": "availability", "threshold": "99", "credit_pct": "10"}]}
+    made = step(contracts, "post", 201, at(contracts), token=staff, body=gold)
+    step(contracts, "post", 409, at(contracts), token=staff, body={**gold, "name": "twice"})
+    step(contracts, "get", 200, at(contracts), token=staff)
+    step(contract, "get", 200, at(contract, id=made["id"]), token=staff)
+    step(contract, "put", 200, at(contract, id=made["id"]), token=staff, body={**gold, "name": "gold-2"})
+    later = step(contracts, "post", 201, at(contracts), token=staff,
+                 body={**gold, "name": "later", "effective_from": "2030-01-01T00:00:00Z", "effective_to": None})
+    step(contract, "put", 409, at(contract, id=later["id"]), token=staff,
+         body={**gold, "effective_from": "2025-01-01T00:00:00Z"})  # would overlap gold
+    for template, method, path in ((tenants, "post", tenants), (tenant, "patch", at(tenant)),
+                                   (status_, "put", at(status_)), (quota, "put", at(quota)),
+                                   (projects, "post", at(projects)), (project, "patch", at(project)),
+                                   (project_status, "put", at(project_status)),
+                                   (project_quota, "put", at(project_quota)), (contracts, "post", at(contracts)),
+                                   (contract, "put", at(contract, id=made["id"]))):
+        step(template, method, 415, path, token=staff, raw=b"x=1", content_type="text/plain")
+        step(template, method, 413, path, token=staff, raw=b'{"a": "' + b"x" * 3_000_000 + b'"}')
+    step(status_, "put", 200, at(status_), token=staff, body={"status": "suspended", "reason": "contract"})
+    step(tenant, "patch", 403, at(tenant), token=staff, body={"name": "Suspended"})
+    step(projects, "post", 403, at(projects), token=staff, body={"slug": "late", "name": "Late"})
+    step(project, "patch", 403, at(project), token=staff, body={"name": "Late"})
+    step(status_, "put", 200, at(status_), token=staff, body={"status": "active"})
+    nobody = {"slug": "nobody"}
+    for template, method, body in ((tenant, "get", None), (tenant, "patch", {}), (status_, "put", {}),
+                                   (quotas, "get", None), (quota, "put", {}), (projects, "get", None),
+                                   (projects, "post", {}), (project, "get", None), (project, "patch", {}),
+                                   (project_status, "put", {}), (project_quota, "put", {}),
+                                   (contracts, "get", None), (contracts, "post", {}), (contract, "get", None),
+                                   (contract, "put", {})):
+        step(template, method, 404, at(template, id=999999999, **nobody), token=staff, body=body)

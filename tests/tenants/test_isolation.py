@@ -35,9 +35,29 @@ CASES = [
 LIST_ROUTES = {"api-tenant", "api-projects", "api-quotas", "api-members", "api-tokens", "api-slo-contracts"}
 
 
+# The staff API (tenants/api/platform.py) crosses tenants by design, for platform staff only: no tenant member reaches
+# it, whatever their role (test_isolation_staff_routes_refuse_tenant_members; every method in test_routes.py).
+STAFF_CASES = [
+    ("api-staff-tenants", "get", "/api/v1/tenants", None),
+    ("api-staff-tenant", "get", "/api/v1/tenants/globex", None),
+    ("api-staff-tenant", "patch", "/api/v1/tenants/globex", {"name": "pwned"}),
+    ("api-staff-tenant-status", "put", "/api/v1/tenants/globex/status", {"status": "suspended"}),
+    ("api-staff-quotas", "get", "/api/v1/tenants/globex/quotas", None),
+    ("api-staff-tenant-quota", "put", "/api/v1/tenants/globex/quotas/H100-80GB",
+     {"deserved_gpu_milli": 0, "limit_gpu_milli": 0}),
+    ("api-staff-projects", "get", "/api/v1/tenants/globex/projects", None),
+    ("api-staff-project", "patch", "/api/v1/tenants/globex/projects/secret", {"name": "pwned"}),
+    ("api-staff-project-status", "put", "/api/v1/tenants/globex/projects/secret/status", {"status": "suspended"}),
+    ("api-staff-project-quota", "put", "/api/v1/tenants/globex/projects/secret/quotas/H100-80GB",
+     {"deserved_gpu_milli": 0, "limit_gpu_milli": 0}),
+    ("api-staff-slo-contracts", "get", "/api/v1/tenants/globex/slo-contracts", None),
+    ("api-staff-slo-contract", "get", "/api/v1/tenants/globex/slo-contracts/1", None),
+]
+
+
 def test_isolation_every_route_is_covered():
     names = {p.name for p in urlpatterns if isinstance(p, URLPattern)}
-    covered = {case[0] for case in CASES} | LIST_ROUTES
+    covered = {case[0] for case in CASES} | LIST_ROUTES | {case[0] for case in STAFF_CASES}
     assert names <= covered, f"routes without an isolation case: {names - covered}"
 
 
@@ -96,3 +116,14 @@ def test_isolation_portal_cannot_switch_to_foreign_tenant(world, client):
     client.post("/tenant/switch", {"tenant": "globex"})
     page = client.get("/").content.decode()
     assert "Secret" not in page and "Acme" in page
+
+
+@pytest.mark.parametrize("who", ["owner", "admin"])
+@pytest.mark.parametrize(("name", "method", "path", "body"), STAFF_CASES)
+def test_isolation_staff_routes_refuse_tenant_members(world, who, name, method, path, body):
+    response = getattr(world.client(who), method)(path, body, format="json")
+    assert response.status_code == 403, (path, response.content)
+    assert response.json()["detail"] == "This endpoint is for platform staff."
+    world.globex.refresh_from_db()
+    assert (world.globex.name, world.globex.status) == ("Globex", "active")
+    assert Project.objects.get(pk=world.other_project.pk).name == "Secret"

@@ -97,6 +97,26 @@ ROUTES: dict[str, Route] = {
                                                                    "delete": None}),
     "api-billing-terms": Route("staff-api", "/api/v1/tenants/acme/billing-terms", {
         "get": None, "put": {"discount_pct": "50", "monthly_commit_minor": 0}}),
+    # -- the staff API for tenants (tenants/api/platform.py): platform staff only, through tenants.services
+    "api-staff-tenants": Route("staff-api", "/api/v1/tenants", {
+        "get": None, "post": {"slug": "initech", "name": "Initech", "billing_email": "ap@initech.example"}}),
+    "api-staff-tenant": Route("staff-api", "/api/v1/tenants/acme", {"get": None, "patch": {"name": "x"}}),
+    "api-staff-tenant-status": Route("staff-api", "/api/v1/tenants/acme/status", {"put": {"status": "suspended"}}),
+    "api-staff-quotas": Route("staff-api", "/api/v1/tenants/acme/quotas", READ),
+    "api-staff-tenant-quota": Route("staff-api", "/api/v1/tenants/acme/quotas/H100-80GB", {
+        "put": {"deserved_gpu_milli": 8000, "limit_gpu_milli": 16000}}),
+    "api-staff-projects": Route("staff-api", "/api/v1/tenants/acme/projects", {
+        "get": None, "post": {"slug": "p3", "name": "P3"}}),
+    "api-staff-project": Route("staff-api", "/api/v1/tenants/acme/projects/vision", {
+        "get": None, "patch": {"name": "x"}}),
+    "api-staff-project-status": Route("staff-api", "/api/v1/tenants/acme/projects/vision/status", {
+        "put": {"status": "suspended"}}),
+    "api-staff-project-quota": Route("staff-api", "/api/v1/tenants/acme/projects/vision/quotas/H100-80GB", {
+        "put": {"deserved_gpu_milli": 0, "limit_gpu_milli": 0}}),
+    "api-staff-slo-contracts": Route("staff-api", "/api/v1/tenants/acme/slo-contracts", {
+        "get": None, "post": {"name": "x"}}),
+    "api-staff-slo-contract": Route("staff-api", "/api/v1/tenants/acme/slo-contracts/1", {
+        "get": None, "put": {"name": "x"}}),
     # -- webhooks (notifications/api): admins manage, everyone in the tenant reads ------------------------
     "api-webhooks": Route("api", "/api/v1/webhooks", {
         "get": None, "post": {"url": "https://93.184.215.14/hook", "event_types": ["lease.released"]}}),
@@ -216,9 +236,13 @@ ROUTES: dict[str, Route] = {
     "portal:ops-price-book-delete": Route("staff", "/ops/price-books/1/delete", {"post": {}}),
     "portal:ops-billing-terms": Route("staff", "/ops/tenants/acme/billing-terms", {"post": {"discount_pct": "50"}}),
     "portal:ops-tenants": Route("staff", "/ops/tenants", READ),
+    "portal:ops-tenant-new": Route("staff", "/ops/new-tenant", {
+        "get": None, "post": {"name": "Initech", "slug": "initech", "billing_email": "ap@initech.example"}}),
     "portal:ops-tenant": Route("staff", "/ops/tenants/acme", READ),
     "portal:ops-tenant-status": Route("staff", "/ops/tenants/acme/status", {"post": {"status": "suspended"}}),
     "portal:ops-tenant-quota": Route("staff", "/ops/tenants/acme/tenant-quota", {"post": {"tier": "H100-80GB"}}),
+    "portal:ops-project-status": Route("staff", "/ops/tenants/acme/projects/vision/status", {
+        "post": {"status": "suspended"}}),
     "portal:ops-project-quota": Route("staff", "/ops/tenants/acme/project-quota", {"post": {"project": "vision"}}),
     "portal:ops-slo-new": Route("staff", "/ops/tenants/acme/slo-contracts", {"post": {"name": "x"}}),
     "portal:ops-slo": Route("staff", "/ops/tenants/acme/slo-contracts/1", {"post": {"name": "x"}}),

@@ -197,8 +197,8 @@ def test_a_running_lease_on_too_big_a_gpu_gets_migration_and_quantization_advice
     advice_scan()
     assert TierAdvice.objects.filter(lease_id=lease["id"], open=True).count() == 2
     # the tenant sees it through the API and on the portal's advice page; the outsider does not
-    status, rows = api.call("GET", "/workloads/bert-bf16/advice")
-    assert status == 200 and {r["kind"] for r in rows} == {"too_big", "quantize"}
+    status, page = api.call("GET", "/workloads/bert-bf16/advice")
+    assert status == 200 and {r["kind"] for r in page["results"]} == {"too_big", "quantize"}
     assert scene["outsider"].call("GET", "/workloads/bert-bf16/advice")[0] == 404
     browser = Client()
     browser.force_login(world.member)

@@ -79,11 +79,12 @@ class WorkloadProfilingApi(APIView):
 
     write_action = "use"
 
-    @extend_schema(responses=s.ProfilingRunOutput(many=True), operation_id="v1_workloads_profiling_runs_list",
-                   summary="The workload's profiling runs, newest first, with each candidate slice's outcome")
+    @extend_schema(responses=paginated(s.ProfilingRunOutput), parameters=PAGE_PARAMETERS,
+                   operation_id="v1_workloads_profiling_runs_list",
+                   summary="The workload's profiling runs, newest first, with each candidate slice's outcome (a page)")
     def get(self, request, name: str):
         workload = selectors.workload_get(actor=request.actor, name=name)
-        return Response(s.ProfilingRunOutput(selectors.profiling_run_list(workload=workload), many=True).data)
+        return paginate(self, request, selectors.profiling_run_list(workload=workload), s.ProfilingRunOutput)
 
     @extend_schema(request=s.ProfilingRunInput,
                    responses={201: s.ProfilingRunOutput, 404: problem("No such workload or project in this tenant"),
@@ -102,11 +103,13 @@ class WorkloadProfilingApi(APIView):
 
 
 class WorkloadAdviceApi(APIView):
-    @extend_schema(responses=s.AdviceOutput(many=True), operation_id="v1_workloads_advice_list",
-                   summary="Open migration and quantization advice for the workload's running leases (advice only)")
+    @extend_schema(responses=paginated(s.AdviceOutput), parameters=PAGE_PARAMETERS,
+                   operation_id="v1_workloads_advice_list",
+                   summary="Open migration and quantization advice for the workload's running leases (advice only; "
+                           "a page)")
     def get(self, request, name: str):
         workload = selectors.workload_get(actor=request.actor, name=name)
-        return Response(s.AdviceOutput(selectors.advice_list(actor=request.actor, workload=workload), many=True).data)
+        return paginate(self, request, selectors.advice_list(actor=request.actor, workload=workload), s.AdviceOutput)
 
 
 class SamplesCredentialOrTenantRole(TenantRolePermission):

@@ -1,0 +1,3 @@
+from gpubroker_client.cli import main
+
+raise SystemExit(main())
