@@ -76,7 +76,7 @@ class Fleet:
                 restart_backoff_seconds=restart_backoff_seconds,
                 workload_log_max_bytes=workload_log_max_bytes).validate()
             self.nodes.append(AgentNode(node_id, backend, secret, node_id, metrics_token=metrics_token,
-                                        workloads=build_workloads(config, directory)))
+                                        workloads=build_workloads(config, directory, backend)))
             self.configs.append(config)
 
     def url(self, node_id: str) -> str:
