@@ -364,11 +364,11 @@ class Isolation:
             if not spec.get(name):
                 continue
             root = next((r for r in roots if path.is_relative_to(r)), None)
-            if root is None or path == root:
-                raise IsolationError(f"{name} {str(path)!r} must be a directory under a workload root (a root "
-                                     "itself would be handed to one tenant's user)", field=name)
-            try:
-                owned_directory(root, list(path.relative_to(root).parts), uid, uid)
+            if root is None:
+                raise IsolationError(f"{name} {str(path)!r} is outside the workload roots", field=name)
+            try:  # a root itself (a node operator's unscoped call) is shown as it is, never handed to a user
+                if path != root:
+                    owned_directory(root, list(path.relative_to(root).parts), uid, uid)
             except (IsolationError, OSError) as error:
                 raise IsolationError(f"{name} {str(path)!r}: {error}", field=name) from error
             exposed.append(str(path))

@@ -68,9 +68,11 @@ PRINT_ENV = ("import json, os; keys = ['CUDA_VISIBLE_DEVICES', 'CUDA_MPS_ACTIVE_
 def test_a_workload_sees_exactly_the_leased_devices_in_its_own_session(client, root):
     mig, share = mig_and_share(client, "env")
     (root / "ckpt-env").mkdir()
+    (root / "work-env").mkdir()
     started = client.workload_start("wl-env", {
         "instances": ["env-m", "env-s"], "command": [sys.executable, "-c", PRINT_ENV], "env": {"MY_SETTING": "x"},
-        "workdir": str(root), "checkpoint_dir": str(root / "ckpt-env"), "restart_count": 2, "port": 8888})
+        "workdir": str(root / "work-env"), "checkpoint_dir": str(root / "ckpt-env"), "restart_count": 2,
+        "port": 8888})
     assert started["state"] == "running" and started["argv"] == [sys.executable, "-c", PRINT_ENV]
     done = final(client, "wl-env")
     assert done["state"] == "succeeded" and done["runs"][0]["exit_code"] == 0
@@ -80,7 +82,7 @@ def test_a_workload_sees_exactly_the_leased_devices_in_its_own_session(client, r
     assert mig["device_uuid"].startswith("MIG-")
     assert seen["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "25" and seen["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "1=4096M"
     assert seen["RESTART_COUNT"] == "2" and seen["CHECKPOINT_DIR"] == str(root / "ckpt-env")
-    assert seen["PORT"] == "8888" and seen["MY_SETTING"] == "x" and seen["cwd"] == str(root)
+    assert seen["PORT"] == "8888" and seen["MY_SETTING"] == "x" and seen["cwd"] == str(root / "work-env")
     run = done["runs"][0]
     assert seen["pgid"] == run["pid"] == seen["sid"] == seen["ppid"]  # the shim leads a new session and group
     assert [e["kind"] for e in done["events"]] == ["started", "exited", "succeeded"]
@@ -107,7 +109,8 @@ def test_the_same_definition_again_is_the_same_workload_another_is_a_conflict(cl
 TRAP = """
 import os, signal, sys, time
 def term(signum, frame):
-    print("SIGTERM; deadline", open(os.environ["GPUB_DEADLINE_FILE"]).read().strip(), flush=True)
+    # os.write, not print: the SIGTERM may come while the main code is still inside print("up")
+    os.write(1, f"SIGTERM; deadline {open(os.environ['GPUB_DEADLINE_FILE']).read().strip()}\\n".encode())
     if sys.argv[1] == "graceful":
         sys.exit(0)
 signal.signal(signal.SIGTERM, term)
@@ -303,9 +306,10 @@ sys.exit(int(sys.argv[1]))
 
 
 def test_kill_9_of_the_agent_finds_its_workloads_and_runs_none_twice(tmp_path):
-    root = tmp_path / "shared"
-    root.mkdir()
-    agent = AgentProcess(tmp_path / "a", extra=("--workload-root", str(root))).start()
+    shared = tmp_path / "shared"
+    root = shared / "checkpoints"  # the workloads' own directory (an isolated workload may not write in a root)
+    shared.mkdir()
+    agent = AgentProcess(tmp_path / "a", extra=("--workload-root", str(shared))).start()
     try:
         client = agent.client(retries=0)
         mig = next(g for g in client.inventory()["gpus"] if g["mode"] == "mig")["uuid"]
@@ -362,7 +366,7 @@ def test_secret_env_reaches_the_workload_only_and_holds_no_token_of_the_node(tmp
             assert SECRET not in text and "gpub_" not in text  # no node secret, no API token of any tenant
             assert set(env) <= {"PATH", "LANG", "LC_ALL", "HOME", "TMPDIR", "TZ", "MODE", "HF_TOKEN",
                                 "CUDA_VISIBLE_DEVICES", "RESTART_COUNT", "GPUB_WORKLOAD_ID", "GPUB_RUN_TOKEN",
-                                "GPUB_DEADLINE_FILE", "LC_CTYPE"}, sorted(env)
+                                "GPUB_DEADLINE_FILE", "LC_CTYPE", "LD_LIBRARY_PATH"}, sorted(env)
         # the same definition again is the same workload; other secrets are another definition
         assert client.workload_start("wl-sec", spec)["runs"] == done["runs"]
         with pytest.raises(AgentHTTPError) as refused:
