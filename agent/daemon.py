@@ -317,7 +317,8 @@ class BrokerLink:
             inventory = await self.node.call(self.node.backend.inventory)
             body = {"node_id": self.config.node_id, "address": self.config.advertise_url,
                     "hostname": self.config.hostname, "agent_version": __version__, "protocol": PROTOCOL,
-                    "inventory": inventory}
+                    "inventory": inventory,
+                    **(self.node.workloads.report() if self.node.workloads else {})}
             if self.config.enrollment_token:
                 body["token"] = self.config.enrollment_token
                 body["enrollment_id"] = enrollment_id(self.state_dir)
@@ -364,6 +365,7 @@ class BrokerLink:
         body = json.dumps({
             "time": time.time(), "address": self.config.advertise_url, "agent_version": __version__,
             "gpus": len(inventory["gpus"]), "instances": [i["allocation_id"] for i in inventory["instances"]],
+            **(self.node.workloads.report() if self.node.workloads else {}),
         }).encode()
         path = f"/api/v1/agents/{self.config.node_id}/heartbeat"
         headers = {"Content-Type": "application/json",

@@ -148,14 +148,27 @@ class Cgroups:
     cpu and pids controllers available, ``"v1"`` when ``root`` holds v1 controller hierarchies
     (``root/memory``, ``root/cpu``, ``root/pids``, ``root/devices``), else ``""`` (no cgroups: limits are not
     applied and ``describe`` says so). Every workload gets ``gpubroker/<name>`` with its limits; ``create``
-    returns the ``cgroup.procs`` files the launcher writes its pid into before it drops privileges."""
+    returns the ``cgroup.procs`` files the launcher writes its pid into before it drops privileges. On v2
+    ``root`` is the agent's delegated subtree (``cgroup_root``); on v1 the groups nest under the agent's
+    own group of each controller (so a node's limit on the agent's service covers its workloads too)."""
 
     V1_CONTROLLERS = ("memory", "cpu", "pids", "devices")
     V2_CONTROLLERS = ("cpu", "memory", "pids")
 
-    def __init__(self, root: Path | str = "/sys/fs/cgroup"):
+    def __init__(self, root: Path | str = "/sys/fs/cgroup", *, own: str = "/proc/self/cgroup"):
         self.root = Path(root)
         self.version = self._detect()
+        self.parents = {}  # v1: controller -> the directory the workloads' groups are made in
+        if self.version == "v1":
+            inside = {}
+            with contextlib.suppress(OSError):
+                for line in Path(own).read_text().splitlines():
+                    _, names, path = line.split(":", 2)
+                    for name in names.split(","):
+                        inside[name] = path.strip("/")
+            for controller in self.V1_CONTROLLERS:
+                mine = self.root / controller / inside.get(controller, "")
+                self.parents[controller] = (mine if mine.is_dir() else self.root / controller) / CGROUP_PARENT
 
     def _detect(self) -> str:
         controllers = self.root / "cgroup.controllers"
@@ -198,16 +211,16 @@ class Cgroups:
     def _create_v1(self, name: str, limits: Limits) -> list[Path]:
         procs = []
         for controller in self.V1_CONTROLLERS:
-            group = self.root / controller / CGROUP_PARENT / name
+            group = self.parents[controller] / name
             group.mkdir(parents=True, exist_ok=True)
             procs.append(group / "cgroup.procs")
-        memory, cpu = self.root / "memory" / CGROUP_PARENT / name, self.root / "cpu" / CGROUP_PARENT / name
+        memory, cpu = self.parents["memory"] / name, self.parents["cpu"] / name
         (memory / "memory.limit_in_bytes").write_text(str(limits.memory_bytes) if limits.memory_bytes else "-1")
         (cpu / "cpu.cfs_period_us").write_text(str(CPU_PERIOD_US))
         quota = limits.cpu_milli * CPU_PERIOD_US // 1000
         (cpu / "cpu.cfs_quota_us").write_text(str(quota) if quota else "-1")
-        (self.root / "pids" / CGROUP_PARENT / name / "pids.max").write_text(str(limits.pids))
-        devices = self.root / "devices" / CGROUP_PARENT / name
+        (self.parents["pids"] / name / "pids.max").write_text(str(limits.pids))
+        devices = self.parents["devices"] / name
         (devices / "devices.deny").write_text("a")  # default deny, then the allow list
         for rule in (*BASE_DEVICE_RULES, *limits.devices):
             (devices / "devices.allow").write_text(rule)
@@ -217,7 +230,7 @@ class Cgroups:
         if self.version == "v2":
             return [self.root / CGROUP_PARENT / name]
         if self.version == "v1":
-            return [self.root / c / CGROUP_PARENT / name for c in self.V1_CONTROLLERS]
+            return [self.parents[c] / name for c in self.V1_CONTROLLERS]
         return []
 
     def pids(self, name: str) -> set[int]:

@@ -321,6 +321,12 @@ class WorkloadManager:
             "restart_count": workload["spec"]["restart_count"] + workload["local_restarts"],
             "log_bytes": sizes, "acked_seq": workload["acked_seq"]}
 
+    def report(self) -> dict:
+        """What the node's inventory and heartbeats say of its workloads: the runtime and its isolation
+        (``agent.isolation``; mode ``none`` where a plain process runs as the agent's own user)."""
+        isolation = self.isolation.describe() if self.runtime.name == "process" else {"mode": "container"}
+        return {"workload_runtime": self.runtime.name, "isolation": isolation}
+
     def active(self) -> bool:
         return any(w["state"] in ACTIVE for w in self.workloads.values())
 
