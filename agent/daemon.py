@@ -317,8 +317,7 @@ class BrokerLink:
             inventory = await self.node.call(self.node.backend.inventory)
             body = {"node_id": self.config.node_id, "address": self.config.advertise_url,
                     "hostname": self.config.hostname, "agent_version": __version__, "protocol": PROTOCOL,
-                    "inventory": inventory,
-                    **(self.node.workloads.report() if self.node.workloads else {})}
+                    "inventory": {**inventory, **(self.node.workloads.report() if self.node.workloads else {})}}
             if self.config.enrollment_token:
                 body["token"] = self.config.enrollment_token
                 body["enrollment_id"] = enrollment_id(self.state_dir)

@@ -241,10 +241,12 @@ class Cgroups:
         return found
 
     def remove(self, name: str) -> None:
-        """The workload's groups, once empty (a group with a process left stays; the next run reuses it)."""
+        """The workload's groups, once empty (a group with a process left stays; the next run reuses it), and
+        ``gpubroker`` too when it was the last (nothing is left in the agent's own group)."""
         for group in self.groups(name):
             with contextlib.suppress(OSError):
                 group.rmdir()
+                group.parent.rmdir()
 
 
 # -- directories ----------------------------------------------------------------------------------

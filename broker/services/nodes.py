@@ -223,6 +223,13 @@ def node_inventory_sync(*, node: Node, inventory: object, now: datetime, strict:
         except (KeyError, TypeError, ValueError, UnknownModel) as error:
             raise ValidationFailed(f"inventory.gpus[{index}] is not a GPU the broker knows: {error}",
                                    field=f"inventory.gpus[{index}]") from None
+    runtime, isolation = node_isolation_parse(inventory)
+    if (node.workload_runtime, node.isolation) != (runtime, isolation):
+        Node.objects.filter(pk=node.pk).update(workload_runtime=runtime, isolation=isolation)
+        if isolation != node.isolation:
+            audit_record(tenant=None, by=None, action="node.isolation", target=node.node_id,
+                         data={"from": node.isolation, "to": isolation, "workload_runtime": runtime})
+        node.workload_runtime, node.isolation = runtime, isolation
     # Every GPU row this sync may write (those reported, and this node's live ones it may mark lost), locked
     # in one statement in primary-key order before any is written: two syncs, the GPU writers of capacity and
     # staff (which lock one GPU) then always wait in the same order, never in a circle (issue 27 item 12: a
@@ -275,6 +282,19 @@ def node_inventory_sync(*, node: Node, inventory: object, now: datetime, strict:
     Gpu.objects.filter(pk__in=[pk for pk, _, node_pk, _ in locked if node_pk == node.pk], lost_at__isnull=True
                        ).exclude(uuid__in=seen).update(lost_at=now)
     return refused
+
+
+def node_isolation_parse(inventory: dict) -> tuple[str, str]:
+    """(workload runtime, isolation mode) from an agent's inventory (``agent.workloads.WorkloadManager.report``);
+    ("", "") from an agent too old to say. A malformed report is 400 naming ``inventory.isolation``."""
+    runtime, isolation = inventory.get("workload_runtime", ""), inventory.get("isolation")
+    if isolation is None:
+        return ("", "") if not runtime else (str(runtime)[:16], "")
+    mode = isolation.get("mode") if isinstance(isolation, dict) else None
+    if mode not in ("uid", "none", "container") or not isinstance(runtime, str) or len(runtime) > 16:
+        raise ValidationFailed("inventory.isolation must be {\"mode\": \"uid\" | \"none\" | \"container\"} with "
+                               "inventory.workload_runtime a runtime name", field="inventory.isolation")
+    return runtime, mode
 
 
 def _signed_by(*, node_id: str, secret: str | None, headers, method: str, path: str, query: str, body: bytes,
