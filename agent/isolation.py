@@ -369,11 +369,11 @@ class Isolation:
         uid = self.uid_for(spec)
         owned_directory(home.parent, [home.name], uid, uid)
         scope = [p for p in (spec.get("scope") or "").split("/") if p]
-        exposed = [str(home)]
+        exposed = [os.path.realpath(home)]  # canonical: the launcher checks it opened exactly these
         for root in roots if scope else []:  # the tenant's project directory under each root is its own
             with contextlib.suppress(OSError):
                 if root.is_dir():
-                    exposed.append(str(owned_directory(root, scope, uid, uid)))
+                    exposed.append(os.path.realpath(owned_directory(root, scope, uid, uid)))
         for name in ("workdir", "checkpoint_dir"):
             path = Path(spec.get(name) or "")
             if not spec.get(name):
@@ -386,7 +386,7 @@ class Isolation:
                     owned_directory(root, list(path.relative_to(root).parts), uid, uid)
             except (IsolationError, OSError) as error:
                 raise IsolationError(f"{name} {str(path)!r}: {error}", field=name) from error
-            exposed.append(str(path))
+            exposed.append(os.path.realpath(path))
         exposed = list(dict.fromkeys(exposed))
         cgroup = self.cgroup_name(workload)
         procs = self.cgroups.create(cgroup, self.limits(workload["devices"])) if self.cgroups else []
@@ -494,6 +494,9 @@ def launch(argv: list[str]) -> None:
     exposed = [Path(p) for p in args.expose]
     shared = [Path(p) for p in args.share]
     handles = {path: os.open(path, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC) for path in exposed + shared}
+    for path in exposed:  # the directory itself, not where a link its tenant swapped in since would lead
+        if os.readlink(f"/proc/self/fd/{handles[path]}") != str(path):
+            raise SystemExit(f"isolation.py: {path} leads elsewhere through a symbolic link; not started")
     masks = plan_masks(exposed + shared, args.uid, args.gid, args.private_tmp)
     for mask in masks:
         mode = "1777" if str(mask) in PRIVATE_TMP else "0711"
