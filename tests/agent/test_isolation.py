@@ -381,62 +381,6 @@ def test_isolation_masked_gpu_node_in_the_launchers_view_is_dev_null(tmp_path, d
     assert os.major(os.stat(devices / "nvidia0").st_rdev) == 195  # outside: unchanged
 
 
-# -- defect 4 of issue 28 (failing first on the old agent) ---------------------------------------------
-def test_stop_writes_the_deadline_file_as_a_notice_does(client, tmp_path):
-    trap = ("import os, signal, sys, time\n"
-            "def term(signum, frame):\n"
-            "    os.write(1, ('deadline ' + open(os.environ['GPUB_DEADLINE_FILE']).read().strip() + '\\n').encode())\n"
-            "    sys.exit(0)\n"
-            "signal.signal(signal.SIGTERM, term)\n"
-            "print('up', flush=True)\n"
-            "while True: time.sleep(0.05)\n")
-    whole(client, "dl", 0)
-    client.workload_start("wl-dl", {"instances": ["dl"], "command": [sys.executable, "-c", trap]})
-    wait_for(lambda: "up" in client.workload_logs("wl-dl")["data"])
-    stopped = client.workload_stop("wl-dl", grace_seconds=5, reason="lease ended")
-    done = final(client, "wl-dl")
-    assert done["state"] == "stopped" and done["runs"][0]["exit_code"] == 0
-    assert f"deadline {stopped['stop']['kill_at']:.3f}" in client.workload_logs("wl-dl")["data"]
-
-
-def test_ld_library_path_reaches_a_process_workload(tmp_path, monkeypatch):
-    monkeypatch.setenv("LD_LIBRARY_PATH", "/usr/local/cuda/lib64")
-    agent = AgentProcess(tmp_path / "a", gpus=GPUS).start()
-    try:
-        client = agent.client(retries=0)
-        whole(client, "ld", 0)
-        client.workload_start("wl-ld", {"instances": ["ld"], "command": [
-            sys.executable, "-c", "import os; print(os.environ.get('LD_LIBRARY_PATH'))"]})
-        assert final(client, "wl-ld")["state"] == "succeeded"
-        assert client.workload_logs("wl-ld")["data"].splitlines()[-1] == "/usr/local/cuda/lib64"
-    finally:
-        agent.stop()
-
-
-def test_a_workload_ending_and_one_adopted_after_a_restart_are_logged(tmp_path):
-    agent = AgentProcess(tmp_path / "a", gpus=GPUS, extra=("--log-level", "INFO")).start()
-    try:
-        client = agent.client(retries=0)
-        whole(client, "lg", 0)
-        whole(client, "lg2", 1)
-        client.workload_start("wl-short", {"instances": ["lg"],
-                                           "command": [sys.executable, "-c", "raise SystemExit(3)"]})
-        assert final(client, "wl-short")["state"] == "failed"
-        client.workload_start("wl-long", {"instances": ["lg2"], "command": [sys.executable, "-c", SLEEPER]})
-        wait_for(lambda: "up" in client.workload_logs("wl-long")["data"])
-        agent.kill9()
-        first = agent.process.stderr.read().decode()
-        agent.start()
-        client.workload_stop("wl-long", grace_seconds=0)
-        pid = final(client, "wl-long")["runs"][0]["pid"]
-    finally:
-        agent.stop()
-    second = agent.process.stderr.read().decode()
-    assert "workload wl-short ended: failed" in first and "last exit code 3" in first
-    assert f"adopted workload wl-long: run 1 still running, pid {pid}" in second
-    assert "workload wl-long ended: stopped" in second
-
-
 def test_a_manager_without_root_isolates_nothing_and_says_so(tmp_path, caplog):
     from agent.daemon import AgentConfig, build_isolation
 

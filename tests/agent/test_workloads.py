@@ -400,3 +400,61 @@ def test_a_path_through_a_symbolic_link_out_of_the_workloads_scope_is_refused(cl
         assert refused.value.status == 422 and refused.value.problem["field"] == field, path
     ok = client.workload_start("wl-lnk", {**spec, "workdir": str(root / "acme" / "vision")})
     assert final(client, "wl-lnk")["state"] == "succeeded" and ok["spec"]["scope"] == "acme/vision"
+
+
+# -- issue 28, defect 4 (each failed on the agent before it) ------------------------------------------
+def test_stop_writes_the_deadline_file_as_a_notice_does(client):
+    trap = ("import os, signal, sys, time\n"
+            "def term(signum, frame):\n"
+            "    os.write(1, ('deadline ' + open(os.environ['GPUB_DEADLINE_FILE']).read().strip() + '\\n').encode())\n"
+            "    sys.exit(0)\n"
+            "signal.signal(signal.SIGTERM, term)\n"
+            "print('up', flush=True)\n"
+            "while True: time.sleep(0.05)\n")
+    mig_and_share(client, "dl")
+    client.workload_start("wl-dl", {"instances": ["dl-m"], "command": [sys.executable, "-c", trap]})
+    wait_for(lambda: "up" in client.workload_logs("wl-dl")["data"])
+    stopped = client.workload_stop("wl-dl", grace_seconds=5, reason="lease ended")
+    done = final(client, "wl-dl")
+    assert done["state"] == "stopped" and done["runs"][0]["exit_code"] == 0
+    assert f"deadline {stopped['stop']['kill_at']:.3f}" in client.workload_logs("wl-dl")["data"]
+
+
+def test_ld_library_path_reaches_a_process_workload(tmp_path, monkeypatch):
+    monkeypatch.setenv("LD_LIBRARY_PATH", "/usr/local/cuda/lib64")
+    agent = AgentProcess(tmp_path / "a").start()
+    try:
+        client = agent.client(retries=0)
+        mig_and_share(client, "ld")
+        client.workload_start("wl-ld", {"instances": ["ld-m"], "command": [
+            sys.executable, "-c", "import os; print(os.environ.get('LD_LIBRARY_PATH'))"]})
+        assert final(client, "wl-ld")["state"] == "succeeded"
+        assert client.workload_logs("wl-ld")["data"].splitlines()[-1] == "/usr/local/cuda/lib64"
+    finally:
+        agent.stop()
+
+
+SLEEPER = "import time; print('up', flush=True); time.sleep(60)"
+
+
+def test_a_workload_ending_and_one_adopted_after_a_restart_are_logged(tmp_path):
+    agent = AgentProcess(tmp_path / "a", extra=("--log-level", "INFO")).start()
+    try:
+        client = agent.client(retries=0)
+        mig_and_share(client, "lg")
+        client.workload_start("wl-short", {"instances": ["lg-m"],
+                                           "command": [sys.executable, "-c", "raise SystemExit(3)"]})
+        assert final(client, "wl-short")["state"] == "failed"
+        client.workload_start("wl-long", {"instances": ["lg-s"], "command": [sys.executable, "-c", SLEEPER]})
+        wait_for(lambda: "up" in client.workload_logs("wl-long")["data"])
+        agent.kill9()
+        first = agent.process.stderr.read().decode()
+        agent.start()
+        client.workload_stop("wl-long", grace_seconds=0)
+        pid = final(client, "wl-long")["runs"][0]["pid"]
+    finally:
+        agent.stop()
+    second = agent.process.stderr.read().decode()
+    assert "workload wl-short ended: failed" in first and "last exit code 3" in first
+    assert f"adopted workload wl-long: run 1 still running, pid {pid}" in second
+    assert "workload wl-long ended: stopped" in second
