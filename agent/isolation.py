@@ -82,17 +82,36 @@ def parse_uid_range(text: str) -> tuple[int, int]:
     return first, last
 
 
-def resolve_mode(mode: str, *, euid: int | None = None) -> str:
-    """The isolation actually used: ``auto`` is ``uid`` for a root agent and ``none`` otherwise; ``uid``
-    without root is refused (an unprivileged process cannot switch users)."""
+# what the agent does as root for isolation: chown the tenant's directories (CHOWN), enter them (DAC_OVERRIDE),
+# signal its processes (KILL), switch to its uid (SETGID, SETUID), make its mount namespace (SYS_ADMIN)
+CAPABILITIES = {"CHOWN": 0, "DAC_OVERRIDE": 1, "KILL": 5, "SETGID": 6, "SETUID": 7, "SYS_ADMIN": 21}
+
+
+def missing_capabilities(status: str = "/proc/self/status") -> list[str]:
+    """The capabilities isolation needs that this process's effective set lacks (a container that dropped them)."""
+    try:
+        line = next(x for x in Path(status).read_text().splitlines() if x.startswith("CapEff:"))
+    except (OSError, StopIteration):
+        return sorted(CAPABILITIES)
+    effective = int(line.split()[1], 16)
+    return [name for name, bit in CAPABILITIES.items() if not effective >> bit & 1]
+
+
+def resolve_mode(mode: str, *, euid: int | None = None, missing: list[str] | None = None) -> str:
+    """The isolation actually used: ``auto`` is ``uid`` for a root agent with the capabilities it needs and
+    ``none`` otherwise; ``uid`` without them is refused (an unprivileged process cannot switch users)."""
     if mode not in MODES:
         raise ValueError(f"isolation must be one of {', '.join(MODES)}, got {mode!r}")
     root = (os.geteuid() if euid is None else euid) == 0
+    lacking = (missing_capabilities() if missing is None else missing) if root else []
     if mode == "auto":
-        return "uid" if root else "none"
+        return "uid" if root and not lacking else "none"
     if mode == "uid" and not root:
         raise ValueError("isolation = \"uid\" needs the agent to run as root (it starts each workload as its "
                          "tenant's user); run it as root or set isolation = \"none\" on a trusted node")
+    if mode == "uid" and lacking:
+        raise ValueError(f"isolation = \"uid\" needs the capabilities {', '.join(sorted(CAPABILITIES))}; this "
+                         f"agent lacks {', '.join(lacking)} (add them to its container's securityContext)")
     return mode
 
 
@@ -174,11 +193,12 @@ class Cgroups:
         controllers = self.root / "cgroup.controllers"
         if controllers.exists():
             available = set(controllers.read_text().split())
-            if set(self.V2_CONTROLLERS) <= available:
+            if set(self.V2_CONTROLLERS) <= available and os.access(self.root, os.W_OK):
                 return "v2"
-        if all((self.root / c / "cgroup.procs").exists() for c in self.V1_CONTROLLERS):
+        if all((self.root / c / "cgroup.procs").exists() and os.access(self.root / c, os.W_OK)
+               for c in self.V1_CONTROLLERS):
             return "v1"
-        return ""
+        return ""  # none, or mounted read-only (a container's): no limits, devices masked in the namespace
 
     @property
     def restricts_devices(self) -> bool:
@@ -389,7 +409,10 @@ class Isolation:
             exposed.append(os.path.realpath(path))
         exposed = list(dict.fromkeys(exposed))
         cgroup = self.cgroup_name(workload)
-        procs = self.cgroups.create(cgroup, self.limits(workload["devices"])) if self.cgroups else []
+        try:
+            procs = self.cgroups.create(cgroup, self.limits(workload["devices"])) if self.cgroups else []
+        except OSError as error:
+            raise IsolationError(f"cannot make the workload's cgroup under {self.cgroups.root}: {error}") from error
         masks = [] if self.cgroups and self.cgroups.restricts_devices else self.masked_devices(workload["devices"])
         return {"uid": uid, "gid": uid, "procs": [str(p) for p in procs], "exposed": exposed, "masks": masks,
                 "shared": [str(p) for p in dict.fromkeys([*self.shared_paths, self.device_dir]) if p.exists()],

@@ -18,7 +18,15 @@ from pathlib import Path
 
 import pytest
 
-from agent.isolation import Cgroups, Isolation, Limits, UidMap, parse_uid_range, resolve_mode
+from agent.isolation import (
+    Cgroups,
+    Isolation,
+    Limits,
+    UidMap,
+    missing_capabilities,
+    parse_uid_range,
+    resolve_mode,
+)
 from agent.protocol import AgentHTTPError
 from agent.workloads import WorkloadManager
 from tests.real_parts import real_part, require
@@ -299,9 +307,13 @@ def test_isolation_none_is_reported_and_warned(tmp_path):
 
 
 def test_isolation_auto_is_uid_for_root_only_and_uid_needs_root():
-    assert resolve_mode("auto", euid=0) == "uid" and resolve_mode("auto", euid=1000) == "none"
+    assert resolve_mode("auto", euid=0, missing=[]) == "uid" and resolve_mode("auto", euid=1000) == "none"
+    assert resolve_mode("auto", euid=0, missing=["SETUID"]) == "none"  # a container that dropped it
     with pytest.raises(ValueError, match="needs the agent to run as root"):
         resolve_mode("uid", euid=1000)
+    with pytest.raises(ValueError, match="lacks KILL"):
+        resolve_mode("uid", euid=0, missing=["KILL"])
+    assert missing_capabilities() == []  # this test's root has them all (the agent tests above ran with them)
     with pytest.raises(ValueError, match="isolation must be one of"):
         resolve_mode("sometimes", euid=0)
     for bad in ("0-10", "300-200", "abc", "5000"):
