@@ -67,7 +67,7 @@ import aiohttp
 
 from agent import __version__
 from agent.backend import Backend
-from agent.isolation import Cgroups, Isolation, parse_uid_range, resolve_mode
+from agent.isolation import Cgroups, Isolation, UidMap, parse_uid_range, resolve_mode
 from agent.protocol import PROTOCOL, AgentError, sign
 
 logger = logging.getLogger("agent")
@@ -194,7 +194,7 @@ def node_gpu_count(config: AgentConfig, backend: Backend | None = None) -> int:
     return 1
 
 
-def build_isolation(config: AgentConfig, state_dir: Path, gpus: int = 1) -> Isolation:
+def build_isolation(config: AgentConfig, state_dir: Path, gpus: int = 1, uid_map: UidMap | None = None) -> Isolation:
     """The process runtime's isolation (``agent.isolation``): ``uid`` for a root agent unless configured
     ``none``; without it the agent logs a warning (its workloads run as the agent's own user)."""
     mode = resolve_mode(config.isolation) if config.workload_runtime == "process" else "none"
@@ -211,10 +211,11 @@ def build_isolation(config: AgentConfig, state_dir: Path, gpus: int = 1) -> Isol
                      cgroups=Cgroups(config.cgroup_root) if mode == "uid" else None,
                      cpu_milli_per_gpu=int(cpus * 1000), memory_bytes_per_gpu=int(memory_mib) << 20,
                      shared_paths=[Path(sys.prefix), Path(sys.base_prefix),
-                                   *(Path(p) for p in config.workload_shared_paths)])
+                                   *(Path(p) for p in config.workload_shared_paths)], uid_map=uid_map)
 
 
-def build_workloads(config: AgentConfig, state_dir: Path | None = None, backend: Backend | None = None):
+def build_workloads(config: AgentConfig, state_dir: Path | None = None, backend: Backend | None = None, *,
+                    uid_map: UidMap | None = None):
     """The node's workload manager (``agent.workloads``) with the configured runtime, roots and isolation;
     with the backend, it knows each GPU's index (device node) and the node's GPU count (limits)."""
     from agent.workloads import WorkloadManager, build_runtime
@@ -224,7 +225,7 @@ def build_workloads(config: AgentConfig, state_dir: Path | None = None, backend:
                               roots=[Path(r) for r in config.workload_roots] or None,
                               backoff_seconds=config.restart_backoff_seconds,
                               log_max_bytes=config.workload_log_max_bytes,
-                              isolation=build_isolation(config, state, node_gpu_count(config, backend)))
+                              isolation=build_isolation(config, state, node_gpu_count(config, backend), uid_map))
     if backend is not None:
         manager.gpu_lookup = lambda uuid: next((g for g in backend.inventory()["gpus"] if g["uuid"] == uuid), None)
     return manager

@@ -38,6 +38,7 @@ from agent.daemon import (
     read_enrollment_token,
     stored_secret,
 )
+from agent.isolation import UidMap, parse_uid_range
 from agent.server import AgentNode, node_app, problem_middleware
 from agent.sim import SimBackend, parse_gpu_specs
 
@@ -61,6 +62,10 @@ class Fleet:
         self.enrollment_token = enrollment_token
         self.nodes: list[AgentNode] = []
         self.configs: list[AgentConfig] = []
+        # one machine, one map of tenants to uids (agent.isolation), whichever simulated node runs the workload
+        uids = parse_uid_range((isolation or {}).get("workload_uids") or AgentConfig.workload_uids)
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        uid_map = UidMap(self.state_dir, *uids)
         for number in range(1, nodes + 1):
             node_id = f"{prefix}-{number:04d}"
             directory = self.state_dir / node_id
@@ -76,7 +81,7 @@ class Fleet:
                 restart_backoff_seconds=restart_backoff_seconds,
                 workload_log_max_bytes=workload_log_max_bytes, **(isolation or {})).validate()
             self.nodes.append(AgentNode(node_id, backend, secret, node_id, metrics_token=metrics_token,
-                                        workloads=build_workloads(config, directory, backend)))
+                                        workloads=build_workloads(config, directory, backend, uid_map=uid_map)))
             self.configs.append(config)
 
     def url(self, node_id: str) -> str:

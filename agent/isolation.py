@@ -45,6 +45,7 @@ import json
 import os
 import stat
 import sys
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -118,16 +119,22 @@ def resolve_mode(mode: str, *, euid: int | None = None, missing: list[str] | Non
 # -- the uid map --------------------------------------------------------------------------------------
 class UidMap:
     """Tenant → uid, deterministic (sha256 of the tenant into the range, then the next free one) and kept in
-    ``STATE_DIR/isolation.json`` (0600): a tenant's uid never changes and never serves another tenant."""
+    ``STATE_DIR/isolation.json`` (0600): a tenant's uid never changes and never serves another tenant. The
+    simulated nodes of one ``agent.fleet`` share one map (in the fleet's directory): one machine, one map."""
 
     def __init__(self, state_dir: Path, first: int, last: int):
         self.path = Path(state_dir) / STATE_FILE
         self.first, self.last = first, last
+        self.lock = threading.Lock()  # the fleet's nodes call it from their own threads
         self.uids: dict[str, int] = {}
         if self.path.exists():
             self.uids = {str(k): int(v) for k, v in json.loads(self.path.read_text())["uids"].items()}
 
     def uid_for(self, tenant: str) -> int:
+        with self.lock:
+            return self._uid_for(tenant)
+
+    def _uid_for(self, tenant: str) -> int:
         if tenant in self.uids:
             return self.uids[tenant]
         size = self.last - self.first + 1
@@ -323,7 +330,7 @@ class Isolation:
         if self.mode == "uid":
             self.state_dir.mkdir(parents=True, exist_ok=True)
             os.chmod(self.state_dir, 0o700)
-            self.uid_map = UidMap(self.state_dir, *self.uids)
+            self.uid_map = self.uid_map or UidMap(self.state_dir, *self.uids)
             if self.cgroups is None:
                 self.cgroups = Cgroups()
 

@@ -403,3 +403,35 @@ def test_a_manager_without_root_isolates_nothing_and_says_so(tmp_path, caplog):
     assert "the agent's own user" in caplog.text
     manager = WorkloadManager(tmp_path, isolation=isolation)
     assert manager.report() == {"workload_runtime": "process", "isolation": isolation.describe()}
+
+
+def test_isolation_a_fleets_nodes_share_one_uid_map(tmp_path):
+    """Simulated nodes of one ``agent.fleet`` run on one machine: a tenant has one uid on all of them, and two
+    tenants never share one (one map in the fleet's directory, not one per node)."""
+    from agent.protocol import AgentClient
+    from core import processes
+    from core.processes import ROOT, free_port, wait_http
+
+    port = free_port()
+    fleet = processes.start([sys.executable, "-m", "agent.fleet", "--nodes", "2", "--listen", f"127.0.0.1:{port}",
+                             "--state-dir", str(tmp_path), "--shape", "a100-80gb:1:whole", "--log-level", "WARNING"],
+                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_http(f"http://127.0.0.1:{port}/healthz", fleet)
+        manifest = json.loads((tmp_path / "fleet.json").read_text())
+        nodes = manifest["nodes"] if isinstance(manifest, dict) else manifest
+        uids = {}
+        for run, (node, scope) in enumerate([(nodes[0], "acme/a"), (nodes[1], "acme/b"), (nodes[1], "rival/c")]):
+            client = AgentClient(node["url"], node["node_id"], node["secret"], retries=0)
+            gpu = client.inventory()["gpus"][0]["uuid"]
+            client.create(f"f{run}", {"kind": "whole", "gpu": gpu})
+            client.workload_start(f"wl-f{run}", {"instances": [f"f{run}"], "scope": scope, "command": [
+                sys.executable, "-c", "import os; print(os.getuid())"]})
+            assert final(client, f"wl-f{run}")["state"] == "succeeded"
+            uids[scope] = int(client.workload_logs(f"wl-f{run}")["data"].splitlines()[-1])
+            client.destroy(f"f{run}")
+        assert uids["acme/a"] == uids["acme/b"] != uids["rival/c"]
+        assert json.loads((tmp_path / "isolation.json").read_text())["uids"] == {
+            "acme": uids["acme/a"], "rival": uids["rival/c"]}
+    finally:
+        processes.stop(fleet, timeout=20)
