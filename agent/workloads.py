@@ -9,8 +9,9 @@ directory (under ``<root>/<scope>`` when the broker gives the workload's ``scope
 with symbolic links resolved), restart policy and, for interactive leases, a port. The agent
 
 - starts it through a **runtime** (``ProcessRuntime``: a plain process, used by the simulated fleet so
-  that everything runs here for real; ``ContainerRuntime``: ``docker run`` / ``podman run`` with the
-  NVIDIA container toolkit's CDI device names) in its own session and process group
+  that everything runs here for real, as its tenant's own user in its own cgroup and mount namespace when
+  the manager's ``isolation`` is ``uid``, ``agent.isolation``; ``ContainerRuntime``: ``docker run`` /
+  ``podman run`` with the NVIDIA container toolkit's CDI device names) in its own session and process group
   (``start_new_session``), every run wrapped by ``agent/shim.py``, which writes the run's exit status to a
   file and captures stdout and stderr into bounded logs under ``STATE_DIR/workloads/<id>/`` (at most
   ``log_max_bytes`` per stream, the newest bytes kept: ``agent.shim.BoundedLog``);
@@ -19,7 +20,8 @@ with symbolic links resolved), restart policy and, for interactive leases, a por
   ``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT``; ``CHECKPOINT_DIR``, ``RESTART_COUNT``, ``GPUB_WORKLOAD_ID``,
   ``GPUB_DEADLINE_FILE`` (and ``GPUB_PREEMPT_DEADLINE`` when a notice is already there), ``PORT``;
 - at a preemption notice writes the deadline (unix seconds) into ``GPUB_DEADLINE_FILE`` and sends
-  SIGTERM to the process group; at the deadline SIGKILL. A stop does the same with its grace period;
+  SIGTERM to the process group; at the deadline SIGKILL (and to whatever is left in an isolated run's
+  cgroup). A stop does the same with its grace period, its kill time in the deadline file;
 - restarts a failed run (policy ``on-failure``) with exponential back-off, up to ``max_restarts``;
 - keeps every workload in ``STATE_DIR/workloads.json`` (temp file, fsync, rename) before answering, so
   after ``kill -9`` and a restart it finds each one: still running (its pid and the process start time
