@@ -28,6 +28,17 @@ Configuration: a TOML file (``--config``) and/or flags (flags win)::
                                                   # (agent.mps); "" turns MPS off: shares reported unenforced
     mps_directory = ""                            # the daemons' pipe and log directories (default STATE_DIR/mps;
                                                   # their unix sockets need a path under 108 bytes)
+    isolation = "auto"                            # process runtime: "uid" runs each workload as its tenant's
+                                                  # own user, cgroup and view (agent/isolation.py); "none"
+                                                  # as the agent's user (trusted nodes); "auto": uid when
+                                                  # the agent is root, else none (with a warning)
+    workload_uids = "200000-265535"               # the tenants' uids (one per tenant, kept in isolation.json)
+    device_dir = "/dev"                           # where the nvidia<N> device nodes are
+    cgroup_root = "/sys/fs/cgroup"                # cgroup v2 (controllers delegated) or the v1 hierarchies
+    workload_cpus_per_gpu = 0.0                   # a workload's CPU and memory limits per leased GPU
+    workload_memory_mib_per_gpu = 0               # (0: the node's CPUs / memory divided by its GPUs)
+    workload_shared_paths = []                    # read-only in every workload's view (besides the agent's
+                                                  # Python) even under a closed directory
 
 Enrollment (``POST {broker}/api/v1/agents/enroll``, the token in the body) returns the per-node secret,
 saved as ``state_dir/secret`` (0600); later starts reuse it. Heartbeats (``POST
@@ -51,6 +62,7 @@ import os
 import random
 import secrets
 import socket
+import sys
 import time
 import tomllib
 from dataclasses import dataclass, field, fields
@@ -61,6 +73,7 @@ import aiohttp
 
 from agent import __version__
 from agent.backend import Backend
+from agent.isolation import Cgroups, Isolation, UidMap, parse_uid_range, resolve_mode
 from agent.protocol import PROTOCOL, AgentError, sign
 
 logger = logging.getLogger("agent")
@@ -93,6 +106,13 @@ class AgentConfig:
     container_devices: str = "cdi"
     mps_control: str = "nvidia-cuda-mps-control"
     mps_directory: str = ""
+    isolation: str = "auto"
+    workload_uids: str = "200000-265535"
+    device_dir: str = "/dev"
+    cgroup_root: str = "/sys/fs/cgroup"
+    workload_cpus_per_gpu: float = 0.0
+    workload_memory_mib_per_gpu: int = 0
+    workload_shared_paths: list = field(default_factory=list)
 
     def validate(self) -> AgentConfig:
         if not self.node_id:
@@ -127,6 +147,21 @@ class AgentConfig:
         if (not isinstance(self.workload_log_max_bytes, int) or isinstance(self.workload_log_max_bytes, bool)
                 or not 4096 <= self.workload_log_max_bytes <= 1 << 30):
             raise ValueError("workload_log_max_bytes must be a number of bytes from 4096 to 1073741824")
+        resolve_mode(self.isolation)  # the setting is known; "uid" is refused without root
+        parse_uid_range(self.workload_uids)
+        for name in ("device_dir", "cgroup_root"):
+            if not isinstance(getattr(self, name), str) or not getattr(self, name).startswith("/"):
+                raise ValueError(f"{name} must be an absolute path, got {getattr(self, name)!r}")
+        if isinstance(self.workload_shared_paths, str):
+            self.workload_shared_paths = [self.workload_shared_paths]
+        if not all(isinstance(p, str) and p.startswith("/") for p in self.workload_shared_paths):
+            raise ValueError(f"workload_shared_paths must be absolute paths, got {self.workload_shared_paths!r}")
+        if (not isinstance(self.workload_cpus_per_gpu, int | float) or isinstance(self.workload_cpus_per_gpu, bool)
+                or not 0 <= self.workload_cpus_per_gpu <= 1024):
+            raise ValueError("workload_cpus_per_gpu must be a number of CPUs 0..1024 (0: the node's per GPU)")
+        if (not isinstance(self.workload_memory_mib_per_gpu, int) or isinstance(self.workload_memory_mib_per_gpu, bool)
+                or not 0 <= self.workload_memory_mib_per_gpu <= 1 << 30):
+            raise ValueError("workload_memory_mib_per_gpu must be a number of MiB (0: the node's per GPU)")
         if self.broker_url and not self.broker_url.startswith(("http://", "https://")):
             raise ValueError(f"broker_url must be http(s)://..., got {self.broker_url!r}")
         self.hostname = self.hostname or socket.gethostname()
@@ -167,16 +202,51 @@ def build_backend(config: AgentConfig, state_dir: Path | None = None) -> Backend
                       mode_change_latency_seconds=config.mode_change_latency_seconds)
 
 
-def build_workloads(config: AgentConfig, state_dir: Path | None = None):
-    """The node's workload manager (``agent.workloads``) with the configured runtime and roots."""
+def node_gpu_count(config: AgentConfig, backend: Backend | None = None) -> int:
+    if backend is not None:
+        return len(backend.inventory()["gpus"]) or 1
+    if config.backend == "sim":  # "h100-80gb:8:mig,l4:2:shared"
+        return sum(int(part.split(":")[1]) for part in config.gpus.split(",") if part.count(":") >= 1) or 1
+    return 1
+
+
+def build_isolation(config: AgentConfig, state_dir: Path, gpus: int = 1, uid_map: UidMap | None = None) -> Isolation:
+    """The process runtime's isolation (``agent.isolation``): ``uid`` for a root agent unless configured
+    ``none``; without it the agent logs a warning (its workloads run as the agent's own user)."""
+    mode = resolve_mode(config.isolation) if config.workload_runtime == "process" else "none"
+    if mode == "none" and config.workload_runtime == "process":
+        logger.warning("node %s: workloads run as the agent's own user (isolation none%s): a workload can read "
+                       "the agent's state, its secret and other workloads' files and environments; run the agent "
+                       "as root (isolation uid) on a node that serves more than one tenant", config.node_id,
+                       "" if config.isolation == "none" else ": the agent is not root")
+    cpus = config.workload_cpus_per_gpu or (os.cpu_count() or 1) / gpus
+    memory_mib = config.workload_memory_mib_per_gpu or (os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+                                                        // (1 << 20) // gpus)
+    return Isolation(mode=mode, state_dir=state_dir, uids=parse_uid_range(config.workload_uids),
+                     device_dir=Path(config.device_dir),
+                     cgroups=Cgroups(config.cgroup_root) if mode == "uid" else None,
+                     cpu_milli_per_gpu=int(cpus * 1000), memory_bytes_per_gpu=int(memory_mib) << 20,
+                     shared_paths=[Path(sys.prefix), Path(sys.base_prefix),
+                                   *(Path(p) for p in config.workload_shared_paths)], uid_map=uid_map)
+
+
+def build_workloads(config: AgentConfig, state_dir: Path | None = None, backend: Backend | None = None, *,
+                    uid_map: UidMap | None = None):
+    """The node's workload manager (``agent.workloads``) with the configured runtime, roots and isolation;
+    with the backend, it knows each GPU's index (device node) and the node's GPU count (limits)."""
     from agent.workloads import ContainerRuntime, WorkloadManager, build_runtime
 
+    state = Path(state_dir or config.state_dir)
     runtime = (ContainerRuntime(config.workload_runtime, cdi_devices=config.container_devices == "cdi")
                if config.workload_runtime in ("docker", "podman") else build_runtime(config.workload_runtime))
-    return WorkloadManager(Path(state_dir or config.state_dir), runtime,
-                           roots=[Path(r) for r in config.workload_roots] or None,
-                           backoff_seconds=config.restart_backoff_seconds,
-                           log_max_bytes=config.workload_log_max_bytes)
+    manager = WorkloadManager(state, runtime,
+                              roots=[Path(r) for r in config.workload_roots] or None,
+                              backoff_seconds=config.restart_backoff_seconds,
+                              log_max_bytes=config.workload_log_max_bytes,
+                              isolation=build_isolation(config, state, node_gpu_count(config, backend), uid_map))
+    if backend is not None:
+        manager.gpu_lookup = lambda uuid: next((g for g in backend.inventory()["gpus"] if g["uuid"] == uuid), None)
+    return manager
 
 
 # -- secret ---------------------------------------------------------------------------------------
@@ -266,7 +336,7 @@ class BrokerLink:
             inventory = await self.node.call(self.node.backend.inventory)
             body = {"node_id": self.config.node_id, "address": self.config.advertise_url,
                     "hostname": self.config.hostname, "agent_version": __version__, "protocol": PROTOCOL,
-                    "inventory": inventory}
+                    "inventory": {**inventory, **(self.node.workloads.report() if self.node.workloads else {})}}
             if self.config.enrollment_token:
                 body["token"] = self.config.enrollment_token
                 body["enrollment_id"] = enrollment_id(self.state_dir)
@@ -313,6 +383,7 @@ class BrokerLink:
         body = json.dumps({
             "time": time.time(), "address": self.config.advertise_url, "agent_version": __version__,
             "gpus": len(inventory["gpus"]), "instances": [i["allocation_id"] for i in inventory["instances"]],
+            **(self.node.workloads.report() if self.node.workloads else {}),
         }).encode()
         path = f"/api/v1/agents/{self.config.node_id}/heartbeat"
         headers = {"Content-Type": "application/json",
@@ -435,7 +506,7 @@ def serve(config: AgentConfig) -> None:
     backend = enforce_shares(build_backend(config, state_dir), Path(state_dir or config.state_dir), config.mps_control,
                              config.mps_directory)
     node = AgentNode(config.node_id, backend, resolve_secret(config, state_dir), config.hostname,
-                     metrics_token=config.metrics_token, workloads=build_workloads(config, state_dir))
+                     metrics_token=config.metrics_token, workloads=build_workloads(config, state_dir, backend))
     app = node_app(node)
 
     async def broker_link(app_):
@@ -478,6 +549,12 @@ def add_workload_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--container-devices", dest="container_devices", choices=("cdi", "none"),
                         help="docker/podman: attach each device by CDI name (cdi), or not (none: an engine "
                              "without a GPU, for the container engine test)")
+    parser.add_argument("--isolation", choices=("auto", "uid", "none"),
+                        help="process runtime: run workloads as their tenant's user (uid; auto when root)")
+    parser.add_argument("--workload-uids", dest="workload_uids", metavar="FIRST-LAST",
+                        help="the tenants' uids (default 200000-265535)")
+    parser.add_argument("--device-dir", dest="device_dir", metavar="PATH", help="where nvidia<N> are (/dev)")
+    parser.add_argument("--cgroup-root", dest="cgroup_root", metavar="PATH", help="default /sys/fs/cgroup")
 
 
 def main(argv: list[str] | None = None) -> int:

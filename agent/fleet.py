@@ -38,6 +38,7 @@ from agent.daemon import (
     read_enrollment_token,
     stored_secret,
 )
+from agent.isolation import UidMap, parse_uid_range
 from agent.mps import ShareEnforcingBackend
 from agent.server import AgentNode, node_app, problem_middleware
 from agent.sim import SimBackend, parse_gpu_specs
@@ -52,7 +53,7 @@ class Fleet:
                  create_latency_seconds: float = 0.0, mode_change_latency_seconds: float = 0.0,
                  workload_runtime: str = "process", workload_roots: list[str] | None = None,
                  restart_backoff_seconds: float = 1.0, workload_log_max_bytes: int = 16 * 1024 * 1024,
-                 broker_timeout_seconds: float = 10.0):
+                 broker_timeout_seconds: float = 10.0, isolation: dict | None = None):
         if nodes < 1:
             raise ValueError("--nodes must be at least 1")
         self.shapes = [parse_gpu_specs(shape) for shape in shapes or ["h100-80gb:8:mig"]]
@@ -63,6 +64,10 @@ class Fleet:
         self.enrollment_token = enrollment_token
         self.nodes: list[AgentNode] = []
         self.configs: list[AgentConfig] = []
+        # one machine, one map of tenants to uids (agent.isolation), whichever simulated node runs the workload
+        uids = parse_uid_range((isolation or {}).get("workload_uids") or AgentConfig.workload_uids)
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        uid_map = UidMap(self.state_dir, *uids)
         for number in range(1, nodes + 1):
             node_id = f"{prefix}-{number:04d}"
             directory = self.state_dir / node_id
@@ -76,10 +81,10 @@ class Fleet:
                 state_dir=str(directory), hostname=node_id, advertise_url=self.url(node_id),
                 workload_runtime=workload_runtime, workload_roots=list(workload_roots or []),
                 restart_backoff_seconds=restart_backoff_seconds,
-                workload_log_max_bytes=workload_log_max_bytes).validate()
+                workload_log_max_bytes=workload_log_max_bytes, **(isolation or {})).validate()
             backend = ShareEnforcingBackend(backend, None, reason=FLEET_MPS_REASON)  # shares: honestly unenforced
             self.nodes.append(AgentNode(node_id, backend, secret, node_id, metrics_token=metrics_token,
-                                        workloads=build_workloads(config, directory)))
+                                        workloads=build_workloads(config, directory, backend, uid_map=uid_map)))
             self.configs.append(config)
 
     def url(self, node_id: str) -> str:
@@ -195,7 +200,9 @@ def main(argv: list[str] | None = None) -> int:
                       workload_runtime=args.workload_runtime or "process", workload_roots=args.workload_roots,
                       restart_backoff_seconds=args.restart_backoff_seconds or 1.0,
                       workload_log_max_bytes=args.workload_log_max_bytes or 16 * 1024 * 1024,
-                      broker_timeout_seconds=args.broker_timeout)
+                      broker_timeout_seconds=args.broker_timeout,
+                      isolation={name: getattr(args, name) for name in ("isolation", "workload_uids", "device_dir",
+                                                                        "cgroup_root") if getattr(args, name)})
         asyncio.run(run_fleet(fleet, ready_file=args.ready_file))
     except (ValueError, OSError) as error:
         logger.error("%s", error)

@@ -200,7 +200,8 @@ async def inventory(request: web.Request) -> web.Response:
     node = _node(request)
     data = await node.call(node.backend.inventory)
     return web.json_response({"node_id": node.node_id, "protocol": PROTOCOL, "agent_version": __version__,
-                              "backend": node.backend.name, **data})
+                              "backend": node.backend.name,
+                              **(node.workloads.report() if node.workloads else {}), **data})
 
 
 async def instance_get(request: web.Request) -> web.Response:

@@ -9,8 +9,9 @@ directory (under ``<root>/<scope>`` when the broker gives the workload's ``scope
 with symbolic links resolved), restart policy and, for interactive leases, a port. The agent
 
 - starts it through a **runtime** (``ProcessRuntime``: a plain process, used by the simulated fleet so
-  that everything runs here for real; ``ContainerRuntime``: ``docker run`` / ``podman run`` with the
-  NVIDIA container toolkit's CDI device names) in its own session and process group
+  that everything runs here for real, as its tenant's own user in its own cgroup and mount namespace when
+  the manager's ``isolation`` is ``uid``, ``agent.isolation``; ``ContainerRuntime``: ``docker run`` /
+  ``podman run`` with the NVIDIA container toolkit's CDI device names) in its own session and process group
   (``start_new_session``), every run wrapped by ``agent/shim.py``, which writes the run's exit status to a
   file and captures stdout and stderr into bounded logs under ``STATE_DIR/workloads/<id>/`` (at most
   ``log_max_bytes`` per stream, the newest bytes kept: ``agent.shim.BoundedLog``);
@@ -19,7 +20,8 @@ with symbolic links resolved), restart policy and, for interactive leases, a por
   ``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT``; ``CHECKPOINT_DIR``, ``RESTART_COUNT``, ``GPUB_WORKLOAD_ID``,
   ``GPUB_DEADLINE_FILE`` (and ``GPUB_PREEMPT_DEADLINE`` when a notice is already there), ``PORT``;
 - at a preemption notice writes the deadline (unix seconds) into ``GPUB_DEADLINE_FILE`` and sends
-  SIGTERM to the process group; at the deadline SIGKILL. A stop does the same with its grace period;
+  SIGTERM to the process group; at the deadline SIGKILL (and to whatever is left in an isolated run's
+  cgroup). A stop does the same with its grace period, its kill time in the deadline file;
 - restarts a failed run (policy ``on-failure``) with exponential back-off, up to ``max_restarts``;
 - keeps every workload in ``STATE_DIR/workloads.json`` (temp file, fsync, rename) before answering, so
   after ``kill -9`` and a restart it finds each one: still running (its pid and the process start time
@@ -38,6 +40,7 @@ from __future__ import annotations
 import abc
 import contextlib
 import json
+import logging
 import os
 import re
 import secrets
@@ -48,8 +51,11 @@ import sys
 import time
 from pathlib import Path
 
+from agent.isolation import Isolation, IsolationError
 from agent.protocol import WORKLOAD_ID, Conflict, InvalidRequest, NotFound
 from agent.shim import log_read
+
+logger = logging.getLogger("agent.workloads")
 
 MAX_EVENTS = 200
 MAX_LOG_READ = 256 * 1024
@@ -60,6 +66,8 @@ FINAL = ("succeeded", "failed", "stopped", "preempted")
 SECRET_FILE = "secret_env.json"  # the workload's secret values, beside its logs (0600), never in workloads.json
 SHIM = Path(__file__).with_name("shim.py")
 BASE_ENV = ("PATH", "LANG", "LC_ALL", "HOME", "TMPDIR", "TZ")
+PROCESS_ENV = ("LD_LIBRARY_PATH",)  # a plain process also keeps the node's library path (CUDA's libraries)
+HOME_DIR = "home"  # an isolated workload's own directory, owned by its uid: its HOME and its deadline file
 ENGINE_ENV_PREFIXES = ("DOCKER_", "CONTAINER_", "CONTAINERS_", "PODMAN_")
 
 
@@ -96,8 +104,10 @@ class Runtime(abc.ABC):
         return env
 
     def spawn(self, workload: dict, env: dict[str, str], directory: Path, exit_file: Path, *,
-              log_max_bytes: int = LOG_MAX_BYTES, banner: str = "") -> subprocess.Popen:
-        argv = self.argv(workload, env, directory)
+              log_max_bytes: int = LOG_MAX_BYTES, banner: str = "", launcher: list[str] | None = None
+              ) -> subprocess.Popen:
+        # ``launcher``: what runs the command as the workload's own user (agent.isolation), process runtime only
+        argv = [*(launcher or []), *self.argv(workload, env, directory)]
         spec = workload["spec"]
         with open(directory / "shim.err", "ab") as err:  # the shim's own trouble; the run's output is in the logs
             return subprocess.Popen(
@@ -111,7 +121,9 @@ class Runtime(abc.ABC):
 
 
 class ProcessRuntime(Runtime):
-    """The workload's command as a plain process of the agent's user (the simulated fleet; trusted nodes)."""
+    """The workload's command as a plain process: as its tenant's own unprivileged user, in its own cgroup and
+    file-system view, when the manager's isolation is ``uid`` (``agent.isolation``); as the agent's user
+    only with ``isolation = "none"`` (a trusted node; an agent that is not root)."""
 
     name = "process"
 
@@ -254,8 +266,12 @@ def _signal_group(pid: int, signum: int) -> bool:
 class WorkloadManager:
     def __init__(self, state_dir: Path, runtime: Runtime | None = None, *, roots: list[Path] | None = None,
                  backoff_seconds: float = 1.0, backoff_cap: float = 60.0, log_max_bytes: int = LOG_MAX_BYTES,
-                 clock=time.time):
+                 clock=time.time, isolation: Isolation | None = None):
         self.state_dir = Path(state_dir)
+        # a plain process runs as its tenant's user with isolation "uid" (agent.isolation); "none" is reported
+        self.isolation = isolation or Isolation(mode="none", state_dir=self.state_dir)
+        # GPU uuid -> its inventory entry (index, memory_mib): set by the daemon, for device nodes and limits
+        self.gpu_lookup = None
         self.directory = self.state_dir / "workloads"
         self.directory.mkdir(parents=True, exist_ok=True)
         self.runtime = runtime or ProcessRuntime()
@@ -273,7 +289,7 @@ class WorkloadManager:
     def _save(self) -> None:
         path = self.state_dir / STATE_FILE
         temporary = path.with_suffix(".tmp")
-        with open(temporary, "w") as handle:
+        with os.fdopen(os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as handle:
             json.dump({"version": 1, "workloads": self.workloads}, handle)
             handle.flush()
             os.fsync(handle.fileno())
@@ -291,11 +307,24 @@ class WorkloadManager:
                 pid = find_by_token(run["token"])
                 if pid is not None:
                     run["pid"], run["start_ticks"] = pid, process_start_ticks(pid)[0]
+                    logger.info("adopted workload %s: run %s found by its token, pid %s", workload["workload_id"],
+                                run["run"], pid)
                     changed = True
                 elif not self._exit_file(workload, run).exists():
                     workload["runs"].pop()  # it never started: start it now, as the same run
+                    logger.info("adopted workload %s: run %s never started; starting it now",
+                                workload["workload_id"], run["run"])
                     self._spawn(workload, self.clock())
                     changed = True
+                else:
+                    logger.info("adopted workload %s: run %s ended while the agent was away",
+                                workload["workload_id"], run["run"])
+            elif (ticks := process_start_ticks(run["pid"])) and ticks[0] == run["start_ticks"] and ticks[1] != "Z":
+                logger.info("adopted workload %s: run %s still running, pid %s", workload["workload_id"],
+                            run["run"], run["pid"])
+            else:
+                logger.info("adopted workload %s: run %s (pid %s) ended while the agent was away",
+                            workload["workload_id"], run["run"], run["pid"])
         if changed:
             self._save()
 
@@ -319,6 +348,12 @@ class WorkloadManager:
                                                 "events", "created_at")} | {
             "restart_count": workload["spec"]["restart_count"] + workload["local_restarts"],
             "log_bytes": sizes, "acked_seq": workload["acked_seq"]}
+
+    def report(self) -> dict:
+        """What the node's inventory and heartbeats say of its workloads: the runtime and its isolation
+        (``agent.isolation``; mode ``none`` where a plain process runs as the agent's own user)."""
+        isolation = self.isolation.describe() if self.runtime.name == "process" else {"mode": "container"}
+        return {"workload_runtime": self.runtime.name, "isolation": isolation}
 
     def active(self) -> bool:
         return any(w["state"] in ACTIVE for w in self.workloads.values())
@@ -364,7 +399,7 @@ class WorkloadManager:
                                    field=f"instances[{position}]")
         now = self.clock()
         devices = [{"allocation_id": i["allocation_id"], "kind": i["kind"], "device_uuid": i["device_uuid"],
-                    "gpu": i["gpu"], "memory_mib": i.get("memory_mib", 0)} for i in instances]
+                    "gpu": i["gpu"], "memory_mib": i.get("memory_mib", 0), **self._gpu_facts(i)} for i in instances]
         notice = next((i["notice"] for i in instances if i.get("notice")), None)
         workload = {"workload_id": workload_id, "spec": spec, "devices": devices, "access": device_env(instances),
                     "runtime": self.runtime.name, "argv": [], "state": "running", "created_at": now,
@@ -374,6 +409,12 @@ class WorkloadManager:
         directory.mkdir(parents=True, exist_ok=True)
         self._secret_env_write(workload, secret_env)
         workload["argv"] = self.runtime.argv(workload, self._env(workload, token="-"), directory)  # refusals first
+        if self._isolating():
+            try:  # its user's directories and its cgroup can be made: else refused, nothing recorded
+                self.isolation.prepare(workload, self._home(workload), self.roots)
+            except IsolationError as error:
+                self.isolation.release(workload)
+                raise InvalidRequest(str(error), field=error.field or "workload_id") from error
         self.workloads[workload_id] = workload
         if notice:  # placed with a notice already running out: there is nothing to run
             workload["state"] = "preempted"
@@ -389,6 +430,7 @@ class WorkloadManager:
         now = self.clock()
         if workload["state"] in ACTIVE and workload["stop"] is None:
             workload["stop"] = {"requested_at": now, "kill_at": now + grace_seconds, "reason": reason}
+            self._write_deadline(workload, now + grace_seconds)  # as a notice does: the run sees its deadline
             self._event(workload, "stop_requested", now, grace_seconds=grace_seconds, detail=reason)
             if workload["state"] == "backoff":
                 self._finish(workload, "stopped", now, detail=reason)
@@ -408,7 +450,7 @@ class WorkloadManager:
             if workload["notice"] and workload["notice"]["deadline"] <= deadline:
                 continue  # an earlier (or the same) deadline stands
             workload["notice"] = {"deadline": deadline, "reason": reason, "at": now}
-            self._write_deadline(workload)
+            self._write_deadline(workload, deadline)
             self._event(workload, "notice", now, deadline=deadline, detail=reason)
             if workload["state"] == "backoff":
                 self._finish(workload, "preempted", now, detail=reason)
@@ -448,6 +490,7 @@ class WorkloadManager:
                 if now >= kill_at and not run.get("kill_at"):
                     run["kill_at"] = now
                     _signal_group(run["pid"], signal.SIGKILL)
+                    self._kill_cgroup(workload)
                     self.runtime.kill(workload)
                     self._event(workload, "killed", now, run=run["run"], detail="SIGKILL at the deadline")
                     changed = True
@@ -487,10 +530,52 @@ class WorkloadManager:
     def _exit_file(self, workload: dict, run: dict) -> Path:
         return self._dir(workload) / f"exit-{run['run']}.json"
 
-    def _write_deadline(self, workload: dict) -> None:
-        path = self._dir(workload) / "deadline"
-        path.with_suffix(".tmp").write_text(f"{workload['notice']['deadline']:.3f}\n")
-        os.replace(path.with_suffix(".tmp"), path)
+    def _isolating(self) -> bool:
+        return self.isolation.enabled and self.runtime.name == "process"
+
+    def _home(self, workload: dict) -> Path:
+        return self._dir(workload) / HOME_DIR
+
+    def _deadline_file(self, workload: dict) -> Path:
+        return (self._home(workload) if self._isolating() else self._dir(workload)) / "deadline"
+
+    def _gpu_facts(self, instance: dict) -> dict:
+        """The GPU's index (its device node ``nvidia<index>``) and the share of it the instance is."""
+        gpu = self.gpu_lookup(instance["gpu"]) if self.gpu_lookup else None
+        if gpu is None:
+            return {}
+        if instance["kind"] == "share":
+            fraction = instance.get("milli", 1000) / 1000
+        elif instance["kind"] == "mig" and gpu.get("memory_mib"):
+            fraction = instance.get("memory_mib", 0) / gpu["memory_mib"]
+        else:
+            fraction = 1.0
+        return {"gpu_index": gpu["index"], "gpu_fraction": round(fraction, 4)}
+
+    def _write_deadline(self, workload: dict, deadline: float) -> None:
+        """The deadline (unix seconds) into the workload's deadline file, replaced atomically. In an isolated
+        workload's home (its own directory) through a descriptor: a link it planted is replaced, never followed."""
+        path = self._deadline_file(workload)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        directory = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        try:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink("deadline.tmp", dir_fd=directory)
+            descriptor = os.open("deadline.tmp", os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644,
+                                 dir_fd=directory)
+            with os.fdopen(descriptor, "w") as handle:
+                handle.write(f"{deadline:.3f}\n")
+            os.replace("deadline.tmp", "deadline", src_dir_fd=directory, dst_dir_fd=directory)
+        finally:
+            os.close(directory)
+
+    def _kill_cgroup(self, workload: dict) -> None:
+        """SIGKILL to every process left in the workload's cgroup (one that left its process group too)."""
+        if not self._isolating() or self.isolation.cgroups is None:
+            return
+        for pid in self.isolation.cgroups.pids(self.isolation.cgroup_name(workload)):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
 
     def _secret_env_write(self, workload: dict, values: dict[str, str]) -> None:
         """The workload's secret values in its directory, readable by the agent's user only (written before
@@ -512,13 +597,16 @@ class WorkloadManager:
 
     def _env(self, workload: dict, token: str) -> dict[str, str]:
         spec = workload["spec"]
-        env = {key: os.environ[key] for key in BASE_ENV if key in os.environ}
+        names = BASE_ENV + PROCESS_ENV if self.runtime.name == "process" else BASE_ENV
+        env = {key: os.environ[key] for key in names if key in os.environ}
+        if self._isolating():  # its own home; its /tmp is private (agent.isolation)
+            env.update({"HOME": str(self._home(workload)), "TMPDIR": "/tmp"})  # noqa: S108
         env.update(spec["env"])
         env.update(self._secret_env(workload))
         env.update(workload["access"])
         env.update({"RESTART_COUNT": str(spec["restart_count"] + workload["local_restarts"]),
                     "GPUB_WORKLOAD_ID": workload["workload_id"], "GPUB_RUN_TOKEN": token,
-                    "GPUB_DEADLINE_FILE": str(self._dir(workload) / "deadline")})
+                    "GPUB_DEADLINE_FILE": str(self._deadline_file(workload))})
         if spec["checkpoint_dir"]:
             env["CHECKPOINT_DIR"] = spec["checkpoint_dir"]
         if spec["port"]:  # a plain process listens on the node itself: on the host port it was given
@@ -544,9 +632,13 @@ class WorkloadManager:
                   f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(now))}")
         env = self._env(workload, run["token"])
         try:
+            launcher = None
+            if self._isolating():
+                launcher = self.isolation.launcher_argv(
+                    self.isolation.prepare(workload, self._home(workload), self.roots))
             process = self.runtime.spawn(workload, env, directory, self._exit_file(workload, run),
-                                         log_max_bytes=self.log_max_bytes, banner=banner)
-        except OSError as error:
+                                         log_max_bytes=self.log_max_bytes, banner=banner, launcher=launcher)
+        except (OSError, IsolationError) as error:
             run.update(ended_at=now, exit_code=127, outcome="failed")
             self._event(workload, "start_failed", now, run=number, detail=str(error))
             self._finish(workload, "failed", now, detail=f"cannot start: {error}")
@@ -580,6 +672,8 @@ class WorkloadManager:
                 "error": "the process is gone and left no exit status"}
 
     def _run_ended(self, workload: dict, run: dict, ended: dict, now: float) -> None:
+        self._kill_cgroup(workload)  # what the run left behind ends with it
+        self.isolation.release(workload)
         run["ended_at"] = min(float(ended.get("ended_at") or now), now)
         run["exit_code"], run["signal"] = ended.get("exit_code"), ended.get("signal")
         data = {"run": run["run"], "exit_code": run["exit_code"], "signal": run["signal"],
@@ -614,6 +708,10 @@ class WorkloadManager:
 
     def _finish(self, workload: dict, state: str, at: float, *, detail: str = "") -> None:
         workload["state"], workload["next_start_at"] = state, None
+        run = workload["runs"][-1] if workload["runs"] else None
+        logger.info("workload %s ended: %s%s (runs %d, last exit code %s, signal %s)", workload["workload_id"], state,
+                    f" -- {detail}" if detail else "", len(workload["runs"]), run and run["exit_code"],
+                    run and run["signal"])
         self._event(workload, state, at, detail=detail)
 
     def _term(self, workload: dict, now: float, signum: int) -> None:
@@ -622,6 +720,7 @@ class WorkloadManager:
             return
         if signum == signal.SIGKILL:
             run["kill_at"] = now
+            self._kill_cgroup(workload)
             self.runtime.kill(workload)
         elif run["term_at"] is None:
             run["term_at"] = now

@@ -3,7 +3,7 @@ node's re-enrollment, release a GPU), which go through the services. Secrets are
 
 from django.contrib import admin, messages
 
-from broker import services
+from broker import selectors, services
 from broker.models import EnrollmentToken, Gpu, Node
 from core.errors import ApplicationError
 
@@ -22,11 +22,13 @@ class GpuInline(admin.TabularInline):
 
 @admin.register(Node)
 class NodeAdmin(admin.ModelAdmin):
-    list_display = ["node_id", "pool", "status", "cordoned", "address", "last_heartbeat_at", "reenroll_approved_at"]
-    list_filter = ["status", "cordoned", "pool"]
+    list_display = ["node_id", "pool", "status", "cordoned", "address", "last_heartbeat_at", "reenroll_approved_at",
+                    "isolation", "isolation_warning"]
+    list_filter = ["status", "cordoned", "pool", "isolation"]
     search_fields = ["node_id", "hostname", "address"]
     fields = ["node_id", "pool", "address", "hostname", "agent_version", "status", "cordoned", "enrolled_at",
-              "last_heartbeat_at", "silent_since", "reenroll_approved_at"]
+              "last_heartbeat_at", "silent_since", "reenroll_approved_at", "workload_runtime", "isolation",
+              "isolation_warning"]
     readonly_fields = fields
     inlines = [GpuInline]
     actions = ["approve_reenrollment"]
@@ -36,6 +38,10 @@ class NodeAdmin(admin.ModelAdmin):
 
     def has_delete_permission(self, request, obj=None):
         return False
+
+    @admin.display(description="Isolation warning")
+    def isolation_warning(self, node):
+        return selectors.node_isolation_warning(node=node, tenant_count=selectors.node_tenant_count(node=node))
 
     @admin.action(description="Approve one token re-enrollment of the selected nodes (agents that lost their secret)")
     def approve_reenrollment(self, request, queryset):

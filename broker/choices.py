@@ -73,6 +73,15 @@ class AllocationState(models.TextChoices):
     FREED = "freed", "Freed"
 
 
+class NodeIsolation(models.TextChoices):
+    """How the node's agent runs tenant workloads (its inventory's ``isolation.mode``; docs/security.md)."""
+
+    UNKNOWN = "", "Not reported"
+    UID = "uid", "Own user, cgroup and view per tenant"
+    NONE = "none", "As the agent's own user (no isolation)"
+    CONTAINER = "container", "Containers"
+
+
 class NodeStatus(models.TextChoices):
     READY = "ready", "Ready"
     SILENT = "silent", "Silent (missed heartbeats)"

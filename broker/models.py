@@ -23,6 +23,7 @@ from broker.choices import (
     GpuKind,
     GpuMode,
     LeaseState,
+    NodeIsolation,
     NodeStatus,
     ShareEnforcement,
     WorkloadClass,
@@ -53,6 +54,11 @@ class Node(models.Model):
     # answer again (the agent's retry after a lost 201) -- see ``node_enroll``.
     enrollment_key = models.CharField(max_length=64, blank=True, default="", db_default="")  # raw COPY too
     secret_used_at = models.DateTimeField(null=True, blank=True)
+    # what its inventory says of workloads (agent.isolation): the runtime, and whether a tenant's process runs
+    # as its own user ("uid") or as the agent's ("none": unsafe for a node that serves several tenants)
+    workload_runtime = models.CharField(max_length=16, blank=True, default="", db_default="")
+    isolation = models.CharField(max_length=16, choices=NodeIsolation.choices, blank=True, default="",
+                                 db_default="")
 
     def __str__(self) -> str:
         return self.node_id

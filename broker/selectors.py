@@ -8,7 +8,7 @@ from datetime import datetime
 from django.db.models import Prefetch, QuerySet
 from django.utils import timezone
 
-from broker.choices import GpuKind, GpuMode, LeaseState, ShareEnforcement
+from broker.choices import GpuKind, GpuMode, LeaseState, NodeIsolation, ShareEnforcement
 from broker.models import Allocation, Gpu, Lease, LeaseEvent, Node
 from broker.snapshot import core_group
 from core.errors import NotFound, ValidationFailed
@@ -394,6 +394,22 @@ def node_list() -> QuerySet[Node]:
     return Node.objects.prefetch_related(
         Prefetch("gpus", queryset=Gpu.objects.filter(lost_at__isnull=True).order_by("index"))
     ).order_by("pool", "node_id")
+
+
+def node_tenant_count(*, node: Node) -> int:
+    """How many tenants hold live allocations on the node's GPUs now."""
+    return (Allocation.objects.filter(gpu__node=node, freed_at__isnull=True, lease__isnull=False)
+            .values("lease__tenant_id").distinct().count())
+
+
+def node_isolation_warning(*, node: Node, tenant_count: int) -> str:
+    """Platform staff: the warning for a node whose agent runs tenant processes as its own user (isolation
+    ``none``, ``agent.isolation``) while it serves more than one tenant; "" otherwise."""
+    if node.workload_runtime != "process" or node.isolation != NodeIsolation.NONE or tenant_count < 2:
+        return ""
+    return (f"{node.node_id} runs workloads as its agent's own user (isolation none) and serves {tenant_count} "
+            "tenants: one tenant's workload can read another's environment and files and the node's secret. Run "
+            "the agent as root (isolation uid) or cordon the node.")
 
 
 def node_get(*, node_id: str) -> Node:

@@ -9,6 +9,7 @@ from datetime import UTC
 from decimal import Decimal
 
 from broker.choices import FINAL_STATES, GpuMode, LeaseState, NodeStatus
+from broker.selectors import node_isolation_warning
 from gpus.catalogue import model_get
 from gpus.mig import MEMORY_SLOTS, profiles_for
 
@@ -155,6 +156,8 @@ class NodeCard:
     hostname: str
     last_heartbeat_at: object
     gpus: list[GpuRow]
+    isolation: str = ""
+    warning: str = ""  # broker.selectors.node_isolation_warning
 
     @property
     def state(self) -> str:
@@ -212,8 +215,10 @@ def fleet_map(nodes: Iterable, allocations: Iterable, tenants: Iterable,
                                             state, label, detail, left, width, colours.get(lease.tenant_id, "#555"),
                                             slots, util))
             rows.append(row)
+        tenants_here = {s.tenant for row in rows for s in row.segments}
         cards.append(NodeCard(node.node_id, node.pool, node.status, node.cordoned, node.hostname,
-                              node.last_heartbeat_at, rows))
+                              node.last_heartbeat_at, rows, isolation=node.isolation,
+                              warning=node_isolation_warning(node=node, tenant_count=len(tenants_here))))
     return cards, colours
 
 

@@ -225,6 +225,13 @@ def node_inventory_sync(*, node: Node, inventory: object, now: datetime, strict:
         except (KeyError, TypeError, ValueError, UnknownModel) as error:
             raise ValidationFailed(f"inventory.gpus[{index}] is not a GPU the broker knows: {error}",
                                    field=f"inventory.gpus[{index}]") from None
+    runtime, isolation = node_isolation_parse(inventory)
+    if (node.workload_runtime, node.isolation) != (runtime, isolation):
+        Node.objects.filter(pk=node.pk).update(workload_runtime=runtime, isolation=isolation)
+        if isolation != node.isolation:
+            audit_record(tenant=None, by=None, action="node.isolation", target=node.node_id,
+                         data={"from": node.isolation, "to": isolation, "workload_runtime": runtime})
+        node.workload_runtime, node.isolation = runtime, isolation
     # Every GPU row this sync may write (those reported, and this node's live ones it may mark lost), locked
     # in one statement in primary-key order before any is written: two syncs, the GPU writers of capacity and
     # staff (which lock one GPU) then always wait in the same order, never in a circle (issue 27 item 12: a
@@ -297,6 +304,17 @@ def _share_enforcement(item: dict, index: int) -> dict:
     elif not reason:
         reason = "its agent does not report share enforcement (an agent from before MPS management)"
     return {"share_enforcement": mode, "share_enforcement_reason": reason[:300]}
+def node_isolation_parse(inventory: dict) -> tuple[str, str]:
+    """(workload runtime, isolation mode) from an agent's inventory (``agent.workloads.WorkloadManager.report``);
+    ("", "") from an agent too old to say. A malformed report is 400 naming ``inventory.isolation``."""
+    runtime, isolation = inventory.get("workload_runtime", ""), inventory.get("isolation")
+    if isolation is None:
+        return ("", "") if not runtime else (str(runtime)[:16], "")
+    mode = isolation.get("mode") if isinstance(isolation, dict) else None
+    if mode not in ("uid", "none", "container") or not isinstance(runtime, str) or len(runtime) > 16:
+        raise ValidationFailed("inventory.isolation must be {\"mode\": \"uid\" | \"none\" | \"container\"} with "
+                               "inventory.workload_runtime a runtime name", field="inventory.isolation")
+    return runtime, mode
 
 
 def _signed_by(*, node_id: str, secret: str | None, headers, method: str, path: str, query: str, body: bytes,

@@ -68,9 +68,11 @@ PRINT_ENV = ("import json, os; keys = ['CUDA_VISIBLE_DEVICES', 'CUDA_MPS_ACTIVE_
 def test_a_workload_sees_exactly_the_leased_devices_in_its_own_session(client, root):
     mig, share = mig_and_share(client, "env")
     (root / "ckpt-env").mkdir()
+    (root / "work-env").mkdir()
     started = client.workload_start("wl-env", {
         "instances": ["env-m", "env-s"], "command": [sys.executable, "-c", PRINT_ENV], "env": {"MY_SETTING": "x"},
-        "workdir": str(root), "checkpoint_dir": str(root / "ckpt-env"), "restart_count": 2, "port": 8888})
+        "workdir": str(root / "work-env"), "checkpoint_dir": str(root / "ckpt-env"), "restart_count": 2,
+        "port": 8888})
     assert started["state"] == "running" and started["argv"] == [sys.executable, "-c", PRINT_ENV]
     done = final(client, "wl-env")
     assert done["state"] == "succeeded" and done["runs"][0]["exit_code"] == 0
@@ -80,7 +82,7 @@ def test_a_workload_sees_exactly_the_leased_devices_in_its_own_session(client, r
     assert mig["device_uuid"].startswith("MIG-")
     assert seen["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "25" and seen["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "1=4096M"
     assert seen["RESTART_COUNT"] == "2" and seen["CHECKPOINT_DIR"] == str(root / "ckpt-env")
-    assert seen["PORT"] == "8888" and seen["MY_SETTING"] == "x" and seen["cwd"] == str(root)
+    assert seen["PORT"] == "8888" and seen["MY_SETTING"] == "x" and seen["cwd"] == str(root / "work-env")
     run = done["runs"][0]
     assert seen["pgid"] == run["pid"] == seen["sid"] == seen["ppid"]  # the shim leads a new session and group
     assert [e["kind"] for e in done["events"]] == ["started", "exited", "succeeded"]
@@ -107,7 +109,8 @@ def test_the_same_definition_again_is_the_same_workload_another_is_a_conflict(cl
 TRAP = """
 import os, signal, sys, time
 def term(signum, frame):
-    print("SIGTERM; deadline", open(os.environ["GPUB_DEADLINE_FILE"]).read().strip(), flush=True)
+    # os.write, not print: the SIGTERM may come while the main code is still inside print("up")
+    os.write(1, f"SIGTERM; deadline {open(os.environ['GPUB_DEADLINE_FILE']).read().strip()}\\n".encode())
     if sys.argv[1] == "graceful":
         sys.exit(0)
 signal.signal(signal.SIGTERM, term)
@@ -303,9 +306,10 @@ sys.exit(int(sys.argv[1]))
 
 
 def test_kill_9_of_the_agent_finds_its_workloads_and_runs_none_twice(tmp_path):
-    root = tmp_path / "shared"
-    root.mkdir()
-    agent = AgentProcess(tmp_path / "a", extra=("--workload-root", str(root))).start()
+    shared = tmp_path / "shared"
+    root = shared / "checkpoints"  # the workloads' own directory (an isolated workload may not write in a root)
+    shared.mkdir()
+    agent = AgentProcess(tmp_path / "a", extra=("--workload-root", str(shared))).start()
     try:
         client = agent.client(retries=0)
         mig = next(g for g in client.inventory()["gpus"] if g["mode"] == "mig")["uuid"]
@@ -362,7 +366,7 @@ def test_secret_env_reaches_the_workload_only_and_holds_no_token_of_the_node(tmp
             assert SECRET not in text and "gpub_" not in text  # no node secret, no API token of any tenant
             assert set(env) <= {"PATH", "LANG", "LC_ALL", "HOME", "TMPDIR", "TZ", "MODE", "HF_TOKEN",
                                 "CUDA_VISIBLE_DEVICES", "RESTART_COUNT", "GPUB_WORKLOAD_ID", "GPUB_RUN_TOKEN",
-                                "GPUB_DEADLINE_FILE", "LC_CTYPE"}, sorted(env)
+                                "GPUB_DEADLINE_FILE", "LC_CTYPE", "LD_LIBRARY_PATH"}, sorted(env)
         # the same definition again is the same workload; other secrets are another definition
         assert client.workload_start("wl-sec", spec)["runs"] == done["runs"]
         with pytest.raises(AgentHTTPError) as refused:
@@ -396,3 +400,61 @@ def test_a_path_through_a_symbolic_link_out_of_the_workloads_scope_is_refused(cl
         assert refused.value.status == 422 and refused.value.problem["field"] == field, path
     ok = client.workload_start("wl-lnk", {**spec, "workdir": str(root / "acme" / "vision")})
     assert final(client, "wl-lnk")["state"] == "succeeded" and ok["spec"]["scope"] == "acme/vision"
+
+
+# -- issue 28, defect 4 (each failed on the agent before it) ------------------------------------------
+def test_stop_writes_the_deadline_file_as_a_notice_does(client):
+    trap = ("import os, signal, sys, time\n"
+            "def term(signum, frame):\n"
+            "    os.write(1, ('deadline ' + open(os.environ['GPUB_DEADLINE_FILE']).read().strip() + '\\n').encode())\n"
+            "    sys.exit(0)\n"
+            "signal.signal(signal.SIGTERM, term)\n"
+            "print('up', flush=True)\n"
+            "while True: time.sleep(0.05)\n")
+    mig_and_share(client, "dl")
+    client.workload_start("wl-dl", {"instances": ["dl-m"], "command": [sys.executable, "-c", trap]})
+    wait_for(lambda: "up" in client.workload_logs("wl-dl")["data"])
+    stopped = client.workload_stop("wl-dl", grace_seconds=5, reason="lease ended")
+    done = final(client, "wl-dl")
+    assert done["state"] == "stopped" and done["runs"][0]["exit_code"] == 0
+    assert f"deadline {stopped['stop']['kill_at']:.3f}" in client.workload_logs("wl-dl")["data"]
+
+
+def test_ld_library_path_reaches_a_process_workload(tmp_path, monkeypatch):
+    monkeypatch.setenv("LD_LIBRARY_PATH", "/usr/local/cuda/lib64")
+    agent = AgentProcess(tmp_path / "a").start()
+    try:
+        client = agent.client(retries=0)
+        mig_and_share(client, "ld")
+        client.workload_start("wl-ld", {"instances": ["ld-m"], "command": [
+            sys.executable, "-c", "import os; print(os.environ.get('LD_LIBRARY_PATH'))"]})
+        assert final(client, "wl-ld")["state"] == "succeeded"
+        assert client.workload_logs("wl-ld")["data"].splitlines()[-1] == "/usr/local/cuda/lib64"
+    finally:
+        agent.stop()
+
+
+SLEEPER = "import time; print('up', flush=True); time.sleep(60)"
+
+
+def test_a_workload_ending_and_one_adopted_after_a_restart_are_logged(tmp_path):
+    agent = AgentProcess(tmp_path / "a", extra=("--log-level", "INFO")).start()
+    try:
+        client = agent.client(retries=0)
+        mig_and_share(client, "lg")
+        client.workload_start("wl-short", {"instances": ["lg-m"],
+                                           "command": [sys.executable, "-c", "raise SystemExit(3)"]})
+        assert final(client, "wl-short")["state"] == "failed"
+        client.workload_start("wl-long", {"instances": ["lg-s"], "command": [sys.executable, "-c", SLEEPER]})
+        wait_for(lambda: "up" in client.workload_logs("wl-long")["data"])
+        agent.kill9()
+        first = agent.process.stderr.read().decode()
+        agent.start()
+        client.workload_stop("wl-long", grace_seconds=0)
+        pid = final(client, "wl-long")["runs"][0]["pid"]
+    finally:
+        agent.stop()
+    second = agent.process.stderr.read().decode()
+    assert "workload wl-short ended: failed" in first and "last exit code 3" in first
+    assert f"adopted workload wl-long: run 1 still running, pid {pid}" in second
+    assert "workload wl-long ended: stopped" in second
