@@ -121,8 +121,6 @@ def test_hwcheck_contract_share_enforcement(default_run):
     assert check["status"] == "PASS", check["detail"]
 
 
-@pytest.mark.xfail(os.geteuid() == 0, strict=True,
-                   reason="needs wave9-isolate: an agent running as root runs workloads as an unprivileged uid")
 def test_hwcheck_contract_workload_uid(default_run):
     _, _, report, _ = default_run
     check = checks_of(report)[CONTRACT_UID]
