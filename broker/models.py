@@ -45,6 +45,9 @@ class Node(models.Model):
     # answer again (the agent's retry after a lost 201) -- see ``node_enroll``.
     enrollment_key = models.CharField(max_length=64, blank=True, default="", db_default="")  # raw COPY too
     secret_used_at = models.DateTimeField(null=True, blank=True)
+    # The roots under which the node's agent lets workloads name paths (its inventory's ``workload_roots``); null
+    # when its agent does not report them. A workload path under none of them is refused before placing.
+    workload_roots = models.JSONField(null=True, blank=True)
 
     def __str__(self) -> str:
         return self.node_id

@@ -61,6 +61,26 @@ def _http_ok(url: str) -> bool:
     return http_ok(url, timeout=2)
 
 
+DOCUMENTED_WORKLOAD_ROOT = "/srv/gpubroker"  # the root of the docs' workload examples (docs/leasing.md)
+
+
+def workload_root(var: Path) -> tuple[Path, str]:
+    """The one root the demo's nodes and the broker agree on for workload paths (``<root>/<tenant>/<project>``):
+    the first of ``WORKLOAD_ALLOWED_ROOTS`` (by default the documented /srv/gpubroker, so the docs' examples run
+    as written), created if missing; where this user cannot write there, ``var/workloads`` instead, and a note
+    saying so for the banner."""
+    wanted = Path((os.environ.get("WORKLOAD_ALLOWED_ROOTS") or DOCUMENTED_WORKLOAD_ROOT).split(",")[0].strip())
+    try:
+        wanted.mkdir(parents=True, exist_ok=True)
+        if os.access(wanted, os.W_OK | os.X_OK):
+            return wanted, "as in the docs' examples" if str(wanted) == DOCUMENTED_WORKLOAD_ROOT else "WORKLOAD_ALLOWED_ROOTS"
+    except OSError:
+        pass
+    fallback = var / "workloads"
+    fallback.mkdir(parents=True, exist_ok=True)
+    return fallback, f"{wanted} is not writable for this user: write {fallback} where the docs say {wanted}"
+
+
 def web_command(*, port: int, workers: int = 2, threads: int = 4) -> list[str]:
     """gunicorn as make run starts it. Threads (gthread): a worker answers /healthz and pages while other
     threads check passwords (PBKDF2 releases the GIL); at most LOGIN_CONCURRENCY of them do at once."""
@@ -225,6 +245,9 @@ def main(argv: list[str] | None = None) -> int:
             # the simulated nodes listen on 127.0.0.1
             "NODE_ADDRESS_NETWORKS": os.environ.get("NODE_ADDRESS_NETWORKS", services.LOCAL_NODE_ADDRESS_NETWORKS),
         }
+        # the simulated nodes' workload root is the broker's too: a path the broker accepts, the nodes run
+        root, root_note = workload_root(VAR)
+        env_values["WORKLOAD_ALLOWED_ROOTS"] = str(root)
         # The broker's own metrics (docs/operations.md "Metrics"): a token for /metrics, shared with Prometheus
         # through a 0600 file, and one folder where every web and worker process writes its counters (emptied at
         # each start: prometheus_client's multi-process mode).
@@ -254,7 +277,7 @@ def main(argv: list[str] | None = None) -> int:
         _manage("migrate", "--noinput", "-v", "0")
         _manage("createcachetable")  # the login-throttle cache's table, where no Redis is used (a no-op else)
         _manage("collectstatic", "--noinput", "-v", "0")
-        _manage("seed_demo")
+        _manage("seed_demo", "--workload-root", str(root))  # and the demo projects' directories under it
         _manage("seed_prices")
 
         specs = [
@@ -289,6 +312,7 @@ def main(argv: list[str] | None = None) -> int:
         specs.append(("fleet", [str(BIN / "python"), "-m", "agent.fleet", "--nodes", str(args.fleet_nodes),
                                 "--broker-url", agents_site, "--enrollment-token-file", str(token_file),
                                 "--listen", f"127.0.0.1:{args.fleet_port}", "--state-dir", str(fleet_dir),
+                                "--workload-root", str(root),
                                 "--shape", "h100-80gb:8:mig", "--shape", "a100-80gb:8:whole",
                                 "--shape", "h100-80gb:4:mig,l4:4:shared"]))
         prometheus = shutil.which("prometheus")
@@ -330,6 +354,7 @@ def main(argv: list[str] | None = None) -> int:
             f"  broker      {broker.how} ({services.redact(broker.url)})",
             f"  GPU nodes   {args.fleet_nodes} simulated at http://127.0.0.1:{args.fleet_port}/n/<node>/ "
             f"(secrets in {fleet_dir / 'fleet.json'})",
+            f"  workloads   paths under {root}/<tenant>/<project> on every node ({root_note})",
             f"  metrics     {site}/metrics (Authorization: Bearer $(cat {metrics_token}))",
             (f"  Prometheus  http://127.0.0.1:{args.prometheus_port}/ scraping them and the broker, with the alerts of "
              "infra/alerts/" if prometheus

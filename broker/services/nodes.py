@@ -3,6 +3,8 @@ reconcile of what the agents hold against what the database says, cordons and GP
 
 from __future__ import annotations
 
+import os
+
 import hashlib
 import ipaddress
 import logging
@@ -223,6 +225,10 @@ def node_inventory_sync(*, node: Node, inventory: object, now: datetime, strict:
         except (KeyError, TypeError, ValueError, UnknownModel) as error:
             raise ValidationFailed(f"inventory.gpus[{index}] is not a GPU the broker knows: {error}",
                                    field=f"inventory.gpus[{index}]") from None
+    roots = _workload_roots(inventory)
+    if roots != node.workload_roots:
+        Node.objects.filter(pk=node.pk).update(workload_roots=roots)
+        node.workload_roots = roots
     # Every GPU row this sync may write (those reported, and this node's live ones it may mark lost), locked
     # in one statement in primary-key order before any is written: two syncs, the GPU writers of capacity and
     # staff (which lock one GPU) then always wait in the same order, never in a circle (issue 27 item 12: a
@@ -275,6 +281,22 @@ def node_inventory_sync(*, node: Node, inventory: object, now: datetime, strict:
     Gpu.objects.filter(pk__in=[pk for pk, _, node_pk, _ in locked if node_pk == node.pk], lost_at__isnull=True
                        ).exclude(uuid__in=seen).update(lost_at=now)
     return refused
+
+
+MAX_WORKLOAD_ROOTS = 16
+
+
+def _workload_roots(inventory: dict) -> list[str] | None:
+    """The inventory's ``workload_roots`` (absolute, normalised paths), or None when the agent reports none."""
+    roots = inventory.get("workload_roots")
+    if roots is None:
+        return None
+    if (not isinstance(roots, list) or len(roots) > MAX_WORKLOAD_ROOTS
+            or not all(isinstance(r, str) and r.startswith("/") and len(r) <= 300 and "\0" not in r
+                       and os.path.normpath(r) == r for r in roots)):
+        raise ValidationFailed(f"inventory.workload_roots must list at most {MAX_WORKLOAD_ROOTS} absolute, "
+                               "normalised paths.", field="inventory.workload_roots")
+    return list(roots)
 
 
 def _signed_by(*, node_id: str, secret: str | None, headers, method: str, path: str, query: str, body: bytes,

@@ -41,6 +41,11 @@ DEMO = {
 class Command(BaseCommand):
     help = "Create the demo tenants, projects, quotas, SLO contracts and users (idempotent)."
 
+    def add_arguments(self, parser):
+        parser.add_argument("--workload-root", default="",
+                            help="also create each demo project's workload directory, <root>/<tenant>/<project> "
+                                 "(make run: the simulated nodes' root, so the docs' workload examples run)")
+
     def handle(self, *args, **opts):
         credentials = self._credentials()
         User = get_user_model()
@@ -82,6 +87,12 @@ class Command(BaseCommand):
                     ],
                     by_user=admin,
                 )
+        if opts["workload_root"]:
+            from pathlib import Path
+
+            for slug, spec in DEMO.items():
+                for project_slug in spec["projects"]:
+                    (Path(opts["workload_root"]) / slug / project_slug).mkdir(parents=True, exist_ok=True)
         self.stdout.write("Demo data ready:")
         self.stdout.write(f"  platform admin: admin / {credentials['admin']}")
         for slug, spec in DEMO.items():
