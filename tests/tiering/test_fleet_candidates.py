@@ -1,0 +1,34 @@
+"""Profiling candidates are slices the fleet can hold in its GPUs' present modes (issue 29: on ``make run``'s
+fleet every H100 is in MIG mode, so a whole-H100 candidate could never be placed and each profiling run waited
+its 10-minute deadline for it)."""
+
+import pytest
+
+from broker import services as broker
+from gpus.performance import slice_from_key
+from tiering.profiler import slices_the_fleet_holds
+
+pytestmark = pytest.mark.django_db
+
+
+def enroll(node_id: str, *gpus: tuple[str, str]) -> None:
+    token = broker.enrollment_token_create(uses=1)
+    broker.node_enroll(node_id=node_id, token=token, address=f"http://127.0.0.1:9/n/{node_id}", inventory={"gpus": [
+        {"index": index, "uuid": f"GPU-{node_id}-{index}", "model": model, "mode": mode,
+         "memory_mib": 81920 if model != "L4" else 23034} for index, (model, mode) in enumerate(gpus)]})
+
+
+def test_only_slices_a_gpu_of_the_fleet_holds_in_its_present_mode_are_candidates():
+    enroll("mig-node", ("H100-80GB", "mig"), ("H100-80GB", "mig"))
+    enroll("whole-node", ("A100-80GB", "whole"), ("L4", "shared"))
+    asked = [slice_from_key(key) for key in ("H100-80GB", "H100-80GB/mig/1g.10gb", "A100-80GB",
+                                              "A100-80GB/mig/1g.10gb", "L4/share/250", "L4")]
+    assert [s.key for s in slices_the_fleet_holds(asked)] == ["H100-80GB/mig/1g.10gb", "A100-80GB", "L4/share/250"]
+
+
+def test_a_cordoned_node_holds_nothing():
+    enroll("whole-node", ("A100-80GB", "whole"))
+    from broker.models import Node
+
+    Node.objects.filter(node_id="whole-node").update(cordoned=True)
+    assert slices_the_fleet_holds([slice_from_key("A100-80GB")]) == []
