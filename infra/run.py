@@ -73,7 +73,8 @@ def workload_root(var: Path) -> tuple[Path, str]:
     try:
         wanted.mkdir(parents=True, exist_ok=True)
         if os.access(wanted, os.W_OK | os.X_OK):
-            return wanted, "as in the docs' examples" if str(wanted) == DOCUMENTED_WORKLOAD_ROOT else "WORKLOAD_ALLOWED_ROOTS"
+            documented = str(wanted) == DOCUMENTED_WORKLOAD_ROOT
+            return wanted, "as in the docs' examples" if documented else "WORKLOAD_ALLOWED_ROOTS"
     except OSError:
         pass
     fallback = var / "workloads"

@@ -21,11 +21,11 @@ def names_read(path: Path) -> set[str]:
         if not (isinstance(first, ast.Constant) and isinstance(first.value, str)):
             continue
         function = node.func
-        if isinstance(function, ast.Name) and ENV_HELPERS.match(function.id):
-            found.add(first.value)
-        elif isinstance(function, ast.Attribute) and (
-                (function.attr == "get" and isinstance(function.value, ast.Attribute)
-                 and function.value.attr == "environ") or function.attr == "getenv"):
+        helper = isinstance(function, ast.Name) and ENV_HELPERS.match(function.id)
+        environ = isinstance(function, ast.Attribute) and (
+            (function.attr == "get" and isinstance(function.value, ast.Attribute) and function.value.attr == "environ")
+            or function.attr == "getenv")
+        if helper or environ:
             found.add(first.value)
     return found
 

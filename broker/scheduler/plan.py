@@ -682,7 +682,8 @@ class Scheduler:
         if need.kind == Kind.WHOLE:
             return (f"no node has {need.count} free {tier} GPU{'s' if need.count > 1 else ''}"
                     + self._other_modes(tier, "whole"))
-        return f"no {tier} GPU has {need.milli} milli and {need.memory_mib} MiB free" + self._other_modes(tier, "shared")
+        return (f"no {tier} GPU has {need.milli} milli and {need.memory_mib} MiB free"
+                + self._other_modes(tier, "shared"))
 
     def _other_modes(self, tier: str, wanted: str) -> str:
         """The ``tier`` GPUs in another mode than ``wanted`` (issue 29: whole-GPU requests waited "forever" on an

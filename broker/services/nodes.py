@@ -3,11 +3,10 @@ reconcile of what the agents hold against what the database says, cordons and GP
 
 from __future__ import annotations
 
-import os
-
 import hashlib
 import ipaddress
 import logging
+import os
 from datetime import datetime, timedelta
 from urllib.parse import urlsplit
 

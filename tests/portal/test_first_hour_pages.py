@@ -14,7 +14,7 @@ from broker.models import Lease
 from tenants.access import Actor
 from tenants.choices import Role
 from tenants.models import Quota, TenantQuota
-from tests.portal.test_pages import fleet_node, login, text
+from tests.portal.test_pages import fleet_node, login, staff, text  # noqa: F401 - staff is a fixture
 
 
 def test_the_queue_page_says_the_schedulers_order_and_lists_leases_in_it(world, client, staff):
@@ -24,7 +24,7 @@ def test_the_queue_page_says_the_schedulers_order_and_lists_leases_in_it(world, 
     acme = Actor(user=world.member, tenant=world.acme, role=Role.MEMBER)
     globex = Actor(user=world.outsider, tenant=world.globex, role=Role.OWNER)
     whole = {"kind": "whole", "model": "H100-80GB"}
-    holder, _ = broker.lease_request(actor=acme, project="vision", gpu=whole, duration_seconds=3600)
+    broker.lease_request(actor=acme, project="vision", gpu=whole, duration_seconds=3600)  # takes the one GPU
     broker.schedule_cycle()
     urgent, _ = broker.lease_request(actor=globex, project="secret", gpu=whole, duration_seconds=3600, priority=10)
     mine, _ = broker.lease_request(actor=acme, project="vision", gpu=whole, duration_seconds=3600, priority=0)

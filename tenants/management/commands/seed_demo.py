@@ -17,6 +17,28 @@ from tenants import services
 from tenants.demo import DEMO
 from tenants.models import Membership, Project, Quota, SloContract, Tenant, TenantQuota
 
+# The docs' workload example (docs/leasing.md: ``python train.py --epochs 3`` in /srv/gpubroker/acme/vision) runs
+# this in each demo project's directory: epochs of a pretend training that resume from CHECKPOINT_DIR.
+DEMO_TRAIN = """\
+import argparse, json, os, time
+
+parser = argparse.ArgumentParser(description="the demo's training script (manage.py seed_demo --workload-root)")
+parser.add_argument("--epochs", type=int, default=3)
+epochs = parser.parse_args().epochs
+checkpoint = os.path.join(os.environ.get("CHECKPOINT_DIR") or ".", "checkpoint.json")
+os.makedirs(os.path.dirname(checkpoint), exist_ok=True)
+done = json.load(open(checkpoint))["epoch"] if os.path.exists(checkpoint) else 0
+print(f"devices {os.environ.get('CUDA_VISIBLE_DEVICES', '-')}; restart {os.environ.get('RESTART_COUNT', '0')}; "
+      f"resuming after epoch {done} of {epochs}", flush=True)
+for epoch in range(done + 1, epochs + 1):
+    time.sleep(1)
+    with open(checkpoint + ".tmp", "w") as handle:
+        json.dump({"epoch": epoch}, handle)
+    os.replace(checkpoint + ".tmp", checkpoint)
+    print(f"epoch {epoch}/{epochs} done", flush=True)
+print("training finished", flush=True)
+"""
+
 
 class Command(BaseCommand):
     help = "Create the demo tenants, projects, quotas, SLO contracts and users (idempotent)."
@@ -72,7 +94,11 @@ class Command(BaseCommand):
 
             for slug, spec in DEMO.items():
                 for project_slug in spec["projects"]:
-                    (Path(opts["workload_root"]) / slug / project_slug).mkdir(parents=True, exist_ok=True)
+                    directory = Path(opts["workload_root"]) / slug / project_slug
+                    directory.mkdir(parents=True, exist_ok=True)
+                    script = directory / "train.py"  # what the docs' workload example runs (docs/leasing.md)
+                    if not script.exists():
+                        script.write_text(DEMO_TRAIN)
         self.stdout.write("Demo data ready:")
         self.stdout.write(f"  platform admin: admin / {credentials['admin']}")
         for slug, spec in DEMO.items():
