@@ -21,7 +21,13 @@ from gpus.catalogue import UnknownModel, model_get
 from gpus.layers import Layer, NoLayerTable, layers_of
 from pipelines.models import ModelSplit, ModelSplitLease, Pipeline, PipelinePlan, PlanLease, PlanState
 from pipelines.planner import esg, splits
-from pipelines.planner.profiles import Candidate, profile_for
+from pipelines.planner.profiles import (
+    OUTPUT_TOKENS,
+    PROMPT_TOKENS,
+    Candidate,
+    generation_profile_for,
+    profile_for,
+)
 from tenants.access import Actor
 from tenants.audit import audit_record
 from tenants.models import Project, Quota
@@ -123,13 +129,32 @@ def _architecture(stage: dict, index: int, tiers: list[str]) -> tuple[Candidate,
     field = f"stages[{index}].architecture"
     if not isinstance(stage["architecture"], str):
         raise ValidationFailed(f"architecture is one of {', '.join(ARCHITECTURES)}.", field=field)
+    task = stage.get("task", "inference")
+    if task not in ("inference", "generation"):
+        raise ValidationFailed("task is inference (one forward pass) or generation (an LLM's answer: time to "
+                               "first token, then tokens).", field=f"stages[{index}].task")
     try:
-        found = profile_for(stage["architecture"], tuple(tiers))
+        if task == "generation":
+            found = generation_profile_for(
+                stage["architecture"], tuple(tiers),
+                prompt_tokens=_tokens(stage, index, "prompt_tokens", PROMPT_TOKENS),
+                output_tokens=_tokens(stage, index, "output_tokens", OUTPUT_TOKENS))
+        else:
+            found = profile_for(stage["architecture"], tuple(tiers))
     except KeyError as error:
         raise ValidationFailed(error.args[0], field=field) from None
+    except ValueError as error:  # generation of an encoder or a convnet
+        raise Unprocessable(str(error), field=f"stages[{index}].task") from None
     if not found:
         raise Unprocessable(f"{stage['architecture']} fits on no slice of {', '.join(tiers)}.", field=field)
     return found
+
+
+def _tokens(stage: dict, index: int, name: str, default: int) -> int:
+    value = stage.get(name, default)
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 32768:
+        raise ValidationFailed(f"{name} must be a whole number from 1 to 32768.", field=f"stages[{index}].{name}")
+    return value
 
 
 def _given(stage: dict, index: int) -> tuple[Candidate, ...]:
