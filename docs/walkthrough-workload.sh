@@ -73,7 +73,7 @@ while :; do
     waited=$((waited + 1))
 done
 reason=$(printf '%s' "$LEASE_JSON" | jget 'd["reason"]')
-echo "lease $LEASE ended $state: $reason"
+echo "lease $LEASE ended ($state): $reason"
 [ "$state" = released ] || fail "lease $LEASE ended $state: $reason"
 
 step "GET /api/v1/leases/$LEASE/logs"

@@ -51,7 +51,8 @@ def test_the_documented_workload_runs_as_written_on_a_make_run_setup(live_server
     assert result.returncode == 0, output
     lease = Lease.objects.get(project__slug="vision", tenant__slug="acme")
     assert lease.state == "released", output
-    assert lease.events.filter(reason__startswith="the workload succeeded (exit 0)").exists(), output
+    assert lease.reason == "released: the workload succeeded (exit status 0); the lease ends", output
+    assert f"lease {lease.pk} ended (released): released: the workload succeeded" in result.stdout, output
     assert "epoch 3/3 done" in result.stdout and "training finished" in result.stdout, output
     assert (root / "acme" / "vision" / "run-1" / "checkpoint.json").read_text() == '{"epoch": 3}'
     assert "hf_" not in result.stdout.split("== POST /api/v1/leases")[-1]  # the secret is never shown back
