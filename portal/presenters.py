@@ -155,6 +155,7 @@ class NodeCard:
     hostname: str
     last_heartbeat_at: object
     gpus: list[GpuRow]
+    workload_roots: list[str] | None = None  # where its workloads may name paths (its inventory); None: not reported
 
     @property
     def state(self) -> str:
@@ -213,7 +214,7 @@ def fleet_map(nodes: Iterable, allocations: Iterable, tenants: Iterable,
                                             slots, util))
             rows.append(row)
         cards.append(NodeCard(node.node_id, node.pool, node.status, node.cordoned, node.hostname,
-                              node.last_heartbeat_at, rows))
+                              node.last_heartbeat_at, rows, node.workload_roots))
     return cards, colours
 
 

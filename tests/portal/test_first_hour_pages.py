@@ -9,12 +9,20 @@
 
 from __future__ import annotations
 
+import pytest
+
 from broker import services as broker
 from broker.models import Lease
 from tenants.access import Actor
 from tenants.choices import Role
 from tenants.models import Quota, TenantQuota
-from tests.portal.test_pages import fleet_node, login, staff, text  # noqa: F401 - staff is a fixture
+from tests.factories import make_user
+from tests.portal.test_pages import fleet_node, login, text
+
+
+@pytest.fixture
+def staff(db):
+    return make_user("root", is_staff=True)
 
 
 def test_the_queue_page_says_the_schedulers_order_and_lists_leases_in_it(world, client, staff):
@@ -42,3 +50,14 @@ def test_the_request_forms_workload_placeholders_name_the_root_the_broker_accept
     settings.WORKLOAD_ALLOWED_ROOTS = ["/data/gpub"]
     page = login(client, "max").get("/leases/new").content.decode()
     assert "/data/gpub/acme/" in page and "/srv/gpubroker" not in page
+
+
+def test_the_fleet_map_shows_where_each_nodes_workloads_may_name_paths(world, client, staff):
+    from broker.models import Node
+
+    fleet_node("gpu-node-01")
+    fleet_node("gpu-node-02")
+    Node.objects.filter(node_id="gpu-node-01").update(workload_roots=["/srv/gpubroker"])
+    body = text(login(client, "root").get("/ops/fleet"))
+    assert "workloads under /srv/gpubroker" in body
+    assert body.count("workloads under") == 1  # gpu-node-02's agent reports none: nothing is claimed for it
