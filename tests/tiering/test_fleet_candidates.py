@@ -32,3 +32,37 @@ def test_a_cordoned_node_holds_nothing():
 
     Node.objects.filter(node_id="whole-node").update(cordoned=True)
     assert slices_the_fleet_holds([slice_from_key("A100-80GB")]) == []
+
+
+def test_exploring_skips_the_cheaper_slices_the_fleet_cannot_hold(db, monkeypatch):
+    """An auto request whose engine explores slices the fleet cannot hold (L4 shares, its one L4 in whole mode)
+    profiles the default candidates instead of waiting a run's deadline for them."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from billing import services as billing
+    from tests.factories import make_quota, make_world
+    from tiering import services
+    from tiering.engine.decide import Decision, Option
+    from tiering.models import ProfilingRun
+
+    world = make_world()
+    for tier in ("A100-80GB", "L4"):
+        make_quota(world.project, tier=tier)
+    billing.price_book_create(name="list", currency="USD", effective_from=timezone.now() - timedelta(days=1),
+                              rates=[{"tier": "A100-80GB", "per_hour": "1.80"}, {"tier": "L4", "per_hour": "0.70"}])
+    enroll("node-a", ("A100-80GB", "whole"), ("L4", "whole"))
+    client = world.client("member")
+    client.post("/api/v1/workloads", {"name": "bert-serving", "architecture": "bert-base", "task": "inference",
+                                      "precision": "int8", "batch_size": 8, "seq_len": 128,
+                                      "target_throughput": 400.0}, format="json")
+    confident = Option(slice_from_key("A100-80GB"), 1.8, 3000.0, 2000, 0.9)
+    cheaper = (slice_from_key("L4/share/250"), slice_from_key("L4/share/500"))
+    monkeypatch.setattr(services, "workload_predict",
+                        lambda **_: Decision(confident, 400.0, True, "cheaper slices might do", cheaper))
+    answer = client.post("/api/v1/leases", {"project": "vision", "gpu": {"kind": "auto", "workload": "bert-serving"}},
+                         format="json")
+    assert answer.status_code == 409 and answer.json()["code"] == "profile_first", answer.json()
+    run = ProfilingRun.objects.get(pk=answer.json()["profiling_run"])
+    assert sorted(run.leases.values_list("slice_key", flat=True)) == ["A100-80GB", "L4"]
