@@ -337,7 +337,7 @@ def main(argv: list[str] | None = None) -> int:
         _manage("seed_prices")
         # auto-tiering answers from the first request: the reference profiles, and a model trained once on them
         # (else none until the 6-hourly retrain, and every kind: auto request is 409 profile_first)
-        _manage("tiering_seed")
+        _manage("tiering_seed", "--background")  # training takes minutes: the worker does it once it starts
 
         specs = [
             ("web", web_command(port=args.port, workers=args.workers, threads=args.threads)),

@@ -38,3 +38,15 @@ def test_tiering_seed_refuses_a_count_out_of_bounds_writing_nothing():
     with pytest.raises(CommandError, match="--count"):
         run("--count", "0")
     assert not Workload.objects.exists() and not TierModelRecord.objects.exists()
+
+
+def test_tiering_seed_in_the_background_queues_the_training_for_a_worker(monkeypatch):
+    from tiering import tasks
+
+    queued = []
+    monkeypatch.setattr(tasks.model_retrain, "delay", lambda: queued.append("tiering.model_retrain"))
+    out = run("--count", "40", "--seed", "1", "--background")
+    assert "training queued (Celery tiering.model_retrain)" in out and queued == ["tiering.model_retrain"]
+    assert Workload.objects.filter(tenant=None).exists() and not TierModelRecord.objects.exists()
+    tasks.model_retrain.apply()  # what the worker runs: the model is trained
+    assert TierModelRecord.objects.count() == 1

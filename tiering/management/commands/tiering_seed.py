@@ -2,9 +2,11 @@
 
     python manage.py tiering_seed              # reference set (idempotent), then train unless a model exists
     python manage.py tiering_seed --retrain    # train again now (what the 6-hourly tiering.model_retrain does)
+    python manage.py tiering_seed --background # seed, and let a Celery worker train (make run)
 
 Without it a fresh deployment has no model until the periodic retrain (every 6 hours), and every ``kind: auto``
-request answers 409 ``profile_first``. ``make run`` runs it (docs/tiering.md, "A fresh deployment").
+request answers 409 ``profile_first``. ``make run`` runs it with ``--background`` (docs/tiering.md, "A fresh
+deployment: seed and train"): training on the reference set takes minutes on a small machine.
 """
 
 from django.core.management.base import BaseCommand, CommandError
@@ -19,6 +21,9 @@ class Command(BaseCommand):
         parser.add_argument("--count", type=int, default=120, help="reference workloads (default 120)")
         parser.add_argument("--seed", type=int, default=0, help="random seed of the reference set")
         parser.add_argument("--retrain", action="store_true", help="train even when a model exists")
+        parser.add_argument("--background", action="store_true",
+                            help="queue the training (Celery tiering.model_retrain) instead of training here: a "
+                                 "worker trains it in a few minutes (make run: the banner need not wait for it)")
 
     def handle(self, *args, **opts):
         if not 1 <= opts["count"] <= 10_000:
@@ -30,6 +35,13 @@ class Command(BaseCommand):
             record = current[0]
             self.stdout.write(f"model {record.pk} kept (trained {record.trained_at:%Y-%m-%d %H:%M} UTC on "
                               f"{record.rows} rows); --retrain trains again")
+            return
+        if opts["background"]:
+            from tiering.tasks import model_retrain
+
+            model_retrain.delay()
+            self.stdout.write("model: training queued (Celery tiering.model_retrain); kind: auto answers once it "
+                              "is done")
             return
         record = services.model_retrain()
         if record is None:
