@@ -333,7 +333,7 @@ class BrokerLink:
         """Until it succeeds: trade the token (or, holding a secret, a request signed with it) for the
         node's secret, kept on disk. A refusal is logged with what a person must do, and retried."""
         while self.must_enroll:
-            inventory = await self.node.call(self.node.backend.inventory)
+            inventory = await self.node.call(self.node.inventory)  # with the node's workload_roots
             body = {"node_id": self.config.node_id, "address": self.config.advertise_url,
                     "hostname": self.config.hostname, "agent_version": __version__, "protocol": PROTOCOL,
                     "inventory": {**inventory, **(self.node.workloads.report() if self.node.workloads else {})}}

@@ -60,6 +60,14 @@ class AgentNode:
     workload_changed: asyncio.Event = field(default_factory=asyncio.Event)  # BrokerLink reports on it
     _ticker: asyncio.Task | None = None
 
+    def inventory(self) -> dict:
+        """The backend's inventory with ``workload_roots``: the directories this node's workloads may name paths
+        under (``<root>/<tenant>/<project>``; [] on a node that runs none), so the broker refuses, at the request
+        and in its preview, a path the node would refuse."""
+        data = self.backend.inventory()
+        roots = [str(root) for root in self.workloads.roots] if self.workloads is not None else []
+        return {**data, "workload_roots": roots}
+
     def kick(self) -> None:
         """Make sure a ticker runs while this node has live workloads (none runs on an idle node, so a
         fleet of 1000 nodes without workloads wakes nothing)."""
@@ -198,7 +206,7 @@ async def metrics(request: web.Request) -> web.Response:
 
 async def inventory(request: web.Request) -> web.Response:
     node = _node(request)
-    data = await node.call(node.backend.inventory)
+    data = await node.call(node.inventory)
     return web.json_response({"node_id": node.node_id, "protocol": PROTOCOL, "agent_version": __version__,
                               "backend": node.backend.name,
                               **(node.workloads.report() if node.workloads else {}), **data})

@@ -28,7 +28,7 @@ class NodeAdmin(admin.ModelAdmin):
     search_fields = ["node_id", "hostname", "address"]
     fields = ["node_id", "pool", "address", "hostname", "agent_version", "status", "cordoned", "enrolled_at",
               "last_heartbeat_at", "silent_since", "reenroll_approved_at", "workload_runtime", "isolation",
-              "isolation_warning"]
+              "isolation_warning", "workload_roots"]
     readonly_fields = fields
     inlines = [GpuInline]
     actions = ["approve_reenrollment"]

@@ -59,6 +59,9 @@ class Node(models.Model):
     workload_runtime = models.CharField(max_length=16, blank=True, default="", db_default="")
     isolation = models.CharField(max_length=16, choices=NodeIsolation.choices, blank=True, default="",
                                  db_default="")
+    # The roots under which the node's agent lets workloads name paths (its inventory's ``workload_roots``); null
+    # when its agent does not report them. A workload path under none of them is refused before placing.
+    workload_roots = models.JSONField(null=True, blank=True)
 
     def __str__(self) -> str:
         return self.node_id

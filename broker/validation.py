@@ -296,8 +296,36 @@ def workload_split(value: object, shape: dict, *, scope: str) -> tuple[dict | No
                               [Path(root) for root in settings.WORKLOAD_ALLOWED_ROOTS])
     except InvalidRequest as error:
         raise ValidationFailed(error.message, field=f"workload.{error.field}") from None
+    workload_node_roots_check(spec, shape, scope=scope)
     checked = {name: spec[name] for name in WORKLOAD_TOP_FIELDS}
     checked["secret_env"] = sorted(spec["secret_env"])
     if spec["perf"] is not None:  # simulated nodes: the performance model's workload (docs/tiering.md)
         checked["perf"] = spec["perf"]
     return checked, spec["secret_env"]
+
+
+def workload_node_roots_check(spec: dict, shape: dict, *, scope: str) -> None:
+    """The workload's paths against the roots the nodes themselves accept (their inventory's ``workload_roots``,
+    ``Node.workload_roots``): a node refuses a path outside ``<root>/<scope>`` of its roots, so a request (and
+    its preview) whose path no node of an allowed model accepts is refused here, naming the field, rather
+    than placed, started and failed. Nodes whose agent reports no roots are not judged (an older agent)."""
+    paths = [(name, spec[name]) for name in ("workdir", "checkpoint_dir") if spec[name]]
+    if not paths:
+        return
+    node_roots = list(Gpu.objects.filter(model__in=shape["models"], lost_at__isnull=True, node__cordoned=False,
+                                         node__status=NodeStatus.READY, node__workload_roots__isnull=False)
+                      .values_list("node__workload_roots", flat=True).distinct())
+    if not node_roots:
+        return
+
+    def accepts(roots: list[str], value: str) -> bool:
+        return any(Path(value) == Path(root) / scope or Path(value).is_relative_to(Path(root) / scope)
+                   for root in roots)
+
+    if any(all(accepts(roots, value) for _, value in paths) for roots in node_roots):
+        return  # one node accepts them all (a workload runs on one node)
+    name, value = next(((n, v) for n, v in paths if not any(accepts(r, v) for r in node_roots)), paths[0])
+    every = sorted({root for roots in node_roots for root in roots})
+    allowed = ", ".join(f"{root}/{scope}" for root in every) or "(none: the nodes run no workloads)"
+    raise ValidationFailed(f"workload.{name} {value!r} is outside what the nodes of {'/'.join(shape['models'])} "
+                           f"accept: {allowed}", field=f"workload.{name}")

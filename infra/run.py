@@ -61,6 +61,76 @@ def _http_ok(url: str) -> bool:
     return http_ok(url, timeout=2)
 
 
+DOCUMENTED_WORKLOAD_ROOT = "/srv/gpubroker"  # the root of the docs' workload examples (docs/leasing.md)
+
+
+def workload_root(var: Path) -> tuple[Path, str]:
+    """The one root the demo's nodes and the broker agree on for workload paths (``<root>/<tenant>/<project>``):
+    the first of ``WORKLOAD_ALLOWED_ROOTS`` (by default the documented /srv/gpubroker, so the docs' examples run
+    as written), created if missing; where this user cannot write there, ``var/workloads`` instead, and a note
+    saying so for the banner."""
+    wanted = Path((os.environ.get("WORKLOAD_ALLOWED_ROOTS") or DOCUMENTED_WORKLOAD_ROOT).split(",")[0].strip())
+    try:
+        wanted.mkdir(parents=True, exist_ok=True)
+        if os.access(wanted, os.W_OK | os.X_OK):
+            documented = str(wanted) == DOCUMENTED_WORKLOAD_ROOT
+            return wanted, "as in the docs' examples" if documented else "WORKLOAD_ALLOWED_ROOTS"
+    except OSError:
+        pass
+    fallback = var / "workloads"
+    fallback.mkdir(parents=True, exist_ok=True)
+    return fallback, f"{wanted} is not writable for this user: write {fallback} where the docs say {wanted}"
+
+
+def fleet_workloads_stop(fleet_dir: Path, *, grace_seconds: float = 5.0) -> int:
+    """After the fleet stopped: end the lease workloads its nodes left running (each run is the leader of its own
+    session, so stopping the fleet's process group does not reach it; a node agent that restarts adopts its runs,
+    which is what a supervisor's restart wants, but Ctrl-C means everything). A run is signalled only while its
+    pid still has the start time the node recorded (a reused pid is someone else's): SIGTERM to its group, then
+    SIGKILL to what is left after ``grace_seconds``. Returns the number of runs stopped."""
+    from agent.workloads import STATE_FILE, process_start_ticks
+
+    def ours(run: dict) -> bool:
+        ticks = process_start_ticks(run["pid"])
+        return ticks is not None and ticks[0] == run.get("start_ticks") and ticks[1] != "Z"
+
+    runs = []
+    for state_file in sorted(fleet_dir.glob(f"*/{STATE_FILE}")):
+        try:
+            workloads = json.loads(state_file.read_text())["workloads"].values()
+        except (OSError, ValueError, KeyError):
+            continue
+        for workload in workloads:
+            run = workload["runs"][-1] if workload.get("runs") else None
+            if run and run.get("pid") and run.get("ended_at") is None and ours(run):
+                runs.append(run)
+    for run in runs:
+        signal_group(run["pid"], signal.SIGTERM)
+    deadline = time.monotonic() + grace_seconds
+    while any(ours(run) for run in runs) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    for run in runs:
+        if ours(run):
+            signal_group(run["pid"], signal.SIGKILL)
+    return len(runs)
+
+
+def demo_logins(path: Path) -> list[str]:
+    """The demo's logins, printed last in the banner so they do not scroll away (``seed_demo`` keeps them in
+    ``path``, mode 0600, which the banner names)."""
+    from tenants.demo import DEMO
+
+    try:
+        credentials = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return [f"Demo logins: see {path} (not readable now)"]
+    lines = [f"Demo logins (kept in {path}):", f"  admin       admin / {credentials['admin']} (platform staff)"]
+    for slug, spec in DEMO.items():
+        people = ", ".join(f"{user} ({role})" for user, role in spec["members"].items())
+        lines.append(f"  {slug:<11} {people}; password {credentials['users']}")
+    return lines
+
+
 def web_command(*, port: int, workers: int = 2, threads: int = 4) -> list[str]:
     """gunicorn as make run starts it. Threads (gthread): a worker answers /healthz and pages while other
     threads check passwords (PBKDF2 releases the GIL); at most LOGIN_CONCURRENCY of them do at once."""
@@ -195,6 +265,9 @@ def main(argv: list[str] | None = None) -> int:
         state["stopped"] = True
         say("stopping…")
         supervisor.stop()
+        stopped = fleet_workloads_stop(VAR / "fleet")
+        if stopped:
+            say(f"stopped {stopped} lease workload(s) the simulated nodes were running")
         for service in reversed(started_services):
             service.shutdown()
 
@@ -225,6 +298,12 @@ def main(argv: list[str] | None = None) -> int:
             # the simulated nodes listen on 127.0.0.1
             "NODE_ADDRESS_NETWORKS": os.environ.get("NODE_ADDRESS_NETWORKS", services.LOCAL_NODE_ADDRESS_NETWORKS),
         }
+        # the simulated nodes' workload root is the broker's too: a path the broker accepts, the nodes run
+        root, root_note = workload_root(VAR)
+        env_values["WORKLOAD_ALLOWED_ROOTS"] = str(root)
+        # webhooks can be tried against a receiver on this machine (http://127.0.0.1:...); production, without
+        # this, refuses loopback and plain-http targets (docs/notifications.md)
+        env_values["WEBHOOK_ALLOW_LOOPBACK"] = os.environ.get("WEBHOOK_ALLOW_LOOPBACK", "1")
         # The broker's own metrics (docs/operations.md "Metrics"): a token for /metrics, shared with Prometheus
         # through a 0600 file, and one folder where every web and worker process writes its counters (emptied at
         # each start: prometheus_client's multi-process mode).
@@ -254,8 +333,11 @@ def main(argv: list[str] | None = None) -> int:
         _manage("migrate", "--noinput", "-v", "0")
         _manage("createcachetable")  # the login-throttle cache's table, where no Redis is used (a no-op else)
         _manage("collectstatic", "--noinput", "-v", "0")
-        _manage("seed_demo")
+        _manage("seed_demo", "--workload-root", str(root))  # and the demo projects' directories under it
         _manage("seed_prices")
+        # auto-tiering answers from the first request: the reference profiles, and a model trained once on them
+        # (else none until the 6-hourly retrain, and every kind: auto request is 409 profile_first)
+        _manage("tiering_seed", "--background")  # training takes minutes: the worker does it once it starts
 
         specs = [
             ("web", web_command(port=args.port, workers=args.workers, threads=args.threads)),
@@ -289,6 +371,7 @@ def main(argv: list[str] | None = None) -> int:
         specs.append(("fleet", [str(BIN / "python"), "-m", "agent.fleet", "--nodes", str(args.fleet_nodes),
                                 "--broker-url", agents_site, "--enrollment-token-file", str(token_file),
                                 "--listen", f"127.0.0.1:{args.fleet_port}", "--state-dir", str(fleet_dir),
+                                "--workload-root", str(root),
                                 "--shape", "h100-80gb:8:mig", "--shape", "a100-80gb:8:whole",
                                 "--shape", "h100-80gb:4:mig,l4:4:shared"]))
         prometheus = shutil.which("prometheus")
@@ -329,14 +412,22 @@ def main(argv: list[str] | None = None) -> int:
             f"  PostgreSQL  {database.how} ({services.redact(database.url)})",
             f"  broker      {broker.how} ({services.redact(broker.url)})",
             f"  GPU nodes   {args.fleet_nodes} simulated at http://127.0.0.1:{args.fleet_port}/n/<node>/ "
-            f"(secrets in {fleet_dir / 'fleet.json'})",
+            f"(secrets in {fleet_dir / 'fleet.json'}); their metrics at "
+            f"http://127.0.0.1:{args.fleet_port}/n/<node>/metrics",
+            f"  workloads   paths under {root}/<tenant>/<project> on every node ({root_note})",
             f"  metrics     {site}/metrics (Authorization: Bearer $(cat {metrics_token}))",
             (f"  Prometheus  http://127.0.0.1:{args.prometheus_port}/ scraping them and the broker, with the alerts of "
              "infra/alerts/" if prometheus
              else "  Prometheus  not installed (apt-get install prometheus) — metrics at the nodes' /metrics"),
+            "  webhooks    " + ("http:// and loopback targets allowed (WEBHOOK_ALLOW_LOOPBACK=1, for trying them "
+                                 "here; production refuses them)" if env_values["WEBHOOK_ALLOW_LOOPBACK"] in
+                                 ("1", "true", "True", "yes", "on") else "loopback targets refused"),
             "  processes   " + ", ".join(f"{c.name} pid {c.process.pid}" for c in supervisor.children)
             + f" (also in {supervisor.pid_file}); a child that exits is restarted",
-            "Ctrl-C stops everything listed here (and the embedded servers it started), nothing else.",
+            "Ctrl-C stops everything listed here, the lease workloads the nodes run and the embedded servers it "
+            "started, nothing else.",
+            "",
+            *demo_logins(VAR / "demo-credentials.json"),
             "",
         ]
         print("\n".join(lines), flush=True)

@@ -21,10 +21,16 @@ from gpus.catalogue import UnknownModel, model_get
 from gpus.layers import Layer, NoLayerTable, layers_of
 from pipelines.models import ModelSplit, ModelSplitLease, Pipeline, PipelinePlan, PlanLease, PlanState
 from pipelines.planner import esg, splits
-from pipelines.planner.profiles import Candidate, profile_for
+from pipelines.planner.profiles import (
+    OUTPUT_TOKENS,
+    PROMPT_TOKENS,
+    Candidate,
+    generation_profile_for,
+    profile_for,
+)
 from tenants.access import Actor
 from tenants.audit import audit_record
-from tenants.models import Project
+from tenants.models import Project, Quota
 
 MAX_STAGES = 24
 
@@ -123,13 +129,32 @@ def _architecture(stage: dict, index: int, tiers: list[str]) -> tuple[Candidate,
     field = f"stages[{index}].architecture"
     if not isinstance(stage["architecture"], str):
         raise ValidationFailed(f"architecture is one of {', '.join(ARCHITECTURES)}.", field=field)
+    task = stage.get("task", "inference")
+    if task not in ("inference", "generation"):
+        raise ValidationFailed("task is inference (one forward pass) or generation (an LLM's answer: time to "
+                               "first token, then tokens).", field=f"stages[{index}].task")
     try:
-        found = profile_for(stage["architecture"], tuple(tiers))
+        if task == "generation":
+            found = generation_profile_for(
+                stage["architecture"], tuple(tiers),
+                prompt_tokens=_tokens(stage, index, "prompt_tokens", PROMPT_TOKENS),
+                output_tokens=_tokens(stage, index, "output_tokens", OUTPUT_TOKENS))
+        else:
+            found = profile_for(stage["architecture"], tuple(tiers))
     except KeyError as error:
         raise ValidationFailed(error.args[0], field=field) from None
+    except ValueError as error:  # generation of an encoder or a convnet
+        raise Unprocessable(str(error), field=f"stages[{index}].task") from None
     if not found:
         raise Unprocessable(f"{stage['architecture']} fits on no slice of {', '.join(tiers)}.", field=field)
     return found
+
+
+def _tokens(stage: dict, index: int, name: str, default: int) -> int:
+    value = stage.get(name, default)
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 32768:
+        raise ValidationFailed(f"{name} must be a whole number from 1 to 32768.", field=f"stages[{index}].{name}")
+    return value
 
 
 def _given(stage: dict, index: int) -> tuple[Candidate, ...]:
@@ -221,13 +246,29 @@ def _prices(tiers: list[str]) -> dict[str, int]:
     return {t: prices[t] for t in tiers if t in prices}
 
 
+def _quota_tiers(pipeline: Pipeline) -> tuple[list[str], list[dict]]:
+    """The pipeline's tiers its project may lease (a quota with a limit above 0), and the others with the reason
+    (issue 29: stages planned on a tier without quota made applying the plan answer 409). None usable: 409 on
+    ``tiers`` naming the project."""
+    allowed = set(Quota.objects.filter(project=pipeline.project, limit_gpu_milli__gt=0)
+                  .values_list("tier", flat=True))
+    usable = [tier for tier in pipeline.tiers if tier in allowed]
+    skipped = [{"tier": tier, "reason": f"project '{pipeline.project.slug}' has no quota for {tier}"}
+               for tier in pipeline.tiers if tier not in allowed]
+    if not usable:
+        raise Conflict(f"project '{pipeline.project.slug}' has no quota for {', '.join(pipeline.tiers)}: nothing to "
+                       f"plan on; its quotas are on {', '.join(sorted(allowed)) or 'no tier'}.", field="tiers")
+    return usable, skipped
+
+
 def plan_create(*, actor: Actor, pipeline: Pipeline, method: str = "esg") -> PipelinePlan:
     """Plan with ``method`` (esg, even_greedy, astar); the answer keeps the other planners' figures beside it."""
     actor.require("use")
     if method not in ("esg", "even_greedy", "astar"):
         raise ValidationFailed("method must be esg, even_greedy or astar.", field="method")
     pure, sources = _pure(pipeline)
-    prices = _prices(pipeline.tiers)
+    usable, skipped = _quota_tiers(pipeline)
+    prices = _prices(usable)
     try:
         plan = esg.PLANNERS[method](pure, prices)
         compared = {name: esg.PLANNERS[name](pure, prices) for name in ("esg", "even_greedy") if name != method}
@@ -237,6 +278,8 @@ def plan_create(*, actor: Actor, pipeline: Pipeline, method: str = "esg") -> Pip
                                                     if k in ("feasible", "latency_ms", "cost_per_1k", "reason")}
                                              for name, p in compared.items()},
                                "prices": prices, "rate_rps": pipeline.rate_rps,
+                               # tiers of the pipeline it did not plan on, and why (applying would answer 409)
+                               "tiers_skipped": skipped,
                                # where each stage's latency table came from, row by row (docs/pipelines.md)
                                "profiles": {stage: [{"slice": key, "batch": batch, "source": source}
                                                     for (key, batch), source in rows.items()]

@@ -158,6 +158,7 @@ class NodeCard:
     gpus: list[GpuRow]
     isolation: str = ""
     warning: str = ""  # broker.selectors.node_isolation_warning
+    workload_roots: list[str] | None = None  # where its workloads may name paths (its inventory); None: not reported
 
     @property
     def state(self) -> str:
@@ -218,6 +219,7 @@ def fleet_map(nodes: Iterable, allocations: Iterable, tenants: Iterable,
         tenants_here = {s.tenant for row in rows for s in row.segments}
         cards.append(NodeCard(node.node_id, node.pool, node.status, node.cordoned, node.hostname,
                               node.last_heartbeat_at, rows, isolation=node.isolation,
+                              workload_roots=node.workload_roots,
                               warning=node_isolation_warning(node=node, tenant_count=len(tenants_here))))
     return cards, colours
 

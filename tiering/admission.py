@@ -41,7 +41,7 @@ def _target(gpu: dict, name: str) -> float | None:
 
 
 def auto_resolve(request: GpuRequest) -> GpuChoice:
-    from tiering.profiler import MAX_SLICES, _shape, profiling_start
+    from tiering.profiler import MAX_SLICES, _shape, profiling_start, slices_the_fleet_holds
     from tiering.services import workload_predict
 
     gpu = request.gpu
@@ -71,8 +71,9 @@ def auto_resolve(request: GpuRequest) -> GpuChoice:
             started = (f"profiling run {running.pk} is under way" if running else
                        "a request would start a profiling run")
         elif running is None:
-            try:  # exploring: the cheaper slices that might do (the profiler's default slices otherwise)
-                candidates = [where.key for where in decision.candidates[:MAX_SLICES]] or None
+            try:  # exploring: the cheaper slices that might do and the fleet can hold now (else the defaults)
+                candidates = [where.key for where in slices_the_fleet_holds(
+                    list(decision.candidates))[:MAX_SLICES]] or None
                 running = profiling_start(actor=request.actor, workload=workload, project=project.slug,
                                           slices=candidates, now=request.now)
                 started = f"profiling run {running.pk} started"

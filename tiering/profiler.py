@@ -52,12 +52,27 @@ def _shape(where: Slice) -> dict:
     return {"kind": "whole", "model": where.model}
 
 
+SLICE_MODES = {"whole": "whole", "mig": "mig", "share": "shared"}  # the GPU mode that holds a slice of each kind
+
+
+def slices_the_fleet_holds(slices: list[Slice]) -> list[Slice]:
+    """The slices some GPU of the fleet (not lost, its node not cordoned) can hold in its present mode: a whole
+    slice on a whole-mode GPU of its model, a MIG slice on a MIG-mode one, a share on a shared one. Issue 29: on
+    the demo fleet, every H100 in MIG mode, a whole-H100 candidate could never be placed and each run waited
+    its deadline for it."""
+    held = set(Gpu.objects.filter(lost_at__isnull=True, node__cordoned=False)
+               .values_list("model", "mode").distinct())
+    return [where for where in slices if (where.model, SLICE_MODES[where.kind]) in held]
+
+
 def profiling_candidates(*, workload: Workload) -> list[Slice]:
-    """The default candidates: the whole GPU of every model the fleet has and the tenant's price book prices
-    (the profile's columns), cheapest first; the reference slice first when the fleet has it."""
+    """The default candidates: the whole GPU of every model the fleet has in whole mode (a whole slice on a
+    model whose GPUs are all in MIG or shared mode would wait the run's deadline) and the tenant's price book
+    prices (the profile's columns), cheapest first; the reference slice first when the fleet has it."""
     from tiering.services import REFERENCE_SLICE, tenant_slice_prices
 
-    fleet = set(Gpu.objects.filter(lost_at__isnull=True).values_list("model", flat=True).distinct())
+    fleet = set(Gpu.objects.filter(lost_at__isnull=True, node__cordoned=False, mode="whole")
+                .values_list("model", flat=True).distinct())
     priced = sorted(((where, price) for where, price in tenant_slice_prices(tenant=workload.tenant)
                      if where.kind == "whole" and where.model in fleet), key=lambda pair: (pair[1], pair[0].key))
     ordered = [where for where, _ in priced]

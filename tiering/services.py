@@ -264,7 +264,8 @@ def model_current() -> tuple[TierModelRecord, TierModel] | None:
 def reference_set_seed(*, count: int = 120, seed: int = 0, noise: float = 0.03) -> int:
     """The platform's reference workloads profiled on every slice of the catalogue by the performance model
     (what the simulated fleet's profiler measures), so a fresh deployment's model has a profile database to
-    learn from. Idempotent by name. Returns the number of workloads created."""
+    learn from. Idempotent: a second run with the same ``count`` and ``seed`` creates nothing (each workload that
+    exists still takes its draws, so those after it are the same as in the first run). Returns the number created."""
     rng = random.Random(seed)
     created = 0
     now = timezone.now() - timedelta(minutes=1)
@@ -283,6 +284,8 @@ def reference_set_seed(*, count: int = 120, seed: int = 0, noise: float = 0.03) 
             continue
         name = f"ref-{index:04d}-{arch.name}"
         if Workload.objects.filter(tenant=None, name=name).exists():
+            for where in slices:  # the same draws as creating it: the workloads after it come out the same
+                _simulated(None, spec, where, rng, noise, now)
             continue
         workload = Workload.objects.create(tenant=None, name=name, framework="reference",
                                            **{k: getattr(spec, k) for k in FIELDS})
@@ -291,7 +294,7 @@ def reference_set_seed(*, count: int = 120, seed: int = 0, noise: float = 0.03) 
     return created
 
 
-def _simulated(workload: Workload, spec: Spec, where: Slice, rng: random.Random, noise: float, at) -> Profile:
+def _simulated(workload: Workload | None, spec: Spec, where: Slice, rng: random.Random, noise: float, at) -> Profile:
     truth = estimate(spec, where)
     throughput = truth.throughput * math.exp(rng.gauss(0, noise)) if truth.fits else 0.0
     return Profile(workload=workload, slice_key=where.key, tier=where.model, provenance=Provenance.PROFILED,

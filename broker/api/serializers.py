@@ -69,7 +69,10 @@ INVENTORY_SCHEMA = {
                        "index": {"type": "integer", "minimum": 0, "maximum": MAX_GPU_INDEX},
                        "model": {"type": "string", "enum": [m.code for m in MODELS]},
                        "mode": {"type": "string", "enum": list(GpuMode.values)},
-                       "memory_mib": {"type": "integer", "minimum": 1, "maximum": MAX_GPU_MEMORY_MIB}}}}},
+                       "memory_mib": {"type": "integer", "minimum": 1, "maximum": MAX_GPU_MEMORY_MIB}}}},
+                   "workload_roots": {"type": "array", "items": {"type": "string", "pattern": "^/"},
+                                      "description": "where the node's workloads may name paths (<root>/<tenant>/"
+                                                     "<project>); the broker refuses other paths before placing"}},
 }
 
 

@@ -678,10 +678,31 @@ class Scheduler:
                 text += f"; {repartitionable} GPUs have the slices free in other slots and could be repartitioned"
             return text
         if need.kind == Kind.WHOLE and not need.gang and need.count > 1:
-            return f"fewer than {need.count} {tier} GPUs free in total"
+            return f"fewer than {need.count} {tier} GPUs free in total" + self._other_modes(tier, "whole")
         if need.kind == Kind.WHOLE:
-            return f"no node has {need.count} free {tier} GPU{'s' if need.count > 1 else ''}"
-        return f"no {tier} GPU has {need.milli} milli and {need.memory_mib} MiB free"
+            return (f"no node has {need.count} free {tier} GPU{'s' if need.count > 1 else ''}"
+                    + self._other_modes(tier, "whole"))
+        return (f"no {tier} GPU has {need.milli} milli and {need.memory_mib} MiB free"
+                + self._other_modes(tier, "shared"))
+
+    def _other_modes(self, tier: str, wanted: str) -> str:
+        """The ``tier`` GPUs in another mode than ``wanted`` (issue 29: whole-GPU requests waited "forever" on an
+        all-MIG pool with no word of the modes): "; 20 H100-80GB are in MIG mode (20 idle): the capacity loop can
+        switch one to whole"; "" when there are none."""
+        counts: dict[str, list[int]] = {}
+        for state in self.cluster.gpus.values():
+            gpu = state.gpu
+            if gpu.model != tier or gpu.mode.value == wanted:
+                continue
+            idle = not gpu.closed and state.compute_used == 0 and state.used_milli == 0 and state.units == 0
+            seen = counts.setdefault(gpu.mode.value, [0, 0])
+            seen[0] += 1
+            seen[1] += idle
+        if not counts:
+            return ""
+        parts = [f"{total} {tier} {'is' if total == 1 else 'are'} in {'MIG' if mode == 'mig' else mode} mode "
+                 f"({idle} idle)" for mode, (total, idle) in sorted(counts.items())]
+        return "; " + ", ".join(parts) + f": the capacity loop can switch one to {wanted}"
 
     def _waiting(self, request: Request, reason: str) -> Decision:
         return self._waiting_for(request.id, reason)

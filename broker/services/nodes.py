@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import ipaddress
 import logging
+import os
 from datetime import datetime, timedelta
 from urllib.parse import urlsplit
 
@@ -232,6 +233,10 @@ def node_inventory_sync(*, node: Node, inventory: object, now: datetime, strict:
             audit_record(tenant=None, by=None, action="node.isolation", target=node.node_id,
                          data={"from": node.isolation, "to": isolation, "workload_runtime": runtime})
         node.workload_runtime, node.isolation = runtime, isolation
+    roots = _workload_roots(inventory)
+    if roots != node.workload_roots:
+        Node.objects.filter(pk=node.pk).update(workload_roots=roots)
+        node.workload_roots = roots
     # Every GPU row this sync may write (those reported, and this node's live ones it may mark lost), locked
     # in one statement in primary-key order before any is written: two syncs, the GPU writers of capacity and
     # staff (which lock one GPU) then always wait in the same order, never in a circle (issue 27 item 12: a
@@ -304,6 +309,8 @@ def _share_enforcement(item: dict, index: int) -> dict:
     elif not reason:
         reason = "its agent does not report share enforcement (an agent from before MPS management)"
     return {"share_enforcement": mode, "share_enforcement_reason": reason[:300]}
+
+
 def node_isolation_parse(inventory: dict) -> tuple[str, str]:
     """(workload runtime, isolation mode) from an agent's inventory (``agent.workloads.WorkloadManager.report``);
     ("", "") from an agent too old to say. A malformed report is 400 naming ``inventory.isolation``."""
@@ -315,6 +322,22 @@ def node_isolation_parse(inventory: dict) -> tuple[str, str]:
         raise ValidationFailed("inventory.isolation must be {\"mode\": \"uid\" | \"none\" | \"container\"} with "
                                "inventory.workload_runtime a runtime name", field="inventory.isolation")
     return runtime, mode
+
+
+MAX_WORKLOAD_ROOTS = 16
+
+
+def _workload_roots(inventory: dict) -> list[str] | None:
+    """The inventory's ``workload_roots`` (absolute, normalised paths), or None when the agent reports none."""
+    roots = inventory.get("workload_roots")
+    if roots is None:
+        return None
+    if (not isinstance(roots, list) or len(roots) > MAX_WORKLOAD_ROOTS
+            or not all(isinstance(r, str) and r.startswith("/") and len(r) <= 300 and "\0" not in r
+                       and os.path.normpath(r) == r for r in roots)):
+        raise ValidationFailed(f"inventory.workload_roots must list at most {MAX_WORKLOAD_ROOTS} absolute, "
+                               "normalised paths.", field="inventory.workload_roots")
+    return list(roots)
 
 
 def _signed_by(*, node_id: str, secret: str | None, headers, method: str, path: str, query: str, body: bytes,

@@ -20,4 +20,9 @@ def lease_release_finish(*, lease_id: int, final: str) -> str:
     workload_stop_for_release(lease=lease)  # SIGTERM and its grace before the devices go
     lease_release_instances(lease=lease)
     reason = "the lease reached its end" if final == LeaseState.EXPIRED else "released"
+    # the final event says why (the RELEASING one's reason) when the lease failed or its workload ended it
+    if final == LeaseState.FAILED:
+        reason = f"failed: {lease.reason}" if lease.reason else "failed"
+    elif final == LeaseState.RELEASED and lease.reason.startswith("the workload "):
+        reason = f"released: {lease.reason}"
     return allocations_free(lease=lease, now=timezone.now(), to=final, reason=reason).state

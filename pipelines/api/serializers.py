@@ -52,6 +52,13 @@ class StageInput(StrictSerializer):
                                                "latency per slice, measured first, else predicted; rows given in "
                                                "profile fill the slices it has none for")
     profile = serializers.ListField(child=ProfileRowInput(), min_length=1, max_length=200, required=False)
+    task = serializers.ChoiceField(choices=["inference", "generation"], required=False,
+                                   help_text="with an architecture: inference (one forward pass, the default) or "
+                                             "generation (a decoder's answer: time to first token, then tokens)")
+    prompt_tokens = serializers.IntegerField(min_value=1, max_value=32768, required=False,
+                                             help_text="generation: the prompt's tokens (512)")
+    output_tokens = serializers.IntegerField(min_value=1, max_value=32768, required=False,
+                                             help_text="generation: the answer's tokens (128)")
 
 
 class PipelineInput(StrictSerializer):

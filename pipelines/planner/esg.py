@@ -122,6 +122,8 @@ class Plan:
                 "slice": c.option.candidate.slice.key, "batch": c.option.batch, "instances": c.option.instances,
                 "exec_ms": c.option.candidate.exec_ms, "latency_ms": round(c.option.latency_ms, 4),
                 "budget_ms": round(c.budget_ms, 4), "cost_per_1k": round(c.cost_per_1k, 6),
+                **({"ttft_ms": c.option.candidate.ttft_ms, "tokens_per_s": c.option.candidate.tokens_per_s}
+                   if c.option.candidate.ttft_ms is not None else {}),
             } for c in self.choices],
         }
 

@@ -252,6 +252,10 @@ def test_exploring_refuses_with_profile_first_and_profiles_the_cheaper_candidate
     from tiering.engine.decide import Decision, Option
 
     _measure(Workload.objects.get(name="bert-serving"))
+    # the fleet must hold the cheaper slices (L4 shares: an L4 in shared mode), or they are no candidates (issue 29)
+    shared_l4 = {"index": 0, "uuid": "GPU-l4-shared", "model": "L4", "mode": "shared", "memory_mib": 23034}
+    broker.node_enroll(node_id="node-s", token=broker.enrollment_token_create(uses=1),
+                       address="http://127.0.0.1:9/n/node-s", inventory={"gpus": [shared_l4]})
     confident = Option(slice_from_key("A100-80GB"), 1.8, 3000.0, 2000, 0.9)
     cheaper = (slice_from_key("L4/share/250"), slice_from_key("L4/share/500"))
     monkeypatch.setattr(services, "workload_predict", lambda **_: Decision(

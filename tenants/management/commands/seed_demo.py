@@ -14,32 +14,39 @@ from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand
 
 from tenants import services
+from tenants.demo import DEMO
 from tenants.models import Membership, Project, Quota, SloContract, Tenant, TenantQuota
 
-DEMO = {
-    "acme": {
-        "name": "Acme Research", "currency": "USD",
-        "quotas": {"H100-80GB": (16000, 24000), "A100-80GB": (8000, 16000), "L4": (4000, 8000)},
-        "projects": {
-            "vision": ("Vision models", {"H100-80GB": (8000, 16000, 2), "A100-80GB": (4000, 8000, 1)}),
-            "llm": ("LLM fine-tuning", {"H100-80GB": (8000, 24000, 3), "L4": (4000, 8000, 1)}),
-        },
-        "members": {"alice": "owner", "adam": "member", "vera": "viewer"},
-    },
-    "globex": {
-        "name": "Globex AI", "currency": "EUR",
-        "quotas": {"H100-80GB": (8000, 16000), "L4": (8000, 8000)},
-        "projects": {
-            "inference": ("Inference fleet", {"L4": (8000, 8000, 1), "H100-80GB": (2000, 8000, 1)}),
-            "research": ("Research", {"H100-80GB": (6000, 16000, 1)}),
-        },
-        "members": {"carol": "owner", "dan": "member"},
-    },
-}
+# The docs' workload example (docs/leasing.md: ``python train.py --epochs 3`` in /srv/gpubroker/acme/vision) runs
+# this in each demo project's directory: epochs of a pretend training that resume from CHECKPOINT_DIR.
+DEMO_TRAIN = """\
+import argparse, json, os, time
+
+parser = argparse.ArgumentParser(description="the demo's training script (manage.py seed_demo --workload-root)")
+parser.add_argument("--epochs", type=int, default=3)
+epochs = parser.parse_args().epochs
+checkpoint = os.path.join(os.environ.get("CHECKPOINT_DIR") or ".", "checkpoint.json")
+os.makedirs(os.path.dirname(checkpoint), exist_ok=True)
+done = json.load(open(checkpoint))["epoch"] if os.path.exists(checkpoint) else 0
+print(f"devices {os.environ.get('CUDA_VISIBLE_DEVICES', '-')}; restart {os.environ.get('RESTART_COUNT', '0')}; "
+      f"resuming after epoch {done} of {epochs}", flush=True)
+for epoch in range(done + 1, epochs + 1):
+    time.sleep(1)
+    with open(checkpoint + ".tmp", "w") as handle:
+        json.dump({"epoch": epoch}, handle)
+    os.replace(checkpoint + ".tmp", checkpoint)
+    print(f"epoch {epoch}/{epochs} done", flush=True)
+print("training finished", flush=True)
+"""
 
 
 class Command(BaseCommand):
     help = "Create the demo tenants, projects, quotas, SLO contracts and users (idempotent)."
+
+    def add_arguments(self, parser):
+        parser.add_argument("--workload-root", default="",
+                            help="also create each demo project's workload directory, <root>/<tenant>/<project> "
+                                 "(make run: the simulated nodes' root, so the docs' workload examples run)")
 
     def handle(self, *args, **opts):
         credentials = self._credentials()
@@ -82,6 +89,16 @@ class Command(BaseCommand):
                     ],
                     by_user=admin,
                 )
+        if opts["workload_root"]:
+            from pathlib import Path
+
+            for slug, spec in DEMO.items():
+                for project_slug in spec["projects"]:
+                    directory = Path(opts["workload_root"]) / slug / project_slug
+                    directory.mkdir(parents=True, exist_ok=True)
+                    script = directory / "train.py"  # what the docs' workload example runs (docs/leasing.md)
+                    if not script.exists():
+                        script.write_text(DEMO_TRAIN)
         self.stdout.write("Demo data ready:")
         self.stdout.write(f"  platform admin: admin / {credentials['admin']}")
         for slug, spec in DEMO.items():

@@ -1,6 +1,7 @@
 """Create (or reuse) a tenant, a user who is a member of it, and a new API token for scripts.
 
     python manage.py tenant_bootstrap --tenant acme --user alice --role owner --scopes read,write
+    python manage.py tenant_bootstrap --tenant acme --user vera --role viewer     # a read token (by role)
 
 Prints the token once. Running it again reuses the tenant and user and issues another token.
 """
@@ -25,14 +26,18 @@ class Command(BaseCommand):
         parser.add_argument("--user", required=True, help="username of the member")
         parser.add_argument("--email", default="")
         parser.add_argument("--role", default=Role.OWNER, choices=Role.values)
-        parser.add_argument("--scopes", default="read,write", help="comma-separated: read,write")
+        parser.add_argument("--scopes", default=None,
+                            help="comma-separated: read,write (default by role: read for a viewer, who may not "
+                                 "write, read,write otherwise)")
         parser.add_argument("--token-name", default="bootstrap")
 
     def handle(self, *args, **opts):
-        scopes = [s.strip() for s in opts["scopes"].split(",") if s.strip()]
-        bad = [s for s in scopes if s not in TokenScope.values]
-        if bad or not scopes:
-            raise CommandError(f"--scopes: unknown scope(s) {bad}; use read and/or write")
+        scopes = None
+        if opts["scopes"] is not None:
+            scopes = [s.strip() for s in opts["scopes"].split(",") if s.strip()]
+            bad = [s for s in scopes if s not in TokenScope.values]
+            if bad or not scopes:
+                raise CommandError(f"--scopes: unknown scope(s) {bad}; use read and/or write")
         try:
             tenant = Tenant.objects.filter(slug=opts["tenant"]).first()
             if tenant is None:
@@ -49,6 +54,8 @@ class Command(BaseCommand):
             if membership is None:
                 membership = services.membership_add(tenant=tenant, user=user, role=opts["role"])
             actor = Actor(user=user, tenant=tenant, role=Role(membership.role))
+            if scopes is None:  # by the member's role: a viewer's token cannot write (api_token_create refuses it)
+                scopes = ["read"] if membership.role == Role.VIEWER else ["read", "write"]
             token, secret = services.api_token_create(actor=actor, name=opts["token_name"], scopes=scopes)
         except ApplicationError as exc:
             raise CommandError(f"{exc.field or 'error'}: {exc.message}") from exc

@@ -1,0 +1,23 @@
+"""The demo's tenants, projects, quotas and members (``manage.py seed_demo``), as plain data: ``make run``
+reads it before Django is set up, to print the demo logins last in its banner."""
+
+DEMO = {
+    "acme": {
+        "name": "Acme Research", "currency": "USD",
+        "quotas": {"H100-80GB": (16000, 24000), "A100-80GB": (8000, 16000), "L4": (4000, 8000)},
+        "projects": {
+            "vision": ("Vision models", {"H100-80GB": (8000, 16000, 2), "A100-80GB": (4000, 8000, 1)}),
+            "llm": ("LLM fine-tuning", {"H100-80GB": (8000, 24000, 3), "L4": (4000, 8000, 1)}),
+        },
+        "members": {"alice": "owner", "adam": "member", "vera": "viewer"},
+    },
+    "globex": {
+        "name": "Globex AI", "currency": "EUR",
+        "quotas": {"H100-80GB": (8000, 16000), "L4": (8000, 8000)},
+        "projects": {
+            "inference": ("Inference fleet", {"L4": (8000, 8000, 1), "H100-80GB": (2000, 8000, 1)}),
+            "research": ("Research", {"H100-80GB": (6000, 16000, 1)}),
+        },
+        "members": {"carol": "owner", "dan": "member"},
+    },
+}
