@@ -39,6 +39,10 @@ Configuration: a TOML file (``--config``) and/or flags (flags win)::
     workload_memory_mib_per_gpu = 0               # (0: the node's CPUs / memory divided by its GPUs)
     workload_shared_paths = []                    # read-only in every workload's view (besides the agent's
                                                   # Python) even under a closed directory
+    workload_network = "node"                     # "closed-local": the node's own services (whatever listens
+                                                  # on TCP outside the workload uids, /run's unix sockets) are
+                                                  # closed to workloads (needs isolation uid and iptables)
+    workload_local_ports = []                     # node services' ports workloads may still reach (closed-local)
 
 Enrollment (``POST {broker}/api/v1/agents/enroll``, the token in the body) returns the per-node secret,
 saved as ``state_dir/secret`` (0600); later starts reuse it. Heartbeats (``POST
@@ -73,7 +77,7 @@ import aiohttp
 
 from agent import __version__
 from agent.backend import Backend
-from agent.isolation import Cgroups, Isolation, UidMap, parse_uid_range, resolve_mode
+from agent.isolation import NETWORKS, Cgroups, Isolation, UidMap, parse_uid_range, resolve_mode
 from agent.protocol import PROTOCOL, AgentError, sign
 
 logger = logging.getLogger("agent")
@@ -113,6 +117,8 @@ class AgentConfig:
     workload_cpus_per_gpu: float = 0.0
     workload_memory_mib_per_gpu: int = 0
     workload_shared_paths: list = field(default_factory=list)
+    workload_network: str = "node"
+    workload_local_ports: list = field(default_factory=list)
 
     def validate(self) -> AgentConfig:
         if not self.node_id:
@@ -156,6 +162,16 @@ class AgentConfig:
             self.workload_shared_paths = [self.workload_shared_paths]
         if not all(isinstance(p, str) and p.startswith("/") for p in self.workload_shared_paths):
             raise ValueError(f"workload_shared_paths must be absolute paths, got {self.workload_shared_paths!r}")
+        if self.workload_network not in NETWORKS:
+            raise ValueError(f"workload_network must be one of {', '.join(NETWORKS)}, got {self.workload_network!r}")
+        if isinstance(self.workload_local_ports, int | str):
+            self.workload_local_ports = [self.workload_local_ports]
+        try:
+            self.workload_local_ports = [int(p) for p in self.workload_local_ports]
+        except (TypeError, ValueError):
+            raise ValueError(f"workload_local_ports must be TCP ports, got {self.workload_local_ports!r}") from None
+        if not all(0 < p < 65536 for p in self.workload_local_ports):
+            raise ValueError(f"workload_local_ports must be TCP ports, got {self.workload_local_ports!r}")
         if (not isinstance(self.workload_cpus_per_gpu, int | float) or isinstance(self.workload_cpus_per_gpu, bool)
                 or not 0 <= self.workload_cpus_per_gpu <= 1024):
             raise ValueError("workload_cpus_per_gpu must be a number of CPUs 0..1024 (0: the node's per GPU)")
@@ -227,7 +243,9 @@ def build_isolation(config: AgentConfig, state_dir: Path, gpus: int = 1, uid_map
                      cgroups=Cgroups(config.cgroup_root) if mode == "uid" else None,
                      cpu_milli_per_gpu=int(cpus * 1000), memory_bytes_per_gpu=int(memory_mib) << 20,
                      shared_paths=[Path(sys.prefix), Path(sys.base_prefix),
-                                   *(Path(p) for p in config.workload_shared_paths)], uid_map=uid_map)
+                                   *(Path(p) for p in config.workload_shared_paths)], uid_map=uid_map,
+                     network=config.workload_network if mode == "uid" else "node",
+                     local_ports=list(config.workload_local_ports))
 
 
 def build_workloads(config: AgentConfig, state_dir: Path | None = None, backend: Backend | None = None, *,
@@ -555,6 +573,10 @@ def add_workload_flags(parser: argparse.ArgumentParser) -> None:
                         help="the tenants' uids (default 200000-265535)")
     parser.add_argument("--device-dir", dest="device_dir", metavar="PATH", help="where nvidia<N> are (/dev)")
     parser.add_argument("--cgroup-root", dest="cgroup_root", metavar="PATH", help="default /sys/fs/cgroup")
+    parser.add_argument("--workload-network", dest="workload_network", choices=NETWORKS,
+                        help="closed-local: close the node's own services to workloads (isolation uid, iptables)")
+    parser.add_argument("--workload-local-port", dest="workload_local_ports", action="append", type=int,
+                        metavar="PORT", help="a node service's port workloads may still reach (closed-local)")
 
 
 def main(argv: list[str] | None = None) -> int:

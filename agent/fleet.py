@@ -166,6 +166,11 @@ async def run_fleet(fleet: Fleet, *, ready_file: str = "") -> None:
     await runner.cleanup()  # stops listening, waits for handlers, runs each node's cleanup (state saved)
     if fleet.broker_url:
         fleet.write_manifest()  # secrets bought since the start
+    # a simulated machine's firewall for its workloads (workload_network closed-local) goes with it; a real
+    # node's agent (agent.daemon) keeps its own in place across restarts, as its workloads keep running
+    for firewall in {id(f): f for node in fleet.nodes
+                     if node.workloads and (f := node.workloads.isolation.firewall)}.values():
+        firewall.remove()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -202,7 +207,9 @@ def main(argv: list[str] | None = None) -> int:
                       workload_log_max_bytes=args.workload_log_max_bytes or 16 * 1024 * 1024,
                       broker_timeout_seconds=args.broker_timeout,
                       isolation={name: getattr(args, name) for name in ("isolation", "workload_uids", "device_dir",
-                                                                        "cgroup_root") if getattr(args, name)})
+                                                                        "cgroup_root", "workload_network",
+                                                                        "workload_local_ports")
+                                if getattr(args, name, None)})
         asyncio.run(run_fleet(fleet, ready_file=args.ready_file))
     except (ValueError, OSError) as error:
         logger.error("%s", error)

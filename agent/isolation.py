@@ -43,7 +43,9 @@ import errno
 import hashlib
 import json
 import os
+import shutil
 import stat
+import subprocess
 import sys
 import threading
 from dataclasses import dataclass, field
@@ -59,6 +61,8 @@ NVIDIACTL_MINOR, NVIDIA_MODESET_MINOR = 255, 254
 BASE_DEVICE_RULES = ("c 1:3 rwm", "c 1:5 rwm", "c 1:7 rwm", "c 1:8 rwm", "c 1:9 rwm", "c 5:0 rwm", "c 5:2 rwm",
                      "c 136:* rwm")
 PRIVATE_TMP = ("/tmp", "/var/tmp", "/dev/shm")  # noqa: S108 - masked with empty ones, not used
+PRIVATE_RUN = "/run"  # the node's services' unix sockets (PostgreSQL's, a container engine's): an empty one
+NETWORKS = ("node", "closed-local")  # workload_network: see LocalServicesFirewall
 PIDS_MAX = 4096
 CPU_PERIOD_US = 100_000
 MODES = ("auto", "uid", "none")
@@ -305,6 +309,76 @@ def owned_directory(base: Path, parts: list[str], uid: int, gid: int, *, chown_f
     return base.joinpath(*parts)
 
 
+# -- the node's own services, closed to workloads ---------------------------------------------------
+TCP_TABLES = ("/proc/net/tcp", "/proc/net/tcp6")
+TCP_LISTEN = "0A"
+
+
+def listening_ports(outside: tuple[int, int], tables: tuple[str, ...] = TCP_TABLES) -> list[int]:
+    """TCP ports something listens on whose owner is not a workload uid (``outside`` is the workloads' uid
+    range): the node's own services (a database, a broker, the agent itself, sshd)."""
+    ports = set()
+    for table in tables:
+        with contextlib.suppress(OSError):
+            for line in Path(table).read_text().splitlines()[1:]:
+                fields = line.split()
+                if len(fields) > 7 and fields[3] == TCP_LISTEN and not outside[0] <= int(fields[7]) <= outside[1]:
+                    ports.add(int(fields[1].rsplit(":", 1)[1], 16))
+    return sorted(ports)
+
+
+class LocalServicesFirewall:
+    """``workload_network = "closed-local"``: a workload may not open a TCP connection to a port the node's own
+    services listen on, at any of the node's addresses (loopback included), unless the operator lists the port
+    in ``workload_local_ports`` (say, the broker's, for profiling samples on a one-machine demo). Its own
+    listeners and another machine's services stay reachable; a connection that came in (its ``PORT``) is
+    answered. One iptables/ip6tables chain per uid range, jumped to from OUTPUT for those uids only
+    (``-m owner``), refreshed before every run so a service started since is closed too. Unix sockets of the
+    node's services (under ``/run``) are hidden by the run's private ``/run``."""
+
+    def __init__(self, uids: tuple[int, int], allowed_ports=(), *, programs=("iptables", "ip6tables"),
+                 tables: tuple[str, ...] = TCP_TABLES):
+        self.uids = uids
+        self.allowed = {int(p) for p in allowed_ports}
+        self.programs = [p for p in programs if shutil.which(p)]
+        if "iptables" not in self.programs:
+            raise ValueError("workload_network closed-local needs iptables (apt-get install iptables)")
+        self.tables = tables
+        self.chain = f"GPUB-{uids[0]}-{uids[1]}"
+        self.closed: list[int] = []
+
+    def _run(self, program: str, *args: str, check: bool = True) -> bool:
+        done = subprocess.run([program, "-w", "5", *args], capture_output=True, text=True, timeout=30,
+                              check=False)
+        if check and done.returncode:
+            raise subprocess.SubprocessError(f"{program} {' '.join(args)}: {done.stderr.strip()}")
+        return done.returncode == 0
+
+    def refresh(self) -> list[int]:
+        ports = [p for p in listening_ports(self.uids, self.tables) if p not in self.allowed]
+        owner = ["-m", "owner", "--uid-owner", f"{self.uids[0]}-{self.uids[1]}", "-j", self.chain]
+        for program in self.programs:
+            if not self._run(program, "-N", self.chain, check=False):
+                self._run(program, "-F", self.chain)
+            self._run(program, "-A", self.chain, "-m", "conntrack", "--ctstate", "ESTABLISHED,RELATED",
+                      "-j", "RETURN")
+            for port in ports:
+                self._run(program, "-A", self.chain, "-p", "tcp", "-m", "addrtype", "--dst-type", "LOCAL",
+                          "--dport", str(port), "-j", "REJECT", "--reject-with", "tcp-reset")
+            if not self._run(program, "-C", "OUTPUT", *owner, check=False):
+                self._run(program, "-I", "OUTPUT", "1", *owner)
+        self.closed = ports
+        return ports
+
+    def remove(self) -> None:
+        owner = ["-m", "owner", "--uid-owner", f"{self.uids[0]}-{self.uids[1]}", "-j", self.chain]
+        for program in self.programs:
+            while self._run(program, "-D", "OUTPUT", *owner, check=False):
+                pass
+            self._run(program, "-F", self.chain, check=False)
+            self._run(program, "-X", self.chain, check=False)
+
+
 # -- the isolation a manager applies --------------------------------------------------------------
 @dataclass
 class Isolation:
@@ -322,6 +396,10 @@ class Isolation:
     # workload may run the interpreter the node has) and what the operator adds (workload_shared_paths)
     shared_paths: list = field(default_factory=lambda: [Path(sys.prefix), Path(sys.base_prefix)])
     uid_map: UidMap | None = field(default=None, repr=False)
+    # "closed-local": the node's own services are closed to workloads (LocalServicesFirewall, private /run)
+    network: str = "node"
+    local_ports: list = field(default_factory=list)  # ports of node services a workload may still reach
+    firewall: LocalServicesFirewall | None = field(default=None, repr=False)
 
     def __post_init__(self):
         self.state_dir = Path(self.state_dir)
@@ -333,6 +411,14 @@ class Isolation:
             self.uid_map = self.uid_map or UidMap(self.state_dir, *self.uids)
             if self.cgroups is None:
                 self.cgroups = Cgroups()
+        if self.network not in NETWORKS:
+            raise ValueError(f"workload_network must be one of {', '.join(NETWORKS)}, got {self.network!r}")
+        if self.network == "closed-local":
+            if self.mode != "uid":
+                raise ValueError("workload_network closed-local needs isolation uid (workloads under their own "
+                                 "uids are what the firewall tells apart)")
+            self.firewall = self.firewall or LocalServicesFirewall(self.uids, self.local_ports)
+            self.firewall.refresh()
 
     @property
     def enabled(self) -> bool:
@@ -344,7 +430,7 @@ class Isolation:
             return {"mode": "none", "cgroup": "", "devices": "none"}
         version = self.cgroups.version if self.cgroups else ""
         return {"mode": "uid", "cgroup": version, "devices": "cgroup" if version == "v1" else "namespace",
-                "uids": f"{self.uids[0]}-{self.uids[1]}"}
+                "uids": f"{self.uids[0]}-{self.uids[1]}", "network": self.network}
 
     @staticmethod
     def tenant_of(spec: dict) -> str:
@@ -421,7 +507,13 @@ class Isolation:
         except OSError as error:
             raise IsolationError(f"cannot make the workload's cgroup under {self.cgroups.root}: {error}") from error
         masks = [] if self.cgroups and self.cgroups.restricts_devices else self.masked_devices(workload["devices"])
+        if self.firewall is not None:  # services started since the last run are closed too
+            try:
+                self.firewall.refresh()
+            except (OSError, subprocess.SubprocessError) as error:
+                raise IsolationError(f"cannot close the node's services to the workload: {error}") from error
         return {"uid": uid, "gid": uid, "procs": [str(p) for p in procs], "exposed": exposed, "masks": masks,
+                "private_run": self.firewall is not None,
                 "shared": [str(p) for p in dict.fromkeys([*self.shared_paths, self.device_dir]) if p.exists()],
                 "cwd": spec.get("workdir") or str(home)}
 
@@ -445,6 +537,8 @@ class Isolation:
             argv += ["--share", path]
         for path in plan["masks"]:
             argv += ["--mask-device", path]
+        if plan.get("private_run"):
+            argv.append("--private-run")
         return [*argv, "--"]
 
 
@@ -488,10 +582,13 @@ def blocking_ancestor(path: Path, uid: int, gid: int) -> Path | None:
     return None
 
 
-def plan_masks(exposed: list[Path], uid: int, gid: int, private_tmp: bool) -> list[Path]:
-    """The directories to replace with an empty one in the run's view: the private temporary directories and
-    the topmost unsearchable directory above each exposed one, none inside another."""
+def plan_masks(exposed: list[Path], uid: int, gid: int, private_tmp: bool, private_run: bool = False) -> list[Path]:
+    """The directories to replace with an empty one in the run's view: the private temporary directories (and
+    ``/run`` with ``private_run``) and the topmost unsearchable directory above each exposed one, none inside
+    another."""
     masks = [Path(p) for p in PRIVATE_TMP if private_tmp and os.path.isdir(p)]
+    if private_run and os.path.isdir(PRIVATE_RUN) and not os.path.islink(PRIVATE_RUN):
+        masks.append(Path(PRIVATE_RUN))
     for path in exposed:
         blocker = blocking_ancestor(path, uid, gid)
         if blocker is not None and not any(blocker == m or blocker.is_relative_to(m) for m in masks):
@@ -510,6 +607,7 @@ def launch(argv: list[str]) -> None:
     parser.add_argument("--share", action="append", default=[])
     parser.add_argument("--mask-device", action="append", default=[])
     parser.add_argument("--private-tmp", action="store_true")
+    parser.add_argument("--private-run", action="store_true")
     parser.add_argument("--hide-proc", action="store_true")
     parser.add_argument("--cwd", default="/")
     parser.add_argument("command", nargs="+")
@@ -527,9 +625,9 @@ def launch(argv: list[str]) -> None:
     for path in exposed:  # the directory itself, not where a link its tenant swapped in since would lead
         if os.readlink(f"/proc/self/fd/{handles[path]}") != str(path):
             raise SystemExit(f"isolation.py: {path} leads elsewhere through a symbolic link; not started")
-    masks = plan_masks(exposed + shared, args.uid, args.gid, args.private_tmp)
+    masks = plan_masks(exposed + shared, args.uid, args.gid, args.private_tmp, args.private_run)
     for mask in masks:
-        mode = "1777" if str(mask) in PRIVATE_TMP else "0711"
+        mode = "1777" if str(mask) in PRIVATE_TMP else "0755" if str(mask) == PRIVATE_RUN else "0711"
         _mount(libc, "tmpfs", str(mask), "tmpfs", MS_NOSUID | MS_NODEV, f"mode={mode},size=64m")
     for path, handle in handles.items():
         if any(path.is_relative_to(m) and path != m for m in masks):

@@ -41,6 +41,21 @@ STABLE_AFTER_SECONDS = 60.0  # a child up this long is healthy again: its next r
 STOP_TIMEOUT_SECONDS = 15.0
 
 
+
+DEMO_WORKLOAD_UIDS = "300000-365535"
+
+
+def closed_local_flags(web_port: int) -> list[str]:
+    """As root (workloads isolated under their tenants' uids) with iptables: the demo's PostgreSQL, Redis,
+    agents and everything else this machine serves are closed to lease workloads, but for the broker's web
+    port (profiling runs post their samples there). docs/security.md, "Workload isolation"."""
+    if os.geteuid() != 0 or shutil.which("iptables") is None:
+        return []
+    # the demo's own uid range: its firewall chain matches the demo's workloads only, not those of an agent
+    # started beside it with the default range (the test suite's)
+    return ["--workload-uids", DEMO_WORKLOAD_UIDS, "--workload-network", "closed-local",
+            "--workload-local-port", str(web_port)]
+
 def _port_free(port: int) -> bool:
     import socket
 
@@ -371,7 +386,7 @@ def main(argv: list[str] | None = None) -> int:
         specs.append(("fleet", [str(BIN / "python"), "-m", "agent.fleet", "--nodes", str(args.fleet_nodes),
                                 "--broker-url", agents_site, "--enrollment-token-file", str(token_file),
                                 "--listen", f"127.0.0.1:{args.fleet_port}", "--state-dir", str(fleet_dir),
-                                "--workload-root", str(root),
+                                "--workload-root", str(root), *closed_local_flags(args.port),
                                 "--shape", "h100-80gb:8:mig", "--shape", "a100-80gb:8:whole",
                                 "--shape", "h100-80gb:4:mig,l4:4:shared"]))
         prometheus = shutil.which("prometheus")

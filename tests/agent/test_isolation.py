@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import stat
 import subprocess
 import sys
@@ -435,3 +436,108 @@ def test_isolation_a_fleets_nodes_share_one_uid_map(tmp_path):
             "acme": uids["acme/a"], "rival": uids["rival/c"]}
     finally:
         processes.stop(fleet, timeout=20)
+
+
+# -- workload_network = "closed-local": the node's own services are closed to workloads ------------------
+CLOSED_UIDS = (310000, 310999)  # a range of its own: the firewall's chain matches these uids only
+
+PROBE_NETWORK = r"""
+import errno, json, socket, sys
+ports = json.loads(sys.argv[1])
+found = {}
+own = socket.socket()
+own.bind(("127.0.0.1", 0))
+own.listen()
+ports["own listener"] = own.getsockname()[1]
+for name, port in ports.items():
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=5).close()
+        found[name] = "ok"
+    except OSError as error:
+        found[name] = errno.errorcode.get(error.errno, str(error))
+for name, path in json.loads(sys.argv[2]).items():
+    client = socket.socket(socket.AF_UNIX)
+    try:
+        client.connect(path)
+        found[name] = "ok"
+    except OSError as error:
+        found[name] = errno.errorcode.get(error.errno, str(error))
+print(json.dumps(found), flush=True)
+"""
+
+
+@pytest.fixture
+def node_services(tmp_path):
+    """Three services of the node, as root: a "database" on loopback, the broker's port that workloads may
+    reach, and a unix socket under /run (as PostgreSQL's /run/postgresql)."""
+    import socket
+
+    listeners = []
+    for _ in range(2):
+        listener = socket.socket()
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        listeners.append(listener)
+    run_dir = Path(f"/run/gpub-test-{os.getpid()}")
+    run_dir.mkdir(exist_ok=True)
+    run_dir.chmod(0o755)
+    unix = socket.socket(socket.AF_UNIX)
+    unix.bind(str(run_dir / "service.sock"))
+    (run_dir / "service.sock").chmod(0o777)  # as PostgreSQL's: anyone may connect, the file system decides
+    unix.listen()
+    yield {"database": listeners[0].getsockname()[1], "broker": listeners[1].getsockname()[1],
+           "socket": str(run_dir / "service.sock")}
+    for item in (*listeners, unix):
+        item.close()
+    (run_dir / "service.sock").unlink(missing_ok=True)
+    run_dir.rmdir()
+
+
+def test_isolation_closed_local_network_keeps_the_nodes_services_from_workloads(tmp_path, shared, node_services):
+    """A node that also serves a password-less database on loopback (make run's demo): with closed-local, a
+    workload's connection to it is refused, its unix socket is not in the workload's view, the one port the
+    operator allows (the broker's) and the workload's own listener stay reachable. Without it (the default)
+    the same workload reaches them all: the test sees the difference, not an assumption."""
+    from agent.isolation import LocalServicesFirewall
+
+    if shutil.which("iptables") is None:
+        require("iptables (apt-get install iptables)", False)
+    state = tmp_path / "agent"
+    state.mkdir()
+    results = {}
+    try:
+        for network in ("node", "closed-local"):
+            process = AgentProcess(state / network, gpus="a100-80gb:1:whole", extra=(
+                "--workload-root", str(shared), "--workload-uids", f"{CLOSED_UIDS[0]}-{CLOSED_UIDS[1]}",
+                "--workload-network", network, "--workload-local-port", str(node_services["broker"]))).start()
+            try:
+                client = process.client(retries=0)
+                if network == "closed-local":
+                    assert client.inventory()["isolation"]["network"] == "closed-local"
+                whole(client, "net-gpu", 0)
+                client.workload_start("wl-net", {
+                    "instances": ["net-gpu"], "command": [sys.executable, "-c", PROBE_NETWORK],
+                    "args": [json.dumps({"database": node_services["database"], "broker": node_services["broker"]}),
+                             json.dumps({"run socket": node_services["socket"]})],
+                    "scope": "rival/ml"})
+                assert final(client, "wl-net")["state"] == "succeeded"
+                results[network] = json.loads(client.workload_logs("wl-net")["data"].splitlines()[-1])
+            finally:
+                process.stop()
+    finally:
+        LocalServicesFirewall(CLOSED_UIDS).remove()
+    assert results["node"] == {"database": "ok", "broker": "ok", "own listener": "ok", "run socket": "ok"}
+    assert results["closed-local"] == {"database": "ECONNREFUSED", "broker": "ok", "own listener": "ok",
+                                       "run socket": "ENOENT"}
+
+
+def test_isolation_closed_local_is_refused_without_uid_isolation(tmp_path):
+    from agent.daemon import AgentConfig, build_isolation
+
+    config = AgentConfig(node_id="n1", state_dir=str(tmp_path), isolation="none",
+                         workload_network="closed-local").validate()
+    assert build_isolation(config, tmp_path).network == "node"  # nothing to tell apart: nothing closed
+    with pytest.raises(ValueError, match="needs isolation uid"):
+        Isolation(mode="none", state_dir=tmp_path, network="closed-local")
+    with pytest.raises(ValueError, match="workload_network must be one of"):
+        AgentConfig(node_id="n1", state_dir=str(tmp_path), workload_network="open").validate()
