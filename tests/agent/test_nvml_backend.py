@@ -91,7 +91,9 @@ class FakeGpu:
     power_mw: int = 312_500
     energy_mj: int = 123_456_789
     util_pct: int = 40
-    used_mib: int = 2_000
+    used_mib: int = 2_000  # what processes use (nvidia-smi's figure); v1 adds the reservation to it
+    reserved_mib: int = 0  # the driver's reservation (nvmlMemory_v2_t.reserved)
+    memory_v2: bool = True  # the driver has nvmlDeviceGetMemoryInfo_v2
     not_supported: set[str] = field(default_factory=set)
 
 
@@ -122,7 +124,7 @@ class FakeNvml:
         self.initialised = False
 
     def __getattr__(self, name):
-        if name.startswith(("NVML_", "NVMLError", "c_nvml")):
+        if name.startswith(("NVML_", "NVMLError", "c_nvml", "nvmlMemory_v")):
             return getattr(pynvml, name)
         raise AttributeError(f"the fake has no {name}: add it if the backend needs it")
 
@@ -215,13 +217,21 @@ class FakeNvml:
         return ci.uuid if ci else gpu.uuid
 
     def nvmlDeviceGetMemoryInfo(self, handle, version=None):
+        """v1 (no ``version``) counts the driver's reservation as used, as the real call does (480 MiB on an
+        idle H100); v2 (``version=nvmlMemory_v2``) reports it apart. A driver without v2 has no such symbol."""
         gpu, ci, gi = self._device(handle)
-        self._call("nvmlDeviceGetMemoryInfo", gpu)
+        self._call("nvmlDeviceGetMemoryInfo", gpu, version=version)
         if ci is not None:
-            total, used = gpu.profiles[gi.profile][3], ci.used_mib
+            total, used, reserved = gpu.profiles[gi.profile][3], ci.used_mib, 0
         else:
-            total, used = gpu.memory_mib, gpu.used_mib
-        return pynvml.c_nvmlMemory_t(total * MIB, (total - used) * MIB, used * MIB)
+            total, used, reserved = gpu.memory_mib, gpu.used_mib, gpu.reserved_mib
+        free = total - reserved - used
+        if not version:
+            return pynvml.c_nvmlMemory_t(total * MIB, free * MIB, (used + reserved) * MIB)
+        if not gpu.memory_v2:
+            raise pynvml.NVMLError_FunctionNotFound()
+        assert version == pynvml.nvmlMemory_v2, f"unknown nvmlMemory version {version:#x}"
+        return pynvml.c_nvmlMemory_v2_t(version, total * MIB, reserved * MIB, free * MIB, used * MIB)
 
     def nvmlDeviceGetPowerUsage(self, handle):
         gpu, _, _ = self._device(handle)
@@ -462,7 +472,10 @@ def test_nvml_backend_inventory_lists_gpus_with_the_mig_layout_in_catalogue_name
         "model": "H100-80GB",
         "name": "NVIDIA H100 80GB HBM3",
         "memory_mib": 81_559,
+        "memory_total_mib": 81_559,
+        "memory_reserved_mib": 0,
         "mig_capable": True,
+        "mig_mode": {"current": "enabled", "pending": "enabled"},
         "mode": "mig",
         "mig_layout": [
             {"gpu_instance_id": 5, "profile": "2g.20gb", "start": 2, "size": 2, "device_uuid": ""},
@@ -481,7 +494,10 @@ def test_nvml_backend_inventory_lists_gpus_with_the_mig_layout_in_catalogue_name
         "model": "L4",
         "name": "NVIDIA L4",
         "memory_mib": 23_034,
+        "memory_total_mib": 23_034,
+        "memory_reserved_mib": 0,
         "mig_capable": False,
+        "mig_mode": None,
         "mode": "whole",
         "mig_layout": [],
     }
@@ -921,18 +937,40 @@ def test_nvml_backend_refuses_a_mode_change_and_changes_nothing(
     assert not (tmp_path / STATE_FILE).exists()
 
 
-def test_nvml_backend_changes_no_mode_when_mig_changes_are_off(fake, tmp_path):
+def test_nvml_backend_switches_no_mig_mode_when_mig_changes_are_off(fake, tmp_path):
     backend = NvmlBackend(tmp_path, "node-a", nvml=fake)
     fake.calls.clear()
 
-    for gpu_uuid, mode in ((L4, "shared"), (H100, "whole")):
+    for gpu_uuid, mode in ((H100, "whole"), (H100, "shared")):
         with pytest.raises(NotPermitted) as refused:
             backend.set_mode(gpu_uuid, mode)
         assert refused.value.status == 403
         assert refused.value.message.startswith("MIG changes are disabled on this agent (allow_mig_changes is off)")
+        assert "from mig to" in refused.value.message
 
-    assert fake.calls == []  # refused before any NVML call
+    assert fake.changes() == []  # refused before any NVML change
     assert [g["mode"] for g in backend.inventory()["gpus"]] == ["mig", "whole"]
+    assert not (tmp_path / STATE_FILE).exists()
+
+
+def test_nvml_backend_changes_the_current_mode_and_whole_shared_when_mig_changes_are_off(fake, tmp_path):
+    """Issue 28, defect 3: on a default real node (MIG changes off) the capacity loop's switch was refused
+    403 though no device setting is involved: the current mode again, and whole <-> shared with MIG off."""
+    backend = NvmlBackend(tmp_path, "node-a", nvml=fake)
+    fake.calls.clear()
+
+    assert backend.set_mode(H100, "mig")["mode"] == "mig"  # the current mode: nothing to do
+    assert backend.set_mode(L4, "whole")["mode"] == "whole"
+    assert backend.set_mode(L4, "shared")["mode"] == "shared"
+    backend.create("s1", InstanceSpec("share", L4, milli=500, memory_mib=4_000))
+    with pytest.raises(Conflict):
+        backend.set_mode(L4, "whole")  # still refused while it holds a share
+    backend.destroy("s1")
+    assert backend.set_mode(L4, "whole")["mode"] == "whole"
+
+    assert fake.changes() == []  # no device setting changed
+    assert json.loads((tmp_path / STATE_FILE).read_text())["modes"] == {L4: "whole"}
+    backend.close()
 
 
 @pytest.mark.parametrize(
@@ -1035,8 +1073,9 @@ def test_nvml_backend_mode_changes_over_http(fake, tmp_path):
 
     with served(NvmlBackend(tmp_path, "node-a", nvml=fake)) as client:  # restarted, MIG changes off
         assert client.inventory()["gpus"][1]["mode"] == "shared"
+        assert client.set_gpu_mode(L4, "whole")["mode"] == "whole"  # no device setting: allowed
         with pytest.raises(AgentHTTPError) as off:
-            client.set_gpu_mode(L4, "whole")
+            client.set_gpu_mode(H100, "whole")  # MIG off: a device setting
         assert off.value.status == 403
         assert off.value.problem["type"].endswith("/not_permitted")
     assert not fake.initialised
