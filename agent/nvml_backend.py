@@ -8,7 +8,8 @@ What it guarantees:
   rules from ``gpus.mig``, the shares already held) before anything changes; a refused request changes
   nothing, on the device or in the state file.
 - MIG instances are created and destroyed only when ``allow_mig_changes`` is on. Off (the default), every
-  MIG change is ``NotPermitted`` before any NVML call: a GPU shared with others is never re-partitioned.
+  MIG change is ``NotPermitted`` before any NVML call that changes something: a GPU shared with others is
+  never re-partitioned.
 - A MIG instance is a GPU instance plus its default compute instance, or nothing: when the second half
   fails, the first is destroyed again.
 - What this agent holds is recorded in ``state_dir/nvml-state.json`` (written atomically), so a restarted
@@ -22,10 +23,12 @@ What it guarantees:
 - GPU mode changes (``set_mode``) that turn MIG on or off need ``allow_mig_changes``; the GPU's current mode
   again, and ``whole`` <-> ``shared`` on a GPU with MIG disabled (no device setting involved), do not. A
   change is refused (409) while the GPU holds any instance, this agent's or another's GPU instance: a GPU
-  with a live instance is never reset. ``whole`` <-> ``mig`` is ``nvmlDeviceSetMigMode``; when its activation needs a GPU reset (which this agent
-  never does) the answer is 409 saying so. ``shared`` is MIG disabled on the device (shares are MPS limits);
-  the chosen ``whole`` or ``shared`` is kept in the state file, so the inventory says the same after a
-  restart, and creates then follow it (a whole instance needs ``whole``, a share ``shared``).
+  with a live instance is never reset. ``whole`` <-> ``mig`` is ``nvmlDeviceSetMigMode``; when its
+  activation needs a GPU reset (which this agent never does) the answer is 409 saying so. ``shared`` is
+  MIG disabled on the device (shares are MPS limits); the chosen ``whole`` or ``shared`` is kept in the
+  state file, so the inventory says the same after a restart, and creates follow the mode the inventory
+  shows (a whole instance needs ``whole``, a share ``shared``; a GPU never given a mode is ``whole``, or
+  ``shared`` while it holds shares from an older agent), as the sim's do.
 
 Whole GPUs and shares need no NVML change: a whole GPU is handed out by UUID, a share as MPS limits in the
 instance's ``access`` environment (the MPS control daemon enforces them; this backend only records them).
@@ -447,11 +450,11 @@ class NvmlBackend(Backend):
             raise InvalidRequest(
                 f"GPU {gpu.uuid} ({gpu.model_code}) is in MIG mode; it takes kind 'mig' only", field="kind"
             )
-        recorded = self._modes.get(gpu.uuid)
+        current = self._plain_mode(gpu)  # what the inventory shows, as the sim's mode
         wanted = "shared" if spec.kind == "share" else "whole"
-        if recorded is not None and recorded != wanted:
+        if current != wanted:
             raise InvalidRequest(
-                f"GPU {gpu.uuid} is in {recorded} mode; a {spec.kind} instance needs {wanted} mode", field="kind"
+                f"GPU {gpu.uuid} is in {current} mode; a {spec.kind} instance needs {wanted} mode", field="kind"
             )
         held = [i for i in self._instances.values() if i["gpu"] == gpu.uuid]
         if any(i["kind"] == "whole" for i in held):
@@ -484,15 +487,16 @@ class NvmlBackend(Backend):
 
     def _create_mig(self, allocation_id: str, gpu: _Gpu, spec: InstanceSpec) -> dict:
         nv = self.nvml
+        if not self._mig_enabled(gpu):  # a read; a MIG request on a GPU not in MIG mode is wrong either way
+            raise InvalidRequest(
+                f"GPU {gpu.uuid} ({gpu.model_code}) is not in MIG mode (mode {self._plain_mode(gpu)}); it takes "
+                "kind 'whole' or 'share'",
+                field="kind",
+            )
         if not self.allow_mig_changes:
             raise NotPermitted(
                 "MIG changes are disabled on this agent (allow_mig_changes is off): "
                 f"not creating {spec.profile} at slot {spec.start} on GPU {gpu.uuid}",
-                field="kind",
-            )
-        if not self._mig_enabled(gpu):
-            raise InvalidRequest(
-                f"GPU {gpu.uuid} ({gpu.model_code}) is not in MIG mode (mode whole); it takes kind 'whole' or 'share'",
                 field="kind",
             )
         try:
@@ -734,7 +738,6 @@ class NvmlBackend(Backend):
     def _mig_readings(self, gpu: _Gpu, instances: list[dict]) -> list[InstanceReading]:
         if not instances:
             return []
-        nv = self.nvml
         devices = self._read(gpu, "MIG devices", self._mig_devices, gpu, default={})
         out = []
         for instance in instances:

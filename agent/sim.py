@@ -219,7 +219,7 @@ class SimBackend(Backend):
         model = model_get(gpu["model"])
         held = self._instances_on(gpu["uuid"])
         record = {"allocation_id": allocation_id, "kind": spec.kind, "gpu": gpu["uuid"], "gpu_index": gpu["index"],
-                  "profile": "", "start": -1, "milli": 0, "memory_mib": 0, "gpu_instance_id": None,
+                  "profile": "", "start": None, "milli": 0, "memory_mib": 0, "gpu_instance_id": None,
                   "compute_instance_id": None, "device_uuid": gpu["uuid"], "notice": None, "state": "active"}
         if spec.kind == "mig":
             try:
