@@ -1025,6 +1025,8 @@ def test_nvml_backend_refuses_a_mig_mode_change_that_waits_for_a_reset(tmp_path,
     assert "the agent does not reset GPUs" in message
     assert pending.value.field == "gpu"
     assert backend.inventory()["gpus"][0]["mode"] == "whole"  # still what the device runs
+    # the inventory shows the switch pending until the reset, as nvidia-smi's "MIG M. Pending" does
+    assert backend.inventory()["gpus"][0]["mig_mode"] == {"current": "disabled", "pending": "enabled"}
     assert not (tmp_path / STATE_FILE).exists()
 
 
