@@ -145,8 +145,10 @@ class Backend(abc.ABC):
 
     @abc.abstractmethod
     def inventory(self) -> dict:
-        """``{"gpus": [...], "instances": [...]}``: every GPU (uuid, index, model, memory_mib, mode,
-        mig_layout) and every instance this agent holds."""
+        """``{"gpus": [...], "instances": [...]}``: every GPU (uuid, index, model, name, memory_mib = usable =
+        memory_total_mib - memory_reserved_mib, mig_capable, mig_mode, mode, mig_layout, shares when shared)
+        and every instance this agent holds (whole and share: ``device_uuid`` is the GPU's UUID). Every backend
+        answers the same shape: tests/agent/test_backend_conformance.py."""
 
     @abc.abstractmethod
     def create(self, allocation_id: str, spec: InstanceSpec) -> tuple[dict, bool]:

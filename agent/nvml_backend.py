@@ -8,17 +8,27 @@ What it guarantees:
   rules from ``gpus.mig``, the shares already held) before anything changes; a refused request changes
   nothing, on the device or in the state file.
 - MIG instances are created and destroyed only when ``allow_mig_changes`` is on. Off (the default), every
-  MIG change is ``NotPermitted`` before any NVML call: a GPU shared with others is never re-partitioned.
+  MIG change is ``NotPermitted`` before any NVML call that changes something: a GPU shared with others is
+  never re-partitioned.
 - A MIG instance is a GPU instance plus its default compute instance, or nothing: when the second half
   fails, the first is destroyed again.
 - What this agent holds is recorded in ``state_dir/nvml-state.json`` (written atomically), so a restarted
   agent knows its instances; one that disappeared from the device is reported with state ``vanished``.
-- GPU mode changes (``set_mode``) also need ``allow_mig_changes`` and are refused (409) while the GPU holds
-  any instance, this agent's or another's GPU instance: a GPU with a live instance is never reset.
-  ``whole`` <-> ``mig`` is ``nvmlDeviceSetMigMode``; when its activation needs a GPU reset (which this agent
-  never does) the answer is 409 saying so. ``shared`` is MIG disabled on the device (shares are MPS limits);
-  the chosen ``whole`` or ``shared`` is kept in the state file, so the inventory says the same after a
-  restart, and creates then follow it (a whole instance needs ``whole``, a share ``shared``).
+- A GPU's memory is read with ``nvmlDeviceGetMemoryInfo_v2``, which reports the driver's reservation apart:
+  ``memory_total_mib`` is the nameplate, ``memory_reserved_mib`` what the driver keeps, ``memory_mib`` what
+  processes can have (total - reserved). Whole instances and shares are sized on ``memory_mib``, and the
+  framebuffer readings count what processes use, not the reservation (as ``nvidia-smi`` does). A driver
+  without the v2 call falls back to v1 (reservation unknown: 0).
+- Every whole and share instance carries the GPU's UUID in ``device_uuid``; a MIG instance its MIG UUID.
+- GPU mode changes (``set_mode``) that turn MIG on or off need ``allow_mig_changes``; the GPU's current mode
+  again, and ``whole`` <-> ``shared`` on a GPU with MIG disabled (no device setting involved), do not. A
+  change is refused (409) while the GPU holds any instance, this agent's or another's GPU instance: a GPU
+  with a live instance is never reset. ``whole`` <-> ``mig`` is ``nvmlDeviceSetMigMode``; when its
+  activation needs a GPU reset (which this agent never does) the answer is 409 saying so. ``shared`` is
+  MIG disabled on the device (shares are MPS limits); the chosen ``whole`` or ``shared`` is kept in the
+  state file, so the inventory says the same after a restart, and creates follow the mode the inventory
+  shows (a whole instance needs ``whole``, a share ``shared``; a GPU never given a mode is ``whole``, or
+  ``shared`` while it holds shares from an older agent), as the sim's do.
 
 Whole GPUs and shares need no NVML change: a whole GPU is handed out by UUID, a share as MPS limits in the
 instance's ``access`` environment (the MPS control daemon enforces them; this backend only records them).
@@ -170,12 +180,18 @@ class _Gpu:
     uuid: str
     name: str
     model: GpuModel | None
-    memory_mib: int
+    memory_total_mib: int  # the nameplate (nvmlMemory_v2_t.total)
+    memory_reserved_mib: int  # the driver's reservation (nvmlMemory_v2_t.reserved): no process gets it
     gi_profiles: dict[int, _GiProfile] | None = None  # by NVML profile id, read once
 
     @property
     def model_code(self) -> str:
         return self.model.code if self.model else self.name
+
+    @property
+    def memory_mib(self) -> int:
+        """What processes can allocate: the nameplate less the driver's reservation."""
+        return self.memory_total_mib - self.memory_reserved_mib
 
     def catalogue_profile(self, shape_key: str | None) -> MigProfile | None:
         if self.model is None or shape_key is None:
@@ -212,21 +228,28 @@ class NvmlBackend(Backend):
         gpus = []
         views: dict[str, _MigView | None] = {}  # None: not in MIG mode
         for gpu in self._gpus:
-            view = self._mig_view(gpu) if self._mig_enabled(gpu) else None
+            mig_mode = self._mig_mode(gpu)
+            view = self._mig_view(gpu) if mig_mode is not None and mig_mode[0] else None
             views[gpu.uuid] = view
             mode = "mig" if view is not None else self._plain_mode(gpu)
-            gpus.append(
-                {
-                    "index": gpu.index,
-                    "uuid": gpu.uuid,
-                    "model": gpu.model_code,
-                    "name": gpu.name,
-                    "memory_mib": gpu.memory_mib,
-                    "mig_capable": bool(gpu.model and gpu.model.mig_capable),
-                    "mode": mode,
-                    "mig_layout": view.layout if view is not None else [],
-                }
-            )
+            entry = {
+                "index": gpu.index,
+                "uuid": gpu.uuid,
+                "model": gpu.model_code,
+                "name": gpu.name,
+                "memory_mib": gpu.memory_mib,
+                "memory_total_mib": gpu.memory_total_mib,
+                "memory_reserved_mib": gpu.memory_reserved_mib,
+                "mig_capable": bool(gpu.model and gpu.model.mig_capable),
+                "mig_mode": _mig_mode_json(mig_mode),
+                "mode": mode,
+                "mig_layout": view.layout if view is not None else [],
+            }
+            if mode == "shared":
+                held = [i for i in self._instances.values() if i["gpu"] == gpu.uuid and i["kind"] == "share"]
+                entry["shares"] = {"milli_used": sum(i["milli"] for i in held),
+                                   "memory_used_mib": sum(i["memory_mib"] for i in held)}
+            gpus.append(entry)
         instances = []
         for allocation_id in sorted(self._instances):
             instance = copy.deepcopy(self._instances[allocation_id])
@@ -292,18 +315,19 @@ class NvmlBackend(Backend):
         if gpu is None:
             known = ", ".join(self._by_uuid) or "none"
             raise NotFound(f"no GPU {gpu_uuid!r} on {self.hostname}; GPUs: {known}", field="gpu")
-        if not self.allow_mig_changes:
-            raise NotPermitted(
-                "MIG changes are disabled on this agent (allow_mig_changes is off): "
-                f"not changing GPU {gpu.uuid} to {mode} mode",
-                field="mode",
-            )
         if mode == "mig" and not (gpu.model and gpu.model.mig_capable):
             raise InvalidRequest(f"{gpu.model_code} offers no MIG: GPU {gpu.uuid} can be whole or shared", field="mode")
-        mig_now = self._mig_enabled(gpu)
+        mig_now = self._mig_enabled(gpu)  # a read: nothing changes on the device before the checks below
         current = "mig" if mig_now else self._plain_mode(gpu)
         if current == mode:
             return self.gpu(gpu_uuid)
+        if (mode == "mig") != mig_now and not self.allow_mig_changes:
+            # whole <-> shared is the agent's own record (MIG stays disabled): only a MIG switch needs the knob
+            raise NotPermitted(
+                "MIG changes are disabled on this agent (allow_mig_changes is off): "
+                f"not changing GPU {gpu.uuid} from {current} to {mode} mode",
+                field="mode",
+            )
         held = sorted(i["allocation_id"] for i in self._instances.values() if i["gpu"] == gpu.uuid)
         if held:
             raise held_refusal(gpu.uuid, mode, held)
@@ -349,7 +373,7 @@ class NvmlBackend(Backend):
                 # A MIG-mode GPU reports neither utilisation nor framebuffer for the whole device.
                 rates = self._read(gpu, "utilisation", nv.nvmlDeviceGetUtilizationRates, gpu.handle, default=None)
                 util_pct = float(rates.gpu) if rates is not None else None
-                memory = self._read(gpu, "memory", nv.nvmlDeviceGetMemoryInfo, gpu.handle, default=None)
+                memory = self._read(gpu, "memory", self._memory_info, gpu.handle, default=None)
                 if memory is not None:
                     fb_used_mib, fb_free_mib = memory.used // MIB, memory.free // MIB
             holder = next((i["allocation_id"] for i in held if i["kind"] == "whole" and not mig), "")
@@ -426,11 +450,11 @@ class NvmlBackend(Backend):
             raise InvalidRequest(
                 f"GPU {gpu.uuid} ({gpu.model_code}) is in MIG mode; it takes kind 'mig' only", field="kind"
             )
-        recorded = self._modes.get(gpu.uuid)
+        current = self._plain_mode(gpu)  # what the inventory shows, as the sim's mode
         wanted = "shared" if spec.kind == "share" else "whole"
-        if recorded is not None and recorded != wanted:
+        if current != wanted:
             raise InvalidRequest(
-                f"GPU {gpu.uuid} is in {recorded} mode; a {spec.kind} instance needs {wanted} mode", field="kind"
+                f"GPU {gpu.uuid} is in {current} mode; a {spec.kind} instance needs {wanted} mode", field="kind"
             )
         held = [i for i in self._instances.values() if i["gpu"] == gpu.uuid]
         if any(i["kind"] == "whole" for i in held):
@@ -440,7 +464,8 @@ class NvmlBackend(Backend):
         if spec.kind == "whole":
             if held:
                 raise Conflict(f"GPU {gpu.uuid} has {len(held)} share(s); it cannot be leased whole", field="gpu")
-            return _instance(allocation_id, spec, gpu, milli=1000, memory_mib=gpu.memory_mib, access=access)
+            return _instance(allocation_id, spec, gpu, milli=1000, memory_mib=gpu.memory_mib, access=access,
+                             device_uuid=gpu.uuid)
         milli_held = sum(i["milli"] for i in held)
         if milli_held + spec.milli > 1000:
             raise InvalidRequest(
@@ -457,19 +482,21 @@ class NvmlBackend(Backend):
         # Enforced by the MPS control daemon on the node when the client starts with these variables.
         access["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(math.ceil(spec.milli / 10))
         access["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = f"0={spec.memory_mib}M"
-        return _instance(allocation_id, spec, gpu, milli=spec.milli, memory_mib=spec.memory_mib, access=access)
+        return _instance(allocation_id, spec, gpu, milli=spec.milli, memory_mib=spec.memory_mib, access=access,
+                         device_uuid=gpu.uuid)
 
     def _create_mig(self, allocation_id: str, gpu: _Gpu, spec: InstanceSpec) -> dict:
         nv = self.nvml
+        if not self._mig_enabled(gpu):  # a read; a MIG request on a GPU not in MIG mode is wrong either way
+            raise InvalidRequest(
+                f"GPU {gpu.uuid} ({gpu.model_code}) is not in MIG mode (mode {self._plain_mode(gpu)}); it takes "
+                "kind 'whole' or 'share'",
+                field="kind",
+            )
         if not self.allow_mig_changes:
             raise NotPermitted(
                 "MIG changes are disabled on this agent (allow_mig_changes is off): "
                 f"not creating {spec.profile} at slot {spec.start} on GPU {gpu.uuid}",
-                field="kind",
-            )
-        if not self._mig_enabled(gpu):
-            raise InvalidRequest(
-                f"GPU {gpu.uuid} ({gpu.model_code}) is not in MIG mode (mode whole); it takes kind 'whole' or 'share'",
                 field="kind",
             )
         try:
@@ -586,20 +613,42 @@ class NvmlBackend(Backend):
                 name = _text(nv.nvmlDeviceGetName(handle))
                 model = model_for_device_name(name)
                 try:
-                    memory_mib = nv.nvmlDeviceGetMemoryInfo(handle).total // MIB
+                    memory = self._memory_info(handle)
                 except nv.NVMLError_NotSupported:
-                    memory_mib = model.memory_mib if model else 0
-                gpus.append(_Gpu(index, handle, _text(nv.nvmlDeviceGetUUID(handle)), name, model, memory_mib))
+                    total_mib, reserved_mib = (model.memory_mib if model else 0), 0
+                else:
+                    total_mib = memory.total // MIB
+                    reserved_mib = total_mib - (memory.total - memory.reserved) // MIB
+                gpus.append(_Gpu(index, handle, _text(nv.nvmlDeviceGetUUID(handle)), name, model, total_mib,
+                                 reserved_mib))
         return gpus
 
-    def _mig_enabled(self, gpu: _Gpu) -> bool:
+    def _memory_info(self, handle: Any) -> Any:
+        """``nvmlDeviceGetMemoryInfo_v2`` (``total``, ``reserved``, ``free``, ``used``; ``used`` without the
+        driver's reservation), or v1 where the driver lacks v2, with ``reserved`` 0 (v1 counts the reservation
+        as used: 480 MiB on an idle H100). Raises NVML errors as they are."""
+        nv = self.nvml
+        try:
+            return nv.nvmlDeviceGetMemoryInfo(handle, version=nv.nvmlMemory_v2)
+        except nv.NVMLError_FunctionNotFound:
+            v1 = nv.nvmlDeviceGetMemoryInfo(handle)
+            memory = nv.c_nvmlMemory_v2_t()
+            memory.total, memory.reserved, memory.free, memory.used = v1.total, 0, v1.free, v1.used
+            return memory
+
+    def _mig_mode(self, gpu: _Gpu) -> tuple[bool, bool] | None:
+        """(MIG enabled now, MIG enabled after the next reset), or None for a GPU without MIG."""
         nv = self.nvml
         with self._errors(f"reading the MIG mode of GPU {gpu.uuid}"):
             try:
-                current, _pending = nv.nvmlDeviceGetMigMode(gpu.handle)
+                current, pending = nv.nvmlDeviceGetMigMode(gpu.handle)
             except nv.NVMLError_NotSupported:  # a GPU without MIG
-                return False
-        return current == nv.NVML_DEVICE_MIG_ENABLE
+                return None
+        return current == nv.NVML_DEVICE_MIG_ENABLE, pending == nv.NVML_DEVICE_MIG_ENABLE
+
+    def _mig_enabled(self, gpu: _Gpu) -> bool:
+        mig_mode = self._mig_mode(gpu)
+        return mig_mode is not None and mig_mode[0]
 
     def _gi_profiles(self, gpu: _Gpu) -> dict[int, _GiProfile]:
         """The GPU-instance profiles the driver offers on this GPU, by NVML profile id."""
@@ -689,14 +738,13 @@ class NvmlBackend(Backend):
     def _mig_readings(self, gpu: _Gpu, instances: list[dict]) -> list[InstanceReading]:
         if not instances:
             return []
-        nv = self.nvml
         devices = self._read(gpu, "MIG devices", self._mig_devices, gpu, default={})
         out = []
         for instance in instances:
             device = devices.get((instance["gpu_instance_id"], instance["compute_instance_id"]))
             if device is None:
                 continue  # vanished
-            memory = self._read(gpu, "MIG memory", nv.nvmlDeviceGetMemoryInfo, device.handle, default=None)
+            memory = self._read(gpu, "MIG memory", self._memory_info, device.handle, default=None)
             out.append(
                 InstanceReading(
                     gpu_index=gpu.index,
@@ -832,6 +880,14 @@ def _instance(
         "access": access,
         "state": "active",
     }
+
+
+def _mig_mode_json(mig_mode: tuple[bool, bool] | None) -> dict | None:
+    """The inventory's ``mig_mode``: ``{"current": "enabled" | "disabled", "pending": ...}``, None without MIG."""
+    if mig_mode is None:
+        return None
+    current, pending = mig_mode
+    return {"current": "enabled" if current else "disabled", "pending": "enabled" if pending else "disabled"}
 
 
 def _pending_refusal(nv: Any, gpu: _Gpu, verb: str, status: int) -> Conflict:

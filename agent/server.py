@@ -192,8 +192,9 @@ async def metrics(request: web.Request) -> web.Response:
         given = request.headers.get("Authorization", "").removeprefix("Bearer ")
         if not hmac.compare_digest(given, node.metrics_token):
             return problem(401, "unauthenticated", "Not authenticated", "metrics need the bearer token")
-    async with node.lock:
-        readings = node.backend.readings(time.time())
+    # off the event loop like every backend call: NVML reads block (a slow driver call must not stall the
+    # other requests, nor the other nodes of a fleet)
+    readings = await node.call(node.backend.readings, time.time())
     extra = [
         "# HELP gpubroker_agent_instances Instances this agent holds.",
         "# TYPE gpubroker_agent_instances gauge",

@@ -5,6 +5,14 @@ overlaps, Σ compute ≤ 7, one ``+me``), shares within 1000 milli and the GPU's
 instance per GPU in ``whole`` mode. Every change is written to ``state_dir/sim-state.json`` (temp file,
 fsync, rename) before it is answered, so a restart, even after ``kill -9``, shows the same inventory.
 
+Memory as a real GPU's driver reports it: ``memory_total_mib`` is the catalogue's nameplate,
+``memory_reserved_mib`` the driver's reservation (``reserved_mib``: recorded on a real H100, estimated for
+the other models), and ``memory_mib`` = total - reserved is what whole instances and shares are sized on
+and what the framebuffer readings count against. Whole and share instances carry the GPU's UUID in
+``device_uuid``, MIG instances a MIG UUID; ``mig_mode`` is current = pending (a sim GPU switches at once).
+``tests/agent/test_backend_conformance.py`` holds this backend and the nvml one (on a fake NVML answering
+a real H100's recorded figures) to the same answers.
+
 Telemetry: each instance replays a real utilisation/memory series (``agent.telemetry``); a GPU's power
 is idle + (max − idle) × its compute-weighted activity, and its energy counter is the closed-form
 integral of that power since the last change, so it only grows and needs no background thread.
@@ -45,6 +53,28 @@ MAX_LATENCY_SECONDS = 600.0
 PIN_FIELDS = ("instance", "engine_active", "fb_used_mib")
 _UUID_NAMESPACE = uuid.UUID("6f1d3c52-3a57-4b8e-9d43-2b1f0f6a9c11")
 _SPEC = re.compile(r"^(?P<model>[^:]+):(?P<count>\d+)(?::(?P<mode>whole|mig|shared))?$")
+
+# The driver's framebuffer reservation (MiB): nvmlDeviceGetMemoryInfo_v2's ``reserved``, which no process can
+# allocate. Recorded on a real NVIDIA H100 80GB HBM3 (driver 580.159.04, MIG disabled, idle): 480 MiB of
+# 81,559 (tests/agent/data/h100_nvml.json, issue 28). No other model has been read on real hardware yet: their
+# reservation is estimated as the same fraction of the nameplate (``reserved_mib``), until a recording of
+# that model replaces the estimate here.
+RECORDED_RESERVED_MIB = {"H100-80GB": 480}
+_RECORDED_FRACTION = (480, 81_559)  # the H100's reservation / nameplate
+
+
+def reserved_mib(model_code: str) -> int:
+    """The driver's reservation on ``model_code`` (MiB): recorded where a real device was read, else the
+    recorded H100's fraction of the nameplate, rounded half up (an L4's 23,034 MiB: 136 MiB)."""
+    if model_code in RECORDED_RESERVED_MIB:
+        return RECORDED_RESERVED_MIB[model_code]
+    reserved, nameplate = _RECORDED_FRACTION
+    return (model_get(model_code).memory_mib * reserved * 2 + nameplate) // (2 * nameplate)
+
+
+def usable_mib(model_code: str) -> int:
+    """What processes can allocate on ``model_code``: the nameplate less the driver's reservation."""
+    return model_get(model_code).memory_mib - reserved_mib(model_code)
 
 
 def parse_gpu_specs(text: str) -> list[tuple[str, int, str]]:
@@ -147,8 +177,12 @@ class SimBackend(Backend):
             if gpu["lost"]:
                 continue
             model = model_get(gpu["model"])
+            mig_now = "enabled" if gpu["mode"] == "mig" else "disabled"
             entry = {"index": gpu["index"], "uuid": gpu["uuid"], "model": gpu["model"], "name": model.vendor_name,
-                     "memory_mib": model.memory_mib, "mode": gpu["mode"], "mig_layout": []}
+                     "memory_mib": usable_mib(gpu["model"]), "memory_total_mib": model.memory_mib,
+                     "memory_reserved_mib": reserved_mib(gpu["model"]), "mig_capable": model.mig_capable,
+                     "mig_mode": {"current": mig_now, "pending": mig_now} if model.mig_capable else None,
+                     "mode": gpu["mode"], "mig_layout": []}
             held = self._instances_on(gpu["uuid"])
             if gpu["mode"] == "mig":
                 entry["mig_layout"] = sorted(
@@ -185,7 +219,7 @@ class SimBackend(Backend):
         model = model_get(gpu["model"])
         held = self._instances_on(gpu["uuid"])
         record = {"allocation_id": allocation_id, "kind": spec.kind, "gpu": gpu["uuid"], "gpu_index": gpu["index"],
-                  "profile": "", "start": -1, "milli": 0, "memory_mib": 0, "gpu_instance_id": None,
+                  "profile": "", "start": None, "milli": 0, "memory_mib": 0, "gpu_instance_id": None,
                   "compute_instance_id": None, "device_uuid": gpu["uuid"], "notice": None, "state": "active"}
         if spec.kind == "mig":
             try:
@@ -214,17 +248,18 @@ class SimBackend(Backend):
         elif spec.kind == "share":
             milli = sum(i["milli"] for i in held) + spec.milli
             memory = sum(i["memory_mib"] for i in held) + spec.memory_mib
+            usable = usable_mib(model.code)  # shares are sized on what processes can have, not the nameplate
             if milli > 1000:
                 raise InvalidRequest(f"GPU {gpu['index']} has {1000 - milli + spec.milli} milli free; asked "
                                      f"{spec.milli}", field="milli")
-            if memory > model.memory_mib:
-                raise InvalidRequest(f"GPU {gpu['index']} has {model.memory_mib - memory + spec.memory_mib} MiB "
+            if memory > usable:
+                raise InvalidRequest(f"GPU {gpu['index']} has {usable - memory + spec.memory_mib} MiB "
                                      f"free; asked {spec.memory_mib}", field="memory_mib")
             record.update(milli=spec.milli, memory_mib=spec.memory_mib)
         else:
             if held:
                 raise Conflict(f"GPU {gpu['index']} is held by allocation {held[0]['allocation_id']!r}", field="gpu")
-            record.update(milli=1000, memory_mib=model.memory_mib)
+            record.update(milli=1000, memory_mib=usable_mib(model.code))
         if self.fail_next_create:
             reason, self.fail_next_create = self.fail_next_create, ""
             raise Unavailable(f"create failed on GPU {gpu['index']}: {reason}")
@@ -475,7 +510,7 @@ class SimBackend(Backend):
             gpus.append(GpuReading(
                 gpu["index"], gpu["uuid"], gpu["model"], round(power, 1), energy,
                 None if gpu["mode"] == "mig" else round(load * 100, 1),
-                int(used) if whole else None, model.memory_mib - int(used) if whole else None, holder))
+                int(used) if whole else None, usable_mib(model.code) - int(used) if whole else None, holder))
         return Readings(gpus, instances)
 
     def close(self) -> None:
@@ -509,4 +544,4 @@ def _access(record: dict) -> dict:
     return access
 
 
-__all__ = ["SimBackend", "parse_gpu_specs"]
+__all__ = ["RECORDED_RESERVED_MIB", "SimBackend", "parse_gpu_specs", "reserved_mib", "usable_mib"]

@@ -55,7 +55,8 @@ def _allocation_sql(where: str) -> str:
             f"WHERE a.freed_at IS NULL AND g.lost_at IS NULL AND l.state <> %s {where} ORDER BY a.id")
 
 
-_GPU_SQL = ("SELECT id, node_id, model, mode, index, nvlink_domain, mode_target FROM broker_gpu "
+_GPU_SQL = ("SELECT id, node_id, model, mode, index, nvlink_domain, mode_target, memory_mib "
+            "FROM broker_gpu "
             "WHERE lost_at IS NULL {where} ORDER BY id")
 _NODE_SQL = "SELECT id, node_id, cordoned, status FROM broker_node {where} ORDER BY id"
 _WARM_SQL = ("SELECT a.id, a.gpu_id, a.mig_profile, a.mig_start, a.state FROM broker_allocation a "
@@ -210,9 +211,10 @@ class SnapshotCache:
         node_ids = self.node_ids
         cursor.execute(_GPU_SQL.format(where=where), params)
         # a GPU whose mode the capacity loop is changing takes no new work until the agent has switched it
-        for pk, node, model, mode, index, nvlink_domain, target in cursor.fetchall():
+        # memory_mib: the usable memory the node's agent reported (shares are sized on it, not the nameplate)
+        for pk, node, model, mode, index, nvlink_domain, target, memory_mib in cursor.fetchall():
             self.gpus[pk] = (CoreGpu(f"g{pk}", node_ids[node], model, modes[mode], index, nvlink_domain,
-                                     bool(target)), node)
+                                     bool(target), memory_mib), node)
 
     def _leases_from(self, cursor, where: str, params: list) -> None:
         from broker.scheduler import Unit

@@ -56,8 +56,10 @@ class GpuState:
             return ("C", self.gpu.model, self.gpu.nvlink_domain)
         if self.gpu.mode == GpuMode.MIG:
             return ("M", self.gpu.model, self.gpu.nvlink_domain, self.slot_mask, self.compute_used, self.media_used)
-        return (self.gpu.mode.value[0].upper(), self.gpu.model, self.gpu.nvlink_domain, self.used_milli,
-                self.used_memory_mib, self.units)
+        signature = (self.gpu.mode.value[0].upper(), self.gpu.model, self.gpu.nvlink_domain, self.used_milli,
+                     self.used_memory_mib, self.units)
+        # GPUs of one model whose nodes report different usable memory fit different shares
+        return (*signature, self.gpu.memory_mib) if self.gpu.memory_mib else signature
 
     def canonical(self) -> tuple:
         """Everything a policy can read of this GPU, with the NVLink domain's rank within the node instead of
@@ -65,7 +67,8 @@ class GpuState:
         gpu = self.gpu
         if gpu.mode == _MIG:
             return ("M", gpu.closed, gpu.model, self.domain_rank, self.slot_mask, self.compute_used, self.media_used)
-        return (gpu.mode, gpu.closed, gpu.model, self.domain_rank, self.used_milli, self.used_memory_mib, self.units)
+        key = (gpu.mode, gpu.closed, gpu.model, self.domain_rank, self.used_milli, self.used_memory_mib, self.units)
+        return (*key, gpu.memory_mib) if gpu.memory_mib else key
 
     # -- fit --------------------------------------------------------------------------------------
     def fits_whole(self) -> bool:
@@ -190,8 +193,9 @@ class ClusterState:
             if gpu.node != node_id:  # sorted: one node's GPUs are together
                 node_id, node_gpus, ranks = gpu.node, nodes[gpu.node].gpus, {}
             rank = ranks.setdefault(gpu.nvlink_domain, len(ranks))
-            # fields in order: gpu, memory, use (six counters at 0), position in the node, NVLink domain rank
-            state = GpuState(gpu, model_memory, 0, 0, 0, 0, 0, 0, len(node_gpus), rank)
+            # fields in order: gpu, memory, use (six counters at 0), position in the node, NVLink domain rank; the
+            # memory is what the node reported where it did (usable: less the driver's reservation)
+            state = GpuState(gpu, gpu.memory_mib or model_memory, 0, 0, 0, 0, 0, 0, len(node_gpus), rank)
             gpus[gpu.id] = state
             node_gpus.append(state)
         cluster = cls(nodes=nodes, gpus=gpus, capacity_milli_by_model=capacity,
@@ -379,8 +383,11 @@ class ClusterState:
             gpu.compute_used += sign * profile.compute_slices
             gpu.media_used += sign * int(profile.shape.media_extensions)
         else:
+            # a unit of the whole GPU's compute on an empty GPU fits whatever memory it was recorded with (a whole
+            # lease placed before its node reported usable memory holds the catalogue's nameplate)
+            whole_of_empty = unit.milli == FULL and gpu.units == 0
             if sign > 0 and (gpu.used_milli + unit.milli > FULL
-                             or gpu.used_memory_mib + unit.memory_mib > gpu.memory_mib):
+                             or (gpu.used_memory_mib + unit.memory_mib > gpu.memory_mib and not whole_of_empty)):
                 raise ValueError(f"unit does not fit {gpu.gpu.id}")
             gpu.used_milli += sign * unit.milli
             gpu.used_memory_mib += sign * unit.memory_mib

@@ -77,6 +77,9 @@ class Gpu:
     index: int = 0
     nvlink_domain: str = ""
     closed: bool = False  # takes no new work (its mode is being changed); what it holds stays
+    # the memory processes can have, as the node's agent reports it (its inventory's ``memory_mib``: the nameplate
+    # less the driver's reservation, docs/agent-protocol.md); shares are sized on it. 0: the catalogue's figure
+    memory_mib: int = 0
 
 
 @_quick_init

@@ -15,8 +15,10 @@ import ctypes
 import json
 import sys
 import threading
+import urllib.request
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 import pynvml
 import pytest
@@ -91,7 +93,9 @@ class FakeGpu:
     power_mw: int = 312_500
     energy_mj: int = 123_456_789
     util_pct: int = 40
-    used_mib: int = 2_000
+    used_mib: int = 2_000  # what processes use (nvidia-smi's figure); v1 adds the reservation to it
+    reserved_mib: int = 0  # the driver's reservation (nvmlMemory_v2_t.reserved)
+    memory_v2: bool = True  # the driver has nvmlDeviceGetMemoryInfo_v2
     not_supported: set[str] = field(default_factory=set)
 
 
@@ -115,14 +119,18 @@ def _referenced(ref, kind):
 class FakeNvml:
     """The pynvml functions the backend calls. Constants, ctypes types and NVMLError classes are pynvml's."""
 
-    def __init__(self, gpus: list[FakeGpu]):
+    def __init__(self, gpus: list[FakeGpu], *, driver: str = "550.54.15"):
         self.gpus = gpus
+        self.driver = driver
         self.calls: list[tuple[str, dict]] = []
         self.fail: dict[str, type[pynvml.NVMLError]] = {}
         self.initialised = False
+        # a slow driver: nvmlDeviceGetPowerUsage sets ``slow_entered`` and waits for ``slow_release``
+        self.slow_entered: threading.Event | None = None
+        self.slow_release: threading.Event | None = None
 
     def __getattr__(self, name):
-        if name.startswith(("NVML_", "NVMLError", "c_nvml")):
+        if name.startswith(("NVML_", "NVMLError", "c_nvml", "nvmlMemory_v")):
             return getattr(pynvml, name)
         raise AttributeError(f"the fake has no {name}: add it if the backend needs it")
 
@@ -181,11 +189,11 @@ class FakeNvml:
 
     def nvmlSystemGetDriverVersion(self):
         self._call("nvmlSystemGetDriverVersion")
-        return "550.54.15"
+        return self.driver
 
     def nvmlSystemGetNVMLVersion(self):
         self._call("nvmlSystemGetNVMLVersion")
-        return "12.550.54.15"
+        return f"12.{self.driver}"
 
     # --- devices ---
     def nvmlDeviceGetCount(self):
@@ -215,17 +223,28 @@ class FakeNvml:
         return ci.uuid if ci else gpu.uuid
 
     def nvmlDeviceGetMemoryInfo(self, handle, version=None):
+        """v1 (no ``version``) counts the driver's reservation as used, as the real call does (480 MiB on an
+        idle H100); v2 (``version=nvmlMemory_v2``) reports it apart. A driver without v2 has no such symbol."""
         gpu, ci, gi = self._device(handle)
-        self._call("nvmlDeviceGetMemoryInfo", gpu)
+        self._call("nvmlDeviceGetMemoryInfo", gpu, version=version)
         if ci is not None:
-            total, used = gpu.profiles[gi.profile][3], ci.used_mib
+            total, used, reserved = gpu.profiles[gi.profile][3], ci.used_mib, 0
         else:
-            total, used = gpu.memory_mib, gpu.used_mib
-        return pynvml.c_nvmlMemory_t(total * MIB, (total - used) * MIB, used * MIB)
+            total, used, reserved = gpu.memory_mib, gpu.used_mib, gpu.reserved_mib
+        free = total - reserved - used
+        if not version:
+            return pynvml.c_nvmlMemory_t(total * MIB, free * MIB, (used + reserved) * MIB)
+        if not gpu.memory_v2:
+            raise pynvml.NVMLError_FunctionNotFound()
+        assert version == pynvml.nvmlMemory_v2, f"unknown nvmlMemory version {version:#x}"
+        return pynvml.c_nvmlMemory_v2_t(version, total * MIB, reserved * MIB, free * MIB, used * MIB)
 
     def nvmlDeviceGetPowerUsage(self, handle):
         gpu, _, _ = self._device(handle)
         self._call("nvmlDeviceGetPowerUsage", gpu)
+        if self.slow_release is not None:
+            self.slow_entered.set()
+            self.slow_release.wait(10)
         return gpu.power_mw
 
     def nvmlDeviceGetTotalEnergyConsumption(self, handle):
@@ -421,6 +440,24 @@ def h100(**changes) -> FakeGpu:
     return gpu
 
 
+RECORDING = json.loads((Path(__file__).parent / "data" / "h100_nvml.json").read_text())
+RECORDED_H100 = "GPU-4a2f7c10-9e3b-4d51-8c2a-0b6e1f5d3a97"  # the recording keeps no UUID: this one is made up
+
+
+def recorded_h100(*, load: bool = False) -> FakeGpu:
+    """The real H100 of issue 28 as NVML answered (tests/agent/data/h100_nvml.json): MIG capable and
+    disabled, 81,559 MiB nameplate of which the driver reserves 480; idle, or under the recorded load."""
+    memory = RECORDING["memory"]
+    used = memory["load" if load else "idle"]["v2_used_mib"]
+    return FakeGpu(RECORDING["device"]["name"], RECORDED_H100, memory["total_mib"], False,
+                   profiles=dict(H100_GI_PROFILES), reserved_mib=memory["reserved_mib"], used_mib=used)
+
+
+def recorded_nvml(*, load: bool = False) -> FakeNvml:
+    """A fake NVML answering with the recorded H100's figures and driver version."""
+    return FakeNvml([recorded_h100(load=load)], driver=RECORDING["device"]["driver"])
+
+
 def l4(**changes) -> FakeGpu:
     gpu = FakeGpu("NVIDIA L4", L4, 23_034, None, power_mw=35_250, energy_mj=5_000, util_pct=40, used_mib=4_000)
     for name, value in changes.items():
@@ -462,7 +499,10 @@ def test_nvml_backend_inventory_lists_gpus_with_the_mig_layout_in_catalogue_name
         "model": "H100-80GB",
         "name": "NVIDIA H100 80GB HBM3",
         "memory_mib": 81_559,
+        "memory_total_mib": 81_559,
+        "memory_reserved_mib": 0,
         "mig_capable": True,
+        "mig_mode": {"current": "enabled", "pending": "enabled"},
         "mode": "mig",
         "mig_layout": [
             {"gpu_instance_id": 5, "profile": "2g.20gb", "start": 2, "size": 2, "device_uuid": ""},
@@ -481,7 +521,10 @@ def test_nvml_backend_inventory_lists_gpus_with_the_mig_layout_in_catalogue_name
         "model": "L4",
         "name": "NVIDIA L4",
         "memory_mib": 23_034,
+        "memory_total_mib": 23_034,
+        "memory_reserved_mib": 0,
         "mig_capable": False,
+        "mig_mode": None,
         "mode": "whole",
         "mig_layout": [],
     }
@@ -646,7 +689,7 @@ def test_nvml_backend_makes_no_mig_change_when_mig_changes_are_off(fake, tmp_pat
 
     assert refused.value.status == 403
     assert refused.value.message.startswith("MIG changes are disabled on this agent (allow_mig_changes is off)")
-    assert fake.calls == []
+    assert fake.changes() == []
     assert backend.inventory()["instances"] == []
 
 
@@ -693,7 +736,7 @@ def test_nvml_backend_create_is_idempotent_and_another_spec_conflicts(backend, f
         (mig("1g.10gb", 3), "start", "overlaps another instance"),
         (mig("1g.10gb", 7), "start", "1g.10gb cannot start at slot 7"),
         (mig("3g.40gb", 0), "start", "overlaps another instance"),
-        (InstanceSpec("share", L4, milli=1_000, memory_mib=24_000), "memory_mib", "23034 MiB free"),
+        (InstanceSpec("share", L4, milli=100, memory_mib=1_000), "kind", "is in whole mode; a share instance needs"),
     ],
 )
 def test_nvml_backend_refuses_a_bad_request_and_changes_nothing(backend, fake, tmp_path, spec, error_field, words):
@@ -711,6 +754,7 @@ def test_nvml_backend_refuses_a_bad_request_and_changes_nothing(backend, fake, t
 
 
 def test_nvml_backend_shares_fit_in_the_gpu_and_exclude_a_whole_lease(backend, fake):
+    backend.set_mode(L4, "shared")
     share, _ = backend.create("s1", InstanceSpec("share", L4, milli=600, memory_mib=20_000))
     assert share["access"] == {
         "CUDA_VISIBLE_DEVICES": L4,
@@ -725,15 +769,19 @@ def test_nvml_backend_shares_fit_in_the_gpu_and_exclude_a_whole_lease(backend, f
     with pytest.raises(InvalidRequest) as too_big:
         backend.create("s2", InstanceSpec("share", L4, milli=100, memory_mib=3_035))
     assert too_big.value.field == "memory_mib"
-    with pytest.raises(Conflict):
+    assert "has 3034 MiB free" in too_big.value.message
+    with pytest.raises(InvalidRequest) as shared:
         backend.create("w1", InstanceSpec("whole", L4))
+    assert shared.value.field == "kind"
     assert [i["allocation_id"] for i in backend.inventory()["instances"]] == ["s1"]
 
     backend.destroy("s1")
+    backend.set_mode(L4, "whole")
     whole, _ = backend.create("w1", InstanceSpec("whole", L4))
     assert whole["access"] == {"CUDA_VISIBLE_DEVICES": L4}
-    with pytest.raises(Conflict):
+    with pytest.raises(InvalidRequest) as held_whole:
         backend.create("s1", InstanceSpec("share", L4, milli=100, memory_mib=100))
+    assert held_whole.value.field == "kind"
     assert fake.changes() == []
 
 
@@ -807,6 +855,7 @@ def test_nvml_backend_notice_on_an_unknown_allocation_is_not_found(backend):
 
 def test_nvml_backend_readings_give_gpu_power_and_energy_and_instance_memory(backend, fake):
     backend.create("a1", mig("2g.20gb", 0))
+    backend.set_mode(L4, "shared")
     backend.create("s1", InstanceSpec("share", L4, milli=250, memory_mib=8_000))
     backend.create("s2", InstanceSpec("share", L4, milli=750, memory_mib=8_000))
 
@@ -921,18 +970,40 @@ def test_nvml_backend_refuses_a_mode_change_and_changes_nothing(
     assert not (tmp_path / STATE_FILE).exists()
 
 
-def test_nvml_backend_changes_no_mode_when_mig_changes_are_off(fake, tmp_path):
+def test_nvml_backend_switches_no_mig_mode_when_mig_changes_are_off(fake, tmp_path):
     backend = NvmlBackend(tmp_path, "node-a", nvml=fake)
     fake.calls.clear()
 
-    for gpu_uuid, mode in ((L4, "shared"), (H100, "whole")):
+    for gpu_uuid, mode in ((H100, "whole"), (H100, "shared")):
         with pytest.raises(NotPermitted) as refused:
             backend.set_mode(gpu_uuid, mode)
         assert refused.value.status == 403
         assert refused.value.message.startswith("MIG changes are disabled on this agent (allow_mig_changes is off)")
+        assert "from mig to" in refused.value.message
 
-    assert fake.calls == []  # refused before any NVML call
+    assert fake.changes() == []  # refused before any NVML change
     assert [g["mode"] for g in backend.inventory()["gpus"]] == ["mig", "whole"]
+    assert not (tmp_path / STATE_FILE).exists()
+
+
+def test_nvml_backend_changes_the_current_mode_and_whole_shared_when_mig_changes_are_off(fake, tmp_path):
+    """Issue 28, defect 3: on a default real node (MIG changes off) the capacity loop's switch was refused
+    403 though no device setting is involved: the current mode again, and whole <-> shared with MIG off."""
+    backend = NvmlBackend(tmp_path, "node-a", nvml=fake)
+    fake.calls.clear()
+
+    assert backend.set_mode(H100, "mig")["mode"] == "mig"  # the current mode: nothing to do
+    assert backend.set_mode(L4, "whole")["mode"] == "whole"
+    assert backend.set_mode(L4, "shared")["mode"] == "shared"
+    backend.create("s1", InstanceSpec("share", L4, milli=500, memory_mib=4_000))
+    with pytest.raises(Conflict):
+        backend.set_mode(L4, "whole")  # still refused while it holds a share
+    backend.destroy("s1")
+    assert backend.set_mode(L4, "whole")["mode"] == "whole"
+
+    assert fake.changes() == []  # no device setting changed
+    assert json.loads((tmp_path / STATE_FILE).read_text())["modes"] == {L4: "whole"}
+    backend.close()
 
 
 @pytest.mark.parametrize(
@@ -954,6 +1025,8 @@ def test_nvml_backend_refuses_a_mig_mode_change_that_waits_for_a_reset(tmp_path,
     assert "the agent does not reset GPUs" in message
     assert pending.value.field == "gpu"
     assert backend.inventory()["gpus"][0]["mode"] == "whole"  # still what the device runs
+    # the inventory shows the switch pending until the reset, as nvidia-smi's "MIG M. Pending" does
+    assert backend.inventory()["gpus"][0]["mig_mode"] == {"current": "disabled", "pending": "enabled"}
     assert not (tmp_path / STATE_FILE).exists()
 
 
@@ -1035,8 +1108,124 @@ def test_nvml_backend_mode_changes_over_http(fake, tmp_path):
 
     with served(NvmlBackend(tmp_path, "node-a", nvml=fake)) as client:  # restarted, MIG changes off
         assert client.inventory()["gpus"][1]["mode"] == "shared"
+        assert client.set_gpu_mode(L4, "whole")["mode"] == "whole"  # no device setting: allowed
         with pytest.raises(AgentHTTPError) as off:
-            client.set_gpu_mode(L4, "whole")
+            client.set_gpu_mode(H100, "whole")  # MIG off: a device setting
         assert off.value.status == 403
         assert off.value.problem["type"].endswith("/not_permitted")
     assert not fake.initialised
+
+
+# --- issue 28: what a real H100 (driver 580.159.04, MIG disabled, MIG changes off) showed ---
+
+
+def test_recorded_nvml_answers_v1_as_the_real_h100_did():
+    """The recorded fake reproduces the v1 figures the agent printed on the real GPU (its reservation counted
+    as used) and the v2 ones nvidia-smi and CUDA agree with; the recording adds up."""
+    memory = RECORDING["memory"]
+    assert memory["total_mib"] - memory["reserved_mib"] == memory["cuda_allocatable_mib"] == 81_079
+    for load, state in ((False, "idle"), (True, "load")):
+        nv = recorded_nvml(load=load)
+        handle = nv.nvmlDeviceGetHandleByIndex(0)
+        v1 = nv.nvmlDeviceGetMemoryInfo(handle)
+        v2 = nv.nvmlDeviceGetMemoryInfo(handle, version=pynvml.nvmlMemory_v2)
+        assert v1.used // MIB == memory[state]["v1_used_mib"]  # 480 idle, 5,806 under load
+        assert (v2.total // MIB, v2.reserved // MIB, v2.used // MIB) == (
+            81_559, 480, memory[state]["v2_used_mib"])
+        assert abs(v2.used // MIB - memory[state]["nvidia_smi_used_mib"]) <= 1
+        assert (v2.used + v2.free) // MIB == 81_079
+
+
+def test_nvml_backend_gives_whole_and_share_instances_the_gpus_uuid(tmp_path):
+    """Defect 1: NVML left device_uuid empty for whole and share instances (the sim set the GPU's UUID), so
+    the container runtime built ``--device nvidia.com/gpu=`` with no device."""
+    backend = NvmlBackend(tmp_path, "h100-node", nvml=recorded_nvml())
+
+    whole, _ = backend.create("w1", InstanceSpec("whole", RECORDED_H100))
+    assert (whole["device_uuid"], whole["access"]["CUDA_VISIBLE_DEVICES"]) == (RECORDED_H100, RECORDED_H100)
+    backend.destroy("w1")
+    backend.set_mode(RECORDED_H100, "shared")
+    share, _ = backend.create("s1", InstanceSpec("share", RECORDED_H100, milli=500, memory_mib=8_000))
+    assert share["device_uuid"] == RECORDED_H100
+    assert backend.inventory()["instances"][0]["device_uuid"] == RECORDED_H100
+    backend.close()
+
+
+def test_nvml_backend_reports_usable_memory_apart_from_the_drivers_reservation(tmp_path):
+    """Defect 2: v1 nvmlDeviceGetMemoryInfo counts the driver's 480 MiB as used: the agent read an idle H100
+    480 MiB used (nvidia-smi: 0), 5,806 under load (nvidia-smi: 5,327), and sized shares on 81,559 MiB
+    where CUDA can allocate 81,079."""
+    backend = NvmlBackend(tmp_path, "h100-node", nvml=recorded_nvml())
+
+    (gpu,) = backend.inventory()["gpus"]
+    assert (gpu["memory_total_mib"], gpu["memory_reserved_mib"], gpu["memory_mib"]) == (81_559, 480, 81_079)
+    (idle,) = backend.readings(0.0).gpus
+    assert (idle.fb_used_mib, idle.fb_free_mib) == (0, 81_079)
+    whole, _ = backend.create("w1", InstanceSpec("whole", RECORDED_H100))
+    assert whole["memory_mib"] == 81_079
+    backend.destroy("w1")
+
+    backend.set_mode(RECORDED_H100, "shared")
+    with pytest.raises(InvalidRequest) as too_big:
+        backend.create("s1", InstanceSpec("share", RECORDED_H100, milli=500, memory_mib=81_080))
+    assert (too_big.value.field, "has 81079 MiB free" in too_big.value.message) == ("memory_mib", True)
+    backend.create("s1", InstanceSpec("share", RECORDED_H100, milli=500, memory_mib=81_079))  # exactly fits
+    backend.close()
+
+    loaded = NvmlBackend(tmp_path / "load", "h100-node", nvml=recorded_nvml(load=True))
+    loaded.create("w1", InstanceSpec("whole", RECORDED_H100))
+    (busy,) = loaded.readings(0.0).gpus
+    assert (busy.fb_used_mib, busy.fb_used_mib + busy.fb_free_mib) == (5_326, 81_079)  # nvidia-smi: 5,327
+    loaded.close()
+
+
+def test_nvml_backend_falls_back_to_v1_memory_on_a_driver_without_v2(tmp_path):
+    gpu = recorded_h100()
+    gpu.memory_v2 = False
+    backend = NvmlBackend(tmp_path, "old-driver", nvml=FakeNvml([gpu]))
+
+    (entry,) = backend.inventory()["gpus"]
+    assert (entry["memory_total_mib"], entry["memory_reserved_mib"], entry["memory_mib"]) == (81_559, 0, 81_559)
+    (reading,) = backend.readings(0.0).gpus
+    assert reading.fb_used_mib == 480  # v1 cannot tell the reservation apart
+    backend.close()
+
+
+def test_nvml_backend_switches_whole_and_shared_on_a_default_real_node(tmp_path):
+    """Defect 3: the mode a GPU is in, and whole <-> shared (no device setting), were refused 403 with MIG
+    changes off, so the capacity loop's switch failed on a default real node. Over HTTP, as the broker asks."""
+    fake = recorded_nvml()
+    with served(NvmlBackend(tmp_path, "node-a", nvml=fake)) as client:
+        assert client.set_gpu_mode(RECORDED_H100, "whole")["mode"] == "whole"
+        assert client.set_gpu_mode(RECORDED_H100, "shared")["mode"] == "shared"
+        assert client.inventory()["gpus"][0]["mode"] == "shared"
+        assert client.set_gpu_mode(RECORDED_H100, "whole")["mode"] == "whole"
+        with pytest.raises(AgentHTTPError) as mig:
+            client.set_gpu_mode(RECORDED_H100, "mig")  # enabling MIG is a device setting: still refused
+        assert (mig.value.status, mig.value.problem["field"]) == (403, "mode")
+    assert fake.changes() == []
+
+
+def test_nvml_metrics_do_not_stall_the_agent_while_nvml_is_slow(tmp_path):
+    """Defect 4: ``/metrics`` read NVML on the event loop, so one slow driver call stalled every request."""
+    fake = recorded_nvml()
+    fake.slow_entered, fake.slow_release = threading.Event(), threading.Event()
+    with served(NvmlBackend(tmp_path, "node-a", nvml=fake)) as client:
+        scrape: dict[str, str] = {}
+
+        def get_metrics() -> None:
+            with urllib.request.urlopen(f"{client.base_url}/metrics", timeout=20) as answer:
+                scrape["text"] = answer.read().decode()
+
+        scraper = threading.Thread(target=get_metrics)
+        scraper.start()
+        try:
+            assert fake.slow_entered.wait(10), "the scrape never reached NVML"
+            with urllib.request.urlopen(f"{client.base_url}/healthz", timeout=2) as answer:
+                assert json.loads(answer.read())["status"] == "ok"  # answered while NVML is still busy
+            assert "text" not in scrape
+        finally:
+            fake.slow_release.set()
+            scraper.join(20)
+        assert f'UUID="{RECORDED_H100}"' in scrape["text"]
+        assert "DCGM_FI_DEV_FB_FREE" in scrape["text"] and "} 81079" in scrape["text"]

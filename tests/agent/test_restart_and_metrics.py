@@ -7,6 +7,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from agent.protocol import AgentClient, AgentHTTPError, AgentUnreachable
+from agent.sim import usable_mib
 from tests.support.agents import SECRET, AgentProcess, gpu_of, snapshot_of
 
 
@@ -87,7 +88,8 @@ def test_metrics_use_dcgm_names_and_never_double_count_power(client):
     for sample in used:
         key = (sample.labels["UUID"], sample.labels["GPU_I_ID"], sample.labels["allocation_id"])
         totals[sample.labels["allocation_id"]] = sample.value + free[key]
-    assert totals["m-0"] == 40_320 and totals["s-0"] == 4096 and totals["w-0"] == 81_920
+    # a whole GPU's used + free is what processes can have: the nameplate (81,920) less the driver's reservation
+    assert totals["m-0"] == 40_320 and totals["s-0"] == 4096 and totals["w-0"] == usable_mib("A100-80GB") == 81_438
     for sample in used + power:
         assert {"gpu", "UUID", "device", "modelName", "Hostname", "GPU_I_ID", "GPU_I_PROFILE"} <= set(sample.labels)
         assert sample.labels["Hostname"]
