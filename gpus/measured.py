@@ -28,7 +28,7 @@ import statistics
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
-from gpus.performance import CONTEXT_MIB, FITTED, Constants, Workload, estimate, whole
+from gpus.performance import CONTEXT_MIB, FITTED, Constants, Workload, estimate, fitted_efficiency, whole
 
 DATA = Path(__file__).resolve().parent / "data"
 # the GPU each file was measured on (the file names say it for people; this says it for the code)
@@ -238,6 +238,9 @@ def fit(rows: list[Measurement], prior: Constants | None = None) -> Constants:
     if memory:
         constants = _descend(constants, free(GROUPS["memory"], memory), lambda c: sum(
             _log_error(max(1.0, predicted_peak_mib(r, c)), r.peak_mib) for r in memory))
+    # the engine's compute efficiency stays MLPerf's (TensorRT engines), refitted with the new kernel and bandwidth
+    # figures since they change the MLPerf points' modelled step
+    constants = replace(constants, compute_efficiency=fitted_efficiency(constants=constants))
     return _rounded(constants)
 
 

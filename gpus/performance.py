@@ -106,8 +106,9 @@ class Constants:
     conv_fp32_workspace_maps: float = 0.0  # cuDNN's FP32 algorithms (no tensor cores): workspace per sample
 
 
-# ``gpus.measured.fit(gpus.measured.load())``: the H100 rows of gpus/data/ (five architectures; docs/tiering.md §2)
-FITTED = Constants(memory_efficiency=0.745, kernel_seconds=5.98e-06, eager_compute_efficiency=0.647,
+# ``gpus.measured.fit(gpus.measured.load())``: the H100 rows of gpus/data/ (five architectures; docs/tiering.md §2);
+# the engine's compute efficiency is ``fitted_efficiency()`` (MLPerf) with those
+FITTED = Constants(compute_efficiency=0.61, memory_efficiency=0.745, kernel_seconds=5.98e-06, eager_compute_efficiency=0.647,
                    eager_conv_efficiency=0.455, eager_gemm_half_macs=2e9, host_seconds_per_op=1.33e-05,
                    eager_host_seconds_per_step=0.00166, workspace_mib=40.4, conv_peak_maps=3.66,
                    conv_fp32_workspace_maps=3.59)
@@ -500,12 +501,13 @@ GPTJ_RATIO = ("GPT-J-99 Offline H100 ÷ L4", 13.0687 / 1.30094,
               f"{_V31}/DGX-H100_H100-SXM-80GBx1_TRT/gptj-99/Offline and {_V31}/L4x1_TRT/gptj-99/Offline")
 
 
-def fitted_efficiency(points=CALIBRATION) -> float:
-    """The compute efficiency (0.30..1.00 in steps of 0.005) with the least mean absolute log error over
-    ``points``: a grid, since memory-bound points do not move with it."""
+def fitted_efficiency(points=CALIBRATION, constants: Constants | None = None) -> float:
+    """The engine's compute efficiency (0.30..1.00 in steps of 0.005) with the least mean absolute log error over
+    ``points`` (the other constants: ``constants``, default ``FITTED``): a grid, since memory-bound points do not
+    move with it."""
     def loss(efficiency: float) -> float:
-        return sum(abs(math.log(estimate(p.workload, whole(p.model), compute_efficiency=efficiency).throughput
-                                / p.measured)) for p in points)
+        return sum(abs(math.log(estimate(p.workload, whole(p.model), compute_efficiency=efficiency,
+                                         constants=constants).throughput / p.measured)) for p in points)
 
     return min((round(0.30 + 0.005 * step, 3) for step in range(141)), key=loss)
 
