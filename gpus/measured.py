@@ -300,7 +300,10 @@ def cross_validate(rows: list[Measurement], prior: Constants | None = None) -> d
         held_cases += scored["cases"]
         for row in held:
             guess = predicted(row, constants)
-            for subset in (row.subset, "eager, all") if row.mode == "eager" else (row.subset,):
+            pooled_in = (row.subset,)
+            if row.mode == "eager":
+                pooled_in += ("eager, all",) + (("eager inference",) if row.task != "generation" else ())
+            for subset in pooled_in:
                 entry = pooled.setdefault(subset, {"throughput": [], "memory": []})
                 entry["throughput"].append((row.throughput, guess.throughput))
                 if row.peak_mib:
@@ -310,3 +313,68 @@ def cross_validate(rows: list[Measurement], prior: Constants | None = None) -> d
     memory_all = [pair for name, v in pooled.items() if name != "eager, all" for pair in v["memory"]]
     return {"subsets": subsets, "memory_all": _summary(memory_all), "cases": held_cases,
             "contradictions": sum(1 for c in held_cases if c["contradicts"]), "folds": folds}
+
+
+# -- measured beats modelled ----------------------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class Filled:
+    """A workload on a slice: measured there, or the model's ratio from its nearest measurement (``source``)."""
+
+    slice_key: str
+    throughput: float
+    memory_mib: int  # the framebuffer it holds, CUDA context included (what DCGM shows)
+    fits: bool
+    engine_active: float
+    source: str  # "measured" or "scaled from <slice key>"
+    regime: str
+
+    @property
+    def measured(self) -> bool:
+        return self.source == "measured"
+
+
+def fill(workload: Workload, where, measured: dict, constants: Constants = FITTED) -> Filled:
+    """``workload`` on the slice ``where``: its measurement when ``measured`` (slice key → (throughput, memory MiB
+    with the context, engine activity or None)) has that slice; else the nearest measured slice (the one the
+    model puts closest in throughput) scaled by the model's ratio between the two slices in the workload's own
+    regime, so a host-bound workload does not speed up on a bigger GPU, and its memory by the model's
+    difference (another precision, another slice kind). With no measurement at all, the model alone."""
+    guess = estimate(workload, where, constants=constants)
+    if where.key in measured:
+        throughput, memory, engine = measured[where.key]
+        fits = throughput > 0 and memory <= where.memory_mib
+        return Filled(where.key, throughput if fits else 0.0, int(memory), fits,
+                      guess.engine_active if engine is None else engine, "measured", workload.regime)
+    if not measured:
+        return Filled(where.key, guess.throughput, guess.memory_mib, guess.fits, guess.engine_active, "model",
+                      workload.regime)
+    others = {key: estimate(workload, _slice(key), constants=constants) for key in measured}
+
+    def distance(key: str) -> tuple:
+        other = others[key]
+        if other.throughput <= 0 or guess.throughput <= 0:
+            return (1, key)
+        return (0, abs(math.log(guess.throughput / other.throughput)), key)
+
+    nearest = min(measured, key=distance)
+    throughput, memory, _engine = measured[nearest]
+    other = others[nearest]
+    memory_mib = int(round(memory + guess.memory_mib - other.memory_mib))
+    fits = memory_mib <= where.memory_mib and throughput > 0
+    scaled = throughput * guess.throughput / other.throughput if other.throughput > 0 and fits else 0.0
+    return Filled(where.key, scaled, memory_mib, fits, guess.engine_active, f"scaled from {nearest}",
+                  workload.regime)
+
+
+def expected_error(regime: str, task: str) -> float:
+    """The model's cross-validated median absolute error for a workload of this regime and task (docs/tiering.md
+    §2, ``bench/tiering.py --truth measured``): what a prediction's figure may be off by, typically."""
+    if regime == "engine":
+        return CROSS_VALIDATED_ERROR["graph decode"] if task == "generation" else CROSS_VALIDATED_ERROR["engine"]
+    return CROSS_VALIDATED_ERROR["eager decode"] if task == "generation" else CROSS_VALIDATED_ERROR["eager inference"]
+
+
+# ``cross_validate(load())``'s median absolute throughput errors (bench/results/tiering_measured.json); "engine"
+# for anything but decode is the MLPerf calibration's leave-one-out error (``calibration()``)
+CROSS_VALIDATED_ERROR = {"graph decode": 0.079, "eager decode": 0.231, "eager inference": 0.169, "engine": 0.163}
