@@ -108,6 +108,16 @@ def load(path: Path | None = None, slice_key: str | None = None) -> list[Measure
     return rows
 
 
+def load_results(path: Path, *, dry_run: bool = False) -> list[Measurement]:
+    """The rows of a ``bench/device_perf.py`` results file (``figures.rows``, each with its ``slice``); a dry
+    run's stand-in rows only when ``dry_run`` (they measure no GPU: never fit on them)."""
+    import json
+
+    figures = json.loads(Path(path).read_text())["figures"]
+    return [row_of(values, values["slice"]) for values in figures["rows"]
+            if dry_run or not values.get("dry_run")]
+
+
 def predicted(row: Measurement, constants: Constants = FITTED):
     return estimate(row.workload, _slice(row.slice_key), constants=constants)
 
