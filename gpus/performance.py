@@ -371,7 +371,9 @@ def work_of(workload: Workload, spec: ComputeSpec | None = None, constants: Cons
     weights = arch.params * width
     kernels = layers * 8
     extra = 8  # embeddings, final norm, head, masks
-    mlp_live = ((3 if arch.gated else 2) * arch.ffn + 3 * d) * act  # per token, the MLP's live tensors
+    # per token, the MLP's live tensors: its input and output, the up (and gate) projection and the activation's
+    # result; the tanh approximation written out (gelu_new) keeps two more temporaries of the MLP's width
+    mlp_live = ((3 if arch.gated else 2 + (2 if arch.activation == "gelu_new" else 0)) * arch.ffn + 3 * d) * act
     if workload.task == "generation":
         # one decode step: every sequence in the batch makes one token against a context of ``s``
         flops = batch * (2 * arch.nonembedding_params + head + 4 * layers * s * d)
