@@ -104,8 +104,8 @@ def advice_scan(*, now: datetime | None = None) -> dict[str, int]:
             """Whether a figure rests on a measurement of this workload there or on a prediction, and then the
             prediction's typical error in the workload's regime (cross-validated on measured GPUs)."""
             if slice_key in measured_keys:
-                return f"measured {throughput:,.0f}/s there"
-            return (f"is predicted to give {throughput:,.0f}/s (a prediction, not measured there: typically within "
+                return f"gave {throughput:,.0f}/s there when measured"
+            return (f"is predicted to give {throughput:,.0f}/s (a prediction: typically within "
                     f"±{expected_error(spec.regime, spec.task):.0%} for a workload in the {spec.regime} regime)")
         roomy = figures["throughput"] >= 1.5 * required or (
             engine < 0.4 and figures["memory_mib"] < 0.5 * where.memory_mib)
