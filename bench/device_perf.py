@@ -114,7 +114,8 @@ def time_steps(step, synchronize, *, group_seconds: float, groups: int, clock=ti
 def dry_step(case: Case):
     """A pure-Python step whose work grows with the case (layers × batch), so the timing loop measures something."""
     arch = architecture_get(case.arch)
-    work = (arch.layers if isinstance(arch, Transformer) else arch.convs) * case.batch * (1 if case.mode == "graph" else 3)
+    layers = arch.layers if isinstance(arch, Transformer) else arch.convs
+    work = layers * case.batch * (1 if case.mode == "graph" else 3)
 
     def step():
         total = 0
@@ -355,9 +356,10 @@ def run(args) -> dict:
     for case in cases(args.quick):
         if args.only_modes and case.mode not in args.only_modes:
             continue
+        out_of_memory = torch.cuda.OutOfMemoryError if args.device == "cuda" else MemoryError
         try:
             row = measure(case, args, torch)
-        except torch.cuda.OutOfMemoryError if args.device == "cuda" else MemoryError:
+        except out_of_memory:
             row, reason = None, "out of memory"
         else:
             reason = "not buildable here (library missing, or graph without CUDA)"

@@ -119,26 +119,12 @@ def forest_pick(decision, options, workload, required, model_noise, rng, noise, 
                  if measured_meets(observe(workload, s, rng, noise, truth_of)[0], required, model_noise)), default)
 
 
-def run(args, *, held_workloads: list[Workload] | None = None, truth_of=None) -> dict:
-    """Train the forest on the training architectures' profile database (the model as truth, as the service's
-    seeded database) and judge every policy on the held-out workloads against ``truth_of`` (default: the model).
-    ``held_workloads``: judge these instead of the held-out part of the generated pool (their architectures are
-    then held out of training)."""
-    rng = random.Random(args.seed)
-    began = time.monotonic()
-    pool = workloads(rng, args.workloads)
-    names = sorted({w.architecture for w in pool})
-    random.Random(args.seed + 1).shuffle(names)
-    if held_workloads is None:
-        held_names = set(names[: round(len(names) * args.holdout)])
-        held = [w for w in pool if w.architecture in held_names]
-    else:
-        held_names = {w.architecture for w in held_workloads}
-        held = held_workloads
-    train = [w for w in pool if w.architecture not in held_names]
-    slices = candidates()
-    truth_of = truth_of or estimate
+_TRAINED: dict = {}
 
+
+def _train(args, rng, train, slices) -> tuple:
+    """The profile database of the training workloads (the model as truth, with noise), the forest trained,
+    calibrated and its threshold chosen on it; the random stream's state after it."""
     rows = []
     for workload in train:
         reference = reference_of(workload, rng, args.noise)
@@ -159,8 +145,37 @@ def run(args, *, held_workloads: list[Workload] | None = None, truth_of=None) ->
         cv = model.threshold_folds
     else:
         threshold, cv = args.confidence or 0.6, {}
-    args.chosen_confidence = threshold
     validation = validation_error(rows, seed=args.seed, n_estimators=args.trees)
+    return model, rows, threshold, cv, validation, train_seconds, calibration_seconds, rng.getstate()
+
+
+def run(args, *, held_workloads: list[Workload] | None = None, truth_of=None) -> dict:
+    """Train the forest on the training architectures' profile database (the model as truth, as the service's
+    seeded database) and judge every policy on the held-out workloads against ``truth_of`` (default: the model).
+    ``held_workloads``: judge these instead of the held-out part of the generated pool (their architectures are
+    then held out of training)."""
+    rng = random.Random(args.seed)
+    began = time.monotonic()
+    pool = workloads(rng, args.workloads)
+    names = sorted({w.architecture for w in pool})
+    random.Random(args.seed + 1).shuffle(names)
+    if held_workloads is None:
+        held_names = set(names[: round(len(names) * args.holdout)])
+        held = [w for w in pool if w.architecture in held_names]
+    else:
+        held_names = {w.architecture for w in held_workloads}
+        held = held_workloads
+    train = [w for w in pool if w.architecture not in held_names]
+    slices = candidates()
+    truth_of = truth_of or estimate
+
+    key = (args.seed, args.workloads, args.trees, args.noise, args.calibrate, args.confidence, args.folds,
+           args.targets, args.misses_allowed, args.headroom, args.explore, tuple(sorted(held_names)))
+    if key not in _TRAINED:  # the measured mode judges one trained forest against two truths
+        _TRAINED[key] = _train(args, rng, train, slices)
+    (model, rows, threshold, cv, validation, train_seconds, calibration_seconds, state) = _TRAINED[key]
+    rng.setstate(state)  # both truths then draw the same references, targets and noise
+    args.chosen_confidence = threshold
     efficiencies = (model.compute_efficiency, model.memory_efficiency)
 
     biggest_first = sorted((whole(m) for m in PRICES), key=price_of, reverse=True)
@@ -347,7 +362,8 @@ def run_measured(args) -> dict:
             "architectures": sorted({r.architecture for r in rows}),
             "cross_validated": {"subsets": cv["subsets"], "memory": cv["memory_all"],
                                 "contradictions": cv["contradictions"],
-                                "contradicting_cases": [c for c in cv["cases"] if c["contradicts"]], "folds": cv["folds"]},
+                                "contradicting_cases": [c for c in cv["cases"] if c["contradicts"]],
+                                "folds": cv["folds"]},
             "in_sample": {"subsets": in_sample["subsets"], "contradictions": in_sample["contradictions"]},
             "before_regimes": _summary_before(rows), "cases": cv["cases"], "decisions": changed,
             "forest": forest, "seconds": round(time.monotonic() - began, 1)}
@@ -362,9 +378,9 @@ def print_measured(result: dict) -> None:
         print(f"  {'subset':<30}{'cases':>6}{'throughput':>12}{'meas/pred':>16}{'memory':>10}{'meas/pred':>16}")
         for name, row in subsets.items():
             t, m = row["throughput"], row["memory"]
-            mem = (f"{m['median_abs_error']:>10.1%}{str(m['measured_over_predicted']):>16}" if m.get("cases")
+            mem = (f"{m['median_abs_error']:>10.1%}{m['measured_over_predicted']!s:>16}" if m.get("cases")
                    else f"{'-':>10}{'-':>16}")
-            print(f"  {name:<30}{t['cases']:>6}{t['median_abs_error']:>12.1%}{str(t['measured_over_predicted']):>16}"
+            print(f"  {name:<30}{t['cases']:>6}{t['median_abs_error']:>12.1%}{t['measured_over_predicted']!s:>16}"
                   + mem)
 
     show("cross-validated by architecture (fit on the others, score on each; median abs. error, range):",
@@ -372,14 +388,16 @@ def print_measured(result: dict) -> None:
     memory = result["cross_validated"]["memory"]
     print(f"  peak memory, every measured row: median abs. error {memory['median_abs_error']:.1%}, measured/predicted "
           f"{memory['measured_over_predicted']}")
-    print(f"  predicted bound (host / GPU) contradicting the measured one: {result['cross_validated']['contradictions']}"
+    print("  predicted bound (host / GPU) contradicting the measured one: "
+          f"{result['cross_validated']['contradictions']}"
           + "".join(f"\n    {c['arch']} {c['task']} {c['precision']} b{c['batch']} {c['mode']}: model {c['bound']}, "
                     f"measured {c['measured_bound']}" for c in result["cross_validated"]["contradicting_cases"]))
     show("in sample (the constants in gpus/performance.py, fitted on every row):", result["in_sample"]["subsets"])
     show("the model before regimes (every row as an engine, the priors):", result["before_regimes"])
     d = result["decisions"]
     print(f"tier decisions ({len(MEASURED_TARGETS)} targets per measured case, {d['decisions']} in all): "
-          f"{d['changed']} change when measured beats modelled; the model's own choices miss {d['model_choice_misses']} "
+          f"{d['changed']} change when measured beats modelled; the model's own choices miss "
+          f"{d['model_choice_misses']} "
           f"under the measured truth (regret {d['model_choice_regret']:.1%})")
     for example in d["examples"][:12]:
         print(f"  {example['workload']} needing {example['required']:,.1f}/s: model {example['model_chose']} → "

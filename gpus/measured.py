@@ -176,7 +176,8 @@ GROUPS = {
 }
 BOUNDS = {"memory_efficiency": (0.2, 0.95), "eager_compute_efficiency": (0.05, 0.95),
           "eager_conv_efficiency": (0.02, 0.95), "kernel_seconds": (5e-7, 5e-5), "host_seconds_per_op": (1e-6, 2e-4),
-          "eager_host_seconds_per_step": (0.0, 0.02), "eager_gemm_half_macs": (0.0, 2e9), "workspace_mib": (0.0, 1024.0), "conv_peak_maps": (0.5, 20.0),
+          "eager_host_seconds_per_step": (0.0, 0.02), "eager_gemm_half_macs": (0.0, 2e9),
+          "workspace_mib": (0.0, 1024.0), "conv_peak_maps": (0.5, 20.0),
           "conv_fp32_workspace_maps": (0.0, 20.0)}
 
 
@@ -370,7 +371,7 @@ def fill(workload: Workload, where, measured: dict, constants: Constants = FITTE
     nearest = min(measured, key=distance)
     throughput, memory, _engine = measured[nearest]
     other = others[nearest]
-    memory_mib = int(round(memory + guess.memory_mib - other.memory_mib))
+    memory_mib = round(memory + guess.memory_mib - other.memory_mib)
     fits = memory_mib <= where.memory_mib and throughput > 0
     scaled = throughput * guess.throughput / other.throughput if other.throughput > 0 and fits else 0.0
     return Filled(where.key, scaled, memory_mib, fits, guess.engine_active, f"scaled from {nearest}",

@@ -108,7 +108,8 @@ class Constants:
 
 # ``gpus.measured.fit(gpus.measured.load())``: the H100 rows of gpus/data/ (five architectures; docs/tiering.md §2);
 # the engine's compute efficiency is ``fitted_efficiency()`` (MLPerf) with those
-FITTED = Constants(compute_efficiency=0.61, memory_efficiency=0.745, kernel_seconds=5.98e-06, eager_compute_efficiency=0.647,
+FITTED = Constants(compute_efficiency=0.61, memory_efficiency=0.745, kernel_seconds=5.98e-06,
+                   eager_compute_efficiency=0.647,
                    eager_conv_efficiency=0.455, eager_gemm_half_macs=2e9, host_seconds_per_op=1.33e-05,
                    eager_host_seconds_per_step=0.00166, workspace_mib=40.4, conv_peak_maps=3.66,
                    conv_fp32_workspace_maps=3.59)
