@@ -445,12 +445,13 @@ def estimate(workload: Workload, where: Slice, *, compute_efficiency: float | No
             efficiency = c.eager_compute_efficiency * work.gemm_macs / (work.gemm_macs + half)
         t_compute, t_memory = work.flops / (peak * efficiency), work.bytes_moved / bandwidth
         # a time-sliced share or MIG slice runs the same number of operations; only the GPU's part scales
-        busy = max(t_compute, t_memory) + work.eager_bytes / bandwidth + work.ops * c.kernel_seconds
+        busy = max(t_compute, t_memory) + work.eager_bytes / bandwidth  # kernels running: engine activity
+        gpu = busy + work.ops * c.kernel_seconds  # and the gap each operation leaves on the GPU
         host = work.ops * c.host_seconds_per_op + c.eager_host_seconds_per_step
         if where.kind == "share":  # the host waits while the other tenants' time slices run
             host = host / where.compute_fraction
-        step = max(busy, host)
-        bound = "host" if host > busy else ("compute" if t_compute >= t_memory else "memory")
+        step = max(gpu, host)
+        bound = "host" if host > gpu else ("compute" if t_compute >= t_memory else "memory")
     else:
         t_compute, t_memory = work.flops / (peak * c.compute_efficiency), work.bytes_moved / bandwidth
         busy = max(t_compute, t_memory)  # kernels running: what DCGM counts as engine activity

@@ -66,7 +66,7 @@ def test_eager_decode_is_host_bound_and_does_not_speed_up_on_a_bigger_gpu():
     eager = Workload("llama-2-7b", "generation", "bf16", 1, 512, regime="eager")
     engine = replace(eager, regime="engine")
     h100, h200 = estimate(eager, H100), estimate(eager, whole("H200-141GB"))
-    assert h100.bound == "host" and h100.engine_active < 0.6
+    assert h100.bound == "host" and h100.engine_active < 0.34  # measured: the GPU busy 7-34 % of an eager step
     assert h200.throughput / h100.throughput == pytest.approx(1.0, abs=0.01)
     fast, faster = estimate(engine, H100), estimate(engine, whole("H200-141GB"))
     assert fast.bound == "memory" and faster.throughput / fast.throughput > 1.25
@@ -84,7 +84,7 @@ def test_the_default_regime_is_the_engine_existing_callers_meant():
 
 
 def test_the_regime_is_inferred_from_measured_engine_activity():
-    decode = Workload("gpt2", "generation", "bf16", 16, 512)
+    decode = Workload("llama-2-7b", "generation", "bf16", 1, 512)
     assert regime_infer(decode, H100, 0.2) == "eager"
     assert regime_infer(decode, H100, 0.85) == "engine"
 
@@ -122,9 +122,9 @@ def test_measured_beats_modelled_and_fills_the_rest_from_the_nearest_measurement
     # a host-bound workload gets no faster on an H200: the model's ratio in its own regime is about 1
     h200 = fill(workload, whole("H200-141GB"), measured)
     assert h200.source == "scaled from H100-80GB" and h200.throughput == pytest.approx(630.3, rel=0.02)
-    # the same memory on an A100-40GB minus nothing: it fits; on an L4 (24 GB) it does not
+    # the measured memory (18 GB) fits an A100-40GB, not a T4 (15 GB)
     assert fill(workload, whole("A100-40GB"), measured).fits
-    assert not fill(workload, whole("L4"), measured).fits and fill(workload, whole("L4"), measured).throughput == 0
+    assert not fill(workload, whole("T4"), measured).fits and fill(workload, whole("T4"), measured).throughput == 0
     # no measurement: the model alone
     assert fill(workload, H100, {}).source == "model"
 
