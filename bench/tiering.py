@@ -265,7 +265,7 @@ def _summary_before(rows) -> dict:
     """The model as it was before regimes and the fit: every row as the engine regime at the priors."""
     from dataclasses import replace
 
-    from gpus.measured import _summary
+    from gpus.measured import summary
     from gpus.performance import CONTEXT_MIB, Constants
 
     pooled: dict[str, dict[str, list]] = {}
@@ -278,7 +278,7 @@ def _summary_before(rows) -> dict:
             entry["throughput"].append((row.throughput, guess.throughput))
             if row.peak_mib:
                 entry["memory"].append((row.peak_mib, guess.memory_mib - CONTEXT_MIB))
-    return {name: {"throughput": _summary(v["throughput"]), "memory": _summary(v["memory"])}
+    return {name: {"throughput": summary(v["throughput"]), "memory": summary(v["memory"])}
             for name, v in sorted(pooled.items())}
 
 
@@ -397,8 +397,8 @@ def print_measured(result: dict) -> None:
     d = result["decisions"]
     print(f"tier decisions ({len(MEASURED_TARGETS)} targets per measured case, {d['decisions']} in all): "
           f"{d['changed']} change when measured beats modelled; the model's own choices miss "
-          f"{d['model_choice_misses']} "
-          f"under the measured truth (regret {d['model_choice_regret']:.1%})")
+          f"{d['model_choice_misses']} under the measured truth (their price against the measured choice's: "
+          f"{d['model_choice_regret']:+.1%})")
     for example in d["examples"][:12]:
         print(f"  {example['workload']} needing {example['required']:,.1f}/s: model {example['model_chose']} → "
               f"measured {example['measured_chooses']}"

@@ -257,7 +257,7 @@ def fit(rows: list[Measurement], prior: Constants | None = None) -> Constants:
 
 # -- the error ----------------------------------------------------------------------------------------------
 
-def _summary(pairs: list[tuple[float, float]]) -> dict:
+def summary(pairs: list[tuple[float, float]]) -> dict:
     """Median absolute % error and the range of measured ÷ predicted over (measured, predicted) pairs."""
     if not pairs:
         return {"cases": 0}
@@ -287,12 +287,12 @@ def errors(rows: list[Measurement], constants: Constants = FITTED, *, context: l
                       "predicted_peak_mib": round(predicted_peak_mib(row, constants), 1) if row.peak_mib else None,
                       "bound": guess.bound, "measured_bound": bound,
                       "contradicts": bound is not None and bound != model_bound})
-    out = {name: {"throughput": _summary(v["throughput"]), "memory": _summary(v["memory"])}
+    out = {name: {"throughput": summary(v["throughput"]), "memory": summary(v["memory"])}
            for name, v in sorted(subsets.items())}
     scored = [r for r in rows if r.mode != "own-eager"]
     eager = [r for r in scored if r.mode == "eager"]
-    out["eager, all"] = {"throughput": _summary([(r.throughput, predicted(r, constants).throughput) for r in eager]),
-                         "memory": _summary([(r.peak_mib, predicted_peak_mib(r, constants)) for r in eager
+    out["eager, all"] = {"throughput": summary([(r.throughput, predicted(r, constants).throughput) for r in eager]),
+                         "memory": summary([(r.peak_mib, predicted_peak_mib(r, constants)) for r in eager
                                              if r.peak_mib])}
     return {"subsets": out, "cases": cases, "contradictions": sum(1 for c in cases if c["contradicts"])}
 
@@ -319,10 +319,10 @@ def cross_validate(rows: list[Measurement], prior: Constants | None = None) -> d
                 entry["throughput"].append((row.throughput, guess.throughput))
                 if row.peak_mib:
                     entry["memory"].append((row.peak_mib, predicted_peak_mib(row, constants)))
-    subsets = {name: {"throughput": _summary(v["throughput"]), "memory": _summary(v["memory"])}
+    subsets = {name: {"throughput": summary(v["throughput"]), "memory": summary(v["memory"])}
                for name, v in sorted(pooled.items())}
     memory_all = [pair for name, v in pooled.items() if name != "eager, all" for pair in v["memory"]]
-    return {"subsets": subsets, "memory_all": _summary(memory_all), "cases": held_cases,
+    return {"subsets": subsets, "memory_all": summary(memory_all), "cases": held_cases,
             "contradictions": sum(1 for c in held_cases if c["contradicts"]), "folds": folds}
 
 
