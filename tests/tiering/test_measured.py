@@ -170,3 +170,24 @@ def test_device_perf_reads_mig_devices_it_finds_and_names_their_slices():
                "GPU 1: NVIDIA A100-SXM4-80GB (UUID: GPU-77)\n")
     assert parse_mig_listing(listing) == [("MIG-aa11", "H100-80GB/mig/3g.40gb"), ("MIG-bb22", "H100-80GB/mig/1g.10gb")]
     assert parse_mig_listing("GPU 0: NVIDIA L4 (UUID: GPU-1)\n") == []
+
+
+def test_the_measured_mode_judges_against_measurements_and_counts_the_decisions_they_change():
+    from dataclasses import fields
+
+    from bench import tiering as bench_tiering
+
+    rows = load()
+    folds = {r.architecture: {f.name: getattr(FITTED, f.name) for f in fields(Constants)} for r in rows}
+    held, truth_of = bench_tiering.measured_truths(rows, folds)
+    assert len(held) == 37  # every measured case but the own decoder's
+    decode = Workload("llama-2-7b", "generation", "bf16", 16, 512, regime="eager")
+    assert truth_of(decode, H100).throughput == pytest.approx(630.346)  # the measurement itself
+    assert truth_of(decode, whole("H200-141GB")).throughput == pytest.approx(630.346, rel=0.02)  # host-bound
+    eager = [w for w in held if w.regime == "eager" and w.task == "generation"]
+    changed = bench_tiering.decisions_changed(eager, truth_of, bench_tiering.candidates())
+    assert changed["decisions"] == 4 * len(eager) == 32
+    # the model alone thought eager decode ran as an engine: it picks slices too small for the measured speed
+    assert changed["changed"] > 0 and changed["model_choice_misses"] > 0
+    assert all(not e["model_choice_meets_measured"] or e["model_chose"] != e["measured_chooses"]
+               for e in changed["examples"])
