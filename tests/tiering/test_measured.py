@@ -191,3 +191,27 @@ def test_the_measured_mode_judges_against_measurements_and_counts_the_decisions_
     assert changed["changed"] > 0 and changed["model_choice_misses"] > 0
     assert all(not e["model_choice_meets_measured"] or e["model_chose"] != e["measured_chooses"]
                for e in changed["examples"])
+
+
+def test_the_documented_measured_command_prints_and_records_the_cross_validated_errors(tmp_path):
+    """``bench/tiering.py --truth measured`` as docs/tiering.md §4.1 types it (without the forest's two runs)."""
+    import subprocess
+    import sys
+
+    from bench.record import ROOT
+
+    path = tmp_path / "tiering_measured.json"
+    done = subprocess.run([sys.executable, "bench/tiering.py", "--truth", "measured", "--no-forest", "--json",
+                           str(path)], cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "cross-validated by architecture" in done.stdout and "the model before regimes" in done.stdout
+    figures = json.loads(path.read_text())["figures"]
+    cv = figures["cross_validated"]["subsets"]
+    assert cv["eager, all"]["throughput"]["cases"] == 24 and cv["graph decode"]["throughput"]["cases"] == 8
+    # the figures gpus.measured.expected_error quotes are these
+    assert cv["graph decode"]["throughput"]["median_abs_error"] == pytest.approx(CROSS_VALIDATED_ERROR["graph decode"],
+                                                                                 abs=0.001)
+    assert cv["eager decode"]["throughput"]["median_abs_error"] == pytest.approx(CROSS_VALIDATED_ERROR["eager decode"],
+                                                                                 abs=0.001)
+    assert cv["eager inference"]["throughput"]["median_abs_error"] == pytest.approx(
+        CROSS_VALIDATED_ERROR["eager inference"], abs=0.001)
