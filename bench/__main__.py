@@ -133,6 +133,12 @@ BENCHMARKS: tuple[Benchmark, ...] = (
               ("bench/tiering.py", "--json", "{results}/tiering.json"),
               ("bench/tiering.py", "--quick", "--json", "{results}/tiering.json"), ("tiering",), "nothing (pure)", 18,
               measures=("tiering/engine", "gpus")),
+    Benchmark("tiering_measured", "the performance model against measured GPUs (cross-validated by architecture), "
+              "the tier decisions measurements change, the forest's regret and misses with the measured truth",
+              ("bench/tiering.py", "--truth", "measured", "--json", "{results}/tiering_measured.json"),
+              ("bench/tiering.py", "--truth", "measured", "--quick", "--json", "{results}/tiering_measured.json"),
+              ("tiering_measured",), "nothing (pure)", 8,
+              measures=("tiering/engine", "gpus")),
     Benchmark("capacity_live", "warm pools in the live service: p95 time to GPU warm against cold",
               ("bench/capacity_live.py",), ("bench/capacity_live.py", "--quick"), ("capacity_live",),
               "PostgreSQL, Redis, gunicorn, Celery workers and beat, a simulated fleet", 9,

@@ -90,20 +90,21 @@ def workloads(rng: random.Random, count: int) -> list[Workload]:
     return usable[:count]
 
 
-def observe(workload: Workload, where, rng: random.Random, noise: float) -> tuple[float, int, float]:
-    truth = estimate(workload, where)
+def observe(workload: Workload, where, rng: random.Random, noise: float, truth_of=None) -> tuple[float, int, float]:
+    """A measurement: the truth (``truth_of``, default the performance model) × run-to-run noise."""
+    truth = (truth_of or estimate)(workload, where)
     if not truth.fits:
         return 0.0, truth.memory_mib, 0.0
     return (truth.throughput * math.exp(rng.gauss(0, noise)), truth.memory_mib,
             min(1.0, truth.engine_active * math.exp(rng.gauss(0, noise / 2))))
 
 
-def reference_of(workload, rng, noise) -> Observation:
-    throughput, memory, engine = observe(workload, whole(REFERENCE), rng, noise)
+def reference_of(workload, rng, noise, truth_of=None) -> Observation:
+    throughput, memory, engine = observe(workload, whole(REFERENCE), rng, noise, truth_of)
     return Observation(whole(REFERENCE), throughput, memory, engine)
 
 
-def forest_pick(decision, options, workload, required, model_noise, rng, noise, fallback):
+def forest_pick(decision, options, workload, required, model_noise, rng, noise, fallback, truth_of=None):
     """Where the forest's decision places the workload. Confident: its slice. Profiling first: the broker
     measures the candidates (those exploring names, else every slice with some confidence), cheapest first, and
     takes the first whose measurement meets the target with the noise to spare (``measured_meets``); else the
@@ -114,21 +115,16 @@ def forest_pick(decision, options, workload, required, model_noise, rng, noise, 
         measured, default = decision.candidates, decision.option.slice
     else:
         measured, default = sorted((o.slice for o in options if o.confidence > 0), key=price_of), fallback
-    return next((s for s in measured if measured_meets(observe(workload, s, rng, noise)[0], required, model_noise)),
-                default)
+    return next((s for s in measured
+                 if measured_meets(observe(workload, s, rng, noise, truth_of)[0], required, model_noise)), default)
 
 
-def run(args) -> dict:
-    rng = random.Random(args.seed)
-    began = time.monotonic()
-    pool = workloads(rng, args.workloads)
-    names = sorted({w.architecture for w in pool})
-    random.Random(args.seed + 1).shuffle(names)
-    held_names = set(names[: round(len(names) * args.holdout)])
-    train = [w for w in pool if w.architecture not in held_names]
-    held = [w for w in pool if w.architecture in held_names]
-    slices = candidates()
+_TRAINED: dict = {}
 
+
+def _train(args, rng, train, slices) -> tuple:
+    """The profile database of the training workloads (the model as truth, with noise), the forest trained,
+    calibrated and its threshold chosen on it; the random stream's state after it."""
     rows = []
     for workload in train:
         reference = reference_of(workload, rng, args.noise)
@@ -149,8 +145,37 @@ def run(args) -> dict:
         cv = model.threshold_folds
     else:
         threshold, cv = args.confidence or 0.6, {}
-    args.chosen_confidence = threshold
     validation = validation_error(rows, seed=args.seed, n_estimators=args.trees)
+    return model, rows, threshold, cv, validation, train_seconds, calibration_seconds, rng.getstate()
+
+
+def run(args, *, held_workloads: list[Workload] | None = None, truth_of=None) -> dict:
+    """Train the forest on the training architectures' profile database (the model as truth, as the service's
+    seeded database) and judge every policy on the held-out workloads against ``truth_of`` (default: the model).
+    ``held_workloads``: judge these instead of the held-out part of the generated pool (their architectures are
+    then held out of training)."""
+    rng = random.Random(args.seed)
+    began = time.monotonic()
+    pool = workloads(rng, args.workloads)
+    names = sorted({w.architecture for w in pool})
+    random.Random(args.seed + 1).shuffle(names)
+    if held_workloads is None:
+        held_names = set(names[: round(len(names) * args.holdout)])
+        held = [w for w in pool if w.architecture in held_names]
+    else:
+        held_names = {w.architecture for w in held_workloads}
+        held = held_workloads
+    train = [w for w in pool if w.architecture not in held_names]
+    slices = candidates()
+    truth_of = truth_of or estimate
+
+    key = (args.seed, args.workloads, args.trees, args.noise, args.calibrate, args.confidence, args.folds,
+           args.targets, args.misses_allowed, args.headroom, args.explore, tuple(sorted(held_names)))
+    if key not in _TRAINED:  # the measured mode judges one trained forest against two truths
+        _TRAINED[key] = _train(args, rng, train, slices)
+    (model, rows, threshold, cv, validation, train_seconds, calibration_seconds, state) = _TRAINED[key]
+    rng.setstate(state)  # both truths then draw the same references, targets and noise
+    args.chosen_confidence = threshold
     efficiencies = (model.compute_efficiency, model.memory_efficiency)
 
     biggest_first = sorted((whole(m) for m in PRICES), key=price_of, reverse=True)
@@ -160,9 +185,9 @@ def run(args) -> dict:
     sweep = {level: {"regret": [], "misses": 0, "decisions": 0} for level in SWEEP}
     sweep_rng = random.Random(args.seed + 2)  # the sweep's profile-first measurements: not the headline's draws
     for workload in held:
-        truth = {s.key: estimate(workload, s) for s in slices}
+        truth = {s.key: truth_of(workload, s) for s in slices}
         best = max(t.throughput for t in truth.values())
-        reference = reference_of(workload, rng, args.noise)
+        reference = reference_of(workload, rng, args.noise, truth_of)
         predictions = {p.slice.key: p for p in model.predict(workload, slices, reference)}
         for _ in range(args.targets):
             required = best * math.exp(rng.uniform(math.log(0.01), math.log(0.95)))
@@ -187,12 +212,12 @@ def run(args) -> dict:
             decision = choose(options, required, min_confidence=threshold, headroom=args.headroom,
                               explore=args.explore)
             chosen["forest"] = forest_pick(decision, options, workload, required, model.noise, rng, args.noise,
-                                           biggest_first[0])
+                                           biggest_first[0], truth_of)
             profile_first += decision.profile_first
             for level in SWEEP:  # sensitivity to the confidence threshold (shown, not chosen from)
                 pick = choose(options, required, min_confidence=level, headroom=args.headroom, explore=args.explore)
                 where = forest_pick(pick, options, workload, required, model.noise, sweep_rng, args.noise,
-                                    biggest_first[0])
+                                    biggest_first[0], truth_of)
                 tally = sweep[level]
                 tally["decisions"] += 1
                 tally["misses"] += 0 if truth[where.key].fits and truth[where.key].throughput >= required else 1
@@ -231,6 +256,162 @@ def run(args) -> dict:
     }
 
 
+# -- the measured mode: the truth is measured where it exists ----------------------------------------------
+
+MEASURED_TARGETS = (0.1, 0.3, 0.6, 0.9)  # targets as shares of the best truth, for the decisions it would change
+
+
+def _summary_before(rows) -> dict:
+    """The model as it was before regimes and the fit: every row as the engine regime at the priors."""
+    from dataclasses import replace
+
+    from gpus.measured import summary
+    from gpus.performance import CONTEXT_MIB, Constants
+
+    pooled: dict[str, dict[str, list]] = {}
+    for row in rows:
+        if row.mode == "own-eager":
+            continue
+        guess = estimate(replace(row.workload, regime="engine"), whole(row.slice_key), constants=Constants())
+        for name in (row.subset, "eager, all") if row.mode == "eager" else (row.subset,):
+            entry = pooled.setdefault(name, {"throughput": [], "memory": []})
+            entry["throughput"].append((row.throughput, guess.throughput))
+            if row.peak_mib:
+                entry["memory"].append((row.peak_mib, guess.memory_mib - CONTEXT_MIB))
+    return {name: {"throughput": summary(v["throughput"]), "memory": summary(v["memory"])}
+            for name, v in sorted(pooled.items())}
+
+
+def measured_truths(rows, folds: dict):
+    """The held-out workloads (each measured case but the own-eager ones) and the truth function: a measured
+    (workload, slice) is its measurement; any other slice is the nearest measurement scaled by the model
+    *cross-validated by architecture* (fitted without the workload's architecture: ``gpus.measured.fill``)."""
+    from gpus.measured import fill
+    from gpus.performance import CONTEXT_MIB, Constants
+
+    measured: dict[Workload, dict] = {}
+    constants: dict[str, Constants] = {name: Constants(**values) for name, values in folds.items()}
+    for row in rows:
+        if row.mode == "own-eager":
+            continue
+        workload = row.workload
+        memory = (row.peak_mib + CONTEXT_MIB if row.peak_mib
+                  else estimate(workload, whole(row.slice_key), constants=constants[row.architecture]).memory_mib)
+        measured.setdefault(workload, {})[row.slice_key] = (row.throughput, memory, None)
+
+    def truth_of(workload, where):
+        if workload not in measured:
+            return estimate(workload, where)
+        return fill(workload, where, measured[workload], constants[workload.architecture])
+
+    return list(measured), truth_of
+
+
+def decisions_changed(held, truth_of, slices) -> dict:
+    """For each held workload and target (``MEASURED_TARGETS`` × its best truth): the cheapest slice the model
+    alone names (the engine regime, as every caller meant before regimes) against the cheapest the measured truth
+    names; the changed ones, and how the model's choice fares under the measured truth."""
+    from dataclasses import replace
+
+    changed, total, missed, regret = [], 0, 0, []
+    for workload in held:
+        truth = {s.key: truth_of(workload, s) for s in slices}
+        model = {s.key: estimate(replace(workload, regime="engine"), s) for s in slices}
+        best = max(t.throughput for t in truth.values())
+        for share in MEASURED_TARGETS:
+            required = best * share
+            by_model = min((s for s in slices if model[s.key].fits and model[s.key].throughput >= required),
+                           key=lambda s: (price_of(s), s.key), default=None)
+            by_truth = min((s for s in slices if truth[s.key].fits and truth[s.key].throughput >= required),
+                           key=lambda s: (price_of(s), s.key))
+            total += 1
+            meets = by_model is not None and truth[by_model.key].fits and truth[by_model.key].throughput >= required
+            missed += 0 if meets else 1
+            if by_model is not None:
+                regret.append(price_of(by_model) / price_of(by_truth) - 1)
+            if by_model is None or by_model.key != by_truth.key:
+                changed.append({"workload": f"{workload.architecture} {workload.task} {workload.precision} "
+                                            f"b{workload.batch_size} s{workload.seq_len} {workload.regime}",
+                                "required": round(required, 1), "model_chose": by_model.key if by_model else None,
+                                "measured_chooses": by_truth.key, "model_choice_meets_measured": meets})
+    return {"decisions": total, "changed": len(changed), "model_choice_misses": missed,
+            "model_choice_regret": round(sum(regret) / max(1, len(regret)), 4), "examples": changed}
+
+
+def run_measured(args) -> dict:
+    """The model against measured GPUs (the rows in gpus/data/): cross-validated by architecture (fit on the
+    others, score on each), in sample, and the model before regimes; the tier decisions the measurements change;
+    the forest's regret and misses with the measured truth and with the model as truth, side by side."""
+    from gpus.measured import cross_validate, errors, load
+
+    began = time.monotonic()
+    rows = load()
+    cv = cross_validate(rows)
+    in_sample = errors(rows)
+    held, truth_of = measured_truths(rows, cv["folds"])
+    slices = candidates()
+    changed = decisions_changed(held, truth_of, slices)
+    forest = {}
+    if args.forest:
+        for name, truth in (("measured", truth_of), ("model", None)):
+            result = run(args, held_workloads=held, truth_of=truth)
+            forest[name] = {"policies": result["policies"], "forest_profile_first": result["forest_profile_first"],
+                            "threshold": result["threshold"]["chosen"], "held_out": result["workloads"]["held_out"],
+                            "train": result["workloads"]["train"]}
+    return {"truth": "measured", "rows": len(rows), "gpus": sorted({r.slice_key for r in rows}),
+            "architectures": sorted({r.architecture for r in rows}),
+            "cross_validated": {"subsets": cv["subsets"], "memory": cv["memory_all"],
+                                "contradictions": cv["contradictions"],
+                                "contradicting_cases": [c for c in cv["cases"] if c["contradicts"]],
+                                "folds": cv["folds"]},
+            "in_sample": {"subsets": in_sample["subsets"], "contradictions": in_sample["contradictions"]},
+            "before_regimes": _summary_before(rows), "cases": cv["cases"], "decisions": changed,
+            "forest": forest, "seconds": round(time.monotonic() - began, 1)}
+
+
+def print_measured(result: dict) -> None:
+    print(f"performance model against measured GPUs ({', '.join(result['gpus'])}; {result['rows']} rows, "
+          f"{len(result['architectures'])} architectures: {', '.join(result['architectures'])})")
+
+    def show(title, subsets):
+        print(title)
+        print(f"  {'subset':<30}{'cases':>6}{'throughput':>12}{'meas/pred':>16}{'memory':>10}{'meas/pred':>16}")
+        for name, row in subsets.items():
+            t, m = row["throughput"], row["memory"]
+            mem = (f"{m['median_abs_error']:>10.1%}{m['measured_over_predicted']!s:>16}" if m.get("cases")
+                   else f"{'-':>10}{'-':>16}")
+            print(f"  {name:<30}{t['cases']:>6}{t['median_abs_error']:>12.1%}{t['measured_over_predicted']!s:>16}"
+                  + mem)
+
+    show("cross-validated by architecture (fit on the others, score on each; median abs. error, range):",
+         result["cross_validated"]["subsets"])
+    memory = result["cross_validated"]["memory"]
+    print(f"  peak memory, every measured row: median abs. error {memory['median_abs_error']:.1%}, measured/predicted "
+          f"{memory['measured_over_predicted']}")
+    print("  predicted bound (host / GPU) contradicting the measured one: "
+          f"{result['cross_validated']['contradictions']}"
+          + "".join(f"\n    {c['arch']} {c['task']} {c['precision']} b{c['batch']} {c['mode']}: model {c['bound']}, "
+                    f"measured {c['measured_bound']}" for c in result["cross_validated"]["contradicting_cases"]))
+    show("in sample (the constants in gpus/performance.py, fitted on every row):", result["in_sample"]["subsets"])
+    show("the model before regimes (every row as an engine, the priors):", result["before_regimes"])
+    d = result["decisions"]
+    print(f"tier decisions ({len(MEASURED_TARGETS)} targets per measured case, {d['decisions']} in all): "
+          f"{d['changed']} change when measured beats modelled; the model's own choices miss "
+          f"{d['model_choice_misses']} under the measured truth (their price against the measured choice's: "
+          f"{d['model_choice_regret']:+.1%})")
+    for example in d["examples"][:12]:
+        print(f"  {example['workload']} needing {example['required']:,.1f}/s: model {example['model_chose']} → "
+              f"measured {example['measured_chooses']}"
+              + ("" if example["model_choice_meets_measured"] else " (the model's choice misses)"))
+    for name, forest in result["forest"].items():
+        label = "measured truth" if name == "measured" else "model as truth"
+        print(f"policies on the {forest['held_out']} measured workloads, {label} (forest threshold "
+              f"{forest['threshold']}, {forest['train']} training workloads):")
+        for policy, row in forest["policies"].items():
+            print(f"  {policy:<10}{row['decisions']:>10}  regret {row['regret']:>7.1%}  misses {row['misses']:>7.1%}")
+    print(f"took {result['seconds']} s")
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--workloads", type=int, default=600)
@@ -256,11 +437,24 @@ def main(argv=None) -> int:
     parser.add_argument("--folds", type=int, default=3, help="folds of architectures for the calibration")
     parser.add_argument("--quick", action="store_true", help="a small run (240 workloads, 40 trees, 2 targets)")
     parser.add_argument("--json", type=Path, help="write the results file here (bench.record's format)")
+    parser.add_argument("--truth", choices=("model", "measured"), default="model",
+                        help="model: every figure's truth is the performance model (labelled so); measured: the "
+                             "measured GPUs' rows (gpus/data/) where they exist, cross-validated by architecture")
+    parser.add_argument("--forest", action=argparse.BooleanOptionalAction, default=True,
+                        help="with --truth measured: also the policies' regret and misses (trains the forest)")
     args = parser.parse_args(argv)
     if args.quick:
         args.workloads, args.trees, args.targets = min(args.workloads, 240), min(args.trees, 40), min(args.targets, 2)
+    if args.truth == "measured":
+        result = run_measured(args)
+        print_measured(result)
+        if args.json:
+            write(args.json.stem, result, settings={k: v for k, v in vars(args).items() if k != "json"},
+                  directory=args.json.parent)
+        return 0
     result = run(args)
-    print("auto-tiering benchmark (machine shared with other engineers; timings are indicative)")
+    print("auto-tiering benchmark, the performance model as truth (machine shared with other engineers; timings are "
+          "indicative)")
     work = result["workloads"]
     print(f"workloads: {work['train']} training, {work['held_out']} held out "
           f"({', '.join(work['held_out_architectures'])}); {work['slices']} slices; "

@@ -29,6 +29,11 @@ class Transformer:
     gated: bool = False  # SwiGLU MLP: three ffn matrices instead of two
     tied: bool = True  # the output head shares the embedding matrix
     patch: int = 0  # vision transformers: patch size in pixels
+    # how a framework runs a layer (config.json: the norm, the position encoding, the activation function); they
+    # decide how many operations an eager step dispatches and how much unfused elementwise traffic it moves
+    norm: str = "layer"  # "layer" (LayerNorm, one kernel) or "rms" (RMSNorm, written out: eight operations)
+    rope: bool = False  # rotary position embedding applied to queries and keys (about seven operations each)
+    activation: str = "gelu"  # "gelu" / "relu" (one kernel), "gelu_new" (tanh approximation, eight), "silu"
 
     @property
     def kv_dim(self) -> int:
@@ -68,6 +73,8 @@ class ConvNet:
     params_m: float  # parameters, millions (torchvision)
     activations_m: float  # forward activation elements per 224×224 image, millions (our estimate)
     kind: str = "cnn"
+    convs: int = 50  # convolution and linear layers (torchvision's model definitions)
+    peak_map_m: float = 0.8  # the largest feature map of one 224×224 image, millions of elements (layer shapes)
 
     @property
     def params(self) -> int:
@@ -78,6 +85,8 @@ def _t(name, kind, layers, hidden, ffn, heads, kv_heads, vocab, **extra) -> Tran
     return Transformer(name, kind, layers, hidden, ffn, heads, kv_heads, vocab, **extra)
 
 
+_LLAMA = {"norm": "rms", "rope": True, "activation": "silu"}  # LLaMA's layer: RMSNorm, rotary, SwiGLU
+
 ARCHITECTURES: dict[str, Transformer | ConvNet] = {a.name: a for a in (
     # encoders (config.json of the Hugging Face checkpoints)
     _t("distilbert-base", "encoder", 6, 768, 3072, 12, 12, 30522),
@@ -85,34 +94,35 @@ ARCHITECTURES: dict[str, Transformer | ConvNet] = {a.name: a for a in (
     _t("bert-large", "encoder", 24, 1024, 4096, 16, 16, 30522),
     _t("roberta-large", "encoder", 24, 1024, 4096, 16, 16, 50265),
     # decoders
-    _t("gpt2", "decoder", 12, 768, 3072, 12, 12, 50257),
-    _t("gpt2-medium", "decoder", 24, 1024, 4096, 16, 16, 50257),
-    _t("gpt2-large", "decoder", 36, 1280, 5120, 20, 20, 50257),
-    _t("gpt2-xl", "decoder", 48, 1600, 6400, 25, 25, 50257),
-    _t("qwen2-0.5b", "decoder", 24, 896, 4864, 14, 2, 151936, gated=True),
-    _t("tinyllama-1.1b", "decoder", 22, 2048, 5632, 32, 4, 32000, gated=True, tied=False),
-    _t("opt-1.3b", "decoder", 24, 2048, 8192, 32, 32, 50272),
-    _t("phi-2", "decoder", 32, 2560, 10240, 32, 32, 51200, tied=False),
-    _t("opt-6.7b", "decoder", 32, 4096, 16384, 32, 32, 50272),
-    _t("gpt-j-6b", "decoder", 28, 4096, 16384, 16, 16, 50400, tied=False),
-    _t("llama-2-7b", "decoder", 32, 4096, 11008, 32, 32, 32000, gated=True, tied=False),
-    _t("mistral-7b", "decoder", 32, 4096, 14336, 32, 8, 32000, gated=True, tied=False),
-    _t("llama-3-8b", "decoder", 32, 4096, 14336, 32, 8, 128256, gated=True, tied=False),
-    _t("llama-2-13b", "decoder", 40, 5120, 13824, 40, 40, 32000, gated=True, tied=False),
+    _t("gpt2", "decoder", 12, 768, 3072, 12, 12, 50257, activation="gelu_new"),
+    _t("gpt2-medium", "decoder", 24, 1024, 4096, 16, 16, 50257, activation="gelu_new"),
+    _t("gpt2-large", "decoder", 36, 1280, 5120, 20, 20, 50257, activation="gelu_new"),
+    _t("gpt2-xl", "decoder", 48, 1600, 6400, 25, 25, 50257, activation="gelu_new"),
+    _t("qwen2-0.5b", "decoder", 24, 896, 4864, 14, 2, 151936, gated=True, norm="rms", rope=True,
+       activation="silu"),
+    _t("tinyllama-1.1b", "decoder", 22, 2048, 5632, 32, 4, 32000, gated=True, tied=False, **_LLAMA),
+    _t("opt-1.3b", "decoder", 24, 2048, 8192, 32, 32, 50272, activation="relu"),
+    _t("phi-2", "decoder", 32, 2560, 10240, 32, 32, 51200, tied=False, rope=True, activation="gelu_new"),
+    _t("opt-6.7b", "decoder", 32, 4096, 16384, 32, 32, 50272, activation="relu"),
+    _t("gpt-j-6b", "decoder", 28, 4096, 16384, 16, 16, 50400, tied=False, rope=True, activation="gelu_new"),
+    _t("llama-2-7b", "decoder", 32, 4096, 11008, 32, 32, 32000, gated=True, tied=False, **_LLAMA),
+    _t("mistral-7b", "decoder", 32, 4096, 14336, 32, 8, 32000, gated=True, tied=False, **_LLAMA),
+    _t("llama-3-8b", "decoder", 32, 4096, 14336, 32, 8, 128256, gated=True, tied=False, **_LLAMA),
+    _t("llama-2-13b", "decoder", 40, 5120, 13824, 40, 40, 32000, gated=True, tied=False, **_LLAMA),
     # vision transformers (ViT-B/16, ViT-L/16)
     _t("vit-b-16", "vit", 12, 768, 3072, 12, 12, 0, patch=16),
     _t("vit-l-16", "vit", 24, 1024, 4096, 16, 16, 0, patch=16),
     # convolutional networks (torchvision: GMACs and parameters at 224×224)
-    ConvNet("mobilenet-v2", 0.30, 3.5, 6.7),
-    ConvNet("efficientnet-b0", 0.39, 5.3, 8.0),
-    ConvNet("resnet-18", 1.81, 11.7, 2.5),
-    ConvNet("resnet-34", 3.66, 21.8, 3.7),
-    ConvNet("densenet-121", 2.83, 8.0, 9.0),
-    ConvNet("resnet-50", 4.09, 25.6, 10.0),
-    ConvNet("convnext-tiny", 4.46, 28.6, 8.0),
-    ConvNet("resnet-101", 7.80, 44.5, 15.0),
-    ConvNet("resnet-152", 11.51, 60.2, 21.0),
-    ConvNet("vgg-16", 15.47, 138.4, 15.0),
+    ConvNet("mobilenet-v2", 0.30, 3.5, 6.7, convs=52, peak_map_m=1.20),
+    ConvNet("efficientnet-b0", 0.39, 5.3, 8.0, convs=81, peak_map_m=1.20),
+    ConvNet("resnet-18", 1.81, 11.7, 2.5, convs=20, peak_map_m=0.80),
+    ConvNet("resnet-34", 3.66, 21.8, 3.7, convs=36, peak_map_m=0.80),
+    ConvNet("densenet-121", 2.83, 8.0, 9.0, convs=120, peak_map_m=0.80),
+    ConvNet("resnet-50", 4.09, 25.6, 10.0, convs=53, peak_map_m=0.80),
+    ConvNet("convnext-tiny", 4.46, 28.6, 8.0, convs=58, peak_map_m=1.20),
+    ConvNet("resnet-101", 7.80, 44.5, 15.0, convs=104, peak_map_m=0.80),
+    ConvNet("resnet-152", 11.51, 60.2, 21.0, convs=155, peak_map_m=0.80),
+    ConvNet("vgg-16", 15.47, 138.4, 15.0, convs=16, peak_map_m=3.21),
 )}
 
 FAMILIES = ("encoder", "decoder", "vit", "cnn")

@@ -68,13 +68,57 @@ SPECS: dict[str, ComputeSpec] = {s.code: s for s in (
     ComputeSpec("P100", 9.3, None, 18.7, None, None, 732.0, bf16=False),
 )}
 
-# Calibrated (see ``calibration()``): the share of the datasheet peak that tuned kernels reach on a whole
-# GPU, and of the nameplate bandwidth that streaming kernels reach.
-COMPUTE_EFFICIENCY = 0.525
-MEMORY_EFFICIENCY = 0.80
-KERNEL_LAUNCH_SECONDS = 4e-6  # per kernel (CUDA graphs / TensorRT engines)
+# -- constants --------------------------------------------------------------------------------------------
+#
+# Two regimes (docs/tiering.md §1):
+# - ``engine``: a serving engine (TensorRT) or a step captured once and replayed as a CUDA graph: fused kernels
+#   back to back, no per-operation host work. Compute efficiency from MLPerf (``calibration()``); bandwidth
+#   efficiency and the cost of each fused kernel fitted on decode replayed as a CUDA graph on an H100
+#   (``gpus.measured``: the rows in gpus/data/).
+# - ``eager``: the framework as a tenant runs it (``model(x)``): every operation dispatched from Python (a host
+#   cost each), elementwise operations unfused (their traffic added to the GEMMs'), GEMMs at the framework's
+#   efficiency; the step is the longer of the host's work and the GPU's (launches are asynchronous).
+# The fitted figures are ``FITTED`` (``gpus.measured.fit`` reproduces them; tests/tiering/test_measured.py checks).
+
+REGIMES = ("engine", "eager")
+
+
+@dataclass(frozen=True, slots=True)
+class Constants:
+    """The model's efficiencies and host costs. The defaults are the priors (the figures the model used before it
+    met a measured GPU, or the plain physical guess where it had none); ``FITTED`` is what ``gpus.measured.fit``
+    makes of the measured rows, and a constant no measured row constrains keeps its prior."""
+
+    compute_efficiency: float = 0.525  # engine: share of the datasheet peak (MLPerf, ``calibration()``)
+    memory_efficiency: float = 0.80  # both regimes: share of nameplate bandwidth streaming kernels reach
+    kernel_seconds: float = 4e-6  # per kernel: the launch gap, ramp and tail of one kernel on the GPU
+    host_seconds_per_step: float = 2e-4  # engine: the server's own work per step
+    eager_compute_efficiency: float = 0.525  # eager: GEMMs and attention of the framework's kernels
+    eager_conv_efficiency: float = 0.525  # eager: cuDNN convolutions (NCHW, as torchvision builds them)
+    # eager: a transformer's GEMMs of this many multiply-adds (tokens × hidden², at the 16-bit peak on a whole GPU;
+    # a slice with a fraction of the SMs fills with that fraction, a lower peak sooner) reach half the efficiency:
+    # small GEMMs leave SMs idle
+    eager_gemm_half_macs: float = 0.0
+    host_seconds_per_op: float = 1e-5  # eager: Python and the dispatcher, per operation
+    eager_host_seconds_per_step: float = 2e-4  # eager: the step's own host work (embedding, masks, cache object)
+    workspace_mib: float = 0.0  # the framework's workspaces (cuBLAS, allocator rounding), beside the context
+    conv_peak_maps: float = 2.0  # CNN activations held at the peak, in largest feature maps per sample
+    conv_fp32_workspace_maps: float = 0.0  # cuDNN's FP32 algorithms (no tensor cores): workspace per sample
+
+
+# ``gpus.measured.fit(gpus.measured.load())``: the H100 rows of gpus/data/ (five architectures; docs/tiering.md §2);
+# the engine's compute efficiency is ``fitted_efficiency()`` (MLPerf) with those
+FITTED = Constants(compute_efficiency=0.61, memory_efficiency=0.745, kernel_seconds=5.98e-06,
+                   eager_compute_efficiency=0.647,
+                   eager_conv_efficiency=0.455, eager_gemm_half_macs=2e9, host_seconds_per_op=1.33e-05,
+                   eager_host_seconds_per_step=0.00166, workspace_mib=40.4, conv_peak_maps=3.66,
+                   conv_fp32_workspace_maps=3.59)
+
+COMPUTE_EFFICIENCY = FITTED.compute_efficiency
+MEMORY_EFFICIENCY = FITTED.memory_efficiency
+KERNEL_LAUNCH_SECONDS = FITTED.kernel_seconds  # per kernel (CUDA graphs / TensorRT engines)
 CONTEXT_MIB = 512  # CUDA context and library workspaces
-HOST_SECONDS_PER_STEP = 2e-4  # the framework's own work per step (engine idle meanwhile)
+HOST_SECONDS_PER_STEP = FITTED.host_seconds_per_step  # the framework's own work per step (engine idle meanwhile)
 # ``None`` keeps the calibrated figure; ``calibration()`` passes trial values.
 _UNSET = None
 
@@ -188,7 +232,9 @@ def slices_for(model: str, *, shares: tuple[int, ...] = (250, 500)) -> list[Slic
 @dataclass(frozen=True, slots=True)
 class Workload:
     """One workload as a tenant registers it. ``seq_len``: tokens per sample (generation: the context the
-    tokens are generated against, prompt + half the output on average); ``image_size``: pixels per side."""
+    tokens are generated against, prompt + half the output on average); ``image_size``: pixels per side;
+    ``regime``: how it runs, ``engine`` (a serving engine or a CUDA graph replayed: what the model meant
+    before regimes, and the default) or ``eager`` (the framework's ``model(x)``, operation by operation)."""
 
     architecture: str
     task: str = "inference"
@@ -196,6 +242,7 @@ class Workload:
     batch_size: int = 1
     seq_len: int = 512
     image_size: int = 224
+    regime: str = "engine"
 
     def __post_init__(self) -> None:
         problems = workload_problems(self)
@@ -229,39 +276,82 @@ def workload_problems(workload) -> list[tuple[str, str]]:
         problems.append(("seq_len", "must be an integer 1..131072"))
     if not isinstance(workload.image_size, int) or not 32 <= workload.image_size <= 2048:
         problems.append(("image_size", "must be an integer 32..2048"))
+    if getattr(workload, "regime", "engine") not in REGIMES:
+        problems.append(("regime", f"must be one of {', '.join(REGIMES)}"))
     return problems
 
 
 @dataclass(frozen=True, slots=True)
 class Work:
-    """What one step of a workload asks of a GPU, independent of the GPU."""
+    """What one step of a workload asks of a GPU, independent of the GPU. ``kernels``: fused kernels (an engine or
+    a replayed graph); ``ops``: operations a framework dispatches eagerly; ``eager_bytes``: the traffic of the
+    elementwise operations an eager step runs unfused, beyond ``bytes_moved``; ``conv``: the FLOPs are
+    convolutions."""
 
     flops: float
     bytes_moved: float
     memory_bytes: float
     kernels: int
     samples: float  # samples (or generated tokens) per step
+    ops: int = 0
+    eager_bytes: float = 0.0
+    conv: bool = False
+    gemm_macs: float = 0.0  # multiply-adds of one of the step's typical GEMMs (tokens × hidden²)
 
     @property
     def intensity(self) -> float:
         return self.flops / self.bytes_moved
 
 
-def work_of(workload: Workload, spec: ComputeSpec | None = None) -> Work:
+OPS_PER_CONV = 3  # eager CNNs: the convolution, its batch norm and its activation, each its own kernel
+NORM_OPS = {"layer": 1, "rms": 8}  # RMSNorm written out: cast, pow, mean, add, rsqrt, mul, cast, mul
+ACTIVATION_OPS = {"gelu": 1, "relu": 1, "gelu_new": 8, "silu": 2}  # silu: the activation and the gate's product
+ROPE_OPS = 14  # rotate_half (two slices, neg, cat) and two multiplies and an add, for queries and keys
+ATTENTION_OPS = 9  # three projections, reshapes, scaled-dot-product attention, the output projection
+CACHE_OPS = 4  # decode with the library's cache: append keys and values, and the reshapes around it
+
+
+def layer_ops(arch: Transformer, *, decode: bool = False) -> int:
+    """Operations a framework dispatches for one transformer layer, eagerly: two norms, attention (with rotary
+    embedding when the architecture has it), the MLP (a third matrix when gated) and two residual adds."""
+    mlp = (3 if arch.gated else 2) + ACTIVATION_OPS[arch.activation]
+    return (2 * NORM_OPS[arch.norm] + ATTENTION_OPS + (ROPE_OPS if arch.rope else 0) + mlp + 2
+            + (CACHE_OPS if decode else 0))
+
+
+def layer_eager_elements(arch: Transformer) -> float:
+    """Elements per token one transformer layer reads and writes in unfused elementwise operations beyond what the
+    fused step moves: RMSNorm's passes, rotary embedding's, the activation's (each pass reads and writes)."""
+    norm = 2 * 2 * arch.hidden * (NORM_OPS[arch.norm] - 1)
+    rope = 2 * (ROPE_OPS // 2) * (arch.hidden + arch.kv_dim) if arch.rope else 0
+    ffn = (2 if arch.gated else 1) * arch.ffn
+    act = 2 * ffn * ACTIVATION_OPS[arch.activation]
+    return norm + rope + act
+
+
+def work_of(workload: Workload, spec: ComputeSpec | None = None, constants: Constants | None = None) -> Work:
     """FLOPs, bytes moved, memory held and kernels launched by one step. ``spec`` decides the precision the
-    GPU really runs (an FP8 model on an A100 holds BF16 weights)."""
+    GPU really runs (an FP8 model on an A100 holds BF16 weights).
+
+    Memory is what the framework holds at the step's peak (``torch.cuda.max_memory_allocated``) plus the CUDA
+    context (``CONTEXT_MIB``): the weights, the framework's workspace, and the larger of the live activations
+    and, for a decoder's forward pass, the logits over the whole vocabulary for every token; generation adds
+    the KV cache (and the prefill's activations that built it); a CNN holds ``conv_peak_maps`` of its largest
+    feature map per sample (attention runs as SDPA: no sequence-squared score matrix)."""
+    c = constants or FITTED
     arch = architecture_get(workload.architecture)
     precision = effective_precision(spec, workload.precision) if spec else workload.precision
     width = BYTES[precision]
     act = max(width, 2) if precision in ("fp8", "int8") else width  # 8-bit models keep 16-bit activations
     act = 1 if precision in ("fp8", "int8") and isinstance(arch, ConvNet) else act  # TensorRT int8 CNNs
     batch, training = workload.batch_size, workload.task == "training"
+    workspace = (CONTEXT_MIB + c.workspace_mib) * 2**20
     if isinstance(arch, ConvNet):
         scale = (workload.image_size / 224) ** 2
         forward = 2 * arch.gmacs * 1e9 * scale * batch
         activations = arch.activations_m * 1e6 * scale * batch
         weights = arch.params * width
-        layers = 50
+        peak_map = arch.peak_map_m * 1e6 * scale * batch
         if training:
             flops = 3 * forward
             moved = 3 * weights + arch.params * 28 + 3 * 2 * activations * act
@@ -269,34 +359,48 @@ def work_of(workload: Workload, spec: ComputeSpec | None = None) -> Work:
         else:
             flops = forward
             moved = weights + 2 * activations * act
-            memory = weights + 2 * activations * act / max(1, batch) * min(batch, 4)
-        return Work(flops, moved, memory + CONTEXT_MIB * 2**20, layers * (3 if training else 1), batch)
+            maps = c.conv_peak_maps + (c.conv_fp32_workspace_maps if precision == "fp32" else 0.0)
+            memory = weights + maps * peak_map * act
+        ops = arch.convs * OPS_PER_CONV * (3 if training else 1)
+        # eager: batch norm and activation read and write every map (an engine folds them into the convolution)
+        eager = 2 * 2 * activations * act * (3 if training else 1)
+        return Work(flops, moved, memory + workspace, arch.convs * (3 if training else 1), batch, ops, eager, True)
     assert isinstance(arch, Transformer)
     d, layers = arch.hidden, arch.layers
     s = arch.tokens(workload.seq_len, workload.image_size)
     head = 2 * arch.vocab * d if arch.kind == "decoder" else 0  # the LM head's matmul per token
     weights = arch.params * width
     kernels = layers * 8
+    extra = 8  # embeddings, final norm, head, masks
+    # per token, the MLP's live tensors: its input and output, the up (and gate) projection and the activation's
+    # result; the tanh approximation written out (gelu_new) keeps two more temporaries of the MLP's width
+    mlp_live = ((3 if arch.gated else 2 + (2 if arch.activation == "gelu_new" else 0)) * arch.ffn + 3 * d) * act
     if workload.task == "generation":
         # one decode step: every sequence in the batch makes one token against a context of ``s``
         flops = batch * (2 * arch.nonembedding_params + head + 4 * layers * s * d)
         kv = batch * s * layers * 2 * arch.kv_dim * act
         moved = weights + kv + batch * layers * d * 20 * act
-        memory = weights + kv + batch * 4 * max(arch.ffn, arch.vocab) * act
-        return Work(flops, moved, memory + CONTEXT_MIB * 2**20, kernels, batch)
+        # the cache was built by a prefill whose live activations (not its logits: only the last token's) count
+        memory = weights + kv + max(batch * s * mlp_live, batch * arch.vocab * 4)
+        ops = layers * layer_ops(arch, decode=True) + extra
+        eager = batch * layers * layer_eager_elements(arch) * act
+        return Work(flops, moved, memory + workspace, kernels, batch, ops, eager, False, batch * d * d)
     tokens = batch * s
     forward = tokens * (2 * arch.nonembedding_params + head) + batch * 4 * layers * s * s * d
     activations = tokens * layers * d * 20 * act
+    ops = layers * layer_ops(arch) + extra
+    eager = tokens * layers * layer_eager_elements(arch) * act
     if training:
         flops = 3 * forward
         moved = 3 * weights + arch.params * 28 + 3 * activations
         # Korthikanti et al. 2022: s·b·h·(34 + 5·a·s/h) bytes per layer in 16-bit, without recomputation
         stored = layers * tokens * d * (34 + 5 * arch.heads * s / d) * act / 2
         memory = arch.params * (2 * width + 12) + stored + tokens * arch.vocab * 4
-        return Work(flops, moved, memory + CONTEXT_MIB * 2**20, kernels * 3, batch)
+        return Work(flops, moved, memory + workspace, kernels * 3, batch, ops * 3, eager * 3, False, tokens * d * d)
     moved = weights + activations
-    memory = weights + tokens * max(arch.ffn, 4 * d) * act * 2 + batch * arch.heads * s * s * act
-    return Work(forward, moved, memory + CONTEXT_MIB * 2**20, kernels, batch)
+    logits = tokens * arch.vocab * act if arch.kind == "decoder" else 0  # every token's logits (no cache)
+    memory = weights + max(tokens * mlp_live, logits + tokens * d * act)
+    return Work(forward, moved, memory + workspace, kernels, batch, ops, eager, False, tokens * d * d)
 
 
 @dataclass(frozen=True, slots=True)
@@ -307,27 +411,61 @@ class Estimate:
     throughput: float  # samples/s (tokens/s for generation); 0 when it does not fit
     step_ms: float
     intensity: float
-    bound: str  # "compute" or "memory"
+    bound: str  # "compute", "memory" or "host" (eager: the host's dispatching is longer than the GPU's work)
     engine_active: float  # 0..1, as DCGM_FI_PROF_GR_ENGINE_ACTIVE would show at full load (launch gaps and
     # the framework's host work leave the engine idle)
     achieved_tflops: float
+    regime: str = "engine"
 
 
 def estimate(workload: Workload, where: Slice, *, compute_efficiency: float | None = _UNSET,
-             memory_efficiency: float | None = _UNSET) -> Estimate:
+             memory_efficiency: float | None = _UNSET, constants: Constants | None = None) -> Estimate:
+    """One step of ``workload`` on ``where`` in the workload's regime (module docstring, docs/tiering.md §1).
+
+    engine: ``max(FLOPs / compute, bytes / bandwidth) + kernels × kernel_seconds + host_seconds_per_step``.
+    eager: the GPU runs the GEMMs (``max`` of their FLOPs at the eager efficiency and the bytes), then the unfused
+    elementwise traffic, with a gap per operation; the host dispatches ``ops × host_seconds_per_op`` plus its
+    step's work; the step is the longer of the two (``bound`` is ``host`` when the host's is)."""
+    c = constants or FITTED
+    if compute_efficiency is not None or memory_efficiency is not None:
+        c = replace(c, compute_efficiency=c.compute_efficiency if compute_efficiency is None else compute_efficiency,
+                    memory_efficiency=c.memory_efficiency if memory_efficiency is None else memory_efficiency)
     spec = spec_get(where.model)
-    work = work_of(workload, spec)
-    ce = COMPUTE_EFFICIENCY if compute_efficiency is None else compute_efficiency
-    me = MEMORY_EFFICIENCY if memory_efficiency is None else memory_efficiency
-    compute = peak_tflops(spec, workload.precision) * 1e12 * where.compute_fraction * ce
-    bandwidth = spec.bandwidth_gbs * 1e9 * where.bandwidth_fraction * me
-    t_compute, t_memory = work.flops / compute, work.bytes_moved / bandwidth
-    busy = max(t_compute, t_memory)  # kernels running: what DCGM counts as engine activity
-    step = busy + work.kernels * KERNEL_LAUNCH_SECONDS + HOST_SECONDS_PER_STEP
+    work = work_of(workload, spec, c)
+    peak = peak_tflops(spec, workload.precision) * 1e12 * where.compute_fraction
+    bandwidth = spec.bandwidth_gbs * 1e9 * where.bandwidth_fraction * c.memory_efficiency
     memory_mib = math.ceil(work.memory_bytes / 2**20)
     fits = memory_mib <= where.memory_mib
+    if workload.regime == "eager":
+        if work.conv:
+            efficiency = c.eager_conv_efficiency
+        else:
+            # the same tiles take longer where the precision's peak is lower (FP32 fills the GPU sooner)
+            half = c.eager_gemm_half_macs * where.compute_fraction * peak_tflops(spec, workload.precision) / spec.fp16
+            efficiency = c.eager_compute_efficiency * work.gemm_macs / (work.gemm_macs + half)
+        t_compute, t_memory = work.flops / (peak * efficiency), work.bytes_moved / bandwidth
+        # a time-sliced share or MIG slice runs the same number of operations; only the GPU's part scales
+        busy = max(t_compute, t_memory) + work.eager_bytes / bandwidth  # kernels running: engine activity
+        gpu = busy + work.ops * c.kernel_seconds  # and the gap each operation leaves on the GPU
+        host = work.ops * c.host_seconds_per_op + c.eager_host_seconds_per_step
+        if where.kind == "share":  # the host waits while the other tenants' time slices run
+            host = host / where.compute_fraction
+        step = max(gpu, host)
+        bound = "host" if host > gpu else ("compute" if t_compute >= t_memory else "memory")
+    else:
+        t_compute, t_memory = work.flops / (peak * c.compute_efficiency), work.bytes_moved / bandwidth
+        busy = max(t_compute, t_memory)  # kernels running: what DCGM counts as engine activity
+        step = busy + work.kernels * c.kernel_seconds + c.host_seconds_per_step
+        bound = "compute" if t_compute >= t_memory else "memory"
     return Estimate(where, fits, memory_mib, work.samples / step if fits else 0.0, step * 1000, work.intensity,
-                    "compute" if t_compute >= t_memory else "memory", busy / step, work.flops / step / 1e12)
+                    bound, min(1.0, busy / step), work.flops / step / 1e12, workload.regime)
+
+
+def regime_infer(workload: Workload, where: Slice, engine_active: float) -> str:
+    """The regime a measured engine activity points to: the one whose predicted activity on ``where`` is nearer
+    (an eager decode keeps the engine busy a fraction of the step; a replayed one nearly all of it)."""
+    return min(REGIMES, key=lambda regime: (abs(estimate(replace(workload, regime=regime), where).engine_active
+                                                - engine_active), regime))
 
 
 # -- calibration ------------------------------------------------------------------------------------------
@@ -367,12 +505,13 @@ GPTJ_RATIO = ("GPT-J-99 Offline H100 ÷ L4", 13.0687 / 1.30094,
               f"{_V31}/DGX-H100_H100-SXM-80GBx1_TRT/gptj-99/Offline and {_V31}/L4x1_TRT/gptj-99/Offline")
 
 
-def fitted_efficiency(points=CALIBRATION) -> float:
-    """The compute efficiency (0.30..1.00 in steps of 0.005) with the least mean absolute log error over
-    ``points``: a grid, since memory-bound points do not move with it."""
+def fitted_efficiency(points=CALIBRATION, constants: Constants | None = None) -> float:
+    """The engine's compute efficiency (0.30..1.00 in steps of 0.005) with the least mean absolute log error over
+    ``points`` (the other constants: ``constants``, default ``FITTED``): a grid, since memory-bound points do not
+    move with it."""
     def loss(efficiency: float) -> float:
-        return sum(abs(math.log(estimate(p.workload, whole(p.model), compute_efficiency=efficiency).throughput
-                                / p.measured)) for p in points)
+        return sum(abs(math.log(estimate(p.workload, whole(p.model), compute_efficiency=efficiency,
+                                         constants=constants).throughput / p.measured)) for p in points)
 
     return min((round(0.30 + 0.005 * step, 3) for step in range(141)), key=loss)
 

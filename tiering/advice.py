@@ -30,7 +30,8 @@ from django.utils import timezone
 
 from broker.choices import LeaseState
 from broker.models import Lease
-from gpus.performance import estimate, slice_from_key
+from gpus.measured import expected_error
+from gpus.performance import estimate, regime_infer, slice_from_key
 from tiering.models import AdviceKind, LeaseSample, Provenance, TierAdvice
 
 logger = logging.getLogger(__name__)
@@ -92,6 +93,20 @@ def advice_scan(*, now: datetime | None = None) -> dict[str, int]:
         # exploring (cheaper slices might do) still names a confident slice: advice may point there
         option = decision.option if not decision.profile_first or decision.candidates else None
         engine = figures["engine_active"] if figures["engine_active"] is not None else 1.0
+        # the regime it runs in, from its measured engine activity here (eager keeps the engine idle between its
+        # operations): the performance model's figures for it are that regime's, with that regime's error
+        spec = replace(spec_of(workload), regime=regime_infer(spec_of(workload), where, engine))
+        evidence["regime"] = spec.regime
+        measured_keys = set(workload.profiles.exclude(provenance=Provenance.PREDICTED).values_list("slice_key",
+                                                                                                   flat=True))
+
+        def basis(slice_key: str, throughput: float, spec=spec, measured_keys=measured_keys) -> str:
+            """Whether a figure rests on a measurement of this workload there or on a prediction, and then the
+            prediction's typical error in the workload's regime (cross-validated on measured GPUs)."""
+            if slice_key in measured_keys:
+                return f"gave {throughput:,.0f}/s there when measured"
+            return (f"is predicted to give {throughput:,.0f}/s (a prediction: typically within "
+                    f"±{expected_error(spec.regime, spec.task):.0%} for a workload in the {spec.regime} regime)")
         roomy = figures["throughput"] >= 1.5 * required or (
             engine < 0.4 and figures["memory_mib"] < 0.5 * where.memory_mib)
         pressed = figures["throughput"] < required or figures["memory_mib"] >= 0.95 * where.memory_mib
@@ -101,7 +116,7 @@ def advice_scan(*, now: datetime | None = None) -> dict[str, int]:
                     "suggested": option.slice.key, "saving": current_price - option.price, "speedup": None,
                     "reason": (f"too big: {figures['throughput']:,.0f}/s for {required:,.0f}/s needed, engine "
                                f"{engine:.0%} busy, {figures['memory_mib']:,} of {where.memory_mib:,} MiB; "
-                               f"{option.slice.label} is predicted to give {option.throughput:,.0f}/s "
+                               f"{option.slice.label} {basis(option.slice.key, option.throughput)} "
                                f"(confidence {option.confidence:.0%}) at {option.price:.2f}/h instead of "
                                f"{current_price:.2f}/h")}
             elif pressed:
@@ -109,10 +124,9 @@ def advice_scan(*, now: datetime | None = None) -> dict[str, int]:
                 found[AdviceKind.TOO_SMALL] = {
                     "suggested": option.slice.key, "saving": current_price - option.price, "speedup": speedup,
                     "reason": (f"too small: {figures['throughput']:,.0f}/s for {required:,.0f}/s needed, "
-                               f"{figures['memory_mib']:,} of {where.memory_mib:,} MiB; {option.slice.label} is "
-                               f"predicted to give {option.throughput:,.0f}/s (×{speedup:.1f}, confidence "
+                               f"{figures['memory_mib']:,} of {where.memory_mib:,} MiB; {option.slice.label} "
+                               f"{basis(option.slice.key, option.throughput)} (×{speedup:.1f}, confidence "
                                f"{option.confidence:.0%}) at {option.price:.2f}/h")}
-        spec = spec_of(workload)
         if spec.task != "training" and spec.precision not in QUANTIZED and current_price is not None:
             # cheaper than what it needs unquantized: the slice it is on, or the one the engine names
             baseline = min(current_price, option.price) if option is not None else current_price
@@ -130,7 +144,9 @@ def advice_scan(*, now: datetime | None = None) -> dict[str, int]:
                     "suggested": candidate.key, "saving": current_price - price, "speedup": None,
                     "reason": (f"quantized to {precision.upper()} it would fit {candidate.label} "
                                f"({truth.memory_mib:,} of {candidate.memory_mib:,} MiB) and give "
-                               f"{truth.throughput:,.0f}/s (performance model) for {required:,.0f}/s needed, at "
+                               f"{truth.throughput:,.0f}/s (a prediction of the performance model, never measured at "
+                               f"{precision.upper()}: typically within ±{expected_error(spec.regime, spec.task):.0%} "
+                               f"in its {spec.regime} regime) for {required:,.0f}/s needed, at "
                                f"{price:.2f}/h instead of {current_price:.2f}/h; advice only: quantizing changes "
                                f"the model")}
         opened += _advice_save(lease=lease, workload=workload, key=key, found=found, evidence=evidence, now=now)

@@ -34,7 +34,7 @@ from broker.models import Gpu, Lease
 from core.errors import ApplicationError, Conflict, NotFound, ValidationFailed
 from core.prometheus import Prometheus, PrometheusError
 from core.task_registry import task
-from gpus.performance import Slice, slice_from_key
+from gpus.performance import Slice, regime_infer, slice_from_key
 from tenants.access import Actor
 from tenants.models import ApiToken, Membership, Project
 from tiering.models import LeaseSample, ProfilingLease, ProfilingRun, ProfilingState, Provenance, Workload
@@ -183,6 +183,16 @@ def _instant_value(expression: str, at: datetime) -> float | None:
     return float(result[0]["value"][1]) if result else None
 
 
+def _regime(workload: Workload, slice_key: str, seen: dict) -> str:
+    """The regime the measured engine activity points to (``gpus.performance.regime_infer``): ``eager`` when the
+    engine idles between the framework's operations, ``engine`` when its kernels run back to back."""
+    from tiering.services import spec_of
+
+    if seen.get("engine_active") is None:
+        return "unknown"
+    return regime_infer(spec_of(workload), slice_from_key(slice_key), seen["engine_active"])
+
+
 def lease_telemetry(*, lease: Lease, start: datetime, end: datetime) -> dict:
     """The DCGM figures of a lease's first allocation over [start, end] from Prometheus: mean engine activity
     and peak framebuffer used, and the median of the throughput samples its workload reported meanwhile."""
@@ -240,7 +250,8 @@ def profiling_advance(*, run_id: int, now: datetime | None = None) -> str:
                                          memory_mib=seen["memory_mib"], engine_active=seen["engine_active"],
                                          lease=lease, at=now)
                 _close(item, f"measured: {seen['throughput']:.1f}/s (median of {seen['samples']} samples), engine "
-                             f"{(seen['engine_active'] or 0):.0%}, peak {seen['memory_mib']} MiB", profile)
+                             f"{(seen['engine_active'] or 0):.0%} ({_regime(run.workload, item.slice_key, seen)} "
+                             f"regime), peak {seen['memory_mib']} MiB", profile)
             lease_release(lease=lease, actor=ACTOR, now=now, reason="the profiling window is over")
         elif lease.state in FINAL_STATES or lease.state == LeaseState.RELEASING:
             if not _claim(item):

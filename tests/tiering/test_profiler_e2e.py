@@ -193,6 +193,10 @@ def test_a_running_lease_on_too_big_a_gpu_gets_migration_and_quantization_advice
     assert big.current_slice == "A100-80GB" and big.saving_per_hour > 0 and "too big" in big.reason
     assert estimate(spec, slice_from_key(big.suggested_slice)).throughput >= 2000  # truly enough
     assert quantize.saving_per_hour > big.saving_per_hour and "INT8" in quantize.reason.upper()
+    # each figure says what it rests on: a measurement there, or a prediction with its regime's typical error
+    assert "a prediction of the performance model" in quantize.reason and "engine regime" in quantize.reason
+    assert ("when measured" in big.reason) != ("typically within ±" in big.reason)
+    assert big.evidence["regime"] == "engine"  # the simulated agent runs the model's engine regime
     # a second scan refreshes, never duplicates
     advice_scan()
     assert TierAdvice.objects.filter(lease_id=lease["id"], open=True).count() == 2

@@ -1,0 +1,419 @@
+"""Measure the performance model's cases on whatever GPU this runs on: eager and replayed as a CUDA graph.
+
+The method of gpus/data/README.md (the H100 rows the model is fitted on), so that another GPU's rows can join
+them (``gpus.measured.load_results``) and check or refit the model:
+
+- models built from the architectures' published figures (``gpus.architectures``) with random weights, on the
+  device, in the case's precision, ``torch.inference_mode()``: transformers from the Hugging Face ``*Config``
+  classes when ``transformers`` is installed, resnet-50 from torchvision; a decoder of exactly the
+  architecture's per-layer matrices (fused QKV, output, gated or plain MLP, RMSNorm or LayerNorm, rotary
+  embedding, SDPA over a full cache, LM head) for decode replayed as a graph (``graph``) and run eagerly
+  (``own-eager``);
+- ``eager``: ``model(x)``; decode with the library's dynamic cache, cropped back after each step so every step
+  sees ``seq`` tokens; ``graph``: the same step captured once as a CUDA graph and replayed;
+- ``step_s``: the median over timed groups (each about ``--group-seconds``, synchronised, after a warm-up group)
+  of the time per step; ``spread`` = (max − min) ÷ median; ``peak_mib``: ``torch.cuda.max_memory_allocated``
+  (without the CUDA context), eager rows only.
+
+MIG: where MIG is **already** enabled, each MIG device NVML lists is measured too, one subprocess per device
+(``CUDA_VISIBLE_DEVICES=MIG-…``); this script never enables or changes MIG. Its rows carry the slice key
+(``H100-80GB/mig/3g.40gb``).
+
+``--dry-run`` needs no torch and no GPU: it runs the same case list, timing loop and results file with a
+stand-in step (pure Python whose work grows with the case), so the logic is tested here
+(tests/tiering/test_device_perf.py); its rows say ``"dry_run": true``. Torch is imported only for a real run.
+
+    python bench/device_perf.py --json bench/results/device_perf.json          # on a GPU machine
+    python bench/device_perf.py --dry-run --quick --json /tmp/device_perf.json  # anywhere
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from gpus.architectures import ConvNet, Transformer, architecture_get  # noqa: E402
+from gpus.catalogue import MODELS  # noqa: E402
+
+# the cases of gpus/data/ (architecture, task, precision, batches, seq); graph: also replayed as a CUDA graph
+CASES = (
+    ("resnet-50", "inference", "fp16", (1, 32, 256), 512, True),
+    ("bert-base", "inference", "bf16", (1, 32, 256), 128, True),
+    ("gpt2", "inference", "bf16", (1, 8, 32), 512, True),
+    ("gpt2", "generation", "bf16", (1, 16, 64), 512, True),
+    ("tinyllama-1.1b", "inference", "bf16", (1, 8, 32), 512, False),
+    ("tinyllama-1.1b", "generation", "bf16", (1, 16, 64), 512, True),
+    ("llama-2-7b", "inference", "bf16", (1, 8), 256, False),
+    ("llama-2-7b", "generation", "bf16", (1, 16), 512, True),
+    ("bert-base", "inference", "fp32", (32,), 128, False),
+    ("resnet-50", "inference", "fp32", (256,), 512, False),
+)
+QUICK = (("gpt2", "generation", "bf16", (1, 16), 128, True), ("bert-base", "inference", "bf16", (1, 8), 128, True),
+         ("resnet-50", "inference", "fp16", (1, 8), 512, True))
+COLUMNS = ("arch", "task", "precision", "batch", "seq", "image", "mode", "step_s", "throughput", "peak_mib", "spread")
+
+
+@dataclass(frozen=True, slots=True)
+class Case:
+    arch: str
+    task: str
+    precision: str
+    batch: int
+    seq: int
+    mode: str  # eager, graph, own-eager
+    image: int = 224
+
+
+def cases(quick: bool = False) -> list[Case]:
+    """The case list: each (architecture, task, precision, batch) eagerly; decode also replayed as a graph and
+    run eagerly on the own decoder; inference replayed as a graph where the table says so."""
+    out = []
+    for arch, task, precision, batches, seq, graph in (QUICK if quick else CASES):
+        architecture_get(arch)  # a typo fails here, not on the GPU
+        for batch in batches:
+            out.append(Case(arch, task, precision, batch, seq, "eager"))
+            if graph and (task == "generation" or batch <= 32):
+                out.append(Case(arch, task, precision, batch, seq, "graph"))
+            if task == "generation" and batch == 1:
+                out.append(Case(arch, task, precision, batch, seq, "own-eager"))
+    return out
+
+
+def time_steps(step, synchronize, *, group_seconds: float, groups: int, clock=time.perf_counter) -> tuple[float, float]:
+    """(median seconds per step, spread) over ``groups`` timed groups of about ``group_seconds`` each, after one
+    warm-up group; each group is synchronised before and after."""
+    def run(count: int) -> float:
+        synchronize()
+        began = clock()
+        for _ in range(count):
+            step()
+        synchronize()
+        return clock() - began
+
+    once = max(run(1), 1e-7)
+    count = max(1, int(group_seconds / once))
+    run(count)  # warm-up
+    per_step = [run(count) / count for _ in range(groups)]
+    median = statistics.median(per_step)
+    return median, (max(per_step) - min(per_step)) / median
+
+
+# -- the dry run: the same loop with a stand-in step -------------------------------------------------------------
+
+def dry_step(case: Case):
+    """A pure-Python step whose work grows with the case (layers × batch), so the timing loop measures something."""
+    arch = architecture_get(case.arch)
+    layers = arch.layers if isinstance(arch, Transformer) else arch.convs
+    work = layers * case.batch * (1 if case.mode == "graph" else 3)
+
+    def step():
+        total = 0
+        for value in range(work):
+            total += value * value
+        return total
+
+    return step
+
+
+# -- the real run (torch, imported here only) ---------------------------------------------------------------------
+
+def _dtype(torch, precision: str):
+    return {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[precision]
+
+
+def own_decoder(torch, arch: Transformer, dtype, device):
+    """A decoder of exactly the architecture's per-layer matrices; ``step(tokens, cache_k, cache_v)`` runs one
+    decode step against a full cache (SDPA over all of it)."""
+    nn, functional = torch.nn, torch.nn.functional
+    d, heads, kv_heads = arch.hidden, arch.heads, arch.kv_heads
+    head_dim = d // heads
+
+    class Norm(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.weight = nn.Parameter(torch.ones(d))
+
+        def forward(self, x):
+            if arch.norm == "rms":
+                return x * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + 1e-6).to(x.dtype) * self.weight
+            return functional.layer_norm(x, (d,), self.weight)
+
+    class Layer(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.norm1, self.norm2 = Norm(), Norm()
+            self.qkv = nn.Linear(d, d + 2 * arch.kv_dim, bias=False)
+            self.out = nn.Linear(d, d, bias=False)
+            self.up = nn.Linear(d, (2 if arch.gated else 1) * arch.ffn, bias=False)
+            self.down = nn.Linear(arch.ffn, d, bias=False)
+
+        def forward(self, x, cache_k, cache_v, cos, sin):
+            b = x.shape[0]
+            q, k, v = self.qkv(self.norm1(x)).split((d, arch.kv_dim, arch.kv_dim), dim=-1)
+            q = q.view(b, 1, heads, head_dim).transpose(1, 2)
+            k = k.view(b, 1, kv_heads, head_dim).transpose(1, 2)
+            if arch.rope:
+                q, k = rotate(q, cos, sin), rotate(k, cos, sin)
+            cache_k[:, :, -1:].copy_(k)
+            cache_v[:, :, -1:].copy_(v.view(b, 1, kv_heads, head_dim).transpose(1, 2))
+            attention = functional.scaled_dot_product_attention(q, cache_k, cache_v, enable_gqa=kv_heads != heads)
+            x = x + self.out(attention.transpose(1, 2).reshape(b, 1, d))
+            hidden = self.up(self.norm2(x))
+            if arch.gated:
+                gate, up = hidden.chunk(2, dim=-1)
+                hidden = functional.silu(gate) * up
+            else:
+                hidden = functional.gelu(hidden)
+            return x + self.down(hidden)
+
+    def rotate(x, cos, sin):
+        half = x.shape[-1] // 2
+        return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
+
+    class Decoder(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed = nn.Embedding(arch.vocab, d)
+            self.layers = nn.ModuleList(Layer() for _ in range(arch.layers))
+            self.norm = Norm()
+            self.head = nn.Linear(d, arch.vocab, bias=False)
+
+        def forward(self, tokens, caches, cos, sin):
+            x = self.embed(tokens)
+            for layer, (cache_k, cache_v) in zip(self.layers, caches, strict=True):
+                x = layer(x, cache_k, cache_v, cos, sin)
+            return self.head(self.norm(x))
+
+    return Decoder().to(device=device, dtype=dtype).eval()
+
+
+def library_model(torch, arch, task: str, dtype, device, seq: int):
+    """The framework's model from its published configuration (random weights), or None when the library or a
+    config class for the architecture is missing here."""
+    if isinstance(arch, ConvNet):
+        try:
+            import torchvision
+        except ImportError:
+            return None
+        builder = getattr(torchvision.models, arch.name.replace("-", ""), None)
+        return builder(weights=None).to(device=device, dtype=dtype).eval() if builder else None
+    try:
+        import transformers
+    except ImportError:
+        return None
+    common = {"vocab_size": arch.vocab, "num_hidden_layers": arch.layers, "hidden_size": arch.hidden,
+              "num_attention_heads": arch.heads, "intermediate_size": arch.ffn, "attn_implementation": "sdpa"}
+    if arch.kind == "encoder":
+        config = transformers.BertConfig(**common, max_position_embeddings=max(512, seq))
+        return transformers.AutoModel.from_config(config).to(device=device, dtype=dtype).eval()
+    if arch.name.startswith("gpt2"):
+        config = transformers.GPT2Config(vocab_size=arch.vocab, n_layer=arch.layers, n_embd=arch.hidden,
+                                         n_head=arch.heads, n_positions=max(1024, seq + 8),
+                                         attn_implementation="sdpa")
+    elif arch.norm == "rms" and arch.gated:
+        config = transformers.LlamaConfig(**common, num_key_value_heads=arch.kv_heads,
+                                          max_position_embeddings=max(2048, seq + 8),
+                                          tie_word_embeddings=arch.tied)
+    else:
+        return None
+    return transformers.AutoModelForCausalLM.from_config(config).to(device=device, dtype=dtype).eval()
+
+
+def measure(case: Case, args, torch) -> dict | None:
+    """One case on the current device: its row, or None when this machine cannot build it (no library)."""
+    device = torch.device(args.device)
+    dtype = _dtype(torch, case.precision)
+    arch = architecture_get(case.arch)
+    cuda = device.type == "cuda"
+    synchronize = torch.cuda.synchronize if cuda else (lambda: None)
+    if cuda:
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+    with torch.inference_mode():
+        if case.task == "generation" and case.mode in ("graph", "own-eager"):
+            model = own_decoder(torch, arch, dtype, device)
+            head_dim = arch.hidden // arch.heads
+            caches = [(torch.randn(case.batch, arch.kv_heads, case.seq, head_dim, device=device, dtype=dtype),
+                       torch.randn(case.batch, arch.kv_heads, case.seq, head_dim, device=device, dtype=dtype))
+                      for _ in range(arch.layers)]
+            tokens = torch.randint(0, arch.vocab, (case.batch, 1), device=device)
+            cos = torch.ones(1, 1, 1, head_dim, device=device, dtype=dtype)
+            sin = torch.zeros(1, 1, 1, head_dim, device=device, dtype=dtype)
+
+            def step():
+                return model(tokens, caches, cos, sin)
+        else:
+            model = library_model(torch, arch, case.task, dtype, device, case.seq)
+            if model is None:
+                return None
+            if isinstance(arch, ConvNet):
+                inputs = {"x": torch.randn(case.batch, 3, case.image, case.image, device=device, dtype=dtype)}
+            else:
+                inputs = {"input_ids": torch.randint(0, arch.vocab, (case.batch, case.seq), device=device)}
+            if case.task == "generation":
+                import transformers
+
+                cache = transformers.DynamicCache()
+                model(**inputs, past_key_values=cache, use_cache=True, logits_to_keep=1)
+                token = {"input_ids": inputs["input_ids"][:, :1]}
+
+                def step():
+                    model(**token, past_key_values=cache, use_cache=True)
+                    cache.crop(case.seq)  # every step sees seq tokens
+            elif isinstance(arch, ConvNet):
+                def step():
+                    return model(inputs["x"])
+            else:
+                def step():
+                    return model(**inputs, use_cache=False) if arch.kind == "decoder" else model(**inputs)
+        if case.mode == "graph":
+            if not cuda:
+                return None
+            stream = torch.cuda.Stream()
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                for _ in range(3):
+                    step()
+            torch.cuda.current_stream().wait_stream(stream)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                step()
+            measured = graph.replay
+        else:
+            measured = step
+        step_s, spread = time_steps(measured, synchronize, group_seconds=args.group_seconds, groups=args.groups)
+    peak = torch.cuda.max_memory_allocated() / 2**20 if cuda and case.mode == "eager" else None
+    return row_of(case, step_s, spread, peak)
+
+
+def row_of(case: Case, step_s: float, spread: float, peak_mib: float | None) -> dict:
+    return {"arch": case.arch, "task": case.task, "precision": case.precision, "batch": case.batch, "seq": case.seq,
+            "image": case.image, "mode": case.mode, "step_s": round(step_s, 9),
+            "throughput": round(case.batch / step_s, 4), "peak_mib": None if peak_mib is None else round(peak_mib, 3),
+            "spread": round(spread, 6)}
+
+
+# -- devices ----------------------------------------------------------------------------------------------------
+
+def model_code(name: str) -> str:
+    """The catalogue's code of an NVML device name (``NVIDIA H100 80GB HBM3`` → ``H100-80GB``), else the name."""
+    for model in MODELS:
+        if model.vendor_name == name or name.startswith(model.vendor_name):
+            return model.code
+    return name
+
+
+def mig_devices() -> list[tuple[str, str]]:
+    """(MIG device UUID, slice key) of every MIG device NVML lists, where MIG is already enabled; empty where
+    nvidia-smi is missing or MIG is off. Reads only: ``nvidia-smi -L``."""
+    try:
+        listing = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30, check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return parse_mig_listing(listing)
+
+
+def parse_mig_listing(listing: str) -> list[tuple[str, str]]:
+    """``nvidia-smi -L`` → (MIG UUID, slice key), e.g. ``MIG 3g.40gb Device 0: (UUID: MIG-…)`` under ``GPU 0:
+    NVIDIA H100 80GB HBM3 (UUID: GPU-…)`` → ``("MIG-…", "H100-80GB/mig/3g.40gb")``."""
+    out, gpu = [], ""
+    for line in listing.splitlines():
+        line = line.strip()
+        if line.startswith("GPU "):
+            gpu = model_code(line.split(":", 1)[1].split("(UUID")[0].strip())
+        elif line.startswith("MIG ") and "UUID: " in line:
+            profile = line.split()[1]
+            out.append((line.split("UUID: ", 1)[1].rstrip(")"), f"{gpu}/mig/{profile}"))
+    return out
+
+
+def run(args) -> dict:
+    """Every case on this device (or the dry run's stand-in), then each MIG device in a subprocess of its own."""
+    rows, skipped = [], []
+    if args.dry_run:
+        for case in cases(args.quick):
+            step_s, spread = time_steps(dry_step(case), lambda: None, group_seconds=args.group_seconds,
+                                        groups=args.groups)
+            rows.append({**row_of(case, step_s, spread, None), "slice": "dry-run", "dry_run": True})
+        return {"device": "dry run (no torch, no GPU)", "slice": "dry-run", "rows": rows, "skipped": skipped}
+    import torch
+
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("no CUDA device: use --device cpu or --dry-run")
+    name = torch.cuda.get_device_name() if args.device == "cuda" else "cpu"
+    key = args.slice or model_code(name)
+    for case in cases(args.quick):
+        if args.only_modes and case.mode not in args.only_modes:
+            continue
+        out_of_memory = torch.cuda.OutOfMemoryError if args.device == "cuda" else MemoryError
+        try:
+            row = measure(case, args, torch)
+        except out_of_memory:
+            row, reason = None, "out of memory"
+        else:
+            reason = "not buildable here (library missing, or graph without CUDA)"
+        if row is None:
+            skipped.append({**asdict(case), "why": reason})
+        else:
+            rows.append({**row, "slice": key})
+            print(f"{key} {case.arch} {case.task} {case.precision} b{case.batch} {case.mode}: "
+                  f"{row['step_s'] * 1000:.3f} ms, {row['throughput']:,.1f}/s", flush=True)
+    if args.device == "cuda" and not args.slice:
+        for uuid, mig_key in mig_devices():
+            child = subprocess.run([sys.executable, __file__, "--slice", mig_key, "--stdout-json",
+                                    *(["--quick"] if args.quick else [])],
+                                   env={**os.environ, "CUDA_VISIBLE_DEVICES": uuid}, capture_output=True, text=True,
+                                   check=False)
+            if child.returncode == 0:
+                found = json.loads(child.stdout.strip().splitlines()[-1])
+                rows += found["rows"]
+                skipped += found["skipped"]
+            else:
+                skipped.append({"slice": mig_key, "why": child.stderr.strip()[-400:]})
+    return {"device": name, "slice": key, "rows": rows, "skipped": skipped,
+            "torch": torch.__version__, "cuda": getattr(torch.version, "cuda", None)}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--dry-run", action="store_true", help="no torch, no GPU: the loop with a stand-in step")
+    parser.add_argument("--quick", action="store_true", help="three small cases")
+    parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
+    parser.add_argument("--group-seconds", type=float, default=0.2)
+    parser.add_argument("--groups", type=int, default=5)
+    parser.add_argument("--only-modes", nargs="*", choices=("eager", "graph", "own-eager"))
+    parser.add_argument("--slice", help="(internal) the slice key of this process's device: a MIG device")
+    parser.add_argument("--stdout-json", action="store_true", help="(internal) print the figures as JSON")
+    parser.add_argument("--json", type=Path, help="write the results file here (bench.record's format)")
+    args = parser.parse_args(argv)
+    if args.dry_run and args.group_seconds == 0.2:
+        args.group_seconds = 0.005
+    result = run(args)
+    if args.stdout_json:
+        print(json.dumps(result))
+        return 0
+    for row in result["rows"]:
+        print(f"{row['slice']} {row['arch']} {row['task']} {row['precision']} b{row['batch']} {row['mode']}: "
+              f"{row['step_s'] * 1000:.3f} ms, {row['throughput']:,.1f}/s, spread {row['spread']:.1%}")
+    print(f"{len(result['rows'])} rows, {len(result['skipped'])} skipped")
+    if args.json:
+        from bench.record import write
+
+        write(args.json.stem, result, settings={k: v for k, v in vars(args).items() if k != "json"},
+              directory=args.json.parent)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
