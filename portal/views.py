@@ -265,6 +265,9 @@ class LeaseDetailView(TenantView):
             "lease": lease,
             "shape": presenters.shape_label(lease),
             "devices": [a for a in lease.allocations.all() if a.freed_at is None],
+            "access": broker.lease_access(lease=lease) if lease.state in ("active", "preempted") else [],
+            # within LEASE_EXPIRING_NOTICE_SECONDS of its end: the page says so, as the lease.expiring event does
+            "expiring_in": presenters.expiring_in_seconds(lease, now),
             "events": list(lease.events.all()),
             "sparkline": presenters.Sparkline(series) if series else None,
             "workload": workload,

@@ -26,7 +26,7 @@ HOLDING_STATES = sorted(HOLDING)
 # before ``until`` gives no interval, so it needs no test here). Each CTE names the rule of lease_hours it keeps.
 METER_SQL = """
 WITH lease AS (
-    SELECT l.id, l.tenant_id, l.project_id, l.workload_class, l.profiling
+    SELECT l.id, l.tenant_id, l.project_id, l.workload_class, l.profiling, l.ends_at
       FROM broker_lease l
      WHERE l.id BETWEEN %(lo)s AND %(hi)s
        AND (l.finished_at IS NULL OR l.finished_at >= %(start)s)
@@ -43,11 +43,12 @@ edge AS (  -- where holding starts or stops; a start's interval ends at the next
       FROM event
      WHERE holds <> was
 ),
-held AS (  -- held_intervals, clipped to the window
-    SELECT lease_id, at AS begin_at,
-           greatest(at, %(start)s) AS low, least(coalesce(next_at, %(until)s), %(until)s) AS high
+held AS (  -- held_intervals, clipped to the window and to the lease's end (the expiry task's lag is not billed)
+    SELECT edge.lease_id, edge.at AS begin_at, greatest(edge.at, %(start)s) AS low,
+           least(coalesce(edge.next_at, %(until)s), %(until)s, coalesce(lease.ends_at, 'infinity')) AS high
       FROM edge
-     WHERE holds
+      JOIN lease ON lease.id = edge.lease_id
+     WHERE edge.holds
 ),
 unit AS (  -- the allocations held when the interval began; the first one (lowest id) names what was held
     SELECT held.*, u.*

@@ -276,13 +276,36 @@ def workload_output(lease) -> dict | None:
                         for p in workload.placement_rows.order_by("number")]}
 
 
+ACCESS_OUTPUT_SCHEMA = {"type": "array", "items": {"type": "object", "properties": {
+    "node": {"type": "string"}, "host": {"type": "string", "description": "the host to reach the node by"},
+    "devices": {"type": "array", "items": {"type": "string"}, "description": "instance ids, in env's order"},
+    "ready": {"type": "boolean", "description": "every device created (env complete)"},
+    "env": {"type": "object", "additionalProperties": {"type": "string"},
+            "description": "one environment for a process using all the lease's devices on this node: "
+                           "CUDA_VISIBLE_DEVICES lists every device (comma-separated), shares add their MPS limits"},
+    "share_enforcement": {"type": "string", "nullable": True, "enum": ["mps", "none", "unknown", None],
+                          "description": "whether the share limits are enforced on this node (null: no share)"},
+    "share_enforcement_text": {"type": "string", "nullable": True},
+    "share_limits": {"type": "array", "items": {"type": "object", "properties": {
+        "instance_id": {"type": "string"}, "milli": {"type": "integer"}, "memory_mib": {"type": "integer"}}}},
+    "isolation": {"type": "string", "description": "the node's workload isolation as it reports it, or unknown"}}}}
+
+
 class LeaseDetailOutput(LeaseOutput):
     devices = serializers.SerializerMethodField()
     events = EventOutput(many=True)
     workload = serializers.SerializerMethodField()
+    access = serializers.SerializerMethodField()
 
     class Meta(LeaseOutput.Meta):
-        fields = [*LeaseOutput.Meta.fields, "devices", "events", "workload"]
+        fields = [*LeaseOutput.Meta.fields, "devices", "events", "workload", "access"]
+
+    @extend_schema_field(ACCESS_OUTPUT_SCHEMA)
+    def get_access(self, obj) -> list:
+        """Per node: how to reach it, the one environment for all the lease's devices there, what is enforced."""
+        from broker.selectors import lease_access
+
+        return lease_access(lease=obj) if obj.state in ("active", "preempted") else []
 
     @extend_schema_field(WORKLOAD_OUTPUT_SCHEMA)
     def get_workload(self, obj) -> dict | None:
