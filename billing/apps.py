@@ -7,7 +7,8 @@ class BillingConfig(AppConfig):
 
     def ready(self) -> None:
         """Take part in leasing's decisions through its seam (``broker.extensions``): the monthly spend caps
-        admit or refuse requests and renewals, the general price book ranks ``model: auto``, and its money format writes the prices in leasing's reasons."""
+        admit or refuse requests and renewals, the general price book ranks ``model: auto``, and its money format writes
+        the prices in leasing's reasons."""
         from billing import selectors, services, tasks  # noqa: F401 (tasks: registered for sending by name)
         from billing.core.pricing import format_money
         from broker import extensions

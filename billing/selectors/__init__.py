@@ -45,8 +45,8 @@ from billing.selectors.usage import (
 )
 
 __all__ = [
-    "Budget", "Quote", "_lease_gpu", "billing_terms_in_force", "billing_terms_list", "book_rate_table", "budget_list", "invoice_get",
-    "invoice_list", "list_prices", "offer_prices", "price_book_get", "price_book_list", "price_book_states",
-    "price_books_for", "price_quote", "spend_cap_get", "spend_cap_list", "spend_forecast", "spend_minor",
-    "usage_query_check", "usage_summary", "whole_list_prices",
+    "Budget", "Quote", "_lease_gpu", "billing_terms_in_force", "billing_terms_list", "book_rate_table", "budget_list",
+    "invoice_get", "invoice_list", "list_prices", "offer_prices", "price_book_get", "price_book_list",
+    "price_book_states", "price_books_for", "price_quote", "spend_cap_get", "spend_cap_list", "spend_forecast",
+    "spend_minor", "usage_query_check", "usage_summary", "whole_list_prices",
 ]

@@ -5,6 +5,7 @@ release all)."""
 from __future__ import annotations
 
 import logging
+import math
 from datetime import datetime, timedelta
 
 from django.db import connection, transaction
@@ -218,7 +219,7 @@ def lease_expiries_upcoming(*, now: datetime, within_seconds: float) -> list[flo
             .order_by("ends_at").values_list("ends_at", flat=True)[:EXPIRY_RUNS_MAX * 4])
     out: list[float] = []
     for end in ends:
-        wait = round((end - now).total_seconds() + 0.05, 1)
+        wait = math.ceil(((end - now).total_seconds() + 0.05) * 10) / 10
         if not out or wait > out[-1]:
             out.append(wait)
     return out[:EXPIRY_RUNS_MAX]

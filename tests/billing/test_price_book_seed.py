@@ -3,6 +3,7 @@ never costs less, and a GPU-hour of shares never costs more than the exclusive G
 
 from __future__ import annotations
 
+import io
 from decimal import Decimal
 
 import pytest
@@ -46,7 +47,7 @@ def monotonicity_problems(table: RateTable) -> list[str]:
 
 
 def test_price_book_seed_is_monotone_in_memory_and_compute():
-    call_command("seed_prices", stdout=open("/dev/null", "w"))
+    call_command("seed_prices", stdout=io.StringIO())
     books = list(PriceBook.objects.filter(tenant__isnull=True).prefetch_related("rates").order_by("currency"))
     assert [book.currency for book in books] == ["EUR", "USD"]
     for book in books:
@@ -56,7 +57,8 @@ def test_price_book_seed_is_monotone_in_memory_and_compute():
 def test_price_book_monotonicity_check_finds_a_dearer_smaller_slice():
     """The check itself: the book seeded before issue 29 (1g.10gb at 0.70 next to a whole H100 at 4.20, whose
     1g.20gb is 4.20 / 7 = 0.60; L4 shares at 0.96 next to the L4 at 0.80) is refused, naming both."""
-    table = RateTable(rates={("H100-80GB", "whole", ""): Decimal("4.20"), ("H100-80GB", "mig", "1g.10gb"): Decimal("0.70"),
+    table = RateTable(rates={("H100-80GB", "whole", ""): Decimal("4.20"),
+                             ("H100-80GB", "mig", "1g.10gb"): Decimal("0.70"),
                              ("L4", "whole", ""): Decimal("0.80"), ("L4", "share", ""): Decimal("0.96")},
                       over_quota_multiplier=Decimal(1), interactive_multiplier=Decimal(1))
     problems = monotonicity_problems(table)
