@@ -110,7 +110,7 @@ def test_money_format_chart_draws_one_day_as_one_slot_of_the_month(world, client
     two_leases(world)
     billing.usage_meter_window(start=t(1, 0), end=t(2, 0), now=AFTER)
     page = login(client, "vic").get("/usage", {"month": "2026-01"}).content.decode()
-    widths = [float(w) for w in re.findall(r'<rect x="[^"]+" y="[^"]+" width="([^"]+)"', page)]
+    widths = [float(w) for w in re.findall(r'<rect x="[^"]+" y="[^"]+" width="([^"]+)" height="[^"]+" class="bar"', page)]
     assert len(widths) == 31 and max(widths) < 720 / 31
     assert "data-live-estimate" not in page  # a past month: metered, not live
 
