@@ -16,7 +16,7 @@ from tests.factories import make_quota
 
 def _gang(world, *, kind="whole", gpu_extra=None):
     token = services.enrollment_token_create()
-    services.node_enroll(node_id="n-gang", token=token, address="http://gpu-7.internal:7070/", hostname="gpu-7",
+    services.node_enroll(node_id="n-gang", token=token, address="http://10.1.2.7:7070/", hostname="gpu-7",
                          inventory={"gpus": [
                              {"index": 0, "uuid": "GPU-aaaa", "model": "L4", "mode": "shared" if kind == "share"
                               else "whole", "memory_mib": 23034},
