@@ -64,7 +64,7 @@ class UsageView(TenantView):
         summaries = {}
         # this month: the hour in progress metered on demand (usage shows before any hourly run or invoice),
         # and the page says its figures are a live estimate
-        metered_until = usage_meter_recent(now=now) if month == this_month else None
+        metered_until = usage_meter_recent(tenant_id=self.actor.tenant.pk, now=now) if month == this_month else None
         if end > start:  # nothing yet in the first instant of a month
             summaries = {group: billing.usage_summary(actor=self.actor, start=start, end=end, group_by=group)
                          for group in ("project", "model", "day")}

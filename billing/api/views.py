@@ -65,7 +65,8 @@ class UsageApi(APIView):
         group_by = request.query_params.get("group_by", "project")
         selectors.usage_query_check(start=start, end=end, group_by=group_by)  # a bad request meters nothing
         # the last two hours are not metered by the hourly run yet: metered on demand, labelled an estimate
-        metered_until = usage_meter_recent(now=now) if end > hour_floor(now) - HOUR else None
+        recent = end > hour_floor(now) - HOUR
+        metered_until = usage_meter_recent(tenant_id=request.actor.tenant.pk, now=now) if recent else None
         summary = selectors.usage_summary(actor=request.actor, start=start, end=end, group_by=group_by)
         summary["metered_until"] = metered_until
         summary["live_estimate"] = metered_until is not None and end > hour_floor(metered_until)

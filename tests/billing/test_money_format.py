@@ -110,17 +110,19 @@ def test_money_format_chart_draws_one_day_as_one_slot_of_the_month(world, client
     two_leases(world)
     billing.usage_meter_window(start=t(1, 0), end=t(2, 0), now=AFTER)
     page = login(client, "vic").get("/usage", {"month": "2026-01"}).content.decode()
-    widths = [float(w) for w in re.findall(r'<rect x="[^"]+" y="[^"]+" width="([^"]+)" height="[^"]+" class="bar"', page)]
+    bars = r'<rect x="[^"]+" y="[^"]+" width="([^"]+)" height="[^"]+" class="bar"'
+    widths = [float(w) for w in re.findall(bars, page)]
     assert len(widths) == 31 and max(widths) < 720 / 31
     assert "data-live-estimate" not in page  # a past month: metered, not live
 
 
 # -- usage before the first metering run or invoice ----------------------------------------------------------
 def test_money_format_usage_is_visible_in_the_first_hour_as_a_live_estimate(world, client):
-    cache.delete(LIVE_METER_KEY)
+    cache.delete(f"{LIVE_METER_KEY}:{world.acme.pk}")
     now = timezone.now()
     start_lease(world, {"kind": "whole", "model": "H100-80GB"}, requested=now - timedelta(minutes=11),
                 active=now - timedelta(minutes=10))
+    theirs = _globex_lease(world, active=now - timedelta(minutes=10))
     assert not AllocationUsage.objects.exists()  # no hourly run, no invoice yet
     page = login(client, "max").get("/usage")
     body = text(page)
@@ -128,6 +130,7 @@ def test_money_format_usage_is_visible_in_the_first_hour_as_a_live_estimate(worl
     # 10 minutes of a whole H100 at 4.00 USD an hour: 0.67 USD (in-quota training)
     assert "0.67 USD" in body or "0.68 USD" in body
     assert AllocationUsage.objects.count() >= 1
+    assert not AllocationUsage.objects.filter(lease=theirs).exists()  # acme's reader meters acme's leases only
     api = world.client("member").get("/api/v1/usage", {"group_by": "model"})
     assert api.status_code == 200, api.content
     data = api.json()
@@ -136,7 +139,7 @@ def test_money_format_usage_is_visible_in_the_first_hour_as_a_live_estimate(worl
     assert group["key"] == "H100-80GB" and Decimal(group["gpu_hours"]) >= Decimal("0.16")
     assert group["amount_minor"] in (67, 68)
     # a bad request meters nothing and names the field
-    cache.delete(LIVE_METER_KEY)
+    cache.delete(f"{LIVE_METER_KEY}:{world.acme.pk}")
     AllocationUsage.objects.all().delete()
     refused = world.client("member").get("/api/v1/usage", {"group_by": "planet"})
     assert refused.status_code == 400 and refused.json()["field"] == "group_by"
@@ -144,6 +147,23 @@ def test_money_format_usage_is_visible_in_the_first_hour_as_a_live_estimate(worl
     # an old window is not live
     past = world.client("member").get("/api/v1/usage", {"from": "2026-01-01", "to": "2026-01-02"}).json()
     assert past["live_estimate"] is False and past["metered_until"] is None
+
+
+def _globex_lease(world, *, active):
+    """An active lease of the other tenant (a 1g.10gb slice on the MIG GPU)."""
+    from broker.models import Allocation
+    from tenants.access import Actor
+    from tenants.choices import Role
+
+    actor = Actor(user=world.outsider, tenant=world.globex, role=Role.OWNER)
+    with time_machine.travel(active - timedelta(minutes=1), tick=False):
+        lease, _ = services.lease_request(actor=actor, project="secret", gpu={"kind": "mig", "profile": "1g.10gb"})
+        services.schedule_cycle()
+    for allocation in Allocation.objects.filter(lease=lease):
+        with time_machine.travel(active, tick=False):
+            services.allocation_ready(allocation=allocation, instance={"device_uuid": "MIG-g"}, now=active)
+    assert Lease.objects.get(pk=lease.pk).state == LeaseState.ACTIVE
+    return lease
 
 
 # -- nothing billed after the end ----------------------------------------------------------------------------
