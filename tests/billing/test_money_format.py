@@ -168,7 +168,8 @@ def _globex_lease(world, *, active):
 
 # -- nothing billed after the end ----------------------------------------------------------------------------
 def test_money_format_an_expiry_15_s_late_bills_only_to_the_end(world):
-    lease = start_lease(world, {"kind": "whole", "model": "H100-80GB"}, requested=t(1, 9, 59), active=t(1, 10))
+    lease = start_lease(world, {"kind": "whole", "model": "H100-80GB"}, requested=t(1, 9, 59), active=t(1, 10),
+                        duration_seconds=3600)
     lease.refresh_from_db()
     assert lease.ends_at == t(1, 11)
     late = t(1, 11, 0, 15)  # the periodic task's worst case before issue 29
