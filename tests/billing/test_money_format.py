@@ -193,3 +193,11 @@ def test_money_format_expiry_runs_are_enqueued_at_each_end_time(world):
     assert services.lease_expiries_upcoming(now=now, within_seconds=15) == [3.1]
     Lease.objects.filter(pk=first.pk).update(ends_at=now + timedelta(seconds=20))
     assert services.lease_expiries_upcoming(now=now, within_seconds=15) == []
+
+
+def test_money_format_a_quote_keeps_the_rate_decimals_and_rounds_the_amount_once():
+    from billing.selectors.quotes import QuotePrice
+
+    price = QuotePrice(currency="USD", per_hour=Decimal("0.8750"), for_duration_minor=175, duration_seconds=7200,
+                       description="", book="list")
+    assert price.formatted == "0.875 USD per hour, 1.75 USD for 2 h"
