@@ -131,6 +131,10 @@ def test_money_format_usage_is_visible_in_the_first_hour_as_a_live_estimate(worl
     assert "0.67 USD" in body or "0.68 USD" in body
     assert AllocationUsage.objects.count() >= 1
     assert not AllocationUsage.objects.filter(lease=theirs).exists()  # acme's reader meters acme's leases only
+    # the dashboard's "so far" counts the hour in progress too, and says it is a live estimate
+    dashboard = client.get("/")
+    spent = re.search(r'data-spend="spent">([^<]+)<', dashboard.content.decode()).group(1)
+    assert spent in ("0.67 USD", "0.68 USD") and "a live estimate" in text(dashboard)
     api = world.client("member").get("/api/v1/usage", {"group_by": "model"})
     assert api.status_code == 200, api.content
     data = api.json()
