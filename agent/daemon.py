@@ -22,6 +22,12 @@ Configuration: a TOML file (``--config``) and/or flags (flags win)::
     restart_backoff_seconds = 1.0                 # first back-off of an on-failure restart (doubles, ≤ 60 s)
     workload_log_max_bytes = 16777216             # a workload's stdout (and its stderr) keeps at most this
                                                   # much on the node, the newest bytes (4 KiB .. 1 GiB)
+    container_devices = "cdi"                     # docker/podman: "cdi" (--device nvidia.com/gpu=<UUID>) or
+                                                  # "none" (an engine with no GPU: the container engine test)
+    mps_control = "nvidia-cuda-mps-control"       # shares enforced by one MPS control daemon per shared GPU
+                                                  # (agent.mps); "" turns MPS off: shares reported unenforced
+    mps_directory = ""                            # the daemons' pipe and log directories (default STATE_DIR/mps;
+                                                  # their unix sockets need a path under 108 bytes)
 
 Enrollment (``POST {broker}/api/v1/agents/enroll``, the token in the body) returns the per-node secret,
 saved as ``state_dir/secret`` (0600); later starts reuse it. Heartbeats (``POST
@@ -84,6 +90,9 @@ class AgentConfig:
     workload_roots: list = field(default_factory=list)
     restart_backoff_seconds: float = 1.0
     workload_log_max_bytes: int = 16 * 1024 * 1024
+    container_devices: str = "cdi"
+    mps_control: str = "nvidia-cuda-mps-control"
+    mps_directory: str = ""
 
     def validate(self) -> AgentConfig:
         if not self.node_id:
@@ -101,6 +110,13 @@ class AgentConfig:
                 raise ValueError(f"{name} models device time in the sim backend only; a real GPU takes its own")
         if self.workload_runtime not in ("process", "docker", "podman"):
             raise ValueError(f"workload_runtime must be process, docker or podman, got {self.workload_runtime!r}")
+        if self.container_devices not in ("cdi", "none"):
+            raise ValueError(f"container_devices must be cdi or none, got {self.container_devices!r}")
+        if not isinstance(self.mps_control, str):
+            raise ValueError(f"mps_control must be a program name or path (\"\" turns MPS off), "
+                             f"got {self.mps_control!r}")
+        if not isinstance(self.mps_directory, str) or (self.mps_directory and not self.mps_directory.startswith("/")):
+            raise ValueError(f"mps_directory must be an absolute path (or \"\"), got {self.mps_directory!r}")
         if isinstance(self.workload_roots, str):
             self.workload_roots = [self.workload_roots]
         for root in self.workload_roots:
@@ -153,9 +169,11 @@ def build_backend(config: AgentConfig, state_dir: Path | None = None) -> Backend
 
 def build_workloads(config: AgentConfig, state_dir: Path | None = None):
     """The node's workload manager (``agent.workloads``) with the configured runtime and roots."""
-    from agent.workloads import WorkloadManager, build_runtime
+    from agent.workloads import ContainerRuntime, WorkloadManager, build_runtime
 
-    return WorkloadManager(Path(state_dir or config.state_dir), build_runtime(config.workload_runtime),
+    runtime = (ContainerRuntime(config.workload_runtime, cdi_devices=config.container_devices == "cdi")
+               if config.workload_runtime in ("docker", "podman") else build_runtime(config.workload_runtime))
+    return WorkloadManager(Path(state_dir or config.state_dir), runtime,
                            roots=[Path(r) for r in config.workload_roots] or None,
                            backoff_seconds=config.restart_backoff_seconds,
                            log_max_bytes=config.workload_log_max_bytes)
@@ -412,7 +430,10 @@ def serve(config: AgentConfig) -> None:
 
     state_dir = Path(config.state_dir)
     state_dir.mkdir(parents=True, exist_ok=True)
-    backend = build_backend(config, state_dir)
+    from agent.mps import enforce_shares
+
+    backend = enforce_shares(build_backend(config, state_dir), Path(state_dir or config.state_dir), config.mps_control,
+                             config.mps_directory)
     node = AgentNode(config.node_id, backend, resolve_secret(config, state_dir), config.hostname,
                      metrics_token=config.metrics_token, workloads=build_workloads(config, state_dir))
     app = node_app(node)
@@ -454,6 +475,9 @@ def add_workload_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--restart-backoff", dest="restart_backoff_seconds", type=float, metavar="SECONDS")
     parser.add_argument("--workload-log-max-bytes", dest="workload_log_max_bytes", type=int, metavar="BYTES",
                         help="a workload's stdout (and its stderr) keeps at most this much, the newest bytes")
+    parser.add_argument("--container-devices", dest="container_devices", choices=("cdi", "none"),
+                        help="docker/podman: attach each device by CDI name (cdi), or not (none: an engine "
+                             "without a GPU, for the container engine test)")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -463,6 +487,11 @@ def main(argv: list[str] | None = None) -> int:
                  "metrics-token", "hostname", "advertise-url"):
         parser.add_argument(f"--{name}", dest=name.replace("-", "_"))
     parser.add_argument("--allow-mig-changes", action="store_true", default=None)
+    parser.add_argument("--mps-control", dest="mps_control", metavar="PROGRAM",
+                        help="the MPS control program enforcing shares (default nvidia-cuda-mps-control; "
+                             "\"\" turns MPS off)")
+    parser.add_argument("--mps-directory", dest="mps_directory", metavar="PATH",
+                        help="the MPS daemons' pipe and log directories (default STATE_DIR/mps)")
     add_workload_flags(parser)
     add_latency_flags(parser, default=None)
     parser.add_argument("--log-level", default="INFO")

@@ -38,10 +38,12 @@ from agent.daemon import (
     read_enrollment_token,
     stored_secret,
 )
+from agent.mps import ShareEnforcingBackend
 from agent.server import AgentNode, node_app, problem_middleware
 from agent.sim import SimBackend, parse_gpu_specs
 
 logger = logging.getLogger("agent.fleet")
+FLEET_MPS_REASON = "a simulated node of agent.fleet: no MPS control daemon runs for its GPUs"
 
 
 class Fleet:
@@ -75,6 +77,7 @@ class Fleet:
                 workload_runtime=workload_runtime, workload_roots=list(workload_roots or []),
                 restart_backoff_seconds=restart_backoff_seconds,
                 workload_log_max_bytes=workload_log_max_bytes).validate()
+            backend = ShareEnforcingBackend(backend, None, reason=FLEET_MPS_REASON)  # shares: honestly unenforced
             self.nodes.append(AgentNode(node_id, backend, secret, node_id, metrics_token=metrics_token,
                                         workloads=build_workloads(config, directory)))
             self.configs.append(config)

@@ -73,6 +73,9 @@ def device_env(instances: list[dict]) -> dict[str, str]:
         env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(min(
             int(i["access"]["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"]) for _, i in shares))
         env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = ",".join(f"{n}={i['memory_mib']}M" for n, i in shares)
+        pipes = [i["access"]["CUDA_MPS_PIPE_DIRECTORY"] for _, i in shares if "CUDA_MPS_PIPE_DIRECTORY" in i["access"]]
+        if pipes:  # the share's GPU's MPS control daemon (agent.mps), which enforces the limits
+            env["CUDA_MPS_PIPE_DIRECTORY"] = pipes[0]
     return env
 
 
@@ -124,39 +127,62 @@ class ContainerRuntime(Runtime):
     """``docker run`` / ``podman run`` with the NVIDIA container toolkit's CDI device names: one ``--device
     nvidia.com/gpu=<UUID>`` per leased device — the GPU UUID for a whole GPU or a share, the MIG device UUID
     for a MIG instance (names from ``nvidia-ctk cdi generate``, which lists each device by index and by
-    UUID; docs.nvidia.com/datacenter/cloud-native/container-toolkit/latest/cdi-support.html). The
-    environment goes through an env file (0600, never argv: ``ps`` shows argv to every user). A share adds
-    ``--ipc=host`` and the MPS pipe directory, as MPS clients need. The checkpoint and working directories
-    are mounted at the same paths. The engine CLI stays attached (``--sig-proxy`` is its default), so the
-    SIGTERM at a notice reaches the container's process; the SIGKILL at the deadline also runs
-    ``ENGINE kill`` on the container, which the CLI's death alone does not stop."""
+    UUID; docs.nvidia.com/datacenter/cloud-native/container-toolkit/latest/cdi-support.html). An instance
+    without a device UUID is refused (``InvalidRequest`` on ``instances[i]``): ``nvidia.com/gpu=`` names no
+    device, and an index would name whichever GPU holds it after a reboot. The environment goes through an
+    env file (0600, never argv: ``ps`` shows argv to every user). A share adds ``--ipc=host`` and its GPU's
+    MPS pipe directory (``CUDA_MPS_PIPE_DIRECTORY`` of the workload's environment when the agent runs that
+    GPU's MPS control daemon, ``agent.mps``; else ``mps_pipe_directory``), as MPS clients need. The
+    checkpoint and working directories are mounted at the same paths. The engine CLI stays attached
+    (``--sig-proxy`` is its default), so the SIGTERM at a notice reaches the container's process; the
+    SIGKILL at the deadline also runs ``ENGINE kill`` on the container, which the CLI's death alone does not
+    stop.
 
-    def __init__(self, engine: str = "docker", *, mps_pipe_directory: str = "/tmp/nvidia-mps"):  # noqa: S108
+    ``cdi_devices=False`` leaves the ``--device`` flags out: only for an engine with no GPU and no CDI
+    specification (the container engine test on a machine without a GPU, ``--container-devices none``); the
+    UUIDs are still required and still reach the workload in ``CUDA_VISIBLE_DEVICES``."""
+
+    def __init__(self, engine: str = "docker", *, mps_pipe_directory: str = "/tmp/nvidia-mps",  # noqa: S108
+                 cdi_devices: bool = True):
         if engine not in ("docker", "podman"):
             raise ValueError(f"container engine must be docker or podman, got {engine!r}")
         self.engine = engine
         self.name = engine
         self.mps_pipe_directory = mps_pipe_directory
+        self.cdi_devices = cdi_devices
 
     @staticmethod
     def container_name(workload: dict) -> str:
         return "gpub-" + re.sub(r"[^A-Za-z0-9_.-]", "-", workload["workload_id"])
 
+    @staticmethod
+    def cdi_device(position: int, device: dict) -> str:
+        """The CDI name of one leased device: ``nvidia.com/gpu=<GPU or MIG UUID>``; refused without a UUID."""
+        uuid = device.get("device_uuid") or ""
+        if not re.fullmatch(r"(GPU|MIG)-[0-9A-Za-z/-]+", uuid):  # MIG-GPU-<uuid>/<gi>/<ci> on old drivers
+            raise InvalidRequest(
+                f"instance {device.get('allocation_id')!r} has no device UUID (got {uuid!r}): the container "
+                "runtime names each device by its UUID (nvidia.com/gpu=<UUID>) and will not start a container "
+                "on an unnamed device", field=f"instances[{position}]")
+        return f"nvidia.com/gpu={uuid}"
+
     def argv(self, workload: dict, env: dict[str, str], directory: Path) -> list[str]:
         spec = workload["spec"]
         if not spec["image"]:
             raise InvalidRequest(f"this node runs containers (runtime {self.engine!r}): give an image", field="image")
+        devices = [self.cdi_device(n, d) for n, d in enumerate(workload["devices"])]  # refusals before any file
         env_file = directory / "container.env"
         descriptor = os.open(env_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(descriptor, "w") as handle:
             handle.writelines(f"{key}={value}\n" for key, value in sorted(env.items()) if "\n" not in value)
         argv = [self.engine, "run", "--rm", "--name", self.container_name(workload), "--init",
                 "--label", f"dev.gpubroker.workload={workload['workload_id']}", "--env-file", str(env_file)]
-        for device in workload["devices"]:
-            argv += ["--device", f"nvidia.com/gpu={device['device_uuid']}"]
+        if self.cdi_devices:
+            for device in devices:
+                argv += ["--device", device]
         if any(d["kind"] == "share" for d in workload["devices"]):
-            argv += ["--ipc=host", "-v", f"{self.mps_pipe_directory}:{self.mps_pipe_directory}",
-                     "-e", f"CUDA_MPS_PIPE_DIRECTORY={self.mps_pipe_directory}"]
+            pipe = env.get("CUDA_MPS_PIPE_DIRECTORY") or self.mps_pipe_directory
+            argv += ["--ipc=host", "-v", f"{pipe}:{pipe}", "-e", f"CUDA_MPS_PIPE_DIRECTORY={pipe}"]
         mounts = [str(directory)] + [p for p in (spec["checkpoint_dir"], spec["workdir"]) if p]
         for path in dict.fromkeys(mounts):
             argv += ["-v", f"{path}:{path}"]

@@ -12,7 +12,8 @@ class GpuInline(admin.TabularInline):
     model = Gpu
     extra = 0
     can_delete = False
-    fields = ["index", "uuid", "model", "mode", "memory_mib", "lost_at", "released_at"]
+    fields = ["index", "uuid", "model", "mode", "memory_mib", "share_enforcement", "share_enforcement_reason",
+              "lost_at", "released_at"]
     readonly_fields = fields
 
     def has_add_permission(self, request, obj=None):
@@ -45,10 +46,11 @@ class NodeAdmin(admin.ModelAdmin):
 
 @admin.register(Gpu)
 class GpuAdmin(admin.ModelAdmin):
-    list_display = ["uuid", "node", "index", "model", "mode", "lost_at", "released_at"]
-    list_filter = ["model", "mode"]
+    list_display = ["uuid", "node", "index", "model", "mode", "share_enforcement", "lost_at", "released_at"]
+    list_filter = ["model", "mode", "share_enforcement"]
     search_fields = ["uuid", "node__node_id"]
-    fields = ["uuid", "node", "index", "model", "mode", "memory_mib", "nvlink_domain", "lost_at", "released_at"]
+    fields = ["uuid", "node", "index", "model", "mode", "memory_mib", "share_enforcement", "share_enforcement_reason",
+              "nvlink_domain", "lost_at", "released_at"]
     readonly_fields = fields
     actions = ["release"]
 

@@ -47,6 +47,15 @@ class GpuMode(models.TextChoices):
     SHARED = "shared", "Shared"
 
 
+class ShareEnforcement(models.TextChoices):
+    """Whether a shared GPU's limits hold (docs/leasing.md, "Shares: enforced or not"): ``mps`` — the node's
+    agent runs an MPS control daemon for it, which caps each share's compute and memory; ``none`` — the limits
+    are environment variables a workload may ignore (the reason says why: no MPS on the node, turned off, ...)."""
+
+    MPS = "mps", "Enforced by MPS"
+    NONE = "none", "Not enforced"
+
+
 class WorkloadClass(models.TextChoices):
     INTERACTIVE = "interactive", "Interactive"
     TRAINING = "training", "Training"

@@ -18,7 +18,15 @@ from django.db.models import Q
 from django.db.models.functions import Now
 from django.utils import timezone
 
-from broker.choices import AllocationState, GpuKind, GpuMode, LeaseState, NodeStatus, WorkloadClass
+from broker.choices import (
+    AllocationState,
+    GpuKind,
+    GpuMode,
+    LeaseState,
+    NodeStatus,
+    ShareEnforcement,
+    WorkloadClass,
+)
 
 
 class Node(models.Model):
@@ -97,6 +105,10 @@ class Gpu(models.Model):
     # the capacity loop (capacity app) is changing its mode: closed to the scheduler until ``mode`` is this
     mode_target = models.CharField(max_length=8, choices=GpuMode.choices, blank=True)
     mode_since = models.DateTimeField(null=True, blank=True)  # when it entered ``mode`` (rebalancing hysteresis)
+    # whether the limits of shares on it hold, as its agent reports it (inventory ``share_enforcement``), and why not
+    share_enforcement = models.CharField(max_length=8, choices=ShareEnforcement.choices, default=ShareEnforcement.NONE)
+    share_enforcement_reason = models.CharField(max_length=300, blank=True,
+                                                default="its agent has not reported share enforcement")
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["node", "index"], name="gpu_unique_index_per_node")]

@@ -8,7 +8,7 @@ from datetime import datetime
 from django.db.models import Prefetch, QuerySet
 from django.utils import timezone
 
-from broker.choices import GpuMode, LeaseState
+from broker.choices import GpuKind, GpuMode, LeaseState, ShareEnforcement
 from broker.models import Allocation, Gpu, Lease, LeaseEvent, Node
 from broker.snapshot import core_group
 from core.errors import NotFound, ValidationFailed
@@ -95,9 +95,72 @@ def offer_list(*, now=None) -> list[dict]:
                 entry = offer["mig"].setdefault(profile.name, {"profile": profile.name,
                                                                "memory_mib": profile.memory_mib, "free": 0})
                 entry["free"] += count
+    enforcement = share_enforcement_by_model()
     for offer in offers.values():
         offer["mig"] = sorted(offer["mig"].values(), key=lambda item: item["memory_mib"])
+        if offer["share"]["gpus"]:  # whether a share's limits hold there (docs/leasing.md)
+            offer["share"].update(share_enforcement_note(offer["model"], enforcement.get(offer["model"])))
     return sorted(offers.values(), key=lambda item: item["model"])
+
+
+def share_enforcement_of(devices) -> dict | None:
+    """Whether the limits of a lease's shares hold: ``{"mode": "mps" | "none", "reason": ...}`` from the GPUs its
+    share allocations (``devices``: live allocations, their ``gpu`` loaded) are on — ``mps`` only when every one
+    of them runs MPS; None for a lease without shares. A tenant is never told of an enforcement that is not there."""
+    shares = [device for device in devices if device.kind == GpuKind.SHARE]
+    if not shares:
+        return None
+    unenforced = [device for device in shares if device.gpu.share_enforcement != ShareEnforcement.MPS]
+    gpus = {device.gpu_id for device in shares}
+    if not unenforced and len(gpus) > 1:  # one CUDA process talks to one MPS daemon, and each GPU has its own
+        return {"mode": ShareEnforcement.NONE.value,
+                "reason": f"its shares are on {len(gpus)} GPUs and a process reaches one GPU's MPS control daemon: "
+                          "a workload spanning them is limited on the first GPU only (each GPU's own MPS "
+                          "enforces shares used from separate processes)"}
+    if not unenforced:
+        return {"mode": ShareEnforcement.MPS.value,
+                "reason": "each share's compute and memory limits are enforced by the GPU's MPS control daemon"}
+    reasons = sorted({device.gpu.share_enforcement_reason or "not reported" for device in unenforced})
+    return {"mode": ShareEnforcement.NONE.value,
+            "reason": "the share's limits are not enforced (they are environment variables the workload may ignore): "
+                      + "; ".join(reasons)}
+
+
+def share_enforcement_by_model() -> dict[str, dict]:
+    """Per GPU model, the shared GPUs (live, on nodes not cordoned) whose shares MPS enforces and those it does
+    not: ``{"mps_gpus": n, "unenforced_gpus": m, "enforcement": "mps" | "none" | "partial", "reasons": [...]}``."""
+    rows = (Gpu.objects.filter(mode=GpuMode.SHARED, lost_at__isnull=True, node__cordoned=False)
+            .values_list("model", "share_enforcement", "share_enforcement_reason"))
+    found: dict[str, dict] = {}
+    for model, mode, reason in rows:
+        entry = found.setdefault(model, {"mps_gpus": 0, "unenforced_gpus": 0, "reasons": set()})
+        if mode == ShareEnforcement.MPS:
+            entry["mps_gpus"] += 1
+        else:
+            entry["unenforced_gpus"] += 1
+            entry["reasons"].add(reason or "not reported")
+    for entry in found.values():
+        entry["enforcement"] = ("mps" if not entry["unenforced_gpus"] else
+                                "none" if not entry["mps_gpus"] else "partial")
+        entry["reasons"] = sorted(entry["reasons"])
+    return found
+
+
+def share_enforcement_note(model: str, found: dict | None) -> dict:
+    """What an offer or a quote says of a share of ``model``: its enforcement and, in a sentence, what it means."""
+    if not found:
+        return {"enforcement": "none", "mps_gpus": 0, "unenforced_gpus": 0,
+                "detail": f"No shared {model} GPU is up: nothing can be said of enforcement."}
+    if found["enforcement"] == "mps":
+        detail = f"Enforced: every shared {model} GPU runs MPS, which caps each share's compute and memory."
+    elif found["enforcement"] == "none":
+        detail = (f"Not enforced: the shared {model} GPUs run no MPS ({'; '.join(found['reasons'])}); a share's "
+                  "limits are environment variables the workload may ignore.")
+    else:
+        detail = (f"Enforced on {found['mps_gpus']} of {found['mps_gpus'] + found['unenforced_gpus']} shared {model} "
+                  "GPUs; the lease says which kind it got.")
+    return {"enforcement": found["enforcement"], "mps_gpus": found["mps_gpus"],
+            "unenforced_gpus": found["unenforced_gpus"], "detail": detail}
 
 
 def lease_queue() -> QuerySet[Lease]:
@@ -356,16 +419,9 @@ def queue_list() -> QuerySet[Lease]:
 
 
 # -- how to use a lease: one environment per node, and what the node enforces --------------------------------
-_SHARE_ENFORCEMENT = {
-    "mps": "enforced: the node's MPS control daemon holds each share to its memory cap and compute percentage",
-    "none": "not enforced: the node runs no MPS, so the memory cap and compute percentage are only variables in "
-            "the environment; a process on the same GPU can use more",
-}
-
-
 def _reported(*objects, names: tuple[str, ...]) -> str:
-    """The first of ``names`` that one of ``objects`` carries, non-empty (fields other apps add to the node's
-    inventory: read defensively, "" when no node reports it)."""
+    """The first of ``names`` that one of ``objects`` carries, non-empty (fields another branch adds to the node's
+    inventory, such as its isolation mode: read defensively, "" when no node reports it)."""
     for obj in objects:
         for name in names:
             value = getattr(obj, name, None)
@@ -380,7 +436,7 @@ def lease_access(*, lease: Lease) -> list[dict]:
     """How to use a holding lease's devices, per node (a gang lease: one node): the node (its id and the host
     to reach it by), the one environment that shows a process all the lease's devices on it
     (``agent.protocol.instances_env``: ``CUDA_VISIBLE_DEVICES`` lists them all) and what is enforced there —
-    the share limits (MPS or nothing, as the node reports ``share_enforcement``) and the node's isolation
+    the share limits (``share_enforcement_of`` the node's shares: MPS or nothing, and why) and the node's isolation
     mode, "unknown" where the node does not say. Empty for a lease holding nothing."""
     from urllib.parse import urlsplit
 
@@ -396,20 +452,15 @@ def lease_access(*, lease: Lease) -> list[dict]:
         env = instances_env([{"access": {**(a.access or {}), **(lease.access_extra or {})}, "kind": a.kind,
                               "memory_mib": a.memory_mib, "device_uuid": a.device_uuid} for a in allocations])
         shares = [a for a in allocations if a.kind == "share"]
-        enforcement = None
-        if shares:
-            modes = {_reported(a.gpu, node, names=("share_enforcement",)) for a in shares}
-            # several GPUs: the weakest holds (one unenforced share makes the lease's limits unenforced)
-            enforcement = "none" if "none" in modes else "unknown" if "" in modes or len(modes) > 1 else modes.pop()
+        enforcement = share_enforcement_of(allocations)
         isolation = _reported(node, *(a.gpu for a in allocations),
                               names=("isolation_mode", "isolation", "workload_isolation")) or "unknown"
         out.append({
             "node": node.node_id, "host": node.hostname or urlsplit(node.address).hostname or "",
             "devices": [a.instance_id for a in allocations], "ready": all(a.device_uuid for a in allocations),
             "env": env,
-            "share_enforcement": enforcement,
-            "share_enforcement_text": (None if enforcement is None else _SHARE_ENFORCEMENT.get(
-                enforcement, "unknown: the node does not report whether share limits are enforced")),
+            "share_enforcement": enforcement["mode"] if enforcement else None,
+            "share_enforcement_text": enforcement["reason"] if enforcement else None,
             "share_limits": [{"instance_id": a.instance_id, "milli": a.milli, "memory_mib": a.memory_mib}
                              for a in shares],
             "isolation": isolation,

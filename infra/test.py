@@ -27,6 +27,14 @@ SYSTEM_PACKAGES: dict[str, str] = {
     "chromium": "chromium",  # portal browser tests (Playwright drives /usr/bin/chromium)
     "prometheus": "prometheus",  # a real Prometheus scrapes the simulated agents (tests/agent)
     "rabbitmq-server": "rabbitmq-server",  # Celery on AMQP in the scale-out test (tests/deploy/test_scaleout.py)
+    # a real container engine runs a workload through the agent (tests/agent/test_container_runtime.py): podman
+    # with crun (its default) and runc (for hosts with hybrid cgroups, which crun refuses), catatonit for
+    # --init, and a static busybox as the whole of the locally built test image (no registry)
+    "podman": "podman",
+    "crun": "crun",
+    "runc": "runc",
+    "catatonit": "catatonit",
+    "busybox": "busybox-static",
 }
 
 

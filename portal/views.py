@@ -261,10 +261,12 @@ class LeaseDetailView(TenantView):
         now = timezone.now()
         workload = presenters.lease_workload(lease)
         series = broker.lease_utilisation(lease=lease, now=now) if lease.active_at else []
+        devices = [a for a in lease.allocations.all() if a.freed_at is None]
         return {
             "lease": lease,
             "shape": presenters.shape_label(lease),
-            "devices": [a for a in lease.allocations.all() if a.freed_at is None],
+            "devices": devices,
+            "share_enforcement": broker.share_enforcement_of(devices),
             "access": broker.lease_access(lease=lease) if lease.state in ("active", "preempted") else [],
             # within LEASE_EXPIRING_NOTICE_SECONDS of its end: the page says so, as the lease.expiring event does
             "expiring_in": presenters.expiring_in_seconds(lease, now),

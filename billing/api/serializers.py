@@ -255,6 +255,15 @@ class QuoteBudgetOutput(serializers.Serializer):
     forecast_minor = serializers.IntegerField(allow_null=True, help_text="spent + live leases + this request")
 
 
+class ShareEnforcementOutput(serializers.Serializer):
+    enforcement = serializers.ChoiceField(choices=["mps", "none", "partial"],
+                                          help_text="mps: every shared GPU of the model runs MPS; none: none does; "
+                                                    "partial: some do (the lease says which kind it got)")
+    mps_gpus = serializers.IntegerField()
+    unenforced_gpus = serializers.IntegerField()
+    detail = serializers.CharField(help_text="what it means, in a sentence")
+
+
 class QuoteOutput(serializers.Serializer):
     outcome = serializers.ChoiceField(choices=["fits", "reclaims", "waits"],
                                       help_text="fits: placed at the next cycle; reclaims: placed once over-quota "
@@ -276,6 +285,9 @@ class QuoteOutput(serializers.Serializer):
     price = QuotePriceOutput(allow_null=True)
     price_unavailable_reason = serializers.CharField(allow_null=True, help_text="why price is null")
     budget = QuoteBudgetOutput()
+    share_enforcement = ShareEnforcementOutput(
+        allow_null=True, help_text="a share request only (else null): whether a share's compute and memory limits "
+                                   "would hold on the model's shared GPUs (MPS) or not (docs/leasing.md)")
 
     @extend_schema_field(GPU_OUTPUT_SCHEMA)
     def get_gpu(self, obj) -> dict:

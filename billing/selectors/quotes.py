@@ -81,6 +81,7 @@ class LeaseQuote:
     price: QuotePrice | None
     price_unavailable_reason: str | None
     budget: QuoteBudget
+    share_enforcement: dict | None = None  # a share request: whether its limits would hold (docs/leasing.md)
 
     @property
     def outcome(self) -> str:
@@ -135,10 +136,16 @@ def lease_quote(*, actor: Actor, project: object, gpu: object, workload_class: o
     budget_gpu = {**run.gpu, "model": run.fitting[0]} if len(run.fitting) == 1 else run.gpu
     budget = _quote_budget(actor=actor, project=run.project, gpu=budget_gpu, workload_class=workload_class,
                            duration_seconds=duration_seconds, now=now)
+    enforcement = None
+    if run.shape["kind"] == "share":  # never sold as enforced where no MPS runs
+        from broker.selectors import share_enforcement_by_model, share_enforcement_note
+
+        model = preview.tier or (run.fitting[0] if run.fitting else "")
+        enforcement = share_enforcement_note(model, share_enforcement_by_model().get(model))
     return LeaseQuote(preview=preview, project=run.project.slug, gpu=_gpu_output(run.shape, preview.tier),
                       preemption_risk=risk, preemption_notice_seconds=own_notice if preview.over_quota else None,
                       expected_wait_seconds=_expected_wait(preview, run.victims, now=now), price=price,
-                      price_unavailable_reason=missing, budget=budget)
+                      price_unavailable_reason=missing, budget=budget, share_enforcement=enforcement)
 
 
 def _gpu_output(shape: dict, tier: str) -> dict:

@@ -174,11 +174,17 @@ class DeviceOutput(serializers.ModelSerializer):
     gpu_index = serializers.IntegerField(source="gpu.index")
     model = serializers.CharField(source="tier")
     instance_id = serializers.CharField()
+    share_enforcement = serializers.SerializerMethodField(
+        help_text="a share only (else null): mps (its limits enforced by the GPU's MPS control daemon) or none "
+                  "(environment variables the workload may ignore; see the lease's share_enforcement.reason)")
 
     class Meta:
         model = Allocation
         fields = ["instance_id", "node", "gpu_uuid", "gpu_index", "model", "kind", "mig_profile", "mig_start",
-                  "milli", "memory_mib", "state", "device_uuid", "gpu_instance_id", "access"]
+                  "milli", "memory_mib", "state", "device_uuid", "gpu_instance_id", "access", "share_enforcement"]
+
+    def get_share_enforcement(self, obj) -> str | None:
+        return obj.gpu.share_enforcement if obj.kind == GpuKind.SHARE else None
 
 
 class EventOutput(serializers.ModelSerializer):
@@ -276,6 +282,13 @@ def workload_output(lease) -> dict | None:
                         for p in workload.placement_rows.order_by("number")]}
 
 
+SHARE_ENFORCEMENT_SCHEMA = {
+    "type": "object", "nullable": True,
+    "description": "a lease with shares only (else null): whether their compute and memory limits hold — mps when "
+                   "every share's GPU runs an MPS control daemon, none otherwise, with the reason (docs/leasing.md)",
+    "properties": {"mode": {"type": "string", "enum": ["mps", "none"]}, "reason": {"type": "string"}}}
+
+
 ACCESS_OUTPUT_SCHEMA = {"type": "array", "items": {"type": "object", "properties": {
     "node": {"type": "string"}, "host": {"type": "string", "description": "the host to reach the node by"},
     "devices": {"type": "array", "items": {"type": "string"}, "description": "instance ids, in env's order"},
@@ -283,9 +296,10 @@ ACCESS_OUTPUT_SCHEMA = {"type": "array", "items": {"type": "object", "properties
     "env": {"type": "object", "additionalProperties": {"type": "string"},
             "description": "one environment for a process using all the lease's devices on this node: "
                            "CUDA_VISIBLE_DEVICES lists every device (comma-separated), shares add their MPS limits"},
-    "share_enforcement": {"type": "string", "nullable": True, "enum": ["mps", "none", "unknown", None],
-                          "description": "whether the share limits are enforced on this node (null: no share)"},
-    "share_enforcement_text": {"type": "string", "nullable": True},
+    "share_enforcement": {"type": "string", "nullable": True, "enum": ["mps", "none", None],
+                          "description": "whether the limits of the shares on this node hold (share_enforcement_of; "
+                                         "null: no share)"},
+    "share_enforcement_text": {"type": "string", "nullable": True, "description": "why (or why not)"},
     "share_limits": {"type": "array", "items": {"type": "object", "properties": {
         "instance_id": {"type": "string"}, "milli": {"type": "integer"}, "memory_mib": {"type": "integer"}}}},
     "isolation": {"type": "string", "description": "the node's workload isolation as it reports it, or unknown"}}}}
@@ -295,10 +309,17 @@ class LeaseDetailOutput(LeaseOutput):
     devices = serializers.SerializerMethodField()
     events = EventOutput(many=True)
     workload = serializers.SerializerMethodField()
+    share_enforcement = serializers.SerializerMethodField()
     access = serializers.SerializerMethodField()
 
     class Meta(LeaseOutput.Meta):
-        fields = [*LeaseOutput.Meta.fields, "devices", "events", "workload", "access"]
+        fields = [*LeaseOutput.Meta.fields, "devices", "share_enforcement", "events", "workload", "access"]
+
+    @extend_schema_field(SHARE_ENFORCEMENT_SCHEMA)
+    def get_share_enforcement(self, obj) -> dict | None:
+        from broker.selectors import share_enforcement_of
+
+        return share_enforcement_of([a for a in obj.allocations.all() if a.freed_at is None])
 
     @extend_schema_field(ACCESS_OUTPUT_SCHEMA)
     def get_access(self, obj) -> list:

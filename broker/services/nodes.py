@@ -20,6 +20,7 @@ from broker.choices import (
     GpuMode,
     LeaseState,
     NodeStatus,
+    ShareEnforcement,
 )
 from broker.models import Allocation, Gpu, Lease, Node
 from broker.services.groups import allocations_free
@@ -219,7 +220,8 @@ def node_inventory_sync(*, node: Node, inventory: object, now: datetime, strict:
             gpu_index, memory_mib = int(item["index"]), int(item["memory_mib"])
             if not 0 <= gpu_index <= MAX_GPU_INDEX or not 1 <= memory_mib <= MAX_GPU_MEMORY_MIB:
                 raise ValueError(f"index 0-{MAX_GPU_INDEX}, memory_mib 1-{MAX_GPU_MEMORY_MIB}")
-            parsed.append((index, uuid, {"index": gpu_index, "model": model, "mode": mode, "memory_mib": memory_mib}))
+            parsed.append((index, uuid, {"index": gpu_index, "model": model, "mode": mode, "memory_mib": memory_mib,
+                                         **_share_enforcement(item, index)}))
         except (KeyError, TypeError, ValueError, UnknownModel) as error:
             raise ValidationFailed(f"inventory.gpus[{index}] is not a GPU the broker knows: {error}",
                                    field=f"inventory.gpus[{index}]") from None
@@ -268,13 +270,33 @@ def node_inventory_sync(*, node: Node, inventory: object, now: datetime, strict:
                 Gpu.objects.bulk_create(new)
         except IntegrityError:  # a GPU of this list was inserted by a racing enrollment: one at a time, as before
             for gpu in new:
-                values = {name: getattr(gpu, name) for name in ("index", "model", "mode", "memory_mib")}
+                values = {name: getattr(gpu, name) for name in ("index", "model", "mode", "memory_mib",
+                                                                "share_enforcement", "share_enforcement_reason")}
                 Gpu.objects.update_or_create(uuid=gpu.uuid, defaults={"node": node, **values, "lost_at": None,
                                                                       "released_at": None})
     # only rows locked above (a GPU inserted since by a racing enrollment of this node is reported by it)
     Gpu.objects.filter(pk__in=[pk for pk, _, node_pk, _ in locked if node_pk == node.pk], lost_at__isnull=True
                        ).exclude(uuid__in=seen).update(lost_at=now)
     return refused
+
+
+def _share_enforcement(item: dict, index: int) -> dict:
+    """A GPU's ``share_enforcement`` (``mps`` | ``none``) and its reason as the agent reports them; an agent that
+    does not report it (one from before MPS management) enforces nothing the broker knows of: ``none``."""
+    mode = item.get("share_enforcement", ShareEnforcement.NONE)
+    if mode not in ShareEnforcement.values:
+        raise ValidationFailed(f"inventory.gpus[{index}].share_enforcement must be one of "
+                               f"{', '.join(ShareEnforcement.values)}.",
+                               field=f"inventory.gpus[{index}].share_enforcement")
+    reason = item.get("share_enforcement_reason", "")
+    if not isinstance(reason, str):
+        raise ValidationFailed(f"inventory.gpus[{index}].share_enforcement_reason must be a string.",
+                               field=f"inventory.gpus[{index}].share_enforcement_reason")
+    if mode == ShareEnforcement.MPS:
+        reason = ""
+    elif not reason:
+        reason = "its agent does not report share enforcement (an agent from before MPS management)"
+    return {"share_enforcement": mode, "share_enforcement_reason": reason[:300]}
 
 
 def _signed_by(*, node_id: str, secret: str | None, headers, method: str, path: str, query: str, body: bytes,

@@ -1,16 +1,29 @@
 """The container runtime: the ``docker`` / ``podman`` command line for whole, MIG and share leases, checked
 against the NVIDIA container toolkit's documented CDI device selection (``--device nvidia.com/gpu=<name>``,
-names as ``nvidia-ctk cdi generate`` lists them: a GPU by index or UUID, a MIG device by its MIG UUID).
-No container engine runs here, so the agent is also run against a stand-in ``docker`` on PATH that records
-what it was asked, to check the same contract end to end: the command line, the env file, the SIGTERM
-at a notice and ``docker kill`` at the deadline."""
+names as ``nvidia-ctk cdi generate`` lists them: a GPU by index or UUID, a MIG device by its MIG UUID); an
+instance without a UUID is refused rather than sent as ``nvidia.com/gpu=``.
+
+A real engine: Debian's podman runs a workload through the agent's ``/v1/workloads`` (a locally built busybox
+image in a per-test storage root: no registry), which sees its environment, writes its log and its checkpoint,
+gets the SIGTERM of a notice and has its exit reported. Where podman cannot run a container the test says why
+(the engine's own error) and is skipped locally, FAILED under ``CI=true`` (tests/real_parts.py). No GPU and no
+CDI specification here: that agent runs with ``--container-devices none`` (the UUIDs still reach the workload
+in ``CUDA_VISIBLE_DEVICES``). A stand-in ``docker`` on PATH that records what it was asked checks the deadline's
+``docker kill``."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
+import resource
+import shutil
+import signal
+import subprocess
 import sys
+import tarfile
+import tempfile
 import time
 from pathlib import Path
 
@@ -20,6 +33,7 @@ from agent.backend import InstanceSpec
 from agent.protocol import InvalidRequest, spec_from_json
 from agent.sim import SimBackend
 from agent.workloads import ContainerRuntime, WorkloadManager, device_env
+from tests.real_parts import missing, require
 from tests.support.agents import AgentProcess
 
 CDI_NAME = re.compile(r"^nvidia\.com/gpu=(all|\d+|\d+:\d+|GPU-[0-9a-f-]{36}|MIG-[0-9a-f-]{36})$")
@@ -99,6 +113,48 @@ def test_a_share_gets_its_gpu_and_the_mps_limits(tmp_path, sim):
                                    "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=6144M"}
 
 
+def test_a_share_uses_its_gpus_mps_pipe_directory_when_the_agent_runs_that_daemon(tmp_path, sim):
+    share = instance(sim, "s", kind="share", gpu=sim.state["gpus"][3]["uuid"], milli=500, memory_mib=4096)
+    pipe = str(tmp_path / "mps" / share["gpu"] / "pipe")
+    share["access"]["CUDA_MPS_PIPE_DIRECTORY"] = pipe  # as agent.mps.ShareEnforcingBackend reports it
+    assert device_env([share])["CUDA_MPS_PIPE_DIRECTORY"] == pipe
+    workload = {"workload_id": "wl", "spec": spec_from_json({"instances": ["s"], "image": "img"}, [tmp_path]),
+                "devices": [{"allocation_id": "s", "kind": "share", "device_uuid": share["device_uuid"],
+                             "gpu": share["gpu"], "memory_mib": 4096}]}
+    (tmp_path / "wl").mkdir()
+    argv = ContainerRuntime("podman").argv(workload, device_env([share]), tmp_path / "wl")
+    assert f"{pipe}:{pipe}" in argv and f"CUDA_MPS_PIPE_DIRECTORY={pipe}" in argv
+    assert "/tmp/nvidia-mps:/tmp/nvidia-mps" not in argv
+
+
+@pytest.mark.parametrize("uuid", ["", None, "0", "nvidia0"])
+def test_an_instance_without_a_device_uuid_is_refused_not_sent_as_an_empty_cdi_name(tmp_path, sim, uuid):
+    whole = instance(sim, "w", kind="whole", gpu=sim.state["gpus"][2]["uuid"])
+    other = dict(whole, allocation_id="x", device_uuid=uuid)
+    (tmp_path / "wl").mkdir()
+    with pytest.raises(InvalidRequest) as refused:
+        command_line(tmp_path, [whole, other])
+    assert refused.value.field == "instances[1]" and "no device UUID" in str(refused.value)
+    assert not (tmp_path / "wl" / "container.env").exists()  # refused before anything was written
+    # the engine without a GPU (cdi_devices=False) leaves the flags out, and still refuses an unnamed device
+    workload = {"workload_id": "wl", "spec": spec_from_json({"instances": ["w", "x"], "image": "img"}, [tmp_path]),
+                "devices": [{"allocation_id": i["allocation_id"], "kind": "whole", "device_uuid": i["device_uuid"],
+                             "gpu": i["gpu"], "memory_mib": 0} for i in (whole, other)]}
+    with pytest.raises(InvalidRequest):
+        ContainerRuntime("podman", cdi_devices=False).argv(workload, {}, tmp_path / "wl")
+    workload["devices"].pop()
+    assert "--device" not in ContainerRuntime("podman", cdi_devices=False).argv(workload, {}, tmp_path / "wl")
+
+
+def test_an_agent_refuses_a_workload_on_an_instance_without_a_uuid_with_a_problem_naming_it(tmp_path, sim):
+    whole = instance(sim, "w", kind="whole", gpu=sim.state["gpus"][2]["uuid"])
+    manager = WorkloadManager(tmp_path / "state", ContainerRuntime("podman"), roots=[tmp_path])
+    with pytest.raises(InvalidRequest) as refused:
+        manager.start("wl", spec_from_json({"instances": ["w"], "image": "img"}, [tmp_path]),
+                      [dict(whole, device_uuid="")])
+    assert refused.value.field == "instances[0]" and manager.all() == []
+
+
 def test_a_container_node_needs_an_image(tmp_path, sim):
     whole = instance(sim, "w", kind="whole", gpu=sim.state["gpus"][2]["uuid"])
     manager = WorkloadManager(tmp_path / "state", ContainerRuntime("docker"), roots=[tmp_path])
@@ -161,5 +217,172 @@ def test_the_agent_runs_the_engine_sigterms_it_at_the_notice_and_kills_the_conta
         assert {"argv": ["kill", "--signal", "KILL", "gpub-wl-c"]} in calls
         done = client.workload("wl-c")
         assert done["state"] == "preempted" and done["runs"][0]["signal"] == 9
+    finally:
+        agent.stop()
+
+
+# -- a real engine: podman -------------------------------------------------------------------------------
+FAKE_MPS = Path(__file__).resolve().parents[1] / "fixtures" / "fake-nvidia-cuda-mps-control"
+IMAGE = "localhost/gpub-busybox:test"
+BUSYBOX = "/bin/busybox"  # Debian's busybox-static: runs in an image with nothing else in it
+ENGINE_HINT = "Debian packages podman, runc, catatonit and busybox-static (infra/test.py SYSTEM_PACKAGES)"
+
+
+def oci_runtime() -> str:
+    """crun, Debian podman's default, unless the host has hybrid cgroups with a cgroup v2 controller enabled:
+    crun refuses those ("cgroups in hybrid mode not supported, drop all controllers from cgroupv2", whatever its
+    cgroup manager), runc runs there (cgroup v1 controllers, cgroupfs)."""
+    controllers = Path("/sys/fs/cgroup/unified/cgroup.controllers")
+    hybrid = controllers.exists() and controllers.read_text().strip()
+    return "runc" if hybrid or not shutil.which("crun") else "crun"
+
+
+@pytest.fixture(scope="module")
+def podman(tmp_path_factory) -> dict[str, str]:
+    """An engine of this test's own: podman with its storage, run and temporary directories under a fresh
+    directory (containers.conf and storage.conf named by CONTAINERS_CONF / CONTAINERS_STORAGE_CONF, which the
+    agent hands to the engine CLI), the busybox image built and imported here, one container run to prove
+    the engine works. Its environment variables, or the test is skipped (locally) / failed (CI) with why."""
+    for program in ("podman", oci_runtime(), "catatonit"):
+        require(f"{program} (on PATH)", shutil.which(program) is not None, ENGINE_HINT)
+    require(f"{BUSYBOX} (static)", os.access(BUSYBOX, os.X_OK), ENGINE_HINT)
+    root = tmp_path_factory.mktemp("podman")
+    # Modest limits for the container: podman's defaults (nofile 1048576) are more than a root without
+    # CAP_SYS_RESOURCE (this VM) may set, and then no container starts at all ("error setting rlimit type 7");
+    # on this machine even the shell's own nproc (96364) is refused by the OCI runtime, 4096 is not.
+    limit = lambda kind: min(4096, resource.getrlimit(kind)[1] if resource.getrlimit(kind)[1] >= 0 else 4096)  # noqa: E731
+    (root / "containers.conf").write_text(
+        "[containers]\n"
+        f'default_ulimits = ["nofile={limit(resource.RLIMIT_NOFILE)}:{limit(resource.RLIMIT_NOFILE)}", '
+        f'"nproc={limit(resource.RLIMIT_NPROC)}:{limit(resource.RLIMIT_NPROC)}"]\n'
+        'netns = "none"\n'
+        'init_path = "/usr/bin/catatonit"\n'
+        "[engine]\n"
+        f'runtime = "{oci_runtime()}"\n'
+        'cgroup_manager = "cgroupfs"\n'
+        'events_logger = "file"\n'
+        f'tmp_dir = "{root}/libpod"\n'
+        f'volume_path = "{root}/volumes"\n')
+    (root / "storage.conf").write_text(
+        f'[storage]\ndriver = "vfs"\ngraphroot = "{root}/storage"\nrunroot = "{root}/run"\n')
+    env = {"CONTAINERS_CONF": str(root / "containers.conf"), "CONTAINERS_STORAGE_CONF": str(root / "storage.conf")}
+    with tarfile.open(root / "rootfs.tar", "w") as tar:  # a rootfs of one static binary and its applets
+        tar.add(BUSYBOX, arcname="bin/busybox")
+        for applet in ("sh", "sleep", "echo", "env", "cat", "ls", "sort", "grep"):
+            link = tarfile.TarInfo(f"bin/{applet}")
+            link.type, link.linkname = tarfile.SYMTYPE, "busybox"
+            tar.addfile(link)
+        for directory in ("tmp", "proc", "sys", "dev", "etc"):
+            folder = tarfile.TarInfo(directory)
+            folder.type, folder.mode = tarfile.DIRTYPE, 0o1777 if directory == "tmp" else 0o755
+            tar.addfile(folder)
+    engine_env = {**os.environ, **env}
+    for argv in (["podman", "import", str(root / "rootfs.tar"), IMAGE],
+                 ["podman", "run", "--rm", "--init", IMAGE, "/bin/sh", "-c", "echo engine-ok"]):
+        done = subprocess.run(argv, env=engine_env, capture_output=True, text=True, timeout=120, check=False)
+        if done.returncode != 0 or (argv[1] == "run" and "engine-ok" not in done.stdout):
+            missing(f"a container engine that runs here: `{' '.join(argv)}` exited {done.returncode}: "
+                    f"{done.stderr.strip()[-500:]}", ENGINE_HINT)
+    yield env
+    subprocess.run(["podman", "rm", "--all", "--force"], env=engine_env, capture_output=True, timeout=60, check=False)
+    subprocess.run(["podman", "system", "reset", "--force"], env=engine_env, capture_output=True, timeout=60,
+                   check=False)
+
+
+SCRIPT = r"""
+trap 'echo "got SIGTERM, deadline $(cat "$GPUB_DEADLINE_FILE")"; echo saved > "$CHECKPOINT_DIR/at-term"; exit 143' TERM
+echo "visible=$CUDA_VISIBLE_DEVICES threads=$CUDA_MPS_ACTIVE_THREAD_PERCENTAGE mem=$CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"
+echo "restart=$RESTART_COUNT workload=$GPUB_WORKLOAD_ID greeting=$GREETING secret_set=${API_TOKEN:+yes}"
+ls "$CUDA_MPS_PIPE_DIRECTORY"
+echo started > "$CHECKPOINT_DIR/started"
+while true; do sleep 0.1; done
+"""
+
+
+def test_podman_runs_a_share_workload_through_the_agent_sigterm_at_the_notice_and_its_exit_reported(
+        tmp_path, monkeypatch, podman):
+    mps_dir = Path(tempfile.mkdtemp(prefix="gpub-mps-"))  # short: the MPS daemon's unix sockets live there
+    checkpoint = tmp_path / "ckpt"
+    checkpoint.mkdir()
+    agent = AgentProcess(tmp_path / "a", extra=(
+        "--workload-runtime", "podman", "--container-devices", "none", "--workload-root", str(tmp_path),
+        "--mps-control", str(FAKE_MPS), "--mps-directory", str(mps_dir)))
+    for key, value in podman.items():
+        monkeypatch.setenv(key, value)  # the agent hands CONTAINERS_* to the engine CLI, nothing else of its own
+    agent.start()
+    try:
+        client = agent.client(retries=0)
+        inventory = client.inventory()
+        shared = next(g for g in inventory["gpus"] if g["mode"] == "shared")
+        assert shared["share_enforcement"] == "mps"
+        share = client.create("c-s", {"kind": "share", "gpu": shared["uuid"], "milli": 250, "memory_mib": 2048})
+        pipe = share["access"]["CUDA_MPS_PIPE_DIRECTORY"]
+        started = client.workload_start("wl-p", {
+            "instances": ["c-s"], "image": IMAGE, "command": ["/bin/sh", "-c", SCRIPT], "restart_count": 2,
+            "env": {"GREETING": "hello"}, "secret_env": {"API_TOKEN": "tok-123"},
+            "checkpoint_dir": str(checkpoint)})
+        assert started["argv"][:2] == ["podman", "run"] and "--device" not in started["argv"]
+        assert "tok-123" not in json.dumps(started)
+        deadline_wait = time.monotonic() + 60  # the first container of a fresh storage root takes a while
+        while not (checkpoint / "started").exists() and time.monotonic() < deadline_wait:
+            assert client.workload("wl-p")["state"] == "running", client.workload_logs("wl-p", stream="stderr")
+            time.sleep(0.1)
+        assert (checkpoint / "started").read_text() == "started\n"
+        client.notice("c-s", time.time() + 30, "reclaimed")
+        deadline_wait = time.monotonic() + 30
+        while client.workload("wl-p")["state"] == "running" and time.monotonic() < deadline_wait:
+            time.sleep(0.1)
+        done = client.workload("wl-p")
+        log = client.workload_logs("wl-p")["data"]
+        assert f"visible={share['device_uuid']} threads=25 mem=0=2048M" in log
+        assert "restart=2 workload=wl-p greeting=hello secret_set=yes" in log
+        assert "nvidia-cuda-mps-control.pid" in log  # the GPU's MPS pipe directory, mounted into the container
+        assert "got SIGTERM, deadline " in log and (checkpoint / "at-term").read_text() == "saved\n"
+        assert "tok-123" not in log
+        assert done["state"] == "preempted" and done["runs"][0]["exit_code"] == 143, done
+        assert done["runs"][0]["signal"] is None  # it ended on the SIGTERM, before the deadline's SIGKILL
+        client.destroy("c-s")
+        assert not Path(pipe, "nvidia-cuda-mps-control.pid").exists()  # the last share gone: the daemon quit
+    finally:
+        agent.stop()
+        for pid_file in mps_dir.rglob("nvidia-cuda-mps-control.pid"):  # a daemon a failed test left behind
+            with contextlib.suppress(OSError, ValueError):
+                os.kill(int(pid_file.read_text()), signal.SIGKILL)
+        shutil.rmtree(mps_dir, ignore_errors=True)
+
+
+def test_podman_container_that_ignores_sigterm_is_killed_at_the_deadline_and_removed(tmp_path, monkeypatch, podman):
+    for key, value in podman.items():
+        monkeypatch.setenv(key, value)
+    agent = AgentProcess(tmp_path / "a", extra=(
+        "--workload-runtime", "podman", "--container-devices", "none", "--workload-root", str(tmp_path),
+        "--mps-control", ""))
+    agent.start()
+    try:
+        client = agent.client(retries=0)
+        whole = next(g for g in client.inventory()["gpus"] if g["mode"] == "whole")
+        client.create("c-w", {"kind": "whole", "gpu": whole["uuid"]})
+        client.workload_start("wl-k", {"instances": ["c-w"], "image": IMAGE, "command": [
+            "/bin/sh", "-c", "trap 'echo ignoring SIGTERM' TERM; echo up; while true; do sleep 0.1; done"]})
+        deadline_wait = time.monotonic() + 60
+        while "up" not in client.workload_logs("wl-k")["data"] and time.monotonic() < deadline_wait:
+            assert client.workload("wl-k")["state"] == "running", client.workload_logs("wl-k", stream="stderr")
+            time.sleep(0.1)
+        client.notice("c-w", time.time() + 2.0, "reclaimed")
+        deadline_wait = time.monotonic() + 40
+        while client.workload("wl-k")["state"] == "running" and time.monotonic() < deadline_wait:
+            time.sleep(0.1)
+        done = client.workload("wl-k")
+        assert done["state"] == "preempted" and done["runs"][0]["signal"] == 9, done
+        assert "ignoring SIGTERM" in client.workload_logs("wl-k")["data"]
+        engine_env = {**os.environ, **podman}
+        deadline_wait = time.monotonic() + 30  # `podman kill` at the deadline; --rm removes the container after
+        while time.monotonic() < deadline_wait:
+            listed = subprocess.run(["podman", "ps", "--all", "--format", "{{.Names}}"], env=engine_env,
+                                    capture_output=True, text=True, timeout=60, check=True).stdout.split()
+            if "gpub-wl-k" not in listed:
+                break
+            time.sleep(0.5)
+        assert "gpub-wl-k" not in listed
     finally:
         agent.stop()

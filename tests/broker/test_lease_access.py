@@ -68,7 +68,8 @@ def test_lease_access_shares_say_their_limits_and_whether_they_are_enforced(worl
                            "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=8192M,1=8192M"}
     assert node["share_limits"] == [{"instance_id": f"alloc-{a}", "milli": 500, "memory_mib": 8192}
                                     for a in lease.allocations.order_by("pk").values_list("pk", flat=True)]
-    assert node["share_enforcement"] == "unknown" and "does not report" in node["share_enforcement_text"]
+    # the GPUs' agents reported no MPS (share_enforcement_of): the lease is told its limits do not hold
+    assert node["share_enforcement"] == "none" and "not enforced" in node["share_enforcement_text"]
 
 
 def test_lease_access_instances_env_joins_devices_and_share_limits():

@@ -48,4 +48,6 @@ def test_lease_detail_output_still_has_devices_and_events(world):
     data = LeaseDetailOutput(Lease.objects.get(pk=lease.pk)).data
     assert data["devices"] == [] and [e["to_state"] for e in data["events"]] == ["requested", "queued"]
     assert data["workload"] is None  # a bare lease (docs/leasing.md, "Workloads")
-    assert {k: v for k, v in data.items() if k not in ("devices", "events", "workload")} == LeaseOutput(lease).data
+    assert data["share_enforcement"] is None  # no share: nothing to say of MPS (docs/leasing.md)
+    assert {k: v for k, v in data.items()
+            if k not in ("devices", "events", "workload", "share_enforcement")} == LeaseOutput(lease).data
