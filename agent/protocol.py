@@ -177,6 +177,35 @@ class NotPermitted(AgentError):
     code = "not_permitted"
 
 
+# -- one environment for several instances --------------------------------------------------------------------
+MPS_THREADS = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"
+MPS_MEMORY = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"
+
+
+def instances_env(instances: list[dict]) -> dict[str, str]:
+    """The one environment that makes all of ``instances`` (one node's, in order; each with the ``access`` the
+    agent reported, its ``kind`` and ``memory_mib``) visible to one process: ``CUDA_VISIBLE_DEVICES`` lists every
+    device, comma-separated — never one line per instance, where the last would win and a gang lease's job
+    would see one GPU of several (issue 29) — and for shares the MPS limits, the memory cap per visible index
+    (``0=20480M,1=20480M``) and the lowest compute percentage. Any other variable the instances agree on is
+    kept; where they differ their values are joined with commas, in order."""
+    env: dict[str, str] = {"CUDA_VISIBLE_DEVICES": ",".join(
+        str((i.get("access") or {}).get("CUDA_VISIBLE_DEVICES") or i.get("device_uuid") or "") for i in instances)}
+    others: dict[str, list[str]] = {}
+    for instance in instances:
+        for name, value in (instance.get("access") or {}).items():
+            if name not in ("CUDA_VISIBLE_DEVICES", MPS_THREADS, MPS_MEMORY) and str(value) not in others.get(name, []):
+                others.setdefault(name, []).append(str(value))
+    env.update({name: ",".join(values) for name, values in others.items()})
+    shares = [(index, i) for index, i in enumerate(instances) if i.get("kind") == "share"]
+    if shares:
+        percentages = [int(i["access"][MPS_THREADS]) for _, i in shares if (i.get("access") or {}).get(MPS_THREADS)]
+        if percentages:
+            env[MPS_THREADS] = str(min(percentages))
+        env[MPS_MEMORY] = ",".join(f"{index}={i.get('memory_mib', 0)}M" for index, i in shares)
+    return env
+
+
 # -- the workload spec ---------------------------------------------------------------------------------------
 WORKLOAD_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")

@@ -7,10 +7,13 @@ class BillingConfig(AppConfig):
 
     def ready(self) -> None:
         """Take part in leasing's decisions through its seam (``broker.extensions``): the monthly spend caps
-        admit or refuse requests and renewals, and the general price book ranks ``model: auto``."""
+        admit or refuse requests and renewals, the general price book ranks ``model: auto``, and its money format writes
+        the prices in leasing's reasons."""
         from billing import selectors, services, tasks  # noqa: F401 (tasks: registered for sending by name)
+        from billing.core.pricing import format_money
         from broker import extensions
 
         extensions.request_check_register(services.budget_admit_request, applies=services.budget_caps_exist)
         extensions.renewal_check_register(services.budget_admit_renewal)
         extensions.list_prices_register(selectors.whole_list_prices)
+        extensions.money_format_register(format_money)

@@ -102,6 +102,7 @@ _request_checks: list[RequestCheck] = []
 _request_applies: dict[RequestCheck, Callable[[], object]] = {}
 _renewal_checks: list[RenewalCheck] = []
 _list_prices: list[Callable[[datetime], dict[str, int]]] = []
+_money_formats: list[Callable[[int, str], str]] = []
 
 
 def _register(registry: list, item) -> Callable[[], None]:
@@ -135,6 +136,11 @@ def list_prices_register(source: Callable[[datetime], dict[str, int]]) -> Callab
     return _register(_list_prices, source)
 
 
+def money_format_register(format_money: Callable[[int, str], str]) -> Callable[[], None]:
+    """``format_money(minor, currency)`` → an amount as people read it ("0.80 USD"); the last registered wins."""
+    return _register(_money_formats, format_money)
+
+
 def request_check_conditions() -> list[tuple[RequestCheck, Callable[[], object]]]:
     """(check, its ``applies``: call it for the expression) of the checks that said when they apply, in
     registration order."""
@@ -155,3 +161,11 @@ def renewal_admit(admission: RenewalAdmission) -> str:
 
 def list_prices(now: datetime) -> dict[str, int]:
     return _list_prices[-1](now) if _list_prices else {}
+
+
+def money_format(amount_minor: int, currency: str) -> str:
+    """An amount in minor units with its currency (billing's format when installed, else the integer named as
+    minor units: never a bare number)."""
+    if _money_formats:
+        return _money_formats[-1](amount_minor, currency)
+    return f"{amount_minor} {currency} minor units"

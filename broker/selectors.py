@@ -432,3 +432,53 @@ def queue_list() -> QuerySet[Lease]:
     return (Lease.objects.filter(state__in=(LeaseState.REQUESTED, LeaseState.QUEUED))
             .select_related("tenant", "project")
             .order_by(F("queue_position").asc(nulls_last=True), "-priority", "queued_at", "pk"))
+
+
+# -- how to use a lease: one environment per node, and what the node enforces --------------------------------
+def _reported(*objects, names: tuple[str, ...]) -> str:
+    """The first of ``names`` that one of ``objects`` carries, non-empty (fields another branch adds to the node's
+    inventory, such as its isolation mode: read defensively, "" when no node reports it)."""
+    for obj in objects:
+        for name in names:
+            value = getattr(obj, name, None)
+            if isinstance(value, dict):
+                value = value.get("mode") or value.get("value") or ""
+            if value:
+                return str(value)
+    return ""
+
+
+def lease_access(*, lease: Lease) -> list[dict]:
+    """How to use a holding lease's devices, per node (a gang lease: one node): the node (its id and the host
+    to reach it by), the one environment that shows a process all the lease's devices on it
+    (``agent.protocol.instances_env``: ``CUDA_VISIBLE_DEVICES`` lists them all) and what is enforced there —
+    the share limits (``share_enforcement_of`` the node's shares: MPS or nothing, and why) and the node's isolation
+    mode, "unknown" where the node does not say. Empty for a lease holding nothing."""
+    from urllib.parse import urlsplit
+
+    from agent.protocol import instances_env
+
+    live = [a for a in lease.allocations.all() if a.freed_at is None]
+    by_node: dict[int, list[Allocation]] = {}
+    for allocation in sorted(live, key=lambda a: a.pk):
+        by_node.setdefault(allocation.gpu.node_id, []).append(allocation)
+    out = []
+    for allocations in by_node.values():
+        node = allocations[0].gpu.node
+        env = instances_env([{"access": {**(a.access or {}), **(lease.access_extra or {})}, "kind": a.kind,
+                              "memory_mib": a.memory_mib, "device_uuid": a.device_uuid} for a in allocations])
+        shares = [a for a in allocations if a.kind == "share"]
+        enforcement = share_enforcement_of(allocations)
+        isolation = _reported(node, *(a.gpu for a in allocations),
+                              names=("isolation_mode", "isolation", "workload_isolation")) or "unknown"
+        out.append({
+            "node": node.node_id, "host": node.hostname or urlsplit(node.address).hostname or "",
+            "devices": [a.instance_id for a in allocations], "ready": all(a.device_uuid for a in allocations),
+            "env": env,
+            "share_enforcement": enforcement["mode"] if enforcement else None,
+            "share_enforcement_text": enforcement["reason"] if enforcement else None,
+            "share_limits": [{"instance_id": a.instance_id, "milli": a.milli, "memory_mib": a.memory_mib}
+                             for a in shares],
+            "isolation": isolation,
+        })
+    return out

@@ -270,9 +270,11 @@ class SnapshotCache:
         else:
             allocations = self._allocations
         quotas, tenant_quotas = snapshot_quotas()
+        prices = tier_prices(now=now)
         return Snapshot(nodes=self._nodes, gpus=self._gpus, allocations=allocations, quotas=quotas,
                         tenant_quotas=tenant_quotas, min_runtime_seconds=settings.LEASE_MIN_RUNTIME_SECONDS,
-                        warm=tuple(self.warm[pk] for pk in sorted(self.warm)), prices=tier_prices(now=now),
+                        warm=tuple(self.warm[pk] for pk in sorted(self.warm)), prices=prices,
+                        price_labels=tier_price_labels(prices),
                         group_reserve_after_seconds=settings.LEASE_GROUP_RESERVE_AFTER_SECONDS)
 
     # -- pruning ------------------------------------------------------------------------------------------------
@@ -338,3 +340,11 @@ def tier_prices(*, now: datetime) -> dict[str, int]:
     from broker.extensions import list_prices
 
     return list_prices(now)
+
+
+def tier_price_labels(prices: dict[str, int]) -> dict[str, str]:
+    """``tier_prices`` as people read them, with their currency and its decimals (``{"L4": "0.80 USD"}``):
+    billing's money format through ``broker.extensions.money_format``."""
+    from broker.extensions import money_format
+
+    return {tier: money_format(minor, settings.LIST_PRICE_CURRENCY) for tier, minor in prices.items()}

@@ -104,8 +104,21 @@ def workload_placement_log_keep_run(self, placement_id: int) -> bool:
 
 
 @shared_task(name="broker.lease_expire_due", acks_late=True)
-def lease_expire_due() -> dict:
-    return {"expired": services.lease_expire_due(), "preempted": services.lease_preempt_due()}
+def lease_expire_due(schedule: bool = True) -> dict:
+    """Expire and preempt what is due. The periodic run (``schedule``) also enqueues one run at each distinct
+    end time of the next period (``lease_expiries_upcoming``), which schedule nothing themselves: a lease is
+    expired within a worker's latency of its end, not up to a period later (issue 29; billing stops at the end
+    time whatever the lag)."""
+    result = {"expired": services.lease_expire_due(), "preempted": services.lease_preempt_due()}
+    if schedule:
+        upcoming = services.lease_expiries_upcoming(now=timezone.now(), within_seconds=EXPIRE_PERIOD_SECONDS)
+        for countdown in upcoming:
+            lease_expire_due.apply_async((False,), countdown=countdown)
+        result["scheduled"] = len(upcoming)
+    return result
+
+
+EXPIRE_PERIOD_SECONDS = 15.0  # the beat period of lease-expire (config/settings.py CELERY_BEAT_SCHEDULE)
 
 
 @shared_task(name="broker.reconcile", acks_late=True)

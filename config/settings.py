@@ -245,6 +245,8 @@ CELERY_BEAT_SCHEDULE: dict = {
     # lease events → webhook and e-mail deliveries (docs/notifications.md); deliveries due for (re)sending
     "notifications-outbox": {"task": "notifications.outbox_process", "schedule": 5.0},
     "notifications-deliver-due": {"task": "notifications.deliveries_send_due", "schedule": 5.0},
+    # "lease ends soon" (lease.expiring) LEASE_EXPIRING_NOTICE_SECONDS before a lease's end, once per end time
+    "notifications-expiring": {"task": "notifications.leases_expiring_notify", "schedule": 15.0},
 }
 
 # --- Security: shared cache, login lockout, failed-token throttle, HTTPS (docs/operations.md) ------------
@@ -455,6 +457,9 @@ WEBHOOK_SECRET_GRACE_SECONDS = env_int("WEBHOOK_SECRET_GRACE_SECONDS", 86400, mi
 WEBHOOK_ALLOW_LOOPBACK = env_bool("WEBHOOK_ALLOW_LOOPBACK", False)
 # events re-read behind the cursor, so an event whose transaction committed after a later one is not missed
 NOTIFICATIONS_OUTBOX_LOOKBACK_EVENTS = env_int("NOTIFICATIONS_OUTBOX_LOOKBACK_EVENTS", 1000, minimum=0)
+# how long before its end an active lease's tenant is told it ends soon (lease.expiring: webhook, mail, lease page);
+# 0: never. A lease no longer than this is not told (it knew from its start).
+LEASE_EXPIRING_NOTICE_SECONDS = env_int("LEASE_EXPIRING_NOTICE_SECONDS", 900, minimum=0)
 
 # --- Logging --------------------------------------------------------------------------------
 LOG_LEVEL = env_choice("LOG_LEVEL", "INFO", ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"))

@@ -2,13 +2,15 @@ from django.db import models
 
 
 class EventKind(models.TextChoices):
-    """What a tenant can subscribe to. Lease kinds come from ``broker.models.LeaseEvent`` rows (the outbox);
-    ``advice`` from ``notification_emit`` (the capacity loop)."""
+    """What a tenant can subscribe to. Lease kinds come from ``broker.models.LeaseEvent`` rows (the outbox), but
+    ``lease.expiring``, which ``leases_expiring_notify`` makes from the clock; ``advice`` from
+    ``notification_emit`` (the capacity loop)."""
 
     LEASE_NOTICE = "lease.notice", "Notice given (preemption or reclaim deadline)"
     LEASE_PREEMPTED = "lease.preempted", "Preempted and back in the queue"
     LEASE_REQUEUED = "lease.requeued", "Back in the queue (provisioning did not finish)"
     LEASE_ACTIVE = "lease.active", "Active"
+    LEASE_EXPIRING = "lease.expiring", "Ends soon (LEASE_EXPIRING_NOTICE_SECONDS before its end)"
     LEASE_RELEASED = "lease.released", "Released"
     LEASE_EXPIRED = "lease.expired", "Expired"
     LEASE_FAILED = "lease.failed", "Failed"
@@ -16,7 +18,8 @@ class EventKind(models.TextChoices):
 
 
 # what the lease holder is e-mailed about (unless they opted out)
-EMAIL_KINDS = frozenset({EventKind.LEASE_NOTICE, EventKind.LEASE_PREEMPTED, EventKind.LEASE_FAILED})
+EMAIL_KINDS = frozenset({EventKind.LEASE_NOTICE, EventKind.LEASE_PREEMPTED, EventKind.LEASE_FAILED,
+                         EventKind.LEASE_EXPIRING})
 
 
 class Channel(models.TextChoices):

@@ -6,6 +6,8 @@
   transaction that advances the cursor; the cursor row is locked ``FOR UPDATE SKIP LOCKED``, so a second
   worker skips the run instead of doing it again, and ``Delivery``'s unique constraints stop a double row.
 - ``notification_emit``: the same for what is not a lease event (the capacity loop's advice).
+- ``leases_expiring_notify``: ``lease.expiring`` for every active lease within ``LEASE_EXPIRING_NOTICE_SECONDS``
+  of its end, once per (lease, end time): a renewal's new end is told again, a second run tells nothing.
 - ``delivery_send``: claims one due delivery (conditional update), sends it outside any transaction,
   records the outcome: success; a retry later with exponential back-off and jitter (5xx, 408, 429, no
   answer); or failure (other 4xx, a refused address, too many attempts, too old). An endpoint whose every
@@ -21,7 +23,7 @@ from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.core.mail import send_mail
-from django.db import transaction
+from django.db import IntegrityError, transaction
 from django.db.models import Exists, F, OuterRef, Q
 from django.utils import timezone
 
@@ -299,6 +301,48 @@ def notification_emit(*, tenant: Tenant, kind: str, data: dict, lease: Lease | N
         return Notification.objects.get(event_id=event_id)
 
 
+def expiring_event_id(lease: Lease) -> str:
+    """The notification id of "``lease`` ends soon" for its current end: one per (lease, end time)."""
+    return f"evt_lease_expiring_{lease.pk}_{int(lease.ends_at.timestamp())}"
+
+
+def leases_expiring_notify(*, now: datetime | None = None) -> int:
+    """Tell the tenant (webhooks subscribed to ``lease.expiring``, the lease holder's mail, the lease page) that
+    an active lease ends within ``LEASE_EXPIRING_NOTICE_SECONDS`` (0: never), before the expiry task ends it.
+    Once per lease and end time (``Notification.event_id`` is unique; a renewal moves the end and is told
+    again); a lease whose whole length is within the lead time is not told (it knew from its start). One
+    transaction per lease, deliveries sent after commit; returns how many were made."""
+    now = now or timezone.now()
+    lead = settings.LEASE_EXPIRING_NOTICE_SECONDS
+    if lead <= 0:
+        return 0
+    due = (Lease.objects.filter(state=LeaseState.ACTIVE, ends_at__gt=now, ends_at__lte=now + timedelta(seconds=lead),
+                                duration_seconds__gt=lead)
+           .select_related("tenant", "project", "created_by").order_by("ends_at", "pk")[:OUTBOX_BATCH])
+    made = 0
+    for lease in due:
+        event_id = expiring_event_id(lease)
+        if Notification.objects.filter(event_id=event_id).exists():
+            continue
+        left = round((lease.ends_at - now).total_seconds())
+        payload = {"id": event_id, "type": EventKind.LEASE_EXPIRING, "created": _iso(now), "tenant": lease.tenant.slug,
+                   "data": {"lease": {"id": lease.pk, "project": lease.project.slug, "state": lease.state,
+                                      "kind": lease.kind, "tier": lease.tier, "over_quota": lease.over_quota,
+                                      "ends_at": _iso(lease.ends_at), "notice_deadline": None},
+                            "from_state": lease.state, "to_state": lease.state, "ends_in_seconds": left,
+                            "reason": f"the lease ends at {lease.ends_at:%Y-%m-%d %H:%M:%S} UTC, in {left} s: renew "
+                                      f"it to keep the GPU"}}
+        try:
+            with transaction.atomic(durable=True):
+                delivery_ids = _notify(tenant=lease.tenant, kind=EventKind.LEASE_EXPIRING, payload=payload,
+                                       event_id=event_id, lease=lease, lease_event=None, now=now)
+                _enqueue_sends(delivery_ids)
+        except IntegrityError:
+            continue  # another run made it first: told once
+        made += 1
+    return made
+
+
 # -- sending -------------------------------------------------------------------------------------------
 def backoff_seconds(attempts: int) -> float:
     """Before attempt ``attempts + 1``: base · 2^(attempts-1), capped, times a jitter in [0.5, 1]."""
@@ -356,6 +400,7 @@ def _send_email(delivery: Delivery) -> tuple[int | None, str, bool]:
         EventKind.LEASE_NOTICE: f"Notice: lease {lease.get('id')} will be taken back at {lease.get('notice_deadline')}",
         EventKind.LEASE_PREEMPTED: f"Lease {lease.get('id')} was preempted and is queued again",
         EventKind.LEASE_FAILED: f"Lease {lease.get('id')} failed",
+        EventKind.LEASE_EXPIRING: f"Lease {lease.get('id')} ends at {lease.get('ends_at')}: renew it to keep it",
     }.get(notification.kind, f"GPU broker: {notification.kind}")
     body = (f"{subject}.\n\nTenant: {notification.payload.get('tenant')}\nProject: {lease.get('project')}\n"
             f"Reason: {data.get('reason') or '-'}\nEvent: {notification.event_id}\n\n"

@@ -21,6 +21,11 @@ def delivery_send_task(delivery_id: int) -> None:
         delivery_send_task.apply_async((delivery_id,), countdown=delay)
 
 
+@shared_task(name="notifications.leases_expiring_notify", acks_late=True, ignore_result=True)
+def leases_expiring_notify_task() -> int:
+    return services.leases_expiring_notify()
+
+
 @shared_task(name="notifications.deliveries_send_due", acks_late=True, ignore_result=True)
 def deliveries_send_due_task() -> int:
     due = services.deliveries_due()
@@ -31,4 +36,5 @@ def deliveries_send_due_task() -> int:
 
 # the services send these by name (core.task_registry), without importing this module
 tasks_register("notifications", outbox_process_task=outbox_process_task, delivery_send_task=delivery_send_task,
-               deliveries_send_due_task=deliveries_send_due_task)
+               deliveries_send_due_task=deliveries_send_due_task,
+               leases_expiring_notify_task=leases_expiring_notify_task)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import csv
 import io
 from dataclasses import dataclass
-from datetime import date
+from datetime import date, timedelta
 
 from django.contrib import messages
 from django.http import HttpResponse
@@ -24,6 +24,7 @@ from billing.choices import CapAction, RateKind
 from billing.core.pricing import format_money, from_minor
 from billing.selectors import documents, reports
 from billing.services import period_bounds, period_parse
+from billing.services.metering_run import usage_meter_recent
 from core.errors import ApplicationError, NotFound, ValidationFailed
 from core.parsers import MAX_ID, parse_integer
 from gpus.catalogue import TIER_CODES
@@ -61,6 +62,9 @@ class UsageView(TenantView):
         start, end = period_bounds(month)
         end = min(end, now) if month == this_month else end
         summaries = {}
+        # this month: the hour in progress metered on demand (usage shows before any hourly run or invoice),
+        # and the page says its figures are a live estimate
+        metered_until = usage_meter_recent(tenant_id=self.actor.tenant.pk, now=now) if month == this_month else None
         if end > start:  # nothing yet in the first instant of a month
             summaries = {group: billing.usage_summary(actor=self.actor, start=start, end=end, group_by=group)
                          for group in ("project", "model", "day")}
@@ -68,10 +72,13 @@ class UsageView(TenantView):
         days = summaries.get("day", {}).get("groups", [])
         context = {
             "month": month, "months": _months_back(this_month, 12), "error": error, "currency": currency,
+            "metered_until": metered_until,
             "by_project": summaries.get("project", {}).get("groups", []),
             "by_model": summaries.get("model", {}).get("groups", []),
             "chart": presenters.bar_chart([(d["key"][8:], float(d["gpu_hours"])) for d in days],
-                                          label="GPU-hours per day", unit="GPU-h"),
+                                          label="GPU-hours per day", unit="GPU-h",
+                                          slots=[f"{day:02d}" for day in range(1, (period_bounds(month)[1]
+                                                                                   - timedelta(days=1)).day + 1)]),
             "money": lambda minor: format_money(minor, currency),
         }
         for rows in (context["by_project"], context["by_model"]):
@@ -125,8 +132,10 @@ class BillingReportView(StaffView):
             "by_project": reports.revenue(start=start, end=end, group_by="project"),
             "by_model": reports.revenue(start=start, end=end, group_by="model"),
             "revenue_charts": [(currency, presenters.bar_chart(
-                [(key, amount / 100) for key, amount in series], label=f"Revenue per month ({currency})",
-                unit=currency)) for currency, series in reports.monthly_series(by_month).items()],
+                [(key, float(from_minor(amount, currency))) for key, amount in series],
+                label=f"Revenue per month ({currency})", unit=currency,
+                slots=[f"{m:%Y-%m}" for m in reversed(_months_back(month, 6))]))
+                for currency, series in reports.monthly_series(by_month).items()],
             "slo": reports.slo_attainment(period=month),
             "idle": reports.top_idle_leases(period=month),
             "totals": _totals(by_tenant),
@@ -140,11 +149,14 @@ class BillingReportView(StaffView):
         out = io.StringIO()
         writer = csv.writer(out, lineterminator="\n")
         writer.writerow([*_key_names(report), "currency", "amount", "gpu_hours", "used_gpu_hours", "idle_gpu_hours",
-                         "idle_cost", "over_quota_pct", "drafts"])
+                         "idle_cost", "over_quota_pct", "drafts", "adjustment"])
         for row in reports.revenue(start=start, end=end, group_by=report):
-            writer.writerow([*row.key, row.currency, row.amount_minor / 100, row.gpu_hours,
-                             round(row.used_gpu_hours, 6), row.idle_gpu_hours, round(row.idle_cost_minor / 100, 2),
-                             "" if row.over_quota_pct is None else round(row.over_quota_pct, 2), row.drafts])
+            # amounts in major units with the currency's own decimals (cents for USD, none for JPY)
+            writer.writerow([*row.key, row.currency, from_minor(row.amount_minor, row.currency), row.gpu_hours,
+                             round(row.used_gpu_hours, 6), row.idle_gpu_hours,
+                             from_minor(round(row.idle_cost_minor), row.currency),
+                             "" if row.over_quota_pct is None else round(row.over_quota_pct, 2), row.drafts,
+                             row.adjustment])
         response = HttpResponse(out.getvalue(), content_type="text/csv; charset=utf-8")
         response["Content-Disposition"] = f'attachment; filename="revenue-{report}-{start:%Y-%m}.csv"'
         return response

@@ -374,7 +374,13 @@ class BarChart:
 
 
 def bar_chart(values: list[tuple[str, float]], *, label: str, unit: str, width: int = 720,
-              height: int = 160) -> BarChart:
+              height: int = 160, slots: list[str] | None = None) -> BarChart:
+    """``values`` as bars. ``slots``: every label the axis has, in order (the days of a month, the months of a
+    report); a slot without a value is a zero bar, so one day of usage is drawn as one day of the month, not a
+    bar across the whole chart (issue 29). No values at all: an empty chart ("nothing to draw yet")."""
+    if slots is not None and values:
+        known = dict(values)
+        values = [(name, known.get(name, 0.0)) for name in slots]
     highest = max((value for _label, value in values), default=0.0)
     top = highest or 1.0  # the scale; an all-zero chart draws flat bars and says so (its caption)
     slot = width / max(1, len(values))
@@ -385,3 +391,14 @@ def bar_chart(values: list[tuple[str, float]], *, label: str, unit: str, width: 
         bars.append(Bar(label=name, value=value, x=round(index * slot + gap / 2, 2),
                         y=round(height - 16 - bar_height, 2), width=round(slot - gap, 2), height=bar_height))
     return BarChart(bars=bars, label=label, unit=unit, maximum=highest, width=width, height=height)
+
+
+def expiring_in_seconds(lease, now) -> int:
+    """Seconds until an active lease's end when within ``LEASE_EXPIRING_NOTICE_SECONDS`` of it (the
+    ``lease.expiring`` notification's lead time), else 0 (nothing to say)."""
+    from django.conf import settings
+
+    if lease.state != "active" or lease.ends_at is None or settings.LEASE_EXPIRING_NOTICE_SECONDS <= 0:
+        return 0
+    left = int((lease.ends_at - now).total_seconds())
+    return left if 0 < left <= settings.LEASE_EXPIRING_NOTICE_SECONDS else 0

@@ -9,6 +9,7 @@ from django.utils import timezone
 
 from billing import selectors as billing
 from billing.core.pricing import format_money
+from billing.services.metering_run import usage_meter_recent
 from core.errors import ApplicationError
 
 
@@ -43,12 +44,15 @@ def budget_outcome(*, actor, project: str, gpu: dict, workload_class: str, durat
 
 
 def dashboard_spend(actor) -> dict | None:
-    """This month's spend so far (metered, at current prices) and the forecast to the month's end with the
-    live leases; None when no price book applies to the tenant."""
+    """This month's spend so far (metered, the hour in progress metered on demand: ``metered_until``, at current
+    prices) and the forecast to the month's end with the live leases; None when no price book applies to the
+    tenant."""
     tenant = actor.tenant
     now = timezone.now()
     if not billing.price_books_for(tenant=tenant, start=now, end=now + timedelta(seconds=1)):
         return None
+    # the hour in progress metered on demand: "so far" counts it before any hourly run or invoice (issue 29)
+    metered_until = usage_meter_recent(tenant_id=tenant.pk, now=now)
     spent, running = billing.spend_forecast(tenant=tenant, now=now)
     return {"spent": format_money(spent, tenant.currency), "running": format_money(running, tenant.currency),
-            "forecast": format_money(spent + running, tenant.currency)}
+            "forecast": format_money(spent + running, tenant.currency), "metered_until": metered_until}

@@ -267,6 +267,9 @@ class LeaseDetailView(TenantView):
             "shape": presenters.shape_label(lease),
             "devices": devices,
             "share_enforcement": broker.share_enforcement_of(devices),
+            "access": broker.lease_access(lease=lease) if lease.state in ("active", "preempted") else [],
+            # within LEASE_EXPIRING_NOTICE_SECONDS of its end: the page says so, as the lease.expiring event does
+            "expiring_in": presenters.expiring_in_seconds(lease, now),
             "events": list(lease.events.all()),
             "sparkline": presenters.Sparkline(series) if series else None,
             "workload": workload,

@@ -25,7 +25,14 @@ class UsageOutput(serializers.Serializer):
     start = serializers.DateTimeField(source="from")
     end = serializers.DateTimeField(source="to")
     group_by = serializers.CharField()
-    currency = serializers.CharField()
+    currency = serializers.CharField(help_text="of every amount_minor (integer minor units: cents for USD)")
+    metered_until = serializers.DateTimeField(
+        allow_null=True, help_text="the hour in progress (and the last one until the hourly run closes it) is metered "
+        "on demand up to this moment; null when the window ends before them")
+    live_estimate = serializers.BooleanField(
+        help_text="true: the figures include the hour in progress, metered up to metered_until and recomputed whole "
+        "when the hour ends; costs are at the prices in force, before discounts and SLO credits: an estimate, "
+        "not an invoice")
     groups = UsageGroupOutput(many=True)
 
 

@@ -17,7 +17,9 @@ from rest_framework.views import APIView
 
 from billing import selectors, services
 from billing.api import serializers as s
+from billing.core.metering import HOUR, hour_floor
 from billing.selectors import documents, quotes
+from billing.services.metering_run import usage_meter_recent
 from broker import selectors as broker_selectors
 from broker.api import serializers as leasing_s
 from broker.api.permissions import ReadOnlyPostPermission
@@ -60,8 +62,14 @@ class UsageApi(APIView):
         now = timezone.now()
         start = _moment(request, "from", now.replace(day=1, hour=0, minute=0, second=0, microsecond=0))
         end = _moment(request, "to", now)
-        summary = selectors.usage_summary(actor=request.actor, start=start, end=end,
-                                          group_by=request.query_params.get("group_by", "project"))
+        group_by = request.query_params.get("group_by", "project")
+        selectors.usage_query_check(start=start, end=end, group_by=group_by)  # a bad request meters nothing
+        # the last two hours are not metered by the hourly run yet: metered on demand, labelled an estimate
+        recent = end > hour_floor(now) - HOUR
+        metered_until = usage_meter_recent(tenant_id=request.actor.tenant.pk, now=now) if recent else None
+        summary = selectors.usage_summary(actor=request.actor, start=start, end=end, group_by=group_by)
+        summary["metered_until"] = metered_until
+        summary["live_estimate"] = metered_until is not None and end > hour_floor(metered_until)
         return Response(s.UsageOutput(summary).data)
 
 

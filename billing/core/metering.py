@@ -1,7 +1,8 @@
 """Allocation metering from lease events (the authority): pure functions, no database.
 
 A lease holds GPU capacity from its ACTIVE event until the event that takes it out of ACTIVE/PREEMPTED
-(release, expiry, failure, requeue at a preemption deadline). ``held_intervals`` turns a lease's events
+(release, expiry, failure, requeue at a preemption deadline), and never past its end time (``ends_at``: the
+expiry task's lag is not billed). ``held_intervals`` turns a lease's events
 into those intervals; ``split_hours`` cuts an interval at every UTC hour boundary (month boundaries are
 hour boundaries), clipped to a metering window. Seconds are exact (microseconds kept), never rounded here.
 """
@@ -81,7 +82,7 @@ class LeaseHour:
 
 
 def lease_hours(events: Iterable[tuple[datetime, str]], units: Iterable[HeldUnit], *, start: datetime,
-                until: datetime) -> list[LeaseHour]:
+                until: datetime, ends_at: datetime | None = None) -> list[LeaseHour]:
     """The usage rows of one lease for the window [start, until), from its events before ``until`` (in order)
     and its allocations (in id order). This is the reference the set-based SQL of
     ``billing.services.metering`` is tested against (tests/billing/test_metering_sql.py):
@@ -94,11 +95,17 @@ def lease_hours(events: Iterable[tuple[datetime, str]], units: Iterable[HeldUnit
       gives what metering it whole gives (an earlier rule, "held for the interval's whole length", let a
       window's end decide: an allocation freed while the lease stayed active was billed in one cut and not
       in the other);
-    - an hour whose first interval held no allocation gives no row."""
+    - an hour whose first interval held no allocation gives no row;
+    - nothing is billed after the lease's end (``ends_at``, None: open): the expiry task that ends it runs up to
+      its period later, and the held intervals stop at the end time whatever its lag (issue 29)."""
     units = list(units)
     seconds: dict[datetime, Decimal] = {}
     held: dict[datetime, list[HeldUnit]] = {}
     for begin, finish in held_intervals(events, until=until):
+        if ends_at is not None:
+            finish = min(finish, ends_at)
+            if finish <= begin:
+                continue
         during = [u for u in units if u.created_at <= begin and (u.freed_at is None or u.freed_at > begin)]
         for bucket, piece in split_hours(begin, finish, window=(start, until)):
             seconds[bucket] = seconds.get(bucket, Decimal(0)) + Decimal(str(piece))

@@ -33,9 +33,25 @@ def from_minor(amount: int, currency: str) -> Decimal:
 
 
 def format_money(amount_minor: int, currency: str) -> str:
+    """An amount in minor units as people read it: ``"1,234.50 USD"``, ``"1,235 JPY"`` (the currency's own
+    number of decimals, thousands grouped, the code after the number). The one way money is written for people:
+    portal pages (the ``money`` template filter), invoices' PDF and CSV, e-mails, messages."""
     places = minor_exponent(currency)
     value = from_minor(amount_minor, currency)
     return f"{value:,.{places}f} {currency}"
+
+
+def format_rate(amount: Decimal, currency: str) -> str:
+    """A price that is not an amount charged (a rate per hour, a unit price) in major units: at least the
+    currency's decimals, at most the six a rate keeps, no trailing zeros beyond the currency's:
+    ``Decimal("0.700000")`` → ``"0.70 USD"``, ``Decimal("0.123456")`` → ``"0.123456 USD"``, ``4.2`` →
+    ``"4.20 USD"``, 150 JPY → ``"150 JPY"`` (the ``rate`` template filter)."""
+    places = minor_exponent(currency)
+    value = Decimal(amount).quantize(RATE_PLACES, rounding=ROUND_HALF_UP)
+    text = f"{value:,.6f}".rstrip("0")
+    whole, _, fraction = text.partition(".")
+    fraction = fraction.ljust(places, "0")
+    return f"{whole}.{fraction} {currency}" if fraction else f"{whole} {currency}"
 
 
 @dataclass(frozen=True)

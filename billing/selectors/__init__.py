@@ -26,6 +26,7 @@ from billing.selectors.prices import (
     Quote,
     billing_terms_in_force,
     billing_terms_list,
+    book_rate_table,
     list_prices,
     offer_prices,
     price_book_get,
@@ -39,12 +40,13 @@ from billing.selectors.usage import (
     _lease_gpu,
     spend_forecast,
     spend_minor,
+    usage_query_check,
     usage_summary,
 )
 
 __all__ = [
-    "Budget", "Quote", "_lease_gpu", "billing_terms_in_force", "billing_terms_list", "budget_list", "invoice_get",
-    "invoice_list", "list_prices", "offer_prices", "price_book_get", "price_book_list", "price_book_states",
-    "price_books_for", "price_quote", "spend_cap_get", "spend_cap_list", "spend_forecast", "spend_minor",
-    "usage_summary", "whole_list_prices",
+    "Budget", "Quote", "_lease_gpu", "billing_terms_in_force", "billing_terms_list", "book_rate_table", "budget_list",
+    "invoice_get", "invoice_list", "list_prices", "offer_prices", "price_book_get", "price_book_list",
+    "price_book_states", "price_books_for", "price_quote", "spend_cap_get", "spend_cap_list", "spend_forecast",
+    "spend_minor", "usage_query_check", "usage_summary", "whole_list_prices",
 ]

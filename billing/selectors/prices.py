@@ -10,7 +10,7 @@ from decimal import Decimal
 from django.db.models import Q, QuerySet
 from django.utils import timezone
 
-from billing.core.pricing import RateTable, to_minor
+from billing.core.pricing import RateTable, format_rate, to_minor
 from billing.models import PriceBook
 from gpus.catalogue import MODELS
 from gpus.mig import UnknownProfile, profile_get
@@ -20,6 +20,11 @@ _MODELS = {m.code: m for m in MODELS}
 
 
 def _table(book: PriceBook) -> RateTable:
+    return book_rate_table(book)
+
+
+def book_rate_table(book: PriceBook) -> RateTable:
+    """A price book's rates and multipliers as the rate table invoices and quotes price with."""
     rates = {(r.tier, r.kind, r.mig_profile): r.per_hour for r in book.rates.all()}
     return RateTable(rates=rates, over_quota_multiplier=book.over_quota_multiplier,
                      interactive_multiplier=book.interactive_multiplier, energy_per_kwh=book.energy_per_kwh,
@@ -155,7 +160,7 @@ def _quote(book: PriceBook, table: RateTable, *, gpu: dict, workload_class: str,
             notes = [n for n, on in (("over-quota rate", over_quota),
                                      ("interactive rate", workload_class == "interactive")) if on]
             best = Quote(currency=book.currency, per_hour=amount.quantize(Decimal("0.0001")),
-                         description=f"{what} on {tier} at {unit_price} {book.currency} per {unit}"
+                         description=f"{what} on {tier} at {format_rate(unit_price, book.currency)} per {unit}"
                                      + (f" ({', '.join(notes)})" if notes else ""),
                          tier=tier, book=book.name)
     return best

@@ -39,9 +39,10 @@ class QuotePrice:
 
     @property
     def formatted(self) -> str:
-        from billing.core.pricing import format_money, to_minor
+        from billing.core.pricing import format_money, format_rate
 
-        return (f"{format_money(to_minor(self.per_hour, self.currency), self.currency)} per hour, "
+        # a rate keeps its own decimals (0.875 USD per hour, not 0.88); the amount for the duration is money
+        return (f"{format_rate(self.per_hour, self.currency)} per hour, "
                 f"{format_money(self.for_duration_minor, self.currency)} for {duration_words(self.duration_seconds)}")
 
 

@@ -33,6 +33,9 @@ class Row:
     idle_cost_minor: Decimal = Decimal(0)
     over_quota_gpu_hours: Decimal = Decimal(0)
     drafts: int = 0
+    # by project: a tenant-wide line that belongs to no project (an SLO credit, a discount, a committed-use
+    # minimum, a correction) is its own row named by its kind, never a project row ("—") (issue 29)
+    adjustment: str = ""
 
     @property
     def amount(self) -> str:
@@ -71,8 +74,11 @@ def revenue(*, start: date, end: date, group_by: str = "tenant") -> list[Row]:
     for line in lines.iterator(chunk_size=5000):
         if group_by == "model" and line.kind != LineKind.USAGE:
             continue
-        key = GROUPS[group_by](line)
-        row = rows.setdefault((key, line.invoice.currency), Row(key=key, currency=line.invoice.currency))
+        key, adjustment = GROUPS[group_by](line), ""
+        if group_by == "project" and line.project is None:
+            key, adjustment = (line.invoice.tenant.slug, ""), line.get_kind_display()
+        row = rows.setdefault((key, adjustment, line.invoice.currency),
+                              Row(key=key, currency=line.invoice.currency, adjustment=adjustment))
         row.amount_minor += line.amount_minor
         row.drafts += line.invoice.status == InvoiceStatus.DRAFT
         if line.kind != LineKind.USAGE:
@@ -86,7 +92,7 @@ def revenue(*, start: date, end: date, group_by: str = "tenant") -> list[Row]:
         if line.idle_gpu_hours and line.gpu_hours:
             row.idle_gpu_hours += line.idle_gpu_hours
             row.idle_cost_minor += Decimal(line.amount_minor) * line.idle_gpu_hours / line.gpu_hours
-    return sorted(rows.values(), key=lambda r: (-r.amount_minor, r.key))
+    return sorted(rows.values(), key=lambda r: (bool(r.adjustment), -r.amount_minor, r.key, r.adjustment))
 
 
 def slo_attainment(*, period: date) -> list[SloEvaluation]:

@@ -34,12 +34,8 @@ SELECT {key} AS key, u.tier, u.kind, u.mig_profile, u.workload_class, u.over_quo
 """
 
 
-def usage_summary(*, actor: Actor, start: datetime, end: datetime, group_by: str) -> dict:
-    """Metered usage of the actor's tenant in [start, end) by project, model or UTC day: GPU-hours held,
-    engine-active average where measured, idle GPU-hours and the cost at the prices in force."""
-    from django.conf import settings
-    from django.db import connection
-
+def usage_query_check(*, start: datetime, end: datetime, group_by: str) -> None:
+    """A usage window that ``usage_summary`` accepts, else ``ValidationFailed`` naming the parameter."""
     from core.errors import ValidationFailed
 
     if group_by not in _GROUP_KEYS:
@@ -48,6 +44,15 @@ def usage_summary(*, actor: Actor, start: datetime, end: datetime, group_by: str
         raise ValidationFailed("to must be after from.", field="to")
     if end - start > timedelta(days=400):
         raise ValidationFailed("At most 400 days at a time.", field="to")
+
+
+def usage_summary(*, actor: Actor, start: datetime, end: datetime, group_by: str) -> dict:
+    """Metered usage of the actor's tenant in [start, end) by project, model or UTC day: GPU-hours held,
+    engine-active average where measured, idle GPU-hours and the cost at the prices in force."""
+    from django.conf import settings
+    from django.db import connection
+
+    usage_query_check(start=start, end=end, group_by=group_by)
     tenant = actor.tenant
     books = price_books_for(tenant=tenant, start=start, end=end)
     bounds = [moment for moment, _b, _t in books] + [end]

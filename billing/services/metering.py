@@ -26,10 +26,11 @@ HOLDING_STATES = sorted(HOLDING)
 # before ``until`` gives no interval, so it needs no test here). Each CTE names the rule of lease_hours it keeps.
 METER_SQL = """
 WITH lease AS (
-    SELECT l.id, l.tenant_id, l.project_id, l.workload_class, l.profiling
+    SELECT l.id, l.tenant_id, l.project_id, l.workload_class, l.profiling, l.ends_at
       FROM broker_lease l
      WHERE l.id BETWEEN %(lo)s AND %(hi)s
        AND (l.finished_at IS NULL OR l.finished_at >= %(start)s)
+       AND (%(tenant)s::bigint IS NULL OR l.tenant_id = %(tenant)s::bigint)
 ),
 event AS (  -- events before ``until`` in (at, id) order; ``was`` is whether the lease held before this one
     SELECT e.lease_id, e.at, e.id, e.to_state = ANY(%(holding)s) AS holds,
@@ -43,11 +44,12 @@ edge AS (  -- where holding starts or stops; a start's interval ends at the next
       FROM event
      WHERE holds <> was
 ),
-held AS (  -- held_intervals, clipped to the window
-    SELECT lease_id, at AS begin_at,
-           greatest(at, %(start)s) AS low, least(coalesce(next_at, %(until)s), %(until)s) AS high
+held AS (  -- held_intervals, clipped to the window and to the lease's end (the expiry task's lag is not billed)
+    SELECT edge.lease_id, edge.at AS begin_at, greatest(edge.at, %(start)s) AS low,
+           least(coalesce(edge.next_at, %(until)s), %(until)s, coalesce(lease.ends_at, 'infinity')) AS high
       FROM edge
-     WHERE holds
+      JOIN lease ON lease.id = edge.lease_id
+     WHERE edge.holds
 ),
 unit AS (  -- the allocations held when the interval began; the first one (lowest id) names what was held
     SELECT held.*, u.*
@@ -98,6 +100,7 @@ CANDIDATES_SQL = """
 SELECT l.id
   FROM broker_lease l
  WHERE (l.finished_at IS NULL OR l.finished_at >= %(start)s)
+   AND (%(tenant)s::bigint IS NULL OR l.tenant_id = %(tenant)s::bigint)
    AND EXISTS (SELECT 1 FROM broker_leaseevent e
                 WHERE e.lease_id = l.id AND e.to_state = ANY(%(holding)s) AND e.at < %(until)s)
  ORDER BY l.id
@@ -105,7 +108,7 @@ SELECT l.id
 
 
 def usage_meter_window(*, start: datetime, end: datetime, now: datetime | None = None, chunk: int = 20000,
-                       workers: int = 1) -> int:
+                       workers: int = 1, tenant_id: int | None = None) -> int:
     """Meter every lease that held capacity in [start, end) (whole UTC hours); returns the rows written (new
     or changed: a row that already holds the same figures is left alone, ``metered_at`` included, so metering
     a window again writes nothing and returns 0).
@@ -114,12 +117,13 @@ def usage_meter_window(*, start: datetime, end: datetime, now: datetime | None =
     after a crash recomputes the same rows, and two runs at once write the same values (rows are upserted
     in (lease, hour) order, so they wait on each other rather than deadlock). ``workers`` > 1 meters that
     many chunks at once on their own connections (the chunks share no lease); it needs the leases committed,
-    so it is for callers outside a transaction (the month's re-metering, the benchmark)."""
+    so it is for callers outside a transaction (the month's re-metering, the benchmark). ``tenant_id``: only
+    that tenant's leases (the on-demand metering of a tenant's hour in progress, ``usage_meter_recent``)."""
     now = now or timezone.now()
     if start != hour_floor(start) or end != hour_floor(end) or end <= start:
         raise ValidationFailed("The window must be whole UTC hours, start before end.", field="start")
     until = min(end, now)
-    params = {"start": start, "until": until, "now": now, "holding": HOLDING_STATES}
+    params = {"start": start, "until": until, "now": now, "holding": HOLDING_STATES, "tenant": tenant_id}
     with connection.cursor() as cursor:
         cursor.execute(CANDIDATES_SQL, params)
         candidates = [row[0] for row in cursor.fetchall()]

@@ -145,3 +145,33 @@ def meter_pending(*, now: datetime | None = None) -> dict:
     if result["errors"]:
         logger.warning("metering run: %d window(s) left open: %s", len(result["errors"]), result["errors"][0])
     return result
+
+
+LIVE_METER_KEY = "billing:usage-meter-recent"
+LIVE_METER_EVERY_SECONDS = 15
+
+
+def usage_meter_recent(*, tenant_id: int, now: datetime | None = None) -> datetime:
+    """Meter the hour in progress up to ``now`` — and the hour before while the hourly run has not closed it —
+    so that usage is visible before the first invoice run and within minutes of a lease starting, not only
+    once its hour is complete and ``meter_pending`` has run (issue 29). Only the tenant's leases: a reader pays
+    for its own tenant's rows, never the fleet's. Returns the moment the usage rows are metered to: ``now``, or
+    the time of a metering of the tenant at most ``LIVE_METER_EVERY_SECONDS`` ago (its page views and API reads
+    share one metering per 15 s; the cache only throttles, the rows stay exact).
+
+    The rows of the hour in progress are partial and the hourly run recomputes them whole later (upserts:
+    nothing is counted twice); readers label them an estimate (``usage_summary``'s ``metered_until``)."""
+    from django.core.cache import cache
+
+    now = now or timezone.now()
+    key = f"{LIVE_METER_KEY}:{tenant_id}"
+    last = cache.get(key)
+    if isinstance(last, datetime) and timedelta(0) <= now - last < timedelta(seconds=LIVE_METER_EVERY_SECONDS):
+        return last
+    current = hour_floor(now)
+    previous_closed = MeterWindow.objects.filter(source=MeterSource.ALLOCATION, hour_start=current - HOUR,
+                                                 closed_at__isnull=False).exists()
+    start = current if previous_closed else current - HOUR
+    usage_meter_window(start=start, end=current + HOUR, now=now, tenant_id=tenant_id)
+    cache.set(key, now, LIVE_METER_EVERY_SECONDS * 4)
+    return now

@@ -292,20 +292,44 @@ SHARE_ENFORCEMENT_SCHEMA = {
     "properties": {"mode": {"type": "string", "enum": ["mps", "none"]}, "reason": {"type": "string"}}}
 
 
+ACCESS_OUTPUT_SCHEMA = {"type": "array", "items": {"type": "object", "properties": {
+    "node": {"type": "string"}, "host": {"type": "string", "description": "the host to reach the node by"},
+    "devices": {"type": "array", "items": {"type": "string"}, "description": "instance ids, in env's order"},
+    "ready": {"type": "boolean", "description": "every device created (env complete)"},
+    "env": {"type": "object", "additionalProperties": {"type": "string"},
+            "description": "one environment for a process using all the lease's devices on this node: "
+                           "CUDA_VISIBLE_DEVICES lists every device (comma-separated), shares add their MPS limits"},
+    "share_enforcement": {"type": "string", "nullable": True, "enum": ["mps", "none", None],
+                          "description": "whether the limits of the shares on this node hold (share_enforcement_of; "
+                                         "null: no share)"},
+    "share_enforcement_text": {"type": "string", "nullable": True, "description": "why (or why not)"},
+    "share_limits": {"type": "array", "items": {"type": "object", "properties": {
+        "instance_id": {"type": "string"}, "milli": {"type": "integer"}, "memory_mib": {"type": "integer"}}}},
+    "isolation": {"type": "string", "description": "the node's workload isolation as it reports it, or unknown"}}}}
+
+
 class LeaseDetailOutput(LeaseOutput):
     devices = serializers.SerializerMethodField()
     events = EventOutput(many=True)
     workload = serializers.SerializerMethodField()
     share_enforcement = serializers.SerializerMethodField()
+    access = serializers.SerializerMethodField()
 
     class Meta(LeaseOutput.Meta):
-        fields = [*LeaseOutput.Meta.fields, "devices", "share_enforcement", "events", "workload"]
+        fields = [*LeaseOutput.Meta.fields, "devices", "share_enforcement", "events", "workload", "access"]
 
     @extend_schema_field(SHARE_ENFORCEMENT_SCHEMA)
     def get_share_enforcement(self, obj) -> dict | None:
         from broker.selectors import share_enforcement_of
 
         return share_enforcement_of([a for a in obj.allocations.all() if a.freed_at is None])
+
+    @extend_schema_field(ACCESS_OUTPUT_SCHEMA)
+    def get_access(self, obj) -> list:
+        """Per node: how to reach it, the one environment for all the lease's devices there, what is enforced."""
+        from broker.selectors import lease_access
+
+        return lease_access(lease=obj) if obj.state in ("active", "preempted") else []
 
     @extend_schema_field(WORKLOAD_OUTPUT_SCHEMA)
     def get_workload(self, obj) -> dict | None:

@@ -464,7 +464,8 @@ class Scheduler:
     def auto_reason(self, request: Request, tier: str) -> str:
         """Why ``auto`` chose ``tier``: its price, and why cheaper models were passed over."""
         price = self.snapshot.prices.get(tier)
-        text = f"auto: {tier}" + (f" at {price} per GPU-hour" if price is not None else "")
+        labels = self.snapshot.price_labels
+        text = f"auto: {tier}" + (f" at {labels.get(tier, price)} per GPU-hour" if price is not None else "")
         passed = []
         for model in self.models_present:
             if model == tier:
@@ -473,9 +474,9 @@ class Scheduler:
             if other is None or price is None or other >= price:
                 continue
             if need_for(request.shape, model) is None:
-                passed.append(f"{model} ({other}) cannot serve the shape")
+                passed.append(f"{model} ({labels.get(model, other)}) cannot serve the shape")
             else:
-                passed.append(f"{model} ({other}) has no room or quota")
+                passed.append(f"{model} ({labels.get(model, other)}) has no room or quota")
         return text + ("; cheaper: " + ", ".join(passed) if passed else ", the cheapest that fits")
 
     def _find(self, need: Need):

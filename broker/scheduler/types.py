@@ -207,6 +207,8 @@ class Snapshot:
     # a lease group whose oldest member has waited this long is served first and, when it does not fit, reserves
     # the tiers it needs against younger requests (0: groups reserve nothing; ``Scheduler._serve_aged_groups``)
     group_reserve_after_seconds: float = 0.0
+    # the same prices as people read them ("0.80 USD"), for the reasons; a tier without one shows its integer
+    price_labels: dict[str, str] = field(default_factory=dict)
 
 
 @_quick_init

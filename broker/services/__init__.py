@@ -67,6 +67,7 @@ from broker.services.request import lease_request
 from broker.services.transitions import (
     HOLD_RELEASED_REASON,
     lease_expire_due,
+    lease_expiries_upcoming,
     lease_group_release,
     lease_release,
     lease_renew,
@@ -111,6 +112,7 @@ __all__ = [
     "enrollment_token_revoke",
     "gpu_release",
     "lease_expire_due",
+    "lease_expiries_upcoming",
     "lease_group_release",
     "lease_notice",
     "lease_notice_seconds",

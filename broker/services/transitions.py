@@ -5,6 +5,7 @@ release all)."""
 from __future__ import annotations
 
 import logging
+import math
 from datetime import datetime, timedelta
 
 from django.db import connection, transaction
@@ -204,6 +205,24 @@ def lease_renew(*, lease: Lease, actor: str, duration_seconds: object, now: date
                                   reason=f"{reason}; {budget_warning}" if budget_warning else reason)
         lease.ends_at, lease.duration_seconds = ends, total
     return lease
+
+
+EXPIRY_RUNS_MAX = 30  # precise expiry runs one periodic run enqueues, at most (the rest wait for the next period)
+
+
+def lease_expiries_upcoming(*, now: datetime, within_seconds: float) -> list[float]:
+    """Seconds from ``now`` to each distinct end time (to 0.1 s) of an active lease ending within
+    ``within_seconds``, soonest first, at most ``EXPIRY_RUNS_MAX``: when to run ``lease_expire_due`` so no lease
+    waits for the next periodic run. A run a little after its end (+0.05 s) finds the lease due."""
+    ends = (Lease.objects.filter(state=LeaseState.ACTIVE, ends_at__gt=now,
+                                 ends_at__lte=now + timedelta(seconds=within_seconds))
+            .order_by("ends_at").values_list("ends_at", flat=True)[:EXPIRY_RUNS_MAX * 4])
+    out: list[float] = []
+    for end in ends:
+        wait = math.ceil(((end - now).total_seconds() + 0.05) * 10) / 10
+        if not out or wait > out[-1]:
+            out.append(wait)
+    return out[:EXPIRY_RUNS_MAX]
 
 
 def lease_expire_due(*, now: datetime | None = None) -> int:

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 from datetime import datetime
+from decimal import Decimal, InvalidOperation
 
 from django import template
 from django.utils import timezone
+
+from billing.core.pricing import format_money, format_rate
 
 register = template.Library()
 
@@ -69,3 +72,24 @@ def seconds_until(moment: datetime | None, now: datetime | None = None) -> int:
     if moment is None:
         return 0
     return max(0, int((moment - (now or timezone.now())).total_seconds()))
+
+
+@register.filter
+def money(amount_minor, currency: str) -> str:
+    """``invoice.total_minor|money:invoice.currency`` → "1,234.50 USD" (``billing.core.pricing.format_money``);
+    "–" for no amount."""
+    if amount_minor is None or amount_minor == "":
+        return "\u2013"
+    return format_money(int(amount_minor), currency)
+
+
+@register.filter
+def rate(amount, currency: str) -> str:
+    """``rate.per_hour|rate:book.currency`` → "0.70 USD" (``billing.core.pricing.format_rate``: a price per unit,
+    up to six decimals, none of the trailing zeros beyond the currency's)."""
+    if amount is None or amount == "":
+        return "\u2013"
+    try:
+        return format_rate(Decimal(str(amount)), currency)
+    except InvalidOperation:
+        return str(amount)

@@ -38,9 +38,9 @@ def test_the_request_alone_over_the_cap_is_refused_with_figures(world):
 
 
 def test_metered_spend_and_running_leases_count(world):
-    # the 3g.40gb ran 10:55 → 12:10:30 (2.16); metered
+    # the 3g.40gb ran 10:55 → 12:10:30 (2.16), within its planned 2 h; metered
     mig = start_lease(world, {"kind": "mig", "profile": "3g.40gb", "model": "H100-80GB"},
-                      requested=t(1, 10, 50), active=t(1, 10, 55))
+                      requested=t(1, 10, 50), active=t(1, 10, 55), duration_seconds=7200)
     end_lease(mig, t(1, 12, 10, 30))
     billing.usage_meter_window(start=t(1, 0), end=t(2, 0), now=t(2, 0))
     # a whole GPU running from 3 Jan 00:00 for 2 h (until 02:00): 8.00 committed at 01:00 → 4.00 left

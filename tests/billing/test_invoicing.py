@@ -44,10 +44,13 @@ def world(db):
     return world
 
 
-def start_lease(world, gpu, *, requested, active, workload_class="training"):
+def start_lease(world, gpu, *, requested, active, workload_class="training", duration_seconds=3600):
+    """A lease ACTIVE from ``active`` for ``duration_seconds``; one released after its end is billed to its end only
+    (metering stops at the end time whatever the events say: tests/billing/test_money_format.py)."""
     actor = Actor(user=world.member, tenant=world.acme, role=Role.MEMBER)
     with time_machine.travel(requested, tick=False):
-        lease, _ = services.lease_request(actor=actor, project="vision", gpu=gpu, workload_class=workload_class)
+        lease, _ = services.lease_request(actor=actor, project="vision", gpu=gpu, workload_class=workload_class,
+                                          duration_seconds=duration_seconds)
         services.schedule_cycle()
     for allocation in Allocation.objects.filter(lease=lease):
         with time_machine.travel(active, tick=False):
@@ -64,8 +67,9 @@ def end_lease(lease, released):
 
 
 def two_leases(world):
+    # planned for 2 h: released at 12:10:30, before its end (11:55 with the default hour would cut it there)
     mig = start_lease(world, {"kind": "mig", "profile": "3g.40gb", "model": "H100-80GB"},
-                      requested=t(1, 10, 50), active=t(1, 10, 55))
+                      requested=t(1, 10, 50), active=t(1, 10, 55), duration_seconds=7200)
     # 428 + 1000 milli is beyond the project's 1000 deserved: the whole GPU runs over quota. It is priced as
     # interactive too, to check both multipliers on one line: the scheduler no longer lets interactive work
     # borrow over quota, so the class is set on the row (as on a lease placed before that rule)

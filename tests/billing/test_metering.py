@@ -50,8 +50,9 @@ def world(db):
 
 def test_metering_a_lease_from_events_exactly_and_idempotently(world):
     actor = Actor(user=world.member, tenant=world.acme, role=Role.MEMBER)
-    with time_machine.travel(t(1, 10, 50), tick=False):
-        lease, _ = services.lease_request(actor=actor, project="vision", gpu={"kind": "mig", "profile": "3g.40gb"})
+    with time_machine.travel(t(1, 10, 50), tick=False):  # 2 h planned: released (12:10:30) before its end
+        lease, _ = services.lease_request(actor=actor, project="vision", gpu={"kind": "mig", "profile": "3g.40gb"},
+                                          duration_seconds=7200)
         services.schedule_cycle()
     allocation = Allocation.objects.get(lease=lease)
     with time_machine.travel(t(1, 10, 55), tick=False):

@@ -54,7 +54,9 @@ def lease_histories(draw):
                           "mig_profile": draw(st.sampled_from(["", "3g.40gb", "1g.10gb"])),
                           "preemptible": draw(st.booleans())})
         finished = draw(st.none() | st.integers(-3600 * MICRO, 30 * 3600 * MICRO))
+        ends = draw(st.none() | times)  # the lease's end time: nothing is billed after it, whatever the events say
         leases.append({"events": events, "units": units, "finished_at": None if finished is None else moment(finished),
+                       "ends_at": ends,
                        "workload_class": draw(st.sampled_from(["training", "interactive"]))})
     start = T0 + timedelta(hours=draw(st.integers(-3, 6)))
     end = start + timedelta(hours=draw(st.integers(1, 30)))
@@ -79,7 +81,8 @@ def write(world, leases) -> dict[int, dict]:
     for item in leases:
         lease = Lease.objects.create(tenant=world.acme, project=project, kind="whole", duration_seconds=3600,
                                      state="released", tier="H100-80GB", requested_at=T0 - timedelta(days=1),
-                                     finished_at=item["finished_at"], workload_class=item["workload_class"])
+                                     finished_at=item["finished_at"], workload_class=item["workload_class"],
+                                     ends_at=item.get("ends_at"))
         LeaseEvent.objects.bulk_create([LeaseEvent(lease=lease, from_state="", to_state=state, at=at, actor="test")
                                         for at, state in item["events"]])
         units = []
@@ -103,7 +106,8 @@ def expected_rows(stored, *, start, end, now) -> dict:
         if item["finished_at"] is not None and item["finished_at"] < start:
             continue  # finished before the window: not metered
         events = [(at, state) for at, state in item["events"] if at < until]
-        for row in lease_hours(events, sorted(item["units"], key=lambda u: u.id), start=start, until=until):
+        for row in lease_hours(events, sorted(item["units"], key=lambda u: u.id), start=start, until=until,
+                               ends_at=item.get("ends_at")):
             rows[(lease_id, row.hour_start)] = row
     return rows
 

@@ -237,7 +237,8 @@ def test_model_auto_ranks_models_by_the_price_book(world):
     services.schedule_cycle()
     lease.refresh_from_db()
     assert lease.tier == "L4", lease.reason
-    assert "auto: L4 at 80 per GPU-hour" in lease.reason
+    # the price with its currency and decimals (it read "at 80 per GPU-hour": minor units, no currency)
+    assert "auto: L4 at 0.80 USD per GPU-hour" in lease.reason
 
 
 def test_a_preempted_lease_is_not_told_another_tenants_lease(world, settings):

@@ -49,5 +49,6 @@ def test_lease_detail_output_still_has_devices_and_events(world):
     assert data["devices"] == [] and [e["to_state"] for e in data["events"]] == ["requested", "queued"]
     assert data["workload"] is None  # a bare lease (docs/leasing.md, "Workloads")
     assert data["share_enforcement"] is None  # no share: nothing to say of MPS (docs/leasing.md)
+    assert data["access"] == []  # holds no GPU: nothing to reach yet (docs/leasing.md, "Using a lease")
     assert {k: v for k, v in data.items()
-            if k not in ("devices", "events", "workload", "share_enforcement")} == LeaseOutput(lease).data
+            if k not in ("devices", "events", "workload", "share_enforcement", "access")} == LeaseOutput(lease).data

@@ -104,7 +104,7 @@ def test_quote_api_and_portal_preview_agree_in_every_state(world):
     assert (fits["outcome"], fits["tier"], fits["over_quota"], fits["expected_wait_seconds"]) == \
         ("fits", "H100-80GB", False, 0)
     assert fits["price"]["per_hour"] == "4.0000" and fits["price"]["for_duration"] == "8.00"
-    assert "USD 4.00 per hour" in fits["shown"] and "USD 8.00 for 2 h" in fits["shown"]
+    assert "4.00 USD per hour" in fits["shown"] and "8.00 USD for 2 h" in fits["shown"]
     assert "Fits now" in fits["shown"]
 
     over = both({**WHOLE, "gpu": {"kind": "whole", "model": "H100-80GB", "count": 2}})  # deserved: 1 GPU

@@ -241,8 +241,8 @@ def test_browser_request_a_mig_slice_watch_it_turn_active_and_release_it(live_se
     # the price from portal_world's list (_set_prices): only the H100 has a 1g.10gb rate, 0.70 USD per
     # instance-hour; one slice of training work within quota pays it unchanged
     price = preview.get_by_test_id("price")
-    price.get_by_text("USD 0.70 per hour", exact=True).wait_for()
-    assert price.inner_text() == "USD 0.70 per hour"
+    price.get_by_text("0.70 USD per hour", exact=True).wait_for()
+    assert price.inner_text() == "0.70 USD per hour"  # the amount, then its currency, as everywhere (issue 29)
     assert "1 × 1g.10gb on H100-80GB" in preview.inner_text()
     # changing the shape updates the preview live: two full H100s would run over quota
     page.get_by_label("MIG profile").select_option("7g.80gb")

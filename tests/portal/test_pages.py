@@ -235,13 +235,13 @@ def test_request_preview_shows_the_price_when_one_is_set(world, client):
     # 2 x 0.70 x 1.25 = 1.75 USD per hour
     body = text(client.get("/leases/preview", two_slices))
     assert "Within the guaranteed quota" in body
-    assert "USD 1.75 per hour" in body
-    assert "2 × 1g.10gb on H100-80GB at 0.875000 USD per 1g.10gb instance-hour (interactive rate)" in body
+    assert "1.75 USD per hour" in body
+    assert "2 × 1g.10gb on H100-80GB at 0.875 USD per 1g.10gb instance-hour (interactive rate)" in body
     # two whole-GPU slices, 2000 milli over the 1000 guaranteed: no 7g.80gb rate, so the whole-GPU rate x 7/7
     # slices, at the over-quota rate: 2 x 4.20 x 0.6 = 5.04 USD per hour
     body = text(client.get("/leases/preview", two_h100s))
     assert "Over quota" in body
-    assert "USD 5.04 per hour" in body and "(over-quota rate)" in body
+    assert "5.04 USD per hour" in body and "(over-quota rate)" in body
 
 
 # -- lease page ------------------------------------------------------------------------------------------
