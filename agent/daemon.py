@@ -521,8 +521,9 @@ def serve(config: AgentConfig) -> None:
     state_dir.mkdir(parents=True, exist_ok=True)
     from agent.mps import enforce_shares
 
+    isolated_uids = config.workload_runtime == "process" and resolve_mode(config.isolation) == "uid"
     backend = enforce_shares(build_backend(config, state_dir), Path(state_dir or config.state_dir), config.mps_control,
-                             config.mps_directory)
+                             config.mps_directory, isolated_uids=isolated_uids)
     node = AgentNode(config.node_id, backend, resolve_secret(config, state_dir), config.hostname,
                      metrics_token=config.metrics_token, workloads=build_workloads(config, state_dir, backend))
     app = node_app(node)

@@ -302,11 +302,21 @@ class ShareEnforcingBackend:
                 self.sync(gpu_uuid)
 
 
-def enforce_shares(backend, state_dir: Path, executable: str, directory: str = ""):
+ISOLATED_UIDS_REASON = ("workloads run as their tenants' own uids (isolation uid), and an MPS control daemon "
+                        "serves one uid at a time: another tenant's share on the GPU would wait for the first "
+                        "one's to end, and a workload that cannot reach the daemon runs without its limits")
+
+
+def enforce_shares(backend, state_dir: Path, executable: str, directory: str = "", *, isolated_uids: bool = False):
     """The node's backend with MPS (``executable`` the control program, "" turns MPS off; ``directory`` where the
-    daemons' pipe and log directories go, "" for ``STATE_DIR/mps``)."""
+    daemons' pipe and log directories go, "" for ``STATE_DIR/mps``). With ``isolated_uids`` (the process runtime
+    runs each tenant as its own uid) shares are reported unenforced: NVIDIA's control daemon starts one MPS
+    server per uid and makes a client of another uid wait until that server's clients are done, so shares of two
+    tenants on one GPU cannot both run under it."""
     if not executable:
         return ShareEnforcingBackend(backend, None)
+    if isolated_uids:
+        return ShareEnforcingBackend(backend, None, reason=ISOLATED_UIDS_REASON)
     return ShareEnforcingBackend(backend, MpsControl(state_dir, executable, directory=Path(directory) if directory
                                                      else None))
 

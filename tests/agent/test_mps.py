@@ -23,6 +23,7 @@ from agent.backend import InstanceSpec
 from agent.mps import MpsControl, MpsError, ShareEnforcingBackend
 from agent.protocol import AgentHTTPError, Unavailable
 from agent.sim import SimBackend
+from tests.real_parts import require
 from tests.support.agents import AgentProcess
 
 FAKE = str(Path(__file__).resolve().parents[1] / "fixtures" / "fake-nvidia-cuda-mps-control")
@@ -144,7 +145,8 @@ def test_a_daemon_that_cannot_start_refuses_the_share_and_leaves_nothing_behind(
 
 def test_the_agent_keeps_its_daemon_across_a_kill_9_and_a_workload_gets_the_limits(tmp_path, mps_dir):
     agent = AgentProcess(tmp_path / "a", gpus="l4:2:shared", extra=(
-        "--mps-control", FAKE, "--mps-directory", str(mps_dir), "--workload-root", str(tmp_path)))
+        "--mps-control", FAKE, "--mps-directory", str(mps_dir), "--workload-root", str(tmp_path),
+        "--isolation", "none"))  # one user for every workload: what MPS serves at once (see the isolated case)
     agent.start()
     try:
         client = agent.client(retries=0)
@@ -178,7 +180,8 @@ def test_the_agent_keeps_its_daemon_across_a_kill_9_and_a_workload_gets_the_limi
 
 def test_an_agent_restart_stops_a_daemon_whose_shares_are_gone(tmp_path, mps_dir):
     state_dir = tmp_path / "a"
-    agent = AgentProcess(state_dir, gpus="l4:1:shared", extra=("--mps-control", FAKE, "--mps-directory", str(mps_dir)))
+    agent = AgentProcess(state_dir, gpus="l4:1:shared", extra=("--mps-control", FAKE, "--mps-directory", str(mps_dir),
+                                                                   "--isolation", "none"))
     agent.start()
     gpu = agent.client(retries=0).inventory()["gpus"][0]["uuid"]
     agent.stop()
@@ -202,5 +205,22 @@ def test_an_agent_with_mps_turned_off_reports_shares_unenforced(tmp_path):
         assert "CUDA_MPS_PIPE_DIRECTORY" not in created["access"]
         with pytest.raises(AgentHTTPError):
             client.create("s1", {"kind": "share", "gpu": gpu["uuid"], "milli": 200, "memory_mib": 3072})
+    finally:
+        agent.stop()
+
+
+def test_an_agent_isolating_tenants_by_uid_reports_shares_unenforced(tmp_path, mps_dir):
+    """MPS serves one uid at a time (NVIDIA's control daemon starts a server per uid and makes another uid's
+    client wait for it to drain), so with workloads under their tenants' own uids shares are reported
+    unenforced, with why, and no daemon is started."""
+    require("root (isolation uid: the agent starts workloads as other users)", os.geteuid() == 0,
+            "run the suite as root, as the node agent runs (its DaemonSet)")
+    agent = AgentProcess(tmp_path / "a", gpus="l4:1:shared", extra=(
+        "--mps-control", FAKE, "--mps-directory", str(mps_dir), "--isolation", "uid"))
+    agent.start()
+    try:
+        gpu = agent.client(retries=0).inventory()["gpus"][0]
+        assert gpu["share_enforcement"] == "none" and "one uid at a time" in gpu["share_enforcement_reason"]
+        assert list(mps_dir.rglob("nvidia-cuda-mps-control.pid")) == []
     finally:
         agent.stop()

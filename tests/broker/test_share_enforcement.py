@@ -32,7 +32,7 @@ SHARE = {"kind": "share", "milli": 250, "memory_mib": 4096, "model": "L4"}
 def inventories(tmp_path_factory) -> dict[str, dict]:
     """The same node's inventory from an agent that runs MPS and from one with MPS turned off."""
     found = {}
-    for name, extra in (("mps", ("--mps-control", FAKE_MPS)), ("none", ("--mps-control", ""))):
+    for name, extra in (("mps", ("--mps-control", FAKE_MPS, "--isolation", "none")), ("none", ("--mps-control", ""))):
         agent = AgentProcess(tmp_path_factory.mktemp(name), node_id="node-s", gpus="l4:1:shared", extra=extra)
         agent.start()
         try:
