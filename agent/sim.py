@@ -42,7 +42,7 @@ import uuid
 from pathlib import Path
 
 from agent.backend import Backend, GpuReading, InstanceReading, InstanceSpec, Readings, held_refusal
-from agent.protocol import Conflict, InvalidRequest, NotFound, Unavailable
+from agent.protocol import Conflict, InvalidRequest, NotFound, NotPermitted, Unavailable
 from agent.telemetry import all_series, pick
 from gpus.catalogue import UnknownModel, model_get
 from gpus.mig import COMPUTE_SLICES, MigPlacement, UnknownProfile, layout_problem, profile_get
@@ -104,13 +104,16 @@ class SimBackend(Backend):
     name = "sim"
 
     def __init__(self, state_dir: Path, node_id: str, gpus: list[tuple[str, int, str]], *, clock=time.time,
-                 create_latency_seconds: float = 0.0, mode_change_latency_seconds: float = 0.0):
+                 create_latency_seconds: float = 0.0, mode_change_latency_seconds: float = 0.0,
+                 allow_mig_changes: bool = True):
         for name, value in (("create_latency_seconds", create_latency_seconds),
                             ("mode_change_latency_seconds", mode_change_latency_seconds)):
             if not 0 <= value <= MAX_LATENCY_SECONDS:
                 raise ValueError(f"{name} must be 0..{MAX_LATENCY_SECONDS} seconds, got {value}")
         self.create_latency_seconds = float(create_latency_seconds)
         self.mode_change_latency_seconds = float(mode_change_latency_seconds)
+        # as the nvml backend's knob (off on a default real node): MIG on/off and MIG instances refused 403
+        self.allow_mig_changes = bool(allow_mig_changes)
         self._owed_seconds = 0.0  # modelled device time of the changes made since the last take_latency()
         self.state_dir = Path(state_dir)
         self.state_dir.mkdir(parents=True, exist_ok=True)
@@ -221,6 +224,9 @@ class SimBackend(Backend):
         record = {"allocation_id": allocation_id, "kind": spec.kind, "gpu": gpu["uuid"], "gpu_index": gpu["index"],
                   "profile": "", "start": None, "milli": 0, "memory_mib": 0, "gpu_instance_id": None,
                   "compute_instance_id": None, "device_uuid": gpu["uuid"], "notice": None, "state": "active"}
+        if spec.kind == "mig" and not self.allow_mig_changes:
+            raise NotPermitted("MIG changes are disabled on this agent (allow_mig_changes is off): "
+                               f"not creating {spec.profile} at slot {spec.start} on GPU {gpu['uuid']}", field="kind")
         if spec.kind == "mig":
             try:
                 profile = profile_get(model.code, spec.profile)
@@ -287,6 +293,9 @@ class SimBackend(Backend):
         if mode == "mig" and not model.mig_capable:
             raise InvalidRequest(f"{model.code} offers no MIG: GPU {gpu['index']} can be whole or shared",
                                  field="mode")
+        if (mode == "mig") != (gpu["mode"] == "mig") and not self.allow_mig_changes:
+            raise NotPermitted("MIG changes are disabled on this agent (allow_mig_changes is off): "
+                               f"not changing GPU {gpu['uuid']} from {gpu['mode']} to {mode} mode", field="mode")
         held = sorted(i["allocation_id"] for i in self._instances_on(gpu_uuid))
         if held:
             raise held_refusal(str(gpu["index"]), mode, held)
@@ -307,6 +316,10 @@ class SimBackend(Backend):
         if record is None:
             return False
         gpu = self._by_uuid[record["gpu"]]
+        if record["kind"] == "mig" and not self.allow_mig_changes:
+            raise NotPermitted("MIG changes are disabled on this agent (allow_mig_changes is off): "
+                               f"not destroying GPU instance {record['gpu_instance_id']} on GPU {gpu['uuid']}",
+                               field="allocation_id")
         self._settle_energy(gpu, self.clock())
         del self.state["instances"][allocation_id]
         self._save()

@@ -99,17 +99,29 @@ def test_make_run_serves_the_documented_paths_and_ctrl_c_stops_lease_workloads(t
         assert walk.returncode == 0, f"{walk.stdout}\n{walk.stderr}\n{_log(log)[-4000:]}"
         assert "training finished" in walk.stdout
 
-        # a workload that would run for ten minutes; Ctrl-C must end it
+        # a workload that tries the broker's own database on this machine (password-less PostgreSQL on
+        # loopback: Node.secret is in there), then would run for ten minutes; Ctrl-C must end it
         token = subprocess.run([sys.executable, "manage.py", "tenant_bootstrap", "--tenant", "acme", "--user",
                                 "adam"], cwd=ROOT, env=script_env, capture_output=True, text=True,
                                timeout=120).stdout.strip()
+        probe = ("import socket, time\n"
+                 "try:\n"
+                 f"    socket.create_connection(('127.0.0.1', {parts.port or 5432}), timeout=5).close()\n"
+                 "    print('database reachable', flush=True)\n"
+                 "except OSError as error:\n"
+                 "    print('database refused', error.errno, flush=True)\n"
+                 "print('up', flush=True)\n"
+                 "time.sleep(600)\n")
         status, lease = _call(site, token, "POST", "/leases", {
             "project": "vision", "gpu": {"kind": "whole", "model": "A100-80GB"},
-            "workload": {"command": [sys.executable, "-c", "import time; print('up', flush=True); time.sleep(600)"],
-                         "workdir": str(root / "acme" / "vision")}})
+            "workload": {"command": [sys.executable, "-c", probe], "workdir": str(root / "acme" / "vision")}})
         assert status == 201, lease
         _wait(lambda: _call(site, token, "GET", f"/leases/{lease['id']}")[1].get("workload", {}).get("state")
               == "running", 90, process, log, "the workload to run")
+        output = _wait(lambda: (data := _call(site, token, "GET", f"/leases/{lease['id']}/logs")[1].get("data", ""))
+                       and "up" in data and data, 60, process, log, "the workload's first lines")
+        if os.geteuid() == 0:  # make run isolates workloads and closes the machine's services to them (as root)
+            assert "database refused" in output, output
 
         def run_pids() -> list[int]:
             pids = []

@@ -5,8 +5,9 @@ disabled, MIG changes off as on a default node).
 Each test runs against both and asserts the same answer: inventory shape, memory (nameplate, the driver's
 reservation, usable), ``device_uuid``, the MIG current/pending mode, error classes, statuses and fields of
 the refusals. A difference between the backends is a failing test here, not a surprise on the first real
-node. What only one backend has (the sim's fault switches, the nvml backend's ``allow_mig_changes``) is
-tested beside it, in ``test_sim_backend.py`` and ``test_nvml_backend.py``.
+node. Both take ``allow_mig_changes`` (off here, as on a default real node; the sim's default is on). What only
+one backend has (the sim's fault switches) is tested beside it, in ``test_sim_backend.py`` and
+``test_nvml_backend.py``.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ class Node:
 @pytest.fixture(params=["sim", "nvml-recorded-h100"])
 def node(request, tmp_path) -> Iterator[Node]:
     if request.param == "sim":
-        backend = SimBackend(tmp_path, "node-a", [("H100-80GB", 1, "whole")])
+        backend = SimBackend(tmp_path, "node-a", [("H100-80GB", 1, "whole")], allow_mig_changes=False)
         gpu = backend.inventory()["gpus"][0]["uuid"]
     else:
         backend = NvmlBackend(tmp_path, "node-a", nvml=recorded_nvml())  # allow_mig_changes off, as deployed
@@ -184,3 +185,14 @@ def test_sim_reservation_is_the_recorded_h100s_and_estimates_the_rest():
     l4 = model_get("L4").memory_mib
     assert reserved_mib("L4") == round(l4 * RESERVED / TOTAL) == 136
     assert usable_mib("L4") == l4 - 136
+
+
+def test_backend_refuses_mig_changes_when_they_are_off(node):
+    """A default real node (allow_mig_changes off): turning MIG on and a MIG instance are refused 403 naming the
+    field, the GPU left as it was; whole <-> shared, which sets nothing on the device, goes through."""
+    from agent.protocol import NotPermitted
+
+    assert refusal(node.backend.set_mode, node.gpu, "mig") == (NotPermitted, 403, "mode")
+    assert node.backend.gpu(node.gpu)["mode"] == "whole"
+    assert node.backend.set_mode(node.gpu, "shared")["mode"] == "shared"
+    assert node.backend.set_mode(node.gpu, "whole")["mode"] == "whole"
