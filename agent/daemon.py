@@ -77,7 +77,7 @@ import aiohttp
 
 from agent import __version__
 from agent.backend import Backend
-from agent.isolation import NETWORKS, Cgroups, Isolation, UidMap, parse_uid_range, resolve_mode
+from agent.isolation import AGENT_CODE, NETWORKS, Cgroups, Isolation, UidMap, parse_uid_range, resolve_mode
 from agent.protocol import PROTOCOL, AgentError, sign
 
 logger = logging.getLogger("agent")
@@ -242,7 +242,7 @@ def build_isolation(config: AgentConfig, state_dir: Path, gpus: int = 1, uid_map
                      device_dir=Path(config.device_dir),
                      cgroups=Cgroups(config.cgroup_root) if mode == "uid" else None,
                      cpu_milli_per_gpu=int(cpus * 1000), memory_bytes_per_gpu=int(memory_mib) << 20,
-                     shared_paths=[Path(sys.prefix), Path(sys.base_prefix),
+                     shared_paths=[Path(sys.prefix), Path(sys.base_prefix), AGENT_CODE,
                                    *(Path(p) for p in config.workload_shared_paths)], uid_map=uid_map,
                      network=config.workload_network if mode == "uid" else "node",
                      local_ports=list(config.workload_local_ports))

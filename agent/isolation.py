@@ -54,6 +54,9 @@ from pathlib import Path
 DEFAULT_UIDS = (200000, 265535)
 STATE_FILE = "isolation.json"
 LAUNCHER = Path(__file__).resolve()
+# the agent's own code, read-only in every run's view: the platform's workloads run from it (a profiling
+# lease's agent/perf_workload.py, settings.TIERING_PROFILER_COMMAND); it holds no secret
+AGENT_CODE = LAUNCHER.parent
 CGROUP_PARENT = "gpubroker"
 NVIDIA_MAJOR = 195
 NVIDIACTL_MINOR, NVIDIA_MODESET_MINOR = 255, 254
@@ -394,7 +397,7 @@ class Isolation:
     pids_max: int = PIDS_MAX
     # read-only in every run's view even where a directory above them is closed: the agent's Python (so a
     # workload may run the interpreter the node has) and what the operator adds (workload_shared_paths)
-    shared_paths: list = field(default_factory=lambda: [Path(sys.prefix), Path(sys.base_prefix)])
+    shared_paths: list = field(default_factory=lambda: [Path(sys.prefix), Path(sys.base_prefix), AGENT_CODE])
     uid_map: UidMap | None = field(default=None, repr=False)
     # "closed-local": the node's own services are closed to workloads (LocalServicesFirewall, private /run)
     network: str = "node"

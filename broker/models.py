@@ -115,9 +115,12 @@ class Gpu(models.Model):
     mode_target = models.CharField(max_length=8, choices=GpuMode.choices, blank=True)
     mode_since = models.DateTimeField(null=True, blank=True)  # when it entered ``mode`` (rebalancing hysteresis)
     # whether the limits of shares on it hold, as its agent reports it (inventory ``share_enforcement``), and why not
-    share_enforcement = models.CharField(max_length=8, choices=ShareEnforcement.choices, default=ShareEnforcement.NONE)
+    # (database defaults too: rows written outside the ORM, the benchmarks' COPY)
+    share_enforcement = models.CharField(max_length=8, choices=ShareEnforcement.choices, default=ShareEnforcement.NONE,
+                                         db_default=ShareEnforcement.NONE)
     share_enforcement_reason = models.CharField(max_length=300, blank=True,
-                                                default="its agent has not reported share enforcement")
+                                                default="its agent has not reported share enforcement",
+                                                db_default="its agent has not reported share enforcement")
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["node", "index"], name="gpu_unique_index_per_node")]

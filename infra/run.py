@@ -339,6 +339,9 @@ def main(argv: list[str] | None = None) -> int:
         runtime.chmod(0o600)
         runtime.write_text("".join(f"{k}={v}\n" for k, v in env_values.items()))
         os.environ.update(env_values)
+        # the children's "python" is the project's (a lease workload's `python train.py` on the demo's nodes:
+        # docs/leasing.md), also when make run is started without the virtual environment activated
+        os.environ["PATH"] = os.pathsep.join([str(BIN), os.environ.get("PATH", "")])
         os.environ["RUNTIME_ENV_FILE"] = str(runtime)
         os.environ["GPUBROKER_VAR_DIR"] = str(VAR)
         os.environ.setdefault("CELERY_SCHEDULER_QUEUE", "scheduler")

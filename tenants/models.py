@@ -75,7 +75,8 @@ class Project(models.Model):
     slug = models.SlugField(max_length=63)
     name = models.CharField(max_length=200)
     description = models.TextField(blank=True)
-    status = models.CharField(max_length=16, choices=TenantStatus.choices, default=TenantStatus.ACTIVE)
+    status = models.CharField(max_length=16, choices=TenantStatus.choices, default=TenantStatus.ACTIVE,
+                              db_default=TenantStatus.ACTIVE)  # rows written outside the ORM (bench COPY)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

@@ -376,7 +376,7 @@ def test_podman_container_that_ignores_sigterm_is_killed_at_the_deadline_and_rem
         assert done["state"] == "preempted" and done["runs"][0]["signal"] == 9, done
         assert "ignoring SIGTERM" in client.workload_logs("wl-k")["data"]
         engine_env = {**os.environ, **podman}
-        deadline_wait = time.monotonic() + 30  # `podman kill` at the deadline; --rm removes the container after
+        deadline_wait = time.monotonic() + 90  # `podman kill` at the deadline; --rm removes the container after
         while time.monotonic() < deadline_wait:
             listed = subprocess.run(["podman", "ps", "--all", "--format", "{{.Names}}"], env=engine_env,
                                     capture_output=True, text=True, timeout=60, check=True).stdout.split()

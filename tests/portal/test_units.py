@@ -53,7 +53,8 @@ def test_units_fleet_map_draws_shares_side_by_side():
     tenant = SimpleNamespace(pk=1, slug="acme")
     gpu = SimpleNamespace(pk=7, index=0, uuid="GPU-1", model="L4", mode="shared", memory_mib=23034)
     node = SimpleNamespace(node_id="n1", pool="default", status="ready", cordoned=False, hostname="",
-                           last_heartbeat_at=None, gpus=SimpleNamespace(all=lambda: [gpu]))
+                           last_heartbeat_at=None, gpus=SimpleNamespace(all=lambda: [gpu]), isolation="uid",
+                           workload_runtime="process", workload_roots=None)
 
     def share(pk, milli):
         lease = SimpleNamespace(pk=pk, state="active", tenant=tenant, tenant_id=1, project=SimpleNamespace(slug="p"))

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 import urllib.parse
+from pathlib import Path
 
 from core import processes
 from core.processes import ROOT, free_port, wait_http, wait_until
@@ -31,6 +32,12 @@ def test_database_url() -> str:
 
 
 test_database_url.__test__ = False  # a helper, not a test
+
+
+def venv_path() -> str:
+    """``PATH`` with the project's virtual environment first, as ``make run`` gives its children: a workload's
+    ``python`` (docs/leasing.md's example) is the project's Python, not whatever the machine has, if any."""
+    return os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
 
 
 def worker_env(queue: str, **extra: str) -> dict[str, str]:
@@ -77,7 +84,7 @@ def _fleet(broker_url: str, state_dir, nodes: int, shapes, extra) -> tuple[subpr
         command += ["--shape", shape]
     command += list(extra)
     process = processes.start(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                              env={**os.environ, "GPUB_ENROLLMENT_TOKEN": token})
+                              env={**os.environ, "GPUB_ENROLLMENT_TOKEN": token, "PATH": venv_path()})
     wait_http(f"http://127.0.0.1:{port}/healthz", process)
     wait_until(lambda: Node.objects.count() == nodes, timeout=60)
     return process, port
