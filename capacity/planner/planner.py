@@ -148,6 +148,10 @@ def _pool_modes(snapshot: CapacitySnapshot, model: str, policy: Policy, now: flo
         target_idle[GpuMode.MIG] = 0
     donors = {mode: sorted(idle_by_mode[mode], key=lambda g: g.id, reverse=True) for mode in GpuMode}
     surplus = {mode: max(0, len(idle_by_mode[mode]) - target_idle[mode]) for mode in GpuMode}
+    # GPUs no lease holds but warm pool members do (the platform's, not a tenant's): queued work that no idle
+    # GPU serves may take one, its members destroyed first; never one whose members the queue would bind
+    warm_only = sorted((g for g in gpus if g.idle and g.warm and g.id not in claimed and not planned[g.id]),
+                       key=lambda g: g.id, reverse=True)
 
     def take(wanted: GpuMode, queued: bool = True) -> CapacityGpu | None:
         """An idle GPU of another mode, from the mode with the largest surplus of idle GPUs over what the
@@ -155,6 +159,9 @@ def _pool_modes(snapshot: CapacitySnapshot, model: str, policy: Policy, now: flo
         do; for a rebalance toward the history mix (``queued=False``) only a surplus one."""
         options = [m for m in GpuMode if m != wanted and donors[m] and (surplus[m] > 0 or queued)]
         if not options:
+            for index, gpu in enumerate(warm_only if queued else ()):
+                if gpu.mode != wanted:
+                    return warm_only.pop(index)
             return None
         mode = min(options, key=lambda m: (-surplus[m], m.value))
         surplus[mode] -= 1
@@ -293,6 +300,9 @@ def _switch(snapshot, gpu: CapacityGpu, mode: GpuMode, slots: tuple[Slot, ...], 
         start, end = window
     if drain:
         why = f"drain over-quota lease(s) {', '.join(drain)}, then switch: " + why
+    if gpu.warm:
+        figures.append(("warm instances destroyed", len(gpu.warm)))
+        why += f"; its {len(gpu.warm)} warm pool instance(s) are destroyed first"
     if slots:
         why += f"; MIG layout {', '.join(f'{s.profile}@{s.start}' for s in slots)}"
     return Adjustment(

@@ -117,6 +117,24 @@ def test_planner_rebalances_idle_gpus_toward_the_history_mix():
     assert all(a.change.to_mode == "mig" and a.mode == Mode.AUTO for a in switches)
 
 
+def test_planner_switches_a_gpu_held_only_by_warm_members_for_queued_work_no_idle_gpu_serves():
+    """A whole-GPU request waits; the only GPU no lease holds carries warm 1g members (the platform's): the
+    switch takes it, its members destroyed first, applied by default. A plain idle GPU goes first."""
+    warm = (WarmInstance("w1", "1g.10gb", 0),)
+    snapshot = CapacitySnapshot(gpus=(gpu(0, GpuMode.MIG, lease("a", profile="1g.10gb", start=0, milli=142)),
+                                      gpu(1, GpuMode.MIG, warm=warm)),
+                                queue=(Waiting("r1", "p1", WHOLE, waited_seconds=120),))
+    [switch] = of(plan_capacity(snapshot, now=NOW), AdjustmentKind.MODE_SWITCH)
+    assert (switch.change.gpu, switch.change.to_mode, switch.mode, switch.risk) == ("g1", "whole", Mode.AUTO, ())
+    assert "1 warm pool instance(s) are destroyed first" in switch.reason
+    plain = CapacitySnapshot(gpus=(*snapshot.gpus, gpu(2, GpuMode.MIG)), queue=snapshot.queue)
+    assert [a.change.gpu for a in of(plan_capacity(plain, now=NOW), AdjustmentKind.MODE_SWITCH)] == ["g2"]
+    # a queued 1g request binds the member instead: the GPU is not taken
+    both = CapacitySnapshot(gpus=snapshot.gpus, queue=(Waiting("r0", "p1", MIG1, waited_seconds=300),
+                                                       *snapshot.queue))
+    assert of(plan_capacity(both, now=NOW), AdjustmentKind.MODE_SWITCH) == []
+
+
 # -- 2. warm pools ------------------------------------------------------------------------------------------
 
 
