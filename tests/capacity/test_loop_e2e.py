@@ -169,3 +169,26 @@ def test_an_idle_interactive_lease_is_noticed_then_released(loop, api, world, se
     wait_until(lambda: lease_of(idle).state == LeaseState.RELEASED, timeout=30)
     assert lease_of(busy).state == LeaseState.ACTIVE
     assert "idle" in lease_of(idle).events.filter(to_state=LeaseState.RELEASING).get().reason
+
+
+def test_the_default_policy_switches_an_idle_gpu_for_a_waiting_whole_gpu_lease(loop, api, world):
+    """No policy set (the demo's case after ``make run``): a whole-H100 request waits on a node whose H100s
+    are all in MIG mode; the loop's first run switches an idle one to whole mode itself (mode switch is
+    ``auto`` by default, no tenant is touched) and the lease starts on it — no proposal left to expire."""
+    loop(("h100-80gb:2:mig",))
+    from capacity.models import CapacityPolicy
+
+    assert not CapacityPolicy.objects.exists()
+    pk = request(api, {"kind": "whole", "model": "H100-80GB"})
+    wait_until(lambda: lease_of(pk).state == LeaseState.QUEUED and lease_of(pk).reason, timeout=30)
+
+    counts = capacity_services.plan_run()
+    switch = Adjustment.objects.get(kind="mode_switch")
+    assert switch.mode == "auto" and switch.state == "applied" and switch.applied_by == "capacity-loop", (
+        switch.outcome, counts)
+    gpu = Gpu.objects.get(pk=int(switch.change["gpu"].lstrip("g")))
+    assert gpu.mode == "whole"
+    wait_until(lambda: lease_of(pk).state == LeaseState.ACTIVE, timeout=30)
+    assert Allocation.objects.get(lease_id=pk).gpu_id == gpu.pk
+    # nothing of a tenant's was decided for them: what stays open is advice only (here: none)
+    assert not Adjustment.objects.filter(state="proposed").exclude(mode="advise").exists()
