@@ -13,9 +13,9 @@ from django.conf import settings
 from django.db.models import Case, QuerySet, When
 
 from billing.core.pricing import format_money
-from capacity.choices import OPEN_STATES, AdjustmentState
+from capacity.choices import OPEN_STATES, AdjustmentKind, AdjustmentState
 from capacity.models import Adjustment
-from capacity.selectors import warm_holding
+from capacity.selectors import builtin_modes, warm_holding
 from core.errors import ApplicationError
 
 HOUR = Decimal(3600)
@@ -63,8 +63,12 @@ def open_first(rows: QuerySet[Adjustment]) -> QuerySet[Adjustment]:
 
 # -- policies ----------------------------------------------------------------------------------------------
 def default_mode() -> str:
-    """The built-in mode of every kind where no policy says otherwise (``CAPACITY_DEFAULT_MODE``)."""
-    return settings.CAPACITY_DEFAULT_MODE
+    """The built-in mode of each kind where no policy says otherwise, in words: "auto: mode switch, MIG layout,
+    warm pool; advise: idle reclaim, right-sizing advice, quota advice" (``capacity.selectors.builtin_modes``)."""
+    by_mode: dict[str, list[str]] = {}
+    for kind, mode in builtin_modes().items():
+        by_mode.setdefault(mode, []).append(str(AdjustmentKind(kind).label))
+    return "; ".join(f"{mode}: {', '.join(kinds)}" for mode, kinds in by_mode.items())
 
 
 # -- warm pools: what holding them costs the platform -------------------------------------------------------

@@ -28,6 +28,7 @@ from capacity.planner import (
     Arrivals,
     CapacityGpu,
     CapacitySnapshot,
+    CreateLatency,
     DemandShape,
     History,
     IdleRule,
@@ -40,7 +41,7 @@ from capacity.planner import (
     Waiting,
     WarmInstance,
 )
-from capacity.planner.types import DEFAULT_IDLE_RULES, Mode
+from capacity.planner.types import DEFAULT_IDLE_RULES, DEFAULT_MODES, Mode
 from core.errors import NotFound
 from core.prometheus import OPTIONAL_TIMEOUT_SECONDS, Prometheus, PrometheusError
 from tenants.access import Actor
@@ -70,11 +71,18 @@ def _merge(base: Policy, row: CapacityPolicy) -> Policy:
     return replace(base, scope=row.scope, idle_rules=_rules(row.idle_rules or {}, base.idle_rules), **values)
 
 
+def builtin_modes() -> dict[str, str]:
+    """Each kind's mode where no policy row says otherwise: ``settings.CAPACITY_DEFAULT_MODE`` for every kind
+    where it is set, else the planner's ``DEFAULT_MODES`` (auto where only idle capacity is touched)."""
+    if settings.CAPACITY_DEFAULT_MODE:
+        return dict.fromkeys(MODE_FIELDS, settings.CAPACITY_DEFAULT_MODE)
+    return {kind.value: mode.value for kind, mode in DEFAULT_MODES}
+
+
 def policies_in_force() -> tuple[Policy, ...]:
-    """Every scope's policy, each merged over the default scope's, itself over the planner's defaults
-    (``settings.CAPACITY_DEFAULT_MODE`` for every kind)."""
-    builtin = Policy(**{name: Mode(settings.CAPACITY_DEFAULT_MODE) for name in MODE_FIELDS},
-                     idle_rules=DEFAULT_IDLE_RULES)
+    """Every scope's policy, each merged over the default scope's, itself over the built-in modes
+    (``builtin_modes``)."""
+    builtin = Policy(**{name: Mode(mode) for name, mode in builtin_modes().items()}, idle_rules=DEFAULT_IDLE_RULES)
     rows = list(CapacityPolicy.objects.order_by("scope"))
     default_row = next((row for row in rows if row.scope == ""), None)
     default = _merge(builtin, default_row) if default_row else builtin
@@ -112,7 +120,8 @@ def capacity_snapshot(*, now: datetime) -> tuple[CapacitySnapshot, SnapshotNotes
     quotas, quota_use = _quotas(now, policies)
     prices, currency = _prices(now)
     snapshot = CapacitySnapshot(gpus=gpus, queue=queue, history=history, utilisation=utilisation, quotas=quotas,
-                                quota_use=quota_use, prices=prices, currency=currency, policies=policies)
+                                quota_use=quota_use, prices=prices, currency=currency, policies=policies,
+                                create_latency=create_latency(now=now))
     return snapshot, notes
 
 
@@ -222,6 +231,30 @@ def _history(now: datetime) -> History:
             shape = DemandShape(model, Kind.WHOLE)
         counts[shape] += count
     return History(start.timestamp(), now.timestamp(), tuple(Arrivals(s, n) for s, n in sorted(counts.items())))
+
+
+def create_latency(*, now: datetime) -> tuple[CreateLatency, ...]:
+    """The fleet's measured cold create time of MIG instances over the last ``CAPACITY_HISTORY_SECONDS``: per
+    model and profile, and per model over every profile (``profile`` empty), the p95 of ``ready_at −
+    created_at`` of instances created for a lease (a warm member bound later is not a cold create) and of
+    ``warm_at − created_at`` of warm pool members (made by the same agent call)."""
+    start = now - timedelta(seconds=settings.CAPACITY_HISTORY_SECONDS)
+    rows = (Allocation.objects.filter(created_at__gte=start, created_at__lt=now).exclude(mig_profile="")
+            .filter(Q(lease__isnull=False, bound_at__isnull=True, ready_at__isnull=False)
+                    | Q(warm_at__isnull=False))
+            .values_list("gpu__model", "mig_profile", "created_at", "ready_at", "warm_at"))
+    samples: dict[tuple[str, str], list[int]] = defaultdict(list)
+    for model, profile, created, ready, warm in rows:
+        done = warm if warm is not None else ready
+        milliseconds = max(0, round((done - created).total_seconds() * 1000))
+        samples[(model, profile)].append(milliseconds)
+        samples[(model, "")].append(milliseconds)
+    out = []
+    for (model, profile), values in sorted(samples.items()):
+        ordered = sorted(values)
+        p95 = ordered[min(len(ordered) - 1, max(0, -(-95 * len(ordered) // 100) - 1))]
+        out.append(CreateLatency(model, profile, p95, len(ordered)))
+    return tuple(out)
 
 
 def _series_seconds(policies: tuple[Policy, ...]) -> int:

@@ -371,10 +371,12 @@ BILLING_IDLE_ENGINE_ACTIVE = env_float("BILLING_IDLE_ENGINE_ACTIVE", 0.05, minim
 BILLING_FINALIZE_GRACE_SECONDS = env_int("BILLING_FINALIZE_GRACE_SECONDS", 6 * 3600, minimum=0)
 
 # --- Capacity loop (docs/capacity.md) -------------------------------------------------------------
-# the mode of every kind where no policy row says otherwise: off | advise | auto
-CAPACITY_DEFAULT_MODE = env_str("CAPACITY_DEFAULT_MODE", "advise")
-if CAPACITY_DEFAULT_MODE not in ("off", "advise", "auto"):
-    raise ImproperlyConfigured("CAPACITY_DEFAULT_MODE must be off, advise or auto.")
+# where no policy row says otherwise: empty, each kind's built-in mode (auto for warm pools, mode switches and
+# MIG layouts of idle GPUs; advise for idle reclaim, right-sizing and quota advice); or off | advise | auto for
+# every kind
+CAPACITY_DEFAULT_MODE = env_str("CAPACITY_DEFAULT_MODE", "")
+if CAPACITY_DEFAULT_MODE not in ("", "off", "advise", "auto"):
+    raise ImproperlyConfigured("CAPACITY_DEFAULT_MODE must be empty (each kind's built-in mode), off, advise or auto.")
 CAPACITY_PLAN_SECONDS = env_int("CAPACITY_PLAN_SECONDS", 60, minimum=1)  # how often the planner runs
 CAPACITY_QUEUE_MAX = env_int("CAPACITY_QUEUE_MAX", 64, minimum=1)  # the oldest queued requests it reads
 CAPACITY_HISTORY_SECONDS = env_int("CAPACITY_HISTORY_SECONDS", 6 * 3600, minimum=60)  # demand mix window

@@ -14,6 +14,7 @@ from capacity.planner.types import (
     CapacityGpu,
     CapacitySnapshot,
     Change,
+    CreateLatency,
     DemandShape,
     Evidence,
     Gain,
@@ -33,8 +34,8 @@ from capacity.planner.types import (
 )
 
 __all__ = [
-    "Adjustment", "AdjustmentKind", "Arrivals", "CapacityGpu", "CapacitySnapshot", "Change", "DemandShape",
-    "Evidence", "Gain", "History", "IdleRule", "Instance", "Mode", "Policy", "Price", "QuotaUse",
+    "Adjustment", "AdjustmentKind", "Arrivals", "CapacityGpu", "CapacitySnapshot", "Change", "CreateLatency",
+    "DemandShape", "Evidence", "Gain", "History", "IdleRule", "Instance", "Mode", "Policy", "Price", "QuotaUse",
     "ReclaimClass", "ReclaimStep", "Slot", "Utilisation", "Waiting", "WarmInstance", "layout_problems",
     "plan_capacity", "poisson_pool_size", "price_per_hour",
 ]

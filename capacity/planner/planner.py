@@ -18,6 +18,7 @@ from collections import defaultdict
 
 from broker.scheduler.types import GpuMode, Kind, WorkloadClass
 from capacity.planner.types import (
+    COLD_CREATE_FALLBACK_SECONDS,
     Adjustment,
     AdjustmentKind,
     CapacityGpu,
@@ -111,11 +112,12 @@ def _modes_and_layouts(snapshot: CapacitySnapshot, policies: _Policies, now: flo
         policy = policies.pool(model)
         if policy.mode_switch == Mode.OFF and policy.mig_layout == Mode.OFF:
             continue
-        out += _pool_modes(snapshot, model, policy, now)
+        out += _pool_modes(snapshot, model, policy, now, policies)
     return out
 
 
-def _pool_modes(snapshot: CapacitySnapshot, model: str, policy: Policy, now: float) -> list[Adjustment]:
+def _pool_modes(snapshot: CapacitySnapshot, model: str, policy: Policy, now: float,
+                policies: _Policies) -> list[Adjustment]:
     gpus = sorted((g for g in snapshot.gpus if g.model == model), key=lambda g: g.id)
     mig_ok = _mig_capable(model)
     queue = sorted((w for w in snapshot.queue if w.shape.model == model),
@@ -146,6 +148,10 @@ def _pool_modes(snapshot: CapacitySnapshot, model: str, policy: Policy, now: flo
         target_idle[GpuMode.MIG] = 0
     donors = {mode: sorted(idle_by_mode[mode], key=lambda g: g.id, reverse=True) for mode in GpuMode}
     surplus = {mode: max(0, len(idle_by_mode[mode]) - target_idle[mode]) for mode in GpuMode}
+    # GPUs no lease holds but warm pool members do (the platform's, not a tenant's): queued work that no idle
+    # GPU serves may take one, its members destroyed first; never one whose members the queue would bind
+    warm_only = sorted((g for g in gpus if g.idle and g.warm and g.id not in claimed and not planned[g.id]),
+                       key=lambda g: g.id, reverse=True)
 
     def take(wanted: GpuMode, queued: bool = True) -> CapacityGpu | None:
         """An idle GPU of another mode, from the mode with the largest surplus of idle GPUs over what the
@@ -153,6 +159,9 @@ def _pool_modes(snapshot: CapacitySnapshot, model: str, policy: Policy, now: flo
         do; for a rebalance toward the history mix (``queued=False``) only a surplus one."""
         options = [m for m in GpuMode if m != wanted and donors[m] and (surplus[m] > 0 or queued)]
         if not options:
+            for index, gpu in enumerate(warm_only if queued else ()):
+                if gpu.mode != wanted:
+                    return warm_only.pop(index)
             return None
         mode = min(options, key=lambda m: (-surplus[m], m.value))
         surplus[mode] -= 1
@@ -206,7 +215,7 @@ def _pool_modes(snapshot: CapacitySnapshot, model: str, policy: Policy, now: flo
     # mode, and the queue gains more than the drain takes
     in_quota_waiting = [w for w in still_waiting if w.in_quota]
     if in_quota_waiting:
-        out += _drains(snapshot, gpus, model, in_quota_waiting, claimed, policy, window, now)
+        out += _drains(snapshot, gpus, model, in_quota_waiting, claimed, policy, window, now, policies)
     # (c) no queue left for a mode: move idle GPUs toward the history's mix
     switched = {a.change.gpu for a in out}
     history_units = sum(a.units for a in snapshot.history.arrivals if a.shape.model == model)
@@ -291,6 +300,9 @@ def _switch(snapshot, gpu: CapacityGpu, mode: GpuMode, slots: tuple[Slot, ...], 
         start, end = window
     if drain:
         why = f"drain over-quota lease(s) {', '.join(drain)}, then switch: " + why
+    if gpu.warm:
+        figures.append(("warm instances destroyed", len(gpu.warm)))
+        why += f"; its {len(gpu.warm)} warm pool instance(s) are destroyed first"
     if slots:
         why += f"; MIG layout {', '.join(f'{s.profile}@{s.start}' for s in slots)}"
     return Adjustment(
@@ -306,7 +318,9 @@ def _switch(snapshot, gpu: CapacityGpu, mode: GpuMode, slots: tuple[Slot, ...], 
     )
 
 
-def _drains(snapshot, gpus, model, waiting, claimed, policy, window, now) -> list[Adjustment]:
+def _drains(snapshot, gpus, model, waiting, claimed, policy, window, now, policies: _Policies) -> list[Adjustment]:
+    """Drain-then-switch proposals. A drain preempts tenants' leases, so the pool's ``auto`` applies it only
+    where every drained lease's project has idle reclaim on ``auto`` too; otherwise it is advice."""
     out = []
     pending = list(waiting)
     for gpu in gpus:
@@ -348,9 +362,16 @@ def _drains(snapshot, gpus, model, waiting, claimed, policy, window, now) -> lis
                               Evidence(adjustment.evidence.start, adjustment.evidence.end, figures),
                               Gain(gpu_seconds=(gain - loss) * 3600 // FULL,
                                    time_to_gpu_seconds=adjustment.expected_gain.time_to_gpu_seconds),
-                              leases, adjustment.mode,
+                              leases, _drain_mode(adjustment.mode, gpu, policies),
                               adjustment.reason + f"; the queue gains {gain} milli, the drain takes {loss}"))
     return out
+
+
+def _drain_mode(mode: Mode, gpu: CapacityGpu, policies: _Policies) -> Mode:
+    """``auto`` only where the pool says so and so does idle reclaim of every project the drain touches."""
+    if mode == Mode.AUTO and any(policies.project(i.project).idle_reclaim != Mode.AUTO for i in gpu.instances):
+        return Mode.ADVISE
+    return mode
 
 
 # -- 2. warm pools --------------------------------------------------------------------------------------
@@ -371,9 +392,28 @@ def poisson_pool_size(expected_arrivals: float, miss_permille: int) -> int:
     return n
 
 
+def cold_create_milliseconds(snapshot: CapacitySnapshot, policy: Policy, model: str, profile: str) -> tuple[int, str]:
+    """The cold create time of ``profile`` on ``model`` and where it comes from: the policy's
+    ``cold_provision_seconds`` where an operator set one, else the fleet's measured p95 for the profile, else
+    for the model's MIG creates together, else ``COLD_CREATE_FALLBACK_SECONDS`` (nothing measured yet)."""
+    if policy.cold_provision_seconds is not None:
+        return policy.cold_provision_seconds * 1000, "the policy's cold_provision_seconds"
+    for wanted in (profile, ""):
+        for measured in snapshot.create_latency:
+            if measured.model == model and measured.profile == wanted and measured.samples:
+                what = "creates of the profile" if wanted else f"MIG creates on {model}"
+                return measured.p95_milliseconds, f"p95 of {measured.samples} measured {what}"
+    return COLD_CREATE_FALLBACK_SECONDS * 1000, "no create measured yet: the assumed default"
+
+
 def _warm_pools(snapshot: CapacitySnapshot, policies: _Policies, now: float,
                 changing: frozenset[str] = frozenset()) -> list[Adjustment]:
-    """``changing``: GPUs a mode or layout adjustment takes; no warm instance goes there."""
+    """``changing``: GPUs a mode or layout adjustment takes; no warm instance goes there.
+
+    A pool's worth, per hour: each arrival it serves saves the cold create time (``time saved``); each member
+    holds its instance for the hour (``held``), both in seconds of the profile's instance. A pool is kept only
+    where the time saved exceeds the time held, unless an SLO (``warm_target_p95_seconds``) needs it: the cold
+    create misses the target."""
     out = []
     history = snapshot.history
     units: dict[tuple[str, str], int] = defaultdict(int)
@@ -392,11 +432,19 @@ def _warm_pools(snapshot: CapacitySnapshot, policies: _Policies, now: float,
         profile = profile_get(model, profile_name)
         count = units.get((model, profile_name), 0)
         seconds = max(history.seconds, 1.0)
-        expected = count * policy.cold_provision_seconds / seconds
-        if count < policy.warm_min_arrivals or policy.warm_target_p95_seconds >= policy.cold_provision_seconds:
-            size = 0
-        else:
+        cold_ms, cold_source = cold_create_milliseconds(snapshot, policy, model, profile_name)
+        expected = count * cold_ms / 1000 / seconds
+        target = policy.warm_target_p95_seconds
+        slo_needs = target is not None and cold_ms > target * 1000
+        size = 0
+        if count >= policy.warm_min_arrivals and (target is None or slo_needs):
             size = poisson_pool_size(expected, policy.warm_miss_probability_permille)
+        # per hour, in seconds of one instance of the profile: the cold time the served arrivals save, and
+        # what the pool's members hold (a miss saves nothing: at most 1 - P(miss) of the arrivals are served)
+        saved_per_hour = int(count * 3600 / seconds * cold_ms / 1000 * (1000 - policy.warm_miss_probability_permille)
+                             / 1000)
+        if size and not slo_needs and saved_per_hour <= size * 3600:
+            size = 0  # holding the pool would cost more than it saves, and no SLO asks for it
         have = sorted(current.get((model, profile_name), []), key=lambda gw: (gw[1].ready, gw[0].id, gw[1].id))
         if size == len(have):
             continue
@@ -420,7 +468,20 @@ def _warm_pools(snapshot: CapacitySnapshot, policies: _Policies, now: float,
         after = len(have) + len(slots) - len(removed)
         price = price_per_hour(snapshot, model, profile_name, profile.gpu_milli) or 0
         rate_milli_per_hour = count * 3600 * 1000 // int(seconds)
+        held_per_hour = after * 3600
         short = f" ({size - after} more wanted: no idle MIG room)" if after < size else ""
+        if size == 0 and count < policy.warm_min_arrivals:
+            why = f"fewer than {policy.warm_min_arrivals} arrivals"
+        elif size == 0 and target is not None and not slo_needs:
+            why = f"the cold create already meets the {target} s target"
+        elif size == 0:
+            why = "holding a pool would cost more than the time it saves"
+        elif slo_needs:
+            why = (f"the cold create misses the {target} s target; {size} warm instance(s) keep P(miss) under "
+                   f"{policy.warm_miss_probability_permille / 10:.1f} %")
+        else:
+            why = (f"{size} warm instance(s) keep P(miss) under {policy.warm_miss_probability_permille / 10:.1f} % "
+                   f"and save more than they hold")
         out.append(Adjustment(
             kind=AdjustmentKind.WARM_POOL,
             target=f"pool:{model}/{profile_name}",
@@ -429,19 +490,21 @@ def _warm_pools(snapshot: CapacitySnapshot, policies: _Policies, now: float,
             evidence=Evidence(history.start, history.end, (
                 ("arrivals", count), ("window seconds", int(seconds)),
                 ("arrivals per hour (milli)", rate_milli_per_hour),
+                ("cold create milliseconds", cold_ms), ("cold create from", cold_source),
                 ("expected arrivals per refill (milli)", int(expected * 1000)),
-                ("refill seconds", policy.cold_provision_seconds),
                 ("miss probability (permille)", policy.warm_miss_probability_permille),
+                ("time saved per hour (s)", saved_per_hour), ("held per hour (s)", held_per_hour),
                 ("target size", size))),
-            expected_gain=Gain(gpu_seconds=-(after - len(have)) * profile.gpu_milli * 3600 // FULL,
+            # per hour of the pool after the change: GPU-seconds saved less held; the holding cost's change
+            expected_gain=Gain(gpu_seconds=(saved_per_hour - held_per_hour) * profile.gpu_milli // FULL,
                                money_minor=-(after - len(have)) * price,
-                               time_to_gpu_seconds=policy.cold_provision_seconds if after > len(have) else 0),
+                               time_to_gpu_seconds=round(cold_ms / 1000) if after > len(have) else 0),
             risk=(),
             mode=policy.warm_pool,
-            reason=(f"{count} {profile_name} arrivals in {int(seconds) // 60} min: {expected:.2f} expected per "
-                    f"{policy.cold_provision_seconds} s refill; {size} warm instance(s) keep P(miss) under "
-                    f"{policy.warm_miss_probability_permille / 10:.1f} %; pool {len(have)} -> {after}{short}; "
-                    f"holding cost {after * price} per hour (the platform's)"),
+            reason=(f"{count} {profile_name} arrivals in {int(seconds) // 60} min; a cold create takes "
+                    f"{cold_ms / 1000:.2f} s ({cold_source}); {why}; pool {len(have)} -> {after}{short}; saves "
+                    f"{saved_per_hour} s, holds {held_per_hour} s of instance time per hour; holding cost "
+                    f"{after * price} per hour (the platform's)"),
         ))
     return out
 

@@ -56,8 +56,30 @@ def plan_run(*, now: datetime | None = None) -> dict:
     return counts
 
 
+def proposal_identity(kind: str, target: str, change: dict, risk: list | tuple) -> dict:
+    """What makes two proposals the same decision for a person: the kind, the target and the direction of
+    the change — not the details the planner recomputes every run (a warm pool's slots and exact size, a
+    layout's slots, the figures). A warm pool grows or shrinks; a GPU goes to a mode (draining which leases);
+    a lease gets a reclaim step; a lease would fit a profile; a quota goes up or down."""
+    if kind == "warm_pool":
+        what = {"grow": int(change.get("size_after", 0)) > int(change.get("size_before", 0))}
+    elif kind in ("mode_switch", "mig_layout"):
+        what = {"to_mode": change.get("to_mode", ""), "drain": sorted(str(r) for r in risk)}
+    elif kind == "idle_reclaim":
+        what = {"step": change.get("step", "")}
+    elif kind == "right_size":
+        what = {"model": change.get("model", ""), "profile": change.get("profile", "")}
+    elif kind == "quota_advice":
+        what = {"raise": int(change.get("size_after", 0)) > int(change.get("size_before", 0))}
+    else:
+        what = {"change": change}
+    return {"kind": kind, "target": target, **what}
+
+
 def fingerprint(proposal: Proposal) -> str:
-    body = {"kind": proposal.kind.value, "target": proposal.target, "change": asdict(proposal.change)}
+    """The key of a proposal's open row (``proposal_identity``): proposed again by later runs while its
+    evidence holds, the row stays open and is refreshed instead of expiring and being made anew."""
+    body = proposal_identity(proposal.kind.value, proposal.target, asdict(proposal.change), proposal.risk)
     return hashlib.sha256(json.dumps(body, sort_keys=True, default=str).encode()).hexdigest()
 
 
@@ -112,6 +134,8 @@ def adjustments_record(proposals: list[Proposal], *, now: datetime, currency: st
         row = existing.get(print_)
         if row is not None:
             if row.state == AdjustmentState.PROPOSED:
+                # the same decision, its details as this run computed them (slots, sizes): what applying does
+                values |= {"change": asdict(proposal.change), "risk": [int(r) for r in proposal.risk]}
                 for name, value in values.items():
                     setattr(row, name, value)
                 price_for_tenant(row)

@@ -116,7 +116,9 @@ def test_policies_merge_over_the_default_and_refuse_bad_input_by_field(world):
                                                 "idle_rules": {"interactive": {"window_seconds": 600}}})
     capacity_services.policy_set(scope="pool:H100-80GB", values={"warm_pool": "off", "warm_min_arrivals": 9})
     policies = {p.scope: p for p in policies_in_force()}
-    assert policies[""].warm_pool == "auto" and policies[""].mode_switch == "advise"
+    # the rest are the built-in modes: auto for idle capacity, advise for what touches a lease
+    assert policies[""].warm_pool == "auto" and policies[""].mode_switch == "auto"
+    assert policies[""].idle_reclaim == "advise"
     assert policies["pool:H100-80GB"].warm_pool == "off" and policies["pool:H100-80GB"].warm_min_arrivals == 9
     interactive = dict(policies["pool:H100-80GB"].idle_rules)["interactive"]
     assert interactive.window_seconds == 600 and interactive.notice_seconds == 900  # the rest inherited

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from broker.scheduler.types import GpuMode, Kind, QuotaSpec, WorkloadClass
@@ -10,6 +12,7 @@ from capacity.planner import (
     Arrivals,
     CapacityGpu,
     CapacitySnapshot,
+    CreateLatency,
     DemandShape,
     History,
     IdleRule,
@@ -110,7 +113,26 @@ def test_planner_rebalances_idle_gpus_toward_the_history_mix():
     snapshot = CapacitySnapshot(gpus=(gpu(0), gpu(1)), history=history)
     switches = of(plan_capacity(snapshot, now=NOW), AdjustmentKind.MIG_LAYOUT)
     assert sorted(a.change.gpu for a in switches) == ["g0", "g1"]
-    assert all(a.change.to_mode == "mig" and a.mode == Mode.ADVISE for a in switches)
+    # the default policy applies what touches only idle GPUs
+    assert all(a.change.to_mode == "mig" and a.mode == Mode.AUTO for a in switches)
+
+
+def test_planner_switches_a_gpu_held_only_by_warm_members_for_queued_work_no_idle_gpu_serves():
+    """A whole-GPU request waits; the only GPU no lease holds carries warm 1g members (the platform's): the
+    switch takes it, its members destroyed first, applied by default. A plain idle GPU goes first."""
+    warm = (WarmInstance("w1", "1g.10gb", 0),)
+    snapshot = CapacitySnapshot(gpus=(gpu(0, GpuMode.MIG, lease("a", profile="1g.10gb", start=0, milli=142)),
+                                      gpu(1, GpuMode.MIG, warm=warm)),
+                                queue=(Waiting("r1", "p1", WHOLE, waited_seconds=120),))
+    [switch] = of(plan_capacity(snapshot, now=NOW), AdjustmentKind.MODE_SWITCH)
+    assert (switch.change.gpu, switch.change.to_mode, switch.mode, switch.risk) == ("g1", "whole", Mode.AUTO, ())
+    assert "1 warm pool instance(s) are destroyed first" in switch.reason
+    plain = CapacitySnapshot(gpus=(*snapshot.gpus, gpu(2, GpuMode.MIG)), queue=snapshot.queue)
+    assert [a.change.gpu for a in of(plan_capacity(plain, now=NOW), AdjustmentKind.MODE_SWITCH)] == ["g2"]
+    # a queued 1g request binds the member instead: the GPU is not taken
+    both = CapacitySnapshot(gpus=snapshot.gpus, queue=(Waiting("r0", "p1", MIG1, waited_seconds=300),
+                                                       *snapshot.queue))
+    assert of(plan_capacity(both, now=NOW), AdjustmentKind.MODE_SWITCH) == []
 
 
 # -- 2. warm pools ------------------------------------------------------------------------------------------
@@ -125,11 +147,13 @@ def test_planner_poisson_pool_size_is_the_smallest_n_with_miss_under_5_percent(e
 
 
 def test_planner_sizes_a_warm_pool_from_arrivals_and_places_it_on_idle_mig_gpus():
-    # 120 arrivals of 1g in an hour, refill 30 s: 1 expected per refill -> 4 warm (P(X >= 4) = 1.9 %)
+    # 120 arrivals of 1g in an hour, refill 30 s: 1 expected per refill -> 4 warm (P(X >= 4) = 1.9 %); the
+    # 1 s SLO needs the pool, though 4 members hold more instance time (4 h/h) than they save (0.95 h/h)
     history = History(NOW - 3600, NOW, (Arrivals(MIG1, 120),))
     snapshot = CapacitySnapshot(
         gpus=(gpu(0, GpuMode.MIG, lease("a", profile="1g.10gb", start=0, milli=142)), gpu(1, GpuMode.MIG)),
-        history=history, prices=(Price(H100, 7000),), policies=(AUTO,))
+        history=history, prices=(Price(H100, 7000),),
+        policies=(replace(AUTO, warm_target_p95_seconds=1, cold_provision_seconds=30),))
     pools = of(plan_capacity(snapshot, now=NOW), AdjustmentKind.WARM_POOL)
     assert len(pools) == 1
     change = pools[0].change
@@ -152,6 +176,69 @@ def test_planner_keeps_no_pool_when_the_cold_path_meets_the_target():
     policy = Policy(warm_target_p95_seconds=60, cold_provision_seconds=30)
     snapshot = CapacitySnapshot(gpus=(gpu(0, GpuMode.MIG),), history=history, policies=(policy,))
     assert of(plan_capacity(snapshot, now=NOW), AdjustmentKind.WARM_POOL) == []
+
+
+def test_planner_proposes_no_pool_whose_holding_exceeds_the_time_it_saves_unless_an_slo_needs_it():
+    """The demo's case: 3 arrivals in 360 min. A member would hold an hour of instance time per hour to save
+    a few seconds of waiting: with no SLO nothing is proposed and an existing pool is shrunk away; with the
+    default 1 s SLO and creates measured at 5 s the pool is proposed, its negative balance in its gain."""
+    history = History(NOW - 6 * 3600, NOW, (Arrivals(MIG1, 3),))
+    no_slo = Policy(warm_target_p95_seconds=None)
+    slow = (CreateLatency(H100, "1g.10gb", 5000, 3),)
+    snapshot = CapacitySnapshot(gpus=(gpu(0, GpuMode.MIG),), history=history, policies=(no_slo,), create_latency=slow)
+    assert of(plan_capacity(snapshot, now=NOW), AdjustmentKind.WARM_POOL) == []
+    held = CapacitySnapshot(gpus=(gpu(0, GpuMode.MIG, warm=(WarmInstance("w1", "1g.10gb", 0),)),), history=history,
+                            policies=(no_slo,), create_latency=slow)
+    [shrink] = of(plan_capacity(held, now=NOW), AdjustmentKind.WARM_POOL)
+    assert (shrink.change.size_after, shrink.change.remove) == (0, ("w1",))
+    assert "cost more than the time it saves" in shrink.reason and shrink.mode == Mode.AUTO
+
+    [pool] = of(plan_capacity(CapacitySnapshot(gpus=snapshot.gpus, history=history, create_latency=slow), now=NOW),
+                AdjustmentKind.WARM_POOL)
+    figures = dict(pool.evidence.figures)
+    assert pool.change.size_after == 1 and "misses the 1 s target" in pool.reason
+    assert figures["time saved per hour (s)"] == 2 and figures["held per hour (s)"] == 3600  # 0.5/h x 5 s x 95 %
+    assert pool.expected_gain.gpu_seconds == (2 - 3600) * 142 // 1000 < 0
+    assert pool.expected_gain.time_to_gpu_seconds == 5 and "a cold create takes 5.00 s" in pool.reason
+
+
+def test_planner_uses_the_measured_cold_create_not_a_constant():
+    """A fleet whose creates take 0.06 s meets a 1 s SLO cold: no pool, whatever the arrivals. Without a
+    measurement the assumed 30 s misses it and a pool is sized from it; the model's measurement stands in
+    for a profile with none of its own; an operator's cold_provision_seconds wins over both."""
+    history = History(NOW - 3600, NOW, (Arrivals(MIG1, 120),))
+    slo = Policy(warm_target_p95_seconds=1)
+    gpus = (gpu(0, GpuMode.MIG),)
+    fast = (CreateLatency(H100, "1g.10gb", 60, 12), CreateLatency(H100, "", 60, 12))
+    assert of(plan_capacity(CapacitySnapshot(gpus=gpus, history=history, policies=(slo,), create_latency=fast),
+                            now=NOW), AdjustmentKind.WARM_POOL) == []
+    [assumed] = of(plan_capacity(CapacitySnapshot(gpus=gpus, history=history, policies=(slo,)), now=NOW),
+                   AdjustmentKind.WARM_POOL)
+    assert dict(assumed.evidence.figures)["cold create milliseconds"] == 30_000
+    assert "no create measured yet" in assumed.reason
+    model_only = (CreateLatency(H100, "", 5000, 3),)
+    [by_model] = of(plan_capacity(CapacitySnapshot(gpus=gpus, history=history, policies=(slo,),
+                                                   create_latency=model_only), now=NOW), AdjustmentKind.WARM_POOL)
+    assert dict(by_model.evidence.figures)["cold create milliseconds"] == 5000
+    operator = replace(slo, cold_provision_seconds=20)
+    [set_by_hand] = of(plan_capacity(CapacitySnapshot(gpus=gpus, history=history, policies=(operator,),
+                                                      create_latency=fast), now=NOW), AdjustmentKind.WARM_POOL)
+    assert dict(set_by_hand.evidence.figures)["cold create milliseconds"] == 20_000
+
+
+def test_planner_default_policy_applies_idle_capacity_and_advises_what_touches_a_lease():
+    """Default policy: an idle GPU's switch is auto; a drain of over-quota leases is advice, unless idle reclaim
+    of the drained project is auto too; idle reclaim is advice."""
+    over = lease("over", in_quota=False, profile="1g.10gb", start=0, milli=142)
+    drain = CapacitySnapshot(gpus=(gpu(0, GpuMode.MIG, over),), queue=(Waiting("r1", "p2", WHOLE),))
+    [switch] = of(plan_capacity(drain, now=NOW), AdjustmentKind.MODE_SWITCH)
+    assert switch.change.drain and switch.mode == Mode.ADVISE
+    reclaim_auto = Policy(scope="project:p1", idle_reclaim=Mode.AUTO)
+    drain_auto = CapacitySnapshot(drain.gpus, queue=drain.queue, policies=(Policy(), reclaim_auto))
+    assert of(plan_capacity(drain_auto, now=NOW), AdjustmentKind.MODE_SWITCH)[0].mode == Mode.AUTO
+    idle_lease = CapacitySnapshot(gpus=(gpu(0, GpuMode.WHOLE, lease("a")),), utilisation=(series("a", 10),))
+    [reclaim] = plan_capacity(idle_lease, now=NOW)
+    assert reclaim.kind == AdjustmentKind.IDLE_RECLAIM and reclaim.mode == Mode.ADVISE
 
 
 # -- 3. idle reclaim ----------------------------------------------------------------------------------------
