@@ -46,6 +46,7 @@ def profile_chart(*, profiles: list, prices: dict[str, float], recommended: str 
             "width": round(span * profile.throughput / fastest, 1) if profile.fits else 0,
             "price_width": round(span * (price or 0) / dearest, 1), "throughput": profile.throughput,
             "price": price, "fits": profile.fits, "provenance": profile.provenance,
+            "basis": profile.basis or profile.provenance,
             "meets": profile.fits and profile.throughput >= required,
             "recommended": profile.slice_key == recommended, "value_x": LABEL_WIDTH + 6})
     target_x = LABEL_WIDTH + round(span * min(required / fastest, 1.0), 1) if required else None
@@ -65,7 +66,8 @@ class WorkloadDetailView(TenantView):
     template_name = "portal/workload_detail.html"
 
     def get(self, request, name: str, error: str = "", status: int = 200):
-        from tiering.services import tenant_slice_prices, workload_predict
+        from tiering.models import Regime
+        from tiering.services import tenant_slice_prices, workload_predict, workload_regime
 
         workload = selectors.workload_get(actor=self.actor, name=name)
         prices = {where.key: price for where, price in tenant_slice_prices(tenant=workload.tenant)}
@@ -74,15 +76,18 @@ class WorkloadDetailView(TenantView):
             recommendation = {"reason": decision.reason, "profile_first": decision.profile_first,
                               "slice": decision.option.slice.key if decision.option and not decision.profile_first
                               else None, "label": decision.option.slice.label if decision.option else "",
-                              "required": decision.required}
+                              "required": decision.required, "options": sorted(
+                                  decision.options, key=lambda o: (o.price, o.slice.key))}
         except ApplicationError as error:
             recommendation = {"reason": error.message, "profile_first": True, "slice": None, "label": "",
-                              "required": workload.target_throughput or 0.0}
+                              "required": workload.target_throughput or 0.0, "options": []}
+        regime, regime_source = workload_regime(workload)
         profiles = list(selectors.profile_list(workload=workload))
         chart = profile_chart(profiles=profiles, prices=prices, recommended=recommendation["slice"],
                               required=recommendation["required"])
         return render(request, self.template_name, {
             "workload": workload, "chart": chart, "recommendation": recommendation,
+            "regime": regime, "regime_source": regime_source, "regimes": Regime.choices,
             "measured": [p for p in profiles if p.provenance != Provenance.PREDICTED],
             "runs": selectors.profiling_run_list(workload=workload)[:10],
             "advice": selectors.advice_list(actor=self.actor, workload=workload),
@@ -106,4 +111,23 @@ class WorkloadProfileView(WorkloadDetailView):
         except ApplicationError as error:
             return self.get(request, name, error=error.message, status=409 if error.status == 409 else 400)
         messages.success(request, f"Profiling run {run.pk} started: {run.leases.count()} lease(s), one per slice.")
+        return redirect("portal:workload", name=workload.name)
+
+
+class WorkloadRegimeView(WorkloadDetailView):
+    """``POST /workloads/<name>/regime``: set the regime the workload runs in (``engine``, ``eager`` or empty:
+    inferred), through ``tiering.services.workload_regime_set``; a refusal is shown on the page."""
+
+    http_method_names = ["post"]
+    write_action = "use"
+
+    def post(self, request, name: str):
+        from tiering.services import workload_regime_set
+
+        workload = selectors.workload_get(actor=self.actor, name=name)
+        try:
+            workload_regime_set(actor=self.actor, workload=workload, regime=request.POST.get("regime", ""))
+        except ApplicationError as error:
+            return self.get(request, name, error=error.message, status=400)
+        messages.success(request, f"Regime set: {workload.get_regime_display()}.")
         return redirect("portal:workload", name=workload.name)

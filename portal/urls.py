@@ -35,6 +35,7 @@ urlpatterns = [
     path("workloads/", tiering.WorkloadListView.as_view(), name="workloads"),
     path("workloads/<str:name>", tiering.WorkloadDetailView.as_view(), name="workload"),
     path("workloads/<str:name>/profile", tiering.WorkloadProfileView.as_view(), name="workload-profile"),
+    path("workloads/<str:name>/regime", tiering.WorkloadRegimeView.as_view(), name="workload-regime"),
     path("advice/<int:pk>/accept", capacity.AdviceDecideView.as_view(decision="accept"), name="advice-accept"),
     path("advice/<int:pk>/reject", capacity.AdviceDecideView.as_view(decision="reject"), name="advice-reject"),
     path("pipelines/", pipelines.PipelineListView.as_view(), name="pipelines"),

@@ -90,5 +90,5 @@ def auto_resolve(request: GpuRequest) -> GpuChoice:
         if key in gpu:
             shape[key] = gpu[key]
     reason = (f"auto-tiering of workload '{name}': {option.slice.label} at {option.price:.2f}/h, predicted "
-              f"{option.throughput:,.0f}/s for {decision.required:,.0f}/s needed, confidence {option.confidence:.0%}")
+              f"{option.throughput:,.0f}/s for {decision.required:,.0f}/s needed, {option.confidence_text}")
     return GpuChoice(gpu=shape, reason=reason)

@@ -93,18 +93,29 @@ def advice_scan(*, now: datetime | None = None) -> dict[str, int]:
         # exploring (cheaper slices might do) still names a confident slice: advice may point there
         option = decision.option if not decision.profile_first or decision.candidates else None
         engine = figures["engine_active"] if figures["engine_active"] is not None else 1.0
-        # the regime it runs in, from its measured engine activity here (eager keeps the engine idle between its
-        # operations): the performance model's figures for it are that regime's, with that regime's error
-        spec = replace(spec_of(workload), regime=regime_infer(spec_of(workload), where, engine))
+        # the regime it runs in: the one registered with the workload, else the one its measured engine activity
+        # here points to (eager keeps the engine idle between its operations): the performance model's figures for
+        # it are that regime's, with that regime's error
+        regime = workload.regime or regime_infer(spec_of(workload), where, engine)
+        spec = replace(spec_of(workload), regime=regime)
         evidence["regime"] = spec.regime
+        evidence["regime_source"] = ("registered" if workload.regime
+                                     else f"inferred from this lease's engine activity ({engine:.0%})")
+        if option is not None:
+            evidence["suggested_basis"] = option.basis  # "measured", "scaled from <slice> measurement", "predicted…"
         measured_keys = set(workload.profiles.exclude(provenance=Provenance.PREDICTED).values_list("slice_key",
                                                                                                    flat=True))
 
-        def basis(slice_key: str, throughput: float, spec=spec, measured_keys=measured_keys) -> str:
-            """Whether a figure rests on a measurement of this workload there or on a prediction, and then the
-            prediction's typical error in the workload's regime (cross-validated on measured GPUs)."""
+        def basis(slice_key: str, throughput: float, how: str = "", spec=spec, measured_keys=measured_keys) -> str:
+            """What a figure rests on: a measurement of this workload there, another slice's measurement scaled by
+            the model's ratio in the workload's regime (``how``: the decision's ``scaled from <slice>
+            measurement``), or a prediction, with its typical error in the regime (cross-validated on measured
+            GPUs)."""
             if slice_key in measured_keys:
                 return f"gave {throughput:,.0f}/s there when measured"
+            if how.startswith("scaled from"):
+                return (f"is expected to give {throughput:,.0f}/s ({how}, by the performance model's ratio between "
+                        f"the two slices in the {spec.regime} regime)")
             return (f"is predicted to give {throughput:,.0f}/s (a prediction: typically within "
                     f"±{expected_error(spec.regime, spec.task):.0%} for a workload in the {spec.regime} regime)")
         roomy = figures["throughput"] >= 1.5 * required or (
@@ -116,7 +127,7 @@ def advice_scan(*, now: datetime | None = None) -> dict[str, int]:
                     "suggested": option.slice.key, "saving": current_price - option.price, "speedup": None,
                     "reason": (f"too big: {figures['throughput']:,.0f}/s for {required:,.0f}/s needed, engine "
                                f"{engine:.0%} busy, {figures['memory_mib']:,} of {where.memory_mib:,} MiB; "
-                               f"{option.slice.label} {basis(option.slice.key, option.throughput)} "
+                               f"{option.slice.label} {basis(option.slice.key, option.throughput, option.basis)} "
                                f"(confidence {option.confidence:.0%}) at {option.price:.2f}/h instead of "
                                f"{current_price:.2f}/h")}
             elif pressed:
@@ -125,8 +136,8 @@ def advice_scan(*, now: datetime | None = None) -> dict[str, int]:
                     "suggested": option.slice.key, "saving": current_price - option.price, "speedup": speedup,
                     "reason": (f"too small: {figures['throughput']:,.0f}/s for {required:,.0f}/s needed, "
                                f"{figures['memory_mib']:,} of {where.memory_mib:,} MiB; {option.slice.label} "
-                               f"{basis(option.slice.key, option.throughput)} (×{speedup:.1f}, confidence "
-                               f"{option.confidence:.0%}) at {option.price:.2f}/h")}
+                               f"{basis(option.slice.key, option.throughput, option.basis)} "
+                               f"(×{speedup:.1f}, confidence {option.confidence:.0%}) at {option.price:.2f}/h")}
         if spec.task != "training" and spec.precision not in QUANTIZED and current_price is not None:
             # cheaper than what it needs unquantized: the slice it is on, or the one the engine names
             baseline = min(current_price, option.price) if option is not None else current_price

@@ -14,6 +14,14 @@ class Provenance(models.TextChoices):
     PREDICTED = "predicted", "predicted (the decision engine)"
 
 
+class Regime(models.TextChoices):
+    """How a workload runs (``gpus.performance.REGIMES``); empty: inferred from its measured engine activity."""
+
+    INFER = "", "infer from the measured engine activity"
+    ENGINE = "engine", "engine (a serving engine or a replayed CUDA graph)"
+    EAGER = "eager", "eager (the framework's model(x), operation by operation)"
+
+
 class Workload(models.Model):
     """A tenant's workload: an architecture run a certain way, with a throughput or latency target. A workload
     without a tenant belongs to the platform's reference set (the profile database's seed)."""
@@ -32,11 +40,15 @@ class Workload(models.Model):
     image_size = models.PositiveIntegerField(default=224)
     target_throughput = models.FloatField(null=True, blank=True)
     target_latency_ms = models.FloatField(null=True, blank=True)
+    # the performance model's regime it runs in; "" = inferred from its profile's measured engine activity
+    regime = models.CharField(max_length=8, blank=True, default="", choices=Regime.choices)
     created_at = models.DateTimeField(default=timezone.now)
 
     class Meta:
         ordering = ["name", "id"]
         constraints = [
+            models.CheckConstraint(condition=models.Q(regime__in=["", "engine", "eager"]),
+                                   name="tiering_workload_regime_known"),
             models.UniqueConstraint(fields=["tenant", "name"], name="tiering_workload_name_per_tenant",
                                     nulls_distinct=False),
             models.CheckConstraint(condition=models.Q(target_throughput__gt=0) | models.Q(target_latency_ms__gt=0)
@@ -63,6 +75,8 @@ class Profile(models.Model):
     step_ms = models.FloatField(null=True, blank=True)
     confidence = models.FloatField(null=True, blank=True)
     fits = models.BooleanField(default=True)
+    # a predicted row: what its figure rests on ("scaled from <slice> measurement", "predicted (±X %)")
+    basis = models.CharField(max_length=120, blank=True, default="")
     lease = models.ForeignKey("broker.Lease", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
     measured_at = models.DateTimeField(default=timezone.now)
 

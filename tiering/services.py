@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import random
+from dataclasses import replace
 from datetime import timedelta
 
 from django.db import transaction
@@ -15,11 +16,14 @@ from django.utils import timezone
 from broker.models import Lease
 from core.errors import Conflict, NotFound, PermissionDenied, ValidationFailed
 from gpus.architectures import ARCHITECTURES, ConvNet
+from gpus.measured import expected_error, fill
 from gpus.performance import (
     PRECISIONS,
+    REGIMES,
     TASKS,
     Slice,
     estimate,
+    regime_infer,
     slice_from_key,
     slices_for,
     whole,
@@ -39,7 +43,29 @@ FIELDS = ("architecture", "task", "precision", "batch_size", "seq_len", "image_s
 
 
 def spec_of(workload: Workload) -> Spec:
+    """The workload's definition for the performance model, in the engine regime (the reference set's, which the
+    decision model is trained on); ``spec_run`` gives it in the regime it runs in."""
     return Spec(*(getattr(workload, name) for name in FIELDS))
+
+
+def workload_regime(workload: Workload) -> tuple[str, str]:
+    """The regime the workload runs in and how that is known: the one registered with it, else the one its
+    measured engine activity points to (``gpus.performance.regime_infer``; on the reference slice when measured
+    there, else its latest measurement), else ``engine`` (the performance model's default) until it is measured."""
+    if workload.regime:
+        return workload.regime, "registered"
+    seen = [p for p in _measured(workload).values() if p.engine_active is not None and p.fits and p.throughput > 0]
+    if not seen:
+        return "engine", "the default: no measured engine activity yet"
+    best = next((p for p in seen if p.slice_key == REFERENCE_SLICE), None) or \
+        max(seen, key=lambda p: (p.measured_at, p.pk))
+    regime = regime_infer(spec_of(workload), slice_from_key(best.slice_key), best.engine_active)
+    return regime, f"inferred from the engine activity measured on {best.slice_key} ({best.engine_active:.0%})"
+
+
+def spec_run(workload: Workload) -> Spec:
+    """The workload's definition in the regime it runs in (``workload_regime``)."""
+    return replace(spec_of(workload), regime=workload_regime(workload)[0])
 
 
 def _number(data: dict, name: str, *, integer: bool, low: float, high: float, default=None):
@@ -85,6 +111,11 @@ def workload_clean(data: dict) -> dict:
     if not isinstance(framework, str) or len(framework) > 32:
         raise ValidationFailed("framework must be a short text (up to 32 characters).", field="framework")
     cleaned["framework"] = framework
+    regime = data.get("regime", "")
+    if regime not in ("", *REGIMES):
+        raise ValidationFailed(f"regime must be one of {', '.join(REGIMES)}, or empty to infer it from the "
+                               "measured engine activity.", field="regime")
+    cleaned["regime"] = regime
     spec = object.__new__(Spec)  # unchecked: workload_problems names the field, Spec() would only raise
     for key in FIELDS:
         object.__setattr__(spec, key, cleaned[key])
@@ -107,6 +138,22 @@ def workload_register(*, actor: Actor, data: dict) -> Workload:
         workload = Workload.objects.create(tenant=actor.tenant, **cleaned)
         audit_record(tenant=actor.tenant, by=actor, action="tiering.workload_register", target=workload.name,
                      data={**{k: v for k, v in cleaned.items() if k != "name"}})
+    return workload
+
+
+def workload_regime_set(*, actor: Actor, workload: Workload, regime: str) -> Workload:
+    """Set the regime the workload runs in (``engine``, ``eager``, or ``""``: inferred from its measured engine
+    activity); audited. The next prediction uses it."""
+    actor.require("use")
+    if regime not in ("", *REGIMES):
+        raise ValidationFailed(f"regime must be one of {', '.join(REGIMES)}, or empty to infer it from the "
+                               "measured engine activity.", field="regime")
+    with transaction.atomic():
+        previous = workload.regime
+        Workload.objects.filter(pk=workload.pk).update(regime=regime)
+        workload.regime = regime
+        audit_record(tenant=workload.tenant, by=actor, action="tiering.workload_regime_set", target=workload.name,
+                     data={"regime": regime, "previous": previous})
     return workload
 
 
@@ -343,13 +390,31 @@ def _measured(workload: Workload) -> dict[str, Profile]:
     return latest
 
 
+def _lognormal_confidence(throughput: float, required: float, typical_error: float) -> float:
+    """The chance that a figure off by ``typical_error`` as a median (log-normal: σ = ln(1 + e) / 0.6745) still
+    reaches ``required``."""
+    if throughput <= 0:
+        return 0.0
+    if required <= 0:
+        return 1.0
+    sigma = math.log1p(typical_error) / 0.6745
+    return 0.5 * (1 + math.erf(math.log(throughput / required) / (sigma * math.sqrt(2))))
+
+
 def workload_predict(*, workload: Workload, store: bool = True, target_throughput: float | None = None,
                      target_latency_ms: float | None = None, tiers: set[str] | None = None) -> Decision:
     """The cheapest slice at the tenant's prices predicted to meet the workload's target, with confidence;
     ``profile_first`` when the workload has no measurement yet, no model is trained, or none is confident.
     A target given here replaces the workload's (a request's inline target); ``tiers`` limits the slices to
-    those models (the ones a project has quota for)."""
-    spec = spec_of(workload)
+    those models (the ones a project has quota for).
+
+    Measured beats modelled (docs/tiering.md §3): a slice the workload was measured on (profiled or observed)
+    takes its measurement; every other slice takes ``gpus.measured.fill`` — the nearest measurement scaled by the
+    performance model's ratio between the two slices in the workload's own regime (``workload_regime``), so a
+    host-bound workload gets no faster on a bigger GPU. Its confidence is the lower of the decision model's
+    calibrated one for that tier and the regime's cross-validated error (``expected_error``) read as a
+    log-normal spread. Each option says what it rests on (``Option.basis``)."""
+    spec = spec_run(workload)
     if target_throughput is None and target_latency_ms is None:
         target_throughput, target_latency_ms = workload.target_throughput, workload.target_latency_ms
     required = required_throughput(spec, target_throughput, target_latency_ms)
@@ -364,37 +429,46 @@ def workload_predict(*, workload: Workload, store: bool = True, target_throughpu
               if tiers is None or where.model in tiers]
     if not priced:
         raise ValidationFailed("No price book applies to this tenant: nothing to compare.", field="workload")
-    predictions = model.predict(spec, [s for s, _ in priced], reference)
     measured = _measured(workload)
+    figures = {key: (p.throughput if p.fits else 0.0, p.memory_mib, p.engine_active) for key, p in measured.items()}
+    typical_error = expected_error(spec.regime, spec.task)
     # a slice a profiling run of this workload already tried (measured or not, e.g. it found no capacity) is not
     # explored again: exploring must end in a placement
     tried = set(ProfilingLease.objects.filter(run__workload=workload).values_list("slice_key", flat=True))
     options = []
-    for prediction, (where, price) in zip(predictions, priced, strict=True):
+    for where, price in priced:
         seen = measured.get(where.key)
         if seen is None:
-            confidence = prediction.confidence(required)
+            filled = fill(spec, where, figures)
+            confidence = _lognormal_confidence(filled.throughput, required, typical_error)
+            if model.calibrated(where):
+                confidence = min(confidence, model.confidence(where, filled.throughput, required))
             if where.key in tried and confidence < model_threshold(record):
                 confidence = 0.0  # tried and not measured: only a confident prediction places there
-            options.append(Option(where, price, prediction.throughput, prediction.memory_mib, confidence))
+            basis = (f"{filled.source} measurement" if filled.source.startswith("scaled from")
+                     else f"predicted (±{typical_error:.0%})")
+            memory = filled.memory_mib if filled.fits else max(filled.memory_mib, where.memory_mib * 2)
+            options.append(Option(where, price, filled.throughput, memory, confidence, basis))
         else:  # measured on this very slice (profiled or observed): the measurement rules, not the model
             memory = seen.memory_mib if seen.fits else where.memory_mib * 2
             meets = measured_meets(seen.throughput, required, record.noise or 0.0)
-            options.append(Option(where, price, seen.throughput, memory, 1.0 if meets else 0.0))
-    # cheaper slices that might do (confidence ≥ EXPLORE_CONFIDENCE) are profiled before paying for a bigger one
+            options.append(Option(where, price, seen.throughput, memory, 1.0 if meets else 0.0, "measured"))
+    # cheaper slices that might do (confidence ≥ EXPLORE_CONFIDENCE) are profiled first before paying for a bigger one
     decision = choose(options, required, min_confidence=model_threshold(record), headroom=0.05,
                       explore=EXPLORE_CONFIDENCE)
+    decision = replace(decision, options=tuple(options))
     if store:
         with transaction.atomic():
             workload.profiles.filter(provenance=Provenance.PREDICTED).delete()
             Profile.objects.bulk_create([
                 Profile(workload=workload, slice_key=o.slice.key, tier=o.slice.model,
                         provenance=Provenance.PREDICTED, throughput=o.throughput, memory_mib=o.memory_mib,
-                        confidence=o.confidence, fits=o.memory_mib <= o.slice.memory_mib,
+                        confidence=o.confidence, fits=o.memory_mib <= o.slice.memory_mib, basis=o.basis,
                         step_ms=work_of(spec).samples / o.throughput * 1000 if o.throughput > 0 else None)
                 for o in options])
             audit_record(tenant=workload.tenant, by=None, action="tiering.predict", target=workload.name,
                          data={"model": record.pk, "chosen": decision.option.slice.key if decision.option else None,
                                "confidence": decision.option.confidence if decision.option else None,
-                               "profile_first": decision.profile_first})
+                               "basis": decision.option.basis if decision.option else None,
+                               "regime": spec.regime, "profile_first": decision.profile_first})
     return decision

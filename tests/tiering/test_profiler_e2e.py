@@ -195,9 +195,19 @@ def test_a_running_lease_on_too_big_a_gpu_gets_migration_and_quantization_advice
     assert big.current_slice == "A100-80GB" and big.saving_per_hour > 0 and "too big" in big.reason
     assert estimate(spec, slice_from_key(big.suggested_slice)).throughput >= 2000  # truly enough
     assert quantize.saving_per_hour > big.saving_per_hour and "INT8" in quantize.reason.upper()
-    # each figure says what it rests on: a measurement there, or a prediction with its regime's typical error
+    # each figure says what it rests on: a measurement there, another slice's measurement scaled in its regime
+    # (measured beats modelled), or a prediction with its regime's typical error
     assert "a prediction of the performance model" in quantize.reason and "engine regime" in quantize.reason
-    assert ("when measured" in big.reason) != ("typically within ±" in big.reason)
+    bases = ("when measured", "scaled from", "typically within ±")
+    assert sum(1 for basis in bases if basis in big.reason) == 1, big.reason
+    # the workload was measured here (observed on its A100): the suggestion is that measurement or scaled from one
+    assert "typically within ±" not in big.reason, big.reason
+    basis = big.evidence["suggested_basis"]
+    measured = set(Profile.objects.filter(workload=workload).exclude(provenance="predicted")
+                   .values_list("slice_key", flat=True))
+    source = basis.removeprefix("scaled from ").removesuffix(" measurement")
+    assert (basis == "measured" and big.suggested_slice in measured) or (basis.startswith("scaled from ")
+                                                                         and source in measured), basis
     assert big.evidence["regime"] == "engine"  # the simulated agent runs the model's engine regime
     # a second scan refreshes, never duplicates
     advice_scan()

@@ -5,10 +5,29 @@ from tiering.models import LeaseSample, Profile, Workload
 
 
 class WorkloadOutput(serializers.ModelSerializer):
+    regime_in_use = serializers.SerializerMethodField(help_text=(
+        "the regime the performance model uses for it: the registered one, else inferred from its measured engine "
+        "activity, else engine"))
+    regime_source = serializers.SerializerMethodField(help_text="how regime_in_use is known")
+
     class Meta:
         model = Workload
         fields = ["name", "framework", "architecture", "task", "precision", "batch_size", "seq_len", "image_size",
-                  "target_throughput", "target_latency_ms", "created_at"]
+                  "target_throughput", "target_latency_ms", "regime", "regime_in_use", "regime_source", "created_at"]
+
+    def _regime(self, workload) -> tuple[str, str]:
+        from tiering.services import workload_regime
+
+        cache = self.context.setdefault("regimes", {})
+        if workload.pk not in cache:
+            cache[workload.pk] = workload_regime(workload)
+        return cache[workload.pk]
+
+    def get_regime_in_use(self, workload) -> str:
+        return self._regime(workload)[0]
+
+    def get_regime_source(self, workload) -> str:
+        return self._regime(workload)[1]
 
 
 class WorkloadInput(StrictSerializer):
@@ -25,6 +44,13 @@ class WorkloadInput(StrictSerializer):
     image_size = serializers.IntegerField(required=False)
     target_throughput = serializers.FloatField(required=False)
     target_latency_ms = serializers.FloatField(required=False)
+    regime = serializers.ChoiceField(["", "engine", "eager"], required=False, allow_blank=True, help_text=(
+        "engine (a serving engine or a replayed CUDA graph), eager (the framework's model(x)), or empty: inferred "
+        "from the measured engine activity"))
+
+
+class WorkloadRegimeInput(StrictSerializer):
+    regime = serializers.ChoiceField(["", "engine", "eager"], allow_blank=True)
 
 
 class ProfileOutput(serializers.ModelSerializer):
@@ -33,7 +59,7 @@ class ProfileOutput(serializers.ModelSerializer):
     class Meta:
         model = Profile
         fields = ["slice_key", "tier", "provenance", "throughput", "memory_mib", "engine_active", "step_ms",
-                  "confidence", "fits", "lease", "measured_at"]
+                  "confidence", "fits", "basis", "lease", "measured_at"]
 
 
 class OptionOutput(serializers.Serializer):
@@ -43,12 +69,16 @@ class OptionOutput(serializers.Serializer):
     throughput = serializers.FloatField()
     memory_mib = serializers.IntegerField()
     confidence = serializers.FloatField()
+    basis = serializers.CharField(help_text=(
+        'what the figure rests on: "measured", "scaled from <slice> measurement" or "predicted (±X %)"'))
 
 
 class PredictionOutput(serializers.Serializer):
     workload = serializers.CharField()
+    regime = serializers.CharField(help_text="the regime the figures are in (the workload's regime_in_use)")
     required_throughput = serializers.FloatField()
     chosen = OptionOutput(allow_null=True)
+    slices = OptionOutput(many=True, help_text="every slice weighed, with what its figure rests on")
     profile_first = serializers.BooleanField()
     reason = serializers.CharField()
     explore = serializers.ListField(child=serializers.CharField(), help_text=(

@@ -35,9 +35,19 @@ class WorkloadListApi(APIView):
 
 
 class WorkloadDetailApi(APIView):
+    write_action = "use"
+
     @extend_schema(responses=s.WorkloadOutput, summary="One workload")
     def get(self, request, name: str):
         return Response(s.WorkloadOutput(selectors.workload_get(actor=request.actor, name=name)).data)
+
+    @extend_schema(request=s.WorkloadRegimeInput, responses={200: s.WorkloadOutput},
+                   summary="Set the regime the workload runs in (engine, eager, or empty: inferred)")
+    def patch(self, request, name: str):
+        data = parse(s.WorkloadRegimeInput, request)
+        workload = selectors.workload_get(actor=request.actor, name=name)
+        workload = services.workload_regime_set(actor=request.actor, workload=workload, regime=data["regime"])
+        return Response(s.WorkloadOutput(workload).data)
 
 
 class WorkloadProfileApi(APIView):
@@ -48,12 +58,18 @@ class WorkloadProfileApi(APIView):
         return Response(s.ProfileOutput(selectors.profile_list(workload=workload), many=True).data)
 
 
+def _option_data(option) -> dict:
+    return {"slice": option.slice.key, "label": option.slice.label, "price_per_hour": option.price,
+            "throughput": option.throughput, "memory_mib": option.memory_mib, "confidence": option.confidence,
+            "basis": option.basis}
+
+
 def prediction_data(workload, decision) -> dict:
     option = decision.option
-    return {"workload": workload.name, "required_throughput": decision.required,
-            "chosen": None if option is None else {
-                "slice": option.slice.key, "label": option.slice.label, "price_per_hour": option.price,
-                "throughput": option.throughput, "memory_mib": option.memory_mib, "confidence": option.confidence},
+    return {"workload": workload.name, "regime": services.workload_regime(workload)[0],
+            "required_throughput": decision.required,
+            "chosen": None if option is None else _option_data(option),
+            "slices": [_option_data(each) for each in decision.options],
             "profile_first": decision.profile_first, "reason": decision.reason,
             "explore": [where.key for where in decision.candidates]}
 

@@ -21,6 +21,14 @@ class Option:
     throughput: float
     memory_mib: int
     confidence: float
+    # what the figure rests on: "measured", "scaled from <slice> measurement", "predicted (±X %)"; "" in the
+    # benchmark, where every figure is the forest's
+    basis: str = ""
+
+    @property
+    def confidence_text(self) -> str:
+        """``confidence 97 %``, with what the figure rests on when known."""
+        return f"confidence {self.confidence:.0%}" + (f", {self.basis}" if self.basis else "")
 
 
 # Exploring: when the cheapest confident slice costs more than EXPLORE_PRICE × its price and a cheaper slice is
@@ -39,6 +47,7 @@ class Decision:
     profile_first: bool
     reason: str
     candidates: tuple[Slice, ...] = ()  # what to profile first (cheapest first), when exploring
+    options: tuple[Option, ...] = ()  # every slice weighed, with its figure and what it rests on (the service's)
 
 
 def measured_meets(throughput: float, required: float, noise: float) -> bool:
@@ -74,19 +83,19 @@ def choose(options: list[Option], required: float, *, min_confidence: float = 0.
                             and o.price <= explore_price * best.price), key=lambda o: (o.price, o.slice.key))
         if plausible:
             return Decision(best, required, True,
-                            f"{best.slice.label} is predicted to meet {required:,.0f}/s (confidence "
-                            f"{best.confidence:.0%}) but cheaper slices might: "
+                            f"{best.slice.label} is predicted to meet {required:,.0f}/s ("
+                            f"{best.confidence_text}) but cheaper slices might: "
                             f"{', '.join(o.slice.label for o in plausible[:3])}: profile first",
                             tuple(o.slice for o in plausible))
         return Decision(best, required, False,
                         f"predicted {best.throughput:,.0f}/s ≥ {required:,.0f}/s needed on {best.slice.label} "
-                        f"(confidence {best.confidence:.0%}), {best.memory_mib} MiB of {best.slice.memory_mib}")
+                        f"({best.confidence_text}), {best.memory_mib} MiB of {best.slice.memory_mib}")
     if not fitting:
         return Decision(None, required, True, "no slice is predicted to hold the workload's memory")
     likeliest = max(fitting, key=lambda o: (o.confidence, o.throughput))
     return Decision(likeliest, required, True,
                     f"no slice reaches confidence {min_confidence:.0%} for {required:,.0f}/s; the likeliest is "
-                    f"{likeliest.slice.label} ({likeliest.confidence:.0%}): profile first")
+                    f"{likeliest.slice.label} ({likeliest.confidence_text}): profile first")
 
 
 def rule_options(predicted: list[tuple[Slice, float, float, int]], required: float,

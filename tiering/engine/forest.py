@@ -157,6 +157,10 @@ class TierModel:
         centre, factor = shrink
         return predicted * math.exp(centre + (math.log(row.throughput / predicted) - centre) * factor)
 
+    def calibrated(self, where: Slice) -> bool:
+        """Whether the calibration kept held-out errors for ``where``'s tier (``confidence`` rests on them)."""
+        return bool(getattr(self, "residuals", {}).get(_tier_key(where)))
+
     def confidence(self, where: Slice, predicted: float, required: float) -> float:
         """The calibrated confidence that ``where`` reaches ``required`` when the forest predicts
         ``predicted`` (the share of its tier's held-out errors under which it still does)."""
