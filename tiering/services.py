@@ -111,9 +111,9 @@ def workload_clean(data: dict) -> dict:
     if not isinstance(framework, str) or len(framework) > 32:
         raise ValidationFailed("framework must be a short text (up to 32 characters).", field="framework")
     cleaned["framework"] = framework
-    regime = data.get("regime", "")
+    regime = data.get("regime") or ""  # null, "" or left out: inferred
     if regime not in ("", *REGIMES):
-        raise ValidationFailed(f"regime must be one of {', '.join(REGIMES)}, or empty to infer it from the "
+        raise ValidationFailed(f"regime must be one of {', '.join(REGIMES)}, or null to infer it from the "
                                "measured engine activity.", field="regime")
     cleaned["regime"] = regime
     spec = object.__new__(Spec)  # unchecked: workload_problems names the field, Spec() would only raise

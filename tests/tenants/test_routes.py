@@ -155,7 +155,8 @@ ROUTES: dict[str, Route] = {
     "api-workloads": Route("api", "/api/v1/workloads", {"get": None,
                                                          "post": {"name": "w2", "architecture": "bert-base",
                                                                   "target_throughput": 100.0}}),
-    "api-workload": Route("api", "/api/v1/workloads/{id}", READ, obj="workload"),
+    "api-workload": Route("api", "/api/v1/workloads/{id}", {"get": None, "patch": {"regime": "eager"}},
+                          obj="workload"),
     "api-workload-profiles": Route("api", "/api/v1/workloads/{id}/profiles", READ, obj="workload"),
     # a prediction stores its figures as predicted profiles of the workload (and audits it): a write
     "api-workload-prediction": Route("api", "/api/v1/workloads/{id}/prediction", {"post": None}, obj="workload"),
@@ -178,6 +179,8 @@ ROUTES: dict[str, Route] = {
     "portal:workload": Route("portal", "/workloads/{id}", READ, obj="workload"),
     "portal:workload-profile": Route("portal", "/workloads/{id}/profile", {"post": {"project": "vision"}},
                                      obj="workload"),
+    "portal:workload-regime": Route("portal", "/workloads/{id}/regime", {"post": {"regime": "eager"}},
+                                    obj="workload"),
     # the workload log's partial: another tenant's lease is 404 before the node is asked for a byte
     "portal:lease-log": Route("portal", "/leases/{id}/log", READ, obj="workload_lease"),
     "portal:lease-release": Route("portal", "/leases/{id}/release", {"post": {}}, obj="lease"),

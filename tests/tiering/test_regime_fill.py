@@ -72,6 +72,8 @@ def test_regime_registered_set_and_inferred(world):
     assert answer.status_code == 200 and answer.json()["regime_in_use"] == "engine", answer.content
     assert answer.json()["regime_source"] == "registered"
     assert AuditEvent.objects.filter(action="tiering.workload_regime_set", target="llama-chat").exists()
+    unchanged = client.patch("/api/v1/workloads/llama-chat", {}, format="json")
+    assert unchanged.status_code == 200 and unchanged.json()["regime"] == "engine"
     bad = client.patch("/api/v1/workloads/llama-chat", {"regime": "turbo"}, format="json")
     assert bad.status_code == 400 and bad.json()["field"] == "regime"
     assert world.client("outsider").patch("/api/v1/workloads/llama-chat", {"regime": "eager"},
@@ -83,11 +85,17 @@ def test_regime_registered_set_and_inferred(world):
     # the portal's form sets it back to inferred, and the page says which regime is in use and how it is known
     portal = Client()
     portal.force_login(world.member)
+    page = portal.post("/workloads/llama-chat/regime", {"regime": "eager"})
+    assert page.status_code == 302 and Workload.objects.get(name="llama-chat").regime == "eager"
     page = portal.post("/workloads/llama-chat/regime", {"regime": ""})
     assert page.status_code == 302, page.content[:500]
     assert Workload.objects.get(name="llama-chat").regime == ""
     html = portal.get("/workloads/llama-chat").content.decode()
     assert 'data-regime="eager"' in html and "inferred from the engine activity measured on A100-80GB" in html
+    # null through the API infers it as well
+    client.patch("/api/v1/workloads/llama-chat", {"regime": "engine"}, format="json")
+    again = client.patch("/api/v1/workloads/llama-chat", {"regime": None}, format="json").json()
+    assert again["regime"] == "" and again["regime_in_use"] == "eager", again
 
 
 def test_unmeasured_slices_are_decided_from_the_nearest_measurement_scaled(world, trained):

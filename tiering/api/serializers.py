@@ -44,13 +44,16 @@ class WorkloadInput(StrictSerializer):
     image_size = serializers.IntegerField(required=False)
     target_throughput = serializers.FloatField(required=False)
     target_latency_ms = serializers.FloatField(required=False)
-    regime = serializers.ChoiceField(["", "engine", "eager"], required=False, allow_blank=True, help_text=(
-        "engine (a serving engine or a replayed CUDA graph), eager (the framework's model(x)), or empty: inferred "
-        "from the measured engine activity"))
+    regime = serializers.ChoiceField(["engine", "eager"], required=False, allow_null=True, help_text=(
+        "engine (a serving engine or a replayed CUDA graph), eager (the framework's model(x)), or null (or left "
+        "out): inferred from the measured engine activity"))
 
 
 class WorkloadRegimeInput(StrictSerializer):
-    regime = serializers.ChoiceField(["", "engine", "eager"], allow_blank=True)
+    """``PATCH /api/v1/workloads/{name}``: the regime (null: inferred from the measured engine activity); a body
+    without it changes nothing."""
+
+    regime = serializers.ChoiceField(["engine", "eager"], required=False, allow_null=True)
 
 
 class ProfileOutput(serializers.ModelSerializer):

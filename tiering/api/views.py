@@ -46,7 +46,9 @@ class WorkloadDetailApi(APIView):
     def patch(self, request, name: str):
         data = parse(s.WorkloadRegimeInput, request)
         workload = selectors.workload_get(actor=request.actor, name=name)
-        workload = services.workload_regime_set(actor=request.actor, workload=workload, regime=data["regime"])
+        if "regime" in data:
+            workload = services.workload_regime_set(actor=request.actor, workload=workload,
+                                                    regime=data["regime"] or "")
         return Response(s.WorkloadOutput(workload).data)
 
 

@@ -4,24 +4,34 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('tiering', '0004_model_calibration'),
+        ("tiering", "0004_model_calibration"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='profile',
-            name='basis',
-            field=models.CharField(blank=True, default='', max_length=120),
+            model_name="profile",
+            name="basis",
+            field=models.CharField(blank=True, default="", max_length=120),
         ),
         migrations.AddField(
-            model_name='workload',
-            name='regime',
-            field=models.CharField(blank=True, choices=[('', 'infer from the measured engine activity'), ('engine', 'engine (a serving engine or a replayed CUDA graph)'), ('eager', "eager (the framework's model(x), operation by operation)")], default='', max_length=8),
+            model_name="workload",
+            name="regime",
+            field=models.CharField(
+                blank=True,
+                choices=[
+                    ("", "infer from the measured engine activity"),
+                    ("engine", "engine (a serving engine or a replayed CUDA graph)"),
+                    ("eager", "eager (the framework's model(x), operation by operation)"),
+                ],
+                default="",
+                max_length=8,
+            ),
         ),
         migrations.AddConstraint(
-            model_name='workload',
-            constraint=models.CheckConstraint(condition=models.Q(('regime__in', ['', 'engine', 'eager'])), name='tiering_workload_regime_known'),
+            model_name="workload",
+            constraint=models.CheckConstraint(
+                condition=models.Q(("regime__in", ["", "engine", "eager"])), name="tiering_workload_regime_known"
+            ),
         ),
     ]
