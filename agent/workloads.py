@@ -213,10 +213,13 @@ class ContainerRuntime(Runtime):
                 if key in BASE_ENV or key == "XDG_RUNTIME_DIR" or key.startswith(ENGINE_ENV_PREFIXES)}
 
     def kill(self, workload: dict) -> None:
-        with contextlib.suppress(OSError, subprocess.TimeoutExpired):
-            subprocess.run([self.engine, "kill", "--signal", "KILL", self.container_name(workload)],
-                           stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                           timeout=10, check=False)
+        # SIGKILL to the run's process group also ends the engine's client (`run --rm`), which would have removed
+        # the container: remove it here too (force: whatever state it is in; a missing one is no error)
+        for argv in ([self.engine, "kill", "--signal", "KILL", self.container_name(workload)],
+                     [self.engine, "rm", "--force", self.container_name(workload)]):
+            with contextlib.suppress(OSError, subprocess.TimeoutExpired):
+                subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                               timeout=30, check=False)
 
 
 def build_runtime(name: str) -> Runtime:
