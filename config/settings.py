@@ -514,6 +514,9 @@ SPECTACULAR_SETTINGS["ENUM_NAME_OVERRIDES"].update({
     # one name per choice set where two serializers' fields share a name ("state", "tier")
     "PlanStateEnum": "pipelines.models.PlanState",
     "GpuModelCodeEnum": "billing.api.serializers.MODEL_CODES",
+    # a workload's regime: the stored field (with its labels) and the API's input (values only)
+    "WorkloadRegimeEnum": "tiering.models.Regime",
+    "RegimeInputEnum": ["engine", "eager"],
     "PipelineTierEnum": "pipelines.api.serializers.TIERS",
 })
 REST_FRAMEWORK["DEFAULT_PAGINATION_CLASS"] = "core.pagination.BoundedLimitOffsetPagination"
