@@ -14,7 +14,6 @@ import shutil
 import stat
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -30,6 +29,7 @@ from agent.isolation import (
 )
 from agent.protocol import AgentHTTPError
 from agent.workloads import WorkloadManager
+from core.processes import wait_until
 from tests.real_parts import real_part, require
 from tests.support.agents import SECRET, AgentProcess
 
@@ -41,14 +41,8 @@ GPUS = "a100-80gb:2:whole,h100-80gb:1:mig"
 PLANTED = "planted-api-key-of-acme-5d1e0b"
 
 
-def wait_for(predicate, timeout: float = 20.0, every: float = 0.05):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(every)
-    raise AssertionError(f"not within {timeout} s")
+def wait_for(predicate, timeout: float = 20.0):
+    return wait_until(predicate, timeout=timeout, step=0.05)
 
 
 def final(client, workload_id: str) -> dict:
@@ -86,14 +80,6 @@ def agent(tmp_path_factory, shared, devices):
                            extra=("--workload-root", str(shared), "--device-dir", str(devices))).start()
     yield process
     process.stop()
-
-
-@pytest.fixture
-def client(agent):
-    client = agent.client(retries=0)
-    for instance in client.inventory()["instances"]:
-        client.destroy(instance["allocation_id"])
-    return client
 
 
 def whole(client, allocation_id: str, index: int) -> dict:
