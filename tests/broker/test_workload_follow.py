@@ -25,6 +25,10 @@ from tests.support.api import Api
 from tests.support.processes import wait_until
 
 FOLLOWS = 50
+# the server's bounded wait in this test: long enough that all fifty follows reach the server while the first
+# ones wait, even on a 2-core CI machine busy with other tests (with the default 5 s, the burst could still be
+# queueing when the first waiters answered, and a late follow rightly took the freed place)
+FOLLOW_SECONDS = 15
 # prints "started", stays silent until the test creates the file named by argv[1], prints "more", then sleeps
 # bounded (180 s at most), so a failed run that never releases its lease leaves no workload behind: the agent
 # keeps workloads running when it stops, to adopt them again
@@ -36,14 +40,21 @@ WAITER = ("import os, sys, time\nend = time.monotonic() + 180\nprint('started', 
 def test_workload_follow_fifty_follows_leave_healthz_and_another_tenant_under_a_second(
         worker, workload_fleet, world, shared, tmp_path, settings):
     make_quota(world.project, "A100-80GB", deserved=1000, limit=2000, tenant_deserved=1000, tenant_limit=4000)
-    trigger = tmp_path / "print-more"
+    # the trigger lies in the project's own directory under the workload root (<root>/<tenant>/<project>): as
+    # root the agent runs the workload as the tenant's own user with a private /tmp, so tmp_path is not its to see
+    own = shared / "acme" / "vision"
+    own.mkdir(parents=True)
+    trigger = own / "print-more"
     # the server sends its tasks to the test worker's queue
     queue = app.conf.task_default_queue
-    with server.production_web_server(server.test_database_url(), CELERY_TASK_DEFAULT_QUEUE=queue) as site:
+    with server.production_web_server(server.test_database_url(), CELERY_TASK_DEFAULT_QUEUE=queue,
+                                       WORKLOAD_LOG_FOLLOW_SECONDS=str(FOLLOW_SECONDS),
+                                       WORKLOAD_ALLOWED_ROOTS=str(shared)) as site:
         member = Api(site, world.tokens["member"])
-        _, lease = member.call("POST", "/leases", {
+        status, lease = member.call("POST", "/leases", {
             "project": "vision", "gpu": {"kind": "whole", "model": "A100-80GB"},
-            "workload": {"command": [sys.executable, "-c", WAITER, str(trigger)]}})
+            "workload": {"command": [sys.executable, "-c", WAITER, str(trigger)], "workdir": str(own)}})
+        assert status == 201, lease
         logs = f"{site}/api/v1/leases/{lease['id']}/logs"
         auth = {"Authorization": f"Bearer {world.tokens['member']}"}
         wait_until(lambda: "started" in requests.get(logs, headers=auth, timeout=10).json().get("data", ""),
@@ -53,9 +64,10 @@ def test_workload_follow_fifty_follows_leave_healthz_and_another_tenant_under_a_
         def follow(_):
             started = time.monotonic()
             try:
-                response = requests.get(logs, params={"follow": 60, "offset": offset}, headers=auth, timeout=30)
+                response = requests.get(logs, params={"follow": 60, "offset": offset}, headers=auth,
+                                        timeout=2 * FOLLOW_SECONDS)
             except requests.Timeout:
-                response = None  # held past 30 s (today's 20 s sleeps queued behind each other)
+                response = None  # held past 30 s (the old unbounded sleeps queued behind each other)
             return response, time.monotonic() - started
 
         latencies: list[tuple[str, float]] = []
@@ -96,7 +108,8 @@ def test_workload_follow_fifty_follows_leave_healthz_and_another_tenant_under_a_
             f"slowest probes {slowest}; follows {sorted(statuses, key=str)[:3]}..., {statuses.count('timeout')} " \
             f"held past 30 s"
         # at most the tenant's cap waited; the rest were told to come back, as problem+json with Retry-After
-        assert set(statuses) <= {200, 429} and statuses.count(200) <= settings.WORKLOAD_LOG_FOLLOWS_PER_TENANT
+        assert set(statuses) <= {200, 429} and statuses.count(200) <= settings.WORKLOAD_LOG_FOLLOWS_PER_TENANT, \
+            [(r.status_code, round(t, 2), r.json()) for r, t in answers if r is not None and r.status_code == 200]
         refused = [response for response, _ in answers if response.status_code == 429]
         assert len(refused) >= FOLLOWS - settings.WORKLOAD_LOG_FOLLOWS_PER_TENANT
         assert all(r.headers["Content-Type"] == "application/problem+json" and int(r.headers["Retry-After"]) >= 1
@@ -104,7 +117,7 @@ def test_workload_follow_fifty_follows_leave_healthz_and_another_tenant_under_a_
         # a follow that waited waited at most the bounded wait, and answers the cursor to re-ask from
         waited = [(response.json(), seconds) for response, seconds in answers if response.status_code == 200]
         assert all(body["data"] == "" and body["next_offset"] == offset and body["state"] == "running"
-                   and seconds < settings.WORKLOAD_LOG_FOLLOW_SECONDS + 3 for body, seconds in waited)
+                   and seconds < FOLLOW_SECONDS + 3 for body, seconds in waited)
 
         # the long poll: re-asked from the cursor, a follow answers as soon as the workload writes
         def later():
@@ -113,9 +126,13 @@ def test_workload_follow_fifty_follows_leave_healthz_and_another_tenant_under_a_
 
         threading.Thread(target=later).start()
         started = time.monotonic()
-        body = requests.get(logs, params={"follow": 60, "offset": offset}, headers=auth, timeout=30).json()
-        assert body["data"] == "more\n" and body["next_offset"] == offset + 5
-        assert time.monotonic() - started < settings.WORKLOAD_LOG_FOLLOW_SECONDS + 3
+        body = requests.get(logs, params={"follow": 60, "offset": offset}, headers=auth,
+                            timeout=2 * FOLLOW_SECONDS).json()
+        assert body["data"] == "more\n" and body["next_offset"] == offset + 5, \
+            f"{body} after {time.monotonic() - started:.1f} s; " + "; ".join(
+                requests.get(logs, params={"stream": stream, "offset": 0}, headers=auth, timeout=10).text
+                for stream in ("stdout", "stderr")) + str(member.call("GET", f"/leases/{lease['id']}"))
+        assert time.monotonic() - started < FOLLOW_SECONDS + 3
         print(f"\n{FOLLOWS} follows: {statuses.count(200)} waited, {statuses.count(429)} refused (429); "
               f"probes: {len(latencies)}, median {statistics.median(s for _, s in latencies) * 1000:.0f} ms, "
               f"slowest {max(s for _, s in latencies) * 1000:.0f} ms")
