@@ -402,8 +402,14 @@ def _tiering_measured() -> str:
             + table(["subset (H100 rows)", "cases", "throughput: median abs. error (measured ÷ predicted)",
                      "peak memory", "before regimes (throughput)"], rows) + "\n\n"
             + f"Cross-validated by architecture (fit on four, score on the fifth); peak memory over every measured row "
-              f"{cell(f['cross_validated']['memory'])}; predicted bound contradicting the measured one: "
-              f"{f['cross_validated']['contradictions']} row(s). Tier decisions ({d['decisions']}: each measured case "
+              f"{cell(f['cross_validated']['memory'])}"
+            + (f", within 15 % on {f['cross_validated']['memory_rows']['within']} of "
+               f"{f['cross_validated']['memory_rows']['rows']} rows"
+               + "".join(f" (not: {o['case']}, {o['measured_mib']:,.0f} MiB measured, {o['predicted_mib']:,.0f} "
+                         "predicted)" for o in f["cross_validated"]["memory_rows"]["outside"])
+               if "memory_rows" in f["cross_validated"] else "")
+            + "; predicted bound contradicting the measured one: "
+            + f"{f['cross_validated']['contradictions']} row(s). Tier decisions ({d['decisions']}: each measured case "
               f"at 10, 30, 60 and 90 % of its best): {d['changed']} change when measured beats modelled; the model's "
               f"own choices miss {d['model_choice_misses']} of them under the measured truth.")
     if f.get("forest"):
