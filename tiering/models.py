@@ -244,7 +244,7 @@ class TierAdvice(models.Model):
                        models.CheckConstraint(condition=models.Q(basis=AdviceBasis.MEASURED,
                                                                  expected_error__isnull=True)
                                               | (~models.Q(basis=AdviceBasis.MEASURED)
-                                                 & models.Q(expected_error__gte=0)),
+                                                 & models.Q(expected_error__isnull=False, expected_error__gte=0)),
                                               name="tiering_advice_error_matches_basis")]
 
     def __str__(self) -> str:

@@ -53,7 +53,11 @@ class Migration(migrations.Migration):
             constraint=models.CheckConstraint(
                 condition=models.Q(
                     models.Q(("basis", "measured"), ("expected_error__isnull", True)),
-                    models.Q(models.Q(("basis", "measured"), _negated=True), ("expected_error__gte", 0)),
+                    models.Q(
+                        models.Q(("basis", "measured"), _negated=True),
+                        ("expected_error__gte", 0),
+                        ("expected_error__isnull", False),
+                    ),
                     _connector="OR",
                 ),
                 name="tiering_advice_error_matches_basis",
