@@ -14,6 +14,11 @@ profile kept true while the workload runs). Then, against the workload's target 
 - **quantize**: an inference workload in 16/32-bit that the performance model says would fit and meet its target
   on a cheaper slice at INT8 or FP8 → advice only (it changes the model: not ours to do).
 
+Each advice says what its suggested slice's figure rests on (``TierAdvice.basis``: a measurement there, another
+slice's measurement scaled by the performance model, or a prediction) and, unless measured, the model's typical
+error for the workload's regime (``TierAdvice.expected_error``, ``gpus.measured.expected_error``); quantization
+advice is always a prediction.
+
 One open row per (lease, kind), refreshed by each scan; closed when the lease is no longer active or the advice no
 longer holds. Nothing is changed by advice.
 """
