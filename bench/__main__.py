@@ -139,6 +139,12 @@ BENCHMARKS: tuple[Benchmark, ...] = (
               ("bench/tiering.py", "--truth", "measured", "--quick", "--json", "{results}/tiering_measured.json"),
               ("tiering_measured",), "nothing (pure)", 8,
               measures=("tiering/engine", "gpus")),
+    Benchmark("tiering_error", "the performance model's error against measured GPUs alone (cross-validated by "
+              "architecture, no forest): seconds, where tiering_measured's forest takes most of an hour",
+              ("bench/tiering.py", "--truth", "measured", "--no-forest", "--json", "{results}/tiering_error.json"),
+              ("bench/tiering.py", "--truth", "measured", "--no-forest", "--json", "{results}/tiering_error.json"),
+              ("tiering_error",), "nothing (pure)", 0.1,
+              measures=("gpus",)),
     Benchmark("capacity_live", "warm pools in the live service: p95 time to GPU warm against cold",
               ("bench/capacity_live.py",), ("bench/capacity_live.py", "--quick"), ("capacity_live",),
               "PostgreSQL, Redis, gunicorn, Celery workers and beat, a simulated fleet", 9,

@@ -338,6 +338,20 @@ def decisions_changed(held, truth_of, slices) -> dict:
             "model_choice_regret": round(sum(regret) / max(1, len(regret)), 4), "examples": changed}
 
 
+MEMORY_TOLERANCE = 0.15  # issue 31: peak memory within 15 % on the measured rows
+
+
+def memory_rows(cases: list[dict]) -> dict:
+    """How many measured peaks the (cross-validated) prediction holds within ``MEMORY_TOLERANCE``, and the others."""
+    measured = [c for c in cases if c["measured_peak_mib"]]
+    outside = [c for c in measured
+               if abs(c["measured_peak_mib"] / c["predicted_peak_mib"] - 1) > MEMORY_TOLERANCE]
+    return {"rows": len(measured), "within": len(measured) - len(outside),
+            "outside": [{"case": f"{c['arch']} {c['task']} {c['precision']} b{c['batch']} {c['mode']}",
+                         "measured_mib": c["measured_peak_mib"], "predicted_mib": c["predicted_peak_mib"]}
+                        for c in outside]}
+
+
 def run_measured(args) -> dict:
     """The model against measured GPUs (the rows in gpus/data/): cross-validated by architecture (fit on the
     others, score on each), in sample, and the model before regimes; the tier decisions the measurements change;
@@ -361,6 +375,7 @@ def run_measured(args) -> dict:
     return {"truth": "measured", "rows": len(rows), "gpus": sorted({r.slice_key for r in rows}),
             "architectures": sorted({r.architecture for r in rows}),
             "cross_validated": {"subsets": cv["subsets"], "memory": cv["memory_all"],
+                                "memory_rows": memory_rows(cv["cases"]),
                                 "contradictions": cv["contradictions"],
                                 "contradicting_cases": [c for c in cv["cases"] if c["contradicts"]],
                                 "folds": cv["folds"]},
@@ -388,6 +403,10 @@ def print_measured(result: dict) -> None:
     memory = result["cross_validated"]["memory"]
     print(f"  peak memory, every measured row: median abs. error {memory['median_abs_error']:.1%}, measured/predicted "
           f"{memory['measured_over_predicted']}")
+    rows = result["cross_validated"]["memory_rows"]
+    print(f"  peak memory within {MEMORY_TOLERANCE:.0%}: {rows['within']} of {rows['rows']} rows"
+          + "".join(f"\n    {o['case']}: measured {o['measured_mib']:,.0f} MiB, predicted {o['predicted_mib']:,.0f}"
+                    for o in rows["outside"]))
     print("  predicted bound (host / GPU) contradicting the measured one: "
           f"{result['cross_validated']['contradictions']}"
           + "".join(f"\n    {c['arch']} {c['task']} {c['precision']} b{c['batch']} {c['mode']}: model {c['bound']}, "

@@ -75,6 +75,12 @@ class ConvNet:
     kind: str = "cnn"
     convs: int = 50  # convolution and linear layers (torchvision's model definitions)
     peak_map_m: float = 0.8  # the largest feature map of one 224×224 image, millions of elements (layer shapes)
+    # the tensors an eager forward pass holds at its peak, in largest feature maps per sample (beside the input
+    # image, which the caller holds): counted from torchvision's module code and the layer shapes, not fitted —
+    # a convolution's output and its batch norm's (not in place) are both alive while the norm runs, ReLU runs in
+    # place, a residual block keeps its input until the add (the comment on each architecture says where the
+    # peak is)
+    live_maps: float = 2.0
 
     @property
     def params(self) -> int:
@@ -113,16 +119,27 @@ ARCHITECTURES: dict[str, Transformer | ConvNet] = {a.name: a for a in (
     _t("vit-b-16", "vit", 12, 768, 3072, 12, 12, 0, patch=16),
     _t("vit-l-16", "vit", 24, 1024, 4096, 16, 16, 0, patch=16),
     # convolutional networks (torchvision: GMACs and parameters at 224×224)
-    ConvNet("mobilenet-v2", 0.30, 3.5, 6.7, convs=52, peak_map_m=1.20),
-    ConvNet("efficientnet-b0", 0.39, 5.3, 8.0, convs=81, peak_map_m=1.20),
-    ConvNet("resnet-18", 1.81, 11.7, 2.5, convs=20, peak_map_m=0.80),
-    ConvNet("resnet-34", 3.66, 21.8, 3.7, convs=36, peak_map_m=0.80),
-    ConvNet("densenet-121", 2.83, 8.0, 9.0, convs=120, peak_map_m=0.80),
-    ConvNet("resnet-50", 4.09, 25.6, 10.0, convs=53, peak_map_m=0.80),
-    ConvNet("convnext-tiny", 4.46, 28.6, 8.0, convs=58, peak_map_m=1.20),
-    ConvNet("resnet-101", 7.80, 44.5, 15.0, convs=104, peak_map_m=0.80),
-    ConvNet("resnet-152", 11.51, 60.2, 21.0, convs=155, peak_map_m=0.80),
-    ConvNet("vgg-16", 15.47, 138.4, 15.0, convs=16, peak_map_m=3.21),
+    # features[2]'s expansion (16 → 96 channels at 112²): the convolution's output and its batch norm's (ReLU6 in
+    # place) beside the block's input (16 channels: 1/6 map)
+    ConvNet("mobilenet-v2", 0.30, 3.5, 6.7, convs=52, peak_map_m=1.20, live_maps=2.17),
+    # stage 2's first MBConv expansion (16 → 96 channels at 112²), as mobilenet-v2 (SiLU in place)
+    ConvNet("efficientnet-b0", 0.39, 5.3, 8.0, convs=81, peak_map_m=1.20, live_maps=2.17),
+    # the stem (64 channels at 112²): the convolution's output and its batch norm's; layer1's blocks hold 1/4 map each
+    ConvNet("resnet-18", 1.81, 11.7, 2.5, convs=20, peak_map_m=0.80, live_maps=2.0),
+    ConvNet("resnet-34", 3.66, 21.8, 3.7, convs=36, peak_map_m=0.80, live_maps=2.0),  # as resnet-18
+    # the end of dense block 1 (256 channels at 56²): the layers' outputs kept in the block's list, their
+    # concatenation and the transition's batch norm
+    ConvNet("densenet-121", 2.83, 8.0, 9.0, convs=120, peak_map_m=0.80, live_maps=3.0),
+    # layer1's first bottleneck (256 channels at 56²) computing its downsample: the block's input (64 channels:
+    # 1/4 map), the third batch norm's output, the downsample convolution's and its batch norm's
+    ConvNet("resnet-50", 4.09, 25.6, 10.0, convs=53, peak_map_m=0.80, live_maps=3.25),
+    # stage 1's block (96 channels at 56², the MLP 4× wider): the block's input (1/4 map), the first linear layer's
+    # output and GELU's (not in place)
+    ConvNet("convnext-tiny", 4.46, 28.6, 8.0, convs=58, peak_map_m=1.20, live_maps=2.25),
+    ConvNet("resnet-101", 7.80, 44.5, 15.0, convs=104, peak_map_m=0.80, live_maps=3.25),  # as resnet-50
+    ConvNet("resnet-152", 11.51, 60.2, 21.0, convs=155, peak_map_m=0.80, live_maps=3.25),  # as resnet-50
+    # conv1_2 (64 channels at 224²): its input and its output (ReLU in place, no batch norm)
+    ConvNet("vgg-16", 15.47, 138.4, 15.0, convs=16, peak_map_m=3.21, live_maps=2.0),
 )}
 
 FAMILIES = ("encoder", "decoder", "vit", "cnn")

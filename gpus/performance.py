@@ -102,8 +102,9 @@ class Constants:
     host_seconds_per_op: float = 1e-5  # eager: Python and the dispatcher, per operation
     eager_host_seconds_per_step: float = 2e-4  # eager: the step's own host work (embedding, masks, cache object)
     workspace_mib: float = 0.0  # the framework's workspaces (cuBLAS, allocator rounding), beside the context
-    conv_peak_maps: float = 2.0  # CNN activations held at the peak, in largest feature maps per sample
-    conv_fp32_workspace_maps: float = 0.0  # cuDNN's FP32 algorithms (no tensor cores): workspace per sample
+    # cuDNN's FP32 algorithms (no tensor cores): workspace per sample, in largest feature maps, beside the live
+    # tensors (``ConvNet.live_maps``, counted from the layer shapes: nothing about a CNN's 16-bit memory is fitted)
+    conv_fp32_workspace_maps: float = 0.0
 
 
 # ``gpus.measured.fit(gpus.measured.load())``: the H100 rows of gpus/data/ (five architectures; docs/tiering.md §2);
@@ -111,8 +112,8 @@ class Constants:
 FITTED = Constants(compute_efficiency=0.61, memory_efficiency=0.745, kernel_seconds=5.98e-06,
                    eager_compute_efficiency=0.647,
                    eager_conv_efficiency=0.455, eager_gemm_half_macs=2e9, host_seconds_per_op=1.33e-05,
-                   eager_host_seconds_per_step=0.00166, workspace_mib=40.4, conv_peak_maps=3.66,
-                   conv_fp32_workspace_maps=3.59)
+                   eager_host_seconds_per_step=0.00166, workspace_mib=41.4,
+                   conv_fp32_workspace_maps=3.8)
 
 COMPUTE_EFFICIENCY = FITTED.compute_efficiency
 MEMORY_EFFICIENCY = FITTED.memory_efficiency
@@ -336,8 +337,9 @@ def work_of(workload: Workload, spec: ComputeSpec | None = None, constants: Cons
     Memory is what the framework holds at the step's peak (``torch.cuda.max_memory_allocated``) plus the CUDA
     context (``CONTEXT_MIB``): the weights, the framework's workspace, and the larger of the live activations
     and, for a decoder's forward pass, the logits over the whole vocabulary for every token; generation adds
-    the KV cache (and the prefill's activations that built it); a CNN holds ``conv_peak_maps`` of its largest
-    feature map per sample (attention runs as SDPA: no sequence-squared score matrix)."""
+    the KV cache (and the prefill's activations that built it); a CNN holds ``ConvNet.live_maps`` of its largest
+    feature map and its input image per sample, FP32 adds cuDNN's workspace (attention runs as SDPA: no
+    sequence-squared score matrix)."""
     c = constants or FITTED
     arch = architecture_get(workload.architecture)
     precision = effective_precision(spec, workload.precision) if spec else workload.precision
@@ -359,8 +361,10 @@ def work_of(workload: Workload, spec: ComputeSpec | None = None, constants: Cons
         else:
             flops = forward
             moved = weights + 2 * activations * act
-            maps = c.conv_peak_maps + (c.conv_fp32_workspace_maps if precision == "fp32" else 0.0)
-            memory = weights + maps * peak_map * act
+            # the live tensors at the forward pass's peak (``ConvNet.live_maps``) and the input image, per sample
+            maps = arch.live_maps + (c.conv_fp32_workspace_maps if precision == "fp32" else 0.0)
+            image = 3 * workload.image_size ** 2 * batch
+            memory = weights + (maps * peak_map + image) * act
         ops = arch.convs * OPS_PER_CONV * (3 if training else 1)
         # eager: batch norm and activation read and write every map (an engine folds them into the convolution)
         eager = 2 * 2 * activations * act * (3 if training else 1)

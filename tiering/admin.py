@@ -55,8 +55,8 @@ class ProfilingRunAdmin(ReadOnly):
 @admin.register(TierAdvice)
 class TierAdviceAdmin(ReadOnly):
     list_display = ["id", "kind", "tenant", "lease", "workload", "current_slice", "suggested_slice", "saving_per_hour",
-                    "open", "updated_at"]
-    list_filter = ["kind", "open"]
+                    "basis", "expected_error", "open", "updated_at"]
+    list_filter = ["kind", "basis", "open"]
 
 
 @admin.register(TierModelRecord)

@@ -14,6 +14,11 @@ profile kept true while the workload runs). Then, against the workload's target 
 - **quantize**: an inference workload in 16/32-bit that the performance model says would fit and meet its target
   on a cheaper slice at INT8 or FP8 → advice only (it changes the model: not ours to do).
 
+Each advice says what its suggested slice's figure rests on (``TierAdvice.basis``: a measurement there, another
+slice's measurement scaled by the performance model, or a prediction) and, unless measured, the model's typical
+error for the workload's regime (``TierAdvice.expected_error``, ``gpus.measured.expected_error``); quantization
+advice is always a prediction.
+
 One open row per (lease, kind), refreshed by each scan; closed when the lease is no longer active or the advice no
 longer holds. Nothing is changed by advice.
 """
@@ -21,7 +26,7 @@ longer holds. Nothing is changed by advice.
 from __future__ import annotations
 
 import logging
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
 from django.conf import settings
@@ -32,10 +37,45 @@ from broker.choices import LeaseState
 from broker.models import Lease
 from gpus.measured import expected_error
 from gpus.performance import estimate, regime_infer, slice_from_key
-from tiering.models import AdviceKind, LeaseSample, Provenance, TierAdvice
+from tiering.models import AdviceBasis, AdviceKind, LeaseSample, Provenance, TierAdvice
 
 logger = logging.getLogger(__name__)
 QUANTIZED = ("int8", "fp8")
+
+
+@dataclass(frozen=True, slots=True)
+class FigureBasis:
+    """What an advised slice's figure rests on (``AdviceBasis``) and, unless measured there, the performance model's
+    typical error for the workload's regime and task (``gpus.measured.expected_error``: cross-validated by
+    architecture on measured GPUs)."""
+
+    basis: str
+    expected_error: float | None
+    regime: str
+    how: str = ""
+
+    def phrase(self, throughput: float) -> str:
+        """The words the advice's reason uses for it (the API's ``basis`` and ``expected_error`` say the same)."""
+        if self.basis == AdviceBasis.MEASURED:
+            return f"gave {throughput:,.0f}/s there when measured"
+        if self.basis == AdviceBasis.SCALED:
+            return (f"is expected to give {throughput:,.0f}/s ({self.how}, by the performance model's ratio between "
+                    f"the two slices in the {self.regime} regime, a ratio typically within "
+                    f"±{self.expected_error:.0%})")
+        return (f"is predicted to give {throughput:,.0f}/s (a prediction: typically within "
+                f"±{self.expected_error:.0%} for a workload in the {self.regime} regime)")
+
+
+def figure_basis(*, slice_key: str, how: str, measured_keys: set[str], regime: str, task: str) -> FigureBasis:
+    """A measurement of the workload on ``slice_key``; else another slice's measurement scaled in the workload's
+    regime (``how``: the decision option's ``scaled from <slice> measurement``); else a prediction. The two
+    last carry the regime's expected error (a scaled figure's ratio is the model's)."""
+    if slice_key in measured_keys:
+        return FigureBasis(AdviceBasis.MEASURED, None, regime)
+    error = expected_error(regime, task)
+    if how.startswith("scaled from"):
+        return FigureBasis(AdviceBasis.SCALED, error, regime, how)
+    return FigureBasis(AdviceBasis.PREDICTED, error, regime)
 
 
 def lease_slice_key(lease: Lease) -> str | None:
@@ -107,24 +147,18 @@ def advice_scan(*, now: datetime | None = None) -> dict[str, int]:
                                                                                                    flat=True))
 
         def basis(slice_key: str, throughput: float, how: str = "", spec=spec, measured_keys=measured_keys) -> str:
-            """What a figure rests on: a measurement of this workload there, another slice's measurement scaled by
-            the model's ratio in the workload's regime (``how``: the decision's ``scaled from <slice>
-            measurement``), or a prediction, with its typical error in the regime (cross-validated on measured
-            GPUs)."""
-            if slice_key in measured_keys:
-                return f"gave {throughput:,.0f}/s there when measured"
-            if how.startswith("scaled from"):
-                return (f"is expected to give {throughput:,.0f}/s ({how}, by the performance model's ratio between "
-                        f"the two slices in the {spec.regime} regime)")
-            return (f"is predicted to give {throughput:,.0f}/s (a prediction: typically within "
-                    f"±{expected_error(spec.regime, spec.task):.0%} for a workload in the {spec.regime} regime)")
+            return figure_basis(slice_key=slice_key, how=how, measured_keys=measured_keys, regime=spec.regime,
+                                task=spec.task).phrase(throughput)
         roomy = figures["throughput"] >= 1.5 * required or (
             engine < 0.4 and figures["memory_mib"] < 0.5 * where.memory_mib)
         pressed = figures["throughput"] < required or figures["memory_mib"] >= 0.95 * where.memory_mib
         if option is not None and current_price is not None and option.slice.key != key:
+            rests = figure_basis(slice_key=option.slice.key, how=option.basis, measured_keys=measured_keys,
+                                 regime=spec.regime, task=spec.task)
             if roomy and option.price < current_price:
                 found[AdviceKind.TOO_BIG] = {
                     "suggested": option.slice.key, "saving": current_price - option.price, "speedup": None,
+                    "basis": rests.basis, "expected_error": rests.expected_error,
                     "reason": (f"too big: {figures['throughput']:,.0f}/s for {required:,.0f}/s needed, engine "
                                f"{engine:.0%} busy, {figures['memory_mib']:,} of {where.memory_mib:,} MiB; "
                                f"{option.slice.label} {basis(option.slice.key, option.throughput, option.basis)} "
@@ -134,6 +168,7 @@ def advice_scan(*, now: datetime | None = None) -> dict[str, int]:
                 speedup = option.throughput / max(figures["throughput"], 1e-9)
                 found[AdviceKind.TOO_SMALL] = {
                     "suggested": option.slice.key, "saving": current_price - option.price, "speedup": speedup,
+                    "basis": rests.basis, "expected_error": rests.expected_error,
                     "reason": (f"too small: {figures['throughput']:,.0f}/s for {required:,.0f}/s needed, "
                                f"{figures['memory_mib']:,} of {where.memory_mib:,} MiB; {option.slice.label} "
                                f"{basis(option.slice.key, option.throughput, option.basis)} "
@@ -151,8 +186,9 @@ def advice_scan(*, now: datetime | None = None) -> dict[str, int]:
                         best = (precision, candidate, price, truth)
             if best is not None:
                 precision, candidate, price, truth = best
-                found[AdviceKind.QUANTIZE] = {
+                found[AdviceKind.QUANTIZE] = {  # never measured at the new precision: always a prediction
                     "suggested": candidate.key, "saving": current_price - price, "speedup": None,
+                    "basis": AdviceBasis.PREDICTED, "expected_error": expected_error(spec.regime, spec.task),
                     "reason": (f"quantized to {precision.upper()} it would fit {candidate.label} "
                                f"({truth.memory_mib:,} of {candidate.memory_mib:,} MiB) and give "
                                f"{truth.throughput:,.0f}/s (a prediction of the performance model, never measured at "
@@ -175,6 +211,7 @@ def _advice_save(*, lease: Lease, workload, key: str, found: dict, evidence: dic
         for kind, item in found.items():
             values = {"suggested_slice": item["suggested"], "reason": item["reason"][:2000],
                       "saving_per_hour": round(item["saving"], 4), "speedup": item["speedup"], "evidence": evidence,
+                      "basis": item["basis"], "expected_error": item["expected_error"],
                       "current_slice": key, "updated_at": now}
             row = TierAdvice.objects.filter(lease=lease, kind=kind, open=True).first()
             if row is None:

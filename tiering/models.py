@@ -199,6 +199,14 @@ class AdviceKind(models.TextChoices):
     QUANTIZE = "quantize", "quantize to INT8/FP8 (advice only)"
 
 
+class AdviceBasis(models.TextChoices):
+    """What the figure an advice quotes for its suggested slice rests on (issue 31)."""
+
+    MEASURED = "measured", "a measurement of the workload on that slice"
+    SCALED = "scaled", "another slice's measurement, scaled by the performance model"
+    PREDICTED = "predicted", "a prediction of the performance model"
+
+
 class TierAdvice(models.Model):
     """Advice on a running lease from its telemetry (docs/tiering.md, "Advice"): on the wrong tier (too big: the
     target is met with room to spare and a cheaper slice is predicted to meet it; too small: under target or
@@ -218,6 +226,10 @@ class TierAdvice(models.Model):
     saving_per_hour = models.FloatField(default=0.0)  # in the price book's currency, per hour
     speedup = models.FloatField(null=True, blank=True)
     evidence = models.JSONField(default=dict)
+    # what the suggested slice's figure rests on, and, unless measured there, the model's typical error for the
+    # workload's regime (cross-validated median absolute error on measured GPUs, ``gpus.measured.expected_error``)
+    basis = models.CharField(max_length=10, choices=AdviceBasis.choices, default=AdviceBasis.PREDICTED)
+    expected_error = models.FloatField(null=True, blank=True)
     open = models.BooleanField(default=True)
     created_at = models.DateTimeField(default=timezone.now)
     updated_at = models.DateTimeField(default=timezone.now)
@@ -225,7 +237,25 @@ class TierAdvice(models.Model):
     class Meta:
         ordering = ["-updated_at", "-id"]
         constraints = [models.UniqueConstraint(fields=["lease", "kind"], condition=models.Q(open=True),
-                                               name="tiering_one_open_advice_per_lease_kind")]
+                                               name="tiering_one_open_advice_per_lease_kind"),
+                       models.CheckConstraint(condition=models.Q(basis__in=AdviceBasis.values),
+                                              name="tiering_advice_basis_known"),
+                       # a measurement there needs no error bar; a prediction (or a scaled one) always has one
+                       models.CheckConstraint(condition=models.Q(basis=AdviceBasis.MEASURED,
+                                                                 expected_error__isnull=True)
+                                              | (~models.Q(basis=AdviceBasis.MEASURED)
+                                                 & models.Q(expected_error__isnull=False, expected_error__gte=0)),
+                                              name="tiering_advice_error_matches_basis")]
 
     def __str__(self) -> str:
         return f"{self.kind} for lease {self.lease_id}: {self.suggested_slice}"
+
+    @property
+    def basis_text(self) -> str:
+        """What the suggested slice's figure rests on, in the words the portal shows."""
+        if self.basis == AdviceBasis.MEASURED or self.expected_error is None:
+            return "a measurement on that slice"
+        error = f"{self.expected_error:.0%}"
+        if self.basis == AdviceBasis.SCALED:
+            return f"another slice's measurement, scaled by the model (its ratio typically within ±{error})"
+        return f"a prediction of the performance model, typically within ±{error}"

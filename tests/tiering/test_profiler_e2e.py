@@ -159,6 +159,7 @@ def test_a_running_lease_on_too_big_a_gpu_gets_migration_and_quantization_advice
     and INT8 (it would fit an even cheaper slice quantized). Through the API and the portal's advice page."""
     from django.test import Client
 
+    from gpus.measured import expected_error
     from tiering.advice import advice_scan
     from tiering.models import TierAdvice
 
@@ -198,10 +199,14 @@ def test_a_running_lease_on_too_big_a_gpu_gets_migration_and_quantization_advice
     # each figure says what it rests on: a measurement there, another slice's measurement scaled in its regime
     # (measured beats modelled), or a prediction with its regime's typical error
     assert "a prediction of the performance model" in quantize.reason and "engine regime" in quantize.reason
-    bases = ("when measured", "scaled from", "typically within ±")
+    bases = ("when measured", "scaled from", "a prediction:")
     assert sum(1 for basis in bases if basis in big.reason) == 1, big.reason
     # the workload was measured here (observed on its A100): the suggestion is that measurement or scaled from one
-    assert "typically within ±" not in big.reason, big.reason
+    assert "a prediction:" not in big.reason, big.reason
+    # the same in fields: a measurement has no error bar, a scaled figure the regime's (the model's ratio)
+    assert big.basis in ("measured", "scaled") and quantize.basis == "predicted"
+    assert quantize.expected_error == expected_error("engine", "inference")
+    assert (big.expected_error is None) == (big.basis == "measured")
     basis = big.evidence["suggested_basis"]
     measured = set(Profile.objects.filter(workload=workload).exclude(provenance="predicted")
                    .values_list("slice_key", flat=True))
@@ -215,6 +220,9 @@ def test_a_running_lease_on_too_big_a_gpu_gets_migration_and_quantization_advice
     # the tenant sees it through the API and on the portal's advice page; the outsider does not
     status, page = api.call("GET", "/workloads/bert-bf16/advice")
     assert status == 200 and {r["kind"] for r in page["results"]} == {"too_big", "quantize"}
+    by_kind = {r["kind"]: r for r in page["results"]}
+    assert by_kind["quantize"]["basis"] == "predicted" and by_kind["quantize"]["expected_error"] == pytest.approx(
+        expected_error("engine", "inference"))
     assert scene["outsider"].call("GET", "/workloads/bert-bf16/advice")[0] == 404
     browser = Client()
     browser.force_login(world.member)

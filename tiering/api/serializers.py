@@ -1,7 +1,7 @@
 from rest_framework import serializers
 
 from tenants.api.serializers import StrictSerializer
-from tiering.models import LeaseSample, Profile, Workload
+from tiering.models import AdviceBasis, LeaseSample, Profile, Workload
 
 
 class WorkloadOutput(serializers.ModelSerializer):
@@ -158,6 +158,14 @@ class AdviceOutput(serializers.Serializer):
     saving_per_hour = serializers.FloatField()
     speedup = serializers.FloatField(allow_null=True)
     evidence = serializers.DictField()
+    basis = serializers.ChoiceField(choices=AdviceBasis.choices, help_text=(
+        "what the suggested slice's figure rests on: a measurement of the workload there, another slice's "
+        "measurement scaled by the performance model's ratio in the workload's regime, or a prediction of the model "
+        "(quantization advice always: nothing was measured at the new precision)"))
+    expected_error = serializers.FloatField(allow_null=True, help_text=(
+        "unless measured there: the model's typical relative error for the workload's regime and task (its median "
+        "absolute error cross-validated by architecture on measured GPUs, docs/tiering.md §2.2); null for a "
+        "measurement"))
     open = serializers.BooleanField()
     created_at = serializers.DateTimeField()
     updated_at = serializers.DateTimeField()
