@@ -43,3 +43,12 @@ class CapAction(models.TextChoices):
 class MeterSource(models.TextChoices):
     ALLOCATION = "allocation", "Allocation (lease events)"
     UTILISATION = "utilisation", "Utilisation (Prometheus)"
+
+
+class CreditNoteReason(models.TextChoices):
+    """Why a finalized invoice is credited: Stripe's ``credit_note.reason`` values."""
+
+    DUPLICATE = "duplicate", "Duplicate charge"
+    FRAUDULENT = "fraudulent", "Fraudulent charge"
+    ORDER_CHANGE = "order_change", "Order change (a void, a corrected price)"
+    PRODUCT_UNSATISFACTORY = "product_unsatisfactory", "Service unsatisfactory"

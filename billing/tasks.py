@@ -51,5 +51,14 @@ def invoices_push_due() -> int:
     return len(invoice_ids)
 
 
+@shared_task(name="billing.credit_expiry_notify", acks_late=True)
+def credit_expiry_notify() -> int:
+    """Periodic: announce prepaid credit grants expiring soon with a balance left (once each)."""
+    from billing.services.credits import credit_expiry_notify as notify
+
+    return notify()
+
+
 tasks_register("billing", invoice_run_due=invoice_run_due, meter_pending=meter_pending,
+               credit_expiry_notify=credit_expiry_notify,
                invoice_push_task=invoice_push_task, invoices_push_due=invoices_push_due)

@@ -369,6 +369,9 @@ CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
 BILLING_IDLE_ENGINE_ACTIVE = env_float("BILLING_IDLE_ENGINE_ACTIVE", 0.05, minimum=0.0, maximum=1.0)
 # a month is invoiced for good this long after it ends (late lease events, Prometheus catching up)
 BILLING_FINALIZE_GRACE_SECONDS = env_int("BILLING_FINALIZE_GRACE_SECONDS", 6 * 3600, minimum=0)
+# a prepaid credit grant with a balance left is announced (credit.expiring) this many days before it expires
+BILLING_CREDIT_EXPIRY_NOTICE_DAYS = env_int("BILLING_CREDIT_EXPIRY_NOTICE_DAYS", 14, minimum=0)
+CELERY_BEAT_SCHEDULE["credit-expiring"] = {"task": "billing.credit_expiry_notify", "schedule": 3600.0}
 
 # --- Capacity loop (docs/capacity.md) -------------------------------------------------------------
 # where no policy row says otherwise: empty, each kind's built-in mode (auto for warm pools, mode switches and

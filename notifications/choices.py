@@ -15,6 +15,7 @@ class EventKind(models.TextChoices):
     LEASE_EXPIRED = "lease.expired", "Expired"
     LEASE_FAILED = "lease.failed", "Failed"
     ADVICE = "advice", "Advice"
+    CREDIT_EXPIRING = "credit.expiring", "Prepaid credit expires soon (BILLING_CREDIT_EXPIRY_NOTICE_DAYS)"
 
 
 # what the lease holder is e-mailed about (unless they opted out)

@@ -32,6 +32,7 @@ from billing.models import (
     SloEvaluation,
 )
 from billing.selectors.prices import books_in_force
+from billing.services.credits import credits_draw
 from billing.services.metering import usage_meter_window
 from broker.models import Allocation, Lease, LeaseEvent
 from core.errors import ValidationFailed
@@ -330,6 +331,7 @@ def invoice_finalize(*, invoice: Invoice, now: datetime | None = None) -> Invoic
         invoice.finalized_at = now
         invoice.number = f"GPUB-{invoice.period:%Y%m}-{invoice.pk:06d}"
         invoice.save(update_fields=["status", "finalized_at", "number"])
+        credits_draw(invoices=[invoice], now=now)  # prepaid credits, in the finalisation's transaction
         invoice_id = invoice.pk
         transaction.on_commit(lambda: _push_later(invoice_id))
     return invoice
@@ -597,6 +599,7 @@ def _invoice_batch(month: _Month, items: list[Tenant], result: dict) -> dict:
                 invoice.finalized_at = month.now
                 invoice.number = f"GPUB-{invoice.period:%Y%m}-{invoice.pk:06d}"
             Invoice.objects.bulk_update(drafts, ["status", "finalized_at", "number"])
+            credits_draw(invoices=drafts, now=month.now)
             ids = [invoice.pk for invoice in drafts]
             transaction.on_commit(lambda: [_push_later(invoice_id) for invoice_id in ids])
     for invoice, state in states:
