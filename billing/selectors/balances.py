@@ -79,3 +79,18 @@ def credit_note_get(*, actor: Actor, pk: int) -> CreditNote:
     if note is None:
         raise NotFound(f"No credit note {pk} in this tenant.", field="id")
     return note
+
+
+def corrections_report(*, start: datetime, end: datetime) -> dict:
+    """Platform staff's view of a month (``/ops/billing``): credit notes, payments and refunds written in
+    [start, end), and the invoices of any month with a balance still due (or owed back), oldest first."""
+    return {
+        "credit_notes": list(CreditNote.objects.filter(issued_at__gte=start, issued_at__lt=end)
+                             .select_related("tenant", "invoice").order_by("issued_at", "pk")),
+        "payments": list(Payment.objects.filter(received_at__gte=start, received_at__lt=end)
+                         .select_related("tenant", "invoice").order_by("received_at", "pk")),
+        "refunds": list(Refund.objects.filter(refunded_at__gte=start, refunded_at__lt=end)
+                        .select_related("tenant", "payment__invoice").order_by("refunded_at", "pk")),
+        "open_balances": list(invoices_with_balance(Invoice.objects.exclude(status__in=["draft", "void"]))
+                              .exclude(balance_due_minor=0).select_related("tenant").order_by("period", "pk")[:200]),
+    }
