@@ -20,6 +20,8 @@ from billing.models import (
     CreditGrant,
     CreditNote,
     CreditNoteLine,
+    DunningCase,
+    DunningTerms,
     Payment,
     PriceBook,
     PriceRate,
@@ -28,6 +30,7 @@ from billing.models import (
 )
 from billing.services.credit_notes import credit_note_issue, payment_record, refund_record
 from billing.services.credits import credit_grant_create
+from billing.services.dunning import dunning_terms_set
 from core.admin import ServiceAdmin
 
 
@@ -267,3 +270,45 @@ class CreditGrantAdmin(_AppendOnlyAdmin):
         grant = credit_grant_create(tenant=obj.tenant, amount_minor=obj.amount_minor, priority=obj.priority,
                                     expires_at=obj.expires_at, reason=obj.reason, by_user=request.user)
         obj.pk = grant.pk
+
+
+# -- dunning ---------------------------------------------------------------------------------------------------------
+@admin.register(DunningTerms)
+class DunningTermsAdmin(ServiceAdmin):
+    """A tenant's dunning schedule (else BILLING_DUNNING_REMINDER_DAYS / _GRACE_DAYS); saved by the service."""
+
+    list_display = ["tenant", "reminder_days", "grace_days", "stop_running_leases"]
+    fields = ["tenant", "reminder_days", "grace_days", "stop_running_leases"]
+
+    def get_readonly_fields(self, request, obj=None):
+        return ["tenant"] if obj is not None else []
+
+    def save_model(self, request, obj, form, change):
+        terms = dunning_terms_set(tenant=obj.tenant, reminder_days=obj.reminder_days, grace_days=obj.grace_days,
+                                  stop_running_leases=obj.stop_running_leases, by_user=request.user)
+        obj.pk = terms.pk
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+
+@admin.register(DunningCase)
+class DunningCaseAdmin(admin.ModelAdmin):
+    """Cases are opened by failed payments and moved by ``dunning_advance`` and settlements: read-only here."""
+
+    list_display = ["invoice", "tenant", "state", "started_at", "reminders_sent", "grace_ends_at", "restricted_at",
+                    "resolved_at"]
+    list_filter = ["state"]
+    list_select_related = ["invoice", "tenant"]
+
+    def get_readonly_fields(self, request, obj=None):
+        return [f.name for f in self.model._meta.fields]
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False

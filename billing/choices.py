@@ -52,3 +52,12 @@ class CreditNoteReason(models.TextChoices):
     FRAUDULENT = "fraudulent", "Fraudulent charge"
     ORDER_CHANGE = "order_change", "Order change (a void, a corrected price)"
     PRODUCT_UNSATISFACTORY = "product_unsatisfactory", "Service unsatisfactory"
+
+
+class DunningState(models.TextChoices):
+    """OPEN: a payment failed, reminders go out on the terms' schedule. RESTRICTED: the grace period passed, the
+    tenant's new lease requests are refused. RESOLVED: the invoice was settled (paid, credited or voided)."""
+
+    OPEN = "open", "Reminding"
+    RESTRICTED = "restricted", "Restricted (new requests refused)"
+    RESOLVED = "resolved", "Resolved"

@@ -11,6 +11,7 @@ from django.db.models import F, Q
 from billing.choices import (
     CapAction,
     CreditNoteReason,
+    DunningState,
     InvoiceStatus,
     LineKind,
     MeterSource,
@@ -517,3 +518,52 @@ class CreditDraw(models.Model):
 
     def __str__(self) -> str:
         return f"{self.amount_minor} from grant {self.grant_id} to invoice {self.invoice_id}"
+
+
+# -- dunning (issue 33 item 7) ----------------------------------------------------------------------------------
+class DunningTerms(models.Model):
+    """A tenant's dunning schedule (else the settings' defaults): reminders ``reminder_days`` after a failed
+    payment, new lease requests refused ``grace_days`` after it, and, only when ``stop_running_leases``, the
+    running leases released then too."""
+
+    tenant_lookup = "tenant"
+
+    tenant = models.OneToOneField("tenants.Tenant", on_delete=models.CASCADE, related_name="dunning_terms")
+    reminder_days = models.JSONField(default=list, help_text="Days after the failed payment, e.g. [1, 3, 7].")
+    grace_days = models.PositiveIntegerField(default=14)
+    stop_running_leases = models.BooleanField(default=False)
+
+    def __str__(self) -> str:
+        return f"dunning of {self.tenant_id}: reminders {self.reminder_days}, grace {self.grace_days} d"
+
+
+class DunningCase(models.Model):
+    """One unpaid invoice being dunned: opened by a failed payment, reminders on the schedule copied from the
+    terms then, restricted after the grace period, resolved when the invoice is settled (every step audited
+    and notified)."""
+
+    tenant_lookup = "tenant"
+
+    tenant = models.ForeignKey("tenants.Tenant", on_delete=models.PROTECT, related_name="dunning_cases")
+    invoice = models.OneToOneField(Invoice, on_delete=models.PROTECT, related_name="dunning")
+    state = models.CharField(max_length=12, choices=DunningState.choices, default=DunningState.OPEN)
+    started_at = models.DateTimeField()
+    reminder_days = models.JSONField(default=list)
+    reminders_sent = models.PositiveIntegerField(default=0)
+    next_reminder_at = models.DateTimeField(null=True, blank=True)
+    grace_ends_at = models.DateTimeField()
+    stop_running_leases = models.BooleanField(default=False)
+    restricted_at = models.DateTimeField(null=True, blank=True)
+    resolved_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-started_at"]
+        constraints = [
+            models.CheckConstraint(condition=Q(state__in=DunningState.values), name="dunningcase_state_valid"),
+            models.CheckConstraint(condition=~Q(state=DunningState.RESTRICTED) | Q(restricted_at__isnull=False),
+                                   name="dunningcase_restricted_has_time"),
+        ]
+        indexes = [models.Index(fields=["tenant", "state"])]
+
+    def __str__(self) -> str:
+        return f"dunning {self.invoice_id} ({self.state})"

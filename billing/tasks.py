@@ -59,6 +59,14 @@ def credit_expiry_notify() -> int:
     return notify()
 
 
+@shared_task(name="billing.dunning_advance", acks_late=True)
+def dunning_advance() -> dict:
+    """Periodic: dunning reminders due, and tenants restricted after their grace period."""
+    from billing.services.dunning import dunning_advance as advance
+
+    return advance()
+
+
 tasks_register("billing", invoice_run_due=invoice_run_due, meter_pending=meter_pending,
-               credit_expiry_notify=credit_expiry_notify,
+               credit_expiry_notify=credit_expiry_notify, dunning_advance=dunning_advance,
                invoice_push_task=invoice_push_task, invoices_push_due=invoices_push_due)

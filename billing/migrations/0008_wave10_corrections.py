@@ -1,4 +1,5 @@
-"""Credit notes, payments, refunds, credit grants and their draws (issue 33 items 1, 2), immutable once written.
+"""Credit notes, payments, refunds, credit grants and their draws (issue 33 items 1, 2), immutable once written;
+dunning terms and cases (item 7).
 
 Triggers, as for finalized invoices (0003): whatever code tries,
 - a credit note, its lines, a payment, a refund and a draw cannot be deleted or changed (a credit note's Stripe
@@ -345,6 +346,39 @@ class Migration(migrations.Migration):
         migrations.AddConstraint(
             model_name='refund',
             constraint=models.CheckConstraint(condition=models.Q(('amount_minor__gt', 0)), name='refund_amount_positive'),
+        ),
+
+        migrations.CreateModel(
+            name='DunningTerms',
+            fields=[
+                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
+                ('reminder_days', models.JSONField(default=list, help_text='Days after the failed payment, e.g. [1, 3, 7].')),
+                ('grace_days', models.PositiveIntegerField(default=14)),
+                ('stop_running_leases', models.BooleanField(default=False)),
+                ('tenant', models.OneToOneField(on_delete=django.db.models.deletion.CASCADE, related_name='dunning_terms', to='tenants.tenant')),
+            ],
+        ),
+        migrations.CreateModel(
+            name='DunningCase',
+            fields=[
+                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
+                ('state', models.CharField(choices=[('open', 'Reminding'), ('restricted', 'Restricted (new requests refused)'), ('resolved', 'Resolved')], default='open', max_length=12)),
+                ('started_at', models.DateTimeField()),
+                ('reminder_days', models.JSONField(default=list)),
+                ('reminders_sent', models.PositiveIntegerField(default=0)),
+                ('next_reminder_at', models.DateTimeField(blank=True, null=True)),
+                ('grace_ends_at', models.DateTimeField()),
+                ('stop_running_leases', models.BooleanField(default=False)),
+                ('restricted_at', models.DateTimeField(blank=True, null=True)),
+                ('resolved_at', models.DateTimeField(blank=True, null=True)),
+                ('invoice', models.OneToOneField(on_delete=django.db.models.deletion.PROTECT, related_name='dunning', to='billing.invoice')),
+                ('tenant', models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='dunning_cases', to='tenants.tenant')),
+            ],
+            options={
+                'ordering': ['-started_at'],
+                'indexes': [models.Index(fields=['tenant', 'state'], name='billing_dun_tenant__e96889_idx')],
+                'constraints': [models.CheckConstraint(condition=models.Q(('state__in', ['open', 'restricted', 'resolved'])), name='dunningcase_state_valid'), models.CheckConstraint(condition=models.Q(models.Q(('state', 'restricted'), _negated=True), ('restricted_at__isnull', False), _connector='OR'), name='dunningcase_restricted_has_time')],
+            },
         ),
         migrations.RunSQL(SQL, REVERSE),
     ]

@@ -8,7 +8,7 @@ from datetime import datetime
 from django.db.models import BigIntegerField, OuterRef, QuerySet, Subquery, Sum, Value
 from django.db.models.functions import Coalesce
 
-from billing.models import CreditDraw, CreditGrant, CreditNote, Invoice, Payment, Refund
+from billing.models import CreditDraw, CreditGrant, CreditNote, DunningCase, Invoice, Payment, Refund
 from tenants.access import Actor, restrict
 
 
@@ -91,6 +91,8 @@ def corrections_report(*, start: datetime, end: datetime) -> dict:
                          .select_related("tenant", "invoice").order_by("received_at", "pk")),
         "refunds": list(Refund.objects.filter(refunded_at__gte=start, refunded_at__lt=end)
                         .select_related("tenant", "payment__invoice").order_by("refunded_at", "pk")),
+        "dunning": list(DunningCase.objects.exclude(state="resolved").select_related("tenant", "invoice")
+                        .order_by("grace_ends_at")[:200]),
         "open_balances": list(invoices_with_balance(Invoice.objects.exclude(status__in=["draft", "void"]))
                               .exclude(balance_due_minor=0).select_related("tenant").order_by("period", "pk")[:200]),
     }

@@ -16,6 +16,7 @@ from django.utils import timezone
 from billing.choices import CreditNoteReason, InvoiceStatus
 from billing.core.pricing import format_money
 from billing.models import CreditNote, CreditNoteLine, Invoice, InvoiceLine, Payment, Refund
+from billing.services.dunning import dunning_settle
 from core.errors import Conflict, ValidationFailed
 from tenants.audit import audit_record
 
@@ -118,7 +119,9 @@ def credit_note_issue(*, invoice: Invoice, reason: str, memo: str, lines: list[d
                 raise ValidationFailed(f"amount_minor: the invoice has {format_money(max(left, 0), invoice.currency)}"
                                        f" left to credit.", field="amount_minor")
             rows = [CreditNoteLine(amount_minor=amount, description=f"Credit on invoice {invoice.number}")]
-        return _issue(invoice=invoice, reason=reason, memo=memo, lines=rows, by_user=by_user, now=now)
+        note = _issue(invoice=invoice, reason=reason, memo=memo, lines=rows, by_user=by_user, now=now)
+        dunning_settle(invoice=invoice, why=f"credit note {note.number}", now=now)
+        return note
 
 
 def invoice_void(*, invoice: Invoice, memo: str, by_user=None, now: datetime | None = None) -> Invoice:
@@ -142,6 +145,7 @@ def invoice_void(*, invoice: Invoice, memo: str, by_user=None, now: datetime | N
             status=InvoiceStatus.VOID, voided_at=now)
         audit_record(tenant=invoice.tenant, by=by_user, action="billing.invoice_void", target=invoice.number,
                      data={"memo": memo, "credit_note": note.number if note else None})
+        dunning_settle(invoice=invoice, why="voided", now=now)
         invoice.refresh_from_db()
     return invoice
 
@@ -162,6 +166,7 @@ def payment_record(*, invoice: Invoice, amount_minor: int, received_at: datetime
         audit_record(tenant=invoice.tenant, by=by_user, action="billing.payment_record", target=invoice.number,
                      data={"payment": payment.pk, "amount_minor": amount, "currency": invoice.currency,
                            "reference": reference})
+        dunning_settle(invoice=invoice, why=f"payment {reference or payment.pk}", now=now)
     return payment
 
 
