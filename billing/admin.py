@@ -27,10 +27,13 @@ from billing.models import (
     PriceRate,
     Refund,
     SpendCap,
+    TaxProfile,
+    TaxRate,
 )
 from billing.services.credit_notes import credit_note_issue, payment_record, refund_record
 from billing.services.credits import credit_grant_create
 from billing.services.dunning import dunning_terms_set
+from billing.services.tax import tax_profile_set, tax_rate_create, tax_rate_deactivate
 from core.admin import ServiceAdmin
 
 
@@ -309,6 +312,48 @@ class DunningCaseAdmin(admin.ModelAdmin):
 
     def has_change_permission(self, request, obj=None):
         return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+
+# -- taxes -----------------------------------------------------------------------------------------------------------
+@admin.register(TaxProfile)
+class TaxProfileAdmin(ServiceAdmin):
+    list_display = ["tenant", "tax_id", "reverse_charge"]
+    fields = ["tenant", "tax_id", "reverse_charge", "legal_note"]
+
+    def get_readonly_fields(self, request, obj=None):
+        return ["tenant"] if obj is not None else []
+
+    def save_model(self, request, obj, form, change):
+        profile = tax_profile_set(tenant=obj.tenant, tax_id=obj.tax_id, reverse_charge=obj.reverse_charge,
+                                  legal_note=obj.legal_note, by_user=request.user)
+        obj.pk = profile.pk
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+
+@admin.register(TaxRate)
+class TaxRateAdmin(ServiceAdmin):
+    """Rates are added, and deactivated (unticking ``active``), never edited: an invoice names the rate it used."""
+
+    list_display = ["tenant", "jurisdiction", "name", "percentage", "inclusive", "active"]
+    list_filter = ["active", "inclusive", "jurisdiction"]
+    fields = ["tenant", "jurisdiction", "name", "percentage", "inclusive", "active"]
+
+    def get_readonly_fields(self, request, obj=None):
+        return ["tenant", "jurisdiction", "name", "percentage", "inclusive"] if obj is not None else ["active"]
+
+    def save_model(self, request, obj, form, change):
+        if change:
+            if not obj.active:
+                tax_rate_deactivate(rate=obj, by_user=request.user)
+            return
+        rate = tax_rate_create(tenant=obj.tenant, jurisdiction=obj.jurisdiction, name=obj.name,
+                               percentage=obj.percentage, inclusive=obj.inclusive, by_user=request.user)
+        obj.pk = rate.pk
 
     def has_delete_permission(self, request, obj=None):
         return False

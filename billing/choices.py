@@ -17,6 +17,7 @@ class LineKind(models.TextChoices):
     COMMIT = "commit", "Committed-use minimum"
     SLO_CREDIT = "slo_credit", "SLO credit"
     CORRECTION = "correction", "Correction of an earlier invoice"
+    TAX = "tax", "Tax"
 
 
 class RateKind(models.TextChoices):

@@ -567,3 +567,52 @@ class DunningCase(models.Model):
 
     def __str__(self) -> str:
         return f"dunning {self.invoice_id} ({self.state})"
+
+
+# -- taxes (issue 33 item 3) --------------------------------------------------------------------------------------
+class TaxProfile(models.Model):
+    """A tenant's tax identity: its tax id (VAT number, EIN …) printed on invoices, and whether its invoices are
+    reverse-charged (no tax charged; ``legal_note`` printed, e.g. "VAT reverse charge, Art. 196 Directive
+    2006/112/EC")."""
+
+    tenant_lookup = "tenant"
+
+    tenant = models.OneToOneField("tenants.Tenant", on_delete=models.CASCADE, related_name="tax_profile")
+    tax_id = models.CharField(max_length=40, blank=True)
+    reverse_charge = models.BooleanField(default=False)
+    legal_note = models.CharField(max_length=300, blank=True)
+
+    class Meta:
+        constraints = [models.CheckConstraint(condition=Q(reverse_charge=False) | ~Q(legal_note=""),
+                                              name="taxprofile_reverse_charge_has_note")]
+
+    def __str__(self) -> str:
+        return f"{self.tenant_id} tax id {self.tax_id or '—'}"
+
+
+class TaxRate(models.Model):
+    """A tax rate that applies to a tenant's invoices (Stripe's tax rate): ``percentage`` of the net, added
+    (exclusive) or already inside the amounts (inclusive). Inactive rates tax nothing from then on; invoices
+    already built keep their tax lines (a finalized one never changes)."""
+
+    tenant_lookup = "tenant"
+
+    tenant = models.ForeignKey("tenants.Tenant", on_delete=models.CASCADE, related_name="tax_rates")
+    jurisdiction = models.CharField(max_length=40, help_text="e.g. DE, US-CA")
+    name = models.CharField(max_length=60, help_text="e.g. VAT, Sales tax")
+    percentage = models.DecimalField(max_digits=7, decimal_places=4)
+    inclusive = models.BooleanField(default=False)
+    active = models.BooleanField(default=True)
+    created_at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["tenant_id", "pk"]
+        constraints = [
+            models.CheckConstraint(condition=Q(percentage__gte=0) & Q(percentage__lte=100),
+                                   name="taxrate_percentage_range"),
+            models.UniqueConstraint(fields=["tenant", "jurisdiction", "name"], condition=Q(active=True),
+                                    name="taxrate_one_active_per_name"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.name} {self.jurisdiction} {self.percentage} %"

@@ -22,10 +22,10 @@ GROUPS: list[tuple[str, str, tuple[str, ...]]] = [
     ("tenancy", "The caller's tenant: projects, quotas, members, API tokens, SLO contracts",
      (r"tenant$", r"projects(/|$)", r"quotas$", r"members(/|$)", r"tokens(/|$)", r"slo-contracts$")),
     ("notifications", "Signed webhooks: endpoints, secret rotation, deliveries", (r"webhooks(/|$)",)),
-    ("staff: billing", "Platform staff: price books, billing terms, credit notes, voids, payments, refunds and "
-                       "credit grants",
+    ("staff: billing", "Platform staff: price books, billing terms, credit notes, voids, payments, refunds, "
+                       "credit grants and taxes",
      (r"price-books(/|$)", r"tenants/\{[^}]+\}/billing-terms$", r"billing/(invoices|payments)/",
-      r"tenants/\{[^}]+\}/credit-grants$")),
+      r"tenants/\{[^}]+\}/credit-grants$", r"tenants/\{[^}]+\}/tax(/|$)")),
     ("staff: tenants", "Platform staff: create and change tenants, their status, quotas, projects and SLO contracts",
      (r"tenants(/|$)",)),
     ("staff: capacity", "Platform staff: capacity policies, the fleet's figures and planner runs",

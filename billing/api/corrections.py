@@ -1,9 +1,10 @@
-"""Corrections and prepaid credits over the API (issue 33 items 1, 2).
+"""Corrections, prepaid credits and taxes over the API (issue 33 items 1, 2, 3).
 
 Tenants read: their credit notes (and each one's PDF/CSV) and their prepaid credit balance; an invoice shows
 its balance due (``billing.api.serializers``). Platform staff write: a credit note on an invoice (whole or per
-line), a local void (with its credit note), a payment received, a refund of a payment, and a tenant's credit
-grants. Views parse, read, call one service and render; errors are problem+json naming the field."""
+line), a local void (with its credit note), a payment received, a refund of a payment, a tenant's credit
+grants, its tax profile and tax rates. Views parse, read, call one service and render; errors are problem+json
+naming the field."""
 
 from __future__ import annotations
 
@@ -16,11 +17,12 @@ from rest_framework.views import APIView
 
 from billing.choices import CreditNoteReason
 from billing.core.pricing import from_minor
-from billing.models import CreditGrant, CreditNote, CreditNoteLine, Invoice, Payment, Refund
+from billing.models import CreditGrant, CreditNote, CreditNoteLine, Invoice, Payment, Refund, TaxProfile, TaxRate
 from billing.selectors import balances
 from billing.selectors.credit_note_documents import credit_note_download
 from billing.services.credit_notes import credit_note_issue, invoice_void, payment_record, refund_record
 from billing.services.credits import credit_grant_create
+from billing.services.tax import tax_profile_set, tax_rate_create, tax_rate_deactivate
 from core.api import paginate, parse
 from core.errors import NotFound
 from core.openapi import PAGE_PARAMETERS, paginated, problem
@@ -246,3 +248,73 @@ class StaffCreditGrantApi(StaffApi):
         credit_grant_create(tenant=tenant, by_user=request.user, **data)
         return Response(CreditBalanceOutput(balances.credit_balance(tenant=tenant, now=timezone.now())).data,
                         status=status.HTTP_201_CREATED)
+
+
+# -- taxes: platform staff ---------------------------------------------------------------------------------------
+class TaxRateOutput(serializers.ModelSerializer):
+    class Meta:
+        model = TaxRate
+        fields = ["id", "jurisdiction", "name", "percentage", "inclusive", "active", "created_at"]
+
+
+class TaxProfileOutput(serializers.Serializer):
+    tenant = serializers.CharField()
+    tax_id = serializers.CharField()
+    reverse_charge = serializers.BooleanField()
+    legal_note = serializers.CharField()
+    rates = TaxRateOutput(many=True)
+
+
+class TaxProfileInput(serializers.Serializer):
+    tax_id = serializers.CharField(max_length=40, required=False, allow_blank=True, default="")
+    reverse_charge = serializers.BooleanField(required=False, default=False)
+    legal_note = serializers.CharField(max_length=300, required=False, allow_blank=True, default="")
+
+
+class TaxRateInput(serializers.Serializer):
+    jurisdiction = serializers.CharField(max_length=40)
+    name = serializers.CharField(max_length=60)
+    percentage = serializers.CharField(help_text="0–100, at most 4 decimal places, e.g. \"19\" or \"7.25\".")
+    inclusive = serializers.BooleanField(required=False, default=False)
+
+
+def _tax(tenant) -> dict:
+    profile = TaxProfile.objects.filter(tenant=tenant).first()
+    return {"tenant": tenant.slug, "tax_id": profile.tax_id if profile else "",
+            "reverse_charge": bool(profile and profile.reverse_charge),
+            "legal_note": profile.legal_note if profile else "",
+            "rates": list(TaxRate.objects.filter(tenant=tenant).order_by("-active", "pk"))}
+
+
+class StaffTaxApi(StaffApi):
+    @extend_schema(responses=TaxProfileOutput, description=STAFF_ONLY,
+                   summary="A tenant's tax id, reverse charge and tax rates")
+    def get(self, request, slug: str):
+        return Response(TaxProfileOutput(_tax(platform_tenant_get(slug=slug))).data)
+
+    @extend_schema(request=TaxProfileInput, responses=TaxProfileOutput, description=STAFF_ONLY,
+                   summary="Set a tenant's tax id and reverse charge (with its legal note)")
+    def put(self, request, slug: str):
+        tenant = platform_tenant_get(slug=slug)
+        tax_profile_set(tenant=tenant, by_user=request.user, **parse(TaxProfileInput, request))
+        return Response(TaxProfileOutput(_tax(tenant)).data)
+
+    @extend_schema(request=TaxRateInput, responses={201: TaxProfileOutput, 409: problem("An active rate of that "
+                                                                                        "name and jurisdiction")},
+                   description=STAFF_ONLY, summary="Add a tax rate to a tenant's invoices")
+    def post(self, request, slug: str):
+        tenant = platform_tenant_get(slug=slug)
+        tax_rate_create(tenant=tenant, by_user=request.user, **parse(TaxRateInput, request))
+        return Response(TaxProfileOutput(_tax(tenant)).data, status=status.HTTP_201_CREATED)
+
+
+class StaffTaxRateApi(StaffApi):
+    @extend_schema(responses={204: None}, description=STAFF_ONLY,
+                   summary="Deactivate a tax rate (drafts lose it; finalized invoices keep theirs)")
+    def delete(self, request, slug: str, pk: int):
+        tenant = platform_tenant_get(slug=slug)
+        rate = TaxRate.objects.filter(tenant=tenant, pk=pk).first()
+        if rate is None:
+            raise NotFound(f"No tax rate {pk} of {slug}.", field="id")
+        tax_rate_deactivate(rate=rate, by_user=request.user)
+        return Response(status=status.HTTP_204_NO_CONTENT)

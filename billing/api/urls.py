@@ -30,6 +30,8 @@ urlpatterns = [
     path("billing/invoices/<int:pk>/void", corrections.StaffInvoiceVoidApi.as_view(), name="api-staff-invoice-void"),
     path("billing/invoices/<int:pk>/payments", corrections.StaffPaymentApi.as_view(), name="api-staff-payments"),
     path("billing/payments/<int:pk>/refunds", corrections.StaffRefundApi.as_view(), name="api-staff-refunds"),
+    path("tenants/<slug:slug>/tax", corrections.StaffTaxApi.as_view(), name="api-staff-tax"),
+    path("tenants/<slug:slug>/tax/rates/<int:pk>", corrections.StaffTaxRateApi.as_view(), name="api-staff-tax-rate"),
     path("tenants/<slug:slug>/credit-grants", corrections.StaffCreditGrantApi.as_view(), name="api-credit-grants"),
     path("billing/stripe/webhook", webhooks.stripe_webhook, name="billing-stripe-webhook"),
 ]

@@ -1,5 +1,5 @@
 """Credit notes, payments, refunds, credit grants and their draws (issue 33 items 1, 2), immutable once written;
-dunning terms and cases (item 7).
+dunning terms and cases (item 7); tax profiles and rates, and the ``tax`` invoice line kind (item 3).
 
 Triggers, as for finalized invoices (0003): whatever code tries,
 - a credit note, its lines, a payment, a refund and a draw cannot be deleted or changed (a credit note's Stripe
@@ -379,6 +379,66 @@ class Migration(migrations.Migration):
                 'indexes': [models.Index(fields=['tenant', 'state'], name='billing_dun_tenant__e96889_idx')],
                 'constraints': [models.CheckConstraint(condition=models.Q(('state__in', ['open', 'restricted', 'resolved'])), name='dunningcase_state_valid'), models.CheckConstraint(condition=models.Q(models.Q(('state', 'restricted'), _negated=True), ('restricted_at__isnull', False), _connector='OR'), name='dunningcase_restricted_has_time')],
             },
+        ),
+
+        migrations.CreateModel(
+            name='TaxProfile',
+            fields=[
+                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
+                ('tax_id', models.CharField(blank=True, max_length=40)),
+                ('reverse_charge', models.BooleanField(default=False)),
+                ('legal_note', models.CharField(blank=True, max_length=300)),
+            ],
+        ),
+        migrations.CreateModel(
+            name='TaxRate',
+            fields=[
+                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
+                ('jurisdiction', models.CharField(help_text='e.g. DE, US-CA', max_length=40)),
+                ('name', models.CharField(help_text='e.g. VAT, Sales tax', max_length=60)),
+                ('percentage', models.DecimalField(decimal_places=4, max_digits=7)),
+                ('inclusive', models.BooleanField(default=False)),
+                ('active', models.BooleanField(default=True)),
+                ('created_at', models.DateTimeField()),
+            ],
+            options={
+                'ordering': ['tenant_id', 'pk'],
+            },
+        ),
+        migrations.RemoveConstraint(
+            model_name='invoiceline',
+            name='invoiceline_kind_valid',
+        ),
+        migrations.AlterField(
+            model_name='invoiceline',
+            name='kind',
+            field=models.CharField(choices=[('usage', 'GPU usage'), ('energy', 'Energy pass-through'), ('discount', 'Discount'), ('commit', 'Committed-use minimum'), ('slo_credit', 'SLO credit'), ('correction', 'Correction of an earlier invoice'), ('tax', 'Tax')], max_length=12),
+        ),
+        migrations.AddConstraint(
+            model_name='invoiceline',
+            constraint=models.CheckConstraint(condition=models.Q(('kind__in', ['usage', 'energy', 'discount', 'commit', 'slo_credit', 'correction', 'tax'])), name='invoiceline_kind_valid'),
+        ),
+        migrations.AddField(
+            model_name='taxprofile',
+            name='tenant',
+            field=models.OneToOneField(on_delete=django.db.models.deletion.CASCADE, related_name='tax_profile', to='tenants.tenant'),
+        ),
+        migrations.AddField(
+            model_name='taxrate',
+            name='tenant',
+            field=models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='tax_rates', to='tenants.tenant'),
+        ),
+        migrations.AddConstraint(
+            model_name='taxprofile',
+            constraint=models.CheckConstraint(condition=models.Q(('reverse_charge', False), models.Q(('legal_note', ''), _negated=True), _connector='OR'), name='taxprofile_reverse_charge_has_note'),
+        ),
+        migrations.AddConstraint(
+            model_name='taxrate',
+            constraint=models.CheckConstraint(condition=models.Q(('percentage__gte', 0), ('percentage__lte', 100)), name='taxrate_percentage_range'),
+        ),
+        migrations.AddConstraint(
+            model_name='taxrate',
+            constraint=models.UniqueConstraint(condition=models.Q(('active', True)), fields=('tenant', 'jurisdiction', 'name'), name='taxrate_one_active_per_name'),
         ),
         migrations.RunSQL(SQL, REVERSE),
     ]

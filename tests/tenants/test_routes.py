@@ -97,6 +97,9 @@ ROUTES: dict[str, Route] = {
     "api-staff-payments": Route("staff-api", "/api/v1/billing/invoices/1/payments", {"post": {"amount_minor": 1}}),
     "api-staff-refunds": Route("staff-api", "/api/v1/billing/payments/1/refunds", {
         "post": {"amount_minor": 1, "reason": "x"}}),
+    "api-staff-tax": Route("staff-api", "/api/v1/tenants/acme/tax", {
+        "get": None, "put": {"tax_id": "DE1"}, "post": {"jurisdiction": "DE", "name": "VAT", "percentage": "19"}}),
+    "api-staff-tax-rate": Route("staff-api", "/api/v1/tenants/acme/tax/rates/1", {"delete": None}),
     "api-credit-grants": Route("staff-api", "/api/v1/tenants/acme/credit-grants", {
         "get": None, "post": {"amount_minor": 100, "reason": "x"}}),
     # spend caps: admins write, everyone in the tenant reads; price books and terms: platform staff
