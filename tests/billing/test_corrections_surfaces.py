@@ -48,6 +48,9 @@ def test_ops_billing_lists_corrections_and_open_balances(world):
     assert f"{invoice.number}-CN01" in page and "twice metered" in page and "wire-77" in page
     assert "2.50 USD" in page  # balance due 10.00 − 2.50 − 5.00
     assert portal("alice").get("/ops/billing").status_code == 403
+    # the tenant's invoice list shows the same balance due
+    mine = portal("alice").get("/invoices/").content.decode()
+    assert f'data-balance="{invoice.pk}">2.50 USD' in mine
 
 
 def test_admin_adds_grants_and_credit_notes_through_the_services(world, admin_client):
