@@ -4,11 +4,13 @@
     .venv/bin/python bench/billing.py --quick         # the same at 100 tenants, 400 GPUs (under 2 minutes)
     .venv/bin/python bench/billing.py --hourly        # one hour's metering at 12,500 nodes x 8 = 100,000 GPUs
     options: --tenants N --nodes N --days N --seed N --workers N (metering connections at once)
+             --no-taxes-credits (tax rates and prepaid credit grants are on by default: issue 33)
 
 Builds, in a scratch database (``<DATABASE_URL's database>_bench_billing``, dropped and created again), a
 history of lease events on ``--nodes`` x 8 H100s: whole GPUs (three in four) run one lease after another,
 MIG GPUs two ``3g.40gb`` slices side by side; each lease lasts 1–24 h with 0–4 h gaps and belongs to a
-random tenant (one project each), a tenth over quota, a tenth interactive. Rows are written with COPY
+random tenant (one project each), a tenth over quota, a tenth interactive; every tenant has a tax rate (a tenth
+a second, inclusive one; a twentieth is reverse-charged) and a prepaid credit grant. Rows are written with COPY
 (not timed). Then it times, in this process:
 
 - month close: (1) allocation metering of every hour of the month (``usage_meter_window``), (2) ``invoice_run``
@@ -134,6 +136,21 @@ def build(args, url: str) -> dict:
             allocations)
         counts["events"] = copy_rows(cursor, "broker_leaseevent", ["id", "lease_id", "from_state", "to_state",
                                                                    "reason", "actor", "at"], events)
+        if args.taxes_credits:
+            # issue 33: every tenant's invoice carries tax lines (an exclusive rate; every tenth an inclusive one
+            # too; every twentieth reverse-charged) and draws a prepaid credit grant at finalisation
+            copy_rows(cursor, "billing_taxrate", ["tenant_id", "jurisdiction", "name", "percentage", "inclusive",
+                                                  "active", "created_at"],
+                      [(i, "US-CA", "Sales tax", "7.2500", False, True, created) for i in range(1, args.tenants + 1)]
+                      + [(i, "US", "Levy", "2.0000", True, True, created) for i in range(10, args.tenants + 1, 10)])
+            copy_rows(cursor, "billing_taxprofile", ["tenant_id", "tax_id", "reverse_charge", "legal_note"],
+                      ((i, f"EU{i:09d}", True, "Reverse charge: VAT due by the recipient") for i in
+                       range(20, args.tenants + 1, 20)))
+            counts["credit_grants"] = copy_rows(
+                cursor, "billing_creditgrant", ["tenant_id", "currency", "amount_minor", "priority", "expires_at",
+                                                "granted_at", "reason"],
+                ((i, "USD", rng.randint(1, 500_000), 0, None, created, "bench prepaid") for i in
+                 range(1, args.tenants + 1)))
         for table in ("tenants_tenant", "tenants_project", "broker_node", "broker_gpu", "broker_lease",
                       "broker_allocation", "broker_leaseevent"):
             sql = f"SELECT setval(pg_get_serial_sequence('{table}', 'id'), (SELECT max(id) FROM {table}))"  # noqa: S608
@@ -184,6 +201,8 @@ def main() -> None:
     parser.add_argument("--days", type=int, default=None)
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--workers", type=int, default=1, help="metering chunks on this many connections at once")
+    parser.add_argument("--no-taxes-credits", dest="taxes_credits", action="store_false",
+                        help="without tax rates and prepaid credit grants (on by default: issue 33)")
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--quick", action="store_true", help="100 tenants, 400 GPUs, a month (under 2 minutes)")
     mode.add_argument("--hourly", action="store_true", help="the hourly metering run at 100,000 GPUs")
@@ -267,8 +286,11 @@ def main() -> None:
               f"{meter['python_cpu_s']:.1f} s, PostgreSQL {meter['postgres_cpu_s']:.1f} s "
               f"({meter['postgres_cpu_us_per_row']} µs per row)")
         result, invoice = timed("invoice_run", lambda: billing.invoice_run(period=period, meter=False, now=now))
+        from billing.models import CreditDraw, InvoiceLine
+
         invoice.update(tenants=result["tenants"], finalized=result["finalized"], errors=len(result["errors"]),
-                       total_minor=result["total_minor"],
+                       total_minor=result["total_minor"], tax_lines=InvoiceLine.objects.filter(kind="tax").count(),
+                       credit_draws=CreditDraw.objects.count(),
                        cpu_ms_per_tenant=round((invoice["python_cpu_s"] + invoice["postgres_cpu_s"])
                                                / max(1, result["tenants"]) * 1000, 1))
         print(f"2. invoice_run: {result['finalized']} invoices finalized for {result['tenants']} tenants in "

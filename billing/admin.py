@@ -14,7 +14,26 @@ from django.contrib import admin
 from django.utils import timezone
 
 from billing import services
-from billing.models import BillingTerms, PriceBook, PriceRate, SpendCap
+from billing.models import (
+    BillingTerms,
+    CreditDraw,
+    CreditGrant,
+    CreditNote,
+    CreditNoteLine,
+    DunningCase,
+    DunningTerms,
+    Payment,
+    PriceBook,
+    PriceRate,
+    Refund,
+    SpendCap,
+    TaxProfile,
+    TaxRate,
+)
+from billing.services.credit_notes import credit_note_issue, payment_record, refund_record
+from billing.services.credits import credit_grant_create
+from billing.services.dunning import dunning_terms_set
+from billing.services.tax import tax_profile_set, tax_rate_create, tax_rate_deactivate
 from core.admin import ServiceAdmin
 
 
@@ -150,3 +169,191 @@ class SpendCapAdmin(ServiceAdmin):
 
     def delete_model(self, request, obj):
         services.spend_cap_delete(cap=obj, by_user=request.user)
+
+
+# -- corrections and prepaid credit (issue 33): added through the services, never changed or deleted -----------
+class _AppendOnlyAdmin(ServiceAdmin):
+    """Rows the database keeps immutable (migration 0008): the admin adds them through a service and shows them;
+    it never offers a change or a delete."""
+
+    add_fields: list[str] = []
+
+    def get_fields(self, request, obj=None):
+        return self.add_fields if obj is None else [f.name for f in self.model._meta.fields]
+
+    def get_readonly_fields(self, request, obj=None):
+        return [] if obj is None else [f.name for f in self.model._meta.fields]
+
+    def has_change_permission(self, request, obj=None):
+        return obj is None and super().has_change_permission(request, obj)
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+
+class CreditNoteLineInline(admin.TabularInline):
+    model = CreditNoteLine
+    fields = ["invoice_line", "description", "amount_minor"]
+    readonly_fields = fields
+    extra = 0
+    can_delete = False
+
+    def has_add_permission(self, request, obj=None):
+        return False
+
+
+@admin.register(CreditNote)
+class CreditNoteAdmin(_AppendOnlyAdmin):
+    """A credit on the whole of a finalized or paid invoice (per line: the staff API)."""
+
+    list_display = ["number", "tenant", "invoice", "reason", "amount_minor", "currency", "voids_invoice", "issued_at"]
+    list_filter = ["reason", "voids_invoice", "tenant"]
+    list_select_related = ["tenant", "invoice"]
+    add_fields = ["invoice", "reason", "memo", "amount_minor"]
+    inlines = [CreditNoteLineInline]
+
+    def get_inlines(self, request, obj):
+        return self.inlines if obj is not None else []
+
+    def save_model(self, request, obj, form, change):
+        note = credit_note_issue(invoice=obj.invoice, reason=obj.reason, memo=obj.memo, amount_minor=obj.amount_minor,
+                                 by_user=request.user)
+        obj.pk = note.pk
+
+
+@admin.register(Payment)
+class PaymentAdmin(_AppendOnlyAdmin):
+    list_display = ["invoice", "tenant", "amount_minor", "currency", "received_at", "reference"]
+    list_select_related = ["tenant", "invoice"]
+    add_fields = ["invoice", "amount_minor", "received_at", "reference"]
+
+    def save_model(self, request, obj, form, change):
+        payment = payment_record(invoice=obj.invoice, amount_minor=obj.amount_minor, received_at=obj.received_at,
+                                 reference=obj.reference, by_user=request.user)
+        obj.pk = payment.pk
+
+
+@admin.register(Refund)
+class RefundAdmin(_AppendOnlyAdmin):
+    list_display = ["payment", "tenant", "amount_minor", "reason", "refunded_at"]
+    list_select_related = ["tenant", "payment"]
+    add_fields = ["payment", "amount_minor", "reason", "reference"]
+
+    def save_model(self, request, obj, form, change):
+        refund = refund_record(payment=obj.payment, amount_minor=obj.amount_minor, reason=obj.reason,
+                               reference=obj.reference, by_user=request.user)
+        obj.pk = refund.pk
+
+
+class CreditDrawInline(admin.TabularInline):
+    model = CreditDraw
+    fields = ["invoice", "amount_minor", "drawn_at"]
+    readonly_fields = fields
+    extra = 0
+    can_delete = False
+
+    def has_add_permission(self, request, obj=None):
+        return False
+
+
+@admin.register(CreditGrant)
+class CreditGrantAdmin(_AppendOnlyAdmin):
+    """Prepaid credit: granted here (or by the staff API), drawn by invoices at finalisation (inline below)."""
+
+    list_display = ["tenant", "amount_minor", "currency", "priority", "expires_at", "granted_at", "reason"]
+    list_filter = ["currency", "tenant"]
+    list_select_related = ["tenant"]
+    add_fields = ["tenant", "amount_minor", "priority", "expires_at", "reason"]
+    inlines = [CreditDrawInline]
+
+    def get_inlines(self, request, obj):
+        return self.inlines if obj is not None else []
+
+    def save_model(self, request, obj, form, change):
+        grant = credit_grant_create(tenant=obj.tenant, amount_minor=obj.amount_minor, priority=obj.priority,
+                                    expires_at=obj.expires_at, reason=obj.reason, by_user=request.user)
+        obj.pk = grant.pk
+
+
+# -- dunning ---------------------------------------------------------------------------------------------------------
+@admin.register(DunningTerms)
+class DunningTermsAdmin(ServiceAdmin):
+    """A tenant's dunning schedule (else BILLING_DUNNING_REMINDER_DAYS / _GRACE_DAYS); saved by the service."""
+
+    list_display = ["tenant", "reminder_days", "grace_days", "stop_running_leases"]
+    fields = ["tenant", "reminder_days", "grace_days", "stop_running_leases"]
+
+    def get_readonly_fields(self, request, obj=None):
+        return ["tenant"] if obj is not None else []
+
+    def save_model(self, request, obj, form, change):
+        terms = dunning_terms_set(tenant=obj.tenant, reminder_days=obj.reminder_days, grace_days=obj.grace_days,
+                                  stop_running_leases=obj.stop_running_leases, by_user=request.user)
+        obj.pk = terms.pk
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+
+@admin.register(DunningCase)
+class DunningCaseAdmin(admin.ModelAdmin):
+    """Cases are opened by failed payments and moved by ``dunning_advance`` and settlements: read-only here."""
+
+    list_display = ["invoice", "tenant", "state", "started_at", "reminders_sent", "grace_ends_at", "restricted_at",
+                    "resolved_at"]
+    list_filter = ["state"]
+    list_select_related = ["invoice", "tenant"]
+
+    def get_readonly_fields(self, request, obj=None):
+        return [f.name for f in self.model._meta.fields]
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+
+# -- taxes -----------------------------------------------------------------------------------------------------------
+@admin.register(TaxProfile)
+class TaxProfileAdmin(ServiceAdmin):
+    list_display = ["tenant", "tax_id", "reverse_charge"]
+    fields = ["tenant", "tax_id", "reverse_charge", "legal_note"]
+
+    def get_readonly_fields(self, request, obj=None):
+        return ["tenant"] if obj is not None else []
+
+    def save_model(self, request, obj, form, change):
+        profile = tax_profile_set(tenant=obj.tenant, tax_id=obj.tax_id, reverse_charge=obj.reverse_charge,
+                                  legal_note=obj.legal_note, by_user=request.user)
+        obj.pk = profile.pk
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+
+@admin.register(TaxRate)
+class TaxRateAdmin(ServiceAdmin):
+    """Rates are added, and deactivated (unticking ``active``), never edited: an invoice names the rate it used."""
+
+    list_display = ["tenant", "jurisdiction", "name", "percentage", "inclusive", "active"]
+    list_filter = ["active", "inclusive", "jurisdiction"]
+    fields = ["tenant", "jurisdiction", "name", "percentage", "inclusive", "active"]
+
+    def get_readonly_fields(self, request, obj=None):
+        return ["tenant", "jurisdiction", "name", "percentage", "inclusive"] if obj is not None else ["active"]
+
+    def save_model(self, request, obj, form, change):
+        if change:
+            if not obj.active:
+                tax_rate_deactivate(rate=obj, by_user=request.user)
+            return
+        rate = tax_rate_create(tenant=obj.tenant, jurisdiction=obj.jurisdiction, name=obj.name,
+                               percentage=obj.percentage, inclusive=obj.inclusive, by_user=request.user)
+        obj.pk = rate.pk
+
+    def has_delete_permission(self, request, obj=None):
+        return False

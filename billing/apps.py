@@ -7,13 +7,17 @@ class BillingConfig(AppConfig):
 
     def ready(self) -> None:
         """Take part in leasing's decisions through its seam (``broker.extensions``): the monthly spend caps
-        admit or refuse requests and renewals, the general price book ranks ``model: auto``, and its money format writes
+        admit or refuse requests and renewals, an invoice unpaid past its dunning grace refuses new
+        requests, the general price book ranks ``model: auto``, and its money format writes
         the prices in leasing's reasons."""
         from billing import selectors, services, tasks  # noqa: F401 (tasks: registered for sending by name)
         from billing.core.pricing import format_money
         from broker import extensions
 
         extensions.request_check_register(services.budget_admit_request, applies=services.budget_caps_exist)
+        from billing.services import dunning
+
+        extensions.request_check_register(dunning.dunning_admit_request, applies=dunning.dunning_restricted_exists)
         extensions.renewal_check_register(services.budget_admit_renewal)
         extensions.list_prices_register(selectors.whole_list_prices)
         extensions.money_format_register(format_money)

@@ -17,6 +17,7 @@ class LineKind(models.TextChoices):
     COMMIT = "commit", "Committed-use minimum"
     SLO_CREDIT = "slo_credit", "SLO credit"
     CORRECTION = "correction", "Correction of an earlier invoice"
+    TAX = "tax", "Tax"
 
 
 class RateKind(models.TextChoices):
@@ -43,3 +44,21 @@ class CapAction(models.TextChoices):
 class MeterSource(models.TextChoices):
     ALLOCATION = "allocation", "Allocation (lease events)"
     UTILISATION = "utilisation", "Utilisation (Prometheus)"
+
+
+class CreditNoteReason(models.TextChoices):
+    """Why a finalized invoice is credited: Stripe's ``credit_note.reason`` values."""
+
+    DUPLICATE = "duplicate", "Duplicate charge"
+    FRAUDULENT = "fraudulent", "Fraudulent charge"
+    ORDER_CHANGE = "order_change", "Order change (a void, a corrected price)"
+    PRODUCT_UNSATISFACTORY = "product_unsatisfactory", "Service unsatisfactory"
+
+
+class DunningState(models.TextChoices):
+    """OPEN: a payment failed, reminders go out on the terms' schedule. RESTRICTED: the grace period passed, the
+    tenant's new lease requests are refused. RESOLVED: the invoice was settled (paid, credited or voided)."""
+
+    OPEN = "open", "Reminding"
+    RESTRICTED = "restricted", "Restricted (new requests refused)"
+    RESOLVED = "resolved", "Resolved"

@@ -8,7 +8,16 @@ invoice and its lines cannot change: triggers (migration 0003) refuse it, whatev
 from django.db import models
 from django.db.models import F, Q
 
-from billing.choices import CapAction, InvoiceStatus, LineKind, MeterSource, RateKind, StripeState
+from billing.choices import (
+    CapAction,
+    CreditNoteReason,
+    DunningState,
+    InvoiceStatus,
+    LineKind,
+    MeterSource,
+    RateKind,
+    StripeState,
+)
 
 
 class AllocationUsage(models.Model):
@@ -359,3 +368,251 @@ class StripeEvent(models.Model):
 
     def __str__(self) -> str:
         return f"{self.event_id} {self.type}"
+
+
+# -- corrections after finalisation, payments and prepaid credits (issue 33 items 1, 2) -------------------------
+# Every row below is immutable once written: triggers of migration 0008 refuse updates and deletes (a credit note
+# keeps only its Stripe bookkeeping writable; a grant only its expiry notice), and the limits that keep a balance
+# true (credit notes ≤ the invoice's total, a line's credits ≤ the line, refunds ≤ the payment, draws ≤ the grant).
+# An invoice's balance due = total − credit notes − credits drawn − payments + refunds (billing.selectors.balances).
+
+
+class CreditNote(models.Model):
+    """A credit against a finalized (or paid) invoice, the whole of it or some of its lines, with a reason
+    (Stripe's credit note). ``amount_minor`` is the sum of its lines (checked at commit by the database)."""
+
+    tenant_lookup = "tenant"
+
+    tenant = models.ForeignKey("tenants.Tenant", on_delete=models.PROTECT, related_name="credit_notes")
+    invoice = models.ForeignKey(Invoice, on_delete=models.PROTECT, related_name="credit_notes")
+    number = models.CharField(max_length=40, unique=True)
+    currency = models.CharField(max_length=3)
+    reason = models.CharField(max_length=24, choices=CreditNoteReason.choices)
+    memo = models.CharField(max_length=500)
+    voids_invoice = models.BooleanField(default=False, help_text="Issued by a local void of the invoice.")
+    amount_minor = models.BigIntegerField()
+    issued_at = models.DateTimeField()
+    issued_by = models.ForeignKey("auth.User", on_delete=models.PROTECT, null=True, blank=True, related_name="+")
+    stripe_credit_note_id = models.CharField(max_length=64, blank=True)
+    stripe_state = models.CharField(max_length=8, choices=StripeState.choices, default=StripeState.NOT_SENT,
+                                    blank=True)
+    stripe_error = models.TextField(blank=True)
+
+    class Meta:
+        ordering = ["-issued_at", "-pk"]
+        constraints = [
+            models.CheckConstraint(condition=Q(amount_minor__gt=0), name="creditnote_amount_positive"),
+            models.CheckConstraint(condition=Q(reason__in=CreditNoteReason.values), name="creditnote_reason_valid"),
+        ]
+
+    def __str__(self) -> str:
+        return self.number
+
+
+class CreditNoteLine(models.Model):
+    """What a credit note credits: part or all of one invoice line (``invoice_line``), or of the invoice's
+    total where no line is named (a whole-invoice credit, a void)."""
+
+    tenant_lookup = "credit_note__tenant"
+
+    credit_note = models.ForeignKey(CreditNote, on_delete=models.PROTECT, related_name="lines")
+    invoice_line = models.ForeignKey(InvoiceLine, on_delete=models.PROTECT, null=True, blank=True, related_name="+")
+    description = models.CharField(max_length=300)
+    amount_minor = models.BigIntegerField()
+
+    class Meta:
+        ordering = ["credit_note_id", "pk"]
+        constraints = [models.CheckConstraint(condition=Q(amount_minor__gt=0), name="creditnoteline_amount_positive")]
+
+    def __str__(self) -> str:
+        return f"{self.credit_note_id}: {self.description}"
+
+
+class Payment(models.Model):
+    """Money received against an invoice (Stripe's ``invoice.paid``, or recorded by staff: a bank transfer)."""
+
+    tenant_lookup = "tenant"
+
+    tenant = models.ForeignKey("tenants.Tenant", on_delete=models.PROTECT, related_name="payments")
+    invoice = models.ForeignKey(Invoice, on_delete=models.PROTECT, related_name="payments")
+    currency = models.CharField(max_length=3)
+    amount_minor = models.BigIntegerField()
+    received_at = models.DateTimeField()
+    reference = models.CharField(max_length=100, blank=True, help_text="Stripe charge/invoice id, bank reference.")
+    recorded_by = models.ForeignKey("auth.User", on_delete=models.PROTECT, null=True, blank=True, related_name="+")
+
+    class Meta:
+        ordering = ["-received_at", "-pk"]
+        constraints = [models.CheckConstraint(condition=Q(amount_minor__gt=0), name="payment_amount_positive")]
+
+    def __str__(self) -> str:
+        return f"payment {self.amount_minor} {self.currency} on {self.invoice_id}"
+
+
+class Refund(models.Model):
+    """Money given back from one payment (never more than the payment, all refunds together)."""
+
+    tenant_lookup = "tenant"
+
+    tenant = models.ForeignKey("tenants.Tenant", on_delete=models.PROTECT, related_name="refunds")
+    payment = models.ForeignKey(Payment, on_delete=models.PROTECT, related_name="refunds")
+    amount_minor = models.BigIntegerField()
+    reason = models.CharField(max_length=300)
+    refunded_at = models.DateTimeField()
+    reference = models.CharField(max_length=100, blank=True)
+    recorded_by = models.ForeignKey("auth.User", on_delete=models.PROTECT, null=True, blank=True, related_name="+")
+
+    class Meta:
+        ordering = ["-refunded_at", "-pk"]
+        constraints = [models.CheckConstraint(condition=Q(amount_minor__gt=0), name="refund_amount_positive")]
+
+    def __str__(self) -> str:
+        return f"refund {self.amount_minor} of payment {self.payment_id}"
+
+
+class CreditGrant(models.Model):
+    """Prepaid credit (Lago's wallet, Stripe's credit grant): ``amount_minor`` of ``currency`` that invoices
+    draw down at finalisation, lowest ``priority`` first, then the soonest expiry; nothing is drawn after
+    ``expires_at``. The remaining balance is the amount less its draws."""
+
+    tenant_lookup = "tenant"
+
+    tenant = models.ForeignKey("tenants.Tenant", on_delete=models.PROTECT, related_name="credit_grants")
+    currency = models.CharField(max_length=3)
+    amount_minor = models.BigIntegerField()
+    priority = models.PositiveSmallIntegerField(default=0, help_text="Lower draws first.")
+    expires_at = models.DateTimeField(null=True, blank=True)
+    granted_at = models.DateTimeField()
+    reason = models.CharField(max_length=300)
+    granted_by = models.ForeignKey("auth.User", on_delete=models.PROTECT, null=True, blank=True, related_name="+")
+    expiry_notified_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["tenant_id", "priority", "expires_at", "pk"]
+        constraints = [
+            models.CheckConstraint(condition=Q(amount_minor__gt=0), name="creditgrant_amount_positive"),
+            models.CheckConstraint(condition=Q(expires_at__isnull=True) | Q(expires_at__gt=F("granted_at")),
+                                   name="creditgrant_expires_after_grant"),
+        ]
+
+    def __str__(self) -> str:
+        return f"grant {self.amount_minor} {self.currency} to {self.tenant_id}"
+
+
+class CreditDraw(models.Model):
+    """What one invoice drew from one grant at its finalisation."""
+
+    tenant_lookup = "grant__tenant"
+
+    grant = models.ForeignKey(CreditGrant, on_delete=models.PROTECT, related_name="draws")
+    invoice = models.ForeignKey(Invoice, on_delete=models.PROTECT, related_name="credit_draws")
+    amount_minor = models.BigIntegerField()
+    drawn_at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["invoice_id", "pk"]
+        constraints = [
+            models.UniqueConstraint(fields=["grant", "invoice"], name="creditdraw_once_per_grant_invoice"),
+            models.CheckConstraint(condition=Q(amount_minor__gt=0), name="creditdraw_amount_positive"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.amount_minor} from grant {self.grant_id} to invoice {self.invoice_id}"
+
+
+# -- dunning (issue 33 item 7) ----------------------------------------------------------------------------------
+class DunningTerms(models.Model):
+    """A tenant's dunning schedule (else the settings' defaults): reminders ``reminder_days`` after a failed
+    payment, new lease requests refused ``grace_days`` after it, and, only when ``stop_running_leases``, the
+    running leases released then too."""
+
+    tenant_lookup = "tenant"
+
+    tenant = models.OneToOneField("tenants.Tenant", on_delete=models.CASCADE, related_name="dunning_terms")
+    reminder_days = models.JSONField(default=list, help_text="Days after the failed payment, e.g. [1, 3, 7].")
+    grace_days = models.PositiveIntegerField(default=14)
+    stop_running_leases = models.BooleanField(default=False)
+
+    def __str__(self) -> str:
+        return f"dunning of {self.tenant_id}: reminders {self.reminder_days}, grace {self.grace_days} d"
+
+
+class DunningCase(models.Model):
+    """One unpaid invoice being dunned: opened by a failed payment, reminders on the schedule copied from the
+    terms then, restricted after the grace period, resolved when the invoice is settled (every step audited
+    and notified)."""
+
+    tenant_lookup = "tenant"
+
+    tenant = models.ForeignKey("tenants.Tenant", on_delete=models.PROTECT, related_name="dunning_cases")
+    invoice = models.OneToOneField(Invoice, on_delete=models.PROTECT, related_name="dunning")
+    state = models.CharField(max_length=12, choices=DunningState.choices, default=DunningState.OPEN)
+    started_at = models.DateTimeField()
+    reminder_days = models.JSONField(default=list)
+    reminders_sent = models.PositiveIntegerField(default=0)
+    next_reminder_at = models.DateTimeField(null=True, blank=True)
+    grace_ends_at = models.DateTimeField()
+    stop_running_leases = models.BooleanField(default=False)
+    restricted_at = models.DateTimeField(null=True, blank=True)
+    resolved_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-started_at"]
+        constraints = [
+            models.CheckConstraint(condition=Q(state__in=DunningState.values), name="dunningcase_state_valid"),
+            models.CheckConstraint(condition=~Q(state=DunningState.RESTRICTED) | Q(restricted_at__isnull=False),
+                                   name="dunningcase_restricted_has_time"),
+        ]
+        indexes = [models.Index(fields=["tenant", "state"])]
+
+    def __str__(self) -> str:
+        return f"dunning {self.invoice_id} ({self.state})"
+
+
+# -- taxes (issue 33 item 3) --------------------------------------------------------------------------------------
+class TaxProfile(models.Model):
+    """A tenant's tax identity: its tax id (VAT number, EIN …) printed on invoices, and whether its invoices are
+    reverse-charged (no tax charged; ``legal_note`` printed, e.g. "VAT reverse charge, Art. 196 Directive
+    2006/112/EC")."""
+
+    tenant_lookup = "tenant"
+
+    tenant = models.OneToOneField("tenants.Tenant", on_delete=models.CASCADE, related_name="tax_profile")
+    tax_id = models.CharField(max_length=40, blank=True)
+    reverse_charge = models.BooleanField(default=False)
+    legal_note = models.CharField(max_length=300, blank=True)
+
+    class Meta:
+        constraints = [models.CheckConstraint(condition=Q(reverse_charge=False) | ~Q(legal_note=""),
+                                              name="taxprofile_reverse_charge_has_note")]
+
+    def __str__(self) -> str:
+        return f"{self.tenant_id} tax id {self.tax_id or '—'}"
+
+
+class TaxRate(models.Model):
+    """A tax rate that applies to a tenant's invoices (Stripe's tax rate): ``percentage`` of the net, added
+    (exclusive) or already inside the amounts (inclusive). Inactive rates tax nothing from then on; invoices
+    already built keep their tax lines (a finalized one never changes)."""
+
+    tenant_lookup = "tenant"
+
+    tenant = models.ForeignKey("tenants.Tenant", on_delete=models.CASCADE, related_name="tax_rates")
+    jurisdiction = models.CharField(max_length=40, help_text="e.g. DE, US-CA")
+    name = models.CharField(max_length=60, help_text="e.g. VAT, Sales tax")
+    percentage = models.DecimalField(max_digits=7, decimal_places=4)
+    inclusive = models.BooleanField(default=False)
+    active = models.BooleanField(default=True)
+    created_at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["tenant_id", "pk"]
+        constraints = [
+            models.CheckConstraint(condition=Q(percentage__gte=0) & Q(percentage__lte=100),
+                                   name="taxrate_percentage_range"),
+            models.UniqueConstraint(fields=["tenant", "jurisdiction", "name"], condition=Q(active=True),
+                                    name="taxrate_one_active_per_name"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.name} {self.jurisdiction} {self.percentage} %"

@@ -51,5 +51,22 @@ def invoices_push_due() -> int:
     return len(invoice_ids)
 
 
+@shared_task(name="billing.credit_expiry_notify", acks_late=True)
+def credit_expiry_notify() -> int:
+    """Periodic: announce prepaid credit grants expiring soon with a balance left (once each)."""
+    from billing.services.credits import credit_expiry_notify as notify
+
+    return notify()
+
+
+@shared_task(name="billing.dunning_advance", acks_late=True)
+def dunning_advance() -> dict:
+    """Periodic: dunning reminders due, and tenants restricted after their grace period."""
+    from billing.services.dunning import dunning_advance as advance
+
+    return advance()
+
+
 tasks_register("billing", invoice_run_due=invoice_run_due, meter_pending=meter_pending,
+               credit_expiry_notify=credit_expiry_notify, dunning_advance=dunning_advance,
                invoice_push_task=invoice_push_task, invoices_push_due=invoices_push_due)

@@ -91,6 +91,17 @@ def env_list(name: str, default: list[str]) -> list[str]:
     return _read(name, default, parse, "a comma-separated list")
 
 
+def env_int_list(name: str, default: list[int], *, minimum: int = 0) -> list[int]:
+    """A comma-separated list of integers >= ``minimum`` (e.g. reminder days ``1,3,7``), sorted."""
+    def parse(raw: str) -> list[int]:
+        values = sorted(int(item) for item in raw.split(",") if item.strip())
+        if not values or values[0] < minimum:
+            raise ValueError(raw)
+        return values
+
+    return _read(name, default, parse, f"a comma-separated list of integers >= {minimum}")
+
+
 def env_choice(name: str, default: str, choices: tuple[str, ...]) -> str:
     def parse(raw: str) -> str:
         if raw not in choices:

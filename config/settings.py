@@ -22,6 +22,7 @@ from config.env import (
     env_database,
     env_float,
     env_int,
+    env_int_list,
     env_list,
     env_str,
     env_url,
@@ -369,6 +370,14 @@ CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
 BILLING_IDLE_ENGINE_ACTIVE = env_float("BILLING_IDLE_ENGINE_ACTIVE", 0.05, minimum=0.0, maximum=1.0)
 # a month is invoiced for good this long after it ends (late lease events, Prometheus catching up)
 BILLING_FINALIZE_GRACE_SECONDS = env_int("BILLING_FINALIZE_GRACE_SECONDS", 6 * 3600, minimum=0)
+# a prepaid credit grant with a balance left is announced (credit.expiring) this many days before it expires
+BILLING_CREDIT_EXPIRY_NOTICE_DAYS = env_int("BILLING_CREDIT_EXPIRY_NOTICE_DAYS", 14, minimum=0)
+CELERY_BEAT_SCHEDULE["credit-expiring"] = {"task": "billing.credit_expiry_notify", "schedule": 3600.0}
+# dunning (a failed payment): reminders these many days after it, new lease requests refused after the grace
+# period (a tenant's DunningTerms override both)
+BILLING_DUNNING_REMINDER_DAYS = env_int_list("BILLING_DUNNING_REMINDER_DAYS", [1, 3, 7])
+BILLING_DUNNING_GRACE_DAYS = env_int("BILLING_DUNNING_GRACE_DAYS", 14, minimum=0)
+CELERY_BEAT_SCHEDULE["dunning-advance"] = {"task": "billing.dunning_advance", "schedule": 600.0}
 
 # --- Capacity loop (docs/capacity.md) -------------------------------------------------------------
 # where no policy row says otherwise: empty, each kind's built-in mode (auto for warm pools, mode switches and

@@ -15,6 +15,10 @@ class EventKind(models.TextChoices):
     LEASE_EXPIRED = "lease.expired", "Expired"
     LEASE_FAILED = "lease.failed", "Failed"
     ADVICE = "advice", "Advice"
+    CREDIT_EXPIRING = "credit.expiring", "Prepaid credit expires soon (BILLING_CREDIT_EXPIRY_NOTICE_DAYS)"
+    DUNNING_REMINDER = "dunning.reminder", "An invoice's payment failed: a reminder"
+    DUNNING_RESTRICTED = "dunning.restricted", "Unpaid past the grace period: new lease requests are refused"
+    DUNNING_RESOLVED = "dunning.resolved", "The unpaid invoice was settled: requests are admitted again"
 
 
 # what the lease holder is e-mailed about (unless they opted out)

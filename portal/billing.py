@@ -22,7 +22,7 @@ from billing import selectors as billing
 from billing import services as billing_services
 from billing.choices import CapAction, RateKind
 from billing.core.pricing import format_money, from_minor
-from billing.selectors import documents, reports
+from billing.selectors import balances, documents, reports
 from billing.services import period_bounds, period_parse
 from billing.services.metering_run import usage_meter_recent
 from core.errors import ApplicationError, NotFound, ValidationFailed
@@ -139,6 +139,7 @@ class BillingReportView(StaffView):
             "slo": reports.slo_attainment(period=month),
             "idle": reports.top_idle_leases(period=month),
             "totals": _totals(by_tenant),
+            "corrections": balances.corrections_report(start=period_bounds(month)[0], end=period_bounds(month)[1]),
         }
         return render(request, self.template_name, context)
 

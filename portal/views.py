@@ -18,6 +18,7 @@ from django.utils import timezone
 from django.views import View
 
 from billing.selectors import quotes
+from billing.selectors.balances import credit_balance
 from broker import selectors as broker
 from broker import services as broker_services
 from broker.choices import FINAL_STATES, HOLDING_STATES, LeaseState, WorkloadClass
@@ -129,6 +130,7 @@ class DashboardView(TenantView):
             "can_use": actor.can("use"),
             "spend": dashboard_spend(actor),
             "advice": advice_panel(actor=actor),
+            "credit": credit_balance(actor=actor, now=timezone.now()),
         }
         return render(request, self.template_name, context)
 

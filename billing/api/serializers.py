@@ -59,11 +59,19 @@ class MonthField(serializers.DateField):
 class InvoiceOutput(serializers.ModelSerializer):
     period = MonthField(format="%Y-%m")
     total = serializers.SerializerMethodField()
+    # what is still owed (billing.selectors.balances): total − credit notes − credits drawn − payments + refunds
+    credit_notes_minor = serializers.IntegerField(read_only=True)
+    credits_drawn_minor = serializers.IntegerField(read_only=True)
+    payments_minor = serializers.IntegerField(read_only=True)
+    refunds_minor = serializers.IntegerField(read_only=True)
+    balance_due_minor = serializers.IntegerField(read_only=True, help_text="Negative: owed to the tenant.")
 
     class Meta:
         model = Invoice
         fields = ["id", "number", "period", "status", "currency", "subtotal_minor", "discount_minor",
-                  "credit_minor", "total_minor", "total", "computed_at", "finalized_at", "paid_at", "voided_at"]
+                  "credit_minor", "total_minor", "total", "credit_notes_minor", "credits_drawn_minor",
+                  "payments_minor", "refunds_minor", "balance_due_minor", "computed_at", "finalized_at", "paid_at",
+                  "voided_at"]
 
     def get_total(self, obj) -> str:
         return str(from_minor(obj.total_minor, obj.currency))

@@ -55,6 +55,9 @@ def invoice_context(invoice: Invoice) -> dict:
         "credit": money(invoice.credit_minor), "total": money(invoice.total_minor),
         "idle_gpu_hours": idle,
         "slo_lines": [line for line in lines if line.kind == "slo_credit"],
+        # the customer's tax id as the invoice was computed with it (kept on its tax lines: a finalized invoice
+        # shows what it was issued with, whatever the profile says later)
+        "tax_id": next((line.evidence.get("tax_id") for line in lines if line.kind == "tax"), ""),
     }
 
 

@@ -22,6 +22,7 @@ from billing.core import slo
 from billing.core.metering import HOUR, hour_floor
 from billing.core.periods import period_bounds
 from billing.core.pricing import MILLI_HOUR, format_money, from_minor, to_minor, units_of
+from billing.core.tax import tax_lines
 from billing.models import (
     AllocationUsage,
     BillingTerms,
@@ -32,7 +33,9 @@ from billing.models import (
     SloEvaluation,
 )
 from billing.selectors.prices import books_in_force
+from billing.services.credits import credits_draw
 from billing.services.metering import usage_meter_window
+from billing.services.tax import tax_setup_for
 from broker.models import Allocation, Lease, LeaseEvent
 from core.errors import ValidationFailed
 from tenants.models import Project, SloContract, Tenant
@@ -147,6 +150,7 @@ class _Read:
     projects: dict
     terms: BillingTerms | None
     usage: Callable[[datetime, datetime], list[dict]]
+    tax: tuple | None = None  # (active rates, profile) from billing.services.tax.tax_setup_for; None: read it
 
 
 def invoice_lines_compute(*, tenant: Tenant, period: date, slo_credit_pct: Decimal = Decimal(0),
@@ -235,9 +239,27 @@ def invoice_lines_compute(*, tenant: Tenant, period: date, slo_credit_pct: Decim
                                  description="SLO credit: " + ", ".join(
                                      f"{m} measured {slo_evidence[m]['measured']} (target {slo_evidence[m]['target']})"
                                      for m in missed)))
+    lines += _tax_lines(tenant, sum(line.amount_minor for line in lines), read.tax)
     for position, line in enumerate(lines, start=1):
         line.position = position
     return lines
+
+
+def _tax_lines(tenant: Tenant, net_minor: int, setup: tuple | None) -> list[InvoiceLine]:
+    """One line per tax rate of the tenant (``billing.core.tax``), on the net of every other line."""
+    rates, profile = setup if setup is not None else tax_setup_for([tenant.pk])[tenant.pk]
+    reverse = profile is not None and profile.reverse_charge
+    if not rates and not reverse:
+        return []
+    out = []
+    for item in tax_lines(net_minor, rates, reverse_charge=reverse, legal_note=profile.legal_note if reverse else ""):
+        out.append(InvoiceLine(
+            kind=LineKind.TAX, unit="percent", quantity=item.percentage, unit_price=Decimal(0),
+            amount_minor=item.amount_minor, description=item.description[:300],
+            evidence={"tax_rate": item.key, "inclusive": item.inclusive, "base_minor": item.base_minor,
+                      "included_minor": item.included_minor, "reverse_charge": reverse,
+                      "tax_id": profile.tax_id if profile is not None else ""}))
+    return out
 
 
 def _totals(lines: list[InvoiceLine]) -> dict[str, int]:
@@ -330,6 +352,7 @@ def invoice_finalize(*, invoice: Invoice, now: datetime | None = None) -> Invoic
         invoice.finalized_at = now
         invoice.number = f"GPUB-{invoice.period:%Y%m}-{invoice.pk:06d}"
         invoice.save(update_fields=["status", "finalized_at", "number"])
+        credits_draw(invoices=[invoice], now=now)  # prepaid credits, in the finalisation's transaction
         invoice_id = invoice.pk
         transaction.on_commit(lambda: _push_later(invoice_id))
     return invoice
@@ -551,6 +574,7 @@ def _invoice_batch(month: _Month, items: list[Tenant], result: dict) -> dict:
         for item in BillingTerms.objects.filter(tenant__in=items, effective_from__lt=month.end).order_by(
                 "tenant_id", "-effective_from"):
             terms.setdefault(item.tenant_id, item)
+        taxes = tax_setup_for([t.pk for t in items])
         created, updated, lines_all, states = [], [], [], []
         for tenant in items:
             invoice = existing.get(tenant.pk)
@@ -558,7 +582,8 @@ def _invoice_batch(month: _Month, items: list[Tenant], result: dict) -> dict:
                 states.append((invoice, invoice.status))
                 continue
             read = _Read(books=month.in_force[tenant.pk], projects=projects[tenant.pk], terms=terms.get(tenant.pk),
-                         usage=lambda moment, _end, pk=tenant.pk: month.usage.get((pk, moment), []))
+                         usage=lambda moment, _end, pk=tenant.pk: month.usage.get((pk, moment), []),
+                         tax=taxes[tenant.pk])
             try:
                 if tenant.pk in month.contracted:
                     with transaction.atomic():  # the evaluation is stored: undone with the tenant on refusal
@@ -597,6 +622,7 @@ def _invoice_batch(month: _Month, items: list[Tenant], result: dict) -> dict:
                 invoice.finalized_at = month.now
                 invoice.number = f"GPUB-{invoice.period:%Y%m}-{invoice.pk:06d}"
             Invoice.objects.bulk_update(drafts, ["status", "finalized_at", "number"])
+            credits_draw(invoices=drafts, now=month.now)
             ids = [invoice.pk for invoice in drafts]
             transaction.on_commit(lambda: [_push_later(invoice_id) for invoice_id in ids])
     for invoice, state in states:

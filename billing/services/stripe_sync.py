@@ -35,6 +35,8 @@ from django.utils import timezone
 
 from billing.choices import InvoiceStatus, StripeState
 from billing.models import BillingAccount, Invoice, StripeEvent
+from billing.services.credit_notes import payment_record
+from billing.services.dunning import dunning_settle, dunning_start
 from core.errors import ApplicationError, Conflict, ValidationFailed
 from tenants.models import Tenant
 
@@ -318,6 +320,8 @@ def _apply(event_id: str, event_type: str, created: datetime, obj: dict[str, Any
     if event_type == "invoice.paid":
         outcome = _transition(invoice, InvoiceStatus.PAID,
                               {"paid_at": _moment(obj, "paid_at", created), "payment_error": "", **seen})
+        if outcome.startswith("applied"):
+            _paid(invoice, obj, created)
     elif event_type == "invoice.voided":
         outcome = _transition(invoice, InvoiceStatus.VOID, {"voided_at": _moment(obj, "voided_at", created), **seen})
     elif event_type == "invoice.payment_failed":
@@ -329,7 +333,8 @@ def _apply(event_id: str, event_type: str, created: datetime, obj: dict[str, Any
             Invoice.objects.filter(pk=invoice.pk).update(
                 payment_error=f"Payment failed at {created:%Y-%m-%d %H:%M:%S} UTC (Stripe attempt "
                               f"{obj.get('attempt_count', '?')}, event {event_id}).", **seen)
-            outcome = "applied: payment error recorded"
+            dunning_start(invoice=invoice, reason=f"Stripe {event_id}: payment failed", now=created)
+            outcome = "applied: payment error recorded, dunning started"
     elif event_type == "invoice.sent":
         Invoice.objects.filter(pk=invoice.pk).update(stripe_state=StripeState.SENT, stripe_error="", **seen)
         outcome = "applied: sent"
@@ -339,6 +344,15 @@ def _apply(event_id: str, event_type: str, created: datetime, obj: dict[str, Any
     else:
         outcome = "ignored: event type not handled"
     return outcome
+
+
+def _paid(invoice: Invoice, obj: dict[str, Any], created: datetime) -> None:
+    """What Stripe collected becomes our payment row (its balance follows), and a dunning case resolves."""
+    amount = obj.get("amount_paid")
+    if isinstance(amount, int) and not isinstance(amount, bool) and amount > 0:
+        payment_record(invoice=invoice, amount_minor=amount, received_at=_moment(obj, "paid_at", created),
+                       reference=str(obj.get("id", ""))[:100], now=created)
+    dunning_settle(invoice=invoice, why="paid at Stripe", now=created)
 
 
 def stripe_event_apply(*, payload: Any, now: datetime | None = None) -> tuple[StripeEvent, bool]:

@@ -85,6 +85,23 @@ ROUTES: dict[str, Route] = {
     "api-invoices": Route("api", "/api/v1/invoices", READ),
     "api-invoice": Route("api", "/api/v1/invoices/{id}", READ, obj="invoice"),
     "api-invoice-document": Route("api", "/api/v1/invoices/{id}.csv", READ, obj="invoice"),
+    # corrections and prepaid credit (billing/api/corrections.py): tenants read, platform staff write
+    "api-credit-notes": Route("api", "/api/v1/credit-notes", READ),
+    "api-credit-note": Route("api", "/api/v1/credit-notes/{id}", READ, obj="credit_note"),
+    "api-credit-note-document": Route("api", "/api/v1/credit-notes/{id}.csv", READ, obj="credit_note"),
+    "api-credits": Route("api", "/api/v1/credits", READ),
+    "api-staff-invoice": Route("staff-api", "/api/v1/billing/invoices/1", READ),
+    "api-staff-credit-notes": Route("staff-api", "/api/v1/billing/invoices/1/credit-notes", {
+        "post": {"reason": "duplicate", "memo": "x", "amount_minor": 1}}),
+    "api-staff-invoice-void": Route("staff-api", "/api/v1/billing/invoices/1/void", {"post": {"memo": "x"}}),
+    "api-staff-payments": Route("staff-api", "/api/v1/billing/invoices/1/payments", {"post": {"amount_minor": 1}}),
+    "api-staff-refunds": Route("staff-api", "/api/v1/billing/payments/1/refunds", {
+        "post": {"amount_minor": 1, "reason": "x"}}),
+    "api-staff-tax": Route("staff-api", "/api/v1/tenants/acme/tax", {
+        "get": None, "put": {"tax_id": "DE1"}, "post": {"jurisdiction": "DE", "name": "VAT", "percentage": "19"}}),
+    "api-staff-tax-rate": Route("staff-api", "/api/v1/tenants/acme/tax/rates/1", {"delete": None}),
+    "api-credit-grants": Route("staff-api", "/api/v1/tenants/acme/credit-grants", {
+        "get": None, "post": {"amount_minor": 100, "reason": "x"}}),
     # spend caps: admins write, everyone in the tenant reads; price books and terms: platform staff
     "api-spend-caps": Route("api", "/api/v1/spend-caps", {"get": None, "post": {"project": "vision",
                                                                                  "monthly_minor": 1000}}),
@@ -367,6 +384,18 @@ def objects(world):
 
         return spend_cap_create(tenant=tenant, monthly_minor=10**9, action="warn").pk
 
+    def credit_note(tenant):
+        from billing.models import InvoiceLine
+        from billing.services import invoice_finalize
+        from billing.services.credit_notes import credit_note_issue
+
+        invoice = Invoice.objects.create(tenant=tenant, period=date(2025, 12, 1), currency="USD", subtotal_minor=100,
+                                         total_minor=100, computed_at=datetime(2026, 1, 1, tzinfo=UTC))
+        InvoiceLine.objects.create(invoice=invoice, position=1, kind="usage", description="u", unit="h", quantity=1,
+                                   unit_price=1, amount_minor=100)
+        invoice = invoice_finalize(invoice=invoice)
+        return credit_note_issue(invoice=invoice, reason="duplicate", memo="routes", amount_minor=10).pk
+
     from billing.services import price_book_create
 
     price_book_create(name="list", currency="USD", effective_from=datetime(2025, 1, 1, tzinfo=UTC),
@@ -374,7 +403,8 @@ def objects(world):
     own = {"webhook": webhook(world.acme), "spend_cap": spend_cap(world.acme),
            "project": world.project.slug, "member": Membership.objects.get(user=world.member).pk,
                 "token": ApiToken.objects.filter(user=world.admin).first().pk,
-                "lease": lease(world.acme, world.member, world.project).pk, "invoice": invoice(world.acme).pk}
+                "lease": lease(world.acme, world.member, world.project).pk, "invoice": invoice(world.acme).pk,
+                "credit_note": credit_note(world.acme)}
     own["adjustment"] = adjustment(world.acme, own["lease"])
     own.update(planned(world.acme, world.member, world.project))
     mine = {**own, "member": Membership.objects.get(user=world.owner).pk,
@@ -387,6 +417,7 @@ def objects(world):
                   "token": ApiToken.objects.filter(user=world.outsider).first().pk,
                   "lease": other_lease, "invoice": invoice(world.globex).pk, "webhook": webhook(world.globex),
                   "adjustment": adjustment(world.globex, other_lease), "spend_cap": spend_cap(world.globex),
+                  "credit_note": credit_note(world.globex),
                   **planned(world.globex, world.outsider, world.other_project)},
     }
 
