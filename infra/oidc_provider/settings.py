@@ -40,4 +40,6 @@ OAUTH2_PROVIDER = {
                "groups": "Group membership"},
     "PKCE_REQUIRED": False,
     "ID_TOKEN_EXPIRE_SECONDS": 300,
+    "OIDC_RP_INITIATED_LOGOUT_ENABLED": True,
+    "OIDC_RP_INITIATED_LOGOUT_ALWAYS_PROMPT": False,
 }
