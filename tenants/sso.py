@@ -27,7 +27,8 @@ from django.core.exceptions import SuspiciousOperation
 from django.db import transaction
 from mozilla_django_oidc.auth import OIDCAuthenticationBackend
 
-from core.errors import ApplicationError, Conflict, ValidationFailed
+from core.errors import ApplicationError, Conflict, PermissionDenied, ValidationFailed
+from tenants.access import Actor
 from tenants.audit import audit_record
 from tenants.choices import ROLE_RANK, Role
 from tenants.models import Membership, Tenant, TenantSignIn
@@ -144,7 +145,12 @@ def sign_in_update(*, tenant: Tenant, by, changes: dict[str, Any]) -> TenantSign
     (``SIGN_IN_FIELDS``); ``client_secret`` is write-only, sealed before it is stored, and its audit row says
     only that it changed. Refused, naming the field, before anything is written: SSO on without an issuer,
     client id or secret; local passwords off without SSO; a domain another tenant's SSO already claims; a
-    default role of owner (owners are made by owners, never by a first sign-in)."""
+    default role of owner (owners are made by owners, never by a first sign-in). ``by``: the acting
+    ``Actor`` (owners only; staff act through ``staff_actor``), or None for a command."""
+    if isinstance(by, Actor):
+        if by.tenant.pk != tenant.pk:
+            raise PermissionDenied("Sign-in settings are changed from inside their own tenant.")
+        by.require("own")
     unknown = sorted(set(changes) - set(SIGN_IN_FIELDS))
     if unknown:
         raise ValidationFailed(f"{unknown[0]} is not a sign-in setting.", field=unknown[0])
