@@ -42,4 +42,6 @@ urlpatterns[-1:-1] = [  # single sign-on and the second factor (issue 34)
     path("accounts/sso/logout", sso_pages.SsoLogoutView.as_view(), name="sso-logout"),
     path("accounts/2fa/", otp_pages.SecondFactorVerifyView.as_view(), name="2fa-verify"),
     path("accounts/2fa/setup", otp_pages.SecondFactorSetupView.as_view(), name="2fa-setup"),
+    path("accounts/2fa/recovery-codes", otp_pages.RecoveryCodesView.as_view(), name="2fa-recovery-codes"),
+    path("settings/sign-in", sso_pages.SignInSettingsView.as_view(), name="portal-sign-in"),
 ]

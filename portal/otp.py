@@ -13,6 +13,7 @@ from core.errors import ApplicationError
 from tenants.otp import (
     provisioning_uri,
     recovery_codes_left,
+    recovery_codes_regenerate,
     second_factor_enrolled,
     second_factor_mark_passed,
     second_factor_required,
@@ -75,3 +76,17 @@ class SecondFactorVerifyView(LoginRequiredMixin, View):
             return render(request, "registration/2fa_recovery_used.html",
                           {"left": recovery_codes_left(user=request.user), "next": _next(request)})
         return redirect(_next(request))
+
+
+class RecoveryCodesView(LoginRequiredMixin, View):
+    """POST: ten new recovery codes (the old ones void), shown once."""
+
+    http_method_names = ["post"]
+
+    def post(self, request):
+        try:
+            codes = recovery_codes_regenerate(user=request.user)
+        except ApplicationError as error:
+            return render(request, "registration/2fa_verify.html", {"error": error.message, "next": "/"},
+                          status=error.status)
+        return render(request, "registration/2fa_recovery_codes.html", {"codes": codes, "next": "/"})

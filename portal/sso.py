@@ -11,7 +11,7 @@ import logging
 from urllib.parse import parse_qs, urlencode, urlsplit
 
 from django import forms
-from django.contrib import auth
+from django.contrib import auth, messages
 from django.contrib.auth import views as auth_views
 from django.contrib.auth.forms import AuthenticationForm
 from django.shortcuts import redirect, render
@@ -21,14 +21,20 @@ from django.views import View
 from mozilla_django_oidc.views import OIDCAuthenticationRequestView
 
 from core.errors import ApplicationError
+from portal.forms import FieldErrors
+from portal.views import TenantView
+from tenants.choices import Role
 from tenants.selectors import SESSION_TENANT_KEY
 from tenants.sso import (
     BACKEND_PATH,
+    SIGN_IN_FIELDS,
     SsoRefused,
     TenantOIDCBackend,
     password_sign_in_refusal,
     provider_metadata,
     sign_in_find,
+    sign_in_get,
+    sign_in_update,
 )
 
 log = logging.getLogger(__name__)
@@ -149,3 +155,47 @@ class SsoLogoutView(View):
             if end_session:
                 target = f"{end_session}?{urlencode({'id_token_hint': id_token, 'client_id': sign_in.client_id})}"
         return redirect(target)
+
+
+class SignInSettingsView(TenantView):
+    """The tenant's sign-in settings (owners change them; everyone of the tenant reads them): single sign-on,
+    local passwords, the second factor. The client secret is write-only: left empty, it keeps its value."""
+
+    template_name = "portal/settings_sign_in.html"
+    write_action = "own"
+
+    def render_page(self, request, *, errors=None, values=None, status=200):
+        sign_in = sign_in_get(tenant=self.actor.tenant)
+        context = {"sign_in": sign_in, "can_own": self.actor.can("own"), "roles": Role.choices,
+                   "default_roles": [(v, label) for v, label in Role.choices if v != Role.OWNER],
+                   "callback_url": request.build_absolute_uri(reverse("sso-callback")),
+                   "group_roles_text": "\n".join(f"{g}={r}" for g, r in sorted(sign_in.group_roles.items())),
+                   "errors": errors or FieldErrors(), "values": values, "tab": "sign-in"}
+        return render(request, self.template_name, context, status=status)
+
+    def get(self, request):
+        return self.render_page(request)
+
+    def post(self, request):
+        data = request.POST
+        group_roles = {}
+        for line in data.get("group_roles", "").splitlines():
+            if line.strip():
+                group, _, role = line.partition("=")
+                group_roles[group.strip()] = role.strip()
+        changes = {
+            "sso_enabled": data.get("sso_enabled") == "on", "provider_name": data.get("provider_name", ""),
+            "issuer": data.get("issuer", ""), "client_id": data.get("client_id", ""),
+            "allowed_email_domains": [d for d in data.get("allowed_email_domains", "").replace(",", " ").split()],
+            "default_role": data.get("default_role", ""), "group_roles": group_roles,
+            "local_passwords_disabled": data.get("local_passwords_disabled") == "on",
+            "totp_required": data.get("totp_required") == "on"}
+        if data.get("client_secret"):
+            changes["client_secret"] = data["client_secret"]
+        try:
+            sign_in_update(tenant=self.actor.tenant, by=self.actor, changes=changes)
+        except ApplicationError as error:
+            return self.render_page(request, errors=FieldErrors(error, shown=set(SIGN_IN_FIELDS)), values=data,
+                                    status=error.status)
+        messages.success(request, "Sign-in settings saved.")
+        return redirect("portal-sign-in")

@@ -212,3 +212,12 @@ class SecondFactorMiddleware:
             return response
         return redirect(target)
 
+
+
+def second_factor_reset(*, user, by) -> None:
+    """Take a user's authenticator and recovery codes away (staff, for a lost phone): at the next sign-in they
+    set up a new one if they need one. Audited in the staff user's name."""
+    with transaction.atomic(durable=True):
+        TotpDevice.objects.filter(user=user).delete()
+        RecoveryCode.objects.filter(user=user).delete()
+        audit_record(tenant=None, by=by, action="second_factor.reset", target=user.get_username())

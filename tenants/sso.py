@@ -80,7 +80,7 @@ def password_sign_in_refusal(user) -> str | None:
     for sign_in in sign_in_requirements_for(user):
         if sign_in.local_passwords_disabled:
             return (f"{sign_in.tenant.name} signs its members in through "
-                    f"{sign_in.provider_name or 'its identity provider'}: use \"Sign in with single sign-on\".")
+                    f"{sign_in.provider_name or 'its identity provider'}: use \"Continue with single sign-on\".")
     return None
 
 

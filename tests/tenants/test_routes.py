@@ -208,6 +208,7 @@ ROUTES: dict[str, Route] = {
     "portal:advice-accept": Route("portal", "/advice/{id}/accept", {"post": {}}, obj="adjustment"),
     "portal:advice-reject": Route("portal", "/advice/{id}/reject", {"post": {}}, obj="adjustment"),
     "portal:members": Route("portal", "/settings/members", READ),
+    "portal-sign-in": Route("portal", "/settings/sign-in", {"get": None, "post": {"totp_required": "on"}}),
     "portal:member-invite": Route("portal", "/settings/members/invite",
                                   {"post": {"username": "bob", "role": "viewer"}}),
     "portal:member-role": Route("portal", "/settings/members/{id}/role", {"post": {"role": "viewer"}}, obj="member"),
@@ -277,6 +278,8 @@ ALLOWED = {
                     "is checked before anything is written (tests/tenants/test_sso.py)",
     "sso-logout": "ends the caller's own session",
     "2fa-verify": "the signed-in user's own second factor (login required; tests/tenants/test_second_factor.py)",
+    "2fa-recovery-codes": "replaces the signed-in user's own recovery codes (login required; "
+                          "tests/tenants/test_second_factor.py)",
     "2fa-setup": "sets up the signed-in user's own authenticator (login required; "
                  "tests/tenants/test_second_factor.py)",
     "api-schema": "the OpenAPI document: public, describes routes, holds no data",

@@ -14,7 +14,7 @@ from django.utils import timezone
 
 from tenants.models import AuditEvent, RecoveryCode, TotpDevice
 from tenants.sso import sign_in_update
-from tests.factories import api_client, make_member, make_token, make_tenant, make_user
+from tests.factories import api_client, make_member, make_tenant, make_token, make_user
 
 
 def password_sign_in(username: str) -> Client:

@@ -151,3 +151,21 @@ def test_sso_settings_refusals_name_the_field(acme, provider):
     stored = TenantSignIn.objects.get(tenant=acme)
     assert provider.client_secret not in stored.client_secret_sealed  # sealed at rest
     assert AuditEvent.objects.get(tenant=acme, action="tenant.sign_in.update").data["client_secret"] == "changed"
+
+
+def test_sso_settings_over_the_api_as_docs_tenancy_shows(world, provider):
+    """The request docs/tenancy.md ("Single sign-on") shows, by an owner's token; the secret never answered."""
+    body = {"sso_enabled": True, "provider_name": "Acme ID", "issuer": provider.issuer, "client_id": CLIENT_ID,
+            "client_secret": provider.client_secret, "allowed_email_domains": ["acme.test"],
+            "default_role": "member", "group_roles": {"gpu-admins": "admin"}, "totp_required": False}
+    response = world.client("owner").patch("/api/v1/tenant/sign-in", body, format="json")
+    assert response.status_code == 200, response.content
+    answer = response.json()
+    assert answer["client_secret_set"] is True and provider.client_secret not in response.content.decode()
+    assert answer["callback_url"] == "http://testserver/accounts/sso/callback"
+    viewer = world.client("admin").patch("/api/v1/tenant/sign-in", {"totp_required": True}, format="json")
+    assert viewer.status_code == 403 and viewer["Content-Type"] == "application/problem+json"
+    bad = world.client("owner").patch("/api/v1/tenant/sign-in", {"default_role": "owner"}, format="json")
+    assert bad.status_code == 400 and bad.json()["field"] == "default_role"
+    assert sso_sign_in(Client(), provider, "alice").status_code == 302  # the settings work
+    assert Membership.objects.get(user__email="alice@acme.test", tenant=world.acme).role == Role.ADMIN
