@@ -51,10 +51,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--data", type=Path, required=True, help="folder for its key and SQLite database")
     parser.add_argument("--client-id", required=True)
-    parser.add_argument("--client-secret", required=True)
+    parser.add_argument("--client-secret", help="or client_secret in --config")
     parser.add_argument("--redirect-uri", action="append", required=True)
     parser.add_argument("--user", action="append", default=[], help="NAME:PASSWORD:EMAIL[:GROUP,GROUP]")
+    parser.add_argument("--config", type=Path, help='a JSON file {"client_secret": ..., "users": ["NAME:PASSWORD:'
+                                                    'EMAIL[:GROUPS]", ...]}: secrets kept off the command line')
     args = parser.parse_args(argv)
+    if args.config:
+        import json
+
+        config = json.loads(args.config.read_text())
+        args.client_secret = args.client_secret or config.get("client_secret")
+        args.user += config.get("users", [])
+    if not args.client_secret:
+        parser.error("--client-secret or a --config with client_secret is needed")
     _prepare_files(args.data)
     os.environ["OIDC_PROVIDER_DATA"] = str(args.data)
     os.environ["DJANGO_SETTINGS_MODULE"] = "infra.oidc_provider.settings"

@@ -43,3 +43,10 @@ OAUTH2_PROVIDER = {
     "OIDC_RP_INITIATED_LOGOUT_ENABLED": True,
     "OIDC_RP_INITIATED_LOGOUT_ALWAYS_PROMPT": False,
 }
+# quiet: make run's console shows its children's output, and a request line per redirect says nothing there
+LOGGING = {"version": 1, "disable_existing_loggers": False,
+           "loggers": {"django.server": {"level": "WARNING"}}}
+# cookies are per host, not per port: on 127.0.0.1 beside the broker its names must differ from the broker's
+# (sessionid, csrftoken), or signing in here would replace the broker's session (and the sign-in's state)
+SESSION_COOKIE_NAME = "oidc_provider_session"
+CSRF_COOKIE_NAME = "oidc_provider_csrftoken"

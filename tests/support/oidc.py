@@ -54,25 +54,28 @@ def provider_stop(provider: Provider) -> None:
     stop(provider.process)
 
 
-def provider_sign_in(provider: Provider, authorize_url: str, username: str) -> str:
-    """A person at the provider: follow the broker's redirect, sign in, and get the callback URL back."""
-    browser = requests.Session()
+def provider_sign_in(provider: Provider, authorize_url: str, username: str, password: str | None = None,
+                     callback: str = CALLBACK, browser: requests.Session | None = None) -> str:
+    """A person at the provider: follow the broker's redirect, sign in, and get the callback URL back
+    (``browser``: the person's cookie jar, when the broker is reached over HTTP too)."""
+    browser = browser or requests.Session()
     answer = browser.get(authorize_url, allow_redirects=False, timeout=10)
     assert answer.status_code == 302, answer.text[:500]
     login_url = urljoin(provider.base, answer.headers["Location"])
     browser.get(login_url, timeout=10)
     answer = browser.post(login_url, timeout=10, allow_redirects=False, data={
-        "username": username, "password": USERS[username][0], "csrfmiddlewaretoken": browser.cookies["csrftoken"],
+        "username": username, "password": password or USERS[username][0],
+        "csrfmiddlewaretoken": browser.cookies["oidc_provider_csrftoken"],
         "next": dict(parse_qsl(urlsplit(login_url).query))["next"]})
     assert answer.status_code == 302, answer.text[:500]
     answer = browser.get(urljoin(provider.base, answer.headers["Location"]), allow_redirects=False, timeout=10)
-    assert answer.status_code == 302 and answer.headers["Location"].startswith(CALLBACK), answer.text[:500]
+    assert answer.status_code == 302 and answer.headers["Location"].startswith(callback), answer.text[:500]
     return answer.headers["Location"]
 
 
-def sso_sign_in(client, provider: Provider, username: str, org: str = "acme"):
+def sso_sign_in(client, provider: Provider, username: str, org: str = "acme", password: str | None = None):
     """The whole way: the broker's start page, the provider, the broker's callback (its response returned)."""
     begun = client.get("/accounts/sso/start", {"org": org})
     assert begun.status_code == 302, begun.content[:500]
-    callback = urlsplit(provider_sign_in(provider, begun["Location"], username))
+    callback = urlsplit(provider_sign_in(provider, begun["Location"], username, password))
     return client.get(callback.path, dict(parse_qsl(callback.query)))

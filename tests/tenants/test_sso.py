@@ -5,6 +5,8 @@ domains are each refused with a message that says why, and nothing is created.""
 
 from __future__ import annotations
 
+import io
+import subprocess
 from urllib.parse import parse_qsl, urlsplit
 
 import pytest
@@ -169,3 +171,38 @@ def test_sso_settings_over_the_api_as_docs_tenancy_shows(world, provider):
     assert bad.status_code == 400 and bad.json()["field"] == "default_role"
     assert sso_sign_in(Client(), provider, "alice").status_code == 302  # the settings work
     assert Membership.objects.get(user__email="alice@acme.test", tenant=world.acme).role == Role.ADMIN
+
+
+def test_sso_demo_of_make_run_signs_globex_in_through_its_local_provider(db, settings, tmp_path):
+    """make run's demo (infra/run.py): seed_demo --sso-issuer, the provider started with the command and config
+    make run gives it; grace is made a globex admin just in time, carol is the demo's existing carol."""
+    import json
+
+    from django.core.management import call_command
+
+    from core.processes import free_port, start, wait_http
+    from infra.run import oidc_provider_command, oidc_provider_files
+    from tests.support.oidc import Provider
+
+    settings.VAR_DIR = tmp_path
+    port = free_port()
+    call_command("seed_demo", "--sso-issuer", f"http://127.0.0.1:{port}/o", stdout=io.StringIO())
+    credentials = json.loads((tmp_path / "demo-credentials.json").read_text())
+    config = oidc_provider_files(tmp_path, tmp_path / "demo-credentials.json")
+    assert oct(config.stat().st_mode & 0o777) == "0o600"
+    process = start(oidc_provider_command(port=port, site="http://testserver", var=tmp_path, config=config),
+                    stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    running = Provider(process=process, base=f"http://127.0.0.1:{port}", client_secret="")
+    try:
+        wait_http(f"{running.issuer}/.well-known/openid-configuration", process, timeout=60)
+        page = Client().get("/accounts/login/", {"org": "globex"})
+        assert b"Sign in with Local OpenID provider" in page.content
+        grace = Client()
+        assert sso_sign_in(grace, running, "grace", org="globex", password=credentials["users"]).status_code == 302
+        assert Membership.objects.get(user__email="grace@globex.example", tenant__slug="globex").role == Role.ADMIN
+        carol = Client()
+        assert sso_sign_in(carol, running, "carol", org="globex", password=credentials["users"]).status_code == 302
+        assert User.objects.filter(email="carol@globex.example").count() == 1
+        assert carol.get("/").context["user"].username == "carol"
+    finally:
+        provider_stop(running)
