@@ -539,5 +539,6 @@ OIDC_CLOCK_SKEW_SECONDS = env_int("OIDC_CLOCK_SKEW_SECONDS", 60, minimum=0)  # l
 OIDC_AUTHENTICATION_CALLBACK_URL = "sso-callback"
 OIDC_RP_SCOPES = "openid email profile"
 OIDC_USE_PKCE = True
+SPECTACULAR_SETTINGS["ENUM_NAME_OVERRIDES"]["SignInDefaultRoleEnum"] = "tenants.api.sso.JIT_ROLES"
 MIDDLEWARE.insert(MIDDLEWARE.index("django.contrib.auth.middleware.AuthenticationMiddleware") + 1,
                   "tenants.otp.SecondFactorMiddleware")

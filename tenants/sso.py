@@ -23,6 +23,7 @@ import jwt
 import requests
 from django.conf import settings
 from django.contrib.auth import get_user_model
+from django.contrib.auth.backends import ModelBackend
 from django.core.exceptions import SuspiciousOperation
 from django.db import transaction
 from mozilla_django_oidc.auth import OIDCAuthenticationBackend
@@ -348,6 +349,9 @@ class TenantOIDCBackend(OIDCAuthenticationBackend):
             raise SsoRefused("The provider's userinfo names another subject than its ID token; refused.")
         merged = {**payload, **claims}
         return sso_member_sign_in(sign_in=self.sign_in, subject=str(payload["sub"]), claims=merged)
+
+    def get_user(self, user_id):  # the library's skips ModelBackend's is_active check: keep it
+        return ModelBackend.get_user(self, user_id)
 
     def store_tokens(self, access_token, id_token):
         self.request.session["oidc_id_token"] = id_token  # the id_token_hint of the sign-out

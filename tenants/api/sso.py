@@ -18,6 +18,9 @@ from tenants.choices import Role
 from tenants.sso import sign_in_get, sign_in_update
 
 
+JIT_ROLES = [Role.ADMIN.value, Role.MEMBER.value, Role.VIEWER.value]  # a first sign-in never makes an owner
+
+
 class SignInOutput(serializers.Serializer):
     sso_enabled = serializers.BooleanField()
     provider_name = serializers.CharField()
@@ -25,7 +28,7 @@ class SignInOutput(serializers.Serializer):
     client_id = serializers.CharField()
     client_secret_set = serializers.SerializerMethodField()
     allowed_email_domains = serializers.ListField(child=serializers.CharField())
-    default_role = serializers.ChoiceField(choices=Role.choices)
+    default_role = serializers.ChoiceField(choices=JIT_ROLES)
     group_roles = serializers.DictField(child=serializers.ChoiceField(choices=Role.choices))
     local_passwords_disabled = serializers.BooleanField()
     totp_required = serializers.BooleanField()
@@ -50,7 +53,7 @@ class SignInUpdateInput(serializers.Serializer):
     client_secret = serializers.CharField(required=False, write_only=True, max_length=500, trim_whitespace=False)
     allowed_email_domains = serializers.ListField(child=serializers.CharField(max_length=253), required=False,
                                                   max_length=50)
-    default_role = serializers.ChoiceField(choices=[Role.ADMIN, Role.MEMBER, Role.VIEWER], required=False)
+    default_role = serializers.ChoiceField(choices=JIT_ROLES, required=False)
     group_roles = serializers.DictField(child=serializers.ChoiceField(choices=Role.choices), required=False)
     local_passwords_disabled = serializers.BooleanField(required=False)
     totp_required = serializers.BooleanField(required=False)

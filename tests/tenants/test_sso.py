@@ -206,3 +206,10 @@ def test_sso_demo_of_make_run_signs_globex_in_through_its_local_provider(db, set
         assert carol.get("/").context["user"].username == "carol"
     finally:
         provider_stop(running)
+
+
+def test_sso_then_the_second_factor_where_the_tenant_requires_it(acme, provider):
+    sign_in_update(tenant=acme, by=None, changes={"totp_required": True})
+    client = Client()
+    assert sso_sign_in(client, provider, "bob").status_code == 302
+    assert client.get("/")["Location"].startswith("/accounts/2fa/setup")  # single sign-on is one factor here
