@@ -46,3 +46,10 @@ def test_sign_in_page_admins_read_but_only_owners_change(world):
     assert admin.get("/settings/sign-in").status_code == 200
     assert admin.post("/settings/sign-in", FORM).status_code == 403
     assert not TenantSignIn.objects.filter(tenant=world.acme).exists()
+
+
+def test_sign_in_page_log_out_of_a_password_session_goes_back_to_the_sign_in_page(world):
+    owner = signed_in(world.owner)
+    response = owner.post("/accounts/sso/logout")  # the portal's "Log out" (base.html)
+    assert response.status_code == 302 and response["Location"] == "/accounts/login/"
+    assert owner.get("/").status_code == 302
