@@ -385,6 +385,7 @@ from tenants.sso import SIGN_IN_FIELDS, sign_in_update  # noqa: E402
 
 
 class TenantSignInForm(forms.ModelForm):
+    issuer = forms.URLField(required=False, max_length=300, assume_scheme="https")
     client_secret = forms.CharField(required=False, widget=forms.PasswordInput, max_length=500,
                                     help_text="Write-only: left empty, the stored secret stays.")
 
