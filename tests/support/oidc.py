@@ -46,7 +46,8 @@ def provider_start(data: Path) -> Provider:
         command += ["--user", f"{name}:{password}:{email}:{groups}"]
     process = start(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     base = f"http://127.0.0.1:{port}"
-    wait_http(f"{base}/o/.well-known/openid-configuration", process, timeout=60)
+    # a fresh SQLite database is migrated first: seconds, a minute or more on a loaded 2-core machine
+    wait_http(f"{base}/o/.well-known/openid-configuration", process, timeout=240)
     return Provider(process=process, base=base, client_secret=secret)
 
 

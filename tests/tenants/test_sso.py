@@ -194,7 +194,7 @@ def test_sso_demo_of_make_run_signs_globex_in_through_its_local_provider(db, set
                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     running = Provider(process=process, base=f"http://127.0.0.1:{port}", client_secret="")
     try:
-        wait_http(f"{running.issuer}/.well-known/openid-configuration", process, timeout=60)
+        wait_http(f"{running.issuer}/.well-known/openid-configuration", process, timeout=240)
         page = Client().get("/accounts/login/", {"org": "globex"})
         assert b"Sign in with Local OpenID provider" in page.content
         grace = Client()
