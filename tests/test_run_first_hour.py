@@ -25,6 +25,7 @@ import pytest
 import requests
 
 from agent.workloads import process_start_ticks
+from core.processes import http_ok
 from tests.support.oidc import Provider, provider_sign_in
 from tests.support.processes import free_port
 
@@ -96,6 +97,8 @@ def test_make_run_serves_the_documented_paths_and_ctrl_c_stops_lease_workloads(t
         # the single sign-on demo, all over real HTTP, one cookie jar as a browser has (the broker's session and
         # the provider's share the host 127.0.0.1): the broker, its local provider, back as a new globex member
         assert f"SSO         globex signs in through a local OpenID provider (http://127.0.0.1:{oidc_port}/o" in text
+        _wait(lambda: http_ok(f"http://127.0.0.1:{oidc_port}/o/.well-known/openid-configuration"), 240, process, log,
+              "the local OpenID provider")  # it migrates its SQLite file first
         browser = requests.Session()
         begun = browser.get(f"{site}/accounts/sso/start", params={"org": "globex"}, allow_redirects=False,
                             timeout=30)
