@@ -193,9 +193,10 @@ class SecondFactorMiddleware:
         self.get_response = get_response
 
     def __call__(self, request):
+        if request.path.startswith(EXEMPT_PREFIXES) or "HTTP_AUTHORIZATION" in request.META:
+            return self.get_response(request)  # before the lazy user: the probes never read a session
         user = getattr(request, "user", None)
-        if (user is None or not user.is_authenticated or "HTTP_AUTHORIZATION" in request.META
-                or request.path.startswith(EXEMPT_PREFIXES) or second_factor_passed(request)):
+        if user is None or not user.is_authenticated or second_factor_passed(request):
             return self.get_response(request)
         enrolled = second_factor_enrolled(user)
         if not enrolled and not second_factor_required(user):

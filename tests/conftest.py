@@ -31,26 +31,26 @@ def _fast_password_hashing():
 
 
 @pytest.fixture(autouse=True, scope="session")
-def _force_login_passes_the_second_factor():
-    """``force_login`` stands for a finished sign-in, both factors: staff need a TOTP code since issue 34
-    (tenants/otp.py), and the tests that log staff in to reach a page are about that page. The real way through
-    (password, then a code computed with pyotp; SSO) is tested in tests/tenants/test_second_factor.py and
-    tests/tenants/test_sso.py."""
+def _test_client_logins_pass_the_second_factor():
+    """The test client's ``login`` and ``force_login`` stand for a finished sign-in, both factors: staff need a
+    TOTP code since issue 34 (tenants/otp.py), and the tests that log staff in to reach a page are about that
+    page. The real way through (the sign-in form, then a code computed with pyotp; SSO) is tested in
+    tests/tenants/test_second_factor.py and tests/tenants/test_sso.py, which post to the form instead."""
     from django.test import Client
 
     from tenants.otp import SESSION_KEY
 
-    original = Client.force_login
+    original = Client._login  # what both login() and force_login() end in
 
-    def force_login(self, user, backend=None):
+    def _login(self, user, backend=None):
         original(self, user, backend)
         session = self.session
         session[SESSION_KEY] = user.pk
         session.save()
 
-    Client.force_login = force_login
+    Client._login = _login
     yield
-    Client.force_login = original
+    Client._login = original
 
 
 @pytest.fixture(scope="session")
