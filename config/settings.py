@@ -538,3 +538,16 @@ INSTALLED_APPS.append("observability")
 MIDDLEWARE.insert(0, "observability.middleware.RequestMetricsMiddleware")  # first: times every request
 METRICS_TOKEN = env_str("METRICS_TOKEN", "")
 SECURE_REDIRECT_EXEMPT.append(r"^metrics$")
+
+# --- Single sign-on (OpenID Connect) and the second factor (issue 34; tenants/sso.py, tenants/otp.py) --------
+# Each tenant's provider lives in its TenantSignIn (not here); these bound how the broker talks to any of them.
+# TOTP: staff always need a second factor, a tenant's members when the tenant requires it (docs/tenancy.md).
+AUTHENTICATION_BACKENDS.append("tenants.sso.TenantOIDCBackend")  # only answers the SSO callback
+OIDC_TIMEOUT = env_int("OIDC_TIMEOUT_SECONDS", 10, minimum=1)  # each call to a provider (discovery, token, keys)
+OIDC_CLOCK_SKEW_SECONDS = env_int("OIDC_CLOCK_SKEW_SECONDS", 60, minimum=0)  # leeway on an ID token's exp/iat
+OIDC_AUTHENTICATION_CALLBACK_URL = "sso-callback"
+OIDC_RP_SCOPES = "openid email profile"
+OIDC_USE_PKCE = True
+SPECTACULAR_SETTINGS["ENUM_NAME_OVERRIDES"]["SignInDefaultRoleEnum"] = "tenants.api.sso.JIT_ROLES"
+MIDDLEWARE.insert(MIDDLEWARE.index("django.contrib.auth.middleware.AuthenticationMiddleware") + 1,
+                  "tenants.otp.SecondFactorMiddleware")

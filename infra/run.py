@@ -146,6 +146,35 @@ def demo_logins(path: Path) -> list[str]:
     return lines
 
 
+def oidc_provider_files(var: Path, credentials_path: Path) -> Path:
+    """The local OpenID provider's config (0600: the client secret and the demo users' password, kept off the
+    command line) for the single sign-on demo (tenants.demo.SSO_DEMO)."""
+    from tenants.demo import DEMO, SSO_DEMO
+
+    credentials = json.loads(credentials_path.read_text())
+    members = DEMO[SSO_DEMO["tenant"]]["members"]
+    users = [f"{name}:{credentials['users']}:{name}@{SSO_DEMO['domain']}:{groups}"
+             for name, groups in SSO_DEMO["users"].items() if name in members or groups]
+    directory = var / "oidc-provider"
+    directory.mkdir(parents=True, exist_ok=True)
+    config = directory / "config.json"
+    config.touch(mode=0o600)
+    config.chmod(0o600)
+    config.write_text(json.dumps({"client_secret": credentials["sso_client_secret"], "users": users}))
+    return config
+
+
+def oidc_provider_command(*, port: int, site: str, var: Path, config: Path) -> list[str]:
+    """The local OpenID provider (infra/oidc_provider) as make run starts it: its issuer is
+    http://127.0.0.1:<port>/o, its one client the broker's demo (redirect URI <site>/accounts/sso/callback)."""
+    from tenants.demo import SSO_DEMO
+
+    return [str(BIN / "python"), "-m", "infra.oidc_provider", "--port", str(port), "--data",
+            str(var / "oidc-provider"), "--client-id", SSO_DEMO["client_id"], "--config", str(config),
+            "--redirect-uri", f"{site}/accounts/sso/callback",
+            "--redirect-uri", f"{site.replace('127.0.0.1', 'localhost')}/accounts/sso/callback"]
+
+
 def web_command(*, port: int, workers: int = 2, threads: int = 4) -> list[str]:
     """gunicorn as make run starts it. Threads (gthread): a worker answers /healthz and pages while other
     threads check passwords (PBKDF2 releases the GIL); at most LOGIN_CONCURRENCY of them do at once."""
@@ -259,12 +288,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fleet-nodes", type=int, default=4, help="simulated GPU nodes (agent.fleet)")
     parser.add_argument("--fleet-port", type=int, default=9400)
     parser.add_argument("--prometheus-port", type=int, default=9090)
+    parser.add_argument("--oidc-port", type=int, default=9500,
+                        help="the local OpenID provider of the single sign-on demo (infra/oidc_provider)")
     args = parser.parse_args(argv)
     if args.agents_port is None:
         args.agents_port = args.port + 1
 
     for port, what in ((args.port, "PORT"), (args.agents_port, "--agents-port"), (args.fleet_port, "--fleet-port"),
-                       (args.prometheus_port, "--prometheus-port")):
+                       (args.prometheus_port, "--prometheus-port"), (args.oidc_port, "--oidc-port")):
         if not _port_free(port):
             say(f"port {port} on 127.0.0.1 is in use; stop what holds it or choose another ({what})")
             return 2
@@ -351,7 +382,9 @@ def main(argv: list[str] | None = None) -> int:
         _manage("migrate", "--noinput", "-v", "0")
         _manage("createcachetable")  # the login-throttle cache's table, where no Redis is used (a no-op else)
         _manage("collectstatic", "--noinput", "-v", "0")
-        _manage("seed_demo", "--workload-root", str(root))  # and the demo projects' directories under it
+        oidc_issuer = f"http://127.0.0.1:{args.oidc_port}/o"
+        # and the demo projects' directories under the root; globex signs in through the local OpenID provider
+        _manage("seed_demo", "--workload-root", str(root), "--sso-issuer", oidc_issuer)
         _manage("seed_prices")
         # auto-tiering answers from the first request: the reference profiles, and a model trained once on them
         # (else none until the 6-hourly retrain, and every kind: auto request is 409 profile_first)
@@ -403,6 +436,9 @@ def main(argv: list[str] | None = None) -> int:
                                          f"--storage.tsdb.path={VAR / 'prometheus'}",
                                          f"--web.listen-address=127.0.0.1:{args.prometheus_port}",
                                          "--log.level=warn"]))
+        specs.append(("oidc", oidc_provider_command(
+            port=args.oidc_port, site=site, var=VAR,
+            config=oidc_provider_files(VAR, VAR / "demo-credentials.json"))))
         for name, command in specs:
             supervisor.add(name, command)
         state["supervising"] = True
@@ -437,6 +473,11 @@ def main(argv: list[str] | None = None) -> int:
             (f"  Prometheus  http://127.0.0.1:{args.prometheus_port}/ scraping them and the broker, with the alerts of "
              "infra/alerts/" if prometheus
              else "  Prometheus  not installed (apt-get install prometheus) — metrics at the nodes' /metrics"),
+            f"  SSO         globex signs in through a local OpenID provider ({oidc_issuer}, infra/oidc_provider): "
+            f"{site}/accounts/login/?org=globex → \"Sign in with Local OpenID provider\" as carol, dan or grace "
+            "(new: a member just in time, admin by her group) with the demo users' password; a real provider: "
+            "README \"Single sign-on\"",
+            "  2FA         staff (admin) set up an authenticator app at the first sign-in (any TOTP app)",
             "  webhooks    " + ("http:// and loopback targets allowed (WEBHOOK_ALLOW_LOOPBACK=1, for trying them "
                                  "here; production refuses them)" if env_values["WEBHOOK_ALLOW_LOOPBACK"] in
                                  ("1", "true", "True", "yes", "on") else "loopback targets refused"),

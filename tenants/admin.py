@@ -376,3 +376,63 @@ class AuditEventAdmin(admin.ModelAdmin):
 
     def has_add_permission(self, request):
         return False
+
+
+# -- sign-in: single sign-on and the second factor (tenants/sso.py, tenants/otp.py; issue 34) ------------------
+from tenants.models import TenantSignIn, TotpDevice  # noqa: E402
+from tenants.otp import second_factor_reset  # noqa: E402
+from tenants.sso import SIGN_IN_FIELDS, sign_in_update  # noqa: E402
+
+
+class TenantSignInForm(forms.ModelForm):
+    issuer = forms.URLField(required=False, max_length=300, assume_scheme="https")
+    client_secret = forms.CharField(required=False, widget=forms.PasswordInput, max_length=500,
+                                    help_text="Write-only: left empty, the stored secret stays.")
+
+    class Meta:
+        model = TenantSignIn
+        fields = ["tenant", "sso_enabled", "provider_name", "issuer", "client_id", "client_secret",
+                  "allowed_email_domains", "default_role", "group_roles", "local_passwords_disabled",
+                  "totp_required"]
+
+
+@admin.register(TenantSignIn)
+class TenantSignInAdmin(ServiceAdmin):
+    """A tenant's sign-in settings, written through ``sign_in_update`` (its checks, its audit row)."""
+
+    form = TenantSignInForm
+    list_display = ["tenant", "sso_enabled", "issuer", "local_passwords_disabled", "totp_required"]
+
+    def get_readonly_fields(self, request, obj=None):
+        return [] if obj is None else ["tenant"]
+
+    def has_delete_permission(self, request, obj=None):
+        return False  # turn single sign-on off instead (audited)
+
+    def save_model(self, request, obj, form, change):
+        changes = {name: form.cleaned_data[name] for name in SIGN_IN_FIELDS
+                   if name in form.cleaned_data and name != "client_secret"}
+        if form.cleaned_data.get("client_secret"):
+            changes["client_secret"] = form.cleaned_data["client_secret"]
+        _adopt(obj, sign_in_update(tenant=obj.tenant, by=staff_actor(request, obj.tenant), changes=changes))
+
+
+@admin.register(TotpDevice)
+class TotpDeviceAdmin(ServiceAdmin):
+    """Users' authenticators: read-only (the secret is never shown); an action resets a lost one."""
+
+    list_display = ["user", "confirmed_at", "created_at"]
+    fields = ["user", "confirmed_at", "created_at"]
+    readonly_fields = fields
+    actions = ["reset"]
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+    @admin.action(description="Reset the authenticator (lost phone): the user sets up a new one")
+    def reset(self, request, queryset):
+        self.each_row(request, queryset, "reset", lambda device: second_factor_reset(user=device.user,
+                                                                                      by=request.user))

@@ -21,3 +21,12 @@ DEMO = {
         "members": {"carol": "owner", "dan": "member"},
     },
 }
+
+# make run's single sign-on demo (README "Single sign-on"): globex signs in through the local OpenID provider that
+# make run starts (infra/oidc_provider); carol and dan exist already (their e-mail matches), grace is made a member
+# just in time at her first sign-in, an admin through her group. Their password at the provider: the demo users'.
+SSO_DEMO = {
+    "tenant": "globex", "provider_name": "Local OpenID provider", "client_id": "gpubroker-demo",
+    "domain": "globex.example", "group_roles": {"gpu-admins": "admin"},
+    "users": {"carol": "", "dan": "", "grace": "gpu-admins"},
+}

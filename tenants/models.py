@@ -314,3 +314,75 @@ class AuditEvent(models.Model):
 
     def __str__(self) -> str:
         return f"{self.created_at:%Y-%m-%d %H:%M} {self.action} {self.target}"
+
+
+# --- sign-in: single sign-on (OpenID Connect) and the second factor (issue 34; tenants/sso.py, tenants/otp.py) ---
+
+
+class TenantSignIn(models.Model):
+    """How one tenant's members sign in: its OpenID Connect provider (issuer, client, the e-mail domains it
+    vouches for, the role a new member gets and the group claims that map to roles), whether local passwords
+    still work for its members, whether they need a second factor. The client secret is kept sealed
+    (``tenants.sealing``) and never shown again. The database refuses SSO without an issuer and a client, and a
+    switch-off of local passwords without SSO (the members would have no way in)."""
+
+    tenant_lookup = "tenant"
+
+    tenant = models.OneToOneField(Tenant, on_delete=models.CASCADE, related_name="sign_in")
+    sso_enabled = models.BooleanField(default=False)
+    provider_name = models.CharField(max_length=100, blank=True, help_text='Shown as "Sign in with <name>".')
+    issuer = models.URLField(max_length=300, blank=True)
+    client_id = models.CharField(max_length=200, blank=True)
+    client_secret_sealed = models.TextField(blank=True)
+    allowed_email_domains = ArrayField(models.CharField(max_length=253), default=list, blank=True)
+    default_role = models.CharField(max_length=16, choices=Role.choices, default=Role.MEMBER)
+    group_roles = models.JSONField(default=dict, blank=True, help_text='{"group claim value": "role"}')
+    local_passwords_disabled = models.BooleanField(default=False)
+    totp_required = models.BooleanField(default=False)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        constraints = [
+            models.CheckConstraint(condition=Q(default_role__in=Role.values), name="signin_default_role_valid"),
+            models.CheckConstraint(
+                condition=Q(sso_enabled=False) | (~Q(issuer="") & ~Q(client_id="") & ~Q(client_secret_sealed="")),
+                name="signin_sso_needs_provider"),
+            models.CheckConstraint(condition=Q(local_passwords_disabled=False) | Q(sso_enabled=True),
+                                   name="signin_passwords_off_needs_sso"),
+        ]
+
+    def __str__(self) -> str:
+        return f"sign-in of {self.tenant_id}"
+
+
+class TotpDevice(models.Model):
+    """A user's authenticator app (TOTP, RFC 6238: SHA-1, 6 digits, 30 s). The secret is sealed at rest; it
+    counts only once ``confirmed_at`` is set (the user proved the app shows the right codes). ``last_timestep``
+    refuses a code used again (replay)."""
+
+    user = models.OneToOneField(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="totp_device")
+    secret_sealed = models.TextField()
+    confirmed_at = models.DateTimeField(null=True, blank=True)
+    last_timestep = models.BigIntegerField(default=0)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    def __str__(self) -> str:
+        return f"TOTP of {self.user_id}"
+
+
+class RecoveryCode(models.Model):
+    """One single-use recovery code of a user's second factor: only its SHA-256 is stored (the code is random,
+    48 bits, shown once); ``used_at`` set when spent."""
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="recovery_codes")
+    code_hash = models.CharField(max_length=64)
+    used_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["user", "code_hash"], name="recoverycode_unique_per_user"),
+            models.CheckConstraint(condition=Q(code_hash__regex=r"^[0-9a-f]{64}$"), name="recoverycode_hash_sha256"),
+        ]
+
+    def __str__(self) -> str:
+        return f"recovery code of {self.user_id}"

@@ -30,6 +30,29 @@ def _fast_password_hashing():
     hashers.get_hashers_by_algorithm.cache_clear()
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _test_client_logins_pass_the_second_factor():
+    """The test client's ``login`` and ``force_login`` stand for a finished sign-in, both factors: staff need a
+    TOTP code since issue 34 (tenants/otp.py), and the tests that log staff in to reach a page are about that
+    page. The real way through (the sign-in form, then a code computed with pyotp; SSO) is tested in
+    tests/tenants/test_second_factor.py and tests/tenants/test_sso.py, which post to the form instead."""
+    from django.test import Client
+
+    from tenants.otp import SESSION_KEY
+
+    original = Client._login  # what both login() and force_login() end in
+
+    def _login(self, user, backend=None):
+        original(self, user, backend)
+        session = self.session
+        session[SESSION_KEY] = user.pk
+        session.save()
+
+    Client._login = _login
+    yield
+    Client._login = original
+
+
 @pytest.fixture(scope="session")
 def django_db_setup(django_db_setup, django_db_blocker):
     """The test database gets the cache table too, where the shared cache is PostgreSQL's (no Redis)."""

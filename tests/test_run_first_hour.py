@@ -22,8 +22,11 @@ from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 import pytest
+import requests
 
 from agent.workloads import process_start_ticks
+from core.processes import http_ok
+from tests.support.oidc import Provider, provider_sign_in
 from tests.support.processes import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -63,7 +66,7 @@ def test_make_run_serves_the_documented_paths_and_ctrl_c_stops_lease_workloads(t
     root = tmp_path / "srv"
     parts = urlsplit(os.environ["DATABASE_URL"])
     database_url = urlunsplit(parts._replace(path=parts.path.rstrip("/") + "_first_hour"))
-    port = free_port()
+    port, oidc_port = free_port(), free_port()
     site = f"http://127.0.0.1:{port}"
     env = {**os.environ, "GPUBROKER_VAR_DIR": str(var), "DATABASE_URL": database_url,
            "WORKLOAD_ALLOWED_ROOTS": str(root), "CELERY_TASK_DEFAULT_QUEUE": f"first-hour-{os.getpid()}",
@@ -72,7 +75,8 @@ def test_make_run_serves_the_documented_paths_and_ctrl_c_stops_lease_workloads(t
     with log.open("w") as out:
         process = subprocess.Popen(
             [sys.executable, "-m", "infra.run", "--port", str(port), "--agents-port", str(free_port()),
-             "--fleet-port", str(free_port()), "--prometheus-port", str(free_port()), "--fleet-nodes", "2",
+             "--fleet-port", str(free_port()), "--prometheus-port", str(free_port()), "--oidc-port", str(oidc_port),
+             "--fleet-nodes", "2",
              "--workers", "1"], cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     children: dict[str, int] = {}
     try:
@@ -90,6 +94,21 @@ def test_make_run_serves_the_documented_paths_and_ctrl_c_stops_lease_workloads(t
         credentials = json.loads((var / "demo-credentials.json").read_text())
         assert banner[header + 1] == f"  admin       admin / {credentials['admin']} (platform staff)"
         assert banner[header + 2].startswith("  acme ") and banner[header + 3].startswith("  globex ")
+        # the single sign-on demo, all over real HTTP, one cookie jar as a browser has (the broker's session and
+        # the provider's share the host 127.0.0.1): the broker, its local provider, back as a new globex member
+        assert f"SSO         globex signs in through a local OpenID provider (http://127.0.0.1:{oidc_port}/o" in text
+        _wait(lambda: http_ok(f"http://127.0.0.1:{oidc_port}/o/.well-known/openid-configuration"), 240, process, log,
+              "the local OpenID provider")  # it migrates its SQLite file first
+        browser = requests.Session()
+        begun = browser.get(f"{site}/accounts/sso/start", params={"org": "globex"}, allow_redirects=False,
+                            timeout=30)
+        assert begun.status_code == 302, begun.text[:500]
+        provider = Provider(process=None, base=f"http://127.0.0.1:{oidc_port}", client_secret="")
+        callback = provider_sign_in(provider, begun.headers["Location"], "grace", credentials["users"],
+                                    callback=f"{site}/accounts/sso/callback", browser=browser)
+        back = browser.get(callback, allow_redirects=False, timeout=30)
+        assert back.status_code == 302 and back.headers["Location"] == "/", back.text[:500]
+        assert "grace@globex.example" in browser.get(f"{site}/", timeout=30).text
         assert (root / "acme" / "vision" / "train.py").exists()
 
         script_env = {**env, "BASE_URL": site, "WORKLOAD_ROOT": str(root), "PYTHON": sys.executable,

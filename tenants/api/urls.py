@@ -34,3 +34,11 @@ urlpatterns += [
     path("tenants/<slug:slug>/slo-contracts/<int:pk>", platform.PlatformSloContractDetailApi.as_view(),
          name="api-staff-slo-contract"),
 ]
+
+# sign-in settings: single sign-on and the second factor (tenants/api/sso.py; issue 34)
+from tenants.api import sso as sso_api  # noqa: E402
+
+urlpatterns += [
+    path("tenant/sign-in", sso_api.TenantSignInApi.as_view(), name="api-tenant-sign-in"),
+    path("tenants/<slug:slug>/sign-in", sso_api.PlatformTenantSignInApi.as_view(), name="api-staff-tenant-sign-in"),
+]

@@ -32,7 +32,8 @@ CASES = [
     ("api-quotas", "get", "/api/v1/quotas?project={slug}", None),
 ]
 # Routes without an object id: their lists must not contain the other tenant's objects.
-LIST_ROUTES = {"api-tenant", "api-projects", "api-quotas", "api-members", "api-tokens", "api-slo-contracts"}
+LIST_ROUTES = {"api-tenant", "api-projects", "api-quotas", "api-members", "api-tokens", "api-slo-contracts",
+               "api-tenant-sign-in"}
 
 
 # The staff API (tenants/api/platform.py) crosses tenants by design, for platform staff only: no tenant member reaches
@@ -52,6 +53,8 @@ STAFF_CASES = [
      {"deserved_gpu_milli": 0, "limit_gpu_milli": 0}),
     ("api-staff-slo-contracts", "get", "/api/v1/tenants/globex/slo-contracts", None),
     ("api-staff-slo-contract", "get", "/api/v1/tenants/globex/slo-contracts/1", None),
+    ("api-staff-tenant-sign-in", "get", "/api/v1/tenants/globex/sign-in", None),
+    ("api-staff-tenant-sign-in", "patch", "/api/v1/tenants/globex/sign-in", {"totp_required": True}),
 ]
 
 
@@ -127,3 +130,14 @@ def test_isolation_staff_routes_refuse_tenant_members(world, who, name, method, 
     world.globex.refresh_from_db()
     assert (world.globex.name, world.globex.status) == ("Globex", "active")
     assert Project.objects.get(pk=world.other_project.pk).name == "Secret"
+
+
+def test_isolation_sign_in_settings_are_the_callers_tenants(world):
+    """The sign-in settings route names no tenant: it reads and changes the caller's own, never the other's."""
+    from tenants.models import TenantSignIn
+
+    owner = world.client("owner")
+    assert owner.patch("/api/v1/tenant/sign-in", {"totp_required": True}, format="json").status_code == 200
+    assert TenantSignIn.objects.get(totp_required=True).tenant == world.acme
+    assert not TenantSignIn.objects.filter(tenant=world.globex).exists()
+    assert owner.get("/api/v1/tenant/sign-in").json()["totp_required"] is True

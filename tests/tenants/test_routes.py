@@ -118,6 +118,9 @@ ROUTES: dict[str, Route] = {
     "api-staff-tenants": Route("staff-api", "/api/v1/tenants", {
         "get": None, "post": {"slug": "initech", "name": "Initech", "billing_email": "ap@initech.example"}}),
     "api-staff-tenant": Route("staff-api", "/api/v1/tenants/acme", {"get": None, "patch": {"name": "x"}}),
+    "api-staff-tenant-sign-in": Route("staff-api", "/api/v1/tenants/acme/sign-in",
+                                      {"get": None, "patch": {"provider_name": "x"}}),
+    "api-tenant-sign-in": Route("api", "/api/v1/tenant/sign-in", {"get": None, "patch": {"provider_name": "x"}}),
     "api-staff-tenant-status": Route("staff-api", "/api/v1/tenants/acme/status", {"put": {"status": "suspended"}}),
     "api-staff-quotas": Route("staff-api", "/api/v1/tenants/acme/quotas", READ),
     "api-staff-tenant-quota": Route("staff-api", "/api/v1/tenants/acme/quotas/H100-80GB", {
@@ -222,6 +225,7 @@ ROUTES: dict[str, Route] = {
     "portal:advice-accept": Route("portal", "/advice/{id}/accept", {"post": {}}, obj="adjustment"),
     "portal:advice-reject": Route("portal", "/advice/{id}/reject", {"post": {}}, obj="adjustment"),
     "portal:members": Route("portal", "/settings/members", READ),
+    "portal-sign-in": Route("portal", "/settings/sign-in", {"get": None, "post": {"totp_required": "on"}}),
     "portal:member-invite": Route("portal", "/settings/members/invite",
                                   {"post": {"username": "bob", "role": "viewer"}}),
     "portal:member-role": Route("portal", "/settings/members/{id}/role", {"post": {"role": "viewer"}}, obj="member"),
@@ -285,6 +289,16 @@ ALLOWED = {
                             "one mail per account a minute (tests/test_throttling.py)",
     "login-unlock": "a signed, single-use, expiring link; only lets its browser reach the password check "
                     "(tests/test_throttling.py)",
+    "sso-start": "starts single sign-on at the provider of the tenant named in ?org=: public by design, writes "
+                 "only the caller's own session (tests/tenants/test_sso.py)",
+    "sso-callback": "the provider's answer: a state this browser's session holds, else refused; the ID token "
+                    "is checked before anything is written (tests/tenants/test_sso.py)",
+    "sso-logout": "ends the caller's own session",
+    "2fa-verify": "the signed-in user's own second factor (login required; tests/tenants/test_second_factor.py)",
+    "2fa-recovery-codes": "replaces the signed-in user's own recovery codes (login required; "
+                          "tests/tenants/test_second_factor.py)",
+    "2fa-setup": "sets up the signed-in user's own authenticator (login required; "
+                 "tests/tenants/test_second_factor.py)",
     "api-schema": "the OpenAPI document: public, describes routes, holds no data",
     "api-docs": "Swagger UI over the public schema",
     "api-redoc": "ReDoc over the public schema",

@@ -47,6 +47,9 @@ class Command(BaseCommand):
         parser.add_argument("--workload-root", default="",
                             help="also create each demo project's workload directory, <root>/<tenant>/<project> "
                                  "(make run: the simulated nodes' root, so the docs' workload examples run)")
+        parser.add_argument("--sso-issuer", default="",
+                            help="make globex sign in through this OpenID provider (make run: its local one, "
+                                 "infra/oidc_provider; the client secret is kept in var/demo-credentials.json)")
 
     def handle(self, *args, **opts):
         credentials = self._credentials()
@@ -99,18 +102,40 @@ class Command(BaseCommand):
                     script = directory / "train.py"  # what the docs' workload example runs (docs/leasing.md)
                     if not script.exists():
                         script.write_text(DEMO_TRAIN)
+        if opts["sso_issuer"]:
+            self._sso(opts["sso_issuer"], credentials)
         self.stdout.write("Demo data ready:")
         self.stdout.write(f"  platform admin: admin / {credentials['admin']}")
         for slug, spec in DEMO.items():
             people = ", ".join(f"{u} ({r})" for u, r in spec["members"].items())
             self.stdout.write(f"  {slug}: {people}; password {credentials['users']}")
 
+    def _sso(self, issuer: str, credentials: dict) -> None:
+        from tenants.demo import SSO_DEMO
+        from tenants.sealing import secret_open
+        from tenants.sso import sign_in_get, sign_in_update
+
+        tenant = Tenant.objects.get(slug=SSO_DEMO["tenant"])
+        current = sign_in_get(tenant=tenant)
+        wanted = {"sso_enabled": True, "provider_name": SSO_DEMO["provider_name"], "issuer": issuer,
+                  "client_id": SSO_DEMO["client_id"], "allowed_email_domains": [SSO_DEMO["domain"]],
+                  "group_roles": SSO_DEMO["group_roles"]}
+        if all(getattr(current, k) == v for k, v in wanted.items()) and secret_open(
+                current.client_secret_sealed) == credentials["sso_client_secret"]:
+            return  # idempotent: no audit row for a change that changes nothing
+        sign_in_update(tenant=tenant, by=None, changes={**wanted, "client_secret": credentials["sso_client_secret"]})
+
     def _credentials(self) -> dict:
         path = settings.VAR_DIR / "demo-credentials.json"
         if path.exists():
-            return json.loads(path.read_text())
+            data = json.loads(path.read_text())
+            if "sso_client_secret" not in data:  # credentials of a demo seeded before single sign-on
+                data["sso_client_secret"] = secrets.token_urlsafe(24)
+                path.write_text(json.dumps(data))
+            return data
         settings.VAR_DIR.mkdir(exist_ok=True)
-        data = {"admin": secrets.token_urlsafe(12), "users": secrets.token_urlsafe(9)}
+        data = {"admin": secrets.token_urlsafe(12), "users": secrets.token_urlsafe(9),
+                "sso_client_secret": secrets.token_urlsafe(24)}
         path.write_text(json.dumps(data))
         path.chmod(0o600)
         return data
