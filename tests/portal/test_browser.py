@@ -62,10 +62,11 @@ def _close_server_connections():
                        "WHERE datname = current_database() AND pid <> pg_backend_pid()")
 
 
-def open_page(browser, base: str, username: str):
-    """A fresh browser context signed in as ``username`` (password ``pw-<username>``)."""
-    context = browser.new_context(viewport=VIEWPORT, device_scale_factor=1, reduced_motion="reduce",
-                                  timezone_id="UTC", locale="en-US")
+def open_page(browser, base: str, username: str, **screen):
+    """A fresh browser context signed in as ``username`` (password ``pw-<username>``); ``screen``: the context's
+    viewport and device options instead of the docs' screenshots' ones."""
+    context = browser.new_context(**(screen or {"viewport": VIEWPORT, "device_scale_factor": 1}),
+                                  reduced_motion="reduce", timezone_id="UTC", locale="en-US")
     context.set_default_timeout(15_000)
     page = context.new_page()
     page.goto(f"{base}/accounts/login/")

@@ -19,7 +19,7 @@ from tests import real_parts
 from tests.billing.test_invoicing import AFTER, JANUARY, two_leases
 from tests.billing.test_invoicing import world as world
 from tests.factories import make_user
-from tests.portal.test_browser import _close_server_connections, browser  # noqa: F401 - fixtures
+from tests.portal.test_browser import _close_server_connections, browser, open_page  # noqa: F401 - fixtures
 
 pytestmark = [real_parts.CHROMIUM, pytest.mark.slow]
 
@@ -117,19 +117,12 @@ def test_every_portal_page_fits_a_laptop_and_a_phone(live_server, browser, seede
     problems = []
     for screen, options in SCREENS.items():
         for username, urls in (("alice", ["/accounts/login/", *tenant_urls]), ("root", staff_urls)):
-            context = browser.new_context(**options, reduced_motion="reduce", timezone_id="UTC", locale="en-US")
-            context.set_default_timeout(20_000)
-            page = context.new_page()
-            page.goto(f"{live_server.url}/accounts/login/")
-            page.get_by_label("Username").fill(username)
-            page.get_by_label("Password").fill(f"pw-{username}")
-            page.get_by_role("button", name="Sign in").click()
-            page.wait_for_load_state()
-            assert "/accounts/login/" not in page.url, f"{username} could not sign in on the {screen}"
+            page = open_page(browser, live_server.url, username, **options)  # staff pass the second factor
+            page.set_default_timeout(20_000)
             for url in urls:
                 problems += [f"{screen} {username} {url}: {error}" for error in _look(page, live_server.url + url,
                                                                                  options["viewport"]["width"])]
-            context.close()
+            page.context.close()
     assert not problems, "\n".join(problems)
     print(f"\nlooked at {len(tenant_urls) + len(staff_urls) + 1} pages on {len(SCREENS)} screens; "
           f"pages of objects the seeded tenant lacks: {', '.join(unknown)}")
