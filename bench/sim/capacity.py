@@ -416,6 +416,10 @@ class Replay:
                 self._plan(now)
                 self._schedule(now)
                 self.push(now + self.tick, _TICK, "")
+        while next_sample < self.end:  # the quiet end of the window: the state as the last event left it
+            self.timeline.append((round(next_sample / 3600, 2), round(100 * self.held_total / FULL / self.gpus, 2),
+                                  len(self.queue)))
+            next_sample += SAMPLE_S
         for job in self.jobs:
             if job.seg_start is not None:
                 self._meter(job, self.end)
