@@ -104,83 +104,28 @@ def _agent_scrape() -> str:
     return provenance("agent_scrape") + "\n\n" + table(["", ""], rows)
 
 
-CAPACITY_SETTINGS = ("static", "fifo", "off", "advise", "default", "auto")
-CAPACITY_LOADS = ((60, ("static", "off", "default")), (95, ("static", "off", "default")))
-
-
-def _capacity_row(r: dict) -> list[object]:
-    return [r["setting"], r["offered_load"], r["fleet_allocation_pct"], r["useful_share_pct"],
-            f"{r['idle_allocated_gpu_hours']:,}", f"{r['idle_allocated_cost_minor'] / 100:,.0f}",
-            _duration(r["ttg_p95_s"]["in_quota"]), _duration(r["ttg_p95_s"]["over_quota"]),
-            _duration(r["queue_wait_s"]["p50"]), _duration(r["queue_wait_s"]["p95"]),
-            _duration(r["jct_s"]["mean"]), _duration(r["jct_s"]["p95"]), r["preemptions"],
-            r["gpu_hours_lost_to_preemption"], f"{r['warm_holding_cost_minor'] / 100:,.0f}", r["in_quota_violations"],
-            f"{r['cost_per_useful_gpu_hour_minor'] / 100:,.2f}", r["cpu_seconds"]]
-
-
-CAPACITY_HEADER = ["setting", "offered load", "fleet alloc %", "useful share %", "idle allocated GPU-h",
-                   "idle cost (USD)", "in-quota p95 TTG", "over-quota p95 TTG", "wait p50", "wait p95", "JCT mean",
-                   "JCT p95", "preemptions", "GPU-h lost", "warm holding (USD)", "in-quota violations",
-                   "USD per useful GPU-h", "CPU s"]
+CAPACITY_LOOPS = ("off", "advise", "auto", "auto-train")
 
 
 @renderer("capacity")
 def _capacity() -> str:
-    names = [f"capacity_{setting}" for setting in CAPACITY_SETTINGS]
-    results = {setting: load(f"capacity_{setting}")["figures"] for setting in CAPACITY_SETTINGS}
-    rows = [_capacity_row(results[setting]) for setting in CAPACITY_SETTINGS]
-    first = results["off"]
-    classes = ", ".join(f"{name} {c['share_pct']} %" for name, c in first["classes"].items())
-    about = (f"{first['gpus']} H100 GPUs ({first['mig_gpus_at_start']} in MIG mode at the start), {first['jobs']:,} "
-             f"jobs over {first['window_days']} days; classes: {classes}.")
-    return (provenance(*names) + "\n\n" + about + "\n\n" + table(CAPACITY_HEADER, rows) + "\n\n"
-            + _capacity_targets(results))
-
-
-def _capacity_targets(results: dict) -> str:
-    default, static, off, auto = (results[s] for s in ("default", "static", "off", "auto"))
-    ratio = default["useful_share_pct"] / max(static["useful_share_pct"], 1e-9)
-    idle = ((auto["idle_allocated_gpu_hours"] - off["idle_allocated_gpu_hours"])
-            / max(off["idle_allocated_gpu_hours"], 1e-9))
-
-    def verdict(met: bool) -> str:
-        return "met" if met else "**missed**"
-
-    rows = [
-        ["default vs static: useful share", f"{ratio:.2f}×", "≥ 1.5×", verdict(ratio >= 1.5)],
-        ["default: in-quota p95 time to GPU", f"{default['ttg_p95_s']['in_quota']} s", "≤ 60 s",
-         verdict(default["ttg_p95_s"]["in_quota"] <= 60)],
-        ["default: in-quota violations", default["in_quota_violations"], "0",
-         verdict(default["in_quota_violations"] == 0)],
-        ["auto vs off: idle allocated GPU-h", f"{idle * 100:+.1f} %", "≤ -50 %", verdict(idle <= -0.5)],
-        ["auto vs off: mean JCT", f"{_duration(auto['jct_s']['mean'])} vs {_duration(off['jct_s']['mean'])}",
-         "not worse", verdict(auto["jct_s"]["mean"] <= off["jct_s"]["mean"])],
-        ["auto: GPU-h lost to preemption", auto["gpu_hours_lost_to_preemption"], "reported", ""],
-    ]
-    return table(["target (issue 30)", "measured", "target", ""], rows)
-
-
-@renderer("capacity_loads")
-def _capacity_loads() -> str:
-    names = [f"capacity_load{pct}_{setting}" for pct, settings in CAPACITY_LOADS for setting in settings]
-    rows = [_capacity_row(load(name)["figures"]) for name in names]
-    rows += [_capacity_row(load(f"capacity_{setting}")["figures"]) for setting in ("static", "off", "default")]
-    rows.sort(key=lambda row: (row[1], CAPACITY_SETTINGS.index(row[0])))
-    return provenance(*names) + "\n\n" + table(CAPACITY_HEADER, rows)
-
-
-@renderer("capacity_headline")
-def _capacity_headline() -> str:
-    names = [f"capacity_{setting}" for setting in ("static", "off", "default")]
+    names = [f"capacity_{loop}" for loop in CAPACITY_LOOPS]
     rows = []
     for name in names:
         r = load(name)["figures"]
-        rows.append([r["setting"], r["fleet_allocation_pct"], r["useful_share_pct"],
-                     _duration(r["ttg_p95_s"]["in_quota"]), _duration(r["jct_s"]["mean"]), r["in_quota_violations"],
-                     f"{r['cost_per_useful_gpu_hour_minor'] / 100:,.2f}"])
+        rows.append([r["loop"], r["fleet_allocation_pct"], r["engine_active_share_pct"], r["idle_allocated_gpu_hours"],
+                     r["idle_allocated_cost_minor"], r["warm_held_gpu_hours"], r["ttg_p95_s"]["mig"],
+                     r["ttg_p95_s"]["warm"], r["ttg_p95_s"]["cold"], r["queue_wait_s"]["mean"],
+                     r["queue_wait_s"]["p95"], r["leases_touched_by_reclaim"], r["mode_switches"],
+                     r["in_quota_violations"], r["wall_seconds"]])
+    off, auto = (load(f"capacity_{loop}")["figures"]["idle_allocated_gpu_hours"] for loop in ("off", "auto"))
+    train = load("capacity_auto-train")["figures"]["idle_allocated_gpu_hours"]
+    change = (f"Idle allocated GPU-hours, `auto` against `off`: {off:,} → {auto:,} "
+              f"({(auto - off) / off * 100:+.1f} %); `auto-train` against `off`: {(train - off) / off * 100:+.1f} %.")
     return provenance(*names) + "\n\n" + table(
-        ["capacity replay, same arrivals", "fleet allocated %", "useful GPU-h share %", "in-quota p95 TTG",
-         "mean JCT", "in-quota violations", "USD per useful GPU-h"], rows)
+        ["loop", "fleet alloc %", "engine-active share %", "idle allocated GPU-h", "idle cost (minor)",
+         "warm held GPU-h", "p95 TTG MIG s", "p95 TTG warm s", "p95 TTG cold s", "wait mean s", "wait p95 s",
+         "leases touched by reclaim", "mode switches", "in-quota violations", "wall s"], rows) + "\n\n" + change
 
 
 @renderer("capacity_live")
@@ -500,7 +445,6 @@ def _headlines() -> str:
     static, ours = fig("philly_quota_static"), fig("philly_quota_ours")
     wait_ratio = static["queueing_delay_s"]["mean"] / max(ours["queueing_delay_s"]["mean"], 1e-9)
     off, auto = fig("capacity_off"), fig("capacity_auto")
-    cap_default, cap_static = fig("capacity_default"), fig("capacity_static")
     idle_change = (auto["idle_allocated_gpu_hours"] - off["idle_allocated_gpu_hours"]) / off["idle_allocated_gpu_hours"]
     live = fig("capacity_live")
     warm_p95 = live["time_to_gpu"]["warm_phase_all"]["p95_s"]
@@ -535,11 +479,9 @@ def _headlines() -> str:
         ["quota replay, Philly (`quota`)", f"mean wait {wait_ratio:.1f}× lower than static partitions, "
          f"{ours['guarantee_violations']} guarantee violations", "≥ 5×, 0",
          yes(wait_ratio >= 5 and ours["guarantee_violations"] == 0)],
-        ["capacity loop replay (`capacity`)", f"useful share {cap_default['useful_share_pct']} % (default) vs "
-         f"{cap_static['useful_share_pct']} % (static); idle allocated GPU-h {idle_change * 100:+.1f} % (auto vs "
-         f"off), {cap_default['in_quota_violations']} in-quota violations", "≥ 1.5×, halved, 0",
-         yes(cap_default["useful_share_pct"] >= 1.5 * cap_static["useful_share_pct"] and idle_change <= -0.5
-             and cap_default["in_quota_violations"] == 0)],
+        ["capacity loop replay (`capacity`)", f"idle allocated GPU-h {idle_change * 100:+.1f} % (auto vs off), "
+         f"{auto['in_quota_violations']} in-quota violations", "halved, 0",
+         yes(idle_change <= -0.5 and auto["in_quota_violations"] == 0)],
         ["warm pools, live service (`capacity_live`)", f"p95 time to GPU {warm_p95} s warm, "
          f"{live['time_to_gpu']['cold_phase']['p95_s']} s cold", "< 1 s", yes(warm_p95 < 1)],
         ["scale-out (`scaleout`)", f"leases/s × {scaleout} with 3 workers against 1", "rising", yes(scaleout > 1)],

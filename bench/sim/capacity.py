@@ -382,8 +382,7 @@ class Replay:
         wall, cpu = time.perf_counter(), time.process_time()
         for job in self.jobs:
             self.push(job.arrival, _ARRIVE, job.request.id)
-        if self.loop in PLANNED:
-            self.push(self.tick, _TICK, "")
+        self.push(self.tick, _TICK, "")  # every setting ticks, so the scheduling cycles are the same
         next_sample = 0.0
         last_cycle = -math.inf
         while self.heap and self.heap[0][0] < self.end:
@@ -413,7 +412,8 @@ class Replay:
                     tick = True
             self._schedule(now)
             if tick:
-                self._plan(now)
+                if self.loop in PLANNED:
+                    self._plan(now)
                 self._schedule(now)
                 self.push(now + self.tick, _TICK, "")
         while next_sample < self.end:  # the quiet end of the window: the state as the last event left it
