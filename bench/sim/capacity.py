@@ -1,4 +1,4 @@
-"""Closed-loop benchmark of the capacity planner: ``python -m bench.sim capacity --loop off|advise|auto``.
+"""Closed-loop benchmark of the capacity planner: ``python -m bench.sim capacity --setting all``.
 
 Replays the Philly job list (arrival times, durations, GPU counts, virtual clusters as projects) for a
 window (default 30 days) through the scheduling core (``broker.scheduler.plan.Scheduler``, the code the live
@@ -6,23 +6,32 @@ service runs) on a fleet of 8-GPU H100 nodes, and every ``--tick`` seconds runs 
 (``capacity.planner.plan_capacity``, the same code) on a snapshot of the replay.
 
 Model (assumptions, stated in docs/capacity.md):
-- shapes: Philly jobs of 2+ GPUs stay whole-GPU gangs (class training); 1-GPU jobs take the shape of the
-  openb tasks in order (``gpu_milli`` < 1000: the smallest H100 MIG profile with that many slices, class
-  interactive; whole: a whole GPU, interactive);
+- classes from the trace's own fields (``classify``): 1 GPU and under an hour: interactive; 1 GPU and a day or
+  more: inference (a long-lived single-GPU service); anything else (2+ GPUs, or 1 GPU for 1 to 24 h): training.
+  The published Philly job list has no status column, so status cannot enter the rule;
+- shapes: Philly jobs of 2+ GPUs stay whole-GPU gangs; 1-GPU jobs take the shape of the openb tasks in order
+  (``gpu_milli`` < 1000: the smallest H100 MIG profile with that many slices; whole: a whole GPU);
 - utilisation: each lease replays one GenAI container series (``agent/data/genai_series.json.gz``, 60 s
   samples, chosen and offset by the job index), continuing across preemptions;
 - the fleet starts with a static split: whole nodes in MIG mode in proportion to the window's MIG demand
   (what an operator would configure by hand), the rest whole;
 - time to GPU = queue wait + provisioning: a cold MIG create ``--cold-mig`` s, a cold whole GPU ``--cold-whole``
   s, a warm bind ``--warm-bind`` s; preemptions take effect at once (no notice period in this replay);
-- ``off``: no planner; ``advise``: the planner runs and its proposals are counted, nothing is applied (a human
-  would act later); ``auto``: proposals are applied with conditional checks (a GPU must still be idle, a
-  lease still held), as the live service will.
+- settings (``SETTINGS``), all on the same arrivals and the same starting fleet: ``static`` (each project owns
+  its quota: deserved = limit, no borrowing), ``fifo`` (no quotas, the whole fleet in submission order),
+  ``off`` (quotas with over-quota borrowing, no loop), ``advise`` (every kind advised; a person applies a
+  proposal still open ``--human-delay`` s after the planner first made it), ``default`` (the shipped policy,
+  ``capacity.planner.types.DEFAULT_MODES``: its ``auto`` kinds applied, its advice left unread), ``auto``
+  (every kind applied, idle training suspended: checkpoint, requeue, resume when capacity frees). Applied
+  proposals pass the live service's conditional checks (a GPU must still be idle, a lease still held);
+- preemption (the scheduler's reclaim, a drain, a suspension) keeps the work up to the last checkpoint
+  (``--checkpoint`` s) and loses the rest; an idle interactive lease the loop releases ends there.
 """
 
 from __future__ import annotations
 
 import argparse
+import bisect
 import csv
 import gzip
 import heapq
@@ -31,6 +40,7 @@ import math
 import sys
 import time
 from collections import Counter, deque
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 
@@ -79,8 +89,16 @@ WARM = "_warm"
 PER_NODE = 8
 FULL = 1000
 IDLE_PCT = 5  # a sample under 5 % engine activity is idle (the planner's default interactive threshold)
-LOOPS = ("off", "advise", "auto", "auto-train")
-AUTO_LOOPS = ("auto", "auto-train")
+SETTINGS = ("static", "fifo", "off", "advise", "default", "auto")
+LOOPS = SETTINGS  # the former name of the settings
+PLANNED = ("advise", "default", "auto")  # the settings that run the capacity planner
+INTERACTIVE_MAX_S = 3600  # a 1-GPU job shorter than this is interactive (a session, a debugging run)
+INFERENCE_MIN_S = 86400  # a 1-GPU job running a day or more is inference (a long-lived service)
+BURST_S = 60  # a 1-GPU job with another of its project this close is part of a sweep, not a session
+CHECKPOINT_S = 600  # a preempted or suspended job keeps its work up to its last checkpoint
+SAMPLE_S = 3600  # the month's time series: one point per hour
+HEADLINE_LOAD = 0.8
+PRICE_MINOR = 420  # the seeded list price of an H100-80GB GPU-hour (billing seed_prices: 4.20 USD)
 MIG_BY_MILLI = ((142, "1g.10gb"), (285, "2g.20gb"), (428, "3g.40gb"), (571, "4g.40gb"))
 _COMPLETE, _READY, _TICK, _ARRIVE = 0, 1, 2, 3
 
@@ -116,6 +134,36 @@ def _openb_single_gpu_shapes() -> list[Shape]:
     return shapes
 
 
+def classify(jobs) -> list[WorkloadClass]:
+    """The workload class of each Philly job (in submission order) from the trace's own fields:
+
+    - **interactive**: one GPU, under ``INTERACTIVE_MAX_S`` (an hour), and submitted alone — no other 1-GPU
+      job of its project within ``BURST_S`` (60 s) either side. A person's session or debugging run; a burst of
+      short 1-GPU jobs is a sweep (hundreds at once in this trace), which is batch work;
+    - **inference**: one GPU running ``INFERENCE_MIN_S`` (a day) or more: a long-lived single-GPU service;
+    - **training**: the rest (gangs of 2+ GPUs, sweeps, single-GPU runs of an hour to a day).
+
+    The published job list has no status column (``timestamp,duration,num_gpus,gpu_time,cluster``), so status
+    cannot enter the rule."""
+    singles: dict[str, list[float]] = {}
+    for job in jobs:
+        if job.gpus == 1:
+            singles.setdefault(job.project, []).append(job.arrival)
+    out = []
+    for job in jobs:
+        if job.gpus == 1 and job.duration >= INFERENCE_MIN_S:
+            out.append(WorkloadClass.INFERENCE)
+            continue
+        if job.gpus == 1 and job.duration < INTERACTIVE_MAX_S:
+            times = singles[job.project]
+            near = bisect.bisect_right(times, job.arrival + BURST_S) - bisect.bisect_left(times, job.arrival - BURST_S)
+            if near == 1:
+                out.append(WorkloadClass.INTERACTIVE)
+                continue
+        out.append(WorkloadClass.TRAINING)
+    return out
+
+
 def _demand_shape(shape: Shape) -> DemandShape:
     if shape.kind == Kind.MIG:
         return DemandShape(MODEL, Kind.MIG, shape.profile)
@@ -125,9 +173,11 @@ def _demand_shape(shape: Shape) -> DemandShape:
 class Job:
     __slots__ = (
         "arrival",
+        "completed_at",
         "done",
         "first_start",
         "held",
+        "in_quota",
         "index",
         "klass",
         "milli",
@@ -159,15 +209,22 @@ class Job:
         self.over = False
         self.done = False
         self.warm = False
+        self.in_quota = False  # its project's holdings plus it stayed within its deserved share at arrival
+        self.completed_at = None
 
 
 class Replay:
     def __init__(self, *, loop: str, days: float, load_factor: float, tick: float, cold_mig: float,
                  cold_whole: float, warm_bind: float, price_minor: int, history_hours: float, queue_cap: int,
-                 start_day: float = 0.0, cycle: float = 60.0):
+                 start_day: float = 0.0, cycle: float = 60.0, human_delay: float = 1800.0,
+                 checkpoint: float = CHECKPOINT_S):
+        if loop not in SETTINGS:
+            raise ValueError(f"unknown setting {loop!r}; use {', '.join(SETTINGS)}")
         self.loop, self.tick, self.cold_mig = loop, tick, cold_mig
         self.cold_whole, self.warm_bind, self.cycle = cold_whole, warm_bind, cycle
         self.price_minor, self.history_seconds, self.queue_cap = price_minor, history_hours * 3600, queue_cap
+        self.human_delay, self.checkpoint = human_delay, checkpoint
+        self.load_factor = load_factor
         trace = load(DEFAULT_TRACE, days=start_day + days)
         skip = start_day * 86400
         trace.jobs = [replace(job, index=i, arrival=job.arrival - skip)
@@ -177,21 +234,21 @@ class Replay:
         singles = _openb_single_gpu_shapes()
         self.jobs: list[Job] = []
         single_i = 0
-        for job in trace.jobs:
+        classes = classify(trace.jobs)
+        for job, klass in zip(trace.jobs, classes, strict=True):
             if job.gpus > 1:
                 shape = Shape(Kind.WHOLE, job.gpus, models=(MODEL,), gang=job.gpus <= PER_NODE)
-                klass = WorkloadClass.TRAINING
             else:
                 shape = singles[single_i % len(singles)]
                 single_i += 1
-                klass = WorkloadClass.INTERACTIVE
             pick = (job.index * 7919) % len(self.series)
             offset = (job.index * 104729) % len(self.series[pick][0])
             self.jobs.append(Job(job.index, job.project, job.arrival, job.duration, shape, klass, pick, offset))
+        self.classes = Counter(j.klass.value for j in self.jobs)
         # fleet size: offered milli-seconds over the window / load, in whole nodes
-        offered = sum(self._unit_milli(j.shape) * j.shape.count * min(j.remaining, self.end - j.arrival)
-                      for j in self.jobs) / self.end / FULL
-        gpus = max(math.ceil(offered / load_factor / PER_NODE) * PER_NODE, 32)
+        self.offered_gpus = sum(self._unit_milli(j.shape) * j.shape.count * min(j.remaining, self.end - j.arrival)
+                                for j in self.jobs) / self.end / FULL
+        gpus = max(math.ceil(self.offered_gpus / load_factor / PER_NODE) * PER_NODE, 32)
         mig_work = sum(self._unit_milli(j.shape) * min(j.remaining, self.end - j.arrival)
                        for j in self.jobs if j.shape.kind == Kind.MIG) / self.end / FULL
         mig_nodes = max(1, round(mig_work / load_factor / PER_NODE))
@@ -204,9 +261,13 @@ class Replay:
         self.gpus = gpus
         parts = quota_sim.partitions(trace, gpus)
         self.deserved = {p: n * FULL for p, n in parts.items()}
-        quotas = tuple(QuotaSpec(p, TENANT, MODEL, n * FULL, gpus * FULL, 1) for p, n in parts.items())
+        if loop == "static":  # each project owns its partition: deserved = limit, no borrowing
+            quotas = tuple(QuotaSpec(p, TENANT, MODEL, n * FULL, n * FULL, 0) for p, n in parts.items())
+        else:
+            quotas = tuple(QuotaSpec(p, TENANT, MODEL, n * FULL, gpus * FULL, 1) for p, n in parts.items())
         quotas += (QuotaSpec(WARM, "_platform", MODEL, 0, gpus * FULL, 1),)
-        self.base = Snapshot(nodes=tuple(nodes), gpus=tuple(devices), quotas=quotas)
+        self.base = Snapshot(nodes=tuple(nodes), gpus=tuple(devices), quotas=quotas,
+                             enforce_quotas=loop != "fifo")
         self.scheduler = Scheduler(self.base)
         self.by_id = {j.request.id: j for j in self.jobs}
         self.queue: dict[str, Job] = {}
@@ -220,11 +281,19 @@ class Replay:
         self.applied: Counter = Counter()
         self.refused: Counter = Counter()
         self.stats = Counter()
-        self.ttg: dict[str, list[float]] = {"cold": [], "warm": [], "mig": [], "whole": []}
+        self.ttg: dict[str, list[float]] = {"cold": [], "warm": [], "mig": [], "whole": [], "in_quota": [],
+                                            "over_quota": []}
         self.waits: list[float] = []
         self.touched: set[str] = set()
         self.violations = 0
         self.mig_gpus_initial = sum(1 for d in devices if d.mode == GpuMode.MIG)
+        self.held: Counter = Counter()  # project -> milli its jobs hold now
+        self.held_total = 0
+        self.open_advice: dict[tuple, float] = {}  # advise: a proposal's decision -> when first made
+        self.freed = True  # capacity may have grown since the last cycle: every waiting group is a candidate
+        self.fresh: list[Job] = []  # arrived or requeued since the last cycle
+        self.timeline: list[tuple[float, float, int]] = []  # (hour, allocated % of the fleet, waiting jobs)
+        self._last_warm_milli = {}
 
     @staticmethod
     def _unit_milli(shape: Shape) -> int:
@@ -242,6 +311,8 @@ class Replay:
         job.token += 1
         job.noticed_at = None
         self.queue.pop(job.request.id, None)
+        self.held[job.project] += job.milli
+        self.held_total += job.milli
         if job.first_start is None:
             job.first_start = now
             wait = now - job.arrival
@@ -249,8 +320,14 @@ class Replay:
             self.waits.append(wait)
             self.ttg["warm" if warm else "cold"].append(wait + provision)
             self.ttg["mig" if job.shape.kind == Kind.MIG else "whole"].append(wait + provision)
+            self.ttg["in_quota" if job.in_quota else "over_quota"].append(wait + provision)
             self.stats["warm_binds" if warm else "cold_starts"] += 1
         self.push(now + job.remaining, _COMPLETE, job.request.id, job.token)
+
+    def _release_hold(self, job: Job) -> None:
+        self.held[job.project] -= job.milli
+        self.held_total -= job.milli
+        self.freed = True
 
     def _meter(self, job: Job, until: float) -> float:
         """Close the running segment at ``until``: allocated, engine-active and idle GPU-seconds."""
@@ -278,62 +355,94 @@ class Replay:
         return ran
 
     def _stop(self, job: Job, now: float, *, requeue: bool) -> None:
+        """End the running segment: the job completed (``requeue`` False) or goes back to the queue keeping the
+        work up to its last checkpoint (preempted, drained, suspended)."""
+        ran = now - job.seg_start
         self._meter(job, now)
         self.scheduler.cluster.remove(job.request.id)
-        ran = job.held  # not used further; remaining shrinks by the segment
-        del ran
+        self._release_hold(job)
         job.token += 1
         if requeue:
-            job.waiting_since = now
-            self.queue[job.request.id] = job
+            self._requeue(job, ran, now)
+        else:
+            job.remaining -= ran
+
+    def _requeue(self, job: Job, ran: float, now: float) -> None:
+        saved = math.floor(ran / self.checkpoint) * self.checkpoint if self.checkpoint > 0 else ran
+        saved = min(saved, job.remaining)
+        job.remaining -= saved
+        self.stats["lost_s"] += (ran - saved) * job.milli / FULL
+        self.stats["preemptions"] += 1
+        job.waiting_since = now
+        self.queue[job.request.id] = job
+        self.fresh.append(job)
 
     # -- the loop ------------------------------------------------------------------------------------
     def run(self) -> dict:
-        wall = time.perf_counter()
+        wall, cpu = time.perf_counter(), time.process_time()
         for job in self.jobs:
             self.push(job.arrival, _ARRIVE, job.request.id)
-        self.push(self.tick, _TICK, "")  # every loop ticks, so the scheduling cycles are the same
+        self.push(self.tick, _TICK, "")  # every setting ticks, so the scheduling cycles are the same
+        next_sample = 0.0
         last_cycle = -math.inf
         while self.heap and self.heap[0][0] < self.end:
             now = max(self.heap[0][0], last_cycle + self.cycle)
+            while next_sample <= now and next_sample < self.end:
+                self.timeline.append((round(next_sample / 3600, 2), round(100 * self.held_total / FULL / self.gpus, 2),
+                                      len(self.queue)))
+                next_sample += SAMPLE_S
             last_cycle = now
             tick = False
             while self.heap and self.heap[0][0] <= now:
                 when, kind, _, key, token = heapq.heappop(self.heap)
                 if kind == _ARRIVE:
                     job = self.by_id[key]
+                    job.in_quota = self.held[job.project] + self._unit_milli(job.shape) * job.shape.count \
+                        <= self.deserved.get(job.project, 0)
                     self.history.append((when, _demand_shape(job.shape), job.shape.count))
                     if not self._bind_warm(job, now):
                         self.queue[key] = job
+                        self.fresh.append(job)
                 elif kind == _COMPLETE:
                     job = self.by_id[key]
                     if token == job.token and job.seg_start is not None:
-                        segment = now - job.seg_start
                         self._stop(job, now, requeue=False)
-                        job.remaining -= segment
-                        job.done = True
-                        self.stats["completed"] += 1
+                        self._finish(job, now)
                 elif kind == _TICK:
                     tick = True
             self._schedule(now)
             if tick:
-                if self.loop != "off":
+                if self.loop in PLANNED:
                     self._plan(now)
                 self._schedule(now)
                 self.push(now + self.tick, _TICK, "")
+        while next_sample < self.end:  # the quiet end of the window: the state as the last event left it
+            self.timeline.append((round(next_sample / 3600, 2), round(100 * self.held_total / FULL / self.gpus, 2),
+                                  len(self.queue)))
+            next_sample += SAMPLE_S
         for job in self.jobs:
             if job.seg_start is not None:
                 self._meter(job, self.end)
         for allocation_id, (ready, _) in self.warm.items():
             self.stats["warm_held_s"] += self._warm_milli(allocation_id) / FULL * max(0.0, self.end - ready)
-        return self._result(time.perf_counter() - wall)
+        return self._result(time.perf_counter() - wall, time.process_time() - cpu)
+
+    def _finish(self, job: Job, now: float) -> None:
+        job.done = True
+        job.completed_at = now
+        self.stats["completed"] += 1
 
     def _warm_milli(self, allocation_id: str) -> int:
         allocation = self.scheduler.cluster.allocations.get(allocation_id)
         return allocation.milli if allocation else 0
 
     def _candidates(self) -> list[Request]:
-        """Per (project, shape), the oldest few waiting: what one cycle can place of a group is a prefix."""
+        """What one cycle may place. After capacity grew (a completion, a preemption, a loop change), per
+        (project, shape) the oldest two waiting: what one cycle can place of a group is a prefix, and a cycle
+        that placed something is followed by another. Otherwise only what arrived or was requeued since the last
+        cycle: capacity only shrank, so what waited then waits now (the scheduler would say so again)."""
+        if not self.freed:
+            return [job.request for job in self.fresh if job.request.id in self.queue]
         seen: Counter = Counter()
         out = []
         for job in sorted(self.queue.values(), key=lambda j: (j.waiting_since, j.index)):
@@ -344,15 +453,22 @@ class Replay:
         return out
 
     def _schedule(self, now: float) -> None:
+        if not self.freed and not self.fresh:
+            return
         requests = self._candidates()
+        self.freed, self.fresh = False, []
         if not requests:
             return
+        placed = False
         for decision in self.scheduler.schedule(requests, now=now):
             if decision.mode == DecisionMode.WAITING:
                 continue
             for victim in decision.victims:
                 self._lose(victim, now)
             self._start(self.by_id[decision.request], decision.allocation, now, warm=False)
+            placed = True
+        if placed:
+            self.freed = True  # more of a group may fit: the next cycle looks at every group again
 
     def _lose(self, allocation_id: str, now: float) -> None:
         """The scheduler preempted ``allocation_id`` (it already removed it from its state)."""
@@ -363,10 +479,11 @@ class Replay:
         job = self.by_id[allocation_id]
         if not job.over:
             self.violations += 1  # an in-quota lease preempted: a guarantee broken
+        ran = now - job.seg_start
         self._meter(job, now)
+        self._release_hold(job)
         job.token += 1
-        job.waiting_since = now
-        self.queue[job.request.id] = job
+        self._requeue(job, ran, now)
         self.stats["preempted_by_scheduler"] += 1
 
     # -- warm pools -------------------------------------------------------------------------------------
@@ -401,7 +518,7 @@ class Replay:
         instances: dict[str, list] = {gpu_id: [] for gpu_id in cluster.gpus}
         warm: dict[str, list] = {gpu_id: [] for gpu_id in cluster.gpus}
         utilisation = []
-        training = self.loop == "auto-train"  # training series only where its reclaim is on
+        training = self.loop == "auto"  # training series only where its reclaim (suspension) is on
         window = 3600 if training else 1800
         for allocation in cluster.allocations.values():
             if allocation.id in self.warm:
@@ -432,13 +549,16 @@ class Replay:
             queue.append(Waiting(job.request.id, job.project, _demand_shape(job.shape), job.shape.count,
                                  used_in.get(job.project, 0) + need <= self.deserved.get(job.project, 0),
                                  waited_seconds=int(now - job.waiting_since)))
-        mode = Mode.AUTO if self.loop in AUTO_LOOPS else Mode.ADVISE
-        rules = DEFAULT_IDLE_RULES
-        if self.loop == "auto-train":  # the policy lever: idle training is reclaimed too (1 h idle, 30 min notice)
-            rules = tuple((c, IdleRule(True, 50, 3600, 1800) if c == ReclaimClass.TRAINING else r)
-                          for c, r in DEFAULT_IDLE_RULES)
-        policy = Policy(mode_switch=mode, mig_layout=mode, warm_pool=mode, idle_reclaim=mode,
-                        cold_provision_seconds=int(self.cold_mig), idle_rules=rules)
+        if self.loop == "default":  # the shipped policy: DEFAULT_MODES and DEFAULT_IDLE_RULES
+            policy = Policy(cold_provision_seconds=int(self.cold_mig))
+        else:
+            mode = Mode.AUTO if self.loop == "auto" else Mode.ADVISE
+            rules = DEFAULT_IDLE_RULES
+            if self.loop == "auto":  # idle training is suspended too (1 h under 5 %, 30 min notice)
+                rules = tuple((c, IdleRule(True, 50, 3600, 1800) if c == ReclaimClass.TRAINING else r)
+                              for c, r in DEFAULT_IDLE_RULES)
+            policy = Policy(mode_switch=mode, mig_layout=mode, warm_pool=mode, idle_reclaim=mode,
+                            cold_provision_seconds=int(self.cold_mig), idle_rules=rules)
         return CapacitySnapshot(gpus=gpus, queue=tuple(queue),
                                 history=History(now - self.history_seconds, now,
                                                 tuple(Arrivals(s, n) for s, n in sorted(arrivals.items()))),
@@ -453,16 +573,29 @@ class Replay:
         return Utilisation(job.request.id, now - window, 60, tuple(samples), (0,) * len(samples))
 
     def _plan(self, now: float) -> None:
+        """Run the planner; apply what the setting applies. ``advise``: a person applies a proposal that is
+        still open (made again by this run) ``human_delay`` s after the planner first made it, as the live
+        service keeps one open row per decision (``capacity.services``' proposal identity)."""
         snapshot = self._snapshot(now)
         adjustments = plan_capacity(snapshot, now=now)
+        still_open = {}
         for adjustment in adjustments:
             self.proposed[adjustment.kind.value] += 1
-            if self.loop not in AUTO_LOOPS or adjustment.mode != Mode.AUTO:
+            if self.loop == "advise":
+                decision = _decision(adjustment)
+                since = self.open_advice.get(decision, now)
+                still_open[decision] = since
+                if now - since < self.human_delay:
+                    continue
+                del still_open[decision]
+            elif adjustment.mode != Mode.AUTO:
                 continue
             if self._apply(adjustment, now):
                 self.applied[adjustment.kind.value] += 1
+                self.freed = True
             else:
                 self.refused[adjustment.kind.value] += 1
+        self.open_advice = still_open
 
     def _apply(self, adjustment, now: float) -> bool:
         """Apply with the live service's conditional checks; False when the world moved on."""
@@ -517,11 +650,12 @@ class Replay:
             if change.step in ("notice", "cancel"):
                 job.noticed_at = now if change.step == "notice" else None
                 return True
-            segment = now - job.seg_start
-            self._stop(job, now, requeue=change.step == "preempt")
-            job.remaining -= segment
-            if change.step == "release":
-                job.done = True
+            suspend = change.step == "release" and job.klass == WorkloadClass.TRAINING
+            self._stop(job, now, requeue=change.step == "preempt" or suspend)
+            if suspend:  # resumable training: checkpoint, requeue, resume when capacity frees
+                self.stats["suspended_idle"] += 1
+            elif change.step == "release":  # an idle interactive session ends
+                self._finish(job, now)
                 self.stats["released_idle"] += 1
             else:
                 self.stats["preempted_idle"] += 1
@@ -537,33 +671,51 @@ class Replay:
         self.scheduler = Scheduler(replace(self.base, allocations=allocations))
 
     # -- figures -------------------------------------------------------------------------------------
-    def _result(self, wall: float) -> dict:
+    def _result(self, wall: float, cpu: float) -> dict:
         s = self.stats
         capacity_s = self.gpus * self.end
         hours = 3600
         idle_h = s["idle_s"] / hours
+        useful_h = s["active_s"] / hours
         pct = quota_sim._pct
+        done = [j for j in self.jobs if j.completed_at is not None]
+        jct = [j.completed_at - j.arrival for j in done]
+        fleet_cost = self.gpus * self.end / hours * self.price_minor
         return {
+            "setting": self.loop,
             "loop": self.loop,
+            "offered_load": round(self.offered_gpus / self.gpus, 3),
             "jobs": len(self.jobs),
+            "classes": {k: {"jobs": n, "share_pct": round(100 * n / max(len(self.jobs), 1), 1)}
+                        for k, n in sorted(self.classes.items())},
             "gpus": self.gpus,
             "mig_gpus_at_start": self.mig_gpus_initial,
             "window_days": round(self.end / 86400, 2),
+            "fleet_gpu_hours": round(capacity_s / hours, 1),
             "fleet_allocation_pct": round(100 * s["allocated_s"] / capacity_s, 2),
             "allocated_gpu_hours": round(s["allocated_s"] / hours, 1),
+            "useful_gpu_hours": round(useful_h, 1),
+            "useful_share_pct": round(100 * s["active_s"] / capacity_s, 2),
             "engine_active_share_pct": round(100 * s["active_s"] / max(s["allocated_s"], 1e-9), 2),
             "idle_allocated_gpu_hours": round(idle_h, 1),
             "idle_allocated_cost_minor": round(idle_h * self.price_minor),
             "warm_held_gpu_hours": round(s["warm_held_s"] / hours, 1),
             "warm_holding_cost_minor": round(s["warm_held_s"] / hours * self.price_minor),
+            "cost_per_useful_gpu_hour_minor": round(fleet_cost / max(useful_h, 1e-9)),
             "ttg_p95_s": {k: round(pct(v, 0.95), 1) for k, v in self.ttg.items()},
+            "ttg_p50_s": {k: round(pct(v, 0.50), 1) for k, v in self.ttg.items()},
             "ttg_n": {k: len(v) for k, v in self.ttg.items()},
             "queue_wait_s": {"mean": round(sum(self.waits) / max(len(self.waits), 1), 1),
+                             "p50": round(pct(self.waits, 0.50), 1),
                              "p95": round(pct(self.waits, 0.95), 1)},
+            "jct_s": {"mean": round(sum(jct) / max(len(jct), 1), 1), "p95": round(pct(jct, 0.95), 1)},
             "started": len(self.waits),
             "completed": s["completed"],
+            "preemptions": s["preemptions"],
+            "gpu_hours_lost_to_preemption": round(s["lost_s"] / hours, 1),
             "leases_touched_by_reclaim": len(self.touched),
             "released_idle": s["released_idle"],
+            "suspended_idle": s["suspended_idle"],
             "preempted_idle": s["preempted_idle"],
             "preempted_by_scheduler": s["preempted_by_scheduler"],
             "mode_switches": s["mode_switches"],
@@ -572,8 +724,18 @@ class Replay:
             "proposed": dict(sorted(self.proposed.items())),
             "applied": dict(sorted(self.applied.items())),
             "refused_by_conditional_checks": dict(sorted(self.refused.items())),
+            "timeline": {"hour": [t[0] for t in self.timeline], "allocated_pct": [t[1] for t in self.timeline],
+                         "waiting": [t[2] for t in self.timeline]},
             "wall_seconds": round(wall, 1),
+            "cpu_seconds": round(cpu, 1),
         }
+
+
+def _decision(adjustment) -> tuple:
+    """What a person decides on (the live service's proposal identity): kind, target and direction."""
+    change = adjustment.change
+    return (adjustment.kind.value, adjustment.target, change.to_mode, change.drain, change.step,
+            change.size_after > change.size_before)
 
 
 def _profiles():
@@ -582,65 +744,131 @@ def _profiles():
     return profiles_for(MODEL)
 
 
+def _run(job: tuple) -> tuple[str, float, dict]:
+    setting, load_factor, kwargs = job
+    replay = Replay(loop=setting, load_factor=load_factor, **kwargs)
+    return setting, load_factor, replay.run()
+
+
+def results_name(setting: str, load_factor: float) -> str:
+    """``capacity_<setting>`` at the headline load (0.8), ``capacity_load<pct>_<setting>`` at the others."""
+    if load_factor == HEADLINE_LOAD:
+        return f"capacity_{setting}"
+    return f"capacity_load{round(load_factor * 100)}_{setting}"
+
+
 def main_capacity(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.sim capacity", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--loop", default="all",
-                        help="off, advise, auto, auto-train (auto with idle training reclaimed), a comma list, or all")
+    parser.add_argument("--setting", "--loop", dest="setting", default="all",
+                        help=f"{', '.join(SETTINGS)}, a comma list, or all")
     parser.add_argument("--days", type=float, default=30.0, help="replay window (days of Philly arrivals)")
     parser.add_argument("--start-day", type=float, default=20.0,
                         help="skip this many days of the trace first (before day 19 it holds a few jobs a day)")
-    parser.add_argument("--load", type=float, default=0.8, help="mean offered load as a fraction of the fleet")
+    parser.add_argument("--load", default="0.8",
+                        help="mean offered load as a fraction of the fleet (sizes the fleet); a comma list runs each")
     parser.add_argument("--tick", type=float, default=300.0, help="seconds between planner runs")
-    parser.add_argument("--cycle", type=float, default=60.0, help="at most one scheduling cycle per this many s")
+    parser.add_argument("--cycle", type=float, default=10.0, help="at most one scheduling cycle per this many s")
     parser.add_argument("--cold-mig", type=float, default=30.0, help="seconds of a cold MIG create + start")
     parser.add_argument("--cold-whole", type=float, default=10.0, help="seconds of a cold whole-GPU start")
     parser.add_argument("--warm-bind", type=float, default=0.5, help="seconds of a warm bind")
-    parser.add_argument("--price", type=int, default=300, help="minor units per H100 GPU-hour")
+    parser.add_argument("--price", type=int, default=PRICE_MINOR,
+                        help="minor units per H100 GPU-hour (default: the seeded list price, seed_prices)")
     parser.add_argument("--history-hours", type=float, default=6.0, help="request history the planner reads")
     parser.add_argument("--queue-cap", type=int, default=64, help="oldest waiting requests the planner reads")
-    parser.add_argument("--json-dir", type=Path, default=None, help="write capacity_<loop>.json here")
+    parser.add_argument("--human-delay", type=float, default=1800.0,
+                        help="advise: seconds until a person applies a proposal that is still open")
+    parser.add_argument("--checkpoint", type=float, default=float(CHECKPOINT_S),
+                        help="seconds between checkpoints: a preempted or suspended job keeps the work up to the last")
+    parser.add_argument("--jobs", type=int, default=1, help="runs in parallel (processes)")
+    parser.add_argument("--json-dir", type=Path, default=None,
+                        help="write capacity_<setting>.json (load 0.8) or capacity_load<pct>_<setting>.json here")
+    parser.add_argument("--plot", type=Path, default=None,
+                        help="PNG of allocation and waiting jobs over the window, one line per setting (load 0.8)")
     args = parser.parse_args(argv)
-    loops = LOOPS if args.loop == "all" else tuple(x.strip() for x in args.loop.split(","))
-    for loop in loops:
-        if loop not in LOOPS:
-            print(f"unknown loop {loop!r}; use {', '.join(LOOPS)}", file=sys.stderr)
+    settings = SETTINGS if args.setting == "all" else tuple(x.strip() for x in args.setting.split(","))
+    for setting in settings:
+        if setting not in SETTINGS:
+            print(f"unknown setting {setting!r}; use {', '.join(SETTINGS)}", file=sys.stderr)
             return 2
+    try:
+        loads = [float(x) for x in args.load.split(",")]
+    except ValueError:
+        print(f"--load: not a number or a comma list of numbers: {args.load!r}", file=sys.stderr)
+        return 2
+    if any(not 0 < x <= 1.5 for x in loads):
+        print("--load: each load must be in (0, 1.5]", file=sys.stderr)
+        return 2
     from bench.record import command_line, write  # the benchmarks' one results format
 
     command = command_line(["-m bench.sim", "capacity", *(sys.argv[2:] if argv is None else argv)])
-    results = []
-    for loop in loops:
-        replay = Replay(loop=loop, days=args.days, load_factor=args.load, tick=args.tick, cold_mig=args.cold_mig,
-                        cold_whole=args.cold_whole, warm_bind=args.warm_bind, price_minor=args.price,
-                        history_hours=args.history_hours, queue_cap=args.queue_cap, start_day=args.start_day,
-                        cycle=args.cycle)
-        replay._last_warm_milli = {}
-        result = replay.run()
-        results.append(result)
+    kwargs = dict(days=args.days, tick=args.tick, cold_mig=args.cold_mig, cold_whole=args.cold_whole,
+                  warm_bind=args.warm_bind, price_minor=args.price, history_hours=args.history_hours,
+                  queue_cap=args.queue_cap, start_day=args.start_day, cycle=args.cycle,
+                  human_delay=args.human_delay, checkpoint=args.checkpoint)
+    work = [(setting, load_factor, kwargs) for load_factor in loads for setting in settings]
+    if args.jobs > 1:
+        with ProcessPoolExecutor(args.jobs) as pool:
+            done = list(pool.map(_run, work))
+    else:
+        done = [_run(item) for item in work]
+    for setting, load_factor, result in done:
         if args.json_dir:
-            write(f"capacity_{loop}", result, settings=vars(args), command=command, directory=args.json_dir)
-        print(f"  {loop}: {result['wall_seconds']} s wall", flush=True)
-    print(table(results))
+            write(results_name(setting, load_factor), result, settings={**vars(args), "load": load_factor},
+                  command=command, directory=args.json_dir)
+        print(f"  {setting} at load {load_factor}: {result['wall_seconds']} s wall, {result['cpu_seconds']} CPU s",
+              flush=True)
+    print(table([result for _, _, result in done]))
+    if args.plot:
+        plot([result for _, load_factor, result in done if load_factor == loads[0]], args.plot)
     return 0
 
 
 def table(results: list[dict]) -> str:
     columns = (
-        ("loop", lambda r: r["loop"]),
+        ("setting", lambda r: r["setting"]),
+        ("load", lambda r: r["offered_load"]),
         ("alloc %", lambda r: r["fleet_allocation_pct"]),
-        ("active %", lambda r: r["engine_active_share_pct"]),
+        ("useful %", lambda r: r["useful_share_pct"]),
         ("idle GPUh", lambda r: r["idle_allocated_gpu_hours"]),
-        ("idle cost", lambda r: r["idle_allocated_cost_minor"]),
-        ("warm GPUh", lambda r: r["warm_held_gpu_hours"]),
-        ("p95 ttg MIG s", lambda r: r["ttg_p95_s"]["mig"]),
-        ("warm s", lambda r: r["ttg_p95_s"]["warm"]),
-        ("cold s", lambda r: r["ttg_p95_s"]["cold"]),
-        ("wait mean s", lambda r: r["queue_wait_s"]["mean"]),
+        ("inQ p95 s", lambda r: r["ttg_p95_s"]["in_quota"]),
+        ("overQ p95 s", lambda r: r["ttg_p95_s"]["over_quota"]),
+        ("wait p50 s", lambda r: r["queue_wait_s"]["p50"]),
         ("wait p95 s", lambda r: r["queue_wait_s"]["p95"]),
-        ("reclaimed", lambda r: r["leases_touched_by_reclaim"]),
-        ("switches", lambda r: r["mode_switches"]),
+        ("JCT mean s", lambda r: r["jct_s"]["mean"]),
+        ("preempt", lambda r: r["preemptions"]),
+        ("GPUh lost", lambda r: r["gpu_hours_lost_to_preemption"]),
+        ("warm cost", lambda r: r["warm_holding_cost_minor"]),
         ("violations", lambda r: r["in_quota_violations"]),
+        ("cost/useful h", lambda r: r["cost_per_useful_gpu_hour_minor"]),
     )
     rows = [[name for name, _ in columns]] + [[str(get(r)) for _, get in columns] for r in results]
     widths = [max(len(row[i]) for row in rows) for i in range(len(columns))]
     return "\n".join("  ".join(cell.rjust(w) for cell, w in zip(row, widths, strict=True)) for row in rows)
+
+
+def plot(results: list[dict], path: Path) -> None:
+    """Allocated share of the fleet and waiting jobs per hour of the window, one line per setting."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, (top, bottom) = plt.subplots(2, 1, figsize=(9, 6), dpi=110, sharex=True)
+    for result in results:
+        line = result["timeline"]
+        days = [h / 24 for h in line["hour"]]
+        top.plot(days, line["allocated_pct"], label=result["setting"], linewidth=0.9)
+        bottom.plot(days, line["waiting"], label=result["setting"], linewidth=0.9)
+    top.set_ylabel("fleet allocated (%)")
+    top.set_ylim(0, 100)
+    bottom.set_ylabel("jobs waiting")
+    bottom.set_xlabel("day of the window")
+    for axis in (top, bottom):
+        axis.grid(alpha=0.3)
+    top.legend(loc="lower right", ncol=3, fontsize=8)
+    first = results[0] if results else {}
+    top.set_title(f"capacity replay: {first.get('gpus', '?')} H100 GPUs, offered load {first.get('offered_load', '?')}")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.tight_layout()
+    figure.savefig(path)
+    plt.close(figure)
