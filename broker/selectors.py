@@ -303,6 +303,9 @@ class LeasePreview:
     queue_position: int | None
     units_milli: int
     gpu: dict
+    # when it waits: when it would start, were the running leases to leave at their expiry (``estimate``); None
+    # when it does not wait, or no estimate can be made
+    estimated_start: datetime | None = None
 
 
 def lease_preview(*, actor: Actor, project: object, gpu: object, workload_class: object = "training",
@@ -347,13 +350,13 @@ def lease_dry_run(*, actor: Actor, project: object, gpu: object, workload_class:
     resolved = dict(gpu)  # shape_from accepted it: an object
 
     def result(outcome: str, reason: str, tier: str, over: bool, position: int | None,
-               victims: tuple[str, ...] = ()) -> DryRun:
+               victims: tuple[str, ...] = (), estimate: datetime | None = None) -> DryRun:
         reason = reason.replace(f"project {target.pk} ", f"project '{target.slug}' ")  # the tenant's words
         if choice is not None:
             reason = f"{choice.reason}; {reason}"
         if tier and resolved.get("model", "auto") == "auto":
             resolved["model"] = tier
-        preview = LeasePreview(outcome, reason, tier, over, position, units.get(tier, 0), resolved)
+        preview = LeasePreview(outcome, reason, tier, over, position, units.get(tier, 0), resolved, estimate)
         return DryRun(preview, target, shape, dict(gpu), fitting, victims)
 
     if not actor.tenant.is_active:  # its requests would be held, not scheduled
@@ -364,11 +367,22 @@ def lease_dry_run(*, actor: Actor, project: object, gpu: object, workload_class:
 
     # the request's class matters: interactive work never borrows over quota (it waits for its guarantee)
     mine = Request("preview", str(target.pk), str(actor.tenant.pk), core_shape, now.timestamp(), priority,
-                   CoreWorkloadClass(workload_class))
+                   CoreWorkloadClass(workload_class), duration_seconds=valid.input.duration_seconds)
     queued = lease_queue()[:5000]
-    snapshot = scheduler_snapshot(now=now)
-    decisions = Scheduler(snapshot).schedule([*map(core_request, queued), mine], now=now.timestamp())
+    snapshot = scheduler_inputs(scheduler_snapshot(now=now), now=now)
+    requests = [*map(core_request, queued), mine]
+    scheduler = Scheduler(snapshot)
+    decisions = scheduler.schedule(requests, now=now.timestamp())
     decision = next(d for d in decisions if d.request == "preview")
+    estimate = None
+    if decision.mode == DecisionMode.WAITING:  # when it would start: the plan continued over the expiries
+        from django.conf import settings
+
+        from broker.scheduler.estimate import estimated_starts
+
+        at = estimated_starts(scheduler, requests, decisions, now=now.timestamp(),
+                              budget=settings.LEASE_ESTIMATE_TRIES).get("preview")
+        estimate = None if at is None else datetime.fromtimestamp(at, tz=now.tzinfo)
 
     if decision.mode == DecisionMode.PLACED:
         allocation = decision.allocation
@@ -384,13 +398,13 @@ def lease_dry_run(*, actor: Actor, project: object, gpu: object, workload_class:
         blocked, in_quota = fresh.quota_check(mine, tier, need)
         if blocked is None:  # interactive work waits for its guarantee: it never runs over quota
             over = not in_quota and mine.workload_class != CoreWorkloadClass.INTERACTIVE
-            return result("waits", decision.reason, tier, over, decision.queue_position)
+            return result("waits", decision.reason, tier, over, decision.queue_position, estimate=estimate)
     # no GPU of an allowed model is in the fleet now: judge by the project's own quota
     used = quota_usage(actor=actor)
     tier = fitting[0]
     in_use = used.get((target.pk, tier), {"in_use": 0})["in_use"]
     return result("waits", decision.reason, tier, in_use + units[tier] > quotas[tier].deserved_gpu_milli,
-                  decision.queue_position)
+                  decision.queue_position, estimate=estimate)
 
 
 def duration_words(seconds: int) -> str:
