@@ -352,6 +352,12 @@ _ports = os.environ.get("WORKLOAD_HOST_PORTS", "20000-20999").partition("-")
 if not (_ports[0].isdigit() and _ports[2].isdigit() and 1024 <= int(_ports[0]) <= int(_ports[2]) <= 65535):
     raise ImproperlyConfigured("WORKLOAD_HOST_PORTS must be FIRST-LAST within 1024-65535, e.g. 20000-20999.")
 WORKLOAD_HOST_PORTS = (int(_ports[0]), int(_ports[2]))
+# a lease group's workloads meet at MASTER_ADDR:MASTER_PORT (rank 0's node; docs/leasing.md "Multi-node groups"):
+# the port is this range's first + the group's first lease id modulo its size
+_ports = os.environ.get("WORKLOAD_RENDEZVOUS_PORTS", "29500-30499").partition("-")
+if not (_ports[0].isdigit() and _ports[2].isdigit() and 1024 <= int(_ports[0]) <= int(_ports[2]) <= 65535):
+    raise ImproperlyConfigured("WORKLOAD_RENDEZVOUS_PORTS must be FIRST-LAST within 1024-65535, e.g. 29500-30499.")
+WORKLOAD_RENDEZVOUS_PORTS = (int(_ports[0]), int(_ports[2]))
 WORKLOAD_FAILED_RUNS_BEFORE_REPLACE = env_int("WORKLOAD_FAILED_RUNS_BEFORE_REPLACE", 3, minimum=1)
 AGENT_HEARTBEAT_SECONDS = env_int("AGENT_HEARTBEAT_SECONDS", 15, minimum=1)
 # How long after a token enrollment its answer may be asked for again (same token, same enrollment id, the

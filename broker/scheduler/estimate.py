@@ -26,8 +26,10 @@ BUDGET = 20_000  # placement tries one estimate makes at most (a cycle at fleet 
 
 
 def estimated_starts(scheduler, requests: list[Request], decisions: list[Decision], *, now: float,
-                     budget: int = BUDGET) -> dict[str, float | None]:
-    """Request id → estimated start (seconds, the snapshot's epoch) for every waiting decision."""
+                     budget: int = BUDGET, ends: dict[str, float] | None = None) -> dict[str, float | None]:
+    """Request id → estimated start (seconds, the snapshot's epoch) for every waiting decision. ``ends``: the
+    running allocations' expiries when they are not the snapshot's (the trace simulator's, whose state lives on
+    across cycles). The working state is as it was afterwards (what-if: every change undone)."""
     by_id = {request.id: request for request in requests}
     waiting = [by_id[d.request] for d in sorted((d for d in decisions if d.mode == DecisionMode.WAITING),
                                                 key=lambda d: d.queue_position)]
@@ -35,7 +37,7 @@ def estimated_starts(scheduler, requests: list[Request], decisions: list[Decisio
     if not waiting:
         return estimates
     cluster = scheduler.cluster
-    ends = scheduler.snapshot.ends_at
+    ends = scheduler.snapshot.ends_at if ends is None else ends
     durations = {request.id: request.duration_seconds for request in requests}
     events: list[tuple[float, str]] = []
     for allocation_id, allocation in cluster.allocations.items():
@@ -46,20 +48,39 @@ def estimated_starts(scheduler, requests: list[Request], decisions: list[Decisio
             events.append((max(end, now), allocation_id))
     heapq.heapify(events)
     pending = list(waiting)
+    removed: list[Allocation] = []
+    added: list[str] = []
+    try:
+        _replay(scheduler, pending, events, estimates, removed, added, at=now, budget=budget)
+    finally:  # undo: the placements made (those still held), then the expiries of what was there before
+        mine = set(added)
+        for allocation_id in reversed(added):
+            if allocation_id in cluster.allocations:
+                cluster.remove(allocation_id)
+        for allocation in reversed(removed):
+            if allocation.id not in mine:
+                cluster.apply(allocation)
+    return estimates
+
+
+def _replay(scheduler, pending: list[Request], events: list, estimates: dict, removed: list, added: list, *,
+            at: float, budget: int) -> None:
+    cluster = scheduler.cluster
     tries = 0
-    at = now
     while pending and tries < budget:
         still = []
+        failed: set = set()  # (tier, shape) that did not fit at this time: capacity only shrinks until the next expiry
         for request in pending:
             if tries >= budget:
                 still.append(request)
                 continue
-            placed, spent = _try_at(scheduler, request, at)
+            placed, spent = _try_at(scheduler, request, at, failed)
             tries += spent
             if placed is None:
                 still.append(request)
                 continue
             estimates[request.id] = at
+            added.append(placed.id)
             if request.duration_seconds:
                 heapq.heappush(events, (at + request.duration_seconds, placed.id))
         pending = still
@@ -69,26 +90,28 @@ def estimated_starts(scheduler, requests: list[Request], decisions: list[Decisio
         while events and events[0][0] == at:  # every allocation that ends then leaves together
             _, allocation_id = heapq.heappop(events)
             if allocation_id in cluster.allocations:
-                cluster.remove(allocation_id)
-    return estimates
+                removed.append(cluster.remove(allocation_id))
 
 
-def _try_at(scheduler, request: Request, at: float) -> tuple[Allocation | None, int]:
+def _try_at(scheduler, request: Request, at: float, failed: set) -> tuple[Allocation | None, int]:
     """Place ``request`` at ``at`` on the first of its tiers its quota limit admits and where it fits (the
     allocation applied to the working state), and the placement tries spent."""
     tries = 0
     for tier, need in scheduler.tiers_for(request):
+        if (tier, request.shape) in failed:
+            continue
         blocked, in_quota = scheduler.quota_check(request, tier, need)
         if blocked is not None or (not in_quota and request.workload_class == WorkloadClass.INTERACTIVE):
             continue
         tries += 1
         found = scheduler._find(need)
         if found is None:
+            failed.add((tier, request.shape))
             continue
         allocation = scheduler._allocation(request, tier, need, found, preemptible=not in_quota, now=at)
         scheduler.cluster.apply(allocation)
         return allocation, tries
-    return None, max(tries, 1)
+    return None, tries
 
 
 __all__ = ["BUDGET", "estimated_starts"]
