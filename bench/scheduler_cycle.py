@@ -2,12 +2,16 @@
 
     .venv/bin/python bench/scheduler_cycle.py [--quick] [--db] [--nodes 12500] [--requests 10000]
                                               [--policy default] [--fill 0.5] [--seed 1] [--repeat 3]
+                                              [--half-life 604800] [--backoff 3]
 
 Builds a fleet of ``--nodes`` 8-GPU H100 nodes (a third whole, a third MIG, a third shared; each node its own
 NVLink domain), fills it to ``--fill`` with running allocations from 20 projects of 5 tenants (placed by the
 core itself), then times one cycle on a queue of ``--requests`` mixed requests (whole GPUs and gangs, MIG
 profiles, shares) under quotas. ``--quick``: 1,250 nodes (10,000 GPUs) and 1,000 requests, in well under a
-minute.
+minute. Fair share with history is on (``--half-life``, 0: off): every project has a decayed borrowed use (drawn
+from the seed), and the preemption back-off (``--backoff`` preemptions, 0: off) has 2 % of the running allocations
+preempted that often before they started, so the over-quota order, the victim order and the reclaim filter run
+with their new terms.
 
 Without ``--db`` (the core alone) the cycle is ``Scheduler(snapshot)`` (the working state built from the frozen
 snapshot) plus ``schedule()``. With ``--db`` the fleet, its running leases and allocations and the queued leases
@@ -38,6 +42,7 @@ import os
 import random
 import sys
 import time
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -55,6 +60,7 @@ from broker.scheduler import (  # noqa: E402
     Shape,
     Snapshot,
     TenantQuotaSpec,
+    UsageHistory,
 )
 from broker.scheduler.collector import collector_paused  # noqa: E402
 from broker.scheduler.plan import Scheduler  # noqa: E402
@@ -110,6 +116,15 @@ def fleet(args) -> tuple[Snapshot, list[Request]]:
         batch += 1
     running = tuple(warm.cluster.allocations.values())
     snapshot = Snapshot(snapshot.nodes, snapshot.gpus, running, snapshot.quotas, snapshot.tenant_quotas)
+    if args.half_life:  # fair share with history: a week of borrowed use per project, drawn
+        history = tuple(UsageHistory(f"p{p}", MODEL, rng.randrange(0, 8_000 * 1000 * args.half_life))
+                        for p in range(PROJECTS))
+        snapshot = replace(snapshot, usage_half_life_seconds=args.half_life, usage_history=history)
+    if args.backoff:  # the back-off: 2 % of the running work was preempted that often in the hour before it started
+        chosen = [a.id for a in running if rng.random() < 0.02]
+        snapshot = replace(snapshot, backoff_preemptions=args.backoff, backoff_window_seconds=3600,
+                           backoff_protect_seconds=7200,
+                           preempted_at={i: tuple(-600.0 * k for k in range(1, args.backoff + 1)) for i in chosen})
     return snapshot, requests(args.requests, PROJECTS, rng, "q")
 
 
@@ -371,6 +386,9 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=3, help="runs of the timed cycle; the best is kept")
     parser.add_argument("--quick", action="store_true", help="1,250 nodes and 1,000 requests")
     parser.add_argument("--db", action="store_true", help="read the snapshot and queue from PostgreSQL")
+    parser.add_argument("--half-life", type=int, default=604_800,
+                        help="fair share with history: the half-life in seconds (0: off, current use only)")
+    parser.add_argument("--backoff", type=int, default=3, help="preemption back-off: preemptions (0: off)")
     parser.add_argument("--no-record", action="store_true", help="print only; write no results file")
     args = parser.parse_args()
     if args.quick:

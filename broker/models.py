@@ -165,6 +165,9 @@ class Lease(models.Model):
     queued_at = models.DateTimeField(null=True, blank=True)  # last time it (re)entered the queue
     active_at = models.DateTimeField(null=True, blank=True)
     ends_at = models.DateTimeField(null=True, blank=True)
+    # while queued: when the last schedule cycle estimated it starts (running work leaving at its expiry;
+    # docs/scheduling.md "Estimated start times"); None: not estimated, or no estimate possible
+    estimated_start = models.DateTimeField(null=True, blank=True)
     notice_deadline = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
     idempotency_key = models.CharField(max_length=200, blank=True)
@@ -249,6 +252,25 @@ class Allocation(models.Model):
         return f"alloc-{self.pk}"
 
 
+class ProjectUsageHistory(models.Model):
+    """A project's borrowed (over-quota) use of one GPU model, remembered with a half-life: milli-GPU x seconds
+    decayed to ``updated_at`` (``broker.scheduler.fairshare``). The schedule cycle moves it on
+    (``services.fairshare.usage_history_record``); the over-quota order and reclaim read it."""
+
+    project = models.ForeignKey("tenants.Project", on_delete=models.CASCADE, related_name="usage_history")
+    tier = models.CharField(max_length=32)
+    decayed_milli_seconds = models.BigIntegerField(default=0)
+    updated_at = models.DateTimeField()
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["project", "tier"], name="usage_history_unique"),
+                       models.CheckConstraint(condition=Q(decayed_milli_seconds__gte=0),
+                                              name="usage_history_not_negative")]
+
+    def __str__(self) -> str:
+        return f"{self.project_id}/{self.tier}: {self.decayed_milli_seconds} milli-s"
+
+
 class LeaseEvent(models.Model):
     """One transition of a lease, written in the same transaction as the change. Append-only."""
 
@@ -262,7 +284,9 @@ class LeaseEvent(models.Model):
     at = models.DateTimeField(default=timezone.now)
 
     class Meta:
-        indexes = [models.Index(fields=["lease", "at"])]
+        indexes = [models.Index(fields=["lease", "at"]),
+                   # the preemption back-off reads the recent preemptions every cycle
+                   models.Index(fields=["at"], condition=Q(to_state="preempted"), name="lease_event_preempted_at")]
         ordering = ["at", "pk"]
 
     def __str__(self) -> str:

@@ -177,17 +177,19 @@ class QueuedLease:
     """A queued lease as a schedule cycle reads it (``queued_leases``): the columns the core's request, the
     reasons and the write need, as plain attributes. ``core_request`` takes it or a ``Lease``."""
 
-    __slots__ = ("avoid_nodes", "count", "gang", "group_key", "kind", "memory_mib", "milli", "models_allowed", "pk",
+    __slots__ = ("avoid_nodes", "count", "duration_seconds", "estimated_start", "gang", "group_key", "kind",
+                 "memory_mib", "milli", "models_allowed", "pk",
                  "priority", "profile", "project_id", "project_slug", "queue_position", "reason", "submitted_at",
                  "tenant_id", "workload_class")
     COLUMNS = ("pk", "tenant_id", "project_id", "project__slug", "kind", "count", "profile", "milli", "memory_mib",
                "models_allowed", "gang", "avoid_nodes", "submitted_at", "priority", "workload_class", "group_key",
-               "reason", "queue_position")
+               "reason", "queue_position", "duration_seconds", "estimated_start")
 
     def __init__(self, row: tuple):
         (self.pk, self.tenant_id, self.project_id, self.project_slug, self.kind, self.count, self.profile, self.milli,
          self.memory_mib, self.models_allowed, self.gang, self.avoid_nodes, self.submitted_at, self.priority,
-         self.workload_class, self.group_key, self.reason, self.queue_position) = row
+         self.workload_class, self.group_key, self.reason, self.queue_position, self.duration_seconds,
+         self.estimated_start) = row
 
 
 def queued_leases(queryset: QuerySet[Lease]) -> list[QueuedLease]:
@@ -219,7 +221,57 @@ def core_request(lease: Lease | QueuedLease, shapes: dict | None = None):
     submitted = lease.submitted_at if isinstance(lease, QueuedLease) else (lease.queued_at or lease.requested_at
                                                                            ).timestamp()
     return Request(str(lease.pk), str(lease.project_id), str(lease.tenant_id), shape, submitted, lease.priority,
-                   CoreWorkloadClass(lease.workload_class), group=core_group(lease.tenant_id, lease.group_key))
+                   CoreWorkloadClass(lease.workload_class), group=core_group(lease.tenant_id, lease.group_key),
+                   duration_seconds=lease.duration_seconds)
+
+
+def scheduler_inputs(snapshot, *, now: datetime, history: dict | None = None):
+    """``snapshot`` with what the core plans with beyond the fleet: the fair share's half-life and each project's
+    decayed borrowed use (``history``: the rows the cycle has just moved on; else read and decayed to ``now``
+    without writing), the preemption back-off's settings and the recent preemptions per lease, and the running
+    leases' expiries (for estimated starts; a preempted lease's notice deadline). docs/scheduling.md."""
+    from dataclasses import replace
+
+    from django.conf import settings
+    from django.db import connection
+    from django.db.models import Q
+
+    from broker.models import ProjectUsageHistory
+    from broker.scheduler import UsageHistory
+    from broker.scheduler.fairshare import usage_decayed
+
+    half_life = settings.LEASE_FAIR_SHARE_HALF_LIFE_SECONDS
+    if history is None and half_life:
+        history = {}
+        for project_id, tier, decayed, updated in ProjectUsageHistory.objects.values_list(
+                "project_id", "tier", "decayed_milli_seconds", "updated_at"):
+            history[(str(project_id), tier)] = usage_decayed(
+                previous_milli_seconds=decayed, used_milli=0, elapsed_seconds=(now - updated).total_seconds(),
+                half_life_seconds=half_life)
+    usage = tuple(UsageHistory(project, tier, decayed) for (project, tier), decayed in sorted((history or {}).items())
+                  if decayed > 0)
+    count, window = settings.LEASE_PREEMPTION_BACKOFF_COUNT, settings.LEASE_PREEMPTION_BACKOFF_WINDOW_SECONDS
+    preempted: dict[str, tuple[float, ...]] = {}
+    if count:
+        # preemptions that can still protect a lease: within the window before a start inside the protection
+        since = now.timestamp() - window - settings.LEASE_PREEMPTION_BACKOFF_PROTECT_SECONDS
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT lease_id, EXTRACT(EPOCH FROM at)::float8 FROM broker_leaseevent "
+                           "WHERE to_state = %s AND at >= to_timestamp(%s) ORDER BY lease_id, at",
+                           [LeaseState.PREEMPTED, since])
+            for lease_id, at in cursor.fetchall():
+                preempted[str(lease_id)] = (*preempted.get(str(lease_id), ()), at)
+    ends = {}
+    for pk, ends_at, deadline in Lease.objects.filter(
+            Q(ends_at__isnull=False) | Q(notice_deadline__isnull=False),
+            state__in=[LeaseState.PROVISIONING, LeaseState.ACTIVE, LeaseState.PREEMPTED]).values_list(
+            "pk", "ends_at", "notice_deadline"):
+        moments = [m.timestamp() for m in (ends_at, deadline) if m is not None]
+        ends[str(pk)] = min(moments)
+    return replace(snapshot, usage_half_life_seconds=half_life, usage_history=usage, backoff_preemptions=count,
+                   backoff_window_seconds=window,
+                   backoff_protect_seconds=settings.LEASE_PREEMPTION_BACKOFF_PROTECT_SECONDS, preempted_at=preempted,
+                   ends_at=ends)
 
 
 def scheduler_snapshot(*, now: datetime):
@@ -251,6 +303,9 @@ class LeasePreview:
     queue_position: int | None
     units_milli: int
     gpu: dict
+    # when it waits: when it would start, were the running leases to leave at their expiry (``estimate``); None
+    # when it does not wait, or no estimate can be made
+    estimated_start: datetime | None = None
 
 
 def lease_preview(*, actor: Actor, project: object, gpu: object, workload_class: object = "training",
@@ -295,13 +350,13 @@ def lease_dry_run(*, actor: Actor, project: object, gpu: object, workload_class:
     resolved = dict(gpu)  # shape_from accepted it: an object
 
     def result(outcome: str, reason: str, tier: str, over: bool, position: int | None,
-               victims: tuple[str, ...] = ()) -> DryRun:
+               victims: tuple[str, ...] = (), estimate: datetime | None = None) -> DryRun:
         reason = reason.replace(f"project {target.pk} ", f"project '{target.slug}' ")  # the tenant's words
         if choice is not None:
             reason = f"{choice.reason}; {reason}"
         if tier and resolved.get("model", "auto") == "auto":
             resolved["model"] = tier
-        preview = LeasePreview(outcome, reason, tier, over, position, units.get(tier, 0), resolved)
+        preview = LeasePreview(outcome, reason, tier, over, position, units.get(tier, 0), resolved, estimate)
         return DryRun(preview, target, shape, dict(gpu), fitting, victims)
 
     if not actor.tenant.is_active:  # its requests would be held, not scheduled
@@ -312,11 +367,22 @@ def lease_dry_run(*, actor: Actor, project: object, gpu: object, workload_class:
 
     # the request's class matters: interactive work never borrows over quota (it waits for its guarantee)
     mine = Request("preview", str(target.pk), str(actor.tenant.pk), core_shape, now.timestamp(), priority,
-                   CoreWorkloadClass(workload_class))
+                   CoreWorkloadClass(workload_class), duration_seconds=valid.input.duration_seconds)
     queued = lease_queue()[:5000]
-    snapshot = scheduler_snapshot(now=now)
-    decisions = Scheduler(snapshot).schedule([*map(core_request, queued), mine], now=now.timestamp())
+    snapshot = scheduler_inputs(scheduler_snapshot(now=now), now=now)
+    requests = [*map(core_request, queued), mine]
+    scheduler = Scheduler(snapshot)
+    decisions = scheduler.schedule(requests, now=now.timestamp())
     decision = next(d for d in decisions if d.request == "preview")
+    estimate = None
+    if decision.mode == DecisionMode.WAITING:  # when it would start: the plan continued over the expiries
+        from django.conf import settings
+
+        from broker.scheduler.estimate import estimated_starts
+
+        at = estimated_starts(scheduler, requests, decisions, now=now.timestamp(),
+                              budget=settings.LEASE_ESTIMATE_TRIES).get("preview")
+        estimate = None if at is None else datetime.fromtimestamp(at, tz=now.tzinfo)
 
     if decision.mode == DecisionMode.PLACED:
         allocation = decision.allocation
@@ -332,13 +398,13 @@ def lease_dry_run(*, actor: Actor, project: object, gpu: object, workload_class:
         blocked, in_quota = fresh.quota_check(mine, tier, need)
         if blocked is None:  # interactive work waits for its guarantee: it never runs over quota
             over = not in_quota and mine.workload_class != CoreWorkloadClass.INTERACTIVE
-            return result("waits", decision.reason, tier, over, decision.queue_position)
+            return result("waits", decision.reason, tier, over, decision.queue_position, estimate=estimate)
     # no GPU of an allowed model is in the fleet now: judge by the project's own quota
     used = quota_usage(actor=actor)
     tier = fitting[0]
     in_use = used.get((target.pk, tier), {"in_use": 0})["in_use"]
     return result("waits", decision.reason, tier, in_use + units[tier] > quotas[tier].deserved_gpu_milli,
-                  decision.queue_position)
+                  decision.queue_position, estimate=estimate)
 
 
 def duration_words(seconds: int) -> str:

@@ -314,6 +314,16 @@ LEASE_MIN_RUNTIME_SECONDS = env_int("LEASE_MIN_RUNTIME_SECONDS", 60, minimum=0)
 # a lease group (a pipeline plan, a model split) waiting longer than this is served first and reserves the tiers it
 # needs against younger requests until it fits (docs/scheduling.md "Lease groups"); 0: groups reserve nothing
 LEASE_GROUP_RESERVE_AFTER_SECONDS = env_int("LEASE_GROUP_RESERVE_AFTER_SECONDS", 300, minimum=0)
+# fair share with history (docs/scheduling.md "Fair share with history"): a project's borrowed use is remembered
+# with this half-life (Slurm's multifactor idea; 0: only current use orders the over-quota pass and reclaim)
+LEASE_FAIR_SHARE_HALF_LIFE_SECONDS = env_int("LEASE_FAIR_SHARE_HALF_LIFE_SECONDS", 7 * 86400, minimum=0)
+# preemption back-off: a lease preempted COUNT times (0: off) within WINDOW seconds before it restarts is not
+# reclaimed for PROTECT seconds after that start
+LEASE_PREEMPTION_BACKOFF_COUNT = env_int("LEASE_PREEMPTION_BACKOFF_COUNT", 3, minimum=0)
+LEASE_PREEMPTION_BACKOFF_WINDOW_SECONDS = env_int("LEASE_PREEMPTION_BACKOFF_WINDOW_SECONDS", 3600, minimum=0)
+LEASE_PREEMPTION_BACKOFF_PROTECT_SECONDS = env_int("LEASE_PREEMPTION_BACKOFF_PROTECT_SECONDS", 1800, minimum=0)
+# estimated start times: the placement tries one cycle's estimate makes at most (docs/scheduling.md)
+LEASE_ESTIMATE_TRIES = env_int("LEASE_ESTIMATE_TRIES", 2000, minimum=0)
 AGENT_TIMEOUT_SECONDS = env_int("AGENT_TIMEOUT_SECONDS", 5, minimum=1)
 # workloads on leases (docs/leasing.md, "Workloads"): working and checkpoint directories must lie under one of
 # these roots (shared storage the operator mounts on every node at the same path); a lease release gives a
@@ -343,6 +353,12 @@ _ports = os.environ.get("WORKLOAD_HOST_PORTS", "20000-20999").partition("-")
 if not (_ports[0].isdigit() and _ports[2].isdigit() and 1024 <= int(_ports[0]) <= int(_ports[2]) <= 65535):
     raise ImproperlyConfigured("WORKLOAD_HOST_PORTS must be FIRST-LAST within 1024-65535, e.g. 20000-20999.")
 WORKLOAD_HOST_PORTS = (int(_ports[0]), int(_ports[2]))
+# a lease group's workloads meet at MASTER_ADDR:MASTER_PORT (rank 0's node; docs/leasing.md "Multi-node groups"):
+# the port is this range's first + the group's first lease id modulo its size
+_ports = os.environ.get("WORKLOAD_RENDEZVOUS_PORTS", "29500-30499").partition("-")
+if not (_ports[0].isdigit() and _ports[2].isdigit() and 1024 <= int(_ports[0]) <= int(_ports[2]) <= 65535):
+    raise ImproperlyConfigured("WORKLOAD_RENDEZVOUS_PORTS must be FIRST-LAST within 1024-65535, e.g. 29500-30499.")
+WORKLOAD_RENDEZVOUS_PORTS = (int(_ports[0]), int(_ports[2]))
 WORKLOAD_FAILED_RUNS_BEFORE_REPLACE = env_int("WORKLOAD_FAILED_RUNS_BEFORE_REPLACE", 3, minimum=1)
 AGENT_HEARTBEAT_SECONDS = env_int("AGENT_HEARTBEAT_SECONDS", 15, minimum=1)
 # How long after a token enrollment its answer may be asked for again (same token, same enrollment id, the

@@ -26,6 +26,14 @@ its project's in-quota use plus the request stays within deserved). ``fifo`` has
 the same partitions serve as a *reference*: an allocation counts as over-quota when its project
 already held its reference share when it was placed.
 
+Estimated starts (``--estimate-every N``): every N-th job (by submission), at the first cycle that leaves it
+waiting after it arrives, gets the core's estimated start (``broker.scheduler.estimate``, the live cycle's
+function) over the whole queue (this cycle's waiting decisions in their order, then the jobs not passed to the
+core, in submission order) and the running jobs' ends; ``estimate_error_s`` summarises |estimated - actual first
+start| (the trace's run times stand for the requested durations: a job ends exactly when its lease would).
+``estimate_unknown``: sampled jobs for which the budget ran out or no expiry made room. The estimate undoes itself:
+the decisions are the same with or without it.
+
 Speed: waiting requests that provably cannot be placed this cycle are not passed to the core (see
 ``Replay._candidates``); ``--no-prune`` passes the whole queue every cycle (same decisions, slower).
 ``--tick`` schedules at most once per that many simulated seconds.
@@ -44,9 +52,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from bench.sim.philly import DEFAULT_TRACE, Job, Trace, job_id, job_index, load
+from broker.scheduler.estimate import estimated_starts
 from broker.scheduler.placement import need_for, workload_from_needs
 from broker.scheduler.plan import Scheduler
 from broker.scheduler.types import (
+    Decision,
     DecisionMode,
     Gpu,
     GpuMode,
@@ -202,6 +212,12 @@ class Result:
     max_queue: int = 0
     seconds_in_schedule: float = 0.0
     wall_seconds: float = 0.0
+    # estimated starts (``--estimate-every``): |estimated - actual first start| of the sampled jobs, and how many
+    # sampled jobs got no estimate
+    estimate_every: int = 0
+    estimate_error_s: dict = field(default_factory=dict)
+    estimate_unknown: int = 0
+    seconds_in_estimate: float = 0.0
 
 
 # -- the replay ------------------------------------------------------------------------------------
@@ -231,7 +247,7 @@ class Replay:
     def __init__(self, trace: Trace, *, policy: str, gpus: int, parts: dict[str, int], notice: float = 30.0,
                  checkpoint: float = 600.0, tick: float = 0.0, hol: bool = False, prune: bool = True,
                  placement: str = "default", window: float | None = None,
-                 min_runtime: float = 0.0):
+                 min_runtime: float = 0.0, estimate_every: int = 0, estimate_budget: int = 20_000):
         if policy not in POLICIES:
             raise ValueError(f"unknown policy {policy!r}; known: {', '.join(POLICIES)}")
         self.trace = trace
@@ -250,6 +266,10 @@ class Replay:
         workload = workload_from_needs([need for need in needs for _ in range(counts[need.count])])
         self.scheduler = Scheduler(self.snapshot, policy=placement, workload=workload)
         self.weight = {p: (0 if policy == "static" else 1) for p in parts}
+        self.estimate_every, self.estimate_budget = estimate_every, estimate_budget
+        self.ends: dict[str, float] = {}  # running job id -> when it ends (for estimates)
+        self.arrived: list[int] = []  # jobs that arrived in the current event batch
+        self.estimates: dict[int, float | None] = {}
         self.threshold = notice + tick + 1e-6
         # bookkeeping mirrored from the decisions (GPUs, not milli)
         self.node_of = {gpu.id: int(gpu.node[1:]) for gpu in self.snapshot.gpus}
@@ -271,7 +291,8 @@ class Replay:
         self.states: list[_State] = []
         for job in trace.jobs:
             shape = shape_for(job.gpus)
-            request = Request(job_id(job.index), job.project, TENANT, shape, submitted_at=job.arrival)
+            request = Request(job_id(job.index), job.project, TENANT, shape, submitted_at=job.arrival,
+                              duration_seconds=math.ceil(job.duration))
             self.states.append(_State(job, request, (job.project, job.gpus, shape.gang), job.duration, job.arrival))
         self.heap: list[tuple] = []
         self._seq = 0
@@ -439,6 +460,27 @@ class Replay:
         for decision in decisions:
             if decision.mode != DecisionMode.WAITING:
                 self._apply(decision, now)
+        if self.estimate_every:
+            self._estimate(requests, decisions, now)
+
+    def _estimate(self, requests: list[Request], decisions: list, now: float) -> None:
+        """The estimated start of the sampled jobs that arrived in this batch and wait (see the module's doc)."""
+        targets = [i for i in self.arrived if i % self.estimate_every == 0 and self.states[i].first_start is None]
+        if not targets:
+            return
+        started = time.perf_counter()
+        order = [d.request for d in sorted((d for d in decisions if d.mode == DecisionMode.WAITING),
+                                           key=lambda d: d.queue_position)]
+        passed = set(order)
+        rest = sorted(i for group in self.groups.values() for i in group if job_id(i) not in passed)
+        order += [job_id(i) for i in rest]
+        queue = [Decision(request_id, DecisionMode.WAITING, "", queue_position=position)
+                 for position, request_id in enumerate(order, 1)]
+        estimates = estimated_starts(self.scheduler, [self.states[job_index(i)].request for i in order], queue,
+                                     now=now, budget=self.estimate_budget, ends=self.ends)
+        for index in targets:
+            self.estimates[index] = estimates.get(job_id(index))
+        self.result.seconds_in_estimate += time.perf_counter() - started
 
     def _apply(self, decision, now: float) -> None:
         index = job_index(decision.request)
@@ -458,6 +500,7 @@ class Replay:
         else:
             state.over = allocation.preemptible
         self._hold(state, allocation, +1)
+        self.ends[decision.request] = start + state.remaining
         if not state.over:
             since = max(state.enqueued_at, self.inq_since.get(state.key, self.batch_start))
             self.ttg.append(start - since)
@@ -478,6 +521,7 @@ class Replay:
         if self.used_in[project] + self.used_over[project] <= self.parts[project]:
             self.result.preemptions_within_deserved += 1
         self._hold(state, None, -1)  # the core already removed the allocation
+        self.ends.pop(state.request.id, None)
         stop = now + self.notice
         end = state.seg_start + state.remaining
         if end <= stop:  # finishes within the notice anyway; its completion event stands
@@ -581,15 +625,19 @@ class Replay:
                 state = self.states[index]
                 if kind in (_ARRIVE, _REQUEUE):
                     self._enqueue(index, when)
+                    if kind == _ARRIVE:
+                        self.arrived.append(index)
                 elif token == state.token:  # completion still valid
                     if state.in_core:
                         self.scheduler.cluster.remove(state.request.id)
                         self._hold(state, None, -1)
+                    self.ends.pop(state.request.id, None)
                     self._busy(state.seg_start, when, state.job.gpus)
                     state.running = False
                     state.completed_at = when
                     r.completed += 1
             self._schedule(now)
+            self.arrived = []
             r.max_queue = max(r.max_queue, self.waiting)
             self._observe(now)
             last_cycle = last_time = now
@@ -620,6 +668,13 @@ class Replay:
         r.violation_jobs = sum(1 for s in self.states if s.violated)
         r.violations_by_shape = dict(sorted(self.violation_shapes.items()))
         r.seconds_in_schedule = round(r.seconds_in_schedule, 2)
+        if self.estimate_every:
+            r.estimate_every = self.estimate_every
+            errors = [abs(at - self.states[i].first_start) for i, at in self.estimates.items()
+                      if at is not None and self.states[i].first_start is not None]
+            r.estimate_error_s = {**_summary(errors), "p90": round(_pct(errors, 0.90), 1)}
+            r.estimate_unknown = sum(1 for at in self.estimates.values() if at is None)
+            r.seconds_in_estimate = round(r.seconds_in_estimate, 2)
         r.wall_seconds = round(wall, 2)
 
 
@@ -693,6 +748,8 @@ def _parser() -> argparse.ArgumentParser:
                         help="partitions purely proportional (no floor of each project's largest job); not static")
     parser.add_argument("--no-prune", action="store_true", help="pass the whole queue to the core every cycle")
     parser.add_argument("--placement", default="default", help="placement policy of the core")
+    parser.add_argument("--estimate-every", type=int, default=0,
+                        help="estimate the start of every N-th job when it first waits and measure the error (0: off)")
     parser.add_argument("--json-dir", type=Path, default=None,
                         help="write philly_quota_<policy>.json here, one per policy (bench/record.py's format)")
     return parser
@@ -719,13 +776,20 @@ def main_quota(argv: list[str] | None = None) -> int:
             result = replay(trace, policy=policy, load_factor=args.load, gpus=args.gpus, floor=not args.no_floor,
                             notice=args.notice, checkpoint=args.checkpoint, tick=args.tick, hol=args.hol,
                             prune=not args.no_prune, placement=args.placement,
-                            min_runtime=args.min_runtime)
+                            min_runtime=args.min_runtime, estimate_every=args.estimate_every)
         except (KeyError, ValueError) as error:
             print(f"error: {error}", file=sys.stderr)
             return 2
         results.append(result)
         print(f"  {policy}: {result.wall_seconds:.1f}s wall, {result.schedule_calls} schedule calls", flush=True)
     print(table(results))
+    for result in results:
+        if result.estimate_every:
+            error = result.estimate_error_s
+            print(f"estimated start, {result.policy}: {error['n']} jobs (every {result.estimate_every}th), "
+                  f"|estimated - actual| p50 {_duration(error['p50'])}, p90 {_duration(error['p90'])}, "
+                  f"mean {_duration(error['mean'])}; {result.estimate_unknown} not estimated; "
+                  f"{result.seconds_in_estimate:.1f} s estimating")
     if args.json_dir:
         command = command_line(["-m bench.sim", "quota", *(sys.argv[2:] if argv is None else argv)])
         for result in results:

@@ -289,7 +289,11 @@ class QuoteOutput(serializers.Serializer):
     queue_position = serializers.IntegerField(allow_null=True)
     expected_wait_seconds = serializers.IntegerField(
         allow_null=True, help_text="0 when it fits; when it reclaims, the longest notice its victims are promised "
-                                   "(at most); null when it waits: not predicted (docs/leasing.md)")
+                                   "(at most); when it waits, the time to estimated_start; null when it waits and "
+                                   "no estimate can be made (docs/scheduling.md, \"Estimated start times\")")
+    estimated_start = serializers.DateTimeField(
+        allow_null=True, help_text="when it waits: when it would start, were the running leases to leave at their "
+                                   "expiry and nothing else arrive; null otherwise or when it cannot be estimated")
     price = QuotePriceOutput(allow_null=True)
     price_unavailable_reason = serializers.CharField(allow_null=True, help_text="why price is null")
     budget = QuoteBudgetOutput()

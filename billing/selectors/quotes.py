@@ -69,8 +69,9 @@ class LeaseQuote:
     outcome, reason, model and quota standing, plus the preemption risk, the wait, the price and the budget.
 
     ``expected_wait_seconds``: 0 when it fits (placed at the next cycle); when it reclaims, the longest
-    preemption notice its victims are promised (the most it waits, unless they leave sooner); None when it
-    waits — the broker does not predict when others release (see docs/leasing.md, "Quotes")."""
+    preemption notice its victims are promised (the most it waits, unless they leave sooner); when it waits,
+    the time to its ``estimated_start`` (the running leases leaving at their expiry: docs/scheduling.md,
+    "Estimated start times"), None when no estimate can be made."""
 
     preview: LeasePreview
     project: str
@@ -102,6 +103,12 @@ class LeaseQuote:
     @property
     def queue_position(self) -> int | None:
         return self.preview.queue_position
+
+    @property
+    def estimated_start(self) -> datetime | None:
+        if self.preview.outcome == "waits":
+            return self.preview.estimated_start
+        return None
 
     @property
     def units_milli(self) -> int:
@@ -163,6 +170,8 @@ def _expected_wait(preview: LeasePreview, victims: tuple[str, ...], *, now: date
 
     if preview.outcome == "fits":
         return 0
+    if preview.outcome == "waits" and preview.estimated_start is not None:
+        return max(0, round((preview.estimated_start - now).total_seconds()))
     if preview.outcome == "reclaims":  # as services._preempt: the longest notice among the victims' tenants
         tenants = set(Lease.objects.filter(pk__in=[int(v) for v in victims]).values_list("tenant_id", flat=True))
         return max([settings.LEASE_PREEMPTION_NOTICE_SECONDS,

@@ -4,7 +4,7 @@ from django.core.validators import MaxValueValidator, MinValueValidator
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from broker.choices import GpuKind, GpuMode, WorkloadClass
+from broker.choices import GpuKind, GpuMode, LeaseState, WorkloadClass
 from broker.models import Allocation, Lease, LeaseEvent
 from broker.validation import MAX_GPU_INDEX, MAX_GPU_MEMORY_MIB
 from gpus.catalogue import MODELS
@@ -199,16 +199,26 @@ class EventOutput(serializers.ModelSerializer):
 class LeaseOutput(serializers.ModelSerializer):
     project = serializers.CharField(source="project.slug")
     gpu = serializers.SerializerMethodField()
+    estimated_start = serializers.SerializerMethodField(
+        help_text="While queued: when the last schedule cycle estimated it starts, counting on the running leases "
+                  "leaving at their expiry (docs/scheduling.md, \"Estimated start times\"); null when not queued or "
+                  "when no estimate could be made (work without an end ahead of it, a shape the fleet cannot hold)")
 
     class Meta:
         model = Lease
-        fields = ["id", "project", "state", "reason", "decision", "queue_position", "gpu", "workload_class",
-                  "priority", "duration_seconds", "tier", "over_quota", "requested_at", "active_at", "ends_at",
-                  "notice_deadline", "finished_at"]
+        fields = ["id", "project", "state", "reason", "decision", "queue_position", "estimated_start", "gpu",
+                  "workload_class", "priority", "duration_seconds", "tier", "over_quota", "requested_at", "active_at",
+                  "ends_at", "notice_deadline", "finished_at"]
         extra_kwargs = {"decision": {"help_text": "How the GPU shape was chosen when the request let the broker "
                                                   "choose it (gpu kind auto: the slice, its prediction and "
                                                   "confidence); kept for the lease's life, unlike reason, "
                                                   "which follows its state. Empty otherwise."}}
+
+    @extend_schema_field({"type": "string", "format": "date-time", "nullable": True})
+    def get_estimated_start(self, obj) -> str | None:
+        if obj.state != LeaseState.QUEUED or obj.estimated_start is None:
+            return None
+        return _DATETIME.to_representation(obj.estimated_start)
 
     @extend_schema_field(GPU_OUTPUT_SCHEMA)
     def get_gpu(self, obj) -> dict:
@@ -230,7 +240,7 @@ class LeaseOutput(serializers.ModelSerializer):
         return {
             "id": instance.pk, "project": instance.project.slug, "state": str(instance.state),
             "reason": instance.reason, "decision": instance.decision, "queue_position": instance.queue_position,
-            "gpu": self.get_gpu(instance),
+            "estimated_start": self.get_estimated_start(instance), "gpu": self.get_gpu(instance),
             "workload_class": str(instance.workload_class), "priority": instance.priority,
             "duration_seconds": instance.duration_seconds, "tier": instance.tier, "over_quota": instance.over_quota,
             **{name: moment(value) if value is not None else None for name, value in (

@@ -22,6 +22,7 @@ from broker.scheduler.types import (
     Snapshot,
     TenantQuotaSpec,
     Unit,
+    UsageHistory,
     WarmInstance,
 )
 
@@ -39,6 +40,7 @@ __all__ = [
     "Snapshot",
     "TenantQuotaSpec",
     "Unit",
+    "UsageHistory",
     "WarmInstance",
     "plan",
 ]

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from broker.scheduler.fairshare import back_off_words, protected_until, share_key, weights_scale
 from broker.scheduler.placement import Need, Placer, Policy, need_for, node_accepts, policy_get
 from broker.scheduler.state import FULL, ClusterState
 from broker.scheduler.types import (
@@ -72,6 +73,11 @@ class Scheduler:
         self.models_present = sorted(self.cluster.capacity_milli_by_model)
         # tiers per shape: the models present and the prices are fixed for the scheduler's life
         self._tiers: dict = {}
+        # fair share with history (``fairshare``): integer share keys on one scale, the decayed use per project
+        self._half_life = max(int(snapshot.usage_half_life_seconds), 0)
+        self._scale = weights_scale(q.weight for q in snapshot.quotas)
+        self._history = ({(u.project, u.tier): u.decayed_milli_seconds for u in snapshot.usage_history}
+                         if self._half_life else {})
 
     # -- tiers ------------------------------------------------------------------------------------
     def tiers_for(self, request: Request) -> list[tuple[str, Need]]:
@@ -128,10 +134,32 @@ class Scheduler:
             ), False
         return None, in_quota
 
-    def over_share(self, project: str, tier: str) -> float:
+    def over_share(self, project: str, tier: str) -> tuple[int, int]:
+        """The project's fair-share key on ``tier`` (``fairshare.share_key``): its borrowed use now and, with a
+        half-life, its decayed borrowed use, per weight, as an exact integer."""
         quota = self.quotas.get((project, tier))
         over = self.cluster.project_usage.get((project, tier), [0, 0])[1]
-        return over / max(quota.weight if quota else 1, 1e-9)
+        return share_key(over_milli=over, decayed_milli_seconds=self._history.get((project, tier), 0),
+                         weight=quota.weight if quota else 1, half_life_seconds=self._half_life, scale=self._scale)
+
+    def history_words(self, project: str, tier: str) -> str:
+        """The project's standing in the fair share for a reason ("" without a half-life)."""
+        if not self._half_life:
+            return ""
+        quota = self.quotas.get((project, tier))
+        used = self._history.get((project, tier), 0) / 3_600_000
+        return (f"; fair share: project {project} borrowed {used:.1f} GPU-h of {tier} decayed over a half-life of "
+                f"{self._half_life} s (weight {quota.weight if quota else 1}); less history is served first")
+
+    def protected(self, allocation: Allocation, now: float) -> float | None:
+        """Until when ``allocation`` is protected from reclaim by the preemption back-off (None: it is not)."""
+        snapshot = self.snapshot
+        times = snapshot.preempted_at.get(allocation.id)
+        if not times:
+            return None
+        until = protected_until(times, allocation.started_at, count=snapshot.backoff_preemptions,
+                                window=snapshot.backoff_window_seconds, protect=snapshot.backoff_protect_seconds)
+        return until if until is not None and now < until else None
 
     # -- one cycle --------------------------------------------------------------------------------
     def schedule(self, requests: list[Request], *, now: float) -> list[Decision]:
@@ -300,9 +328,9 @@ class Scheduler:
             shares.append(used_in / quota.deserved)
         return min(shares, default=0.0)
 
-    def _fair_key(self, request: Request) -> float:
+    def _fair_key(self, request: Request) -> tuple[int, int]:
         tiers = self.tiers_for(request)
-        return min((self.over_share(request.project, tier) for tier, _ in tiers), default=0.0)
+        return min((self.over_share(request.project, tier) for tier, _ in tiers), default=(0, 0))
 
     def _try_group(self, members: list[Request], *, now: float, allow_over_quota: bool) -> list[Decision] | None:
         """Decisions for a lease group, all in one: every member is tried in turn on the working state (its
@@ -403,7 +431,7 @@ class Scheduler:
             reclaimed = self._reclaim(request, tier, need, now=now)
             if reclaimed:
                 return reclaimed
-            reasons.append(self._no_fit_reason(tier, need))
+            reasons.append(self._no_fit_reason(tier, need) + self._protected_words(tier, now))
         if over_quota_candidates:
             if not allow_over_quota:
                 return None
@@ -411,7 +439,8 @@ class Scheduler:
                 placed = self._place(request, tier, need, preemptible=True, now=now)
                 if placed:
                     return placed
-                reasons.append(f"over quota on {tier} and no idle capacity: {self._no_fit_reason(tier, need)}")
+                reasons.append(f"over quota on {tier} and no idle capacity: {self._no_fit_reason(tier, need)}"
+                               + self.history_words(request.project, tier))
         return self._waiting(request, "; ".join(dict.fromkeys(reasons)))
 
     def place(self, request: Request, tier: str, need: Need, *, preemptible: bool, now: float) -> Decision | None:
@@ -434,6 +463,8 @@ class Scheduler:
         self.cluster.apply(allocation)
         kind = "over quota, preemptible" if preemptible else "within quota"
         reason = f"placed on {allocation.node} ({tier}, {kind})"
+        if preemptible and self.snapshot.preempted_at.get(request.id):
+            reason += self._back_off_words(allocation, now)
         if warm_ids:
             reason += f", binding warm instance{'s' if len(warm_ids) > 1 else ''} {', '.join(warm_ids)}"
         if request.shape is not None and not request.shape.models:
@@ -530,18 +561,24 @@ class Scheduler:
         ]
         if request.group:  # a group member never reclaims from its own group
             candidates = [a for a in candidates if a.group != request.group]
+        if candidates and self.snapshot.preempted_at:  # the back-off: work reclaimed again and again runs a while
+            candidates = [a for a in candidates if self.protected(a, now) is None]
         if not candidates:
             return None
         # the preferred victims first: the project furthest above its fair share (ties: the project whose
         # newest borrowed work is youngest, then the project id), and within a project the lowest priority,
         # then the youngest. Priority compares allocations of one project only: a project cannot shield
         # its borrowed work from reclaim by sending a high priority.
-        share = {a.project: self.over_share(a.project, tier) for a in candidates}
+        share = {}
+        for allocation in candidates:
+            if allocation.project not in share:
+                key = self.over_share(allocation.project, tier)
+                share[allocation.project] = (-key[0], -key[1])
         newest: dict[str, float] = {}
         for allocation in candidates:
             newest[allocation.project] = max(newest.get(allocation.project, allocation.started_at),
                                              allocation.started_at)
-        candidates.sort(key=lambda a: (-share[a.project], -newest[a.project], a.project, a.priority,
+        candidates.sort(key=lambda a: (share[a.project], -newest[a.project], a.project, a.priority,
                                        -a.started_at, a.id))
         if not need.gang and need.count > 1:
             return self._reclaim_spread(request, tier, need, candidates, now=now)
@@ -662,6 +699,29 @@ class Scheduler:
         return bool(self.placer.policy.node_options(self.cluster.nodes[node_id], need))
 
     # -- reasons ----------------------------------------------------------------------------------
+    def _back_off_words(self, allocation: Allocation, now: float) -> str:
+        """"; protected from reclaim until …" for a lease placed over quota that the back-off protects."""
+        until = self.protected(allocation, now)
+        if until is None:
+            return ""
+        snapshot = self.snapshot
+        times = snapshot.preempted_at[allocation.id]
+        words = back_off_words(times, allocation.started_at, count=snapshot.backoff_preemptions,
+                               window=snapshot.backoff_window_seconds)
+        return f"; protected from reclaim for {until - now:.0f} s (back-off: {words})"
+
+    def _protected_words(self, tier: str, now: float) -> str:
+        """Why reclaim found nothing when the back-off protects borrowed work on ``tier``: how many, until when."""
+        if not self.snapshot.preempted_at:
+            return ""
+        untils = [until for allocation in self.cluster.allocations.values()
+                  if allocation.preemptible and allocation.tier == tier
+                  and (until := self.protected(allocation, now)) is not None]
+        if not untils:
+            return ""
+        return (f"; {len(untils)} over-quota lease(s) on {tier} are protected from reclaim by the preemption "
+                f"back-off, the first until {min(untils) - now:.0f} s from now")
+
     def _no_fit_reason(self, tier: str, need: Need) -> str:
         if need.kind == Kind.MIG and need.profile is not None:
             profile = need.profile

@@ -118,6 +118,8 @@ class Request:
     # requests with the same non-empty ``group`` are placed together in one decision or not at all
     # (a pipeline's stages, a model split's GPUs); each member keeps its own shape, node and quota check
     group: str = ""
+    # what it asked for (seconds); the estimated start of the requests queued behind it counts on it ending then
+    duration_seconds: int = 0
 
 
 @_quick_init
@@ -192,6 +194,18 @@ class WarmInstance:
     ready: bool = True  # False while its node is still creating it: it holds its slots but is not bound
 
 
+@_quick_init
+@dataclass(frozen=True, slots=True)
+class UsageHistory:
+    """A project's borrowed (over-quota) use of one tier in the past, decayed with the snapshot's half-life
+    (Slurm's multifactor fair share): milli-GPU x seconds, each second's use counting half as much one half-life
+    later (``broker.scheduler.fairshare.usage_decayed``)."""
+
+    project: str
+    tier: str
+    decayed_milli_seconds: int
+
+
 @dataclass(frozen=True, slots=True)
 class Snapshot:
     nodes: tuple[Node, ...]
@@ -209,6 +223,19 @@ class Snapshot:
     group_reserve_after_seconds: float = 0.0
     # the same prices as people read them ("0.80 USD"), for the reasons; a tier without one shows its integer
     price_labels: dict[str, str] = field(default_factory=dict)
+    # fair share with history (``broker.scheduler.fairshare``): the half-life of past borrowed use (0: the
+    # over-quota order and the victim order read current use only, as before) and each project's decayed use
+    usage_half_life_seconds: int = 0
+    usage_history: tuple[UsageHistory, ...] = ()
+    # preemption back-off: a lease preempted ``backoff_preemptions`` times (0: off) within
+    # ``backoff_window_seconds`` before its latest start is not reclaimed for ``backoff_protect_seconds`` after it;
+    # ``preempted_at``: the times each lease (allocation or request id) was preempted, recent ones
+    backoff_preemptions: int = 0
+    backoff_window_seconds: int = 0
+    backoff_protect_seconds: int = 0
+    preempted_at: dict[str, tuple[float, ...]] = field(default_factory=dict)
+    # when each running allocation's lease expires (its ``ends_at``), for estimated starts; absent: not known
+    ends_at: dict[str, float] = field(default_factory=dict)
 
 
 @_quick_init

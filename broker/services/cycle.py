@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 import re
 import time
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
 from django.conf import settings
 from django.db import IntegrityError, connection, transaction
@@ -20,9 +20,12 @@ from broker.choices import (
     LeaseState,
 )
 from broker.models import Allocation, Lease, LeaseEvent
-from broker.scheduler import DecisionMode, plan
+from broker.scheduler import DecisionMode
 from broker.scheduler.collector import collector_paused
-from broker.selectors import QueuedLease, core_request, lease_queue, queued_leases
+from broker.scheduler.estimate import estimated_starts
+from broker.scheduler.plan import Scheduler
+from broker.selectors import QueuedLease, core_request, lease_queue, queued_leases, scheduler_inputs
+from broker.services.fairshare import usage_history_record
 from broker.services.groups import allocations_free, group_leaving, group_preempted
 from broker.services.provisioning import release_instances_quietly, workloads_start_after
 from broker.services.transitions import (
@@ -88,9 +91,17 @@ def _schedule_cycle_locked(now: datetime, counts: dict) -> dict:
     cache = snapshot_cache()
     snapshot = cache.load(now=now)
     cache.prune(wall=started)
+    # fair share with history (the decayed use moved on to now), the back-off's preemptions, the expiries
+    snapshot = scheduler_inputs(snapshot, now=now, history=usage_history_record(snapshot=snapshot, now=now))
     by_id = {str(lease.pk): lease for lease in queued}
     shapes: dict = {}
-    decisions = plan(snapshot, [core_request(lease, shapes) for lease in queued], now=now.timestamp())
+    requests = [core_request(lease, shapes) for lease in queued]
+    scheduler = Scheduler(snapshot)
+    decisions = scheduler.schedule(requests, now=now.timestamp())
+    # what waits gets an estimated start: the plan continued over the running leases' expiries (the working state
+    # is this cycle's own; the placements below are written from the decisions)
+    estimates = estimated_starts(scheduler, requests, decisions, now=now.timestamp(),
+                                 budget=settings.LEASE_ESTIMATE_TRIES)
     gpus = {gpu.id: gpu for gpu in snapshot.gpus}  # what the plan placed on: model, mode, node
     placements = [(by_id[d.request], d) for d in decisions if d.mode == DecisionMode.PLACED]
     placed, refused = _place_all(placements, gpus, now)
@@ -100,22 +111,27 @@ def _schedule_cycle_locked(now: datetime, counts: dict) -> dict:
     waiting = []
     for decision in decisions:
         lease = by_id[decision.request]
+        estimate = None
         if decision.mode == DecisionMode.PLACED:
             if lease.pk not in refused:
                 continue  # placed, or released since the cycle read it (its placement is undone)
             reason = "waiting: the capacity chosen is still being vacated; retrying next cycle"
         elif decision.mode == DecisionMode.PREEMPT:
             counts["preempt"] += 1
-            _preempt(decision, now)
+            notice = _preempt(decision, now)
             reason = _reclaim_reason(lease, decision)
+            estimate = now + timedelta(seconds=notice)  # the victims' notice, at the longest
         else:
             counts["waiting"] += 1
             reason = _tenant_terms(decision.reason, lease)
-        if (lease.reason, lease.queue_position) != (reason, decision.queue_position):
-            lease.reason, lease.queue_position = reason, decision.queue_position
+            at = estimates.get(decision.request)
+            estimate = None if at is None else datetime.fromtimestamp(at, tz=UTC)
+        if (lease.reason, lease.queue_position, lease.estimated_start) != (reason, decision.queue_position, estimate):
+            lease.reason, lease.queue_position, lease.estimated_start = reason, decision.queue_position, estimate
             waiting.append(lease)
-    # what waits, and why: one statement for all whose reason or place changed (still queued only)
-    update_each(Lease, waiting, ["reason", "queue_position"], state=LeaseState.QUEUED)
+    # what waits, why, and when it may start: one statement for all whose reason, place or estimate changed (still
+    # queued only)
+    update_each(Lease, waiting, ["reason", "queue_position", "estimated_start"], state=LeaseState.QUEUED)
     # a cycle that decided something, with the span it held the lock (wall clock; the scale-out test checks
     # that no two of these overlap across scheduler workers: tests/deploy/test_scaleout.py)
     logger.info("schedule cycle ran from %.6f to %.6f: %s", started, time.time(), counts)
@@ -239,7 +255,8 @@ def _place_many(placements: list, gpus: dict, now: datetime) -> list[int]:
     rows.sort(key=lambda row: row[1])
     insert_rows(Allocation, ALLOCATION_FIELDS, rows)
     update_columns(Lease, changed, {"state": [provisioning] * len(changed), "reason": reasons, "tier": tiers,
-                                    "over_quota": over_quota, "queue_position": [None] * len(changed)})
+                                    "over_quota": over_quota, "queue_position": [None] * len(changed),
+                                    "estimated_start": [None] * len(changed)})
     insert_rows(LeaseEvent, EVENT_FIELDS, events)
     # a group member bound to warm instances starts only with its group: while a sibling is made the cold way it
     # stays PROVISIONING, and the sibling's instances being recorded starts them all (allocations_ready)
@@ -292,7 +309,8 @@ def _bind_warm(queued: QueuedLease, decision, gpus: dict, now: datetime, *, star
     node = gpus[allocation.units[0].gpu].node
     reason = f"{decision.reason}; bound warm instance(s) {', '.join(f'alloc-{i}' for i in ids)}"
     lease_transition(lease=lease, to=LeaseState.PROVISIONING, reason=reason, actor="scheduler", now=now,
-                     tier=allocation.tier, over_quota=allocation.preemptible, queue_position=None)
+                     tier=allocation.tier, over_quota=allocation.preemptible, queue_position=None,
+                     estimated_start=None)
     if extra:
         enqueue("leases_provision_run", [lease.pk])
         return
@@ -303,7 +321,7 @@ def _bind_warm(queued: QueuedLease, decision, gpus: dict, now: datetime, *, star
     workloads_start_after([lease.pk])
 
 
-def _preempt(decision, now: datetime) -> None:
+def _preempt(decision, now: datetime) -> int:
     """Victims get a notice and a deadline — the notice their tenant's SLO contract promises, else
     ``LEASE_PREEMPTION_NOTICE_SECONDS`` — and at the deadline they are released and requeued."""
     longest = settings.LEASE_PREEMPTION_NOTICE_SECONDS
@@ -317,6 +335,7 @@ def _preempt(decision, now: datetime) -> None:
         notice = lease_preempt(lease=victim, actor="scheduler", now=now, why=f"for in-quota work ({whose})")
         longest = max(longest, notice)
     transaction.on_commit(lambda: task("lease_expire_due").apply_async(countdown=longest + 0.5))
+    return longest
 
 
 def lease_notice_seconds(*, tenant_id: int, now: datetime) -> int:

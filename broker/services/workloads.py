@@ -75,6 +75,8 @@ def lease_workload_start(*, lease_id: int) -> str:
             "max_restarts": agent_max_restarts(workload)}
     if placement is not None and placement.host_port is not None:
         body["host_port"] = placement.host_port
+    if workload.lease.group_key:  # a lease group's members meet through the rendezvous variables
+        body["env"] = {**body.get("env", {}), **group_rendezvous_env(lease=workload.lease)}
     try:
         answer = agent_client(node).workload_start(agent_id, body)
     except AgentHTTPError as error:
@@ -85,6 +87,42 @@ def lease_workload_start(*, lease_id: int) -> str:
         return "failed"
     logger.info("lease %s: workload %s on %s: %s", lease_id, agent_id, node.node_id, answer["state"])
     return answer["state"]
+
+
+def group_rendezvous_env(*, lease: Lease) -> dict[str, str]:
+    """The environment that lets the workloads of a lease group spread over nodes find each other, in the
+    convention of ``torch.distributed`` (env://) and ``torchrun``: the group's members that hold capacity, in lease
+    id order, are the ranks; ``MASTER_ADDR`` is rank 0's node host and ``MASTER_PORT`` a port of
+    ``WORKLOAD_RENDEZVOUS_PORTS`` chosen by the group's first lease id (rank 0's workload listens there);
+    ``WORLD_SIZE``, ``RANK``, ``LOCAL_RANK`` (its rank among the members on its node), ``NNODES``, ``NODE_RANK``
+    and the node list in rank order (``GPUBROKER_GROUP_NODES``: node ids; ``GPUBROKER_GROUP_HOSTS``: hosts).
+    Empty for a lease alone or whose group holds no capacity."""
+    from urllib.parse import urlsplit
+
+    from broker.models import Allocation
+
+    members = list(Lease.objects.filter(tenant_id=lease.tenant_id, group_key=lease.group_key, state__in=HOLDING)
+                   .order_by("pk").values_list("pk", flat=True))
+    if lease.pk not in members:
+        return {}
+    node_of: dict[int, Node] = {}
+    for allocation in (Allocation.objects.filter(lease_id__in=members, freed_at__isnull=True)
+                       .select_related("gpu__node").order_by("lease_id", "pk")):
+        node_of.setdefault(allocation.lease_id, allocation.gpu.node)
+    ranks = [pk for pk in members if pk in node_of]
+    if lease.pk not in node_of:
+        return {}
+    nodes = [node_of[pk] for pk in ranks]
+    hosts = [urlsplit(node.address).hostname or node.node_id for node in nodes]
+    distinct = list(dict.fromkeys(node.node_id for node in nodes))
+    rank = ranks.index(lease.pk)
+    first, last = settings.WORKLOAD_RENDEZVOUS_PORTS
+    return {"MASTER_ADDR": hosts[0], "MASTER_PORT": str(first + ranks[0] % (last - first + 1)),
+            "WORLD_SIZE": str(len(ranks)), "RANK": str(rank),
+            "LOCAL_RANK": str(sum(1 for other in nodes[:rank] if other.node_id == nodes[rank].node_id)),
+            "NNODES": str(len(distinct)), "NODE_RANK": str(distinct.index(nodes[rank].node_id)),
+            "GPUBROKER_GROUP_NODES": ",".join(node.node_id for node in nodes),
+            "GPUBROKER_GROUP_HOSTS": ",".join(hosts)}
 
 
 class PortsExhausted(Exception):
