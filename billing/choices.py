@@ -43,3 +43,12 @@ class CapAction(models.TextChoices):
 class MeterSource(models.TextChoices):
     ALLOCATION = "allocation", "Allocation (lease events)"
     UTILISATION = "utilisation", "Utilisation (Prometheus)"
+
+
+class AlertBasis(models.TextChoices):
+    """What a spend alert measured: the month's metered spend, its forecast (spend + the live leases to their end),
+    or the month-boundary check of the leases carried into a new month against its cap."""
+
+    SPENT = "spent", "Spend"
+    FORECAST = "forecast", "Forecast"
+    BOUNDARY = "boundary", "Carried-over leases at the month boundary"
