@@ -93,7 +93,7 @@ def _period(request):
     return period_parse(raw) if raw is not None else timezone.now().date().replace(day=1)
 
 
-def _csv(text: str, name: str) -> HttpResponse:
+def csv_response(text: str, name: str) -> HttpResponse:
     response = HttpResponse(text, content_type="text/csv; charset=utf-8")
     response["Content-Disposition"] = f'attachment; filename="{name}.csv"'
     return response
@@ -108,7 +108,8 @@ class UsageBreakdownApi(APIView):
         result = allocation.usage_breakdown(tenant=request.actor.tenant, period=period,
                                             by=request.query_params.get("by", "project"))
         if fmt == "csv":
-            return _csv(allocation.breakdown_csv(result), f"usage-{period:%Y-%m}-{result['by'].replace(':', '-')}")
+            name = f"usage-{period:%Y-%m}-{result['by'].replace(':', '-')}"
+            return csv_response(allocation.breakdown_csv(result), name)
         return Response(BreakdownOutput(result).data)
 
 
@@ -120,7 +121,8 @@ class InvoiceBreakdownApi(APIView):
         invoice = selectors.invoice_get(actor=request.actor, invoice_id=pk)
         result = allocation.invoice_breakdown(invoice=invoice, by=request.query_params.get("by", "project"))
         if fmt == "csv":
-            return _csv(allocation.breakdown_csv(result), f"{result['invoice']}-{result['by'].replace(':', '-')}")
+            name = f"{result['invoice']}-{result['by'].replace(':', '-')}"
+            return csv_response(allocation.breakdown_csv(result), name)
         return Response(BreakdownOutput(result).data)
 
 
