@@ -14,7 +14,7 @@ from django.contrib import admin
 from django.utils import timezone
 
 from billing import services
-from billing.models import BillingTerms, PriceBook, PriceRate, SpendCap
+from billing.models import BillingTerms, PriceBook, PriceRate, SpendAlert, SpendAlertRule, SpendCap
 from core.admin import ServiceAdmin
 
 
@@ -150,3 +150,29 @@ class SpendCapAdmin(ServiceAdmin):
 
     def delete_model(self, request, obj):
         services.spend_cap_delete(cap=obj, by_user=request.user)
+
+
+# -- spend alerts (issue 33): read-only; a tenant's admins set the rules (API, portal), alerts are raised by the run --
+class _ReadOnlyAdmin(admin.ModelAdmin):
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+
+@admin.register(SpendAlertRule)
+class SpendAlertRuleAdmin(_ReadOnlyAdmin):
+    list_display = ["tenant", "project", "thresholds_pct", "budget_minor", "forecast", "created_at"]
+    list_filter = ["forecast"]
+    search_fields = ["tenant__slug", "project__slug"]
+
+
+@admin.register(SpendAlert)
+class SpendAlertAdmin(_ReadOnlyAdmin):
+    list_display = ["created_at", "tenant", "project", "period", "basis", "threshold_pct", "amount_minor", "currency"]
+    list_filter = ["basis", "period"]
+    search_fields = ["tenant__slug", "project__slug", "message"]
