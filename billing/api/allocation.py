@@ -26,6 +26,7 @@ from billing.selectors import allocation
 from billing.selectors.alerts import spend_alert_list, spend_alert_rule_get, spend_alert_rule_list
 from billing.services import MAX_MINOR, alerts, focus, period_parse
 from core.api import paginate, parse
+from core.errors import NotFound
 from core.openapi import PAGE_PARAMETERS, paginated, problem
 from tenants import services as tenant_services
 from tenants.api.serializers import StrictSerializer
@@ -88,6 +89,13 @@ class BreakdownOutput(serializers.Serializer):
                                                                      "corrections: not allocated")
 
 
+def _format(fmt: str, known: tuple[str, ...]) -> str:
+    """The document format of the path (``.csv``, ``.parquet``); another one is 404 naming ``fmt``."""
+    if fmt not in known:
+        raise NotFound(f"No .{fmt} document here; the formats are {', '.join(known)}.", field="fmt")
+    return fmt
+
+
 def _period(request):
     raw = request.query_params.get("period")
     return period_parse(raw) if raw is not None else timezone.now().date().replace(day=1)
@@ -104,6 +112,8 @@ class UsageBreakdownApi(APIView):
                    operation_id="v1_usage_breakdown",
                    summary="A month's usage charges by label, requesting user or project (showback)")
     def get(self, request, fmt: str = ""):
+        if fmt:
+            _format(fmt, ("csv",))
         period = _period(request)
         result = allocation.usage_breakdown(tenant=request.actor.tenant, period=period,
                                             by=request.query_params.get("by", "project"))
@@ -118,6 +128,8 @@ class InvoiceBreakdownApi(APIView):
                    operation_id="v1_invoice_breakdown",
                    summary="An invoice's usage lines by label, requesting user or project (chargeback)")
     def get(self, request, pk: int, fmt: str = ""):
+        if fmt:
+            _format(fmt, ("csv",))
         invoice = selectors.invoice_get(actor=request.actor, invoice_id=pk)
         result = allocation.invoice_breakdown(invoice=invoice, by=request.query_params.get("by", "project"))
         if fmt == "csv":
@@ -136,6 +148,7 @@ def focus_response(rows: list[dict], name: str, fmt: str) -> HttpResponse:
     return response
 
 
+FOCUS_FORMATS = ("csv", "parquet")
 FOCUS_RESPONSES = {(200, "text/csv"): OpenApiTypes.STR, (200, "application/vnd.apache.parquet"): OpenApiTypes.BINARY}
 
 
@@ -143,6 +156,7 @@ class InvoiceFocusApi(APIView):
     @extend_schema(responses=FOCUS_RESPONSES, operation_id="v1_invoice_focus",
                    summary="An invoice as FOCUS 1.2 cost and usage rows (CSV or Parquet), one row per charge")
     def get(self, request, pk: int, fmt: str):
+        _format(fmt, FOCUS_FORMATS)
         invoice = selectors.invoice_get(actor=request.actor, invoice_id=pk)
         return focus_response(focus.focus_rows(invoice), invoice.number or f"draft-{invoice.pk}", fmt)
 
@@ -155,6 +169,7 @@ class StaffFocusApi(StaffApi):
                    description="Platform staff only (is_staff); everyone else gets 403.",
                    summary="Every tenant's invoices of a month as FOCUS 1.2 rows (CSV or Parquet)")
     def get(self, request, fmt: str):
+        _format(fmt, FOCUS_FORMATS)
         period = period_parse(request.query_params.get("period", ""))
         invoices = Invoice.objects.filter(period=period).select_related("tenant").order_by("tenant__slug")
         if request.query_params.get("status", "finalized") != "all":
