@@ -33,8 +33,10 @@ from tenants.api.serializers import StrictSerializer
 from tenants.api.staff import StaffApi
 from tenants.selectors import project_get
 
-BY = OpenApiParameter("by", str, description="project | user | label:<key> (e.g. label:team); default project")
-PERIOD = OpenApiParameter("period", str, description="a month, YYYY-MM (default: this month)")
+MONTH_SCHEMA = {"type": "string", "pattern": r"^[1-9][0-9]{3}-(0[1-9]|1[0-2])$"}
+BY = OpenApiParameter("by", {"type": "string", "pattern": r"^(project|user|label:[a-z][a-z0-9_.-]{0,62})$"},
+                      description="project | user | label:<key> (e.g. label:team); default project")
+PERIOD = OpenApiParameter("period", MONTH_SCHEMA, description="a month, YYYY-MM (default: this month)")
 
 
 # -- label keys --------------------------------------------------------------------------------------------------
@@ -162,9 +164,10 @@ class InvoiceFocusApi(APIView):
 
 
 class StaffFocusApi(StaffApi):
-    @extend_schema(parameters=[OpenApiParameter("period", str, required=True, description="a month, YYYY-MM"),
-                               OpenApiParameter("status", str, description="finalized (default: finalized and "
-                                                                           "paid) | all (drafts too)")],
+    @extend_schema(parameters=[OpenApiParameter("period", MONTH_SCHEMA, required=True, description="a month, YYYY-MM"),
+                               OpenApiParameter("status", str, enum=["finalized", "all"],
+                                                description="finalized (default: finalized and paid) | all (drafts "
+                                                            "too)")],
                    responses=FOCUS_RESPONSES, operation_id="v1_staff_focus",
                    description="Platform staff only (is_staff); everyone else gets 403.",
                    summary="Every tenant's invoices of a month as FOCUS 1.2 rows (CSV or Parquet)")
