@@ -46,7 +46,8 @@ class LabelKeysOutput(serializers.Serializer):
 
 
 class LabelKeysInput(StrictSerializer):
-    keys = serializers.ListField(child=serializers.CharField(max_length=63, allow_blank=True), max_length=20,
+    keys = serializers.ListField(child=serializers.RegexField(r"^[a-z][a-z0-9_.-]{0,62}$", max_length=63),
+                                 max_length=20,
                                  help_text="label keys (lower-case letters, digits, _ . -); [] = the platform's "
                                            "default")
 

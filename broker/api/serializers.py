@@ -133,7 +133,8 @@ class LeaseCreateInput(StrictSerializer):
                   'looks like a credential (TOKEN, SECRET, PASSWORD, KEY …) is refused, pointing to secret_env. '
                   'Paths lie under the project\'s own directory, <root>/<tenant>/<project>')
     labels = serializers.DictField(
-        child=serializers.CharField(max_length=63, allow_blank=True), required=False, allow_empty=True,
+        child=serializers.RegexField(r"^[A-Za-z0-9][A-Za-z0-9 _.:/@+-]{0,62}$", max_length=63), required=False,
+        allow_empty=True,
         help_text='cost allocation labels (optional), e.g. {"team": "vision", "cost-center": "cc-42"}: keys the '
                   'tenant allows (GET /api/v1/label-keys), at most 10; copied into the usage rows, so usage and '
                   'invoices break down by them; errors name labels.<key>')
