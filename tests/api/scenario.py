@@ -262,8 +262,9 @@ def allocation_steps(step, world: World, invoice_id: int) -> None:
     step(f"{v1}/invoices/{{id}}/focus.{{fmt}}", "get", 200, f"{invoice}/focus.parquet", token=owner)
     user = make_member(world.acme, "finops", Role.ADMIN)
     get_user_model().objects.filter(pk=user.pk).update(is_staff=True)
-    step(f"{v1}/billing/focus.{{fmt}}", "get", 200, f"{v1}/billing/focus.csv?period=2026-01",
-         token=make_token(world.acme, user)[1])
+    finops = make_token(world.acme, user)[1]
+    step(f"{v1}/billing/focus.{{fmt}}", "get", 200, f"{v1}/billing/focus.csv?period=2026-01", token=finops)
+    step(f"{v1}/billing/focus.{{fmt}}", "get", 404, f"{v1}/billing/focus.pdf?period=2026-01", token=finops)
     rules, rule = f"{v1}/spend-alert-rules", f"{v1}/spend-alert-rules/{{id}}"
     step(rules, "get", 200, token=owner)
     made = step(rules, "put", 200, token=owner, body={"budget_minor": 100_000, "thresholds_pct": [50, 90]})
