@@ -10,8 +10,9 @@ Builds, in a scratch database (``<DATABASE_URL's database>_bench_billing``, drop
 history of lease events on ``--nodes`` x 8 H100s: whole GPUs (three in four) run one lease after another,
 MIG GPUs two ``3g.40gb`` slices side by side; each lease lasts 1–24 h with 0–4 h gaps and belongs to a
 random tenant (one project each), a tenth over quota, a tenth interactive; every tenant has a tax rate (a tenth
-a second, inclusive one; a twentieth is reverse-charged) and a prepaid credit grant. Rows are written with COPY
-(not timed). Then it times, in this process:
+a second, inclusive one; a twentieth is reverse-charged) and a prepaid credit grant; three leases in four carry cost
+allocation labels (``team`` and ``cost-center``, issue 33), which metering copies into every usage row. Rows are
+written with COPY (not timed). Then it times, in this process:
 
 - month close: (1) allocation metering of every hour of the month (``usage_meter_window``), (2) ``invoice_run``
   for the month (SLO evaluation, pricing, lines, totals and finalization per tenant), then a re-run of both
@@ -104,10 +105,13 @@ def build(args, url: str) -> dict:
                     kind = "whole" if gpu[5] == "whole" else "mig"
                     profile = "" if kind == "whole" else "3g.40gb"
                     milli, memory = (1000, 81559) if kind == "whole" else (428, 40320)
+                    labels = (f'{{"team": "team-{tenant % 8}", "cost-center": "cc-{rng.randint(1, 20)}"}}'
+                              if rng.random() < 0.75 else "{}")
                     leases.append((lease_id, tenant, tenant, "released" if done else "active", "", kind, 1,
                                    "{" + MODEL + "}", profile, 0, 0, True, klass, 0, int(length.total_seconds()) + 1,
                                    MODEL, over, requested.isoformat(), requested.isoformat(), begin.isoformat(),
-                                   finish.isoformat(), finish.isoformat() if done else None, "", "", "{}", "[]"))
+                                   finish.isoformat(), finish.isoformat() if done else None, "", "", "{}", "[]",
+                                   labels))
                     allocation_id += 1
                     allocations.append((allocation_id, lease_id, gpu[0], MODEL, kind, profile,
                                         slot if kind == "mig" else None,
@@ -128,8 +132,9 @@ def build(args, url: str) -> dict:
             "id", "tenant_id", "project_id", "state", "reason", "kind", "count", "models_allowed", "profile", "milli",
             "memory_mib", "gang", "workload_class", "priority", "duration_seconds", "tier", "over_quota",
             "requested_at", "queued_at", "active_at", "ends_at", "finished_at", "idempotency_key", "request_hash",
-            "access_extra", "avoid_nodes"],
+            "access_extra", "avoid_nodes", "labels"],
             leases)
+        counts["labelled_leases"] = sum(1 for lease in leases if lease[-1] != "{}")
         counts["allocations"] = copy_rows(cursor, "broker_allocation", [
             "id", "lease_id", "gpu_id", "tier", "kind", "mig_profile", "mig_start", "slots", "milli", "memory_mib",
             "preemptible", "state", "device_uuid", "gpu_instance_id", "access", "created_at", "ready_at", "freed_at"],

@@ -345,8 +345,10 @@ def _billing() -> str:
     history = f["history"]
     return (provenance("billing", "billing_hourly") + "\n\n"
             + table(["", "wall", "CPU: Python / PostgreSQL", "PostgreSQL CPU per lease-hour"], rows) + "\n\n"
-            + f"Month history: {history['tenants']:,} tenants, {history['gpus']:,} GPUs, {history['leases']:,} leases, "
-              f"{history['events']:,} events; load average {f['load_average_before']} before the month run and "
+            + f"Month history: {history['tenants']:,} tenants, {history['gpus']:,} GPUs, {history['leases']:,} leases"
+              + (f" ({history['labelled_leases']:,} with cost allocation labels)" if "labelled_leases" in history
+                 else "")
+              + f", {history['events']:,} events; load average {f['load_average_before']} before the month run and "
               f"{f['load_average_after']} after; {hourly['load_average_before']} before the hourly run.")
 
 

@@ -26,6 +26,8 @@ from billing.models import (
     PriceBook,
     PriceRate,
     Refund,
+    SpendAlert,
+    SpendAlertRule,
     SpendCap,
     TaxProfile,
     TaxRate,
@@ -307,6 +309,8 @@ class DunningCaseAdmin(admin.ModelAdmin):
     def get_readonly_fields(self, request, obj=None):
         return [f.name for f in self.model._meta.fields]
 
+# -- spend alerts (issue 33): read-only; a tenant's admins set the rules (API, portal), alerts are raised by the run --
+class _ReadOnlyAdmin(admin.ModelAdmin):
     def has_add_permission(self, request):
         return False
 
@@ -357,3 +361,15 @@ class TaxRateAdmin(ServiceAdmin):
 
     def has_delete_permission(self, request, obj=None):
         return False
+@admin.register(SpendAlertRule)
+class SpendAlertRuleAdmin(_ReadOnlyAdmin):
+    list_display = ["tenant", "project", "thresholds_pct", "budget_minor", "forecast", "created_at"]
+    list_filter = ["forecast"]
+    search_fields = ["tenant__slug", "project__slug"]
+
+
+@admin.register(SpendAlert)
+class SpendAlertAdmin(_ReadOnlyAdmin):
+    list_display = ["created_at", "tenant", "project", "period", "basis", "threshold_pct", "amount_minor", "currency"]
+    list_filter = ["basis", "period"]
+    search_fields = ["tenant__slug", "project__slug", "message"]

@@ -62,3 +62,12 @@ class DunningState(models.TextChoices):
     OPEN = "open", "Reminding"
     RESTRICTED = "restricted", "Restricted (new requests refused)"
     RESOLVED = "resolved", "Resolved"
+
+
+class AlertBasis(models.TextChoices):
+    """What a spend alert measured: the month's metered spend, its forecast (spend + the live leases to their end),
+    or the month-boundary check of the leases carried into a new month against its cap."""
+
+    SPENT = "spent", "Spend"
+    FORECAST = "forecast", "Forecast"
+    BOUNDARY = "boundary", "Carried-over leases at the month boundary"

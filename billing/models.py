@@ -5,10 +5,12 @@ nothing. Rates are ``Decimal``; amounts are integer minor units of the invoice c
 invoice and its lines cannot change: triggers (migration 0003) refuse it, whatever code tries.
 """
 
+from django.contrib.postgres.fields import ArrayField
 from django.db import models
 from django.db.models import F, Q
 
 from billing.choices import (
+    AlertBasis,
     CapAction,
     CreditNoteReason,
     DunningState,
@@ -51,6 +53,7 @@ class AllocationUsage(models.Model):
     over_quota = models.BooleanField()
     profiling = models.BooleanField(default=False)  # a profiling lease's: the price book's profiling rate
     metered_at = models.DateTimeField()
+    labels = models.JSONField(default=dict, db_default={})  # the lease's cost allocation labels (issue 33)
 
     class Meta:
         constraints = [
@@ -616,3 +619,70 @@ class TaxRate(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name} {self.jurisdiction} {self.percentage} %"
+
+
+# -- wave 10: cost allocation and spend alerts (issue 33) ----------------------------------------------------
+class SpendAlertRule(models.Model):
+    """When a tenant (project empty) or one project is alerted about its month's spend: at each of
+    ``thresholds_pct`` of its budget (``budget_minor``; empty: its spend cap's amount), on the spend and — with
+    ``forecast`` — on the forecast. A scope with a cap and no rule is alerted at ``SPEND_ALERT_DEFAULT_THRESHOLDS``."""
+
+    tenant_lookup = "tenant"
+
+    tenant = models.ForeignKey("tenants.Tenant", on_delete=models.CASCADE, related_name="spend_alert_rules")
+    project = models.ForeignKey("tenants.Project", on_delete=models.CASCADE, null=True, blank=True,
+                                related_name="spend_alert_rules")
+    budget_minor = models.BigIntegerField(null=True, blank=True,
+                                          help_text="Empty: the scope's spend cap is the base of the percentages.")
+    thresholds_pct = ArrayField(models.PositiveSmallIntegerField(), default=list)
+    forecast = models.BooleanField(default=True)
+    created_at = models.DateTimeField()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["tenant"], condition=Q(project__isnull=True),
+                                    name="spendalertrule_one_per_tenant"),
+            models.UniqueConstraint(fields=["project"], condition=Q(project__isnull=False),
+                                    name="spendalertrule_one_per_project"),
+            models.CheckConstraint(condition=Q(budget_minor__isnull=True) | Q(budget_minor__gt=0),
+                                   name="spendalertrule_budget_positive"),
+            models.CheckConstraint(condition=Q(thresholds_pct__len__gte=1), name="spendalertrule_has_thresholds"),
+        ]
+
+    def __str__(self) -> str:
+        return f"alerts {self.thresholds_pct} for {self.project_id or self.tenant_id}"
+
+
+class SpendAlert(models.Model):
+    """One alert raised: a scope's spend (or forecast) reached ``threshold_pct`` of its base in ``period``, or its
+    carried-over leases' forecast passed its cap at the month boundary. Once per (scope, period, basis,
+    threshold): the unique constraints make a second evaluation raise nothing. The notification outbox tells it
+    (webhook ``spend.alert`` and e-mail to the tenant's admins)."""
+
+    tenant_lookup = "tenant"
+
+    tenant = models.ForeignKey("tenants.Tenant", on_delete=models.CASCADE, related_name="spend_alerts")
+    project = models.ForeignKey("tenants.Project", on_delete=models.CASCADE, null=True, blank=True,
+                                related_name="spend_alerts")
+    period = models.DateField()
+    basis = models.CharField(max_length=8, choices=AlertBasis.choices)
+    threshold_pct = models.PositiveSmallIntegerField()
+    base_minor = models.BigIntegerField()
+    amount_minor = models.BigIntegerField()
+    currency = models.CharField(max_length=3)
+    message = models.CharField(max_length=300)
+    created_at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        constraints = [
+            models.UniqueConstraint(fields=["tenant", "period", "basis", "threshold_pct"],
+                                    condition=Q(project__isnull=True), name="spendalert_once_per_tenant_period"),
+            models.UniqueConstraint(fields=["project", "period", "basis", "threshold_pct"],
+                                    condition=Q(project__isnull=False), name="spendalert_once_per_project_period"),
+            models.CheckConstraint(condition=Q(basis__in=AlertBasis.values), name="spendalert_basis_valid"),
+            models.CheckConstraint(condition=Q(period__day=1), name="spendalert_period_first_of_month"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.basis} {self.threshold_pct}% {self.period:%Y-%m} for {self.project_id or self.tenant_id}"

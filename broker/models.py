@@ -181,6 +181,9 @@ class Lease(models.Model):
     # node ids (``Node.node_id``) the scheduler must not place it on: a workload that failed there
     # ``WORKLOAD_FAILED_RUNS_BEFORE_REPLACE`` times in a row is placed elsewhere (docs/leasing.md, "Workloads")
     avoid_nodes = models.JSONField(default=list, blank=True)
+    # cost allocation labels set by the requester ({"team": "vision", "cost-center": "cc-42"}), keys allowed by
+    # the tenant (``Tenant.allowed_label_keys``); set once at the request, copied into every usage row
+    labels = models.JSONField(default=dict, blank=True, db_default={})
 
     class Meta:
         constraints = [

@@ -253,6 +253,32 @@ def request_validate(*, actor: Actor, project: object, gpu: object, workload_cla
     return ValidRequest(checked, target, request_quota_check(request=checked, limits=limits), quotas)
 
 
+# -- cost allocation labels -----------------------------------------------------------------------------------
+MAX_LABELS = 10
+LABEL_VALUE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9 _.:/@+-]{0,62}$")
+
+
+def labels_check(labels: object, *, allowed: list[str]) -> dict[str, str]:
+    """A lease's cost allocation labels (issue 33): a JSON object of at most ``MAX_LABELS`` entries whose keys are
+    among the tenant's ``allowed`` keys and whose values are 1 to 63 characters (letters, digits, space and
+    ``_ . : / @ + -``, starting with a letter or digit). Errors name ``labels.<key>``."""
+    if labels is None:
+        return {}
+    if not isinstance(labels, dict):
+        raise ValidationFailed('labels must be a JSON object of key → value, e.g. {"team": "vision"}.',
+                               field="labels")
+    if len(labels) > MAX_LABELS:
+        raise ValidationFailed(f"labels has at most {MAX_LABELS} entries.", field="labels")
+    for key, value in labels.items():
+        if key not in allowed:
+            raise ValidationFailed(f"Label key {key!r} is not allowed in this tenant; allowed: "
+                                   f"{', '.join(allowed) or 'none'}.", field=f"labels.{key}"[:80])
+        if not isinstance(value, str) or not LABEL_VALUE_RE.match(value):
+            raise ValidationFailed(f"The value of label {key!r} must be 1 to 63 characters: letters, digits, space "
+                                   "and _ . : / @ + -, starting with a letter or digit.", field=f"labels.{key}")
+    return {key: labels[key] for key in sorted(labels)}
+
+
 # -- workloads ------------------------------------------------------------------------------------------------
 WORKLOAD_TOP_FIELDS = ("command", "image", "args", "env", "secret_env", "scope", "workdir", "checkpoint_dir",
                        "restart_policy", "max_restarts", "port")

@@ -14,8 +14,10 @@ GROUPS: list[tuple[str, str, tuple[str, ...]]] = [
      (r"workloads(/|$)", r"leases/\{[^}]+\}/samples$")),
     ("leases", "Request GPU capacity, follow it, renew it, read its workload's log and release it",
      (r"leases(/|$)",)),
-    ("billing", "Quotes and offers, metered usage, invoices, credit notes, prepaid credit and monthly spend caps",
-     (r"usage$", r"quotes$", r"offers$", r"invoices(/|$)", r"credit-notes(/|$)", r"credits$", r"spend-caps(/|$)")),
+    ("billing", "Quotes and offers, metered usage and its breakdowns by label or user, invoices and their FOCUS "
+                "exports, credit notes, prepaid credit, monthly spend caps and spend alerts, the lease label keys",
+     (r"usage$", r"usage/breakdown", r"quotes$", r"offers$", r"invoices(/|$)", r"credit-notes(/|$)", r"credits$",
+      r"spend-caps(/|$)", r"spend-alert-rules(/|$)", r"spend-alerts$", r"label-keys$")),
     ("pipelines", "Inference pipelines and model splits: plan, apply (one lease group), release",
      (r"pipelines(/|$)", r"model-splits(/|$)")),
     ("capacity", "The capacity loop's advice to the tenant: accept or reject it", (r"adjustments(/|$)",)),
@@ -24,8 +26,8 @@ GROUPS: list[tuple[str, str, tuple[str, ...]]] = [
       r"tenant/sign-in$")),
     ("notifications", "Signed webhooks: endpoints, secret rotation, deliveries", (r"webhooks(/|$)",)),
     ("staff: billing", "Platform staff: price books, billing terms, credit notes, voids, payments, refunds, "
-                       "credit grants and taxes",
-     (r"price-books(/|$)", r"tenants/\{[^}]+\}/billing-terms$", r"billing/(invoices|payments)/",
+                       "credit grants and taxes, every tenant's FOCUS export",
+     (r"price-books(/|$)", r"tenants/\{[^}]+\}/billing-terms$", r"billing/(invoices|payments)/", r"billing/focus",
       r"tenants/\{[^}]+\}/credit-grants$", r"tenants/\{[^}]+\}/tax(/|$)")),
     ("staff: tenants", "Platform staff: create and change tenants, their status, quotas, projects and SLO contracts",
      (r"tenants(/|$)",)),

@@ -248,6 +248,10 @@ CELERY_BEAT_SCHEDULE: dict = {
     "notifications-deliver-due": {"task": "notifications.deliveries_send_due", "schedule": 5.0},
     # "lease ends soon" (lease.expiring) LEASE_EXPIRING_NOTICE_SECONDS before a lease's end, once per end time
     "notifications-expiring": {"task": "notifications.leases_expiring_notify", "schedule": 15.0},
+    # spend alerts (thresholds of caps and budgets, the month-boundary cap check) recorded, then told
+    "spend-alerts": {"task": "notifications.spend_alerts_run", "schedule": 900.0},
+    # one CloudEvent per metered lease-hour to the endpoints subscribed to usage.lease_hour
+    "usage-events": {"task": "notifications.usage_events_notify", "schedule": 300.0},
 }
 
 # --- Security: shared cache, login lockout, failed-token throttle, HTTPS (docs/operations.md) ------------
@@ -394,6 +398,10 @@ CELERY_BEAT_SCHEDULE["credit-expiring"] = {"task": "billing.credit_expiry_notify
 BILLING_DUNNING_REMINDER_DAYS = env_int_list("BILLING_DUNNING_REMINDER_DAYS", [1, 3, 7])
 BILLING_DUNNING_GRACE_DAYS = env_int("BILLING_DUNNING_GRACE_DAYS", 14, minimum=0)
 CELERY_BEAT_SCHEDULE["dunning-advance"] = {"task": "billing.dunning_advance", "schedule": 600.0}
+# cost allocation: the label keys a tenant's leases may carry while the tenant has set none of its own
+COST_LABEL_KEYS_DEFAULT = env_list("COST_LABEL_KEYS_DEFAULT", ["team", "cost-center", "environment", "application"])
+# spend alerts: the percentages of a cap (or a budget) a scope is alerted at when it has no alert rule of its own
+SPEND_ALERT_DEFAULT_THRESHOLDS = [int(v) for v in env_list("SPEND_ALERT_DEFAULT_THRESHOLDS", ["50", "80", "100"])]
 
 # --- Capacity loop (docs/capacity.md) -------------------------------------------------------------
 # where no policy row says otherwise: empty, each kind's built-in mode (auto for warm pools, mode switches and

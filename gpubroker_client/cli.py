@@ -36,6 +36,17 @@ class UsageError(Exception):
     pass
 
 
+def parse_labels(items: list[str]) -> dict[str, str]:
+    """``--label key=value`` options as the API's ``labels`` object."""
+    labels = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise UsageError(f"--label {item!r}: expected KEY=VALUE")
+        labels[key] = value
+    return labels
+
+
 def parse_gpu(text: str) -> dict:
     """The ``gpu`` object from the shorthand (GPU_HELP) or JSON."""
     text = text.strip()
@@ -113,7 +124,7 @@ def cmd_lease_request(client: Client, args) -> int:
     workload = {"command": shlex.split(args.command)} if args.command else None
     lease = client.lease_request(project=args.project, gpu=parse_gpu(args.gpu), duration_seconds=args.duration,
                                  workload_class=args.workload_class, priority=args.priority, workload=workload,
-                                 idempotency_key=args.idempotency_key)
+                                 idempotency_key=args.idempotency_key, labels=parse_labels(args.label or []))
     if args.quiet:
         print(lease["id"], file=args.out)
         return 0
@@ -201,6 +212,8 @@ def build_parser() -> argparse.ArgumentParser:
     request.add_argument("--priority", type=int, help="-100..100, within the project")
     request.add_argument("--command", help="what the lease runs once placed (split like a shell)")
     request.add_argument("--idempotency-key", help="the same key and body give back the same lease")
+    request.add_argument("--label", action="append", metavar="KEY=VALUE",
+                         help="a cost allocation label (repeatable): --label team=vision --label cost-center=cc-42")
     request.add_argument("--quiet", "-q", action="store_true", help="print the lease's id only (for scripts)")
     request.set_defaults(run=cmd_lease_request)
 

@@ -151,10 +151,12 @@ class Client:
     @operation("post", "/api/v1/leases")
     def lease_request(self, *, project: str, gpu: dict, duration_seconds: int | None = None,
                       workload_class: str | None = None, priority: int | None = None, workload: dict | None = None,
-                      idempotency_key: str | None = None) -> JSON:
-        """Request GPU capacity; the lease (queued, or its existing one when ``idempotency_key`` repeats)."""
+                      idempotency_key: str | None = None, labels: dict[str, str] | None = None) -> JSON:
+        """Request GPU capacity; the lease (queued, or its existing one when ``idempotency_key`` repeats).
+        ``labels``: cost allocation labels, keys the tenant allows (``GET /api/v1/label-keys``)."""
         body = _clean({"project": project, "gpu": gpu, "duration_seconds": duration_seconds,
-                       "workload_class": workload_class, "priority": priority, "workload": workload})
+                       "workload_class": workload_class, "priority": priority, "workload": workload,
+                       "labels": labels or None})
         return self.request("POST", "/api/v1/leases", body=body,
                             headers={"Idempotency-Key": idempotency_key} if idempotency_key else None)
 

@@ -4,7 +4,8 @@ from django.db import models
 class EventKind(models.TextChoices):
     """What a tenant can subscribe to. Lease kinds come from ``broker.models.LeaseEvent`` rows (the outbox), but
     ``lease.expiring``, which ``leases_expiring_notify`` makes from the clock; ``advice`` from
-    ``notification_emit`` (the capacity loop)."""
+    ``notification_emit`` (the capacity loop); ``spend.alert`` from billing's spend alerts and
+    ``usage.lease_hour`` (CloudEvents 1.0) from the metered usage rows, both told by their own outbox runs."""
 
     LEASE_NOTICE = "lease.notice", "Notice given (preemption or reclaim deadline)"
     LEASE_PREEMPTED = "lease.preempted", "Preempted and back in the queue"
@@ -19,6 +20,8 @@ class EventKind(models.TextChoices):
     DUNNING_REMINDER = "dunning.reminder", "An invoice's payment failed: a reminder"
     DUNNING_RESTRICTED = "dunning.restricted", "Unpaid past the grace period: new lease requests are refused"
     DUNNING_RESOLVED = "dunning.resolved", "The unpaid invoice was settled: requests are admitted again"
+    SPEND_ALERT = "spend.alert", "Spend alert (a threshold of a cap or budget reached)"
+    USAGE_LEASE_HOUR = "usage.lease_hour", "Usage: one metered lease-hour (a CloudEvent)"
 
 
 # what the lease holder is e-mailed about (unless they opted out)

@@ -27,6 +27,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import Exists, F, OuterRef, Q
 from django.utils import timezone
 
+from billing.core.pricing import format_money
 from broker.choices import LeaseState
 from broker.models import Lease, LeaseEvent
 from core.errors import ValidationFailed
@@ -212,18 +213,20 @@ def _email_recipient(tenant: Tenant, lease: Lease | None):
 
 
 def _notify(*, tenant: Tenant, kind: str, payload: dict, event_id: str, lease: Lease | None,
-            lease_event: LeaseEvent | None, now: datetime) -> list[int]:
-    """Inside a transaction: the notification and its deliveries; returns the delivery ids."""
+            lease_event: LeaseEvent | None, now: datetime, recipients: list | None = None) -> list[int]:
+    """Inside a transaction: the notification and its deliveries; returns the delivery ids. ``recipients``:
+    the users to e-mail instead of the lease holder (a spend alert's: the tenant's admins)."""
     notification = Notification.objects.create(tenant=tenant, kind=kind, lease=lease, lease_event=lease_event,
                                                event_id=event_id, payload=payload, created_at=now)
     endpoints = WebhookEndpoint.objects.filter(tenant=tenant, is_active=True, deleted_at__isnull=True,
                                                event_types__contains=[kind]).order_by("pk")
     deliveries = [Delivery(notification=notification, channel=Channel.WEBHOOK, endpoint=endpoint,
                            next_attempt_at=now, created_at=now) for endpoint in endpoints]
-    recipient = _email_recipient(tenant, lease) if kind in EMAIL_KINDS else None
-    if recipient is not None:
-        deliveries.append(Delivery(notification=notification, channel=Channel.EMAIL, recipient=recipient,
-                                   next_attempt_at=now, created_at=now))
+    if recipients is None:
+        recipient = _email_recipient(tenant, lease) if kind in EMAIL_KINDS else None
+        recipients = [recipient] if recipient is not None else []
+    deliveries += [Delivery(notification=notification, channel=Channel.EMAIL, recipient=recipient,
+                            next_attempt_at=now, created_at=now) for recipient in recipients]
     return [d.pk for d in Delivery.objects.bulk_create(deliveries)]
 
 
@@ -372,8 +375,9 @@ def _send_webhook(delivery: Delivery, now: datetime) -> tuple[int | None, str, b
     if not endpoint.is_active or endpoint.deleted_at is not None:
         return None, "endpoint disabled", False
     body = webhook_body(delivery.notification)
+    cloudevent = delivery.notification.kind == EventKind.USAGE_LEASE_HOUR  # structured mode: the body is the event
     headers = {
-        "Content-Type": "application/json",
+        "Content-Type": "application/cloudevents+json; charset=utf-8" if cloudevent else "application/json",
         "User-Agent": USER_AGENT,
         signing.SIGNATURE_HEADER: signing.signature_header(_signing_secrets(endpoint, now), int(now.timestamp()), body),
         "Idempotency-Key": delivery.notification.event_id,
@@ -392,8 +396,23 @@ def _send_webhook(delivery: Delivery, now: datetime) -> tuple[int | None, str, b
     return response.status, error, _retryable(response.status)
 
 
+def spend_alert_email(notification: Notification) -> tuple[str, str]:
+    """(subject, body) of a spend alert's mail."""
+    data = notification.payload.get("data", {})
+    subject = (f"Spend alert: {data.get('scope')} {data.get('project') or notification.payload.get('tenant')} "
+               f"reached {data.get('threshold_pct')}% ({data.get('basis')}) in {data.get('period')}")
+    amount = format_money(int(data.get("amount_minor") or 0), data.get("currency") or "USD")
+    body = (f"{data.get('reason')}\n\nTenant: {notification.payload.get('tenant')}\nAmount: {amount}\n"
+            f"Event: {notification.event_id}\n\nYou get this mail as an owner or admin of the tenant; the alert "
+            f"thresholds are under Budgets in the portal.\n")
+    return subject, body
+
+
 def _send_email(delivery: Delivery) -> tuple[int | None, str, bool]:
     notification = delivery.notification
+    if notification.kind == EventKind.SPEND_ALERT:
+        subject, body = spend_alert_email(notification)
+        return _mail(delivery, subject, body)
     data = notification.payload.get("data", {})
     lease = data.get("lease") or {}
     subject = {
@@ -406,6 +425,10 @@ def _send_email(delivery: Delivery) -> tuple[int | None, str, bool]:
             f"Reason: {data.get('reason') or '-'}\nEvent: {notification.event_id}\n\n"
             f"You get this mail because you requested the lease; turn lease mail off under Settings → "
             f"Notifications in the portal.\n")
+    return _mail(delivery, subject, body)
+
+
+def _mail(delivery: Delivery, subject: str, body: str) -> tuple[int | None, str, bool]:
     try:
         send_mail(subject, body, settings.DEFAULT_FROM_EMAIL, [delivery.recipient.email], fail_silently=False)
     except OSError as error:  # smtplib.SMTPException is an OSError

@@ -6,7 +6,7 @@ from __future__ import annotations
 from celery import shared_task
 
 from core.task_registry import tasks_register
-from notifications import services
+from notifications import billing_events, services
 
 
 @shared_task(name="notifications.outbox_process", acks_late=True, ignore_result=True)
@@ -34,7 +34,22 @@ def deliveries_send_due_task() -> int:
     return len(due)
 
 
+@shared_task(name="notifications.spend_alerts_run", acks_late=True, ignore_result=True)
+def spend_alerts_run_task() -> int:
+    """Billing raises the month's spend alerts (thresholds, the month-boundary cap check); then they are told."""
+    from billing.services.alerts import spend_alerts_run
+
+    spend_alerts_run()
+    return billing_events.spend_alerts_notify()
+
+
+@shared_task(name="notifications.usage_events_notify", acks_late=True, ignore_result=True)
+def usage_events_notify_task() -> int:
+    return billing_events.usage_events_notify()
+
+
 # the services send these by name (core.task_registry), without importing this module
 tasks_register("notifications", outbox_process_task=outbox_process_task, delivery_send_task=delivery_send_task,
                deliveries_send_due_task=deliveries_send_due_task,
-               leases_expiring_notify_task=leases_expiring_notify_task)
+               leases_expiring_notify_task=leases_expiring_notify_task, spend_alerts_run_task=spend_alerts_run_task,
+               usage_events_notify_task=usage_events_notify_task)

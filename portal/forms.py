@@ -70,7 +70,7 @@ def last_value(data: QueryDict, name: str, default: str = "") -> str:
 # -- lease request ---------------------------------------------------------------------------------------
 LEASE_FIELDS = {"project", "gpu", "gpu_kind", "gpu_model", "gpu_profile", "gpu_count", "gpu_gang", "gpu_milli",
                 "gpu_memory_mib", "gpu_workload", "gpu_target_throughput", "workload_class", "priority",
-                "duration_seconds",
+                "duration_seconds", "labels",
                 "workload", "workload_image", "workload_command", "workload_args", "workload_env",
                 "workload_secret_env", "workload_workdir", "workload_checkpoint_dir", "workload_restart_policy",
                 "workload_max_restarts", "workload_port"}
@@ -81,10 +81,23 @@ RESTART_POLICIES = (("never", "Never"), ("on-preemption", "After a preemption"),
 def lease_field_errors(error: ApplicationError) -> FieldErrors:
     """The request form's errors: ``workload.env.NAME`` is shown under the environment box, ``workload.secret_env.
     NAME`` under the secret one."""
-    for box in ("workload.env", "workload.secret_env"):
+    for box in ("workload.env", "workload.secret_env", "labels"):
         if (error.field or "").startswith(f"{box}."):
             error.field = box
     return FieldErrors(error, shown=LEASE_FIELDS)
+
+
+def labels_input(text: str) -> dict | None:
+    """The form's labels line, ``team=vision, cost-center=cc-42``, as the API's ``labels`` object (None: empty)."""
+    labels: dict[str, str] = {}
+    for item in (part.strip() for part in (text or "").replace("\n", ",").split(",")):
+        if not item:
+            continue
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ValidationFailed(f"{item!r} is not key=value (e.g. team=vision).", field="labels")
+        labels[key.strip()] = value.strip()
+    return labels or None
 
 
 def lease_request_input(data: QueryDict) -> dict:
@@ -102,10 +115,11 @@ def lease_request_input(data: QueryDict) -> dict:
                                        field="gpu.target_throughput") from None
         gpu["gang"] = last_value(data, "gpu.gang", "true") == "true"
         workload_class = data.get("workload_class", "training").strip()
-        return {"project": data.get("project", "").strip(), "gpu": gpu, "workload_class": workload_class,
-                "priority": number(data.get("priority", "0") or "0"),
-                "duration_seconds": number(data.get("duration_seconds", "3600")),
-                "workload": workload_input(data, interactive=workload_class == "interactive")}
+        return _with_labels(data, {
+            "project": data.get("project", "").strip(), "gpu": gpu, "workload_class": workload_class,
+            "priority": number(data.get("priority", "0") or "0"),
+            "duration_seconds": number(data.get("duration_seconds", "3600")),
+            "workload": workload_input(data, interactive=workload_class == "interactive")})
     model = data.get("gpu.model", "auto").strip() or "auto"
     if model != "auto":
         gpu["model"] = model
@@ -122,14 +136,19 @@ def lease_request_input(data: QueryDict) -> dict:
     elif kind == "whole" and memory:
         gpu["memory_mib"] = number(memory)
     workload_class = data.get("workload_class", "training").strip()
-    return {
+    return _with_labels(data, {
         "project": data.get("project", "").strip(),
         "gpu": gpu,
         "workload_class": workload_class,
         "priority": number(data.get("priority", "0") or "0"),
         "duration_seconds": number(data.get("duration_seconds", "3600")),
         "workload": workload_input(data, interactive=workload_class == "interactive"),
-    }
+    })
+
+
+def _with_labels(data: QueryDict, body: dict) -> dict:
+    labels = labels_input(data.get("labels", ""))
+    return {**body, "labels": labels} if labels else body
 
 
 def workload_given(data, errors: dict) -> bool:

@@ -56,3 +56,11 @@ def dashboard_spend(actor) -> dict | None:
     spent, running = billing.spend_forecast(tenant=tenant, now=now)
     return {"spent": format_money(spent, tenant.currency), "running": format_money(running, tenant.currency),
             "forecast": format_money(spent + running, tenant.currency), "metered_until": metered_until}
+
+
+def dashboard_alerts(actor) -> list:
+    """This month's spend alerts for the dashboard (newest first, at most five; issue 33)."""
+    from billing.selectors.alerts import spend_alert_list
+
+    this_month = timezone.now().date().replace(day=1)
+    return list(spend_alert_list(actor=actor, period=this_month)[:5])

@@ -26,7 +26,7 @@ from capacity.presenters import advice_panel
 from core.errors import ApplicationError, NotFound, PermissionDenied, TenantSuspended, ValidationFailed
 from core.parsers import MAX_ID, parse_integer
 from portal import forms, presenters
-from portal.pricing import dashboard_spend
+from portal.pricing import dashboard_alerts, dashboard_spend
 from tenants import selectors, services
 from tenants.choices import Role, TokenScope
 from tenants.permissions import SAFE_METHODS
@@ -131,6 +131,7 @@ class DashboardView(TenantView):
             "spend": dashboard_spend(actor),
             "advice": advice_panel(actor=actor),
             "credit": credit_balance(actor=actor, now=timezone.now()),
+            "spend_alerts": dashboard_alerts(actor),
         }
         return render(request, self.template_name, context)
 
@@ -201,6 +202,7 @@ class LeaseRequestView(TenantView):
             "can_use": self.actor.can("use"),
             "denied": None if self.actor.can("use") else _denial(self.actor, "use"),
             "idempotency_key": idempotency_key or uuid.uuid4().hex,
+            "label_keys": self.actor.tenant.allowed_label_keys,
         }
 
     def get(self, request):

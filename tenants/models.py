@@ -41,6 +41,9 @@ class Tenant(models.Model):
     status = models.CharField(max_length=16, choices=TenantStatus.choices, default=TenantStatus.ACTIVE)
     billing_email = models.EmailField()
     currency = models.CharField(max_length=3, default="USD")
+    # cost allocation: the label keys its leases may carry (``team``, ``cost-center`` …); empty: the platform's
+    # default keys (``COST_LABEL_KEYS_DEFAULT``). Set by a tenant admin (``tenant_label_keys_set``).
+    label_keys = ArrayField(models.CharField(max_length=63), default=list, blank=True, db_default=[])
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -60,6 +63,11 @@ class Tenant(models.Model):
     @property
     def is_active(self) -> bool:
         return self.status == TenantStatus.ACTIVE
+
+    @property
+    def allowed_label_keys(self) -> list[str]:
+        """The label keys its leases may carry: its own list, else the platform's default."""
+        return list(self.label_keys) or list(settings.COST_LABEL_KEYS_DEFAULT)
 
 
 class Project(models.Model):

@@ -4,6 +4,7 @@ half-written. The database constraints behind them are the last line of defence 
 
 from __future__ import annotations
 
+import re
 from datetime import datetime, timedelta
 from decimal import Decimal
 
@@ -147,6 +148,32 @@ def tenant_update(*, actor: Actor, name: str | None = None, billing_email: str |
             Tenant.objects.filter(pk=actor.tenant.pk).update(**changes, updated_at=timezone.now())
             audit_record(tenant=actor.tenant, by=actor.user, action="tenant.update", target=actor.tenant.slug,
                          data={"fields": sorted(changes)})
+    return Tenant.objects.get(pk=actor.tenant.pk)
+
+
+LABEL_KEY_RE = re.compile(r"^[a-z][a-z0-9_.-]{0,62}$")
+MAX_LABEL_KEYS = 20
+
+
+def tenant_label_keys_set(*, actor: Actor, keys: object) -> Tenant:
+    """The label keys the tenant's leases may carry (cost allocation, issue 33): at most ``MAX_LABEL_KEYS`` keys of
+    lower-case letters, digits, ``_ . -`` (starting with a letter, at most 63 characters); an empty list goes back
+    to the platform's default (``COST_LABEL_KEYS_DEFAULT``). Leases already labelled keep their labels. Needs
+    ``manage``; audited with the keys before."""
+    actor.require("manage")
+    if not isinstance(keys, list | tuple) or len(keys) > MAX_LABEL_KEYS:
+        raise ValidationFailed(f"keys must be a list of at most {MAX_LABEL_KEYS} label keys.", field="keys")
+    for key in keys:
+        if not isinstance(key, str) or not LABEL_KEY_RE.match(key):
+            raise ValidationFailed(f"{key!r} is not a label key: lower-case letters, digits, '_', '.', '-', "
+                                   "starting with a letter, at most 63 characters.", field="keys")
+    cleaned = sorted(set(keys))
+    with transaction.atomic(durable=True):
+        tenant = Tenant.objects.select_for_update().get(pk=actor.tenant.pk)
+        before = list(tenant.label_keys)
+        Tenant.objects.filter(pk=tenant.pk).update(label_keys=cleaned, updated_at=timezone.now())
+        audit_record(tenant=tenant, by=actor.user, action="tenant.label_keys", target=tenant.slug,
+                     data={"before": before, "keys": cleaned})
     return Tenant.objects.get(pk=actor.tenant.pk)
 
 

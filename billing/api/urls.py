@@ -3,7 +3,7 @@ caps, the platform staff's price books and billing terms, and Stripe's webhook."
 
 from django.urls import path, re_path
 
-from billing.api import corrections, views, webhooks
+from billing.api import allocation, corrections, views, webhooks
 
 urlpatterns = [
     path("usage", views.UsageApi.as_view(), name="api-usage"),
@@ -34,4 +34,18 @@ urlpatterns = [
     path("tenants/<slug:slug>/tax/rates/<int:pk>", corrections.StaffTaxRateApi.as_view(), name="api-staff-tax-rate"),
     path("tenants/<slug:slug>/credit-grants", corrections.StaffCreditGrantApi.as_view(), name="api-credit-grants"),
     path("billing/stripe/webhook", webhooks.stripe_webhook, name="billing-stripe-webhook"),
+    # cost allocation, spend alerts and standard exports (issue 33)
+    path("label-keys", allocation.LabelKeysApi.as_view(), name="api-label-keys"),
+    path("usage/breakdown", allocation.UsageBreakdownApi.as_view(), name="api-usage-breakdown"),
+    re_path(r"^usage/breakdown\.(?P<fmt>[a-z]+)$", allocation.UsageBreakdownApi.as_view(),
+            name="api-usage-breakdown-csv"),
+    path("invoices/<int:pk>/breakdown", allocation.InvoiceBreakdownApi.as_view(), name="api-invoice-breakdown"),
+    re_path(r"^invoices/(?P<pk>[0-9]+)/breakdown\.(?P<fmt>[a-z]+)$", allocation.InvoiceBreakdownApi.as_view(),
+            name="api-invoice-breakdown-csv"),
+    re_path(r"^invoices/(?P<pk>[0-9]+)/focus\.(?P<fmt>[a-z]+)$", allocation.InvoiceFocusApi.as_view(),
+            name="api-invoice-focus"),
+    re_path(r"^billing/focus\.(?P<fmt>[a-z]+)$", allocation.StaffFocusApi.as_view(), name="api-staff-focus"),
+    path("spend-alert-rules", allocation.SpendAlertRuleListApi.as_view(), name="api-spend-alert-rules"),
+    path("spend-alert-rules/<int:pk>", allocation.SpendAlertRuleDetailApi.as_view(), name="api-spend-alert-rule"),
+    path("spend-alerts", allocation.SpendAlertListApi.as_view(), name="api-spend-alerts"),
 ]

@@ -117,14 +117,16 @@ class LeaseQuote:
 
 def lease_quote(*, actor: Actor, project: object, gpu: object, workload_class: object = "training",
                 priority: object = 0, duration_seconds: object = 3600, workload: object = None,
-                now: datetime | None = None) -> LeaseQuote:
+                labels: object = None, now: datetime | None = None) -> LeaseQuote:
     """The quote of a request — the one function behind ``POST /api/v1/quotes`` and the portal's live
     preview, so the two never disagree. The same checks and errors as ``lease_request`` (each naming its
     field, the optional workload's included); ``view`` is enough (it writes nothing). Reads only."""
     from broker import services
-    from broker.validation import workload_check, workload_scope
+    from broker.validation import labels_check, workload_check, workload_scope
 
     now = now or timezone.now()
+    if labels:  # refused as lease_request refuses them (labels.<key>)
+        labels_check(labels, allowed=actor.tenant.allowed_label_keys)
     run = lease_dry_run(actor=actor, project=project, gpu=gpu, workload_class=workload_class, priority=priority,
                          duration_seconds=duration_seconds, now=now)
     # as lease_request checks it (a workload needs one node, paths under the project's own directory)

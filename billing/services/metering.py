@@ -6,7 +6,8 @@ the lease events (window functions), the allocations held over each interval, th
 (``generate_series``) and clipped to the window, summed per lease-hour and upserted with ``INSERT ... ON
 CONFLICT``. Nothing goes through Python row by row. The rules are those of the pure reference
 ``billing.core.metering.lease_hours``; tests/billing/test_metering_sql.py checks that the two give exactly
-the same rows (seconds exact to the microsecond) on generated lease histories.
+the same rows (seconds exact to the microsecond) on generated lease histories. Each row carries its lease's cost
+allocation labels (``Lease.labels``, set once at the request), so breakdowns by label read the usage rows alone.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ HOLDING_STATES = sorted(HOLDING)
 # before ``until`` gives no interval, so it needs no test here). Each CTE names the rule of lease_hours it keeps.
 METER_SQL = """
 WITH lease AS (
-    SELECT l.id, l.tenant_id, l.project_id, l.workload_class, l.profiling, l.ends_at
+    SELECT l.id, l.tenant_id, l.project_id, l.workload_class, l.profiling, l.ends_at, l.labels
       FROM broker_lease l
      WHERE l.id BETWEEN %(lo)s AND %(hi)s
        AND (l.finished_at IS NULL OR l.finished_at >= %(start)s)
@@ -78,10 +79,10 @@ hourly AS (  -- per lease-hour: all the pieces' seconds; what the first interval
 )
 INSERT INTO billing_allocationusage AS u (tenant_id, project_id, lease_id, hour_start, seconds, tier, kind,
                                           mig_profile, gpu_milli, memory_mib, workload_class, over_quota, profiling,
-                                          metered_at)
+                                          metered_at, labels)
 SELECT lease.tenant_id, lease.project_id, hourly.lease_id, hourly.hour, least(hourly.total, 3600), hourly.tier,
        hourly.kind, hourly.mig_profile, hourly.gpu_milli, hourly.memory_mib, lease.workload_class,
-       hourly.over_quota, lease.profiling, %(now)s
+       hourly.over_quota, lease.profiling, %(now)s, lease.labels
   FROM hourly
   JOIN lease ON lease.id = hourly.lease_id
  WHERE hourly.nth = 1 AND hourly.units > 0
@@ -89,11 +90,13 @@ SELECT lease.tenant_id, lease.project_id, hourly.lease_id, hourly.hour, least(ho
     ON CONFLICT (lease_id, hour_start) DO UPDATE
    SET seconds = EXCLUDED.seconds, tier = EXCLUDED.tier, kind = EXCLUDED.kind, mig_profile = EXCLUDED.mig_profile,
        gpu_milli = EXCLUDED.gpu_milli, memory_mib = EXCLUDED.memory_mib, workload_class = EXCLUDED.workload_class,
-       over_quota = EXCLUDED.over_quota, profiling = EXCLUDED.profiling, metered_at = EXCLUDED.metered_at
+       over_quota = EXCLUDED.over_quota, profiling = EXCLUDED.profiling, metered_at = EXCLUDED.metered_at,
+       labels = EXCLUDED.labels
  WHERE (u.seconds, u.tier, u.kind, u.mig_profile, u.gpu_milli, u.memory_mib, u.workload_class, u.over_quota,
-        u.profiling)
+        u.profiling, u.labels)
        IS DISTINCT FROM (EXCLUDED.seconds, EXCLUDED.tier, EXCLUDED.kind, EXCLUDED.mig_profile, EXCLUDED.gpu_milli,
-                         EXCLUDED.memory_mib, EXCLUDED.workload_class, EXCLUDED.over_quota, EXCLUDED.profiling)
+                         EXCLUDED.memory_mib, EXCLUDED.workload_class, EXCLUDED.over_quota, EXCLUDED.profiling,
+                         EXCLUDED.labels)
 """
 
 CANDIDATES_SQL = """

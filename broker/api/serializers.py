@@ -132,6 +132,12 @@ class LeaseCreateInput(StrictSerializer):
                   'workload gets it in its environment, no answer shows more than its names; an env name that '
                   'looks like a credential (TOKEN, SECRET, PASSWORD, KEY …) is refused, pointing to secret_env. '
                   'Paths lie under the project\'s own directory, <root>/<tenant>/<project>')
+    labels = serializers.DictField(
+        child=serializers.RegexField(r"^[A-Za-z0-9][A-Za-z0-9 _.:/@+-]{0,62}$", max_length=63), required=False,
+        allow_empty=True,
+        help_text='cost allocation labels (optional), e.g. {"team": "vision", "cost-center": "cc-42"}: keys the '
+                  'tenant allows (GET /api/v1/label-keys), at most 10; copied into the usage rows, so usage and '
+                  'invoices break down by them; errors name labels.<key>')
 
 
 _LEASE_CREATE_FIELDS = frozenset({"project", "gpu", "workload_class", "priority", "duration_seconds", "workload"})
@@ -208,8 +214,9 @@ class LeaseOutput(serializers.ModelSerializer):
         model = Lease
         fields = ["id", "project", "state", "reason", "decision", "queue_position", "estimated_start", "gpu",
                   "workload_class", "priority", "duration_seconds", "tier", "over_quota", "requested_at", "active_at",
-                  "ends_at", "notice_deadline", "finished_at"]
-        extra_kwargs = {"decision": {"help_text": "How the GPU shape was chosen when the request let the broker "
+                  "ends_at", "notice_deadline", "finished_at", "labels"]
+        extra_kwargs = {"labels": {"help_text": "cost allocation labels set at the request"},
+                        "decision": {"help_text": "How the GPU shape was chosen when the request let the broker "
                                                   "choose it (gpu kind auto: the slice, its prediction and "
                                                   "confidence); kept for the lease's life, unlike reason, "
                                                   "which follows its state. Empty otherwise."}}
@@ -247,6 +254,7 @@ class LeaseOutput(serializers.ModelSerializer):
                 ("requested_at", instance.requested_at), ("active_at", instance.active_at),
                 ("ends_at", instance.ends_at), ("notice_deadline", instance.notice_deadline),
                 ("finished_at", instance.finished_at))},
+            "labels": instance.labels,
         }
 
 

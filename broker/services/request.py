@@ -22,7 +22,7 @@ from broker.choices import (
 from broker.extensions import GpuRequest, RequestAdmission, gpu_resolve, request_admit, request_check_conditions
 from broker.models import Lease, LeaseEvent, Workload
 from broker.services.triggers import enqueue
-from broker.validation import request_input_check, request_quota_check, workload_scope, workload_split
+from broker.validation import labels_check, request_input_check, request_quota_check, workload_scope, workload_split
 from broker.workload_secrets import secret_env_digest, secret_env_seal
 from core.errors import (
     IdempotencyConflict,
@@ -45,7 +45,7 @@ def _request_hash(payload: dict) -> str:
 def lease_request(*, actor: Actor, project: str, gpu: object, workload_class: str = WorkloadClass.TRAINING,
                   priority: int = 0, duration_seconds: object = 3600, idempotency_key: str = "",
                   workload: object = None, group: str | None = None, access_extra: dict | None = None,
-                  profiling: bool = False, avoid_nodes: list[str] | None = None,
+                  profiling: bool = False, avoid_nodes: list[str] | None = None, labels: object = None,
                   now: datetime | None = None) -> tuple[Lease, bool]:
     """Validate and queue a request: (the lease, created now?). The same idempotency key with the same
     body returns the first lease; with another body it is ``IdempotencyConflict``. ``workload`` (optional)
@@ -56,7 +56,8 @@ def lease_request(*, actor: Actor, project: str, gpu: object, workload_class: st
     those apps too: a JSON object of at most 16 KiB) is added to each device's access details (a model split's
     layer range for that device). ``avoid_nodes`` (optional, set by those apps: node ids) keeps the lease off
     those nodes, as a re-placed workload's failed nodes are (a model split planned on the GPUs free now is pinned
-    to its planned nodes this way)."""
+    to its planned nodes this way). ``labels`` (optional): cost allocation labels, keys allowed by the tenant
+    (``Tenant.allowed_label_keys``), copied into the lease's usage rows (``broker.validation.labels_check``)."""
     actor.require("use")
     now = now or timezone.now()
     requested_gpu = gpu
@@ -68,6 +69,7 @@ def lease_request(*, actor: Actor, project: str, gpu: object, workload_class: st
     checked = request_input_check(actor=actor, project=project, gpu=gpu, workload_class=workload_class,
                                   priority=priority, duration_seconds=duration_seconds)
     shape = checked.shape
+    labels = labels_check(labels, allowed=actor.tenant.allowed_label_keys) if labels else {}
     workload_spec, secret_env = workload_split(
         workload, shape,
         scope=workload_scope(tenant_slug=actor.tenant.slug, project=project) if workload is not None else "")
@@ -94,6 +96,8 @@ def lease_request(*, actor: Actor, project: str, gpu: object, workload_class: st
         payload["group"] = group
     if avoid_nodes:
         payload["avoid_nodes"] = sorted(avoid_nodes)
+    if labels:
+        payload["labels"] = labels
     digest = _request_hash(payload)
     # one query: the project, its quota limits, the lease this idempotency key already made (if any) and
     # whether each admission check that said when it applies does (billing's: a spend cap exists)
@@ -132,7 +136,7 @@ def lease_request(*, actor: Actor, project: str, gpu: object, workload_class: st
         request_hash=digest, state=LeaseState.QUEUED, queued_at=now,
         reason="waiting for the scheduler" if choice is None else f"{choice.reason}; waiting for the scheduler",
         decision="" if choice is None else choice.reason, profiling=profiling,
-        group_key=group, access_extra=access_extra or {}, avoid_nodes=sorted(avoid_nodes or []))
+        group_key=group, access_extra=access_extra or {}, avoid_nodes=sorted(avoid_nodes or []), labels=labels)
     requested = "requested" if choice is None else f"requested ({choice.reason})"
     events = [LeaseEvent(from_state="", to_state=LeaseState.REQUESTED,
                          reason=f"{requested}; {warning}" if warning else requested,

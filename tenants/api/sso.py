@@ -17,7 +17,6 @@ from tenants.api.staff import StaffApi
 from tenants.choices import Role
 from tenants.sso import sign_in_get, sign_in_update
 
-
 JIT_ROLES = [Role.ADMIN.value, Role.MEMBER.value, Role.VIEWER.value]  # a first sign-in never makes an owner
 
 

@@ -195,6 +195,7 @@ def scripted_session(url: str, contract: Contract) -> set[tuple[str, str, int]]:
     step(hook, "get", 404, at, token=owner)  # gone
     capacity_steps(step, world)
     money_steps(step, world)
+    allocation_steps(step, world, contract.invoice_id)
     workload_steps(step, world, node["secret"])
     pipeline_steps(step, world, contract.capped)
     tiering_steps(step, world, running["id"], contract.capped)
@@ -243,6 +244,34 @@ def capacity_steps(step, world: World) -> None:
     step(policy, "delete", 404, at, token=ops)
     step(f"{v1}/capacity/fleet", "get", 200, token=ops)
     step(f"{v1}/capacity/run", "post", 200, token=ops)
+
+
+def allocation_steps(step, world: World, invoice_id: int) -> None:
+    """Cost allocation, spend alerts and exports (issue 33): the label keys, the breakdowns (JSON and CSV), the
+    invoice's FOCUS export and the staff's, an alert rule set, read and removed (an unknown project: 404)."""
+    from django.contrib.auth import get_user_model
+
+    owner, v1 = world.tokens["owner"], "/api/v1"
+    step(f"{v1}/label-keys", "get", 200, token=owner)
+    step(f"{v1}/label-keys", "put", 200, token=owner, body={"keys": ["team", "cost-center"]})
+    step(f"{v1}/usage/breakdown", "get", 200, f"{v1}/usage/breakdown?by=label:team", token=owner)
+    step(f"{v1}/usage/breakdown.{{fmt}}", "get", 200, f"{v1}/usage/breakdown.csv?by=user", token=owner)
+    invoice = f"{v1}/invoices/{invoice_id}"
+    step(f"{v1}/invoices/{{id}}/breakdown", "get", 200, f"{invoice}/breakdown?by=user", token=owner)
+    step(f"{v1}/invoices/{{id}}/breakdown.{{fmt}}", "get", 200, f"{invoice}/breakdown.csv", token=owner)
+    step(f"{v1}/invoices/{{id}}/focus.{{fmt}}", "get", 200, f"{invoice}/focus.parquet", token=owner)
+    user = make_member(world.acme, "finops", Role.ADMIN)
+    get_user_model().objects.filter(pk=user.pk).update(is_staff=True)
+    finops = make_token(world.acme, user)[1]
+    step(f"{v1}/billing/focus.{{fmt}}", "get", 200, f"{v1}/billing/focus.csv?period=2026-01", token=finops)
+    step(f"{v1}/billing/focus.{{fmt}}", "get", 404, f"{v1}/billing/focus.pdf?period=2026-01", token=finops)
+    rules, rule = f"{v1}/spend-alert-rules", f"{v1}/spend-alert-rules/{{id}}"
+    step(rules, "get", 200, token=owner)
+    made = step(rules, "put", 200, token=owner, body={"budget_minor": 100_000, "thresholds_pct": [50, 90]})
+    step(rules, "put", 404, token=owner, body={"project": "no-such-project", "budget_minor": 1})
+    step(rule, "get", 200, f"{rules}/{made['id']}", token=owner)
+    step(rule, "delete", 204, f"{rules}/{made['id']}", token=owner)
+    step(f"{v1}/spend-alerts", "get", 200, token=owner)
 
 
 def money_steps(step, world: World) -> None:

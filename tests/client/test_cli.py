@@ -101,3 +101,15 @@ def test_cli_the_sdk_example_of_the_docs_runs_against_the_live_server(live_serve
     assert run.stdout.strip().splitlines()[-1].startswith("404 not_found project No project 'nlp'")
     lease = Lease.objects.get(project=world.project, idempotency_key="nightly-2026-11-26")
     assert lease.state in ("released", "releasing")
+
+
+def test_cli_lease_request_carries_labels_and_names_a_refused_key(live_server, world):
+    env = {**os.environ, "GPUBROKER_URL": live_server.url, "GPUBROKER_TOKEN": world.tokens["member"]}
+    command = [str(SCRIPT), "lease", "request", "--project", "vision", "--gpu", "mig:1g.10gb", "-q"]
+    run = subprocess.run([*command, "--label", "team=vision", "--label", "cost-center=cc-42"], capture_output=True,
+                         text=True, env=env, timeout=60)
+    assert run.returncode == 0, run.stderr
+    assert Lease.objects.get(pk=int(run.stdout)).labels == {"cost-center": "cc-42", "team": "vision"}
+    run = subprocess.run([*command, "--label", "owner=max"], capture_output=True, text=True, env=env, timeout=60)
+    assert run.returncode == 1
+    assert run.stderr.startswith("gpubroker: 400 invalid (labels.owner): Label key 'owner' is not allowed")

@@ -107,6 +107,18 @@ ROUTES: dict[str, Route] = {
                                                                                  "monthly_minor": 1000}}),
     "api-spend-cap": Route("api", "/api/v1/spend-caps/{id}", {"get": None, "patch": {"monthly_minor": 1},
                                                               "delete": None}, obj="spend_cap"),
+    # cost allocation, spend alerts and FOCUS exports (issue 33): admins write, everyone in the tenant reads
+    "api-label-keys": Route("api", "/api/v1/label-keys", {"get": None, "put": {"keys": ["team"]}}),
+    "api-usage-breakdown": Route("api", "/api/v1/usage/breakdown", READ),
+    "api-usage-breakdown-csv": Route("api", "/api/v1/usage/breakdown.csv", READ),
+    "api-invoice-breakdown": Route("api", "/api/v1/invoices/{id}/breakdown", READ, obj="invoice"),
+    "api-invoice-breakdown-csv": Route("api", "/api/v1/invoices/{id}/breakdown.csv", READ, obj="invoice"),
+    "api-invoice-focus": Route("api", "/api/v1/invoices/{id}/focus.parquet", READ, obj="invoice"),
+    "api-staff-focus": Route("staff-api", "/api/v1/billing/focus.csv?period=2026-01", READ),
+    "api-spend-alert-rules": Route("api", "/api/v1/spend-alert-rules", {"get": None, "put": {"budget_minor": 1000}}),
+    "api-spend-alert-rule": Route("api", "/api/v1/spend-alert-rules/{id}", {"get": None, "delete": None},
+                                  obj="spend_alert_rule"),
+    "api-spend-alerts": Route("api", "/api/v1/spend-alerts", READ),
     "api-price-books": Route("staff-api", "/api/v1/price-books", {
         "get": None, "post": {"name": "x", "currency": "USD", "effective_from": "2099-01-01T00:00:00Z",
                               "rates": [{"tier": "H100-80GB", "per_hour": "1"}]}}),
@@ -209,6 +221,11 @@ ROUTES: dict[str, Route] = {
     "portal:invoices": Route("portal", "/invoices/", READ),
     "portal:invoice": Route("portal", "/invoices/{id}", READ, obj="invoice"),
     "portal:invoice-document": Route("portal", "/invoices/{id}.csv", READ, obj="invoice"),
+    # cost allocation, spend alerts and FOCUS exports (issue 33)
+    "portal:usage-breakdown": Route("portal", "/usage/breakdown", {"get": None, "post": {"label_keys": "team"}}),
+    "portal:invoice-focus": Route("portal", "/invoices/{id}/focus.csv", READ, obj="invoice"),
+    "portal:invoice-breakdown": Route("portal", "/invoices/{id}/breakdown.csv", READ, obj="invoice"),
+    "portal:spend-alerts": Route("portal", "/settings/spend-alerts", {"get": None, "post": {"budget": "10"}}),
     "portal:advice": Route("portal", "/advice", READ),
     # pipelines and model splits (portal/pipelines.py): plan, apply and release through pipelines.services
     "portal:pipelines": Route("portal", "/pipelines/", READ),
@@ -410,11 +427,18 @@ def objects(world):
         invoice = invoice_finalize(invoice=invoice)
         return credit_note_issue(invoice=invoice, reason="duplicate", memo="routes", amount_minor=10).pk
 
+    def spend_alert_rule(tenant):
+        from billing.models import SpendAlertRule
+
+        return SpendAlertRule.objects.create(tenant=tenant, budget_minor=10**6, thresholds_pct=[50],
+                                             created_at=datetime(2026, 1, 1, tzinfo=UTC)).pk
+
     from billing.services import price_book_create
 
     price_book_create(name="list", currency="USD", effective_from=datetime(2025, 1, 1, tzinfo=UTC),
                       rates=[{"tier": "H100-80GB", "per_hour": "4.00"}])  # the pipeline planner prices with it
     own = {"webhook": webhook(world.acme), "spend_cap": spend_cap(world.acme),
+           "spend_alert_rule": spend_alert_rule(world.acme),
            "project": world.project.slug, "member": Membership.objects.get(user=world.member).pk,
                 "token": ApiToken.objects.filter(user=world.admin).first().pk,
                 "lease": lease(world.acme, world.member, world.project).pk, "invoice": invoice(world.acme).pk,
@@ -432,6 +456,7 @@ def objects(world):
                   "lease": other_lease, "invoice": invoice(world.globex).pk, "webhook": webhook(world.globex),
                   "adjustment": adjustment(world.globex, other_lease), "spend_cap": spend_cap(world.globex),
                   "credit_note": credit_note(world.globex),
+                  "spend_alert_rule": spend_alert_rule(world.globex),
                   **planned(world.globex, world.outsider, world.other_project)},
     }
 
@@ -541,3 +566,6 @@ def test_routes_nothing_changed_for_the_other_tenant(world, objects):
     from billing.models import SpendCap
 
     assert SpendCap.objects.filter(pk=objects["own"]["spend_cap"], monthly_minor=10**9).exists()
+    from billing.models import SpendAlertRule
+
+    assert SpendAlertRule.objects.filter(pk=objects["own"]["spend_alert_rule"], budget_minor=10**6).exists()
