@@ -20,19 +20,22 @@ import re
 import time
 from dataclasses import dataclass, field
 
+import aiohttp
 from aiohttp import web
 
-from agent import __version__
+from agent import __version__, relay
 from agent.backend import Backend, InstanceSpec, mode_from_json
 from agent.metrics import render
 from agent.protocol import (
     PROTOCOL,
     TYPE_BASE,
     AgentError,
+    Conflict,
     InvalidRequest,
     NonceCache,
     NotFound,
     SignatureError,
+    Unavailable,
     problem_body,
     spec_from_json,
     verify,
@@ -42,6 +45,10 @@ from agent.workloads import WorkloadManager
 logger = logging.getLogger("agent")
 ALLOCATION_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
 MAX_BODY = 64 * 1024
+# a request relayed to a workload's port (GET/POST … /v1/workloads/{id}/port/{tail}): its body may be larger than
+# a protocol call's; it is signed like every /v1 request (the broker's interactive proxy signs it)
+RELAY_MAX_BODY = 8 * 1024 * 1024
+RELAY_ROUTE = "workload_port"
 MAX_BATCH = 64  # instances in one PUT /v1/instances
 TICK_SECONDS = 0.2  # how often a node with live workloads reaps exits, kills at deadlines, restarts
 NODE_KEY = web.AppKey("node", object)
@@ -59,6 +66,7 @@ class AgentNode:
     workloads: WorkloadManager | None = None
     workload_changed: asyncio.Event = field(default_factory=asyncio.Event)  # BrokerLink reports on it
     _ticker: asyncio.Task | None = None
+    relay_session: aiohttp.ClientSession | None = None  # to workloads' ports on this node (workload_port)
 
     def inventory(self) -> dict:
         """The backend's inventory with ``workload_roots``: the directories this node's workloads may name paths
@@ -145,8 +153,9 @@ async def protocol_middleware(request: web.Request, handler):
     if request.path.endswith("/healthz") or request.path.endswith("/metrics"):
         return await handler(request)
     body = await request.read()
-    if len(body) > MAX_BODY:
-        return problem(413, "too_large", "Request too large", f"bodies are limited to {MAX_BODY} bytes")
+    limit = RELAY_MAX_BODY if request.match_info.route.name == RELAY_ROUTE else MAX_BODY
+    if len(body) > limit:
+        return problem(413, "too_large", "Request too large", f"bodies are limited to {limit} bytes")
     try:
         verify(request.headers, request.method, request.rel_url.raw_path, request.rel_url.raw_query_string, body,
                lambda node_id: node.secret if node_id == node.node_id else None, node.nonces)
@@ -418,8 +427,40 @@ async def workload_logs(request: web.Request) -> web.Response:
         limit=64 * 1024 if limit is None else limit)))
 
 
+async def workload_port(request: web.Request) -> web.StreamResponse:
+    """Relay one signed request (HTTP, or a WebSocket upgrade) to a running interactive workload's port on this
+    node, at ``127.0.0.1:<host port>``: the workload listens on the node's loopback (a container's port is published
+    there only), so it is reached through this relay, which only the broker can sign, and not from the network
+    (docs/agent-protocol.md, "Interactive ports"). The path after ``/port/`` and the query go on as they came."""
+    node = _node(request)
+    manager = _manager(node)
+    workload_id = _workload_id(request)
+    workload = await node.call(manager.status, workload_id)
+    spec = workload["spec"]
+    if not spec.get("port"):
+        raise NotFound("this workload has no port", field="port")
+    if workload["state"] != "running":
+        raise Conflict(f"the workload is {workload['state']}, not running: its port has no listener", field="port")
+    tail = request.rel_url.raw_path.split(f"/v1/workloads/{workload_id}/port/", 1)[1]
+    url = f"http://127.0.0.1:{spec.get('host_port') or spec['port']}/{tail}"
+    if request.rel_url.raw_query_string:
+        url += "?" + request.rel_url.raw_query_string
+    if node.relay_session is None:
+        node.relay_session = relay.client_session()
+    headers = relay.relay_headers(request.headers)
+    try:
+        if request.headers.get("Upgrade", "").lower() == "websocket":
+            return await relay.relay_websocket(request, node.relay_session, "ws://" + url[len("http://"):], headers,
+                                               max_msg_size=RELAY_MAX_BODY)
+        return await relay.relay_http(request, node.relay_session, url, headers, await request.read())
+    except (aiohttp.ClientError, OSError) as error:
+        raise Unavailable(f"the workload's port {spec.get('host_port') or spec['port']} does not answer: {error}",
+                          field="port") from None
+
+
 def node_app(node: AgentNode) -> web.Application:
-    app = web.Application(middlewares=[problem_middleware, protocol_middleware], client_max_size=MAX_BODY + 1024)
+    app = web.Application(middlewares=[problem_middleware, protocol_middleware],
+                          client_max_size=RELAY_MAX_BODY + 1024)
     app[NODE_KEY] = node
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/metrics", metrics)
@@ -436,6 +477,7 @@ def node_app(node: AgentNode) -> web.Application:
     app.router.add_put("/v1/workloads/{workload_id}", workload_put)
     app.router.add_post("/v1/workloads/{workload_id}/stop", workload_stop)
     app.router.add_get("/v1/workloads/{workload_id}/logs", workload_logs)
+    app.router.add_route("*", "/v1/workloads/{workload_id}/port/{tail:.*}", workload_port, name=RELAY_ROUTE)
 
     async def resume_workloads(_app):
         if node.workloads is not None and node.workloads.active():
@@ -447,6 +489,8 @@ def node_app(node: AgentNode) -> web.Application:
         if node._ticker is not None:
             node._ticker.cancel()
             await asyncio.gather(node._ticker, return_exceptions=True)
+        if node.relay_session is not None:
+            await node.relay_session.close()
         async with node.lock:
             node.backend.close()
 

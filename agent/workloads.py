@@ -200,8 +200,9 @@ class ContainerRuntime(Runtime):
             argv += ["-v", f"{path}:{path}"]
         if spec["workdir"]:
             argv += ["-w", spec["workdir"]]
-        if spec["port"]:  # the node's port (allocated by the broker) to the container's
-            argv += ["-p", f"{spec.get('host_port') or spec['port']}:{spec['port']}"]
+        if spec["port"]:  # the node's port (allocated by the broker) to the container's, on the node's loopback only:
+            # the broker reaches it through the agent's signed relay (/v1/workloads/{id}/port/...), nobody else
+            argv += ["-p", f"127.0.0.1:{spec.get('host_port') or spec['port']}:{spec['port']}"]
         if spec["command"]:  # the image's entrypoint replaced: the command's program, its arguments after the image
             argv += ["--entrypoint", spec["command"][0]]
         return [*argv, spec["image"], *spec["command"][1:], *spec["args"]]
@@ -612,9 +613,12 @@ class WorkloadManager:
                     "GPUB_DEADLINE_FILE": str(self._deadline_file(workload))})
         if spec["checkpoint_dir"]:
             env["CHECKPOINT_DIR"] = spec["checkpoint_dir"]
-        if spec["port"]:  # a plain process listens on the node itself: on the host port it was given
+        if spec["port"]:  # a plain process listens on the node itself: on the host port it was given, on loopback
             env["PORT"] = str(spec["port"] if self.runtime.name != "process" else
                               spec.get("host_port") or spec["port"])
+            # where to listen: the node's loopback for a plain process (the agent's relay reaches it there), any
+            # address inside a container (whose published port is on the node's loopback only)
+            env.setdefault("GPUB_LISTEN_HOST", "127.0.0.1" if self.runtime.name == "process" else "0.0.0.0")  # noqa: S104
         if workload["notice"]:
             env["GPUB_PREEMPT_DEADLINE"] = f"{workload['notice']['deadline']:.3f}"
         return env

@@ -9,7 +9,7 @@ from django.db.models import Prefetch, QuerySet
 from django.utils import timezone
 
 from broker.choices import GpuKind, GpuMode, LeaseState, NodeIsolation, ShareEnforcement
-from broker.models import Allocation, Gpu, Lease, LeaseEvent, Node
+from broker.models import Allocation, Gpu, Lease, LeaseEvent, Node, Workload
 from broker.snapshot import core_group
 from core.errors import NotFound, ValidationFailed
 from core.prometheus import OPTIONAL_TIMEOUT_SECONDS, Prometheus, PrometheusError
@@ -519,7 +519,8 @@ def lease_access(*, lease: Lease) -> list[dict]:
     to reach it by), the one environment that shows a process all the lease's devices on it
     (``agent.protocol.instances_env``: ``CUDA_VISIBLE_DEVICES`` lists them all) and what is enforced there —
     the share limits (``share_enforcement_of`` the node's shares: MPS or nothing, and why) and the node's isolation
-    mode, "unknown" where the node does not say. Empty for a lease holding nothing."""
+    mode, "unknown" where the node does not say — and, for a workload with a ``port``, ``interactive``: the broker URL
+    that reaches it (``lease_interactive_url``; null otherwise). Empty for a lease holding nothing."""
     from urllib.parse import urlsplit
 
     from agent.protocol import instances_env
@@ -546,5 +547,55 @@ def lease_access(*, lease: Lease) -> list[dict]:
             "share_limits": [{"instance_id": a.instance_id, "milli": a.milli, "memory_mib": a.memory_mib}
                              for a in shares],
             "isolation": isolation,
+            "interactive": None,
         })
+    url = lease_interactive_url(lease=lease) if out else None
+    if url is not None:  # a gang lease's workload runs on its one node
+        out[0]["interactive"] = {
+            "url": url, "websocket_url": "ws" + url[len("http"):], "port": lease.workload.spec["port"],
+            "running": lease.workload.state in ("starting", "running"),
+            "how": "send your API token (Authorization: Bearer …) or be signed in to the portal; the workload sees "
+                   "the path after /port and X-Forwarded-Prefix"}
     return out
+
+
+INTERACTIVE_PATH = "/leases/{lease_id}/port/"
+
+
+def lease_interactive_url(*, lease: Lease) -> str | None:
+    """The broker URL of a lease's interactive workload port (``INTERACTIVE_PROXY_URL`` + ``/leases/<id>/port/``);
+    None when the lease's workload declares no port or no proxy is configured. It answers while the workload runs."""
+    from django.conf import settings
+
+    try:
+        workload = lease.workload
+    except Workload.DoesNotExist:
+        return None
+    if workload is None or not workload.spec.get("port") or not settings.INTERACTIVE_PROXY_URL:
+        return None
+    return settings.INTERACTIVE_PROXY_URL + INTERACTIVE_PATH.format(lease_id=lease.pk)
+
+
+def lease_interactive_target(*, actor: Actor, lease_id: int) -> dict:
+    """Where the interactive proxy relays a request for ``lease_id``'s workload port: the node's agent (URL, node id
+    and secret, to sign the relay) and the agent workload of the current placement. The lease is looked up among the
+    actor's tenant's own (another tenant's: 404, as every lease read); using the port is the ``use`` action (a viewer
+    or a read-only token: 403); a lease whose workload declares no port, or that does not run now, is 409 naming
+    ``workload.port``."""
+    from core.errors import Conflict
+
+    lease = restrict(Lease.objects.all(), actor).filter(pk=lease_id).first()
+    if lease is None:
+        raise NotFound("No such lease.", field="id")
+    actor.require("use")
+    workload = Workload.objects.filter(lease=lease).select_related("node").first()
+    if workload is None or not workload.spec.get("port"):
+        raise Conflict("This lease's workload declares no port (workload.port): there is nothing to reach.",
+                       field="workload.port")
+    if (lease.state != LeaseState.ACTIVE or workload.node is None or not workload.agent_workload_id
+            or workload.state not in ("starting", "running")):
+        raise Conflict(f"The lease is {lease.state} and its workload {workload.state}: the port answers while the "
+                       f"workload runs.", field="workload.port")
+    node = workload.node
+    return {"lease_id": lease.pk, "node_id": node.node_id, "agent_url": node.address, "secret": node.secret,
+            "agent_workload_id": workload.agent_workload_id}

@@ -363,6 +363,11 @@ _ports = os.environ.get("WORKLOAD_RENDEZVOUS_PORTS", "29500-30499").partition("-
 if not (_ports[0].isdigit() and _ports[2].isdigit() and 1024 <= int(_ports[0]) <= int(_ports[2]) <= 65535):
     raise ImproperlyConfigured("WORKLOAD_RENDEZVOUS_PORTS must be FIRST-LAST within 1024-65535, e.g. 29500-30499.")
 WORKLOAD_RENDEZVOUS_PORTS = (int(_ports[0]), int(_ports[2]))
+# Interactive access (docs/leasing.md "Interactive access"): the public base URL of the broker's interactive proxy
+# (manage.py interactive_proxy, an aiohttp process beside the web server), which relays HTTP and WebSocket to a lease's
+# workload port for its tenant; empty: no URL is offered. The proxy listens on INTERACTIVE_PROXY_LISTEN.
+INTERACTIVE_PROXY_URL = env_str("INTERACTIVE_PROXY_URL", "").rstrip("/")
+INTERACTIVE_PROXY_LISTEN = env_str("INTERACTIVE_PROXY_LISTEN", "127.0.0.1:8002")
 WORKLOAD_FAILED_RUNS_BEFORE_REPLACE = env_int("WORKLOAD_FAILED_RUNS_BEFORE_REPLACE", 3, minimum=1)
 AGENT_HEARTBEAT_SECONDS = env_int("AGENT_HEARTBEAT_SECONDS", 15, minimum=1)
 # How long after a token enrollment its answer may be asked for again (same token, same enrollment id, the

@@ -285,6 +285,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="threads per gunicorn worker (health probes are answered while others hash passwords)")
     parser.add_argument("--agents-port", type=int, default=None,
                         help="the agents' ingress (enrollment, heartbeats, workload reports); default PORT + 1")
+    parser.add_argument("--interactive-port", type=int, default=None,
+                        help="the interactive proxy (leases' workload ports, HTTP and WebSocket); default PORT + 2")
     parser.add_argument("--fleet-nodes", type=int, default=4, help="simulated GPU nodes (agent.fleet)")
     parser.add_argument("--fleet-port", type=int, default=9400)
     parser.add_argument("--prometheus-port", type=int, default=9090)
@@ -293,8 +295,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.agents_port is None:
         args.agents_port = args.port + 1
+    if args.interactive_port is None:
+        args.interactive_port = args.port + 2
 
-    for port, what in ((args.port, "PORT"), (args.agents_port, "--agents-port"), (args.fleet_port, "--fleet-port"),
+    for port, what in ((args.port, "PORT"), (args.agents_port, "--agents-port"),
+                       (args.interactive_port, "--interactive-port"), (args.fleet_port, "--fleet-port"),
                        (args.prometheus_port, "--prometheus-port"), (args.oidc_port, "--oidc-port")):
         if not _port_free(port):
             say(f"port {port} on 127.0.0.1 is in use; stop what holds it or choose another ({what})")
@@ -332,6 +337,7 @@ def main(argv: list[str] | None = None) -> int:
         started_services.append(broker)
         site = f"http://127.0.0.1:{args.port}"
         agents_site = f"http://127.0.0.1:{args.agents_port}"
+        interactive_site = f"http://127.0.0.1:{args.interactive_port}"
         env_values = {
             "DATABASE_URL": database.url,
             "CELERY_BROKER_URL": broker.url,
@@ -340,6 +346,9 @@ def main(argv: list[str] | None = None) -> int:
             "SITE_URL": site,
             "CSRF_TRUSTED_ORIGINS": f"{site},http://localhost:{args.port}",
             "PROMETHEUS_URL": f"http://127.0.0.1:{args.prometheus_port}",
+            # leases' workload ports at /leases/<id>/port/ (broker/interactive_proxy.py), beside the web server
+            "INTERACTIVE_PROXY_URL": interactive_site,
+            "INTERACTIVE_PROXY_LISTEN": f"127.0.0.1:{args.interactive_port}",
             "HTTPS": "0",  # served over plain HTTP on the loopback: cookies without Secure
             # the simulated nodes listen on 127.0.0.1
             "NODE_ADDRESS_NETWORKS": os.environ.get("NODE_ADDRESS_NETWORKS", services.LOCAL_NODE_ADDRESS_NETWORKS),
@@ -393,6 +402,8 @@ def main(argv: list[str] | None = None) -> int:
         specs = [
             ("web", web_command(port=args.port, workers=args.workers, threads=args.threads)),
             ("agents", agents_command(port=args.agents_port)),
+            # a notebook's WebSocket or a slow answer of a workload holds no gunicorn thread: an aiohttp process
+            ("interactive", [str(BIN / "python"), "manage.py", "interactive_proxy"]),
             ("worker", [str(BIN / "celery"), "-A", "config", "worker", "--loglevel", "INFO", "--concurrency", "2",
                         "--hostname", f"worker-{os.getpid()}@%h"]),
             # schedule cycles have a worker of their own: agent calls of seconds never hold a placement back
@@ -463,6 +474,8 @@ def main(argv: list[str] | None = None) -> int:
             f"  API docs    {site}/api/docs/",
             f"  health      {site}/healthz   readiness {site}/readyz",
             f"  agents      {agents_site}/api/v1/agents/ (the nodes' ingress: enrollment, heartbeats)",
+            f"  interactive {interactive_site}/leases/<id>/port/ (a lease's workload port, HTTP and WebSocket: "
+            "your token or portal session)",
             f"  PostgreSQL  {database.how} ({services.redact(database.url)})",
             f"  broker      {broker.how} ({services.redact(broker.url)})",
             f"  GPU nodes   {args.fleet_nodes} simulated at http://127.0.0.1:{args.fleet_port}/n/<node>/ "

@@ -72,12 +72,13 @@ def test_make_run_serves_the_documented_paths_and_ctrl_c_stops_lease_workloads(t
            "WORKLOAD_ALLOWED_ROOTS": str(root), "CELERY_TASK_DEFAULT_QUEUE": f"first-hour-{os.getpid()}",
            "CACHE_KEY_PREFIX": f"first-hour-{os.getpid()}", "LOG_LEVEL": "WARNING"}
     log = tmp_path / "run.log"
+    interactive_port = free_port()
     with log.open("w") as out:
         process = subprocess.Popen(
             [sys.executable, "-m", "infra.run", "--port", str(port), "--agents-port", str(free_port()),
-             "--fleet-port", str(free_port()), "--prometheus-port", str(free_port()), "--oidc-port", str(oidc_port),
-             "--fleet-nodes", "2",
-             "--workers", "1"], cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+             "--interactive-port", str(interactive_port), "--fleet-port", str(free_port()), "--prometheus-port",
+             str(free_port()), "--oidc-port", str(oidc_port), "--fleet-nodes", "2", "--workers", "1"], cwd=ROOT,
+            env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     children: dict[str, int] = {}
     try:
         _wait(lambda: "Demo logins (kept in" in _log(log), STARTUP_SECONDS, process, log, "the banner")
@@ -131,6 +132,28 @@ def test_make_run_serves_the_documented_paths_and_ctrl_c_stops_lease_workloads(t
                  "    print('database refused', error.errno, flush=True)\n"
                  "print('up', flush=True)\n"
                  "time.sleep(600)\n")
+        # interactive access (docs/leasing.md "Interactive access"): a workload's port through the demo's proxy, as
+        # the banner and the lease's access say, with the curl line the docs give
+        interactive_site = f"http://127.0.0.1:{interactive_port}"
+        assert f"interactive {interactive_site}/leases/<id>/port/" in text
+        server = ("import http.server, os\n"
+                  "class Page(http.server.BaseHTTPRequestHandler):\n"
+                  "    def do_GET(self):\n"
+                  "        self.send_response(200); self.end_headers(); self.wfile.write(b'hello from the lease')\n"
+                  "http.server.ThreadingHTTPServer((os.environ['GPUB_LISTEN_HOST'], int(os.environ['PORT'])), Page)"
+                  ".serve_forever()\n")
+        status, notebook = _call(site, token, "POST", "/leases", {
+            "project": "vision", "gpu": {"kind": "whole", "model": "A100-80GB"},
+            "workload": {"command": [sys.executable, "-c", server], "port": 8888}})
+        assert status == 201, notebook
+        url = _wait(lambda: ((_call(site, token, "GET", f"/leases/{notebook['id']}")[1].get("access") or [{}])[0]
+                             .get("interactive") or {}).get("url"), 90, process, log, "the interactive URL")
+        assert url == f"{interactive_site}/leases/{notebook['id']}/port/"
+        curl = ["curl", "-s", "-H", f"Authorization: Bearer {token}", url]
+        _wait(lambda: subprocess.run(curl, capture_output=True, text=True, timeout=30).stdout
+              == "hello from the lease", 60, process, log, "the workload's page through the proxy")
+        assert _call(site, token, "DELETE", f"/leases/{notebook['id']}")[0] == 202
+
         status, lease = _call(site, token, "POST", "/leases", {
             "project": "vision", "gpu": {"kind": "whole", "model": "A100-80GB"},
             "workload": {"command": [sys.executable, "-c", probe], "workdir": str(root / "acme" / "vision")}})

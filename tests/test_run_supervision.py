@@ -71,8 +71,10 @@ def launcher(tmp_path):
     log = (tmp_path / "run.log").open("w+")
     process = subprocess.Popen(
         [sys.executable, "-m", "infra.run", "--port", str(port), "--agents-port", str(free_port()),
+         "--interactive-port", str(free_port()),
          "--fleet-port", str(fleet_port),
-         "--prometheus-port", str(free_port()), "--fleet-nodes", "1", "--workers", "1"],
+         "--prometheus-port", str(free_port()), "--oidc-port", str(free_port()), "--fleet-nodes", "1",
+         "--workers", "1"],
         cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
     )
     seen: set[int] = set()
@@ -125,7 +127,7 @@ def _wait(predicate, timeout: float, launched, what: str):
 def test_run_restarts_a_killed_worker_and_stops_every_child_on_sigint(launcher):
     _wait(lambda: "GPU broker is running" in _log(launcher), STARTUP_SECONDS, launcher, "the launcher")
     children = _children(launcher["pid_file"])
-    assert {"web", "agents", "worker", "beat", "fleet"} <= set(children), children
+    assert {"web", "agents", "interactive", "worker", "beat", "fleet"} <= set(children), children
     # the fleet's node enrolled and heartbeats through the agents' ingress (its only broker URL)
     _wait(lambda: _fleet_health(launcher["fleet"]).get("enrolled") == 1, 60, launcher, "the node's enrollment")
     launcher["seen"].update(children.values())

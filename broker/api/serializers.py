@@ -323,7 +323,12 @@ ACCESS_OUTPUT_SCHEMA = {"type": "array", "items": {"type": "object", "properties
     "share_enforcement_text": {"type": "string", "nullable": True, "description": "why (or why not)"},
     "share_limits": {"type": "array", "items": {"type": "object", "properties": {
         "instance_id": {"type": "string"}, "milli": {"type": "integer"}, "memory_mib": {"type": "integer"}}}},
-    "isolation": {"type": "string", "description": "the node's workload isolation as it reports it, or unknown"}}}}
+    "isolation": {"type": "string", "description": "the node's workload isolation as it reports it, or unknown"},
+    "interactive": {"type": "object", "nullable": True, "description": (
+        "a workload with a port: where the broker's interactive proxy reaches it (HTTP and WebSocket, your token or "
+        "portal session required; docs/leasing.md \"Interactive access\"); null otherwise or when no proxy is set"),
+        "properties": {"url": {"type": "string", "format": "uri"}, "websocket_url": {"type": "string"},
+                       "port": {"type": "integer"}, "running": {"type": "boolean"}, "how": {"type": "string"}}}}}}
 
 
 class LeaseDetailOutput(LeaseOutput):

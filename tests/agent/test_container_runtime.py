@@ -81,9 +81,9 @@ def test_whole_gpus_by_their_uuid(tmp_path, sim):
 def test_an_interactive_container_is_published_on_the_host_port_the_broker_gave(tmp_path, sim):
     whole = instance(sim, "w", kind="whole", gpu=sim.state["gpus"][2]["uuid"])
     argv = command_line(tmp_path, [whole], port=8888, host_port=20003)
-    assert argv[argv.index("-p") + 1] == "20003:8888"
+    assert argv[argv.index("-p") + 1] == "127.0.0.1:20003:8888"  # the node's loopback only
     plain = command_line(tmp_path, [whole], port=8888)  # no host port given: the same port on the node
-    assert plain[plain.index("-p") + 1] == "8888:8888"
+    assert plain[plain.index("-p") + 1] == "127.0.0.1:8888:8888"
     with pytest.raises(InvalidRequest) as refused:
         command_line(tmp_path, [whole], host_port=20003)
     assert refused.value.field == "host_port"
@@ -99,7 +99,7 @@ def test_mig_instances_by_their_mig_device_uuid_in_lease_order(tmp_path, sim):
     assert devices_of(argv) == [f"nvidia.com/gpu={a['device_uuid']}", f"nvidia.com/gpu={b['device_uuid']}"]
     assert all(d.startswith("nvidia.com/gpu=MIG-") and CDI_NAME.match(d) for d in devices_of(argv))
     assert f"{tmp_path / 'ckpt'}:{tmp_path / 'ckpt'}" in argv and argv[argv.index("-w") + 1] == str(tmp_path / "src")
-    assert argv[argv.index("-p") + 1] == "8888:8888"
+    assert argv[argv.index("-p") + 1] == "127.0.0.1:8888:8888"
     assert argv[argv.index("--entrypoint") + 1] == "python"
     assert argv[-3:] == ["nvcr.io/nvidia/pytorch:24.05-py3", "-u", "train.py"]
 

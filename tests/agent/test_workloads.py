@@ -458,3 +458,51 @@ def test_a_workload_ending_and_one_adopted_after_a_restart_are_logged(tmp_path):
     assert "workload wl-short ended: failed" in first and "last exit code 3" in first
     assert f"adopted workload wl-long: run 1 still running, pid {pid}" in second
     assert "workload wl-long ended: stopped" in second
+
+
+LOOPBACK_PAGE = ("import http.server, os\n"
+                 "class Page(http.server.BaseHTTPRequestHandler):\n"
+                 "    def do_GET(self):\n"
+                 "        body = (self.path + ' ' + str(self.headers.get('X-Gpub-Signature'))).encode()\n"
+                 "        self.send_response(200); self.end_headers(); self.wfile.write(body)\n"
+                 "print('on', os.environ['GPUB_LISTEN_HOST'], os.environ['PORT'], flush=True)\n"
+                 "http.server.HTTPServer((os.environ['GPUB_LISTEN_HOST'], int(os.environ['PORT'])), Page)"
+                 ".serve_forever()\n")
+
+
+def test_the_port_relay_reaches_a_running_workload_on_loopback_signed_only(client, agent):
+    """``/v1/workloads/{id}/port/...``: the signed relay to the workload's loopback port (docs/agent-protocol.md); a
+    workload without a port is 404, one whose port has no listener 503, a stopped one 409, unsigned 401."""
+    import requests
+
+    from agent.protocol import AgentUnreachable
+    from tests.support.processes import free_port
+
+    mig_and_share(client, "relay")
+    host_port = free_port()
+    client.workload_start("wl-relay", {"instances": ["relay-m"], "command": [sys.executable, "-c", LOOPBACK_PAGE],
+                                       "port": 8888, "host_port": host_port})
+    wait_for(lambda: f"on 127.0.0.1 {host_port}" in client.workload_logs("wl-relay")["data"])
+    # the path and query go on as sent; the broker's signature does not reach the workload
+    assert client.request("GET", "/v1/workloads/wl-relay/port/tree/a%20b?x=1", raw=True) == "/tree/a%20b?x=1 None"
+    unsigned = requests.get(f"{agent.url}/v1/workloads/wl-relay/port/", timeout=10)
+    assert unsigned.status_code == 401
+    client.workload_start("wl-quiet", {"instances": ["relay-s"], "port": 8888, "host_port": free_port(),
+                                       "command": [sys.executable, "-c", "import time; time.sleep(30)"]})
+    with pytest.raises(AgentUnreachable) as silent:  # the client's name for a 5xx
+        client.request("GET", "/v1/workloads/wl-quiet/port/")
+    assert ": 503 " in str(silent.value) and "does not answer" in str(silent.value)
+    client.workload_stop("wl-relay", grace_seconds=0)
+    final(client, "wl-relay")
+    with pytest.raises(AgentHTTPError) as stopped:
+        client.request("GET", "/v1/workloads/wl-relay/port/")
+    assert stopped.value.status == 409 and stopped.value.problem["field"] == "port"
+    client.workload_stop("wl-quiet", grace_seconds=0)
+    final(client, "wl-quiet")
+    client.workload_start("wl-portless", {"instances": ["relay-m"], "command": [sys.executable, "-c",
+                                                                                "import time; time.sleep(30)"]})
+    with pytest.raises(AgentHTTPError) as portless:
+        client.request("GET", "/v1/workloads/wl-portless/port/")
+    assert portless.value.status == 404 and portless.value.problem["field"] == "port"
+    client.workload_stop("wl-portless", grace_seconds=0)
+    final(client, "wl-portless")

@@ -82,3 +82,30 @@ def test_lease_access_instances_env_joins_devices_and_share_limits():
     layers = {"access": {"CUDA_VISIBLE_DEVICES": "GPU-c", "GPUB_LAYERS": "0-11"}}
     assert instances_env([layers, {"access": {"CUDA_VISIBLE_DEVICES": "GPU-d", "GPUB_LAYERS": "0-11"}}]) == {
         "CUDA_VISIBLE_DEVICES": "GPU-c,GPU-d", "GPUB_LAYERS": "0-11"}
+
+
+def test_lease_access_interactive_url_in_api_and_page_for_a_workload_with_a_port(world, settings):
+    """A workload with a port: ``access[0].interactive`` names the broker URL that reaches it (the interactive proxy,
+    docs/leasing.md "Interactive access") and the lease page links it; none without a proxy URL or a port."""
+    from broker.models import Workload
+
+    lease = _gang(world)
+    node = Allocation.objects.filter(lease=lease).first().gpu.node
+    workload = Workload.objects.create(lease=lease, spec={"command": ["jupyter", "lab"], "port": 8888}, state="running",
+                                       node=node, agent_workload_id=f"lease-{lease.pk}-a1", placements=1)
+    settings.INTERACTIVE_PROXY_URL = "https://gpus.example.com/i"
+    [entry] = world.client("member").get(f"/api/v1/leases/{lease.pk}").json()["access"]
+    url = f"https://gpus.example.com/i/leases/{lease.pk}/port/"
+    assert entry["interactive"]["url"] == url and entry["interactive"]["websocket_url"] == "wss" + url[5:]
+    assert entry["interactive"]["port"] == 8888 and entry["interactive"]["running"] is True
+    client = Client()
+    assert client.login(username="max", password="pw-max")
+    page = client.get(f"/leases/{lease.pk}").content.decode()
+    assert f'href="{url}"' in page
+    assert f'curl -H "Authorization: Bearer $GPUBROKER_TOKEN" {url}' in page
+    settings.INTERACTIVE_PROXY_URL = ""  # no proxy: no URL offered
+    assert world.client("member").get(f"/api/v1/leases/{lease.pk}").json()["access"][0]["interactive"] is None
+    settings.INTERACTIVE_PROXY_URL = "https://gpus.example.com/i"
+    workload.spec = {"command": ["python", "train.py"], "port": None}
+    workload.save()
+    assert world.client("member").get(f"/api/v1/leases/{lease.pk}").json()["access"][0]["interactive"] is None
