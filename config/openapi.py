@@ -19,8 +19,10 @@ GROUPS: list[tuple[str, str, tuple[str, ...]]] = [
     ("pipelines", "Inference pipelines and model splits: plan, apply (one lease group), release",
      (r"pipelines(/|$)", r"model-splits(/|$)")),
     ("capacity", "The capacity loop's advice to the tenant: accept or reject it", (r"adjustments(/|$)",)),
-    ("tenancy", "The caller's tenant: projects, quotas, members, API tokens, SLO contracts",
-     (r"tenant$", r"projects(/|$)", r"quotas$", r"members(/|$)", r"tokens(/|$)", r"slo-contracts$")),
+    ("tenancy", "The caller's tenant: projects, quotas, members, API tokens, SLO contracts, its audit trail, "
+     "exports and closure",
+     (r"tenant$", r"tenant/", r"projects(/|$)", r"quotas$", r"members(/|$)", r"tokens(/|$)", r"slo-contracts$",
+      r"audit-events$")),
     ("notifications", "Signed webhooks: endpoints, secret rotation, deliveries", (r"webhooks(/|$)",)),
     ("staff: billing", "Platform staff: price books and each tenant's billing terms",
      (r"price-books(/|$)", r"tenants/\{[^}]+\}/billing-terms$")),

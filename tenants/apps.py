@@ -6,4 +6,12 @@ class TenantsConfig(AppConfig):
     verbose_name = "Tenants, projects and quotas"
 
     def ready(self) -> None:
-        from tenants import schema  # noqa: F401 - registers the OpenAPI authentication scheme
+        from django.contrib.auth.signals import user_logged_in, user_login_failed
+
+        from tenants import (
+            schema,  # noqa: F401 - registers the OpenAPI authentication scheme
+            signins,
+        )
+
+        user_logged_in.connect(signins.on_user_logged_in, dispatch_uid="tenants-signin-audit")
+        user_login_failed.connect(signins.on_user_login_failed, dispatch_uid="tenants-signin-failed-audit")

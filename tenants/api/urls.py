@@ -1,6 +1,6 @@
 from django.urls import path
 
-from tenants.api import platform, views
+from tenants.api import audit, platform, views
 
 urlpatterns = [
     path("tenant", views.TenantApi.as_view(), name="api-tenant"),
@@ -12,6 +12,7 @@ urlpatterns = [
     path("tokens", views.TokenListApi.as_view(), name="api-tokens"),
     path("tokens/<int:pk>", views.TokenDetailApi.as_view(), name="api-token"),
     path("slo-contracts", views.SloContractListApi.as_view(), name="api-slo-contracts"),
+    path("audit-events", audit.AuditEventListApi.as_view(), name="api-audit-events"),
 ]
 
 # the staff API (tenants/api/platform.py): platform staff only
