@@ -11,6 +11,7 @@ class TenantsConfig(AppConfig):
         from tenants import (
             schema,  # noqa: F401 - registers the OpenAPI authentication scheme
             signins,
+            tasks,  # noqa: F401 - registers the retention and export tasks by name (core.task_registry)
         )
 
         user_logged_in.connect(signins.on_user_logged_in, dispatch_uid="tenants-signin-audit")

@@ -112,6 +112,8 @@ def tenant_set_status(*, tenant: Tenant, status: str, by_user=None, reason: str 
     """
     if status not in TenantStatus.values:
         raise ValidationFailed(f"status must be one of {', '.join(TenantStatus.values)}.", field="status")
+    if tenant.closed_at is not None and status != TenantStatus.SUSPENDED:
+        raise Conflict(f"Tenant '{tenant.slug}' was closed by its owner; it cannot be reactivated.", field="status")
     now = timezone.now()
     by = f"staff:{by_user.get_username()}" if by_user is not None and by_user.is_authenticated else "broker"
     note = f" ({reason})" if reason else ""

@@ -6,9 +6,11 @@ import django.utils.timezone
 from django.conf import settings
 from django.db import migrations, models
 
-# Audit events stay append-only: UPDATE is always refused, DELETE only inside the retention purge
-# (``tenants.retention``), which sets ``gpubroker.retention_purge`` for its own transaction (SET LOCAL) and
-# writes its own audit row there. Lease events (broker 0017) use the same function.
+# Audit events stay append-only: DELETE only inside the retention purge (``tenants.retention``), which sets
+# ``gpubroker.retention_purge`` for its own transaction (SET LOCAL) and writes its own audit row there; UPDATE
+# only inside a tenant's closure (``tenants.offboarding``), which sets ``gpubroker.audit_pseudonymise`` and may
+# replace an event's ``target`` and ``data`` (usernames, sign-in addresses), never who, what, when or whose.
+# Lease events (broker 0017) take the purge's function: DELETE under the purge, UPDATE never.
 PURGE_SQL = """
 CREATE FUNCTION gpubroker_append_only_but_purge() RETURNS trigger
 LANGUAGE plpgsql AS $$
@@ -20,15 +22,33 @@ BEGIN
       USING ERRCODE = 'check_violation', CONSTRAINT = TG_TABLE_NAME || '_append_only';
 END $$;
 
+CREATE FUNCTION tenants_auditevent_guard() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF TG_OP = 'DELETE' AND current_setting('gpubroker.retention_purge', true) = 'on' THEN
+        RETURN OLD;
+    END IF;
+    IF TG_OP = 'UPDATE' AND current_setting('gpubroker.audit_pseudonymise', true) = 'on'
+       AND NEW.id = OLD.id AND NEW.tenant_id IS NOT DISTINCT FROM OLD.tenant_id
+       AND NEW.actor_id IS NOT DISTINCT FROM OLD.actor_id AND NEW.action = OLD.action
+       AND NEW.created_at = OLD.created_at THEN
+        RETURN NEW;
+    END IF;
+    RAISE EXCEPTION '% is append-only: % refused (only the retention purge deletes, only a closure pseudonymises)',
+        TG_TABLE_NAME, TG_OP
+      USING ERRCODE = 'check_violation', CONSTRAINT = TG_TABLE_NAME || '_append_only';
+END $$;
+
 DROP TRIGGER auditevent_append_only ON tenants_auditevent;
 CREATE TRIGGER auditevent_append_only BEFORE UPDATE OR DELETE ON tenants_auditevent
-    FOR EACH ROW EXECUTE FUNCTION gpubroker_append_only_but_purge();
+    FOR EACH ROW EXECUTE FUNCTION tenants_auditevent_guard();
 """
 
 PURGE_REVERSE = """
 DROP TRIGGER auditevent_append_only ON tenants_auditevent;
 CREATE TRIGGER auditevent_append_only BEFORE UPDATE OR DELETE ON tenants_auditevent
     FOR EACH ROW EXECUTE FUNCTION gpubroker_append_only();
+DROP FUNCTION tenants_auditevent_guard();
 DROP FUNCTION gpubroker_append_only_but_purge();
 """
 

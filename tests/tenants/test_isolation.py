@@ -32,7 +32,8 @@ CASES = [
     ("api-quotas", "get", "/api/v1/quotas?project={slug}", None),
 ]
 # Routes without an object id: their lists must not contain the other tenant's objects.
-LIST_ROUTES = {"api-tenant", "api-projects", "api-quotas", "api-members", "api-tokens", "api-slo-contracts"}
+LIST_ROUTES = {"api-tenant", "api-projects", "api-quotas", "api-members", "api-tokens", "api-slo-contracts",
+               "api-audit-events"}
 
 
 # The staff API (tenants/api/platform.py) crosses tenants by design, for platform staff only: no tenant member reaches
@@ -93,6 +94,9 @@ def test_isolation_lists_hold_only_own_objects(world):
     assert "bob" not in tokens
     slo = client.get("/api/v1/slo-contracts").json()["results"]
     assert slo == []
+    audit = client.get("/api/v1/audit-events?limit=500").json()["results"]
+    assert audit and {e["actor"] for e in audit} <= {"alice", "ann", "max", "vic", None}
+    assert "bob" not in {e["actor"] for e in audit} and "globex" not in {e["object"] for e in audit}
 
 
 def test_isolation_same_slug_in_two_tenants_resolves_to_own(world):

@@ -68,6 +68,8 @@ ROUTES: dict[str, Route] = {
     "api-tokens": Route("api", "/api/v1/tokens", {"get": None, "post": {"name": "t", "scopes": ["read"]}}),
     "api-token": Route("api", "/api/v1/tokens/{id}", {"get": None, "delete": None}, obj="token"),
     "api-slo-contracts": Route("api", "/api/v1/slo-contracts", READ),
+    # the audit trail: admins and owners read it (a member's or viewer's read is 403: test_audit_api.py)
+    "api-audit-events": Route("api", "/api/v1/audit-events", READ),
     # -- leasing API (broker/api) ---------------------------------------------------------------------
     "api-leases": Route("api", "/api/v1/leases", {
         "get": None, "post": {"project": "vision", "gpu": {"kind": "mig", "profile": "1g.10gb"}}}),
@@ -186,6 +188,7 @@ ROUTES: dict[str, Route] = {
     "portal:lease-release": Route("portal", "/leases/{id}/release", {"post": {}}, obj="lease"),
     "portal:lease-renew": Route("portal", "/leases/{id}/renew", {"post": {"duration_seconds": "600"}}, obj="lease"),
     "portal:usage": Route("portal", "/usage", READ),
+    "portal:audit": Route("portal", "/settings/audit", READ),
     "portal:invoices": Route("portal", "/invoices/", READ),
     "portal:invoice": Route("portal", "/invoices/{id}", READ, obj="invoice"),
     "portal:invoice-document": Route("portal", "/invoices/{id}.csv", READ, obj="invoice"),
