@@ -230,7 +230,9 @@ def tenant_close(*, actor: Actor, confirm: str, now: datetime | None = None) -> 
         if why:
             raise Conflict(f"Tenant '{tenant.slug}' cannot close yet: {why}", field="tenant")
     now = now or timezone.now()
-    done = {name: _steps[name](tenant, now) for name in sorted(_steps)}  # each its own transactions
+    done: dict = {}
+    for name in sorted(_steps):  # each in its own transactions, before the closing one
+        done.update(_steps[name](tenant, now))
     with transaction.atomic(durable=True):
         tenant = Tenant.objects.select_for_update().get(pk=tenant.pk)
         if tenant.closed_at is not None:  # a racing closure won
