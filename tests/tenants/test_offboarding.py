@@ -220,3 +220,27 @@ def test_close_audit_pseudonymising_is_refused_outside_the_closure(world):
     with pytest.raises(IntegrityError, match="append-only"), transaction.atomic(), connection.cursor() as cursor:
         cursor.execute("SET LOCAL gpubroker.audit_pseudonymise = 'on'")  # even then: never who, what or when
         cursor.execute("UPDATE tenants_auditevent SET action = 'x' WHERE id = %s", [event.pk])
+
+
+def test_portal_export_and_close_for_owners(world, exports_dir):
+    from django.test import Client
+
+    owner = Client()
+    owner.force_login(world.owner)
+    assert owner.post("/settings/exports").status_code == 302
+    export = TenantExport.objects.get(tenant=world.acme)
+    offboarding.tenant_export_build(export_id=export.pk)
+    page = owner.get("/settings/exports").content.decode()
+    assert f"/api/v1/tenant/exports/{export.pk}/archive" in page
+    download = owner.get(f"/api/v1/tenant/exports/{export.pk}/archive")  # the session authenticates the API
+    assert download.status_code == 200
+    wrong = owner.post("/settings/close", {"confirm": "acme-typo"})
+    assert wrong.status_code == 400 and "confirm must be" in wrong.content.decode()
+    assert Tenant.objects.get(pk=world.acme.pk).closed_at is None
+    admin = Client()
+    admin.force_login(world.admin)
+    assert admin.get("/settings/exports").status_code == 403
+    assert admin.post("/settings/close", {"confirm": "acme"}).status_code == 403
+    closed = owner.post("/settings/close", {"confirm": "acme"})
+    assert closed.status_code == 302 and closed["Location"].startswith("/accounts/login/")
+    assert Tenant.objects.get(pk=world.acme.pk).closed_at is not None
