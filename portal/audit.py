@@ -9,7 +9,7 @@ from urllib.parse import urlencode
 from django.shortcuts import render
 
 from portal.views import TenantView
-from tenants.api.audit import _moment
+from tenants.api.audit import moment_param
 from tenants.audit import audit_event_list
 
 PAGE_SIZE = 100
@@ -23,8 +23,8 @@ class AuditView(TenantView):
     def get(self, request):
         filters = {name: request.GET.get(name, "").strip() for name in FILTERS}
         events = audit_event_list(actor=self.actor, username=filters["actor"], kind=filters["kind"],
-                                  target=filters["object"], since=_moment(request, "since") if filters["since"]
-                                  else None, until=_moment(request, "until") if filters["until"] else None)
+                                  target=filters["object"], since=moment_param(request, "since") if filters["since"]
+                                  else None, until=moment_param(request, "until") if filters["until"] else None)
         query = urlencode({name: value for name, value in filters.items() if value})
         return render(request, self.template_name, {
             "events": list(events[:PAGE_SIZE]), "filters": filters, "page_size": PAGE_SIZE, "tab": "audit",
