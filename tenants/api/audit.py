@@ -10,7 +10,7 @@ import io
 import json
 from datetime import UTC, datetime
 
-from django.http import HttpResponse
+from django.http import Http404, HttpResponse
 from django.utils.dateparse import parse_date, parse_datetime
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
@@ -103,6 +103,12 @@ def _csv(events) -> HttpResponse:
 
 class AuditEventListApi(APIView):
     renderer_classes = [JSONRenderer, CsvRenderer]
+
+    def perform_content_negotiation(self, request, force=False):
+        try:
+            return super().perform_content_negotiation(request, force)
+        except Http404:  # DRF answers an unknown ?format= with 404; it is a bad parameter
+            raise ValidationFailed("format must be json or csv.", field="format") from None
 
     @extend_schema(
         operation_id="v1_audit_events_list", summary="The tenant's audit trail (admins and owners)",

@@ -66,7 +66,7 @@ def test_audit_events_filters_actor_kind_object_time(world):
 
 @pytest.mark.parametrize("query,field", [({"since": "yesterday"}, "since"), ({"until": "2026-13-01"}, "until"),
                                          ({"since": "2026-03-02", "until": "2026-03-01"}, "until"),
-                                         ({"cursor": "not-a-cursor"}, "cursor")])
+                                         ({"cursor": "not-a-cursor"}, "cursor"), ({"format": "xml"}, "format")])
 def test_audit_events_bad_parameter_is_400_naming_it(world, query, field):
     response = world.client("owner").get("/api/v1/audit-events", query)
     assert response.status_code == 400
