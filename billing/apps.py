@@ -21,3 +21,14 @@ class BillingConfig(AppConfig):
         extensions.renewal_check_register(services.budget_admit_renewal)
         extensions.list_prices_register(selectors.whole_list_prices)
         extensions.money_format_register(format_money)
+        # its kind of data in the retention policy (tenants.retention): hourly utilisation samples
+        from billing.retention import UTILISATION
+        from tenants.retention import retention_kind_register
+
+        retention_kind_register(UTILISATION)
+        # its part in a tenant leaving (tenants.offboarding): usage and invoices in the export, the final invoice
+        from billing.offboarding import billing_part, final_invoices_issue
+        from tenants.offboarding import closure_step_register, export_part_register
+
+        export_part_register("billing", billing_part)
+        closure_step_register("billing-final-invoice", final_invoices_issue)

@@ -21,3 +21,14 @@ class BrokerConfig(AppConfig):
         # quotas show, are the broker's, registered here (tenants.extensions)
         tenant_status_listener_register(TENANT_STATUS_LISTENER)
         quota_usage_register(lambda actor: quota_usage(actor=actor))
+        # its kind of data in the retention policy (tenants.retention): raw lease events
+        from broker.retention import LEASE_EVENTS
+        from tenants.retention import retention_kind_register
+
+        retention_kind_register(LEASE_EVENTS)
+        # its part in a tenant leaving (tenants.offboarding): leases in the export, closure refused while one runs
+        from broker.offboarding import leases_part, leases_unfinished
+        from tenants.offboarding import closure_check_register, export_part_register
+
+        export_part_register("broker", leases_part)
+        closure_check_register("broker-leases", leases_unfinished)

@@ -134,6 +134,7 @@ class Lease(models.Model):
     ``tier`` and the allocations are what the scheduler gave."""
 
     tenant_lookup = "tenant"
+    project_lookup = "project"  # a project-scoped token sees only its projects' leases (tenants.access.restrict)
 
     tenant = models.ForeignKey("tenants.Tenant", on_delete=models.PROTECT, related_name="leases")
     project = models.ForeignKey("tenants.Project", on_delete=models.PROTECT, related_name="leases")
@@ -278,6 +279,7 @@ class LeaseEvent(models.Model):
     """One transition of a lease, written in the same transaction as the change. Append-only."""
 
     tenant_lookup = "lease__tenant"
+    project_lookup = "lease__project"
 
     lease = models.ForeignKey(Lease, on_delete=models.PROTECT, related_name="events")
     from_state = models.CharField(max_length=16, blank=True)

@@ -21,9 +21,10 @@ GROUPS: list[tuple[str, str, tuple[str, ...]]] = [
     ("pipelines", "Inference pipelines and model splits: plan, apply (one lease group), release",
      (r"pipelines(/|$)", r"model-splits(/|$)")),
     ("capacity", "The capacity loop's advice to the tenant: accept or reject it", (r"adjustments(/|$)",)),
-    ("tenancy", "The caller's tenant: projects, quotas, members, API tokens, SLO contracts, sign-in settings",
-     (r"tenant$", r"projects(/|$)", r"quotas$", r"members(/|$)", r"tokens(/|$)", r"slo-contracts$",
-      r"tenant/sign-in$")),
+    ("tenancy", "The caller's tenant: projects, quotas, members, API tokens, SLO contracts, sign-in settings, its "
+     "audit trail, exports and closure",
+     (r"tenant$", r"tenant/", r"projects(/|$)", r"quotas$", r"members(/|$)", r"tokens(/|$)", r"slo-contracts$",
+      r"audit-events$")),
     ("notifications", "Signed webhooks: endpoints, secret rotation, deliveries", (r"webhooks(/|$)",)),
     ("staff: billing", "Platform staff: price books, billing terms, credit notes, voids, payments, refunds, "
                        "credit grants and taxes, every tenant's FOCUS export",

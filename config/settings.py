@@ -580,3 +580,16 @@ OIDC_USE_PKCE = True
 SPECTACULAR_SETTINGS["ENUM_NAME_OVERRIDES"]["SignInDefaultRoleEnum"] = "tenants.api.sso.JIT_ROLES"
 MIDDLEWARE.insert(MIDDLEWARE.index("django.contrib.auth.middleware.AuthenticationMiddleware") + 1,
                   "tenants.otp.SecondFactorMiddleware")
+# --- Retention and offboarding (tenants/retention.py, tenants/offboarding.py; docs/security.md "Retention") ---
+# Age limits in days per kind of data; the daily purge removes what is older, in one audited transaction.
+# Lease events and utilisation samples at least 62 days (a month's invoice and SLO evaluation read them).
+RETENTION_LEASE_EVENT_DAYS = env_int("RETENTION_LEASE_EVENT_DAYS", 180, minimum=62)
+RETENTION_UTILISATION_DAYS = env_int("RETENTION_UTILISATION_DAYS", 400, minimum=62)
+RETENTION_AUDIT_DAYS = env_int("RETENTION_AUDIT_DAYS", 7 * 365, minimum=365)
+# invoices and the usage they charge: kept this long by law, never purged by the task (reported only)
+RETENTION_INVOICE_YEARS = env_int("RETENTION_INVOICE_YEARS", 10, minimum=1)
+RETENTION_APPLY_SECONDS = env_int("RETENTION_APPLY_SECONDS", 86_400, minimum=60)  # how often the purge runs
+CELERY_BEAT_SCHEDULE["retention-apply"] = {"task": "tenants.retention_apply",
+                                           "schedule": float(RETENTION_APPLY_SECONDS)}
+# tenant exports (zips) are written here and downloaded by the tenant's owners
+EXPORT_DIR = Path(env_str("EXPORT_DIR", "") or VAR_DIR / "exports")

@@ -216,7 +216,9 @@ def token_create_input(data: QueryDict, *, now: datetime) -> dict:
     if days:
         expires_at = now + timedelta(days=parse_integer(days, field="expires_at", low=1, high=MAX_TOKEN_LIFETIME.days,
                                                         what="a number of days from now"))
-    return {"name": data.get("name", ""), "scopes": data.getlist("scopes"), "expires_at": expires_at}
+    projects = [slug for slug in data.getlist("projects") if slug]
+    return {"name": data.get("name", ""), "scopes": data.getlist("scopes"), "expires_at": expires_at,
+            "projects": projects or None}  # none ticked: every project of the tenant
 
 
 # -- platform staff: quotas and SLO contracts -------------------------------------------------------------

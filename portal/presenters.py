@@ -402,3 +402,16 @@ def expiring_in_seconds(lease, now) -> int:
         return 0
     left = int((lease.ends_at - now).total_seconds())
     return left if 0 < left <= settings.LEASE_EXPIRING_NOTICE_SECONDS else 0
+
+
+def token_rows(tokens, projects) -> list:
+    """The tokens, each with ``project_slugs``: the slugs of the projects it is limited to (empty: every
+    project; a token whose projects were all deleted reaches none: "(deleted projects)")."""
+    slugs = {project.pk: project.slug for project in projects}
+    rows = list(tokens)
+    for token in rows:
+        if token.project_ids is None:
+            token.project_slugs = []
+        else:
+            token.project_slugs = [slugs[pk] for pk in token.project_ids if pk in slugs] or ["(deleted projects)"]
+    return rows

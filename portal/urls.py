@@ -1,7 +1,7 @@
 from django.urls import path, re_path
 from django.views.generic import RedirectView
 
-from portal import allocation, billing, capacity, ops, pipelines, tiering, views
+from portal import allocation, audit, billing, capacity, offboarding, ops, pipelines, tiering, views
 
 app_name = "portal"
 
@@ -33,6 +33,9 @@ urlpatterns = [
             name="invoice-focus"),
     path("invoices/<int:pk>/breakdown.csv", allocation.InvoiceBreakdownView.as_view(), name="invoice-breakdown"),
     path("settings/spend-alerts", allocation.SpendAlertsView.as_view(), name="spend-alerts"),
+    path("settings/audit", audit.AuditView.as_view(), name="audit"),
+    path("settings/exports", offboarding.ExportsView.as_view(), name="exports"),
+    path("settings/close", offboarding.TenantCloseView.as_view(), name="tenant-close"),
     path("settings/budgets", billing.BudgetsView.as_view(), name="budgets"),
     path("settings/budgets/<int:pk>/delete", billing.BudgetDeleteView.as_view(), name="budget-delete"),
     path("settings/tokens/<int:pk>/revoke", views.TokenRevokeView.as_view(), name="token-revoke"),

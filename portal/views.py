@@ -445,8 +445,11 @@ class TokensView(TenantView):
     write_action = "self"  # one's own tokens (not while suspended); the service caps the scopes by role
 
     def render_page(self, request, *, errors=None, values=None, status=200):
+        projects = list(selectors.project_list(actor=self.actor))
         context = {
-            "tokens": selectors.api_token_list(actor=self.actor),
+            "tokens": presenters.token_rows(selectors.api_token_list(actor=self.actor), projects),
+            "projects": projects,
+            "chosen_projects": values.getlist("projects") if values else [],
             "can_manage": self.actor.can("manage"),
             "can_write": self.actor.can("use"),
             "scopes": TokenScope.choices,
@@ -468,7 +471,8 @@ class TokensView(TenantView):
             token, secret = services.api_token_create(actor=self.actor, now=now,
                                                       **forms.token_create_input(request.POST, now=now))
         except ApplicationError as error:
-            return self.render_page(request, errors=forms.FieldErrors(error, shown={"name", "scopes", "expires_at"}),
+            return self.render_page(request, errors=forms.FieldErrors(error, shown={"name", "scopes", "expires_at",
+                                                                                "projects"}),
                                     values=request.POST, status=error.status)
         # the secret is in this response only: never stored, never cached, not in a redirect
         response = render(request, "portal/token_created.html", {"token": token, "secret": secret, "tab": "tokens"},

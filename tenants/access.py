@@ -15,6 +15,9 @@ Actions (``ACTIONS``: the weakest role allowed, and whether a suspended tenant m
   ``manage``   projects, roles below owner                               admin and up     active only
   ``own``      owners, billing settings, the tenant itself               owner            active only
 Every action but ``view`` changes something, so it also needs the ``write`` scope when a token acts.
+A token limited to named projects (``ApiToken.project_ids``) sees, through ``restrict``, only those projects
+and what belongs to them (models that name ``project_lookup``); it may do only what stays inside a project
+(``view``, ``leave``, ``use``, ``release``): ``PROJECT_SCOPED_ACTIONS``.
 A suspended tenant may read and may only give things back (leases, tokens, memberships): it can start
 nothing that costs money or grants access (docs/tenancy.md, "Suspension").
 """
@@ -54,6 +57,9 @@ ACTIONS: dict[str, ActionRule] = {
     "own": ActionRule(Role.OWNER, False),
 }
 ACTION_MIN_ROLE: dict[str, Role] = {action: rule.min_role for action, rule in ACTIONS.items()}
+# what a project-scoped token may do: nothing that reaches the tenant as a whole (its projects, members,
+# tokens, owners and billing settings)
+PROJECT_SCOPED_ACTIONS = frozenset({"view", "leave", "use", "release"})
 
 
 @dataclass(frozen=True)
@@ -65,6 +71,7 @@ class Actor:
     role: Role
     scopes: frozenset[str] = field(default_factory=lambda: frozenset(TokenScope.values))
     token: ApiToken | None = None
+    project_ids: frozenset[int] | None = None  # a project-scoped token's projects; None: the whole tenant
 
     @property
     def can_write(self) -> bool:
@@ -77,6 +84,8 @@ class Actor:
             return False
         if action != "view" and not self.can_write:
             return False
+        if self.project_ids is not None and action not in PROJECT_SCOPED_ACTIONS:
+            return False
         return rule.while_suspended or self.tenant.is_active
 
     def require(self, action: Action) -> None:
@@ -84,6 +93,9 @@ class Actor:
         rule = ACTIONS[action]
         if action != "view" and not self.can_write:
             raise PermissionDenied("This API token has read scope only.")
+        if self.project_ids is not None and action not in PROJECT_SCOPED_ACTIONS:
+            raise PermissionDenied("This API token is limited to named projects; it cannot act on the tenant "
+                                   "as a whole.")
         if ROLE_RANK[Role(self.role)] < ROLE_RANK[rule.min_role]:
             raise PermissionDenied(
                 f"Your role '{self.role}' in tenant '{self.tenant.slug}' does not allow this "
@@ -95,11 +107,16 @@ class Actor:
 
 
 def restrict(queryset: QuerySet, actor: Actor) -> QuerySet:
-    """Only the rows of ``queryset`` that belong to the actor's tenant."""
+    """Only the rows of ``queryset`` that belong to the actor's tenant, and, for a project-scoped token, of
+    the rows that belong to a project (the model's ``project_lookup``) only its projects'."""
     model: type[Model] = queryset.model
     lookup = getattr(model, "tenant_lookup", None)
     if lookup is None:
         raise TypeError(f"{model.__name__} declares no tenant_lookup; it cannot be shown to tenants")
     if lookup == "":
         return queryset.filter(pk=actor.tenant.pk)
-    return queryset.filter(**{lookup: actor.tenant})
+    queryset = queryset.filter(**{lookup: actor.tenant})
+    project_lookup = getattr(model, "project_lookup", None)
+    if actor.project_ids is not None and project_lookup is not None:
+        queryset = queryset.filter(**{f"{project_lookup}__in": sorted(actor.project_ids)})
+    return queryset

@@ -33,6 +33,7 @@ from tenants.models import (
     SloContract,
     SloCreditStep,
     Tenant,
+    TenantExport,
     TenantQuota,
 )
 
@@ -298,11 +299,11 @@ class QuotaAdmin(ServiceAdmin):
 # -- API tokens -----------------------------------------------------------------------------------------------
 @admin.register(ApiToken)
 class ApiTokenAdmin(ServiceAdmin):
-    list_display = ["prefix", "name", "tenant", "user", "scopes", "created_at", "expires_at", "last_used_at",
-                    "revoked_at"]
+    list_display = ["prefix", "name", "tenant", "user", "scopes", "project_ids", "created_at", "expires_at",
+                    "last_used_at", "revoked_at"]
     list_filter = ["tenant"]
     search_fields = ["prefix", "name", "user__username"]
-    fields = ["prefix", "name", "tenant", "user", "scopes", "created_at", "expires_at", "last_used_at",
+    fields = ["prefix", "name", "tenant", "user", "scopes", "project_ids", "created_at", "expires_at", "last_used_at",
               "revoked_at"]
     readonly_fields = fields
     actions = ["revoke"]
@@ -436,3 +437,22 @@ class TotpDeviceAdmin(ServiceAdmin):
     def reset(self, request, queryset):
         self.each_row(request, queryset, "reset", lambda device: second_factor_reset(user=device.user,
                                                                                       by=request.user))
+
+
+@admin.register(TenantExport)
+class TenantExportAdmin(admin.ModelAdmin):
+    """Read-only: exports are requested and built through ``tenants.offboarding`` (audited), never edited."""
+
+    list_display = ["pk", "tenant", "state", "requested_by", "requested_at", "finished_at", "size_bytes"]
+    list_filter = ["state", "tenant"]
+    readonly_fields = ["tenant", "requested_by", "state", "requested_at", "finished_at", "size_bytes", "sha256",
+                       "error"]
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+    def has_add_permission(self, request):
+        return False

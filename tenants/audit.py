@@ -7,9 +7,14 @@ Every service that changes something a platform admin or a tenant owner must be 
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
-from tenants.access import Actor
+from django.db.models import Q, QuerySet
+
+from core.errors import PermissionDenied
+from tenants.access import Actor, restrict
+from tenants.choices import ROLE_RANK, Role
 from tenants.models import AuditEvent, Tenant
 
 
@@ -23,3 +28,28 @@ def audit_record(*, tenant: Tenant | None, by: Actor | Any | None, action: str, 
     return AuditEvent.objects.create(
         tenant=tenant, actor=user if user is not None and user.is_authenticated else None, action=action,
         target=target, data=data or {})
+
+
+# --- readers -------------------------------------------------------------------------------------------
+
+
+def audit_event_list(*, actor: Actor, username: str = "", kind: str = "", target: str = "",
+                     since: datetime | None = None, until: datetime | None = None) -> QuerySet[AuditEvent]:
+    """The tenant's audit trail, newest first, for its admins and owners (through ``restrict``: another
+    tenant's events and the platform's own are never in it). ``kind`` matches an action exactly or as a dotted
+    prefix (``token`` matches ``token.create`` and ``token.use``); ``since`` inclusive, ``until`` exclusive."""
+    if ROLE_RANK[Role(actor.role)] < ROLE_RANK[Role.ADMIN] or actor.project_ids is not None:
+        raise PermissionDenied("The audit trail is for the tenant's admins and owners (and not for a token "
+                               "limited to projects).")
+    events = restrict(AuditEvent.objects.select_related("actor"), actor)
+    if username:
+        events = events.filter(actor__username=username)
+    if kind:
+        events = events.filter(Q(action=kind) | Q(action__startswith=f"{kind}."))
+    if target:
+        events = events.filter(target=target)
+    if since is not None:
+        events = events.filter(created_at__gte=since)
+    if until is not None:
+        events = events.filter(created_at__lt=until)
+    return events.order_by("-created_at", "-id")

@@ -46,6 +46,9 @@ class Tenant(models.Model):
     label_keys = ArrayField(models.CharField(max_length=63), default=list, blank=True, db_default=[])
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
+    # closed by its owner (``tenants.offboarding.tenant_close``): suspended for good, personal data removed,
+    # financial records kept; a closed tenant is never reactivated
+    closed_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["slug"]
@@ -78,6 +81,7 @@ class Project(models.Model):
     """
 
     tenant_lookup = "tenant"
+    project_lookup = "pk"  # a project-scoped token (``ApiToken.project_ids``) sees only its projects
 
     tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="projects")
     slug = models.SlugField(max_length=63)
@@ -141,6 +145,10 @@ class ApiToken(models.Model):
     expires_at = models.DateTimeField(null=True, blank=True)
     last_used_at = models.DateTimeField(null=True, blank=True)
     revoked_at = models.DateTimeField(null=True, blank=True)
+    # the projects the token may reach (their ids; ``tenants.access.restrict`` narrows every project-owned
+    # query to them); null: every project of the tenant. Ids, not a many-to-many: the one-query token lookup
+    # reads them with the token, and a deleted project's id matches nothing (never widens the token)
+    project_ids = ArrayField(models.BigIntegerField(), null=True, blank=True)
 
     class Meta:
         ordering = ["tenant_id", "-created_at", "id"]
@@ -160,6 +168,8 @@ class ApiToken(models.Model):
                 name="apitoken_revoked_after_creation",
             ),
             models.CheckConstraint(condition=Q(name__regex=r"\S"), name="apitoken_name_not_blank"),
+            models.CheckConstraint(condition=Q(project_ids__isnull=True) | Q(project_ids__len__gte=1),
+                                   name="apitoken_project_ids_not_empty"),
         ]
 
     def __str__(self) -> str:
@@ -200,6 +210,7 @@ class Quota(models.Model):
     """
 
     tenant_lookup = "project__tenant"
+    project_lookup = "project"
 
     project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="quotas")
     tier = models.CharField(max_length=32)
@@ -304,8 +315,9 @@ class SloCreditStep(models.Model):
 
 
 class AuditEvent(models.Model):
-    """Append-only record of a change made by a service: who, what, when. A trigger (migration 0002)
-    refuses UPDATE and DELETE, so history cannot be rewritten."""
+    """Append-only record of a change made by a service: who, what, when. A trigger refuses UPDATE always and
+    DELETE except inside the retention purge (``tenants.retention``: migration 0006), so history cannot be
+    rewritten."""
 
     tenant_lookup = "tenant"
 
@@ -318,7 +330,8 @@ class AuditEvent(models.Model):
 
     class Meta:
         ordering = ["-created_at", "-id"]
-        indexes = [models.Index(fields=["tenant", "-created_at"], name="auditevent_tenant_time")]
+        indexes = [models.Index(fields=["tenant", "-created_at"], name="auditevent_tenant_time"),
+                   models.Index(fields=["created_at"], name="auditevent_time")]  # the retention purge
 
     def __str__(self) -> str:
         return f"{self.created_at:%Y-%m-%d %H:%M} {self.action} {self.target}"
@@ -394,3 +407,38 @@ class RecoveryCode(models.Model):
 
     def __str__(self) -> str:
         return f"recovery code of {self.user_id}"
+
+
+class TenantExport(models.Model):
+    """A zip of everything a tenant owns (``tenants.offboarding``): members, projects, leases, usage, invoices
+    with their PDFs, audit events, and a manifest with each file's SHA-256. Built by a Celery task after the
+    request commits; downloadable by the tenant's owners. ``state`` moves pending → ready | failed, once."""
+
+    tenant_lookup = "tenant"
+
+    class State(models.TextChoices):
+        PENDING = "pending", "Pending"
+        READY = "ready", "Ready"
+        FAILED = "failed", "Failed"
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="exports")
+    requested_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, null=True,
+                                     related_name="+")
+    state = models.CharField(max_length=8, choices=State.choices, default=State.PENDING)
+    requested_at = models.DateTimeField(default=timezone.now)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    size_bytes = models.PositiveBigIntegerField(null=True, blank=True)
+    sha256 = models.CharField(max_length=64, blank=True)
+    error = models.TextField(blank=True)
+
+    class Meta:
+        ordering = ["-requested_at", "-id"]
+        constraints = [
+            models.CheckConstraint(condition=Q(state__in=["pending", "ready", "failed"]),
+                                   name="tenantexport_state_valid"),
+            models.CheckConstraint(condition=Q(state="pending") | Q(finished_at__isnull=False),
+                                   name="tenantexport_finished_has_time"),
+        ]
+
+    def __str__(self) -> str:
+        return f"export {self.pk} of {self.tenant_id} ({self.state})"

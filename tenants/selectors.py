@@ -27,7 +27,8 @@ def actor_for_request(request) -> Actor | None:
     token = getattr(request, "auth", None)
     if isinstance(token, ApiToken):
         actor = Actor(user=request.user, tenant=token.tenant, role=Role(token.role),
-                      scopes=frozenset(token.scopes), token=token)
+                      scopes=frozenset(token.scopes), token=token,
+                      project_ids=frozenset(token.project_ids) if token.project_ids is not None else None)
     else:
         memberships = list(membership_list_for_user(user=request.user))
         if not memberships:

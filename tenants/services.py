@@ -113,6 +113,8 @@ def tenant_set_status(*, tenant: Tenant, status: str, by_user=None, reason: str 
     """
     if status not in TenantStatus.values:
         raise ValidationFailed(f"status must be one of {', '.join(TenantStatus.values)}.", field="status")
+    if tenant.closed_at is not None and status != TenantStatus.SUSPENDED:
+        raise Conflict(f"Tenant '{tenant.slug}' was closed by its owner; it cannot be reactivated.", field="status")
     now = timezone.now()
     by = f"staff:{by_user.get_username()}" if by_user is not None and by_user.is_authenticated else "broker"
     note = f" ({reason})" if reason else ""
@@ -327,12 +329,15 @@ def membership_invite(*, actor: Actor, username: str, role: str) -> Membership:
 
 
 def api_token_create(
-    *, actor: Actor, name: str, scopes: list[str], expires_at: datetime | None = None, now: datetime | None = None
+    *, actor: Actor, name: str, scopes: list[str], expires_at: datetime | None = None, now: datetime | None = None,
+    projects: list[str] | None = None,
 ) -> tuple[ApiToken, str]:
     """Create a token for the acting member; return it with its secret, which is never shown again.
 
     Viewers may only hold read tokens; a token can never grant more than its member's role. A read-only
     token cannot create tokens, and no token is created while the tenant is suspended (``self``).
+    ``projects`` (slugs of the tenant's projects) limits the token to them (``tenants.access.restrict``);
+    None: the whole tenant.
     """
     actor.require("self")
     now = now or timezone.now()
@@ -350,6 +355,15 @@ def api_token_create(
             raise ValidationFailed("expires_at must be in the future.", field="expires_at")
         if expires_at - now > MAX_TOKEN_LIFETIME:
             raise ValidationFailed("expires_at must be within 366 days.", field="expires_at")
+    project_ids = None
+    if projects is not None:
+        if not isinstance(projects, list | tuple) or not projects:
+            raise ValidationFailed("projects must be a non-empty list of project slugs, or null.", field="projects")
+        found = dict(Project.objects.filter(tenant=actor.tenant, slug__in=list(projects)).values_list("slug", "pk"))
+        missing = sorted(set(projects) - set(found))
+        if missing:
+            raise ValidationFailed(f"No project {missing[0]!r} in this tenant.", field="projects")
+        project_ids = sorted(set(found.values()))
     token_text, prefix, secret_hash = token_generate()
     with transaction.atomic(durable=True):
         token = ApiToken.objects.create(
@@ -361,8 +375,11 @@ def api_token_create(
             scopes=scopes,
             created_at=now,
             expires_at=expires_at,
+            project_ids=project_ids,
         )
-        audit_record(tenant=actor.tenant, by=actor.user, action="token.create", target=prefix, data={"scopes": scopes})
+        audit_record(tenant=actor.tenant, by=actor.user, action="token.create", target=prefix,
+                     data={"scopes": scopes, "projects": sorted(projects) if projects is not None else None,
+                           "expires_at": expires_at.isoformat() if expires_at else None})
     return token, token_text
 
 
@@ -381,13 +398,22 @@ def api_token_revoke(*, actor: Actor, token: ApiToken, now: datetime | None = No
     return token
 
 
+TOKEN_USE_AUDIT_INTERVAL = timedelta(days=1)
+
+
 def api_token_mark_used(*, token: ApiToken, now: datetime) -> None:
-    """Record use at most once a minute per token (a conditional update, never a write per request)."""
+    """Record use at most once a minute per token (a conditional update, never a write per request); the
+    first use, and the first after a day unused, is also an audit row (``token.use``: the tenant's auditors
+    see that a token is in use, not each request)."""
     if token.last_used_at is not None and token.last_used_at >= now - timedelta(seconds=60):
         return  # the row as loaded for this request is recent enough: no query at all
-    ApiToken.objects.filter(pk=token.pk).filter(
-        Q(last_used_at__isnull=True) | Q(last_used_at__lt=now - timedelta(seconds=60))
-    ).update(last_used_at=now)
+    with transaction.atomic():
+        changed = ApiToken.objects.filter(pk=token.pk).filter(
+            Q(last_used_at__isnull=True) | Q(last_used_at__lt=now - timedelta(seconds=60))
+        ).update(last_used_at=now)
+        if changed and (token.last_used_at is None or token.last_used_at < now - TOKEN_USE_AUDIT_INTERVAL):
+            audit_record(tenant=token.tenant, by=token.user, action="token.use", target=token.prefix,
+                         data={"last_used_at": token.last_used_at.isoformat() if token.last_used_at else None})
 
 
 # --- quotas (platform staff) -------------------------------------------------------------------

@@ -105,6 +105,9 @@ def lease_request(*, actor: Actor, project: str, gpu: object, workload_class: st
     found = _project_lookup(bool(idempotency_key), conditions).rows(
         tenant_id=actor.tenant.pk, slug=project, key=idempotency_key)
     row = found[0] if found else None
+    if actor.project_ids is not None and (row is None or row["id"] not in actor.project_ids):
+        # a token limited to other projects: this one does not exist for it (tenants.access.restrict)
+        raise NotFound(f"No project {project!r} in this tenant.", field="project")
     replayed = row["replayed"] if row is not None else (
         Lease.objects.filter(tenant=actor.tenant, idempotency_key=idempotency_key).order_by()
         .values_list("pk", flat=True).first() if idempotency_key else None)

@@ -1,5 +1,6 @@
 import re
 
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from tenants.choices import Role, TokenScope
@@ -148,11 +149,20 @@ class MembershipUpdateInput(StrictSerializer):
 
 class ApiTokenOutput(serializers.ModelSerializer):
     username = serializers.CharField(source="user.username")
+    projects = serializers.SerializerMethodField(
+        help_text="The projects (slugs) the token is limited to; null: every project of the tenant.")
 
     class Meta:
         model = ApiToken
-        fields = ["id", "name", "prefix", "scopes", "username", "created_at", "expires_at", "last_used_at",
-                  "revoked_at"]
+        fields = ["id", "name", "prefix", "scopes", "projects", "username", "created_at", "expires_at",
+                  "last_used_at", "revoked_at"]
+
+    @extend_schema_field(serializers.ListField(child=serializers.CharField(), allow_null=True))
+    def get_projects(self, token: ApiToken) -> list[str] | None:
+        if token.project_ids is None:
+            return None
+        return list(Project.objects.filter(tenant_id=token.tenant_id, pk__in=token.project_ids)
+                    .order_by("slug").values_list("slug", flat=True))
 
 
 class ApiTokenCreatedOutput(ApiTokenOutput):
@@ -166,6 +176,10 @@ class ApiTokenCreateInput(StrictSerializer):
     name = serializers.RegexField(NAME_PATTERN, max_length=100)
     scopes = serializers.ListField(child=serializers.ChoiceField(choices=TokenScope.choices), min_length=1)
     expires_at = serializers.DateTimeField(required=False, allow_null=True, default=None)
+    projects = serializers.ListField(
+        child=serializers.RegexField(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$", max_length=63), min_length=1,
+        required=False, allow_null=True, default=None,
+        help_text="Limit the token to these projects (slugs); absent or null: every project of the tenant.")
 
 
 class SloCreditStepOutput(serializers.ModelSerializer):

@@ -1,6 +1,6 @@
 from django.urls import path
 
-from tenants.api import platform, views
+from tenants.api import audit, offboarding, platform, views
 
 urlpatterns = [
     path("tenant", views.TenantApi.as_view(), name="api-tenant"),
@@ -12,6 +12,12 @@ urlpatterns = [
     path("tokens", views.TokenListApi.as_view(), name="api-tokens"),
     path("tokens/<int:pk>", views.TokenDetailApi.as_view(), name="api-token"),
     path("slo-contracts", views.SloContractListApi.as_view(), name="api-slo-contracts"),
+    path("audit-events", audit.AuditEventListApi.as_view(), name="api-audit-events"),
+    path("tenant/exports", offboarding.TenantExportListApi.as_view(), name="api-tenant-exports"),
+    path("tenant/exports/<int:pk>", offboarding.TenantExportDetailApi.as_view(), name="api-tenant-export"),
+    path("tenant/exports/<int:pk>/archive", offboarding.TenantExportArchiveApi.as_view(),
+         name="api-tenant-export-archive"),
+    path("tenant/close", offboarding.TenantCloseApi.as_view(), name="api-tenant-close"),
 ]
 
 # the staff API (tenants/api/platform.py): platform staff only

@@ -8,7 +8,7 @@ import pytest
 from django.urls import URLPattern
 
 from tenants.api.urls import urlpatterns
-from tenants.models import ApiToken, Membership, Project
+from tenants.models import ApiToken, Membership, Project, TenantExport
 
 
 def _other_ids(world):
@@ -16,6 +16,7 @@ def _other_ids(world):
         "slug": world.other_project.slug,
         "member": Membership.objects.get(user=world.outsider).pk,
         "token": ApiToken.objects.filter(user=world.outsider).first().pk,
+        "export": TenantExport.objects.get_or_create(tenant=world.globex, requested_by=world.outsider)[0].pk,
     }
 
 
@@ -30,10 +31,13 @@ CASES = [
     ("api-token", "get", "/api/v1/tokens/{token}", None),
     ("api-token", "delete", "/api/v1/tokens/{token}", None),
     ("api-quotas", "get", "/api/v1/quotas?project={slug}", None),
+    ("api-tenant-export", "get", "/api/v1/tenant/exports/{export}", None),
+    ("api-tenant-export-archive", "get", "/api/v1/tenant/exports/{export}/archive", None),
 ]
 # Routes without an object id: their lists must not contain the other tenant's objects.
 LIST_ROUTES = {"api-tenant", "api-projects", "api-quotas", "api-members", "api-tokens", "api-slo-contracts",
-               "api-tenant-sign-in"}
+               "api-tenant-sign-in", "api-audit-events", "api-tenant-exports",
+               "api-tenant-close"}  # closes the caller's own tenant: test_offboarding.py
 
 
 # The staff API (tenants/api/platform.py) crosses tenants by design, for platform staff only: no tenant member reaches
@@ -73,7 +77,7 @@ def test_isolation_other_tenants_objects_are_404(world, who, name, method, path,
     if response.status_code == 403:
         # A role that may not write at all is refused before any lookup: the answer is the same for an
         # object that does not exist, so it reveals nothing about the other tenant.
-        missing = path.format(slug="no-such-project", member=10**9, token=10**9)
+        missing = path.format(slug="no-such-project", member=10**9, token=10**9, export=10**9)
         assert getattr(world.client(who), method)(missing, body, format="json").status_code == 403
     else:
         assert response.status_code == 404, (url, response.content)
@@ -96,6 +100,9 @@ def test_isolation_lists_hold_only_own_objects(world):
     assert "bob" not in tokens
     slo = client.get("/api/v1/slo-contracts").json()["results"]
     assert slo == []
+    audit = client.get("/api/v1/audit-events?limit=500").json()["results"]
+    assert audit and {e["actor"] for e in audit} <= {"alice", "ann", "max", "vic", None}
+    assert "bob" not in {e["actor"] for e in audit} and "globex" not in {e["object"] for e in audit}
 
 
 def test_isolation_same_slug_in_two_tenants_resolves_to_own(world):

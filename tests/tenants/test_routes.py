@@ -68,6 +68,13 @@ ROUTES: dict[str, Route] = {
     "api-tokens": Route("api", "/api/v1/tokens", {"get": None, "post": {"name": "t", "scopes": ["read"]}}),
     "api-token": Route("api", "/api/v1/tokens/{id}", {"get": None, "delete": None}, obj="token"),
     "api-slo-contracts": Route("api", "/api/v1/slo-contracts", READ),
+    # the audit trail: admins and owners read it (a member's or viewer's read is 403: test_audit_api.py)
+    "api-audit-events": Route("api", "/api/v1/audit-events", READ),
+    # exports and closure: the tenant's owners (others, 403: test_offboarding.py)
+    "api-tenant-exports": Route("api", "/api/v1/tenant/exports", {"get": None, "post": None}),
+    "api-tenant-export": Route("api", "/api/v1/tenant/exports/{id}", READ, obj="export"),
+    "api-tenant-export-archive": Route("api", "/api/v1/tenant/exports/{id}/archive", READ, obj="export"),
+    "api-tenant-close": Route("api", "/api/v1/tenant/close", {"post": {"confirm": "acme"}}),
     # -- leasing API (broker/api) ---------------------------------------------------------------------
     "api-leases": Route("api", "/api/v1/leases", {
         "get": None, "post": {"project": "vision", "gpu": {"kind": "mig", "profile": "1g.10gb"}}}),
@@ -218,6 +225,9 @@ ROUTES: dict[str, Route] = {
     "portal:lease-release": Route("portal", "/leases/{id}/release", {"post": {}}, obj="lease"),
     "portal:lease-renew": Route("portal", "/leases/{id}/renew", {"post": {"duration_seconds": "600"}}, obj="lease"),
     "portal:usage": Route("portal", "/usage", READ),
+    "portal:audit": Route("portal", "/settings/audit", READ),
+    "portal:exports": Route("portal", "/settings/exports", {"get": None, "post": {}}),
+    "portal:tenant-close": Route("portal", "/settings/close", {"post": {"confirm": "acme"}}),
     "portal:invoices": Route("portal", "/invoices/", READ),
     "portal:invoice": Route("portal", "/invoices/{id}", READ, obj="invoice"),
     "portal:invoice-document": Route("portal", "/invoices/{id}.csv", READ, obj="invoice"),
@@ -370,7 +380,7 @@ def test_routes_every_pattern_and_method_has_cases():
 
 # -- the world: two tenants with an object of each kind ----------------------------------------------------
 @pytest.fixture
-def objects(world):
+def objects(world, settings, tmp_path):
     """An object of each kind per tenant: ``own`` (acme's, not the viewer's), ``mine`` (acme's, the
     owner's own token and membership where a rule differs for one's own) and ``other`` (globex's)."""
 
@@ -433,6 +443,19 @@ def objects(world):
         return SpendAlertRule.objects.create(tenant=tenant, budget_minor=10**6, thresholds_pct=[50],
                                              created_at=datetime(2026, 1, 1, tzinfo=UTC)).pk
 
+    def export(tenant):  # a ready export with its zip (under this test's folder)
+        from django.utils import timezone
+
+        from tenants.models import TenantExport
+        from tenants.offboarding import export_path
+
+        settings.EXPORT_DIR = tmp_path / "exports"
+        made = TenantExport.objects.create(tenant=tenant, state="ready", finished_at=timezone.now(), size_bytes=4,
+                                           sha256="0" * 64)
+        export_path(made).parent.mkdir(parents=True, exist_ok=True)
+        export_path(made).write_bytes(b"PK\x05\x06" + bytes(18))  # an empty zip
+        return made.pk
+
     from billing.services import price_book_create
 
     price_book_create(name="list", currency="USD", effective_from=datetime(2025, 1, 1, tzinfo=UTC),
@@ -444,6 +467,7 @@ def objects(world):
                 "lease": lease(world.acme, world.member, world.project).pk, "invoice": invoice(world.acme).pk,
                 "credit_note": credit_note(world.acme)}
     own["adjustment"] = adjustment(world.acme, own["lease"])
+    own["export"] = export(world.acme)
     own.update(planned(world.acme, world.member, world.project))
     mine = {**own, "member": Membership.objects.get(user=world.owner).pk,
             "token": ApiToken.objects.filter(user=world.owner, scopes__contains=["write"]).first().pk}
@@ -457,6 +481,7 @@ def objects(world):
                   "adjustment": adjustment(world.globex, other_lease), "spend_cap": spend_cap(world.globex),
                   "credit_note": credit_note(world.globex),
                   "spend_alert_rule": spend_alert_rule(world.globex),
+                  "export": export(world.globex),
                   **planned(world.globex, world.outsider, world.other_project)},
     }
 
