@@ -22,6 +22,7 @@ from rest_framework.views import APIView
 
 from core.errors import ValidationFailed
 from core.openapi import problem
+from core.parsers import parse_integer
 from tenants.audit import audit_event_list
 from tenants.models import AuditEvent
 
@@ -46,6 +47,13 @@ class AuditEventCursorPagination(CursorPagination):
     page_size = 50
     page_size_query_param = "limit"
     max_page_size = 500
+
+    def get_page_size(self, request):
+        """``limit`` bounded and named as every list's (core.pagination): 1 to 500, else 400, never clamped."""
+        raw = request.query_params.get(self.page_size_query_param)
+        if raw is None:
+            return self.page_size
+        return parse_integer(raw, field=self.page_size_query_param, low=1, high=self.max_page_size)
 
     def decode_cursor(self, request):
         try:

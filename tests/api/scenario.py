@@ -200,9 +200,34 @@ def scripted_session(url: str, contract: Contract) -> set[tuple[str, str, int]]:
     pipeline_steps(step, world, contract.capped)
     tiering_steps(step, world, running["id"], contract.capped)
     staff_tenant_steps(step, world)
+    offboarding_steps(step, world)
     # no active lease is left for the fuzzer (it cannot place one; renewing this one is produced above)
     step(f"{v1}/leases/{{id}}", "delete", 202, f"{v1}/leases/{running['id']}", token=owner)
     return produced
+
+
+def offboarding_steps(step, world: World) -> None:
+    """The audit trail, an export and a closure (issue 34): acme, whose lease still runs, cannot close; its export,
+    built here as the worker would, downloads; a tenant of its own closes, and an export it asks for afterwards (a
+    token made in the database: closing revoked its tokens) is refused."""
+    from tenants.offboarding import tenant_export_build
+    from tests.factories import make_tenant
+
+    v1, owner = "/api/v1", world.tokens["owner"]
+    step(f"{v1}/audit-events", "get", 200, token=owner)
+    step(f"{v1}/tenant/close", "post", 409, token=owner, body={"confirm": world.acme.slug})  # a lease runs
+    made = step(f"{v1}/tenant/exports", "post", 202, token=owner)
+    tenant_export_build(export_id=made["id"])
+    step(f"{v1}/tenant/exports/{{id}}/archive", "get", 200, f"{v1}/tenant/exports/{made['id']}/archive",
+         token=owner)
+    leaving = make_tenant("leaving")
+    person = make_member(leaving, "leaving-owner", Role.OWNER)
+    _, secret = make_token(leaving, person)
+    step(f"{v1}/tenant/close", "post", 200, token=secret, body={"confirm": "leaving"})
+    type(person).objects.filter(pk=person.pk).update(is_active=True)  # back, in the database only
+    Membership.objects.create(user=person, tenant=leaving, role=Role.OWNER)
+    _, again = make_token(leaving, person)
+    step(f"{v1}/tenant/exports", "post", 409, token=again)
 
 
 def capacity_steps(step, world: World) -> None:
