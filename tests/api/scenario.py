@@ -199,11 +199,88 @@ def scripted_session(url: str, contract: Contract) -> set[tuple[str, str, int]]:
     workload_steps(step, world, node["secret"])
     pipeline_steps(step, world, contract.capped)
     tiering_steps(step, world, running["id"], contract.capped)
-    staff_tenant_steps(step, world)
+    staff = staff_tenant_steps(step, world)
+    staff_sign_in_steps(step, world, staff)
+    staff_billing_steps(step, world, staff, contract.invoice_id)
     offboarding_steps(step, world)
     # no active lease is left for the fuzzer (it cannot place one; renewing this one is produced above)
     step(f"{v1}/leases/{{id}}", "delete", 202, f"{v1}/leases/{running['id']}", token=owner)
     return produced
+
+
+def _bodies_refused(step, staff: str, calls) -> None:
+    """413 and 415 on each (template, method, path) that takes a body, as every body route answers them."""
+    for template, method, path in calls:
+        step(template, method, 415, path, token=staff, raw=b"x=1", content_type="text/plain")
+        step(template, method, 413, path, token=staff, raw=b'{"a": "' + b"x" * 3_000_000 + b'"}')
+
+
+def staff_sign_in_steps(step, world: World, staff: str) -> None:
+    """A tenant's sign-in settings as staff (issue 34): read and changed, an e-mail domain another tenant's single
+    sign-on already claims refused (409) from staff and from the tenant's own owner, 404 for no such tenant."""
+    v1, sign_in = "/api/v1", "/api/v1/tenants/{slug}/sign-in"
+    globex, acme = sign_in.format(slug=world.globex.slug), sign_in.format(slug=world.acme.slug)
+    step(sign_in, "get", 200, globex, token=staff)
+    step(sign_in, "patch", 200, globex, token=staff, body={"allowed_email_domains": ["globex.example"]})
+    step(sign_in, "patch", 409, acme, token=staff, body={"allowed_email_domains": ["globex.example"]})
+    step(f"{v1}/tenant/sign-in", "patch", 409, token=world.tokens["owner"],
+         body={"allowed_email_domains": ["globex.example"]})
+    step(sign_in, "get", 404, sign_in.format(slug="nobody"), token=staff)
+    step(sign_in, "patch", 404, sign_in.format(slug="nobody"), token=staff, body={})
+    _bodies_refused(step, staff, [(sign_in, "patch", globex)])
+
+
+def staff_billing_steps(step, world: World, staff: str, invoice_id: int) -> None:
+    """Corrections, prepaid credit and taxes as staff (issue 33): a credit note, a payment and its refund, the
+    tenant's copy of the note, a void (then another void or credit note is 409; a payment waits for a finalized
+    invoice: 409 on a draft), credit grants, a tax
+    profile and rates (a second active rate of one name is 409), 404 for what does not exist, 413/415 on bodies."""
+    v1, owner = "/api/v1", world.tokens["owner"]
+    balance, notes = f"{v1}/billing/invoices/{{id}}", f"{v1}/billing/invoices/{{id}}/credit-notes"
+    void, payments = f"{v1}/billing/invoices/{{id}}/void", f"{v1}/billing/invoices/{{id}}/payments"
+    refunds = f"{v1}/billing/payments/{{id}}/refunds"
+    here = {"id": invoice_id}
+    step(balance, "get", 200, balance.format(**here), token=staff)
+    note = step(notes, "post", 201, notes.format(**here), token=staff,
+                body={"reason": "duplicate", "memo": "contract", "amount_minor": 1})
+    step(f"{v1}/credit-notes/{{id}}", "get", 200, f"{v1}/credit-notes/{note['id']}", token=owner)
+    for fmt in ("pdf", "csv"):
+        step(f"{v1}/credit-notes/{{id}}.{{fmt}}", "get", 200, f"{v1}/credit-notes/{note['id']}.{fmt}", token=owner)
+    payment = step(payments, "post", 201, payments.format(**here), token=staff, body={"amount_minor": 2})
+    step(refunds, "post", 201, refunds.format(id=payment["id"]), token=staff,
+         body={"amount_minor": 1, "reason": "contract"})
+    step(refunds, "post", 404, refunds.format(id=999999999), token=staff, body={"amount_minor": 1, "reason": "x"})
+    _bodies_refused(step, staff, [(notes, "post", notes.format(**here)), (payments, "post", payments.format(**here)),
+                                  (void, "post", void.format(**here)), (refunds, "post",
+                                                                         refunds.format(id=payment["id"]))])
+    step(void, "post", 200, void.format(**here), token=staff, body={"memo": "contract"})
+    step(void, "post", 409, void.format(**here), token=staff, body={"memo": "again"})
+    step(notes, "post", 409, notes.format(**here), token=staff,
+         body={"reason": "duplicate", "memo": "void", "amount_minor": 1})
+    draft = Invoice.objects.create(tenant=world.acme, period=date(2026, 2, 1), currency="USD", subtotal_minor=0,
+                                   total_minor=0, computed_at=timezone.now())  # payments wait for finalisation
+    step(payments, "post", 409, payments.format(id=draft.pk), token=staff, body={"amount_minor": 1})
+    step(void, "post", 404, void.format(id=999999999), token=staff, body={"memo": "x"})
+
+    grants, tax, rate = (f"{v1}/tenants/{{slug}}/credit-grants", f"{v1}/tenants/{{slug}}/tax",
+                         f"{v1}/tenants/{{slug}}/tax/rates/{{id}}")
+    acme, nobody = {"slug": world.acme.slug}, {"slug": "nobody"}
+    step(grants, "post", 201, grants.format(**acme), token=staff, body={"amount_minor": 500, "reason": "contract"})
+    step(grants, "get", 200, grants.format(**acme), token=staff)
+    step(grants, "get", 404, grants.format(**nobody), token=staff)
+    step(grants, "post", 404, grants.format(**nobody), token=staff, body={"amount_minor": 1, "reason": "x"})
+    step(tax, "put", 200, tax.format(**acme), token=staff, body={"tax_id": "DE123456789"})
+    vat = {"jurisdiction": "DE", "name": "VAT", "percentage": "19"}
+    made = step(tax, "post", 201, tax.format(**acme), token=staff, body=vat)
+    step(tax, "post", 409, tax.format(**acme), token=staff, body=vat)  # one active rate of a name
+    step(tax, "get", 200, tax.format(**acme), token=staff)
+    step(tax, "get", 404, tax.format(**nobody), token=staff)
+    step(tax, "put", 404, tax.format(**nobody), token=staff, body={})
+    _bodies_refused(step, staff, [(grants, "post", grants.format(**acme)), (tax, "post", tax.format(**acme)),
+                                  (tax, "put", tax.format(**acme))])
+    rate_id = made["rates"][0]["id"]
+    step(rate, "delete", 204, rate.format(id=rate_id, **acme), token=staff)
+    step(rate, "delete", 404, rate.format(id=999999999, **acme), token=staff)
 
 
 def offboarding_steps(step, world: World) -> None:
@@ -460,7 +537,7 @@ def tiering_steps(step, world: World, running_id: int, capped: str) -> None:
     step(f"{v1}/workloads/{{name}}/advice", "get", 200, f"{v1}/workloads/contract-bert/advice", token=owner)
 
 
-def staff_tenant_steps(step, world: World) -> None:
+def staff_tenant_steps(step, world: World) -> str:
     """The staff API for tenants (tenants/api/platform.py) with a staff member's token: a tenant onboarded (its
     quota, a project, its quota, an SLO contract replaced), each 409 (a taken slug, a bound below what projects
     hold, a project over the bound, an overlapping contract), a suspended tenant's 403 on changes, 404 for a tenant,
@@ -536,3 +613,4 @@ def staff_tenant_steps(step, world: World) -> None:
                                    (contracts, "get", None), (contracts, "post", {}), (contract, "get", None),
                                    (contract, "put", {})):
         step(template, method, 404, at(template, id=999999999, **nobody), token=staff, body=body)
+    return staff
