@@ -66,16 +66,15 @@ def test_a_warm_member_removed_under_a_cycle_refuses_that_placement(world, monke
     lease = ask(world, ONE_G)
     from broker.services import cycle
 
-    real_plan = cycle.plan
+    class RacingScheduler(cycle.Scheduler):
+        def schedule(self, *args, **kwargs):
+            decisions = super().schedule(*args, **kwargs)
+            assert decisions[0].warm == (str(member.pk),)
+            # a warm-pool shrink takes the member between the cycle's read and its write
+            Allocation.objects.filter(pk=member.pk).update(state=AllocationState.FREED, freed_at=timezone.now())
+            return decisions
 
-    def plan_then_race(*args, **kwargs):
-        decisions = real_plan(*args, **kwargs)
-        assert decisions[0].warm == (str(member.pk),)
-        # a warm-pool shrink takes the member between the cycle's read and its write
-        Allocation.objects.filter(pk=member.pk).update(state=AllocationState.FREED, freed_at=timezone.now())
-        return decisions
-
-    monkeypatch.setattr(cycle, "plan", plan_then_race)  # the core as the cycle calls it
+    monkeypatch.setattr(cycle, "Scheduler", RacingScheduler)  # the core as the cycle calls it
     services.schedule_cycle()
     lease.refresh_from_db()
     assert lease.state == LeaseState.QUEUED and "vacated" in lease.reason
