@@ -99,6 +99,8 @@ def unit_of(module: str) -> str | None:
         return None
     if module == "agent.protocol" or module.startswith("agent.protocol."):
         return "agent.protocol"
+    if module == "agent.relay":  # the HTTP and WebSocket relay both sides run: the agent to a workload's port, the
+        return "agent.protocol"  # broker's interactive proxy to the agent (stdlib and aiohttp only, no node code)
     return top
 
 
@@ -404,7 +406,8 @@ PURE = {
     # auto-tiering's decision engine: features, rules, the forest, the choice (docs/tiering.md)
     "tiering/engine": {"gpus", "tiering.engine"},
 }
-THIRD_PARTY_ALLOWED = {"agent": {"nvidia_ml_py", "pynvml", "aiohttp"}, "tiering/engine": {"numpy", "sklearn"},
+# yarl: aiohttp's own URL type (installed with it), so the relay can pass a path already encoded (agent/relay.py)
+THIRD_PARTY_ALLOWED = {"agent": {"nvidia_ml_py", "pynvml", "aiohttp", "yarl"}, "tiering/engine": {"numpy", "sklearn"},
                        "gpubroker_client": {"requests"}}
 # what must not be loaded at all when the pure modules are imported (a package __init__ counts too)
 FRAMEWORKS = {"django", "rest_framework", "celery", "kombu", "psycopg", "requests", "httpx"}

@@ -141,6 +141,26 @@ class InvoiceBreakdownApi(APIView):
         return Response(BreakdownOutput(result).data)
 
 
+class UsageBreakdownDocumentApi(UsageBreakdownApi):
+    """``usage/breakdown.<fmt>``: the same answer as a file, under an operation id of its own."""
+
+    @extend_schema(parameters=[PERIOD, BY], responses={(200, "text/csv"): OpenApiTypes.STR},
+                   operation_id="v1_usage_breakdown_document",
+                   summary="A month's usage charges by label, requesting user or project, as CSV")
+    def get(self, request, fmt: str = ""):
+        return super().get(request, fmt=fmt)
+
+
+class InvoiceBreakdownDocumentApi(InvoiceBreakdownApi):
+    """``invoices/<id>/breakdown.<fmt>``: the same answer as a file, under an operation id of its own."""
+
+    @extend_schema(parameters=[BY], responses={(200, "text/csv"): OpenApiTypes.STR},
+                   operation_id="v1_invoice_breakdown_document",
+                   summary="An invoice's usage lines by label, requesting user or project, as CSV")
+    def get(self, request, pk: int, fmt: str = ""):
+        return super().get(request, pk=pk, fmt=fmt)
+
+
 # -- FOCUS exports -----------------------------------------------------------------------------------------------
 def focus_response(rows: list[dict], name: str, fmt: str) -> HttpResponse:
     if fmt == "parquet":

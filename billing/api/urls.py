@@ -37,10 +37,10 @@ urlpatterns = [
     # cost allocation, spend alerts and standard exports (issue 33)
     path("label-keys", allocation.LabelKeysApi.as_view(), name="api-label-keys"),
     path("usage/breakdown", allocation.UsageBreakdownApi.as_view(), name="api-usage-breakdown"),
-    re_path(r"^usage/breakdown\.(?P<fmt>[a-z]+)$", allocation.UsageBreakdownApi.as_view(),
+    re_path(r"^usage/breakdown\.(?P<fmt>[a-z]+)$", allocation.UsageBreakdownDocumentApi.as_view(),
             name="api-usage-breakdown-csv"),
     path("invoices/<int:pk>/breakdown", allocation.InvoiceBreakdownApi.as_view(), name="api-invoice-breakdown"),
-    re_path(r"^invoices/(?P<pk>[0-9]+)/breakdown\.(?P<fmt>[a-z]+)$", allocation.InvoiceBreakdownApi.as_view(),
+    re_path(r"^invoices/(?P<pk>[0-9]+)/breakdown\.(?P<fmt>[a-z]+)$", allocation.InvoiceBreakdownDocumentApi.as_view(),
             name="api-invoice-breakdown-csv"),
     re_path(r"^invoices/(?P<pk>[0-9]+)/focus\.(?P<fmt>[a-z]+)$", allocation.InvoiceFocusApi.as_view(),
             name="api-invoice-focus"),

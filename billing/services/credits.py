@@ -88,7 +88,7 @@ def credit_expiry_notify(*, now: datetime | None = None) -> int:
     """Announce once each grant that expires within ``BILLING_CREDIT_EXPIRY_NOTICE_DAYS`` with a balance left:
     an audit row and a ``credit.expiring`` notification through the outbox (the tenant's webhooks subscribed to
     it). Returns how many grants were announced. Idempotent: ``expiry_notified_at`` is set."""
-    from notifications.services import notification_emit
+    from billing.events import tell
 
     now = now or timezone.now()
     horizon = now + timedelta(days=settings.BILLING_CREDIT_EXPIRY_NOTICE_DAYS)
@@ -108,7 +108,7 @@ def credit_expiry_notify(*, now: datetime | None = None) -> int:
                     "remaining": format_money(left, grant.currency), "expires_at": grant.expires_at.isoformat()}
             audit_record(tenant=grant.tenant, by=None, action="billing.credit_expiring", target=f"grant {grant.pk}",
                          data=data)
-            notification_emit(tenant=grant.tenant, kind="credit.expiring", data=data, key=f"grant_{grant.pk}",
+            tell(tenant=grant.tenant, kind="credit.expiring", data=data, key=f"grant_{grant.pk}",
                                now=now)
             announced += 1
     return announced

@@ -61,9 +61,9 @@ def dunning_terms_set(*, tenant: Tenant, reminder_days: list[int], grace_days: i
 
 
 def _notify(case: DunningCase, kind: str, data: dict, key: str, now: datetime) -> None:
-    from notifications.services import notification_emit
+    from billing.events import tell
 
-    notification_emit(tenant=case.tenant, kind=kind, key=f"{case.invoice_id}_{key}", now=now, data={
+    tell(tenant=case.tenant, kind=kind, key=f"{case.invoice_id}_{key}", now=now, data={
         "invoice": case.invoice.number, "invoice_id": case.invoice_id, "state": case.state,
         "grace_ends_at": case.grace_ends_at.isoformat(), **data})
 

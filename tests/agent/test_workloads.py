@@ -465,9 +465,9 @@ LOOPBACK_PAGE = ("import http.server, os\n"
                  "    def do_GET(self):\n"
                  "        body = (self.path + ' ' + str(self.headers.get('X-Gpub-Signature'))).encode()\n"
                  "        self.send_response(200); self.end_headers(); self.wfile.write(body)\n"
-                 "print('on', os.environ['GPUB_LISTEN_HOST'], os.environ['PORT'], flush=True)\n"
-                 "http.server.HTTPServer((os.environ['GPUB_LISTEN_HOST'], int(os.environ['PORT'])), Page)"
-                 ".serve_forever()\n")
+                 "server = http.server.HTTPServer((os.environ['GPUB_LISTEN_HOST'], int(os.environ['PORT'])), Page)\n"
+                 "print('on', os.environ['GPUB_LISTEN_HOST'], os.environ['PORT'], flush=True)  # once it listens\n"
+                 "server.serve_forever()\n")
 
 
 def test_the_port_relay_reaches_a_running_workload_on_loopback_signed_only(client, agent):

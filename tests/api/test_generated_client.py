@@ -43,7 +43,9 @@ def generated(tmp_path):
         status, _, content = call(url, "get", "/api/schema/?format=json", token=token)
         assert status == 200
         (tmp_path / "openapi.json").write_bytes(content)
-        (tmp_path / "config.yaml").write_text(f"post_hooks: []\npackage_name_override: {PACKAGE}\n")
+        # a tenant export's archive is application/zip, which the generator does not know as binary: read as bytes
+        (tmp_path / "config.yaml").write_text(f"post_hooks: []\npackage_name_override: {PACKAGE}\n"
+                                              "content_type_overrides:\n  application/zip: application/octet-stream\n")
         run = subprocess.run([str(generator), "generate", "--path", "openapi.json", "--meta", "none",
                               "--output-path", PACKAGE, "--config", "config.yaml"],
                              cwd=tmp_path, capture_output=True, text=True, timeout=120)

@@ -50,7 +50,9 @@ def portal_pages() -> dict[str, tuple]:
         if any(word in pattern.name for word in ("accept", "reject", "apply", "release", "delete", "cordon",
                                                   "run", "status", "quota-set", "decide")):
             continue
-        pages[pattern.name] = tuple(pattern.pattern.converters)
+        # a path() names its arguments' converters; a re_path() has regex groups instead (invoice-focus's pk, fmt)
+        arguments = tuple(pattern.pattern.converters) or tuple(pattern.pattern.regex.groupindex)
+        pages[pattern.name] = arguments
     return pages
 
 
