@@ -11,6 +11,10 @@ exactly: multiplied by ``scale // weight`` where ``scale`` is the least common m
 integer and two projects tie only when their ratios are equal (no float ties). With ``H = 0`` the history is left
 out and the key is ``current borrowed use / weight`` exactly, the order the scheduler had before history.
 
+History counts in whole GPU-hours (``HISTORY_GRANULE``): projects whose decayed use differs by less than one
+GPU for an hour tie on it, so the scheduler's own tie-breaks decide between them (reclaim: the youngest lease first,
+the least work lost), not a few seconds of difference in when two leases started.
+
 **Back-off**: a lease preempted ``count`` times within ``window`` seconds before its latest start is protected from
 reclaim for ``protect`` seconds after that start, so work that keeps being reclaimed gets to run a while.
 """
@@ -21,6 +25,7 @@ import math
 from functools import reduce
 
 LN2 = math.log(2)
+HISTORY_GRANULE = 1000 * 3600  # milli-GPU x seconds: one GPU for an hour
 
 
 def usage_decayed(*, previous_milli_seconds: int, used_milli: int, elapsed_seconds: float,
@@ -44,7 +49,8 @@ def share_key(*, over_milli: int, decayed_milli_seconds: int, weight: int, half_
     """The project's integer fair-share key on one tier (smaller: served earlier, reclaimed later).
 
     A weight of 0 (the project does not borrow) ranks after every weighted project once it holds anything."""
-    amount = over_milli if half_life_seconds <= 0 else over_milli * half_life_seconds + decayed_milli_seconds
+    history = decayed_milli_seconds // HISTORY_GRANULE * HISTORY_GRANULE
+    amount = over_milli if half_life_seconds <= 0 else over_milli * half_life_seconds + history
     if weight <= 0:
         return (1, amount) if amount > 0 else (0, 0)
     return 0, amount * (scale // weight)

@@ -52,11 +52,7 @@ def events_of(client: Api, lease_id: int) -> list[dict]:
 
 
 def test_a_training_workload_is_preempted_and_resumes_on_another_node_from_its_checkpoint(
-        worker, workload_fleet, api, world, shared, settings):
-    # reclaim takes the youngest over-quota lease: the path under test is the checkpoint and the resume. With fair
-    # share history on, a few seconds' more decayed use would make the older holder the victim instead (which
-    # project history picks is tests/scheduler/test_fair_history.py's to check)
-    settings.LEASE_FAIR_SHARE_HALF_LIFE_SECONDS = 0
+        worker, workload_fleet, api, world, shared):
     make_quota(world.project, "A100-80GB", deserved=0, limit=2000, tenant_deserved=1000, tenant_limit=4000)
     batch = make_project(world.acme, "batch")  # the holder's project: the training lease's line is its own
     make_quota(batch, "A100-80GB", deserved=0, limit=2000, tenant_deserved=1000, tenant_limit=4000)
