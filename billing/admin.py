@@ -36,7 +36,7 @@ from billing.services.credit_notes import credit_note_issue, payment_record, ref
 from billing.services.credits import credit_grant_create
 from billing.services.dunning import dunning_terms_set
 from billing.services.tax import tax_profile_set, tax_rate_create, tax_rate_deactivate
-from core.admin import ServiceAdmin
+from core.admin import ReadOnlyAdmin, ServiceAdmin
 
 
 # -- price books -------------------------------------------------------------------------------------------------
@@ -309,18 +309,6 @@ class DunningCaseAdmin(admin.ModelAdmin):
     def get_readonly_fields(self, request, obj=None):
         return [f.name for f in self.model._meta.fields]
 
-# -- spend alerts (issue 33): read-only; a tenant's admins set the rules (API, portal), alerts are raised by the run --
-class _ReadOnlyAdmin(admin.ModelAdmin):
-    def has_add_permission(self, request):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
-
-    def has_delete_permission(self, request, obj=None):
-        return False
-
-
 # -- taxes -----------------------------------------------------------------------------------------------------------
 @admin.register(TaxProfile)
 class TaxProfileAdmin(ServiceAdmin):
@@ -361,15 +349,18 @@ class TaxRateAdmin(ServiceAdmin):
 
     def has_delete_permission(self, request, obj=None):
         return False
+
+
+# -- spend alerts (issue 33): read-only; a tenant's admins set the rules (API, portal), alerts are raised by the run --
 @admin.register(SpendAlertRule)
-class SpendAlertRuleAdmin(_ReadOnlyAdmin):
+class SpendAlertRuleAdmin(ReadOnlyAdmin):
     list_display = ["tenant", "project", "thresholds_pct", "budget_minor", "forecast", "created_at"]
     list_filter = ["forecast"]
     search_fields = ["tenant__slug", "project__slug"]
 
 
 @admin.register(SpendAlert)
-class SpendAlertAdmin(_ReadOnlyAdmin):
+class SpendAlertAdmin(ReadOnlyAdmin):
     list_display = ["created_at", "tenant", "project", "period", "basis", "threshold_pct", "amount_minor", "currency"]
     list_filter = ["basis", "period"]
     search_fields = ["tenant__slug", "project__slug", "message"]

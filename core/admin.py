@@ -68,3 +68,17 @@ class ServiceAdmin(admin.ModelAdmin):
             done += 1
         if done:
             self.message_user(request, f"{done} {what}.", level=messages.SUCCESS)
+
+
+class ReadOnlyAdmin(admin.ModelAdmin):
+    """Rows written only by the services (alerts, notifications, deliveries): listed and shown, never added, changed
+    or deleted from the admin."""
+
+    def has_add_permission(self, request, obj=None):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False

@@ -3,18 +3,8 @@
 
 from django.contrib import admin
 
+from core.admin import ReadOnlyAdmin
 from notifications.models import Delivery, Notification, OutboxCursor, WebhookEndpoint
-
-
-class ReadOnlyAdmin(admin.ModelAdmin):
-    def has_add_permission(self, request, obj=None):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
-
-    def has_delete_permission(self, request, obj=None):
-        return False
 
 
 @admin.register(WebhookEndpoint)
