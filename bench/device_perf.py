@@ -40,6 +40,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+# run as ``python bench/device_perf.py``, bench/ is sys.path[0] and its profile.py hides the standard library's
+# (which torch and transformers import through cProfile): only the repository's root goes on the path
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != ROOT / "bench"]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
@@ -59,6 +62,22 @@ CASES = (
     ("bert-base", "inference", "fp32", (32,), 128, False),
     ("resnet-50", "inference", "fp32", (256,), 512, False),
 )
+# architectures the model's constants were NOT fitted on (gpus/data/ holds only the five above): measured with
+# ``--held-out`` to check its predictions where it has never seen a row
+HELD_OUT = (
+    ("bert-large", "inference", "bf16", (1, 32), 128, True),
+    ("vit-b-16", "inference", "bf16", (1, 32, 256), 197, True),
+    ("resnet-101", "inference", "fp16", (1, 64), 512, True),
+    ("mobilenet-v2", "inference", "fp16", (1, 64), 512, False),
+    ("gpt2-medium", "inference", "bf16", (8,), 512, False),
+    ("gpt2-medium", "generation", "bf16", (1, 16), 512, True),
+    ("qwen2-0.5b", "inference", "bf16", (8,), 512, False),
+    ("qwen2-0.5b", "generation", "bf16", (1, 16, 64), 512, True),
+    ("opt-1.3b", "inference", "bf16", (8,), 512, False),
+    ("opt-1.3b", "generation", "bf16", (1, 16), 512, True),
+    ("mistral-7b", "inference", "bf16", (8,), 256, False),
+    ("mistral-7b", "generation", "bf16", (1, 16), 512, True),
+)
 QUICK = (("gpt2", "generation", "bf16", (1, 16), 128, True), ("bert-base", "inference", "bf16", (1, 8), 128, True),
          ("resnet-50", "inference", "fp16", (1, 8), 512, True))
 COLUMNS = ("arch", "task", "precision", "batch", "seq", "image", "mode", "step_s", "throughput", "peak_mib", "spread")
@@ -75,11 +94,12 @@ class Case:
     image: int = 224
 
 
-def cases(quick: bool = False) -> list[Case]:
+def cases(quick: bool = False, held_out: bool = False) -> list[Case]:
     """The case list: each (architecture, task, precision, batch) eagerly; decode also replayed as a graph and
-    run eagerly on the own decoder; inference replayed as a graph where the table says so."""
+    run eagerly on the own decoder; inference replayed as a graph where the table says so. ``held_out`` appends
+    the architectures the model was not fitted on."""
     out = []
-    for arch, task, precision, batches, seq, graph in (QUICK if quick else CASES):
+    for arch, task, precision, batches, seq, graph in (QUICK if quick else CASES + (HELD_OUT if held_out else ())):
         architecture_get(arch)  # a typo fails here, not on the GPU
         for batch in batches:
             out.append(Case(arch, task, precision, batch, seq, "eager"))
@@ -195,7 +215,8 @@ def own_decoder(torch, arch: Transformer, dtype, device):
                 x = layer(x, cache_k, cache_v, cos, sin)
             return self.head(self.norm(x))
 
-    return Decoder().to(device=device, dtype=dtype).eval()
+    with torch.device(device):
+        return Decoder().to(dtype=dtype).eval()
 
 
 def library_model(torch, arch, task: str, dtype, device, seq: int):
@@ -206,8 +227,16 @@ def library_model(torch, arch, task: str, dtype, device, seq: int):
             import torchvision
         except ImportError:
             return None
-        builder = getattr(torchvision.models, arch.name.replace("-", ""), None)
-        return builder(weights=None).to(device=device, dtype=dtype).eval() if builder else None
+        import types
+
+        # torchvision's builders: resnet101, vgg16, densenet121, but mobilenet_v2, convnext_tiny (mobilenetv2 is a module)
+        builder = next((b for name in (arch.name.replace("-", ""), arch.name.replace("-", "_"))
+                        if callable(b := getattr(torchvision.models, name, None))
+                        and not isinstance(b, types.ModuleType)), None)
+        if builder is None:
+            return None
+        with torch.device(device):  # created on the device, as gpus/data/'s method says
+            return builder(weights=None).to(dtype=dtype).eval()
     try:
         import transformers
     except ImportError:
@@ -216,18 +245,34 @@ def library_model(torch, arch, task: str, dtype, device, seq: int):
               "num_attention_heads": arch.heads, "intermediate_size": arch.ffn, "attn_implementation": "sdpa"}
     if arch.kind == "encoder":
         config = transformers.BertConfig(**common, max_position_embeddings=max(512, seq))
-        return transformers.AutoModel.from_config(config).to(device=device, dtype=dtype).eval()
+        with torch.device(device):
+            return transformers.AutoModel.from_config(config).to(dtype=dtype).eval()
+    if arch.kind == "vit":
+        config = transformers.ViTConfig(hidden_size=arch.hidden, num_hidden_layers=arch.layers,
+                                        num_attention_heads=arch.heads, intermediate_size=arch.ffn,
+                                        image_size=224, patch_size=arch.patch, attn_implementation="sdpa")
+        with torch.device(device):
+            return transformers.ViTModel(config, add_pooling_layer=False).to(dtype=dtype).eval()
     if arch.name.startswith("gpt2"):
         config = transformers.GPT2Config(vocab_size=arch.vocab, n_layer=arch.layers, n_embd=arch.hidden,
                                          n_head=arch.heads, n_positions=max(1024, seq + 8),
                                          attn_implementation="sdpa")
+    elif arch.name.startswith("qwen2"):
+        config = transformers.Qwen2Config(**common, num_key_value_heads=arch.kv_heads,
+                                          max_position_embeddings=max(2048, seq + 8), tie_word_embeddings=arch.tied)
+    elif arch.name.startswith("opt"):
+        config = transformers.OPTConfig(vocab_size=arch.vocab, num_hidden_layers=arch.layers, hidden_size=arch.hidden,
+                                        ffn_dim=arch.ffn, num_attention_heads=arch.heads,
+                                        word_embed_proj_dim=arch.hidden, max_position_embeddings=max(2048, seq + 8),
+                                        attn_implementation="sdpa")
     elif arch.norm == "rms" and arch.gated:
         config = transformers.LlamaConfig(**common, num_key_value_heads=arch.kv_heads,
                                           max_position_embeddings=max(2048, seq + 8),
                                           tie_word_embeddings=arch.tied)
     else:
         return None
-    return transformers.AutoModelForCausalLM.from_config(config).to(device=device, dtype=dtype).eval()
+    with torch.device(device):  # created on the device: a 7B model initialised on the host takes minutes
+        return transformers.AutoModelForCausalLM.from_config(config).to(dtype=dtype).eval()
 
 
 def measure(case: Case, args, torch) -> dict | None:
@@ -242,7 +287,8 @@ def measure(case: Case, args, torch) -> dict | None:
         torch.cuda.reset_peak_memory_stats()
     with torch.inference_mode():
         if case.task == "generation" and case.mode in ("graph", "own-eager"):
-            model = own_decoder(torch, arch, dtype, device)
+            model = cached(("own", case.arch, case.precision, str(device)),
+                           lambda: own_decoder(torch, arch, dtype, device))
             head_dim = arch.hidden // arch.heads
             caches = [(torch.randn(case.batch, arch.kv_heads, case.seq, head_dim, device=device, dtype=dtype),
                        torch.randn(case.batch, arch.kv_heads, case.seq, head_dim, device=device, dtype=dtype))
@@ -254,11 +300,16 @@ def measure(case: Case, args, torch) -> dict | None:
             def step():
                 return model(tokens, caches, cos, sin)
         else:
-            model = library_model(torch, arch, case.task, dtype, device, case.seq)
+            # inference and generation of a decoder share one model (AutoModelForCausalLM of the same config)
+            model = cached(("library", case.arch, case.precision, str(device), case.seq > 2040),
+                           lambda: library_model(torch, arch, case.task, dtype, device, case.seq))
             if model is None:
                 return None
             if isinstance(arch, ConvNet):
                 inputs = {"x": torch.randn(case.batch, 3, case.image, case.image, device=device, dtype=dtype)}
+            elif arch.kind == "vit":
+                inputs = {"pixel_values": torch.randn(case.batch, 3, case.image, case.image, device=device,
+                                                      dtype=dtype)}
             else:
                 inputs = {"input_ids": torch.randint(0, arch.vocab, (case.batch, case.seq), device=device)}
             if case.task == "generation":
@@ -274,6 +325,9 @@ def measure(case: Case, args, torch) -> dict | None:
             elif isinstance(arch, ConvNet):
                 def step():
                     return model(inputs["x"])
+            elif arch.kind == "vit":
+                def step():
+                    return model(**inputs)
             else:
                 def step():
                     return model(**inputs, use_cache=False) if arch.kind == "decoder" else model(**inputs)
@@ -297,10 +351,38 @@ def measure(case: Case, args, torch) -> dict | None:
     return row_of(case, step_s, spread, peak)
 
 
+_CACHE: dict = {}
+
+
+def cached(key, build):
+    """The model of ``key`` (built once while consecutive cases share it; the one before is dropped first, so at
+    most one model holds device memory)."""
+    if key not in _CACHE:
+        _CACHE.clear()
+        _CACHE[key] = build()
+    return _CACHE[key]
+
+
+def ceilings(torch) -> dict:
+    """What this GPU reaches in this run, beside the cases (gpus/data/'s method): an 8192³ bf16 matmul in TFLOP/s
+    and a 1 GiB device-to-device copy in TB/s counting bytes read and written; each the median of 5 timed groups."""
+    n = 8192
+    a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    matmul_s, _ = time_steps(lambda: a @ b, torch.cuda.synchronize, group_seconds=0.2, groups=5)
+    source = torch.empty(2**30, device="cuda", dtype=torch.uint8)
+    target = torch.empty_like(source)
+    copy_s, _ = time_steps(lambda: target.copy_(source), torch.cuda.synchronize, group_seconds=0.2, groups=5)
+    del a, b, source, target
+    torch.cuda.empty_cache()
+    return {"matmul_bf16_tflops": round(2 * n**3 / matmul_s / 1e12, 1),
+            "copy_tb_s": round(2 * 2**30 / copy_s / 1e12, 3)}
+
+
 def row_of(case: Case, step_s: float, spread: float, peak_mib: float | None) -> dict:
     return {"arch": case.arch, "task": case.task, "precision": case.precision, "batch": case.batch, "seq": case.seq,
-            "image": case.image, "mode": case.mode, "step_s": round(step_s, 9),
-            "throughput": round(case.batch / step_s, 4), "peak_mib": None if peak_mib is None else round(peak_mib, 3),
+            "image": case.image, "mode": case.mode, "step_s": float(f"{step_s:.6g}"),  # significant digits: a
+            "throughput": float(f"{case.batch / step_s:.6g}"),  # dry run's steps are sub-microsecond "peak_mib": None if peak_mib is None else round(peak_mib, 3),
             "spread": round(spread, 6)}
 
 
@@ -342,7 +424,7 @@ def run(args) -> dict:
     """Every case on this device (or the dry run's stand-in), then each MIG device in a subprocess of its own."""
     rows, skipped = [], []
     if args.dry_run:
-        for case in cases(args.quick):
+        for case in cases(args.quick, args.held_out):
             step_s, spread = time_steps(dry_step(case), lambda: None, group_seconds=args.group_seconds,
                                         groups=args.groups)
             rows.append({**row_of(case, step_s, spread, None), "slice": "dry-run", "dry_run": True})
@@ -353,26 +435,47 @@ def run(args) -> dict:
         raise SystemExit("no CUDA device: use --device cpu or --dry-run")
     name = torch.cuda.get_device_name() if args.device == "cuda" else "cpu"
     key = args.slice or model_code(name)
-    for case in cases(args.quick):
-        if args.only_modes and case.mode not in args.only_modes:
+    began = time.monotonic()
+    extra = {"torch": torch.__version__, "cuda": getattr(torch.version, "cuda", None)}
+    if args.device == "cuda":
+        try:
+            extra["ceilings"] = ceilings(torch)
+            print(f"{key} ceilings: {extra['ceilings']}", flush=True)
+        except Exception as error:  # noqa: BLE001 - a ceiling that fails must not cost the cases
+            extra["ceilings"] = {"error": repr(error)[:300]}
+    for case in cases(args.quick, args.held_out):
+        if (args.only_modes and case.mode not in args.only_modes) or (args.only_archs
+                                                                       and case.arch not in args.only_archs):
+            continue
+        if args.budget_seconds and time.monotonic() - began > args.budget_seconds:
+            skipped.append({**asdict(case), "why": f"not reached in --budget-seconds {args.budget_seconds:g}"})
             continue
         out_of_memory = torch.cuda.OutOfMemoryError if args.device == "cuda" else MemoryError
         try:
             row = measure(case, args, torch)
         except out_of_memory:
             row, reason = None, "out of memory"
+            _CACHE.clear()
+        except Exception as error:  # noqa: BLE001 - one case that breaks (a library's API) must not cost the rest
+            row, reason = None, f"failed: {error!r}"[:400]
+            _CACHE.clear()
         else:
             reason = "not buildable here (library missing, or graph without CUDA)"
         if row is None:
             skipped.append({**asdict(case), "why": reason})
+            print(f"{key} {case.arch} {case.task} {case.precision} b{case.batch} {case.mode}: skipped, {reason}",
+                  flush=True)
         else:
             rows.append({**row, "slice": key})
             print(f"{key} {case.arch} {case.task} {case.precision} b{case.batch} {case.mode}: "
                   f"{row['step_s'] * 1000:.3f} ms, {row['throughput']:,.1f}/s", flush=True)
+        if args.progress:  # what is measured so far survives a run cut short
+            args.progress({"device": name, "slice": key, "rows": rows, "skipped": skipped, **extra})
+    _CACHE.clear()
     if args.device == "cuda" and not args.slice:
         for uuid, mig_key in mig_devices():
             child = subprocess.run([sys.executable, __file__, "--slice", mig_key, "--stdout-json",
-                                    *(["--quick"] if args.quick else [])],
+                                    *(["--quick"] if args.quick else []), *(["--held-out"] if args.held_out else [])],
                                    env={**os.environ, "CUDA_VISIBLE_DEVICES": uuid}, capture_output=True, text=True,
                                    check=False)
             if child.returncode == 0:
@@ -381,24 +484,37 @@ def run(args) -> dict:
                 skipped += found["skipped"]
             else:
                 skipped.append({"slice": mig_key, "why": child.stderr.strip()[-400:]})
-    return {"device": name, "slice": key, "rows": rows, "skipped": skipped,
-            "torch": torch.__version__, "cuda": getattr(torch.version, "cuda", None)}
+    return {"device": name, "slice": key, "rows": rows, "skipped": skipped, **extra}
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--dry-run", action="store_true", help="no torch, no GPU: the loop with a stand-in step")
     parser.add_argument("--quick", action="store_true", help="three small cases")
+    parser.add_argument("--held-out", action="store_true",
+                        help="also the architectures the model was not fitted on (HELD_OUT)")
+    parser.add_argument("--budget-seconds", type=float, default=0,
+                        help="start no case after this many seconds (those left are listed as skipped); 0: no bound")
     parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     parser.add_argument("--group-seconds", type=float, default=0.2)
     parser.add_argument("--groups", type=int, default=5)
     parser.add_argument("--only-modes", nargs="*", choices=("eager", "graph", "own-eager"))
+    parser.add_argument("--only-archs", nargs="*", help="only these architectures' cases")
     parser.add_argument("--slice", help="(internal) the slice key of this process's device: a MIG device")
     parser.add_argument("--stdout-json", action="store_true", help="(internal) print the figures as JSON")
     parser.add_argument("--json", type=Path, help="write the results file here (bench.record's format)")
     args = parser.parse_args(argv)
     if args.dry_run and args.group_seconds == 0.2:
         args.group_seconds = 0.005
+    settings = {k: v for k, v in vars(args).items() if k != "json"}
+    args.progress = None
+    if args.json and not args.stdout_json:
+        from bench.record import write
+
+        def progress(partial):
+            write(args.json.stem, {**partial, "partial": True}, settings=settings, directory=args.json.parent)
+
+        args.progress = progress
     result = run(args)
     if args.stdout_json:
         print(json.dumps(result))
@@ -410,8 +526,7 @@ def main(argv=None) -> int:
     if args.json:
         from bench.record import write
 
-        write(args.json.stem, result, settings={k: v for k, v in vars(args).items() if k != "json"},
-              directory=args.json.parent)
+        write(args.json.stem, result, settings=settings, directory=args.json.parent)
     return 0
 
 

@@ -59,7 +59,9 @@ def commit() -> dict[str, Any]:
         changed = git("status", "--porcelain", "--untracked-files=no", "--", ".", ":(exclude)bench/results")
         return {"commit": git("rev-parse", "HEAD"), "dirty": bool(changed)}
     except (OSError, subprocess.CalledProcessError):
-        return {"commit": "unknown", "dirty": None}
+        # a copy of the tree without .git (a lent GPU machine gets one): the caller may name the commit it sent
+        told = os.environ.get("BENCH_COMMIT", "").strip()
+        return {"commit": told or "unknown", "dirty": None}
 
 
 def command_line(argv: list[str] | None = None) -> str:
