@@ -475,7 +475,9 @@ def run(args) -> dict:
     if args.device == "cuda" and not args.slice:
         for uuid, mig_key in mig_devices():
             child = subprocess.run([sys.executable, __file__, "--slice", mig_key, "--stdout-json",
-                                    *(["--quick"] if args.quick else []), *(["--held-out"] if args.held_out else [])],
+                                    *(["--quick"] if args.quick else []), *(["--held-out"] if args.held_out else []),
+                                    *(["--budget-seconds", f"{max(30.0, args.budget_seconds - (time.monotonic() - began)):.0f}"]
+                                      if args.budget_seconds else [])],
                                    env={**os.environ, "CUDA_VISIBLE_DEVICES": uuid}, capture_output=True, text=True,
                                    check=False)
             if child.returncode == 0:
