@@ -229,7 +229,7 @@ def library_model(torch, arch, task: str, dtype, device, seq: int):
             return None
         import types
 
-        # torchvision's builders: resnet101, vgg16, densenet121, but mobilenet_v2, convnext_tiny (mobilenetv2 is a module)
+        # torchvision's builders: resnet101, vgg16, densenet121, but mobilenet_v2 (mobilenetv2 is a module)
         builder = next((b for name in (arch.name.replace("-", ""), arch.name.replace("-", "_"))
                         if callable(b := getattr(torchvision.models, name, None))
                         and not isinstance(b, types.ModuleType)), None)
@@ -373,17 +373,16 @@ def ceilings(torch) -> dict:
     source = torch.empty(2**30, device="cuda", dtype=torch.uint8)
     target = torch.empty_like(source)
     copy_s, _ = time_steps(lambda: target.copy_(source), torch.cuda.synchronize, group_seconds=0.2, groups=5)
-    del a, b, source, target
-    torch.cuda.empty_cache()
     return {"matmul_bf16_tflops": round(2 * n**3 / matmul_s / 1e12, 1),
             "copy_tb_s": round(2 * 2**30 / copy_s / 1e12, 3)}
 
 
 def row_of(case: Case, step_s: float, spread: float, peak_mib: float | None) -> dict:
+    # six significant digits, not decimals: a dry run's steps are sub-microsecond
     return {"arch": case.arch, "task": case.task, "precision": case.precision, "batch": case.batch, "seq": case.seq,
-            "image": case.image, "mode": case.mode, "step_s": float(f"{step_s:.6g}"),  # significant digits: a
-            "throughput": float(f"{case.batch / step_s:.6g}"),  # dry run's steps are sub-microsecond "peak_mib": None if peak_mib is None else round(peak_mib, 3),
-            "spread": round(spread, 6)}
+            "image": case.image, "mode": case.mode, "step_s": float(f"{step_s:.6g}"),
+            "throughput": float(f"{case.batch / step_s:.6g}"),
+            "peak_mib": None if peak_mib is None else round(peak_mib, 3), "spread": round(spread, 6)}
 
 
 # -- devices ----------------------------------------------------------------------------------------------------
@@ -440,6 +439,7 @@ def run(args) -> dict:
     if args.device == "cuda":
         try:
             extra["ceilings"] = ceilings(torch)
+            torch.cuda.empty_cache()  # the ceilings' tensors went with the function
             print(f"{key} ceilings: {extra['ceilings']}", flush=True)
         except Exception as error:  # noqa: BLE001 - a ceiling that fails must not cost the cases
             extra["ceilings"] = {"error": repr(error)[:300]}
@@ -474,10 +474,10 @@ def run(args) -> dict:
     _CACHE.clear()
     if args.device == "cuda" and not args.slice:
         for uuid, mig_key in mig_devices():
+            left = max(30.0, args.budget_seconds - (time.monotonic() - began))
             child = subprocess.run([sys.executable, __file__, "--slice", mig_key, "--stdout-json",
                                     *(["--quick"] if args.quick else []), *(["--held-out"] if args.held_out else []),
-                                    *(["--budget-seconds", f"{max(30.0, args.budget_seconds - (time.monotonic() - began)):.0f}"]
-                                      if args.budget_seconds else [])],
+                                    *(["--budget-seconds", f"{left:.0f}"] if args.budget_seconds else [])],
                                    env={**os.environ, "CUDA_VISIBLE_DEVICES": uuid}, capture_output=True, text=True,
                                    check=False)
             if child.returncode == 0:
