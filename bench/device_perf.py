@@ -30,6 +30,7 @@ stand-in step (pure Python whose work grows with the case), so the logic is test
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -77,6 +78,26 @@ HELD_OUT = (
     ("opt-1.3b", "generation", "bf16", (1, 16), 512, True),
     ("mistral-7b", "inference", "bf16", (8,), 256, False),
     ("mistral-7b", "generation", "bf16", (1, 16), 512, True),
+    ("distilbert-base", "inference", "bf16", (1, 32), 128, True),
+    ("roberta-large", "inference", "bf16", (32,), 128, False),
+    ("vit-l-16", "inference", "bf16", (1, 64), 197, True),
+    ("resnet-18", "inference", "fp16", (1, 64, 256), 512, True),
+    ("resnet-152", "inference", "fp16", (1, 64), 512, True),
+    ("vgg-16", "inference", "fp16", (1, 64), 512, False),
+    ("densenet-121", "inference", "fp16", (1, 64), 512, False),
+    ("convnext-tiny", "inference", "fp16", (1, 64), 512, False),
+    ("efficientnet-b0", "inference", "fp16", (1, 64), 512, False),
+    ("gpt2-large", "generation", "bf16", (1, 16), 512, True),
+    ("gpt2-xl", "inference", "bf16", (8,), 512, False),
+    ("gpt2-xl", "generation", "bf16", (1, 16), 512, True),
+    ("phi-2", "inference", "bf16", (8,), 512, False),
+    ("phi-2", "generation", "bf16", (1, 16), 512, True),
+    ("llama-3-8b", "inference", "bf16", (1, 8), 256, False),
+    ("llama-3-8b", "generation", "bf16", (1, 16, 64), 512, True),
+    ("opt-6.7b", "generation", "bf16", (1, 16), 512, True),
+    ("gpt-j-6b", "generation", "bf16", (1, 16), 512, True),
+    ("llama-2-13b", "inference", "bf16", (8,), 256, False),
+    ("llama-2-13b", "generation", "bf16", (1, 16), 512, True),
 )
 QUICK = (("gpt2", "generation", "bf16", (1, 16), 128, True), ("bert-base", "inference", "bf16", (1, 8), 128, True),
          ("resnet-50", "inference", "fp16", (1, 8), 512, True))
@@ -148,6 +169,17 @@ def dry_step(case: Case):
 
 # -- the real run (torch, imported here only) ---------------------------------------------------------------------
 
+@contextlib.contextmanager
+def default_dtype(torch, dtype):
+    """Parameters created in ``dtype`` (a 13B model built in fp32 and then cast would need 78 GB at once)."""
+    before = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(before)
+
+
 def _dtype(torch, precision: str):
     return {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[precision]
 
@@ -215,7 +247,7 @@ def own_decoder(torch, arch: Transformer, dtype, device):
                 x = layer(x, cache_k, cache_v, cos, sin)
             return self.head(self.norm(x))
 
-    with torch.device(device):
+    with torch.device(device), default_dtype(torch, dtype):
         return Decoder().to(dtype=dtype).eval()
 
 
@@ -235,7 +267,7 @@ def library_model(torch, arch, task: str, dtype, device, seq: int):
                         and not isinstance(b, types.ModuleType)), None)
         if builder is None:
             return None
-        with torch.device(device):  # created on the device, as gpus/data/'s method says
+        with torch.device(device), default_dtype(torch, dtype):  # created on the device, as gpus/data/'s method says
             return builder(weights=None).to(dtype=dtype).eval()
     try:
         import transformers
@@ -245,18 +277,26 @@ def library_model(torch, arch, task: str, dtype, device, seq: int):
               "num_attention_heads": arch.heads, "intermediate_size": arch.ffn, "attn_implementation": "sdpa"}
     if arch.kind == "encoder":
         config = transformers.BertConfig(**common, max_position_embeddings=max(512, seq))
-        with torch.device(device):
+        with torch.device(device), default_dtype(torch, dtype):
             return transformers.AutoModel.from_config(config).to(dtype=dtype).eval()
     if arch.kind == "vit":
         config = transformers.ViTConfig(hidden_size=arch.hidden, num_hidden_layers=arch.layers,
                                         num_attention_heads=arch.heads, intermediate_size=arch.ffn,
                                         image_size=224, patch_size=arch.patch, attn_implementation="sdpa")
-        with torch.device(device):
+        with torch.device(device), default_dtype(torch, dtype):
             return transformers.ViTModel(config, add_pooling_layer=False).to(dtype=dtype).eval()
     if arch.name.startswith("gpt2"):
         config = transformers.GPT2Config(vocab_size=arch.vocab, n_layer=arch.layers, n_embd=arch.hidden,
                                          n_head=arch.heads, n_positions=max(1024, seq + 8),
                                          attn_implementation="sdpa")
+    elif arch.name.startswith("phi"):
+        config = transformers.PhiConfig(**common, max_position_embeddings=max(2048, seq + 8),
+                                        tie_word_embeddings=arch.tied)
+    elif arch.name.startswith("gpt-j"):
+        config = transformers.GPTJConfig(vocab_size=arch.vocab, n_layer=arch.layers, n_embd=arch.hidden,
+                                         n_head=arch.heads, n_inner=arch.ffn, rotary_dim=64,
+                                         n_positions=max(2048, seq + 8), tie_word_embeddings=arch.tied,
+                                         attn_implementation="eager")  # the library has no SDPA path for GPT-J
     elif arch.name.startswith("qwen2"):
         config = transformers.Qwen2Config(**common, num_key_value_heads=arch.kv_heads,
                                           max_position_embeddings=max(2048, seq + 8), tie_word_embeddings=arch.tied)
@@ -271,7 +311,8 @@ def library_model(torch, arch, task: str, dtype, device, seq: int):
                                           tie_word_embeddings=arch.tied)
     else:
         return None
-    with torch.device(device):  # created on the device: a 7B model initialised on the host takes minutes
+    # created on the device, in its precision: a 7B model initialised on the host takes minutes
+    with torch.device(device), default_dtype(torch, dtype):
         return transformers.AutoModelForCausalLM.from_config(config).to(dtype=dtype).eval()
 
 
@@ -284,11 +325,19 @@ def measure(case: Case, args, torch) -> dict | None:
     synchronize = torch.cuda.synchronize if cuda else (lambda: None)
     if cuda:
         torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats()
+        # fp32 rows are true fp32 (gpus/data/'s method): cuDNN would otherwise run convolutions in TF32
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = case.precision != "fp32"
+
+    def built():  # the peak counts from here: the weights and the step, not the model's construction
+        if cuda:
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+
     with torch.inference_mode():
         if case.task == "generation" and case.mode in ("graph", "own-eager"):
             model = cached(("own", case.arch, case.precision, str(device)),
                            lambda: own_decoder(torch, arch, dtype, device))
+            built()
             head_dim = arch.hidden // arch.heads
             caches = [(torch.randn(case.batch, arch.kv_heads, case.seq, head_dim, device=device, dtype=dtype),
                        torch.randn(case.batch, arch.kv_heads, case.seq, head_dim, device=device, dtype=dtype))
@@ -305,6 +354,7 @@ def measure(case: Case, args, torch) -> dict | None:
                            lambda: library_model(torch, arch, case.task, dtype, device, case.seq))
             if model is None:
                 return None
+            built()
             if isinstance(arch, ConvNet):
                 inputs = {"x": torch.randn(case.batch, 3, case.image, case.image, device=device, dtype=dtype)}
             elif arch.kind == "vit":
