@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import json
 import os
 import statistics
@@ -336,7 +337,7 @@ def measure(case: Case, args, torch) -> dict | None:
     with torch.inference_mode():
         if case.task == "generation" and case.mode in ("graph", "own-eager"):
             model = cached(("own", case.arch, case.precision, str(device)),
-                           lambda: own_decoder(torch, arch, dtype, device))
+                           lambda: own_decoder(torch, arch, dtype, device), torch)
             built()
             head_dim = arch.hidden // arch.heads
             caches = [(torch.randn(case.batch, arch.kv_heads, case.seq, head_dim, device=device, dtype=dtype),
@@ -351,7 +352,7 @@ def measure(case: Case, args, torch) -> dict | None:
         else:
             # inference and generation of a decoder share one model (AutoModelForCausalLM of the same config)
             model = cached(("library", case.arch, case.precision, str(device), case.seq > 2040),
-                           lambda: library_model(torch, arch, case.task, dtype, device, case.seq))
+                           lambda: library_model(torch, arch, case.task, dtype, device, case.seq), torch)
             if model is None:
                 return None
             built()
@@ -397,20 +398,32 @@ def measure(case: Case, args, torch) -> dict | None:
         else:
             measured = step
         step_s, spread = time_steps(measured, synchronize, group_seconds=args.group_seconds, groups=args.groups)
-    peak = torch.cuda.max_memory_allocated() / 2**20 if cuda and case.mode == "eager" else None
+    # the step's peak less what earlier cases left allocated (``cached``): the case as a fresh process runs it
+    peak = ((torch.cuda.max_memory_allocated() - _BASELINE.get("current", 0)) / 2**20
+            if cuda and case.mode == "eager" else None)
     return row_of(case, step_s, spread, peak)
 
 
 _CACHE: dict = {}
 
 
-def cached(key, build):
-    """The model of ``key`` (built once while consecutive cases share it; the one before is dropped first, so at
-    most one model holds device memory)."""
+def cached(key, build, torch=None):
+    """The model of ``key`` (built once while consecutive cases share it; the one before is dropped first and
+    collected, since a library's model holds reference cycles, so at most one model holds device memory). Beside
+    it, what the device held before it was built (``baseline()``): what earlier cases left allocated (the cuBLAS
+    and cuDNN workspaces of their streams), which a fresh process would not count."""
     if key not in _CACHE:
         _CACHE.clear()
+        gc.collect()
+        if torch is not None and torch.cuda.is_available():
+            torch.cuda.empty_cache()
+            _BASELINE[key] = torch.cuda.memory_allocated()
         _CACHE[key] = build()
+    _BASELINE["current"] = _BASELINE.get(key, 0)
     return _CACHE[key]
+
+
+_BASELINE: dict = {}
 
 
 def ceilings(torch) -> dict:
