@@ -42,6 +42,8 @@ class Benchmark:
     # the source whose figures these are, besides the benchmark's own module: a change to it after a results
     # file's commit makes that file stale (bench/staleness.py)
     measures: tuple[str, ...] = ()
+    # needs an NVIDIA GPU (a lent machine, docs/tiering.md §4.1): ``all`` leaves it out; ``run NAME`` runs it
+    device: bool = False
 
     def sources(self) -> tuple[str, ...]:
         """The benchmark's module (a script, or the package ``-m`` runs) and what it measures, as paths."""
@@ -139,6 +141,23 @@ BENCHMARKS: tuple[Benchmark, ...] = (
               ("bench/tiering.py", "--truth", "measured", "--quick", "--json", "{results}/tiering_measured.json"),
               ("tiering_measured",), "nothing (pure)", 8,
               measures=("tiering/engine", "gpus")),
+    Benchmark("device_perf", "the performance model's cases measured on the GPU at hand (eager, graph, MIG devices "
+              "already enabled), the architectures it was fitted on and 24 held out",
+              ("bench/device_perf.py", "--held-out", "--budget-seconds", "330", "--json",
+               "{results}/device_perf.json"),
+              ("bench/device_perf.py", "--dry-run", "--quick", "--json", "{results}/device_perf.json"),
+              ("device_perf",), "an NVIDIA GPU, torch, transformers, torchvision", 2.5, device=True),
+    Benchmark("device_perf_repeat", "the same again at once on the same GPU: the run-to-run noise of each mode",
+              ("bench/device_perf.py", "--held-out", "--budget-seconds", "240", "--json",
+               "{results}/device_perf_repeat.json"),
+              ("bench/device_perf.py", "--dry-run", "--quick", "--json", "{results}/device_perf_repeat.json"),
+              ("device_perf_repeat",), "an NVIDIA GPU, torch, transformers, torchvision", 2.5, device=True),
+    Benchmark("device_perf_eager", "the eager cases alone, peak memory counted as a fresh process would",
+              ("bench/device_perf.py", "--held-out", "--only-modes", "eager", "--budget-seconds", "150", "--json",
+               "{results}/device_perf_eager.json"),
+              ("bench/device_perf.py", "--dry-run", "--quick", "--only-modes", "eager", "--json",
+               "{results}/device_perf_eager.json"),
+              ("device_perf_eager",), "an NVIDIA GPU, torch, transformers, torchvision", 1.5, device=True),
     Benchmark("tiering_error", "the performance model's error against measured GPUs alone (cross-validated by "
               "architecture, no forest): seconds, where tiering_measured's forest takes most of an hour",
               ("bench/tiering.py", "--truth", "measured", "--no-forest", "--json", "{results}/tiering_error.json"),
@@ -221,7 +240,13 @@ def main(argv: list[str] | None = None) -> int:
         for state in states:
             print(state.line())
         return 1 if any(state.state == "missing" for state in states) else 0
-    selected = list(BENCHMARKS) if args.command == "all" else [by_name()[name] for name in args.names]
+    if args.command == "all":
+        selected = [bench for bench in BENCHMARKS if not bench.device or args.quick]
+        for bench in BENCHMARKS:
+            if bench not in selected:
+                print(f"{bench.name}: needs a GPU ({bench.needs}); run `python -m bench run {bench.name}` on one")
+    else:
+        selected = [by_name()[name] for name in args.names]
     return run(selected, args.quick)
 
 

@@ -325,7 +325,7 @@ def measure(case: Case, args, torch) -> dict | None:
     cuda = device.type == "cuda"
     synchronize = torch.cuda.synchronize if cuda else (lambda: None)
     if cuda:
-        torch.cuda.empty_cache()
+        release(torch)  # what the case before left (its workspaces), before the peak is counted
         # fp32 rows are true fp32 (gpus/data/'s method): cuDNN would otherwise run convolutions in TF32
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = case.precision != "fp32"
 
@@ -398,9 +398,7 @@ def measure(case: Case, args, torch) -> dict | None:
         else:
             measured = step
         step_s, spread = time_steps(measured, synchronize, group_seconds=args.group_seconds, groups=args.groups)
-    # the step's peak less what earlier cases left allocated (``cached``): the case as a fresh process runs it
-    peak = ((torch.cuda.max_memory_allocated() - _BASELINE.get("current", 0)) / 2**20
-            if cuda and case.mode == "eager" else None)
+    peak = torch.cuda.max_memory_allocated() / 2**20 if cuda and case.mode == "eager" else None
     return row_of(case, step_s, spread, peak)
 
 
@@ -415,15 +413,23 @@ def cached(key, build, torch=None):
     if key not in _CACHE:
         _CACHE.clear()
         gc.collect()
-        if torch is not None and torch.cuda.is_available():
-            torch.cuda.empty_cache()
-            _BASELINE[key] = torch.cuda.memory_allocated()
+        if torch is not None:
+            release(torch)
         _CACHE[key] = build()
-    _BASELINE["current"] = _BASELINE.get(key, 0)
     return _CACHE[key]
 
 
-_BASELINE: dict = {}
+def release(torch) -> None:
+    """Give back what earlier cases left allocated, so a case's peak counts what a fresh process would: the
+    cuBLAS workspaces of every stream used so far (each graph capture's side stream gets its own, and they stay
+    allocated: 1 GiB after a few dozen cases), then the allocator's cached blocks."""
+    if not torch.cuda.is_available():
+        return
+    torch.cuda.synchronize()
+    clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
+    if clear is not None:
+        clear()
+    torch.cuda.empty_cache()
 
 
 def ceilings(torch) -> dict:

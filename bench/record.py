@@ -55,13 +55,16 @@ def commit() -> dict[str, Any]:
     def git(*args: str) -> str:
         return subprocess.run(["git", *args], capture_output=True, text=True, cwd=ROOT, check=True).stdout.strip()
 
+    # a copy of the tree sent elsewhere (a lent GPU machine) may carry no .git, or a stale one: whoever sends a
+    # committed, clean tree names its commit here
+    told = os.environ.get("BENCH_COMMIT", "").strip()
+    if told:
+        return {"commit": told, "dirty": False}
     try:
         changed = git("status", "--porcelain", "--untracked-files=no", "--", ".", ":(exclude)bench/results")
         return {"commit": git("rev-parse", "HEAD"), "dirty": bool(changed)}
     except (OSError, subprocess.CalledProcessError):
-        # a copy of the tree without .git (a lent GPU machine gets one): the caller may name the commit it sent
-        told = os.environ.get("BENCH_COMMIT", "").strip()
-        return {"commit": told or "unknown", "dirty": None}
+        return {"commit": "unknown", "dirty": None}
 
 
 def command_line(argv: list[str] | None = None) -> str:

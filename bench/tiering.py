@@ -356,12 +356,15 @@ def run_measured(args) -> dict:
     """The model against measured GPUs (the rows in gpus/data/): cross-validated by architecture (fit on the
     others, score on each), in sample, and the model before regimes; the tier decisions the measurements change;
     the forest's regret and misses with the measured truth and with the model as truth, side by side."""
-    from gpus.measured import cross_validate, errors, load
+    from gpus.measured import cross_validate, errors, held_out, load
 
     began = time.monotonic()
     rows = load()
     cv = cross_validate(rows)
     in_sample = errors(rows)
+    unseen = held_out(rows)
+    unseen["memory_rows"] = memory_rows(unseen["cases"])
+    unseen["contradicting_cases"] = [c for c in unseen.pop("cases") if c["contradicts"]]
     held, truth_of = measured_truths(rows, cv["folds"])
     slices = candidates()
     changed = decisions_changed(held, truth_of, slices)
@@ -380,7 +383,7 @@ def run_measured(args) -> dict:
                                 "contradicting_cases": [c for c in cv["cases"] if c["contradicts"]],
                                 "folds": cv["folds"]},
             "in_sample": {"subsets": in_sample["subsets"], "contradictions": in_sample["contradictions"]},
-            "before_regimes": _summary_before(rows), "cases": cv["cases"], "decisions": changed,
+            "before_regimes": _summary_before(rows), "held_out": unseen, "cases": cv["cases"], "decisions": changed,
             "forest": forest, "seconds": round(time.monotonic() - began, 1)}
 
 
@@ -412,6 +415,19 @@ def print_measured(result: dict) -> None:
           + "".join(f"\n    {c['arch']} {c['task']} {c['precision']} b{c['batch']} {c['mode']}: model {c['bound']}, "
                     f"measured {c['measured_bound']}" for c in result["cross_validated"]["contradicting_cases"]))
     show("in sample (the constants in gpus/performance.py, fitted on every row):", result["in_sample"]["subsets"])
+    unseen = result["held_out"]
+    show(f"held out: {len(unseen['architectures'])} architectures never fitted on, {unseen['rows']} rows measured on "
+         "another H100 (gpus/data/, CHECK_FILES), scored by the constants as fitted:", unseen["subsets"])
+    rows = unseen["memory_rows"]
+    print(f"  peak memory within {MEMORY_TOLERANCE:.0%}: {rows['within']} of {rows['rows']} rows"
+          + "".join(f"\n    {o['case']}: measured {o['measured_mib']:,.0f} MiB, predicted {o['predicted_mib']:,.0f}"
+                    for o in rows["outside"]))
+    print(f"  predicted bound contradicting the measured one: {unseen['contradictions']}"
+          + "".join(f"\n    {c['arch']} {c['task']} {c['precision']} b{c['batch']} {c['mode']}: model {c['bound']}, "
+                    f"measured {c['measured_bound']}" for c in unseen["contradicting_cases"]))
+    print("  the fitted architectures' cases measured again there (measured ÷ measured, per mode): "
+          + "; ".join(f"{mode} {v['cases']} cases, median {v['median']}, range {v['range']}"
+                      for mode, v in unseen["reproduced"].items()))
     show("the model before regimes (every row as an engine, the priors):", result["before_regimes"])
     d = result["decisions"]
     print(f"tier decisions ({len(MEASURED_TARGETS)} targets per measured case, {d['decisions']} in all): "

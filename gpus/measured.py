@@ -33,6 +33,9 @@ from gpus.performance import CONTEXT_MIB, FITTED, Constants, Workload, estimate,
 DATA = Path(__file__).resolve().parent / "data"
 # the GPU each file was measured on (the file names say it for people; this says it for the code)
 FILES = {"h100-80gb-hbm3-2026-11-26.csv": "H100-80GB"}
+# measured to check the model, never fitted on: another H100 (bench/device_perf.py --held-out, 2026-11-27), the
+# five architectures above again and 22 the constants have never seen (``held_out``)
+CHECK_FILES = {"h100-80gb-hbm3-2026-11-27.csv": "H100-80GB"}
 COLUMNS = ("arch", "task", "precision", "batch", "seq", "image", "mode", "step_s", "throughput", "peak_mib", "spread")
 MODES = ("eager", "graph", "own-eager")
 REGIME_OF_MODE = {"eager": "eager", "graph": "engine", "own-eager": "eager"}
@@ -106,6 +109,36 @@ def load(path: Path | None = None, slice_key: str | None = None) -> list[Measure
         with each.open(newline="") as handle:
             rows += [row_of(values, key) for values in csv.DictReader(handle)]
     return rows
+
+
+def load_check() -> list[Measurement]:
+    """The rows of ``CHECK_FILES``: measured to score the model, never to fit it."""
+    rows = []
+    for name, key in sorted(CHECK_FILES.items()):
+        rows += load(DATA / name, key)
+    return rows
+
+
+def held_out(fitted: list[Measurement] | None = None) -> dict:
+    """The model as fitted (``FITTED``: on ``FILES`` alone) scored on the check rows of architectures it was never
+    fitted on, and how the check rows of the fitted architectures compare with the fitted rows of the same cases
+    (another machine, another day: measured ÷ measured per mode)."""
+    fitted = fitted if fitted is not None else load()
+    check = load_check()
+    seen = {r.architecture for r in fitted}
+    unseen = [r for r in check if r.architecture not in seen]
+    scored = errors(unseen, FITTED, context=check)
+    by_case = {(r.case, r.mode): r for r in fitted}
+    again: dict[str, list[float]] = {}
+    for row in check:
+        if (row.case, row.mode) in by_case:
+            again.setdefault(row.mode, []).append(row.throughput / by_case[(row.case, row.mode)].throughput)
+    return {"architectures": sorted({r.architecture for r in unseen}), "rows": len(unseen),
+            "subsets": scored["subsets"], "cases": scored["cases"], "contradictions": scored["contradictions"],
+            "reproduced": {mode: {"cases": len(v), "median": round(statistics.median(v), 3),
+                                  "range": [round(min(v), 3), round(max(v), 3)],
+                                  "median_abs_difference": round(statistics.median(abs(x - 1) for x in v), 4)}
+                           for mode, v in sorted(again.items())}}
 
 
 def load_results(path: Path, *, dry_run: bool = False) -> list[Measurement]:
