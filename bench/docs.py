@@ -14,6 +14,7 @@ when a results file is not one a registered benchmark writes.
 from __future__ import annotations
 
 import re
+import statistics
 from collections.abc import Callable
 from pathlib import Path
 
@@ -429,6 +430,63 @@ def _tiering_measured() -> str:
                  + table(["policy (measured workloads)", "decisions", "regret, measured truth",
                           "misses, measured truth", "regret, model as truth", "misses, model as truth"], rows))
     return text
+
+
+@renderer("tiering_held_out")
+def _tiering_held_out() -> str:
+    """The constants as fitted (on gpus/data's fitted rows) scored on the check rows of architectures they never
+    saw (``tiering_error``'s ``held_out``), and the fitted architectures' cases measured again there."""
+    f = load("tiering_error")["figures"]
+    unseen = f.get("held_out")
+    if not unseen:
+        return provenance("tiering_error") + "\n\n(no check rows in this results file)"
+
+    def cell(summary: dict) -> str:
+        if not summary.get("cases"):
+            return "–"
+        low, high = summary["measured_over_predicted"]
+        return f"{summary['median_abs_error'] * 100:.0f} % ({low:.2f} – {high:.2f})"
+
+    order = ["eager, all", "eager inference, batch >= 8", "eager inference, batch < 8", "eager decode",
+             "graph decode", "graph inference", "own-eager decode"]
+    subsets = unseen["subsets"]
+    rows = [[name, subsets[name]["throughput"]["cases"], cell(subsets[name]["throughput"]),
+             cell(subsets[name]["memory"])] for name in order if name in subsets]
+    memory = unseen["memory_rows"]
+    again = "; ".join(f"{mode} {v['cases']} cases, median {v['median']:.2f} ({v['range'][0]:.2f} – {v['range'][1]:.2f})"
+                      for mode, v in unseen["reproduced"].items())
+    return (provenance("tiering_error") + "\n\n"
+            + table([f"subset ({len(unseen['architectures'])} held-out architectures, {unseen['rows']} rows)", "cases",
+                     "throughput: median abs. error (measured ÷ predicted)", "peak memory"], rows) + "\n\n"
+            + f"Peak memory within 15 % on {memory['within']} of {memory['rows']} rows"
+            + "".join(f" (not: {o['case']}, {o['measured_mib']:,.0f} MiB measured, {o['predicted_mib']:,.0f} "
+                      "predicted)" for o in memory["outside"])
+            + f"; predicted bound contradicting the measured one: {unseen['contradictions']} row(s)"
+            + "".join(f" ({c['arch']} {c['task']} {c['precision']} b{c['batch']} {c['mode']}: model {c['bound']}, "
+                      f"measured {c['measured_bound']})" for c in unseen["contradicting_cases"])
+            + f". The fitted architectures' cases measured again on that machine (its ÷ the fitted rows): {again}."
+            + _run_to_run())
+
+
+def _run_to_run() -> str:
+    """How far two runs at once on the same GPU differ, per mode (``device_perf`` and ``device_perf_repeat``)."""
+    try:
+        first, second = load("device_perf"), load("device_perf_repeat")
+    except FileNotFoundError:
+        return ""
+
+    def key(row):
+        return (row["slice"], row["arch"], row["task"], row["precision"], row["batch"], row["seq"], row["mode"])
+
+    again = {key(r): r["throughput"] for r in second["figures"]["rows"]}
+    by_mode: dict[str, list[float]] = {}
+    for row in first["figures"]["rows"]:
+        if key(row) in again:
+            by_mode.setdefault(row["mode"], []).append(abs(row["throughput"] / again[key(row)] - 1))
+    parts = "; ".join(f"{mode} {len(v)} cases, median {statistics.median(v) * 100:.1f} %, largest {max(v) * 100:.0f} %"
+                      for mode, v in sorted(by_mode.items()))
+    return (f"\n\nThe same cases measured twice at once on that GPU ({provenance('device_perf')}; then "
+            f"{provenance('device_perf_repeat')}), throughput's absolute difference: {parts}.")
 
 
 @renderer("tiering_headline")
