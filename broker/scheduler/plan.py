@@ -589,7 +589,7 @@ class Scheduler:
                 by_node.setdefault(node_id, []).append(allocation)
         best: tuple[tuple, str, list[Allocation]] | None = None
         for node_id, victims_here in by_node.items():
-            if node_id in need.avoid:
+            if node_id in need.avoid or not self._fits_without(node_id, victims_here, need):
                 continue
             chosen = self._victims_on(node_id, victims_here, need)
             if chosen is None:
@@ -665,6 +665,16 @@ class Scheduler:
             return 0
         by_memory = (gpu.memory_mib - gpu.used_memory_mib) // need.memory_mib if need.memory_mib else need.count
         return max(0, min((FULL - gpu.used_milli) // max(need.milli, 1), by_memory))
+
+    def _fits_without(self, node_id: str, victims: list[Allocation], need: Need) -> bool:
+        """Whether ``need`` fits on the node with every one of ``victims`` gone: one placement check that rules
+        out most nodes before ``_victims_on`` tries them one by one (its answer is None exactly when this is
+        False, since its last try removes them all). The state is unchanged afterwards."""
+        removed = [self.cluster.remove(victim.id) for victim in victims]
+        fits = self._fits_on(node_id, need)
+        for victim in reversed(removed):
+            self.cluster.apply(victim)
+        return fits
 
     def _victims_on(self, node_id: str, ordered: list[Allocation], need: Need) -> list[Allocation] | None:
         """The fewest victims on one node (in victim order) whose removal lets ``need`` fit, or None.
