@@ -105,28 +105,59 @@ def _agent_scrape() -> str:
     return provenance("agent_scrape") + "\n\n" + table(["", ""], rows)
 
 
-CAPACITY_LOOPS = ("off", "advise", "auto", "auto-train")
+CAPACITY_SETTINGS = ("static", "fifo", "off", "advise", "default", "auto")
+CAPACITY_LOADS = (0.6, 0.95)  # beside the headline load 0.8: the baseline settings only (bench.sim capacity)
+CAPACITY_LOAD_SETTINGS = ("static", "off", "default")
+
+
+def _capacity_row(r: dict) -> list:
+    return [r["setting"], r["offered_load"], r["fleet_allocation_pct"], r["useful_share_pct"],
+            f"{r['idle_allocated_gpu_hours']:,.0f}", f"{r['idle_allocated_cost_minor'] / 100:,.0f}",
+            r["ttg_p95_s"]["in_quota"], r["ttg_p95_s"]["over_quota"], r["queue_wait_s"]["p50"],
+            r["queue_wait_s"]["p95"], r["jct_s"]["mean"], r["preemptions"], r["gpu_hours_lost_to_preemption"],
+            f"{r['warm_holding_cost_minor'] / 100:,.0f}", r["in_quota_violations"],
+            f"{r['cost_per_useful_gpu_hour_minor'] / 100:,.2f}", r["cpu_seconds"]]
+
+
+CAPACITY_HEADERS = ["setting", "offered load", "fleet alloc %", "useful share %", "idle allocated GPU-h",
+                    "idle cost (USD)", "in-quota p95 TTG s", "over-quota p95 TTG s", "wait p50 s", "wait p95 s",
+                    "JCT mean s", "preemptions", "GPU-h lost to preemption", "warm holding (USD)",
+                    "in-quota violations", "USD per useful GPU-h", "CPU s"]
 
 
 @renderer("capacity")
 def _capacity() -> str:
-    names = [f"capacity_{loop}" for loop in CAPACITY_LOOPS]
-    rows = []
-    for name in names:
-        r = load(name)["figures"]
-        rows.append([r["loop"], r["fleet_allocation_pct"], r["engine_active_share_pct"], r["idle_allocated_gpu_hours"],
-                     r["idle_allocated_cost_minor"], r["warm_held_gpu_hours"], r["ttg_p95_s"]["mig"],
-                     r["ttg_p95_s"]["warm"], r["ttg_p95_s"]["cold"], r["queue_wait_s"]["mean"],
-                     r["queue_wait_s"]["p95"], r["leases_touched_by_reclaim"], r["mode_switches"],
-                     r["in_quota_violations"], r["wall_seconds"]])
-    off, auto = (load(f"capacity_{loop}")["figures"]["idle_allocated_gpu_hours"] for loop in ("off", "auto"))
-    train = load("capacity_auto-train")["figures"]["idle_allocated_gpu_hours"]
-    change = (f"Idle allocated GPU-hours, `auto` against `off`: {off:,} → {auto:,} "
-              f"({(auto - off) / off * 100:+.1f} %); `auto-train` against `off`: {(train - off) / off * 100:+.1f} %.")
-    return provenance(*names) + "\n\n" + table(
-        ["loop", "fleet alloc %", "engine-active share %", "idle allocated GPU-h", "idle cost (minor)",
-         "warm held GPU-h", "p95 TTG MIG s", "p95 TTG warm s", "p95 TTG cold s", "wait mean s", "wait p95 s",
-         "leases touched by reclaim", "mode switches", "in-quota violations", "wall s"], rows) + "\n\n" + change
+    """The six settings side by side on the same arrivals at load 0.8 (``capacity_<setting>``), and the
+    issue's comparisons from them."""
+    names = [f"capacity_{setting}" for setting in CAPACITY_SETTINGS]
+    figures = {setting: load(f"capacity_{setting}")["figures"] for setting in CAPACITY_SETTINGS}
+    rows = [_capacity_row(figures[setting]) for setting in CAPACITY_SETTINGS]
+    static, off, default, auto = (figures[s] for s in ("static", "off", "default", "auto"))
+    useful = default["useful_share_pct"] / max(static["useful_share_pct"], 1e-9)
+    idle = (auto["idle_allocated_gpu_hours"] - off["idle_allocated_gpu_hours"]) / off["idle_allocated_gpu_hours"]
+    classes = ", ".join(f"{name} {v['share_pct']} % ({v['jobs']:,} jobs)" for name, v in
+                        sorted(off["classes"].items()))
+    return (provenance(*names) + "\n\n" + table(CAPACITY_HEADERS, rows) + "\n\n"
+            + f"{off['gpus']:,} H100 GPUs ({off['mig_gpus_at_start']} in MIG mode at the start), "
+              f"{off['window_days']:g} days, {off['jobs']:,} jobs: {classes}. "
+              f"The shipped default against static partitions: useful share × {useful:.2f}, in-quota p95 time "
+              f"to GPU {default['ttg_p95_s']['in_quota']} s, {default['in_quota_violations']} in-quota violations. "
+              f"`auto` against `off`: idle allocated GPU-hours {off['idle_allocated_gpu_hours']:,.0f} → "
+              f"{auto['idle_allocated_gpu_hours']:,.0f} ({idle * 100:+.1f} %), mean JCT {off['jct_s']['mean']:,.0f} → "
+              f"{auto['jct_s']['mean']:,.0f} s, {auto['preemptions']:,} preemptions losing "
+              f"{auto['gpu_hours_lost_to_preemption']:,} GPU-h.")
+
+
+@renderer("capacity_loads")
+def _capacity_loads() -> str:
+    """The baseline settings at the other offered loads (``capacity_load<pct>_<setting>``), beside 0.8's."""
+    names, rows = [], []
+    for load_factor in (CAPACITY_LOADS[0], 0.8, CAPACITY_LOADS[1]):
+        for setting in CAPACITY_LOAD_SETTINGS:
+            name = f"capacity_{setting}" if load_factor == 0.8 else f"capacity_load{round(load_factor * 100)}_{setting}"
+            names.append(name)
+            rows.append(_capacity_row(load(name)["figures"]))
+    return provenance(*names) + "\n\n" + table(CAPACITY_HEADERS, rows)
 
 
 @renderer("capacity_live")
@@ -530,8 +561,9 @@ def _headlines() -> str:
                >= openb[t]["published_fgd_alloc_at_130"] + 0.5]
     static, ours = fig("philly_quota_static"), fig("philly_quota_ours")
     wait_ratio = static["queueing_delay_s"]["mean"] / max(ours["queueing_delay_s"]["mean"], 1e-9)
-    off, auto = fig("capacity_off"), fig("capacity_auto")
+    static, off, default, auto = (fig(f"capacity_{s}") for s in ("static", "off", "default", "auto"))
     idle_change = (auto["idle_allocated_gpu_hours"] - off["idle_allocated_gpu_hours"]) / off["idle_allocated_gpu_hours"]
+    useful_ratio = default["useful_share_pct"] / max(static["useful_share_pct"], 1e-9)
     live = fig("capacity_live")
     warm_p95 = live["time_to_gpu"]["warm_phase_all"]["p95_s"]
     pipes, splits, tier = fig("pipelines"), fig("splits"), fig("tiering")["policies"]["forest"]
@@ -566,9 +598,16 @@ def _headlines() -> str:
         ["quota replay, Philly (`quota`)", f"mean wait {wait_ratio:.1f}× lower than static partitions, "
          f"{ours['guarantee_violations']} guarantee violations", "≥ 5×, 0",
          yes(wait_ratio >= 5 and ours["guarantee_violations"] == 0)],
-        ["capacity loop replay (`capacity`)", f"idle allocated GPU-h {idle_change * 100:+.1f} % (auto vs off), "
-         f"{auto['in_quota_violations']} in-quota violations", "halved, 0",
-         yes(idle_change <= -0.5 and auto["in_quota_violations"] == 0)],
+        ["capacity replay, shipped default vs static partitions (`capacity`)",
+         f"useful share × {useful_ratio:.2f}, in-quota p95 time to GPU {default['ttg_p95_s']['in_quota']} s, "
+         f"{default['in_quota_violations']} in-quota violations", "≥ 1.5×, ≤ 60 s, 0",
+         yes(useful_ratio >= 1.5 and default["ttg_p95_s"]["in_quota"] <= 60
+             and default["in_quota_violations"] == 0)],
+        ["capacity replay, auto vs off (`capacity`)", f"idle allocated GPU-h {idle_change * 100:+.1f} %, mean JCT "
+         f"{off['jct_s']['mean']:,.0f} → {auto['jct_s']['mean']:,.0f} s, {auto['in_quota_violations']} in-quota "
+         "violations", "halved, JCT not worse, 0",
+         yes(idle_change <= -0.5 and auto["jct_s"]["mean"] <= off["jct_s"]["mean"]
+             and auto["in_quota_violations"] == 0)],
         ["warm pools, live service (`capacity_live`)", f"p95 time to GPU {warm_p95} s warm, "
          f"{live['time_to_gpu']['cold_phase']['p95_s']} s cold", "< 1 s", yes(warm_p95 < 1)],
         ["scale-out (`scaleout`)", f"leases/s × {scaleout} with 3 workers against 1", "rising", yes(scaleout > 1)],
