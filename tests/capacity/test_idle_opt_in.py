@@ -191,3 +191,17 @@ def test_idle_opt_in_estimate_prices_the_idle_interactive_hours(world):
         "4.000000", "3.000000", "2.000000")
     assert estimate["saving"] == {"minor": 1000, "currency": "USD", "formatted": estimate["saving"]["formatted"]}
     assert estimate["price_book"] == "acme contract" and "upper bound" in body["estimate_note"]
+
+
+# -- the admin -------------------------------------------------------------------------------------------------
+def test_idle_opt_in_is_shown_read_only_in_the_project_admin(world):
+    from django.contrib.auth import get_user_model
+    from django.test import Client
+
+    staff = Client()
+    staff.force_login(get_user_model().objects.create_superuser("root", "root@example.com", "pw-root"))
+    capacity_services.idle_opt_in_set(actor=actor(world), project=world.project, opt_in=True)
+    listing = staff.get("/admin/tenants/project/?idle_reclaim_opt_in__exact=1")
+    assert listing.status_code == 200 and "vision" in listing.content.decode()
+    page = staff.get(f"/admin/tenants/project/{world.project.pk}/change/").content.decode()
+    assert "Idle reclaim opt in" in page and 'name="idle_reclaim_opt_in"' not in page  # read-only: the tenant's
