@@ -205,3 +205,49 @@ def test_idle_opt_in_is_shown_read_only_in_the_project_admin(world):
     assert listing.status_code == 200 and "vision" in listing.content.decode()
     page = staff.get(f"/admin/tenants/project/{world.project.pk}/change/").content.decode()
     assert "Idle reclaim opt in" in page and 'name="idle_reclaim_opt_in"' not in page  # read-only: the tenant's
+
+
+# -- the portal ------------------------------------------------------------------------------------------------
+def test_idle_opt_in_portal_shows_the_notice_and_saving_before_the_choice_htmx(world):
+    import re
+    from html import unescape
+
+    from django.test import Client
+
+    def page_text(response) -> str:
+        return " ".join(unescape(re.sub(r"<[^>]+>", " ", response.content.decode())).split())
+
+    admin = Client(enforce_csrf_checks=True)
+    assert admin.login(username="ann", password="pw-ann")
+    page = admin.get("/settings/idle-reclaim")
+    assert page.status_code == 200
+    shown = page_text(page)
+    assert "Vision vision" in shown and "not opted in · advise" in shown
+    assert "gets a notice" in shown and "still idle 15 min later, it is released" in shown  # the notice, first
+    assert "no estimate" in shown and "Secret" not in shown  # globex's project is not listed
+    assert 'id="opt-in-vision"' in page.content.decode()
+    csrf = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', page.content.decode()).group(1)
+    swapped = admin.post("/settings/idle-reclaim", {"csrfmiddlewaretoken": csrf, "project": "vision",
+                                                    "opt_in": "true"}, HTTP_HX_REQUEST="true")
+    assert swapped.status_code == 200
+    card = swapped.content.decode()
+    assert card.lstrip().startswith('<article class="project" id="idle-vision"') and 'data-opt-in="true"' in card
+    assert "opted in · auto" in page_text(swapped) and 'id="opt-out-vision"' in card
+    assert Project.objects.get(pk=world.project.pk).idle_reclaim_opt_in
+    bad = admin.post("/settings/idle-reclaim", {"csrfmiddlewaretoken": csrf, "project": "vision", "opt_in": "maybe"},
+                     HTTP_HX_REQUEST="true")
+    assert bad.status_code == 400 and "opt_in must be true or false" in page_text(bad)
+    plain = admin.post("/settings/idle-reclaim", {"csrfmiddlewaretoken": csrf, "project": "vision",
+                                                  "opt_in": "false"})
+    assert plain.status_code == 302 and plain["Location"].endswith("/settings/idle-reclaim#idle-vision")
+    assert not Project.objects.get(pk=world.project.pk).idle_reclaim_opt_in
+    assert admin.post("/settings/idle-reclaim", {"csrfmiddlewaretoken": csrf, "project": "secret",
+                                                 "opt_in": "true"}).status_code == 404
+
+    member = Client()
+    assert member.login(username="max", password="pw-max")
+    read = member.get("/settings/idle-reclaim")
+    assert read.status_code == 200 and 'id="opt-in-vision"' not in read.content.decode()
+    assert "Admins and owners choose" in page_text(read)
+    assert member.post("/settings/idle-reclaim", {"project": "vision", "opt_in": "true"}).status_code == 403
+    assert not Project.objects.get(pk=world.project.pk).idle_reclaim_opt_in
