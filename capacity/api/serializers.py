@@ -272,4 +272,6 @@ class IdleOptInOutput(serializers.Serializer):
 
 
 class IdleOptInInput(StrictSerializer):
+    """A project's opt-in to idle reclaim of its interactive leases (admins and owners)."""
+
     opt_in = serializers.BooleanField(help_text="true: reclaim the project's idle interactive leases automatically")

@@ -186,7 +186,7 @@ class ProjectIdleReclaimApi(APIView):
                    summary="Opt in (true) or out (false): opted in, idle interactive leases are reclaimed "
                            "automatically unless a staff policy of the project's scope sets idle reclaim")
     def put(self, request, slug: str):
+        project = project_get(actor=request.actor, slug=slug)  # another tenant's: 404 whatever the body
         data = parse(s.IdleOptInInput, request)
-        project = project_get(actor=request.actor, slug=slug)
         project = services.idle_opt_in_set(actor=request.actor, project=project, opt_in=data["opt_in"])
         return Response(s.IdleOptInOutput(selectors.idle_opt_in_get(project=project)).data)
