@@ -13,6 +13,7 @@ import logging
 from collections import defaultdict
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
+from decimal import Decimal
 
 from django.conf import settings
 from django.db.models import Q, QuerySet
@@ -45,8 +46,11 @@ from capacity.planner.types import DEFAULT_IDLE_RULES, DEFAULT_MODES, Mode
 from core.errors import NotFound
 from core.prometheus import OPTIONAL_TIMEOUT_SECONDS, Prometheus, PrometheusError
 from tenants.access import Actor
+from tenants.models import Project
 
 logger = logging.getLogger(__name__)
+
+SIX_PLACES = Decimal("0.000001")
 
 ENGINE_ACTIVE = "DCGM_FI_PROF_GR_ENGINE_ACTIVE"
 FB_USED = "DCGM_FI_DEV_FB_USED"
@@ -79,14 +83,32 @@ def builtin_modes() -> dict[str, str]:
     return {kind.value: mode.value for kind, mode in DEFAULT_MODES}
 
 
+OPT_IN_CLASSES = (ReclaimClass.INTERACTIVE,)  # what a project's idle reclaim opt-in covers
+
+
 def policies_in_force() -> tuple[Policy, ...]:
     """Every scope's policy, each merged over the default scope's, itself over the built-in modes
-    (``builtin_modes``)."""
+    (``builtin_modes``). A project whose tenant opted in to idle reclaim (``Project.idle_reclaim_opt_in``) gets
+    its scope's policy with ``idle_auto_classes`` (interactive), unless a staff policy of that scope sets
+    ``idle_reclaim`` itself: staff's word wins."""
     builtin = Policy(**{name: Mode(mode) for name, mode in builtin_modes().items()}, idle_rules=DEFAULT_IDLE_RULES)
     rows = list(CapacityPolicy.objects.order_by("scope"))
     default_row = next((row for row in rows if row.scope == ""), None)
     default = _merge(builtin, default_row) if default_row else builtin
-    return (default, *(_merge(default, row) for row in rows if row.scope))
+    scoped = {row.scope: _merge(default, row) for row in rows if row.scope}
+    explicit = {row.scope for row in rows if row.scope and row.idle_reclaim}
+    for pk in Project.objects.filter(idle_reclaim_opt_in=True).values_list("pk", flat=True):
+        scope = f"project:{pk}"
+        if scope not in explicit:
+            scoped[scope] = replace(scoped.get(scope, replace(default, scope=scope)), idle_auto_classes=OPT_IN_CLASSES)
+    return (default, *(scoped[scope] for scope in sorted(scoped)))
+
+
+def project_policy(project_id: int, policies: tuple[Policy, ...] | None = None) -> Policy:
+    """The policy in force for one project's leases (its scope's, else the default's)."""
+    policies = policies_in_force() if policies is None else policies
+    by_scope = {policy.scope: policy for policy in policies}
+    return by_scope.get(f"project:{project_id}", by_scope[""])
 
 
 def policy_list() -> QuerySet[CapacityPolicy]:
@@ -457,3 +479,147 @@ def _milli_of(model: str, profile: str) -> int:
     from gpus.mig import profile_get
 
     return profile_get(model, profile).gpu_milli
+
+
+# -- a project's idle reclaim opt-in ---------------------------------------------------------------------------
+OPT_IN_ESTIMATE_DAYS = 7
+
+
+@dataclass
+class IdleOptInEstimate:
+    """What the opt-in would have saved over ``[start, end)``: the project's in-quota interactive lease-hours,
+    those with a measured engine activity, those measured idle (the hour's mean under the rule's threshold),
+    and the idle ones priced at the tenant's price book in force now (None: no book, or no price for a shape)."""
+
+    start: datetime
+    end: datetime
+    interactive_gpu_hours: Decimal
+    measured_gpu_hours: Decimal
+    idle_gpu_hours: Decimal
+    saving_minor: int | None
+    currency: str
+    price_book: str
+
+
+@dataclass
+class IdleOptIn:
+    """A project's idle reclaim opt-in as its page and API show it, before and after the choice."""
+
+    project: Project
+    opt_in: bool
+    mode: str  # what the loop does now with the project's idle interactive leases
+    mode_opted_in: str  # what it does once opted in
+    mode_opted_out: str  # and without the opt-in
+    staff_mode: str  # a staff policy of the project's scope sets idle reclaim ("" none): it wins
+    rule: IdleRule
+    notice: str
+    estimate: IdleOptInEstimate | None
+    estimate_note: str
+
+
+def idle_opt_in_get(*, project: Project, now: datetime | None = None) -> IdleOptIn:
+    """The opt-in of ``project`` (already fetched through the actor's scope), the interactive rule it would
+    apply, the modes with and without it, and the saving estimated from the last seven days' metering."""
+    from django.utils import timezone
+
+    now = now or timezone.now()
+    row = CapacityPolicy.objects.filter(scope=f"project:{project.pk}").first()
+    staff_mode = row.idle_reclaim if row is not None else ""
+    policy = replace(project_policy(project.pk), idle_auto_classes=())
+    rule = policy.idle_rule(ReclaimClass.INTERACTIVE)
+    opted_out = policy.idle_mode(ReclaimClass.INTERACTIVE)
+    opted_in = opted_out if staff_mode else replace(policy, idle_auto_classes=OPT_IN_CLASSES).idle_mode(
+        ReclaimClass.INTERACTIVE)
+    estimate, note = _idle_estimate(project, rule, now)
+    return IdleOptIn(project=project, opt_in=project.idle_reclaim_opt_in,
+                     mode=(opted_in if project.idle_reclaim_opt_in else opted_out).value,
+                     mode_opted_in=opted_in.value, mode_opted_out=opted_out.value, staff_mode=staff_mode,
+                     rule=rule, notice=_notice_text(rule, opted_in, staff_mode), estimate=estimate,
+                     estimate_note=note)
+
+
+def _minutes(seconds: int) -> str:
+    return f"{seconds // 60} min" if seconds % 60 == 0 and seconds >= 60 else f"{seconds} s"
+
+
+def _notice_text(rule: IdleRule, opted_in: Mode, staff_mode: str) -> str:
+    if not rule.enabled:
+        return ("Platform staff have switched the interactive idle rule off: no interactive lease is reclaimed, "
+                "opted in or not.")
+    what = (f"An interactive lease whose engine activity averages under {rule.threshold_permille / 10:.1f} % over "
+            f"{_minutes(rule.window_seconds)} gets a notice (the lease.notice notification, and the deadline on the "
+            f"lease); still idle {_minutes(rule.notice_seconds)} later, it is released. Busy again before the "
+            f"deadline: the notice is withdrawn.")
+    if staff_mode:
+        return f"{what} A platform policy of this project sets idle reclaim to {staff_mode}: it applies whatever "\
+               "you choose."
+    if opted_in != Mode.AUTO:
+        return f"{what} Idle reclaim is {opted_in.value} on this platform: opting in changes nothing."
+    return f"{what} Opted in, this happens automatically; otherwise the loop only proposes it as advice."
+
+
+def _idle_estimate(project: Project, rule: IdleRule, now: datetime) -> tuple[IdleOptInEstimate | None, str]:
+    """The last seven days of metering: hourly usage rows of the project's in-quota interactive leases, and
+    each hour's measured engine activity (``billing.UtilisationUsage``, from DCGM). Idle: the hour's mean under
+    the rule's threshold. Hours with no measurement count as neither idle nor busy."""
+    from billing.core.pricing import to_minor, units_of
+    from billing.models import AllocationUsage, UtilisationUsage
+    from billing.selectors import price_books_for
+
+    end = now.replace(minute=0, second=0, microsecond=0)
+    start = end - timedelta(days=OPT_IN_ESTIMATE_DAYS)
+    rows = list(AllocationUsage.objects.filter(
+        tenant_id=project.tenant_id, project_id=project.pk, workload_class=WorkloadClass.INTERACTIVE.value,
+        over_quota=False, hour_start__gte=start, hour_start__lt=end)
+        .values_list("lease_id", "hour_start", "tier", "kind", "mig_profile", "profiling", "seconds", "gpu_milli"))
+    if not rows:
+        return None, (f"No estimate: the project held no interactive lease in the last {OPT_IN_ESTIMATE_DAYS} days "
+                      "(in quota), so there is nothing to measure.")
+    engine = {(lease, hour): active for lease, hour, active in UtilisationUsage.objects.filter(
+        lease_id__in={row[0] for row in rows}, hour_start__gte=start, hour_start__lt=end,
+        engine_active_avg__isnull=False).values_list("lease_id", "hour_start", "engine_active_avg")}
+    threshold = Decimal(rule.threshold_permille) / 1000
+    held = measured = 0
+    idle: dict[tuple, Decimal] = defaultdict(Decimal)
+    for lease, hour, tier, kind, profile, profiling, seconds, milli in rows:
+        milli_seconds = Decimal(seconds) * milli
+        held += milli_seconds
+        active = engine.get((lease, hour))
+        if active is None:
+            continue
+        measured += milli_seconds
+        if active < threshold:
+            idle[(tier, kind, profile, profiling)] += milli_seconds
+    if not measured:
+        return None, ("No estimate: no engine activity was metered for the project's interactive leases in the "
+                      f"last {OPT_IN_ESTIMATE_DAYS} days (the utilisation meter reads DCGM through Prometheus), so "
+                      "nothing says which hours were idle.")
+    currency, book_name, saving = project.tenant.currency, "", None
+    books = price_books_for(tenant=project.tenant, start=now - timedelta(microseconds=1), end=now)
+    unpriced = False
+    if books:
+        _, book, table = books[-1]
+        book_name, saving = book.name, Decimal(0)
+        for (tier, kind, profile, profiling), milli_seconds in idle.items():
+            found = table.unit_price(tier, kind, profile, over_quota=False,
+                                     workload_class=WorkloadClass.INTERACTIVE.value, profiling=profiling)
+            if found is None:
+                unpriced = True
+                continue
+            saving += units_of(kind, tier, profile, milli_seconds) * found[0]
+    hours = Decimal(3_600_000)
+    estimate = IdleOptInEstimate(
+        start=start, end=end, interactive_gpu_hours=(held / hours).quantize(SIX_PLACES),
+        measured_gpu_hours=(measured / hours).quantize(SIX_PLACES),
+        idle_gpu_hours=(sum(idle.values(), Decimal(0)) / hours).quantize(SIX_PLACES),
+        saving_minor=None if saving is None or unpriced else to_minor(saving, currency), currency=currency,
+        price_book=book_name)
+    note = (f"The project's interactive lease-hours of the last {OPT_IN_ESTIMATE_DAYS} days whose metered engine "
+            f"activity averaged under the rule's {rule.threshold_permille / 10:.1f} % for the hour, at the prices of "
+            f"{book_name or 'no price book'}. An upper bound: the loop reclaims a lease only after "
+            f"{_minutes(rule.window_seconds)} of idleness and {_minutes(rule.notice_seconds)} of notice, and hours "
+            "with no measurement count as busy.")
+    if estimate.saving_minor is None:
+        note += (" No money figure: " + ("the price book has no price for some of the shapes used." if books else
+                                         "no price book is in force for the tenant."))
+    return estimate, note

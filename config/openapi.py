@@ -20,7 +20,8 @@ GROUPS: list[tuple[str, str, tuple[str, ...]]] = [
       r"spend-caps(/|$)", r"spend-alert-rules(/|$)", r"spend-alerts$", r"label-keys$")),
     ("pipelines", "Inference pipelines and model splits: plan, apply (one lease group), release",
      (r"pipelines(/|$)", r"model-splits(/|$)")),
-    ("capacity", "The capacity loop's advice to the tenant: accept or reject it", (r"adjustments(/|$)",)),
+    ("capacity", "The capacity loop's advice to the tenant: accept or reject it; a project's opt-in to idle reclaim",
+     (r"adjustments(/|$)", r"projects/\{[^}]+\}/idle-reclaim$")),
     ("tenancy", "The caller's tenant: projects, quotas, members, API tokens, SLO contracts, sign-in settings, its "
      "audit trail, exports and closure",
      (r"tenant$", r"tenant/", r"projects(/|$)", r"quotas$", r"members(/|$)", r"tokens(/|$)", r"slo-contracts$",

@@ -556,6 +556,8 @@ SPECTACULAR_SETTINGS["ENUM_NAME_OVERRIDES"].update({
     "WorkloadRegimeEnum": "tiering.models.Regime",
     "RegimeInputEnum": ["engine", "eager"],
     "PipelineTierEnum": "pipelines.api.serializers.TIERS",
+    # the capacity loop's mode (an adjustment's, and a project's idle reclaim opt-in's several)
+    "ModeEnum": "capacity.choices.LoopMode",
 })
 REST_FRAMEWORK["DEFAULT_PAGINATION_CLASS"] = "core.pagination.BoundedLimitOffsetPagination"
 

@@ -1,6 +1,7 @@
 """The capacity loop's pages. Tenants: ``/advice`` — their advice and the changes that touched their leases,
-open first, accepted or rejected in place (htmx) where the service lets them. Platform staff:
-``/ops/capacity`` — pools, warm instances and what holding them costs, the loop's recent actions, the
+open first, accepted or rejected in place (htmx) where the service lets them; ``/settings/idle-reclaim`` — each
+project's opt-in to idle reclaim of its interactive leases, the notice and the saving shown before the choice.
+Platform staff: ``/ops/capacity`` — pools, warm instances and what holding them costs, the loop's recent actions, the
 review queue, the policies and a planner run on demand.
 
 Reads go through ``capacity.selectors`` (tenant-scoped: another tenant's adjustment is 404), writes through
@@ -20,10 +21,11 @@ from capacity import selectors as capacity_selectors
 from capacity import services as capacity_services
 from capacity.choices import AdjustmentState, LoopMode
 from capacity.selectors import MODE_FIELDS, NUMBER_FIELDS
-from core.errors import ApplicationError
+from core.errors import ApplicationError, ValidationFailed
 from portal import forms
 from portal.ops import StaffView
 from portal.views import TenantView
+from tenants.selectors import project_get, project_list
 from tiering import selectors as tiering_selectors
 
 ADVICE_PAGE_SIZE = 100
@@ -82,6 +84,57 @@ class AdviceDecideView(TenantView):
         else:
             messages.success(request, _decided_message(adjustment))
         return redirect(f"{reverse('portal:advice')}#adj-{pk}")
+
+
+# -- tenants: a project's opt-in to idle reclaim -------------------------------------------------------------------
+def _opt_in_card(shown) -> dict:
+    """One project's card: the opt-in, what happens to an idle interactive lease, the saving over 7 days."""
+    estimate = shown.estimate
+    saving = ""
+    if estimate is not None and estimate.saving_minor is not None:
+        saving = capacity_presenters.money_text(estimate.saving_minor, estimate.currency)
+    rule = shown.rule
+    rule_text = (f"idle under {rule.threshold_permille / 10:.1f} % engine activity over {rule.window_seconds} s; "
+                 f"notice {rule.notice_seconds} s" if rule.enabled else "switched off by platform staff")
+    return {"shown": shown, "project": shown.project, "estimate": estimate, "saving": saving, "rule": rule_text}
+
+
+class IdleReclaimView(TenantView):
+    """``/settings/idle-reclaim``: per project, the opt-in to idle reclaim of its interactive leases, with the notice
+    and the saving shown before the choice. Everyone in the tenant reads; admins and owners choose (``manage``).
+    ``POST`` (``project``, ``opt_in`` true/false): with htmx the project's card comes back, changed or with the
+    service's refusal in it; without, a redirect to the page with the outcome as a message."""
+
+    template_name = "portal/settings_idle_reclaim.html"
+    write_action = "manage"
+
+    def get(self, request):
+        cards = [_opt_in_card(capacity_selectors.idle_opt_in_get(project=project))
+                 for project in project_list(actor=self.actor)]
+        return render(request, self.template_name, {"cards": cards, "can_manage": self.actor.can("manage"),
+                                                     "tab": "idle-reclaim"})
+
+    def post(self, request):
+        project = project_get(actor=self.actor, slug=request.POST.get("project", ""))
+        raw = request.POST.get("opt_in", "")
+        error = None
+        try:
+            if raw not in ("true", "false"):
+                raise ValidationFailed("opt_in must be true or false.", field="opt_in")
+            project = capacity_services.idle_opt_in_set(actor=self.actor, project=project, opt_in=raw == "true")
+        except ApplicationError as refused:
+            error = refused.message
+        card = _opt_in_card(capacity_selectors.idle_opt_in_get(project=project))
+        if request.htmx:
+            return render(request, "portal/partials/_idle_opt_in.html",
+                          {"card": card, "can_manage": True, "error": error}, status=400 if error else 200)
+        if error:
+            messages.error(request, error)
+        else:
+            messages.success(request, f"Project {project.slug}: idle interactive leases are "
+                                      + ("reclaimed automatically." if project.idle_reclaim_opt_in else
+                                         "only proposed for reclaim, as advice."))
+        return redirect(f"{reverse('portal:idle-reclaim')}#idle-{project.slug}")
 
 
 # -- platform staff: the capacity loop ------------------------------------------------------------------------

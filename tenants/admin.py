@@ -196,16 +196,19 @@ class QuotaInline(admin.TabularInline):
 
 @admin.register(Project)
 class ProjectAdmin(ServiceAdmin):
-    list_display = ["slug", "tenant", "name", "status", "created_at"]
-    list_filter = ["status", "tenant"]
+    list_display = ["slug", "tenant", "name", "status", "idle_reclaim_opt_in", "created_at"]
+    list_filter = ["status", "idle_reclaim_opt_in", "tenant"]
     search_fields = ["slug", "name", "tenant__slug"]
     inlines = [QuotaInline]
-    fields = ["tenant", "slug", "name", "description", "status"]
+    fields = ["tenant", "slug", "name", "description", "status", "idle_reclaim_opt_in"]
     actions = ["suspend", "activate"]
 
     def get_readonly_fields(self, request, obj=None):
-        # leases and usage name the project; its status changes by the actions (project_set_status, audited)
-        return ["status"] if obj is None else ["tenant", "slug", "status"]
+        # leases and usage name the project; its status changes by the actions (project_set_status, audited); the
+        # idle reclaim opt-in is the tenant's choice (its admins, capacity.services.idle_opt_in_set, audited):
+        # shown here, changed by the tenant only; staff override it with a capacity policy of the project's scope
+        return ["status", "idle_reclaim_opt_in"] if obj is None else ["tenant", "slug", "status",
+                                                                       "idle_reclaim_opt_in"]
 
     @admin.action(description="Suspend selected projects (no new lease requests)")
     def suspend(self, request, queryset):

@@ -89,6 +89,10 @@ class Project(models.Model):
     description = models.TextField(blank=True)
     status = models.CharField(max_length=16, choices=TenantStatus.choices, default=TenantStatus.ACTIVE,
                               db_default=TenantStatus.ACTIVE)  # rows written outside the ORM (bench COPY)
+    # the project's admins opt in to idle reclaim of its interactive leases (``capacity.services.idle_opt_in_set``,
+    # audited): the capacity loop then reclaims them automatically with the interactive rule's threshold, window
+    # and notice, where no staff policy of the project's scope sets idle reclaim (docs/capacity.md)
+    idle_reclaim_opt_in = models.BooleanField(default=False, db_default=False)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

@@ -219,3 +219,59 @@ class PlanRunOutput(serializers.Serializer):
                                            help_text="rows left applying by a stopped process, now failed")
     prometheus = serializers.CharField(required=False, help_text='"ok", or why utilisation was not read')
     skipped = serializers.IntegerField(required=False, help_text="1: another run was in progress")
+
+
+# -- a project's idle reclaim opt-in -----------------------------------------------------------------------------
+class IdleRuleOutput(serializers.Serializer):
+    enabled = serializers.BooleanField(help_text="false: platform staff switched the interactive rule off")
+    threshold_permille = serializers.IntegerField(help_text="idle below this mean engine activity (per mille)")
+    window_seconds = serializers.IntegerField(help_text="over this trailing window")
+    notice_seconds = serializers.IntegerField(help_text="between the notice and the release")
+
+
+class IdleOptInEstimateOutput(serializers.Serializer):
+    start = serializers.DateTimeField()
+    end = serializers.DateTimeField()
+    interactive_gpu_hours = serializers.DecimalField(max_digits=18, decimal_places=6,
+                                                     help_text="in-quota interactive lease-hours held (GPU-hours)")
+    measured_gpu_hours = serializers.DecimalField(max_digits=18, decimal_places=6,
+                                                  help_text="of those, the hours with a metered engine activity")
+    idle_gpu_hours = serializers.DecimalField(max_digits=18, decimal_places=6,
+                                              help_text="of those, the hours whose mean was under the threshold")
+    saving = serializers.SerializerMethodField(help_text="the idle hours at the tenant's price book in force now; "
+                                                         "null where no book prices them")
+    price_book = serializers.CharField(help_text='"" where no book is in force')
+
+    @extend_schema_field(MoneyOutput(allow_null=True))
+    def get_saving(self, obj) -> dict | None:
+        if obj.saving_minor is None:
+            return None
+        return {"minor": obj.saving_minor, "currency": obj.currency,
+                "formatted": presenters.money_text(obj.saving_minor, obj.currency)}
+
+
+class IdleOptInOutput(serializers.Serializer):
+    project = serializers.CharField(source="project.slug")
+    opt_in = serializers.BooleanField()
+    mode = serializers.ChoiceField(choices=LoopMode.choices,
+                                   help_text="what the loop does now with the project's idle interactive leases")
+    mode_opted_in = serializers.ChoiceField(choices=LoopMode.choices, help_text="what it does once opted in")
+    mode_opted_out = serializers.ChoiceField(choices=LoopMode.choices, help_text="what it does without the opt-in")
+    staff_mode = serializers.ChoiceField(choices=LoopMode.choices, allow_null=True,
+                                         help_text="a staff policy of the project's scope sets idle reclaim: it wins "
+                                                   "(null: none)")
+    rule = IdleRuleOutput(help_text="the interactive class's rule the reclaim follows")
+    notice = serializers.CharField(help_text="what happens to an idle interactive lease, in words")
+    estimate = IdleOptInEstimateOutput(allow_null=True, help_text="null: no estimate (see estimate_note)")
+    estimate_note = serializers.CharField(help_text="how the estimate was made, or why there is none")
+
+    def to_representation(self, instance) -> dict:
+        data = super().to_representation(instance)
+        data["staff_mode"] = instance.staff_mode or None
+        return data
+
+
+class IdleOptInInput(StrictSerializer):
+    """A project's opt-in to idle reclaim of its interactive leases (admins and owners)."""
+
+    opt_in = serializers.BooleanField(help_text="true: reclaim the project's idle interactive leases automatically")

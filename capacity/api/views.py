@@ -1,7 +1,8 @@
 """The capacity loop's REST API.
 
 Tenants: ``/adjustments`` — their own advice and every change that touched one of their leases (another
-tenant's is 404); admins accept or reject their own idle-reclaim and right-sizing advice. Platform staff:
+tenant's is 404); admins accept or reject their own idle-reclaim and right-sizing advice, and opt a project in to
+idle reclaim of its interactive leases (``/projects/<slug>/idle-reclaim``). Platform staff:
 every adjustment, and ``/capacity/…`` — the loop's policies, the fleet's pools and warm instances, and a
 planner run on demand. Views parse, read through ``capacity.selectors``, call one ``capacity.services`` function
 and render; the services enforce who may decide what.
@@ -22,6 +23,7 @@ from core.api import paginate, parse
 from core.errors import ValidationFailed
 from core.openapi import PAGE_PARAMETERS, paginated, problem
 from tenants.api.staff import StaffApi, StaffOrTenantPermission, is_staff
+from tenants.selectors import project_get
 
 RECENT = 20
 CONFLICT = problem("The adjustment is no longer proposed (decided, expired or being applied)")
@@ -164,3 +166,27 @@ class PlanRunApi(StaffApi):
                    description=STAFF_ONLY)
     def post(self, request):
         return Response(s.PlanRunOutput(services.plan_run()).data)
+
+
+# -- tenants: a project's idle reclaim opt-in -------------------------------------------------------------------
+class ProjectIdleReclaimApi(APIView):
+    """Read by anyone in the tenant; set and cleared by its admins and owners (``manage``: a member gets 403).
+    Another tenant's project is 404."""
+
+    write_action = "manage"
+
+    @extend_schema(responses=s.IdleOptInOutput,
+                   summary="A project's opt-in to idle reclaim of its interactive leases: the rule, the notice, "
+                           "the modes with and without it, and the saving estimated from the last 7 days")
+    def get(self, request, slug: str):
+        project = project_get(actor=request.actor, slug=slug)
+        return Response(s.IdleOptInOutput(selectors.idle_opt_in_get(project=project)).data)
+
+    @extend_schema(request=s.IdleOptInInput, responses=s.IdleOptInOutput,
+                   summary="Opt in (true) or out (false): opted in, idle interactive leases are reclaimed "
+                           "automatically unless a staff policy of the project's scope sets idle reclaim")
+    def put(self, request, slug: str):
+        project = project_get(actor=request.actor, slug=slug)  # another tenant's: 404 whatever the body
+        data = parse(s.IdleOptInInput, request)
+        project = services.idle_opt_in_set(actor=request.actor, project=project, opt_in=data["opt_in"])
+        return Response(s.IdleOptInOutput(selectors.idle_opt_in_get(project=project)).data)

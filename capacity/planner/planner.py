@@ -587,9 +587,10 @@ def _idle_reclaim(snapshot: CapacitySnapshot, policies: _Policies, now: float) -
             expected_gain=(Gain() if step == ReclaimStep.CANCEL else
                            Gain(gpu_seconds=milli * idle_seconds // FULL, money_minor=price * idle_seconds // 3600)),
             risk=(series.lease,),
-            mode=policy.idle_reclaim,
+            mode=policy.idle_mode(klass),
             reason=(f"lease {series.lease} ({klass.value}) averaged {mean / 10:.1f} % engine activity over the "
-                    f"last {rule.window_seconds // 60} min (threshold {rule.threshold_permille / 10:.1f} %): {then}"),
+                    f"last {rule.window_seconds // 60} min (threshold {rule.threshold_permille / 10:.1f} %): {then}"
+                    + (" (automatic: the project opted in)" if policy.idle_mode(klass) != policy.idle_reclaim else "")),
         ))
     return out
 

@@ -266,9 +266,20 @@ class Policy:
     mode_hold_seconds: int = 3600  # a GPU keeps a mode this long before a rebalance may move it
     quota_window_seconds: int = 30 * 86_400
     quota_low_permille: int = 500  # p95 use under half the deserved quota: advise lowering it
+    # reclaim classes the project's tenant opted in to (``Project.idle_reclaim_opt_in``: interactive): reclaimed
+    # ``auto`` where ``idle_reclaim`` is ``advise``; never where it is ``off``. The service leaves it empty where a
+    # staff policy of the project's scope sets ``idle_reclaim`` itself (staff's word wins)
+    idle_auto_classes: tuple[ReclaimClass, ...] = ()
 
     def mode_of(self, kind: AdjustmentKind) -> Mode:
         return getattr(self, kind.value)
+
+    def idle_mode(self, reclaim_class: ReclaimClass) -> Mode:
+        """Idle reclaim's mode for leases of one class: ``idle_reclaim``, raised from ``advise`` to ``auto`` for
+        the classes the project opted in to."""
+        if self.idle_reclaim == Mode.ADVISE and reclaim_class in self.idle_auto_classes:
+            return Mode.AUTO
+        return self.idle_reclaim
 
     def idle_rule(self, reclaim_class: ReclaimClass) -> IdleRule:
         for name, rule in self.idle_rules:

@@ -31,13 +31,14 @@ def _finish(adjustment: Adjustment, state: str, outcome: str, *, now: datetime, 
     adjustment.state, adjustment.outcome = state, outcome
 
 
-def _audit(action: str, user, data: dict, *, adjustment: Adjustment | None = None, target: str = "") -> None:
+def _audit(action: str, user, data: dict, *, adjustment: Adjustment | None = None, target: str = "",
+           tenant=None) -> None:
     """The audit row of a decision on an adjustment (its tenant, ``adjustment:<id>``, its kind and target
-    added to ``data``) or of a platform setting (``target``, no tenant). The one place this package writes
+    added to ``data``), of a platform setting (``target``, no tenant) or of a tenant's own setting (``tenant``:
+    a project's idle reclaim opt-in). ``user``: a user or an ``Actor``. The one place this package writes
     ``AuditEvent`` (through ``tenants.audit.audit_record``)."""
     from tenants.audit import audit_record
 
-    tenant = None
     if adjustment is not None:
         tenant, target = adjustment.tenant, f"adjustment:{adjustment.pk}"
         data = {"kind": adjustment.kind, "adjustment_target": adjustment.target, **data}

@@ -12,7 +12,7 @@ from broker.choices import LeaseState
 from broker.models import Lease
 from capacity.choices import AdjustmentState
 from capacity.models import Adjustment
-from capacity.selectors import policies_in_force
+from capacity.selectors import project_policy
 from capacity.services.common import LOOP, _finish
 
 
@@ -70,7 +70,6 @@ def _expire_soon() -> None:
 def _notice_seconds(lease: Lease) -> int:
     from capacity.planner import ReclaimClass
 
-    policies = {p.scope: p for p in policies_in_force()}
-    policy = policies.get(f"project:{lease.project_id}", policies[""])
+    policy = project_policy(lease.project_id)
     klass = ReclaimClass.OVER_QUOTA if lease.over_quota else ReclaimClass(lease.workload_class)
     return policy.idle_rule(klass).notice_seconds

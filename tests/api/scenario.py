@@ -1,9 +1,9 @@
 """What the contract tests need besides make_world(), and a scripted session over HTTP that produces the
 statuses a fuzzer does not reach on its own: the 2xx of detail routes, renew, release, invoice documents,
 enrollment and a signed heartbeat; 402 from a refusing spend cap; each documented 409; a quote's 200/403/404;
-the capacity loop's adjustments (decided twice: 409) and its platform-staff API, and the money API (spend
-caps; price books and billing terms, staff only), with a staff member's token (the fuzzer acts as an owner,
-whom every staff endpoint refuses).
+the capacity loop's adjustments (decided twice: 409), a project's idle reclaim opt-in (a member's 403) and the
+loop's platform-staff API, and the money API (spend caps; price books and billing terms, staff only), with a staff
+member's token (the fuzzer acts as an owner, whom every staff endpoint refuses).
 
 Only three writes bypass the services, each standing in for a part these tests do not run: the invoice
 (``invoice_run`` needs a metered month), a lease's placement (the scheduler and a node agent) and the
@@ -326,6 +326,15 @@ def capacity_steps(step, world: World) -> None:
     step(accept, "post", 409, f"{v1}/adjustments/{advice[0]}/accept", token=owner)
     step(reject, "post", 200, f"{v1}/adjustments/{advice[1]}/reject", token=owner, body={"reason": "contract"})
     step(reject, "post", 409, f"{v1}/adjustments/{advice[1]}/reject", token=owner, body={})
+    # a project's opt-in to idle reclaim: read by anyone, set by an owner or admin, refused to a member
+    opt_in, at_project = f"{v1}/projects/{{slug}}/idle-reclaim", f"{v1}/projects/{world.project.slug}/idle-reclaim"
+    step(opt_in, "get", 200, at_project, token=world.tokens["member"])
+    step(opt_in, "put", 200, at_project, token=owner, body={"opt_in": True})
+    step(opt_in, "put", 403, at_project, token=world.tokens["member"], body={"opt_in": False})
+    step(opt_in, "put", 400, at_project, token=owner, body={"opt_in": "yes"})
+    step(opt_in, "put", 404, f"{v1}/projects/{world.other_project.slug}/idle-reclaim", token=owner,
+         body={"opt_in": True})
+    step(opt_in, "put", 200, at_project, token=owner, body={"opt_in": False})
 
     user = make_member(world.acme, "ops", Role.ADMIN)
     get_user_model().objects.filter(pk=user.pk).update(is_staff=True)

@@ -187,3 +187,11 @@ def test_generated_client_reads_every_answer(world, generated):
         assert invoice.lines[0].amount_minor == 400
         document = op("v1_invoices_document")(str(contract.invoice_id), "csv", client=client)
         assert document.status_code == 200 and b"H100-80GB" in document.content
+
+        # a project's idle reclaim opt-in: the nested rule, the nullable estimate and staff mode, the enums
+        shown = read(op("v1_projects_idle_reclaim_retrieve")(world.project.slug, client=client), 200, "IdleOptInOutput")
+        assert shown.opt_in is False and shown.rule.notice_seconds == 900
+        changed = read(op("v1_projects_idle_reclaim_update")(world.project.slug, client=client,
+                                                             body=models.IdleOptInInputRequest(opt_in=True)),
+                       200, "IdleOptInOutput")
+        assert changed.opt_in is True and changed.mode.value == "auto"

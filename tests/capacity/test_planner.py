@@ -282,6 +282,31 @@ def test_planner_idle_reclaim_follows_the_project_policy():
     assert of(plan_capacity(interactive, now=NOW), AdjustmentKind.IDLE_RECLAIM) == []
 
 
+def test_planner_idle_reclaim_of_an_opted_in_class_is_auto_where_the_mode_is_advise():
+    """A project opted in to idle reclaim of its interactive leases (``idle_auto_classes``): their reclaim is
+    ``auto`` with the interactive rule as it stands; another class stays advice; ``off`` stays off; a lease of
+    another project is untouched."""
+    opted = Policy(scope="project:p1", idle_auto_classes=(ReclaimClass.INTERACTIVE,))
+    snapshot = CapacitySnapshot(
+        gpus=(gpu(0, GpuMode.WHOLE, lease("a")), gpu(1, GpuMode.WHOLE, lease("b", in_quota=False)),
+              gpu(2, GpuMode.WHOLE, replace(lease("c"), project="p2"))),
+        utilisation=(series("a", 10), series("b", 10), series("c", 10)), policies=(Policy(), opted))
+    modes = {a.change.lease: (a.change.step, a.mode) for a in of(plan_capacity(snapshot, now=NOW),
+                                                                  AdjustmentKind.IDLE_RECLAIM)}
+    assert modes == {"a": ("notice", Mode.AUTO), "b": ("notice", Mode.ADVISE), "c": ("notice", Mode.ADVISE)}
+    [notice] = [a for a in plan_capacity(snapshot, now=NOW) if a.change.lease == "a"]
+    assert "opted in" in notice.reason and "released in 900 s" in notice.reason
+    released = CapacitySnapshot((gpu(0, GpuMode.WHOLE, lease("a", noticed_at=NOW - 1000)),),
+                                utilisation=(series("a", 10),), policies=(Policy(), opted))
+    [release] = of(plan_capacity(released, now=NOW), AdjustmentKind.IDLE_RECLAIM)
+    assert (release.change.step, release.mode) == ("release", Mode.AUTO)
+    off = CapacitySnapshot(snapshot.gpus[:1], utilisation=snapshot.utilisation[:1],
+                           policies=(Policy(), replace(opted, idle_reclaim=Mode.OFF)))
+    assert of(plan_capacity(off, now=NOW), AdjustmentKind.IDLE_RECLAIM) == []
+    assert opted.idle_mode(ReclaimClass.TRAINING) == Mode.ADVISE
+    assert replace(opted, idle_reclaim=Mode.AUTO).idle_mode(ReclaimClass.INTERACTIVE) == Mode.AUTO
+
+
 # -- 4. right-sizing and quota advice ---------------------------------------------------------------------
 
 

@@ -61,6 +61,8 @@ ROUTES: dict[str, Route] = {
     "api-projects": Route("api", "/api/v1/projects", {"get": None, "post": {"slug": "p2", "name": "P2"}}),
     "api-project": Route("api", "/api/v1/projects/{id}", {"get": None, "patch": {"name": "x"}, "delete": None},
                          obj="project"),
+    "api-project-idle-reclaim": Route("api", "/api/v1/projects/{id}/idle-reclaim",
+                                      {"get": None, "put": {"opt_in": True}}, obj="project"),
     "api-quotas": Route("api", "/api/v1/quotas?project={id}", READ, obj="project"),
     "api-members": Route("api", "/api/v1/members", READ),
     "api-member": Route("api", "/api/v1/members/{id}", {"get": None, "patch": {"role": "viewer"}, "delete": None},
@@ -263,6 +265,8 @@ ROUTES: dict[str, Route] = {
     "portal:budgets": Route("portal", "/settings/budgets", {"get": None, "post": {"project": "", "monthly": "1",
                                                                                   "action": "refuse"}}),
     "portal:budget-delete": Route("portal", "/settings/budgets/{id}/delete", {"post": {}}, obj="spend_cap"),
+    "portal:idle-reclaim": Route("portal", "/settings/idle-reclaim", {"get": None, "post": {"project": "vision",
+                                                                                         "opt_in": "true"}}),
     "portal:token-revoke": Route("portal", "/settings/tokens/{id}/revoke", {"post": {}}, obj="token",
                                  viewer={"post": 404}),
     "notifications:settings": Route("portal", "/settings/notifications/", {
