@@ -148,6 +148,23 @@ def _capacity() -> str:
               f"{auto['gpu_hours_lost_to_preemption']:,} GPU-h.")
 
 
+@renderer("capacity_headline")
+def _capacity_headline() -> str:
+    """README's lines on the capacity replay: the shipped default's row beside static partitions and ``off``."""
+    picked = ("static", "off", "default")
+    figures = {setting: load(f"capacity_{setting}")["figures"] for setting in picked}
+    f = figures["default"]
+    words = {"static": "static partitions (each project owns its quota)", "off": "quotas with borrowing, no loop",
+             "default": "**the shipped default** (the loop acting where no tenant is touched)"}
+    rows = [[words[s], figures[s]["fleet_allocation_pct"], figures[s]["useful_share_pct"],
+             figures[s]["ttg_p95_s"]["in_quota"], f"{figures[s]['queue_wait_s']['p95'] / 3600:.1f} h",
+             f"{figures[s]['jct_s']['mean'] / 3600:.1f} h", figures[s]["in_quota_violations"]] for s in picked]
+    return (f"A month of Philly arrivals on {f['gpus']:,} simulated H100s at 80 % offered load, the same arrivals for "
+            "each setting (`python -m bench.sim capacity`, [docs/capacity.md](docs/capacity.md)):\n\n"
+            + table(["setting", "fleet allocated %", "useful share %", "in-quota p95 time to GPU s", "p95 wait",
+                     "mean completion", "in-quota violations"], rows))
+
+
 @renderer("capacity_loads")
 def _capacity_loads() -> str:
     """The baseline settings at the other offered loads (``capacity_load<pct>_<setting>``), beside 0.8's."""
