@@ -34,7 +34,7 @@ DATA = Path(__file__).resolve().parent / "data"
 # the GPU each file was measured on (the file names say it for people; this says it for the code)
 FILES = {"h100-80gb-hbm3-2026-11-26.csv": "H100-80GB"}
 # measured to check the model, never fitted on: another H100 (bench/device_perf.py --held-out, 2026-11-27), the
-# five architectures above again and 22 the constants have never seen (``held_out``)
+# five architectures above again and 24 the constants have never seen (``held_out``)
 CHECK_FILES = {"h100-80gb-hbm3-2026-11-27.csv": "H100-80GB"}
 COLUMNS = ("arch", "task", "precision", "batch", "seq", "image", "mode", "step_s", "throughput", "peak_mib", "spread")
 MODES = ("eager", "graph", "own-eager")
