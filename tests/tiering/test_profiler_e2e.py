@@ -182,7 +182,15 @@ def test_a_running_lease_on_too_big_a_gpu_gets_migration_and_quantization_advice
             "PERF_SAMPLES_URL": settings.SITE_URL + "/api/v1/leases/{lease}/samples", "PERF_WORKLOAD": "bert-bf16"},
             "secret_env": {"PERF_TOKEN": world.tokens["member"]}}})
     assert status == 201, lease
-    wait_until(lambda: LeaseSample.objects.filter(lease_id=lease["id"], workload=workload).count() >= 6, timeout=90)
+    def in_window() -> int:
+        """Samples the scan will read: from 5 s after the workload's first one on (``advice_scan``). Six of them
+        put their median within about 1 % of the truth (2 % noise each); the first 5 s can hold most of the six
+        counted from the start, and one sample alone missed the 5 % below in CI."""
+        samples = LeaseSample.objects.filter(lease_id=lease["id"], workload=workload).order_by("reported_at")
+        first = samples.values_list("reported_at", flat=True).first()
+        return 0 if first is None else samples.filter(reported_at__gte=first + timedelta(seconds=5)).count()
+
+    wait_until(lambda: in_window() >= 6, timeout=90)
     instance = Lease.objects.get(pk=lease["id"]).allocations.get().instance_id
     scene["prometheus"].wait_for(f'count_over_time(DCGM_FI_DEV_FB_USED{{allocation_id="{instance}"}}[1m]) > 4')
 
