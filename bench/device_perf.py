@@ -350,7 +350,8 @@ def measure(case: Case, args, torch) -> dict | None:
             def step():
                 return model(tokens, caches, cos, sin)
         else:
-            # inference and generation of a decoder share one model (AutoModelForCausalLM of the same config)
+            # inference and generation of a decoder share one model (AutoModelForCausalLM of the same config); its
+            # positions are max(2048, seq + 8), so one model serves every seq up to 2040
             model = cached(("library", case.arch, case.precision, str(device), case.seq > 2040),
                            lambda: library_model(torch, arch, case.task, dtype, device, case.seq), torch)
             if model is None:

@@ -432,6 +432,14 @@ def _tiering() -> str:
               f"The threshold on the held-out set (sensitivity, not used to choose): {sweep}.")
 
 
+def _error_cell(summary: dict) -> str:
+    """A ``gpus.measured.summary``: "median abs. error % (lowest – highest measured ÷ predicted)", "–" for none."""
+    if not summary.get("cases"):
+        return "–"
+    low, high = summary["measured_over_predicted"]
+    return f"{summary['median_abs_error'] * 100:.0f} % ({low:.2f} – {high:.2f})"
+
+
 @renderer("tiering_measured")
 def _tiering_measured() -> str:
     """The model's error from ``tiering_error`` (the measured mode without the forest: seconds to re-record), the
@@ -439,24 +447,18 @@ def _tiering_measured() -> str:
     f = load("tiering_error")["figures"]
     forest = load("tiering_measured")["figures"].get("forest")
 
-    def cell(summary: dict) -> str:
-        if not summary.get("cases"):
-            return "–"
-        low, high = summary["measured_over_predicted"]
-        return f"{summary['median_abs_error'] * 100:.0f} % ({low:.2f} – {high:.2f})"
-
     order = ["eager, all", "eager inference", "eager inference, batch >= 8", "eager inference, batch < 8",
              "eager decode", "graph decode", "graph inference", "own-eager decode"]
     cv, before = f["cross_validated"]["subsets"], f["before_regimes"]
-    rows = [[name, cv[name]["throughput"]["cases"], cell(cv[name]["throughput"]), cell(cv[name]["memory"]),
-             cell(before[name]["throughput"]) if name in before else "–"]
+    rows = [[name, cv[name]["throughput"]["cases"], _error_cell(cv[name]["throughput"]),
+             _error_cell(cv[name]["memory"]), _error_cell(before[name]["throughput"]) if name in before else "–"]
             for name in order if name in cv]
     d = f["decisions"]
     text = (provenance("tiering_error") + "\n\n"
             + table(["subset (H100 rows)", "cases", "throughput: median abs. error (measured ÷ predicted)",
                      "peak memory", "before regimes (throughput)"], rows) + "\n\n"
             + f"Cross-validated by architecture (fit on four, score on the fifth); peak memory over every measured row "
-              f"{cell(f['cross_validated']['memory'])}"
+              f"{_error_cell(f['cross_validated']['memory'])}"
             + (f", within 15 % on {f['cross_validated']['memory_rows']['within']} of "
                f"{f['cross_validated']['memory_rows']['rows']} rows"
                + "".join(f" (not: {o['case']}, {o['measured_mib']:,.0f} MiB measured, {o['predicted_mib']:,.0f} "
@@ -489,17 +491,11 @@ def _tiering_held_out() -> str:
     if not unseen:
         return provenance("tiering_error") + "\n\n(no check rows in this results file)"
 
-    def cell(summary: dict) -> str:
-        if not summary.get("cases"):
-            return "–"
-        low, high = summary["measured_over_predicted"]
-        return f"{summary['median_abs_error'] * 100:.0f} % ({low:.2f} – {high:.2f})"
-
     order = ["eager, all", "eager inference, batch >= 8", "eager inference, batch < 8", "eager decode",
              "graph decode", "graph inference", "own-eager decode"]
     subsets = unseen["subsets"]
-    rows = [[name, subsets[name]["throughput"]["cases"], cell(subsets[name]["throughput"]),
-             cell(subsets[name]["memory"])] for name in order if name in subsets]
+    rows = [[name, subsets[name]["throughput"]["cases"], _error_cell(subsets[name]["throughput"]),
+             _error_cell(subsets[name]["memory"])] for name in order if name in subsets]
     memory = unseen["memory_rows"]
     again = "; ".join(f"{mode} {v['cases']} cases, median {v['median']:.2f} ({v['range'][0]:.2f} – {v['range'][1]:.2f})"
                       for mode, v in unseen["reproduced"].items())

@@ -517,24 +517,45 @@ class IdleOptIn:
     estimate_note: str
 
 
-def idle_opt_in_get(*, project: Project, now: datetime | None = None) -> IdleOptIn:
+@dataclass(frozen=True)
+class IdleOptInModes:
+    """What the opt-in changes for ``project``: the interactive rule, idle reclaim's mode opted in and out, and a
+    staff policy of the project's scope that sets idle reclaim ("" none: when set, it wins)."""
+
+    rule: IdleRule
+    opted_in: Mode
+    opted_out: Mode
+    staff_mode: str
+
+    def mode(self, opt_in: bool) -> Mode:
+        return self.opted_in if opt_in else self.opted_out
+
+
+def idle_opt_in_modes(*, project: Project, policies: tuple[Policy, ...] | None = None) -> IdleOptInModes:
+    """The rule and modes of ``project``'s opt-in (``policies``: ``policies_in_force()``, read once by a caller
+    that shows many projects)."""
+    policies = policies_in_force() if policies is None else policies
+    staff_mode = next((row.idle_reclaim for row in CapacityPolicy.objects.filter(scope=f"project:{project.pk}")), "")
+    policy = replace(project_policy(project.pk, policies), idle_auto_classes=())
+    opted_out = policy.idle_mode(ReclaimClass.INTERACTIVE)
+    opted_in = opted_out if staff_mode else replace(policy, idle_auto_classes=OPT_IN_CLASSES).idle_mode(
+        ReclaimClass.INTERACTIVE)
+    return IdleOptInModes(policy.idle_rule(ReclaimClass.INTERACTIVE), opted_in, opted_out, staff_mode)
+
+
+def idle_opt_in_get(*, project: Project, now: datetime | None = None,
+                    policies: tuple[Policy, ...] | None = None) -> IdleOptIn:
     """The opt-in of ``project`` (already fetched through the actor's scope), the interactive rule it would
     apply, the modes with and without it, and the saving estimated from the last seven days' metering."""
     from django.utils import timezone
 
     now = now or timezone.now()
-    row = CapacityPolicy.objects.filter(scope=f"project:{project.pk}").first()
-    staff_mode = row.idle_reclaim if row is not None else ""
-    policy = replace(project_policy(project.pk), idle_auto_classes=())
-    rule = policy.idle_rule(ReclaimClass.INTERACTIVE)
-    opted_out = policy.idle_mode(ReclaimClass.INTERACTIVE)
-    opted_in = opted_out if staff_mode else replace(policy, idle_auto_classes=OPT_IN_CLASSES).idle_mode(
-        ReclaimClass.INTERACTIVE)
-    estimate, note = _idle_estimate(project, rule, now)
+    modes = idle_opt_in_modes(project=project, policies=policies)
+    estimate, note = _idle_estimate(project, modes.rule, now)
     return IdleOptIn(project=project, opt_in=project.idle_reclaim_opt_in,
-                     mode=(opted_in if project.idle_reclaim_opt_in else opted_out).value,
-                     mode_opted_in=opted_in.value, mode_opted_out=opted_out.value, staff_mode=staff_mode,
-                     rule=rule, notice=_notice_text(rule, opted_in, staff_mode), estimate=estimate,
+                     mode=modes.mode(project.idle_reclaim_opt_in).value, mode_opted_in=modes.opted_in.value,
+                     mode_opted_out=modes.opted_out.value, staff_mode=modes.staff_mode, rule=modes.rule,
+                     notice=_notice_text(modes.rule, modes.opted_in, modes.staff_mode), estimate=estimate,
                      estimate_note=note)
 
 

@@ -109,7 +109,8 @@ class IdleReclaimView(TenantView):
     write_action = "manage"
 
     def get(self, request):
-        cards = [_opt_in_card(capacity_selectors.idle_opt_in_get(project=project))
+        policies = capacity_selectors.policies_in_force()  # once for the page, not once per project
+        cards = [_opt_in_card(capacity_selectors.idle_opt_in_get(project=project, policies=policies))
                  for project in project_list(actor=self.actor)]
         return render(request, self.template_name, {"cards": cards, "can_manage": self.actor.can("manage"),
                                                      "tab": "idle-reclaim"})

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from django.db import transaction
 
-from capacity.selectors import idle_opt_in_get
+from capacity.selectors import idle_opt_in_modes
 from capacity.services.common import _audit
 from core.errors import ValidationFailed
 from tenants.access import Actor
@@ -24,10 +24,10 @@ def idle_opt_in_set(*, actor: Actor, project: Project, opt_in: object) -> Projec
         if row.idle_reclaim_opt_in != opt_in:
             Project.objects.filter(pk=row.pk).update(idle_reclaim_opt_in=opt_in)
             row.idle_reclaim_opt_in = opt_in
-            shown = idle_opt_in_get(project=row)
-            rule = shown.rule
+            modes = idle_opt_in_modes(project=row)  # the rule and modes only: no estimate inside the lock
+            rule = modes.rule
             _audit("project.idle_reclaim_opt_in" if opt_in else "project.idle_reclaim_opt_out", actor,
-                   {"opt_in": opt_in, "mode": shown.mode, "staff_mode": shown.staff_mode,
+                   {"opt_in": opt_in, "mode": modes.mode(opt_in).value, "staff_mode": modes.staff_mode,
                     "rule": {"enabled": rule.enabled, "threshold_permille": rule.threshold_permille,
                              "window_seconds": rule.window_seconds, "notice_seconds": rule.notice_seconds}},
                    target=row.slug, tenant=actor.tenant)
