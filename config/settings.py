@@ -88,6 +88,7 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
+    "tenants.middleware.PasswordSessionMiddleware",  # after auth and messages: ends password sessions gone stale
     "tenants.middleware.CurrentTenantMiddleware",
     "axes.middleware.AxesMiddleware",  # last: turns a login refused by the lockout into its 429 page
 ]

@@ -30,6 +30,7 @@ from tenants.sso import (
     SIGN_IN_FIELDS,
     SsoRefused,
     TenantOIDCBackend,
+    group_projects_slugs,
     password_sign_in_refusal,
     provider_metadata,
     sign_in_find,
@@ -170,6 +171,8 @@ class SignInSettingsView(TenantView):
                    "default_roles": [(v, label) for v, label in Role.choices if v != Role.OWNER],
                    "callback_url": request.build_absolute_uri(reverse("sso-callback")),
                    "group_roles_text": "\n".join(f"{g}={r}" for g, r in sorted(sign_in.group_roles.items())),
+                   "group_projects_text": "\n".join(f"{g}={' '.join(slugs)}"
+                                                    for g, slugs in group_projects_slugs(sign_in).items()),
                    "errors": errors or FieldErrors(), "values": values, "tab": "sign-in"}
         return render(request, self.template_name, context, status=status)
 
@@ -183,11 +186,17 @@ class SignInSettingsView(TenantView):
             if line.strip():
                 group, _, role = line.partition("=")
                 group_roles[group.strip()] = role.strip()
+        group_projects = {}
+        for line in data.get("group_projects", "").splitlines():
+            if line.strip():
+                group, _, slugs = line.partition("=")
+                group_projects[group.strip()] = slugs.replace(",", " ").split()
         changes = {
             "sso_enabled": data.get("sso_enabled") == "on", "provider_name": data.get("provider_name", ""),
             "issuer": data.get("issuer", ""), "client_id": data.get("client_id", ""),
             "allowed_email_domains": [d for d in data.get("allowed_email_domains", "").replace(",", " ").split()],
             "default_role": data.get("default_role", ""), "group_roles": group_roles,
+            "group_projects": group_projects,
             "local_passwords_disabled": data.get("local_passwords_disabled") == "on",
             "totp_required": data.get("totp_required") == "on"}
         if data.get("client_secret"):

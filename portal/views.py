@@ -28,7 +28,7 @@ from core.parsers import MAX_ID, parse_integer
 from portal import forms, presenters
 from portal.pricing import dashboard_alerts, dashboard_spend
 from tenants import selectors, services
-from tenants.choices import Role, TokenScope
+from tenants.choices import PROJECT_LIMITABLE_ROLES, Role, TokenScope
 from tenants.permissions import SAFE_METHODS
 from tiering import selectors as tiering_selectors
 
@@ -378,8 +378,16 @@ class MembersView(TenantView):
     def render_page(self, request, *, errors=None, form="", values=None, status=200):
         actor = self.actor
         roles = [(value, label) for value, label in Role.choices if value != Role.OWNER or actor.can("own")]
+        projects = list(selectors.project_list(actor=actor).values_list("pk", "slug"))
+        slugs = dict(projects)
+        members = list(selectors.membership_list(actor=actor))
+        for member in members:  # None: every project; else the slugs it is limited to (a deleted one drops out)
+            member.project_slugs = (None if member.project_ids is None
+                                    else [slugs[pk] for pk in member.project_ids if pk in slugs])
+            member.limitable = member.role in PROJECT_LIMITABLE_ROLES
         context = {
-            "members": selectors.membership_list(actor=actor),
+            "members": members,
+            "projects": [slug for _, slug in projects],
             "roles": roles,
             "all_roles": Role.choices,
             "can_manage": actor.can("manage"),
@@ -418,6 +426,23 @@ class MemberRoleView(MembersView):
             return self.render_page(request, errors=forms.FieldErrors(error, shown=set()), form="member",
                                     status=error.status)
         messages.success(request, f"{membership.user.get_username()} is now a {membership.role}.")
+        return redirect("portal:members")
+
+
+class MemberProjectsView(MembersView):
+    """Limit a member or viewer to some projects, or give them every project back."""
+
+    def post(self, request, pk: int):
+        membership = selectors.membership_get(actor=self.actor, pk=pk)
+        projects = None if request.POST.get("scope") == "all" else request.POST.getlist("projects")
+        try:
+            membership = services.membership_set_projects(actor=self.actor, membership=membership, projects=projects)
+        except ApplicationError as error:
+            return self.render_page(request, errors=forms.FieldErrors(error, shown=set()), form="member",
+                                    status=error.status)
+        reach = ("every project" if membership.project_ids is None
+                 else ", ".join(projects) if projects else "no project yet")
+        messages.success(request, f"{membership.user.get_username()} now reaches {reach}.")
         return redirect("portal:members")
 
 

@@ -17,7 +17,10 @@ Actions (``ACTIONS``: the weakest role allowed, and whether a suspended tenant m
 Every action but ``view`` changes something, so it also needs the ``write`` scope when a token acts.
 A token limited to named projects (``ApiToken.project_ids``) sees, through ``restrict``, only those projects
 and what belongs to them (models that name ``project_lookup``); it may do only what stays inside a project
-(``view``, ``leave``, ``use``, ``release``): ``PROJECT_SCOPED_ACTIONS``.
+(``view``, ``leave``, ``use``, ``release``): ``PROJECT_SCOPED_ACTIONS``. A member or viewer limited to named
+projects (``Membership.project_ids``) is narrowed by ``restrict`` the same way, whether in the portal or through
+any token of theirs (the actor's projects are the token's and the member's in common); their role already keeps
+them from the tenant-wide actions, and they may still create their own tokens (``self``).
 A suspended tenant may read and may only give things back (leases, tokens, memberships): it can start
 nothing that costs money or grants access (docs/tenancy.md, "Suspension").
 """
@@ -71,7 +74,10 @@ class Actor:
     role: Role
     scopes: frozenset[str] = field(default_factory=lambda: frozenset(TokenScope.values))
     token: ApiToken | None = None
-    project_ids: frozenset[int] | None = None  # a project-scoped token's projects; None: the whole tenant
+    # the projects the actor reaches (a project-scoped token's, a project-limited member's, or both in common);
+    # None: the whole tenant
+    project_ids: frozenset[int] | None = None
+    token_project_scoped: bool = False  # the token itself names projects: PROJECT_SCOPED_ACTIONS only
 
     @property
     def can_write(self) -> bool:
@@ -84,7 +90,7 @@ class Actor:
             return False
         if action != "view" and not self.can_write:
             return False
-        if self.project_ids is not None and action not in PROJECT_SCOPED_ACTIONS:
+        if self.token_project_scoped and action not in PROJECT_SCOPED_ACTIONS:
             return False
         return rule.while_suspended or self.tenant.is_active
 
@@ -93,7 +99,7 @@ class Actor:
         rule = ACTIONS[action]
         if action != "view" and not self.can_write:
             raise PermissionDenied("This API token has read scope only.")
-        if self.project_ids is not None and action not in PROJECT_SCOPED_ACTIONS:
+        if self.token_project_scoped and action not in PROJECT_SCOPED_ACTIONS:
             raise PermissionDenied("This API token is limited to named projects; it cannot act on the tenant "
                                    "as a whole.")
         if ROLE_RANK[Role(self.role)] < ROLE_RANK[rule.min_role]:
@@ -106,9 +112,18 @@ class Actor:
                                   f"(releasing leases, revoking tokens) are allowed.")
 
 
+def project_scope(*, token_project_ids, member_project_ids) -> frozenset[int] | None:
+    """The projects an actor reaches: what the token and the membership both allow (None: no limit)."""
+    limits = [frozenset(ids) for ids in (token_project_ids, member_project_ids) if ids is not None]
+    if not limits:
+        return None
+    return frozenset.intersection(*limits)
+
+
 def restrict(queryset: QuerySet, actor: Actor) -> QuerySet:
-    """Only the rows of ``queryset`` that belong to the actor's tenant, and, for a project-scoped token, of
-    the rows that belong to a project (the model's ``project_lookup``) only its projects'."""
+    """Only the rows of ``queryset`` that belong to the actor's tenant, and, for a project-scoped token or a
+    project-limited member, of the rows that belong to a project (the model's ``project_lookup``) only its
+    projects'."""
     model: type[Model] = queryset.model
     lookup = getattr(model, "tenant_lookup", None)
     if lookup is None:

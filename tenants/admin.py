@@ -36,6 +36,7 @@ from tenants.models import (
     TenantExport,
     TenantQuota,
 )
+from tenants.selectors import project_slugs
 
 
 def staff_actor(request, tenant: Tenant) -> Actor:
@@ -84,6 +85,13 @@ class MembershipInline(admin.TabularInline):
     formset = MembershipFormSet
     extra = 0
     autocomplete_fields = ["user"]
+    readonly_fields = ["projects_reached"]  # set by the tenant's admins (portal, API) or its SSO group mapping
+
+    @admin.display(description="Projects")
+    def projects_reached(self, membership):
+        if membership.pk is None or membership.project_ids is None:
+            return "all"
+        return ", ".join(project_slugs(tenant=membership.tenant, ids=membership.project_ids)) or "none yet"
 
 
 class TenantQuotaInline(admin.TabularInline):
@@ -385,7 +393,7 @@ class AuditEventAdmin(admin.ModelAdmin):
 # -- sign-in: single sign-on and the second factor (tenants/sso.py, tenants/otp.py; issue 34) ------------------
 from tenants.models import TenantSignIn, TotpDevice  # noqa: E402
 from tenants.otp import second_factor_reset  # noqa: E402
-from tenants.sso import SIGN_IN_FIELDS, sign_in_update  # noqa: E402
+from tenants.sso import SIGN_IN_FIELDS, group_projects_slugs, sign_in_update  # noqa: E402
 
 
 class TenantSignInForm(forms.ModelForm):
@@ -408,7 +416,15 @@ class TenantSignInAdmin(ServiceAdmin):
     list_display = ["tenant", "sso_enabled", "issuer", "local_passwords_disabled", "totp_required"]
 
     def get_readonly_fields(self, request, obj=None):
-        return [] if obj is None else ["tenant"]
+        # the group → projects mapping is shown here and set by the tenant's owners (portal, API)
+        return ["group_projects_mapped"] if obj is None else ["tenant", "group_projects_mapped"]
+
+    @admin.display(description="Group claims to projects")
+    def group_projects_mapped(self, sign_in):
+        if sign_in.pk is None or not sign_in.group_projects:
+            return "-"
+        return "; ".join(f"{group}: {', '.join(slugs) or '(deleted projects)'}"
+                         for group, slugs in group_projects_slugs(sign_in).items())
 
     def has_delete_permission(self, request, obj=None):
         return False  # turn single sign-on off instead (audited)

@@ -69,18 +69,22 @@ def _fields(model) -> list[str]:
 
 
 def _token_lookup() -> PreparedQuery:
-    """The token of a prefix with its tenant, its user and the member's role, as one SQL statement compiled once
-    (``core.prepared``: compiling the ORM's join and subquery cost more CPU than PostgreSQL answering it)."""
+    """The token of a prefix with its tenant, its user and the member's role and projects, as one SQL statement
+    compiled once (``core.prepared``: compiling the ORM's join and subquery cost more CPU than PostgreSQL
+    answering it)."""
     global _token_prepared
     if _token_prepared is None:
         user_model = get_user_model()
 
         def build(prefix):
-            role = (Membership.objects.filter(user=OuterRef("user_id"), tenant=OuterRef("tenant_id")).order_by()
-                    .values("role")[:1])  # (user, tenant) is unique, like the prefix: no ordering to compile
-            return (ApiToken.objects.filter(prefix=prefix).order_by().annotate(member_role=Subquery(role))
+            member = Membership.objects.filter(user=OuterRef("user_id"), tenant=OuterRef("tenant_id")).order_by()
+            # (user, tenant) is unique, like the prefix: no ordering to compile
+            return (ApiToken.objects.filter(prefix=prefix).order_by()
+                    .annotate(member_role=Subquery(member.values("role")[:1]),
+                              member_project_ids=Subquery(member.values("project_ids")[:1]))
                     .values(*_fields(ApiToken), *(f"tenant__{name}" for name in _fields(Tenant)),
-                            *(f"user__{name}" for name in _fields(user_model)), "member_role")[:1])
+                            *(f"user__{name}" for name in _fields(user_model)), "member_role",
+                            "member_project_ids")[:1])
 
         _token_prepared = PreparedQuery(build, prefix="\x00prefix")
     return _token_prepared
@@ -93,6 +97,7 @@ def _token_from_row(row: dict) -> ApiToken:
     token.user = user_model.from_db("default", _fields(user_model),
                                     [row[f"user__{name}"] for name in _fields(user_model)])
     token.member_role = row["member_role"]
+    token.member_project_ids = row["member_project_ids"]  # the member's own project limit (None: none)
     return token
 
 

@@ -16,6 +16,8 @@ class Role(models.TextChoices):
 
 
 ROLE_RANK = {Role.VIEWER: 0, Role.MEMBER: 1, Role.ADMIN: 2, Role.OWNER: 3}
+# the roles a membership may be limited to named projects in; admins and owners manage the whole tenant
+PROJECT_LIMITABLE_ROLES = [Role.VIEWER.value, Role.MEMBER.value]
 
 
 class TokenScope(models.TextChoices):

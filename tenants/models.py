@@ -18,7 +18,7 @@ from django.db import models
 from django.db.models import F, Func, Q
 from django.utils import timezone
 
-from tenants.choices import CURRENCIES, Role, SloMetric, TenantStatus, TokenScope
+from tenants.choices import CURRENCIES, PROJECT_LIMITABLE_ROLES, Role, SloMetric, TenantStatus, TokenScope
 
 SLUG_REGEX = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"
 
@@ -109,7 +109,12 @@ class Project(models.Model):
 
 
 class Membership(models.Model):
-    """A user's role in one tenant. A user may belong to several tenants."""
+    """A user's role in one tenant. A user may belong to several tenants.
+
+    A member or viewer may be limited to named projects (``project_ids``, set by an admin or by the single
+    sign-on's group mapping): ``tenants.access.restrict`` then narrows every project-owned query to them, as
+    for a project-scoped token. Null: every project of the tenant; empty: none yet. Admins and owners always
+    reach the whole tenant (the database refuses a limit on them)."""
 
     tenant_lookup = "tenant"
 
@@ -117,12 +122,17 @@ class Membership(models.Model):
     tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="memberships")
     role = models.CharField(max_length=16, choices=Role.choices, default=Role.MEMBER)
     created_at = models.DateTimeField(auto_now_add=True)
+    # ids, not a many-to-many, for the same reasons as ApiToken.project_ids: read with the token in one query,
+    # and a deleted project's id matches nothing (never widens the member's reach)
+    project_ids = ArrayField(models.BigIntegerField(), null=True, blank=True)
 
     class Meta:
         ordering = ["tenant_id", "user_id"]
         constraints = [
             models.UniqueConstraint(fields=["user", "tenant"], name="membership_unique_user_tenant"),
             models.CheckConstraint(condition=Q(role__in=Role.values), name="membership_role_valid"),
+            models.CheckConstraint(condition=Q(project_ids__isnull=True) | Q(role__in=PROJECT_LIMITABLE_ROLES),
+                                   name="membership_project_limit_below_admin"),
         ]
 
     def __str__(self) -> str:
@@ -362,6 +372,10 @@ class TenantSignIn(models.Model):
     allowed_email_domains = ArrayField(models.CharField(max_length=253), default=list, blank=True)
     default_role = models.CharField(max_length=16, choices=Role.choices, default=Role.MEMBER)
     group_roles = models.JSONField(default=dict, blank=True, help_text='{"group claim value": "role"}')
+    # {"group claim value": [project id, ...]}: when set, a member or viewer signing in through SSO reaches the
+    # projects of their mapped groups only (``Membership.project_ids``); empty: SSO leaves project limits alone
+    group_projects = models.JSONField(default=dict, blank=True,
+                                      help_text='{"group claim value": [project id, ...]}')
     local_passwords_disabled = models.BooleanField(default=False)
     totp_required = models.BooleanField(default=False)
     updated_at = models.DateTimeField(auto_now=True)

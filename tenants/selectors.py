@@ -5,7 +5,7 @@ from __future__ import annotations
 from django.db.models import QuerySet
 
 from core.errors import NotFound
-from tenants.access import Actor, restrict
+from tenants.access import Actor, project_scope, restrict
 from tenants.choices import ROLE_RANK, Role
 from tenants.models import ApiToken, Membership, Project, Quota, SloContract, Tenant, TenantQuota
 
@@ -28,14 +28,17 @@ def actor_for_request(request) -> Actor | None:
     if isinstance(token, ApiToken):
         actor = Actor(user=request.user, tenant=token.tenant, role=Role(token.role),
                       scopes=frozenset(token.scopes), token=token,
-                      project_ids=frozenset(token.project_ids) if token.project_ids is not None else None)
+                      project_ids=project_scope(token_project_ids=token.project_ids,
+                                                member_project_ids=getattr(token, "member_project_ids", None)),
+                      token_project_scoped=token.project_ids is not None)
     else:
         memberships = list(membership_list_for_user(user=request.user))
         if not memberships:
             return None
         chosen = request.session.get(SESSION_TENANT_KEY) if hasattr(request, "session") else None
         membership = next((m for m in memberships if m.tenant.slug == chosen), memberships[0])
-        actor = Actor(user=request.user, tenant=membership.tenant, role=Role(membership.role))
+        actor = Actor(user=request.user, tenant=membership.tenant, role=Role(membership.role),
+                      project_ids=project_scope(token_project_ids=None, member_project_ids=membership.project_ids))
     request._cached_actor = actor
     from core.logging import tenant_var
 
@@ -49,6 +52,13 @@ def tenant_get(*, actor: Actor) -> Tenant:
 
 def project_list(*, actor: Actor) -> QuerySet[Project]:
     return restrict(Project.objects.all(), actor).order_by("slug")
+
+
+def project_slugs(*, tenant: Tenant, ids) -> list[str] | None:
+    """The slugs of project ids (a limit's, for answers and audit rows), sorted; None stays None."""
+    if ids is None:
+        return None
+    return sorted(Project.objects.filter(tenant=tenant, pk__in=list(ids)).values_list("slug", flat=True))
 
 
 def project_get(*, actor: Actor, slug: str) -> Project:

@@ -17,9 +17,9 @@ from django.utils import timezone
 
 from core.errors import Conflict, PermissionDenied, QuotaExceeded, ValidationFailed
 from gpus.catalogue import UnknownModel, model_get
-from tenants.access import Actor
+from tenants.access import Actor, restrict
 from tenants.audit import audit_record
-from tenants.choices import CURRENCIES, ROLE_RANK, Role, SloMetric, TenantStatus, TokenScope
+from tenants.choices import CURRENCIES, PROJECT_LIMITABLE_ROLES, ROLE_RANK, Role, SloMetric, TenantStatus, TokenScope
 from tenants.extensions import TenantStatusChange, tenant_status_listeners
 from tenants.models import (
     ApiToken,
@@ -31,6 +31,7 @@ from tenants.models import (
     Tenant,
     TenantQuota,
 )
+from tenants.selectors import project_slugs
 from tenants.tokens import token_generate
 
 SLUG_HELP = "lowercase letters, digits and hyphens, 1-63 characters, not starting or ending with a hyphen"
@@ -281,9 +282,58 @@ def membership_change_role(*, actor: Actor, membership: Membership, role: str) -
     with transaction.atomic(durable=True):
         if membership.role == Role.OWNER and role != Role.OWNER:
             _ensure_owner_remains(actor.tenant, membership)
-        Membership.objects.filter(pk=membership.pk, tenant=actor.tenant).update(role=role)
+        changes = {"role": role}
+        if role not in PROJECT_LIMITABLE_ROLES:
+            changes["project_ids"] = None  # admins and owners reach the whole tenant
+        Membership.objects.filter(pk=membership.pk, tenant=actor.tenant).update(**changes)
         audit_record(tenant=actor.tenant, by=actor.user, action="member.role", target=str(membership.user_id),
-                     data={"old": membership.role, "new": role})
+                     data={"old": membership.role, "new": role,
+                           **({"projects_cleared": True} if membership.project_ids is not None
+                              and "project_ids" in changes else {})})
+    membership.refresh_from_db()
+    return membership
+
+
+def project_ids_for_slugs(*, tenant: Tenant, slugs, field: str = "projects") -> list[int]:
+    """The ids of the tenant's projects named by ``slugs`` (a list), sorted; an unknown slug names the field."""
+    if not isinstance(slugs, list | tuple) or any(not isinstance(slug, str) for slug in slugs):
+        raise ValidationFailed(f"{field} must be a list of project slugs, or null.", field=field)
+    found = dict(Project.objects.filter(tenant=tenant, slug__in=list(slugs)).values_list("slug", "pk"))
+    missing = sorted(set(slugs) - set(found))
+    if missing:
+        raise ValidationFailed(f"No project {missing[0]!r} in this tenant.", field=field)
+    return sorted(set(found.values()))
+
+
+def membership_projects_check(*, actor: Actor, role: str, projects: list[str] | None) -> list[int] | None:
+    """The ids of a project limit for a member of ``role``, or the field's error: unknown projects, a limit on
+    an admin or an owner."""
+    actor.require("manage")
+    if projects is None:
+        return None
+    project_ids = project_ids_for_slugs(tenant=actor.tenant, slugs=projects)
+    if role not in PROJECT_LIMITABLE_ROLES:
+        raise ValidationFailed(f"A {role} reaches every project of the tenant; only members and viewers can be "
+                               "limited to projects.", field="projects")
+    return project_ids
+
+
+def membership_set_projects(*, actor: Actor, membership: Membership, projects: list[str] | None) -> Membership:
+    """Limit a member or viewer to named projects (slugs; an empty list: none yet), or lift the limit (None).
+    Admins do it; admins and owners themselves always reach the whole tenant. Takes effect on the member's next
+    request, in the portal and through every token of theirs."""
+    actor.require("manage")
+    with transaction.atomic(durable=True):
+        current = Membership.objects.select_for_update().filter(pk=membership.pk, tenant=actor.tenant).first()
+        if current is None:
+            raise ValidationFailed("No such member in this tenant.", field="member")
+        project_ids = membership_projects_check(actor=actor, role=current.role, projects=projects)
+        if current.project_ids != project_ids:
+            Membership.objects.filter(pk=current.pk).update(project_ids=project_ids)
+            audit_record(tenant=actor.tenant, by=actor.user, action="member.projects",
+                         target=str(current.user_id),
+                         data={"old": project_slugs(tenant=actor.tenant, ids=current.project_ids),
+                               "new": project_slugs(tenant=actor.tenant, ids=project_ids)})
     membership.refresh_from_db()
     return membership
 
@@ -359,7 +409,8 @@ def api_token_create(
     if projects is not None:
         if not isinstance(projects, list | tuple) or not projects:
             raise ValidationFailed("projects must be a non-empty list of project slugs, or null.", field="projects")
-        found = dict(Project.objects.filter(tenant=actor.tenant, slug__in=list(projects)).values_list("slug", "pk"))
+        # a member limited to projects names only theirs: another project of the tenant is "not found" to them
+        found = dict(restrict(Project.objects.filter(slug__in=list(projects)), actor).values_list("slug", "pk"))
         missing = sorted(set(projects) - set(found))
         if missing:
             raise ValidationFailed(f"No project {missing[0]!r} in this tenant.", field="projects")

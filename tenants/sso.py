@@ -31,9 +31,11 @@ from mozilla_django_oidc.auth import OIDCAuthenticationBackend
 from core.errors import ApplicationError, Conflict, PermissionDenied, ValidationFailed
 from tenants.access import Actor
 from tenants.audit import audit_record
-from tenants.choices import ROLE_RANK, Role
-from tenants.models import Membership, Tenant, TenantSignIn
+from tenants.choices import PROJECT_LIMITABLE_ROLES, ROLE_RANK, Role
+from tenants.models import Membership, Project, Tenant, TenantSignIn
 from tenants.sealing import secret_open, secret_seal
+from tenants.selectors import project_slugs
+from tenants.services import project_ids_for_slugs
 
 SCOPES = "openid email profile"
 ALGORITHMS = ["RS256"]
@@ -68,21 +70,23 @@ def sign_in_find(*, query: str) -> TenantSignIn | None:
             or enabled.filter(allowed_email_domains__contains=[domain]).first())
 
 
-def sign_in_requirements_for(user) -> list[TenantSignIn]:
-    """The sign-in settings of every tenant the user belongs to (the strictest wins)."""
-    return list(TenantSignIn.objects.filter(tenant__memberships__user=user).select_related("tenant"))
+def password_sign_in_blocker(user) -> TenantSignIn | None:
+    """The sign-in settings of a tenant of the user's that switched local passwords off, or None (always None
+    for platform staff, who keep their password with the second factor staff always need)."""
+    if user.is_staff:
+        return None
+    return (TenantSignIn.objects.filter(tenant__memberships__user=user, local_passwords_disabled=True)
+            .select_related("tenant").order_by("tenant_id").first())
 
 
 def password_sign_in_refusal(user) -> str | None:
     """Why this user may not sign in with a local password (a tenant of theirs switched passwords off), or
-    None. Platform staff keep their password (with the second factor staff always need)."""
-    if user.is_staff:
+    None."""
+    sign_in = password_sign_in_blocker(user)
+    if sign_in is None:
         return None
-    for sign_in in sign_in_requirements_for(user):
-        if sign_in.local_passwords_disabled:
-            return (f"{sign_in.tenant.name} signs its members in through "
-                    f"{sign_in.provider_name or 'its identity provider'}: use \"Continue with single sign-on\".")
-    return None
+    return (f"{sign_in.tenant.name} signs its members in through "
+            f"{sign_in.provider_name or 'its identity provider'}: use \"Continue with single sign-on\".")
 
 
 # --- services -----------------------------------------------------------------------------------
@@ -137,8 +141,32 @@ def _validate_group_roles(value) -> dict[str, str]:
     return dict(value)
 
 
+def _validate_group_projects(value, *, tenant: Tenant) -> dict[str, list[int]]:
+    """{"group": ["project-slug", ...]} as stored: {"group": [project id, ...]}; an unknown slug names the field."""
+    if not isinstance(value, dict):
+        raise ValidationFailed("group_projects must be an object of group name to a list of project slugs.",
+                               field="group_projects")
+    if len(value) > 200:
+        raise ValidationFailed("group_projects: at most 200 groups.", field="group_projects")
+    mapped = {}
+    for group, slugs in value.items():
+        if not isinstance(group, str) or not group.strip() or len(group) > 200:
+            raise ValidationFailed("group_projects: every group name must be 1-200 characters.",
+                                   field="group_projects")
+        mapped[group] = project_ids_for_slugs(tenant=tenant, slugs=slugs, field="group_projects")
+    return mapped
+
+
+def group_projects_slugs(sign_in: TenantSignIn) -> dict[str, list[str]]:
+    """The stored group → project ids mapping as group → slugs (a deleted project's id is left out)."""
+    ids = {pk for values in sign_in.group_projects.values() for pk in values}
+    slugs = dict(Project.objects.filter(tenant_id=sign_in.tenant_id, pk__in=ids).values_list("pk", "slug"))
+    return {group: sorted(slugs[pk] for pk in values if pk in slugs)
+            for group, values in sorted(sign_in.group_projects.items())}
+
+
 SIGN_IN_FIELDS = ("sso_enabled", "provider_name", "issuer", "client_id", "client_secret", "allowed_email_domains",
-                  "default_role", "group_roles", "local_passwords_disabled", "totp_required")
+                  "default_role", "group_roles", "group_projects", "local_passwords_disabled", "totp_required")
 
 
 def sign_in_update(*, tenant: Tenant, by, changes: dict[str, Any]) -> TenantSignIn:
@@ -190,6 +218,8 @@ def sign_in_update(*, tenant: Tenant, by, changes: dict[str, Any]) -> TenantSign
             sign_in.default_role = changes["default_role"]
         if "group_roles" in changes:
             sign_in.group_roles = _validate_group_roles(changes["group_roles"])
+        if "group_projects" in changes:
+            sign_in.group_projects = _validate_group_projects(changes["group_projects"], tenant=tenant)
         if sign_in.sso_enabled:
             for name, value in (("issuer", sign_in.issuer), ("client_id", sign_in.client_id),
                                 ("client_secret", sign_in.client_secret_sealed)):
@@ -214,11 +244,23 @@ def _role_for(sign_in: TenantSignIn, groups) -> tuple[Role, list[str]]:
     return max((Role(sign_in.group_roles[g]) for g in matched), key=lambda role: ROLE_RANK[role]), matched
 
 
+def _projects_for(sign_in: TenantSignIn, groups, role: str) -> list[int] | None:
+    """The projects a member or viewer reaches through their groups (the union of the mapped groups'; none
+    when no group of theirs is mapped), or None: no mapping is set, or the role reaches every project."""
+    if not sign_in.group_projects or role not in PROJECT_LIMITABLE_ROLES:
+        return None
+    mapped = [group for group in (groups or []) if isinstance(group, str) and group in sign_in.group_projects]
+    existing = set(Project.objects.filter(tenant_id=sign_in.tenant_id).values_list("pk", flat=True))
+    return sorted({pk for group in mapped for pk in sign_in.group_projects[group] if pk in existing})
+
+
 def sso_member_sign_in(*, sign_in: TenantSignIn, subject: str, claims: dict[str, Any]):
     """The user the provider vouched for, made a member of the tenant just in time. Refuses (``SsoRefused``),
     writing nothing, an e-mail that is missing, unverified or outside the allowed domains. A new member gets the
     role of their highest mapped group, else the default role; a member's role follows the mapped groups at each
-    sign-in (never an owner's: owners are managed in the broker). One transaction with its audit rows."""
+    sign-in (never an owner's: owners are managed in the broker). When the tenant maps groups to projects, a
+    member's or viewer's projects are those of their mapped groups, set at each sign-in. One transaction with its
+    audit rows."""
     tenant = sign_in.tenant
     email = str(claims.get("email") or "").strip().lower()
     if not email or "@" not in email:
@@ -247,13 +289,28 @@ def sso_member_sign_in(*, sign_in: TenantSignIn, subject: str, claims: dict[str,
             user = found[0]
         membership = Membership.objects.select_for_update().filter(user=user, tenant=tenant).first()
         if membership is None:
-            membership = Membership.objects.create(user=user, tenant=tenant, role=role)
+            project_ids = _projects_for(sign_in, claims.get("groups"), role)
+            membership = Membership.objects.create(user=user, tenant=tenant, role=role, project_ids=project_ids)
             audit_record(tenant=tenant, by=user, action="membership.create", target=email,
-                         data={"role": role, "via": "sso", "groups": matched})
-        elif matched and membership.role != Role.OWNER and membership.role != role:
-            audit_record(tenant=tenant, by=user, action="membership.role", target=email,
-                         data={"from": membership.role, "to": role, "via": "sso", "groups": matched})
-            Membership.objects.filter(pk=membership.pk).update(role=role)
+                         data={"role": role, "via": "sso", "groups": matched,
+                               "projects": project_slugs(tenant=tenant, ids=project_ids)})
+        else:
+            if matched and membership.role != Role.OWNER and membership.role != role:
+                audit_record(tenant=tenant, by=user, action="membership.role", target=email,
+                             data={"from": membership.role, "to": role, "via": "sso", "groups": matched})
+                membership.role = role
+                if role not in PROJECT_LIMITABLE_ROLES:
+                    membership.project_ids = None  # admins reach the whole tenant
+                Membership.objects.filter(pk=membership.pk).update(role=role, project_ids=membership.project_ids)
+            project_ids = _projects_for(sign_in, claims.get("groups"), membership.role)
+            if sign_in.group_projects and membership.role in PROJECT_LIMITABLE_ROLES \
+                    and membership.project_ids != project_ids:
+                audit_record(tenant=tenant, by=user, action="membership.projects", target=email,
+                             data={"from": project_slugs(tenant=tenant, ids=membership.project_ids),
+                                   "to": project_slugs(tenant=tenant, ids=project_ids), "via": "sso",
+                                   "groups": [g for g in claims.get("groups") or []
+                                              if isinstance(g, str) and g in sign_in.group_projects]})
+                Membership.objects.filter(pk=membership.pk).update(project_ids=project_ids)
         audit_record(tenant=tenant, by=user, action="sso.sign_in", target=email,
                      data={"issuer": sign_in.issuer, "subject": subject, "user_created": created})
     return user

@@ -5,6 +5,7 @@ from rest_framework import serializers
 
 from tenants.choices import Role, TokenScope
 from tenants.models import ApiToken, Membership, Project, Quota, SloContract, SloCreditStep, Tenant, TenantQuota
+from tenants.selectors import project_slugs
 
 
 def _json_type_error(field: serializers.Field, value) -> str | None:
@@ -137,14 +138,25 @@ class QuotasOutput(serializers.Serializer):
 class MembershipOutput(serializers.ModelSerializer):
     username = serializers.CharField(source="user.username")
     email = serializers.CharField(source="user.email")
+    projects = serializers.SerializerMethodField(
+        help_text="The projects (slugs) a member or viewer is limited to (an empty list: none yet); null: every "
+                  "project of the tenant.")
 
     class Meta:
         model = Membership
-        fields = ["id", "username", "email", "role", "created_at"]
+        fields = ["id", "username", "email", "role", "projects", "created_at"]
+
+    @extend_schema_field(serializers.ListField(child=serializers.CharField(), allow_null=True))
+    def get_projects(self, membership: Membership) -> list[str] | None:
+        return project_slugs(tenant=membership.tenant, ids=membership.project_ids)
 
 
 class MembershipUpdateInput(StrictSerializer):
     role = serializers.ChoiceField(choices=Role.choices, required=False, help_text="absent: nothing changes")
+    projects = serializers.ListField(
+        child=serializers.CharField(max_length=63), allow_null=True, required=False, max_length=1000,
+        help_text="Limit a member or viewer to these projects (slugs; [] for none yet); null lifts the limit; "
+                  "absent: nothing changes. Admins and owners always reach every project.")
 
 
 class ApiTokenOutput(serializers.ModelSerializer):

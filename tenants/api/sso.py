@@ -4,7 +4,7 @@ The client secret is write-only: answers say only whether one is set."""
 
 from __future__ import annotations
 
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.utils import extend_schema, extend_schema_field
 from rest_framework import serializers
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -15,7 +15,7 @@ from tenants import selectors
 from tenants.api.platform import STAFF_ONLY, staff_actor
 from tenants.api.staff import StaffApi
 from tenants.choices import Role
-from tenants.sso import sign_in_get, sign_in_update
+from tenants.sso import group_projects_slugs, sign_in_get, sign_in_update
 
 JIT_ROLES = [Role.ADMIN.value, Role.MEMBER.value, Role.VIEWER.value]  # a first sign-in never makes an owner
 
@@ -29,12 +29,19 @@ class SignInOutput(serializers.Serializer):
     allowed_email_domains = serializers.ListField(child=serializers.CharField())
     default_role = serializers.ChoiceField(choices=JIT_ROLES)
     group_roles = serializers.DictField(child=serializers.ChoiceField(choices=Role.choices))
+    group_projects = serializers.SerializerMethodField(
+        help_text="Group claim → the projects (slugs) its members and viewers reach; empty: no project limits "
+                  "from single sign-on.")
     local_passwords_disabled = serializers.BooleanField()
     totp_required = serializers.BooleanField()
     callback_url = serializers.SerializerMethodField(help_text="The redirect URI to register at the provider.")
 
     def get_client_secret_set(self, sign_in) -> bool:
         return bool(sign_in.client_secret_sealed)
+
+    @extend_schema_field(serializers.DictField(child=serializers.ListField(child=serializers.CharField())))
+    def get_group_projects(self, sign_in) -> dict:
+        return group_projects_slugs(sign_in)
 
     def get_callback_url(self, sign_in) -> str:
         return self.context["request"].build_absolute_uri("/accounts/sso/callback")
@@ -54,6 +61,10 @@ class SignInUpdateInput(serializers.Serializer):
                                                   max_length=50)
     default_role = serializers.ChoiceField(choices=JIT_ROLES, required=False)
     group_roles = serializers.DictField(child=serializers.ChoiceField(choices=Role.choices), required=False)
+    group_projects = serializers.DictField(
+        child=serializers.ListField(child=serializers.CharField(max_length=63), max_length=1000), required=False,
+        help_text='{"group": ["project-slug", ...]}: members and viewers reach the projects of their mapped groups '
+                  '(none when no group of theirs is mapped), set at each sign-in; {} turns the mapping off.')
     local_passwords_disabled = serializers.BooleanField(required=False)
     totp_required = serializers.BooleanField(required=False)
 

@@ -105,12 +105,18 @@ class MemberDetailApi(APIView):
 
     @extend_schema(request=s.MembershipUpdateInput,
                    responses={200: s.MembershipOutput, 409: problem("A tenant must keep at least one owner")},
-                   summary="Change a member's role")
+                   summary="Change a member's role or the projects they are limited to")
     def patch(self, request, pk: int):
         membership = selectors.membership_get(actor=request.actor, pk=pk)
         data = parse(s.MembershipUpdateInput, request)
+        if data.get("projects") is not None:  # checked before the role changes: nothing half-written
+            services.membership_projects_check(actor=request.actor, role=data.get("role", membership.role),
+                                               projects=data["projects"])
         if "role" in data:  # PATCH: what is absent stays as it is
             membership = services.membership_change_role(actor=request.actor, membership=membership, role=data["role"])
+        if "projects" in data:
+            membership = services.membership_set_projects(actor=request.actor, membership=membership,
+                                                          projects=data["projects"])
         return Response(s.MembershipOutput(membership).data)
 
     @extend_schema(responses={204: None, 409: problem("A tenant must keep at least one owner")},

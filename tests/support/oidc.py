@@ -20,6 +20,7 @@ CALLBACK = "http://testserver/accounts/sso/callback"  # Django's test client's h
 USERS = {  # name: (password, e-mail, groups); wrong-audience and expired misbehave on purpose (validator.py)
     "alice": ("pw-alice", "alice@acme.test", "gpu-admins"),
     "bob": ("pw-bob", "bob@acme.test", ""),
+    "dana": ("pw-dana", "dana@acme.test", "vision-team,ml-platform"),
     "eve": ("pw-eve", "eve@evil.test", ""),
     "wrong-audience": ("pw-wa", "wa@acme.test", ""),
     "expired": ("pw-ex", "ex@acme.test", ""),

@@ -258,6 +258,8 @@ ROUTES: dict[str, Route] = {
     "portal:member-invite": Route("portal", "/settings/members/invite",
                                   {"post": {"username": "bob", "role": "viewer"}}),
     "portal:member-role": Route("portal", "/settings/members/{id}/role", {"post": {"role": "viewer"}}, obj="member"),
+    "portal:member-projects": Route("portal", "/settings/members/{id}/projects", {"post": {"scope": "all"}},
+                                    obj="member"),
     "portal:member-remove": Route("portal", "/settings/members/{id}/remove", {"post": {}}, obj="member"),
     # a write token: viewers may create read tokens only (the read case is in test_tokens.py)
     "portal:tokens": Route("portal", "/settings/tokens", {"get": None, "post": {"name": "t", "scopes": "write"}}),

@@ -17,7 +17,7 @@ from core.errors import Conflict, ValidationFailed
 from tenants.choices import Role
 from tenants.models import AuditEvent, Membership, TenantSignIn
 from tenants.sso import sign_in_update
-from tests.factories import make_member, make_tenant, make_user
+from tests.factories import api_client, make_member, make_project, make_tenant, make_token, make_user
 from tests.support.oidc import CLIENT_ID, provider_sign_in, provider_start, provider_stop, sso_sign_in
 
 User = get_user_model()
@@ -133,6 +133,68 @@ def test_sso_tenant_switch_turns_local_passwords_off_for_its_members(acme, provi
     assert staff.status_code == 302  # staff keep their password (and need their second factor)
 
 
+def test_sso_ends_password_sessions_opened_before_passwords_were_switched_off(acme, provider):
+    """The switch takes effect for sessions already open: a password session ends at its next request (audited,
+    said on the sign-in page); a session opened through single sign-on and a staff session stay."""
+    make_member(acme, "carol")
+    make_user("root", is_staff=True)
+    Membership.objects.create(user=User.objects.get(username="root"), tenant=acme, role=Role.ADMIN)
+    carol, staff, sso = Client(), Client(), Client()
+    assert carol.post("/accounts/login/", {"username": "carol", "password": "pw-carol"}).status_code == 302
+    staff.force_login(User.objects.get(username="root"))
+    assert sso_sign_in(sso, provider, "bob").status_code == 302
+    assert carol.get("/").status_code == 200 and sso.get("/").status_code == 200
+
+    sign_in_update(tenant=acme, by=None, changes={"sso_enabled": True, "local_passwords_disabled": True})
+    ended = carol.get("/", follow=True)
+    assert ended.redirect_chain[-1][0].startswith("/accounts/login/")
+    assert b"You were signed out" in ended.content and b"signs its members in through Acme ID" in ended.content
+    assert carol.get("/").status_code == 302  # and stays out
+    assert AuditEvent.objects.filter(tenant=acme, action="signin.session_ended", target="carol").count() == 1
+    assert sso.get("/").status_code == 200  # single sign-on's session stays
+    staff.get("/")
+    assert "_auth_user_id" in staff.session  # staff keep their password session (and their second factor)
+    assert not AuditEvent.objects.filter(action="signin.session_ended").exclude(target="carol").exists()
+    # tokens are not sessions: switching passwords off revokes none (docs/security.md)
+    secret = make_token(acme, User.objects.get(username="carol"))[1]
+    assert api_client(secret).get("/api/v1/projects").status_code == 200
+
+
+def test_sso_group_claims_map_members_to_projects(acme, provider):
+    """With a group → projects mapping, a member or viewer signing in reaches their mapped groups' projects (none
+    when no group of theirs is mapped), set again at each sign-in and audited; admins reach every project."""
+    make_project(acme, "audio")
+    speech = make_project(acme, "speech")
+    vision = make_project(acme, "vision")
+    sign_in_update(tenant=acme, by=None, changes={"group_projects": {"vision-team": ["vision"],
+                                                                    "ml-platform": ["speech", "vision"]}})
+    stored = TenantSignIn.objects.get(tenant=acme).group_projects
+    assert stored == {"vision-team": [vision.pk], "ml-platform": sorted([speech.pk, vision.pk])}
+
+    dana = Client()
+    assert sso_sign_in(dana, provider, "dana").status_code == 302
+    membership = Membership.objects.get(user__email="dana@acme.test", tenant=acme)
+    assert membership.role == Role.VIEWER and sorted(membership.project_ids) == sorted([speech.pk, vision.pk])
+    created = AuditEvent.objects.get(tenant=acme, action="membership.create", target="dana@acme.test")
+    assert created.data["projects"] == ["speech", "vision"]
+    assert b"audio" not in dana.get("/").content and b"speech" in dana.get("/").content
+
+    assert sso_sign_in(Client(), provider, "bob").status_code == 302  # in no mapped group: no project yet
+    assert Membership.objects.get(user__email="bob@acme.test").project_ids == []
+    assert sso_sign_in(Client(), provider, "alice").status_code == 302  # gpu-admins -> admin: every project
+    assert Membership.objects.get(user__email="alice@acme.test").project_ids is None
+
+    sign_in_update(tenant=acme, by=None, changes={"group_projects": {"vision-team": ["vision"]}})
+    assert sso_sign_in(Client(), provider, "dana").status_code == 302
+    assert Membership.objects.get(user__email="dana@acme.test").project_ids == [vision.pk]
+    changed = AuditEvent.objects.get(tenant=acme, action="membership.projects", target="dana@acme.test")
+    assert changed.data["from"] == ["speech", "vision"] and changed.data["to"] == ["vision"]
+
+    sign_in_update(tenant=acme, by=None, changes={"group_projects": {}})  # off: SSO leaves limits alone
+    assert sso_sign_in(Client(), provider, "dana").status_code == 302
+    assert Membership.objects.get(user__email="dana@acme.test").project_ids == [vision.pk]
+
+
 def test_sso_settings_refusals_name_the_field(acme, provider):
     other = make_tenant("other")
     cases = [
@@ -141,6 +203,9 @@ def test_sso_settings_refusals_name_the_field(acme, provider):
         ({"allowed_email_domains": ["not a domain"]}, ValidationFailed, "allowed_email_domains"),
         ({"default_role": Role.OWNER}, ValidationFailed, "default_role"),
         ({"group_roles": {"x": "boss"}}, ValidationFailed, "group_roles"),
+        ({"group_projects": {"x": ["no-such-project"]}}, ValidationFailed, "group_projects"),
+        ({"group_projects": {"x": "vision"}}, ValidationFailed, "group_projects"),
+        ({"group_projects": ["x"]}, ValidationFailed, "group_projects"),
         ({"local_passwords_disabled": True}, ValidationFailed, "local_passwords_disabled"),
         ({"sso_enabled": True, "issuer": "https://idp.example.com", "allowed_email_domains": ["other.test"]},
          ValidationFailed, "client_id"),
