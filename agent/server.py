@@ -13,6 +13,7 @@ and changes nothing.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hmac
 import json
 import logging
@@ -458,6 +459,182 @@ async def workload_port(request: web.Request) -> web.StreamResponse:
                           field="port") from None
 
 
+# the shell relay's frames (docs/agent-protocol.md, "Shells"): binary = one channel byte, then data; text = JSON control
+SHELL_STDIN, SHELL_STDOUT, SHELL_STDERR = 0, 1, 2
+SHELL_MAX_COMMAND = 8192
+
+
+async def _spawn_shell(plan: dict, *, pty_size: tuple[int, int] | None, term: str):
+    """Start the shell's process: on a new pseudo-terminal (its controlling terminal) when ``pty_size`` is given,
+    else with pipes. Returns (asyncio process, master fd or None)."""
+    import fcntl
+    import os
+    import pty
+    import struct
+    import termios
+
+    env = dict(plan["env"])
+    if pty_size is None:
+        process = await asyncio.create_subprocess_exec(
+            *plan["argv"], cwd=plan["cwd"], env=env, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE, start_new_session=True, close_fds=True)
+        return process, None
+    env["TERM"] = term
+    master, slave = pty.openpty()
+    fcntl.ioctl(master, termios.TIOCSWINSZ, struct.pack("HHHH", pty_size[1], pty_size[0], 0, 0))
+    try:
+        process = await asyncio.create_subprocess_exec(
+            *plan["argv"], cwd=plan["cwd"], env=env, stdin=slave, stdout=slave, stderr=slave, start_new_session=True,
+            close_fds=True, preexec_fn=lambda: fcntl.ioctl(0, termios.TIOCSCTTY, 0))
+    except BaseException:
+        os.close(master)
+        raise
+    finally:
+        os.close(slave)
+    os.set_blocking(master, False)
+    return process, master
+
+
+async def _write_fd(fd: int, data: bytes) -> None:
+    import os
+
+    view = memoryview(data)
+    while view:
+        try:
+            view = view[os.write(fd, view):]
+        except BlockingIOError:
+            await asyncio.sleep(0.01)
+
+
+async def workload_shell(request: web.Request) -> web.StreamResponse:
+    """A shell or a command beside a running workload, over a WebSocket the broker signs (its SSH gateway,
+    ``broker.ssh_gateway``): ``?command=`` (empty: a login shell), ``pty=1&cols=&rows=&term=`` for a terminal.
+    Binary frames carry one channel byte then data (0 stdin from the broker; 1 stdout, 2 stderr from the node; a
+    terminal's output is all on 1); text frames are JSON control: ``{"type": "resize", "cols", "rows"}`` and
+    ``{"type": "eof"}`` from the broker, ``{"type": "exit", "code"}`` last from the node. The process runs as the
+    workload's user in its cgroup (``WorkloadManager.shell_plan``) and is killed, with its process group, when the
+    WebSocket closes."""
+    import fcntl
+    import os
+    import signal
+    import struct
+    import termios
+
+    node = _node(request)
+    manager = _manager(node)
+    workload_id = _workload_id(request)
+    query = request.rel_url.query
+    command = query.get("command", "")
+    if len(command) > SHELL_MAX_COMMAND or "\x00" in command:
+        raise InvalidRequest(f"command must be at most {SHELL_MAX_COMMAND} characters, without NUL", field="command")
+    pty_size = None
+    if query.get("pty") == "1":
+        try:
+            pty_size = (min(max(int(query.get("cols", "80")), 1), 1000),
+                        min(max(int(query.get("rows", "24")), 1), 1000))
+        except ValueError:
+            raise InvalidRequest("cols and rows must be whole numbers", field="cols") from None
+    term = query.get("term", "xterm")
+    if not re.fullmatch(r"[A-Za-z0-9._+-]{1,64}", term):
+        term = "xterm"
+    if request.headers.get("Upgrade", "").lower() != "websocket":
+        raise InvalidRequest("a shell is a WebSocket: send Upgrade: websocket", field="Upgrade")
+    plan = await node.call(manager.shell_plan, workload_id, command, pty_size is not None)
+    try:
+        process, master = await _spawn_shell(plan, pty_size=pty_size, term=term)
+    except OSError as error:
+        raise Unavailable(f"cannot start the shell: {error}", field="command") from None
+    socket = web.WebSocketResponse(autoping=True, max_msg_size=RELAY_MAX_BODY)
+    loop = asyncio.get_running_loop()
+    logger.info("shell %s beside workload %s (terminal: %s)", process.pid, workload_id, pty_size is not None)
+
+    async def pump_out(read, channel: int) -> None:
+        while data := await read():
+            await socket.send_bytes(bytes([channel]) + data)
+
+    def master_reader():
+        queue: asyncio.Queue = asyncio.Queue()
+
+        def readable():
+            try:
+                data = os.read(master, 65536)
+            except BlockingIOError:
+                return
+            except OSError:  # EIO: the terminal's last process is gone
+                data = b""
+            if not data:
+                loop.remove_reader(master)
+            queue.put_nowait(data)
+
+        loop.add_reader(master, readable)
+        return queue.get
+
+    async def pump_in() -> None:
+        async for message in socket:
+            if message.type == aiohttp.WSMsgType.BINARY and message.data[:1] == bytes([SHELL_STDIN]):
+                if master is not None:
+                    await _write_fd(master, message.data[1:])
+                elif not process.stdin.is_closing():
+                    process.stdin.write(message.data[1:])
+                    with contextlib.suppress(ConnectionError):
+                        await process.stdin.drain()
+            elif message.type == aiohttp.WSMsgType.TEXT:
+                try:
+                    control = json.loads(message.data)
+                except ValueError:
+                    continue
+                if not isinstance(control, dict):
+                    continue
+                if control.get("type") == "eof":
+                    if master is not None:
+                        await _write_fd(master, b"\x04")
+                    else:
+                        process.stdin.close()
+                elif control.get("type") == "resize" and master is not None:
+                    with contextlib.suppress(TypeError, ValueError):
+                        cols = min(max(int(control.get("cols") or 80), 1), 1000)
+                        rows = min(max(int(control.get("rows") or 24), 1), 1000)
+                        fcntl.ioctl(master, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
+
+    outputs, inputs = [], None
+    try:
+        await socket.prepare(request)
+        if master is not None:
+            outputs = [asyncio.ensure_future(pump_out(master_reader(), SHELL_STDOUT))]
+        else:
+            outputs = [asyncio.ensure_future(pump_out(lambda: process.stdout.read(65536), SHELL_STDOUT)),
+                       asyncio.ensure_future(pump_out(lambda: process.stderr.read(65536), SHELL_STDERR))]
+        inputs = asyncio.ensure_future(pump_in())
+        waiter = asyncio.ensure_future(process.wait())
+        done, _pending = await asyncio.wait([waiter, inputs], return_when=asyncio.FIRST_COMPLETED)
+        if waiter in done:
+            await asyncio.wait(outputs, timeout=5)  # the last output, then the exit status
+            if not socket.closed:
+                await socket.send_str(json.dumps({"type": "exit", "code": _exit_code(process.returncode)}))
+    finally:
+        if process.returncode is None:  # the broker went away: the shell and what it started go too
+            for signum in (signal.SIGHUP, signal.SIGKILL):
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(process.pid, signum)
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(process.wait(), 0.5)
+                if process.returncode is not None:
+                    break
+        for task in [*outputs, *([inputs] if inputs else [])]:
+            task.cancel()
+        await asyncio.gather(*outputs, *([inputs] if inputs else []), return_exceptions=True)
+        if master is not None:
+            loop.remove_reader(master)
+            os.close(master)
+        await socket.close()
+    return socket
+
+
+def _exit_code(returncode: int | None) -> int:
+    """A shell's exit status as a shell reports it: 128 + the signal that ended it."""
+    return 128 - returncode if returncode is not None and returncode < 0 else (returncode or 0)
+
+
 def node_app(node: AgentNode) -> web.Application:
     app = web.Application(middlewares=[problem_middleware, protocol_middleware],
                           client_max_size=RELAY_MAX_BODY + 1024)
@@ -478,6 +655,7 @@ def node_app(node: AgentNode) -> web.Application:
     app.router.add_post("/v1/workloads/{workload_id}/stop", workload_stop)
     app.router.add_get("/v1/workloads/{workload_id}/logs", workload_logs)
     app.router.add_route("*", "/v1/workloads/{workload_id}/port/{tail:.*}", workload_port, name=RELAY_ROUTE)
+    app.router.add_get("/v1/workloads/{workload_id}/shell", workload_shell)
 
     async def resume_workloads(_app):
         if node.workloads is not None and node.workloads.active():

@@ -740,5 +740,32 @@ class WorkloadManager:
                                    **{k: v for k, v in data.items() if v not in (None, "")}})
         del workload["events"][:-MAX_EVENTS]
 
+    def shell_plan(self, workload_id: str, command: str, pty: bool) -> dict:
+        """How to run a tenant's shell or command beside a running workload (``agent.server.workload_shell``, the
+        broker's SSH gateway): as the workload's own user in its own cgroup and file-system view (the launcher,
+        with ``isolation = "uid"``), in its working directory, with its environment (its devices, its secrets)
+        but no run token; inside its container with ``<engine> exec`` for a container runtime. ``command``: what
+        ``sh -c`` runs; empty: an interactive login shell. Only a running workload takes one."""
+        workload = self.get(workload_id)
+        if workload["state"] != "running":
+            raise Conflict(f"the workload is {workload['state']}, not running: there is nothing to open a shell "
+                           "beside", field="workload_id")
+        spec = workload["spec"]
+        program = ["/bin/sh", "-c", command] if command else ["/bin/sh", "-l"]
+        env = self._env(workload, "")
+        env.pop("GPUB_RUN_TOKEN", None)
+        env.setdefault("PATH", "/usr/local/bin:/usr/bin:/bin")
+        cwd = spec["workdir"] or str(self._home(workload) if self._isolating() else self._dir(workload))
+        if self.runtime.name in ("docker", "podman"):
+            argv = [self.runtime.name, "exec", "-i", *(["-t"] if pty else []),
+                    ContainerRuntime.container_name(workload), *program]
+            return {"argv": argv, "env": self.runtime.process_env(env), "cwd": str(self._dir(workload))}
+        launcher = []
+        if self._isolating():
+            plan = self.isolation.prepare(workload, self._home(workload), self.roots)
+            launcher = self.isolation.launcher_argv(plan)
+            cwd = plan["cwd"]
+        return {"argv": [*launcher, *program], "env": env, "cwd": cwd}
+
     def command_line(self, workload_id: str) -> str:
         return shlex.join(self.get(workload_id)["argv"])

@@ -582,20 +582,34 @@ def lease_interactive_target(*, actor: Actor, lease_id: int) -> dict:
     actor's tenant's own (another tenant's: 404, as every lease read); using the port is the ``use`` action (a viewer
     or a read-only token: 403); a lease whose workload declares no port, or that does not run now, is 409 naming
     ``workload.port``."""
+    return _workload_target(actor=actor, lease_id=lease_id, port=True)
+
+
+def lease_shell_target(*, actor: Actor, lease_id: int) -> dict:
+    """Where the SSH gateway opens a shell for ``lease_id``: as ``lease_interactive_target``, for any workload
+    (no port needed); a lease without a workload, or whose workload does not run now, is 409 naming ``workload``."""
+    return _workload_target(actor=actor, lease_id=lease_id, port=False)
+
+
+def _workload_target(*, actor: Actor, lease_id: int, port: bool) -> dict:
     from core.errors import Conflict
 
+    field = "workload.port" if port else "workload"
     lease = restrict(Lease.objects.all(), actor).filter(pk=lease_id).first()
     if lease is None:
         raise NotFound("No such lease.", field="id")
     actor.require("use")
     workload = Workload.objects.filter(lease=lease).select_related("node").first()
-    if workload is None or not workload.spec.get("port"):
+    if workload is None:
+        raise Conflict(f"Lease {lease.pk} runs no workload: there is nothing to reach. Give the lease a workload "
+                       "(for a bare shell, a command such as `sleep infinity`).", field=field)
+    if port and not workload.spec.get("port"):
         raise Conflict("This lease's workload declares no port (workload.port): there is nothing to reach.",
-                       field="workload.port")
+                       field=field)
     if (lease.state != LeaseState.ACTIVE or workload.node is None or not workload.agent_workload_id
             or workload.state not in ("starting", "running")):
-        raise Conflict(f"The lease is {lease.state} and its workload {workload.state}: the port answers while the "
-                       f"workload runs.", field="workload.port")
+        raise Conflict(f"The lease is {lease.state} and its workload {workload.state}: "
+                       f"{'the port answers' if port else 'a shell opens'} while the workload runs.", field=field)
     node = workload.node
     return {"lease_id": lease.pk, "node_id": node.node_id, "agent_url": node.address, "secret": node.secret,
             "agent_workload_id": workload.agent_workload_id}

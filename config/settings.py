@@ -369,6 +369,12 @@ WORKLOAD_RENDEZVOUS_PORTS = (int(_ports[0]), int(_ports[2]))
 # workload port for its tenant; empty: no URL is offered. The proxy listens on INTERACTIVE_PROXY_LISTEN.
 INTERACTIVE_PROXY_URL = env_str("INTERACTIVE_PROXY_URL", "").rstrip("/")
 INTERACTIVE_PROXY_LISTEN = env_str("INTERACTIVE_PROXY_LISTEN", "127.0.0.1:8002")
+# SSH (docs/leasing.md "SSH"): the broker's SSH gateway (manage.py ssh_gateway) opens a shell beside a lease's workload
+# for a member's registered key. SSH_GATEWAY_ADDRESS is the HOST:PORT tenants are told (empty: no ssh command is
+# offered); it listens on SSH_GATEWAY_LISTEN; its host key is kept at SSH_GATEWAY_HOST_KEY (made on first start).
+SSH_GATEWAY_ADDRESS = env_str("SSH_GATEWAY_ADDRESS", "")
+SSH_GATEWAY_LISTEN = env_str("SSH_GATEWAY_LISTEN", "127.0.0.1:8022")
+SSH_GATEWAY_HOST_KEY = env_str("SSH_GATEWAY_HOST_KEY", "") or str(VAR_DIR / "ssh-gateway" / "host_ed25519_key")
 WORKLOAD_FAILED_RUNS_BEFORE_REPLACE = env_int("WORKLOAD_FAILED_RUNS_BEFORE_REPLACE", 3, minimum=1)
 AGENT_HEARTBEAT_SECONDS = env_int("AGENT_HEARTBEAT_SECONDS", 15, minimum=1)
 # How long after a token enrollment its answer may be asked for again (same token, same enrollment id, the

@@ -394,6 +394,31 @@ class TenantSignIn(models.Model):
         return f"sign-in of {self.tenant_id}"
 
 
+class SshKey(models.Model):
+    """A user's SSH public key: how they reach their leases through the broker's SSH gateway
+    (``broker.ssh_gateway``; docs/leasing.md, "SSH"). The key is the user's, not a tenant's: it reaches the leases
+    the user may use in any tenant of theirs, as their session would. Only the public half is ever given; its
+    SHA-256 fingerprint (OpenSSH's ``SHA256:…``) is unique, so a key names one user."""
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="ssh_keys")
+    name = models.CharField(max_length=100)
+    public_key = models.TextField()  # "<algorithm> <base64>" (the comment is dropped)
+    fingerprint = models.CharField(max_length=64, unique=True)
+    created_at = models.DateTimeField(default=timezone.now)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["user_id", "-created_at", "id"]
+        constraints = [
+            models.CheckConstraint(condition=Q(fingerprint__regex=r"^SHA256:[A-Za-z0-9+/]{43}$"),
+                                   name="sshkey_fingerprint_format"),
+            models.CheckConstraint(condition=Q(name__regex=r"\S"), name="sshkey_name_not_blank"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.fingerprint})"
+
+
 class TotpDevice(models.Model):
     """A user's authenticator app (TOTP, RFC 6238: SHA-1, 6 digits, 30 s). The secret is sealed at rest; it
     counts only once ``confirmed_at`` is set (the user proved the app shows the right codes). ``last_timestep``

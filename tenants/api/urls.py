@@ -1,6 +1,6 @@
 from django.urls import path
 
-from tenants.api import audit, offboarding, platform, views
+from tenants.api import audit, offboarding, platform, ssh_keys, views
 
 urlpatterns = [
     path("tenant", views.TenantApi.as_view(), name="api-tenant"),
@@ -11,6 +11,8 @@ urlpatterns = [
     path("members/<int:pk>", views.MemberDetailApi.as_view(), name="api-member"),
     path("tokens", views.TokenListApi.as_view(), name="api-tokens"),
     path("tokens/<int:pk>", views.TokenDetailApi.as_view(), name="api-token"),
+    path("ssh-keys", ssh_keys.SshKeyListApi.as_view(), name="api-ssh-keys"),
+    path("ssh-keys/<int:pk>", ssh_keys.SshKeyDetailApi.as_view(), name="api-ssh-key"),
     path("slo-contracts", views.SloContractListApi.as_view(), name="api-slo-contracts"),
     path("audit-events", audit.AuditEventListApi.as_view(), name="api-audit-events"),
     path("tenant/exports", offboarding.TenantExportListApi.as_view(), name="api-tenant-exports"),
