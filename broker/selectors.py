@@ -520,7 +520,9 @@ def lease_access(*, lease: Lease) -> list[dict]:
     (``agent.protocol.instances_env``: ``CUDA_VISIBLE_DEVICES`` lists them all) and what is enforced there —
     the share limits (``share_enforcement_of`` the node's shares: MPS or nothing, and why) and the node's isolation
     mode, "unknown" where the node does not say — and, for a workload with a ``port``, ``interactive``: the broker URL
-    that reaches it (``lease_interactive_url``; null otherwise). Empty for a lease holding nothing."""
+    that reaches it (``lease_interactive_url``; null otherwise); for any workload, ``ssh``: the command that opens a
+    shell beside it through the broker's SSH gateway (``lease_ssh_command``; null without a gateway). Empty for a
+    lease holding nothing."""
     from urllib.parse import urlsplit
 
     from agent.protocol import instances_env
@@ -548,6 +550,7 @@ def lease_access(*, lease: Lease) -> list[dict]:
                              for a in shares],
             "isolation": isolation,
             "interactive": None,
+            "ssh": None,
         })
     url = lease_interactive_url(lease=lease) if out else None
     if url is not None:  # a gang lease's workload runs on its one node
@@ -556,7 +559,28 @@ def lease_access(*, lease: Lease) -> list[dict]:
             "running": lease.workload.state in ("starting", "running"),
             "how": "send your API token (Authorization: Bearer …) or be signed in to the portal; the workload sees "
                    "the path after /port and X-Forwarded-Prefix"}
+    ssh = lease_ssh_command(lease=lease) if out else None
+    if ssh is not None:
+        out[0]["ssh"] = {
+            "command": ssh, "running": lease.workload.state in ("starting", "running"),
+            "how": "register your SSH public key (Settings → SSH keys, or POST /api/v1/ssh-keys); the shell runs "
+                   "beside the workload, as its user, in its working directory, with its devices"}
     return out
+
+
+def lease_ssh_command(*, lease: Lease) -> str | None:
+    """``ssh -p <port> lease-<id>@<host>``: how to reach a lease's workload through the broker's SSH gateway
+    (``SSH_GATEWAY_ADDRESS``); None for a lease without a workload or where no gateway is configured."""
+    from django.conf import settings
+
+    try:
+        workload = lease.workload
+    except Workload.DoesNotExist:
+        return None
+    if workload is None or not settings.SSH_GATEWAY_ADDRESS:
+        return None
+    host, _, port = settings.SSH_GATEWAY_ADDRESS.rpartition(":")
+    return f"ssh -p {port} lease-{lease.pk}@{host}"
 
 
 INTERACTIVE_PATH = "/leases/{lease_id}/port/"

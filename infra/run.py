@@ -287,6 +287,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="the agents' ingress (enrollment, heartbeats, workload reports); default PORT + 1")
     parser.add_argument("--interactive-port", type=int, default=None,
                         help="the interactive proxy (leases' workload ports, HTTP and WebSocket); default PORT + 2")
+    parser.add_argument("--ssh-port", type=int, default=None,
+                        help="the SSH gateway (a shell beside a lease's workload, with your SSH key); default PORT + 3")
     parser.add_argument("--fleet-nodes", type=int, default=4, help="simulated GPU nodes (agent.fleet)")
     parser.add_argument("--fleet-port", type=int, default=9400)
     parser.add_argument("--prometheus-port", type=int, default=9090)
@@ -297,9 +299,12 @@ def main(argv: list[str] | None = None) -> int:
         args.agents_port = args.port + 1
     if args.interactive_port is None:
         args.interactive_port = args.port + 2
+    if args.ssh_port is None:
+        args.ssh_port = args.port + 3
 
     for port, what in ((args.port, "PORT"), (args.agents_port, "--agents-port"),
-                       (args.interactive_port, "--interactive-port"), (args.fleet_port, "--fleet-port"),
+                       (args.interactive_port, "--interactive-port"), (args.ssh_port, "--ssh-port"),
+                       (args.fleet_port, "--fleet-port"),
                        (args.prometheus_port, "--prometheus-port"), (args.oidc_port, "--oidc-port")):
         if not _port_free(port):
             say(f"port {port} on 127.0.0.1 is in use; stop what holds it or choose another ({what})")
@@ -349,6 +354,9 @@ def main(argv: list[str] | None = None) -> int:
             # leases' workload ports at /leases/<id>/port/ (broker/interactive_proxy.py), beside the web server
             "INTERACTIVE_PROXY_URL": interactive_site,
             "INTERACTIVE_PROXY_LISTEN": f"127.0.0.1:{args.interactive_port}",
+            # a shell beside a lease's workload with the member's SSH key (broker/ssh_gateway.py)
+            "SSH_GATEWAY_ADDRESS": f"127.0.0.1:{args.ssh_port}",
+            "SSH_GATEWAY_LISTEN": f"127.0.0.1:{args.ssh_port}",
             "HTTPS": "0",  # served over plain HTTP on the loopback: cookies without Secure
             # the simulated nodes listen on 127.0.0.1
             "NODE_ADDRESS_NETWORKS": os.environ.get("NODE_ADDRESS_NETWORKS", services.LOCAL_NODE_ADDRESS_NETWORKS),
@@ -404,6 +412,7 @@ def main(argv: list[str] | None = None) -> int:
             ("agents", agents_command(port=args.agents_port)),
             # a notebook's WebSocket or a slow answer of a workload holds no gunicorn thread: an aiohttp process
             ("interactive", [str(BIN / "python"), "manage.py", "interactive_proxy"]),
+            ("ssh", [str(BIN / "python"), "manage.py", "ssh_gateway"]),
             ("worker", [str(BIN / "celery"), "-A", "config", "worker", "--loglevel", "INFO", "--concurrency", "2",
                         "--hostname", f"worker-{os.getpid()}@%h"]),
             # schedule cycles have a worker of their own: agent calls of seconds never hold a placement back
@@ -476,6 +485,8 @@ def main(argv: list[str] | None = None) -> int:
             f"  agents      {agents_site}/api/v1/agents/ (the nodes' ingress: enrollment, heartbeats)",
             f"  interactive {interactive_site}/leases/<id>/port/ (a lease's workload port, HTTP and WebSocket: "
             "your token or portal session)",
+            f"  ssh         ssh -p {args.ssh_port} lease-<id>@127.0.0.1 (a shell beside a lease's workload, with a key "
+            "added at Settings → SSH keys)",
             f"  PostgreSQL  {database.how} ({services.redact(database.url)})",
             f"  broker      {broker.how} ({services.redact(broker.url)})",
             f"  GPU nodes   {args.fleet_nodes} simulated at http://127.0.0.1:{args.fleet_port}/n/<node>/ "

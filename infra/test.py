@@ -35,6 +35,9 @@ SYSTEM_PACKAGES: dict[str, str] = {
     "runc": "runc",
     "catatonit": "catatonit",
     "busybox": "busybox-static",
+    # the OpenSSH client reaches a lease through the broker's SSH gateway (tests/broker/test_ssh_gateway.py)
+    "ssh": "openssh-client",
+    "ssh-keygen": "openssh-client",
 }
 
 

@@ -30,6 +30,8 @@ urlpatterns = [
     path("settings/members/<int:pk>/remove", views.MemberRemoveView.as_view(http_method_names=["post"]),
          name="member-remove"),
     path("settings/tokens", views.TokensView.as_view(), name="tokens"),
+    path("settings/ssh-keys", views.SshKeysView.as_view(), name="ssh-keys"),
+    path("settings/ssh-keys/<int:pk>/remove", views.SshKeyRemoveView.as_view(), name="ssh-key-remove"),
     path("usage/breakdown", allocation.UsageBreakdownView.as_view(), name="usage-breakdown"),
     re_path(r"^invoices/(?P<pk>[0-9]+)/focus\.(?P<fmt>csv|parquet)$", allocation.InvoiceFocusView.as_view(),
             name="invoice-focus"),

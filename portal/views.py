@@ -27,7 +27,7 @@ from core.errors import ApplicationError, NotFound, PermissionDenied, TenantSusp
 from core.parsers import MAX_ID, parse_integer
 from portal import forms, presenters
 from portal.pricing import dashboard_alerts, dashboard_spend
-from tenants import selectors, services
+from tenants import selectors, services, ssh_keys
 from tenants.choices import PROJECT_LIMITABLE_ROLES, Role, TokenScope
 from tenants.permissions import SAFE_METHODS
 from tiering import selectors as tiering_selectors
@@ -504,6 +504,55 @@ class TokensView(TenantView):
                           status=201)
         response["Cache-Control"] = "no-store"
         return response
+
+
+def ssh_gateway_parts() -> dict:
+    """The gateway's address for the pages (``SSH_GATEWAY_ADDRESS``, HOST:PORT; empty: none offered)."""
+    host, _, port = settings.SSH_GATEWAY_ADDRESS.rpartition(":")
+    return {"gateway": settings.SSH_GATEWAY_ADDRESS, "gateway_host": host, "gateway_port": port}
+
+
+class SshKeysView(TenantView):
+    """Your SSH public keys, for ``ssh -p <port> lease-<id>@<broker>`` (docs/leasing.md, "SSH")."""
+
+    template_name = "portal/settings_ssh_keys.html"
+    write_action = "self"  # one's own credential (not while suspended)
+
+    def render_page(self, request, *, errors=None, values=None, status=200):
+        context = {"keys": ssh_keys.ssh_key_list(actor=self.actor), "errors": errors or forms.FieldErrors(),
+                   "values": values, "tab": "ssh-keys", **ssh_gateway_parts()}
+        return render(request, self.template_name, context, status=status)
+
+    def get(self, request):
+        return self.render_page(request)
+
+    def post(self, request):
+        try:
+            key = ssh_keys.ssh_key_add(actor=self.actor, name=request.POST.get("name", ""),
+                                       public_key=request.POST.get("public_key", ""))
+        except ApplicationError as error:
+            values = request.POST.copy()
+            if "PRIVATE KEY" in values.get("public_key", ""):
+                values["public_key"] = ""  # a private key pasted by mistake is never shown back
+            return self.render_page(request, errors=forms.FieldErrors(error, shown={"name", "public_key"}),
+                                    values=values, status=error.status)
+        messages.success(request, f"SSH key {key.name} added ({key.fingerprint}).")
+        return redirect("portal:ssh-keys")
+
+
+class SshKeyRemoveView(TenantView):
+    http_method_names = ["post"]
+    write_action = "leave"
+
+    def post(self, request, pk: int):
+        key = ssh_keys.ssh_key_get(actor=self.actor, pk=pk)
+        try:
+            ssh_keys.ssh_key_remove(actor=self.actor, key=key)
+        except ApplicationError as error:
+            messages.error(request, error.message)
+        else:
+            messages.success(request, f"SSH key {key.name} removed: it opens no new session.")
+        return redirect("portal:ssh-keys")
 
 
 class TokenRevokeView(TenantView):

@@ -391,8 +391,9 @@ class AuditEventAdmin(admin.ModelAdmin):
 
 
 # -- sign-in: single sign-on and the second factor (tenants/sso.py, tenants/otp.py; issue 34) ------------------
-from tenants.models import TenantSignIn, TotpDevice  # noqa: E402
+from tenants.models import SshKey, TenantSignIn, TotpDevice  # noqa: E402
 from tenants.otp import second_factor_reset  # noqa: E402
+from tenants.ssh_keys import ssh_key_remove_by_staff  # noqa: E402
 from tenants.sso import SIGN_IN_FIELDS, group_projects_slugs, sign_in_update  # noqa: E402
 
 
@@ -456,6 +457,31 @@ class TotpDeviceAdmin(ServiceAdmin):
     def reset(self, request, queryset):
         self.each_row(request, queryset, "reset", lambda device: second_factor_reset(user=device.user,
                                                                                       by=request.user))
+
+
+@admin.register(SshKey)
+class SshKeyAdmin(ServiceAdmin):
+    """Users' SSH public keys (the broker's SSH gateway): read-only; an action removes one (a lost laptop),
+    audited."""
+
+    list_display = ["name", "user", "fingerprint", "created_at", "last_used_at"]
+    search_fields = ["name", "fingerprint", "user__username"]
+    fields = ["name", "user", "fingerprint", "public_key", "created_at", "last_used_at"]
+    readonly_fields = fields
+    actions = ["remove"]
+
+    def has_add_permission(self, request):
+        return False  # added by their user (portal, API): the key is theirs
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False  # removed by the action below (audited)
+
+    @admin.action(description="Remove the key (it opens no new SSH session)")
+    def remove(self, request, queryset):
+        self.each_row(request, queryset, "removed", lambda key: ssh_key_remove_by_staff(key=key, by_user=request.user))
 
 
 @admin.register(TenantExport)

@@ -72,12 +72,13 @@ def test_make_run_serves_the_documented_paths_and_ctrl_c_stops_lease_workloads(t
            "WORKLOAD_ALLOWED_ROOTS": str(root), "CELERY_TASK_DEFAULT_QUEUE": f"first-hour-{os.getpid()}",
            "CACHE_KEY_PREFIX": f"first-hour-{os.getpid()}", "LOG_LEVEL": "WARNING"}
     log = tmp_path / "run.log"
-    interactive_port = free_port()
+    interactive_port, ssh_port = free_port(), free_port()
     with log.open("w") as out:
         process = subprocess.Popen(
             [sys.executable, "-m", "infra.run", "--port", str(port), "--agents-port", str(free_port()),
-             "--interactive-port", str(interactive_port), "--fleet-port", str(free_port()), "--prometheus-port",
-             str(free_port()), "--oidc-port", str(oidc_port), "--fleet-nodes", "2", "--workers", "1"], cwd=ROOT,
+             "--interactive-port", str(interactive_port), "--ssh-port", str(ssh_port), "--fleet-port",
+             str(free_port()), "--prometheus-port", str(free_port()), "--oidc-port", str(oidc_port),
+             "--fleet-nodes", "2", "--workers", "1"], cwd=ROOT,
             env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     children: dict[str, int] = {}
     try:
@@ -164,6 +165,22 @@ def test_make_run_serves_the_documented_paths_and_ctrl_c_stops_lease_workloads(t
                        and "up" in data and data, 60, process, log, "the workload's first lines")
         if os.geteuid() == 0:  # make run isolates workloads and closes the machine's services to them (as root)
             assert "database refused" in output, output
+
+        # SSH (docs/leasing.md "SSH"): a key added through the API, then the command the lease's access gives, with
+        # the OpenSSH client, as the banner says
+        assert f"ssh         ssh -p {ssh_port} lease-<id>@127.0.0.1" in text
+        key_file = tmp_path / "id_ed25519"
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key_file)], check=True, timeout=60)
+        status, _ = _call(site, token, "POST", "/ssh-keys", {"name": "laptop",
+                                                             "public_key": key_file.with_suffix(".pub").read_text()})
+        assert status == 201
+        command = _call(site, token, "GET", f"/leases/{lease['id']}")[1]["access"][0]["ssh"]["command"]
+        assert command == f"ssh -p {ssh_port} lease-{lease['id']}@127.0.0.1"
+        shell = subprocess.run([*command.split()[:1], "-i", str(key_file), "-o", "BatchMode=yes", "-o",
+                                "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null", "-o",
+                                "LogLevel=ERROR", *command.split()[1:], "pwd"],
+                               capture_output=True, text=True, timeout=60, env={**os.environ, "SSH_AUTH_SOCK": ""})
+        assert shell.returncode == 0 and shell.stdout.strip() == str(root / "acme" / "vision"), shell.stderr
 
         def run_pids() -> list[int]:
             pids = []

@@ -328,7 +328,11 @@ ACCESS_OUTPUT_SCHEMA = {"type": "array", "items": {"type": "object", "properties
         "a workload with a port: where the broker's interactive proxy reaches it (HTTP and WebSocket, your token or "
         "portal session required; docs/leasing.md \"Interactive access\"); null otherwise or when no proxy is set"),
         "properties": {"url": {"type": "string", "format": "uri"}, "websocket_url": {"type": "string"},
-                       "port": {"type": "integer"}, "running": {"type": "boolean"}, "how": {"type": "string"}}}}}}
+                       "port": {"type": "integer"}, "running": {"type": "boolean"}, "how": {"type": "string"}}},
+    "ssh": {"type": "object", "nullable": True, "description": (
+        "a lease with a workload: the command that opens a shell beside it through the broker's SSH gateway, with "
+        "an SSH key you registered (docs/leasing.md \"SSH\"); null otherwise or when no gateway is set"),
+        "properties": {"command": {"type": "string"}, "running": {"type": "boolean"}, "how": {"type": "string"}}}}}}
 
 
 class LeaseDetailOutput(LeaseOutput):

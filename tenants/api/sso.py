@@ -13,6 +13,7 @@ from core.api import parse
 from core.openapi import problem
 from tenants import selectors
 from tenants.api.platform import STAFF_ONLY, staff_actor
+from tenants.api.serializers import StrictSerializer
 from tenants.api.staff import StaffApi
 from tenants.choices import Role
 from tenants.sso import group_projects_slugs, sign_in_get, sign_in_update
@@ -47,7 +48,7 @@ class SignInOutput(serializers.Serializer):
         return self.context["request"].build_absolute_uri("/accounts/sso/callback")
 
 
-class SignInUpdateInput(serializers.Serializer):
+class SignInUpdateInput(StrictSerializer):
     """Only the fields sent change."""
 
     sso_enabled = serializers.BooleanField(required=False)

@@ -174,6 +174,14 @@ def scripted_session(url: str, contract: Contract) -> set[tuple[str, str, int]]:
     step(f"{v1}/tokens/{{id}}", "get", 200, f"{v1}/tokens/{token['id']}", token=owner)
     step(f"{v1}/tokens/{{id}}", "delete", 200, f"{v1}/tokens/{token['id']}", token=owner)
 
+    import asyncssh  # a fresh key: the session may run twice against one database
+
+    public = asyncssh.generate_private_key("ssh-ed25519").export_public_key().decode().strip()
+    key = step(f"{v1}/ssh-keys", "post", 201, token=owner, body={"name": "laptop", "public_key": public})
+    step(f"{v1}/ssh-keys", "post", 409, token=world.tokens["member"], body={"name": "same", "public_key": public})
+    step(f"{v1}/ssh-keys/{{id}}", "get", 200, f"{v1}/ssh-keys/{key['id']}", token=owner)
+    step(f"{v1}/ssh-keys/{{id}}", "delete", 204, f"{v1}/ssh-keys/{key['id']}", token=owner)
+
     invoice = f"{v1}/invoices/{contract.invoice_id}"
     step(f"{v1}/invoices/{{id}}", "get", 200, invoice, token=owner)
     for fmt in ("pdf", "csv"):

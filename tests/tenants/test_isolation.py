@@ -8,7 +8,7 @@ import pytest
 from django.urls import URLPattern
 
 from tenants.api.urls import urlpatterns
-from tenants.models import ApiToken, Membership, Project, TenantExport
+from tenants.models import ApiToken, Membership, Project, SshKey, TenantExport
 
 
 def _other_ids(world):
@@ -17,7 +17,19 @@ def _other_ids(world):
         "member": Membership.objects.get(user=world.outsider).pk,
         "token": ApiToken.objects.filter(user=world.outsider).first().pk,
         "export": TenantExport.objects.get_or_create(tenant=world.globex, requested_by=world.outsider)[0].pk,
+        "ssh_key": _outsider_ssh_key(world),
     }
+
+
+def _outsider_ssh_key(world) -> int:
+    import asyncssh
+
+    found = SshKey.objects.filter(user=world.outsider).first()
+    if found is None:
+        key = asyncssh.generate_private_key("ssh-ed25519")
+        found = SshKey.objects.create(user=world.outsider, name="bob's laptop", fingerprint=key.get_fingerprint(
+            "sha256"), public_key=key.export_public_key().decode().strip())
+    return found.pk
 
 
 # (route name, method, path template, body) — the path names an object of the *other* tenant.
@@ -31,11 +43,14 @@ CASES = [
     ("api-token", "get", "/api/v1/tokens/{token}", None),
     ("api-token", "delete", "/api/v1/tokens/{token}", None),
     ("api-quotas", "get", "/api/v1/quotas?project={slug}", None),
+    ("api-ssh-key", "get", "/api/v1/ssh-keys/{ssh_key}", None),  # another user's key, of any tenant: not found
+    ("api-ssh-key", "delete", "/api/v1/ssh-keys/{ssh_key}", None),
     ("api-tenant-export", "get", "/api/v1/tenant/exports/{export}", None),
     ("api-tenant-export-archive", "get", "/api/v1/tenant/exports/{export}/archive", None),
 ]
 # Routes without an object id: their lists must not contain the other tenant's objects.
 LIST_ROUTES = {"api-tenant", "api-projects", "api-quotas", "api-members", "api-tokens", "api-slo-contracts",
+               "api-ssh-keys",
                "api-tenant-sign-in", "api-audit-events", "api-tenant-exports",
                "api-tenant-close"}  # closes the caller's own tenant: test_offboarding.py
 
@@ -77,7 +92,7 @@ def test_isolation_other_tenants_objects_are_404(world, who, name, method, path,
     if response.status_code == 403:
         # A role that may not write at all is refused before any lookup: the answer is the same for an
         # object that does not exist, so it reveals nothing about the other tenant.
-        missing = path.format(slug="no-such-project", member=10**9, token=10**9, export=10**9)
+        missing = path.format(slug="no-such-project", member=10**9, token=10**9, export=10**9, ssh_key=10**9)
         assert getattr(world.client(who), method)(missing, body, format="json").status_code == 403
     else:
         assert response.status_code == 404, (url, response.content)
@@ -85,6 +100,7 @@ def test_isolation_other_tenants_objects_are_404(world, who, name, method, path,
     assert Project.objects.get(pk=world.other_project.pk).name == "Secret"
     assert Membership.objects.get(user=world.outsider).role == "owner"
     assert ApiToken.objects.filter(user=world.outsider, revoked_at__isnull=True).exists()
+    assert SshKey.objects.filter(user=world.outsider).exists()
 
 
 def test_isolation_lists_hold_only_own_objects(world):
@@ -98,6 +114,8 @@ def test_isolation_lists_hold_only_own_objects(world):
     assert "bob" not in members
     tokens = {t["username"] for t in client.get("/api/v1/tokens").json()["results"]}
     assert "bob" not in tokens
+    _outsider_ssh_key(world)
+    assert client.get("/api/v1/ssh-keys").json()["results"] == []  # the acting user's own keys only
     slo = client.get("/api/v1/slo-contracts").json()["results"]
     assert slo == []
     audit = client.get("/api/v1/audit-events?limit=500").json()["results"]

@@ -53,6 +53,7 @@ class Route:
 
 
 READ = {"get": None}
+SSH_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOVu2HP5gqSmrbc7HaZvHvBBZFTEb02rjcHuCtDEMwo3 routes"
 PIPELINE = {"project": "vision", "name": "r", "slo_ms": 200.0, "rate_rps": 5.0, "tiers": ["H100-80GB"],
             "stages": [{"name": "a", "architecture": "resnet-50"}], "edges": []}
 ROUTES: dict[str, Route] = {
@@ -69,6 +70,8 @@ ROUTES: dict[str, Route] = {
                         obj="member"),
     "api-tokens": Route("api", "/api/v1/tokens", {"get": None, "post": {"name": "t", "scopes": ["read"]}}),
     "api-token": Route("api", "/api/v1/tokens/{id}", {"get": None, "delete": None}, obj="token"),
+    "api-ssh-keys": Route("api", "/api/v1/ssh-keys", {"get": None, "post": {"name": "k", "public_key": SSH_KEY}}),
+    "api-ssh-key": Route("api", "/api/v1/ssh-keys/{id}", {"get": None, "delete": None}, obj="ssh_key"),
     "api-slo-contracts": Route("api", "/api/v1/slo-contracts", READ),
     # the audit trail: admins and owners read it (a member's or viewer's read is 403: test_audit_api.py)
     "api-audit-events": Route("api", "/api/v1/audit-events", READ),
@@ -261,6 +264,12 @@ ROUTES: dict[str, Route] = {
     "portal:member-projects": Route("portal", "/settings/members/{id}/projects", {"post": {"scope": "all"}},
                                     obj="member"),
     "portal:member-remove": Route("portal", "/settings/members/{id}/remove", {"post": {}}, obj="member"),
+    # a user's own SSH keys: a viewer may add one (their own credential) and finds another user's key not found
+    "portal:ssh-keys": Route("portal", "/settings/ssh-keys", {"get": None, "post": {"name": "k",
+                                                                                  "public_key": SSH_KEY}},
+                             viewer={"post": 302}),
+    "portal:ssh-key-remove": Route("portal", "/settings/ssh-keys/{id}/remove", {"post": {}}, obj="ssh_key",
+                                   viewer={"post": 404}),
     # a write token: viewers may create read tokens only (the read case is in test_tokens.py)
     "portal:tokens": Route("portal", "/settings/tokens", {"get": None, "post": {"name": "t", "scopes": "write"}}),
     # another member's token is not even visible to a viewer (non-admins see their own tokens only): 404
@@ -472,11 +481,22 @@ def objects(world, settings, tmp_path):
                 "token": ApiToken.objects.filter(user=world.admin).first().pk,
                 "lease": lease(world.acme, world.member, world.project).pk, "invoice": invoice(world.acme).pk,
                 "credit_note": credit_note(world.acme)}
+    def ssh_key(user):
+        import asyncssh
+
+        from tenants.models import SshKey
+
+        key = asyncssh.generate_private_key("ssh-ed25519")
+        return SshKey.objects.create(user=user, name="laptop", public_key=key.export_public_key().decode().strip(),
+                                     fingerprint=key.get_fingerprint("sha256")).pk
+
+    own["ssh_key"] = ssh_key(world.admin)
     own["adjustment"] = adjustment(world.acme, own["lease"])
     own["export"] = export(world.acme)
     own.update(planned(world.acme, world.member, world.project))
     mine = {**own, "member": Membership.objects.get(user=world.owner).pk,
-            "token": ApiToken.objects.filter(user=world.owner, scopes__contains=["write"]).first().pk}
+            "token": ApiToken.objects.filter(user=world.owner, scopes__contains=["write"]).first().pk,
+            "ssh_key": ssh_key(world.owner)}
     other_lease = lease(world.globex, world.outsider, world.other_project).pk
     return {
         "own": own,
@@ -487,7 +507,7 @@ def objects(world, settings, tmp_path):
                   "adjustment": adjustment(world.globex, other_lease), "spend_cap": spend_cap(world.globex),
                   "credit_note": credit_note(world.globex),
                   "spend_alert_rule": spend_alert_rule(world.globex),
-                  "export": export(world.globex),
+                  "export": export(world.globex), "ssh_key": ssh_key(world.outsider),
                   **planned(world.globex, world.outsider, world.other_project)},
     }
 
@@ -584,6 +604,9 @@ def test_routes_nothing_changed_for_the_other_tenant(world, objects):
         _call(client, route.kind, method, _url(route, objects, "own"), route.methods[method])
     assert Membership.objects.get(user=world.member).role == Role.MEMBER
     assert ApiToken.objects.get(pk=objects["own"]["token"]).revoked_at is None
+    from tenants.models import SshKey
+
+    assert SshKey.objects.filter(pk=objects["own"]["ssh_key"]).exists()
     from broker.models import Lease
 
     assert Lease.objects.get(pk=objects["own"]["lease"]).state == "queued"
