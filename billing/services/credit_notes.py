@@ -2,7 +2,8 @@
 invoice, whole or per line, with a reason; a local void that issues the matching credit note; payments received
 and refunds of them (credit notes and voids reach Stripe after commit: ``billing.services.stripe_sync``).
 Nothing here changes the invoice's lines or amounts (the database refuses it, migration 0003): a correction is
-a row of its own, immutable too (migration 0008), and the invoice's balance follows (``billing.selectors.balances``). Each service is one transaction that writes its audit row."""
+a row of its own, immutable too (migration 0008), and the invoice's balance follows (``billing.selectors.balances``).
+Each service is one transaction that writes its audit row."""
 
 from __future__ import annotations
 

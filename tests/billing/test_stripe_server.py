@@ -321,7 +321,7 @@ def _sdk_fields(module: str, name: str) -> set[str]:
     import importlib
 
     typed = getattr(importlib.import_module(f"stripe.params.{module}"), name)
-    options = set(getattr(importlib.import_module("stripe._request_options"), "RequestOptions").__annotations__)
+    options = set(importlib.import_module("stripe._request_options").RequestOptions.__annotations__)
     return set(typed.__annotations__) - options
 
 
