@@ -53,8 +53,8 @@ def test_ops_invoice_page_issues_a_whole_invoice_credit_note(world, staff, invoi
                                        "memo": "double-metered hour"}, follow=True)
     assert answer.status_code == 200
     note = CreditNote.objects.get(invoice=invoice)
-    assert (note.amount_minor, note.reason, note.memo, note.stripe_state) == (1250, "duplicate",
-                                                                              "double-metered hour", StripeState.NOT_SENT)
+    assert (note.amount_minor, note.reason, note.memo, note.stripe_state) == (
+        1250, "duplicate", "double-metered hour", StripeState.NOT_SENT)
     assert note.issued_by.username == "root"
     page = answer.content.decode()
     assert f"Credit note {note.number} issued for 12.50 USD" in page and "113.00 USD left to credit" in page
