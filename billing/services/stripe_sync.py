@@ -31,6 +31,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
@@ -253,6 +254,7 @@ def _stripe_invoice_get_or_create(client: stripe.StripeClient, invoice: Invoice,
     return stripe_invoice
 
 
+@dataclass(frozen=True)
 class Taxes:
     """How an invoice's taxes go to Stripe: ``rate_ids`` (Stripe tax rates every other item carries; Stripe
     computes the tax) and ``line_ids`` (our tax lines those rates replace, not pushed as items). Empty: no tax, a
@@ -260,10 +262,9 @@ class Taxes:
     inclusive and an exclusive rate together: we tax the whole net, Stripe the net less the inclusive tax), whose
     tax lines are then pushed as items like any other line."""
 
-    def __init__(self, rate_ids: list[str] | None = None, line_ids: set[int] | None = None, exclusive: int = 0):
-        self.rate_ids = rate_ids or []
-        self.line_ids = line_ids or set()
-        self.exclusive = exclusive  # how many of the rates add to the total
+    rate_ids: list[str] = field(default_factory=list)
+    line_ids: set[int] = field(default_factory=set)
+    exclusive: int = 0  # how many of the rates add to the total
 
 
 def _taxes_for(client: stripe.StripeClient, invoice: Invoice) -> Taxes:
