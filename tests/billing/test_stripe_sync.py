@@ -513,6 +513,27 @@ def test_stripe_sync_items_carry_stripe_tax_rates_and_the_total_equals_ours_to_t
     assert len(stripe_server.calls("POST", TAX_RATES)) == 1
 
 
+def test_stripe_sync_taxed_push_crashing_anywhere_then_rerun_creates_each_thing_once(stripe_server, tenant):
+    vat = tax_rate(tenant)
+    invoice = make_taxed_invoice(tenant, [vat], [1003, 1003, -205])
+    stripe_server.hang(3, path=f"^{TAX_RATES}$", method="POST", after=True)  # created; the answer is lost
+    with pytest.raises(stripe.APIConnectionError):
+        stripe_sync.invoice_push(invoice_id=invoice.pk)
+    vat.refresh_from_db()
+    assert vat.stripe_tax_rate_id == "" and len(stripe_server.state.tax_rates) == 1
+    stripe_server.fail(1, path=r"^/v1/invoices/[^/]+/finalize$")  # then a crash after the rounding item
+    with pytest.raises(stripe.APIError):
+        stripe_sync.invoice_push(invoice_id=invoice.pk)
+    stripe_server.travel(25 * 3600)  # keys forgotten: the stored ids and the listed items keep it to one of each
+    stripe_id = stripe_sync.invoice_push(invoice_id=invoice.pk)
+    assert len(stripe_server.state.tax_rates) == 1 and len(stripe_server.created(TAX_RATES)) == 1
+    kinds = [line["metadata"]["kind"] for line in stripe_server.invoice(stripe_id)["lines"]["data"]]
+    assert kinds == ["usage", "usage", "usage", "tax_rounding"]
+    assert stripe_server.invoice(stripe_id)["total"] == invoice.total_minor
+    invoice.refresh_from_db()
+    assert (invoice.stripe_state, invoice.stripe_attempts) == (StripeState.SENT, 3)
+
+
 def test_stripe_sync_tax_totals_equal_stripe_for_many_invoices(stripe_server, tenant):
     import random
 
