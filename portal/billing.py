@@ -510,7 +510,8 @@ class StaffInvoiceView(StaffView):
         """``action=void`` voids the invoice here (memo ``void_memo``); anything else issues a credit note."""
         from billing.services.credit_notes import credit_note_issue, invoice_void
 
-        invoice = balances.staff_invoice_detail(pk=pk)["invoice"]
+        detail = balances.staff_invoice_detail(pk=pk)
+        invoice = detail["invoice"]
         if request.POST.get("action") == "void":
             try:
                 invoice_void(invoice=invoice, memo=request.POST.get("void_memo", ""), by_user=request.user)
@@ -519,7 +520,7 @@ class StaffInvoiceView(StaffView):
             messages.success(request, f"Invoice {invoice.number} voided here, with its credit note for what was left; "
                                       f"the Stripe invoice is voided after it.")
             return redirect("portal:ops-invoice", pk=pk)
-        positions = list(invoice.lines.order_by("position").values_list("position", flat=True))
+        positions = [line.position for line in detail["lines"]]
         names: dict[str, str] = {}
         try:
             values, names = forms.credit_note_input(request.POST, positions=positions, currency=invoice.currency)
