@@ -256,6 +256,9 @@ class Invoice(models.Model):
     stripe_attempts = models.PositiveIntegerField(default=0)
     stripe_error = models.TextField(blank=True)
     stripe_event_at = models.DateTimeField(null=True, blank=True, help_text="Newest Stripe event applied.")
+    stripe_balance_transaction_id = models.CharField(
+        max_length=64, blank=True, help_text="The Stripe customer balance transaction that carries the prepaid "
+                                             "credit drawn by this invoice (applied by Stripe at finalization).")
 
     class Meta:
         ordering = ["-period", "tenant_id"]
@@ -396,9 +399,12 @@ class CreditNote(models.Model):
     amount_minor = models.BigIntegerField()
     issued_at = models.DateTimeField()
     issued_by = models.ForeignKey("auth.User", on_delete=models.PROTECT, null=True, blank=True, related_name="+")
+    # Stripe bookkeeping (the only columns the immutability trigger lets change): pushed after its invoice is
+    # (billing.services.stripe_sync.credit_note_push), as Invoice keeps stripe_invoice_id / state / attempts / error
     stripe_credit_note_id = models.CharField(max_length=64, blank=True)
     stripe_state = models.CharField(max_length=8, choices=StripeState.choices, default=StripeState.NOT_SENT,
                                     blank=True)
+    stripe_attempts = models.PositiveIntegerField(default=0)
     stripe_error = models.TextField(blank=True)
 
     class Meta:
@@ -607,6 +613,8 @@ class TaxRate(models.Model):
     inclusive = models.BooleanField(default=False)
     active = models.BooleanField(default=True)
     created_at = models.DateTimeField()
+    stripe_tax_rate_id = models.CharField(max_length=64, blank=True,
+                                          help_text="Its Stripe tax rate (created on first push, reused after).")
 
     class Meta:
         ordering = ["tenant_id", "pk"]

@@ -36,8 +36,12 @@ def meter_pending() -> dict:
              max_retries=settings.STRIPE_MAX_RETRIES)
 def invoice_push_task(self, invoice_id: int) -> str:
     """Push one invoice; Stripe or network failures are retried with exponential back-off (30 s doubling up
-    to an hour, ``STRIPE_MAX_RETRIES`` times); the periodic re-push takes over after that."""
-    return stripe_sync.invoice_push(invoice_id=invoice_id)
+    to an hour, ``STRIPE_MAX_RETRIES`` times); the periodic re-push takes over after that. Its credit notes that
+    waited for it are enqueued once it is in Stripe."""
+    stripe_id = stripe_sync.invoice_push(invoice_id=invoice_id)
+    for credit_note_id in stripe_sync.credit_note_ids_push_due(invoice_id=invoice_id):
+        credit_note_push_task.delay(credit_note_id)
+    return stripe_id
 
 
 @shared_task(name="billing.services.stripe_sync.invoices_push_due", acks_late=True)
@@ -49,6 +53,25 @@ def invoices_push_due() -> int:
     for invoice_id in invoice_ids:
         invoice_push_task.delay(invoice_id)
     return len(invoice_ids)
+
+
+@shared_task(name="billing.credit_note_push_task", bind=True, acks_late=True,
+             autoretry_for=stripe_sync.RETRYABLE_ERRORS, retry_backoff=30, retry_backoff_max=3600, retry_jitter=True,
+             max_retries=settings.STRIPE_MAX_RETRIES)
+def credit_note_push_task(self, credit_note_id: int) -> str:
+    """Push one credit note (after its invoice; it waits otherwise), retried as the invoice push is."""
+    return stripe_sync.credit_note_push(credit_note_id=credit_note_id)
+
+
+@shared_task(name="billing.credit_notes_push_due", acks_late=True)
+def credit_notes_push_due() -> int:
+    """Periodic: enqueue a push for every credit note not in Stripe yet whose invoice is; returns how many."""
+    if not settings.STRIPE_API_KEY:
+        return 0
+    credit_note_ids = stripe_sync.credit_note_ids_push_due()
+    for credit_note_id in credit_note_ids:
+        credit_note_push_task.delay(credit_note_id)
+    return len(credit_note_ids)
 
 
 @shared_task(name="billing.credit_expiry_notify", acks_late=True)
@@ -69,4 +92,5 @@ def dunning_advance() -> dict:
 
 tasks_register("billing", invoice_run_due=invoice_run_due, meter_pending=meter_pending,
                credit_expiry_notify=credit_expiry_notify, dunning_advance=dunning_advance,
-               invoice_push_task=invoice_push_task, invoices_push_due=invoices_push_due)
+               invoice_push_task=invoice_push_task, invoices_push_due=invoices_push_due,
+               credit_note_push_task=credit_note_push_task, credit_notes_push_due=credit_notes_push_due)

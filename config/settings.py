@@ -244,6 +244,8 @@ CELERY_BEAT_SCHEDULE: dict = {
     "invoice-run": {"task": "billing.invoice_run_due", "schedule": 3600.0},
     # finalized invoices not in Stripe yet (never pushed, failed, or left half-way) pushed again
     "stripe-push-due": {"task": "billing.services.stripe_sync.invoices_push_due", "schedule": 1800.0},
+    # credit notes not in Stripe yet whose invoice is (waited for it, failed, or left half-way)
+    "stripe-credit-notes-push-due": {"task": "billing.credit_notes_push_due", "schedule": 1800.0},
     # lease events → webhook and e-mail deliveries (docs/notifications.md); deliveries due for (re)sending
     "notifications-outbox": {"task": "notifications.outbox_process", "schedule": 5.0},
     "notifications-deliver-due": {"task": "notifications.deliveries_send_due", "schedule": 5.0},

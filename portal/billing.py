@@ -140,6 +140,7 @@ class BillingReportView(StaffView):
             "idle": reports.top_idle_leases(period=month),
             "totals": _totals(by_tenant),
             "corrections": balances.corrections_report(start=period_bounds(month)[0], end=period_bounds(month)[1]),
+            "invoices": balances.invoices_of_month(period=month),
         }
         return render(request, self.template_name, context)
 
@@ -464,3 +465,71 @@ class PriceBookDeleteView(StaffView):
             return redirect("portal:ops-price-book", pk=pk)
         messages.success(request, f"Price book {book.name} deleted.")
         return redirect("portal:ops-price-books")
+
+
+# -- platform staff: one invoice, its credit notes and void -------------------------------------------------------
+CREDIT_NOTE_FIELDS = {"scope", "amount", "reason", "memo", "lines"}
+
+
+class StaffInvoiceView(StaffView):
+    """One invoice for platform staff (``/ops/billing/invoices/<pk>``): its lines with what is left to credit, its
+    balance, its credit notes with their Stripe state; a form to issue a credit note (the whole invoice or per
+    line, a reason, a memo) and a button to void it here (``billing.services.credit_notes``, which audit each
+    write). Errors are shown by their field."""
+
+    template_name = "ops/invoice_detail.html"
+
+    def render_page(self, request, pk: int, *, errors: forms.FieldErrors | None = None, void_error: str = "",
+                    status: int = 200):
+        from billing.choices import CreditNoteReason, InvoiceStatus
+
+        detail = balances.staff_invoice_detail(pk=pk)
+        invoice = detail["invoice"]
+        posted = request.POST if errors or void_error else {}
+        errors = errors or forms.FieldErrors()
+        context = {
+            **detail,
+            "line_rows": [{"line": line, "field": f"line_{line.position}",
+                           "value": posted.get(f"line_{line.position}", ""),
+                           "error": errors.get(f"line_{line.position}", "")} for line in detail["lines"]],
+            "errors": errors,
+            "void_error": void_error,
+            "reasons": CreditNoteReason.choices,
+            "creditable": invoice.status in (InvoiceStatus.FINALIZED, InvoiceStatus.PAID),
+            "voidable": invoice.status == InvoiceStatus.FINALIZED,
+            "form": {"scope": posted.get("scope", "whole"), "amount": posted.get("amount", ""),
+                     "reason": posted.get("reason", ""), "memo": posted.get("memo", ""),
+                     "void_memo": posted.get("void_memo", "") if void_error else ""},
+        }
+        return render(request, self.template_name, context, status=status)
+
+    def get(self, request, pk: int):
+        return self.render_page(request, pk)
+
+    def post(self, request, pk: int):
+        """``action=void`` voids the invoice here (memo ``void_memo``); anything else issues a credit note."""
+        from billing.services.credit_notes import credit_note_issue, invoice_void
+
+        detail = balances.staff_invoice_detail(pk=pk)
+        invoice = detail["invoice"]
+        if request.POST.get("action") == "void":
+            try:
+                invoice_void(invoice=invoice, memo=request.POST.get("void_memo", ""), by_user=request.user)
+            except ApplicationError as error:
+                return self.render_page(request, pk, void_error=error.message, status=error.status)
+            messages.success(request, f"Invoice {invoice.number} voided here, with its credit note for what was left; "
+                                      f"the Stripe invoice is voided after it.")
+            return redirect("portal:ops-invoice", pk=pk)
+        positions = [line.position for line in detail["lines"]]
+        names: dict[str, str] = {}
+        try:
+            values, names = forms.credit_note_input(request.POST, positions=positions, currency=invoice.currency)
+            note = credit_note_issue(invoice=invoice, by_user=request.user, **values)
+        except ApplicationError as error:
+            error.field = names.get(error.field or "", error.field)
+            shown = CREDIT_NOTE_FIELDS | {f"line_{position}" for position in positions}
+            return self.render_page(request, pk, errors=forms.FieldErrors(error, shown=shown), status=error.status)
+        amount = format_money(note.amount_minor, note.currency)
+        messages.success(request, f"Credit note {note.number} issued for {amount}; it goes to Stripe after the "
+                                  f"invoice.")
+        return redirect("portal:ops-invoice", pk=pk)

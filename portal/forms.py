@@ -373,3 +373,27 @@ def rate_field(field: str | None, rows: list[int]) -> str | None:
     if match and int(match.group(1)) < len(rows):
         return f"rate-{rows[int(match.group(1))]}-{match.group(2) or 'tier'}"
     return field
+
+
+# -- credit notes (staff invoice page) -----------------------------------------------------------------------------
+def credit_note_input(data: QueryDict, *, positions: list[int], currency: str) -> tuple[dict, dict[str, str]]:
+    """The credit note form as ``credit_note_issue``'s arguments: ``scope=lines`` (an amount per invoice line, blank
+    lines left out) or ``scope=whole`` (``amount`` of the whole invoice), ``reason`` and ``memo``. The second value
+    maps the service's field names (``lines[0].amount_minor``) to the form's (``line_3``)."""
+    values: dict = {"reason": last_value(data, "reason"), "memo": last_value(data, "memo")}
+    names = {"amount_minor": "amount"}
+    if last_value(data, "scope") == "lines":
+        lines = []
+        for position in positions:
+            text = last_value(data, f"line_{position}").strip()
+            if text:
+                names[f"lines[{len(lines)}].amount_minor"] = f"line_{position}"
+                names[f"lines[{len(lines)}].position"] = f"line_{position}"
+                lines.append({"position": position,
+                              "amount_minor": money_minor(text, currency, f"line_{position}")})
+        if not lines:
+            raise ValidationFailed("Give an amount for at least one line.", field="lines")
+        values["lines"] = lines
+    else:
+        values["amount_minor"] = money_minor(last_value(data, "amount"), currency, "amount")
+    return values, names

@@ -70,6 +70,7 @@ urlpatterns = [
     path("ops/nodes/<str:node_id>/cordon", ops.NodeCordonView.as_view(), name="node-cordon"),
     path("ops/queue", ops.QueueView.as_view(), name="queue"),
     path("ops/billing", billing.BillingReportView.as_view(), name="ops-billing"),
+    path("ops/billing/invoices/<int:pk>", billing.StaffInvoiceView.as_view(), name="ops-invoice"),
     path("ops/price-books", billing.PriceBookListView.as_view(), name="ops-price-books"),
     path("ops/price-books/<int:pk>", billing.PriceBookDetailView.as_view(), name="ops-price-book"),
     path("ops/price-books/<int:pk>/delete", billing.PriceBookDeleteView.as_view(), name="ops-price-book-delete"),

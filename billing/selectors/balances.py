@@ -8,7 +8,7 @@ from datetime import datetime
 from django.db.models import BigIntegerField, OuterRef, QuerySet, Subquery, Sum, Value
 from django.db.models.functions import Coalesce
 
-from billing.models import CreditDraw, CreditGrant, CreditNote, DunningCase, Invoice, Payment, Refund
+from billing.models import CreditDraw, CreditGrant, CreditNote, CreditNoteLine, DunningCase, Invoice, Payment, Refund
 from tenants.access import Actor, restrict
 
 
@@ -96,3 +96,29 @@ def corrections_report(*, start: datetime, end: datetime) -> dict:
         "open_balances": list(invoices_with_balance(Invoice.objects.exclude(status__in=["draft", "void"]))
                               .exclude(balance_due_minor=0).select_related("tenant").order_by("period", "pk")[:200]),
     }
+
+
+def staff_invoice_detail(*, pk: int) -> dict:
+    """Platform staff's page of one invoice (``/ops/billing/invoices/<pk>``): the invoice with its balance, each
+    line with what credit notes took of it already (``credited_minor``) and what is left, and its credit notes
+    with their Stripe state. A draft is shown too (it takes no credit note)."""
+    from core.errors import NotFound
+
+    invoice = invoices_with_balance(Invoice.objects.filter(pk=pk)).select_related("tenant").first()
+    if invoice is None:
+        raise NotFound(f"No invoice {pk}.", field="id")
+    credited = dict(CreditNoteLine.objects.filter(invoice_line__invoice=invoice).values("invoice_line")
+                    .annotate(s=Sum("amount_minor")).values_list("invoice_line", "s"))
+    lines = list(invoice.lines.order_by("position"))
+    for line in lines:
+        line.credited_minor = credited.get(line.pk, 0)
+        line.creditable_minor = max(line.amount_minor - line.credited_minor, 0)
+    notes = list(CreditNote.objects.filter(invoice=invoice).prefetch_related("lines").order_by("issued_at", "pk"))
+    return {"invoice": invoice, "lines": lines, "credit_notes": notes,
+            "left_to_credit_minor": max(invoice.total_minor - invoice.credit_notes_minor, 0)}
+
+
+def invoices_of_month(*, period) -> list[Invoice]:
+    """Every invoice of a month with its balance, for the staff billing page's links to each invoice."""
+    return list(invoices_with_balance(Invoice.objects.filter(period=period)).select_related("tenant")
+                .order_by("tenant__slug", "pk")[:500])

@@ -1,8 +1,9 @@
 """Corrections after finalisation (Stripe's credit notes and refunds): a credit note against a finalized or paid
 invoice, whole or per line, with a reason; a local void that issues the matching credit note; payments received
-and refunds of them. Nothing here changes the invoice's lines or amounts (the database refuses it, migration
-0003): a correction is a row of its own, immutable too (migration 0008), and the invoice's balance follows
-(``billing.selectors.balances``). Each service is one transaction that writes its audit row."""
+and refunds of them (credit notes and voids reach Stripe after commit: ``billing.services.stripe_sync``).
+Nothing here changes the invoice's lines or amounts (the database refuses it, migration 0003): a correction is
+a row of its own, immutable too (migration 0008), and the invoice's balance follows (``billing.selectors.balances``).
+Each service is one transaction that writes its audit row."""
 
 from __future__ import annotations
 
@@ -67,7 +68,20 @@ def _issue(*, invoice: Invoice, reason: str, memo: str, lines: list[CreditNoteLi
                        "currency": note.currency, "lines": [{"invoice_line": ln.invoice_line_id,
                                                              "amount_minor": ln.amount_minor} for ln in lines],
                        "voids_invoice": voids})
+    note_id = note.pk
+    transaction.on_commit(lambda: _push_later(note_id))
     return note
+
+
+def _push_later(credit_note_id: int) -> None:
+    """Stripe's push of the note after commit (it waits there until its invoice is in Stripe), sent by name
+    (``billing.tasks`` registers it: ``core.task_registry``); nothing is enqueued while Stripe is disabled."""
+    from django.conf import settings
+
+    from core.task_registry import task
+
+    if settings.STRIPE_API_KEY:
+        task("billing", "credit_note_push_task").delay(credit_note_id)
 
 
 def credit_note_issue(*, invoice: Invoice, reason: str, memo: str, lines: list[dict] | None = None,

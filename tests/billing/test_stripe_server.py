@@ -311,3 +311,165 @@ def test_stripe_server_webhook_signature_is_the_one_stripe_verifies(server):
                 signature_header(payload + b" ", secret)):
         with pytest.raises(stripe.SignatureVerificationError):
             stripe.WebhookSignature.verify_header(payload, bad, secret, tolerance=300)
+
+
+# --- issue 33: tax rates, the customer's balance, credit notes ------------------------------------------------
+
+
+def _sdk_fields(module: str, name: str) -> set[str]:
+    """The parameter names the pinned SDK's TypedDict for a request declares (less ``RequestOptions``)."""
+    import importlib
+
+    typed = getattr(importlib.import_module(f"stripe.params.{module}"), name)
+    options = set(importlib.import_module("stripe._request_options").RequestOptions.__annotations__)
+    return set(typed.__annotations__) - options
+
+
+@pytest.mark.parametrize(("method", "path", "module", "name"), [
+    ("POST", "/v1/tax_rates", "_tax_rate_create_params", "TaxRateCreateParams"),
+    ("GET", "/v1/tax_rates/{id}", "_tax_rate_retrieve_params", "TaxRateRetrieveParams"),
+    ("POST", "/v1/credit_notes", "_credit_note_create_params", "CreditNoteCreateParams"),
+    ("GET", "/v1/credit_notes", "_credit_note_list_params", "CreditNoteListParams"),
+    ("GET", "/v1/credit_notes/{id}", "_credit_note_retrieve_params", "CreditNoteRetrieveParams"),
+    ("POST", "/v1/customers/{id}/balance_transactions", "_customer_balance_transaction_create_params",
+     "CustomerBalanceTransactionCreateParams"),
+    ("GET", "/v1/customers/{id}/balance_transactions", "_customer_balance_transaction_list_params",
+     "CustomerBalanceTransactionListParams"),
+    ("POST", "/v1/invoiceitems", "_invoice_item_create_params", "InvoiceItemCreateParams"),
+])
+def test_stripe_server_new_endpoints_list_exactly_the_sdk_parameters(method, path, module, name):
+    from tests.stripe_server.spec import ENDPOINTS
+
+    endpoint = next(e for e in ENDPOINTS if (e.method, e.path) == (method, path))
+    assert set(endpoint.params) == _sdk_fields(module, name)
+    if path == "/v1/credit_notes" and method == "POST":
+        assert set(endpoint.params["lines"].fields) == _sdk_fields(module, "CreditNoteCreateParamsLine")
+
+
+def test_stripe_server_tax_rates_tax_each_line_and_the_total(server):
+    client = sdk(server)
+    vat = client.v1.tax_rates.create(params={"display_name": "VAT", "percentage": 19.0, "inclusive": False,
+                                             "jurisdiction": "DE", "country": "DE", "metadata": {"tax_rate_id": "3"}})
+    assert (vat.id[:4], vat.percentage, vat.inclusive, vat.jurisdiction, vat.active) == ("txr_", 19.0, False, "DE",
+                                                                                         True)
+    assert server.calls("POST", "/v1/tax_rates")[0].params["percentage"] == "19.0"
+    assert client.v1.tax_rates.retrieve(vat.id).display_name == "VAT"
+    cus = customer(client)
+    invoice = draft(client, cus.id)
+    for amount in (1003, 1003, -205):  # 190.57 → 191, 191, -38.95 → -39: rounded per line
+        client.v1.invoice_items.create(params={"customer": cus.id, "invoice": invoice.id, "amount": amount,
+                                               "tax_rates": [vat.id]})
+    invoice = client.v1.invoices.retrieve(invoice.id)
+    assert (invoice.subtotal, invoice.total, invoice.total_excluding_tax) == (1801, 1801 + 343, 1801)
+    assert [(t.amount, t.taxable_amount, t.tax_behavior) for t in invoice.total_taxes] == [(343, 1801, "exclusive")]
+    assert [line.taxes[0].amount for line in invoice.lines.data] == [191, 191, -39]
+    # wrong shapes and unknown or inactive rates are refused, naming the field
+    assert refused(lambda: client.v1.tax_rates.create(params={"display_name": "VAT", "percentage": 19.12345,
+                                                              "inclusive": False})).param == "percentage"
+    assert refused(lambda: client.v1.tax_rates.create(params={"display_name": "VAT", "percentage": 101,
+                                                              "inclusive": False})).param == "percentage"
+    assert refused(lambda: client.v1.tax_rates.create(params={"display_name": "VAT",
+                                                              "percentage": 19})).code == "parameter_missing"
+    off = client.v1.tax_rates.create(params={"display_name": "Old", "percentage": 5, "inclusive": False,
+                                             "active": False})
+    for rate_id, code in (("txr_nope", "resource_missing"), (off.id, None)):
+        error = refused(lambda rate_id=rate_id: client.v1.invoice_items.create(params={
+            "customer": cus.id, "invoice": invoice.id, "amount": 100, "tax_rates": [rate_id]}))
+        assert (error.http_status, error.param, error.code) == (400, "tax_rates[0]", code)
+
+
+def test_stripe_server_inclusive_rate_is_inside_the_total(server):
+    client = sdk(server)
+    vat = client.v1.tax_rates.create(params={"display_name": "VAT", "percentage": 20, "inclusive": True})
+    cus = customer(client)
+    invoice = draft(client, cus.id)
+    client.v1.invoice_items.create(params={"customer": cus.id, "invoice": invoice.id, "amount": 1200,
+                                           "tax_rates": [vat.id]})
+    invoice = client.v1.invoices.retrieve(invoice.id)
+    assert (invoice.subtotal, invoice.total, invoice.total_excluding_tax) == (1200, 1200, 1000)
+    assert invoice.total_taxes[0].amount == 200 and invoice.total_taxes[0].tax_behavior == "inclusive"
+
+
+def test_stripe_server_customer_balance_credit_is_applied_at_finalization(server):
+    client = sdk(server)
+    cus = customer(client)
+    credit = client.v1.customers.balance_transactions.create(
+        cus.id, params={"amount": -30000, "currency": "usd", "description": "prepaid credit",
+                        "metadata": {"invoice_id": "7"}}, options={"idempotency_key": "k-credit"})
+    assert (credit.id[:6], credit.amount, credit.ending_balance, credit.type) == ("cbtxn_", -30000, -30000,
+                                                                                  "adjustment")
+    again = client.v1.customers.balance_transactions.create(
+        cus.id, params={"amount": -30000, "currency": "usd", "description": "prepaid credit",
+                        "metadata": {"invoice_id": "7"}}, options={"idempotency_key": "k-credit"})
+    assert again.id == credit.id and client.v1.customers.retrieve(cus.id).balance == -30000  # replayed, once
+    invoice = draft(client, cus.id)
+    client.v1.invoice_items.create(params={"customer": cus.id, "invoice": invoice.id, "amount": 100000})
+    invoice = client.v1.invoices.finalize_invoice(invoice.id)
+    assert (invoice.total, invoice.amount_due, invoice.starting_balance, invoice.ending_balance) == (
+        100000, 70000, -30000, 0)
+    listed = client.v1.customers.balance_transactions.list(cus.id, params={"limit": 10}).data
+    assert [(t.type, t.amount, t.invoice) for t in listed] == [("applied_to_invoice", 30000, invoice.id),
+                                                               ("adjustment", -30000, None)]
+    assert refused(lambda: client.v1.customers.balance_transactions.create(
+        cus.id, params={"amount": -1, "currency": "eur"})).param == "currency"
+    assert refused(lambda: client.v1.customers.balance_transactions.create(
+        cus.id, params={"currency": "usd"})).code == "parameter_missing"
+    assert refused(lambda: client.v1.customers.balance_transactions.create(
+        "cus_nope", params={"amount": -1, "currency": "usd"})).http_status == 404
+
+
+def test_stripe_server_credit_notes_pre_and_post_payment(server):
+    client = sdk(server)
+    cus = customer(client)
+    invoice = draft(client, cus.id)
+    item = client.v1.invoice_items.create(params={"customer": cus.id, "invoice": invoice.id, "amount": 10000})
+    client.v1.invoice_items.create(params={"customer": cus.id, "invoice": invoice.id, "amount": 5000})
+    assert refused(lambda: client.v1.credit_notes.create(params={"invoice": invoice.id, "amount": 100})).code == (
+        "invoice_not_editable")  # a draft takes no credit note
+    invoice = client.v1.invoices.finalize_invoice(invoice.id)
+    line_id = "il_" + item.id[3:]
+    note = client.v1.credit_notes.create(params={
+        "invoice": invoice.id, "reason": "order_change", "memo": "wrong price", "metadata": {"credit_note_id": "1"},
+        "lines": [{"type": "invoice_line_item", "invoice_line_item": line_id, "amount": 2500},
+                  {"type": "custom_line_item", "unit_amount": 500, "quantity": 1, "description": "goodwill"}]},
+        options={"idempotency_key": "k-cn-1"})
+    assert (note.id[:3], note.total, note.type, note.reason, note.memo, note.status) == (
+        "cn_", 3000, "pre_payment", "order_change", "wrong price", "issued")
+    invoice = client.v1.invoices.retrieve(invoice.id)
+    assert (invoice.total, invoice.amount_due, invoice.pre_payment_credit_notes_amount) == (15000, 12000, 3000)
+    assert [n.id for n in client.v1.credit_notes.list(params={"invoice": invoice.id}).data] == [note.id]
+    assert client.v1.credit_notes.retrieve(note.id).number.endswith("-CN-01")
+    # more than the line has left, more than the invoice has left, bad shapes: refused, naming the field
+    for params, param in (
+            ({"lines": [{"type": "invoice_line_item", "invoice_line_item": line_id, "amount": 7501}]},
+             "lines[0][amount]"),
+            ({"amount": 12001}, "amount"),
+            ({"lines": [{"type": "custom_line_item", "unit_amount": 5}]}, "lines[0][description]"),
+            ({"lines": [{"type": "invoice_line_item", "invoice_line_item": "il_nope", "amount": 5}]},
+             "lines[0][invoice_line_item]"),
+            ({"lines": [{"type": "custom_line_item", "unit_amount": 5, "description": "x", "tax_rates": ["t"]}]},
+             "lines[0][tax_rates]"),
+            ({"amount": 100, "out_of_band_amount": 100}, "out_of_band_amount"),
+            ({}, "amount")):
+        error = refused(lambda params=params: client.v1.credit_notes.create(params={"invoice": invoice.id, **params}))
+        assert (error.http_status, error.param) == (400, param), (params, error)
+    paid = client.v1.invoices.pay(invoice.id, params={"paid_out_of_band": True})
+    assert (paid.status, paid.amount_paid) == ("paid", 12000)
+    assert refused(lambda: client.v1.credit_notes.create(params={"invoice": invoice.id, "amount": 100})).param == (
+        "out_of_band_amount")  # post-payment: say where the money goes
+    post = client.v1.credit_notes.create(params={"invoice": invoice.id, "amount": 1000, "out_of_band_amount": 1000})
+    assert (post.type, post.total, post.out_of_band_amount) == ("post_payment", 1000, 1000)
+    assert client.v1.invoices.retrieve(invoice.id).post_payment_credit_notes_amount == 1000
+    assert [e["type"] for e in server.events].count("credit_note.created") == 2
+
+
+def test_stripe_server_credit_note_to_zero_pays_the_open_invoice(server):
+    client = sdk(server)
+    cus = customer(client)
+    invoice = draft(client, cus.id)
+    client.v1.invoice_items.create(params={"customer": cus.id, "invoice": invoice.id, "amount": 4000})
+    invoice = client.v1.invoices.finalize_invoice(invoice.id)
+    client.v1.credit_notes.create(params={"invoice": invoice.id, "amount": 4000, "reason": "duplicate"})
+    invoice = client.v1.invoices.retrieve(invoice.id)
+    assert (invoice.status, invoice.amount_due, invoice.amount_paid) == ("paid", 0, 0)
+    assert server.last_event("invoice.paid", invoice.id)

@@ -436,3 +436,304 @@ def test_stripe_webhook_secret_rotation_accepts_the_old_and_new_secret_only(stri
     assert post_signed(Client(), WEBHOOK, event, "whsec_new_secret_of_the_roll").status_code == 200
     invoice.refresh_from_db()
     assert invoice.status == InvoiceStatus.PAID
+
+
+# --- issue 33: tax rates, prepaid credit and credit notes at Stripe ---------------------------------------------
+
+
+TAX_RATES = "/v1/tax_rates"
+CREDIT_NOTES = "/v1/credit_notes"
+
+
+def make_taxed_invoice(tenant, rates, amounts, *, period=date(2026, 1, 1), kinds=None) -> Invoice:
+    """A finalized invoice of ``amounts`` with our tax lines for ``rates`` (``billing.core.tax``, as the invoice
+    run computes them: each rate rounded once on the net)."""
+    from billing.core import tax as taxcore
+
+    now = datetime(2026, 2, 1, 7, tzinfo=UTC)
+    kinds = kinds or [LineKind.USAGE] * len(amounts)
+    net = sum(amounts)
+    tax = taxcore.tax_lines(net, [taxcore.Rate(r.pk, r.jurisdiction, r.name, r.percentage, r.inclusive)
+                                  for r in rates])
+    subtotal = net + sum(t.amount_minor for t in tax)
+    invoice = Invoice.objects.create(tenant=tenant, period=period, currency="USD", subtotal_minor=subtotal,
+                                     total_minor=subtotal, computed_at=now)
+    lines = [InvoiceLine(invoice=invoice, position=n, kind=kind, description=f"line {n}", unit="GPU-hour",
+                         quantity=Decimal(1), unit_price=Decimal(amount), amount_minor=amount)
+             for n, (amount, kind) in enumerate(zip(amounts, kinds, strict=True), 1)]
+    lines += [InvoiceLine(invoice=invoice, position=len(amounts) + n, kind=LineKind.TAX, description=t.description,
+                          unit="percent", quantity=t.percentage, unit_price=Decimal(0), amount_minor=t.amount_minor,
+                          evidence={"tax_rate": t.key, "inclusive": t.inclusive, "base_minor": t.base_minor,
+                                    "included_minor": t.included_minor, "tax_id": ""})
+              for n, t in enumerate(tax, 1)]
+    InvoiceLine.objects.bulk_create(lines)
+    Invoice.objects.filter(pk=invoice.pk).update(status=InvoiceStatus.FINALIZED, finalized_at=now,
+                                                 number=f"GPUB-{period:%Y%m}-{invoice.pk:06d}")
+    invoice.refresh_from_db()
+    return invoice
+
+
+def tax_rate(tenant, name="VAT", percentage="19", inclusive=False, jurisdiction="DE"):
+    from billing.services.tax import tax_rate_create
+
+    return tax_rate_create(tenant=tenant, jurisdiction=jurisdiction, name=name, percentage=percentage,
+                           inclusive=inclusive)
+
+
+def test_stripe_sync_items_carry_stripe_tax_rates_and_the_total_equals_ours_to_the_cent(stripe_server, tenant):
+    vat = tax_rate(tenant)
+    # per line Stripe rounds 190.57 → 191, 191, -38.95 → -39 (343); we round once on the net: 342.19 → 342
+    invoice = make_taxed_invoice(tenant, [vat], [1003, 1003, -205],
+                                 kinds=[LineKind.USAGE, LineKind.USAGE, LineKind.SLO_CREDIT])
+    assert invoice.total_minor == 1801 + 342
+    before = frozen(invoice)
+    stripe_id = stripe_sync.invoice_push(invoice_id=invoice.pk)
+
+    [create] = stripe_server.calls("POST", TAX_RATES)
+    vat.refresh_from_db()
+    assert create.idempotency_key == f"gpub:tax_rate:{vat.pk}:create"
+    assert create.params == {"display_name": "VAT", "percentage": "19.0", "inclusive": "false", "jurisdiction": "DE",
+                             "country": "DE", "metadata": {"tax_rate_id": str(vat.pk), "tenant_id": str(tenant.pk)}}
+    assert vat.stripe_tax_rate_id == create.response["id"]
+    items = stripe_server.created(ITEMS)
+    tax_line = invoice.lines.get(kind=LineKind.TAX)
+    assert str(tax_line.pk) not in [r.params["metadata"].get("invoice_line_id") for r in items]  # Stripe computes it
+    assert [r.params.get("tax_rates") for r in items] == [{"0": vat.stripe_tax_rate_id}] * 3 + [None]
+    rounding = items[-1]
+    assert (rounding.params["amount"], rounding.params["metadata"]["kind"], rounding.idempotency_key) == (
+        "-1", "tax_rounding", f"gpub:invoice:{invoice.pk}:tax_rounding")
+    at_stripe = stripe_server.invoice(stripe_id)
+    assert (at_stripe["status"], at_stripe["total"]) == ("open", invoice.total_minor)
+    assert [(t["amount"], t["tax_behavior"]) for t in at_stripe["total_taxes"]] == [(343, "exclusive")]
+    invoice.refresh_from_db()
+    assert (invoice.stripe_state, invoice.stripe_error) == (StripeState.SENT, "") and frozen(invoice) == before
+
+    # the next invoice reuses the stored Stripe tax rate
+    stripe_sync.invoice_push(invoice_id=make_taxed_invoice(tenant, [vat], [5000], period=date(2026, 2, 1)).pk)
+    assert len(stripe_server.calls("POST", TAX_RATES)) == 1
+
+
+def test_stripe_sync_taxed_push_crashing_anywhere_then_rerun_creates_each_thing_once(stripe_server, tenant):
+    vat = tax_rate(tenant)
+    invoice = make_taxed_invoice(tenant, [vat], [1003, 1003, -205])
+    stripe_server.hang(3, path=f"^{TAX_RATES}$", method="POST", after=True)  # created; the answer is lost
+    with pytest.raises(stripe.APIConnectionError):
+        stripe_sync.invoice_push(invoice_id=invoice.pk)
+    vat.refresh_from_db()
+    assert vat.stripe_tax_rate_id == "" and len(stripe_server.state.tax_rates) == 1
+    stripe_server.fail(1, path=r"^/v1/invoices/[^/]+/finalize$")  # then a crash after the rounding item
+    with pytest.raises(stripe.APIError):
+        stripe_sync.invoice_push(invoice_id=invoice.pk)
+    stripe_server.travel(25 * 3600)  # keys forgotten: the stored ids and the listed items keep it to one of each
+    stripe_id = stripe_sync.invoice_push(invoice_id=invoice.pk)
+    assert len(stripe_server.state.tax_rates) == 1 and len(stripe_server.created(TAX_RATES)) == 1
+    kinds = [line["metadata"]["kind"] for line in stripe_server.invoice(stripe_id)["lines"]["data"]]
+    assert kinds == ["usage", "usage", "usage", "tax_rounding"]
+    assert stripe_server.invoice(stripe_id)["total"] == invoice.total_minor
+    invoice.refresh_from_db()
+    assert (invoice.stripe_state, invoice.stripe_attempts) == (StripeState.SENT, 3)
+
+
+def test_stripe_sync_tax_totals_equal_stripe_for_many_invoices(stripe_server, tenant):
+    import random
+
+    rng = random.Random(33)
+    vat, state = tax_rate(tenant, percentage="19"), tax_rate(tenant, name="State", percentage="8.875",
+                                                            jurisdiction="US-NY")
+    for month in range(1, 13):
+        amounts = [rng.randint(1, 99999) for _ in range(rng.randint(1, 9))] + [-rng.randint(1, 999)]
+        rates = [vat] if month % 2 else [vat, state]
+        invoice = make_taxed_invoice(tenant, rates, amounts, period=date(2025, month, 1))
+        stripe_id = stripe_sync.invoice_push(invoice_id=invoice.pk)
+        at_stripe = stripe_server.invoice(stripe_id)
+        assert at_stripe["total"] == invoice.total_minor, (amounts, rates)
+        ours = sum(invoice.lines.filter(kind=LineKind.TAX).values_list("amount_minor", flat=True))
+        rounding = sum(line["amount"] for line in at_stripe["lines"]["data"]
+                       if line["metadata"].get("kind") == "tax_rounding")
+        assert sum(t["amount"] for t in at_stripe["total_taxes"]) + rounding == ours
+    assert len(stripe_server.created(TAX_RATES)) == 2
+    assert stripe_server.calls("POST", TAX_RATES)[1].params["country"] == "US"
+
+
+def test_stripe_sync_inclusive_rate_keeps_the_total_and_mixed_rates_push_tax_lines(stripe_server, tenant):
+    inclusive = tax_rate(tenant, percentage="20", inclusive=True)
+    invoice = make_taxed_invoice(tenant, [inclusive], [12000, 3001])
+    stripe_id = stripe_sync.invoice_push(invoice_id=invoice.pk)
+    at_stripe = stripe_server.invoice(stripe_id)
+    assert at_stripe["total"] == invoice.total_minor == 15001
+    assert [t["tax_behavior"] for t in at_stripe["total_taxes"]] == ["inclusive"]
+    assert all(line["metadata"]["kind"] == "usage" for line in at_stripe["lines"]["data"])
+
+    # an inclusive and an exclusive rate together: Stripe would tax the net less the inclusive tax, we tax the
+    # whole net; the tax lines go as items (no Stripe tax rates) and the total is still ours
+    exclusive = tax_rate(tenant, name="Levy", percentage="5")
+    mixed = make_taxed_invoice(tenant, [inclusive, exclusive], [12000, 3001], period=date(2026, 2, 1))
+    stripe_id = stripe_sync.invoice_push(invoice_id=mixed.pk)
+    at_stripe = stripe_server.invoice(stripe_id)
+    assert at_stripe["total"] == mixed.total_minor and at_stripe["total_taxes"] == []
+    assert [line["metadata"]["kind"] for line in at_stripe["lines"]["data"]] == ["usage", "usage", "tax", "tax"]
+
+
+def grant_and_draw(tenant, invoice, amount):
+    from billing.models import CreditDraw, CreditGrant
+
+    grant = CreditGrant.objects.create(tenant=tenant, currency="USD", amount_minor=amount + 1000, reason="prepaid",
+                                       granted_at=datetime(2026, 1, 1, tzinfo=UTC))
+    return CreditDraw.objects.create(grant=grant, invoice=invoice, amount_minor=amount,
+                                     drawn_at=datetime(2026, 2, 1, 7, tzinfo=UTC))
+
+
+def test_stripe_sync_prepaid_credit_is_a_balance_transaction_stripe_applies(stripe_server, tenant):
+    invoice = make_invoice(tenant)
+    draw = grant_and_draw(tenant, invoice, 45050)
+    stripe_server.fail(1, path=r"^/v1/invoices/[^/]+/finalize$")  # crash after the credit, before finalizing
+    with pytest.raises(stripe.APIError):
+        stripe_sync.invoice_push(invoice_id=invoice.pk)
+    invoice.refresh_from_db()
+    [credit] = stripe_server.created(r"/v1/customers/[^/]+/balance_transactions")
+    assert credit.idempotency_key == f"gpub:invoice:{invoice.pk}:credit"
+    assert (credit.params["amount"], credit.params["currency"], credit.params["metadata"]["invoice_id"],
+            credit.params["metadata"]["credit_grants"]) == ("-45050", "usd", str(invoice.pk), str(draw.grant_id))
+    assert invoice.stripe_balance_transaction_id == credit.response["id"]
+
+    stripe_server.travel(25 * 3600)  # keys forgotten; the stored id keeps it to one
+    Invoice.objects.filter(pk=invoice.pk).update(stripe_balance_transaction_id="")  # and without it, the list
+    stripe_id = stripe_sync.invoice_push(invoice_id=invoice.pk)
+    at_stripe = stripe_server.invoice(stripe_id)
+    assert (at_stripe["total"], at_stripe["amount_due"], at_stripe["starting_balance"]) == (145050, 100000, -45050)
+    assert len(stripe_server.created(r"/v1/customers/[^/]+/balance_transactions")) == 1
+    invoice.refresh_from_db()
+    assert (invoice.stripe_state, invoice.stripe_error) == (StripeState.SENT, "")
+    assert invoice.stripe_balance_transaction_id == credit.response["id"]
+
+
+def test_stripe_sync_credit_covering_the_whole_invoice_is_paid_at_stripe(stripe_server, tenant):
+    invoice = make_invoice(tenant)
+    grant_and_draw(tenant, invoice, invoice.total_minor)
+    stripe_id = stripe_sync.invoice_push(invoice_id=invoice.pk)
+    at_stripe = stripe_server.invoice(stripe_id)
+    assert (at_stripe["status"], at_stripe["total"], at_stripe["amount_due"]) == ("paid", 145050, 0)
+    assert stripe_server.calls("POST", f"/v1/invoices/{stripe_id}/send") == []
+    invoice.refresh_from_db()
+    assert invoice.stripe_state == StripeState.SENT
+    stripe_sync.stripe_event_apply(payload=stripe_server.last_event("invoice.paid", stripe_id))
+    invoice.refresh_from_db()
+    assert invoice.status == InvoiceStatus.PAID and not invoice.payments.exists()  # nothing collected
+
+
+def test_stripe_sync_credit_note_waits_for_its_invoice_then_is_pushed_after_it(stripe_server, tenant, monkeypatch):
+    from billing.models import CreditNote
+    from billing.services.credit_notes import credit_note_issue
+
+    invoice = make_invoice(tenant)
+    line = invoice.lines.get(position=1)
+    note = credit_note_issue(invoice=invoice, reason="product_unsatisfactory", memo="node lost for 2 h",
+                             lines=[{"position": 1, "amount_minor": 2400}, {"position": 2, "amount_minor": 50}])
+    assert stripe_sync.credit_note_push(credit_note_id=note.pk) == ""
+    note.refresh_from_db()
+    assert (note.stripe_state, note.stripe_error) == (StripeState.NOT_SENT,
+                                                      stripe_sync.WAITING.format(number=invoice.number))
+    assert stripe_server.requests == [] and stripe_sync.credit_note_ids_push_due() == []
+
+    enqueued = []
+    monkeypatch.setattr(tasks.credit_note_push_task, "delay", enqueued.append)
+    assert tasks.invoice_push_task.apply(args=[invoice.pk]).successful()
+    assert enqueued == [note.pk]  # the invoice in Stripe, its waiting note follows
+    invoice.refresh_from_db()
+    stripe_id = stripe_sync.credit_note_push(credit_note_id=note.pk)
+
+    [create] = stripe_server.calls("POST", CREDIT_NOTES)
+    assert create.idempotency_key == f"gpub:credit_note:{note.pk}:create"
+    lines = list(note.lines.order_by("pk"))
+    assert create.params == {
+        "invoice": invoice.stripe_invoice_id, "reason": "product_unsatisfactory", "memo": "node lost for 2 h",
+        "metadata": {"credit_note_id": str(note.pk), "credit_note_number": note.number,
+                     "invoice_id": str(invoice.pk), "invoice_number": invoice.number, "tenant_id": str(tenant.pk)},
+        "lines": {str(n): {"type": "custom_line_item", "unit_amount": str(cl.amount_minor), "quantity": "1",
+                           "description": cl.description,
+                           "metadata": {"credit_note_line_id": str(cl.pk), "invoice_line_id": str(cl.invoice_line_id)}}
+                  for n, cl in enumerate(lines)}}
+    assert lines[0].invoice_line_id == line.pk
+    at_stripe = stripe_server.state.credit_notes[stripe_id]
+    assert (at_stripe["total"], at_stripe["type"]) == (2450, "pre_payment")
+    assert stripe_server.invoice(invoice.stripe_invoice_id)["amount_due"] == invoice.total_minor - 2450
+    note = CreditNote.objects.get(pk=note.pk)
+    assert (note.stripe_credit_note_id, note.stripe_state, note.stripe_attempts, note.stripe_error) == (
+        stripe_id, StripeState.SENT, 1, "")
+    assert stripe_sync.credit_note_push(credit_note_id=note.pk) == stripe_id  # sent: nothing more
+    assert len(stripe_server.calls("POST", CREDIT_NOTES)) == 1
+
+
+def test_stripe_sync_credit_note_crash_and_retry_creates_it_once(stripe_server, tenant):
+    from billing.models import CreditNote
+    from billing.services.credit_notes import credit_note_issue
+
+    invoice, _ = pushed(stripe_server, tenant)
+    note = credit_note_issue(invoice=invoice, reason="duplicate", memo="charged twice", amount_minor=10000)
+    stripe_server.hang(3, path=f"^{CREDIT_NOTES}$", method="POST", after=True)  # created; the answer is lost
+    with pytest.raises(stripe.APIConnectionError):
+        stripe_sync.credit_note_push(credit_note_id=note.pk)
+    note.refresh_from_db()
+    assert (note.stripe_state, note.stripe_attempts, note.stripe_credit_note_id) == (StripeState.FAILED, 1, "")
+    assert note.stripe_error.startswith("APIConnectionError")
+    assert len(stripe_server.state.credit_notes) == 1
+
+    stripe_id = stripe_sync.credit_note_push(credit_note_id=note.pk)  # found on the invoice by its metadata
+    assert list(stripe_server.state.credit_notes) == [stripe_id]
+    # keys forgotten and the stored id lost: still found, never created twice
+    stripe_server.travel(25 * 3600)
+    CreditNote.objects.filter(pk=note.pk).update(stripe_state=StripeState.FAILED, stripe_credit_note_id="")
+    assert stripe_sync.credit_note_push(credit_note_id=note.pk) == stripe_id
+    assert len(stripe_server.state.credit_notes) == 1 and len(stripe_server.created(CREDIT_NOTES)) == 1
+    note.refresh_from_db()
+    assert (note.stripe_state, note.stripe_attempts) == (StripeState.SENT, 3)
+
+
+def test_stripe_sync_credit_note_on_a_paid_invoice_is_out_of_band(stripe_server, tenant):
+    from billing.services.credit_notes import credit_note_issue
+
+    invoice, stripe_id = pushed(stripe_server, tenant)
+    stripe.StripeClient(stripe_server.api_key, base_addresses={"api": stripe_server.url}).v1.invoices.pay(
+        stripe_id, params={"paid_out_of_band": True})
+    note = credit_note_issue(invoice=invoice, reason="order_change", memo="price corrected",
+                             lines=[{"position": 2, "amount_minor": 30050}])
+    stripe_sync.credit_note_push(credit_note_id=note.pk)
+    [create] = stripe_server.calls("POST", CREDIT_NOTES)
+    assert create.params["out_of_band_amount"] == "30050" and create.status == 200
+    assert stripe_server.invoice(stripe_id)["post_payment_credit_notes_amount"] == 30050
+
+
+def test_stripe_sync_local_void_voids_the_stripe_invoice(stripe_server, tenant):
+    from billing.models import CreditNote
+    from billing.services.credit_notes import invoice_void
+
+    invoice, stripe_id = pushed(stripe_server, tenant)
+    invoice_void(invoice=invoice, memo="issued to the wrong tenant")
+    note = CreditNote.objects.get(invoice=invoice, voids_invoice=True)
+    assert stripe_sync.credit_note_push(credit_note_id=note.pk) == ""
+    assert stripe_server.invoice(stripe_id)["status"] == "void"
+    assert stripe_server.calls("POST", f"/v1/invoices/{stripe_id}/void")[0].idempotency_key == (
+        f"gpub:invoice:{invoice.pk}:void")
+    assert stripe_server.calls("POST", CREDIT_NOTES) == []
+    note.refresh_from_db()
+    assert note.stripe_state == StripeState.SENT and stripe_id in note.stripe_error
+    record, _ = stripe_sync.stripe_event_apply(payload=stripe_server.last_event("invoice.voided", stripe_id))
+    assert record.outcome == "ignored: the invoice is already void"
+
+
+def test_stripe_sync_periodic_task_pushes_credit_notes_whose_invoice_is_in_stripe(stripe_server, tenant, settings,
+                                                                                   monkeypatch):
+    from billing.services.credit_notes import credit_note_issue
+
+    sent, _ = pushed(stripe_server, tenant)
+    waiting = make_invoice(tenant, period=date(2026, 2, 1))
+    ready = credit_note_issue(invoice=sent, reason="duplicate", memo="a", amount_minor=100)
+    credit_note_issue(invoice=waiting, reason="duplicate", memo="b", amount_minor=100)
+    enqueued = []
+    monkeypatch.setattr(tasks.credit_note_push_task, "delay", enqueued.append)
+    assert tasks.credit_notes_push_due() == 1 and enqueued == [ready.pk]
+    settings.STRIPE_API_KEY = ""
+    assert tasks.credit_notes_push_due() == 0
+    assert stripe_sync.credit_note_push(credit_note_id=ready.pk) == ""
+    ready.refresh_from_db()
+    assert ready.stripe_state == StripeState.NOT_SENT and "disabled" in ready.stripe_error

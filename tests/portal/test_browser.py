@@ -567,6 +567,18 @@ def test_browser_usage_invoice_and_billing_reports(live_server, browser, portal_
     assert staff.get_by_role("heading", name="SLO attainment").is_visible()
     assert staff.get_by_role("row", name=re.compile(r"^acme ")).first.is_visible()
     shoot(staff, "billing-report")
+    # issue 33: the invoice's staff page, a credit note issued from its form (an error first, shown by its field)
+    staff.get_by_role("link", name=invoice.number).first.click()
+    assert staff.get_by_role("heading", name=re.compile(f"Invoice {invoice.number}")).is_visible()
+    staff.get_by_label(f"Amount ({invoice.currency})").fill("1.00")
+    staff.get_by_label("Memo (printed on the credit note)").fill("double-metered hour")
+    staff.get_by_role("button", name="Issue credit note").click()
+    assert staff.get_by_text(re.compile("reason must be one of")).is_visible()
+    staff.get_by_label("Reason").select_option("duplicate")
+    staff.get_by_role("button", name="Issue credit note").click()
+    assert staff.get_by_text(re.compile(f"Credit note {invoice.number}-CN01 issued")).is_visible()
+    assert staff.get_by_role("row", name=re.compile(f"^{invoice.number}-CN01 ")).is_visible()
+    shoot(staff, "billing-invoice-credit-note")
     staff.context.close()
 
 

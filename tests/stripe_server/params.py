@@ -304,3 +304,49 @@ def parse_params(spec: dict[str, Param], values: dict[str, Any], *, prefix: str 
         if result is not None:
             parsed[key] = result
     return parsed
+
+
+class DecimalNumber(Param):
+    """A decimal number sent as text (``percentage=19.5``; the SDK types it ``float``), within ``minimum`` ..
+    ``maximum`` and with at most ``places`` decimal places; returned as the text Stripe would echo, a float."""
+
+    def __init__(self, *, minimum: float, maximum: float, places: int = 4, required: bool = False):
+        super().__init__(required=required)
+        self.minimum = minimum
+        self.maximum = maximum
+        self.places = places
+
+    def parse(self, value: Any, name: str) -> float:
+        value = self._scalar(value, name, "decimal")
+        match = re.fullmatch(r"-?\d+(?:\.(\d+))?", value)
+        if not match or len(match.group(1) or "") > self.places:
+            raise invalid(name, f"Invalid decimal: {value} (at most {self.places} decimal places)",
+                          code="parameter_invalid_decimal")
+        number = float(value)
+        if not self.minimum <= number <= self.maximum:
+            raise invalid(name, f"{name} must be between {self.minimum:g} and {self.maximum:g}.",
+                          code="parameter_invalid_decimal")
+        return number
+
+
+class HashList(Param):
+    """An array of objects with their own documented keys, sent as ``lines[0][type]=…&lines[1][type]=…``."""
+
+    def __init__(self, fields: dict[str, Param], *, max_items: int = 100, required: bool = False):
+        super().__init__(required=required)
+        self.fields = fields
+        self.max_items = max_items
+
+    def parse(self, value: Any, name: str) -> list[dict[str, Any]]:
+        if not isinstance(value, dict) or not value or not all(key.isdigit() for key in value):
+            raise invalid(name, f"Invalid array: {name} must be an array of hashes", code="parameter_invalid_array")
+        if len(value) > self.max_items:
+            raise invalid(name, f"Invalid array: {name} has more than {self.max_items} items")
+        out = []
+        for key in sorted(value, key=int):
+            item = value[key]
+            if not isinstance(item, dict):
+                raise invalid(f"{name}[{key}]", f"Invalid object: {name}[{key}] must be a hash",
+                              code="parameter_invalid_object")
+            out.append(parse_params(self.fields, item, prefix=f"{name}[{key}]"))
+        return out

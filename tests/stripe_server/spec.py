@@ -14,8 +14,10 @@ from dataclasses import dataclass, field
 from tests.stripe_server.params import (
     Boolean,
     Currency,
+    DecimalNumber,
     Enum,
     Hash,
+    HashList,
     Id,
     Integer,
     Metadata,
@@ -153,7 +155,9 @@ ENDPOINTS: tuple[Endpoint, ...] = (
         "subscription": Unsupported(),
         "tax_behavior": Unsupported(),
         "tax_code": Unsupported(),
-        "tax_rates": Unsupported(),
+        # "The tax rates which apply to the invoice item": existing, active txr_ ids (at most 10); Stripe
+        # computes each line's tax from them (state.StripeState.line_taxes).
+        "tax_rates": StringList(),
         "unit_amount_decimal": Unsupported(),
     }),
     # https://docs.stripe.com/api/invoiceitems/list
@@ -171,6 +175,85 @@ ENDPOINTS: tuple[Endpoint, ...] = (
     # https://docs.stripe.com/api/invoiceitems/retrieve
     Endpoint("GET", "/v1/invoiceitems/{id}", "invoiceitem_retrieve",
              "https://docs.stripe.com/api/invoiceitems/retrieve", {"expand": EXPAND}),
+)
+
+TAX_TYPES = ("admissions_tax", "amusement_tax", "attendance_tax", "communications_tax", "digital_excise_tax",
+             "entertainment_tax", "get_fund", "gross_receipts_tax", "gst", "hospitality_tax", "hst", "igst", "jct",
+             "lease_tax", "luxury_tax", "mass_transit_parking_tax", "nhil", "parking_tax", "pst", "qst",
+             "resort_tax", "retail_delivery_fee", "rst", "sales_tax", "service_tax", "tourism_tax",
+             "utility_users_tax", "vat")
+LIST_PAGE = {"ending_before": String(), "expand": EXPAND, "limit": Integer(minimum=1, maximum=100),
+             "starting_after": String()}
+
+ENDPOINTS += (
+    # https://docs.stripe.com/api/tax_rates/create
+    Endpoint("POST", "/v1/tax_rates", "tax_rate_create", "https://docs.stripe.com/api/tax_rates/create", {
+        "active": Boolean(),
+        "country": String(max_length=2, pattern=r"[A-Z]{2}"),
+        "description": String(max_length=500),
+        "display_name": String(max_length=50, required=True),
+        "expand": EXPAND,
+        "inclusive": Boolean(required=True),
+        "jurisdiction": String(max_length=50),
+        "metadata": Metadata(),
+        "percentage": DecimalNumber(minimum=0, maximum=100, places=4, required=True),
+        "state": String(max_length=2, pattern=r"[A-Z]{2}"),
+        "tax_type": Enum(*TAX_TYPES),
+    }),
+    # https://docs.stripe.com/api/tax_rates/retrieve
+    Endpoint("GET", "/v1/tax_rates/{id}", "tax_rate_retrieve", "https://docs.stripe.com/api/tax_rates/retrieve",
+             {"expand": EXPAND}),
+    # https://docs.stripe.com/api/customer_balance_transactions/create ("amount: negative is a credit")
+    Endpoint("POST", "/v1/customers/{id}/balance_transactions", "balance_transaction_create",
+             "https://docs.stripe.com/api/customer_balance_transactions/create", {
+                 "amount": Integer(required=True),
+                 "currency": Currency(required=True),
+                 "description": String(max_length=350),
+                 "expand": EXPAND,
+                 "metadata": Metadata(),
+             }),
+    # https://docs.stripe.com/api/customer_balance_transactions/list
+    Endpoint("GET", "/v1/customers/{id}/balance_transactions", "balance_transaction_list",
+             "https://docs.stripe.com/api/customer_balance_transactions/list", {
+                 **LIST_PAGE, "created": Unsupported(), "invoice": Id("in"),
+             }),
+    # https://docs.stripe.com/api/credit_notes/create
+    Endpoint("POST", "/v1/credit_notes", "credit_note_create", "https://docs.stripe.com/api/credit_notes/create", {
+        # "One of amount, lines, or shipping_cost must be provided"; amount with lines must equal their sum.
+        "amount": Integer(minimum=1),
+        "credit_amount": Integer(minimum=0),
+        "effective_at": Unsupported(),
+        "email_type": Enum("credit_note", "none"),
+        "expand": EXPAND,
+        "invoice": Id("in", required=True),
+        "lines": HashList({
+            "amount": Integer(minimum=1),
+            "description": String(max_length=500),
+            "invoice_line_item": Id("il"),
+            "metadata": Metadata(),
+            "quantity": Integer(minimum=1),
+            "tax_amounts": Unsupported(),
+            "tax_rates": Unsupported(),
+            "type": Enum("custom_line_item", "invoice_line_item", required=True),
+            "unit_amount": Integer(minimum=1),
+            "unit_amount_decimal": Unsupported(),
+        }),
+        "memo": String(max_length=5000),
+        "metadata": Metadata(),
+        "out_of_band_amount": Integer(minimum=0),
+        "reason": Enum("duplicate", "fraudulent", "order_change", "product_unsatisfactory"),
+        "refund_amount": Unsupported(),
+        "refunds": Unsupported(),
+        "shipping_cost": Unsupported(),
+    }),
+    # https://docs.stripe.com/api/credit_notes/retrieve
+    Endpoint("GET", "/v1/credit_notes/{id}", "credit_note_retrieve",
+             "https://docs.stripe.com/api/credit_notes/retrieve", {"expand": EXPAND}),
+    # https://docs.stripe.com/api/credit_notes/list
+    Endpoint("GET", "/v1/credit_notes", "credit_note_list", "https://docs.stripe.com/api/credit_notes/list", {
+        **LIST_PAGE, "created": Unsupported(), "customer": Id("cus"), "customer_account": Unsupported(),
+        "invoice": Id("in"),
+    }),
 )
 
 
