@@ -297,6 +297,7 @@ ROUTES: dict[str, Route] = {
     "portal:node-cordon": Route("staff", "/ops/nodes/node-1/cordon", {"post": {"action": "cordon"}}),
     "portal:queue": Route("staff", "/ops/queue", READ),
     "portal:ops-billing": Route("staff", "/ops/billing", READ),
+    "portal:ops-invoice": Route("staff", "/ops/billing/invoices/1", {"get": None, "post": {"scope": "whole"}}),
     "portal:ops-price-books": Route("staff", "/ops/price-books", {"get": None, "post": {"name": "x"}}),
     "portal:ops-price-book": Route("staff", "/ops/price-books/1", {"get": None, "post": {"name": "x"}}),
     "portal:ops-price-book-delete": Route("staff", "/ops/price-books/1/delete", {"post": {}}),
