@@ -145,9 +145,11 @@ def build(args, url: str) -> dict:
             # issue 33: every tenant's invoice carries tax lines (an exclusive rate; every tenth an inclusive one
             # too; every twentieth reverse-charged) and draws a prepaid credit grant at finalisation
             copy_rows(cursor, "billing_taxrate", ["tenant_id", "jurisdiction", "name", "percentage", "inclusive",
-                                                  "active", "created_at"],
-                      [(i, "US-CA", "Sales tax", "7.2500", False, True, created) for i in range(1, args.tenants + 1)]
-                      + [(i, "US", "Levy", "2.0000", True, True, created) for i in range(10, args.tenants + 1, 10)])
+                                                  "active", "created_at", "stripe_tax_rate_id"],
+                      [(i, "US-CA", "Sales tax", "7.2500", False, True, created, "")
+                       for i in range(1, args.tenants + 1)]
+                      + [(i, "US", "Levy", "2.0000", True, True, created, "")
+                         for i in range(10, args.tenants + 1, 10)])
             copy_rows(cursor, "billing_taxprofile", ["tenant_id", "tax_id", "reverse_charge", "legal_note"],
                       ((i, f"EU{i:09d}", True, "Reverse charge: VAT due by the recipient") for i in
                        range(20, args.tenants + 1, 20)))
