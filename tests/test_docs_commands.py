@@ -29,7 +29,8 @@ from tests.test_readme_walkthrough import _readme_walkthrough
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
-SCRIPTS = [ROOT / "docs" / "walkthrough.sh", ROOT / "docs" / "walkthrough-workload.sh"]
+SCRIPTS = [ROOT / "docs" / "walkthrough.sh", ROOT / "docs" / "walkthrough-workload.sh",
+           ROOT / "docs" / "walkthrough-first-hour.sh"]
 PYTHON = re.compile(r"^(?:\.venv/bin/)?python3?\s+")
 
 # commands that do not run on this machine, each with why and what checks it instead

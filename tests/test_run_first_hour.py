@@ -133,27 +133,19 @@ def test_make_run_serves_the_documented_paths_and_ctrl_c_stops_lease_workloads(t
                  "    print('database refused', error.errno, flush=True)\n"
                  "print('up', flush=True)\n"
                  "time.sleep(600)\n")
-        # interactive access (docs/leasing.md "Interactive access"): a workload's port through the demo's proxy, as
-        # the banner and the lease's access say, with the curl line the docs give
-        interactive_site = f"http://127.0.0.1:{interactive_port}"
-        assert f"interactive {interactive_site}/leases/<id>/port/" in text
-        server = ("import http.server, os\n"
-                  "class Page(http.server.BaseHTTPRequestHandler):\n"
-                  "    def do_GET(self):\n"
-                  "        self.send_response(200); self.end_headers(); self.wfile.write(b'hello from the lease')\n"
-                  "http.server.ThreadingHTTPServer((os.environ['GPUB_LISTEN_HOST'], int(os.environ['PORT'])), Page)"
-                  ".serve_forever()\n")
-        status, notebook = _call(site, token, "POST", "/leases", {
-            "project": "vision", "gpu": {"kind": "whole", "model": "A100-80GB"},
-            "workload": {"command": [sys.executable, "-c", server], "port": 8888}})
-        assert status == 201, notebook
-        url = _wait(lambda: ((_call(site, token, "GET", f"/leases/{notebook['id']}")[1].get("access") or [{}])[0]
-                             .get("interactive") or {}).get("url"), 90, process, log, "the interactive URL")
-        assert url == f"{interactive_site}/leases/{notebook['id']}/port/"
-        curl = ["curl", "-s", "-H", f"Authorization: Bearer {token}", url]
-        _wait(lambda: subprocess.run(curl, capture_output=True, text=True, timeout=30).stdout
-              == "hello from the lease", 60, process, log, "the workload's page through the proxy")
-        assert _call(site, token, "DELETE", f"/leases/{notebook['id']}")[0] == 202
+        # the rest of the first hour (docs/walkthrough-first-hour.sh): the CLI, a signed webhook, a workload's port
+        # through the interactive proxy, SSH beside it, auto-tiering — every address from the service's answers
+        assert f"interactive http://127.0.0.1:{interactive_port}/leases/<id>/port/" in text
+        assert f"ssh         ssh -p {ssh_port} lease-<id>@127.0.0.1" in text
+        (tmp_path / "first-hour").mkdir()
+        first_hour = subprocess.run(["sh", str(ROOT / "docs" / "walkthrough-first-hour.sh")], cwd=tmp_path,
+                                    env={**script_env, "WORK": str(tmp_path / "first-hour"), "SSH_AUTH_SOCK": ""},
+                                    capture_output=True, text=True, timeout=900)
+        (var / "first-hour.log").write_text(first_hour.stdout + first_hour.stderr)  # kept for a look afterwards
+        assert first_hour.returncode == 0, f"{first_hour.stdout}\n{first_hour.stderr}\n{_log(log)[-4000:]}"
+        for said in ("hello from the lease", "with CUDA_VISIBLE_DEVICES=", "each signature verified",
+                     'auto-tiering of workload'):
+            assert said in first_hour.stdout, (said, first_hour.stdout[-3000:])
 
         status, lease = _call(site, token, "POST", "/leases", {
             "project": "vision", "gpu": {"kind": "whole", "model": "A100-80GB"},
@@ -165,22 +157,6 @@ def test_make_run_serves_the_documented_paths_and_ctrl_c_stops_lease_workloads(t
                        and "up" in data and data, 60, process, log, "the workload's first lines")
         if os.geteuid() == 0:  # make run isolates workloads and closes the machine's services to them (as root)
             assert "database refused" in output, output
-
-        # SSH (docs/leasing.md "SSH"): a key added through the API, then the command the lease's access gives, with
-        # the OpenSSH client, as the banner says
-        assert f"ssh         ssh -p {ssh_port} lease-<id>@127.0.0.1" in text
-        key_file = tmp_path / "id_ed25519"
-        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key_file)], check=True, timeout=60)
-        status, _ = _call(site, token, "POST", "/ssh-keys", {"name": "laptop",
-                                                             "public_key": key_file.with_suffix(".pub").read_text()})
-        assert status == 201
-        command = _call(site, token, "GET", f"/leases/{lease['id']}")[1]["access"][0]["ssh"]["command"]
-        assert command == f"ssh -p {ssh_port} lease-{lease['id']}@127.0.0.1"
-        shell = subprocess.run([*command.split()[:1], "-i", str(key_file), "-o", "BatchMode=yes", "-o",
-                                "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null", "-o",
-                                "LogLevel=ERROR", *command.split()[1:], "pwd"],
-                               capture_output=True, text=True, timeout=60, env={**os.environ, "SSH_AUTH_SOCK": ""})
-        assert shell.returncode == 0 and shell.stdout.strip() == str(root / "acme" / "vision"), shell.stderr
 
         def run_pids() -> list[int]:
             pids = []
