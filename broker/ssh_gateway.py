@@ -129,13 +129,17 @@ class GatewayServer(asyncssh.SSHServer):
         return True
 
     async def validate_public_key(self, username: str, key: asyncssh.SSHKey) -> bool:
+        # asyncssh calls this for every key offered, queried or signed, and checks the signature right after the
+        # call for that key: what a session uses is the answer for the key that signed. Forget the last key's
+        # answer first, so a refused key can never leave an earlier (unsigned) key's answer behind.
+        self.found = None
         fingerprint = key.get_fingerprint("sha256")
         found = await asyncio.get_running_loop().run_in_executor(
             self.gateway.pool, lambda: authorize(username=username, fingerprint=fingerprint))
         if found is None:
             logger.info("ssh refused: %s for %s from %s", fingerprint, username, self.remote)
             return False
-        self.found = found  # asyncssh checks the client's signature with this key before the session starts
+        self.found = found
         return True
 
 
