@@ -10,6 +10,7 @@ from tenants.models import Project, Tenant
 
 class Pipeline(models.Model):
     tenant_lookup = "tenant"
+    project_lookup = "project"  # a project-limited member or token sees only its projects' (tenants.access)
 
     tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="pipelines")
     project = models.ForeignKey(Project, on_delete=models.PROTECT, related_name="pipelines")

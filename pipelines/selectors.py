@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from core.errors import NotFound
 from pipelines.models import ModelSplit, Pipeline, PipelinePlan
-from tenants.access import Actor
+from tenants.access import Actor, restrict
 
 
 def pipeline_list(*, actor: Actor):
-    return Pipeline.objects.filter(tenant=actor.tenant).select_related("project")
+    """The tenant's pipelines (``restrict``: a project-limited member or token sees its projects' only)."""
+    return restrict(Pipeline.objects.select_related("project"), actor)
 
 
 def pipeline_get(*, actor: Actor, pk: int) -> Pipeline:

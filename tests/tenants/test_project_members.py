@@ -166,3 +166,17 @@ def test_the_database_refuses_a_limit_on_an_admin(world):
     with pytest.raises(IntegrityError), transaction.atomic():
         Membership.objects.filter(user=world.admin).update(project_ids=[world.project.pk])
     assert ApiToken.objects.filter(user=world.admin).exists()
+
+
+def test_a_limited_member_sees_only_their_projects_pipelines(world, speech):
+    body = {"name": "r", "slo_ms": 200.0, "rate_rps": 5.0, "tiers": ["H100-80GB"],
+            "stages": [{"name": "a", "architecture": "resnet-50"}], "edges": []}
+    owner = api_client(world.tokens["owner"])
+    made = {project: owner.post("/api/v1/pipelines", {**body, "project": project}, format="json")
+            for project in ("vision", "speech")}
+    assert all(answer.status_code == 201 for answer in made.values()), {p: a.json() for p, a in made.items()}
+    limit(world, world.member, ["vision"])
+    client = api_client(world.tokens["member"])
+    listed = {p["id"] for p in client.get("/api/v1/pipelines").json()["results"]}
+    assert listed == {made["vision"].json()["id"]}
+    assert client.get(f"/api/v1/pipelines/{made['speech'].json()['id']}").status_code == 404
