@@ -208,6 +208,13 @@ def _quota() -> str:
     def spread(d: dict) -> str:
         return f"{_duration(d['p50'])} / {_duration(d['p95'])} / {_duration(d['p99'])}"
 
+    def estimate(r: dict) -> str:
+        error = r.get("estimate_error_s") or {}
+        if not error.get("n"):
+            return "–"
+        return (f"{_duration(error['p50'])} / {_duration(error['p90'])} / {_duration(error['mean'])} "
+                f"({error['n']:,} jobs; {r.get('estimate_unknown', 0)} without an estimate)")
+
     def preemptions(r: dict) -> str:
         if not r["preemptions"]:
             return "0"
@@ -225,6 +232,8 @@ def _quota() -> str:
          *("–" if r["jain_over_quota"] is None else r["jain_over_quota"] for r in runs)],
         ["guarantee violations", *(f"{r['guarantee_violations']:,}" for r in runs)],
         ["in-quota gangs waiting for one node (not violations)", *(r["in_quota_fragmented_waits"] for r in runs)],
+        ["estimated start, error from the actual start: p50 / p90 / mean (sampled jobs that waited)",
+         *(estimate(r) for r in runs)],
         ["wall time", *(f"{r['wall_seconds']} s" for r in runs)],
     ]
     static, ours = runs[0], runs[2]
