@@ -14,10 +14,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import hmac
 import json
 import logging
+import os
+import pty
 import re
+import signal
+import struct
+import termios
 import time
 from dataclasses import dataclass, field
 
@@ -464,15 +470,15 @@ SHELL_STDIN, SHELL_STDOUT, SHELL_STDERR = 0, 1, 2
 SHELL_MAX_COMMAND = 8192
 
 
+def _terminal_size_set(fd: int, cols: int, rows: int) -> None:
+    """A terminal's window size, each side clamped to 1-1000."""
+    cols, rows = (min(max(int(value), 1), 1000) for value in (cols, rows))
+    fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
+
+
 async def _spawn_shell(plan: dict, *, pty_size: tuple[int, int] | None, term: str):
     """Start the shell's process: on a new pseudo-terminal (its controlling terminal) when ``pty_size`` is given,
     else with pipes. Returns (asyncio process, master fd or None)."""
-    import fcntl
-    import os
-    import pty
-    import struct
-    import termios
-
     env = dict(plan["env"])
     if pty_size is None:
         process = await asyncio.create_subprocess_exec(
@@ -481,9 +487,9 @@ async def _spawn_shell(plan: dict, *, pty_size: tuple[int, int] | None, term: st
         return process, None
     env["TERM"] = term
     master, slave = pty.openpty()
-    fcntl.ioctl(master, termios.TIOCSWINSZ, struct.pack("HHHH", pty_size[1], pty_size[0], 0, 0))
+    _terminal_size_set(master, *pty_size)
     try:
-        process = await asyncio.create_subprocess_exec(
+        process = await asyncio.create_subprocess_exec(  # preexec_fn: one async-signal-safe ioctl
             *plan["argv"], cwd=plan["cwd"], env=env, stdin=slave, stdout=slave, stderr=slave, start_new_session=True,
             close_fds=True, preexec_fn=lambda: fcntl.ioctl(0, termios.TIOCSCTTY, 0))
     except BaseException:
@@ -496,8 +502,6 @@ async def _spawn_shell(plan: dict, *, pty_size: tuple[int, int] | None, term: st
 
 
 async def _write_fd(fd: int, data: bytes) -> None:
-    import os
-
     view = memoryview(data)
     while view:
         try:
@@ -514,12 +518,6 @@ async def workload_shell(request: web.Request) -> web.StreamResponse:
     ``{"type": "eof"}`` from the broker, ``{"type": "exit", "code"}`` last from the node. The process runs as the
     workload's user in its cgroup (``WorkloadManager.shell_plan``) and is killed, with its process group, when the
     WebSocket closes."""
-    import fcntl
-    import os
-    import signal
-    import struct
-    import termios
-
     node = _node(request)
     manager = _manager(node)
     workload_id = _workload_id(request)
@@ -530,8 +528,7 @@ async def workload_shell(request: web.Request) -> web.StreamResponse:
     pty_size = None
     if query.get("pty") == "1":
         try:
-            pty_size = (min(max(int(query.get("cols", "80")), 1), 1000),
-                        min(max(int(query.get("rows", "24")), 1), 1000))
+            pty_size = (int(query.get("cols", "80")), int(query.get("rows", "24")))
         except ValueError:
             raise InvalidRequest("cols and rows must be whole numbers", field="cols") from None
     term = query.get("term", "xterm")
@@ -592,9 +589,7 @@ async def workload_shell(request: web.Request) -> web.StreamResponse:
                         process.stdin.close()
                 elif control.get("type") == "resize" and master is not None:
                     with contextlib.suppress(TypeError, ValueError):
-                        cols = min(max(int(control.get("cols") or 80), 1), 1000)
-                        rows = min(max(int(control.get("rows") or 24), 1), 1000)
-                        fcntl.ioctl(master, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
+                        _terminal_size_set(master, control.get("cols") or 80, control.get("rows") or 24)
 
     outputs, inputs = [], None
     try:

@@ -571,16 +571,23 @@ def lease_access(*, lease: Lease) -> list[dict]:
 def lease_ssh_command(*, lease: Lease) -> str | None:
     """``ssh -p <port> lease-<id>@<host>``: how to reach a lease's workload through the broker's SSH gateway
     (``SSH_GATEWAY_ADDRESS``); None for a lease without a workload or where no gateway is configured."""
-    from django.conf import settings
-
     try:
         workload = lease.workload
     except Workload.DoesNotExist:
         return None
-    if workload is None or not settings.SSH_GATEWAY_ADDRESS:
+    gateway = ssh_gateway_address()
+    if workload is None or gateway is None:
         return None
-    host, _, port = settings.SSH_GATEWAY_ADDRESS.rpartition(":")
+    host, port = gateway
     return f"ssh -p {port} lease-{lease.pk}@{host}"
+
+
+def ssh_gateway_address() -> tuple[str, str] | None:
+    """(host, port) tenants are told for the SSH gateway (``SSH_GATEWAY_ADDRESS``), or None where none is set."""
+    from django.conf import settings
+
+    host, _, port = settings.SSH_GATEWAY_ADDRESS.rpartition(":")
+    return (host, port) if host and port else None
 
 
 INTERACTIVE_PATH = "/leases/{lease_id}/port/"

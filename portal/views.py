@@ -506,12 +506,6 @@ class TokensView(TenantView):
         return response
 
 
-def ssh_gateway_parts() -> dict:
-    """The gateway's address for the pages (``SSH_GATEWAY_ADDRESS``, HOST:PORT; empty: none offered)."""
-    host, _, port = settings.SSH_GATEWAY_ADDRESS.rpartition(":")
-    return {"gateway": settings.SSH_GATEWAY_ADDRESS, "gateway_host": host, "gateway_port": port}
-
-
 class SshKeysView(TenantView):
     """Your SSH public keys, for ``ssh -p <port> lease-<id>@<broker>`` (docs/leasing.md, "SSH")."""
 
@@ -520,7 +514,7 @@ class SshKeysView(TenantView):
 
     def render_page(self, request, *, errors=None, values=None, status=200):
         context = {"keys": ssh_keys.ssh_key_list(actor=self.actor), "errors": errors or forms.FieldErrors(),
-                   "values": values, "tab": "ssh-keys", **ssh_gateway_parts()}
+                   "values": values, "tab": "ssh-keys", "gateway": broker.ssh_gateway_address()}
         return render(request, self.template_name, context, status=status)
 
     def get(self, request):

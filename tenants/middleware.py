@@ -9,7 +9,7 @@ from django.utils.functional import SimpleLazyObject
 
 from tenants.audit import audit_record
 from tenants.selectors import actor_for_request
-from tenants.sso import BACKEND_PATH, password_sign_in_blocker, password_sign_in_refusal
+from tenants.sso import BACKEND_PATH, password_refusal_text, password_sign_in_blocker
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +33,7 @@ class PasswordSessionMiddleware:
                 and not user.is_staff):
             blocker = password_sign_in_blocker(user)
             if blocker is not None:
-                refusal = password_sign_in_refusal(user)
+                refusal = password_refusal_text(blocker)
                 username = user.get_username()
                 audit_record(tenant=blocker.tenant, by=user, action="signin.session_ended", target=username,
                              data={"reason": "local passwords switched off", "via": "password"})

@@ -83,8 +83,10 @@ def password_sign_in_refusal(user) -> str | None:
     """Why this user may not sign in with a local password (a tenant of theirs switched passwords off), or
     None."""
     sign_in = password_sign_in_blocker(user)
-    if sign_in is None:
-        return None
+    return None if sign_in is None else password_refusal_text(sign_in)
+
+
+def password_refusal_text(sign_in: TenantSignIn) -> str:
     return (f"{sign_in.tenant.name} signs its members in through "
             f"{sign_in.provider_name or 'its identity provider'}: use \"Continue with single sign-on\".")
 
@@ -244,14 +246,15 @@ def _role_for(sign_in: TenantSignIn, groups) -> tuple[Role, list[str]]:
     return max((Role(sign_in.group_roles[g]) for g in matched), key=lambda role: ROLE_RANK[role]), matched
 
 
-def _projects_for(sign_in: TenantSignIn, groups, role: str) -> list[int] | None:
+def _projects_for(sign_in: TenantSignIn, groups, role: str) -> tuple[list[int] | None, list[str]]:
     """The projects a member or viewer reaches through their groups (the union of the mapped groups'; none
-    when no group of theirs is mapped), or None: no mapping is set, or the role reaches every project."""
+    when no group of theirs is mapped), or None: no mapping is set, or the role reaches every project; with the
+    groups that mapped."""
     if not sign_in.group_projects or role not in PROJECT_LIMITABLE_ROLES:
-        return None
+        return None, []
     mapped = [group for group in (groups or []) if isinstance(group, str) and group in sign_in.group_projects]
     existing = set(Project.objects.filter(tenant_id=sign_in.tenant_id).values_list("pk", flat=True))
-    return sorted({pk for group in mapped for pk in sign_in.group_projects[group] if pk in existing})
+    return sorted({pk for group in mapped for pk in sign_in.group_projects[group] if pk in existing}), mapped
 
 
 def sso_member_sign_in(*, sign_in: TenantSignIn, subject: str, claims: dict[str, Any]):
@@ -289,7 +292,7 @@ def sso_member_sign_in(*, sign_in: TenantSignIn, subject: str, claims: dict[str,
             user = found[0]
         membership = Membership.objects.select_for_update().filter(user=user, tenant=tenant).first()
         if membership is None:
-            project_ids = _projects_for(sign_in, claims.get("groups"), role)
+            project_ids, _mapped = _projects_for(sign_in, claims.get("groups"), role)
             membership = Membership.objects.create(user=user, tenant=tenant, role=role, project_ids=project_ids)
             audit_record(tenant=tenant, by=user, action="membership.create", target=email,
                          data={"role": role, "via": "sso", "groups": matched,
@@ -302,14 +305,13 @@ def sso_member_sign_in(*, sign_in: TenantSignIn, subject: str, claims: dict[str,
                 if role not in PROJECT_LIMITABLE_ROLES:
                     membership.project_ids = None  # admins reach the whole tenant
                 Membership.objects.filter(pk=membership.pk).update(role=role, project_ids=membership.project_ids)
-            project_ids = _projects_for(sign_in, claims.get("groups"), membership.role)
+            project_ids, mapped = _projects_for(sign_in, claims.get("groups"), membership.role)
             if sign_in.group_projects and membership.role in PROJECT_LIMITABLE_ROLES \
                     and membership.project_ids != project_ids:
                 audit_record(tenant=tenant, by=user, action="membership.projects", target=email,
                              data={"from": project_slugs(tenant=tenant, ids=membership.project_ids),
                                    "to": project_slugs(tenant=tenant, ids=project_ids), "via": "sso",
-                                   "groups": [g for g in claims.get("groups") or []
-                                              if isinstance(g, str) and g in sign_in.group_projects]})
+                                   "groups": mapped})
                 Membership.objects.filter(pk=membership.pk).update(project_ids=project_ids)
         audit_record(tenant=tenant, by=user, action="sso.sign_in", target=email,
                      data={"issuer": sign_in.issuer, "subject": subject, "user_created": created})

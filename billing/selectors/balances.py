@@ -98,6 +98,12 @@ def corrections_report(*, start: datetime, end: datetime) -> dict:
     }
 
 
+def credited_by_line(invoice: Invoice) -> dict[int, int]:
+    """What the invoice's credit notes took of each of its lines so far: invoice line id → minor units."""
+    return dict(CreditNoteLine.objects.filter(invoice_line__invoice=invoice).values("invoice_line")
+                .annotate(s=Sum("amount_minor")).values_list("invoice_line", "s"))
+
+
 def staff_invoice_detail(*, pk: int) -> dict:
     """Platform staff's page of one invoice (``/ops/billing/invoices/<pk>``): the invoice with its balance, each
     line with what credit notes took of it already (``credited_minor``) and what is left, and its credit notes
@@ -107,8 +113,7 @@ def staff_invoice_detail(*, pk: int) -> dict:
     invoice = invoices_with_balance(Invoice.objects.filter(pk=pk)).select_related("tenant").first()
     if invoice is None:
         raise NotFound(f"No invoice {pk}.", field="id")
-    credited = dict(CreditNoteLine.objects.filter(invoice_line__invoice=invoice).values("invoice_line")
-                    .annotate(s=Sum("amount_minor")).values_list("invoice_line", "s"))
+    credited = credited_by_line(invoice)
     lines = list(invoice.lines.order_by("position"))
     for line in lines:
         line.credited_minor = credited.get(line.pk, 0)

@@ -17,6 +17,7 @@ from django.utils import timezone
 from billing.choices import CreditNoteReason, InvoiceStatus
 from billing.core.pricing import format_money
 from billing.models import CreditNote, CreditNoteLine, Invoice, InvoiceLine, Payment, Refund
+from billing.selectors.balances import credited_by_line
 from billing.services.dunning import dunning_settle
 from core.errors import Conflict, ValidationFailed
 from tenants.audit import audit_record
@@ -103,8 +104,7 @@ def credit_note_issue(*, invoice: Invoice, reason: str, memo: str, lines: list[d
             if not isinstance(lines, list) or not lines:
                 raise ValidationFailed("lines must be a non-empty list.", field="lines")
             by_position = {line.position: line for line in InvoiceLine.objects.filter(invoice=invoice)}
-            taken = dict(CreditNoteLine.objects.filter(invoice_line__invoice=invoice).values("invoice_line")
-                         .annotate(s=Sum("amount_minor")).values_list("invoice_line", "s"))
+            taken = credited_by_line(invoice)
             rows, seen = [], set()
             for index, item in enumerate(lines):
                 where = f"lines[{index}]"
