@@ -1,5 +1,5 @@
 """``make run`` as a new user meets it (issue 29), on a real ``python -m infra.run`` with free ports, a var dir and
-database of its own (a developer's ``make run`` is never touched) and its workload root under the test's directory:
+database of its own (a developer's ``make run`` is never touched) and its workload root kept beside that var dir:
 
 - the banner names the workload root, says loopback webhooks are allowed here, and ends with the demo logins and
   the file that keeps them; the tiering model was seeded and trained at start;
@@ -63,7 +63,9 @@ def _call(site: str, token: str, method: str, path: str, body: dict | None = Non
 def test_make_run_serves_the_documented_paths_and_ctrl_c_stops_lease_workloads(tmp_path):
     var = ROOT / "var" / "test-first-hour"  # kept between runs (ignored), as make run's var/ is
     var.mkdir(parents=True, exist_ok=True)
-    root = tmp_path / "srv"
+    # the workload root is kept with the var dir: a second run's nodes report the same root the broker's inventory
+    # (in the kept database) still holds from the first, as a developer's make run does with its var/
+    root = var / "srv"
     parts = urlsplit(os.environ["DATABASE_URL"])
     database_url = urlunsplit(parts._replace(path=parts.path.rstrip("/") + "_first_hour"))
     port, oidc_port = free_port(), free_port()
