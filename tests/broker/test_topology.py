@@ -141,6 +141,31 @@ def test_topology_demand_mix_is_the_recent_requests_shapes(world, tmp_path, sett
     assert scheduler_demand(now=NOW) == []
 
 
+@pytest.mark.parametrize(("window", "expected"), [(3600, "n-b"), (0, "n-a")])
+def test_topology_cycle_keeps_room_for_the_recent_demand(world, tmp_path, settings, window, expected):
+    """Two nodes of 4 A100s, the second running one GPU; three 4-GPU gangs were asked in the last hour (given back
+    since). Fed that demand, the cycle places a 1-GPU lease on the second node and keeps the first whole for the next
+    gang; without it (the window 0: no history, as before) every placement strands nothing the policy knows of, and
+    the lease goes to the lowest node id, leaving no node a 4-GPU gang could run on."""
+    settings.LEASE_DEMAND_WINDOW_SECONDS = window
+    for node_id in ("n-a", "n-b"):
+        _enroll(tmp_path, node_id, "a100-80gb:4:whole")
+    make_quota(world.project, A100, deserved=16_000, limit=16_000)
+    actor = _member(world)
+    whole = {"kind": "whole", "model": A100}
+    running = services.lease_request(actor=actor, project="vision", gpu=whole, avoid_nodes=["n-a"],
+                                     now=NOW - timedelta(minutes=40))[0]
+    services.schedule_cycle(now=NOW - timedelta(minutes=40))
+    assert {n for n, _ in _domains(running.pk)} == {"n-b"}
+    for minutes in (30, 20, 10):
+        gang = services.lease_request(actor=actor, project="vision", gpu={**whole, "count": 4},
+                                      now=NOW - timedelta(minutes=minutes))[0]
+        services.lease_release(lease=gang, actor="test", now=NOW - timedelta(minutes=minutes))
+    lease = services.lease_request(actor=actor, project="vision", gpu=whole, now=NOW)[0]
+    services.schedule_cycle(now=NOW)
+    assert {n for n, _ in _domains(lease.pk)} == {expected}
+
+
 # -- end to end: real agents over HTTP -------------------------------------------------------------------
 
 
