@@ -12,6 +12,7 @@ idempotent too (the GPU's mode again changes nothing) and never touches a GPU th
 from __future__ import annotations
 
 import abc
+import os
 from dataclasses import asdict, dataclass
 
 from agent.protocol import AgentError, Conflict, InvalidRequest, NotFound, NotPermitted, problem_body
@@ -138,6 +139,31 @@ class Readings:
         return {"gpus": [asdict(g) for g in self.gpus], "instances": [asdict(i) for i in self.instances]}
 
 
+def host_resources(meminfo: str = "/proc/meminfo") -> dict:
+    """This machine's CPUs the agent may run work on (``os.sched_getaffinity``, else ``os.cpu_count``) in
+    milli-cores, and its memory (``MemTotal`` of ``/proc/meminfo``, else the physical pages) in MiB; 0 where
+    neither can be read."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cpus = os.cpu_count() or 0
+    memory_mib = 0
+    try:
+        with open(meminfo, encoding="ascii") as handle:
+            for line in handle:
+                if line.startswith("MemTotal:"):
+                    memory_mib = int(line.split()[1]) // 1024  # kB
+                    break
+    except (OSError, ValueError, IndexError):
+        pass
+    if not memory_mib:
+        try:
+            memory_mib = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") >> 20
+        except (AttributeError, OSError, ValueError):
+            memory_mib = 0
+    return {"cpu_milli": cpus * 1000, "memory_mib": memory_mib}
+
+
 class Backend(abc.ABC):
     """One node's GPUs. ``inventory`` and ``instance`` return JSON-ready dicts (see docs/agent-protocol.md)."""
 
@@ -197,6 +223,12 @@ class Backend(abc.ABC):
             if item["allocation_id"] == allocation_id:
                 return item
         raise NotFound(f"no instance for allocation {allocation_id!r}", field="allocation_id")
+
+    def host(self) -> dict:
+        """The host's CPU and memory that work on this node can use: ``{"cpu_milli", "memory_mib"}`` (the
+        inventory's ``host_cpu_milli`` and ``host_memory_mib``; 0 where it cannot be read: not tracked). A real
+        node's: ``host_resources()``; the simulated backend answers its configured host."""
+        return host_resources()
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Persist and release what the backend holds (called on shutdown)."""

@@ -16,6 +16,10 @@ Configuration: a TOML file (``--config``) and/or flags (flags win)::
                                                   # and changing GPU modes
     create_latency_seconds = 0.0                  # sim only: each instance created answers this much later
     mode_change_latency_seconds = 0.0             # sim only: each GPU mode change answers this much later
+    nvlink_domain_size = -1                       # sim only: GPUs per NVLink domain (-1: an NVLink model's
+                                                  # group is one domain, as an HGX board; 0: no NVLink)
+    host_cpu_milli = 0                            # sim only: the host's CPU in milli-cores and memory in MiB
+    host_memory_mib = 0                           # (0: 14 cores and 256 GiB per GPU)
     workload_runtime = "process"                  # workloads on leases: "process", "docker" or "podman"
     workload_roots = ["/srv/gpubroker"]           # working and checkpoint directories must lie under one
                                                   # of these (default: STATE_DIR/work)
@@ -103,6 +107,9 @@ class AgentConfig:
     heartbeat_seconds: float = 15.0
     create_latency_seconds: float = 0.0  # sim only: modelled MIG creation time
     mode_change_latency_seconds: float = 0.0  # sim only: modelled GPU reset time
+    nvlink_domain_size: int = -1  # sim only: GPUs per NVLink domain (-1: derived from the model; 0: none)
+    host_cpu_milli: int = 0  # sim only: the host's CPU (0: per GPU); a real node reports its own
+    host_memory_mib: int = 0  # sim only: the host's memory (0: per GPU)
     workload_runtime: str = "process"
     workload_roots: list = field(default_factory=list)
     restart_backoff_seconds: float = 1.0
@@ -134,6 +141,13 @@ class AgentConfig:
                 raise ValueError(f"{name} must be a number of seconds 0..{MAX_LATENCY_SECONDS:g}, got {value!r}")
             if value and self.backend != "sim":
                 raise ValueError(f"{name} models device time in the sim backend only; a real GPU takes its own")
+        for name, low, high in (("nvlink_domain_size", -1, 64), ("host_cpu_milli", 0, 1 << 40),
+                                ("host_memory_mib", 0, 1 << 40)):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+                raise ValueError(f"{name} must be an integer {low}..{high}, got {value!r}")
+            if value not in (-1, 0) and self.backend != "sim":
+                raise ValueError(f"{name} describes a simulated node; a real node reports its own")
         if self.workload_runtime not in ("process", "docker", "podman"):
             raise ValueError(f"workload_runtime must be process, docker or podman, got {self.workload_runtime!r}")
         if self.container_devices not in ("cdi", "none"):
@@ -215,7 +229,9 @@ def build_backend(config: AgentConfig, state_dir: Path | None = None) -> Backend
 
     return SimBackend(state, config.node_id, parse_gpu_specs(config.gpus),
                       create_latency_seconds=config.create_latency_seconds,
-                      mode_change_latency_seconds=config.mode_change_latency_seconds)
+                      mode_change_latency_seconds=config.mode_change_latency_seconds,
+                      nvlink_domain_size=None if config.nvlink_domain_size < 0 else config.nvlink_domain_size,
+                      host_cpu_milli=config.host_cpu_milli, host_memory_mib=config.host_memory_mib)
 
 
 def node_gpu_count(config: AgentConfig, backend: Backend | None = None) -> int:
@@ -556,6 +572,17 @@ def add_latency_flags(parser: argparse.ArgumentParser, *, default: float | None)
                         metavar="SECONDS", help="sim: each GPU mode change answers this much later (a GPU reset)")
 
 
+def add_topology_flags(parser: argparse.ArgumentParser) -> None:
+    """``--nvlink-domain-size``, ``--host-cpu-milli`` and ``--host-memory-mib`` (sim only), shared with
+    ``agent.fleet``: what a simulated node reports of its NVLink domains and host (docs/agent-protocol.md)."""
+    parser.add_argument("--nvlink-domain-size", dest="nvlink_domain_size", type=int, metavar="GPUS",
+                        help="sim: GPUs per NVLink domain (default: an NVLink model's GPUs are one domain; 0: none)")
+    parser.add_argument("--host-cpu-milli", dest="host_cpu_milli", type=int, metavar="MILLICORES",
+                        help="sim: the host's CPU (default 14 cores per GPU)")
+    parser.add_argument("--host-memory-mib", dest="host_memory_mib", type=int, metavar="MIB",
+                        help="sim: the host's memory (default 256 GiB per GPU)")
+
+
 def add_workload_flags(parser: argparse.ArgumentParser) -> None:
     """``--workload-runtime``, ``--workload-root`` (repeatable), ``--restart-backoff`` and
     ``--workload-log-max-bytes``, shared with ``agent.fleet``."""
@@ -594,6 +621,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="the MPS daemons' pipe and log directories (default STATE_DIR/mps)")
     add_workload_flags(parser)
     add_latency_flags(parser, default=None)
+    add_topology_flags(parser)
     parser.add_argument("--log-level", default="INFO")
     args = vars(parser.parse_args(argv))
     logging.basicConfig(level=args.pop("log_level"), format="%(asctime)s %(levelname)s %(name)s %(message)s")

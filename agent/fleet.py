@@ -12,7 +12,9 @@ The fleet writes ``fleet.json`` (node id, URL, secret: what a broker or a test n
 ``--create-latency`` / ``--mode-change-latency`` (seconds) make every node's creates and mode changes
 answer that much later, as on real GPUs (``agent.sim``). ``--shape`` may repeat: the nodes cycle through
 the shapes (``--shape h100-80gb:8:mig --shape a100-80gb:8:whole``); one shape may list several GPU
-groups (``h100-80gb:4:mig,l4:2:shared``).
+groups (``h100-80gb:4:mig,l4:2:shared``). ``--nvlink-domain-size N`` splits each node's NVLink GPUs into
+NVLink domains of N (default: an NVLink model's group is one domain, as on an HGX board); ``--host-cpu-milli``
+and ``--host-memory-mib`` set what each node reports of its host (default: 14 cores and 256 GiB per GPU).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from agent.daemon import (
     AgentConfig,
     BrokerLink,
     add_latency_flags,
+    add_topology_flags,
     add_workload_flags,
     build_workloads,
     generated_secret,
@@ -53,7 +56,8 @@ class Fleet:
                  create_latency_seconds: float = 0.0, mode_change_latency_seconds: float = 0.0,
                  workload_runtime: str = "process", workload_roots: list[str] | None = None,
                  restart_backoff_seconds: float = 1.0, workload_log_max_bytes: int = 16 * 1024 * 1024,
-                 broker_timeout_seconds: float = 10.0, isolation: dict | None = None):
+                 broker_timeout_seconds: float = 10.0, isolation: dict | None = None,
+                 nvlink_domain_size: int | None = None, host_cpu_milli: int = 0, host_memory_mib: int = 0):
         if nodes < 1:
             raise ValueError("--nodes must be at least 1")
         self.shapes = [parse_gpu_specs(shape) for shape in shapes or ["h100-80gb:8:mig"]]
@@ -74,7 +78,9 @@ class Fleet:
             directory.mkdir(parents=True, exist_ok=True)
             backend = SimBackend(directory, node_id, self.shapes[(number - 1) % len(self.shapes)],
                                  create_latency_seconds=create_latency_seconds,
-                                 mode_change_latency_seconds=mode_change_latency_seconds)
+                                 mode_change_latency_seconds=mode_change_latency_seconds,
+                                 nvlink_domain_size=nvlink_domain_size, host_cpu_milli=host_cpu_milli,
+                                 host_memory_mib=host_memory_mib)
             secret = stored_secret(directory) if broker_url else generated_secret(directory)
             config = AgentConfig(
                 node_id=node_id, listen=f"{host}:{port}", broker_url=broker_url, enrollment_token=enrollment_token,
@@ -191,6 +197,7 @@ def main(argv: list[str] | None = None) -> int:
                              "has spent its token use and enrolled the node, whose retry is then refused)")
     add_latency_flags(parser, default=0.0)
     add_workload_flags(parser)
+    add_topology_flags(parser)
     parser.add_argument("--ready-file", default="", help="written (with the PID) once the fleet listens")
     parser.add_argument("--log-level", default="INFO")
     args = parser.parse_args(argv)
@@ -206,6 +213,8 @@ def main(argv: list[str] | None = None) -> int:
                       restart_backoff_seconds=args.restart_backoff_seconds or 1.0,
                       workload_log_max_bytes=args.workload_log_max_bytes or 16 * 1024 * 1024,
                       broker_timeout_seconds=args.broker_timeout,
+                      nvlink_domain_size=args.nvlink_domain_size, host_cpu_milli=args.host_cpu_milli or 0,
+                      host_memory_mib=args.host_memory_mib or 0,
                       isolation={name: getattr(args, name) for name in ("isolation", "workload_uids", "device_dir",
                                                                         "cgroup_root", "workload_network",
                                                                         "workload_local_ports")

@@ -183,6 +183,7 @@ class _Gpu:
     memory_total_mib: int  # the nameplate (nvmlMemory_v2_t.total)
     memory_reserved_mib: int  # the driver's reservation (nvmlMemory_v2_t.reserved): no process gets it
     gi_profiles: dict[int, _GiProfile] | None = None  # by NVML profile id, read once
+    nvlink_domain: str = ""  # ``_nvlink_domains``: "" when it has no NVLink (or NVML cannot say)
 
     @property
     def model_code(self) -> str:
@@ -244,6 +245,7 @@ class NvmlBackend(Backend):
                 "mig_mode": _mig_mode_json(mig_mode),
                 "mode": mode,
                 "mig_layout": view.layout if view is not None else [],
+                "nvlink_domain": gpu.nvlink_domain,
             }
             if mode == "shared":
                 held = [i for i in self._instances.values() if i["gpu"] == gpu.uuid and i["kind"] == "share"]
@@ -621,7 +623,94 @@ class NvmlBackend(Backend):
                     reserved_mib = total_mib - (memory.total - memory.reserved) // MIB
                 gpus.append(_Gpu(index, handle, _text(nv.nvmlDeviceGetUUID(handle)), name, model, total_mib,
                                  reserved_mib))
+        for gpu, domain in zip(gpus, self._nvlink_domains(gpus), strict=True):
+            gpu.nvlink_domain = domain
         return gpus
+
+    def _nvlink_domains(self, gpus: list[_Gpu]) -> list[str]:
+        """Each GPU's NVLink domain (read once: the wiring does not change while the agent runs), every NVML call
+        guarded (a driver or GPU without it answers ""):
+
+        1. the GPU fabric (``nvmlDeviceGetGpuFabricInfo``; NVSwitch systems with a fabric manager, multi-node
+           NVLink): a GPU whose registration completed is in ``fabric:<cluster UUID>/<clique id>``, the same name
+           on every node of that NVLink domain;
+        2. else its NVLink links (``nvmlDeviceGetNvLinkState`` per link, ``nvmlDeviceGetNvLinkRemotePciInfo``):
+           GPUs of this node joined by active links, directly or through a switch (a remote that is no GPU of
+           this node: an NVSwitch), form one domain, ``<hostname>/nvlink<lowest index>``;
+        3. no active link: "" (PCIe only)."""
+        nv = self.nvml
+        domains = [self._fabric_domain(gpu) for gpu in gpus]
+        if all(domains):
+            return domains
+        bus_ids: dict[str, int] = {}
+        for position, gpu in enumerate(gpus):
+            bus = self._guarded(lambda handle=gpu.handle: _text(nv.nvmlDeviceGetPciInfo(handle).busId))
+            if bus:
+                bus_ids[bus.lower()] = position
+        parent = list(range(len(gpus)))
+
+        def root(item: int) -> int:
+            while parent[item] != item:
+                parent[item] = parent[parent[item]]
+                item = parent[item]
+            return item
+
+        switched: list[int] = []
+        linked: set[int] = set()
+        max_links = getattr(nv, "NVML_NVLINK_MAX_LINKS", 18)
+        max_links = max_links if isinstance(max_links, int) else 18
+        enabled = getattr(nv, "NVML_FEATURE_ENABLED", 1)
+        for position, gpu in enumerate(gpus):
+            if domains[position]:
+                continue
+            for link in range(max_links):
+                state = self._guarded(lambda handle=gpu.handle, link=link: nv.nvmlDeviceGetNvLinkState(handle, link))
+                if state is None:
+                    break  # no such link (or no NVLink at all): the links are numbered from 0
+                if state != enabled:
+                    continue
+                remote = self._guarded(lambda handle=gpu.handle, link=link: _text(
+                    nv.nvmlDeviceGetNvLinkRemotePciInfo(handle, link).busId))
+                if not remote:
+                    continue
+                linked.add(position)
+                peer = bus_ids.get(remote.lower())
+                if peer is None:
+                    switched.append(position)  # an NVSwitch (or a GPU of another node): one domain per node
+                else:
+                    linked.add(peer)
+                    parent[root(peer)] = root(position)
+        for position in switched[1:]:
+            parent[root(position)] = root(switched[0])
+        lowest: dict[int, int] = {}
+        for position in sorted(linked):
+            lowest.setdefault(root(position), gpus[position].index)
+        return [domains[position] or (f"{self.hostname}/nvlink{lowest[root(position)]}"[:63]
+                                      if position in linked else "")
+                for position in range(len(gpus))]
+
+    def _fabric_domain(self, gpu: _Gpu) -> str:
+        nv = self.nvml
+        info = self._guarded(lambda: nv.nvmlDeviceGetGpuFabricInfo(gpu.handle))
+        completed = getattr(nv, "NVML_GPU_FABRIC_STATE_COMPLETED", None)
+        if info is None or completed is None or getattr(info, "state", None) != completed:
+            return ""
+        if getattr(info, "status", 0) != getattr(nv, "NVML_SUCCESS", 0):
+            return ""
+        cluster = bytes(getattr(info, "clusterUuid", b"") or b"")
+        if not cluster.strip(b"\0"):
+            return ""
+        return f"fabric:{cluster.hex()}/{getattr(info, 'cliqueId', 0)}"[:63]
+
+    def _guarded(self, call: Callable[[], Any]) -> Any:
+        """``call()``, or None when NVML does not support it, lacks the function or fails (topology is
+        optional: a node without it is placed as before)."""
+        try:
+            return call()
+        except self.nvml.NVMLError:
+            return None
+        except (AttributeError, TypeError, ValueError):  # an older pynvml without the function or structure
+            return None
 
     def _memory_info(self, handle: Any) -> Any:
         """``nvmlDeviceGetMemoryInfo_v2`` (``total``, ``reserved``, ``free``, ``used``; ``used`` without the

@@ -76,12 +76,15 @@ class AgentNode:
     relay_session: aiohttp.ClientSession | None = None  # to workloads' ports on this node (workload_port)
 
     def inventory(self) -> dict:
-        """The backend's inventory with ``workload_roots``: the directories this node's workloads may name paths
+        """The backend's inventory with the host's CPU and memory (``host_cpu_milli``, ``host_memory_mib``:
+        ``Backend.host``) and ``workload_roots``: the directories this node's workloads may name paths
         under (``<root>/<tenant>/<project>``; [] on a node that runs none), so the broker refuses, at the request
         and in its preview, a path the node would refuse."""
         data = self.backend.inventory()
         roots = [str(root) for root in self.workloads.roots] if self.workloads is not None else []
-        return {**data, "workload_roots": roots}
+        host = self.backend.host()
+        return {**data, "workload_roots": roots, "host_cpu_milli": host["cpu_milli"],
+                "host_memory_mib": host["memory_mib"]}
 
     def kick(self) -> None:
         """Make sure a ticker runs while this node has live workloads (none runs on an idle node, so a

@@ -48,6 +48,11 @@ from gpus.catalogue import UnknownModel, model_get
 from gpus.mig import COMPUTE_SLICES, MigPlacement, UnknownProfile, layout_problem, profile_get
 
 STATE_FILE = "sim-state.json"
+# a simulated host's CPU and memory per GPU when not configured: an HGX H100 host's share (112 cores, 2 TiB
+# for 8 GPUs, rounded down)
+SIM_CPU_MILLI_PER_GPU = 14_000
+SIM_MEMORY_MIB_PER_GPU = 256 * 1024
+MAX_HOST_QUANTITY = 1 << 40
 STATE_VERSION = 1
 MAX_LATENCY_SECONDS = 600.0
 PIN_FIELDS = ("instance", "engine_active", "fb_used_mib")
@@ -75,6 +80,25 @@ def reserved_mib(model_code: str) -> int:
 def usable_mib(model_code: str) -> int:
     """What processes can allocate on ``model_code``: the nameplate less the driver's reservation."""
     return model_get(model_code).memory_mib - reserved_mib(model_code)
+
+
+def nvlink_domains(gpus: list[tuple[str, int, str]], size: int | None) -> list[str]:
+    """The NVLink domain of each simulated GPU, by index (``gpus`` as ``parse_gpu_specs`` gives them). ``size``
+    None: each group of an NVLink model (the catalogue's ``nvlink``) is one domain (an 8-GPU HGX board: one
+    NVSwitch domain), a PCIe model's GPUs none (""); ``size`` N: an NVLink group split into domains of N GPUs
+    (``--nvlink-domain-size 4``: two domains of 4 on an 8-GPU node); 0: no NVLink anywhere. Names are
+    ``nvl<k>``, numbered within the node (the scheduler compares domains within a node)."""
+    out: list[str] = []
+    number = 0
+    for model, count, _mode in gpus:
+        if size == 0 or not model_get(model).nvlink:
+            out.extend([""] * count)
+            continue
+        width = size or count
+        for position in range(count):
+            out.append(f"nvl{number + position // width}")
+        number += -(-count // width)
+    return out
 
 
 def parse_gpu_specs(text: str) -> list[tuple[str, int, str]]:
@@ -105,7 +129,8 @@ class SimBackend(Backend):
 
     def __init__(self, state_dir: Path, node_id: str, gpus: list[tuple[str, int, str]], *, clock=time.time,
                  create_latency_seconds: float = 0.0, mode_change_latency_seconds: float = 0.0,
-                 allow_mig_changes: bool = True):
+                 allow_mig_changes: bool = True, nvlink_domain_size: int | None = None, host_cpu_milli: int = 0,
+                 host_memory_mib: int = 0):
         for name, value in (("create_latency_seconds", create_latency_seconds),
                             ("mode_change_latency_seconds", mode_change_latency_seconds)):
             if not 0 <= value <= MAX_LATENCY_SECONDS:
@@ -114,6 +139,17 @@ class SimBackend(Backend):
         self.mode_change_latency_seconds = float(mode_change_latency_seconds)
         # as the nvml backend's knob (off on a default real node): MIG on/off and MIG instances refused 403
         self.allow_mig_changes = bool(allow_mig_changes)
+        # topology and host (not kept in the state file: they follow the configuration at every start)
+        if nvlink_domain_size is not None and not 0 <= nvlink_domain_size <= 64:
+            raise ValueError(f"nvlink_domain_size must be 0..64 GPUs, got {nvlink_domain_size}")
+        for name, value in (("host_cpu_milli", host_cpu_milli), ("host_memory_mib", host_memory_mib)):
+            if not 0 <= value <= MAX_HOST_QUANTITY:
+                raise ValueError(f"{name} must be 0..{MAX_HOST_QUANTITY}, got {value}")
+        self.nvlink_domain_size = nvlink_domain_size
+        self._domains = nvlink_domains(gpus, nvlink_domain_size)
+        per_gpu = sum(count for _, count, _ in gpus)
+        self.host_cpu_milli = host_cpu_milli or SIM_CPU_MILLI_PER_GPU * per_gpu
+        self.host_memory_mib = host_memory_mib or SIM_MEMORY_MIB_PER_GPU * per_gpu
         self._owed_seconds = 0.0  # modelled device time of the changes made since the last take_latency()
         self.state_dir = Path(state_dir)
         self.state_dir.mkdir(parents=True, exist_ok=True)
@@ -141,6 +177,11 @@ class SimBackend(Backend):
                     index += 1
             self._save()
         self._by_uuid = {gpu["uuid"]: gpu for gpu in self.state["gpus"]}
+
+    def host(self) -> dict:
+        """The simulated host's CPU (milli-cores) and memory (MiB): as configured, else per GPU
+        (``SIM_CPU_MILLI_PER_GPU``, ``SIM_MEMORY_MIB_PER_GPU``, an HGX H100's share of its host)."""
+        return {"cpu_milli": self.host_cpu_milli, "memory_mib": self.host_memory_mib}
 
     # -- persistence --------------------------------------------------------------------------------
     def create_many(self, specs: dict[str, InstanceSpec]) -> dict[str, dict]:
@@ -185,7 +226,8 @@ class SimBackend(Backend):
                      "memory_mib": usable_mib(gpu["model"]), "memory_total_mib": model.memory_mib,
                      "memory_reserved_mib": reserved_mib(gpu["model"]), "mig_capable": model.mig_capable,
                      "mig_mode": {"current": mig_now, "pending": mig_now} if model.mig_capable else None,
-                     "mode": gpu["mode"], "mig_layout": []}
+                     "mode": gpu["mode"], "mig_layout": [],
+                     "nvlink_domain": self._domains[gpu["index"]] if gpu["index"] < len(self._domains) else ""}
             held = self._instances_on(gpu["uuid"])
             if gpu["mode"] == "mig":
                 entry["mig_layout"] = sorted(
@@ -557,4 +599,4 @@ def _access(record: dict) -> dict:
     return access
 
 
-__all__ = ["RECORDED_RESERVED_MIB", "SimBackend", "parse_gpu_specs", "reserved_mib", "usable_mib"]
+__all__ = ["RECORDED_RESERVED_MIB", "SimBackend", "nvlink_domains", "parse_gpu_specs", "reserved_mib", "usable_mib"]

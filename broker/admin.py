@@ -12,8 +12,8 @@ class GpuInline(admin.TabularInline):
     model = Gpu
     extra = 0
     can_delete = False
-    fields = ["index", "uuid", "model", "mode", "memory_mib", "share_enforcement", "share_enforcement_reason",
-              "lost_at", "released_at"]
+    fields = ["index", "uuid", "model", "mode", "memory_mib", "nvlink_domain", "share_enforcement",
+              "share_enforcement_reason", "lost_at", "released_at"]
     readonly_fields = fields
 
     def has_add_permission(self, request, obj=None):
@@ -28,7 +28,7 @@ class NodeAdmin(admin.ModelAdmin):
     search_fields = ["node_id", "hostname", "address"]
     fields = ["node_id", "pool", "address", "hostname", "agent_version", "status", "cordoned", "enrolled_at",
               "last_heartbeat_at", "silent_since", "reenroll_approved_at", "workload_runtime", "isolation",
-              "isolation_warning", "workload_roots"]
+              "isolation_warning", "workload_roots", "host_cpu_milli", "host_memory_mib"]
     readonly_fields = fields
     inlines = [GpuInline]
     actions = ["approve_reenrollment"]
@@ -52,7 +52,8 @@ class NodeAdmin(admin.ModelAdmin):
 
 @admin.register(Gpu)
 class GpuAdmin(admin.ModelAdmin):
-    list_display = ["uuid", "node", "index", "model", "mode", "share_enforcement", "lost_at", "released_at"]
+    list_display = ["uuid", "node", "index", "model", "mode", "nvlink_domain", "share_enforcement", "lost_at",
+                    "released_at"]
     list_filter = ["model", "mode", "share_enforcement"]
     search_fields = ["uuid", "node__node_id"]
     fields = ["uuid", "node", "index", "model", "mode", "memory_mib", "share_enforcement", "share_enforcement_reason",

@@ -62,6 +62,11 @@ class Node(models.Model):
     # The roots under which the node's agent lets workloads name paths (its inventory's ``workload_roots``); null
     # when its agent does not report them. A workload path under none of them is refused before placing.
     workload_roots = models.JSONField(null=True, blank=True)
+    # the host's CPU (milli-cores) and memory (MiB) its agent reports (inventory ``host_cpu_milli``,
+    # ``host_memory_mib``): the scheduler places leases' host CPU and memory within them; 0: not reported, not
+    # tracked (an agent from before they were reported)
+    host_cpu_milli = models.PositiveBigIntegerField(default=0, db_default=0)
+    host_memory_mib = models.PositiveBigIntegerField(default=0, db_default=0)
 
     def __str__(self) -> str:
         return self.node_id
@@ -158,6 +163,10 @@ class Lease(models.Model):
     workload_class = models.CharField(max_length=16, choices=WorkloadClass.choices, default=WorkloadClass.TRAINING)
     priority = models.SmallIntegerField(default=0)
     duration_seconds = models.PositiveIntegerField()
+    # host CPU (milli-cores) and memory (MiB) per GPU unit, on the node it runs on (0: none asked); the scheduler
+    # places the lease where its node has count x these free, and holds them while it runs
+    cpu_milli_per_unit = models.PositiveIntegerField(default=0, db_default=0)
+    host_memory_mib_per_unit = models.PositiveIntegerField(default=0, db_default=0)
     # outcome
     tier = models.CharField(max_length=32, blank=True)
     over_quota = models.BooleanField(default=False)

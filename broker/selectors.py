@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from django.db.models import Prefetch, QuerySet
 from django.utils import timezone
@@ -177,19 +177,20 @@ class QueuedLease:
     """A queued lease as a schedule cycle reads it (``queued_leases``): the columns the core's request, the
     reasons and the write need, as plain attributes. ``core_request`` takes it or a ``Lease``."""
 
-    __slots__ = ("avoid_nodes", "count", "duration_seconds", "estimated_start", "gang", "group_key", "kind",
-                 "memory_mib", "milli", "models_allowed", "pk",
+    __slots__ = ("avoid_nodes", "count", "cpu_milli_per_unit", "duration_seconds", "estimated_start", "gang",
+                 "group_key", "host_memory_mib_per_unit", "kind", "memory_mib", "milli", "models_allowed", "pk",
                  "priority", "profile", "project_id", "project_slug", "queue_position", "reason", "submitted_at",
                  "tenant_id", "workload_class")
     COLUMNS = ("pk", "tenant_id", "project_id", "project__slug", "kind", "count", "profile", "milli", "memory_mib",
                "models_allowed", "gang", "avoid_nodes", "submitted_at", "priority", "workload_class", "group_key",
-               "reason", "queue_position", "duration_seconds", "estimated_start")
+               "reason", "queue_position", "duration_seconds", "estimated_start", "cpu_milli_per_unit",
+               "host_memory_mib_per_unit")
 
     def __init__(self, row: tuple):
         (self.pk, self.tenant_id, self.project_id, self.project_slug, self.kind, self.count, self.profile, self.milli,
          self.memory_mib, self.models_allowed, self.gang, self.avoid_nodes, self.submitted_at, self.priority,
          self.workload_class, self.group_key, self.reason, self.queue_position, self.duration_seconds,
-         self.estimated_start) = row
+         self.estimated_start, self.cpu_milli_per_unit, self.host_memory_mib_per_unit) = row
 
 
 def queued_leases(queryset: QuerySet[Lease]) -> list[QueuedLease]:
@@ -211,11 +212,14 @@ def core_request(lease: Lease | QueuedLease, shapes: dict | None = None):
     from broker.scheduler.types import WorkloadClass as CoreWorkloadClass
 
     key = (lease.kind, lease.count, lease.profile, lease.milli, lease.memory_mib, tuple(lease.models_allowed),
-           lease.gang, tuple(lease.avoid_nodes))
+           lease.gang, tuple(lease.avoid_nodes), lease.cpu_milli_per_unit, lease.host_memory_mib_per_unit)
     shape = None if shapes is None else shapes.get(key)
     if shape is None:
+        # host CPU and memory: the lease asks them per GPU unit, the core's shape holds the request's totals
         shape = Shape(Kind(lease.kind), lease.count, profile=lease.profile, milli=lease.milli,
-                      memory_mib=lease.memory_mib, models=key[5], gang=lease.gang, avoid_nodes=key[7])
+                      memory_mib=lease.memory_mib, models=key[5], gang=lease.gang, avoid_nodes=key[7],
+                      cpu_milli=lease.cpu_milli_per_unit * lease.count,
+                      host_memory_mib=lease.host_memory_mib_per_unit * lease.count)
         if shapes is not None:
             shapes[key] = shape
     submitted = lease.submitted_at if isinstance(lease, QueuedLease) else (lease.queued_at or lease.requested_at
@@ -272,6 +276,69 @@ def scheduler_inputs(snapshot, *, now: datetime, history: dict | None = None):
                    backoff_window_seconds=window,
                    backoff_protect_seconds=settings.LEASE_PREEMPTION_BACKOFF_PROTECT_SECONDS, preempted_at=preempted,
                    ends_at=ends)
+
+
+DEMAND_SAMPLE = 5000  # the most recent leases a demand mix is drawn from
+
+
+class _DemandCache:
+    """The demand mix as last read by this process: (when read, the window it was read for, the mix)."""
+
+    read_at: float | None = None
+    window: int = 0
+    workload: list = []
+
+
+def scheduler_demand_forget() -> None:
+    """Read the demand mix afresh at the next cycle (tests: each starts from its own leases)."""
+    _DemandCache.read_at = None
+
+
+def scheduler_demand(*, now: datetime) -> list:
+    """The demand mix the placement policy keeps room for, as the simulator feeds it (``placement.workload_from_needs``:
+    the most frequent needs covering 95 % of them): the needs of the leases requested in the last
+    ``LEASE_DEMAND_WINDOW_SECONDS`` (at most ``DEMAND_SAMPLE``, the newest), each resolved on the model it was placed on
+    (its tier) or the one it asked for; a lease of model ``auto`` not placed yet says nothing of a model and is left
+    out. One grouped query, read at most once per ``LEASE_DEMAND_REFRESH_SECONDS`` per process (a cycle, its preview
+    and the next cycles share it). Empty with the window 0: the policy then sees no history (as before)."""
+    from django.conf import settings
+
+    from broker.scheduler import Kind, Shape
+    from broker.scheduler.placement import need_for, workload_from_needs
+    from gpus.catalogue import UnknownModel
+
+    window = settings.LEASE_DEMAND_WINDOW_SECONDS
+    if not window:
+        return []
+    wall = now.timestamp()
+    cache = _DemandCache
+    if (cache.read_at is not None and cache.window == window
+            and 0 <= wall - cache.read_at < settings.LEASE_DEMAND_REFRESH_SECONDS):
+        return cache.workload
+    from django.db.models import Count
+
+    recent = (Lease.objects.filter(requested_at__gte=now - timedelta(seconds=window), requested_at__lte=now)
+              .order_by("-requested_at").values_list("pk", flat=True)[:DEMAND_SAMPLE])
+    rows = (Lease.objects.filter(pk__in=recent)
+            .values_list("kind", "count", "profile", "milli", "memory_mib", "models_allowed", "gang", "tier",
+                         "cpu_milli_per_unit", "host_memory_mib_per_unit")
+            .annotate(n=Count("pk")).order_by())
+    needs = []
+    for kind, count, profile, milli, memory, models, gang, tier, cpu, host_memory, n in rows:
+        model = tier or (models[0] if models else "")
+        if not model:
+            continue
+        shape = Shape(Kind(kind), count, profile=profile, milli=milli, memory_mib=memory, models=(model,), gang=gang,
+                      cpu_milli=cpu * count, host_memory_mib=host_memory * count)
+        try:
+            need = need_for(shape, model)
+        except (UnknownModel, KeyError, ValueError):  # a model or profile no longer in the catalogue
+            continue
+        if need is not None:
+            needs.extend([need] * n)
+    workload = workload_from_needs(needs) if needs else []
+    cache.read_at, cache.window, cache.workload = wall, window, workload
+    return workload
 
 
 def scheduler_snapshot(*, now: datetime):
@@ -362,7 +429,9 @@ def lease_dry_run(*, actor: Actor, project: object, gpu: object, workload_class:
     if not actor.tenant.is_active:  # its requests would be held, not scheduled
         return result("waits", f"held: tenant '{actor.tenant.slug}' is suspended", fitting[0], False, None)
     core_shape = Shape(Kind(shape["kind"]), shape["count"], profile=shape["profile"], milli=shape["milli"],
-                       memory_mib=shape["memory_mib"], models=tuple(shape["models"]), gang=shape["gang"])
+                       memory_mib=shape["memory_mib"], models=tuple(shape["models"]), gang=shape["gang"],
+                       cpu_milli=shape.get("cpu_milli_per_unit", 0) * shape["count"],
+                       host_memory_mib=shape.get("host_memory_mib_per_unit", 0) * shape["count"])
     from broker.scheduler.types import WorkloadClass as CoreWorkloadClass
 
     # the request's class matters: interactive work never borrows over quota (it waits for its guarantee)
@@ -371,7 +440,7 @@ def lease_dry_run(*, actor: Actor, project: object, gpu: object, workload_class:
     queued = lease_queue()[:5000]
     snapshot = scheduler_inputs(scheduler_snapshot(now=now), now=now)
     requests = [*map(core_request, queued), mine]
-    scheduler = Scheduler(snapshot)
+    scheduler = Scheduler(snapshot, workload=scheduler_demand(now=now))
     decisions = scheduler.schedule(requests, now=now.timestamp())
     decision = next(d for d in decisions if d.request == "preview")
     estimate = None

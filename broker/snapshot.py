@@ -1,6 +1,7 @@
 """The scheduler's snapshot kept between cycles: read whole once, then only what changed.
 
-Every write that changes what ``selectors.scheduler_snapshot`` reads — a node's id, cordon or status; a GPU's node,
+Every write that changes what ``selectors.scheduler_snapshot`` reads — a node's id, cordon, status or host CPU and
+memory (migration 0020); a GPU's node,
 model, mode, index, NVLink domain, loss or mode target; an allocation made, bound, freed or changed; a lease's
 state, project, tenant, start, priority or group — appends (kind, id) to ``broker_snapshotchange`` by a trigger
 (migration 0011), in the same transaction, with that transaction's id. A ``SnapshotCache`` remembers the
@@ -50,7 +51,8 @@ _SNAPSHOT = ("SELECT pg_snapshot_xmin(s)::text::bigint, pg_snapshot_xmax(s)::tex
 def _allocation_sql(where: str) -> str:
     return ("SELECT a.lease_id, a.gpu_id, a.milli, a.memory_mib, a.mig_profile, a.mig_start, a.tier, a.preemptible, "  # noqa: S608
             "l.project_id, l.tenant_id, EXTRACT(EPOCH FROM COALESCE(l.active_at, l.queued_at))::float8, l.priority, "
-            "l.group_key, a.id FROM broker_allocation a JOIN broker_lease l ON l.id = a.lease_id "
+            "l.group_key, a.id, l.cpu_milli_per_unit, l.host_memory_mib_per_unit "
+            "FROM broker_allocation a JOIN broker_lease l ON l.id = a.lease_id "
             "JOIN broker_gpu g ON g.id = a.gpu_id "
             f"WHERE a.freed_at IS NULL AND g.lost_at IS NULL AND l.state <> %s {where} ORDER BY a.id")
 
@@ -58,7 +60,7 @@ def _allocation_sql(where: str) -> str:
 _GPU_SQL = ("SELECT id, node_id, model, mode, index, nvlink_domain, mode_target, memory_mib "
             "FROM broker_gpu "
             "WHERE lost_at IS NULL {where} ORDER BY id")
-_NODE_SQL = "SELECT id, node_id, cordoned, status FROM broker_node {where} ORDER BY id"
+_NODE_SQL = "SELECT id, node_id, cordoned, status, host_cpu_milli, host_memory_mib FROM broker_node {where} ORDER BY id"
 _WARM_SQL = ("SELECT a.id, a.gpu_id, a.mig_profile, a.mig_start, a.state FROM broker_allocation a "
              "JOIN broker_gpu g ON g.id = a.gpu_id WHERE a.freed_at IS NULL AND a.lease_id IS NULL "
              "AND g.lost_at IS NULL AND a.state IN (%s, %s) AND g.mode_target = '' {where} ORDER BY a.id")
@@ -199,8 +201,9 @@ class SnapshotCache:
         from broker.scheduler import Node as CoreNode
 
         cursor.execute(_NODE_SQL.format(where=where), params)
-        for pk, node_id, cordoned, status in cursor.fetchall():
-            self.nodes[pk] = CoreNode(node_id, cordoned=cordoned or status != NodeStatus.READY)
+        # the host's CPU and memory its agent reported (0: not tracked): leases' host CPU and memory are placed in them
+        for pk, node_id, cordoned, status, cpu_milli, memory_mib in cursor.fetchall():
+            self.nodes[pk] = CoreNode(node_id, cpu_milli, memory_mib, cordoned=cordoned or status != NodeStatus.READY)
             self.node_ids[pk] = node_id
 
     def _gpus_from(self, cursor, where: str, params: list) -> None:
@@ -254,12 +257,14 @@ class SnapshotCache:
                 if allocation is None:
                     gpu_id, tier, preemptible, project_id, tenant_id, started_at, priority, group_key = (
                         head[1], *head[6:13])
+                    cpu_per_unit, memory_per_unit = head[14], head[15]  # the host CPU and memory it holds per unit
                     allocation = CoreAllocation(
                         id=str(pk), project=str(project_id), tenant=str(tenant_id), tier=tier,
                         node=gpus[gpu_id][0].node,
                         units=tuple(units),
                         preemptible=preemptible, started_at=now_seconds if started_at is None else started_at,
-                        priority=priority, group=core_group(tenant_id, group_key))
+                        priority=priority, group=core_group(tenant_id, group_key),
+                        cpu_milli=cpu_per_unit * len(units), host_memory_mib=memory_per_unit * len(units))
                     if started_at is not None:  # one without a start is dated by the cycle's clock: built anew
                         built[pk] = allocation
                 dated.append((first, allocation))

@@ -34,12 +34,16 @@ MEMBER_MAX_PRIORITY = 10
 MAX_GPU_INDEX = 1023  # Gpu.index is a smallint; past it was a 500 ("smallint out of range")
 MAX_GPU_MEMORY_MIB = 1 << 24  # 16 TiB; Gpu.memory_mib is an integer
 
+# host CPU (milli-cores) and memory (MiB) a request may ask per GPU unit, and their upper bounds (1,024 cores, 16 TiB)
+HOST_FIELDS = {"cpu_milli_per_unit": 1_024_000, "host_memory_mib_per_unit": 1 << 24}
+
+
 def shape_from(gpu: object) -> dict:
     """Validate the ``gpu`` object of a request; errors name the field (``gpu.profile``)."""
     if not isinstance(gpu, dict):
         raise ValidationFailed("gpu must be an object, e.g. {\"kind\": \"mig\", \"profile\": \"1g.10gb\"}.",
                                field="gpu")
-    known = {"kind", "count", "model", "profile", "milli", "memory_mib", "gang"}
+    known = {"kind", "count", "model", "profile", "milli", "memory_mib", "gang", *HOST_FIELDS}
     for key in gpu:
         if key not in known:
             raise ValidationFailed(f"Unknown field {key!r}; known: {', '.join(sorted(known))}.", field=f"gpu.{key}")
@@ -99,6 +103,14 @@ def shape_from(gpu: object) -> dict:
                 raise ValidationFailed(f"gpu.{name} does not apply to a whole GPU.", field=f"gpu.{name}")
         if "memory_mib" in gpu:
             shape["memory_mib"] = integer("memory_mib", 0, 1, 1 << 20)  # with model "auto": the need
+    # host CPU and memory per unit, on the node it runs on: present in the shape only when asked, so that a
+    # request without them hashes (its idempotency key) as it did before they existed
+    for name, high in HOST_FIELDS.items():
+        if name in gpu and (value := integer(name, 0, 0, high)):
+            if not gang and count > 1:
+                raise ValidationFailed(f"gpu.{name} needs gang true: units spread over several nodes cannot "
+                                       "reserve one node's CPU or memory.", field=f"gpu.{name}")
+            shape[name] = value
     return shape
 
 

@@ -331,6 +331,11 @@ LEASE_PREEMPTION_BACKOFF_WINDOW_SECONDS = env_int("LEASE_PREEMPTION_BACKOFF_WIND
 LEASE_PREEMPTION_BACKOFF_PROTECT_SECONDS = env_int("LEASE_PREEMPTION_BACKOFF_PROTECT_SECONDS", 1800, minimum=0)
 # estimated start times: the placement tries one cycle's estimate makes at most (docs/scheduling.md)
 LEASE_ESTIMATE_TRIES = env_int("LEASE_ESTIMATE_TRIES", 2000, minimum=0)
+# the demand mix the placement policy keeps room for (docs/scheduling.md "Topology, host resources and the demand
+# mix"): the shapes of the leases requested in this many seconds before a cycle (0: none, the policy sees no
+# history), read at most once per LEASE_DEMAND_REFRESH_SECONDS per process
+LEASE_DEMAND_WINDOW_SECONDS = env_int("LEASE_DEMAND_WINDOW_SECONDS", 86400, minimum=0)
+LEASE_DEMAND_REFRESH_SECONDS = env_int("LEASE_DEMAND_REFRESH_SECONDS", 60, minimum=0)
 AGENT_TIMEOUT_SECONDS = env_int("AGENT_TIMEOUT_SECONDS", 5, minimum=1)
 # workloads on leases (docs/leasing.md, "Workloads"): working and checkpoint directories must lie under one of
 # these roots (shared storage the operator mounts on every node at the same path); a lease release gives a

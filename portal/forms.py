@@ -69,7 +69,8 @@ def last_value(data: QueryDict, name: str, default: str = "") -> str:
 
 # -- lease request ---------------------------------------------------------------------------------------
 LEASE_FIELDS = {"project", "gpu", "gpu_kind", "gpu_model", "gpu_profile", "gpu_count", "gpu_gang", "gpu_milli",
-                "gpu_memory_mib", "gpu_workload", "gpu_target_throughput", "workload_class", "priority",
+                "gpu_memory_mib", "gpu_cpu_milli_per_unit", "gpu_host_memory_mib_per_unit", "gpu_workload",
+                "gpu_target_throughput", "workload_class", "priority",
                 "duration_seconds", "labels",
                 "workload", "workload_image", "workload_command", "workload_args", "workload_env",
                 "workload_secret_env", "workload_workdir", "workload_checkpoint_dir", "workload_restart_policy",
@@ -135,6 +136,9 @@ def lease_request_input(data: QueryDict) -> dict:
         gpu["memory_mib"] = number(memory)
     elif kind == "whole" and memory:
         gpu["memory_mib"] = number(memory)
+    for name in ("cpu_milli_per_unit", "host_memory_mib_per_unit"):  # host CPU and memory per unit (advanced)
+        if data.get(f"gpu.{name}", "").strip():
+            gpu[name] = number(data.get(f"gpu.{name}"))
     workload_class = data.get("workload_class", "training").strip()
     return _with_labels(data, {
         "project": data.get("project", "").strip(),

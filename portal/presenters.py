@@ -131,6 +131,7 @@ class GpuRow:
     segments: list[Segment] = field(default_factory=list)
     utilisation: float | None = None
     slot_labels: tuple[int, ...] = ()
+    nvlink_domain: str = ""  # as its agent reports it; "": none
 
     @property
     def used_pct(self) -> float:
@@ -159,6 +160,18 @@ class NodeCard:
     isolation: str = ""
     warning: str = ""  # broker.selectors.node_isolation_warning
     workload_roots: list[str] | None = None  # where its workloads may name paths (its inventory); None: not reported
+    host_cpu_milli: int = 0  # the host's CPU and memory its agent reports (0: not reported, not tracked)
+    host_memory_mib: int = 0
+
+    @property
+    def host(self) -> str:
+        """``112 cores · 2048 GiB host`` (what leases' host CPU and memory are placed in); "" when not reported."""
+        parts = []
+        if self.host_cpu_milli:
+            parts.append(f"{self.host_cpu_milli / 1000:g} cores")
+        if self.host_memory_mib:
+            parts.append(f"{self.host_memory_mib / 1024:g} GiB")
+        return " · ".join(parts) + " host" if parts else ""
 
     @property
     def state(self) -> str:
@@ -190,7 +203,8 @@ def fleet_map(nodes: Iterable, allocations: Iterable, tenants: Iterable,
         for gpu in node.gpus.all():
             row = GpuRow(gpu.index, gpu.uuid, gpu.model, gpu.mode, gpu.memory_mib,
                          utilisation=utilisation.get(gpu.uuid),
-                         slot_labels=tuple(range(MEMORY_SLOTS)) if gpu.mode == GpuMode.MIG else ())
+                         slot_labels=tuple(range(MEMORY_SLOTS)) if gpu.mode == GpuMode.MIG else (),
+                         nvlink_domain=gpu.nvlink_domain)
             offset = 0
             for allocation in by_gpu.get(gpu.pk, []):
                 lease = allocation.lease
@@ -219,7 +233,8 @@ def fleet_map(nodes: Iterable, allocations: Iterable, tenants: Iterable,
         tenants_here = {s.tenant for row in rows for s in row.segments}
         cards.append(NodeCard(node.node_id, node.pool, node.status, node.cordoned, node.hostname,
                               node.last_heartbeat_at, rows, isolation=node.isolation,
-                              workload_roots=node.workload_roots,
+                              workload_roots=node.workload_roots, host_cpu_milli=node.host_cpu_milli,
+                              host_memory_mib=node.host_memory_mib,
                               warning=node_isolation_warning(node=node, tenant_count=len(tenants_here))))
     return cards, colours
 
@@ -227,7 +242,7 @@ def fleet_map(nodes: Iterable, allocations: Iterable, tenants: Iterable,
 # -- lease display ---------------------------------------------------------------------------------------
 def shape_label(lease) -> str:
     """``1 × MIG 1g.10gb · H100-80GB``, ``2 × whole GPU · auto · all on one node``, ``1 × share 250 m / 8192 MiB · L4``
-    (the model it runs on, else the one asked for, else ``auto``)."""
+    (the model it runs on, else the one asked for, else ``auto``), with the host CPU and memory asked per unit."""
     count = f"{lease.count} × "
     if lease.kind == "mig":
         what = f"MIG {lease.profile}"
@@ -237,7 +252,13 @@ def shape_label(lease) -> str:
         what = "whole GPU" + (f" (≥ {lease.memory_mib} MiB)" if lease.memory_mib else "")
     where = lease.tier or (lease.models_allowed[0] if lease.models_allowed else "auto")
     gang = " · all on one node" if lease.count > 1 and lease.gang else ""
-    return f"{count}{what} · {where}{gang}"
+    host = []  # host CPU and memory asked per unit (``2 × whole GPU · H100-80GB · 8 cores + 64 GiB host each``)
+    if getattr(lease, "cpu_milli_per_unit", 0):
+        host.append(f"{lease.cpu_milli_per_unit / 1000:g} cores")
+    if getattr(lease, "host_memory_mib_per_unit", 0):
+        host.append(f"{lease.host_memory_mib_per_unit / 1024:g} GiB")
+    host_text = f" · {' + '.join(host)} host{' each' if lease.count > 1 else ''}" if host else ""
+    return f"{count}{what} · {where}{gang}{host_text}"
 
 
 def is_live(lease) -> bool:

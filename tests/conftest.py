@@ -64,8 +64,13 @@ def django_db_setup(django_db_setup, django_db_blocker):
 
 @pytest.fixture(autouse=True)
 def _clear_cache(request):
-    """Throttle counters and lockouts start from zero in every test (the shared cache outlives a test)."""
+    """Throttle counters and lockouts start from zero in every test (the shared cache outlives a test), and the
+    scheduler's demand mix is read from the test's own leases."""
     from django.conf import settings
+
+    from broker.selectors import scheduler_demand_forget
+
+    scheduler_demand_forget()
 
     if not settings.CACHES["default"]["BACKEND"].endswith("DatabaseCache"):
         cache.clear()  # Redis: only this run's keys (config.cache.PrefixedRedisCache)

@@ -161,8 +161,8 @@ def _gpu_output(shape: dict, tier: str) -> dict:
     """The request's ``gpu`` as the lease answer writes it, with the model it would run on."""
     out = {"kind": shape["kind"], "count": shape["count"], "model": tier or (shape["models"] or ["auto"])[0],
            "gang": shape["gang"]}
-    for name in ("profile", "milli", "memory_mib"):
-        if shape[name]:
+    for name in ("profile", "milli", "memory_mib", "cpu_milli_per_unit", "host_memory_mib_per_unit"):
+        if shape.get(name):
             out[name] = shape[name]
     return out
 

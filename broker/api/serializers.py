@@ -6,7 +6,7 @@ from rest_framework import serializers
 
 from broker.choices import GpuKind, GpuMode, LeaseState, WorkloadClass
 from broker.models import Allocation, Lease, LeaseEvent
-from broker.validation import MAX_GPU_INDEX, MAX_GPU_MEMORY_MIB
+from broker.validation import HOST_FIELDS, MAX_GPU_INDEX, MAX_GPU_MEMORY_MIB
 from gpus.catalogue import MODELS
 from gpus.mig import profiles_for
 from tenants.api.serializers import StrictSerializer
@@ -19,12 +19,21 @@ _GPU_PROPERTIES = {
     "milli": {"type": "integer", "minimum": 1, "maximum": 999, "description": 'share of a GPU, kind "share"'},
     "memory_mib": {"type": "integer", "minimum": 1, "maximum": 1 << 20},
     "gang": {"type": "boolean", "description": "all count devices at once or none (default true)"},
+    "cpu_milli_per_unit": {"type": "integer", "minimum": 0, "maximum": HOST_FIELDS["cpu_milli_per_unit"],
+                           "description": "host CPU per unit in milli-cores (1000 = one core) on the node it runs "
+                                          "on, reserved while it runs; needs gang true when count > 1 "
+                                          "(default 0: none)"},
+    "host_memory_mib_per_unit": {"type": "integer", "minimum": 0, "maximum": HOST_FIELDS["host_memory_mib_per_unit"],
+                                 "description": "host memory per unit in MiB on the node it runs on, reserved "
+                                                "while it runs; needs gang true when count > 1 (default 0: none)"},
 }
 GPU_OUTPUT_SCHEMA = {"type": "object", "properties": _GPU_PROPERTIES, "required": ["kind", "count", "model", "gang"]}
 
 
 def _gpu_shape(kind: str, description: str, required: tuple[str, ...] = (), **properties: dict) -> dict:
     common = {name: _GPU_PROPERTIES[name] for name in ("count", "gang")}
+    if kind != "auto":  # host CPU and memory with a concrete shape (auto-tiering chooses the shape)
+        common.update({name: _GPU_PROPERTIES[name] for name in HOST_FIELDS})
     return {"type": "object", "title": description, "additionalProperties": False,
             "required": ["kind", *required],
             "properties": {"kind": {"type": "string", "enum": [kind]}, **common, **properties}}
@@ -69,7 +78,14 @@ INVENTORY_SCHEMA = {
                        "index": {"type": "integer", "minimum": 0, "maximum": MAX_GPU_INDEX},
                        "model": {"type": "string", "enum": [m.code for m in MODELS]},
                        "mode": {"type": "string", "enum": list(GpuMode.values)},
-                       "memory_mib": {"type": "integer", "minimum": 1, "maximum": MAX_GPU_MEMORY_MIB}}}},
+                       "memory_mib": {"type": "integer", "minimum": 1, "maximum": MAX_GPU_MEMORY_MIB},
+                       "nvlink_domain": {"type": "string", "maxLength": 63,
+                                         "description": "the GPU's NVLink/NVSwitch domain (\"\": none or not "
+                                                        "reported); a multi-GPU lease is kept inside one"}}}},
+                   "host_cpu_milli": {"type": "integer", "minimum": 0, "maximum": 1 << 40,
+                                      "description": "the host's CPU in milli-cores (0 or absent: not tracked)"},
+                   "host_memory_mib": {"type": "integer", "minimum": 0, "maximum": 1 << 40,
+                                       "description": "the host's memory in MiB (0 or absent: not tracked)"},
                    "workload_roots": {"type": "array", "items": {"type": "string", "pattern": "^/"},
                                       "description": "where the node's workloads may name paths (<root>/<tenant>/"
                                                      "<project>); the broker refuses other paths before placing"}},
@@ -237,6 +253,10 @@ class LeaseOutput(serializers.ModelSerializer):
             shape["milli"] = obj.milli
         if obj.memory_mib:
             shape["memory_mib"] = obj.memory_mib
+        if obj.cpu_milli_per_unit:
+            shape["cpu_milli_per_unit"] = obj.cpu_milli_per_unit
+        if obj.host_memory_mib_per_unit:
+            shape["host_memory_mib_per_unit"] = obj.host_memory_mib_per_unit
         return shape
 
     def to_representation(self, instance) -> dict:

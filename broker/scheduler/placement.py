@@ -108,6 +108,11 @@ def gpu_options(gpu: GpuState, need: Need) -> list[Unit]:
             for start in gpu.mig_starts(need.profile)]
 
 
+# added to a placement's score per extra NVLink domain it spans: above any policy's score difference (the largest,
+# ``best-fit``'s and ``default``'s, are a few hundred), so it only orders placements by how many domains they span
+DOMAIN_SPREAD = 1_000_000.0
+
+
 class Policy:
     """Base class: subclasses implement ``score`` (lower is better) and may override unit choice."""
 
@@ -182,6 +187,19 @@ class Policy:
 
     def score(self, cluster: ClusterState, node: NodeState, units: tuple[Unit, ...], need: Need) -> float:
         raise NotImplementedError
+
+    def placement_score(self, cluster: ClusterState, node: NodeState, units: tuple[Unit, ...], need: Need) -> float:
+        """What the search ranks by: ``score`` plus ``DOMAIN_SPREAD`` for each NVLink domain beyond the first that
+        the units span, so a multi-GPU request goes to a node where one domain holds it whenever any node has that
+        room, whatever the policy's score (within a node, ``node_options`` already prefers one domain)."""
+        score = self.score(cluster, node, units, need)
+        if len(units) > 1:
+            gpus = cluster.gpus
+            first = gpus[units[0].gpu].gpu.nvlink_domain
+            spread = {gpus[unit.gpu].gpu.nvlink_domain for unit in units if gpus[unit.gpu].gpu.nvlink_domain != first}
+            if spread:
+                score += DOMAIN_SPREAD * len(spread)
+        return score
 
 
 def _after(node: NodeState, units: tuple[Unit, ...]) -> list[int]:
@@ -568,7 +586,7 @@ class Placer:
             return self._memo[key]
         best = None
         for units in self.policy.node_options(node, need):
-            score = self.policy.score(self.cluster, node, units, need)
+            score = self.policy.placement_score(self.cluster, node, units, need)
             if best is None or score < best[0]:
                 best = (score, units)
         if best is not None:
@@ -582,7 +600,7 @@ class Placer:
         best = None
         policy, cluster = self.policy, self.cluster
         for units in policy.node_options(node, need):
-            score = policy.score(cluster, node, units, need)
+            score = policy.placement_score(cluster, node, units, need)
             if best is None or score < best[0]:
                 best = (score, units)
         if best is None:

@@ -24,7 +24,14 @@ from broker.scheduler import DecisionMode
 from broker.scheduler.collector import collector_paused
 from broker.scheduler.estimate import estimated_starts
 from broker.scheduler.plan import Scheduler
-from broker.selectors import QueuedLease, core_request, lease_queue, queued_leases, scheduler_inputs
+from broker.selectors import (
+    QueuedLease,
+    core_request,
+    lease_queue,
+    queued_leases,
+    scheduler_demand,
+    scheduler_inputs,
+)
 from broker.services.fairshare import usage_history_record
 from broker.services.groups import allocations_free, group_leaving, group_preempted
 from broker.services.provisioning import release_instances_quietly, workloads_start_after
@@ -96,7 +103,8 @@ def _schedule_cycle_locked(now: datetime, counts: dict) -> dict:
     by_id = {str(lease.pk): lease for lease in queued}
     shapes: dict = {}
     requests = [core_request(lease, shapes) for lease in queued]
-    scheduler = Scheduler(snapshot)
+    # the placement policy keeps room for the recent demand mix (the shapes asked lately), as in the simulator
+    scheduler = Scheduler(snapshot, workload=scheduler_demand(now=now))
     decisions = scheduler.schedule(requests, now=now.timestamp())
     # what waits gets an estimated start: the plan continued over the running leases' expiries (the working state
     # is this cycle's own; the placements below are written from the decisions)

@@ -222,6 +222,7 @@ def node_inventory_sync(*, node: Node, inventory: object, now: datetime, strict:
             if not 0 <= gpu_index <= MAX_GPU_INDEX or not 1 <= memory_mib <= MAX_GPU_MEMORY_MIB:
                 raise ValueError(f"index 0-{MAX_GPU_INDEX}, memory_mib 1-{MAX_GPU_MEMORY_MIB}")
             parsed.append((index, uuid, {"index": gpu_index, "model": model, "mode": mode, "memory_mib": memory_mib,
+                                         "nvlink_domain": _nvlink_domain(item, index),
                                          **_share_enforcement(item, index)}))
         except (KeyError, TypeError, ValueError, UnknownModel) as error:
             raise ValidationFailed(f"inventory.gpus[{index}] is not a GPU the broker knows: {error}",
@@ -233,6 +234,10 @@ def node_inventory_sync(*, node: Node, inventory: object, now: datetime, strict:
             audit_record(tenant=None, by=None, action="node.isolation", target=node.node_id,
                          data={"from": node.isolation, "to": isolation, "workload_runtime": runtime})
         node.workload_runtime, node.isolation = runtime, isolation
+    host = node_host_parse(inventory)
+    if (node.host_cpu_milli, node.host_memory_mib) != host:
+        Node.objects.filter(pk=node.pk).update(host_cpu_milli=host[0], host_memory_mib=host[1])
+        node.host_cpu_milli, node.host_memory_mib = host
     roots = _workload_roots(inventory)
     if roots != node.workload_roots:
         Node.objects.filter(pk=node.pk).update(workload_roots=roots)
@@ -282,7 +287,7 @@ def node_inventory_sync(*, node: Node, inventory: object, now: datetime, strict:
                 Gpu.objects.bulk_create(new)
         except IntegrityError:  # a GPU of this list was inserted by a racing enrollment: one at a time, as before
             for gpu in new:
-                values = {name: getattr(gpu, name) for name in ("index", "model", "mode", "memory_mib",
+                values = {name: getattr(gpu, name) for name in ("index", "model", "mode", "memory_mib", "nvlink_domain",
                                                                 "share_enforcement", "share_enforcement_reason")}
                 Gpu.objects.update_or_create(uuid=gpu.uuid, defaults={"node": node, **values, "lost_at": None,
                                                                       "released_at": None})
@@ -290,6 +295,34 @@ def node_inventory_sync(*, node: Node, inventory: object, now: datetime, strict:
     Gpu.objects.filter(pk__in=[pk for pk, _, node_pk, _ in locked if node_pk == node.pk], lost_at__isnull=True
                        ).exclude(uuid__in=seen).update(lost_at=now)
     return refused
+
+
+def _nvlink_domain(item: dict, index: int) -> str:
+    """A GPU's NVLink domain as its agent reports it (GPUs of one node in one domain talk over NVLink or an
+    NVSwitch; the scheduler keeps a multi-GPU lease inside one when it can); "" when it has none or its agent
+    does not report it (one from before topology was reported)."""
+    domain = item.get("nvlink_domain", "")
+    if domain is None:
+        return ""
+    if not isinstance(domain, str) or len(domain) > MAX_NVLINK_DOMAIN:
+        raise ValidationFailed(f"inventory.gpus[{index}].nvlink_domain must be a string of at most "
+                               f"{MAX_NVLINK_DOMAIN} characters.", field=f"inventory.gpus[{index}].nvlink_domain")
+    return domain
+
+
+def node_host_parse(inventory: dict) -> tuple[int, int]:
+    """(host CPU in milli-cores, host memory in MiB) of an inventory (``host_cpu_milli``, ``host_memory_mib``); 0
+    for one its agent does not report (not tracked: the scheduler places no host CPU or memory there)."""
+    out = []
+    for name in ("host_cpu_milli", "host_memory_mib"):
+        value = inventory.get(name, 0)
+        if value is None:
+            value = 0
+        if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= MAX_HOST_QUANTITY:
+            raise ValidationFailed(f"inventory.{name} must be an integer 0..{MAX_HOST_QUANTITY}.",
+                                   field=f"inventory.{name}")
+        out.append(value)
+    return out[0], out[1]
 
 
 def _share_enforcement(item: dict, index: int) -> dict:
@@ -325,6 +358,8 @@ def node_isolation_parse(inventory: dict) -> tuple[str, str]:
 
 
 MAX_WORKLOAD_ROOTS = 16
+MAX_NVLINK_DOMAIN = 63  # Gpu.nvlink_domain
+MAX_HOST_QUANTITY = 1 << 40  # milli-cores or MiB: far above any machine
 
 
 def _workload_roots(inventory: dict) -> list[str] | None:

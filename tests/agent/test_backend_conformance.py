@@ -26,7 +26,7 @@ from tests.agent.test_nvml_backend import RECORDED_H100, RECORDING, recorded_nvm
 
 # what every GPU of an inventory carries (docs/agent-protocol.md, "GET /v1/inventory"); "shares" only in
 # shared mode
-GPU_KEYS = {"index", "uuid", "model", "name", "memory_mib", "memory_total_mib", "memory_reserved_mib",
+GPU_KEYS = {"nvlink_domain", "index", "uuid", "model", "name", "memory_mib", "memory_total_mib", "memory_reserved_mib",
             "mig_capable", "mig_mode", "mode", "mig_layout"}
 INSTANCE_KEYS = {"allocation_id", "kind", "gpu", "gpu_index", "profile", "start", "milli", "memory_mib",
                  "gpu_instance_id", "compute_instance_id", "device_uuid", "created_at", "notice", "access", "state"}

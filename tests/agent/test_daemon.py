@@ -23,6 +23,9 @@ def test_config_file_with_flags_winning(tmp_path):
     ('node_id = "n"\nbackend = "cuda"\n', "backend must be sim or nvml"),
     ('node_id = "n"\nlisten = "9400"\n', "listen must be HOST:PORT"),
     ('node_id = "n"\nbroker_url = "ftp://x"\n', "broker_url must be http"),
+    ('node_id = "n"\nnvlink_domain_size = 65\n', "nvlink_domain_size must be an integer -1..64"),
+    ('node_id = "n"\nhost_cpu_milli = -1\n', "host_cpu_milli must be an integer"),
+    ('node_id = "n"\nbackend = "nvml"\nhost_memory_mib = 1024\n', "a real node reports its own"),
 ])
 def test_bad_configuration_is_named(tmp_path, text, words):
     path = tmp_path / "agent.toml"
@@ -53,3 +56,17 @@ def test_backoff_grows_with_jitter_and_is_capped():
     for failures, (low, high) in {1: (0.5, 1), 2: (1, 2), 4: (4, 8), 20: (30, 60)}.items():
         delays = [backoff_delay(failures) for _ in range(200)]
         assert all(low <= d <= high for d in delays) and len(set(delays)) > 1
+
+
+def test_sim_topology_and_host_from_the_configuration(tmp_path):
+    """``nvlink_domain_size`` and the host's CPU and memory reach the simulated backend (TOML or flags)."""
+    from agent.daemon import build_backend
+
+    path = tmp_path / "agent.toml"
+    path.write_text('node_id = "hgx"\ngpus = "h100-80gb:8:whole"\nnvlink_domain_size = 4\nhost_cpu_milli = 96000\n')
+    config = load_config(str(path), {"host_memory_mib": 1_048_576})
+    backend = build_backend(config, tmp_path / "state")
+    assert [g["nvlink_domain"] for g in backend.inventory()["gpus"]] == ["nvl0"] * 4 + ["nvl1"] * 4
+    assert backend.host() == {"cpu_milli": 96_000, "memory_mib": 1_048_576}
+    default = build_backend(load_config(None, {"node_id": "pcie", "gpus": "l4:2"}), tmp_path / "pcie")
+    assert [g["nvlink_domain"] for g in default.inventory()["gpus"]] == ["", ""]  # a PCIe model: no NVLink

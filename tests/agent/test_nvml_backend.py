@@ -97,6 +97,11 @@ class FakeGpu:
     reserved_mib: int = 0  # the driver's reservation (nvmlMemory_v2_t.reserved)
     memory_v2: bool = True  # the driver has nvmlDeviceGetMemoryInfo_v2
     not_supported: set[str] = field(default_factory=set)
+    # topology: its PCI bus id, the remote bus id of each NVLink link ("": the link is down; a bus id no GPU has: an
+    # NVSwitch), and its GPU fabric registration ((cluster UUID bytes, clique id), None: no fabric)
+    bus_id: str = ""
+    nvlinks: list[str] = field(default_factory=list)
+    fabric: tuple[bytes, int] | None = None
 
 
 def _ptr(kind, address: int):
@@ -238,6 +243,42 @@ class FakeNvml:
             raise pynvml.NVMLError_FunctionNotFound()
         assert version == pynvml.nvmlMemory_v2, f"unknown nvmlMemory version {version:#x}"
         return pynvml.c_nvmlMemory_v2_t(version, total * MIB, reserved * MIB, free * MIB, used * MIB)
+
+    def nvmlDeviceGetPciInfo(self, handle):
+        gpu, _, _ = self._device(handle)
+        self._call("nvmlDeviceGetPciInfo", gpu)
+        if not gpu.bus_id:
+            raise pynvml.NVMLError_NotSupported()
+        info = pynvml.nvmlPciInfo_t()
+        info.busId = gpu.bus_id.encode()
+        return info
+
+    def nvmlDeviceGetNvLinkState(self, handle, link):
+        gpu, _, _ = self._device(handle)
+        self._call("nvmlDeviceGetNvLinkState", gpu, link=link)
+        if not gpu.nvlinks:
+            raise pynvml.NVMLError_NotSupported()
+        if link >= len(gpu.nvlinks):
+            raise pynvml.NVMLError_InvalidArgument()
+        return pynvml.NVML_FEATURE_ENABLED if gpu.nvlinks[link] else pynvml.NVML_FEATURE_DISABLED
+
+    def nvmlDeviceGetNvLinkRemotePciInfo(self, handle, link):
+        gpu, _, _ = self._device(handle)
+        self._call("nvmlDeviceGetNvLinkRemotePciInfo", gpu, link=link)
+        info = pynvml.nvmlPciInfo_t()
+        info.busId = gpu.nvlinks[link].encode()
+        return info
+
+    def nvmlDeviceGetGpuFabricInfo(self, handle):
+        gpu, _, _ = self._device(handle)
+        self._call("nvmlDeviceGetGpuFabricInfo", gpu)
+        if gpu.fabric is None:
+            raise pynvml.NVMLError_NotSupported()
+        info = pynvml.c_nvmlGpuFabricInfo_t()
+        ctypes.memmove(info.clusterUuid, gpu.fabric[0], 16)
+        info.status, info.cliqueId = pynvml.NVML_SUCCESS, gpu.fabric[1]
+        info.state = pynvml.NVML_GPU_FABRIC_STATE_COMPLETED
+        return info
 
     def nvmlDeviceGetPowerUsage(self, handle):
         gpu, _, _ = self._device(handle)
@@ -504,6 +545,7 @@ def test_nvml_backend_inventory_lists_gpus_with_the_mig_layout_in_catalogue_name
         "mig_capable": True,
         "mig_mode": {"current": "enabled", "pending": "enabled"},
         "mode": "mig",
+        "nvlink_domain": "",  # the fake answers no NVLink call: a PCIe node
         "mig_layout": [
             {"gpu_instance_id": 5, "profile": "2g.20gb", "start": 2, "size": 2, "device_uuid": ""},
             {
@@ -527,6 +569,7 @@ def test_nvml_backend_inventory_lists_gpus_with_the_mig_layout_in_catalogue_name
         "mig_mode": None,
         "mode": "whole",
         "mig_layout": [],
+        "nvlink_domain": "",
     }
     assert inventory["instances"] == []
 
@@ -1229,3 +1272,36 @@ def test_nvml_metrics_do_not_stall_the_agent_while_nvml_is_slow(tmp_path):
             scraper.join(20)
         assert f'UUID="{RECORDED_H100}"' in scrape["text"]
         assert "DCGM_FI_DEV_FB_FREE" in scrape["text"] and "} 81079" in scrape["text"]
+
+
+# --- topology: NVLink domains ---------------------------------------------------------------------------
+
+
+def _h100(number: int, **topology) -> FakeGpu:
+    return FakeGpu("NVIDIA H100 80GB HBM3", f"GPU-topo-{number}", 81_559, False, **topology)
+
+
+def test_nvml_backend_nvlink_domains_from_links(tmp_path):
+    """GPUs 0-1 joined by a link, 2-3 by another, 4 with its links down: two domains and none, named by the node
+    and the lowest index; GPUs 5-6 both on an NVSwitch (a remote bus id no GPU has): one domain of their own."""
+    bus = [f"00000000:{0x10 + n:02X}:00.0" for n in range(7)]
+    switch = "00000000:F0:00.0"
+    gpus = [_h100(0, bus_id=bus[0], nvlinks=[bus[1], ""]), _h100(1, bus_id=bus[1], nvlinks=[bus[0].lower()]),
+            _h100(2, bus_id=bus[2], nvlinks=["", bus[3]]), _h100(3, bus_id=bus[3], nvlinks=[bus[2]]),
+            _h100(4, bus_id=bus[4], nvlinks=["", ""]), _h100(5, bus_id=bus[5], nvlinks=[switch]),
+            _h100(6, bus_id=bus[6], nvlinks=[switch, switch])]
+    backend = NvmlBackend(tmp_path, "node-a", nvml=FakeNvml(gpus))
+    domains = [gpu["nvlink_domain"] for gpu in backend.inventory()["gpus"]]
+    assert domains == ["node-a/nvlink0", "node-a/nvlink0", "node-a/nvlink2", "node-a/nvlink2", "",
+                       "node-a/nvlink5", "node-a/nvlink5"]
+
+
+def test_nvml_backend_nvlink_domain_from_fabric_and_absent(tmp_path):
+    """A GPU registered with the fabric is in its clique (the same name on every node of the domain); a driver that
+    supports none of the calls (the recorded H100, a PCIe card) answers "" for every GPU, and the agent starts."""
+    uuid = bytes(range(1, 17))
+    gpus = [_h100(0, fabric=(uuid, 7)), _h100(1, fabric=(uuid, 7))]
+    backend = NvmlBackend(tmp_path / "a", "node-a", nvml=FakeNvml(gpus))
+    assert {gpu["nvlink_domain"] for gpu in backend.inventory()["gpus"]} == {f"fabric:{uuid.hex()}/7"}
+    plain = NvmlBackend(tmp_path / "b", "node-b", nvml=FakeNvml([_h100(0), _h100(1)]))
+    assert [gpu["nvlink_domain"] for gpu in plain.inventory()["gpus"]] == ["", ""]

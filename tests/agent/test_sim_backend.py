@@ -209,3 +209,40 @@ def test_a_lost_gpu_has_no_mode_to_change(tmp_path):
     with pytest.raises(NotFound) as error:
         sim.set_mode(first, "whole")
     assert error.value.field == "gpu"
+
+
+def test_sim_nvlink_domains_follow_the_model_and_the_domain_size(tmp_path):
+    """An NVLink model's GPUs are one domain per group (an HGX board), a PCIe model's none; ``nvlink_domain_size``
+    splits them (two domains of 4 on an 8-GPU node), 0 turns NVLink off. The names are the node's own."""
+    def domains(name, gpus, size=None):
+        sim = SimBackend(tmp_path / name, "n1", parse_gpu_specs(gpus), nvlink_domain_size=size)
+        return [gpu["nvlink_domain"] for gpu in sim.inventory()["gpus"]]
+
+    assert domains("hgx", "h100-80gb:8:whole") == ["nvl0"] * 8
+    assert domains("split", "h100-80gb:8:whole", 4) == ["nvl0"] * 4 + ["nvl1"] * 4
+    assert domains("mixed", "h100-80gb:2:whole,l4:2,a100-80gb:3:whole", 2) == ["nvl0", "nvl0", "", "", "nvl1",
+                                                                               "nvl1", "nvl2"]
+    assert domains("off", "h100-80gb:4:whole", 0) == [""] * 4
+    with pytest.raises(ValueError, match="nvlink_domain_size"):
+        domains("bad", "h100-80gb:4:whole", 65)
+
+
+def test_sim_host_resources_default_per_gpu_or_as_configured(tmp_path):
+    """A simulated host reports 14 cores and 256 GiB per GPU unless configured."""
+    sim = SimBackend(tmp_path / "a", "n1", parse_gpu_specs("h100-80gb:8:whole"))
+    assert sim.host() == {"cpu_milli": 112_000, "memory_mib": 8 * 262_144}
+    sized = SimBackend(tmp_path / "b", "n1", parse_gpu_specs("l4:2"), host_cpu_milli=16_000, host_memory_mib=65_536)
+    assert sized.host() == {"cpu_milli": 16_000, "memory_mib": 65_536}
+
+
+def test_backend_host_resources_read_this_machine(tmp_path):
+    """A real node's host: the CPUs the agent may use and MemTotal of /proc/meminfo (a file it reads)."""
+    import os
+
+    from agent.backend import host_resources
+
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemTotal:       65843720 kB\nMemFree:         1000 kB\n")
+    host = host_resources(str(meminfo))
+    assert host == {"cpu_milli": len(os.sched_getaffinity(0)) * 1000, "memory_mib": 65843720 // 1024}
+    assert host_resources(str(tmp_path / "absent"))["memory_mib"] > 0  # the physical pages instead

@@ -125,6 +125,18 @@ def test_request_form_posts_without_javascript_and_redirects_to_the_lease(world,
     assert "Queued" in text(page) and "requested: it is in the queue" in text(page)
 
 
+def test_request_form_asks_host_cpu_and_memory_per_unit(world, client):
+    """The form's advanced part: host CPU (millicores) and memory (MiB) per unit, kept on the lease and shown on its
+    page."""
+    form = {**MIG, "gpu.cpu_milli_per_unit": "4000", "gpu.host_memory_mib_per_unit": "8192"}
+    response = login(client, "max").post("/leases/new", form)
+    lease = Lease.objects.get()
+    assert response.status_code == 302
+    assert (lease.cpu_milli_per_unit, lease.host_memory_mib_per_unit) == (4000, 8192)
+    assert "1 × MIG 1g.10gb · auto · 4 cores + 8 GiB host" in text(client.get(response["Location"]))
+    assert 'name="gpu.cpu_milli_per_unit"' in client.get("/leases/new").content.decode()
+
+
 def test_request_form_sent_twice_makes_one_lease(world, client):
     login(client, "max")
     form = {**MIG, "idempotency_key": "form-1"}
@@ -141,6 +153,8 @@ def test_request_form_sent_twice_makes_one_lease(world, client):
     ({"gpu.kind": "share", "gpu.milli": "250", "gpu.memory_mib": ""}, "gpu_memory_mib",
      "gpu.memory_mib must be a whole number from 1 to 1048576."),
     ({"gpu.model": "TPU-v5"}, "gpu_model", "unknown GPU model 'TPU-v5'"),
+    ({"gpu.cpu_milli_per_unit": "-5"}, "gpu_cpu_milli_per_unit",
+     "gpu.cpu_milli_per_unit must be a whole number from 0 to 1024000."),
     ({"priority": "500"}, "priority", "priority must be a whole number from -100 to 100."),
     ({"duration_seconds": "5"}, "duration_seconds", "duration_seconds must be a whole number from 60 to"),
     ({"project": "nope"}, "project", "No project 'nope' in this tenant."),

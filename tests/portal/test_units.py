@@ -39,6 +39,9 @@ def test_units_shape_label_and_slots():
     lease = SimpleNamespace(kind="share", profile="", count=1, gang=True, milli=250, memory_mib=8192, tier="L4",
                             models_allowed=[])
     assert shape_label(lease) == "1 × share 250 m / 8192 MiB · L4"
+    lease = SimpleNamespace(kind="whole", profile="", count=2, gang=True, milli=0, memory_mib=0, tier="H100-80GB",
+                            models_allowed=[], cpu_milli_per_unit=8000, host_memory_mib_per_unit=65_536)
+    assert shape_label(lease) == "2 × whole GPU · H100-80GB · all on one node · 8 cores + 64 GiB host each"
     assert slot_range(SimpleNamespace(slots=NumericRange(4, 8))) == "slots 4–7"
     assert slot_range(SimpleNamespace(slots=NumericRange(2, 3))) == "slot 2"
 
@@ -51,10 +54,11 @@ def test_units_fleet_map_draws_shares_side_by_side():
     from portal.presenters import fleet_map
 
     tenant = SimpleNamespace(pk=1, slug="acme")
-    gpu = SimpleNamespace(pk=7, index=0, uuid="GPU-1", model="L4", mode="shared", memory_mib=23034)
+    gpu = SimpleNamespace(pk=7, index=0, uuid="GPU-1", model="L4", mode="shared", memory_mib=23034, nvlink_domain="")
     node = SimpleNamespace(node_id="n1", pool="default", status="ready", cordoned=False, hostname="",
                            last_heartbeat_at=None, gpus=SimpleNamespace(all=lambda: [gpu]), isolation="uid",
-                           workload_runtime="process", workload_roots=None)
+                           workload_runtime="process", workload_roots=None, host_cpu_milli=16_000,
+                           host_memory_mib=65_536)
 
     def share(pk, milli):
         lease = SimpleNamespace(pk=pk, state="active", tenant=tenant, tenant_id=1, project=SimpleNamespace(slug="p"))
@@ -66,3 +70,4 @@ def test_units_fleet_map_draws_shares_side_by_side():
     assert (first.left, first.width, second.left, second.width) == (0.0, 25.0, 25.0, 50.0)
     assert "over quota" in second.detail and "37% busy" in second.detail and colours == {1: first.colour}
     assert card.gpus[0].summary == "750 of 1000 milli shared"
+    assert card.host == "16 cores · 64 GiB host"  # what its agent reports of the host

@@ -34,7 +34,7 @@ class EveryNodePlacer(Placer):
                 continue
             here = None
             for units in self.policy.node_options(node, need):
-                score = self.policy.score(self.cluster, node, units, need)
+                score = self.policy.placement_score(self.cluster, node, units, need)
                 if here is None or score < here[0]:
                     here = (score, units)
             if here is not None and (best is None or (round(here[0], 6), node_id) < best[0]):

@@ -65,6 +65,13 @@ def _apply(step: tuple[str, int], projects: list) -> None:
         elif op == "rename":
             node = nodes[pick % len(nodes)]
             Node.objects.filter(pk=node.pk).update(node_id=f"{node.node_id}-r")
+        elif op == "host":  # its agent reports another host CPU / memory (migration 0020 logs it)
+            node = nodes[pick % len(nodes)]
+            Node.objects.filter(pk=node.pk).update(host_cpu_milli=node.host_cpu_milli + 1000 * (1 + pick % 3),
+                                                   host_memory_mib=(node.host_memory_mib + 1024) * (pick % 2))
+        elif op == "nvlink":  # a GPU's NVLink domain as its agent reports it
+            gpu = gpus[pick % len(gpus)]
+            Gpu.objects.filter(pk=gpu.pk).update(nvlink_domain=f"nvl{pick % 3}")
         elif op == "heartbeat":  # a column the snapshot does not read: no change logged, nothing to re-read
             Node.objects.filter(pk=nodes[pick % len(nodes)].pk).update(last_heartbeat_at=now)
         elif op == "lose":  # half the time a GPU something runs on
@@ -88,7 +95,8 @@ def _apply(step: tuple[str, int], projects: list) -> None:
                 started = {"active_at": now - timedelta(seconds=pick)} if pick % 3 else {"queued_at": None}
                 lease = Lease.objects.create(tenant=project.tenant, project=project, kind="whole", tier=MODEL,
                                              state="active", duration_seconds=3600, priority=pick % 4,
-                                             group_key=f"g{pick % 2}" if pick % 5 == 0 else None, **started)
+                                             group_key=f"g{pick % 2}" if pick % 5 == 0 else None,
+                                             cpu_milli_per_unit=1000 * (pick % 3), **started)
                 for gpu in free[pick % len(free):][:1 + pick % 2]:
                     _allocate(lease, gpu, preemptible=bool(pick % 2))
         elif op == "free" and live:
@@ -120,8 +128,8 @@ def _apply(step: tuple[str, int], projects: list) -> None:
                 Allocation.objects.filter(pk=warm[pick % len(warm)].pk).update(freed_at=now, state="freed")
 
 
-OPS = ("enroll", "cordon", "silence", "rename", "move", "heartbeat", "lose", "switch", "target", "place", "free",
-       "preempt", "priority", "warm", "bind", "unwarm")
+OPS = ("enroll", "cordon", "silence", "rename", "move", "heartbeat", "host", "nvlink", "lose", "switch", "target",
+       "place", "free", "preempt", "priority", "warm", "bind", "unwarm")
 
 
 def _other() -> psycopg.Connection:
