@@ -102,8 +102,9 @@ def _opt_in_card(shown) -> dict:
 class IdleReclaimView(TenantView):
     """``/settings/idle-reclaim``: per project, the opt-in to idle reclaim of its interactive leases, with the notice
     and the saving shown before the choice. Everyone in the tenant reads; admins and owners choose (``manage``).
-    ``POST`` (``project``, ``opt_in`` true/false, or ``suspend_opt_out`` true/false): with htmx the project's card comes back, changed or with the
-    service's refusal in it; without, a redirect to the page with the outcome as a message."""
+    ``POST`` (``project``, ``opt_in`` true/false, or ``suspend_opt_out`` true/false: the suspension of its idle
+    resumable training): with htmx the project's card comes back, changed or with the service's refusal in it;
+    without, a redirect to the page with the outcome as a message."""
 
     template_name = "portal/settings_idle_reclaim.html"
     write_action = "manage"
