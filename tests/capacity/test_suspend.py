@@ -144,6 +144,8 @@ def test_suspend_the_loop_notices_then_suspends_only_resumable_training_and_requ
     resumable.refresh_from_db()
     assert resumable.state == LeaseState.QUEUED and resumable.active_at is None
     assert resumable.reason == "suspended while idle: resumes when capacity frees"
+    requeue = resumable.events.get(to_state=LeaseState.QUEUED, from_state=LeaseState.PREEMPTED)
+    assert (requeue.reason, requeue.actor) == ("suspended while idle: resumes when capacity frees", "broker")
     assert not Allocation.objects.filter(lease=resumable, freed_at__isnull=True).exists()
 
 

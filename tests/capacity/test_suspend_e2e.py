@@ -130,7 +130,9 @@ def test_an_idle_resumable_training_lease_is_suspended_requeued_and_resumes_from
     suspend = Adjustment.objects.get(kind="idle_reclaim", lease_id=train_id, change__step="suspend")
     assert suspend.state == "applied" and suspend.outcome.startswith("suspended: 20 s to checkpoint"), suspend.outcome
     wait_until(lambda: lease_of(train_id).state == LeaseState.QUEUED, timeout=30)
-    assert lease_of(train_id).reason == "suspended while idle: resumes when capacity frees"
+    # the requeue's event says why (the next schedule cycle replaces the lease's reason with its waiting reason)
+    assert lease_of(train_id).events.get(to_state=LeaseState.QUEUED, from_state=LeaseState.PREEMPTED).reason == \
+        "suspended while idle: resumes when capacity frees"
     step_at_suspension = json.loads((checkpoint / "ckpt.json").read_text())["step"]
     assert step_at_suspension > 0
     # the GPU went to the waiting lease, well before the grace ran out (the workload stopped at its checkpoint)
