@@ -151,7 +151,10 @@ def capacity_snapshot(*, now: datetime) -> tuple[CapacitySnapshot, SnapshotNotes
     gpus = _gpus(now, leases)
     queue = _queue(now)
     history = _history(now)
-    utilisation = _utilisation(now, leases, policies, notes)
+    # the resumable-training rule's hour of series is read only where a lease could use it
+    resumable = any(instance.resumable for gpu in gpus for instance in gpu.instances)
+    utilisation = _utilisation(now, leases, policies if resumable else tuple(map(_without_suspension, policies)),
+                               notes)
     quotas, quota_use = _quotas(now, policies)
     prices, currency = _prices(now)
     snapshot = CapacitySnapshot(gpus=gpus, queue=queue, history=history, utilisation=utilisation, quotas=quotas,
