@@ -284,7 +284,8 @@ class IdleOptInOutput(serializers.Serializer):
 
 class IdleOptInInput(StrictSerializer):
     """A project's opt-in to idle reclaim of its interactive leases, and its opt-out of the suspension of its idle
-    resumable training (admins and owners): either or both; a field left out stays as it is."""
+    resumable training (admins and owners): either or both; a field left out stays as it is (an empty body changes
+    nothing and answers the project's state)."""
 
     opt_in = serializers.BooleanField(required=False,
                                       help_text="true: reclaim the project's idle interactive leases automatically "
@@ -292,7 +293,3 @@ class IdleOptInInput(StrictSerializer):
     suspend_opt_out = serializers.BooleanField(required=False,
                                                help_text="true: never suspend the project's idle training")
 
-    def validate(self, attrs):
-        if not attrs:
-            raise serializers.ValidationError({"opt_in": ["Give opt_in, suspend_opt_out or both."]})
-        return attrs
