@@ -97,8 +97,8 @@ def _without_suspension(policy: Policy) -> Policy:
 def policies_in_force() -> tuple[Policy, ...]:
     """Every scope's policy, each merged over the default scope's, itself over the built-in modes
     (``builtin_modes``). A project whose tenant opted in to idle reclaim (``Project.idle_reclaim_opt_in``) gets
-    its scope's policy with ``idle_auto_classes`` (interactive), unless a staff policy of that scope sets
-    ``idle_reclaim`` itself: staff's word wins. A project that opted out of suspension
+    its scope's policy with ``idle_auto_classes`` (interactive and resumable training), unless a staff policy of
+    that scope sets ``idle_reclaim`` itself: staff's word wins. A project that opted out of suspension
     (``Project.idle_suspend_opt_out``) gets its scope's policy with the resumable-training rule off, whatever any
     policy says: its idle training is never suspended."""
     builtin = Policy(**{name: Mode(mode) for name, mode in builtin_modes().items()}, idle_rules=DEFAULT_IDLE_RULES)
