@@ -163,6 +163,16 @@ def share_enforcement_note(model: str, found: dict | None) -> dict:
             "unenforced_gpus": found["unenforced_gpus"], "detail": detail}
 
 
+def workload_resumable(spec: dict | None) -> bool:
+    """Whether a workload (its ``spec``) resumes after a preemption from where it stopped: it declares a checkpoint
+    directory and a restart policy that restarts it when the lease is placed again (``on-preemption`` or
+    ``on-failure``; ``never`` ends the lease at its stop). The capacity loop suspends such a lease when it idles
+    instead of releasing it (docs/capacity.md, "Suspension of idle training")."""
+    if not spec:
+        return False
+    return bool(spec.get("checkpoint_dir")) and spec.get("restart_policy", "never") != "never"
+
+
 def lease_queue() -> QuerySet[Lease]:
     """The queue the scheduler works on, oldest first: QUEUED leases of active tenants. A suspended
     tenant's queued leases are held (tenants.services.tenant_set_status): never placed, never counted ahead

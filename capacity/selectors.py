@@ -19,7 +19,7 @@ from django.conf import settings
 from django.db.models import Q, QuerySet
 
 from broker.choices import AllocationState, LeaseState, NodeStatus
-from broker.models import Allocation, Gpu, Lease
+from broker.models import Allocation, Gpu, Lease, Workload
 from broker.scheduler import GpuMode as CoreMode
 from broker.scheduler import Kind
 from broker.scheduler.types import WorkloadClass
@@ -83,14 +83,24 @@ def builtin_modes() -> dict[str, str]:
     return {kind.value: mode.value for kind, mode in DEFAULT_MODES}
 
 
-OPT_IN_CLASSES = (ReclaimClass.INTERACTIVE,)  # what a project's idle reclaim opt-in covers
+# what a project's idle reclaim opt-in covers: its interactive leases, and the suspension of its idle resumable
+# training (which a project may refuse on its own: ``Project.idle_suspend_opt_out``)
+OPT_IN_CLASSES = (ReclaimClass.INTERACTIVE, ReclaimClass.RESUMABLE)
+
+
+def _without_suspension(policy: Policy) -> Policy:
+    """``policy`` with the resumable-training rule switched off (a project that opted out of suspension)."""
+    return replace(policy, idle_rules=tuple((name, replace(rule, enabled=False) if name == ReclaimClass.RESUMABLE
+                                             else rule) for name, rule in policy.idle_rules))
 
 
 def policies_in_force() -> tuple[Policy, ...]:
     """Every scope's policy, each merged over the default scope's, itself over the built-in modes
     (``builtin_modes``). A project whose tenant opted in to idle reclaim (``Project.idle_reclaim_opt_in``) gets
-    its scope's policy with ``idle_auto_classes`` (interactive), unless a staff policy of that scope sets
-    ``idle_reclaim`` itself: staff's word wins."""
+    its scope's policy with ``idle_auto_classes`` (interactive and resumable training), unless a staff policy of
+    that scope sets ``idle_reclaim`` itself: staff's word wins. A project that opted out of suspension
+    (``Project.idle_suspend_opt_out``) gets its scope's policy with the resumable-training rule off, whatever any
+    policy says: its idle training is never suspended."""
     builtin = Policy(**{name: Mode(mode) for name, mode in builtin_modes().items()}, idle_rules=DEFAULT_IDLE_RULES)
     rows = list(CapacityPolicy.objects.order_by("scope"))
     default_row = next((row for row in rows if row.scope == ""), None)
@@ -101,6 +111,9 @@ def policies_in_force() -> tuple[Policy, ...]:
         scope = f"project:{pk}"
         if scope not in explicit:
             scoped[scope] = replace(scoped.get(scope, replace(default, scope=scope)), idle_auto_classes=OPT_IN_CLASSES)
+    for pk in Project.objects.filter(idle_suspend_opt_out=True).values_list("pk", flat=True):
+        scope = f"project:{pk}"
+        scoped[scope] = _without_suspension(scoped.get(scope, replace(default, scope=scope)))
     return (default, *(scoped[scope] for scope in sorted(scoped)))
 
 
@@ -138,7 +151,10 @@ def capacity_snapshot(*, now: datetime) -> tuple[CapacitySnapshot, SnapshotNotes
     gpus = _gpus(now, leases)
     queue = _queue(now)
     history = _history(now)
-    utilisation = _utilisation(now, leases, policies, notes)
+    # the resumable-training rule's hour of series is read only where a lease could use it
+    resumable = any(instance.resumable for gpu in gpus for instance in gpu.instances)
+    utilisation = _utilisation(now, leases, policies if resumable else tuple(map(_without_suspension, policies)),
+                               notes)
     quotas, quota_use = _quotas(now, policies)
     prices, currency = _prices(now)
     snapshot = CapacitySnapshot(gpus=gpus, queue=queue, history=history, utilisation=utilisation, quotas=quotas,
@@ -159,6 +175,7 @@ def _gpus(now: datetime, leases: dict[int, Lease]) -> tuple[CapacityGpu, ...]:
     warm: dict[int, list[WarmInstance]] = defaultdict(list)
     noticed_at = _noticed_at([a.lease_id for a in live if a.lease_id is not None
                               and a.lease.state == LeaseState.ACTIVE and a.lease.notice_deadline is not None])
+    resumable = _resumable({a.lease_id for a in live if a.lease_id is not None})
     for allocation in live:
         if allocation.lease_id is None:
             warm[allocation.gpu_id].append(WarmInstance(str(allocation.pk), allocation.mig_profile,
@@ -172,11 +189,22 @@ def _gpus(now: datetime, leases: dict[int, Lease]) -> tuple[CapacityGpu, ...]:
             lease=str(lease.pk), project=str(lease.project_id), in_quota=not allocation.preemptible,
             workload_class=WorkloadClass(lease.workload_class), profile=allocation.mig_profile,
             start=allocation.mig_start if allocation.mig_start is not None else -1, milli=allocation.milli,
-            memory_mib=allocation.memory_mib, started_at=started.timestamp(), noticed_at=noticed))
+            memory_mib=allocation.memory_mib, started_at=started.timestamp(), noticed_at=noticed,
+            resumable=lease.pk in resumable and not lease.group_key))
     return tuple(CapacityGpu(id=f"g{gpu.pk}", node=gpu.node.node_id, model=gpu.model, mode=CoreMode(gpu.mode),
                              instances=tuple(instances[gpu.pk]), warm=tuple(warm[gpu.pk]),
                              mode_since=(gpu.mode_since or gpu.node.enrolled_at).timestamp())
                  for gpu in rows)
+
+
+def _resumable(lease_ids: set[int]) -> set[int]:
+    """The leases among ``lease_ids`` whose workload can resume after a suspension (one query)."""
+    from broker.selectors import workload_resumable
+
+    if not lease_ids:
+        return set()
+    return {lease_id for lease_id, spec in Workload.objects.filter(lease_id__in=lease_ids)
+            .values_list("lease_id", "spec") if workload_resumable(spec)}
 
 
 def _noticed_at(lease_ids: list[int]) -> dict[int, float]:
@@ -515,6 +543,18 @@ class IdleOptIn:
     notice: str
     estimate: IdleOptInEstimate | None
     estimate_note: str
+    suspend: SuspendModes | None = None  # the project's opt-out of suspending its idle resumable training
+
+
+@dataclass(frozen=True)
+class SuspendModes:
+    """The suspension of ``project``'s idle resumable training: the opt-out, the rule in force (off while opted
+    out), what the loop does now (``off``: never; ``advise``: proposed; ``auto``: applied) and in words."""
+
+    opt_out: bool
+    rule: IdleRule
+    mode: Mode
+    notice: str
 
 
 @dataclass(frozen=True)
@@ -543,6 +583,30 @@ def idle_opt_in_modes(*, project: Project, policies: tuple[Policy, ...] | None =
     return IdleOptInModes(policy.idle_rule(ReclaimClass.INTERACTIVE), opted_in, opted_out, staff_mode)
 
 
+def suspend_modes(*, project: Project, policies: tuple[Policy, ...] | None = None) -> SuspendModes:
+    """What the loop does with ``project``'s idle resumable training (``policies``: ``policies_in_force()``, which
+    already switches the rule off for a project that opted out)."""
+    policy = project_policy(project.pk, policies)
+    rule = policy.idle_rule(ReclaimClass.RESUMABLE)
+    off = project.idle_suspend_opt_out or not rule.enabled or policy.idle_reclaim == Mode.OFF
+    mode = Mode.OFF if off else policy.idle_mode(ReclaimClass.RESUMABLE)
+    if project.idle_suspend_opt_out:
+        words = "Opted out: the loop never suspends this project's training; an idle one keeps its GPUs."
+    elif not rule.enabled or policy.idle_reclaim == Mode.OFF:
+        words = "Platform staff have switched suspension off for this project: no training is suspended."
+    else:
+        words = (f"A training lease whose workload declares a checkpoint directory and a restart policy that "
+                 f"restarts it (on-preemption or on-failure), averaging under {rule.threshold_permille / 10:.1f} % "
+                 f"engine activity over {_minutes(rule.window_seconds)} while other work waits for its GPU model, "
+                 f"gets a notice (the lease.notice notification, the deadline on the lease); still idle "
+                 f"{_minutes(rule.notice_seconds)} later it is suspended: SIGTERM, the promised preemption notice to "
+                 f"checkpoint, back to the queue (nothing billed while it waits), and it resumes from its "
+                 f"checkpoint when placed again. "
+                 + ("This happens automatically (the project opted in to idle reclaim)." if mode == Mode.AUTO
+                    else "The loop only proposes it as advice."))
+    return SuspendModes(project.idle_suspend_opt_out, rule, mode, words)
+
+
 def idle_opt_in_get(*, project: Project, now: datetime | None = None,
                     policies: tuple[Policy, ...] | None = None) -> IdleOptIn:
     """The opt-in of ``project`` (already fetched through the actor's scope), the interactive rule it would
@@ -556,7 +620,7 @@ def idle_opt_in_get(*, project: Project, now: datetime | None = None,
                      mode=modes.mode(project.idle_reclaim_opt_in).value, mode_opted_in=modes.opted_in.value,
                      mode_opted_out=modes.opted_out.value, staff_mode=modes.staff_mode, rule=modes.rule,
                      notice=_notice_text(modes.rule, modes.opted_in, modes.staff_mode), estimate=estimate,
-                     estimate_note=note)
+                     estimate_note=note, suspend=suspend_modes(project=project, policies=policies))
 
 
 def _minutes(seconds: int) -> str:

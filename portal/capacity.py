@@ -102,8 +102,9 @@ def _opt_in_card(shown) -> dict:
 class IdleReclaimView(TenantView):
     """``/settings/idle-reclaim``: per project, the opt-in to idle reclaim of its interactive leases, with the notice
     and the saving shown before the choice. Everyone in the tenant reads; admins and owners choose (``manage``).
-    ``POST`` (``project``, ``opt_in`` true/false): with htmx the project's card comes back, changed or with the
-    service's refusal in it; without, a redirect to the page with the outcome as a message."""
+    ``POST`` (``project``, ``opt_in`` true/false, or ``suspend_opt_out`` true/false: the suspension of its idle
+    resumable training): with htmx the project's card comes back, changed or with the service's refusal in it;
+    without, a redirect to the page with the outcome as a message."""
 
     template_name = "portal/settings_idle_reclaim.html"
     write_action = "manage"
@@ -117,12 +118,18 @@ class IdleReclaimView(TenantView):
 
     def post(self, request):
         project = project_get(actor=self.actor, slug=request.POST.get("project", ""))
-        raw = request.POST.get("opt_in", "")
+        suspend = "suspend_opt_out" in request.POST  # the card's second form: the suspension opt-out
+        name = "suspend_opt_out" if suspend else "opt_in"
+        raw = request.POST.get(name, "")
         error = None
         try:
             if raw not in ("true", "false"):
-                raise ValidationFailed("opt_in must be true or false.", field="opt_in")
-            project = capacity_services.idle_opt_in_set(actor=self.actor, project=project, opt_in=raw == "true")
+                raise ValidationFailed(f"{name} must be true or false.", field=name)
+            if suspend:
+                project = capacity_services.suspend_opt_out_set(actor=self.actor, project=project,
+                                                                opt_out=raw == "true")
+            else:
+                project = capacity_services.idle_opt_in_set(actor=self.actor, project=project, opt_in=raw == "true")
         except ApplicationError as refused:
             error = refused.message
         card = _opt_in_card(capacity_selectors.idle_opt_in_get(project=project))
@@ -131,6 +138,10 @@ class IdleReclaimView(TenantView):
                           {"card": card, "can_manage": True, "error": error}, status=400 if error else 200)
         if error:
             messages.error(request, error)
+        elif suspend:
+            messages.success(request, f"Project {project.slug}: idle training is "
+                                      + ("never suspended." if project.idle_suspend_opt_out else
+                                         "suspended as the idle reclaim mode says."))
         else:
             messages.success(request, f"Project {project.slug}: idle interactive leases are "
                                       + ("reclaimed automatically." if project.idle_reclaim_opt_in else

@@ -204,19 +204,20 @@ class QuotaInline(admin.TabularInline):
 
 @admin.register(Project)
 class ProjectAdmin(ServiceAdmin):
-    list_display = ["slug", "tenant", "name", "status", "idle_reclaim_opt_in", "created_at"]
-    list_filter = ["status", "idle_reclaim_opt_in", "tenant"]
+    list_display = ["slug", "tenant", "name", "status", "idle_reclaim_opt_in", "idle_suspend_opt_out", "created_at"]
+    list_filter = ["status", "idle_reclaim_opt_in", "idle_suspend_opt_out", "tenant"]
     search_fields = ["slug", "name", "tenant__slug"]
     inlines = [QuotaInline]
-    fields = ["tenant", "slug", "name", "description", "status", "idle_reclaim_opt_in"]
+    fields = ["tenant", "slug", "name", "description", "status", "idle_reclaim_opt_in", "idle_suspend_opt_out"]
     actions = ["suspend", "activate"]
 
     def get_readonly_fields(self, request, obj=None):
         # leases and usage name the project; its status changes by the actions (project_set_status, audited); the
         # idle reclaim opt-in is the tenant's choice (its admins, capacity.services.idle_opt_in_set, audited):
-        # shown here, changed by the tenant only; staff override it with a capacity policy of the project's scope
-        return ["status", "idle_reclaim_opt_in"] if obj is None else ["tenant", "slug", "status",
-                                                                       "idle_reclaim_opt_in"]
+        # shown here, changed by the tenant only; staff override it with a capacity policy of the project's scope.
+        # So is the opt-out of suspending idle resumable training (capacity.services.suspend_opt_out_set, audited)
+        choices = ["idle_reclaim_opt_in", "idle_suspend_opt_out"]
+        return ["status", *choices] if obj is None else ["tenant", "slug", "status", *choices]
 
     @admin.action(description="Suspend selected projects (no new lease requests)")
     def suspend(self, request, queryset):

@@ -93,6 +93,10 @@ class Project(models.Model):
     # audited): the capacity loop then reclaims them automatically with the interactive rule's threshold, window
     # and notice, where no staff policy of the project's scope sets idle reclaim (docs/capacity.md)
     idle_reclaim_opt_in = models.BooleanField(default=False, db_default=False)
+    # set by the project's admins and owners (``capacity.services.suspend_opt_out_set``, audited): the capacity loop
+    # never suspends the project's idle resumable training (checkpoint, requeue); off (the default), it may, as
+    # idle reclaim's mode says (docs/capacity.md, "Suspension of idle training")
+    idle_suspend_opt_out = models.BooleanField(default=False, db_default=False)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

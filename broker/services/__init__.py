@@ -24,6 +24,7 @@ from broker.services.cycle import (
     lease_notice_seconds,
     lease_preempt,
     lease_preempt_due,
+    lease_suspend,
     schedule_cycle,
     schedule_cycle_wait,
 )
@@ -124,6 +125,7 @@ __all__ = [
     "lease_release_instances",
     "lease_renew",
     "lease_request",
+    "lease_suspend",
     "lease_transition",
     "lease_workload_start",
     "leases_hold",

@@ -36,9 +36,11 @@ from broker.services.fairshare import usage_history_record
 from broker.services.groups import allocations_free, group_leaving, group_preempted
 from broker.services.provisioning import release_instances_quietly, workloads_start_after
 from broker.services.transitions import (
+    SUSPENDED,
     ids_in,
     insert_rows,
     lease_transition,
+    requeue_reason,
     update_columns,
     update_each,
 )
@@ -374,6 +376,22 @@ def lease_preempt(*, lease: Lease, actor: str, now: datetime, why: str, notice_s
     return notice
 
 
+def lease_suspend(*, lease: Lease, actor: str, now: datetime, why: str) -> int:
+    """Suspend an idle ACTIVE lease whose workload can resume (locked by the caller, inside its transaction): it
+    becomes PREEMPTED with the tenant's promised preemption notice as the workload's grace to checkpoint, and the
+    agent tells its instances (SIGTERM now, the deadline in ``GPUB_DEADLINE_FILE``, SIGKILL at it). When the
+    workload stops, or at the deadline, the lease is freed and requeued ("suspended while idle: resumes when
+    capacity frees"); placed again, its workload restarts from its checkpoint directory (``RESTART_COUNT`` + 1).
+    Metering stops where it leaves PREEMPTED: nothing is billed while it waits. Returns the grace, in seconds."""
+    grace = lease_notice_seconds(tenant_id=lease.tenant_id, now=now)
+    deadline = now + timedelta(seconds=grace)
+    lease_transition(lease=lease, to=LeaseState.PREEMPTED, actor=actor, now=now, notice_deadline=deadline,
+                     reason=f"{SUSPENDED} ({why}): the workload checkpoints until "
+                            f"{deadline.isoformat(timespec='seconds')}, then the lease goes back to the queue")
+    enqueue("lease_notice_run", lease.pk)
+    return grace
+
+
 def lease_preempt_due(*, now: datetime | None = None) -> int:
     """Preempted leases past their notice deadline: instances destroyed, lease back in the queue."""
     now = now or timezone.now()
@@ -381,7 +399,7 @@ def lease_preempt_due(*, now: datetime | None = None) -> int:
     for lease in due:
         release_instances_quietly(lease)
         allocations_free(lease=lease, now=timezone.now(), to=LeaseState.QUEUED, actor="broker",
-                         reason="preempted: requeued, restarts when capacity frees")
+                         reason=requeue_reason(lease, "preempted: requeued, restarts when capacity frees"))
     return len(due)
 
 

@@ -109,6 +109,17 @@ def insert_rows(model, fields: list[str], rows: list[tuple]) -> int:
     return len(rows)
 
 
+# -- suspension of idle training (the capacity loop): the words that mark it -------------------------------
+SUSPENDED = "suspended while idle"
+SUSPENDED_REQUEUE_REASON = f"{SUSPENDED}: resumes when capacity frees"
+
+
+def requeue_reason(lease: Lease, default: str) -> str:
+    """The reason a PREEMPTED lease is requeued with: a suspension's own (``lease_suspend`` wrote the PREEMPTED
+    reason), else ``default``."""
+    return SUSPENDED_REQUEUE_REASON if lease.reason.startswith(SUSPENDED) else default
+
+
 # -- release / renew / expire ---------------------------------------------------------------------------
 def lease_release(*, lease: Lease, actor: str, reason: str = "released by the holder",
                   final: str = LeaseState.RELEASED, now: datetime | None = None) -> Lease:

@@ -33,7 +33,7 @@ from broker.choices import AllocationState, LeaseState
 from broker.models import Lease, LeaseEvent, Node, Workload, WorkloadPlacement
 from broker.services.groups import allocations_free
 from broker.services.provisioning import agent_client, release_instances_quietly
-from broker.services.transitions import lease_release, lease_transition
+from broker.services.transitions import lease_release, lease_transition, requeue_reason
 from broker.services.triggers import enqueue
 from broker.workload_secrets import secret_env_open
 from core.errors import NotFound, TooManyRequests, ValidationFailed
@@ -295,8 +295,8 @@ def _workload_ended(workload: Workload, node: Node, *, failed_here: int = 0) -> 
                           "restart_policy never: the lease ends")
             return
         release_instances_quietly(lease)
-        allocations_free(lease=lease, now=at, to=LeaseState.QUEUED, actor=actor,
-                         reason="preempted: the workload stopped; requeued, it restarts when capacity frees")
+        allocations_free(lease=lease, now=at, to=LeaseState.QUEUED, actor=actor, reason=requeue_reason(
+            lease, "preempted: the workload stopped; requeued, it restarts when capacity frees"))
     elif workload.state in ("succeeded", "failed") and lease.state == LeaseState.ACTIVE:
         code = (f"status {workload.exit_code}" if workload.exit_code is not None
                 else f"signal {workload.signal}" if workload.signal else "no status")

@@ -250,6 +250,15 @@ class IdleOptInEstimateOutput(serializers.Serializer):
                 "formatted": presenters.money_text(obj.saving_minor, obj.currency)}
 
 
+class SuspendOutput(serializers.Serializer):
+    opt_out = serializers.BooleanField(help_text="true: the loop never suspends the project's idle training")
+    mode = serializers.ChoiceField(choices=LoopMode.choices,
+                                   help_text="what the loop does now with the project's idle resumable training "
+                                             "(off: never suspended; advise: proposed; auto: suspended)")
+    rule = IdleRuleOutput(help_text="the resumable-training rule in force (enabled false while opted out)")
+    notice = serializers.CharField(help_text="what happens to an idle resumable training lease, in words")
+
+
 class IdleOptInOutput(serializers.Serializer):
     project = serializers.CharField(source="project.slug")
     opt_in = serializers.BooleanField()
@@ -264,6 +273,8 @@ class IdleOptInOutput(serializers.Serializer):
     notice = serializers.CharField(help_text="what happens to an idle interactive lease, in words")
     estimate = IdleOptInEstimateOutput(allow_null=True, help_text="null: no estimate (see estimate_note)")
     estimate_note = serializers.CharField(help_text="how the estimate was made, or why there is none")
+    suspend = SuspendOutput(help_text="suspension of idle training that can resume from a checkpoint: its "
+                                      "opt-out, mode, rule and notice")
 
     def to_representation(self, instance) -> dict:
         data = super().to_representation(instance)
@@ -272,6 +283,13 @@ class IdleOptInOutput(serializers.Serializer):
 
 
 class IdleOptInInput(StrictSerializer):
-    """A project's opt-in to idle reclaim of its interactive leases (admins and owners)."""
+    """A project's opt-in to idle reclaim of its interactive leases, and its opt-out of the suspension of its idle
+    resumable training (admins and owners): either or both; a field left out stays as it is (an empty body changes
+    nothing and answers the project's state)."""
 
-    opt_in = serializers.BooleanField(help_text="true: reclaim the project's idle interactive leases automatically")
+    opt_in = serializers.BooleanField(required=False,
+                                      help_text="true: reclaim the project's idle interactive leases automatically "
+                                                "(and suspend its idle resumable training automatically)")
+    suspend_opt_out = serializers.BooleanField(required=False,
+                                               help_text="true: never suspend the project's idle training")
+

@@ -184,9 +184,14 @@ class ProjectIdleReclaimApi(APIView):
 
     @extend_schema(request=s.IdleOptInInput, responses=s.IdleOptInOutput,
                    summary="Opt in (true) or out (false): opted in, idle interactive leases are reclaimed "
-                           "automatically unless a staff policy of the project's scope sets idle reclaim")
+                           "automatically unless a staff policy of the project's scope sets idle reclaim; "
+                           "suspend_opt_out true: the project's idle training is never suspended")
     def put(self, request, slug: str):
         project = project_get(actor=request.actor, slug=slug)  # another tenant's: 404 whatever the body
         data = parse(s.IdleOptInInput, request)
-        project = services.idle_opt_in_set(actor=request.actor, project=project, opt_in=data["opt_in"])
+        if "opt_in" in data:
+            project = services.idle_opt_in_set(actor=request.actor, project=project, opt_in=data["opt_in"])
+        if "suspend_opt_out" in data:
+            project = services.suspend_opt_out_set(actor=request.actor, project=project,
+                                                   opt_out=data["suspend_opt_out"])
         return Response(s.IdleOptInOutput(selectors.idle_opt_in_get(project=project)).data)

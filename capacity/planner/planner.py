@@ -512,9 +512,13 @@ def _warm_pools(snapshot: CapacitySnapshot, policies: _Policies, now: float,
 # -- 3. idle reclaim ------------------------------------------------------------------------------------
 
 
-def reclaim_class(in_quota: bool, workload_class: WorkloadClass) -> ReclaimClass:
+def reclaim_class(in_quota: bool, workload_class: WorkloadClass, resumable: bool = False) -> ReclaimClass:
+    """The rule a lease falls under: over-quota whatever its class; in-quota training whose workload can resume
+    from a checkpoint is ``resumable-training`` (suspended, not released); else its workload class."""
     if not in_quota:
         return ReclaimClass.OVER_QUOTA
+    if resumable and workload_class == WorkloadClass.TRAINING:
+        return ReclaimClass.RESUMABLE
     return ReclaimClass(workload_class.value)
 
 
@@ -538,9 +542,22 @@ def _lease_holdings(snapshot: CapacitySnapshot) -> dict[str, list[tuple[Capacity
     return holdings
 
 
+def _waiting_units(snapshot: CapacitySnapshot) -> dict[str, int]:
+    """Queued units per model: what a suspension would free its GPUs for."""
+    units: dict[str, int] = defaultdict(int)
+    for waiting in snapshot.queue:
+        units[waiting.shape.model] += waiting.count
+    return units
+
+
 def _idle_reclaim(snapshot: CapacitySnapshot, policies: _Policies, now: float) -> list[Adjustment]:
+    """Per lease under its class's rule: notice, then release (in quota), preempt (over quota) or suspend
+    (resumable training), or cancel a notice when busy again. A suspension frees GPUs for waiting work: an idle
+    resumable lease gets its notice, and is suspended, only while units wait for its model (requeued with nothing
+    waiting, it would be placed straight back and restart for nothing)."""
     out = []
     holdings = _lease_holdings(snapshot)
+    waiting = _waiting_units(snapshot)
     for series in sorted(snapshot.utilisation, key=lambda s: s.lease):
         held = holdings.get(series.lease)
         if not held:
@@ -549,7 +566,7 @@ def _idle_reclaim(snapshot: CapacitySnapshot, policies: _Policies, now: float) -
         policy = policies.project(instance.project)
         if policy.idle_reclaim == Mode.OFF:
             continue
-        klass = reclaim_class(instance.in_quota, instance.workload_class)
+        klass = reclaim_class(instance.in_quota, instance.workload_class, instance.resumable)
         rule = policy.idle_rule(klass)
         if not rule.enabled or now - instance.started_at < rule.window_seconds:
             continue
@@ -561,10 +578,13 @@ def _idle_reclaim(snapshot: CapacitySnapshot, policies: _Policies, now: float) -
             if instance.noticed_at is None:
                 continue
             step = ReclaimStep.CANCEL
+        elif klass == ReclaimClass.RESUMABLE and not waiting.get(gpu.model):
+            continue  # nothing waits for the GPUs: a suspension would free them for no one
         elif instance.noticed_at is None:
             step = ReclaimStep.NOTICE
         elif now - instance.noticed_at >= rule.notice_seconds:
-            step = ReclaimStep.PREEMPT if klass == ReclaimClass.OVER_QUOTA else ReclaimStep.RELEASE
+            step = {ReclaimClass.OVER_QUOTA: ReclaimStep.PREEMPT,
+                    ReclaimClass.RESUMABLE: ReclaimStep.SUSPEND}.get(klass, ReclaimStep.RELEASE)
         else:
             continue
         milli = sum(i.milli for _, i in held)
@@ -573,7 +593,12 @@ def _idle_reclaim(snapshot: CapacitySnapshot, policies: _Policies, now: float) -
         then = {ReclaimStep.NOTICE: f"released in {rule.notice_seconds} s unless it becomes busy",
                 ReclaimStep.RELEASE: "released now (notice given, still idle)",
                 ReclaimStep.PREEMPT: "preempted now and requeued (over quota, notice given, still idle)",
+                ReclaimStep.SUSPEND: ("suspended now (notice given, still idle): SIGTERM, checkpoint, back to the "
+                                      "queue; it resumes from its checkpoint when capacity frees"),
                 ReclaimStep.CANCEL: "busy again: the notice is withdrawn"}[step]
+        if klass == ReclaimClass.RESUMABLE and step == ReclaimStep.NOTICE:
+            then = (f"suspended in {rule.notice_seconds} s unless it becomes busy (checkpoint, back to the queue, "
+                    f"resumes when capacity frees; {waiting[gpu.model]} unit(s) wait for {gpu.model})")
         out.append(Adjustment(
             kind=AdjustmentKind.IDLE_RECLAIM,
             target=f"lease:{series.lease}",
@@ -583,7 +608,9 @@ def _idle_reclaim(snapshot: CapacitySnapshot, policies: _Policies, now: float) -
                 ("class", klass.value), ("mean engine active (permille)", mean),
                 ("max engine active (permille)", max(e for e, _ in samples)),
                 ("threshold (permille)", rule.threshold_permille), ("samples", len(samples)),
-                ("window seconds", rule.window_seconds), ("milli held", milli))),
+                ("window seconds", rule.window_seconds), ("milli held", milli))
+                + ((("queued units on the model", waiting.get(gpu.model, 0)),) if klass == ReclaimClass.RESUMABLE
+                   else ())),
             expected_gain=(Gain() if step == ReclaimStep.CANCEL else
                            Gain(gpu_seconds=milli * idle_seconds // FULL, money_minor=price * idle_seconds // 3600)),
             risk=(series.lease,),

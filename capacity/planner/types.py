@@ -40,6 +40,9 @@ class ReclaimClass(StrEnum):
     INFERENCE = "inference"
     TRAINING = "training"
     OVER_QUOTA = "over-quota"
+    # in-quota training whose workload can resume (a checkpoint directory, a restart policy that restarts): idle,
+    # it is suspended (checkpoint, back to the queue) rather than released (``ReclaimStep.SUSPEND``)
+    RESUMABLE = "resumable-training"
 
 
 class ReclaimStep(StrEnum):
@@ -47,6 +50,7 @@ class ReclaimStep(StrEnum):
     RELEASE = "release"  # an in-quota lease ends
     PREEMPT = "preempt"  # an over-quota lease goes back to the queue
     CANCEL = "cancel"  # a noticed lease is busy again: the notice is withdrawn
+    SUSPEND = "suspend"  # resumable training: SIGTERM, checkpoint, back to the queue, resumes when capacity frees
 
 
 # -- the snapshot --------------------------------------------------------------------------------------
@@ -66,6 +70,9 @@ class Instance:
     memory_mib: int = 0
     started_at: float = 0.0
     noticed_at: float | None = None  # when an idle-reclaim notice went out (None: none yet)
+    # its workload declares a checkpoint directory and a restart policy that restarts it after a preemption
+    # (not ``never``), and it is no lease group's member: idle, it can be suspended instead of released
+    resumable: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -203,6 +210,9 @@ DEFAULT_IDLE_RULES: tuple[tuple[ReclaimClass, IdleRule], ...] = (
     (ReclaimClass.INFERENCE, IdleRule(False, 20, 3600, 900)),
     (ReclaimClass.TRAINING, IdleRule(False, 50, 3600, 1800)),  # off by default: training is not reclaimed
     (ReclaimClass.OVER_QUOTA, IdleRule(True, 50, 900, 300)),
+    # suspension of idle resumable training (1 h under 5 %, 30 min of notice, as the replay's ``auto``): on, but
+    # it carries idle reclaim's mode (advice by default) and acts only while work waits for the lease's model
+    (ReclaimClass.RESUMABLE, IdleRule(True, 50, 3600, 1800)),
 )
 
 
@@ -266,7 +276,8 @@ class Policy:
     mode_hold_seconds: int = 3600  # a GPU keeps a mode this long before a rebalance may move it
     quota_window_seconds: int = 30 * 86_400
     quota_low_permille: int = 500  # p95 use under half the deserved quota: advise lowering it
-    # reclaim classes the project's tenant opted in to (``Project.idle_reclaim_opt_in``: interactive): reclaimed
+    # reclaim classes the project's tenant opted in to (``Project.idle_reclaim_opt_in``: interactive, and the
+    # suspension of resumable training): reclaimed
     # ``auto`` where ``idle_reclaim`` is ``advise``; never where it is ``off``. The service leaves it empty where a
     # staff policy of the project's scope sets ``idle_reclaim`` itself (staff's word wins)
     idle_auto_classes: tuple[ReclaimClass, ...] = ()
@@ -340,7 +351,8 @@ class Change:
     mode_switch / mig_layout: ``gpu`` goes from ``from_mode`` to ``to_mode`` (after draining ``risk`` when
     ``drain``) and, in MIG mode, is carved into ``slots``. warm_pool: the pool of ``profile`` on ``model``
     goes from ``size_before`` to ``size_after`` instances, creating ``slots`` or removing ``remove``.
-    idle_reclaim: ``step`` for ``lease``. right_size: ``lease`` (or ``project``) would fit ``profile`` on
+    idle_reclaim: ``step`` for ``lease`` (``suspend``: resumable training back to the queue). right_size:
+    ``lease`` (or ``project``) would fit ``profile`` on
     ``model``. quota_advice: ``project``'s deserved on ``model`` from ``size_before`` to ``size_after`` milli.
     """
 

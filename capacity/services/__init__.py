@@ -23,7 +23,8 @@ scheduler never double-books:
 The package, by concern: ``run`` (plan_run, recording), ``decisions`` (accept, reject), ``applying`` (the
 dispatch per kind and the sweep of interrupted rows), one module per kind that changes something
 (``mode_switch``, ``warm_pool``, ``idle_reclaim``, ``right_size``, ``quota_advice``), ``effects``,
-``policies``, ``idle_opt_in`` (a project's opt-in to idle reclaim of its interactive leases); ``common`` holds
+``policies``, ``idle_opt_in`` (a project's opt-in to idle reclaim of its interactive leases, and its opt-out of
+the suspension of its idle resumable training); ``common`` holds
 the row helpers and the one audit helper.
 """
 
@@ -31,7 +32,7 @@ from capacity.services.applying import adjustment_apply, applying_sweep
 from capacity.services.common import LOOP, AdjustmentConflict
 from capacity.services.decisions import adjustment_accept, adjustment_reject
 from capacity.services.effects import effects_measure
-from capacity.services.idle_opt_in import idle_opt_in_set
+from capacity.services.idle_opt_in import idle_opt_in_set, suspend_opt_out_set
 from capacity.services.mode_switch import drains_finish
 from capacity.services.policies import IDLE_CLASSES, RULE_KEYS, policy_delete, policy_set
 from capacity.services.run import PLAN_LOCK, adjustments_record, fingerprint, plan_run
@@ -39,5 +40,5 @@ from capacity.services.run import PLAN_LOCK, adjustments_record, fingerprint, pl
 __all__ = [
     "IDLE_CLASSES", "LOOP", "PLAN_LOCK", "RULE_KEYS", "AdjustmentConflict", "adjustment_accept", "adjustment_apply",
     "adjustment_reject", "adjustments_record", "applying_sweep", "drains_finish", "effects_measure", "fingerprint",
-    "idle_opt_in_set", "plan_run", "policy_delete", "policy_set",
+    "idle_opt_in_set", "plan_run", "policy_delete", "policy_set", "suspend_opt_out_set",
 ]

@@ -11,7 +11,7 @@ from capacity.selectors import MODE_FIELDS, NUMBER_FIELDS
 from capacity.services.common import _audit
 from core.errors import ValidationFailed
 
-IDLE_CLASSES = ("interactive", "inference", "training", "over-quota")
+IDLE_CLASSES = ("interactive", "inference", "training", "over-quota", "resumable-training")
 RULE_KEYS = {"enabled": bool, "threshold_permille": int, "window_seconds": int, "notice_seconds": int}
 
 

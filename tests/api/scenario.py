@@ -343,6 +343,11 @@ def capacity_steps(step, world: World) -> None:
     step(opt_in, "put", 404, f"{v1}/projects/{world.other_project.slug}/idle-reclaim", token=owner,
          body={"opt_in": True})
     step(opt_in, "put", 200, at_project, token=owner, body={"opt_in": False})
+    # and its opt-out of the suspension of its idle resumable training, on the same route
+    step(opt_in, "put", 200, at_project, token=owner, body={"suspend_opt_out": True})
+    step(opt_in, "put", 400, at_project, token=owner, body={"suspend_opt_out": "yes"})
+    step(opt_in, "put", 403, at_project, token=world.tokens["member"], body={"suspend_opt_out": False})
+    step(opt_in, "put", 200, at_project, token=owner, body={"opt_in": False, "suspend_opt_out": False})
 
     user = make_member(world.acme, "ops", Role.ADMIN)
     get_user_model().objects.filter(pk=user.pk).update(is_staff=True)

@@ -153,7 +153,9 @@ def test_idle_opt_in_api_reads_sets_refuses(world):
     assert client(world, "viewer").put(URL.format("vision"), {"opt_in": True}, format="json").status_code == 403
     assert client(world, "admin").get(URL.format("secret")).status_code == 404  # globex's
     assert client(world, "admin").put(URL.format("secret"), {"opt_in": True}, format="json").status_code == 404
-    for bad in ({"opt_in": "yes"}, {}, {"opt_in": True, "mode": "auto"}):
+    # every field is optional (opt_in, suspend_opt_out): an empty body changes nothing (tests/capacity/test_suspend.py)
+    assert client(world, "admin").put(URL.format("vision"), {}, format="json").json()["opt_in"] is False
+    for bad in ({"opt_in": "yes"}, {"opt_in": True, "mode": "auto"}):
         response = client(world, "admin").put(URL.format("vision"), bad, format="json")
         assert response.status_code == 400 and response["Content-Type"] == "application/problem+json"
         assert response.json()["field"] in ("opt_in", "mode"), response.json()

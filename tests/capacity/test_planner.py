@@ -307,6 +307,76 @@ def test_planner_idle_reclaim_of_an_opted_in_class_is_auto_where_the_mode_is_adv
     assert replace(opted, idle_reclaim=Mode.AUTO).idle_mode(ReclaimClass.INTERACTIVE) == Mode.AUTO
 
 
+def training(name: str, *, resumable=True, in_quota=True, noticed_at=None, project="p1") -> Instance:
+    return Instance(name, project, in_quota, WorkloadClass.TRAINING, started_at=0.0, noticed_at=noticed_at,
+                    resumable=resumable)
+
+
+WAITING = (Waiting("r1", "p2", WHOLE),)  # a whole H100 waits: what a suspension frees the GPU for
+
+
+@pytest.mark.parametrize(
+    ("instance", "engine", "queue", "step"),
+    [
+        (training("t"), 10, WAITING, "notice"),  # resumable, idle 1 h, work waits: notice
+        (training("t"), 10, (), None),  # nothing waits: no notice (requeued, it would be placed straight back)
+        (training("t"), 10, (Waiting("r1", "p2", DemandShape("A100-80GB", Kind.WHOLE)),), None),  # another model
+        (training("t"), 80, WAITING, None),  # busy
+        (training("t", noticed_at=NOW - 1900), 10, WAITING, "suspend"),  # 30 min of notice ran out, still idle
+        (training("t", noticed_at=NOW - 1900), 10, (), None),  # noticed, but the waiting work left: it stays
+        (training("t", noticed_at=NOW - 600), 10, WAITING, None),  # the notice still runs
+        (training("t", noticed_at=NOW - 600), 80, WAITING, "cancel"),  # busy again: the notice is withdrawn
+        (training("t", resumable=False), 0, WAITING, None),  # no checkpoint / restart never: training is off
+        (training("t", in_quota=False, noticed_at=NOW - 400), 10, (), "preempt"),  # over quota: its own rule
+        (replace(training("t"), workload_class=WorkloadClass.INFERENCE), 0, WAITING, None),  # inference: off
+    ],
+)
+def test_planner_suspends_idle_resumable_training_only_while_work_waits(instance, engine, queue, step):
+    snapshot = CapacitySnapshot(gpus=(gpu(0, GpuMode.WHOLE, instance),), queue=queue,
+                                utilisation=(series("t", engine, minutes=70),))
+    reclaims = of(plan_capacity(snapshot, now=NOW), AdjustmentKind.IDLE_RECLAIM)
+    assert [a.change.step for a in reclaims] == ([step] if step else [])
+    for adjustment in reclaims:
+        assert adjustment.mode == Mode.ADVISE  # it touches a tenant's lease: advice by default
+        figures = dict(adjustment.evidence.figures)
+        if instance.in_quota:
+            assert figures["class"] == "resumable-training" and figures["window seconds"] == 3600
+            assert figures["queued units on the model"] == sum(w.count for w in queue)
+    if step == "notice":
+        assert "suspended in 1800 s unless it becomes busy" in reclaims[0].reason
+    if step == "suspend":
+        assert "checkpoint, back to the queue" in reclaims[0].reason and "resumes" in reclaims[0].reason
+
+
+def test_planner_suspension_needs_the_whole_hour_and_follows_the_rule_and_the_opt_in():
+    """The resumable rule (1 h under 5 %, 30 min notice) needs the whole window; a project's rule switched off
+    (its opt-out of suspension) suspends nothing; opted in to idle reclaim, the suspension is ``auto``; idle
+    reclaim ``off`` is never raised."""
+    short = CapacitySnapshot(gpus=(gpu(0, GpuMode.WHOLE, training("t")),), queue=WAITING,
+                             utilisation=(series("t", 0, minutes=50),))
+    assert of(plan_capacity(short, now=NOW), AdjustmentKind.IDLE_RECLAIM) == []
+    base = CapacitySnapshot(gpus=(gpu(0, GpuMode.WHOLE, training("t", noticed_at=NOW - 1900)),), queue=WAITING,
+                            utilisation=(series("t", 0, minutes=70),))
+    opted_out = Policy(scope="project:p1",
+                       idle_rules=((ReclaimClass.RESUMABLE, IdleRule(False, 50, 3600, 1800)),))
+    assert of(plan_capacity(replace(base, policies=(Policy(), opted_out)), now=NOW), AdjustmentKind.IDLE_RECLAIM) == []
+    opted_in = Policy(scope="project:p1", idle_auto_classes=(ReclaimClass.INTERACTIVE, ReclaimClass.RESUMABLE))
+    [suspend] = of(plan_capacity(replace(base, policies=(Policy(), opted_in)), now=NOW), AdjustmentKind.IDLE_RECLAIM)
+    assert (suspend.change.step, suspend.mode) == ("suspend", Mode.AUTO) and "opted in" in suspend.reason
+    off = replace(opted_in, idle_reclaim=Mode.OFF)
+    assert of(plan_capacity(replace(base, policies=(Policy(), off)), now=NOW), AdjustmentKind.IDLE_RECLAIM) == []
+    # training reclaim switched on by staff: a lease that cannot resume is released, one that can is suspended
+    training_on = Policy(idle_reclaim=Mode.AUTO,
+                         idle_rules=((ReclaimClass.TRAINING, IdleRule(True, 50, 3600, 1800)),
+                                     (ReclaimClass.RESUMABLE, IdleRule(True, 50, 3600, 1800))))
+    both = CapacitySnapshot(gpus=(gpu(0, GpuMode.WHOLE, training("t", noticed_at=NOW - 1900)),
+                                  gpu(1, GpuMode.WHOLE, training("u", resumable=False, noticed_at=NOW - 1900))),
+                            queue=WAITING, utilisation=(series("t", 0, minutes=70), series("u", 0, minutes=70)),
+                            policies=(training_on,))
+    steps = {a.change.lease: a.change.step for a in of(plan_capacity(both, now=NOW), AdjustmentKind.IDLE_RECLAIM)}
+    assert steps == {"t": "suspend", "u": "release"}
+
+
 # -- 4. right-sizing and quota advice ---------------------------------------------------------------------
 
 

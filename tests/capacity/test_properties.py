@@ -2,7 +2,9 @@
 
 - no adjustment touches a GPU that holds a live in-quota instance (idle reclaim of that very lease aside);
 - every MIG layout it proposes is valid under ``gpus.mig``;
-- idempotent and deterministic: the same snapshot gives the same list, whatever the order of its parts.
+- idempotent and deterministic: the same snapshot gives the same list, whatever the order of its parts;
+- only in-quota training whose workload can resume is suspended, only while units wait for its model, and such a
+  lease is never released.
 """
 
 from __future__ import annotations
@@ -20,10 +22,13 @@ from capacity.planner import (
     CapacitySnapshot,
     DemandShape,
     History,
+    IdleRule,
     Instance,
     Mode,
     Policy,
     Price,
+    ReclaimClass,
+    ReclaimStep,
     Utilisation,
     Waiting,
     WarmInstance,
@@ -37,6 +42,8 @@ NOW = 1_000_000.0
 POLICIES = (
     Policy(),
     Policy(mode_switch=Mode.AUTO, mig_layout=Mode.AUTO, warm_pool=Mode.AUTO, idle_reclaim=Mode.AUTO),
+    # training reclaim switched on as well: a resumable lease is still suspended, never released
+    Policy(idle_reclaim=Mode.AUTO, idle_rules=tuple((c, IdleRule(True, 50, 3600, 1800)) for c in ReclaimClass)),
 )
 
 
@@ -74,7 +81,8 @@ def snapshots(draw):
                     warm.append(WarmInstance(f"w{index}-{start}", profile.name, start, rng.random() < 0.8))
         elif mode == GpuMode.WHOLE and occupancy < 0.5:
             instances.append(Instance(f"l{index}", rng.choice("ab"), rng.random() < 0.5,
-                                      rng.choice(list(WorkloadClass)), started_at=NOW - 7200))
+                                      rng.choice(list(WorkloadClass)), started_at=NOW - 7200,
+                                      noticed_at=rng.choice([None, NOW - 2000]), resumable=rng.random() < 0.5))
         elif mode == GpuMode.SHARED and occupancy < 0.5:
             used = 0
             for part in range(rng.randint(1, 3)):
@@ -152,3 +160,22 @@ def test_properties_idempotent_and_independent_of_input_order(snapshot, rng):
         utilisation=tuple(rng.sample(snapshot.utilisation, len(snapshot.utilisation))),
         prices=snapshot.prices, policies=snapshot.policies)
     assert plan_capacity(shuffled, now=NOW) == first
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(snapshots())
+def test_properties_only_resumable_in_quota_training_is_suspended_and_only_for_waiting_work(snapshot):
+    instances = {i.lease: (gpu, i) for gpu in snapshot.gpus for i in gpu.instances}
+    waiting = {w.shape.model for w in snapshot.queue}
+    for adjustment in plan_capacity(snapshot, now=NOW):
+        if adjustment.kind != AdjustmentKind.IDLE_RECLAIM:
+            continue
+        gpu, instance = instances[adjustment.change.lease]
+        resumable = instance.in_quota and instance.resumable and instance.workload_class == WorkloadClass.TRAINING
+        step = ReclaimStep(adjustment.change.step)
+        if step == ReclaimStep.SUSPEND:
+            assert resumable and gpu.model in waiting, adjustment
+        if resumable:
+            assert step != ReclaimStep.RELEASE, adjustment
+            if step in (ReclaimStep.NOTICE, ReclaimStep.SUSPEND):
+                assert gpu.model in waiting, adjustment
