@@ -148,10 +148,6 @@ class Scheduler:
                 f"project quota for {tier} exhausted ({used_in}/{quota.deserved} milli guaranteed in use) "
                 f"and the project does not borrow (over-quota weight 0)"
             ), False
-        if not in_quota and self._cohort_members:
-            refused = self.cohort_check(request.tenant, tier, amount)
-            if refused:
-                return refused, False
         return None, in_quota
 
     def cohort_check(self, tenant: str, tier: str, amount: int) -> str | None:
@@ -159,8 +155,8 @@ class Scheduler:
         may). Kueue's cohorts on our tenant quotas, in integers:
 
         - the tier's capacity splits into the guarantees (``deserved``) of the tenants that are members of a
-          cohort, and the rest: the *free pool*, borrowable by every tenant (tenants in no cohort keep their
-          guarantee in it, as without cohorts);
+          cohort, and the rest (none when they exceed it): the *free pool*, borrowable by every tenant
+          (tenants in no cohort keep their guarantee in it, as without cohorts);
         - a member's use beyond its own guarantee (its *overflow*) is served first by what its cohort's members
           lend: each member's idle guarantee (``deserved`` less its use), at most its ``lending_limit_milli``;
           what the cohort lends does not cover spills into the free pool;
@@ -181,7 +177,8 @@ class Scheduler:
                 if used + amount - deserved > spec.borrowing_limit_milli:
                     return (f"tenant borrowing limit for {tier} in cohort {mine} reached ({max(used - deserved, 0)}"
                             f"/{spec.borrowing_limit_milli} milli beyond its guarantee in use, request needs {amount})")
-        free_pool = self.cluster.capacity_milli_by_model.get(tier, 0) - self._cohort_guaranteed.get(tier, 0)
+        # (guarantees above the capacity leave no free pool)
+        free_pool = max(self.cluster.capacity_milli_by_model.get(tier, 0) - self._cohort_guaranteed.get(tier, 0), 0)
         outside = 0  # the use of tenants in no cohort
         for (owner, owner_tier), (used_in, used_over) in usage.items():
             if owner_tier == tier and not cohorts.get(owner):
@@ -206,9 +203,9 @@ class Scheduler:
         if outside + spill_total <= free_pool:
             return None
         if mine:
-            return (f"over quota on {tier}: no capacity left to borrow for cohort {mine} (its members lend "
-                    f"{lent_to_me} milli of idle guarantee within their lending limits; the rest of the idle "
-                    f"capacity is guaranteed to other cohorts' tenants)")
+            return (f"over quota on {tier}: no capacity left to borrow for cohort {mine} (its members lend at most "
+                    f"{lent_to_me} milli of idle guarantee, their lending limits, and it is borrowed; the rest of "
+                    "the idle capacity is guaranteed to other cohorts' tenants)")
         return (f"over quota on {tier}: the idle capacity is guaranteed to tenants of a cohort and lent only within "
                 f"it; {max(free_pool - (outside - amount) - spill_total, 0)} milli is borrowable by tenants in no "
                 f"cohort, request needs {amount}")
@@ -516,6 +513,11 @@ class Scheduler:
             if not allow_over_quota:
                 return None
             for tier, need in over_quota_candidates:
+                if self._cohort_members:
+                    refused = self.cohort_check(request.tenant, tier, need.total_milli)
+                    if refused:
+                        reasons.append(refused)
+                        continue
                 placed = self._place(request, tier, need, preemptible=True, now=now)
                 if placed:
                     return placed
