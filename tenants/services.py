@@ -547,7 +547,8 @@ def tenant_cohort_set(*, tenant: Tenant, cohort: Cohort | None, by_user=None) ->
     """Put a tenant in a cohort, move it to another, or take it out (``cohort`` None; platform staff). A tenant
     belongs to at most one cohort; the next schedule cycle applies it (nothing running is preempted for it)."""
     with transaction.atomic(durable=True):
-        before = Tenant.objects.select_for_update().filter(pk=tenant.pk).values_list("cohort__name", flat=True).get()
+        before_id = Tenant.objects.select_for_update().filter(pk=tenant.pk).values_list("cohort_id", flat=True).get()
+        before = Cohort.objects.filter(pk=before_id).values_list("name", flat=True).first()
         Tenant.objects.filter(pk=tenant.pk).update(cohort=cohort)
         audit_record(tenant=tenant, by=by_user, action="tenant.cohort_set", target=tenant.slug,
                      data={"from": before, "to": cohort.name if cohort else None})
