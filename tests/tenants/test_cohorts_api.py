@@ -202,3 +202,29 @@ def test_cohorts_api_live_cycle_keeps_the_contracts_min_runtime(world, settings)
     claim.refresh_from_db()
     assert claim.state == "queued"
     assert "within their minimum runtime" in claim.reason
+
+
+def test_cohorts_api_portal_pools_page(world):
+    from django.test import Client
+
+    _node("a1", "east", 1)
+    _node("b1", "west", 1)
+    cohort = services.cohort_create(name="research")
+    services.tenant_cohort_set(tenant=world.acme, cohort=cohort)
+    admin = Client()
+    assert admin.login(username="ann", password="pw-ann")
+    page = admin.get("/settings/pools")
+    assert page.status_code == 200
+    assert b"research" in page.content and b'value="west"' in page.content
+    saved = admin.post("/settings/pools", {"project": "vision", "pools": ["west"]})
+    assert saved.status_code == 302
+    assert Project.objects.get(pk=world.project.pk).pools == ["west"]
+    refused = admin.post("/settings/pools", {"project": "vision", "pools": ["north"]})
+    assert refused.status_code == 400 and b"No node pool" in refused.content
+    assert Project.objects.get(pk=world.project.pk).pools == ["west"]
+    viewer = Client()
+    assert viewer.login(username="vic", password="pw-vic")
+    assert viewer.post("/settings/pools", {"project": "vision", "pools": []}).status_code == 403
+    outsider = Client()
+    assert outsider.login(username="bob", password="pw-bob")
+    assert b"research" not in outsider.get("/settings/pools").content

@@ -279,6 +279,7 @@ ROUTES: dict[str, Route] = {
     "portal:budget-delete": Route("portal", "/settings/budgets/{id}/delete", {"post": {}}, obj="spend_cap"),
     "portal:idle-reclaim": Route("portal", "/settings/idle-reclaim", {"get": None, "post": {"project": "vision",
                                                                                          "opt_in": "true"}}),
+    "portal:pools": Route("portal", "/settings/pools", {"get": None, "post": {"project": "vision", "pools": []}}),
     "portal:token-revoke": Route("portal", "/settings/tokens/{id}/revoke", {"post": {}}, obj="token",
                                  viewer={"post": 404}),
     "notifications:settings": Route("portal", "/settings/notifications/", {
