@@ -84,6 +84,21 @@ def test_cohorts_outsider_and_member_share_the_free_pool():
                         now=0)) == 1000
 
 
+def test_cohorts_estimated_start_waits_for_the_free_pool():
+    # the outsider's 4 leases hold the free pool until 600 s; a fifth borrower is not estimated to start on the
+    # cohort's idle guarantee now, but when the free pool frees
+    from broker.scheduler.estimate import estimated_starts
+    from broker.scheduler.plan import Scheduler
+
+    running = [held(f"o{i}", "op", f"n1-g{i}", tenant="outsider") for i in range(4)]
+    snap = replace(_cohort_snapshot(allocations=running), ends_at={f"o{i}": 600.0 for i in range(4)})
+    scheduler = Scheduler(snap)
+    request = whole("r", "op", tenant="outsider")
+    decisions = scheduler.schedule([request], now=0)
+    assert decisions[0].mode == DecisionMode.WAITING
+    assert estimated_starts(scheduler, [request], decisions, now=0) == {"r": 600.0}
+
+
 def test_cohorts_borrowing_limit_caps_use_beyond_the_guarantee():
     snap = _cohort_snapshot(borrowing=1000)
     requests = [whole(f"r{i}", "pp", tenant="peer", submitted_at=i) for i in range(3)]
