@@ -228,3 +228,23 @@ def test_cohorts_api_portal_pools_page(world):
     outsider = Client()
     assert outsider.login(username="bob", password="pw-bob")
     assert b"research" not in outsider.get("/settings/pools").content
+
+
+def test_cohorts_api_ops_page_sets_the_contracts_min_runtime(world):
+    from django.test import Client
+
+    make_user("root", is_staff=True)
+    client = Client()
+    assert client.login(username="root", password="pw-root")
+    form = {"name": "gold", "effective_from": "2030-01-01T00:00", "time_to_gpu_p95_seconds": "300",
+            "availability_target_pct": "99.5", "preemption_notice_seconds": "120", "min_runtime_seconds": "900"}
+    assert client.post("/ops/tenants/acme/slo-contracts", form).status_code == 302
+    contract = SloContract.objects.get(tenant=world.acme)
+    assert contract.min_runtime_seconds == 900
+    assert f'id="contract-{contract.pk}-min_runtime_seconds"' in client.get("/ops/tenants/acme").content.decode()
+    refused = client.post(f"/ops/tenants/acme/slo-contracts/{contract.pk}", {**form, "min_runtime_seconds": "soon"})
+    assert refused.status_code == 400 and b"min_runtime_seconds must be a whole number" in refused.content
+    assert client.post(f"/ops/tenants/acme/slo-contracts/{contract.pk}",
+                       {**form, "min_runtime_seconds": ""}).status_code == 302
+    contract.refresh_from_db()
+    assert contract.min_runtime_seconds is None  # empty: the platform's
