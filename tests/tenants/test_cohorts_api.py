@@ -248,3 +248,17 @@ def test_cohorts_api_ops_page_sets_the_contracts_min_runtime(world):
                        {**form, "min_runtime_seconds": ""}).status_code == 302
     contract.refresh_from_db()
     assert contract.min_runtime_seconds is None  # empty: the platform's
+
+
+@pytest.mark.django_db(transaction=True)
+def test_cohorts_api_kept_snapshot_follows_a_nodes_pool():
+    # the snapshot the scheduler keeps between cycles learns a node's new pool from the change log (broker 0020)
+    from broker.snapshot import SnapshotCache
+
+    node = _node("a1", "east", 1)
+    cache = SnapshotCache()
+    now = timezone.now()
+    assert [n.pool for n in cache.load(now=now).nodes] == ["east"]
+    Node.objects.filter(pk=node.pk).update(pool="west")
+    assert [n.pool for n in cache.load(now=now).nodes] == ["west"]
+    assert cache.stats["delta"] == 1
