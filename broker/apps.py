@@ -21,6 +21,11 @@ class BrokerConfig(AppConfig):
         # quotas show, are the broker's, registered here (tenants.extensions)
         tenant_status_listener_register(TENANT_STATUS_LISTENER)
         quota_usage_register(lambda actor: quota_usage(actor=actor))
+        # the fleet's node pools, that a project's pools are checked against (tenants.services.project_pools_set)
+        from broker.selectors import node_pool_names
+        from tenants.extensions import fleet_pools_register
+
+        fleet_pools_register(node_pool_names)
         # its kind of data in the retention policy (tenants.retention): raw lease events
         from broker.retention import LEASE_EVENTS
         from tenants.retention import retention_kind_register

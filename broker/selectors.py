@@ -351,6 +351,11 @@ def scheduler_demand(*, now: datetime) -> list:
     return workload
 
 
+def node_pool_names() -> set[str]:
+    """The node pools of the fleet (``Node.pool`` of every enrolled node): what a project may be bound to."""
+    return set(Node.objects.values_list("pool", flat=True).distinct())
+
+
 def scheduler_snapshot(*, now: datetime):
     """What the scheduling core sees: nodes (silent or cordoned ones closed to new work), GPUs not lost,
     live allocations grouped by lease, quotas, warm pool members, prices. Read whole, as plain values (no model

@@ -60,7 +60,8 @@ def _allocation_sql(where: str) -> str:
 _GPU_SQL = ("SELECT id, node_id, model, mode, index, nvlink_domain, mode_target, memory_mib "
             "FROM broker_gpu "
             "WHERE lost_at IS NULL {where} ORDER BY id")
-_NODE_SQL = "SELECT id, node_id, cordoned, status, host_cpu_milli, host_memory_mib FROM broker_node {where} ORDER BY id"
+_NODE_SQL = ("SELECT id, node_id, cordoned, status, host_cpu_milli, host_memory_mib, pool FROM broker_node {where} "
+             "ORDER BY id")
 _WARM_SQL = ("SELECT a.id, a.gpu_id, a.mig_profile, a.mig_start, a.state FROM broker_allocation a "
              "JOIN broker_gpu g ON g.id = a.gpu_id WHERE a.freed_at IS NULL AND a.lease_id IS NULL "
              "AND g.lost_at IS NULL AND a.state IN (%s, %s) AND g.mode_target = '' {where} ORDER BY a.id")
@@ -202,8 +203,9 @@ class SnapshotCache:
 
         cursor.execute(_NODE_SQL.format(where=where), params)
         # the host's CPU and memory its agent reported (0: not tracked): leases' host CPU and memory are placed in them
-        for pk, node_id, cordoned, status, cpu_milli, memory_mib in cursor.fetchall():
-            self.nodes[pk] = CoreNode(node_id, cpu_milli, memory_mib, cordoned=cordoned or status != NodeStatus.READY)
+        for pk, node_id, cordoned, status, cpu_milli, memory_mib, pool in cursor.fetchall():
+            self.nodes[pk] = CoreNode(node_id, cpu_milli, memory_mib, cordoned=cordoned or status != NodeStatus.READY,
+                                      pool=pool)
             self.node_ids[pk] = node_id
 
     def _gpus_from(self, cursor, where: str, params: list) -> None:
@@ -275,9 +277,11 @@ class SnapshotCache:
         else:
             allocations = self._allocations
         quotas, tenant_quotas = snapshot_quotas()
+        cohorts, project_pools, min_runtime_by_tenant = snapshot_tenancy(now=now)
         prices = tier_prices(now=now)
         return Snapshot(nodes=self._nodes, gpus=self._gpus, allocations=allocations, quotas=quotas,
                         tenant_quotas=tenant_quotas, min_runtime_seconds=settings.LEASE_MIN_RUNTIME_SECONDS,
+                        cohorts=cohorts, project_pools=project_pools, min_runtime_by_tenant=min_runtime_by_tenant,
                         warm=tuple(self.warm[pk] for pk in sorted(self.warm)), prices=prices,
                         price_labels=tier_price_labels(prices),
                         group_reserve_after_seconds=settings.LEASE_GROUP_RESERVE_AFTER_SECONDS)
@@ -331,10 +335,30 @@ def snapshot_quotas() -> tuple[tuple, tuple]:
                    for project_id, tenant_id, tier, deserved, limit, weight in Quota.objects.values_list(
                        "project_id", "project__tenant_id", "tier", "deserved_gpu_milli", "limit_gpu_milli",
                        "over_quota_weight"))
-    tenant_quotas = tuple(TenantQuotaSpec(str(tenant_id), tier, deserved, limit)
-                          for tenant_id, tier, deserved, limit in TenantQuota.objects.values_list(
-                              "tenant_id", "tier", "deserved_gpu_milli", "limit_gpu_milli"))
+    # the cohort limits: -1 for none (null)
+    tenant_quotas = tuple(TenantQuotaSpec(str(tenant_id), tier, deserved, limit,
+                                          -1 if lending is None else lending, -1 if borrowing is None else borrowing)
+                          for tenant_id, tier, deserved, limit, lending, borrowing in TenantQuota.objects.values_list(
+                              "tenant_id", "tier", "deserved_gpu_milli", "limit_gpu_milli",
+                              "lending_limit_gpu_milli", "borrowing_limit_gpu_milli"))
     return quotas, tenant_quotas
+
+
+def snapshot_tenancy(*, now: datetime) -> tuple[dict, dict, dict]:
+    """What the core reads of tenants besides quotas (small: read every cycle): each cohort member's cohort
+    (tenant id -> cohort name), the node pools of the projects bound to some (project id -> pools), and the
+    minimum runtime of the tenants whose SLO contract in force sets one (tenant id -> seconds)."""
+    from django.db.models import Q
+
+    from tenants.models import Project, SloContract, Tenant
+
+    cohorts = {str(pk): name for pk, name in Tenant.objects.filter(cohort__isnull=False).values_list(
+        "pk", "cohort__name")}
+    pools = {str(pk): tuple(found) for pk, found in Project.objects.exclude(pools=[]).values_list("pk", "pools")}
+    runtimes = {str(tenant_id): float(seconds) for tenant_id, seconds in SloContract.objects.filter(
+        Q(effective_to__isnull=True) | Q(effective_to__gt=now), effective_from__lte=now,
+        min_runtime_seconds__isnull=False).values_list("tenant_id", "min_runtime_seconds")}
+    return cohorts, pools, runtimes
 
 
 def tier_prices(*, now: datetime) -> dict[str, int]:

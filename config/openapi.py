@@ -31,8 +31,9 @@ GROUPS: list[tuple[str, str, tuple[str, ...]]] = [
                        "credit grants and taxes, every tenant's FOCUS export",
      (r"price-books(/|$)", r"tenants/\{[^}]+\}/billing-terms$", r"billing/(invoices|payments)/", r"billing/focus",
       r"tenants/\{[^}]+\}/credit-grants$", r"tenants/\{[^}]+\}/tax(/|$)")),
-    ("staff: tenants", "Platform staff: create and change tenants, their status, quotas, projects and SLO contracts",
-     (r"tenants(/|$)",)),
+    ("staff: tenants", "Platform staff: create and change tenants, their status, quotas, projects, SLO contracts "
+                       "and cohorts",
+     (r"tenants(/|$)", r"cohorts$")),
     ("staff: capacity", "Platform staff: capacity policies, the fleet's figures and planner runs",
      (r"capacity/",)),
     ("agents", "The node agents' ingress (signed by each node, not by tenant tokens)", (r"agents/",)),

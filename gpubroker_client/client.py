@@ -229,6 +229,19 @@ class Client:
         return self.request("PATCH", _path("/api/v1/tenants/{slug}", slug=slug),
                             body=_clean({"name": name, "billing_email": billing_email}))
 
+    @operation("patch", "/api/v1/tenants/{slug}")
+    def staff_tenant_cohort_set(self, slug: str, cohort: str | None) -> JSON:
+        """Put the tenant in cohort ``cohort`` (its name), or take it out of its cohort (None)."""
+        return self.request("PATCH", _path("/api/v1/tenants/{slug}", slug=slug), body={"cohort": cohort})
+
+    @operation("get", "/api/v1/cohorts")
+    def staff_cohort_list(self, *, limit: int | None = None, offset: int | None = None) -> Page:
+        return self._page("/api/v1/cohorts", {"limit": limit, "offset": offset})
+
+    @operation("post", "/api/v1/cohorts")
+    def staff_cohort_create(self, *, name: str, description: str = "") -> JSON:
+        return self.request("POST", "/api/v1/cohorts", body={"name": name, "description": description})
+
     @operation("put", "/api/v1/tenants/{slug}/status")
     def staff_tenant_set_status(self, slug: str, *, status: str, reason: str = "") -> JSON:
         """``status``: suspended or active."""
@@ -240,9 +253,13 @@ class Client:
         return self.request("GET", _path("/api/v1/tenants/{slug}/quotas", slug=slug))
 
     @operation("put", "/api/v1/tenants/{slug}/quotas/{tier}")
-    def staff_tenant_quota_set(self, slug: str, tier: str, *, deserved_gpu_milli: int, limit_gpu_milli: int) -> JSON:
+    def staff_tenant_quota_set(self, slug: str, tier: str, *, deserved_gpu_milli: int, limit_gpu_milli: int,
+                               **cohort_limits: int | None) -> JSON:
+        """``cohort_limits``: ``lending_limit_gpu_milli`` / ``borrowing_limit_gpu_milli`` (None: no limit; left
+        out: kept)."""
         return self.request("PUT", _path("/api/v1/tenants/{slug}/quotas/{tier}", slug=slug, tier=tier),
-                            body={"deserved_gpu_milli": deserved_gpu_milli, "limit_gpu_milli": limit_gpu_milli})
+                            body={"deserved_gpu_milli": deserved_gpu_milli, "limit_gpu_milli": limit_gpu_milli,
+                                  **cohort_limits})
 
     @operation("get", "/api/v1/tenants/{slug}/projects")
     def staff_project_list(self, slug: str, *, limit: int | None = None, offset: int | None = None) -> Page:
@@ -259,9 +276,9 @@ class Client:
 
     @operation("patch", "/api/v1/tenants/{slug}/projects/{project}")
     def staff_project_update(self, slug: str, project: str, *, name: str | None = None,
-                             description: str | None = None) -> JSON:
+                             description: str | None = None, pools: list[str] | None = None) -> JSON:
         return self.request("PATCH", _path("/api/v1/tenants/{slug}/projects/{project}", slug=slug, project=project),
-                            body=_clean({"name": name, "description": description}))
+                            body=_clean({"name": name, "description": description, "pools": pools}))
 
     @operation("put", "/api/v1/tenants/{slug}/projects/{project}/status")
     def staff_project_set_status(self, slug: str, project: str, *, status: str, reason: str = "") -> JSON:

@@ -270,6 +270,9 @@ def slo_contract_input(data: QueryDict) -> tuple[dict, list[int]]:
         "availability_target_pct": data.get("availability_target_pct", "").strip(),
         "preemption_notice_seconds": number(data.get("preemption_notice_seconds")),
         "max_credit_pct": data.get("max_credit_pct", "100").strip() or "100",
+        # empty: the platform's minimum runtime (null)
+        "min_runtime_seconds": number(data.get("min_runtime_seconds")) if (data.get("min_runtime_seconds") or ""
+                                                                            ).strip() else None,
         "credit_steps": steps,
     }, rows
 

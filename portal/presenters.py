@@ -352,7 +352,9 @@ def contract_form(prefix: str, contract, *, form: str, values, errors: dict, ste
                field("preemption_notice_seconds", "Preemption notice (s)",
                      contract.preemption_notice_seconds if contract else "", numeric=True),
                field("max_credit_pct", "Credit cap (%)", contract.max_credit_pct if contract else "100",
-                     numeric=True)]
+                     numeric=True),
+               field("min_runtime_seconds", "Minimum runtime before reclaim (s; empty: the platform's)",
+                     contract.min_runtime_seconds if contract else None, numeric=True)]
     existing = list(contract.credit_steps.all()) if contract else []
     steps = []
     for row in range(step_rows):

@@ -45,6 +45,7 @@ urlpatterns = [
     path("settings/tokens/<int:pk>/revoke", views.TokenRevokeView.as_view(), name="token-revoke"),
     path("advice", capacity.AdviceView.as_view(), name="advice"),
     path("settings/idle-reclaim", capacity.IdleReclaimView.as_view(), name="idle-reclaim"),
+    path("settings/pools", views.ProjectPoolsView.as_view(), name="pools"),
     path("workloads/", tiering.WorkloadListView.as_view(), name="workloads"),
     path("workloads/<str:name>", tiering.WorkloadDetailView.as_view(), name="workload"),
     path("workloads/<str:name>/profile", tiering.WorkloadProfileView.as_view(), name="workload-profile"),

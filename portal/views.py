@@ -534,6 +534,36 @@ class SshKeysView(TenantView):
         return redirect("portal:ssh-keys")
 
 
+class ProjectPoolsView(TenantView):
+    """``/settings/pools``: the node pools each project's leases are placed in (docs/scheduling.md, "Cohorts, node
+    pools and minimum runtime"), and the tenant's cohort. Everyone in the tenant reads; admins and owners bind a
+    project (``manage``). ``POST`` (``project``, ``pools``: the pools checked, none for any pool) through
+    ``project_update``; a refusal is shown on the page with nothing written."""
+
+    template_name = "portal/settings_pools.html"
+    write_action = "manage"
+
+    def render_page(self, request, *, error=None, status=200):
+        context = {"projects": selectors.project_list(actor=self.actor), "fleet_pools": broker.node_pool_names(),
+                   "cohort": self.actor.tenant.cohort.name if self.actor.tenant.cohort_id else None,
+                   "can_manage": self.actor.can("manage"), "error": error, "tab": "pools"}
+        context["fleet_pools"] = sorted(context["fleet_pools"])
+        return render(request, self.template_name, context, status=status)
+
+    def get(self, request):
+        return self.render_page(request)
+
+    def post(self, request):
+        project = selectors.project_get(actor=self.actor, slug=request.POST.get("project", ""))
+        try:
+            project = services.project_update(actor=self.actor, project=project, pools=request.POST.getlist("pools"))
+        except ApplicationError as error:
+            return self.render_page(request, error=error.message, status=error.status)
+        messages.success(request, f"Project {project.slug}: placed in "
+                                  + (f"pool(s) {', '.join(project.pools)}." if project.pools else "any pool."))
+        return redirect("portal:pools")
+
+
 class SshKeyRemoveView(TenantView):
     http_method_names = ["post"]
     write_action = "leave"

@@ -27,6 +27,7 @@ from tenants.choices import Role, TenantStatus
 from tenants.models import (
     ApiToken,
     AuditEvent,
+    Cohort,
     Membership,
     Project,
     Quota,
@@ -98,10 +99,35 @@ class TenantQuotaInline(admin.TabularInline):
     model = TenantQuota
     extra = 0
     can_delete = False
-    readonly_fields = ["tier", "deserved_gpu_milli", "limit_gpu_milli"]
+    readonly_fields = ["tier", "deserved_gpu_milli", "limit_gpu_milli", "lending_limit_gpu_milli",
+                       "borrowing_limit_gpu_milli"]
 
     def has_add_permission(self, request, obj=None):
         return False
+
+
+@admin.register(Cohort)
+class CohortAdmin(ServiceAdmin):
+    """Cohorts are created here (``cohort_create``); tenants join one on the tenant's page
+    (``tenant_cohort_set``), their lending and borrowing limits on their tenant quotas."""
+
+    list_display = ["name", "description", "created_at"]
+    fields = ["name", "description", "members_list", "created_at"]
+    readonly_fields = ["members_list", "created_at"]
+
+    @admin.display(description="members")
+    def members_list(self, obj) -> str:
+        return ", ".join(obj.members.values_list("slug", flat=True)) if obj.pk else ""
+
+    def get_readonly_fields(self, request, obj=None):
+        return self.readonly_fields if obj is None else ["name", "description", *self.readonly_fields]
+
+    def has_delete_permission(self, request, obj=None):
+        return False  # tenants name it: take them out instead
+
+    def save_model(self, request, obj, form, change):
+        if not change:
+            _adopt(obj, services.cohort_create(name=obj.name, description=obj.description, by_user=request.user))
 
 
 @admin.register(Tenant)
@@ -115,7 +141,7 @@ class TenantAdmin(ServiceAdmin):
     def get_fields(self, request, obj=None):
         if obj is None:  # a new tenant is active
             return ["name", "slug", "billing_email", "currency"]
-        return ["name", "slug", "billing_email", "currency", "status", "created_at", "updated_at"]
+        return ["name", "slug", "billing_email", "currency", "status", "cohort", "created_at", "updated_at"]
 
     def get_readonly_fields(self, request, obj=None):
         # the slug names the tenant everywhere; its invoices are in its currency
@@ -135,6 +161,8 @@ class TenantAdmin(ServiceAdmin):
             services.tenant_set_status(tenant=obj, status=status, by_user=request.user, reason="admin")
         if changes:
             services.tenant_update(actor=staff_actor(request, obj), **changes)
+        if "cohort" in form.changed_data:
+            services.tenant_cohort_set(tenant=obj, cohort=obj.cohort, by_user=request.user)
         if status == TenantStatus.SUSPENDED:
             services.tenant_set_status(tenant=obj, status=status, by_user=request.user, reason="admin")
         obj.refresh_from_db()
@@ -208,7 +236,8 @@ class ProjectAdmin(ServiceAdmin):
     list_filter = ["status", "idle_reclaim_opt_in", "idle_suspend_opt_out", "tenant"]
     search_fields = ["slug", "name", "tenant__slug"]
     inlines = [QuotaInline]
-    fields = ["tenant", "slug", "name", "description", "status", "idle_reclaim_opt_in", "idle_suspend_opt_out"]
+    fields = ["tenant", "slug", "name", "description", "status", "idle_reclaim_opt_in", "idle_suspend_opt_out",
+              "pools"]
     actions = ["suspend", "activate"]
 
     def get_readonly_fields(self, request, obj=None):
@@ -232,10 +261,14 @@ class ProjectAdmin(ServiceAdmin):
     def save_model(self, request, obj, form, change):
         actor = staff_actor(request, obj.tenant)
         if not change:
+            pools = list(obj.pools)
             _adopt(obj, services.project_create(actor=actor, slug=obj.slug, name=obj.name,
                                                 description=obj.description))
+            if pools:
+                _adopt(obj, services.project_update(actor=actor, project=Project.objects.get(pk=obj.pk), pools=pools))
         else:
-            changes = {name: getattr(obj, name) for name in ("name", "description") if name in form.changed_data}
+            changes = {name: getattr(obj, name) for name in ("name", "description", "pools")
+                       if name in form.changed_data}
             if changes:
                 _adopt(obj, services.project_update(actor=actor, project=Project.objects.get(pk=obj.pk), **changes))
 
@@ -246,7 +279,8 @@ class ProjectAdmin(ServiceAdmin):
 class TenantQuotaForm(forms.ModelForm):
     class Meta:
         model = TenantQuota
-        fields = ["tenant", "tier", "deserved_gpu_milli", "limit_gpu_milli"]
+        fields = ["tenant", "tier", "deserved_gpu_milli", "limit_gpu_milli", "lending_limit_gpu_milli",
+                  "borrowing_limit_gpu_milli"]
 
 
 class QuotaForm(forms.ModelForm):
@@ -275,7 +309,8 @@ class QuotaForm(forms.ModelForm):
 @admin.register(TenantQuota)
 class TenantQuotaAdmin(ServiceAdmin):
     form = TenantQuotaForm
-    list_display = ["tenant", "tier", "deserved_gpu_milli", "limit_gpu_milli"]
+    list_display = ["tenant", "tier", "deserved_gpu_milli", "limit_gpu_milli", "lending_limit_gpu_milli",
+                    "borrowing_limit_gpu_milli"]
     list_filter = ["tier", "tenant"]
 
     def get_readonly_fields(self, request, obj=None):
@@ -287,7 +322,10 @@ class TenantQuotaAdmin(ServiceAdmin):
     def save_model(self, request, obj, form, change):
         _adopt(obj, services.tenant_quota_set(tenant=obj.tenant, tier=obj.tier,
                                               deserved_gpu_milli=obj.deserved_gpu_milli,
-                                              limit_gpu_milli=obj.limit_gpu_milli, by_user=request.user))
+                                              limit_gpu_milli=obj.limit_gpu_milli,
+                                              lending_limit_gpu_milli=obj.lending_limit_gpu_milli,
+                                              borrowing_limit_gpu_milli=obj.borrowing_limit_gpu_milli,
+                                              by_user=request.user))
 
 
 @admin.register(Quota)
@@ -351,7 +389,7 @@ class SloContractAdmin(ServiceAdmin):
     list_filter = ["tenant"]
     inlines = [SloCreditStepInline]
     fields = ["tenant", "name", "effective_from", "effective_to", "time_to_gpu_p95_seconds",
-              "availability_target_pct", "preemption_notice_seconds", "max_credit_pct"]
+              "availability_target_pct", "preemption_notice_seconds", "max_credit_pct", "min_runtime_seconds"]
     VALUES = fields[1:]
 
     def get_readonly_fields(self, request, obj=None):

@@ -8,7 +8,8 @@ The broker registers, in its ``AppConfig.ready``:
   in the same transaction once the status row has changed (the broker holds the tenant's waiting leases, or
   gives them back), and ``settled`` after commit with the tenant as it now is (a suspended tenant's leases that
   hold capacity are released, each in its own transaction);
-- **the quota usage** of live allocations, that ``GET /api/v1/quotas`` shows beside each quota.
+- **the quota usage** of live allocations, that ``GET /api/v1/quotas`` shows beside each quota;
+- **the fleet's node pools** (``fleet_pools``), that a project's pools are checked against.
 
 A deployment without the broker changes a tenant's status with no listener and shows quotas with no usage.
 Tests may register their own and remove them (the ``unregister`` callables returned).
@@ -45,6 +46,7 @@ class TenantStatusListener:
 QuotaUsage = dict[tuple[int, str], dict[str, int]]  # (project id, tier) -> {"in_use": milli, "over": milli}
 _status_listeners: list[TenantStatusListener] = []
 _quota_usage: list[Callable[[Actor], QuotaUsage]] = []
+_fleet_pools: list[Callable[[], set[str]]] = []
 
 
 def _register(registry: list, item) -> Callable[[], None]:
@@ -70,3 +72,13 @@ def quota_usage_register(source: Callable[[Actor], QuotaUsage]) -> Callable[[], 
 def quota_usage(*, actor: Actor) -> QuotaUsage:
     """The registered source's usage; empty without one."""
     return _quota_usage[-1](actor) if _quota_usage else {}
+
+
+def fleet_pools_register(source: Callable[[], set[str]]) -> Callable[[], None]:
+    """``source()`` → the node pools of the fleet; the last registered wins."""
+    return _register(_fleet_pools, source)
+
+
+def fleet_pools() -> set[str]:
+    """The registered source's pools; empty without one (then no project can be bound to a pool)."""
+    return _fleet_pools[-1]() if _fleet_pools else set()

@@ -28,6 +28,30 @@ class TsTzRange(Func):
     output_field = DateTimeRangeField()
 
 
+class Cohort(models.Model):
+    """A group of tenants that lend each other their idle guaranteed capacity (Kueue's cohort; platform staff).
+
+    A member's idle guarantee (its tenant quota's ``deserved`` less what it uses) is borrowed, over quota and
+    preemptibly, by the other members only, up to its ``TenantQuota.lending_limit_gpu_milli``; capacity no
+    member is guaranteed stays borrowable by every tenant. A tenant belongs to at most one cohort
+    (``Tenant.cohort``); tenants in none borrow as before. docs/scheduling.md, "Cohorts, node pools and minimum
+    runtime".
+    """
+
+    tenant_lookup = None  # platform data: a tenant sees its own cohort's name through its tenant, nothing else
+
+    name = models.SlugField(max_length=63, unique=True)
+    description = models.CharField(max_length=200, blank=True, default="")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["name"]
+        constraints = [models.CheckConstraint(condition=Q(name__regex=SLUG_REGEX), name="cohort_name_format")]
+
+    def __str__(self) -> str:
+        return self.name
+
+
 class Tenant(models.Model):
     """An organisation that leases GPU capacity and receives one invoice per month.
 
@@ -49,6 +73,8 @@ class Tenant(models.Model):
     # closed by its owner (``tenants.offboarding.tenant_close``): suspended for good, personal data removed,
     # financial records kept; a closed tenant is never reactivated
     closed_at = models.DateTimeField(null=True, blank=True)
+    # the cohort it lends idle guarantee to and borrows from (platform staff, ``tenant_cohort_set``); null: none
+    cohort = models.ForeignKey(Cohort, on_delete=models.PROTECT, null=True, blank=True, related_name="members")
 
     class Meta:
         ordering = ["slug"]
@@ -97,6 +123,9 @@ class Project(models.Model):
     # never suspends the project's idle resumable training (checkpoint, requeue); off (the default), it may, as
     # idle reclaim's mode says (docs/capacity.md, "Suspension of idle training")
     idle_suspend_opt_out = models.BooleanField(default=False, db_default=False)
+    # the node pools (``broker.Node.pool``) its leases are placed in, set by a tenant admin
+    # (``project_pools_set``, each a pool of the fleet); empty: any pool
+    pools = ArrayField(models.CharField(max_length=63), default=list, blank=True, db_default=[])
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -204,6 +233,10 @@ class TenantQuota(models.Model):
     tier = models.CharField(max_length=32)
     deserved_gpu_milli = models.PositiveBigIntegerField()
     limit_gpu_milli = models.PositiveBigIntegerField()
+    # within its cohort (``Tenant.cohort``; read only there): how much of its idle guarantee the other members may
+    # borrow, and how far its own use may go beyond ``deserved``; null: no limit
+    lending_limit_gpu_milli = models.PositiveBigIntegerField(null=True, blank=True)
+    borrowing_limit_gpu_milli = models.PositiveBigIntegerField(null=True, blank=True)
 
     class Meta:
         ordering = ["tenant_id", "tier"]
@@ -268,6 +301,11 @@ class SloContract(models.Model):
     availability_target_pct = models.DecimalField(max_digits=6, decimal_places=3)
     preemption_notice_seconds = models.PositiveIntegerField(help_text="Minimum notice before preemption.")
     max_credit_pct = models.DecimalField(max_digits=5, decimal_places=2, default=100)
+    # seconds the tenant's over-quota leases run before the scheduler may reclaim them while the contract is in
+    # force; null: the platform's ``LEASE_MIN_RUNTIME_SECONDS``
+    min_runtime_seconds = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Over-quota leases are not reclaimed before this runtime; empty: the "
+                                         "platform's minimum runtime.")
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

@@ -7,7 +7,7 @@ from django.db.models import QuerySet
 from core.errors import NotFound
 from tenants.access import Actor, project_scope, restrict
 from tenants.choices import ROLE_RANK, Role
-from tenants.models import ApiToken, Membership, Project, Quota, SloContract, Tenant, TenantQuota
+from tenants.models import ApiToken, Cohort, Membership, Project, Quota, SloContract, Tenant, TenantQuota
 
 SESSION_TENANT_KEY = "tenant_slug"
 
@@ -117,7 +117,7 @@ def platform_tenant_list() -> QuerySet[Tenant]:
     """Every tenant with its number of projects and members."""
     from django.db.models import Count
 
-    return Tenant.objects.annotate(
+    return Tenant.objects.select_related("cohort").annotate(
         project_count=Count("projects", distinct=True), member_count=Count("memberships", distinct=True)
     ).order_by("slug")
 
@@ -127,6 +127,18 @@ def platform_tenant_get(*, slug: str) -> Tenant:
     if tenant is None:
         raise NotFound(f"No tenant '{slug}'.", field="tenant")
     return tenant
+
+
+def platform_cohort_list() -> QuerySet[Cohort]:
+    """Every cohort with its member tenants (platform staff)."""
+    return Cohort.objects.prefetch_related("members").order_by("name")
+
+
+def platform_cohort_get(*, name: str) -> Cohort:
+    cohort = platform_cohort_list().filter(name=name).first()
+    if cohort is None:
+        raise NotFound(f"No cohort '{name}'.", field="cohort")
+    return cohort
 
 
 def platform_tenant_quota_list(*, tenant: Tenant) -> QuerySet[TenantQuota]:

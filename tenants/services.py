@@ -23,6 +23,7 @@ from tenants.choices import CURRENCIES, PROJECT_LIMITABLE_ROLES, ROLE_RANK, Role
 from tenants.extensions import TenantStatusChange, tenant_status_listeners
 from tenants.models import (
     ApiToken,
+    Cohort,
     Membership,
     Project,
     Quota,
@@ -196,14 +197,19 @@ def project_create(*, actor: Actor, slug: str, name: str, description: str = "")
 
 
 def project_update(
-    *, actor: Actor, project: Project, name: str | None = None, description: str | None = None
+    *, actor: Actor, project: Project, name: str | None = None, description: str | None = None,
+    pools: object = None,
 ) -> Project:
+    """Change a project's name, description or node pools (``pools``: each a pool of the fleet, an empty list
+    for any pool; see ``project_pools_check``); every value is checked before anything is written."""
     actor.require("manage")
     changes = {}
     if name is not None:
         changes["name"] = _validate_name(name)
     if description is not None:
         changes["description"] = description
+    if pools is not None:
+        changes["pools"] = project_pools_check(pools)
     with transaction.atomic(durable=True):
         if changes:
             Project.objects.filter(pk=project.pk, tenant=actor.tenant).update(**changes)
@@ -470,11 +476,31 @@ def api_token_mark_used(*, token: ApiToken, now: datetime) -> None:
 # --- quotas (platform staff) -------------------------------------------------------------------
 
 
+KEEP = object()  # a keyword left out: the value stays as it is
+
+
+def _cohort_limit(value, field: str) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 2**31 - 1:
+        raise ValidationFailed(f"{field} must be a whole number of milli-GPU >= 0, or null for no limit.",
+                               field=field)
+    return value
+
+
 def tenant_quota_set(
-    *, tenant: Tenant, tier: str, deserved_gpu_milli: int, limit_gpu_milli: int, by_user=None
+    *, tenant: Tenant, tier: str, deserved_gpu_milli: int, limit_gpu_milli: int,
+    lending_limit_gpu_milli: object = KEEP, borrowing_limit_gpu_milli: object = KEEP,
+    by_user=None,
 ) -> TenantQuota:
-    """Set a tenant's bound for one tier. Lowering it below what its projects already hold is refused."""
+    """Set a tenant's bound for one tier. Lowering it below what its projects already hold is refused. The cohort
+    limits (read while the tenant is in a cohort; null: none) stay as they are unless given."""
     tier, deserved, limit = _validate_quota_values(tier, deserved_gpu_milli, limit_gpu_milli)
+    limits = {}
+    if lending_limit_gpu_milli is not KEEP:
+        limits["lending_limit_gpu_milli"] = _cohort_limit(lending_limit_gpu_milli, "lending_limit_gpu_milli")
+    if borrowing_limit_gpu_milli is not KEEP:
+        limits["borrowing_limit_gpu_milli"] = _cohort_limit(borrowing_limit_gpu_milli, "borrowing_limit_gpu_milli")
     with transaction.atomic(durable=True):
         quota, _ = TenantQuota.objects.select_for_update().get_or_create(
             tenant=tenant, tier=tier, defaults={"deserved_gpu_milli": deserved, "limit_gpu_milli": limit}
@@ -493,11 +519,61 @@ def tenant_quota_set(
                 f"A project of '{tenant.slug}' has limit {widest} on {tier}; the tenant limit cannot go below that.",
                 field="limit_gpu_milli",
             )
-        TenantQuota.objects.filter(pk=quota.pk).update(deserved_gpu_milli=deserved, limit_gpu_milli=limit)
+        TenantQuota.objects.filter(pk=quota.pk).update(deserved_gpu_milli=deserved, limit_gpu_milli=limit, **limits)
         audit_record(tenant=tenant, by=by_user, action="tenant_quota.set", target=tier,
-                     data={"deserved_gpu_milli": deserved, "limit_gpu_milli": limit})
+                     data={"deserved_gpu_milli": deserved, "limit_gpu_milli": limit, **limits})
     quota.refresh_from_db()
     return quota
+
+
+# --- cohorts (platform staff) and node pools -----------------------------------------------------
+
+
+def cohort_create(*, name: str, description: str = "", by_user=None) -> Cohort:
+    """Create a cohort (platform staff): tenants put in it lend each other their idle guarantee
+    (``tenant_cohort_set``). Audited in the platform's log (no tenant)."""
+    _validate_slug(name, "name")
+    if not isinstance(description, str) or len(description) > 200:
+        raise ValidationFailed("description must be text of at most 200 characters.", field="description")
+    with transaction.atomic(durable=True):
+        if Cohort.objects.filter(name=name).exists():
+            raise Conflict(f"Cohort '{name}' already exists.", field="name")
+        cohort = Cohort.objects.create(name=name, description=description)
+        audit_record(tenant=None, by=by_user, action="cohort.create", target=name)
+    return cohort
+
+
+def tenant_cohort_set(*, tenant: Tenant, cohort: Cohort | None, by_user=None) -> Tenant:
+    """Put a tenant in a cohort, move it to another, or take it out (``cohort`` None; platform staff). A tenant
+    belongs to at most one cohort; the next schedule cycle applies it (nothing running is preempted for it)."""
+    with transaction.atomic(durable=True):
+        before_id = Tenant.objects.select_for_update().filter(pk=tenant.pk).values_list("cohort_id", flat=True).get()
+        before = Cohort.objects.filter(pk=before_id).values_list("name", flat=True).first()
+        Tenant.objects.filter(pk=tenant.pk).update(cohort=cohort)
+        audit_record(tenant=tenant, by=by_user, action="tenant.cohort_set", target=tenant.slug,
+                     data={"from": before, "to": cohort.name if cohort else None})
+    tenant.refresh_from_db()
+    return tenant
+
+
+def project_pools_check(pools: object) -> list[str]:
+    """The node pools a project may be bound to, sorted, each once: every one a pool of the fleet (the broker's
+    nodes, ``tenants.extensions.fleet_pools``); an empty list binds it to none (any pool). Leases are placed in
+    them from the next schedule cycle on (running ones stay where they are)."""
+    from tenants.extensions import fleet_pools
+
+    if not isinstance(pools, list | tuple) or not all(isinstance(pool, str) for pool in pools):
+        raise ValidationFailed("pools must be a list of pool names.", field="pools")
+    wanted = sorted(set(pools))
+    if not wanted:
+        return wanted
+    known = fleet_pools()
+    unknown = [pool for pool in wanted if pool not in known]
+    if unknown:
+        listed = ", ".join(sorted(known)) or "none"
+        raise ValidationFailed(f"No node pool {', '.join(repr(p) for p in unknown)} in the fleet (pools: {listed}).",
+                               field="pools")
+    return wanted
 
 
 def quota_check(
@@ -588,6 +664,7 @@ def slo_contract_create(
     preemption_notice_seconds: int,
     credit_steps: list[dict],
     max_credit_pct: Decimal = Decimal(100),
+    min_runtime_seconds: int | None = None,
     by_user=None,
 ) -> SloContract:
     """Create a contract with its credit schedule; periods of one tenant's contracts never overlap."""
@@ -599,6 +676,7 @@ def slo_contract_create(
     availability = Decimal(availability_target_pct)
     if not Decimal(0) < availability <= Decimal(100):
         raise ValidationFailed("availability_target_pct must be in (0, 100].", field="availability_target_pct")
+    min_runtime_seconds = _min_runtime(min_runtime_seconds)
     for index, step in enumerate(credit_steps):
         if step.get("metric") not in SloMetric.values:
             raise ValidationFailed(
@@ -625,6 +703,7 @@ def slo_contract_create(
                 availability_target_pct=availability,
                 preemption_notice_seconds=preemption_notice_seconds,
                 max_credit_pct=max_credit_pct,
+                min_runtime_seconds=min_runtime_seconds,
             )
         except IntegrityError:
             raise Conflict("The period overlaps another SLO contract of this tenant.", field="effective_from") from None
@@ -639,6 +718,16 @@ def slo_contract_create(
         )
         audit_record(tenant=tenant, by=by_user, action="slo_contract.create", target=name)
     return contract
+
+
+def _min_runtime(value) -> int | None:
+    """A contract's minimum runtime: None (the platform's) or whole seconds >= 0."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 2**31 - 1:
+        raise ValidationFailed("min_runtime_seconds must be a whole number of seconds >= 0, or null for the "
+                               "platform's minimum runtime.", field="min_runtime_seconds")
+    return value
 
 
 def _decimal(value, field: str) -> Decimal:
@@ -663,6 +752,7 @@ def slo_contract_check(
     preemption_notice_seconds: int,
     max_credit_pct,
     credit_steps: list[dict],
+    min_runtime_seconds: int | None = None,
 ) -> dict:
     """Validate every value of a contract and its credit steps (errors name the field); the normalised
     values."""
@@ -704,7 +794,7 @@ def slo_contract_check(
     return {"name": name, "effective_from": effective_from, "effective_to": effective_to,
             "time_to_gpu_p95_seconds": time_to_gpu_p95_seconds, "availability_target_pct": availability,
             "preemption_notice_seconds": preemption_notice_seconds, "max_credit_pct": max_credit,
-            "credit_steps": steps}
+            "min_runtime_seconds": _min_runtime(min_runtime_seconds), "credit_steps": steps}
 
 
 def slo_contract_save(*, tenant: Tenant, contract: SloContract | None = None, by_user=None, **values) -> SloContract:

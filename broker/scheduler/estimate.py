@@ -103,6 +103,9 @@ def _try_at(scheduler, request: Request, at: float, failed: set) -> tuple[Alloca
         blocked, in_quota = scheduler.quota_check(request, tier, need)
         if blocked is not None or (not in_quota and request.workload_class == WorkloadClass.INTERACTIVE):
             continue
+        if not in_quota and scheduler._cohort_members and scheduler.cohort_check(request.tenant, tier,
+                                                                                need.total_milli):
+            continue  # the cohorts keep this idle capacity for others (docs/scheduling.md)
         tries += 1
         found = scheduler._find(need)
         if found is None:

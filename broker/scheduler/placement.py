@@ -36,6 +36,7 @@ class Need:
     cpu_milli: int
     host_memory_mib: int
     avoid: frozenset[str] = frozenset()  # node ids it must not be placed on
+    pools: frozenset[str] = frozenset()  # node pools it may be placed in; empty: any
 
     @property
     def total_milli(self) -> int:
@@ -47,7 +48,7 @@ class Need:
     def key(self) -> tuple:
         return (self.kind, self.count, self.models, self.milli, self.memory_mib,
                 self.profile.name if self.profile else "", self.gang, self.cpu_milli, self.host_memory_mib,
-                tuple(sorted(self.avoid)))
+                tuple(sorted(self.avoid)), tuple(sorted(self.pools)))
 
 
 def need_for(shape: Shape, model: str) -> Need | None:
@@ -57,12 +58,12 @@ def need_for(shape: Shape, model: str) -> Need | None:
         if shape.memory_mib and gpu_model.memory_mib < shape.memory_mib:
             return None
         return Need(Kind.WHOLE, shape.count, (model,), FULL, gpu_model.memory_mib, None, shape.gang,
-                    shape.cpu_milli, shape.host_memory_mib, frozenset(shape.avoid_nodes))
+                    shape.cpu_milli, shape.host_memory_mib, frozenset(shape.avoid_nodes), frozenset(shape.pools))
     if shape.kind == Kind.SHARE:
         if shape.memory_mib > gpu_model.memory_mib or not 0 < shape.milli <= FULL:
             return None
         return Need(Kind.SHARE, shape.count, (model,), shape.milli, shape.memory_mib, None, shape.gang,
-                    shape.cpu_milli, shape.host_memory_mib, frozenset(shape.avoid_nodes))
+                    shape.cpu_milli, shape.host_memory_mib, frozenset(shape.avoid_nodes), frozenset(shape.pools))
     # MIG: a full profile name on that model, or a compute size ("3g") for auto
     try:
         profile = profile_get(model, shape.profile)
@@ -77,16 +78,18 @@ def need_for(shape: Shape, model: str) -> Need | None:
     if shape.memory_mib and profile.memory_mib < shape.memory_mib:
         return None
     return Need(Kind.MIG, shape.count, (model,), profile.gpu_milli, profile.memory_mib, profile, shape.gang,
-                shape.cpu_milli, shape.host_memory_mib, frozenset(shape.avoid_nodes))
+                shape.cpu_milli, shape.host_memory_mib, frozenset(shape.avoid_nodes), frozenset(shape.pools))
 
 
 # -- candidate units on one node -------------------------------------------------------------------
 
 
 def node_accepts(node: NodeState, need: Need) -> bool:
-    """Whether ``node`` takes work of ``need`` at all: not cordoned, not one the need avoids, and its host
-    CPU and memory free."""
+    """Whether ``node`` takes work of ``need`` at all: not cordoned, not one the need avoids, in one of the need's
+    pools (when it names any), and its host CPU and memory free."""
     if node.node.cordoned or node.node.id in need.avoid:
+        return False
+    if need.pools and node.node.pool not in need.pools:
         return False
     if node.node.cpu_milli and node.free_cpu_milli < need.cpu_milli:
         return False
@@ -553,6 +556,8 @@ def may_fit(info: ClassInfo, need: Need) -> bool:
     """False only when ``Policy.node_options`` finds nothing for ``need`` on a node of this class (a cheap
     necessary condition: each whole or share unit takes one GPU of its kind, a MIG one an open MIG GPU)."""
     if info.cordoned or (need.models and info.models.isdisjoint(need.models)):
+        return False
+    if need.pools and info.pool not in need.pools:
         return False
     if need.count == 0:
         return True

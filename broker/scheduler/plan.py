@@ -30,7 +30,7 @@ first and, while it does not fit, reserves the tiers it needs against younger re
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from broker.scheduler.fairshare import back_off_words, protected_until, share_key, weights_scale
 from broker.scheduler.placement import Need, Placer, Policy, need_for, node_accepts, policy_get
@@ -70,6 +70,16 @@ class Scheduler:
         self.tenant_quotas = {
             (q.tenant, q.tier): _Quota(q.deserved_milli, q.limit_milli) for q in snapshot.tenant_quotas
         }
+        # cohorts: members per cohort (sorted), each member's spec per tier, the guarantee of all members per tier
+        self._cohort_members: dict[str, list[str]] = {}
+        for tenant, cohort in sorted(snapshot.cohorts.items()):
+            if cohort:
+                self._cohort_members.setdefault(cohort, []).append(tenant)
+        self._cohort_specs = {(q.tenant, q.tier): q for q in snapshot.tenant_quotas
+                              if snapshot.cohorts.get(q.tenant)}
+        self._cohort_guaranteed: dict[str, int] = {}
+        for (_tenant, tier), spec in self._cohort_specs.items():
+            self._cohort_guaranteed[tier] = self._cohort_guaranteed.get(tier, 0) + spec.deserved_milli
         self.models_present = sorted(self.cluster.capacity_milli_by_model)
         # tiers per shape: the models present and the prices are fixed for the scheduler's life
         self._tiers: dict = {}
@@ -82,10 +92,16 @@ class Scheduler:
     # -- tiers ------------------------------------------------------------------------------------
     def tiers_for(self, request: Request) -> list[tuple[str, Need]]:
         """The (model, resolved need) pairs the request may run on, in the order they are tried (a shared
-        list: callers do not change it)."""
-        tiers = self._tiers.get(request.shape)
+        list: callers do not change it). A request of a project bound to node pools (``Snapshot.project_pools``)
+        whose shape names none is placed in its project's pools."""
+        shape = request.shape
+        if not shape.pools and self.snapshot.project_pools:
+            pools = self.snapshot.project_pools.get(request.project)
+            if pools:
+                shape = replace(shape, pools=tuple(pools))
+        tiers = self._tiers.get(shape)
         if tiers is None:
-            tiers = self._tiers[request.shape] = self._tiers_for(request.shape)
+            tiers = self._tiers[shape] = self._tiers_for(shape)
         return tiers
 
     def _tiers_for(self, shape) -> list[tuple[str, Need]]:
@@ -133,6 +149,66 @@ class Scheduler:
                 f"and the project does not borrow (over-quota weight 0)"
             ), False
         return None, in_quota
+
+    def cohort_check(self, tenant: str, tier: str, amount: int) -> str | None:
+        """Why ``tenant`` may not borrow ``amount`` milli more of ``tier`` over quota under the cohorts (None: it
+        may). Kueue's cohorts on our tenant quotas, in integers:
+
+        - the tier's capacity splits into the guarantees (``deserved``) of the tenants that are members of a
+          cohort, and the rest (none when they exceed it): the *free pool*, borrowable by every tenant
+          (tenants in no cohort keep their guarantee in it, as without cohorts);
+        - a member's use beyond its own guarantee (its *overflow*) is served first by what its cohort's members
+          lend: each member's idle guarantee (``deserved`` less its use), at most its ``lending_limit_milli``;
+          what the cohort lends does not cover spills into the free pool;
+        - the free pool holds the use of every tenant in no cohort plus every cohort's spill; a request whose
+          admission would take it over its size waits. A member's overflow also stays within its
+          ``borrowing_limit_milli``.
+
+        One cohort holding every tenant, no lending limits: the sum of all use stays within the capacity, which
+        placement guarantees anyway, so decisions equal those without cohorts."""
+        usage = self.cluster.tenant_usage
+        cohorts = self.snapshot.cohorts
+        mine = cohorts.get(tenant, "")
+        if mine:
+            spec = self._cohort_specs.get((tenant, tier))
+            deserved = spec.deserved_milli if spec else 0
+            if spec is not None and spec.borrowing_limit_milli >= 0:
+                used = sum(usage.get((tenant, tier), (0, 0)))
+                if used + amount - deserved > spec.borrowing_limit_milli:
+                    return (f"tenant borrowing limit for {tier} in cohort {mine} reached ({max(used - deserved, 0)}"
+                            f"/{spec.borrowing_limit_milli} milli beyond its guarantee in use, request needs {amount})")
+        # (guarantees above the capacity leave no free pool)
+        free_pool = max(self.cluster.capacity_milli_by_model.get(tier, 0) - self._cohort_guaranteed.get(tier, 0), 0)
+        outside = 0  # the use of tenants in no cohort
+        for (owner, owner_tier), (used_in, used_over) in usage.items():
+            if owner_tier == tier and not cohorts.get(owner):
+                outside += used_in + used_over
+        if not mine:
+            outside += amount
+        spill_total, lent_to_me = 0, 0
+        for cohort, members in self._cohort_members.items():
+            overflow = lend = 0
+            for member in members:
+                spec = self._cohort_specs.get((member, tier))
+                deserved = spec.deserved_milli if spec else 0
+                used = sum(usage.get((member, tier), (0, 0))) + (amount if member == tenant else 0)
+                if used > deserved:
+                    overflow += used - deserved
+                elif spec is not None:
+                    idle = deserved - used
+                    lend += idle if spec.lending_limit_milli < 0 else min(idle, spec.lending_limit_milli)
+            spill_total += max(overflow - lend, 0)
+            if cohort == mine:
+                lent_to_me = lend
+        if outside + spill_total <= free_pool:
+            return None
+        if mine:
+            return (f"over quota on {tier}: no capacity left to borrow for cohort {mine} (its members lend at most "
+                    f"{lent_to_me} milli of idle guarantee, their lending limits, and it is borrowed; the rest of "
+                    "the idle capacity is guaranteed to other cohorts' tenants)")
+        return (f"over quota on {tier}: the idle capacity is guaranteed to tenants of a cohort and lent only within "
+                f"it; {max(free_pool - (outside - amount) - spill_total, 0)} milli is borrowable by tenants in no "
+                f"cohort, request needs {amount}")
 
     def over_share(self, project: str, tier: str) -> tuple[int, int]:
         """The project's fair-share key on ``tier`` (``fairshare.share_key``): its borrowed use now and, with a
@@ -431,11 +507,17 @@ class Scheduler:
             reclaimed = self._reclaim(request, tier, need, now=now)
             if reclaimed:
                 return reclaimed
-            reasons.append(self._no_fit_reason(tier, need) + self._protected_words(tier, now))
+            reasons.append(self._no_fit_reason(tier, need) + self._protected_words(tier, now)
+                           + self._min_runtime_words(tier, need, now))
         if over_quota_candidates:
             if not allow_over_quota:
                 return None
             for tier, need in over_quota_candidates:
+                if self._cohort_members:
+                    refused = self.cohort_check(request.tenant, tier, need.total_milli)
+                    if refused:
+                        reasons.append(refused)
+                        continue
                 placed = self._place(request, tier, need, preemptible=True, now=now)
                 if placed:
                     return placed
@@ -465,6 +547,9 @@ class Scheduler:
         reason = f"placed on {allocation.node} ({tier}, {kind})"
         if preemptible and self.snapshot.preempted_at.get(request.id):
             reason += self._back_off_words(allocation, now)
+        if preemptible and request.tenant in self.snapshot.min_runtime_by_tenant:
+            reason += (f"; not reclaimed before its minimum runtime of {self.min_runtime(allocation):.0f} s "
+                       "(its SLO contract)")
         if warm_ids:
             reason += f", binding warm instance{'s' if len(warm_ids) > 1 else ''} {', '.join(warm_ids)}"
         if request.shape is not None and not request.shape.models:
@@ -517,7 +602,7 @@ class Scheduler:
             return None  # a request spread over nodes cannot reserve host CPU/memory (reason in _try)
         # not a gang: place units one at a time (all-or-nothing), possibly on several nodes
         single = Need(need.kind, 1, need.models, need.milli, need.memory_mib, need.profile, True, 0, 0,
-                      need.avoid)
+                      need.avoid, need.pools)
         held = []
         for index in range(need.count):
             found = self.placer.find(single)
@@ -553,12 +638,25 @@ class Scheduler:
         )
 
     # -- reclaim ----------------------------------------------------------------------------------
+    def min_runtime(self, allocation: Allocation) -> float:
+        """Seconds from its start before ``allocation`` may be reclaimed: its tenant's SLO contract's minimum
+        runtime (``Snapshot.min_runtime_by_tenant``), else the platform's (``Snapshot.min_runtime_seconds``)."""
+        by_tenant = self.snapshot.min_runtime_by_tenant
+        if by_tenant:
+            found = by_tenant.get(allocation.tenant)
+            if found is not None:
+                return found
+        return self.snapshot.min_runtime_seconds
+
     def _reclaim(self, request: Request, tier: str, need: Need, *, now: float) -> Decision | None:
-        min_runtime = self.snapshot.min_runtime_seconds
         candidates = [
             a for a in self.cluster.allocations.values()
-            if a.preemptible and a.tier == tier and a.started_at + min_runtime <= now and a.id != request.id
+            if a.preemptible and a.tier == tier and a.started_at + self.min_runtime(a) <= now and a.id != request.id
         ]
+        if need.pools:  # only work in the request's pools frees room it can use
+            nodes = self.cluster.nodes
+            candidates = [a for a in candidates
+                          if any(nodes[n].node.pool in need.pools for n in self.cluster._nodes_of(a))]
         if request.group:  # a group member never reclaims from its own group
             candidates = [a for a in candidates if a.group != request.group]
         if candidates and self.snapshot.preempted_at:  # the back-off: work reclaimed again and again runs a while
@@ -619,7 +717,8 @@ class Scheduler:
         preferred victims stay chosen). The state is unchanged when it does not help."""
         room = {gpu_id: self._units_room(gpu, need) for gpu_id, gpu in self.cluster.gpus.items()
                 if gpu.gpu.model == tier and not self.cluster.nodes[gpu.gpu.node].node.cordoned
-                and gpu.gpu.node not in need.avoid}
+                and gpu.gpu.node not in need.avoid
+                and (not need.pools or self.cluster.nodes[gpu.gpu.node].node.pool in need.pools)}
         total = sum(room.values())
         removed: list[Allocation] = []
         found = self._find(need) if total >= need.count else None
@@ -732,7 +831,28 @@ class Scheduler:
         return (f"; {len(untils)} over-quota lease(s) on {tier} are protected from reclaim by the preemption "
                 f"back-off, the first until {min(untils) - now:.0f} s from now")
 
+    def _min_runtime_words(self, tier: str, need: Need, now: float) -> str:
+        """Why reclaim found nothing when over-quota work on ``tier`` is still within its minimum runtime: how
+        many leases, the first reclaimable when ("" when none is, or no tenant has its own minimum runtime)."""
+        if not self.snapshot.min_runtime_by_tenant:
+            return ""
+        nodes = self.cluster.nodes
+        waits = [allocation.started_at + self.min_runtime(allocation) - now
+                 for allocation in self.cluster.allocations.values()
+                 if allocation.preemptible and allocation.tier == tier
+                 and allocation.started_at + self.min_runtime(allocation) > now
+                 and (not need.pools or nodes[allocation.node].node.pool in need.pools)]
+        if not waits:
+            return ""
+        return (f"; {len(waits)} over-quota lease(s) on {tier} are within their minimum runtime (their SLO "
+                f"contract's), the first reclaimable in {min(waits):.0f} s")
+
     def _no_fit_reason(self, tier: str, need: Need) -> str:
+        if need.pools:
+            return f"no node in pool(s) {', '.join(sorted(need.pools))} has room: " + self._no_fit_room(tier, need)
+        return self._no_fit_room(tier, need)
+
+    def _no_fit_room(self, tier: str, need: Need) -> str:
         if need.kind == Kind.MIG and need.profile is not None:
             profile = need.profile
             repartitionable = sum(

@@ -111,12 +111,12 @@ class NodeState:
         """The free-capacity signature the ``random`` policy groups nodes by (GPU states as a sorted multiset)."""
         # totals are part of the state: policies normalise by them, and 0 means "not tracked"
         return (self.node.cordoned, self.node.cpu_milli, self.free_cpu_milli, self.node.memory_mib,
-                self.free_memory_mib, tuple(sorted(g.signature() for g in self.gpus)))
+                self.free_memory_mib, tuple(sorted(g.signature() for g in self.gpus)), self.node.pool)
 
     def class_key(self) -> tuple:
         """The canonical signature: what a policy can see of the node, GPUs in the node's order."""
         return (self.node.cordoned, self.node.cpu_milli, self.free_cpu_milli, self.node.memory_mib,
-                self.free_memory_mib, tuple([g.key for g in self.gpus]))
+                self.free_memory_mib, tuple([g.key for g in self.gpus]), self.node.pool)
 
     @property
     def models(self) -> frozenset[str]:
@@ -137,6 +137,7 @@ class ClassInfo:
     whole_free: int  # GPUs open to new work with nothing on them, not MIG
     shared_open: int  # shared GPUs open to new work
     mig_open: int  # MIG GPUs open to new work
+    pool: str = ""  # the nodes' pool (part of the class key: a class never mixes pools)
 
 
 @dataclass
@@ -234,7 +235,7 @@ class ClusterState:
             else:
                 shared += gpu.gpu.mode == GpuMode.SHARED
                 whole += gpu.used_milli == 0 and gpu.units == 0
-        self.class_info[class_id] = ClassInfo(node.models, node.node.cordoned, whole, shared, mig)
+        self.class_info[class_id] = ClassInfo(node.models, node.node.cordoned, whole, shared, mig, node.node.pool)
         return class_id
 
     def _index(self, node_id: str) -> None:

@@ -65,6 +65,7 @@ class Node:
     cpu_milli: int = 0  # 0: CPU not tracked
     memory_mib: int = 0  # host memory; 0: not tracked
     cordoned: bool = False
+    pool: str = ""  # the node pool it belongs to (``Node.pool``); a request bound to pools is placed only in them
 
 
 @_quick_init
@@ -103,6 +104,8 @@ class Shape:
     host_memory_mib: int = 0
     # nodes this request must not be placed on (a workload that kept failing there is placed elsewhere)
     avoid_nodes: tuple[str, ...] = ()
+    # node pools it may be placed in (empty: any; a project bound to pools gets them: ``Snapshot.project_pools``)
+    pools: tuple[str, ...] = ()
 
 
 @_quick_init
@@ -171,10 +174,16 @@ class QuotaSpec:
 @_quick_init
 @dataclass(frozen=True, slots=True)
 class TenantQuotaSpec:
+    """A tenant's bound on one tier. Within a cohort (``Snapshot.cohorts``): ``lending_limit_milli`` caps how much
+    of its idle guarantee (``deserved`` less its use) the other members may borrow, ``borrowing_limit_milli`` how
+    far its use may go beyond its ``deserved`` (-1: no limit; both are read only for cohort members)."""
+
     tenant: str
     tier: str
     deserved_milli: int
     limit_milli: int
+    lending_limit_milli: int = -1
+    borrowing_limit_milli: int = -1
 
 
 @_quick_init
@@ -236,6 +245,15 @@ class Snapshot:
     preempted_at: dict[str, tuple[float, ...]] = field(default_factory=dict)
     # when each running allocation's lease expires (its ``ends_at``), for estimated starts; absent: not known
     ends_at: dict[str, float] = field(default_factory=dict)
+    # cohorts (Kueue's): tenant -> its cohort's name. A member's idle guarantee is lent only to the members of its
+    # cohort (up to its ``TenantQuotaSpec.lending_limit_milli``); capacity no cohort member is guaranteed stays
+    # borrowable by all. Empty: every tenant borrows any idle capacity (``Scheduler.cohort_check``)
+    cohorts: dict[str, str] = field(default_factory=dict)
+    # node pools a project is bound to (project -> pools); absent or empty: any pool
+    project_pools: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    # minimum runtime per tenant (its SLO contract's), seconds before its over-quota work may be reclaimed;
+    # absent: ``min_runtime_seconds``
+    min_runtime_by_tenant: dict[str, float] = field(default_factory=dict)
 
 
 @_quick_init

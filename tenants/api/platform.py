@@ -22,10 +22,10 @@ from core.errors import NotFound
 from core.openapi import PAGE_PARAMETERS, paginated, problem
 from tenants import selectors, services
 from tenants.access import Actor
-from tenants.api.serializers import NAME_PATTERN, SLUG_PATTERN, SloContractOutput, StrictSerializer
+from tenants.api.serializers import NAME_PATTERN, POOLS_HELP, SLUG_PATTERN, SloContractOutput, StrictSerializer
 from tenants.api.staff import StaffApi
 from tenants.choices import CURRENCIES, Role, SloMetric, TenantStatus
-from tenants.models import Project, Quota, Tenant, TenantQuota
+from tenants.models import Cohort, Project, Quota, Tenant, TenantQuota
 
 STAFF_ONLY = "Platform staff only (is_staff); everyone else gets 403."
 
@@ -49,14 +49,18 @@ class _SlugField(serializers.RegexField):
         return value
 
 
+COHORT_HELP = "the cohort the tenant lends idle guarantee to and borrows from; null: none"
+
+
 class PlatformTenantOutput(serializers.ModelSerializer):
     project_count = serializers.IntegerField(read_only=True, help_text="projects (queues) of the tenant")
     member_count = serializers.IntegerField(read_only=True, help_text="members of the tenant")
+    cohort = serializers.SlugRelatedField(slug_field="name", read_only=True, allow_null=True, help_text=COHORT_HELP)
 
     class Meta:
         model = Tenant
         fields = ["slug", "name", "status", "billing_email", "currency", "created_at", "updated_at",
-                  "project_count", "member_count"]
+                  "project_count", "member_count", "cohort"]
 
 
 class PlatformTenantCreateInput(StrictSerializer):
@@ -69,6 +73,22 @@ class PlatformTenantCreateInput(StrictSerializer):
 class PlatformTenantUpdateInput(StrictSerializer):
     name = serializers.RegexField(NAME_PATTERN, required=False, max_length=200)
     billing_email = serializers.EmailField(required=False)
+    cohort = serializers.CharField(required=False, allow_null=True, max_length=63,
+                                   help_text=COHORT_HELP + " (a cohort's name; null takes the tenant out)")
+
+
+class CohortOutput(serializers.ModelSerializer):
+    members = serializers.SlugRelatedField(slug_field="slug", many=True, read_only=True,
+                                           help_text="the tenants in the cohort")
+
+    class Meta:
+        model = Cohort
+        fields = ["name", "description", "created_at", "members"]
+
+
+class CohortCreateInput(StrictSerializer):
+    name = _SlugField()
+    description = serializers.CharField(required=False, allow_blank=True, default="", max_length=200)
 
 
 class StatusInput(StrictSerializer):
@@ -77,15 +97,29 @@ class StatusInput(StrictSerializer):
                                    help_text="why (kept in the audit log)")
 
 
+LENDING_HELP = "in the tenant's cohort: how much of its idle guarantee the other members may borrow; null: no limit"
+BORROWING_HELP = "in the tenant's cohort: how far its use may go beyond its deserved; null: no limit"
+
+
 class PlatformTenantQuotaOutput(serializers.ModelSerializer):
     class Meta:
         model = TenantQuota
-        fields = ["tier", "deserved_gpu_milli", "limit_gpu_milli"]
+        fields = ["tier", "deserved_gpu_milli", "limit_gpu_milli", "lending_limit_gpu_milli",
+                  "borrowing_limit_gpu_milli"]
+        extra_kwargs = {"lending_limit_gpu_milli": {"help_text": LENDING_HELP},
+                        "borrowing_limit_gpu_milli": {"help_text": BORROWING_HELP}}
 
 
 class TenantQuotaInput(StrictSerializer):
     deserved_gpu_milli = serializers.IntegerField(min_value=0, max_value=2**31 - 1)
     limit_gpu_milli = serializers.IntegerField(min_value=0, max_value=2**31 - 1)
+
+
+class PlatformTenantQuotaInput(TenantQuotaInput):
+    lending_limit_gpu_milli = serializers.IntegerField(min_value=0, max_value=2**31 - 1, required=False,
+                                                       allow_null=True, help_text=LENDING_HELP + "; left out: kept")
+    borrowing_limit_gpu_milli = serializers.IntegerField(min_value=0, max_value=2**31 - 1, required=False,
+                                                         allow_null=True, help_text=BORROWING_HELP + "; left out: kept")
 
 
 class ProjectQuotaInput(TenantQuotaInput):
@@ -107,10 +141,11 @@ class PlatformQuotasOutput(serializers.Serializer):
 
 class PlatformProjectOutput(serializers.ModelSerializer):
     quotas = PlatformQuotaOutput(many=True, read_only=True)
+    pools = serializers.ListField(child=serializers.CharField(), read_only=True, help_text=POOLS_HELP)
 
     class Meta:
         model = Project
-        fields = ["slug", "name", "description", "status", "created_at", "quotas"]
+        fields = ["slug", "name", "description", "status", "pools", "created_at", "quotas"]
 
 
 class PlatformProjectCreateInput(StrictSerializer):
@@ -122,6 +157,8 @@ class PlatformProjectCreateInput(StrictSerializer):
 class PlatformProjectUpdateInput(StrictSerializer):
     name = serializers.RegexField(NAME_PATTERN, required=False, max_length=200)
     description = serializers.CharField(required=False, allow_blank=True)
+    pools = serializers.ListField(child=serializers.CharField(max_length=63), required=False, max_length=50,
+                                  help_text=POOLS_HELP)
 
 
 class CreditStepInput(StrictSerializer):
@@ -140,6 +177,10 @@ class SloContractInput(StrictSerializer):
     availability_target_pct = serializers.DecimalField(max_digits=6, decimal_places=3)
     preemption_notice_seconds = serializers.IntegerField(min_value=0, max_value=2**31 - 1)
     max_credit_pct = serializers.DecimalField(max_digits=5, decimal_places=2, default="100")
+    min_runtime_seconds = serializers.IntegerField(
+        min_value=0, max_value=2**31 - 1, required=False, allow_null=True, default=None,
+        help_text="over-quota leases of the tenant are not reclaimed before this runtime while the contract is in "
+                  "force; null: the platform's minimum runtime")
     credit_steps = CreditStepInput(many=True, required=False, default=list)
 
 
@@ -188,8 +229,32 @@ class PlatformTenantDetailApi(StaffApi):
     def patch(self, request, slug: str):
         tenant = selectors.platform_tenant_get(slug=slug)
         data = parse(PlatformTenantUpdateInput, request)
-        services.tenant_update(actor=staff_actor(request, tenant), **data)
+        if "cohort" in data:
+            name = data.pop("cohort")
+            cohort = None if name is None else selectors.platform_cohort_get(name=name)
+            if data:
+                services.tenant_update(actor=staff_actor(request, tenant), **data)
+            services.tenant_cohort_set(tenant=tenant, cohort=cohort, by_user=request.user)
+        else:
+            services.tenant_update(actor=staff_actor(request, tenant), **data)
         return Response(_tenant_out(slug))
+
+
+class PlatformCohortListApi(StaffApi):
+    @extend_schema(responses=paginated(CohortOutput), parameters=PAGE_PARAMETERS,
+                   operation_id="v1_staff_cohorts_list", description=STAFF_ONLY,
+                   summary="Cohorts: tenants that lend each other their idle guaranteed capacity")
+    def get(self, request):
+        return paginate(self, request, selectors.platform_cohort_list(), CohortOutput)
+
+    @extend_schema(request=CohortCreateInput, responses={201: CohortOutput, 409: problem("The name is taken")},
+                   operation_id="v1_staff_cohorts_create", description=STAFF_ONLY,
+                   summary="Create a cohort (put tenants in it with PATCH /api/v1/tenants/{slug})")
+    def post(self, request):
+        data = parse(CohortCreateInput, request)
+        cohort = services.cohort_create(by_user=request.user, **data)
+        return Response(CohortOutput(selectors.platform_cohort_get(name=cohort.name)).data,
+                        status=status.HTTP_201_CREATED)
 
 
 class PlatformTenantStatusApi(StaffApi):
@@ -218,14 +283,14 @@ class PlatformQuotaListApi(StaffApi):
 
 
 class PlatformTenantQuotaApi(StaffApi):
-    @extend_schema(request=TenantQuotaInput,
+    @extend_schema(request=PlatformTenantQuotaInput,
                    responses={200: PlatformTenantQuotaOutput,
                               409: problem("The tenant's projects already hold more than the new bound")},
                    operation_id="v1_staff_tenants_quotas_update", description=STAFF_ONLY,
                    summary="Set a tenant's quota for one tier (its bound for every project)")
     def put(self, request, slug: str, tier: str):
         tenant = selectors.platform_tenant_get(slug=slug)
-        data = parse(TenantQuotaInput, request)
+        data = parse(PlatformTenantQuotaInput, request)
         quota = services.tenant_quota_set(tenant=tenant, tier=tier, by_user=request.user, **data)
         return Response(PlatformTenantQuotaOutput(quota).data)
 

@@ -53,10 +53,14 @@ NAME_PATTERN = r"\S"  # a name is not blank once trimmed (the services trim it)
 
 class TenantOutput(serializers.ModelSerializer):
     role = serializers.SerializerMethodField()
+    cohort = serializers.SlugRelatedField(
+        slug_field="name", read_only=True, allow_null=True,
+        help_text="the cohort the tenant lends idle guarantee to and borrows from (its limits per tier are on "
+                  "GET /api/v1/quotas); null: none")
 
     class Meta:
         model = Tenant
-        fields = ["slug", "name", "status", "billing_email", "currency", "created_at", "role"]
+        fields = ["slug", "name", "status", "billing_email", "currency", "created_at", "role", "cohort"]
 
     def get_role(self, obj) -> str:
         return self.context["actor"].role
@@ -67,10 +71,15 @@ class TenantUpdateInput(StrictSerializer):
     billing_email = serializers.EmailField(required=False)
 
 
+POOLS_HELP = "the node pools its leases are placed in (each a pool of the fleet); empty: any pool"
+
+
 class ProjectOutput(serializers.ModelSerializer):
+    pools = serializers.ListField(child=serializers.CharField(), read_only=True, help_text=POOLS_HELP)
+
     class Meta:
         model = Project
-        fields = ["slug", "name", "description", "status", "created_at"]
+        fields = ["slug", "name", "description", "status", "pools", "created_at"]
 
 
 class ProjectCreateInput(StrictSerializer):
@@ -88,6 +97,8 @@ class ProjectCreateInput(StrictSerializer):
 class ProjectUpdateInput(StrictSerializer):
     name = serializers.RegexField(NAME_PATTERN, required=False, max_length=200)
     description = serializers.CharField(required=False, allow_blank=True)
+    pools = serializers.ListField(child=serializers.CharField(max_length=63), required=False, max_length=50,
+                                  help_text=POOLS_HELP + " (tenant admins)")
 
 
 class QuotaOutput(serializers.ModelSerializer):
@@ -118,7 +129,14 @@ class TenantQuotaOutput(serializers.ModelSerializer):
 
     class Meta:
         model = TenantQuota
-        fields = ["tier", "deserved_gpu_milli", "limit_gpu_milli", "in_use_gpu_milli", "over_quota_in_use_gpu_milli"]
+        fields = ["tier", "deserved_gpu_milli", "limit_gpu_milli", "in_use_gpu_milli", "over_quota_in_use_gpu_milli",
+                  "lending_limit_gpu_milli", "borrowing_limit_gpu_milli"]
+        extra_kwargs = {
+            "lending_limit_gpu_milli": {"help_text": "in the tenant's cohort: how much of its idle guarantee the "
+                                                     "other members may borrow; null: no limit"},
+            "borrowing_limit_gpu_milli": {"help_text": "in the tenant's cohort: how far its use may go beyond its "
+                                                       "deserved; null: no limit"},
+        }
 
     def _sum(self, obj, key: str) -> int:
         return sum(v[key] for (_, tier), v in self.context.get("usage", {}).items() if tier == obj.tier)
@@ -206,4 +224,5 @@ class SloContractOutput(serializers.ModelSerializer):
     class Meta:
         model = SloContract
         fields = ["id", "name", "effective_from", "effective_to", "time_to_gpu_p95_seconds",
-                  "availability_target_pct", "preemption_notice_seconds", "max_credit_pct", "credit_steps"]
+                  "availability_target_pct", "preemption_notice_seconds", "max_credit_pct", "min_runtime_seconds",
+                  "credit_steps"]

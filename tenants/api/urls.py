@@ -24,6 +24,7 @@ urlpatterns = [
 
 # the staff API (tenants/api/platform.py): platform staff only
 urlpatterns += [
+    path("cohorts", platform.PlatformCohortListApi.as_view(), name="api-staff-cohorts"),
     path("tenants", platform.PlatformTenantListApi.as_view(), name="api-staff-tenants"),
     path("tenants/<slug:slug>", platform.PlatformTenantDetailApi.as_view(), name="api-staff-tenant"),
     path("tenants/<slug:slug>/status", platform.PlatformTenantStatusApi.as_view(), name="api-staff-tenant-status"),

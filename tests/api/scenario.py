@@ -586,7 +586,15 @@ def staff_tenant_steps(step, world: World) -> str:
     step(tenants, "post", 409, token=staff, body={**onboard, "name": "Again"})
     step(tenant, "get", 200, at(tenant), token=staff)
     step(tenant, "patch", 200, at(tenant), token=staff, body={"name": "Onboard Inc"})
-    step(quota, "put", 200, at(quota), token=staff, body={"deserved_gpu_milli": 2000, "limit_gpu_milli": 4000})
+    # cohorts (issue 32 item 7): one created (a taken name 409), the tenant put in it (an unknown one 404), limits
+    cohorts = f"{v1}/cohorts"
+    step(cohorts, "post", 201, token=staff, body={"name": "research"})
+    step(cohorts, "post", 409, token=staff, body={"name": "research"})
+    step(cohorts, "get", 200, token=staff)
+    step(tenant, "patch", 200, at(tenant), token=staff, body={"cohort": "research"})
+    step(tenant, "patch", 404, at(tenant), token=staff, body={"cohort": "nobody"})
+    step(quota, "put", 200, at(quota), token=staff, body={"deserved_gpu_milli": 2000, "limit_gpu_milli": 4000,
+                                                           "lending_limit_gpu_milli": 1000})
     step(quotas, "get", 200, at(quotas), token=staff)
     step(projects, "post", 201, at(projects), token=staff, body={"slug": "web", "name": "Web"})
     step(projects, "post", 409, at(projects), token=staff, body={"slug": "web", "name": "Again"})
@@ -602,7 +610,7 @@ def staff_tenant_steps(step, world: World) -> str:
     step(project_status, "put", 200, at(project_status), token=staff, body={"status": "suspended"})
     step(project_status, "put", 200, at(project_status), token=staff, body={"status": "active"})
     gold = {"name": "gold", "effective_from": "2026-01-01T00:00:00Z", "effective_to": "2027-01-01T00:00:00Z",
-            "time_to_gpu_p95_seconds": 300,
+            "time_to_gpu_p95_seconds": 300, "min_runtime_seconds": 900,
             "availability_target_pct": "99.5", "preemption_notice_seconds": 600,
             "credit_steps": [{"metric": "availability", "threshold": "99", "credit_pct": "10"}]}
     made = step(contracts, "post", 201, at(contracts), token=staff, body=gold)
@@ -619,7 +627,7 @@ def staff_tenant_steps(step, world: World) -> str:
                                    (projects, "post", at(projects)), (project, "patch", at(project)),
                                    (project_status, "put", at(project_status)),
                                    (project_quota, "put", at(project_quota)), (contracts, "post", at(contracts)),
-                                   (contract, "put", at(contract, id=made["id"]))):
+                                   (contract, "put", at(contract, id=made["id"])), (cohorts, "post", cohorts)):
         step(template, method, 415, path, token=staff, raw=b"x=1", content_type="text/plain")
         step(template, method, 413, path, token=staff, raw=b'{"a": "' + b"x" * 3_000_000 + b'"}')
     step(status_, "put", 200, at(status_), token=staff, body={"status": "suspended", "reason": "contract"})

@@ -318,3 +318,33 @@ def test_admin_project_with_a_lease_is_not_deleted(world, staff):
     assert refused.status_code == 200 and "<title>Cannot delete project" in refused.content.decode()
     assert Project.objects.filter(pk=world.project.pk).exists()
     assert not AuditEvent.objects.filter(action="project.delete").exists()
+
+
+# -- cohorts, a tenant's cohort and limits, a project's pools, a contract's minimum runtime (issue 32 item 7) -------
+def test_admin_cohort_and_tenant_membership_through_the_services(world, staff):
+    from broker.models import Node
+    from tenants.models import Cohort
+
+    response = staff.post("/admin/tenants/cohort/add/", {"name": "research", "description": "labs"})
+    assert response.status_code == 302, response.content[:2000]
+    cohort = Cohort.objects.get(name="research")
+    assert audited("cohort.create", "research", staff)
+    assert no_bulk_delete(staff, "/admin/tenants/cohort/")
+
+    url = f"/admin/tenants/tenant/{world.acme.pk}/change/"
+    response = staff.post(url, {**page_data(staff, url), "cohort": str(cohort.pk)})
+    assert response.status_code == 302
+    assert Tenant.objects.get(pk=world.acme.pk).cohort_id == cohort.pk
+    assert AuditEvent.objects.get(action="tenant.cohort_set", target="acme").data == {"from": None, "to": "research"}
+    assert "acme" in staff.get(f"/admin/tenants/cohort/{cohort.pk}/change/").content.decode()
+
+    Node.objects.create(node_id="n1", address="http://127.0.0.1:1", secret="s", pool="west")
+    url = f"/admin/tenants/project/{world.project.pk}/change/"
+    response = staff.post(url, {**page_data(staff, url), "pools": "west"})
+    assert response.status_code == 302
+    world.project.refresh_from_db()
+    assert world.project.pools == ["west"]
+    response = staff.post(url, {**page_data(staff, url), "pools": "north"}, follow=True)
+    assert any("No node pool" in message for message in shown(response))
+    world.project.refresh_from_db()
+    assert world.project.pools == ["west"]

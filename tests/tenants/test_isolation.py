@@ -58,6 +58,9 @@ LIST_ROUTES = {"api-tenant", "api-projects", "api-quotas", "api-members", "api-t
 # The staff API (tenants/api/platform.py) crosses tenants by design, for platform staff only: no tenant member reaches
 # it, whatever their role (test_isolation_staff_routes_refuse_tenant_members; every method in test_routes.py).
 STAFF_CASES = [
+    ("api-staff-cohorts", "get", "/api/v1/cohorts", None),
+    ("api-staff-cohorts", "post", "/api/v1/cohorts", {"name": "pwned"}),
+    ("api-staff-tenant", "patch", "/api/v1/tenants/globex", {"cohort": None}),
     ("api-staff-tenants", "get", "/api/v1/tenants", None),
     ("api-staff-tenant", "get", "/api/v1/tenants/globex", None),
     ("api-staff-tenant", "patch", "/api/v1/tenants/globex", {"name": "pwned"}),

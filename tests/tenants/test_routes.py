@@ -139,6 +139,7 @@ ROUTES: dict[str, Route] = {
     "api-billing-terms": Route("staff-api", "/api/v1/tenants/acme/billing-terms", {
         "get": None, "put": {"discount_pct": "50", "monthly_commit_minor": 0}}),
     # -- the staff API for tenants (tenants/api/platform.py): platform staff only, through tenants.services
+    "api-staff-cohorts": Route("staff-api", "/api/v1/cohorts", {"get": None, "post": {"name": "pool-share"}}),
     "api-staff-tenants": Route("staff-api", "/api/v1/tenants", {
         "get": None, "post": {"slug": "initech", "name": "Initech", "billing_email": "ap@initech.example"}}),
     "api-staff-tenant": Route("staff-api", "/api/v1/tenants/acme", {"get": None, "patch": {"name": "x"}}),
@@ -278,6 +279,7 @@ ROUTES: dict[str, Route] = {
     "portal:budget-delete": Route("portal", "/settings/budgets/{id}/delete", {"post": {}}, obj="spend_cap"),
     "portal:idle-reclaim": Route("portal", "/settings/idle-reclaim", {"get": None, "post": {"project": "vision",
                                                                                          "opt_in": "true"}}),
+    "portal:pools": Route("portal", "/settings/pools", {"get": None, "post": {"project": "vision", "pools": []}}),
     "portal:token-revoke": Route("portal", "/settings/tokens/{id}/revoke", {"post": {}}, obj="token",
                                  viewer={"post": 404}),
     "notifications:settings": Route("portal", "/settings/notifications/", {

@@ -53,7 +53,8 @@ def test_staff_api_tenant_lifecycle(client, staff, world):
     assert created.status_code == 201, created.content
     assert created.json() | {"created_at": None, "updated_at": None} == {
         "slug": "initech", "name": "Initech", "status": "active", "billing_email": "ap@initech.example",
-        "currency": "EUR", "created_at": None, "updated_at": None, "project_count": 0, "member_count": 0}
+        "currency": "EUR", "created_at": None, "updated_at": None, "project_count": 0, "member_count": 0,
+        "cohort": None}
     _audited(staff, "tenant.create", "initech")
 
     listed = client.get("/api/v1/tenants?limit=2").json()
@@ -67,7 +68,8 @@ def test_staff_api_tenant_lifecycle(client, staff, world):
 
     bound = client.put("/api/v1/tenants/initech/quotas/H100-80GB",
                        {"deserved_gpu_milli": 4000, "limit_gpu_milli": 8000}, format="json")
-    assert bound.json() == {"tier": "H100-80GB", "deserved_gpu_milli": 4000, "limit_gpu_milli": 8000}
+    assert bound.json() == {"tier": "H100-80GB", "deserved_gpu_milli": 4000, "limit_gpu_milli": 8000,
+                            "lending_limit_gpu_milli": None, "borrowing_limit_gpu_milli": None}
     project = client.post("/api/v1/tenants/initech/projects", {"slug": "nlp", "name": "NLP"}, format="json")
     assert project.status_code == 201 and project.json()["status"] == "active"
     _audited(staff, "project.create", "nlp")
