@@ -55,6 +55,8 @@ class WorkloadClass(StrEnum):
 class DecisionMode(StrEnum):
     PLACED = "placed"
     PREEMPT = "preempt-then-place"
+    # an elastic over-quota allocation gives back units (``Decision.shrunk``); the request starts once they are freed
+    SHRINK = "shrink-then-place"
     WAITING = "waiting"
 
 
@@ -103,6 +105,9 @@ class Shape:
     host_memory_mib: int = 0
     # nodes this request must not be placed on (a workload that kept failing there is placed elsewhere)
     avoid_nodes: tuple[str, ...] = ()
+    # an elastic request (whole GPUs or shares): it runs with ``count`` units and, under reclaim while over quota,
+    # may be shrunk to no fewer than ``min_count`` instead of being preempted whole (0: not elastic)
+    min_count: int = 0
 
 
 @_quick_init
@@ -151,6 +156,9 @@ class Allocation:
     cpu_milli: int = 0
     host_memory_mib: int = 0
     group: str = ""  # the lease group it was placed with (informational: reasons name it)
+    # an elastic lease's minimum number of units (``Shape.min_count``): reclaim may take units from it down to this
+    # many instead of preempting it whole (0: not elastic)
+    min_units: int = 0
 
     @property
     def milli(self) -> int:
@@ -248,3 +256,5 @@ class Decision:
     victims: tuple[str, ...] = ()  # allocation ids that get a preemption notice
     queue_position: int = 0
     warm: tuple[str, ...] = ()  # ids of the warm instances the allocation binds (its units sit on them)
+    # a shrink (``DecisionMode.SHRINK``): each elastic allocation shrunk and the units it gives back
+    shrunk: tuple[tuple[str, tuple[Unit, ...]], ...] = ()
