@@ -178,18 +178,18 @@ class QueuedLease:
     reasons and the write need, as plain attributes. ``core_request`` takes it or a ``Lease``."""
 
     __slots__ = ("avoid_nodes", "count", "duration_seconds", "estimated_start", "gang", "group_key", "kind",
-                 "memory_mib", "milli", "models_allowed", "pk",
+                 "memory_mib", "milli", "min_count", "models_allowed", "pk",
                  "priority", "profile", "project_id", "project_slug", "queue_position", "reason", "submitted_at",
                  "tenant_id", "workload_class")
     COLUMNS = ("pk", "tenant_id", "project_id", "project__slug", "kind", "count", "profile", "milli", "memory_mib",
                "models_allowed", "gang", "avoid_nodes", "submitted_at", "priority", "workload_class", "group_key",
-               "reason", "queue_position", "duration_seconds", "estimated_start")
+               "reason", "queue_position", "duration_seconds", "estimated_start", "min_count")
 
     def __init__(self, row: tuple):
         (self.pk, self.tenant_id, self.project_id, self.project_slug, self.kind, self.count, self.profile, self.milli,
          self.memory_mib, self.models_allowed, self.gang, self.avoid_nodes, self.submitted_at, self.priority,
          self.workload_class, self.group_key, self.reason, self.queue_position, self.duration_seconds,
-         self.estimated_start) = row
+         self.estimated_start, self.min_count) = row
 
 
 def queued_leases(queryset: QuerySet[Lease]) -> list[QueuedLease]:
@@ -211,11 +211,12 @@ def core_request(lease: Lease | QueuedLease, shapes: dict | None = None):
     from broker.scheduler.types import WorkloadClass as CoreWorkloadClass
 
     key = (lease.kind, lease.count, lease.profile, lease.milli, lease.memory_mib, tuple(lease.models_allowed),
-           lease.gang, tuple(lease.avoid_nodes))
+           lease.gang, tuple(lease.avoid_nodes), lease.min_count)
     shape = None if shapes is None else shapes.get(key)
     if shape is None:
         shape = Shape(Kind(lease.kind), lease.count, profile=lease.profile, milli=lease.milli,
-                      memory_mib=lease.memory_mib, models=key[5], gang=lease.gang, avoid_nodes=key[7])
+                      memory_mib=lease.memory_mib, models=key[5], gang=lease.gang, avoid_nodes=key[7],
+                      min_count=lease.min_count)
         if shapes is not None:
             shapes[key] = shape
     submitted = lease.submitted_at if isinstance(lease, QueuedLease) else (lease.queued_at or lease.requested_at

@@ -19,6 +19,9 @@ _GPU_PROPERTIES = {
     "milli": {"type": "integer", "minimum": 1, "maximum": 999, "description": 'share of a GPU, kind "share"'},
     "memory_mib": {"type": "integer", "minimum": 1, "maximum": 1 << 20},
     "gang": {"type": "boolean", "description": "all count devices at once or none (default true)"},
+    "min_count": {"type": "integer", "minimum": 1, "maximum": 64,
+                  "description": "an elastic lease (whole GPUs or shares): under reclaim it may be shrunk to no fewer "
+                                 "than min_count units instead of being preempted whole; at most count"},
 }
 GPU_OUTPUT_SCHEMA = {"type": "object", "properties": _GPU_PROPERTIES, "required": ["kind", "count", "model", "gang"]}
 
@@ -38,9 +41,11 @@ def _gpu_request_schema() -> dict:
     mig_models = [model.code for model in MODELS if profiles_for(model.code)]
     every_profile = sorted({p.name for code in mig_models for p in profiles_for(code)})
     shapes = [
-        _gpu_shape(GpuKind.WHOLE, "whole GPUs", model=any_model, memory_mib=_GPU_PROPERTIES["memory_mib"]),
+        _gpu_shape(GpuKind.WHOLE, "whole GPUs", model=any_model, memory_mib=_GPU_PROPERTIES["memory_mib"],
+                   min_count=_GPU_PROPERTIES["min_count"]),
         _gpu_shape(GpuKind.SHARE, "a share of a GPU", ("milli", "memory_mib"), model=any_model,
-                   milli=_GPU_PROPERTIES["milli"], memory_mib=_GPU_PROPERTIES["memory_mib"]),
+                   milli=_GPU_PROPERTIES["milli"], memory_mib=_GPU_PROPERTIES["memory_mib"],
+                   min_count=_GPU_PROPERTIES["min_count"]),
         _gpu_shape(GpuKind.MIG, "MIG slices on any model that offers the profile", ("profile",),
                    model={"type": "string", "enum": ["auto"]},
                    profile={"type": "string", "enum": every_profile}),
@@ -237,6 +242,8 @@ class LeaseOutput(serializers.ModelSerializer):
             shape["milli"] = obj.milli
         if obj.memory_mib:
             shape["memory_mib"] = obj.memory_mib
+        if obj.min_count:
+            shape["min_count"] = obj.min_count
         return shape
 
     def to_representation(self, instance) -> dict:

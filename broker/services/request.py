@@ -134,7 +134,8 @@ def lease_request(*, actor: Actor, project: str, gpu: object, workload_class: st
     lease = Lease(
         tenant=actor.tenant, project=target, created_by=actor.user if actor.user.is_authenticated else None,
         kind=shape["kind"], count=shape["count"], models_allowed=shape["models"], profile=shape["profile"],
-        milli=shape["milli"], memory_mib=shape["memory_mib"], gang=shape["gang"], workload_class=workload_class,
+        milli=shape["milli"], memory_mib=shape["memory_mib"], gang=shape["gang"], min_count=shape.get("min_count", 0),
+        workload_class=workload_class,
         priority=priority, duration_seconds=duration_seconds, requested_at=now, idempotency_key=idempotency_key,
         request_hash=digest, state=LeaseState.QUEUED, queued_at=now,
         reason="waiting for the scheduler" if choice is None else f"{choice.reason}; waiting for the scheduler",
