@@ -393,6 +393,11 @@ def lease_dry_run(*, actor: Actor, project: object, gpu: object, workload_class:
         tier = decision.allocation.tier
         return result("reclaims", f"in quota on {tier}: starts once over-quota work of other projects has had its "
                                   f"preemption notice", tier, False, None, tuple(decision.victims))
+    if decision.mode == DecisionMode.SHRINK:  # an elastic over-quota lease gives back units: no notice to wait for
+        tier = decision.allocation.tier
+        return result("reclaims", f"in quota on {tier}: starts once an elastic over-quota lease has given back "
+                                  "units (at once, no notice)", tier, False, None,
+                      tuple(allocation_id for allocation_id, _ in decision.shrunk))
     # waiting: would it be in quota or over quota on the first model whose quota admits it now?
     fresh = Scheduler(snapshot)
     for tier, need in fresh.tiers_for(mine):
