@@ -157,8 +157,9 @@ class Allocation:
     host_memory_mib: int = 0
     group: str = ""  # the lease group it was placed with (informational: reasons name it)
     # an elastic lease's minimum number of units (``Shape.min_count``): reclaim may take units from it down to this
-    # many instead of preempting it whole (0: not elastic)
-    min_units: int = 0
+    # many instead of preempting it whole (0: not elastic). Out of the repr, so that the decisions digests of the
+    # benchmarks (SHA-256 of each decision's repr) stay comparable with those recorded before it existed
+    min_units: int = field(default=0, repr=False)
 
     @property
     def milli(self) -> int:
@@ -256,5 +257,6 @@ class Decision:
     victims: tuple[str, ...] = ()  # allocation ids that get a preemption notice
     queue_position: int = 0
     warm: tuple[str, ...] = ()  # ids of the warm instances the allocation binds (its units sit on them)
-    # a shrink (``DecisionMode.SHRINK``): each elastic allocation shrunk and the units it gives back
-    shrunk: tuple[tuple[str, tuple[Unit, ...]], ...] = ()
+    # a shrink (``DecisionMode.SHRINK``): each elastic allocation shrunk and the units it gives back (out of the repr
+    # as ``Allocation.min_units``; equality compares it)
+    shrunk: tuple[tuple[str, tuple[Unit, ...]], ...] = field(default=(), repr=False)
