@@ -237,7 +237,8 @@ def shape_label(lease) -> str:
         what = "whole GPU" + (f" (≥ {lease.memory_mib} MiB)" if lease.memory_mib else "")
     where = lease.tier or (lease.models_allowed[0] if lease.models_allowed else "auto")
     gang = " · all on one node" if lease.count > 1 and lease.gang else ""
-    return f"{count}{what} · {where}{gang}"
+    elastic = f" · elastic, at least {lease.min_count}" if getattr(lease, "min_count", 0) else ""
+    return f"{count}{what} · {where}{gang}{elastic}"
 
 
 def is_live(lease) -> bool:
