@@ -16,9 +16,12 @@ For each request:
    has enough (``Decision.warm``), else placement through the policy (``placement.Placer``).
 4. An in-quota request that does not fit **reclaims**: over-quota allocations of the tier are preempted,
    taking first those of the projects furthest above their fair share (over-quota use / weight), and
-   within a project the lowest priority, then the youngest; only allocations past the minimum runtime;
-   the node needing the fewest victims wins (a request that may spread over nodes takes victims anywhere, in that order,
-   keeping only those needed). Evaluated on the state and undone when it does not help.
+   within a project the lowest priority, then the youngest; only allocations past the minimum runtime. The victim
+   set taken from the shallowest classes of that order (one project and priority each) wins, then the one taking
+   the least GPU capacity (the least beyond the need), then the fewest victims; an elastic allocation
+   (``Allocation.min_units``) may give back units instead, never below its minimum (``DecisionMode.SHRINK``). A
+   request that may spread over nodes takes whole victims anywhere, in that order, keeping only those needed.
+   Evaluated on the state and undone when it does not help.
 5. Otherwise the request waits, with the reason.
 
 Lease groups (``Request.group``): the members of a group are served together where the first of them stands,
