@@ -1,5 +1,6 @@
-"""Reclaim (docs/architecture.md §3): an in-quota request that does not fit preempts over-quota work — fewest victims,
-lowest priority, youngest first, never non-preemptible work, never work younger than the minimum runtime."""
+"""Reclaim (docs/architecture.md §3): an in-quota request that does not fit preempts over-quota work — the shallowest
+classes of the victim order, then the least capacity taken, then the fewest victims; lowest priority, youngest first,
+never non-preemptible work, never work younger than the minimum runtime."""
 
 import pytest
 
