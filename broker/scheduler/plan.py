@@ -14,14 +14,13 @@ For each request:
    *over-quota* (preemptible, idle capacity only).
 3. Placement: a MIG request binds warm instances of its profile on the tier when one node that accepts it
    has enough (``Decision.warm``), else placement through the policy (``placement.Placer``).
-4. An in-quota request that does not fit **reclaims**: over-quota allocations of the tier are preempted,
-   taking first those of the projects furthest above their fair share (over-quota use / weight), and
-   within a project the lowest priority, then the youngest; only allocations past the minimum runtime. The victim
-   set taken from the shallowest classes of that order (one project and priority each) wins, then the one taking
-   the least GPU capacity (the least beyond the need), then the fewest victims; an elastic allocation
-   (``Allocation.min_units``) may give back units instead, never below its minimum (``DecisionMode.SHRINK``). A
-   request that may spread over nodes takes whole victims anywhere, in that order, keeping only those needed.
-   Evaluated on the state and undone when it does not help.
+4. An in-quota request that does not fit **reclaims**: over-quota allocations of the tier are preempted, only
+   those past the minimum runtime. The victim set taking the least GPU capacity (the least beyond the need) wins,
+   then the fewest victims, then the best ranked in the victim order: the projects furthest above their fair
+   share (over-quota use / weight) first, within a project the lowest priority, then the youngest. An elastic
+   allocation (``Allocation.min_units``) may give back units instead, never below its minimum
+   (``DecisionMode.SHRINK``). A request that may spread over nodes takes whole victims anywhere, in victim order,
+   keeping only those needed. Evaluated on the state and undone when it does not help.
 5. Otherwise the request waits, with the reason.
 
 Lease groups (``Request.group``): the members of a group are served together where the first of them stands,
@@ -593,42 +592,31 @@ class Scheduler:
         if not need.gang and need.count > 1:
             return self._reclaim_spread(request, tier, need, candidates, now=now)
         rank = {allocation.id: position for position, allocation in enumerate(candidates)}
-        # standing: how deep into the victim order an allocation lies, counted in (project, priority) classes;
-        # a victim set is never taken from deeper classes than needed (fair share and priority first)
-        standing: dict[str, int] = {}
-        level, previous = -1, None
-        for allocation in candidates:
-            cls = (allocation.project, allocation.priority)
-            if cls != previous:
-                level, previous = level + 1, cls
-            standing[allocation.id] = level
         by_node: dict[str, list[Allocation]] = {}
         for allocation in candidates:
             for node_id in self.cluster._nodes_of(allocation):
                 by_node.setdefault(node_id, []).append(allocation)
-        # the options, best first by: the deepest class taken from, then the GPU capacity taken (the set that
-        # frees the least beyond the need: the least borrowed work thrown away), then the leases touched, then the
-        # victims' ranks, then the node id. An elastic allocation may give back units instead (a shrink: one
-        # allocation, never below its minimum), keyed the same way by the units it gives back.
+        # the options, best first by: the GPU capacity taken (the set that frees the least beyond the need: the least
+        # borrowed work thrown away), then the leases touched, then the victims' ranks in the victim order, then the
+        # node id. An elastic allocation may give back units instead (a shrink: one allocation, never below its
+        # minimum), keyed the same way by the units it gives back. (Taking the victims from the shallowest classes
+        # of the victim order first lost more GPU-hours and waited longer in the Philly replay: docs/scheduling.md.)
         best: tuple[tuple, str, list[Allocation], tuple] | None = None
         for node_id, victims_here in by_node.items():
             if node_id in need.avoid or not self._fits_without(node_id, victims_here, need):
                 continue
-            chosen = self._victims_on(node_id, victims_here, need, standing, rank)
+            chosen = self._victims_on(node_id, victims_here, need, rank)
             if chosen is not None:
-                key = (max(standing[v.id] for v in chosen), sum(v.milli for v in chosen), len(chosen),
-                       sorted(rank[v.id] for v in chosen), node_id)
+                key = (sum(v.milli for v in chosen), len(chosen), sorted(rank[v.id] for v in chosen), node_id)
                 if best is None or key < best[0]:
                     best = (key, node_id, chosen, ())
             for victim in victims_here:
                 if victim.min_units <= 0 or len(victim.units) <= victim.min_units:
                     continue
-                if best is not None and standing[victim.id] > best[0][0]:
-                    break  # deeper in the victim order than an option found: no better
                 taken = self._shrink_on(node_id, victim, need)
                 if taken is None:
                     continue
-                key = (standing[victim.id], sum(unit.milli for unit in taken), 1, [rank[victim.id]], node_id)
+                key = (sum(unit.milli for unit in taken), 1, [rank[victim.id]], node_id)
                 if best is None or key < best[0]:
                     best = (key, node_id, [victim], taken)
         if best is None:
@@ -746,45 +734,39 @@ class Scheduler:
             self.cluster.apply(victim)
         return fits
 
-    def _victims_on(self, node_id: str, ordered: list[Allocation], need: Need, standing: dict[str, int],
+    def _victims_on(self, node_id: str, ordered: list[Allocation], need: Need,
                     rank: dict[str, int]) -> list[Allocation] | None:
-        """The victims on one node whose removal lets ``need`` fit, or None: taken from the shallowest classes of
-        the victim order that can free enough (``standing``), and among those the set that takes the least GPU
-        capacity (the least beyond the need), then the fewest, then the best ranked.
+        """The victims on one node (all of ``ordered`` let ``need`` fit: ``_fits_without``) that take the least GPU
+        capacity (the least beyond the need), then the fewest, then the best ranked in the victim order.
 
         The best single victim is tried (each alone); then victims are removed smallest first until it fits and
         those not needed are put back, largest first; the smaller of the two wins. The state is unchanged
         afterwards."""
-        for level in sorted({standing[victim.id] for victim in ordered}):
-            allowed = [victim for victim in ordered if standing[victim.id] <= level]
-            if not self._fits_without(node_id, allowed, need):
+        single = None
+        for victim in ordered:
+            if single is not None and victim.milli >= single.milli:
                 continue
-            single = None
-            for victim in allowed:
-                if single is not None and victim.milli >= single.milli:
-                    continue
+            self.cluster.remove(victim.id)
+            fits = self._fits_on(node_id, need)
+            self.cluster.apply(victim)
+            if fits:
+                single = victim
+        removed: list[Allocation] = []
+        for victim in sorted(ordered, key=lambda a: (a.milli, rank[a.id])):
+            removed.append(self.cluster.remove(victim.id))
+            if self._fits_on(node_id, need):
+                break
+        for victim in sorted(removed[:-1], key=lambda a: (-a.milli, -rank[a.id])):
+            self.cluster.apply(victim)
+            if self._fits_on(node_id, need):
+                removed.remove(victim)
+            else:
                 self.cluster.remove(victim.id)
-                fits = self._fits_on(node_id, need)
-                self.cluster.apply(victim)
-                if fits:
-                    single = victim
-            removed: list[Allocation] = []
-            for victim in sorted(allowed, key=lambda a: (a.milli, rank[a.id])):
-                removed.append(self.cluster.remove(victim.id))
-                if self._fits_on(node_id, need):
-                    break
-            for victim in sorted(removed[:-1], key=lambda a: (-a.milli, -rank[a.id])):
-                self.cluster.apply(victim)
-                if self._fits_on(node_id, need):
-                    removed.remove(victim)
-                else:
-                    self.cluster.remove(victim.id)
-            for victim in removed:
-                self.cluster.apply(victim)
-            if single is not None and (single.milli, 1) <= (sum(v.milli for v in removed), len(removed)):
-                return [single]
-            return removed
-        return None
+        for victim in removed:
+            self.cluster.apply(victim)
+        if single is not None and (single.milli, 1) <= (sum(v.milli for v in removed), len(removed)):
+            return [single]
+        return removed
 
     def _fits_on(self, node_id: str, need: Need) -> bool:
         return bool(self.placer.policy.node_options(self.cluster.nodes[node_id], need))

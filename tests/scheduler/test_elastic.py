@@ -1,6 +1,6 @@
 """Elastic leases and reclaim by need (issue 32 item 6): an elastic over-quota allocation (``Shape.min_count``)
 gives back units under reclaim instead of being preempted whole, never below its minimum; whole victims are the
-set that takes the least capacity within the shallowest classes of the victim order."""
+set that takes the least capacity, then the fewest, then the best ranked in the victim order."""
 
 
 from hypothesis import HealthCheck, given, settings
@@ -59,16 +59,16 @@ def test_in_quota_elastic_work_is_never_shrunk():
     assert decision.mode == DecisionMode.PREEMPT and decision.victims == ("a4",)  # never b4, in quota
 
 
-def test_shrink_beats_a_whole_victim_of_the_same_standing_and_loses_to_a_shallower_one():
+def test_shrink_beats_a_whole_victim_taking_as_much_when_it_ranks_first_and_a_bigger_one_always():
     # a (deepest over its share: 8 GPUs) is elastic; c borrows 2 GPUs on n2
     allocations = [held("a8", "a", EIGHT, min_units=4), held("c2", "c", ["n2-g0", "n2-g1"])]
     snap = snapshot(("n1", H100, 8, GpuMode.WHOLE), ("n2", H100, 2, GpuMode.WHOLE), quotas=QUOTAS,
                     allocations=allocations)
     [decision] = plan(snap, [whole("rb", "b", 2)], now=100)
-    # a is furthest above its fair share: it gives back 2 units rather than c losing its lease
+    # 2 GPUs either way; a is furthest above its fair share (ranked first): it gives back 2 units rather than c
+    # losing its lease
     assert decision.mode == DecisionMode.SHRINK and decision.shrunk[0][0] == "a8"
-    # a 2-GPU lease of a itself (same standing, younger) takes as much capacity as the shrink, in one lease: the shrink
-    # ranks by the shrunk lease's rank, the whole victim by its own; both are a's, so either frees 2 GPUs of a's
+    # a 2-GPU lease of a itself (younger) takes as much capacity as the shrink, in one lease: either frees 2 GPUs
     allocations = [held("a8", "a", EIGHT, min_units=4, started_at=0), held("a2", "a", ["n2-g0", "n2-g1"], started_at=5)]
     snap = snapshot(("n1", H100, 8, GpuMode.WHOLE), ("n2", H100, 2, GpuMode.WHOLE), quotas=QUOTAS,
                     allocations=allocations)
@@ -76,6 +76,12 @@ def test_shrink_beats_a_whole_victim_of_the_same_standing_and_loses_to_a_shallow
     assert decision.mode in (DecisionMode.SHRINK, DecisionMode.PREEMPT)
     taken = sum(u.milli for _, units in decision.shrunk for u in units) + 2000 * len(decision.victims)
     assert taken == 2000
+    # a 4-GPU lease of c on n2 is the only whole victim there: the shrink of a's (2 GPUs) takes less
+    allocations = [held("a8", "a", EIGHT, min_units=4), held("c4", "c", [f"n2-g{i}" for i in range(4)])]
+    snap = snapshot(("n1", H100, 8, GpuMode.WHOLE), ("n2", H100, 4, GpuMode.WHOLE), quotas=QUOTAS,
+                    allocations=allocations)
+    [decision] = plan(snap, [whole("rb", "b", 2)], now=100)
+    assert decision.mode == DecisionMode.SHRINK and decision.shrunk[0][0] == "a8"
 
 
 def test_whole_victims_take_the_least_capacity_beyond_the_need():
