@@ -454,8 +454,11 @@ class AgentClient:
                         answers[allocation_id] = {"status": refused.status, "problem": refused.problem}
         return answers
 
-    def destroy(self, allocation_id: str) -> dict:
-        return self.request("DELETE", f"/v1/instances/{quote(allocation_id, safe='')}")
+    def destroy(self, allocation_id: str, *, resize: bool = False) -> dict:
+        """Destroy an instance; ``resize``: an elastic lease gives it back while keeping the rest, so a workload that
+        holds other instances is told its new size and signalled (SIGUSR1) instead of being stopped."""
+        path = f"/v1/instances/{quote(allocation_id, safe='')}"
+        return self.request("DELETE", path + ("?resize=1" if resize else ""))
 
     def notice(self, allocation_id: str, deadline: float, reason: str = "") -> dict:
         return self.request("POST", f"/v1/instances/{quote(allocation_id, safe='')}/notice",

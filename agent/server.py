@@ -278,8 +278,12 @@ async def instances_put(request: web.Request) -> web.Response:
 async def instance_delete(request: web.Request) -> web.Response:
     node = _node(request)
     allocation_id = _allocation_id(request)
+    resize = request.query.get("resize") == "1"  # an elastic lease gives it back and keeps the rest
+
     def destroy():
-        if node.workloads is not None:
+        if node.workloads is not None and resize:
+            node.workloads.shrink(allocation_id)  # its workload is told its new size (SIGUSR1), not stopped
+        elif node.workloads is not None:
             node.workloads.release(allocation_id)  # nothing runs on a device that is going away
         return node.backend.destroy(allocation_id)
 

@@ -156,6 +156,8 @@ def main(argv: list[str]) -> int:
 
     for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(signum, note)  # a handler (not SIG_IGN): the child gets the default disposition back
+    # an elastic lease's resize (agent.workloads.shrink) signals the group: the shim outlives it, the child decides
+    signal.signal(signal.SIGUSR1, lambda _signum, _frame: None)
     started = time.time()
     pipe = subprocess.PIPE if logs else None
     try:  # restore_signals: the child gets SIGPIPE etc. as a normal process

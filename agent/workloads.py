@@ -473,6 +473,37 @@ class WorkloadManager:
             self.stop(workload_id, grace_seconds=0, reason=f"instance {allocation_id} destroyed")
         return ids
 
+    def shrink(self, allocation_id: str) -> list[str]:
+        """An elastic lease gives this instance back and keeps its others (``DELETE /v1/instances/{id}?resize=1``):
+        each active workload on it that holds other instances drops it from its devices, finds its new size and
+        devices in its units file (``GPUBROKER_UNITS_FILE``: ``{"units": n, "devices": [uuid, ...], "at": t}``) and
+        gets SIGUSR1; its next run starts with them (``GPUBROKER_UNITS``, ``CUDA_VISIBLE_DEVICES``). A workload
+        with nothing else left is stopped, as ``release`` does. Whatever still runs on the device given back is
+        killed when the backend destroys the instance. Returns the workloads resized."""
+        now = self.clock()
+        resized = []
+        for workload in list(self.workloads.values()):
+            instances = workload["spec"]["instances"]
+            if workload["state"] not in ACTIVE or allocation_id not in instances:
+                continue
+            if len(instances) <= 1:
+                self.stop(workload["workload_id"], grace_seconds=0, reason=f"instance {allocation_id} destroyed")
+                continue
+            workload["spec"] = {**workload["spec"], "instances": [i for i in instances if i != allocation_id]}
+            workload["devices"] = [d for d in workload["devices"] if d["allocation_id"] != allocation_id]
+            uuids = [d["device_uuid"] for d in workload["devices"]]
+            workload["access"] = {**workload["access"], "CUDA_VISIBLE_DEVICES": ",".join(uuids)}
+            self._write_units(workload, now)
+            self._event(workload, "resized", now, detail=f"instance {allocation_id} given back; "
+                                                         f"{len(uuids)} unit(s) left")
+            run = workload["runs"][-1] if workload["runs"] else None
+            if workload["state"] == "running" and run and run["pid"] is not None and run["ended_at"] is None:
+                _signal_group(run["pid"], signal.SIGUSR1)
+            resized.append(workload["workload_id"])
+        if resized:
+            self._save()
+        return resized
+
     def tick(self) -> bool:
         """Reap exits, send SIGKILL at deadlines, restart after back-off. True when something changed."""
         now = self.clock()
@@ -556,6 +587,27 @@ class WorkloadManager:
             fraction = 1.0
         return {"gpu_index": gpu["index"], "gpu_fraction": round(fraction, 4)}
 
+    def _units_file(self, workload: dict) -> Path:
+        return (self._home(workload) if self._isolating() else self._dir(workload)) / "units"
+
+    def _write_units(self, workload: dict, now: float) -> None:
+        """The workload's current size and devices into its units file, replaced atomically (as the deadline)."""
+        path = self._units_file(workload)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        body = json.dumps({"units": len(workload["devices"]),
+                           "devices": [d["device_uuid"] for d in workload["devices"]], "at": round(now, 3)})
+        directory = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        try:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink("units.tmp", dir_fd=directory)
+            descriptor = os.open("units.tmp", os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644,
+                                 dir_fd=directory)
+            with os.fdopen(descriptor, "w") as handle:
+                handle.write(body + "\n")
+            os.replace("units.tmp", "units", src_dir_fd=directory, dst_dir_fd=directory)
+        finally:
+            os.close(directory)
+
     def _write_deadline(self, workload: dict, deadline: float) -> None:
         """The deadline (unix seconds) into the workload's deadline file, replaced atomically. In an isolated
         workload's home (its own directory) through a descriptor: a link it planted is replaced, never followed."""
@@ -610,7 +662,10 @@ class WorkloadManager:
         env.update(workload["access"])
         env.update({"RESTART_COUNT": str(spec["restart_count"] + workload["local_restarts"]),
                     "GPUB_WORKLOAD_ID": workload["workload_id"], "GPUB_RUN_TOKEN": token,
-                    "GPUB_DEADLINE_FILE": str(self._deadline_file(workload))})
+                    "GPUB_DEADLINE_FILE": str(self._deadline_file(workload)),
+                    # an elastic lease's current size (its devices), and where a shrink writes the new one
+                    "GPUBROKER_UNITS": str(len(workload["devices"])),
+                    "GPUBROKER_UNITS_FILE": str(self._units_file(workload))})
         if spec["checkpoint_dir"]:
             env["CHECKPOINT_DIR"] = spec["checkpoint_dir"]
         if spec["port"]:  # a plain process listens on the node itself: on the host port it was given, on loopback

@@ -160,6 +160,10 @@ class Lease(models.Model):
     milli = models.PositiveIntegerField(default=0)  # share
     memory_mib = models.PositiveIntegerField(default=0)  # share cap, or "auto" memory need
     gang = models.BooleanField(default=True)
+    # an elastic lease (whole GPUs or shares): ``count`` is its maximum, and under reclaim while over quota it may be
+    # shrunk to no fewer than ``min_count`` units (docs/scheduling.md "Elastic leases and reclaim by need");
+    # 0: not elastic. What it holds now is its live allocations.
+    min_count = models.PositiveSmallIntegerField(default=0, db_default=0)
     workload_class = models.CharField(max_length=16, choices=WorkloadClass.choices, default=WorkloadClass.TRAINING)
     priority = models.SmallIntegerField(default=0)
     duration_seconds = models.PositiveIntegerField()
@@ -201,6 +205,7 @@ class Lease(models.Model):
                                     name="lease_idempotency_key_unique"),
             models.CheckConstraint(condition=Q(state__in=LeaseState.values), name="lease_state_valid"),
             models.CheckConstraint(condition=Q(count__gte=1), name="lease_count_positive"),
+            models.CheckConstraint(condition=Q(min_count__lte=models.F("count")), name="lease_min_count_at_most_count"),
         ]
         indexes = [models.Index(fields=["state", "requested_at"]), models.Index(fields=["tenant", "state"]),
                    models.Index(fields=["tenant", "group_key"], condition=Q(group_key__isnull=False),

@@ -188,19 +188,20 @@ class QueuedLease:
     reasons and the write need, as plain attributes. ``core_request`` takes it or a ``Lease``."""
 
     __slots__ = ("avoid_nodes", "count", "cpu_milli_per_unit", "duration_seconds", "estimated_start", "gang",
-                 "group_key", "host_memory_mib_per_unit", "kind", "memory_mib", "milli", "models_allowed", "pk",
+                 "group_key", "host_memory_mib_per_unit", "kind", "memory_mib", "milli", "min_count", "models_allowed",
+                 "pk",
                  "priority", "profile", "project_id", "project_slug", "queue_position", "reason", "submitted_at",
                  "tenant_id", "workload_class")
     COLUMNS = ("pk", "tenant_id", "project_id", "project__slug", "kind", "count", "profile", "milli", "memory_mib",
                "models_allowed", "gang", "avoid_nodes", "submitted_at", "priority", "workload_class", "group_key",
                "reason", "queue_position", "duration_seconds", "estimated_start", "cpu_milli_per_unit",
-               "host_memory_mib_per_unit")
+               "host_memory_mib_per_unit", "min_count")
 
     def __init__(self, row: tuple):
         (self.pk, self.tenant_id, self.project_id, self.project_slug, self.kind, self.count, self.profile, self.milli,
          self.memory_mib, self.models_allowed, self.gang, self.avoid_nodes, self.submitted_at, self.priority,
          self.workload_class, self.group_key, self.reason, self.queue_position, self.duration_seconds,
-         self.estimated_start, self.cpu_milli_per_unit, self.host_memory_mib_per_unit) = row
+         self.estimated_start, self.cpu_milli_per_unit, self.host_memory_mib_per_unit, self.min_count) = row
 
 
 def queued_leases(queryset: QuerySet[Lease]) -> list[QueuedLease]:
@@ -222,14 +223,15 @@ def core_request(lease: Lease | QueuedLease, shapes: dict | None = None):
     from broker.scheduler.types import WorkloadClass as CoreWorkloadClass
 
     key = (lease.kind, lease.count, lease.profile, lease.milli, lease.memory_mib, tuple(lease.models_allowed),
-           lease.gang, tuple(lease.avoid_nodes), lease.cpu_milli_per_unit, lease.host_memory_mib_per_unit)
+           lease.gang, tuple(lease.avoid_nodes), lease.cpu_milli_per_unit, lease.host_memory_mib_per_unit,
+           lease.min_count)
     shape = None if shapes is None else shapes.get(key)
     if shape is None:
         # host CPU and memory: the lease asks them per GPU unit, the core's shape holds the request's totals
         shape = Shape(Kind(lease.kind), lease.count, profile=lease.profile, milli=lease.milli,
                       memory_mib=lease.memory_mib, models=key[5], gang=lease.gang, avoid_nodes=key[7],
                       cpu_milli=lease.cpu_milli_per_unit * lease.count,
-                      host_memory_mib=lease.host_memory_mib_per_unit * lease.count)
+                      host_memory_mib=lease.host_memory_mib_per_unit * lease.count, min_count=lease.min_count)
         if shapes is not None:
             shapes[key] = shape
     submitted = lease.submitted_at if isinstance(lease, QueuedLease) else (lease.queued_at or lease.requested_at
@@ -476,6 +478,11 @@ def lease_dry_run(*, actor: Actor, project: object, gpu: object, workload_class:
         tier = decision.allocation.tier
         return result("reclaims", f"in quota on {tier}: starts once over-quota work of other projects has had its "
                                   f"preemption notice", tier, False, None, tuple(decision.victims))
+    if decision.mode == DecisionMode.SHRINK:  # an elastic over-quota lease gives back units: no notice to wait for
+        tier = decision.allocation.tier
+        return result("reclaims", f"in quota on {tier}: starts once an elastic over-quota lease has given back "
+                                  "units (at once, no notice)", tier, False, None,
+                      tuple(allocation_id for allocation_id, _ in decision.shrunk))
     # waiting: would it be in quota or over quota on the first model whose quota admits it now?
     fresh = Scheduler(snapshot)
     for tier, need in fresh.tiers_for(mine):

@@ -69,6 +69,12 @@ def allocations_destroy_run(allocation_ids: list[int]) -> int:
     return services.allocations_destroy(allocation_ids=allocation_ids)
 
 
+@shared_task(name="broker.lease_shrink_run", acks_late=True)
+def lease_shrink_run(lease_id: int, allocation_ids: list[int]) -> int:
+    """The instances an elastic lease gave back: destroyed with its workload told its new size (best effort)."""
+    return services.lease_shrink_apply(lease_id=lease_id, allocation_ids=allocation_ids)
+
+
 @shared_task(name="broker.lease_notice_run", bind=True, acks_late=True, max_retries=AGENT_RETRIES)
 def lease_notice_run(self, lease_id: int) -> None:
     try:
@@ -144,6 +150,7 @@ tasks_register(
     "broker",
     schedule_cycle=schedule_cycle, leases_provision_run=leases_provision_run, lease_provision_run=lease_provision_run,
     lease_release_run=lease_release_run, allocations_destroy_run=allocations_destroy_run,
-    lease_notice_run=lease_notice_run, lease_workload_start_run=lease_workload_start_run,
+    lease_notice_run=lease_notice_run, lease_shrink_run=lease_shrink_run,
+    lease_workload_start_run=lease_workload_start_run,
     workload_placement_log_keep_run=workload_placement_log_keep_run, lease_expire_due=lease_expire_due,
     reconcile=reconcile)

@@ -43,7 +43,7 @@ def shape_from(gpu: object) -> dict:
     if not isinstance(gpu, dict):
         raise ValidationFailed("gpu must be an object, e.g. {\"kind\": \"mig\", \"profile\": \"1g.10gb\"}.",
                                field="gpu")
-    known = {"kind", "count", "model", "profile", "milli", "memory_mib", "gang", *HOST_FIELDS}
+    known = {"kind", "count", "model", "profile", "milli", "memory_mib", "gang", "min_count", *HOST_FIELDS}
     for key in gpu:
         if key not in known:
             raise ValidationFailed(f"Unknown field {key!r}; known: {', '.join(sorted(known))}.", field=f"gpu.{key}")
@@ -71,7 +71,12 @@ def shape_from(gpu: object) -> dict:
         except UnknownModel as error:
             raise ValidationFailed(error.args[0], field="gpu.model") from None
     shape = {"kind": kind, "count": count, "gang": gang, "models": models, "profile": "", "milli": 0,
-             "memory_mib": 0}
+             "memory_mib": 0, "min_count": 0}
+    if "min_count" in gpu:  # an elastic lease: it may be shrunk under reclaim down to min_count (docs/leasing.md)
+        if kind == GpuKind.MIG:
+            raise ValidationFailed("gpu.min_count does not apply to MIG slices: elastic leases are whole GPUs or "
+                                   "shares.", field="gpu.min_count")
+        shape["min_count"] = integer("min_count", 0, 1, count)
     # a key that does not apply to the kind is refused, not ignored (the OpenAPI document says so too)
     for name in {GpuKind.MIG: ("milli", "memory_mib"), GpuKind.SHARE: ("profile",)}.get(kind, ()):
         if name in gpu:

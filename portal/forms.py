@@ -68,8 +68,8 @@ def last_value(data: QueryDict, name: str, default: str = "") -> str:
 
 
 # -- lease request ---------------------------------------------------------------------------------------
-LEASE_FIELDS = {"project", "gpu", "gpu_kind", "gpu_model", "gpu_profile", "gpu_count", "gpu_gang", "gpu_milli",
-                "gpu_memory_mib", "gpu_cpu_milli_per_unit", "gpu_host_memory_mib_per_unit", "gpu_workload",
+LEASE_FIELDS = {"project", "gpu", "gpu_kind", "gpu_model", "gpu_profile", "gpu_count", "gpu_min_count", "gpu_gang",
+                "gpu_milli", "gpu_memory_mib", "gpu_cpu_milli_per_unit", "gpu_host_memory_mib_per_unit", "gpu_workload",
                 "gpu_target_throughput", "workload_class", "priority",
                 "duration_seconds", "labels",
                 "workload", "workload_image", "workload_command", "workload_args", "workload_env",
@@ -126,6 +126,8 @@ def lease_request_input(data: QueryDict) -> dict:
         gpu["model"] = model
     if data.get("gpu.count", "").strip():
         gpu["count"] = number(data.get("gpu.count"))
+    if kind in ("whole", "share") and data.get("gpu.min_count", "").strip():  # an elastic lease (docs/leasing.md)
+        gpu["min_count"] = number(data.get("gpu.min_count"))
     gang = last_value(data, "gpu.gang", "true")
     gpu["gang"] = gang == "true"
     memory = data.get("gpu.memory_mib", "").strip()

@@ -258,7 +258,8 @@ def shape_label(lease) -> str:
     if getattr(lease, "host_memory_mib_per_unit", 0):
         host.append(f"{lease.host_memory_mib_per_unit / 1024:g} GiB")
     host_text = f" · {' + '.join(host)} host{' each' if lease.count > 1 else ''}" if host else ""
-    return f"{count}{what} · {where}{gang}{host_text}"
+    elastic = f" · elastic, at least {lease.min_count}" if getattr(lease, "min_count", 0) else ""
+    return f"{count}{what} · {where}{gang}{elastic}{host_text}"
 
 
 def is_live(lease) -> bool:

@@ -12,10 +12,11 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from decimal import Decimal
+from decimal import ROUND_HALF_UP, Decimal
 
 HOLDING = frozenset({"active", "preempted"})
 HOUR = timedelta(hours=1)
+MICROSECOND = Decimal("0.000001")
 
 
 def held_intervals(events: Iterable[tuple[datetime, str]], *, until: datetime) -> list[tuple[datetime, datetime]]:
@@ -81,7 +82,34 @@ class LeaseHour:
     over_quota: bool
 
 
-def lease_hours(events: Iterable[tuple[datetime, str]], units: Iterable[HeldUnit], *, start: datetime,
+def held_pieces(events: Iterable[tuple], *, until: datetime) -> list[tuple[datetime, datetime, bool]]:
+    """``held_intervals`` cut at every resize (an elastic lease shrunk while it held: ``events`` as (time, to_state)
+    or (time, to_state, resized), a resize being an event to ``active`` whose reason starts ``resized:``, written by
+    ``broker.services.elastic``): [(start, end, resized)], ``resized`` True for every piece of an interval that was
+    cut at least once (its pieces are billed by what each held, ``lease_hours``)."""
+    edges: list[list] = []  # [at, real, interval number]
+    was, number = False, 0
+    for event in events:
+        at, state = event[0], event[1]
+        resized = len(event) > 2 and bool(event[2])
+        holds = state in HOLDING
+        if holds != was:
+            number += 1
+            edges.append([at, holds, number, False])
+        elif holds and resized:
+            edges.append([at, True, number, True])
+        was = holds
+    cut = {edge[2] for edge in edges if edge[3]}
+    pieces = []
+    for position, (at, holds, interval, _cut) in enumerate(edges):
+        if not holds:
+            continue
+        end = edges[position + 1][0] if position + 1 < len(edges) else until
+        pieces.append((at, min(end, until), interval in cut))
+    return pieces
+
+
+def lease_hours(events: Iterable[tuple], units: Iterable[HeldUnit], *, start: datetime,
                 until: datetime, ends_at: datetime | None = None) -> list[LeaseHour]:
     """The usage rows of one lease for the window [start, until), from its events before ``until`` (in order)
     and its allocations (in id order). This is the reference the set-based SQL of
@@ -95,20 +123,33 @@ def lease_hours(events: Iterable[tuple[datetime, str]], units: Iterable[HeldUnit
       gives what metering it whole gives (an earlier rule, "held for the interval's whole length", let a
       window's end decide: an allocation freed while the lease stayed active was billed in one cut and not
       in the other);
+    - an elastic lease's resize (``held_pieces``) cuts its interval: each piece is an interval for the rule above,
+      and in an hour where a piece of a cut interval lies, those pieces count by what each held: the row's seconds
+      are the plain pieces' seconds plus the cut pieces' milli-seconds divided by the row's ``gpu_milli``
+      (rounded to the microsecond), so ``seconds x gpu_milli`` (what invoices, reports and budgets sum) bills a
+      lease shrunk from 8 GPUs to 6 at t 8 GPUs before t and 6 after;
     - an hour whose first interval held no allocation gives no row;
     - nothing is billed after the lease's end (``ends_at``, None: open): the expiry task that ends it runs up to
       its period later, and the held intervals stop at the end time whatever its lag (issue 29)."""
     units = list(units)
     seconds: dict[datetime, Decimal] = {}
+    plain: dict[datetime, Decimal] = {}
+    cut_ms: dict[datetime, Decimal] = {}
     held: dict[datetime, list[HeldUnit]] = {}
-    for begin, finish in held_intervals(events, until=until):
+    for begin, finish, resized in held_pieces(events, until=until):
         if ends_at is not None:
             finish = min(finish, ends_at)
-            if finish <= begin:
-                continue
+        if finish <= begin:
+            continue
         during = [u for u in units if u.created_at <= begin and (u.freed_at is None or u.freed_at > begin)]
+        milli = sum(u.milli for u in during)
         for bucket, piece in split_hours(begin, finish, window=(start, until)):
-            seconds[bucket] = seconds.get(bucket, Decimal(0)) + Decimal(str(piece))
+            exact = Decimal(str(piece))
+            seconds[bucket] = seconds.get(bucket, Decimal(0)) + exact
+            if resized:
+                cut_ms[bucket] = cut_ms.get(bucket, Decimal(0)) + exact * milli
+            else:
+                plain[bucket] = plain.get(bucket, Decimal(0)) + exact
             held.setdefault(bucket, during)
     rows = []
     for bucket in sorted(seconds):
@@ -116,8 +157,13 @@ def lease_hours(events: Iterable[tuple[datetime, str]], units: Iterable[HeldUnit
         if not during:
             continue
         first = during[0]
-        rows.append(LeaseHour(hour_start=bucket, seconds=min(seconds[bucket], Decimal(3600)), tier=first.tier,
+        gpu_milli = sum(u.milli for u in during)
+        total = seconds[bucket]
+        if bucket in cut_ms and gpu_milli:
+            total = (plain.get(bucket, Decimal(0)) + cut_ms[bucket] / gpu_milli).quantize(MICROSECOND,
+                                                                                          rounding=ROUND_HALF_UP)
+        rows.append(LeaseHour(hour_start=bucket, seconds=min(total, Decimal(3600)), tier=first.tier,
                               kind=first.kind, mig_profile=first.mig_profile,
-                              gpu_milli=sum(u.milli for u in during), memory_mib=sum(u.memory_mib for u in during),
+                              gpu_milli=gpu_milli, memory_mib=sum(u.memory_mib for u in during),
                               over_quota=first.preemptible))
     return rows

@@ -33,21 +33,26 @@ WITH lease AS (
        AND (l.finished_at IS NULL OR l.finished_at >= %(start)s)
        AND (%(tenant)s::bigint IS NULL OR l.tenant_id = %(tenant)s::bigint)
 ),
-event AS (  -- events before ``until`` in (at, id) order; ``was`` is whether the lease held before this one
+event AS (  -- events before ``until`` in (at, id) order; ``was`` is whether the lease held before this one;
+           -- ``resized``: an elastic lease shrunk (held_pieces: a cut of the held interval)
     SELECT e.lease_id, e.at, e.id, e.to_state = ANY(%(holding)s) AS holds,
+           (e.to_state = 'active' AND e.reason LIKE 'resized:%%') AS resized,
            coalesce(lag(e.to_state = ANY(%(holding)s)) OVER (PARTITION BY e.lease_id ORDER BY e.at, e.id), false) AS was
       FROM broker_leaseevent e
       JOIN lease ON lease.id = e.lease_id
      WHERE e.lease_id BETWEEN %(lo)s AND %(hi)s AND e.at < %(until)s
 ),
-edge AS (  -- where holding starts or stops; a start's interval ends at the next edge, else at ``until``
-    SELECT lease_id, at, holds, lead(at) OVER (PARTITION BY lease_id ORDER BY at, id) AS next_at
+edge AS (  -- where holding starts or stops, or a resize cuts it; a piece ends at the next edge, else at ``until``;
+          -- ``span`` numbers the intervals (a cut keeps its interval's number)
+    SELECT lease_id, at, holds, holds = was AS cut, lead(at) OVER (PARTITION BY lease_id ORDER BY at, id) AS next_at,
+           sum(CASE WHEN holds <> was THEN 1 ELSE 0 END) OVER (PARTITION BY lease_id ORDER BY at, id) AS span
       FROM event
-     WHERE holds <> was
+     WHERE holds <> was OR (holds AND resized)
 ),
 held AS (  -- held_intervals, clipped to the window and to the lease's end (the expiry task's lag is not billed)
     SELECT edge.lease_id, edge.at AS begin_at, greatest(edge.at, %(start)s) AS low,
-           least(coalesce(edge.next_at, %(until)s), %(until)s, coalesce(lease.ends_at, 'infinity')) AS high
+           least(coalesce(edge.next_at, %(until)s), %(until)s, coalesce(lease.ends_at, 'infinity')) AS high,
+           bool_or(edge.cut) OVER (PARTITION BY edge.lease_id, edge.span) AS resized
       FROM edge
       JOIN lease ON lease.id = edge.lease_id
      WHERE edge.holds
@@ -72,15 +77,21 @@ piece AS (  -- split_hours: the interval cut at every UTC hour; exact seconds (n
      CROSS JOIN LATERAL generate_series(date_trunc('hour', unit.low, 'UTC'), unit.high - interval '1 microsecond',
                                         interval '1 hour') AS hour
 ),
-hourly AS (  -- per lease-hour: all the pieces' seconds; what the first interval touching the hour held
+hourly AS (  -- per lease-hour: all the pieces' seconds; what the first interval touching the hour held; a resized
+            -- interval's pieces by what each held (lease_hours)
     SELECT piece.*, sum(seconds) OVER (PARTITION BY lease_id, hour) AS total,
+           sum(CASE WHEN resized THEN seconds * coalesce(gpu_milli, 0) END)
+               OVER (PARTITION BY lease_id, hour) AS cut_ms,
+           sum(CASE WHEN NOT resized THEN seconds END) OVER (PARTITION BY lease_id, hour) AS plain,
            row_number() OVER (PARTITION BY lease_id, hour ORDER BY begin_at) AS nth
       FROM piece
 )
 INSERT INTO billing_allocationusage AS u (tenant_id, project_id, lease_id, hour_start, seconds, tier, kind,
                                           mig_profile, gpu_milli, memory_mib, workload_class, over_quota, profiling,
                                           metered_at, labels)
-SELECT lease.tenant_id, lease.project_id, hourly.lease_id, hourly.hour, least(hourly.total, 3600), hourly.tier,
+SELECT lease.tenant_id, lease.project_id, hourly.lease_id, hourly.hour,
+       least(CASE WHEN hourly.cut_ms IS NULL OR hourly.gpu_milli = 0 THEN hourly.total
+                  ELSE round(coalesce(hourly.plain, 0) + hourly.cut_ms / hourly.gpu_milli, 6) END, 3600), hourly.tier,
        hourly.kind, hourly.mig_profile, hourly.gpu_milli, hourly.memory_mib, lease.workload_class,
        hourly.over_quota, lease.profiling, %(now)s, lease.labels
   FROM hourly

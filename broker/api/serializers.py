@@ -26,6 +26,9 @@ _GPU_PROPERTIES = {
     "host_memory_mib_per_unit": {"type": "integer", "minimum": 0, "maximum": HOST_FIELDS["host_memory_mib_per_unit"],
                                  "description": "host memory per unit in MiB on the node it runs on, reserved "
                                                 "while it runs; needs gang true when count > 1 (default 0: none)"},
+    "min_count": {"type": "integer", "minimum": 1, "maximum": 64,
+                  "description": "an elastic lease (whole GPUs or shares): under reclaim it may be shrunk to no fewer "
+                                 "than min_count units instead of being preempted whole; at most count"},
 }
 GPU_OUTPUT_SCHEMA = {"type": "object", "properties": _GPU_PROPERTIES, "required": ["kind", "count", "model", "gang"]}
 
@@ -47,9 +50,11 @@ def _gpu_request_schema() -> dict:
     mig_models = [model.code for model in MODELS if profiles_for(model.code)]
     every_profile = sorted({p.name for code in mig_models for p in profiles_for(code)})
     shapes = [
-        _gpu_shape(GpuKind.WHOLE, "whole GPUs", model=any_model, memory_mib=_GPU_PROPERTIES["memory_mib"]),
+        _gpu_shape(GpuKind.WHOLE, "whole GPUs", model=any_model, memory_mib=_GPU_PROPERTIES["memory_mib"],
+                   min_count=_GPU_PROPERTIES["min_count"]),
         _gpu_shape(GpuKind.SHARE, "a share of a GPU", ("milli", "memory_mib"), model=any_model,
-                   milli=_GPU_PROPERTIES["milli"], memory_mib=_GPU_PROPERTIES["memory_mib"]),
+                   milli=_GPU_PROPERTIES["milli"], memory_mib=_GPU_PROPERTIES["memory_mib"],
+                   min_count=_GPU_PROPERTIES["min_count"]),
         _gpu_shape(GpuKind.MIG, "MIG slices on any model that offers the profile", ("profile",),
                    model={"type": "string", "enum": ["auto"]},
                    profile={"type": "string", "enum": every_profile}),
@@ -257,6 +262,8 @@ class LeaseOutput(serializers.ModelSerializer):
             shape["cpu_milli_per_unit"] = obj.cpu_milli_per_unit
         if obj.host_memory_mib_per_unit:
             shape["host_memory_mib_per_unit"] = obj.host_memory_mib_per_unit
+        if obj.min_count:
+            shape["min_count"] = obj.min_count
         return shape
 
     def to_representation(self, instance) -> dict:

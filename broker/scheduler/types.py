@@ -55,6 +55,8 @@ class WorkloadClass(StrEnum):
 class DecisionMode(StrEnum):
     PLACED = "placed"
     PREEMPT = "preempt-then-place"
+    # an elastic over-quota allocation gives back units (``Decision.shrunk``); the request starts once they are freed
+    SHRINK = "shrink-then-place"
     WAITING = "waiting"
 
 
@@ -106,6 +108,9 @@ class Shape:
     avoid_nodes: tuple[str, ...] = ()
     # node pools it may be placed in (empty: any; a project bound to pools gets them: ``Snapshot.project_pools``)
     pools: tuple[str, ...] = ()
+    # an elastic request (whole GPUs or shares): it runs with ``count`` units and, under reclaim while over quota,
+    # may be shrunk to no fewer than ``min_count`` instead of being preempted whole (0: not elastic)
+    min_count: int = 0
 
 
 @_quick_init
@@ -154,6 +159,10 @@ class Allocation:
     cpu_milli: int = 0
     host_memory_mib: int = 0
     group: str = ""  # the lease group it was placed with (informational: reasons name it)
+    # an elastic lease's minimum number of units (``Shape.min_count``): reclaim may take units from it down to this
+    # many instead of preempting it whole (0: not elastic). Out of the repr, so that the decisions digests of the
+    # benchmarks (SHA-256 of each decision's repr) stay comparable with those recorded before it existed
+    min_units: int = field(default=0, repr=False)
 
     @property
     def milli(self) -> int:
@@ -266,3 +275,6 @@ class Decision:
     victims: tuple[str, ...] = ()  # allocation ids that get a preemption notice
     queue_position: int = 0
     warm: tuple[str, ...] = ()  # ids of the warm instances the allocation binds (its units sit on them)
+    # a shrink (``DecisionMode.SHRINK``): each elastic allocation shrunk and the units it gives back (out of the repr
+    # as ``Allocation.min_units``; equality compares it)
+    shrunk: tuple[tuple[str, tuple[Unit, ...]], ...] = field(default=(), repr=False)

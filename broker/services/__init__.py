@@ -28,6 +28,7 @@ from broker.services.cycle import (
     schedule_cycle,
     schedule_cycle_wait,
 )
+from broker.services.elastic import lease_shrink, lease_shrink_apply
 from broker.services.groups import allocations_free
 from broker.services.nodes import (
     ENROLL_PREFIX,
@@ -125,6 +126,8 @@ __all__ = [
     "lease_release_instances",
     "lease_renew",
     "lease_request",
+    "lease_shrink",
+    "lease_shrink_apply",
     "lease_suspend",
     "lease_transition",
     "lease_workload_start",

@@ -32,6 +32,7 @@ from broker.selectors import (
     scheduler_demand,
     scheduler_inputs,
 )
+from broker.services.elastic import lease_shrink
 from broker.services.fairshare import usage_history_record
 from broker.services.groups import allocations_free, group_leaving, group_preempted
 from broker.services.provisioning import release_instances_quietly, workloads_start_after
@@ -131,6 +132,10 @@ def _schedule_cycle_locked(now: datetime, counts: dict) -> dict:
             notice = _preempt(decision, now)
             reason = _reclaim_reason(lease, decision)
             estimate = now + timedelta(seconds=notice)  # the victims' notice, at the longest
+        elif decision.mode == DecisionMode.SHRINK:
+            counts["shrink"] = counts.get("shrink", 0) + 1
+            reason = _shrink(lease, decision, now)
+            estimate = None if reason.startswith("waiting: the elastic") else now
         else:
             counts["waiting"] += 1
             reason = _tenant_terms(decision.reason, lease)
@@ -167,6 +172,25 @@ def _reclaim_reason(lease: QueuedLease, decision) -> str:
     mine = f" (yours: lease {', '.join(own)})" if own else ""
     return (f"waiting: in quota on {tier}: {len(victims)} over-quota lease(s) given notice{mine}; starts when "
             "they have left")
+
+
+def _shrink(lease: QueuedLease, decision, now: datetime) -> str:
+    """Apply a shrink decided for ``lease`` (``elastic.lease_shrink``: the units freed now, the node told after
+    commit, a cycle asked for once it has answered) and say why the lease still waits, naming only the tenant's own
+    lease shrunk (another tenant's lease ids are not its business)."""
+    done = []
+    for allocation_id, units in decision.shrunk:
+        freed = lease_shrink(lease_id=int(allocation_id), units=units, claimant=lease.pk, now=now)
+        if freed is None:
+            return ("waiting: the elastic lease chosen to give back units has changed since the cycle read it; "
+                    "retrying next cycle")
+        done.append((int(allocation_id), len(freed)))
+    tier = decision.allocation.tier if decision.allocation else ""
+    own = [f"lease {pk} gave back {count}" for pk, count in done
+           if Lease.objects.filter(pk=pk, tenant_id=lease.tenant_id).exists()]
+    mine = f" (yours: {', '.join(own)})" if own else ""
+    return (f"waiting: in quota on {tier}: an elastic over-quota lease gave back units{mine}; starts when its node "
+            "has released them")
 
 
 def _cycle_again_if_new(seen: list[int]) -> None:

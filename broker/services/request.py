@@ -134,7 +134,7 @@ def lease_request(*, actor: Actor, project: str, gpu: object, workload_class: st
     lease = Lease(
         tenant=actor.tenant, project=target, created_by=actor.user if actor.user.is_authenticated else None,
         kind=shape["kind"], count=shape["count"], models_allowed=shape["models"], profile=shape["profile"],
-        milli=shape["milli"], memory_mib=shape["memory_mib"], gang=shape["gang"],
+        milli=shape["milli"], memory_mib=shape["memory_mib"], gang=shape["gang"], min_count=shape.get("min_count", 0),
         cpu_milli_per_unit=shape.get("cpu_milli_per_unit", 0),
         host_memory_mib_per_unit=shape.get("host_memory_mib_per_unit", 0), workload_class=workload_class,
         priority=priority, duration_seconds=duration_seconds, requested_at=now, idempotency_key=idempotency_key,

@@ -366,7 +366,8 @@ def test_secret_env_reaches_the_workload_only_and_holds_no_token_of_the_node(tmp
             assert SECRET not in text and "gpub_" not in text  # no node secret, no API token of any tenant
             assert set(env) <= {"PATH", "LANG", "LC_ALL", "HOME", "TMPDIR", "TZ", "MODE", "HF_TOKEN",
                                 "CUDA_VISIBLE_DEVICES", "RESTART_COUNT", "GPUB_WORKLOAD_ID", "GPUB_RUN_TOKEN",
-                                "GPUB_DEADLINE_FILE", "LC_CTYPE", "LD_LIBRARY_PATH"}, sorted(env)
+                                "GPUB_DEADLINE_FILE", "GPUBROKER_UNITS",
+                                "GPUBROKER_UNITS_FILE", "LC_CTYPE", "LD_LIBRARY_PATH"}, sorted(env)
         # the same definition again is the same workload; other secrets are another definition
         assert client.workload_start("wl-sec", spec)["runs"] == done["runs"]
         with pytest.raises(AgentHTTPError) as refused:
@@ -506,3 +507,26 @@ def test_the_port_relay_reaches_a_running_workload_on_loopback_signed_only(clien
     assert portless.value.status == 404 and portless.value.problem["field"] == "port"
     client.workload_stop("wl-portless", grace_seconds=0)
     final(client, "wl-portless")
+
+
+def test_an_elastic_workload_given_one_instance_back_keeps_running_told_its_new_size(client):
+    """Issue 32 item 6: ``DELETE /v1/instances/{id}?resize=1`` on one of a workload's two instances: the workload is
+    not stopped; its units file holds its new size and devices and it gets SIGUSR1 (a plain destroy stops it)."""
+    trap = ("import json, os, signal, time\n"
+            "def usr1(signum, frame):\n"
+            "    os.write(1, ('resized ' + open(os.environ['GPUBROKER_UNITS_FILE']).read().strip() + '\\n').encode())\n"
+            "signal.signal(signal.SIGUSR1, usr1)\n"
+            "print('up', os.environ['GPUBROKER_UNITS'], flush=True)\n"
+            "while True: time.sleep(0.05)\n")
+    mig, _share = mig_and_share(client, "el")
+    client.workload_start("wl-el", {"instances": ["el-m", "el-s"], "command": [sys.executable, "-c", trap]})
+    wait_for(lambda: "up 2" in client.workload_logs("wl-el")["data"])
+    client.destroy("el-s", resize=True)
+    line = wait_for(lambda: next((x for x in client.workload_logs("wl-el")["data"].splitlines()
+                                  if x.startswith("resized ")), None))
+    told = json.loads(line.removeprefix("resized "))
+    assert told["units"] == 1 and told["devices"] == [mig["device_uuid"]]
+    workload = client.workload("wl-el")
+    assert workload["state"] == "running" and "resized" in [e["kind"] for e in workload["events"]]
+    client.destroy("el-m")  # the last one, destroyed plainly: the workload stops
+    assert final(client, "wl-el")["state"] == "stopped"

@@ -20,8 +20,9 @@ from tests.factories import make_world
 
 T0 = datetime(2026, 1, 31, 20, tzinfo=UTC)  # near a month boundary on purpose
 STATES = ["queued", "provisioning", "active", "preempted", "releasing", "released", "failed", "expired"]
-# holding and not holding about as often, so that an hour often sees several intervals
-STATE = st.sampled_from(STATES) | st.sampled_from(["active", "preempted"])
+# holding and not holding about as often, so that an hour often sees several intervals; "resized": an elastic lease
+# shrunk (an event to active whose reason starts "resized:", a cut of its held interval: billing.core.held_pieces)
+STATE = st.sampled_from(STATES) | st.sampled_from(["active", "preempted", "resized"])
 MICRO = 1_000_000
 
 
@@ -40,9 +41,9 @@ def lease_histories(draw):
         at, events = draw(st.integers(-2 * 3600 * MICRO, 3600 * MICRO)), []
         for gap, state in steps:
             at += gap
-            events.append((moment(at), state))
+            events.append((moment(at), "active", True) if state == "resized" else (moment(at), state, False))
         units = []
-        times = st.sampled_from([at for at, _state in events]) | st.integers(
+        times = st.sampled_from([event[0] for event in events]) | st.integers(
             -3 * 3600 * MICRO, 20 * 3600 * MICRO).map(moment)  # an event's time (the edge cases) or any
         for _ in range(draw(st.integers(0, 3))):
             created = draw(times)
@@ -83,8 +84,10 @@ def write(world, leases) -> dict[int, dict]:
                                      state="released", tier="H100-80GB", requested_at=T0 - timedelta(days=1),
                                      finished_at=item["finished_at"], workload_class=item["workload_class"],
                                      ends_at=item.get("ends_at"))
-        LeaseEvent.objects.bulk_create([LeaseEvent(lease=lease, from_state="", to_state=state, at=at, actor="test")
-                                        for at, state in item["events"]])
+        LeaseEvent.objects.bulk_create([LeaseEvent(lease=lease, from_state="", to_state=event[1], at=event[0],
+                                                   actor="test",
+                                                   reason="resized: 8 → 6 units" if event[2:] == (True,) else "")
+                                        for event in item["events"]])
         units = []
         for unit in item["units"]:
             allocation = Allocation.objects.create(
@@ -105,7 +108,7 @@ def expected_rows(stored, *, start, end, now) -> dict:
     for lease_id, item in stored.items():
         if item["finished_at"] is not None and item["finished_at"] < start:
             continue  # finished before the window: not metered
-        events = [(at, state) for at, state in item["events"] if at < until]
+        events = [event for event in item["events"] if event[0] < until]
         for row in lease_hours(events, sorted(item["units"], key=lambda u: u.id), start=start, until=until,
                                ends_at=item.get("ends_at")):
             rows[(lease_id, row.hour_start)] = row

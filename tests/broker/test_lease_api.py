@@ -90,6 +90,12 @@ def test_lease_api_openapi_document_validates_without_warnings(db, tmp_path):
     ({"project": "vision", "gpu": {"kind": "mig"}}, 400, "gpu.profile"),
     ({"project": "vision", "gpu": "a100"}, 400, "gpu"),
     ({"project": "vision", "gpu": {"kind": "whole", "count": 65}}, 400, "gpu.count"),
+    # elastic leases (issue 32 item 6): 1 <= min_count <= count, whole GPUs and shares only
+    ({"project": "vision", "gpu": {"kind": "whole", "count": 2, "min_count": 3}}, 400, "gpu.min_count"),
+    ({"project": "vision", "gpu": {"kind": "whole", "count": 2, "min_count": 0}}, 400, "gpu.min_count"),
+    ({"project": "vision", "gpu": {"kind": "whole", "count": 2, "min_count": "1"}}, 400, "gpu.min_count"),
+    ({"project": "vision", "gpu": {"kind": "mig", "profile": "1g.10gb", "count": 2, "min_count": 1}}, 400,
+     "gpu.min_count"),
     ({"project": "vision", "gpu": {"kind": "whole"}, "priority": 1000}, 400, "priority"),
     ({"project": "vision", "gpu": {"kind": "whole"}, "workload_class": "mining"}, 400, "workload_class"),
     ({"project": "vision", "gpu": {"kind": "whole"}, "duration_seconds": 10**9}, 400, "duration_seconds"),
@@ -103,6 +109,16 @@ def test_lease_api_every_bad_request_names_its_field_and_writes_nothing(world, b
     assert response["Content-Type"] == "application/problem+json"
     assert response.json()["field"] == field
     assert not Lease.objects.exists()
+
+
+def test_lease_api_an_elastic_lease_keeps_its_minimum(world):
+    response = world.client("member").post("/api/v1/leases", {"project": "vision", "gpu": {
+        "kind": "share", "milli": 250, "memory_mib": 1024, "count": 2, "min_count": 1}}, format="json")
+    assert response.status_code == 201, response.json()
+    assert response.json()["gpu"]["min_count"] == 1 and Lease.objects.get().min_count == 1
+    response = world.client("member").post("/api/v1/leases", {"project": "vision", "gpu": {"kind": "whole"}},
+                                           format="json")
+    assert "min_count" not in response.json()["gpu"] and Lease.objects.latest("pk").min_count == 0
 
 
 def test_lease_api_suspended_tenant_cannot_request(world):

@@ -148,6 +148,8 @@ def test_request_form_sent_twice_makes_one_lease(world, client):
     ({"gpu.profile": "9g.99gb"}, "gpu_profile", "No GPU model offers MIG profile '9g.99gb'."),
     ({"gpu.count": "abc"}, "gpu_count", "gpu.count must be a whole number from 1 to 64."),
     ({"gpu.count": "65"}, "gpu_count", "gpu.count must be a whole number from 1 to 64."),
+    ({"gpu.kind": "whole", "gpu.count": "2", "gpu.min_count": "3"}, "gpu_min_count",
+     "gpu.min_count must be a whole number from 1 to 2."),
     ({"gpu.kind": "share", "gpu.milli": "1500", "gpu.memory_mib": "1024"}, "gpu_milli",
      "gpu.milli must be a whole number from 1 to 999."),
     ({"gpu.kind": "share", "gpu.milli": "250", "gpu.memory_mib": ""}, "gpu_memory_mib",

@@ -9,7 +9,7 @@ instances included (an unbound one still occupies its slots; a bound one is boun
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from broker.scheduler import (
     Allocation,
@@ -84,8 +84,10 @@ def whole(
     gang: bool = True,
     memory_mib: int = 0,
     cpu_milli: int = 0,
+    min_count: int = 0,
 ) -> Request:
-    shape = Shape(Kind.WHOLE, count, models=tuple(models), gang=gang, memory_mib=memory_mib, cpu_milli=cpu_milli)
+    shape = Shape(Kind.WHOLE, count, models=tuple(models), gang=gang, memory_mib=memory_mib, cpu_milli=cpu_milli,
+                  min_count=min_count)
     return Request(request_id, project, tenant, shape, submitted_at, priority)
 
 
@@ -118,8 +120,10 @@ def share(
     submitted_at: float = 0.0,
     priority: int = 0,
     gang: bool = True,
+    min_count: int = 0,
 ) -> Request:
-    shape = Shape(Kind.SHARE, count, milli=milli, memory_mib=memory_mib, models=tuple(models), gang=gang)
+    shape = Shape(Kind.SHARE, count, milli=milli, memory_mib=memory_mib, models=tuple(models), gang=gang,
+                  min_count=min_count)
     return Request(request_id, project, tenant, shape, submitted_at, priority)
 
 
@@ -133,13 +137,16 @@ def held(
     started_at: float = 0.0,
     priority: int = 0,
     tenant: str = "acme",
+    min_units: int = 0,
 ) -> Allocation:
-    """An existing whole-GPU allocation on ``gpu_ids`` (all on one node, ``<node>-g<i>`` ids)."""
+    """An existing whole-GPU allocation on ``gpu_ids`` (all on one node, ``<node>-g<i>`` ids); ``min_units``: an
+    elastic one's minimum."""
     gpu_ids = (gpu_ids,) if isinstance(gpu_ids, str) else tuple(gpu_ids)
     memory = model_get(tier).memory_mib
     units = tuple(Unit(gpu_id, FULL, memory) for gpu_id in gpu_ids)
     node = gpu_ids[0].rsplit("-g", 1)[0]
-    return Allocation(allocation_id, project, tenant, tier, node, units, preemptible, started_at, priority)
+    return Allocation(allocation_id, project, tenant, tier, node, units, preemptible, started_at, priority,
+                      min_units=min_units)
 
 
 def warm(warm_id: str, gpu_id: str, profile: str, start: int) -> WarmInstance:
@@ -160,14 +167,20 @@ class Outcome:
 
 
 def outcome(snap: Snapshot, decisions: list[Decision]) -> Outcome:
-    """Allocations that hold capacity after the decisions are carried out, in decision order."""
+    """Allocations that hold capacity after the decisions are carried out, in decision order (a shrunk allocation
+    less the units it gives back)."""
     live = {allocation.id: allocation for allocation in snap.allocations}
     victims: set[str] = set()
     for decision in decisions:
         for victim in decision.victims:
             victims.add(victim)
             live.pop(victim, None)
-        if decision.mode in (DecisionMode.PLACED, DecisionMode.PREEMPT):
+        for shrunk, units in decision.shrunk:
+            left = list(live[shrunk].units)
+            for unit in units:
+                left.remove(unit)
+            live[shrunk] = replace(live[shrunk], units=tuple(left))
+        if decision.mode in (DecisionMode.PLACED, DecisionMode.PREEMPT, DecisionMode.SHRINK):
             assert decision.allocation is not None
             live[decision.allocation.id] = decision.allocation
     return Outcome(live, victims)

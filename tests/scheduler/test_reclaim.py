@@ -1,5 +1,6 @@
-"""Reclaim (docs/architecture.md §3): an in-quota request that does not fit preempts over-quota work — fewest victims,
-lowest priority, youngest first, never non-preemptible work, never work younger than the minimum runtime."""
+"""Reclaim (docs/architecture.md §3): an in-quota request that does not fit preempts over-quota work — the shallowest
+classes of the victim order, then the least capacity taken, then the fewest victims; lowest priority, youngest first,
+never non-preemptible work, never work younger than the minimum runtime."""
 
 import pytest
 
@@ -257,7 +258,9 @@ def test_reclaim_scheduler_keeps_state_across_cycles():
     assert "limit" in third.reason
 
 
-def test_reclaim_fewest_victims_on_one_node():
+def test_reclaim_takes_the_least_capacity_on_one_node():
+    """Issue 32 item 6: the victims that take the least GPU capacity (the least borrowed work thrown away) win over
+    fewer victims; with the capacity equal, the fewest victims."""
     def on(gpu, allocation_id, milli, started_at):
         return Allocation(allocation_id, "a", "acme", H100, "n1", (Unit(gpu, milli, 1000),), True, started_at)
 
@@ -269,7 +272,14 @@ def test_reclaim_fewest_victims_on_one_node():
     requests = [whole("rb", "b")]
     [decision] = plan(snap, requests, now=100)
     assert decision.mode == DecisionMode.PREEMPT
-    assert decision.victims == ("v3",)
+    assert sorted(decision.victims) == ["v1", "v2"]  # 600 milli taken, not v3's 1000
+    snap = snapshot(
+        ("n1", H100, 2, GpuMode.SHARED),
+        quotas=QUOTAS,
+        allocations=[on("n1-g0", "v1", 500, 20), on("n1-g0", "v2", 500, 19), on("n1-g1", "v3", 1000, 10)],
+    )
+    [decision] = plan(snap, requests, now=100)
+    assert decision.victims == ("v3",)  # 1000 milli either way: one victim rather than two
 
 
 def test_reclaim_for_a_spread_request_takes_victims_on_several_nodes():
