@@ -425,6 +425,32 @@ def mig_demand(model: str, workload: list[tuple[Need, float]]) -> list[tuple[Mig
     return [(profile, p / total) for profile, p in demand]
 
 
+def remainder_waste(workload: list[tuple[Need, float]], *, stop: float = 0.05) -> list[float]:
+    """Expected capacity (milli) a GPU with ``f`` milli free ends up wasting, for ``f`` in 0..FULL (the index).
+
+    A look-ahead over *mixtures* of the typical one-GPU shapes (whole GPUs and shares), where
+    ``node_stranding`` counts copies of one shape at a time: a hole of ``f`` either receives no further task
+    (probability ``stop``: ``f`` is wasted) or the next task is one of the shapes that fit it, drawn by their
+    frequencies, and what it leaves is a smaller hole. A 350 hole is worth little waste (a 320 leaves 30), a
+    210 hole much (only the rare 160 and smaller fit); a fresh GPU's waste is what its likely fillings leave
+    (an 810 share, 190). Without one-GPU shapes every free milli is waste, so the difference between two
+    placements of one task is the same everywhere and the term decides nothing."""
+    sizes: dict[int, float] = {}
+    for need, probability in workload:
+        if need.count == 1 and need.kind in (Kind.WHOLE, Kind.SHARE) and 0 < need.milli <= FULL:
+            sizes[need.milli] = sizes.get(need.milli, 0.0) + probability
+    ordered = sorted(sizes.items())
+    waste = [0.0] * (FULL + 1)
+    for free in range(1, FULL + 1):
+        fitting = [(milli, p) for milli, p in ordered if milli <= free]
+        total = sum(p for _, p in fitting)
+        if not fitting or total <= 0:
+            waste[free] = float(free)
+            continue
+        waste[free] = stop * free + (1 - stop) * sum(p * waste[free - milli] for milli, p in fitting) / total
+    return waste
+
+
 class DefaultPolicy(Policy):
     """Ours: minimise the increase of the node's *stranded* capacity (``node_stranding``): FGD's idea,
     measured by how many copies of each typical need the node could still take given its free GPU,
@@ -435,15 +461,23 @@ class DefaultPolicy(Policy):
     placements over the fleet instead of packing them (best-fit tie-breaking cost 0.1-0.4 points on the
     openb traces, docs/scheduling.md). For MIG, the same measure per GPU over its slot layout picks start
     slots that keep larger profiles possible (a 3g goes to slot 4 so that a 4g can still start at 0), with
-    best-fit among equal layouts."""
+    best-fit among equal layouts.
+
+    A second term (weight ``remainder_weight``) adds the change of the expected waste of the GPUs the
+    placement touches (``remainder_waste``: what mixtures of the typical one-GPU shapes would leave of each
+    GPU's free capacity), so that a share goes where the hole it leaves is likely to be filled (a 320 into
+    a 350 hole rather than a 530 one, which a 470 can still fill). Both terms are summed before the
+    quantisation; with this term the step is 60 milli-GPU (docs/scheduling.md: the openb traces)."""
 
     name = "default"
     # weight of GPUs stranded behind exhausted CPU / memory, by the kind of the task placed: whole GPUs, and
     # shares (or CPU-only work); chosen on the openb traces, docs/scheduling.md
     host_weight_whole = 0.25
     host_weight_share = 0.05
-    quantum = 40.0  # milli-GPU
+    quantum = 60.0  # milli-GPU
     mig_best_fit_weight = 1.0
+    remainder_weight = 1.0  # the look-ahead over one-GPU shape mixtures (``remainder_waste``)
+    remainder_stop = 0.05  # its probability that a hole receives no further task
 
     def __init__(self, *, seed: int = 0, workload: list[tuple[Need, float]] | None = None):
         super().__init__(seed=seed, workload=workload)
@@ -452,6 +486,10 @@ class DefaultPolicy(Policy):
         self._compiled = [(p, n.total_milli, frozenset(n.models), n.cpu_milli, n.host_memory_mib,
                            n.kind == Kind.WHOLE, n.count, n.milli) for n, p in self.workload if n.kind != Kind.MIG]
         self._has_mig = len(self._compiled) != len(self.workload)
+        # without one-GPU shapes in the workload (the live cycle with no demand history) the term is the same
+        # for every placement of a task: skipped
+        one_gpu = any(n.count == 1 and n.kind != Kind.MIG for n, _ in self.workload)
+        self._remainder = remainder_waste(self.workload, stop=self.remainder_stop) if one_gpu else None
 
     def _stranding(self, node: NodeState, free: list[int], free_cpu: int, free_memory: int) -> tuple[float, float]:
         """``node_stranding``, memoised: it depends only on the free capacity per GPU model (and whether CPU
@@ -509,12 +547,17 @@ class DefaultPolicy(Policy):
         if need.kind == Kind.MIG:
             return self._mig_score(node, units) + self.mig_best_fit_weight * BestFitPolicy.score(
                 self, cluster, node, units, need)
-        gpu_before, host_before = self._stranding(node, [g.free_milli for g in node.gpus], node.free_cpu_milli,
-                                                  node.free_memory_mib)
-        gpu_after, host_after = self._stranding(node, _after(node, units), node.free_cpu_milli - need.cpu_milli,
+        before = [g.free_milli for g in node.gpus]
+        after = _after(node, units)
+        gpu_before, host_before = self._stranding(node, before, node.free_cpu_milli, node.free_memory_mib)
+        gpu_after, host_after = self._stranding(node, after, node.free_cpu_milli - need.cpu_milli,
                                                 node.free_memory_mib - need.host_memory_mib)
         host_weight = self.host_weight_whole if need.kind == Kind.WHOLE else self.host_weight_share
         delta = (gpu_after - gpu_before) + host_weight * (host_after - host_before)
+        remainder = self._remainder
+        if units and remainder is not None and self.remainder_weight:
+            delta += self.remainder_weight * sum(remainder[a] - remainder[b]
+                                                 for a, b in zip(after, before, strict=True) if a != b)
         return round(delta / self.quantum) if self.quantum else delta
 
     def _mig_score(self, node: NodeState, units: tuple[Unit, ...]) -> float:

@@ -4,8 +4,17 @@ import math
 import random
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from broker.scheduler.placement import DefaultPolicy, FgdPolicy, Need, node_fragmentation, node_stranding
+from broker.scheduler.placement import (
+    DefaultPolicy,
+    FgdPolicy,
+    Need,
+    node_fragmentation,
+    node_stranding,
+    remainder_waste,
+)
 from broker.scheduler.state import FULL, GpuState, NodeState
 from broker.scheduler.types import Gpu, GpuMode, Kind, Node, Unit
 
@@ -80,3 +89,46 @@ def test_default_stranding_sees_gpus_behind_exhausted_cpu():
     node = _node("G2", [0] * 8, free_cpu=12_000)
     gpu_part, host_part = policy._stranding(node, [FULL] * 8, 12_000, node.free_memory_mib)
     assert gpu_part == 0 and host_part == 7 * FULL
+
+
+def test_remainder_waste_follows_the_shapes_that_fit():
+    """One share of 320 and no stop: a 350 hole leaves 30, a 530 hole 210, a fresh GPU 1000 - 3 x 320."""
+    waste = remainder_waste([(_share(320, 1_000), 1.0)], stop=0.0)
+    assert waste[0] == 0 and waste[350] == 30 and waste[530] == 210 and waste[FULL] == 40
+    assert waste[319] == 319  # nothing fits: all of it is waste
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, FULL), st.floats(0.01, 1.0)), min_size=0, max_size=6),
+       st.floats(0.0, 1.0), st.integers(0, FULL))
+def test_remainder_waste_is_between_zero_and_the_hole(shares, stop, free):
+    waste = remainder_waste([(_share(milli, 1_000), p) for milli, p in shares], stop=stop)
+    assert len(waste) == FULL + 1 and waste[0] == 0
+    assert -1e-9 <= waste[free] <= free + 1e-9
+    if stop == 1.0 or not shares:
+        assert waste[free] == pytest.approx(free)
+
+
+def test_remainder_waste_ignores_multi_gpu_mig_and_cpu_only_shapes():
+    assert remainder_waste([(_whole(8, 32_000), 0.5), (CPU_ONLY, 0.5)]) == [float(f) for f in range(FULL + 1)]
+
+
+def test_default_puts_a_share_where_its_hole_is_likely_filled():
+    """Shares of 470 and 320 arrive alike: a 320 goes into the 350 hole (leaving 30), not the 530 hole that a 470
+    can still fill; the look-ahead alone says so too."""
+    workload = [(_share(470, 1_000), 0.5), (_share(320, 1_000), 0.5)]
+    policy = DefaultPolicy(workload=workload)
+    need = _share(320, 1_000)
+    node = _node("T4", [650, 470])  # GPU 0 has 350 free, GPU 1 has 530 free
+    into_350 = policy.score(None, node, (Unit("n/0", 320, 0),), need)
+    into_530 = policy.score(None, node, (Unit("n/1", 320, 0),), need)
+    assert into_350 < into_530
+    waste = policy._remainder
+    assert waste[30] - waste[350] < waste[210] - waste[530]
+
+
+def test_default_without_one_gpu_shapes_adds_no_remainder_term():
+    """The live cycle without demand history: the term would be the same for every placement of a task."""
+    assert DefaultPolicy()._remainder is None
+    assert DefaultPolicy(workload=[(_whole(8, 32_000), 1.0)])._remainder is None
+    assert DefaultPolicy(workload=WORKLOAD)._remainder is not None
