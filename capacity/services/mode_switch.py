@@ -73,8 +73,8 @@ def _switch_now(adjustment: Adjustment, now: datetime) -> None:
         # during the agent's switch saw the GPU closed, and one asked for with ``schedule_cycle_request`` alone was
         # swallowed by that cycle's trigger flag — its look after commit is for leases it did not see, not for
         # capacity — so a lease waiting for this very GPU stayed queued until beat's next cycle (in the tests,
-        # which run no beat, for ever: the cause of test_a_queue_of_mig_requests_on_whole_gpus_switches_a_gpu_and_
-        # drains failing 2 runs in 4, tests/capacity/conftest.py)
+        # which run no beat, for ever: a likely cause of test_a_queue_of_mig_requests_on_whole_gpus_switches_a_gpu_
+        # and_drains failing 2 runs in 4, tests/capacity/conftest.py)
         _cycle_lock()
         Gpu.objects.filter(pk=gpu.pk).update(mode=target, mode_target="", mode_since=now)
         _finish(adjustment, AdjustmentState.APPLIED, f"{gpu.node.node_id}/{gpu.index} switched from "
