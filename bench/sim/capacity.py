@@ -24,6 +24,9 @@ Model (assumptions, stated in docs/capacity.md):
   ``capacity.planner.types.DEFAULT_MODES``: its ``auto`` kinds applied, its advice left unread), ``auto``
   (every kind applied, idle training suspended: checkpoint, requeue, resume when capacity frees). Applied
   proposals pass the live service's conditional checks (a GPU must still be idle, a lease still held);
+- the planner also runs on a wait, as the live service does (issue 30): where mode switch or MIG layout is
+  ``auto``, a cycle that leaves a request waiting for a mode an idle GPU could be switched to
+  (``broker.scheduler.pool_wait``) runs it, at most once per ``--plan-on-wait`` s counting every run;
 - preemption (the scheduler's reclaim, a drain, a suspension) keeps the work up to the last checkpoint
   (``--checkpoint`` s) and loses the rest; an idle interactive lease the loop releases ends there.
 """
