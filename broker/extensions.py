@@ -169,3 +169,33 @@ def money_format(amount_minor: int, currency: str) -> str:
     if _money_formats:
         return _money_formats[-1](amount_minor, currency)
     return f"{amount_minor} {currency} minor units"
+
+
+# -- waits a change of the pool could end (issue 30: the capacity planner on arrival) -------------------------
+@dataclass(frozen=True)
+class PoolWait:
+    """A schedule cycle left requests waiting that an idle GPU of another mode would serve once switched
+    (``broker.scheduler.pool_wait``): the (model, mode) pairs, in the cycle's transaction at ``now``. A listener
+    (the capacity loop) sends its work after the cycle commits."""
+
+    pools: tuple[tuple[str, str], ...]  # (GPU model, the mode the waiting requests need: whole, mig or shared)
+    now: datetime
+
+
+PoolWaitListener = Callable[[PoolWait], None]
+_pool_wait_listeners: list[PoolWaitListener] = []
+
+
+def pool_wait_register(listener: PoolWaitListener) -> Callable[[], None]:
+    """``listener(wait)`` is told of every cycle that leaves such requests waiting (inside its transaction)."""
+    return _register(_pool_wait_listeners, listener)
+
+
+def pool_wait_listened() -> bool:
+    """Whether anyone listens: a cycle without listeners does not look for such waits."""
+    return bool(_pool_wait_listeners)
+
+
+def pool_wait_tell(wait: PoolWait) -> None:
+    for listener in list(_pool_wait_listeners):
+        listener(wait)

@@ -8,3 +8,13 @@ class CapacityConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
     name = "capacity"
     verbose_name = "Capacity loop"
+
+    def ready(self) -> None:
+        """A schedule cycle that leaves requests waiting for a mode an idle GPU could be switched to tells the
+        loop through leasing's seam (``broker.extensions.pool_wait_register``), and the planner runs soon
+        (``services.plan_on_wait``); its task is sent by name (``core.task_registry``)."""
+        from broker import extensions
+        from capacity import tasks  # noqa: F401 (registered for sending by name)
+        from capacity.services import plan_on_wait
+
+        extensions.pool_wait_register(plan_on_wait)

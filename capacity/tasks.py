@@ -5,9 +5,16 @@ from __future__ import annotations
 from celery import shared_task
 
 from capacity import services
+from core.task_registry import tasks_register
 
 
 @shared_task(name="capacity.plan_run", acks_late=True)
 def plan_run() -> dict:
-    """Periodic (``CAPACITY_PLAN_SECONDS``): snapshot → planner → adjustments recorded, auto ones applied."""
+    """Periodic (``CAPACITY_PLAN_SECONDS``), and sent after a schedule cycle that left requests waiting for a
+    mode an idle GPU could be switched to (``services.plan_on_wait``): snapshot → planner → adjustments recorded,
+    auto ones applied."""
     return services.plan_run()
+
+
+# the services send it by name (core.task_registry): plan_on_wait would otherwise import this module back
+tasks_register("capacity", plan_run=plan_run)

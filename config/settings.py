@@ -430,6 +430,9 @@ CAPACITY_DEFAULT_MODE = env_str("CAPACITY_DEFAULT_MODE", "")
 if CAPACITY_DEFAULT_MODE not in ("", "off", "advise", "auto"):
     raise ImproperlyConfigured("CAPACITY_DEFAULT_MODE must be empty (each kind's built-in mode), off, advise or auto.")
 CAPACITY_PLAN_SECONDS = env_int("CAPACITY_PLAN_SECONDS", 60, minimum=1)  # how often the planner runs
+# and at most this often after a schedule cycle leaves requests waiting for a mode an idle GPU could be switched to
+# (where that pool's mode switch / MIG layout is auto: issue 30); 0: on the timer only
+CAPACITY_PLAN_ON_WAIT_SECONDS = env_int("CAPACITY_PLAN_ON_WAIT_SECONDS", 10, minimum=0)
 CAPACITY_QUEUE_MAX = env_int("CAPACITY_QUEUE_MAX", 64, minimum=1)  # the oldest queued requests it reads
 CAPACITY_HISTORY_SECONDS = env_int("CAPACITY_HISTORY_SECONDS", 6 * 3600, minimum=60)  # demand mix window
 CAPACITY_SERIES_STEP_SECONDS = env_int("CAPACITY_SERIES_STEP_SECONDS", 60, minimum=1)  # utilisation points

@@ -48,6 +48,8 @@ def pytest_load_initial_conftests(early_config, parser, args):
     os.environ.setdefault("DATABASE_CONN_MAX_AGE", "0")  # threads of live_server must not hold connections
     os.environ.setdefault("LOG_FORMAT", "text")
     os.environ.setdefault("LOG_LEVEL", "WARNING")
+    # the capacity planner runs when a test asks for it, as its timer (beat) does not run: not on a cycle's wait
+    os.environ.setdefault("CAPACITY_PLAN_ON_WAIT_SECONDS", "0")
     os.environ.setdefault("NODE_ADDRESS_NETWORKS", services.LOCAL_NODE_ADDRESS_NETWORKS)  # simulated nodes: 127.0.0.1
     _started.extend([database, broker])
     services.say(f"tests use PostgreSQL ({database.how}) and broker {broker.url.split('://')[0]} ({broker.how})")

@@ -24,6 +24,9 @@ Model (assumptions, stated in docs/capacity.md):
   ``capacity.planner.types.DEFAULT_MODES``: its ``auto`` kinds applied, its advice left unread), ``auto``
   (every kind applied, idle training suspended: checkpoint, requeue, resume when capacity frees). Applied
   proposals pass the live service's conditional checks (a GPU must still be idle, a lease still held);
+- the planner also runs on a wait, as the live service does (issue 30): where mode switch or MIG layout is
+  ``auto``, a cycle that leaves a request waiting for a mode an idle GPU could be switched to
+  (``broker.scheduler.pool_wait``) runs it, at most once per ``--plan-on-wait`` s counting every run;
 - preemption (the scheduler's reclaim, a drain, a suspension) keeps the work up to the last checkpoint
   (``--checkpoint`` s) and loses the rest; an idle interactive lease the loop releases ends there.
 """
@@ -48,6 +51,7 @@ from bench.sim import quota as quota_sim
 from bench.sim.philly import DEFAULT_TRACE, load
 from broker.scheduler.placement import need_for
 from broker.scheduler.plan import Scheduler
+from broker.scheduler.pool_wait import pool_waits
 from broker.scheduler.types import (
     Allocation,
     DecisionMode,
@@ -100,7 +104,9 @@ SAMPLE_S = 3600  # the month's time series: one point per hour
 HEADLINE_LOAD = 0.8
 PRICE_MINOR = 420  # the seeded list price of an H100-80GB GPU-hour (billing seed_prices: 4.20 USD)
 MIG_BY_MILLI = ((142, "1g.10gb"), (285, "2g.20gb"), (428, "3g.40gb"), (571, "4g.40gb"))
-_COMPLETE, _READY, _TICK, _ARRIVE = 0, 1, 2, 3
+_COMPLETE, _READY, _TICK, _ARRIVE, _WAKE = 0, 1, 2, 3, 4
+SLOW_IN_QUOTA_S = 60  # issue 30's target for the in-quota p95 time to GPU
+PLAN_ON_WAIT_S = 10.0  # the planner runs at most this often on a wait a pool change could end (the live default)
 
 
 def _series() -> list[tuple[list[int], list[int], list[int]]]:
@@ -164,6 +170,65 @@ def classify(jobs) -> list[WorkloadClass]:
     return out
 
 
+class ReplayScheduler(Scheduler):
+    """The scheduling core, with what one cycle asks again and again remembered while the working state has not
+    changed: the same decisions, fewer what-ifs (issue 30: a month of ``off`` took 323 CPU s).
+
+    In a congested cycle most in-quota candidates of one shape fail to reclaim, each after trying every node's
+    over-quota work as victims (``_reclaim``: remove, check, put back), and each waiting request words the same
+    reason (``_no_fit_reason``: a pass over every GPU). A failed reclaim leaves the state as it found it, and its
+    answer depends only on the state, the tier, the need, the request's group and ``now``; a reason on the state,
+    the tier and the need. So both are kept per (tier, need[, group]) with the state's version (a counter that every
+    ``apply`` / ``remove`` of the working state moves), and forgotten at every ``schedule`` call (``now`` moves).
+    A failed reclaim puts the version back where it was: its what-ifs undid themselves. ``tests/sim`` replays a
+    window with and without the memo and compares every figure."""
+
+    def __init__(self, snapshot: Snapshot):
+        super().__init__(snapshot)
+        self.version = 0
+        self._failed_reclaim: dict[tuple, int] = {}
+        self._reasons: dict[tuple, tuple[int, str]] = {}
+        self.memo_hits = 0
+        cluster = self.cluster
+        for name in ("apply", "remove", "apply_warm", "remove_warm"):
+            setattr(cluster, name, self._counted(getattr(cluster, name)))
+
+    def _counted(self, method):
+        def changed(argument):
+            self.version += 1
+            return method(argument)
+
+        return changed
+
+    def schedule(self, requests, *, now):
+        self._failed_reclaim.clear()
+        self._reasons.clear()
+        return super().schedule(requests, now=now)
+
+    def _reclaim(self, request, tier, need, *, now):
+        if request.id in self.cluster.allocations:  # it holds capacity itself (excluded as a victim): no memo
+            return super()._reclaim(request, tier, need, now=now)
+        key = (tier, need, request.group)
+        if self._failed_reclaim.get(key) == self.version:
+            self.memo_hits += 1
+            return None
+        before = self.version
+        found = super()._reclaim(request, tier, need, now=now)
+        if found is None:
+            self.version = before  # the what-ifs put everything back: the state is the one it was
+            self._failed_reclaim[key] = before
+        return found
+
+    def _no_fit_reason(self, tier, need):
+        key = (tier, need)
+        known = self._reasons.get(key)
+        if known is not None and known[0] == self.version:
+            return known[1]
+        text = super()._no_fit_reason(tier, need)
+        self._reasons[key] = (self.version, text)
+        return text
+
+
 def _demand_shape(shape: Shape) -> DemandShape:
     if shape.kind == Kind.MIG:
         return DemandShape(MODEL, Kind.MIG, shape.profile)
@@ -217,13 +282,14 @@ class Replay:
     def __init__(self, *, loop: str, days: float, load_factor: float, tick: float, cold_mig: float,
                  cold_whole: float, warm_bind: float, price_minor: int, history_hours: float, queue_cap: int,
                  start_day: float = 0.0, cycle: float = 60.0, human_delay: float = 1800.0,
-                 checkpoint: float = CHECKPOINT_S):
+                 checkpoint: float = CHECKPOINT_S, plan_on_wait: float = PLAN_ON_WAIT_S):
         if loop not in SETTINGS:
             raise ValueError(f"unknown setting {loop!r}; use {', '.join(SETTINGS)}")
         self.loop, self.tick, self.cold_mig = loop, tick, cold_mig
         self.cold_whole, self.warm_bind, self.cycle = cold_whole, warm_bind, cycle
         self.price_minor, self.history_seconds, self.queue_cap = price_minor, history_hours * 3600, queue_cap
         self.human_delay, self.checkpoint = human_delay, checkpoint
+        self.plan_on_wait = plan_on_wait
         self.load_factor = load_factor
         trace = load(DEFAULT_TRACE, days=start_day + days)
         skip = start_day * 86400
@@ -268,7 +334,7 @@ class Replay:
         quotas += (QuotaSpec(WARM, "_platform", MODEL, 0, gpus * FULL, 1),)
         self.base = Snapshot(nodes=tuple(nodes), gpus=tuple(devices), quotas=quotas,
                              enforce_quotas=loop != "fifo")
-        self.scheduler = Scheduler(self.base)
+        self.scheduler = ReplayScheduler(self.base)
         self.by_id = {j.request.id: j for j in self.jobs}
         self.queue: dict[str, Job] = {}
         self.heap: list = []
@@ -281,6 +347,7 @@ class Replay:
         self.applied: Counter = Counter()
         self.refused: Counter = Counter()
         self.stats = Counter()
+        self.slow_in_quota: Counter = Counter()  # (shape label, class) -> in-quota starts over SLOW_IN_QUOTA_S
         self.ttg: dict[str, list[float]] = {"cold": [], "warm": [], "mig": [], "whole": [], "in_quota": [],
                                             "over_quota": []}
         self.waits: list[float] = []
@@ -293,6 +360,16 @@ class Replay:
         self.freed = True  # capacity may have grown since the last cycle: every waiting group is a candidate
         self.fresh: list[Job] = []  # arrived or requeued since the last cycle
         self.timeline: list[tuple[float, float, int]] = []  # (hour, allocated % of the fleet, waiting jobs)
+        self.policy = self._policy()
+        # the planner on a wait (issue 30): where the pool kinds apply on their own, a request left waiting that an
+        # idle GPU of another mode would serve asks for a planner run, at most one per ``plan_on_wait`` s
+        self.wait_modes = frozenset(
+            mode for mode, kind in ((GpuMode.MIG, self.policy.mig_layout), (GpuMode.WHOLE, self.policy.mode_switch),
+                                    (GpuMode.SHARED, self.policy.mode_switch))
+            if self.loop in PLANNED and plan_on_wait > 0 and kind == Mode.AUTO)
+        self.wait_seen = False  # such a wait seen since the last planner run
+        self.last_plan = -math.inf
+        self.wake_at = -math.inf  # a wake-up event is pushed for then (the debounce's end)
         self._last_warm_milli = {}
 
     @staticmethod
@@ -321,6 +398,10 @@ class Replay:
             self.ttg["warm" if warm else "cold"].append(wait + provision)
             self.ttg["mig" if job.shape.kind == Kind.MIG else "whole"].append(wait + provision)
             self.ttg["in_quota" if job.in_quota else "over_quota"].append(wait + provision)
+            if job.in_quota and wait + provision > SLOW_IN_QUOTA_S:  # what holds the in-quota p95 (issue 30)
+                shape = job.shape
+                label = f"mig {shape.profile}" if shape.kind == Kind.MIG else f"whole x{shape.count}"
+                self.slow_in_quota[(label, job.klass.value)] += 1
             self.stats["warm_binds" if warm else "cold_starts"] += 1
         self.push(now + job.remaining, _COMPLETE, job.request.id, job.token)
 
@@ -411,11 +492,21 @@ class Replay:
                 elif kind == _TICK:
                     tick = True
             self._schedule(now)
-            if tick:
+            # the planner on a wait: as soon as the debounce allows (a wake-up at its end, as the live cycle
+            # that runs every 10 s would see the wait again then)
+            on_wait = not tick and self.wait_seen
+            if on_wait and now < self.last_plan + self.plan_on_wait:
+                on_wait = False
+                if self.wake_at < self.last_plan + self.plan_on_wait:
+                    self.wake_at = self.last_plan + self.plan_on_wait
+                    self.push(self.wake_at, _WAKE, "")
+            if tick or on_wait:
                 if self.loop in PLANNED:
+                    self.stats["plans_on_wait" if on_wait else "plans_on_timer"] += 1
                     self._plan(now)
                 self._schedule(now)
-                self.push(now + self.tick, _TICK, "")
+                if tick:
+                    self.push(now + self.tick, _TICK, "")
         while next_sample < self.end:  # the quiet end of the window: the state as the last event left it
             self.timeline.append((round(next_sample / 3600, 2), round(100 * self.held_total / FULL / self.gpus, 2),
                                   len(self.queue)))
@@ -460,7 +551,10 @@ class Replay:
         if not requests:
             return
         placed = False
-        for decision in self.scheduler.schedule(requests, now=now):
+        decisions = self.scheduler.schedule(requests, now=now)
+        if self.wait_modes and not self.wait_seen:
+            self.wait_seen = any(mode in self.wait_modes for _, mode in pool_waits(self.scheduler, requests, decisions))
+        for decision in decisions:
             if decision.mode == DecisionMode.WAITING:
                 continue
             for victim in decision.victims:
@@ -549,21 +643,23 @@ class Replay:
             queue.append(Waiting(job.request.id, job.project, _demand_shape(job.shape), job.shape.count,
                                  used_in.get(job.project, 0) + need <= self.deserved.get(job.project, 0),
                                  waited_seconds=int(now - job.waiting_since)))
-        if self.loop == "default":  # the shipped policy: DEFAULT_MODES and DEFAULT_IDLE_RULES
-            policy = Policy(cold_provision_seconds=int(self.cold_mig))
-        else:
-            mode = Mode.AUTO if self.loop == "auto" else Mode.ADVISE
-            rules = DEFAULT_IDLE_RULES
-            if self.loop == "auto":  # idle training is suspended too (1 h under 5 %, 30 min notice)
-                rules = tuple((c, IdleRule(True, 50, 3600, 1800) if c == ReclaimClass.TRAINING else r)
-                              for c, r in DEFAULT_IDLE_RULES)
-            policy = Policy(mode_switch=mode, mig_layout=mode, warm_pool=mode, idle_reclaim=mode,
-                            cold_provision_seconds=int(self.cold_mig), idle_rules=rules)
         return CapacitySnapshot(gpus=gpus, queue=tuple(queue),
                                 history=History(now - self.history_seconds, now,
                                                 tuple(Arrivals(s, n) for s, n in sorted(arrivals.items()))),
                                 utilisation=tuple(utilisation), prices=(Price(MODEL, self.price_minor),),
-                                policies=(policy,))
+                                policies=(self.policy,))
+
+    def _policy(self) -> Policy:
+        """The planner's policy in this setting."""
+        if self.loop == "default":  # the shipped policy: DEFAULT_MODES and DEFAULT_IDLE_RULES
+            return Policy(cold_provision_seconds=int(self.cold_mig))
+        mode = Mode.AUTO if self.loop == "auto" else Mode.ADVISE
+        rules = DEFAULT_IDLE_RULES
+        if self.loop == "auto":  # idle training is suspended too (1 h under 5 %, 30 min notice)
+            rules = tuple((c, IdleRule(True, 50, 3600, 1800) if c == ReclaimClass.TRAINING else r)
+                          for c, r in DEFAULT_IDLE_RULES)
+        return Policy(mode_switch=mode, mig_layout=mode, warm_pool=mode, idle_reclaim=mode,
+                      cold_provision_seconds=int(self.cold_mig), idle_rules=rules)
 
     def _trailing(self, job: Job, now: float, window: int) -> Utilisation:
         util = self.series[job.series][0]
@@ -576,6 +672,7 @@ class Replay:
         """Run the planner; apply what the setting applies. ``advise``: a person applies a proposal that is
         still open (made again by this run) ``human_delay`` s after the planner first made it, as the live
         service keeps one open row per decision (``capacity.services``' proposal identity)."""
+        self.last_plan, self.wait_seen = now, False
         snapshot = self._snapshot(now)
         adjustments = plan_capacity(snapshot, now=now)
         still_open = {}
@@ -668,7 +765,7 @@ class Replay:
         gpus = tuple(replace(g, mode=mode) if g.id == gpu_id else g for g in self.base.gpus)
         self.base = replace(self.base, gpus=gpus)
         allocations = tuple(self.scheduler.cluster.allocations.values())
-        self.scheduler = Scheduler(replace(self.base, allocations=allocations))
+        self.scheduler = ReplayScheduler(replace(self.base, allocations=allocations))
 
     # -- figures -------------------------------------------------------------------------------------
     def _result(self, wall: float, cpu: float) -> dict:
@@ -705,6 +802,8 @@ class Replay:
             "ttg_p95_s": {k: round(pct(v, 0.95), 1) for k, v in self.ttg.items()},
             "ttg_p50_s": {k: round(pct(v, 0.50), 1) for k, v in self.ttg.items()},
             "ttg_n": {k: len(v) for k, v in self.ttg.items()},
+            # in-quota requests whose time to GPU passed the issue's 60 s target, by shape and class
+            "in_quota_over_60s": {f"{label} ({klass})": n for (label, klass), n in sorted(self.slow_in_quota.items())},
             "queue_wait_s": {"mean": round(sum(self.waits) / max(len(self.waits), 1), 1),
                              "p50": round(pct(self.waits, 0.50), 1),
                              "p95": round(pct(self.waits, 0.95), 1)},
@@ -719,6 +818,7 @@ class Replay:
             "preempted_idle": s["preempted_idle"],
             "preempted_by_scheduler": s["preempted_by_scheduler"],
             "mode_switches": s["mode_switches"],
+            "planner_runs": {"timer": s["plans_on_timer"], "on_wait": s["plans_on_wait"]},
             "warm_binds": s["warm_binds"],
             "in_quota_violations": self.violations,
             "proposed": dict(sorted(self.proposed.items())),
@@ -768,6 +868,9 @@ def main_capacity(argv: list[str] | None = None) -> int:
                         help="mean offered load as a fraction of the fleet (sizes the fleet); a comma list runs each")
     parser.add_argument("--tick", type=float, default=300.0, help="seconds between planner runs")
     parser.add_argument("--cycle", type=float, default=10.0, help="at most one scheduling cycle per this many s")
+    parser.add_argument("--plan-on-wait", type=float, default=PLAN_ON_WAIT_S,
+                        help="where the pool kinds are auto, a request waiting for a mode an idle GPU could be "
+                             "switched to runs the planner, at most once per this many s (0: on the timer only)")
     parser.add_argument("--cold-mig", type=float, default=30.0, help="seconds of a cold MIG create + start")
     parser.add_argument("--cold-whole", type=float, default=10.0, help="seconds of a cold whole-GPU start")
     parser.add_argument("--warm-bind", type=float, default=0.5, help="seconds of a warm bind")
@@ -804,7 +907,7 @@ def main_capacity(argv: list[str] | None = None) -> int:
     kwargs = dict(days=args.days, tick=args.tick, cold_mig=args.cold_mig, cold_whole=args.cold_whole,
                   warm_bind=args.warm_bind, price_minor=args.price, history_hours=args.history_hours,
                   queue_cap=args.queue_cap, start_day=args.start_day, cycle=args.cycle,
-                  human_delay=args.human_delay, checkpoint=args.checkpoint)
+                  human_delay=args.human_delay, checkpoint=args.checkpoint, plan_on_wait=args.plan_on_wait)
     work = [(setting, load_factor, kwargs) for load_factor in loads for setting in settings]
     if args.jobs > 1:
         with ProcessPoolExecutor(args.jobs) as pool:

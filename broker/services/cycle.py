@@ -13,6 +13,7 @@ from django.db import IntegrityError, connection, transaction
 from django.db.models import Q
 from django.utils import timezone
 
+from broker import extensions
 from broker.choices import (
     AllocationState,
     GpuKind,
@@ -24,6 +25,7 @@ from broker.scheduler import DecisionMode
 from broker.scheduler.collector import collector_paused
 from broker.scheduler.estimate import estimated_starts
 from broker.scheduler.plan import Scheduler
+from broker.scheduler.pool_wait import pool_waits
 from broker.selectors import (
     QueuedLease,
     core_request,
@@ -113,6 +115,13 @@ def _schedule_cycle_locked(now: datetime, counts: dict) -> dict:
     # is this cycle's own; the placements below are written from the decisions)
     estimates = estimated_starts(scheduler, requests, decisions, now=now.timestamp(),
                                  budget=settings.LEASE_ESTIMATE_TRIES)
+    # requests left waiting that an idle GPU of another mode would serve: the capacity loop is told (it runs its
+    # planner soon rather than on its timer: issue 30); read on the working state the decisions left
+    if extensions.pool_wait_listened():
+        pools = pool_waits(scheduler, requests, decisions)
+        if pools:
+            counts["pool_wait"] = len(pools)
+            extensions.pool_wait_tell(extensions.PoolWait(tuple((model, mode.value) for model, mode in pools), now))
     gpus = {gpu.id: gpu for gpu in snapshot.gpus}  # what the plan placed on: model, mode, node
     placements = [(by_id[d.request], d) for d in decisions if d.mode == DecisionMode.PLACED]
     placed, refused = _place_all(placements, gpus, now)

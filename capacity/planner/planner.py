@@ -127,9 +127,10 @@ def _pool_modes(snapshot: CapacitySnapshot, model: str, policy: Policy, now: flo
     claimed: set[str] = set()  # idle GPUs the queue will take as they are
     share_used: dict[str, int] = {}
     unserved = []
+    fit = _FitCache(gpus)
     for waiting in queue:
         for _ in range(waiting.count):
-            if _fits_as_is(waiting.shape, gpus, planned, claimed, share_used):
+            if _fits_as_is(waiting.shape, gpus, planned, claimed, share_used, fit):
                 continue
             unserved.append(waiting)
     # idle GPUs by mode, and the mix the history asks for (GPU-weighted)
@@ -235,21 +236,34 @@ def _pool_modes(snapshot: CapacitySnapshot, model: str, policy: Policy, now: flo
     return out
 
 
-def _fits_as_is(shape: DemandShape, gpus: list[CapacityGpu], planned, claimed: set[str], share_used) -> bool:
+class _FitCache:
+    """What ``_fits_as_is`` needs of one pool, kept across the queue's units (issue 30: the planner runs on every
+    wait a switch could end, and this fit was most of its time): the MIG GPUs with warm members, the MIG GPUs in
+    packing order (partly used first, as the scheduler packs), and the (GPU, profile) pairs already found full.
+    A GPU's planned slots only grow while the queue is fitted, so a profile that found no free start on it finds
+    none later either: the answers are the ones a full scan gives."""
+
+    def __init__(self, gpus: list[CapacityGpu]):
+        self.with_warm = [gpu for gpu in gpus if gpu.mode == GpuMode.MIG and gpu.warm]
+        self.mig_packed = sorted((gpu for gpu in gpus if gpu.mode == GpuMode.MIG), key=lambda g: (g.idle, g.id))
+        self.full: set[tuple[str, str]] = set()
+
+
+def _fits_as_is(shape: DemandShape, gpus: list[CapacityGpu], planned, claimed: set[str], share_used,
+                fit: _FitCache | None = None) -> bool:
     """Would one unit of ``shape`` fit on the GPUs as they are (recording what it takes)?"""
     if shape.kind == Kind.MIG:
+        fit = fit or _FitCache(gpus)
         profile = profile_get(shape.model, shape.profile)
         # warm instances of the profile serve it directly
-        for gpu in gpus:
-            if gpu.mode != GpuMode.MIG:
-                continue
+        for gpu in fit.with_warm:
             taken = {(s.start, s.profile) for s in planned[gpu.id]}
             for warm in gpu.warm:
                 if warm.profile == profile.name and (warm.start, "warm") not in taken:
                     planned[gpu.id].append(Slot(gpu.id, warm.start, "warm"))
                     return True
-        for gpu in sorted(gpus, key=lambda g: (g.idle, g.id)):  # partly used GPUs first, as the scheduler packs
-            if gpu.mode != GpuMode.MIG:
+        for gpu in fit.mig_packed:  # partly used GPUs first, as the scheduler packs
+            if (gpu.id, profile.name) in fit.full:
                 continue
             real = [s for s in planned[gpu.id] if s.profile != "warm"]
             starts = free_starts(layout_of(gpu, real), profile)
@@ -258,6 +272,7 @@ def _fits_as_is(shape: DemandShape, gpus: list[CapacityGpu], planned, claimed: s
                 if gpu.idle:
                     claimed.add(gpu.id)
                 return True
+            fit.full.add((gpu.id, profile.name))
         return False
     if shape.kind == Kind.WHOLE:
         for gpu in gpus:
@@ -323,36 +338,25 @@ def _drains(snapshot, gpus, model, waiting, claimed, policy, window, now, polici
     where every drained lease's project has idle reclaim on ``auto`` too; otherwise it is advice."""
     out = []
     pending = list(waiting)
+    # what an emptied GPU of one mode would serve depends on its mode, the model and the pending units only, not on
+    # which GPU it is: worked out once per mode while nothing is taken from ``pending`` (the same answers)
+    serves: dict[GpuMode, tuple] = {}
     for gpu in gpus:
         if not pending:
             break
         if gpu.idle or gpu.id in claimed or any(i.in_quota for i in gpu.instances):
             continue
-        # the queued in-quota units of another mode this GPU would serve once drained and switched
-        wanted = [w for w in pending if w.shape.mode != gpu.mode]
-        if not wanted:
-            continue
-        mode = wanted[0].shape.mode
-        served, slots, room = [], [], FULL
-        empty = CapacityGpu(gpu.id, gpu.node, gpu.model, mode)
-        for unit in [w for w in wanted if w.shape.mode == mode]:
-            if mode == GpuMode.MIG:
-                profile = profile_get(model, unit.shape.profile)
-                starts = free_starts(layout_of(empty, slots), profile)
-                if not starts:
-                    continue
-                slots.append(Slot(gpu.id, starts[0], profile.name))
-                served.append(unit)
-            elif mode == GpuMode.WHOLE:
-                served.append(unit)
-                break
-            elif unit.shape.milli <= room:
-                room -= unit.shape.milli
-                served.append(unit)
-        gain = sum(_shape_milli(w.shape) for w in served)
+        known = serves.get(gpu.mode)
+        if known is None:
+            known = serves[gpu.mode] = _emptied_serves(model, gpu.mode, pending)
+        mode, served, starts, gain = known
+        if mode is None:
+            continue  # no queued in-quota unit of another mode
+        slots = [Slot(gpu.id, start, profile) for start, profile in starts]
         loss = sum(i.milli for i in gpu.instances)
         if gain <= loss:
             continue
+        serves.clear()
         for unit in served:
             pending.remove(unit)
         leases = tuple(sorted({i.lease for i in gpu.instances}))
@@ -365,6 +369,33 @@ def _drains(snapshot, gpus, model, waiting, claimed, policy, window, now, polici
                               leases, _drain_mode(adjustment.mode, gpu, policies),
                               adjustment.reason + f"; the queue gains {gain} milli, the drain takes {loss}"))
     return out
+
+
+def _emptied_serves(model: str, gpu_mode: GpuMode, pending: list) -> tuple:
+    """(mode, units served, MIG (start, profile) slots, milli gained) of a GPU now in ``gpu_mode``, emptied and
+    switched for the queued in-quota units of another mode; (None, [], [], 0) when there are none."""
+    wanted = [w for w in pending if w.shape.mode != gpu_mode]
+    if not wanted:
+        return None, [], [], 0
+    mode = wanted[0].shape.mode
+    served, slots, room = [], [], FULL
+    empty = CapacityGpu("", "", model, mode)
+    for unit in [w for w in wanted if w.shape.mode == mode]:
+        if mode == GpuMode.MIG:
+            profile = profile_get(model, unit.shape.profile)
+            starts = free_starts(layout_of(empty, slots), profile)
+            if not starts:
+                continue
+            slots.append(Slot("", starts[0], profile.name))
+            served.append(unit)
+        elif mode == GpuMode.WHOLE:
+            served.append(unit)
+            break
+        elif unit.shape.milli <= room:
+            room -= unit.shape.milli
+            served.append(unit)
+    gain = sum(_shape_milli(w.shape) for w in served)
+    return mode, served, [(slot.start, slot.profile) for slot in slots], gain
 
 
 def _drain_mode(mode: Mode, gpu: CapacityGpu, policies: _Policies) -> Mode:

@@ -35,10 +35,18 @@ from capacity.services.effects import effects_measure
 from capacity.services.idle_opt_in import idle_opt_in_set, suspend_opt_out_set
 from capacity.services.mode_switch import drains_finish
 from capacity.services.policies import IDLE_CLASSES, RULE_KEYS, policy_delete, policy_set
-from capacity.services.run import PLAN_LOCK, adjustments_record, fingerprint, plan_run
+from capacity.services.run import (
+    PLAN_LOCK,
+    adjustments_record,
+    fingerprint,
+    plan_on_wait,
+    plan_run,
+    plan_soon_clear,
+)
 
 __all__ = [
     "IDLE_CLASSES", "LOOP", "PLAN_LOCK", "RULE_KEYS", "AdjustmentConflict", "adjustment_accept", "adjustment_apply",
     "adjustment_reject", "adjustments_record", "applying_sweep", "drains_finish", "effects_measure", "fingerprint",
-    "idle_opt_in_set", "plan_run", "policy_delete", "policy_set", "suspend_opt_out_set",
+    "idle_opt_in_set", "plan_on_wait", "plan_run", "plan_soon_clear", "policy_delete", "policy_set",
+    "suspend_opt_out_set",
 ]

@@ -5,33 +5,41 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 from dataclasses import asdict
 from datetime import datetime, timedelta
 
+import redis
 from django.conf import settings
-from django.db import connection, transaction
+from django.core.cache import cache
+from django.db import DatabaseError, connection, transaction
 from django.db.models import Q
 from django.utils import timezone
 
+from broker.extensions import PoolWait
 from broker.models import Gpu, Lease
 from capacity.choices import ADVICE_KINDS, AdjustmentKind, AdjustmentState, LoopMode
 from capacity.models import Adjustment
 from capacity.planner import Adjustment as Proposal
-from capacity.planner import plan_capacity
-from capacity.selectors import capacity_snapshot
+from capacity.planner import AdjustmentKind as PlannerKind
+from capacity.planner import Mode, plan_capacity
+from capacity.selectors import capacity_snapshot, policies_in_force
 from capacity.services.applying import adjustment_apply, applying_sweep
 from capacity.services.common import LOOP, AdjustmentConflict
 from capacity.services.effects import effects_measure
 from capacity.services.mode_switch import drains_finish
 from capacity.services.right_size import price_for_tenant
+from core.task_registry import task
 
 PLAN_LOCK = 0x6770_6370  # "gpcp": one planner run at a time
+logger = logging.getLogger(__name__)
 
 
 def plan_run(*, now: datetime | None = None) -> dict:
     """One turn of the loop. Returns counts: proposed (rows open after the run), new, expired, applied,
     failed, and what the snapshot could not read. ``now`` is read once and is every step's clock."""
     now = now or timezone.now()
+    _plan_soon_mark()  # a wait seen from now on asks for the next run only once the debounce has passed
     with transaction.atomic(durable=True):
         with connection.cursor() as cursor:
             cursor.execute("SELECT pg_try_advisory_xact_lock(%s)", [PLAN_LOCK])
@@ -54,6 +62,62 @@ def plan_run(*, now: datetime | None = None) -> dict:
     counts["interrupted"] = applying_sweep(now=now)
     counts["measured"] = effects_measure(now=now)
     return counts
+
+
+# -- the planner on a wait (issue 30) ------------------------------------------------------------------------
+# A schedule cycle that leaves requests waiting which an idle GPU of another mode would serve (a whole-GPU lease on
+# a pool all in MIG mode; a MIG lease on whole GPUs) tells the loop (``broker.extensions.PoolWait``), and where the
+# kind that would serve it (mode switch to whole or shared, MIG layout to MIG) is ``auto`` for that model's pool,
+# the planner runs as soon as the cycle commits instead of at its timer (``CAPACITY_PLAN_SECONDS``). At most one
+# run per ``CAPACITY_PLAN_ON_WAIT_SECONDS``, counted from the last run of either kind: a key in the shared cache,
+# added by the first wait (an atomic add: one of many cycles wins) and set by every run. A wait seen within the
+# debounce is not lost: the cycles (beat sends one every 10 s) see it again once it has passed. 0: the timer only.
+
+
+def _plan_soon_key() -> str:
+    """This deployment's key: one per database (under the cache's ``KEY_PREFIX``)."""
+    return f"capacity-plan-soon:{connection.settings_dict['NAME']}"
+
+
+def _plan_soon_mark() -> None:
+    seconds = settings.CAPACITY_PLAN_ON_WAIT_SECONDS
+    if seconds <= 0:
+        return
+    try:
+        cache.set(_plan_soon_key(), 1, timeout=seconds)
+    except (redis.RedisError, DatabaseError) as error:
+        logger.warning("capacity plan-soon key not set (%s)", error)
+
+
+def plan_soon_clear() -> None:
+    """Forget the last run's debounce (tests start each from a quiet loop)."""
+    cache.delete(_plan_soon_key())
+
+
+def plan_on_wait(wait: PoolWait) -> bool:
+    """A schedule cycle left requests waiting that a GPU switched to ``mode`` would serve (``wait.pools``: (model,
+    mode) pairs). Where that pool's kind is ``auto`` (MIG layout for ``mig``, mode switch otherwise), and no run
+    happened or was asked for in the last ``CAPACITY_PLAN_ON_WAIT_SECONDS``, the planner's task is sent once the
+    cycle commits. Returns whether it was. Inside the cycle's transaction."""
+    seconds = settings.CAPACITY_PLAN_ON_WAIT_SECONDS
+    if seconds <= 0 or not wait.pools:
+        return False
+    try:
+        if not cache.add(_plan_soon_key(), 1, timeout=seconds):
+            return False  # a run is under way or just happened; the cycles see the wait again after it
+    except (redis.RedisError, DatabaseError) as error:
+        logger.warning("capacity plan-soon key not read (%s): the planner waits for its timer", error)
+        return False
+    by_scope = {policy.scope: policy for policy in policies_in_force()}
+    auto = [(model, mode) for model, mode in wait.pools
+            if by_scope.get(f"pool:{model}", by_scope[""]).mode_of(
+                PlannerKind.MIG_LAYOUT if mode == "mig" else PlannerKind.MODE_SWITCH) == Mode.AUTO]
+    if not auto:
+        return False
+    logger.info("schedule cycle left requests waiting for %s: the capacity planner runs now",
+                ", ".join(f"{mode} {model}" for model, mode in auto))
+    transaction.on_commit(lambda: task("capacity", "plan_run").delay())
+    return True
 
 
 def proposal_identity(kind: str, target: str, change: dict, risk: list | tuple) -> dict:

@@ -26,7 +26,13 @@ def world(transactional_db):
 
 
 @pytest.fixture
-def loop(live_server, tmp_path, world, settings):
+def worker_settings() -> dict[str, str]:
+    """Settings (environment) the loop's worker starts with besides the tests' own; a test parametrizes it."""
+    return {}
+
+
+@pytest.fixture
+def loop(live_server, tmp_path, world, settings, worker_settings):
     """``loop(shapes, *agent flags)`` → (fleet process, its state dir); a worker runs throughout.
 
     A worker of its own, not the session's (tests/support/celery.py): with the shared one,
@@ -34,7 +40,7 @@ def loop(live_server, tmp_path, world, settings):
     placed after the planner's mode switch), the cause not found yet; until it is, each test gets a fresh worker."""
     settings.LEASE_MIN_DURATION_SECONDS = 1
     settings.LEASE_MIN_RUNTIME_SECONDS = 0
-    workers = start_workers(1)
+    workers = start_workers(1, **worker_settings)
     fleets: list[subprocess.Popen] = []
 
     def make(shapes: tuple[str, ...], *extra: str):

@@ -192,3 +192,23 @@ def test_the_default_policy_switches_an_idle_gpu_for_a_waiting_whole_gpu_lease(l
     assert Allocation.objects.get(lease_id=pk).gpu_id == gpu.pk
     # nothing of a tenant's was decided for them: what stays open is advice only (here: none)
     assert not Adjustment.objects.filter(state="proposed").exclude(mode="advise").exists()
+
+
+@pytest.mark.parametrize("worker_settings", [{"CAPACITY_PLAN_ON_WAIT_SECONDS": "2"}])
+def test_a_waiting_whole_gpu_lease_gets_its_switch_from_the_cycle_not_the_timer(loop, api, world, worker_settings):
+    """Issue 30: the same demo case, and nobody runs the planner — no beat here, no call from the test. The worker's
+    schedule cycle leaves the whole-H100 lease waiting on the all-MIG node, sees an idle GPU it could have in whole
+    mode, and sends the planner's task after it commits (``capacity.services.plan_on_wait``); the planner's switch
+    asks for a cycle, which places the lease."""
+    from capacity.services import plan_soon_clear
+
+    plan_soon_clear()
+    loop(("h100-80gb:2:mig",))
+    pk = request(api, {"kind": "whole", "model": "H100-80GB"})
+    lease = wait_until(lambda: (le := lease_of(pk)).state == LeaseState.ACTIVE and le, timeout=60)
+    switch = Adjustment.objects.get(kind="mode_switch")
+    assert (switch.mode, switch.state, switch.applied_by) == ("auto", "applied", "capacity-loop"), switch.outcome
+    gpu = Gpu.objects.get(pk=int(switch.change["gpu"].lstrip("g")))
+    assert gpu.mode == "whole" and Allocation.objects.get(lease_id=pk).gpu_id == gpu.pk
+    # well within the timer's period (CAPACITY_PLAN_SECONDS, 60 s), which never ran
+    assert (lease.active_at - lease.requested_at).total_seconds() < 30

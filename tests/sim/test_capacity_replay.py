@@ -118,3 +118,38 @@ def test_the_class_shares_docs_capacity_md_quotes_for_days_20_to_50():
     shares = Counter(classify(jobs))
     assert len(jobs) == 46205
     assert shares[WorkloadClass.INTERACTIVE] == 5010 and shares[WorkloadClass.INFERENCE] == 436
+
+
+BUSY_KW = {**SETTINGS_KW, "days": 2, "start_day": 24}  # a congested window: in-quota work reclaims borrowed GPUs
+
+
+def _figures(result: dict) -> dict:
+    return {k: v for k, v in result.items() if k not in ("wall_seconds", "cpu_seconds")}
+
+
+def test_the_replay_scheduler_remembers_without_changing_a_decision(monkeypatch):
+    """``ReplayScheduler`` keeps failed reclaims and no-fit reasons while the working state is unchanged (issue 30:
+    the month's CPU): every figure equals a replay through the plain scheduling core."""
+    from bench.sim import capacity
+
+    remembered = Replay(loop="off", **BUSY_KW)
+    fast = remembered.run()
+    assert remembered.scheduler.memo_hits > 0  # the window exercises the memo
+    monkeypatch.setattr(capacity, "ReplayScheduler", capacity.Scheduler)
+    plain = Replay(loop="off", **BUSY_KW).run()
+    assert _figures(fast) == _figures(plain)
+
+
+def test_the_planner_runs_on_a_wait_only_where_the_pool_kinds_apply_on_their_own():
+    """The shipped default (mode switch and MIG layout ``auto``) runs the planner when a request waits for a mode an
+    idle GPU could be switched to, at most once per ``plan_on_wait`` s; ``advise`` and the baselines never do, and
+    ``plan_on_wait=0`` leaves the planner to its timer (the replay before issue 30's change)."""
+    default = Replay(loop="default", **BUSY_KW).run()
+    runs = default["planner_runs"]
+    assert runs["on_wait"] > 0 and runs["timer"] > 0
+    assert runs["on_wait"] + runs["timer"] <= 2 * 86400 // 10  # the debounce counts every run
+    for setting in ("advise", "off"):
+        assert Replay(loop=setting, **BUSY_KW).run()["planner_runs"]["on_wait"] == 0
+    timer_only = Replay(loop="default", **{**BUSY_KW, "plan_on_wait": 0}).run()
+    assert timer_only["planner_runs"]["on_wait"] == 0
+    assert default["mode_switches"] >= timer_only["mode_switches"]

@@ -51,14 +51,14 @@ def worker_command(queue: str, hostname: str, *, concurrency: int = 2) -> list[s
             "--without-mingle", "--without-heartbeat"]
 
 
-def start_workers(count: int = 1) -> list[subprocess.Popen]:
+def start_workers(count: int = 1, **extra: str) -> list[subprocess.Popen]:
     """``count`` real Celery worker processes (prefork, 2 children each) on a queue of their own,
-    reading and writing the test database."""
+    reading and writing the test database; ``extra``: more environment (settings) for them."""
     from config.celery import app
 
     queue = f"lease-test-{os.getpid()}-{time.monotonic_ns()}"
     app.conf.task_default_queue = queue
-    env = worker_env(queue)
+    env = worker_env(queue, **extra)
     return [processes.start(worker_command(queue, f"w{number}-{queue}@%h"), cwd=ROOT, env=env)
             for number in range(count)]
 
