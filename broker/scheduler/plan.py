@@ -34,6 +34,7 @@ from dataclasses import dataclass
 
 from broker.scheduler.fairshare import back_off_words, protected_until, share_key, weights_scale
 from broker.scheduler.placement import Need, Placer, Policy, need_for, node_accepts, policy_get
+from broker.scheduler.reserve import Held, Reservation, reserve
 from broker.scheduler.state import FULL, ClusterState
 from broker.scheduler.types import (
     Allocation,
@@ -59,8 +60,15 @@ class _Quota:
 class Scheduler:
     """Holds the working state across cycles (the simulator) or for one cycle (``plan``)."""
 
-    def __init__(self, snapshot: Snapshot, *, policy: Policy | str = "default", seed: int = 0, workload=None):
+    def __init__(self, snapshot: Snapshot, *, policy: Policy | str = "default", seed: int = 0, workload=None,
+                 reservations: bool = False, ends: dict[str, float] | None = None):
         self.snapshot = snapshot
+        # reservations and conservative backfill from lease durations (``broker.scheduler.reserve``); ``ends``: the
+        # running allocations' expected ends when they are not the snapshot's (the simulator keeps its own)
+        self.reservations = reservations
+        self.ends = snapshot.ends_at if ends is None else ends
+        self.reservation: Reservation | None = None  # the last schedule()'s, while its holder waits
+        self._held: Held | None = None
         self.policy = policy if isinstance(policy, Policy) else policy_get(policy, seed=seed, workload=workload)
         self.cluster = ClusterState.from_snapshot(snapshot, legacy_classes=self.policy.uses_random)
         self._running_at_start: set[str] = set(self.cluster.allocations)  # reset by each schedule()
@@ -189,6 +197,10 @@ class Scheduler:
                 served.append(decision.request)
 
         decided = self._serve_aged_groups(groups, now=now, record=record)
+        self.reservation = None
+        if self.reservations:  # the oldest in-quota request that cannot start holds GPUs from when it will fit
+            self.reservation = reserve(self, requests, now=now)
+            self._held = None if self.reservation is None else Held(self, self.reservation)
         for request in leaders:
             if request.group and request.group in decided:
                 continue
@@ -224,6 +236,9 @@ class Scheduler:
             served.append(request.id)
 
         self._fair_rounds(deferred, self._fair_key, over_quota_pass)
+        if self._held is not None:  # the holder still waits: its GPUs open again (the working state is the plan's)
+            self._held.open()
+            self._held = None
         ordered = []
         waiting_position = 0
         for request_id in served:
@@ -395,7 +410,14 @@ class Scheduler:
                 self.cluster.apply_warm(warm_before[warm_id])
 
     def _try(self, request: Request, *, now: float, allow_over_quota: bool) -> Decision | None:
-        """A decision, or None when the request is over-quota and over-quota admission comes later."""
+        """A decision, or None when the request is over-quota and over-quota admission comes later. Under a
+        reservation, only its holder and work that ends by its start may use the GPUs it holds."""
+        if self._held is None:
+            return self._try_now(request, now=now, allow_over_quota=allow_over_quota)
+        return self._held.decide(
+            request, lambda: self._try_now(request, now=now, allow_over_quota=allow_over_quota), now=now)
+
+    def _try_now(self, request: Request, *, now: float, allow_over_quota: bool) -> Decision | None:
         tiers = self.tiers_for(request)
         shape = request.shape
         if not shape.gang and shape.count > 1 and (shape.cpu_milli or shape.host_memory_mib):
@@ -800,9 +822,11 @@ def plan(
     policy: str | Policy = "default",
     seed: int = 0,
     workload=None,
+    reservations: bool = False,
 ) -> list[Decision]:
     """Decisions for ``requests`` on ``snapshot``; pure: the snapshot is not changed."""
-    return Scheduler(snapshot, policy=policy, seed=seed, workload=workload).schedule(requests, now=now)
+    return Scheduler(snapshot, policy=policy, seed=seed, workload=workload,
+                     reservations=reservations).schedule(requests, now=now)
 
 
 __all__ = ["Scheduler", "plan"]
