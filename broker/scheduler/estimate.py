@@ -10,8 +10,8 @@ lets it; interactive work only within it) through the same placement policy, and
 to then plus its duration. A request's estimate is the first such time: ``now`` when it would fit at once (an
 ageing group's reservation held it back), None when it does not fit before the known expiries run out (work
 without an end, a request no fleet could hold) or the search budget (``budget`` placement tries) is spent. The
-cycle's reservation (``broker.scheduler.reserve``) is kept: its holder is tried first, and its estimate is at the
-latest the reservation's start, which the plan promises.
+cycle's reservations (``broker.scheduler.reserve``) are kept: their holders are tried first, and a holder's estimate
+is at the latest its reservation's start, which the plan promises.
 
 It counts neither reclaim nor future arrivals nor releases before expiry, so it is an estimate: the Philly replay
 measures its error (``bench/sim/philly.py``; docs/scheduling.md, "Estimated start times"). Pure: the working
@@ -38,10 +38,10 @@ def estimated_starts(scheduler, requests: list[Request], decisions: list[Decisio
     estimates: dict[str, float | None] = {request.id: None for request in waiting}
     if not waiting:
         return estimates
-    reservation = getattr(scheduler, "reservation", None)
-    if reservation is not None and reservation.request in estimates:
-        # the plan holds GPUs for it from the reservation's start: it goes first, and starts then at the latest
-        waiting.sort(key=lambda request: request.id != reservation.request)
+    reserved = {r.request: r.start for r in scheduler.reserved if r.request in estimates}
+    if reserved:  # the plan holds GPUs for them from their reservation's start: they go first, and start then at
+        # the latest
+        waiting.sort(key=lambda request: (request.id not in reserved, reserved.get(request.id, 0.0)))
     cluster = scheduler.cluster
     ends = scheduler.ends if ends is None else ends
     durations = {request.id: request.duration_seconds for request in requests}
@@ -66,9 +66,9 @@ def estimated_starts(scheduler, requests: list[Request], decisions: list[Decisio
         for allocation in reversed(removed):
             if allocation.id not in mine:
                 cluster.apply(allocation)
-    if reservation is not None and reservation.request in estimates:
-        at = estimates[reservation.request]
-        estimates[reservation.request] = reservation.start if at is None else min(at, reservation.start)
+    for request_id, start in reserved.items():
+        at = estimates[request_id]
+        estimates[request_id] = start if at is None else min(at, start)
     return estimates
 
 

@@ -61,13 +61,16 @@ class Scheduler:
     """Holds the working state across cycles (the simulator) or for one cycle (``plan``)."""
 
     def __init__(self, snapshot: Snapshot, *, policy: Policy | str = "default", seed: int = 0, workload=None,
-                 reservations: bool = False, ends: dict[str, float] | None = None):
+                 reservations: bool = False, ends: dict[str, float] | None = None, reservation_limit: int = 4,
+                 reserve_after_seconds: float = 0.0):
         self.snapshot = snapshot
         # reservations and conservative backfill from lease durations (``broker.scheduler.reserve``); ``ends``: the
         # running allocations' expected ends when they are not the snapshot's (the simulator keeps its own)
         self.reservations = reservations
+        self.reservation_limit = reservation_limit  # how many requests reserve at most in one cycle, oldest first
+        self.reserve_after_seconds = reserve_after_seconds  # and only once they have waited this long
         self.ends = snapshot.ends_at if ends is None else ends
-        self.reservation: Reservation | None = None  # the last schedule()'s, while its holder waits
+        self.reserved: tuple[Reservation, ...] = ()  # the last schedule()'s whose holders still wait
         self._held: Held | None = None
         self.policy = policy if isinstance(policy, Policy) else policy_get(policy, seed=seed, workload=workload)
         self.cluster = ClusterState.from_snapshot(snapshot, legacy_classes=self.policy.uses_random)
@@ -110,6 +113,11 @@ class Scheduler:
             memory = {m.code: m.memory_mib for m in MODELS}
             out.sort(key=lambda item: (prices.get(item[0], 10**12) * item[1].milli, memory.get(item[0], 0), item[0]))
         return out
+
+    @property
+    def reservation(self) -> Reservation | None:
+        """The oldest of the last cycle's reservations whose holder still waits (None: none)."""
+        return self.reserved[0] if self.reserved else None
 
     # -- quota ------------------------------------------------------------------------------------
     def quota_check(self, request: Request, tier: str, need: Need) -> tuple[str | None, bool]:
@@ -197,10 +205,9 @@ class Scheduler:
                 served.append(decision.request)
 
         decided = self._serve_aged_groups(groups, now=now, record=record)
-        self.reservation = None
-        if self.reservations:  # the oldest in-quota request that cannot start holds GPUs from when it will fit
-            self.reservation = reserve(self, requests, now=now)
-            self._held = None if self.reservation is None else Held(self, self.reservation)
+        self.reserved = ()
+        if self.reservations:  # the oldest in-quota requests that cannot start hold GPUs from when they will fit
+            self._held = reserve(self, requests, now=now, limit=self.reservation_limit)
         for request in leaders:
             if request.group and request.group in decided:
                 continue
@@ -236,8 +243,9 @@ class Scheduler:
             served.append(request.id)
 
         self._fair_rounds(deferred, self._fair_key, over_quota_pass)
-        if self._held is not None:  # the holder still waits: its GPUs open again (the working state is the plan's)
-            self._held.open()
+        if self._held is not None:  # the holders that still wait: their GPUs open again (the state is the plan's)
+            self._held.open_all()
+            self.reserved = self._held.reservations
             self._held = None
         ordered = []
         waiting_position = 0
@@ -412,7 +420,7 @@ class Scheduler:
     def _try(self, request: Request, *, now: float, allow_over_quota: bool) -> Decision | None:
         """A decision, or None when the request is over-quota and over-quota admission comes later. Under a
         reservation, only its holder and work that ends by its start may use the GPUs it holds."""
-        if self._held is None:
+        if self._held is None or not self._held.by_request:
             return self._try_now(request, now=now, allow_over_quota=allow_over_quota)
         return self._held.decide(
             request, lambda: self._try_now(request, now=now, allow_over_quota=allow_over_quota), now=now)

@@ -56,12 +56,16 @@ class Reservation:
                 "there only if it ends by then")
 
 
-def holder(scheduler, requests: list[Request]) -> tuple[Request, list[tuple[str, Need]]] | None:
-    """The oldest request (not in a group) that is in quota on some tier and fits on none of those now, with
-    those tiers. A need that fits now is looked up once (nothing changes the state meanwhile)."""
+def holders(scheduler, requests: list[Request], *, now: float):
+    """The requests (not in a group) that are in quota on some tier and fit on none of those now, oldest first, each
+    with those tiers. Whether a need fits now is looked up once until ``fits.clear()`` (the generator's ``send``
+    is not used: the caller clears the dict it gets first, after it has closed GPUs)."""
     fits: dict = {}
+    yield fits
     reserved = scheduler._reserved
-    for request in sorted((r for r in requests if not r.group), key=lambda r: (r.submitted_at, r.id)):
+    since = now - scheduler.reserve_after_seconds
+    for request in sorted((r for r in requests if not r.group and r.submitted_at <= since),
+                          key=lambda r: (r.submitted_at, r.id)):
         shape = request.shape
         if not shape.gang and shape.count > 1 and (shape.cpu_milli or shape.host_memory_mib):
             continue  # it can never be placed (``Scheduler._try``): nothing to reserve for
@@ -84,8 +88,7 @@ def holder(scheduler, requests: list[Request]) -> tuple[Request, list[tuple[str,
                 fit = True
                 break
         if not fit:
-            return request, tiers
-    return None
+            yield request, tiers
 
 
 def expected_ends(scheduler, durations: dict[str, int], now: float) -> list[tuple[float, str]]:
@@ -195,74 +198,102 @@ def _fits_spread(scheduler, need: Need, borrowed, reclaimable, at: float):
     return at, nodes[0], nodes, gpus
 
 
-def reserve(scheduler, requests: list[Request], *, now: float) -> Reservation | None:
-    """The cycle's reservation (module doc, steps 1-2), or None."""
-    chosen = holder(scheduler, requests)
-    if chosen is None:
-        return None
-    request, tiers = chosen
+def reserve(scheduler, requests: list[Request], *, now: float, limit: int) -> Held | None:
+    """The cycle's reservations (module doc, steps 1-2), at most ``limit``, in force (their GPUs closed), or None.
+    Each is computed with the GPUs of the older ones closed, so none counts on another's GPUs."""
+    found = holders(scheduler, requests, now=now)
+    fits = next(found)
     durations = {r.id: r.duration_seconds for r in requests if r.duration_seconds}
-    events = expected_ends(scheduler, durations, now)
-    best: Reservation | None = None
-    for tier, need in tiers:  # the earliest over the tiers it is in quota on; ties: the tier tried first
-        found = earliest(scheduler, request, tier, need, events, now=now)
-        if found is not None and (best is None or found.start < best.start):
-            best = found
-    return best
+    events: list | None = None
+    held: Held | None = None
+    for request, tiers in found:
+        if events is None:
+            events = expected_ends(scheduler, durations, now)
+        best: Reservation | None = None
+        for tier, need in tiers:  # the earliest over the tiers it is in quota on; ties: the tier tried first
+            reservation = earliest(scheduler, request, tier, need, events, now=now)
+            if reservation is not None and (best is None or reservation.start < best.start):
+                best = reservation
+        if best is None:
+            continue
+        if held is None:
+            held = Held(scheduler)
+        held.add(best)
+        fits.clear()  # fewer GPUs are open now
+        if len(held.by_request) >= limit:
+            break
+    return held
 
 
 class Held:
-    """A reservation in force during one ``schedule``: its GPUs closed to everything but its holder and the
-    backfill that ends by its start."""
+    """The reservations in force during one ``schedule``: each one's GPUs closed to everything but its holder and
+    the backfill that ends by its start."""
 
-    def __init__(self, scheduler, reservation: Reservation):
+    def __init__(self, scheduler):
         self.scheduler = scheduler
-        self.reservation = reservation
-        cluster = scheduler.cluster
-        self.open_records = [cluster.gpus[gpu_id].gpu for gpu_id in reservation.gpus]
-        self.closed_records = [replace(gpu, closed=True) for gpu in self.open_records]
-        self.closed = False
-        self.close()
+        self.by_request: dict[str, Reservation] = {}
+        self.records: dict[str, tuple[list, list]] = {}  # request -> (open GPU records, closed ones)
+        self.closed: set[str] = set()  # requests whose GPUs are closed now
 
-    def close(self) -> None:
-        if not self.closed:
-            self.scheduler.cluster.replace_gpus(self.closed_records)
-            self.closed = True
+    def add(self, reservation: Reservation) -> None:
+        cluster = self.scheduler.cluster
+        opened = [cluster.gpus[gpu_id].gpu for gpu_id in reservation.gpus]
+        self.by_request[reservation.request] = reservation
+        self.records[reservation.request] = (opened, [replace(gpu, closed=True) for gpu in opened])
+        self.close([reservation.request])
 
-    def open(self) -> None:
-        if self.closed:
-            self.scheduler.cluster.replace_gpus(self.open_records)
-            self.closed = False
+    @property
+    def reservations(self) -> tuple[Reservation, ...]:
+        return tuple(self.by_request.values())
+
+    def close(self, requests) -> None:
+        records = [gpu for request in requests if request not in self.closed for gpu in self.records[request][1]]
+        if records:
+            self.scheduler.cluster.replace_gpus(records)
+            self.closed.update(requests)
+
+    def open(self, requests) -> None:
+        records = [gpu for request in requests if request in self.closed for gpu in self.records[request][0]]
+        if records:
+            self.scheduler.cluster.replace_gpus(records)
+            self.closed.difference_update(requests)
+
+    def open_all(self) -> None:
+        self.open(list(self.closed))
 
     def decide(self, request: Request, attempt, *, now: float) -> Decision | None:
-        """``attempt()`` (the scheduler's ``_try`` for ``request``) under the reservation (module doc, step 3)."""
-        reservation = self.reservation
-        if request.id == reservation.request:
-            self.open()
+        """``attempt()`` (the scheduler's ``_try`` for ``request``) under the reservations (module doc, step 3)."""
+        mine = self.by_request.get(request.id)
+        if mine is not None:
+            self.open([request.id])
             decision = attempt()
             if decision is not None and decision.mode != DecisionMode.WAITING:
-                self.scheduler._held = None  # released: its holder starts (the GPUs stay open)
-                self.scheduler.reservation = None
+                del self.by_request[request.id]  # released: its holder starts (the GPUs stay open)
                 return decision
-            self.close()
+            self.close([request.id])
             if decision is None:
                 return None  # over quota after all: the over-quota pass tries it again, still holding
-            return Decision(decision.request, decision.mode, f"{decision.reason}; {reservation.words(now)}")
+            return Decision(decision.request, decision.mode, f"{decision.reason}; {mine.words(now)}")
         decision = attempt()
-        ends_by = request.duration_seconds and now + request.duration_seconds <= reservation.start
-        if not ends_by or decision is None or decision.mode != DecisionMode.WAITING:
+        if not request.duration_seconds or decision is None or decision.mode != DecisionMode.WAITING:
             return decision
-        self.open()
+        ends = now + request.duration_seconds
+        before = [r.request for r in self.by_request.values() if ends <= r.start]
+        if not before:
+            return decision
+        self.open(before)
         try:
             backfilled = attempt()
         finally:
-            self.close()
+            self.close(before)
         if backfilled is None or backfilled.mode == DecisionMode.WAITING:
             return decision
-        words = (f"; backfilled: ends by the start of the reservation on {reservation.node} "
-                 f"({reservation.start - now:.0f} s from now)")
+        used = {unit.gpu for unit in backfilled.allocation.units}
+        onto = [r for r in self.by_request.values() if r.request in before and used.intersection(r.gpus)]
+        words = "".join(f"; backfilled: ends by the start of the reservation on {r.node} ({r.start - now:.0f} s "
+                        "from now)" for r in onto)
         return Decision(backfilled.request, backfilled.mode, backfilled.reason + words,
                         allocation=backfilled.allocation, victims=backfilled.victims, warm=backfilled.warm)
 
 
-__all__ = ["Held", "Reservation", "earliest", "expected_ends", "holder", "reserve"]
+__all__ = ["Held", "Reservation", "earliest", "expected_ends", "holders", "reserve"]
