@@ -373,7 +373,8 @@ def lease_dry_run(*, actor: Actor, project: object, gpu: object, workload_class:
     requests = [*map(core_request, queued), mine]
     from django.conf import settings
 
-    scheduler = Scheduler(snapshot, reservations=settings.LEASE_RESERVATIONS)  # as the cycle plans
+    scheduler = Scheduler(snapshot, reservations=settings.LEASE_RESERVATIONS,  # as the cycle plans
+                          reserve_after_seconds=settings.LEASE_RESERVE_AFTER_SECONDS)
     decisions = scheduler.schedule(requests, now=now.timestamp())
     decision = next(d for d in decisions if d.request == "preview")
     estimate = None

@@ -333,6 +333,9 @@ LEASE_PREEMPTION_BACKOFF_PROTECT_SECONDS = env_int("LEASE_PREEMPTION_BACKOFF_PRO
 # leases that cannot start hold the GPUs where they will fit first, from when the running leases there expire;
 # younger leases go there only if they end by then. Off: no reservation, the decisions as before
 LEASE_RESERVATIONS = env_bool("LEASE_RESERVATIONS", True)
+# ... once a lease has waited this long (Slurm's bf_min_age_reserve: one that would start within minutes anyway idles
+# no GPUs for a reservation)
+LEASE_RESERVE_AFTER_SECONDS = env_int("LEASE_RESERVE_AFTER_SECONDS", 600, minimum=0)
 # estimated start times: the placement tries one cycle's estimate makes at most (docs/scheduling.md)
 LEASE_ESTIMATE_TRIES = env_int("LEASE_ESTIMATE_TRIES", 2000, minimum=0)
 AGENT_TIMEOUT_SECONDS = env_int("AGENT_TIMEOUT_SECONDS", 5, minimum=1)

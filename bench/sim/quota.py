@@ -257,7 +257,7 @@ class Replay:
                  checkpoint: float = 600.0, tick: float = 0.0, hol: bool = False, prune: bool = True,
                  placement: str = "default", window: float | None = None,
                  min_runtime: float = 0.0, estimate_every: int = 0, estimate_budget: int = 20_000,
-                 reservations: bool = False):
+                 reservations: bool = False, reserve_after: float = 600.0):
         if policy not in POLICIES:
             raise ValueError(f"unknown policy {policy!r}; known: {', '.join(POLICIES)}")
         self.trace = trace
@@ -277,7 +277,7 @@ class Replay:
         self.ends: dict[str, float] = {}  # running job id -> when it ends (for estimates and reservations)
         self.reservations = reservations
         self.scheduler = Scheduler(self.snapshot, policy=placement, workload=workload, reservations=reservations,
-                                   ends=self.ends)
+                                   ends=self.ends, reserve_after_seconds=reserve_after)
         self.weight = {p: (0 if policy == "static" else 1) for p in parts}
         self.estimate_every, self.estimate_budget = estimate_every, estimate_budget
         self.reserved_jobs: set[str] = set()
@@ -780,6 +780,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--reservations", choices=("on", "off", "both"), default="on",
                         help="ours: the core's reservations and backfill from durations (the broker's "
                              "LEASE_RESERVATIONS, default on); both: ours replayed with and without, side by side")
+    parser.add_argument("--reserve-after", type=float, default=600.0,
+                        help="a job reserves once it has waited this long (the broker's "
+                             "LEASE_RESERVE_AFTER_SECONDS, 600)")
     parser.add_argument("--json-dir", type=Path, default=None,
                         help="write philly_quota_<policy>.json here, one per policy (bench/record.py's format)")
     return parser
@@ -814,6 +817,7 @@ def main_quota(argv: list[str] | None = None) -> int:
                             notice=args.notice, checkpoint=args.checkpoint, tick=args.tick, hol=args.hol,
                             prune=not args.no_prune, placement=args.placement,
                             min_runtime=args.min_runtime, reservations=reservations,
+                            reserve_after=args.reserve_after,
                             # the estimate is what a tenant of the shipped policy is told; under static partitions
                             # and FIFO the queues are days deep and each estimate walks them all (tens of minutes)
                             estimate_every=args.estimate_every if policy == "ours" else 0)

@@ -3,9 +3,12 @@
 A lease's requested duration, and a running lease's expiry, is a promise the plan counts on. Each cycle (with
 ``Scheduler(reservations=True)``; the broker's ``LEASE_RESERVATIONS``, default on):
 
-1. **Who**: the oldest (submission time, then id) request not in a lease group that is in quota on some tier and
-   does not fit there now (``holder``): the one that would otherwise starve behind smaller work that keeps taking
-   each GPU as it frees.
+1. **Who**: the oldest (submission time, then id) requests not in a lease group that are in quota on some tier and
+   fit on none of those now (``holders``), up to ``Scheduler.reservation_limit`` (4) of them, each once it has waited
+   ``Scheduler.reserve_after_seconds`` (the broker's ``LEASE_RESERVE_AFTER_SECONDS``, 600; Slurm's
+   ``bf_min_age_reserve``: a request that would start within minutes anyway idles no GPUs for a reservation): those
+   that would otherwise starve behind smaller work that keeps taking each GPU as it frees. Each later one is
+   computed with the GPUs of the earlier ones closed, so no two count on the same GPUs.
 2. **Where and when** (``earliest``): the running allocations leave at their expected ends (``Scheduler.ends``: the
    snapshot's ``ends_at``, the simulator's own; those placed this cycle at ``now`` + their request's duration;
    unknown: never), earliest first, ties by id. After each batch of ends the nodes they touched are checked with
@@ -22,7 +25,7 @@ A lease's requested duration, and a running lease's expiry, is a promise the pla
 4. **Released**: when its holder is placed (or reclaims) in this cycle the GPUs open again. A reservation lives in
    one cycle's plan only and is recomputed from the next snapshot, so it leaves with its request.
 
-The holder's waiting reason names it ("reserved 8 V100-32GB GPUs on node n0003 from … (in 3600 s)"), and its
+A holder's waiting reason names it ("reserved 8 V100-32GB GPUs on node n0003 from … (in 3600 s)"), and its
 estimated start is the reservation's time (``broker.scheduler.estimate``). Pure: the what-ifs are undone, the GPUs
 closed are opened again before ``schedule`` returns.
 """

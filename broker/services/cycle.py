@@ -96,7 +96,8 @@ def _schedule_cycle_locked(now: datetime, counts: dict) -> dict:
     by_id = {str(lease.pk): lease for lease in queued}
     shapes: dict = {}
     requests = [core_request(lease, shapes) for lease in queued]
-    scheduler = Scheduler(snapshot, reservations=settings.LEASE_RESERVATIONS)  # reservations: from the expiries
+    scheduler = Scheduler(snapshot, reservations=settings.LEASE_RESERVATIONS,  # reservations: from the expiries
+                          reserve_after_seconds=settings.LEASE_RESERVE_AFTER_SECONDS)
     decisions = scheduler.schedule(requests, now=now.timestamp())
     # what waits gets an estimated start: the plan continued over the running leases' expiries (the working state
     # is this cycle's own; the placements below are written from the decisions)

@@ -95,6 +95,23 @@ def test_reserve_over_quota_borrowing_keeps_the_gpus_the_reservation_does_not_ne
     assert sum(off[b.id].mode == DecisionMode.PLACED for b in borrowers) == 5
 
 
+def test_reserve_only_after_the_minimum_wait_and_the_oldest_first():
+    snap, queue = _fleet(), _queue()
+    young = Scheduler(snap, reservations=True, reserve_after_seconds=600)
+    assert "reserved" not in by_request(young.schedule(queue, now=10.0))["gang"].reason and not young.reserved
+    # two 8-GPU gangs: the older reserves n1 (free from t=100), the younger n2 (t=1000), on other GPUs
+    second = replace(whole("gang2", "big", 8, models=(L4,), submitted_at=1.5), duration_seconds=60)
+    scheduler = Scheduler(snap, reservations=True)
+    decisions = by_request(scheduler.schedule([*queue, second], now=10.0))
+    assert [(r.request, r.node, r.start) for r in scheduler.reserved] == [("gang", "n1", 100.0),
+                                                                           ("gang2", "n2", 1000.0)]
+    assert "reserved 8 L4 GPUs on node n2" in decisions["gang2"].reason
+    # one reservation at most: the younger gang holds nothing
+    one = Scheduler(snap, reservations=True, reservation_limit=1)
+    one.schedule([*queue, second], now=10.0)
+    assert [r.request for r in one.reserved] == ["gang"]
+
+
 @st.composite
 def timed_scenarios(draw):
     """A scenario of ``test_properties`` run for one cycle; the second cycle's snapshot has what it placed running,
@@ -145,14 +162,20 @@ def test_reserve_backfill_never_delays_the_reservation(scenario):
     scheduler = Scheduler(snap, reservations=True)
     decisions = scheduler.schedule(requests, now=now)
     assert invariant_problems(snap, requests, decisions) == []
-    reservation = scheduler.reservation
-    if reservation is None:
-        return
+    reserved = set()
+    for reservation in scheduler.reserved:  # up to four, on GPUs no other one counts on
+        assert reserved.isdisjoint(reservation.gpus)
+        reserved.update(reservation.gpus)
+        _holds_at_its_start(snap, requests, decisions, reservation, now)
+
+
+def _holds_at_its_start(snap, requests, decisions, reservation, now):
     holder = next(r for r in requests if r.id == reservation.request)
     assert by_request(decisions)[holder.id].mode == DecisionMode.WAITING
     # at the reservation's start: everything that ends by then (the snapshot's expiries, this cycle's placements
     # after their duration) has left; on the reserved nodes alone the holder starts (placed, or reclaiming
-    # over-quota work)
+    # over-quota work). Capacity is what a reservation holds: quotas are not checked here (the holder's own project
+    # may have used its guarantee meanwhile, which is the project's order, not a delay by backfill)
     durations = {r.id: r.duration_seconds for r in requests}
     left = []
     for allocation in outcome(snap, decisions).allocations.values():
@@ -165,7 +188,7 @@ def test_reserve_backfill_never_delays_the_reservation(scenario):
     gpus = {gpu.id for gpu in snap.gpus if gpu.node in nodes}
     there = Snapshot(tuple(n for n in snap.nodes if n.id in nodes), tuple(g for g in snap.gpus if g.id in gpus),
                      tuple(a for a in left if {u.gpu for u in a.units} <= gpus), snap.quotas, snap.tenant_quotas,
-                     snap.prices, min_runtime_seconds=snap.min_runtime_seconds)
+                     snap.prices, enforce_quotas=False, min_runtime_seconds=snap.min_runtime_seconds)
     alone = Scheduler(there).schedule([replace(holder, shape=replace(holder.shape, models=(reservation.tier,)))],
                                       now=reservation.start)
     assert alone[0].mode != DecisionMode.WAITING, (reservation, alone[0].reason)
