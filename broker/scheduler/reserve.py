@@ -51,12 +51,16 @@ class Reservation:
     gpus: tuple[str, ...]
 
     def words(self, now: float) -> str:
-        when = datetime.fromtimestamp(self.start, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+        when = _when(self.start)
         where = f"node {self.node}" if len(self.nodes) == 1 else f"nodes {', '.join(self.nodes)}"
         count = len(self.gpus)
         return (f"reserved {count} {self.tier} GPU{'s' if count > 1 else ''} on {where} from {when} "
                 f"(in {max(self.start - now, 0):.0f} s, when the running leases there end); younger work backfills "
                 "there only if it ends by then")
+
+
+def _when(at: float) -> str:
+    return datetime.fromtimestamp(at, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
 def holders(scheduler, requests: list[Request], *, now: float):
@@ -278,25 +282,39 @@ class Held:
                 return None  # over quota after all: the over-quota pass tries it again, still holding
             return Decision(decision.request, decision.mode, f"{decision.reason}; {mine.words(now)}")
         decision = attempt()
-        if not request.duration_seconds or decision is None or decision.mode != DecisionMode.WAITING:
+        if decision is None or decision.mode != DecisionMode.WAITING:
             return decision
-        ends = now + request.duration_seconds
-        before = [r.request for r in self.by_request.values() if ends <= r.start]
+        ends = now + request.duration_seconds if request.duration_seconds else None
+        before = [r.request for r in self.by_request.values() if ends is not None and ends <= r.start]
         if not before:
-            return decision
+            return self._blocked(request, decision, now=now)
         self.open(before)
         try:
             backfilled = attempt()
         finally:
             self.close(before)
         if backfilled is None or backfilled.mode == DecisionMode.WAITING:
-            return decision
+            return self._blocked(request, decision, now=now)
         used = {unit.gpu for unit in backfilled.allocation.units}
         onto = [r for r in self.by_request.values() if r.request in before and used.intersection(r.gpus)]
         words = "".join(f"; backfilled: ends by the start of the reservation on {r.node} ({r.start - now:.0f} s "
                         "from now)" for r in onto)
         return Decision(backfilled.request, backfilled.mode, backfilled.reason + words,
                         allocation=backfilled.allocation, victims=backfilled.victims, warm=backfilled.warm)
+
+    def _blocked(self, request: Request, decision: Decision, *, now: float) -> Decision:
+        """A waiting decision that also names the reservations on its tiers it may not use (the free GPUs it may
+        have seen there are held for older requests)."""
+        tiers = {tier for tier, _ in self.scheduler.tiers_for(request)}
+        held = [r for r in self.by_request.values() if r.tier in tiers]
+        if not held:
+            return decision
+        why = ("it has no known duration" if not request.duration_seconds
+               else f"it would end after {'that' if len(held) == 1 else 'those'}")
+        # absolute times: the words stay the same from cycle to cycle, so the lease is not written again for them
+        words = "; ".join(f"{len(r.gpus)} {r.tier} GPU{'s' if len(r.gpus) > 1 else ''} on {r.node} are held for an "
+                          f"older request from {_when(r.start)}" for r in held)
+        return Decision(decision.request, decision.mode, f"{decision.reason}; {words} ({why})")
 
 
 __all__ = ["Held", "Reservation", "earliest", "expected_ends", "holders", "reserve"]

@@ -49,6 +49,8 @@ def test_reserve_gang_waits_behind_small_work_then_starts_when_the_running_lease
     # long work goes to n2 (two free GPUs), never onto n1; the third long lease waits; the short one backfills n1
     assert {decisions[r].allocation.node for r in ("long1", "long2")} == {"n2"}
     assert decisions["long3"].mode == DecisionMode.WAITING
+    assert decisions["long3"].reason == ("waiting: no node has 1 free L4 GPU; 8 L4 GPUs on n1 are held for an older "
+                                         "request from 1970-01-01 00:01:40 UTC (it would end after that)")
     assert decisions["short"].allocation.node == "n1"
     assert "backfilled: ends by the start of the reservation on n1 (90 s from now)" in decisions["short"].reason
     # the gang's estimated start is the reservation's time
