@@ -26,6 +26,10 @@ each as above; all placed in one decision, or none (everything undone: the group
 ``Scheduler._try_group``. Ageing: a group that has waited ``Snapshot.group_reserve_after_seconds`` is served
 first and, while it does not fit, reserves the tiers it needs against younger requests
 (``Scheduler._serve_aged_groups``), so a stream of small requests cannot starve it.
+
+Reservations (``Scheduler(reservations=True)``; ``broker.scheduler.reserve``): before the passes, the oldest in-quota
+requests that fit nowhere now hold the GPUs where they will fit first as the running work reaches its expected end;
+for the rest of the cycle those GPUs take only their holder and work that ends by then (``_try`` → ``Held.decide``).
 """
 
 from __future__ import annotations
