@@ -79,12 +79,13 @@ BENCHMARKS: tuple[Benchmark, ...] = (
               tuple(f"openb_{trace}" for trace in OPENB_TRACES), "nothing (pure replay)", 10,
               measures=("broker/scheduler", "gpus")),
     Benchmark("quota", "quota replay of the Philly trace: static partitions, FIFO and ours (with every 10th job's "
-              "estimated start against its actual one)",
+              "estimated start against its actual one), ours also with reservations and backfill",
               ("-m", "bench.sim", "quota", "--jobs", PHILLY, "--load", "0.8", "--policy", "all",
-               "--estimate-every", "10", "--json-dir", "{results}"),
+               "--estimate-every", "10", "--reservations", "both", "--json-dir", "{results}"),
               ("-m", "bench.sim", "quota", "--jobs", PHILLY, "--load", "0.8", "--policy", "all", "--limit", "6000",
-               "--estimate-every", "50", "--json-dir", "{results}"),
-              ("philly_quota_static", "philly_quota_fifo", "philly_quota_ours"), "nothing (pure replay)", 4,
+               "--estimate-every", "50", "--reservations", "both", "--json-dir", "{results}"),
+              ("philly_quota_static", "philly_quota_fifo", "philly_quota_ours", "philly_quota_ours_reserve"),
+              "nothing (pure replay)", 4,
               measures=("broker/scheduler", "gpus")),
     Benchmark("capacity", "closed-loop capacity replay, a month of Philly arrivals at load 0.8: static partitions, "
               "FIFO, quotas without the loop, advise with a person's delay, the shipped default, auto",

@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/scheduler_cycle.py [--quick] [--db] [--nodes 12500] [--requests 10000]
                                               [--policy default] [--fill 0.5] [--seed 1] [--repeat 3]
-                                              [--half-life 604800] [--backoff 3]
+                                              [--half-life 604800] [--backoff 3] [--reservations on|off|both]
 
 Builds a fleet of ``--nodes`` 8-GPU H100 nodes (a third whole, a third MIG, a third shared; each node its own
 NVLink domain), fills it to ``--fill`` with running allocations from 20 projects of 5 tenants (placed by the
@@ -11,7 +11,8 @@ profiles, shares) under quotas. ``--quick``: 1,250 nodes (10,000 GPUs) and 1,000
 minute. Fair share with history is on (``--half-life``, 0: off): every project has a decayed borrowed use (drawn
 from the seed), and the preemption back-off (``--backoff`` preemptions, 0: off) has 2 % of the running allocations
 preempted that often before they started, so the over-quota order, the victim order and the reclaim filter run
-with their new terms.
+with their new terms. Every running allocation has an expiry and every request a duration (drawn from their own
+generator), so reservations (``--reservations``, on by default as the broker ships them) plan with them.
 
 Without ``--db`` (the core alone) the cycle is ``Scheduler(snapshot)`` (the working state built from the frozen
 snapshot) plus ``schedule()``. With ``--db`` the fleet, its running leases and allocations and the queued leases
@@ -125,7 +126,18 @@ def fleet(args) -> tuple[Snapshot, list[Request]]:
         snapshot = replace(snapshot, backoff_preemptions=args.backoff, backoff_window_seconds=3600,
                            backoff_protect_seconds=7200,
                            preempted_at={i: tuple(-600.0 * k for k in range(1, args.backoff + 1)) for i in chosen})
-    return snapshot, requests(args.requests, PROJECTS, rng, "q")
+    queue = requests(args.requests, PROJECTS, rng, "q")
+    # reservations plan with expiries and durations: every running allocation ends within a day of the cycle
+    # (t=3600), every request asks for one to 24 hours (a generator of their own, so the fleet and the queue are
+    # the ones drawn before; with reservations off the decisions do not read them)
+    timing = random.Random(args.seed + 1_000_003)
+    snapshot = replace(snapshot, ends_at={a.id: 3600.0 + timing.randrange(60, 86_400) for a in running})
+    if args.in_quota:  # every request within its project's guarantee, nothing borrowed: what does not fit reserves
+        snapshot = replace(snapshot, allocations=tuple(replace(a, preemptible=False) for a in snapshot.allocations),
+                           quotas=tuple(replace(q, deserved_milli=q.limit_milli) for q in snapshot.quotas),
+                           tenant_quotas=tuple(replace(q, deserved_milli=q.limit_milli)
+                                               for q in snapshot.tenant_quotas))
+    return snapshot, [replace(r, duration_seconds=timing.randrange(3600, 86_401)) for r in queue]
 
 
 def digest(decisions) -> str:
@@ -152,17 +164,17 @@ class Clock:
         return time.perf_counter() - self.wall, time.process_time() - self.cpu
 
 
-def core_cycle(args, snapshot: Snapshot, queue: list[Request]) -> dict:
+def core_cycle(args, snapshot: Snapshot, queue: list[Request], *, reservations: bool = False) -> dict:
     best = None
     for _ in range(args.repeat):
         clock = Clock()
         with collector_paused():  # as schedule_cycle runs it; the young collection on leaving is timed too
-            scheduler = Scheduler(snapshot, policy=args.policy)
+            scheduler = Scheduler(snapshot, policy=args.policy, reservations=reservations)
             state = clock.lap()
             decisions = scheduler.schedule(queue, now=3600.0)
         cycle = clock.lap()
         run = {"state": state, "cycle": cycle, "decisions": decisions,
-               "classes": len(scheduler.cluster.by_signature)}
+               "classes": len(scheduler.cluster.by_signature), "reserved": scheduler.reserved}
         if best is None or cycle[1] < best["cycle"][1]:
             best = run
     state, cycle, decisions = best["state"], best["cycle"], best["decisions"]
@@ -173,6 +185,7 @@ def core_cycle(args, snapshot: Snapshot, queue: list[Request]) -> dict:
         "decisions_per_second": round(len(queue) / cycle[0]),
         "decisions_per_cpu_second": round(len(queue) / cycle[1]),
         "decisions": modes_of(decisions), "decisions_digest": digest(decisions), "node_classes": best["classes"],
+        "reservations": reservations, "reserved": len(best["reserved"]),
     }
 
 
@@ -389,6 +402,13 @@ def main() -> int:
     parser.add_argument("--half-life", type=int, default=604_800,
                         help="fair share with history: the half-life in seconds (0: off, current use only)")
     parser.add_argument("--backoff", type=int, default=3, help="preemption back-off: preemptions (0: off)")
+    parser.add_argument("--reservations", choices=("on", "off", "both"), default="on",
+                        help="the core alone: reservations and backfill from durations (the broker's "
+                             "LEASE_RESERVATIONS, default on); both: off then on, each printed (the results file "
+                             "keeps on, with off under reservations_off)")
+    parser.add_argument("--in-quota", action="store_true",
+                        help="every project's guarantee raised to its limit and the running work in quota, so that the "
+                             "queue is in quota, nothing can be reclaimed and the requests that do not fit reserve")
     parser.add_argument("--no-record", action="store_true", help="print only; write no results file")
     args = parser.parse_args()
     if args.quick:
@@ -421,7 +441,13 @@ def main() -> int:
               f"{figures['kept_load_after_write_cpu_seconds']:.3f} s, {figures['kept_load_after_write_changes']:,} "
               "changed rows read again)")
     else:
-        figures.update(core_cycle(args, snapshot, queue))
+        if args.reservations == "both":
+            off = core_cycle(args, snapshot, queue, reservations=False)
+            print(f"reservations off: cycle {off['cycle_wall_seconds']:.3f} s (CPU {off['cycle_cpu_seconds']:.3f} s), "
+                  f"{off['decisions_per_cpu_second']:,} decisions per CPU second, digest {off['decisions_digest']}")
+            figures["reservations_off"] = off
+        figures.update(core_cycle(args, snapshot, queue, reservations=args.reservations != "off"))
+        print(f"reservations {'on' if figures['reservations'] else 'off'} ({figures['reserved']} held at the end)")
         print(f"snapshot -> working state: {figures['state_build_wall_seconds']:.3f} s "
               f"(CPU {figures['state_build_cpu_seconds']:.3f} s)   plan: {figures['plan_wall_seconds']:.3f} s "
               f"(CPU {figures['plan_cpu_seconds']:.3f} s)   node classes: {figures['node_classes']}")

@@ -457,13 +457,15 @@ def lease_dry_run(*, actor: Actor, project: object, gpu: object, workload_class:
     queued = lease_queue()[:5000]
     snapshot = scheduler_inputs(scheduler_snapshot(now=now), now=now)
     requests = [*map(core_request, queued), mine]
-    scheduler = Scheduler(snapshot, workload=scheduler_demand(now=now))
+    from django.conf import settings
+
+    scheduler = Scheduler(snapshot, workload=scheduler_demand(now=now),  # as the cycle plans
+                          reservations=settings.LEASE_RESERVATIONS,
+                          reserve_after_seconds=settings.LEASE_RESERVE_AFTER_SECONDS)
     decisions = scheduler.schedule(requests, now=now.timestamp())
     decision = next(d for d in decisions if d.request == "preview")
     estimate = None
     if decision.mode == DecisionMode.WAITING:  # when it would start: the plan continued over the expiries
-        from django.conf import settings
-
         from broker.scheduler.estimate import estimated_starts
 
         at = estimated_starts(scheduler, requests, decisions, now=now.timestamp(),

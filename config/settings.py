@@ -329,6 +329,14 @@ LEASE_FAIR_SHARE_HALF_LIFE_SECONDS = env_int("LEASE_FAIR_SHARE_HALF_LIFE_SECONDS
 LEASE_PREEMPTION_BACKOFF_COUNT = env_int("LEASE_PREEMPTION_BACKOFF_COUNT", 3, minimum=0)
 LEASE_PREEMPTION_BACKOFF_WINDOW_SECONDS = env_int("LEASE_PREEMPTION_BACKOFF_WINDOW_SECONDS", 3600, minimum=0)
 LEASE_PREEMPTION_BACKOFF_PROTECT_SECONDS = env_int("LEASE_PREEMPTION_BACKOFF_PROTECT_SECONDS", 1800, minimum=0)
+# reservations and backfill from lease durations (docs/scheduling.md "Reservations and backfill"): the oldest in-quota
+# leases that cannot start hold the GPUs where they will fit first, from when the running leases there expire;
+# younger leases go there only if they end by then. Off (the default until the full Philly replay shows no guarantee
+# broken and the longest gang wait not longer: it broke one and doubled it): no reservation, the decisions as before
+LEASE_RESERVATIONS = env_bool("LEASE_RESERVATIONS", False)
+# ... once a lease has waited this long (Slurm's bf_min_age_reserve: one that would start within minutes anyway idles
+# no GPUs for a reservation)
+LEASE_RESERVE_AFTER_SECONDS = env_int("LEASE_RESERVE_AFTER_SECONDS", 600, minimum=0)
 # estimated start times: the placement tries one cycle's estimate makes at most (docs/scheduling.md)
 LEASE_ESTIMATE_TRIES = env_int("LEASE_ESTIMATE_TRIES", 2000, minimum=0)
 # the demand mix the placement policy keeps room for (docs/scheduling.md "Topology, host resources and the demand

@@ -15,6 +15,10 @@ Policies (all on one pool of 8-GPU ``V100-32GB`` nodes, whole GPUs):
             capacity (weight 1), reclaim: a ``preempt-then-place`` decision's victims get ``notice``
             seconds, lose the work since their last checkpoint, and go back to the queue with their
             original submission time; the reclaiming job starts ``notice`` seconds after the decision.
+            ``--reservations off`` (the default, as the broker ships: ``LEASE_RESERVATIONS`` off); ``on``: the
+            core's reservations and backfill from durations (``broker.scheduler.reserve``; the trace's run
+            times stand for the requested durations and the running jobs' ends are the replay's own);
+            ``both``: the two side by side (``philly_quota_ours_reserve.json`` beside ``philly_quota_ours``).
 
 Partitions (= deserved): proportional to each project's share of the trace's GPU-time, by largest
 remainder to whole GPUs summing to the cluster size, with a floor of the project's largest job (else
@@ -179,6 +183,7 @@ class Result:
     tick_s: float
     hol: bool
     prune: bool
+    reservations: bool = False  # the core's reservations and backfill from durations (``broker.scheduler.reserve``)
     # utilisation: busy GPU-seconds (jobs actually running, preempted work included) / GPU-seconds
     utilisation_window: float = 0.0  # over first..last submission (the window the load refers to)
     utilisation_makespan: float = 0.0  # over first submission..last completion
@@ -218,6 +223,11 @@ class Result:
     estimate_error_s: dict = field(default_factory=dict)
     estimate_unknown: int = 0
     seconds_in_estimate: float = 0.0
+    # in-quota time-to-GPU of multi-GPU jobs (gangs on one node and jobs spread over nodes): the waits reservations
+    # are for; cycles that ended with a reservation held and the jobs that held one
+    in_quota_gang_ttg_s: dict = field(default_factory=dict)
+    reservation_cycles: int = 0
+    reserved_jobs: int = 0
 
 
 # -- the replay ------------------------------------------------------------------------------------
@@ -247,7 +257,8 @@ class Replay:
     def __init__(self, trace: Trace, *, policy: str, gpus: int, parts: dict[str, int], notice: float = 30.0,
                  checkpoint: float = 600.0, tick: float = 0.0, hol: bool = False, prune: bool = True,
                  placement: str = "default", window: float | None = None,
-                 min_runtime: float = 0.0, estimate_every: int = 0, estimate_budget: int = 20_000):
+                 min_runtime: float = 0.0, estimate_every: int = 0, estimate_budget: int = 20_000,
+                 reservations: bool = False, reserve_after: float = 600.0):
         if policy not in POLICIES:
             raise ValueError(f"unknown policy {policy!r}; known: {', '.join(POLICIES)}")
         self.trace = trace
@@ -264,10 +275,14 @@ class Replay:
         needs = [need_for(shape_for(n), MODEL) for n in sorted({job.gpus for job in trace.jobs})]
         counts = Counter(job.gpus for job in trace.jobs)
         workload = workload_from_needs([need for need in needs for _ in range(counts[need.count])])
-        self.scheduler = Scheduler(self.snapshot, policy=placement, workload=workload)
+        self.ends: dict[str, float] = {}  # running job id -> when it ends (for estimates and reservations)
+        self.reservations = reservations
+        self.scheduler = Scheduler(self.snapshot, policy=placement, workload=workload, reservations=reservations,
+                                   ends=self.ends, reserve_after_seconds=reserve_after)
         self.weight = {p: (0 if policy == "static" else 1) for p in parts}
         self.estimate_every, self.estimate_budget = estimate_every, estimate_budget
-        self.ends: dict[str, float] = {}  # running job id -> when it ends (for estimates)
+        self.reserved_jobs: set[str] = set()
+        self.gang_ttg: list[float] = []
         self.arrived: list[int] = []  # jobs that arrived in the current event batch
         self.estimates: dict[int, float | None] = {}
         self.threshold = notice + tick + 1e-6
@@ -298,7 +313,7 @@ class Replay:
         self._seq = 0
         r = self.result = Result(policy, len(trace.jobs), dict(trace.dropped), gpus,
                                  round(trace.gpu_seconds / max(trace.span_seconds, 1e-9) / gpus, 4), dict(parts),
-                                 notice, checkpoint, tick, self.hol, prune)
+                                 notice, checkpoint, tick, self.hol, prune, reservations)
         r.gpu_hours_useful = round(trace.gpu_seconds / 3600, 1)
         self.busy_window = 0.0
         self.busy_total = 0.0
@@ -429,6 +444,8 @@ class Replay:
             if gang and gpus > free_node and idle == self.free_total:
                 n_over = 0
             n = min(n_in + n_over, limit)
+            if self.reservations and n_in and not n:
+                n = 1  # the oldest in-quota job of its kind: the core reserves for it when it is the oldest of all
             for index in group[:n]:
                 out.append(states[index].request)
         return out
@@ -457,6 +474,9 @@ class Replay:
         r.seconds_in_schedule += time.perf_counter() - started
         r.schedule_calls += 1
         r.requests_passed += len(requests)
+        if self.scheduler.reserved:
+            r.reservation_cycles += 1
+            self.reserved_jobs.update(r.request for r in self.scheduler.reserved)
         for decision in decisions:
             if decision.mode != DecisionMode.WAITING:
                 self._apply(decision, now)
@@ -504,6 +524,8 @@ class Replay:
         if not state.over:
             since = max(state.enqueued_at, self.inq_since.get(state.key, self.batch_start))
             self.ttg.append(start - since)
+            if state.job.gpus > 1:
+                self.gang_ttg.append(start - since)
         for since_by_key, kind in ((self.viol_since, "violated"), (self.frag_since, "fragmented")):
             since = since_by_key.get(state.key)
             if since is not None and start - max(since, state.enqueued_at) > self.threshold:
@@ -660,6 +682,8 @@ class Replay:
         r.queueing_delay_s = _summary([s.first_start - s.job.arrival for s in done])
         r.jct_s = _summary([s.completed_at - s.job.arrival for s in done])
         r.in_quota_ttg_s = _summary(self.ttg)
+        r.in_quota_gang_ttg_s = _summary(self.gang_ttg)
+        r.reserved_jobs = len(self.reserved_jobs)
         r.preempted_jobs = sum(1 for s in self.states if s.preemptions)
         r.max_preemptions_per_job = max((s.preemptions for s in self.states), default=0)
         r.gpu_hours_lost = round(self.lost / 3600, 1)
@@ -690,7 +714,7 @@ def replay(trace: Trace, *, policy: str, load_factor: float = 0.8, gpus: int | N
 # -- command line ----------------------------------------------------------------------------------
 
 _COLUMNS = (
-    ("policy", lambda r: r.policy),
+    ("policy", lambda r: r.policy + (" +resv" if r.reservations else "")),
     ("GPUs", lambda r: r.gpus),
     ("util", lambda r: f"{r.utilisation_window:.3f}"),
     ("util(all)", lambda r: f"{r.utilisation_makespan:.3f}"),
@@ -701,12 +725,15 @@ _COLUMNS = (
     ("inQ ttg p50", lambda r: _duration(r.in_quota_ttg_s["p50"])),
     ("p95", lambda r: _duration(r.in_quota_ttg_s["p95"])),
     ("p99", lambda r: _duration(r.in_quota_ttg_s["p99"])),
+    ("inQ gang p95", lambda r: _duration(r.in_quota_gang_ttg_s["p95"])),
+    ("max", lambda r: _duration(r.in_quota_gang_ttg_s["max"])),
     ("JCT mean", lambda r: _duration(r.jct_s["mean"])),
     ("preempt", lambda r: r.preemptions),
     ("GPUh lost", lambda r: r.gpu_hours_lost),
     ("Jain", lambda r: "-" if r.jain_over_quota is None else f"{r.jain_over_quota:.3f}"),
     ("violations", lambda r: r.guarantee_violations),
     ("stuck", lambda r: r.stuck),
+    ("resv jobs", lambda r: r.reserved_jobs),
     ("wall s", lambda r: r.wall_seconds),
 )
 
@@ -751,6 +778,12 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--estimate-every", type=int, default=0,
                         help="estimate the start of every N-th job when it first waits and measure the error, under "
                              "the policy ours (0: off)")
+    parser.add_argument("--reservations", choices=("on", "off", "both"), default="off",
+                        help="ours: the core's reservations and backfill from durations (the broker's "
+                             "LEASE_RESERVATIONS, default off); both: ours replayed with and without, side by side")
+    parser.add_argument("--reserve-after", type=float, default=600.0,
+                        help="a job reserves once it has waited this long (the broker's "
+                             "LEASE_RESERVE_AFTER_SECONDS, 600)")
     parser.add_argument("--json-dir", type=Path, default=None,
                         help="write philly_quota_<policy>.json here, one per policy (bench/record.py's format)")
     return parser
@@ -772,12 +805,20 @@ def main_quota(argv: list[str] | None = None) -> int:
     dropped = ", ".join(f"{k}: {v}" for k, v in trace.dropped.items() if v) or "none"
     print(f"{len(trace.jobs)} jobs over {trace.span_seconds / 86400:.1f} days from {args.jobs} (dropped {dropped})")
     results = []
+    runs = []
     for policy in policies:
+        if policy != "ours":  # static partitions and FIFO stay the baselines they are: no reservations
+            runs.append((policy, False))
+        else:
+            runs += [(policy, False)] * (args.reservations in ("off", "both")) + [(policy, True)] * (
+                args.reservations in ("on", "both"))
+    for policy, reservations in runs:
         try:
             result = replay(trace, policy=policy, load_factor=args.load, gpus=args.gpus, floor=not args.no_floor,
                             notice=args.notice, checkpoint=args.checkpoint, tick=args.tick, hol=args.hol,
                             prune=not args.no_prune, placement=args.placement,
-                            min_runtime=args.min_runtime,
+                            min_runtime=args.min_runtime, reservations=reservations,
+                            reserve_after=args.reserve_after,
                             # the estimate is what a tenant of the shipped policy is told; under static partitions
                             # and FIFO the queues are days deep and each estimate walks them all (tens of minutes)
                             estimate_every=args.estimate_every if policy == "ours" else 0)
@@ -785,7 +826,8 @@ def main_quota(argv: list[str] | None = None) -> int:
             print(f"error: {error}", file=sys.stderr)
             return 2
         results.append(result)
-        print(f"  {policy}: {result.wall_seconds:.1f}s wall, {result.schedule_calls} schedule calls", flush=True)
+        print(f"  {policy}{' +resv' if reservations else ''}: {result.wall_seconds:.1f}s wall, "
+              f"{result.schedule_calls} schedule calls", flush=True)
     print(table(results))
     for result in results:
         if result.estimate_every:
@@ -796,8 +838,12 @@ def main_quota(argv: list[str] | None = None) -> int:
                   f"{result.seconds_in_estimate:.1f} s estimating")
     if args.json_dir:
         command = command_line(["-m bench.sim", "quota", *(sys.argv[2:] if argv is None else argv)])
+        both = args.reservations == "both"
         for result in results:
-            write(f"philly_quota_{result.policy}", {"trace": str(args.jobs), **asdict(result)},
+            # the shipped setting (reservations off) keeps the plain name; with them on, beside it: _reserve
+            on = both and result.policy == "ours" and result.reservations
+            name = f"philly_quota_{result.policy}{'_reserve' if on else ''}"
+            write(name, {"trace": str(args.jobs), **asdict(result)},
                   settings=vars(args), command=command, directory=args.json_dir)
     return 0
 

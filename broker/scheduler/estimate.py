@@ -9,7 +9,9 @@ queue order, each on its tiers within its quota limit (over its guarantee it bor
 lets it; interactive work only within it) through the same placement policy, and one that fits is held from then
 to then plus its duration. A request's estimate is the first such time: ``now`` when it would fit at once (an
 ageing group's reservation held it back), None when it does not fit before the known expiries run out (work
-without an end, a request no fleet could hold) or the search budget (``budget`` placement tries) is spent.
+without an end, a request no fleet could hold) or the search budget (``budget`` placement tries) is spent. The
+cycle's reservations (``broker.scheduler.reserve``) are kept: their holders are tried first, and a holder's estimate
+is at the latest its reservation's start, which the plan promises.
 
 It counts neither reclaim nor future arrivals nor releases before expiry, so it is an estimate: the Philly replay
 measures its error (``bench/sim/philly.py``; docs/scheduling.md, "Estimated start times"). Pure: the working
@@ -36,8 +38,12 @@ def estimated_starts(scheduler, requests: list[Request], decisions: list[Decisio
     estimates: dict[str, float | None] = {request.id: None for request in waiting}
     if not waiting:
         return estimates
+    reserved = {r.request: r.start for r in scheduler.reserved if r.request in estimates}
+    if reserved:  # the plan holds GPUs for them from their reservation's start: they go first, and start then at
+        # the latest
+        waiting.sort(key=lambda request: (request.id not in reserved, reserved.get(request.id, 0.0)))
     cluster = scheduler.cluster
-    ends = scheduler.snapshot.ends_at if ends is None else ends
+    ends = scheduler.ends if ends is None else ends
     durations = {request.id: request.duration_seconds for request in requests}
     events: list[tuple[float, str]] = []
     for allocation_id, allocation in cluster.allocations.items():
@@ -60,6 +66,9 @@ def estimated_starts(scheduler, requests: list[Request], decisions: list[Decisio
         for allocation in reversed(removed):
             if allocation.id not in mine:
                 cluster.apply(allocation)
+    for request_id, start in reserved.items():
+        at = estimates[request_id]
+        estimates[request_id] = start if at is None else min(at, start)
     return estimates
 
 

@@ -28,6 +28,10 @@ each as above; all placed in one decision, or none (everything undone: the group
 ``Scheduler._try_group``. Ageing: a group that has waited ``Snapshot.group_reserve_after_seconds`` is served
 first and, while it does not fit, reserves the tiers it needs against younger requests
 (``Scheduler._serve_aged_groups``), so a stream of small requests cannot starve it.
+
+Reservations (``Scheduler(reservations=True)``; ``broker.scheduler.reserve``): before the passes, the oldest in-quota
+requests that fit nowhere now hold the GPUs where they will fit first as the running work reaches its expected end;
+for the rest of the cycle those GPUs take only their holder and work that ends by then (``_try`` → ``Held.decide``).
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from dataclasses import dataclass, replace
 
 from broker.scheduler.fairshare import back_off_words, protected_until, share_key, weights_scale
 from broker.scheduler.placement import Need, Placer, Policy, need_for, node_accepts, policy_get
+from broker.scheduler.reserve import Held, Reservation, reserve
 from broker.scheduler.state import FULL, ClusterState
 from broker.scheduler.types import (
     Allocation,
@@ -64,8 +69,18 @@ class _Quota:
 class Scheduler:
     """Holds the working state across cycles (the simulator) or for one cycle (``plan``)."""
 
-    def __init__(self, snapshot: Snapshot, *, policy: Policy | str = "default", seed: int = 0, workload=None):
+    def __init__(self, snapshot: Snapshot, *, policy: Policy | str = "default", seed: int = 0, workload=None,
+                 reservations: bool = False, ends: dict[str, float] | None = None, reservation_limit: int = 4,
+                 reserve_after_seconds: float = 0.0):
         self.snapshot = snapshot
+        # reservations and conservative backfill from lease durations (``broker.scheduler.reserve``); ``ends``: the
+        # running allocations' expected ends when they are not the snapshot's (the simulator keeps its own)
+        self.reservations = reservations
+        self.reservation_limit = reservation_limit  # how many requests reserve at most in one cycle, oldest first
+        self.reserve_after_seconds = reserve_after_seconds  # and only once they have waited this long
+        self.ends = snapshot.ends_at if ends is None else ends
+        self.reserved: tuple[Reservation, ...] = ()  # the last schedule()'s whose holders still wait
+        self._held: Held | None = None
         self.policy = policy if isinstance(policy, Policy) else policy_get(policy, seed=seed, workload=workload)
         self.cluster = ClusterState.from_snapshot(snapshot, legacy_classes=self.policy.uses_random)
         self._running_at_start: set[str] = set(self.cluster.allocations)  # reset by each schedule()
@@ -123,6 +138,11 @@ class Scheduler:
             memory = {m.code: m.memory_mib for m in MODELS}
             out.sort(key=lambda item: (prices.get(item[0], 10**12) * item[1].milli, memory.get(item[0], 0), item[0]))
         return out
+
+    @property
+    def reservation(self) -> Reservation | None:
+        """The oldest of the last cycle's reservations whose holder still waits (None: none)."""
+        return self.reserved[0] if self.reserved else None
 
     # -- quota ------------------------------------------------------------------------------------
     def quota_check(self, request: Request, tier: str, need: Need) -> tuple[str | None, bool]:
@@ -270,6 +290,9 @@ class Scheduler:
                 served.append(decision.request)
 
         decided = self._serve_aged_groups(groups, now=now, record=record)
+        self.reserved = ()
+        if self.reservations:  # the oldest in-quota requests that cannot start hold GPUs from when they will fit
+            self._held = reserve(self, requests, now=now, limit=self.reservation_limit)
         for request in leaders:
             if request.group and request.group in decided:
                 continue
@@ -305,6 +328,10 @@ class Scheduler:
             served.append(request.id)
 
         self._fair_rounds(deferred, self._fair_key, over_quota_pass)
+        if self._held is not None:  # the holders that still wait: their GPUs open again (the state is the plan's)
+            self._held.open_all()
+            self.reserved = self._held.reservations
+            self._held = None
         ordered = []
         waiting_position = 0
         for request_id in served:
@@ -479,7 +506,14 @@ class Scheduler:
                 self.cluster.apply_warm(warm_before[warm_id])
 
     def _try(self, request: Request, *, now: float, allow_over_quota: bool) -> Decision | None:
-        """A decision, or None when the request is over-quota and over-quota admission comes later."""
+        """A decision, or None when the request is over-quota and over-quota admission comes later. Under a
+        reservation, only its holder and work that ends by its start may use the GPUs it holds."""
+        if self._held is None or not self._held.by_request:
+            return self._try_now(request, now=now, allow_over_quota=allow_over_quota)
+        return self._held.decide(
+            request, lambda: self._try_now(request, now=now, allow_over_quota=allow_over_quota), now=now)
+
+    def _try_now(self, request: Request, *, now: float, allow_over_quota: bool) -> Decision | None:
         tiers = self.tiers_for(request)
         shape = request.shape
         if not shape.gang and shape.count > 1 and (shape.cpu_milli or shape.host_memory_mib):
@@ -999,9 +1033,11 @@ def plan(
     policy: str | Policy = "default",
     seed: int = 0,
     workload=None,
+    reservations: bool = False,
 ) -> list[Decision]:
     """Decisions for ``requests`` on ``snapshot``; pure: the snapshot is not changed."""
-    return Scheduler(snapshot, policy=policy, seed=seed, workload=workload).schedule(requests, now=now)
+    return Scheduler(snapshot, policy=policy, seed=seed, workload=workload,
+                     reservations=reservations).schedule(requests, now=now)
 
 
 __all__ = ["Scheduler", "plan"]

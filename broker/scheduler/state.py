@@ -359,6 +359,21 @@ class ClusterState:
         self._index(gpu.gpu.node)
         return warm
 
+    def replace_gpus(self, gpus: list[Gpu]) -> list[Gpu]:
+        """Swap the records of ``gpus`` (same ids, e.g. ``closed`` set) into the state, the nodes re-indexed; the
+        records they replace, to swap back (a reservation closes the GPUs it holds for younger work this way:
+        ``broker.scheduler.reserve``)."""
+        before, nodes = [], {}
+        for gpu in gpus:
+            state = self.gpus[gpu.id]
+            before.append(state.gpu)
+            state.gpu = gpu
+            state.key = state.canonical()
+            nodes[gpu.node] = None
+        for node_id in nodes:
+            self._index(node_id)
+        return before
+
     def _nodes_of(self, allocation: Allocation) -> list[str]:
         """The allocation's node first, then any other node its units are on (spread requests)."""
         nodes = [allocation.node]

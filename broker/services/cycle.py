@@ -108,8 +108,10 @@ def _schedule_cycle_locked(now: datetime, counts: dict) -> dict:
     by_id = {str(lease.pk): lease for lease in queued}
     shapes: dict = {}
     requests = [core_request(lease, shapes) for lease in queued]
-    # the placement policy keeps room for the recent demand mix (the shapes asked lately), as in the simulator
-    scheduler = Scheduler(snapshot, workload=scheduler_demand(now=now))
+    # the placement policy keeps room for the recent demand mix (the shapes asked lately), as in the simulator;
+    # reservations come from the running leases' expiries
+    scheduler = Scheduler(snapshot, workload=scheduler_demand(now=now), reservations=settings.LEASE_RESERVATIONS,
+                          reserve_after_seconds=settings.LEASE_RESERVE_AFTER_SECONDS)
     decisions = scheduler.schedule(requests, now=now.timestamp())
     # what waits gets an estimated start: the plan continued over the running leases' expiries (the working state
     # is this cycle's own; the placements below are written from the decisions)

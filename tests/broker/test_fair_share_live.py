@@ -134,3 +134,34 @@ def test_fair_share_live_back_off_protects_a_lease_preempted_again_and_again(wor
     # past the protection (30 min after its start) it is reclaimed as any borrowed work
     services.schedule_cycle(now=start + timedelta(seconds=1801))
     assert Lease.objects.get(pk=borrowed.pk).state == "preempted"
+
+
+def test_fair_share_live_reservation_named_and_short_lease_backfills(world, settings):
+    # node-a: four GPUs, two held until +600 s; a 4-GPU lease waits and reserves the node from then: a younger
+    # 1-GPU lease of an hour waits, one of 300 s backfills (it ends first); the reservation shows in the lease's
+    # reason (API and portal) and its estimated start is the reservation's time. Off: the hour lease takes a GPU.
+    settings.LEASE_RESERVE_AFTER_SECONDS = 0  # reserve at once (600 s by default)
+    fleet(4)
+    make_quota(world.project, H100, deserved=8000, limit=8000)
+    start = timezone.now().replace(microsecond=0)
+    run(world, start, count=2, duration=600)
+    gang = ask(world, count=4, duration=3600)
+    long = ask(world, duration=3600)
+    short = ask(world, duration=300)
+    services.schedule_cycle(now=start + timedelta(seconds=5))
+    for lease in (gang, long, short):
+        lease.refresh_from_db()
+    assert (gang.state, long.state, short.state) == ("queued", "queued", "provisioning"), (long.reason, short.reason)
+    at = (start + timedelta(seconds=600)).strftime("%Y-%m-%d %H:%M:%S")
+    assert f"reserved 4 {H100} GPUs on node node-a from {at} UTC (in 595 s" in gang.reason
+    assert gang.estimated_start == start + timedelta(seconds=600)
+    assert "backfilled: ends by the start of the reservation on node-a" in short.reason
+    body = world.client("member").get(f"/api/v1/leases/{gang.pk}").json()
+    assert f"reserved 4 {H100} GPUs on node node-a" in body["reason"]
+    status, text = page(gang.pk)
+    assert status == 200 and f"reserved 4 {H100} GPUs on node node-a from {at} UTC" in text
+    settings.LEASE_RESERVATIONS = False
+    services.schedule_cycle(now=start + timedelta(seconds=10))
+    long.refresh_from_db()
+    gang.refresh_from_db()
+    assert long.state == "provisioning" and "reserved" not in gang.reason

@@ -143,3 +143,24 @@ def test_command_line_on_the_philly_trace(tmp_path, capsys):
     assert [r["policy"] for r in results] == list(quota.POLICIES)
     assert all(r["completed"] == r["jobs"] == 400 for r in results)
     assert next(r for r in results if r["policy"] == "ours")["guarantee_violations"] == 0
+
+
+def test_reservations_replay_completes_and_reports_gang_waits(tmp_path, capsys):
+    # the same random trace with and without reservations: every job completes, no guarantee violation, and the
+    # in-quota gang waits are reported; on the command line, --reservations both writes both results files
+    trace = random_trace(7)
+    parts = {"a": 16, "b": 16}
+    off = run(trace, "ours", gpus=32, parts=parts).result
+    on = run(trace, "ours", gpus=32, parts=parts, reservations=True, reserve_after=0).result
+    for result in (off, on):
+        assert result.completed == result.jobs and result.stuck == 0 and result.guarantee_violations == 0
+        assert result.in_quota_gang_ttg_s["n"] > 0
+    assert on.reservations and not off.reservations and off.reserved_jobs == 0 and off.reservation_cycles == 0
+    code = quota.main_quota(["--jobs", str(DEFAULT_TRACE), "--limit", "300", "--policy", "ours", "--reservations",
+                             "both", "--json-dir", str(tmp_path)])
+    assert code == 0
+    assert "ours +resv" in capsys.readouterr().out
+    with_them = json.loads((tmp_path / "philly_quota_ours_reserve.json").read_text())["figures"]
+    without = json.loads((tmp_path / "philly_quota_ours.json").read_text())["figures"]
+    assert with_them["reservations"] and not without["reservations"]
+    assert {"in_quota_gang_ttg_s", "reservation_cycles", "reserved_jobs"} <= set(with_them)

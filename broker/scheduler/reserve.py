@@ -1,0 +1,320 @@
+"""Reservations and conservative backfill from lease durations (issue 32 item 2; Slurm's conservative backfill).
+
+A lease's requested duration, and a running lease's expiry, is a promise the plan counts on. Each cycle (with
+``Scheduler(reservations=True)``; the broker's ``LEASE_RESERVATIONS``, default on):
+
+1. **Who**: the oldest (submission time, then id) requests not in a lease group that are in quota on some tier and
+   fit on none of those now (``holders``), up to ``Scheduler.reservation_limit`` (4) of them, each once it has waited
+   ``Scheduler.reserve_after_seconds`` (the broker's ``LEASE_RESERVE_AFTER_SECONDS``, 600; Slurm's
+   ``bf_min_age_reserve``: a request that would start within minutes anyway idles no GPUs for a reservation): those
+   that would otherwise starve behind smaller work that keeps taking each GPU as it frees. Each later one is
+   computed with the GPUs of the earlier ones closed, so no two count on the same GPUs.
+2. **Where and when** (``earliest``): the running allocations leave at their expected ends (``Scheduler.ends``: the
+   snapshot's ``ends_at``, the simulator's own; those placed this cycle at ``now`` + their request's duration;
+   unknown: never), earliest first, ties by id. After each batch of ends the nodes they touched are checked with
+   their over-quota work on the tier taken out (the holder, in quota, reclaims it once it is past its minimum
+   runtime and not protected by the back-off); the first time a node holds the request (its lowest id among those
+   that do at that time) is the reservation: that node's GPUs the request's units would take there (every GPU of
+   the node when it asks for host CPU or memory), from that time. A request that may spread over nodes is checked
+   with the whole tier's reclaimable work out and the placement search itself. No known end makes room: no
+   reservation (the decisions are those without reservations).
+3. **Backfill**: the reserved GPUs are closed to every other request for the rest of the cycle (``Gpu.closed``:
+   nothing new fits there, other GPUs of the node stay open, over quota as well), except for a request whose own
+   duration ends by the reservation's start, which is tried on them when it fits nowhere else. Work without a
+   known duration never backfills onto reserved capacity. So nothing placed this cycle delays the reservation.
+4. **Released**: when its holder is placed (or reclaims) in this cycle the GPUs open again. A reservation lives in
+   one cycle's plan only and is recomputed from the next snapshot, so it leaves with its request.
+
+A holder's waiting reason names it ("reserved 8 V100-32GB GPUs on node n0003 from … (in 3600 s)"), and its
+estimated start is the reservation's time (``broker.scheduler.estimate``). Pure: the what-ifs are undone, the GPUs
+closed are opened again before ``schedule`` returns.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
+
+from broker.scheduler.placement import Need
+from broker.scheduler.types import Allocation, Decision, DecisionMode, Request
+
+
+@dataclass(frozen=True, slots=True)
+class Reservation:
+    """GPUs held for one waiting request from ``start`` on: within the cycle, nothing that ends later goes there."""
+
+    request: str
+    tier: str
+    start: float
+    node: str  # where it will fit (the first of ``nodes`` for a request spread over nodes)
+    nodes: tuple[str, ...]
+    gpus: tuple[str, ...]
+
+    def words(self, now: float) -> str:
+        when = _when(self.start)
+        where = f"node {self.node}" if len(self.nodes) == 1 else f"nodes {', '.join(self.nodes)}"
+        count = len(self.gpus)
+        return (f"reserved {count} {self.tier} GPU{'s' if count > 1 else ''} on {where} from {when} "
+                f"(in {max(self.start - now, 0):.0f} s, when the running leases there end); younger work backfills "
+                "there only if it ends by then")
+
+
+def _when(at: float) -> str:
+    return datetime.fromtimestamp(at, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def holders(scheduler, requests: list[Request], *, now: float):
+    """The requests (not in a group) that are in quota on some tier and fit on none of those now, oldest first, each
+    with those tiers. Whether a need fits now is looked up once until ``fits.clear()`` (the generator's ``send``
+    is not used: the caller clears the dict it gets first, after it has closed GPUs)."""
+    fits: dict = {}
+    yield fits
+    reserved = scheduler._reserved
+    since = now - scheduler.reserve_after_seconds
+    for request in sorted((r for r in requests if not r.group and r.submitted_at <= since),
+                          key=lambda r: (r.submitted_at, r.id)):
+        shape = request.shape
+        if not shape.gang and shape.count > 1 and (shape.cpu_milli or shape.host_memory_mib):
+            continue  # it can never be placed (``Scheduler._try``): nothing to reserve for
+        tiers = []
+        for tier, need in scheduler.tiers_for(request):
+            since = reserved.get(tier)
+            if since is not None and request.submitted_at > since:
+                continue  # an aged lease group holds the tier against it
+            blocked, in_quota = scheduler.quota_check(request, tier, need)
+            if blocked is None and in_quota:
+                tiers.append((tier, need))
+        if not tiers:
+            continue
+        fit = False
+        for _tier, need in tiers:
+            key = need.key()
+            if key not in fits:
+                fits[key] = scheduler._find(need) is not None
+            if fits[key]:
+                fit = True
+                break
+        if not fit:
+            yield request, tiers
+
+
+def expected_ends(scheduler, durations: dict[str, int], now: float) -> list[tuple[float, str]]:
+    """(expected end, allocation id) of every allocation whose end is known, earliest first (an end already past
+    counts as now)."""
+    ends = scheduler.ends
+    out = []
+    for allocation_id, allocation in scheduler.cluster.allocations.items():
+        end = ends.get(allocation_id)
+        if end is None and allocation.started_at == now and durations.get(allocation_id):
+            end = now + durations[allocation_id]  # placed by this cycle
+        if end is not None:
+            out.append((max(end, now), allocation_id))
+    out.sort()
+    return out
+
+
+def earliest(scheduler, request: Request, tier: str, need: Need, events: list[tuple[float, str]], *,
+             now: float) -> Reservation | None:
+    """Where and when ``need`` fits first as the running work leaves at its expected end (module doc, step 2).
+    The working state is as it was afterwards."""
+    if not events:
+        return None
+    cluster = scheduler.cluster
+    min_runtime = scheduler.snapshot.min_runtime_seconds
+    spread = not need.gang and need.count > 1
+    borrowed: dict[str, list[Allocation]] = {}  # node -> over-quota allocations of the tier there
+    for allocation in cluster.allocations.values():
+        if allocation.preemptible and allocation.tier == tier and allocation.id != request.id:
+            for node_id in cluster._nodes_of(allocation):
+                borrowed.setdefault(node_id, []).append(allocation)
+
+    def reclaimable(allocation: Allocation, at: float) -> bool:
+        return (allocation.id in cluster.allocations and allocation.started_at + min_runtime <= at
+                and scheduler.protected(allocation, at) is None)
+
+    removed: list[Allocation] = []
+    found: tuple[float, str, tuple[str, ...], tuple[str, ...]] | None = None
+    try:
+        index, count = 0, len(events)
+        while index < count and found is None:
+            at = events[index][0]
+            touched: dict[str, None] = {}
+            while index < count and events[index][0] == at:
+                allocation = cluster.allocations.get(events[index][1])
+                index += 1
+                if allocation is None:
+                    continue
+                removed.append(cluster.remove(allocation.id))
+                for node_id in cluster._nodes_of(allocation):
+                    touched[node_id] = None
+            if spread:
+                found = _fits_spread(scheduler, need, borrowed, reclaimable, at)
+            else:
+                for node_id in sorted(touched):
+                    gpus = _fits_node(scheduler, node_id, need, borrowed.get(node_id, ()), reclaimable, at)
+                    if gpus:
+                        found = (at, node_id, (node_id,), gpus)
+                        break
+    finally:
+        for allocation in reversed(removed):
+            cluster.apply(allocation)
+    if found is None:
+        return None
+    at, node_id, nodes, gpus = found
+    return Reservation(request.id, tier, at, node_id, nodes, gpus)
+
+
+def _fits_node(scheduler, node_id: str, need: Need, borrowed, reclaimable, at: float) -> tuple[str, ...]:
+    """The GPUs ``need`` would take on the node at ``at`` with the node's reclaimable borrowed work gone (every GPU
+    of the node when it asks for host CPU or memory); () when it does not fit."""
+    cluster = scheduler.cluster
+    gone = [cluster.remove(a.id) for a in borrowed if reclaimable(a, at)]
+    try:
+        node = cluster.nodes[node_id]
+        options = scheduler.placer.policy.node_options(node, need)
+        if not options:
+            return ()
+        if need.cpu_milli or need.host_memory_mib:
+            return tuple(gpu.gpu.id for gpu in node.gpus)
+        return tuple(dict.fromkeys(unit.gpu for unit in options[0]))
+    finally:
+        for allocation in reversed(gone):
+            cluster.apply(allocation)
+
+
+def _fits_spread(scheduler, need: Need, borrowed, reclaimable, at: float):
+    cluster = scheduler.cluster
+    seen: dict[str, Allocation] = {}
+    for allocations in borrowed.values():
+        for allocation in allocations:
+            if allocation.id not in seen and reclaimable(allocation, at):
+                seen[allocation.id] = allocation
+    gone = [cluster.remove(allocation_id) for allocation_id in sorted(seen)]
+    try:
+        placed = scheduler._find(need)
+    finally:
+        for allocation in reversed(gone):
+            cluster.apply(allocation)
+    if placed is None:
+        return None
+    node_id, units = placed
+    if node_id == "multi":
+        units = tuple(unit for temp in units for unit in temp.units)
+    gpus = tuple(dict.fromkeys(unit.gpu for unit in units))
+    nodes = tuple(dict.fromkeys(cluster.gpus[gpu].gpu.node for gpu in gpus))
+    return at, nodes[0], nodes, gpus
+
+
+def reserve(scheduler, requests: list[Request], *, now: float, limit: int) -> Held | None:
+    """The cycle's reservations (module doc, steps 1-2), at most ``limit``, in force (their GPUs closed), or None.
+    Each is computed with the GPUs of the older ones closed, so none counts on another's GPUs."""
+    found = holders(scheduler, requests, now=now)
+    fits = next(found)
+    durations = {r.id: r.duration_seconds for r in requests if r.duration_seconds}
+    events: list | None = None
+    held: Held | None = None
+    for request, tiers in found:
+        if events is None:
+            events = expected_ends(scheduler, durations, now)
+        best: Reservation | None = None
+        for tier, need in tiers:  # the earliest over the tiers it is in quota on; ties: the tier tried first
+            reservation = earliest(scheduler, request, tier, need, events, now=now)
+            if reservation is not None and (best is None or reservation.start < best.start):
+                best = reservation
+        if best is None:
+            continue
+        if held is None:
+            held = Held(scheduler)
+        held.add(best)
+        fits.clear()  # fewer GPUs are open now
+        if len(held.by_request) >= limit:
+            break
+    return held
+
+
+class Held:
+    """The reservations in force during one ``schedule``: each one's GPUs closed to everything but its holder and
+    the backfill that ends by its start."""
+
+    def __init__(self, scheduler):
+        self.scheduler = scheduler
+        self.by_request: dict[str, Reservation] = {}
+        self.records: dict[str, tuple[list, list]] = {}  # request -> (open GPU records, closed ones)
+        self.closed: set[str] = set()  # requests whose GPUs are closed now
+
+    def add(self, reservation: Reservation) -> None:
+        cluster = self.scheduler.cluster
+        opened = [cluster.gpus[gpu_id].gpu for gpu_id in reservation.gpus]
+        self.by_request[reservation.request] = reservation
+        self.records[reservation.request] = (opened, [replace(gpu, closed=True) for gpu in opened])
+        self.close([reservation.request])
+
+    @property
+    def reservations(self) -> tuple[Reservation, ...]:
+        return tuple(self.by_request.values())
+
+    def close(self, requests) -> None:
+        records = [gpu for request in requests if request not in self.closed for gpu in self.records[request][1]]
+        if records:
+            self.scheduler.cluster.replace_gpus(records)
+            self.closed.update(requests)
+
+    def open(self, requests) -> None:
+        records = [gpu for request in requests if request in self.closed for gpu in self.records[request][0]]
+        if records:
+            self.scheduler.cluster.replace_gpus(records)
+            self.closed.difference_update(requests)
+
+    def open_all(self) -> None:
+        self.open(list(self.closed))
+
+    def decide(self, request: Request, attempt, *, now: float) -> Decision | None:
+        """``attempt()`` (the scheduler's ``_try`` for ``request``) under the reservations (module doc, step 3)."""
+        mine = self.by_request.get(request.id)
+        if mine is not None:
+            self.open([request.id])
+            decision = attempt()
+            if decision is not None and decision.mode != DecisionMode.WAITING:
+                del self.by_request[request.id]  # released: its holder starts (the GPUs stay open)
+                return decision
+            self.close([request.id])
+            if decision is None:
+                return None  # over quota after all: the over-quota pass tries it again, still holding
+            return Decision(decision.request, decision.mode, f"{decision.reason}; {mine.words(now)}")
+        decision = attempt()
+        if decision is None or decision.mode != DecisionMode.WAITING:
+            return decision
+        ends = now + request.duration_seconds if request.duration_seconds else None
+        before = [r.request for r in self.by_request.values() if ends is not None and ends <= r.start]
+        if not before:
+            return self._blocked(request, decision, now=now)
+        self.open(before)
+        try:
+            backfilled = attempt()
+        finally:
+            self.close(before)
+        if backfilled is None or backfilled.mode == DecisionMode.WAITING:
+            return self._blocked(request, decision, now=now)
+        used = {unit.gpu for unit in backfilled.allocation.units}
+        onto = [r for r in self.by_request.values() if r.request in before and used.intersection(r.gpus)]
+        words = "".join(f"; backfilled: ends by the start of the reservation on {r.node} ({r.start - now:.0f} s "
+                        "from now)" for r in onto)
+        return Decision(backfilled.request, backfilled.mode, backfilled.reason + words,
+                        allocation=backfilled.allocation, victims=backfilled.victims, warm=backfilled.warm)
+
+    def _blocked(self, request: Request, decision: Decision, *, now: float) -> Decision:
+        """A waiting decision that also names the reservations on its tiers it may not use (the free GPUs it may
+        have seen there are held for older requests)."""
+        tiers = {tier for tier, _ in self.scheduler.tiers_for(request)}
+        held = [r for r in self.by_request.values() if r.tier in tiers]
+        if not held:
+            return decision
+        why = ("it has no known duration" if not request.duration_seconds
+               else f"it would end after {'that' if len(held) == 1 else 'those'}")
+        # absolute times: the words stay the same from cycle to cycle, so the lease is not written again for them
+        words = "; ".join(f"{len(r.gpus)} {r.tier} GPU{'s' if len(r.gpus) > 1 else ''} on {r.node} are held for an "
+                          f"older request from {_when(r.start)}" for r in held)
+        return Decision(decision.request, decision.mode, f"{decision.reason}; {words} ({why})")
+
+
+__all__ = ["Held", "Reservation", "earliest", "expected_ends", "holders", "reserve"]
