@@ -15,6 +15,12 @@ from tenants.access import Actor
 from tenants.models import Project
 
 
+def _rule_data(rule) -> dict:
+    """The idle rule a change took on, as its audit row records it."""
+    return {"enabled": rule.enabled, "threshold_permille": rule.threshold_permille,
+            "window_seconds": rule.window_seconds, "notice_seconds": rule.notice_seconds}
+
+
 def idle_opt_in_set(*, actor: Actor, project: Project, opt_in: object) -> Project:
     """Set (``True``) or clear (``False``) the opt-in of ``project``, one of the actor's tenant's projects. A
     value that is already so changes nothing and writes no audit row."""
@@ -30,8 +36,7 @@ def idle_opt_in_set(*, actor: Actor, project: Project, opt_in: object) -> Projec
             rule = modes.rule
             _audit("project.idle_reclaim_opt_in" if opt_in else "project.idle_reclaim_opt_out", actor,
                    {"opt_in": opt_in, "mode": modes.mode(opt_in).value, "staff_mode": modes.staff_mode,
-                    "rule": {"enabled": rule.enabled, "threshold_permille": rule.threshold_permille,
-                             "window_seconds": rule.window_seconds, "notice_seconds": rule.notice_seconds}},
+                    "rule": _rule_data(rule)},
                    target=row.slug, tenant=actor.tenant)
     project.idle_reclaim_opt_in = opt_in
     return project
@@ -52,9 +57,7 @@ def suspend_opt_out_set(*, actor: Actor, project: Project, opt_out: object) -> P
             modes = suspend_modes(project=row)
             rule = modes.rule
             _audit("project.idle_suspend_opt_out" if opt_out else "project.idle_suspend_opt_in", actor,
-                   {"opt_out": opt_out, "mode": modes.mode.value,
-                    "rule": {"enabled": rule.enabled, "threshold_permille": rule.threshold_permille,
-                             "window_seconds": rule.window_seconds, "notice_seconds": rule.notice_seconds}},
+                   {"opt_out": opt_out, "mode": modes.mode.value, "rule": _rule_data(rule)},
                    target=row.slug, tenant=actor.tenant)
     project.idle_suspend_opt_out = opt_out
     return project
