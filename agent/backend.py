@@ -12,6 +12,7 @@ idempotent too (the GPU's mode again changes nothing) and never touches a GPU th
 from __future__ import annotations
 
 import abc
+import contextlib
 import os
 from dataclasses import asdict, dataclass
 
@@ -139,10 +140,45 @@ class Readings:
         return {"gpus": [asdict(g) for g in self.gpus], "instances": [asdict(i) for i in self.instances]}
 
 
-def host_resources(meminfo: str = "/proc/meminfo") -> dict:
+def _cgroup_text(*paths: str) -> str:
+    """The first of ``paths`` that reads (stripped), else ""."""
+    for path in paths:
+        try:
+            with open(path, encoding="ascii") as handle:
+                return handle.read().strip()
+        except OSError:
+            continue
+    return ""
+
+
+def cgroup_limits(root: str = "/sys/fs/cgroup") -> dict:
+    """The CPU and memory limits of the cgroup this process runs in, ``{"cpu_milli", "memory_mib"}``, 0 where
+    there is none (or none can be read): cgroup v2's ``cpu.max`` and ``memory.max`` at ``root`` (a container sees
+    its own cgroup there), else cgroup v1's ``cpu.cfs_quota_us``/``cpu.cfs_period_us`` and
+    ``memory.limit_in_bytes`` (a v1 "no limit" is a huge number: anything at or above 2**60 counts as none)."""
+    cpu_milli = memory_mib = 0
+    cpu_max = _cgroup_text(f"{root}/cpu.max").split()
+    if len(cpu_max) == 2 and cpu_max[0] != "max":
+        with contextlib.suppress(ValueError, ZeroDivisionError):
+            cpu_milli = int(cpu_max[0]) * 1000 // int(cpu_max[1])
+    elif not cpu_max:
+        quota = _cgroup_text(f"{root}/cpu/cpu.cfs_quota_us", f"{root}/cpu,cpuacct/cpu.cfs_quota_us")
+        period = _cgroup_text(f"{root}/cpu/cpu.cfs_period_us", f"{root}/cpu,cpuacct/cpu.cfs_period_us")
+        with contextlib.suppress(ValueError, ZeroDivisionError):
+            if int(quota) > 0:
+                cpu_milli = int(quota) * 1000 // int(period)
+    memory = _cgroup_text(f"{root}/memory.max") or _cgroup_text(f"{root}/memory/memory.limit_in_bytes")
+    with contextlib.suppress(ValueError):
+        if memory and memory != "max" and int(memory) < 1 << 60:
+            memory_mib = int(memory) >> 20
+    return {"cpu_milli": cpu_milli, "memory_mib": memory_mib}
+
+
+def host_resources(meminfo: str = "/proc/meminfo", cgroup_root: str = "/sys/fs/cgroup") -> dict:
     """This machine's CPUs the agent may run work on (``os.sched_getaffinity``, else ``os.cpu_count``) in
-    milli-cores, and its memory (``MemTotal`` of ``/proc/meminfo``, else the physical pages) in MiB; 0 where
-    neither can be read."""
+    milli-cores, and its memory (``MemTotal`` of ``/proc/meminfo``, else the physical pages) in MiB, each capped
+    by the agent's own cgroup limit (``cgroup_limits``: an agent in a container with 8 CPUs and 64 GiB may hand
+    out no more, whatever the host has); 0 where neither can be read."""
     try:
         cpus = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
@@ -161,7 +197,13 @@ def host_resources(meminfo: str = "/proc/meminfo") -> dict:
             memory_mib = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") >> 20
         except (AttributeError, OSError, ValueError):
             memory_mib = 0
-    return {"cpu_milli": cpus * 1000, "memory_mib": memory_mib}
+    cpu_milli = cpus * 1000
+    limits = cgroup_limits(cgroup_root)
+    if limits["cpu_milli"]:
+        cpu_milli = min(cpu_milli, limits["cpu_milli"]) if cpu_milli else limits["cpu_milli"]
+    if limits["memory_mib"]:
+        memory_mib = min(memory_mib, limits["memory_mib"]) if memory_mib else limits["memory_mib"]
+    return {"cpu_milli": cpu_milli, "memory_mib": memory_mib}
 
 
 class Backend(abc.ABC):

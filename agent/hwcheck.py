@@ -256,6 +256,60 @@ def nvidia_smi_gpus(fields=SMI_FIELDS) -> list[dict]:
     return rows
 
 
+def host_readings() -> dict:
+    """What this machine says of its CPU and memory without the agent's code: ``nproc`` and ``MemTotal``, each
+    capped by the cgroup v2 limit (``/sys/fs/cgroup/cpu.max``, ``memory.max``) when one is set; the sources named."""
+    try:
+        nproc = int(subprocess.run(["nproc"], capture_output=True, text=True, timeout=10, check=True).stdout)
+    except (OSError, ValueError, subprocess.SubprocessError):
+        nproc = os.cpu_count() or 0
+    cpu_milli, cpu_source = nproc * 1000, f"nproc {nproc}"
+    memory_mib, memory_source = 0, "MemTotal unreadable"
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                memory_mib = int(line.split()[1]) // 1024
+                memory_source = f"MemTotal {memory_mib} MiB"
+    with contextlib.suppress(OSError, ValueError, ZeroDivisionError):
+        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()
+        cpu_source += f", cgroup cpu.max {quota} {period}"
+        if quota != "max":
+            cpu_milli = min(cpu_milli, int(quota) * 1000 // int(period))
+    with contextlib.suppress(OSError, ValueError):
+        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+        memory_source += f", cgroup memory.max {limit}"
+        if limit != "max":
+            memory_mib = min(memory_mib, int(limit) >> 20) if memory_mib else int(limit) >> 20
+    return {"cpu_milli": cpu_milli, "memory_mib": memory_mib, "cpu_source": cpu_source,
+            "memory_source": memory_source}
+
+
+def nvidia_smi_active_links() -> dict[int, int] | None:
+    """``nvidia-smi nvlink --status``: the number of active links per GPU index (a link line with a speed, e.g.
+    ``Link 0: 26.562 GB/s``; ``<inactive>`` is not active); None when nvidia-smi cannot say."""
+    binary = shutil.which("nvidia-smi")
+    if binary is None:
+        return None
+    try:
+        done = subprocess.run([binary, "nvlink", "--status"], capture_output=True, text=True, timeout=30,
+                              check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if done.returncode != 0:
+        return None
+    links: dict[int, int] = {}
+    current = None
+    for line in done.stdout.splitlines():
+        text = line.strip()
+        if text.startswith("GPU ") and ":" in text:
+            with contextlib.suppress(ValueError):
+                current = int(text[4:text.index(":")])
+                links.setdefault(current, 0)
+        elif current is not None and text.startswith("Link ") and "/s" in text and "inactive" not in text.lower():
+            links[current] += 1
+    return links
+
+
 def smi_int(value: str) -> int | None:
     try:
         return int(float(value))
@@ -613,6 +667,56 @@ class HwCheck:
                                   f"memory.reserved {smi_reserved[gpu['uuid']]}")
             shown.append(f"{gpu.get('index')}: {total} - {reserved} = {usable} MiB")
         return "; ".join(shown)
+
+    def check_host_topology(self, deadline: float) -> tuple[str, dict]:
+        """The host's CPU and memory and each GPU's NVLink domain, against what the machine says otherwise:
+        ``nproc`` (the CPUs this process may use) and ``MemTotal``, each capped by the cgroup's ``cpu.max`` /
+        ``memory.max`` where one is set, and ``nvidia-smi nvlink --status`` (a GPU with an active link has a
+        domain, one without has none); on ``sim`` the declared shape (14 cores and 256 GiB per GPU)."""
+        data = self.inventory if self.inventory.get("gpus") else (self.gpus() and self.inventory)
+        cpu, memory = data.get("host_cpu_milli"), data.get("host_memory_mib")
+        for name, value in (("host_cpu_milli", cpu), ("host_memory_mib", memory)):
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise CheckFailed(f"agent reports {name}={value!r}: a positive whole number is needed")
+        gpus = data.get("gpus", [])
+        readings: dict = {}
+        if self.backend == "sim":
+            from agent.sim import SIM_CPU_MILLI_PER_GPU, SIM_MEMORY_MIB_PER_GPU
+
+            want_cpu, want_memory = SIM_CPU_MILLI_PER_GPU * len(gpus), SIM_MEMORY_MIB_PER_GPU * len(gpus)
+            linked = None
+        else:
+            readings = host_readings()
+            want_cpu, want_memory = readings["cpu_milli"], readings["memory_mib"]
+            linked = nvidia_smi_active_links()
+        problems = []
+        if want_cpu and cpu != want_cpu:
+            problems.append(f"host_cpu_milli {cpu} vs {want_cpu} ({readings.get('cpu_source', 'the shape')})")
+        if want_memory and abs(memory - want_memory) > 1:
+            problems.append(f"host_memory_mib {memory} vs {want_memory} ({readings.get('memory_source', 'the shape')})")
+        domains = {}
+        for gpu in gpus:
+            if "nvlink_domain" not in gpu:
+                problems.append(f"GPU {gpu.get('index')}: no nvlink_domain in the inventory")
+                continue
+            domain = gpu["nvlink_domain"]
+            domains[gpu.get("index")] = domain
+            if linked is not None and gpu.get("index") in linked:
+                if linked[gpu["index"]] and not domain:
+                    problems.append(f"GPU {gpu['index']}: nvidia-smi shows {linked[gpu['index']]} active NVLink "
+                                    "link(s), the agent no domain")
+                if not linked[gpu["index"]] and domain:
+                    problems.append(f"GPU {gpu['index']}: no active NVLink link, the agent says domain {domain!r}")
+        if problems:
+            raise CheckFailed("; ".join(problems))
+        shown = ", ".join(f"{index}={domain or '(none)'}" for index, domain in domains.items())
+        links = "" if linked is None else " (active links per GPU: " + ", ".join(
+            f"{index}={count}" for index, count in sorted(linked.items())) + ")"
+        return (f"host {cpu:,} milli-CPU, {memory:,} MiB"
+                + (f" = {readings['cpu_source']}; {readings['memory_source']}" if readings else " = the sim's shape")
+                + f"; NVLink domains {shown}{links}",
+                {"host_cpu_milli": cpu, "host_memory_mib": memory, "nvlink_domains": domains,
+                 "readings": readings, "active_links": linked})
 
     def check_share_enforcement(self, deadline: float) -> str:
         shown = []
@@ -1138,6 +1242,7 @@ class HwCheck:
         plan = [("inventory", 30, self.check_inventory),
                 ("inventory_memory_fields", 30, self.check_memory_fields),
                 ("inventory_share_enforcement", 10, self.check_share_enforcement),
+                ("inventory_host_topology", 30, self.check_host_topology),
                 ("telemetry_idle", 20, self.check_telemetry_idle),
                 ("whole_instance", 30, self.check_whole_instance),
                 ("instance_device_uuid", 10, self.check_device_uuid),

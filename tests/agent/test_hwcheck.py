@@ -24,6 +24,7 @@ from core.processes import ROOT
 from gpus.mig import profiles_for
 
 DEFAULT_CHECKS = ("agent_start", "inventory", "inventory_memory_fields", "inventory_share_enforcement",
+                  "inventory_host_topology",
                   "telemetry_idle", "whole_instance", "instance_device_uuid", "telemetry_load", "workload",
                   "workload_uid", "agent_kill9_adoption", "notice_sigterm_checkpoint", "instances_release", "cleanup")
 # contracts of other wave-9 branches: FAIL with "agent does not report ..." until they are merged
@@ -233,6 +234,10 @@ def test_hwcheck_on_a_gpu_node_compares_the_agent_with_nvidia_smi(gpu_node_run):
 
 def test_hwcheck_on_a_gpu_node_contract_device_uuid_and_memory(gpu_node_run):
     checks = checks_of(gpu_node_run[1])
+    topology = checks["inventory_host_topology"]
+    assert topology["status"] == "PASS", topology["detail"]
+    assert f"nproc {len(os.sched_getaffinity(0))}" in topology["detail"]
+    assert "NVLink domains 0=(none) (active links per GPU: 0=0)" in topology["detail"]
     assert checks["instance_device_uuid"]["status"] == "PASS", checks["instance_device_uuid"]["detail"]
     assert checks[CONTRACT_MEMORY]["status"] == "PASS", checks[CONTRACT_MEMORY]["detail"]
 
@@ -248,6 +253,19 @@ def test_hwcheck_on_a_gpu_node_fails_where_nvml_and_nvidia_smi_disagree_or_the_g
     assert checks["telemetry_idle"]["status"] == "FAIL"
     assert checks["telemetry_idle"]["detail"] == ("GPU 0: power 70.5 W, nvidia-smi says 180.0 W; "
                                                   "GPU 0 is not idle: 60.0 % busy before the check put any load")
+
+
+def test_hwcheck_fails_when_nvidia_smi_shows_nvlink_the_agent_does_not(tmp_path):
+    """The stand-in GPU's NVML answers no NVLink call; its nvidia-smi shows an active link: the agent's empty
+    domain is then a FAIL naming the GPU, the rest of the inventory still passes."""
+    env = fake_gpu_env(tmp_path, nvlinks=[26.562, 0])
+    command = [sys.executable, "-m", "agent.hwcheck", "--json", str(tmp_path / "r.json"), "--timeout", "60"]
+    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=200, check=False)
+    checks = checks_of(json.loads((tmp_path / "r.json").read_text()))
+    assert checks["inventory_host_topology"]["status"] == "FAIL", done.stdout
+    assert checks["inventory_host_topology"]["detail"] == ("GPU 0: nvidia-smi shows 1 active NVLink link(s), "
+                                                           "the agent no domain")
+    assert checks["inventory"]["status"] == "PASS" and done.returncode == 1
 
 
 def test_device_check_script_on_a_gpu_machine_writes_every_report(tmp_path):

@@ -243,6 +243,38 @@ def test_backend_host_resources_read_this_machine(tmp_path):
 
     meminfo = tmp_path / "meminfo"
     meminfo.write_text("MemTotal:       65843720 kB\nMemFree:         1000 kB\n")
-    host = host_resources(str(meminfo))
+    no_cgroup = str(tmp_path / "no-cgroup")
+    host = host_resources(str(meminfo), no_cgroup)
     assert host == {"cpu_milli": len(os.sched_getaffinity(0)) * 1000, "memory_mib": 65843720 // 1024}
-    assert host_resources(str(tmp_path / "absent"))["memory_mib"] > 0  # the physical pages instead
+    assert host_resources(str(tmp_path / "absent"), no_cgroup)["memory_mib"] > 0  # the physical pages instead
+
+
+def test_backend_host_resources_capped_by_the_agents_cgroup(tmp_path):
+    """An agent in a container hands out no more than its cgroup allows: cgroup v2 cpu.max / memory.max, else
+    v1's CFS quota and memory limit; "max" (v2) and v1's huge "no limit" count as none."""
+    from agent.backend import cgroup_limits, host_resources
+
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemTotal:       65843720 kB\n")
+    v2 = tmp_path / "v2"
+    v2.mkdir()
+    (v2 / "cpu.max").write_text("150000 100000\n")
+    (v2 / "memory.max").write_text(str(8 << 30) + "\n")
+    assert cgroup_limits(str(v2)) == {"cpu_milli": 1500, "memory_mib": 8192}
+    host = host_resources(str(meminfo), str(v2))
+    cpus = len(__import__("os").sched_getaffinity(0))
+    assert host["memory_mib"] == 8192 and host["cpu_milli"] == min(1500, cpus * 1000)
+    (v2 / "cpu.max").write_text("max 100000\n")
+    (v2 / "memory.max").write_text("max\n")
+    assert cgroup_limits(str(v2)) == {"cpu_milli": 0, "memory_mib": 0}
+    assert host_resources(str(meminfo), str(v2))["memory_mib"] == 65843720 // 1024
+    v1 = tmp_path / "v1"
+    (v1 / "cpu").mkdir(parents=True)
+    (v1 / "memory").mkdir()
+    (v1 / "cpu" / "cpu.cfs_quota_us").write_text("400000\n")
+    (v1 / "cpu" / "cpu.cfs_period_us").write_text("100000\n")
+    (v1 / "memory" / "memory.limit_in_bytes").write_text("9223372036854771712\n")
+    assert cgroup_limits(str(v1)) == {"cpu_milli": 4000, "memory_mib": 0}
+    (v1 / "cpu" / "cpu.cfs_quota_us").write_text("-1\n")
+    (v1 / "memory" / "memory.limit_in_bytes").write_text(str(2 << 30) + "\n")
+    assert cgroup_limits(str(v1)) == {"cpu_milli": 0, "memory_mib": 2048}
