@@ -59,6 +59,8 @@ def reclaim_apply(adjustment: Adjustment, now: datetime) -> None:
             return _finish(adjustment, AdjustmentState.EXPIRED, "the lease has no idle notice any more", now=now)
         remaining = max(0, int(((lease.ends_at or now) - now).total_seconds()))
         milli = sum(lease.allocations.filter(freed_at__isnull=True).values_list("milli", flat=True))
+        # a release frees the GPUs until the lease's end; a suspension or preemption only until the lease is
+        # placed again: that effect is measured when it is (``effects.effects_measure``), not promised here
         effect = {"gpu_seconds_freed": milli * remaining // 1000, "milli": milli}
         why = (f"idle (engine activity {figures.get('mean engine active (permille)', '?')}‰ over "
                f"{figures.get('window seconds', '?')} s, notice given) — adjustment {adjustment.pk}")
@@ -68,12 +70,11 @@ def reclaim_apply(adjustment: Adjustment, now: datetime) -> None:
                                "resumable workload, or its project opted out of suspension)", now=now)
             grace = lease_suspend(lease=lease, actor=LOOP, now=now, why=why)
             return _finish(adjustment, AdjustmentState.APPLIED, f"suspended: {grace} s to checkpoint, then back to "
-                           "the queue", now=now, effect=effect)
+                           "the queue", now=now)
         if step == "preempt":
             lease_preempt(lease=lease, actor=LOOP, now=now, why=f"as {why}", notice_seconds=0)
             transaction.on_commit(_expire_soon)
-            return _finish(adjustment, AdjustmentState.APPLIED, "preempted: back to the queue", now=now,
-                           effect=effect)
+            return _finish(adjustment, AdjustmentState.APPLIED, "preempted: back to the queue", now=now)
     lease_release(lease=lease, actor=LOOP, reason=f"released: {why}", now=now)
     return _finish(adjustment, AdjustmentState.APPLIED, "released", now=now, effect=effect)
 

@@ -129,6 +129,7 @@ def test_an_idle_resumable_training_lease_is_suspended_requeued_and_resumes_from
     capacity_services.plan_run()
     suspend = Adjustment.objects.get(kind="idle_reclaim", lease_id=train_id, change__step="suspend")
     assert suspend.state == "applied" and suspend.outcome.startswith("suspended: 20 s to checkpoint"), suspend.outcome
+    assert suspend.effect is None  # what it frees is known once the lease is placed again, not promised now
     wait_until(lambda: lease_of(train_id).state == LeaseState.QUEUED, timeout=30)
     # the requeue's event says why (the next schedule cycle replaces the lease's reason with its waiting reason)
     assert lease_of(train_id).events.get(to_state=LeaseState.QUEUED, from_state=LeaseState.PREEMPTED).reason == \
@@ -177,5 +178,17 @@ def test_an_idle_resumable_training_lease_is_suspended_requeued_and_resumes_from
     assert abs(metered - Decimal(str(held.total_seconds()))) < Decimal("0.01"), (metered, held, queued)
     span = (ended[0] - placed[0]).total_seconds()
     assert metered < Decimal(str(span - queued + 0.01))  # the queued stretch is not in it
+    # 5. the suspension's effect: the GPU-seconds freed while the lease waited, measured once it was placed again
+    # (not counted to the lease's end, as a release's are: the lease came back)
+    from capacity.services.effects import effects_measure
+
+    assert effects_measure(now=timezone.now()) >= 1
+    suspend.refresh_from_db()
+    milli = suspend.evidence["figures"]["milli held"]
+    back = next(e.at for e in rows if e.to_state == LeaseState.PROVISIONING and e.at > requeued[0])
+    assert suspend.effect["milli"] == milli == 1000
+    assert suspend.effect["seconds_in_queue"] == int((back - requeued[0]).total_seconds())
+    assert suspend.effect["gpu_seconds_freed"] == milli * suspend.effect["seconds_in_queue"] // 1000
+    assert suspend.effect["back_as"] == LeaseState.PROVISIONING
     print(f"\nsuspension: checkpoint at step {step_at_suspension}; {queued:.2f} s queued, unbilled; "
           f"{float(metered):.2f} s metered of a {span:.2f} s span")
