@@ -193,7 +193,7 @@ def _gpus(now: datetime, leases: dict[int, Lease]) -> tuple[CapacityGpu, ...]:
             resumable=lease.pk in resumable and not lease.group_key))
     return tuple(CapacityGpu(id=f"g{gpu.pk}", node=gpu.node.node_id, model=gpu.model, mode=CoreMode(gpu.mode),
                              instances=tuple(instances[gpu.pk]), warm=tuple(warm[gpu.pk]),
-                             mode_since=(gpu.mode_since or gpu.node.enrolled_at).timestamp())
+                             mode_since=(gpu.mode_since or gpu.node.enrolled_at).timestamp(), pool=gpu.node.pool)
                  for gpu in rows)
 
 
@@ -243,9 +243,11 @@ def _queue(now: datetime) -> tuple[Waiting, ...]:
         if chosen is None:
             continue
         tier, need, in_quota = chosen
+        pools = tuple(request.shape.pools or core.snapshot.project_pools.get(request.project, ()))
         out.append(Waiting(request=str(lease.pk), project=str(lease.project_id), shape=_demand(tier, need),
                            count=lease.count, in_quota=in_quota, reason=lease.reason,
-                           waited_seconds=int((now - (lease.queued_at or lease.requested_at)).total_seconds())))
+                           waited_seconds=int((now - (lease.queued_at or lease.requested_at)).total_seconds()),
+                           pools=pools))
     return tuple(out)
 
 

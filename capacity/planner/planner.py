@@ -129,8 +129,10 @@ def _pool_modes(snapshot: CapacitySnapshot, model: str, policy: Policy, now: flo
     unserved = []
     fit = _FitCache(gpus)
     for waiting in queue:
+        usable = gpus if not waiting.pools else [g for g in gpus if waiting.allows(g)]
+        pool_fit = fit if usable is gpus else _FitCache(usable)
         for _ in range(waiting.count):
-            if _fits_as_is(waiting.shape, gpus, planned, claimed, share_used, fit):
+            if _fits_as_is(waiting.shape, usable, planned, claimed, share_used, pool_fit):
                 continue
             unserved.append(waiting)
     # idle GPUs by mode, and the mix the history asks for (GPU-weighted)
@@ -154,19 +156,24 @@ def _pool_modes(snapshot: CapacitySnapshot, model: str, policy: Policy, now: flo
     warm_only = sorted((g for g in gpus if g.idle and g.warm and g.id not in claimed and not planned[g.id]),
                        key=lambda g: g.id, reverse=True)
 
-    def take(wanted: GpuMode, queued: bool = True) -> CapacityGpu | None:
+    def take(wanted: GpuMode, queued: bool = True, pools: tuple[str, ...] = ()) -> CapacityGpu | None:
         """An idle GPU of another mode, from the mode with the largest surplus of idle GPUs over what the
         history asks for (ties: mode name). For the queue (real demand) any idle GPU of another mode will
-        do; for a rebalance toward the history mix (``queued=False``) only a surplus one."""
-        options = [m for m in GpuMode if m != wanted and donors[m] and (surplus[m] > 0 or queued)]
+        do; for a rebalance toward the history mix (``queued=False``) only a surplus one. ``pools``: only a GPU
+        of one of these node pools (the waiting request's; empty: any)."""
+        def ok(gpu: CapacityGpu) -> bool:
+            return not pools or gpu.pool in pools
+
+        options = [m for m in GpuMode if m != wanted and any(ok(g) for g in donors[m]) and (surplus[m] > 0 or queued)]
         if not options:
             for index, gpu in enumerate(warm_only if queued else ()):
-                if gpu.mode != wanted:
+                if gpu.mode != wanted and ok(gpu):
                     return warm_only.pop(index)
             return None
         mode = min(options, key=lambda m: (-surplus[m], m.value))
         surplus[mode] -= 1
-        return donors[mode].pop(0)
+        index = next(i for i, g in enumerate(donors[mode]) if ok(g))
+        return donors[mode].pop(index)
 
     out: list[Adjustment] = []
     window = (snapshot.history.start, snapshot.history.end)
@@ -177,16 +184,16 @@ def _pool_modes(snapshot: CapacitySnapshot, model: str, policy: Policy, now: flo
     mig_units.sort(key=lambda w: (-profile_get(model, w.shape.profile).compute_slices, -w.waited_seconds, w.request))
     still_waiting: list = []
     while mig_units:
-        gpu = take(GpuMode.MIG)
-        if gpu is None:
-            still_waiting += mig_units
-            break
+        gpu = take(GpuMode.MIG, pools=mig_units[0].pools)
+        if gpu is None:  # nothing for the first in its pools; the rest may have room elsewhere
+            still_waiting.append(mig_units.pop(0))
+            continue
         slots: list[Slot] = []
         served = []
         rest = []
         for waiting in mig_units:
             profile = profile_get(model, waiting.shape.profile)
-            starts = free_starts(layout_of(gpu, slots), profile)
+            starts = free_starts(layout_of(gpu, slots), profile) if waiting.allows(gpu) else ()
             if starts:
                 slots.append(Slot(gpu.id, starts[0], profile.name))
                 served.append(waiting)
@@ -196,16 +203,16 @@ def _pool_modes(snapshot: CapacitySnapshot, model: str, policy: Policy, now: flo
         out.append(_switch(snapshot, gpu, GpuMode.MIG, tuple(slots), served, policy, window, now))
     for units, mode in ((whole_units, GpuMode.WHOLE), (share_units, GpuMode.SHARED)):
         while units:
-            gpu = take(mode)
-            if gpu is None:
-                still_waiting += units
-                break
+            gpu = take(mode, pools=units[0].pools)
+            if gpu is None:  # nothing for the first in its pools; the rest may have room elsewhere
+                still_waiting.append(units.pop(0))
+                continue
             if mode == GpuMode.WHOLE:
                 served, units = units[:1], units[1:]
             else:
                 room, served, rest = FULL, [], []
                 for waiting in units:
-                    if waiting.shape.milli <= room:
+                    if waiting.shape.milli <= room and waiting.allows(gpu):
                         room -= waiting.shape.milli
                         served.append(waiting)
                     else:
@@ -340,15 +347,16 @@ def _drains(snapshot, gpus, model, waiting, claimed, policy, window, now, polici
     pending = list(waiting)
     # what an emptied GPU of one mode would serve depends on its mode, the model and the pending units only, not on
     # which GPU it is: worked out once per mode while nothing is taken from ``pending`` (the same answers)
-    serves: dict[GpuMode, tuple] = {}
+    serves: dict[tuple[GpuMode, str], tuple] = {}
     for gpu in gpus:
         if not pending:
             break
         if gpu.idle or gpu.id in claimed or any(i.in_quota for i in gpu.instances):
             continue
-        known = serves.get(gpu.mode)
-        if known is None:
-            known = serves[gpu.mode] = _emptied_serves(model, gpu.mode, pending)
+        known = serves.get((gpu.mode, gpu.pool))
+        if known is None:  # only units whose pools hold this GPU's
+            known = serves[(gpu.mode, gpu.pool)] = _emptied_serves(model, gpu.mode,
+                                                                    [w for w in pending if w.allows(gpu)])
         mode, served, starts, gain = known
         if mode is None:
             continue  # no queued in-quota unit of another mode

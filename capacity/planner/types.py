@@ -94,6 +94,7 @@ class CapacityGpu:
     instances: tuple[Instance, ...] = ()
     warm: tuple[WarmInstance, ...] = ()
     mode_since: float = 0.0  # when the GPU entered its mode (rebalancing leaves recent switches alone)
+    pool: str = ""  # its node's pool (``Node.pool``): a request bound to pools is served only there
 
     @property
     def idle(self) -> bool:
@@ -112,6 +113,12 @@ class Waiting:
     in_quota: bool = True
     reason: str = ""
     waited_seconds: int = 0
+    # the node pools it may be placed in (its shape's, else its project's binding; empty: any), as the scheduler
+    # places it: a switch for it is proposed only on a GPU of one of them
+    pools: tuple[str, ...] = ()
+
+    def allows(self, gpu: CapacityGpu) -> bool:
+        return not self.pools or gpu.pool in self.pools
 
 
 @dataclass(frozen=True, slots=True, order=True)

@@ -156,3 +156,35 @@ def test_the_cycle_tells_its_listeners_what_waits(world, settings, django_captur
         unregister()
     assert [wait.pools for wait in told] == [(("H100-80GB", "whole"),)]
     assert told[0].now >= before
+
+
+def test_the_switch_for_a_pool_bound_project_lands_in_its_pool(world, monkeypatch, django_capture_on_commit_callbacks):
+    """A project bound to the node pool "west" (``Project.pools``): its waiting whole-GPU lease gets its switch on
+    the idle GPU of the "west" node, not on the default pool's GPU it could never use (the planner reads the
+    binding and each GPU's ``Node.pool``), and the next cycle places it there."""
+    from tenants.models import Project
+
+    # enrolled second, the default pool's GPU is the one the planner would pick first without the binding
+    for node_id, pool in (("node-b", "west"), ("node-a", "default")):
+        token = services.enrollment_token_create(uses=1, pool=pool)
+        services.node_enroll(node_id=node_id, token=token, address=f"http://127.0.0.1:9/n/{node_id}", inventory={
+            "gpus": [{"index": 0, "uuid": f"GPU-{node_id}", "model": "H100-80GB", "mode": "mig",
+                      "memory_mib": 81559}]})
+    Project.objects.filter(slug="vision").update(pools=["west"])
+
+    class Agent:
+        def set_gpu_mode(self, uuid, mode):
+            pass
+
+    monkeypatch.setattr(services, "agent_client", lambda node: Agent())
+    monkeypatch.setattr(services, "schedule_cycle_request", lambda: None)
+    monkeypatch.setattr(tasks.plan_run, "delay", lambda: capacity_services.plan_run())
+    lease = ask(world, WHOLE)
+    cycle(django_capture_on_commit_callbacks)
+    switch = Adjustment.objects.get(kind="mode_switch")
+    gpu = Gpu.objects.get(pk=int(switch.change["gpu"].lstrip("g")))
+    assert gpu.node.node_id == "node-b" and gpu.mode == "whole", switch.reason
+    assert Gpu.objects.get(node__node_id="node-a").mode == "mig"
+    cycle(django_capture_on_commit_callbacks)
+    lease.refresh_from_db()
+    assert lease.state != LeaseState.QUEUED and Allocation.objects.get(lease=lease).gpu_id == gpu.pk

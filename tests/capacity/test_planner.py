@@ -78,6 +78,38 @@ def test_planner_switches_an_idle_whole_gpu_to_mig_for_a_queue_of_mig_requests()
     assert layout_problems(snapshot, adjustments) == []
 
 
+def test_planner_switches_only_inside_the_node_pools_a_waiting_request_is_bound_to():
+    """A request bound to pool "b" (its project's binding, docs/scheduling.md "Cohorts and pools") is served by
+    a switch of an idle GPU in "b", never of one in "a" that it could not use; an idle GPU of the right mode in
+    "a" does not count as room for it; with no GPU in "b" to switch, nothing is proposed for it."""
+    def pooled(index, pool, mode=GpuMode.MIG):
+        return replace(gpu(index, mode), pool=pool)
+
+    bound = Waiting("r1", "p1", WHOLE, waited_seconds=600, pools=("b",))
+    snapshot = CapacitySnapshot(gpus=(pooled(0, "a"), pooled(1, "a", GpuMode.WHOLE), pooled(2, "b")),
+                                queue=(bound,), policies=(AUTO,))
+    adjustments = plan_capacity(snapshot, now=NOW)
+    switches = of(adjustments, AdjustmentKind.MODE_SWITCH)
+    assert [(a.change.gpu, a.change.to_mode) for a in switches] == [("g2", "whole")]
+    assert layout_problems(snapshot, adjustments) == []
+    # unbound, the idle whole GPU in "a" serves it as it is: no switch
+    free = replace(snapshot, queue=(replace(bound, pools=()),))
+    assert of(plan_capacity(free, now=NOW), AdjustmentKind.MODE_SWITCH) == []
+    # bound to "b" with no GPU there but busy ones: nothing to switch for it (the "a" GPUs stay as they are)
+    nothing = replace(snapshot, gpus=(pooled(0, "a"), pooled(1, "a", GpuMode.WHOLE),
+                                      replace(gpu(2, GpuMode.MIG, lease("busy", profile="7g.80gb", start=0)),
+                                              pool="b")))
+    assert [a.change.gpu for a in plan_capacity(nothing, now=NOW)
+            if dict(a.evidence.figures).get("queued milli served")] == []
+    # MIG units of two pools: each switch serves only the units its pool allows
+    mig = CapacitySnapshot(gpus=(pooled(0, "a", GpuMode.WHOLE), pooled(1, "b", GpuMode.WHOLE)),
+                           queue=(Waiting("m1", "p1", MIG3, waited_seconds=600, pools=("b",)),
+                                  Waiting("m2", "p2", MIG3, waited_seconds=500, pools=("a",))), policies=(AUTO,))
+    layouts = of(plan_capacity(mig, now=NOW), AdjustmentKind.MIG_LAYOUT)
+    assert sorted(a.change.gpu for a in layouts) == ["g0", "g1"]
+    assert all(len(a.change.slots) == 1 for a in layouts)
+
+
 def test_planner_does_not_switch_when_the_queue_fits_as_things_are():
     snapshot = CapacitySnapshot(gpus=(gpu(0, GpuMode.MIG), gpu(1)), queue=(Waiting("r1", "p1", MIG3),))
     assert of(plan_capacity(snapshot, now=NOW), AdjustmentKind.MIG_LAYOUT) == []
