@@ -57,9 +57,12 @@ def job_index(request_id: str) -> int:
     return int(request_id[1:])
 
 
-def load(path: Path | str, *, days: float | None = None, limit: int | None = None) -> Trace:
-    """Jobs in submission order (file order breaks ties); ``days``: only jobs submitted within that many
-    days of the first one; ``limit``: only the first that many jobs (after dropping unusable rows)."""
+def load(path: Path | str, *, days: float | None = None, limit: int | None = None,
+         from_day: float = 0.0) -> Trace:
+    """Jobs in submission order (file order breaks ties); ``from_day``: only jobs submitted that many days or
+    more after the trace's first one, their times counted from the first of them (a later window of the same
+    trace; the cluster starts empty there too); ``days``: only jobs submitted within that many days of the
+    window's first one; ``limit``: only the first that many jobs (after dropping unusable rows)."""
     dropped = {"num_gpus<=0": 0, "duration<=0": 0, "unparseable": 0}
     rows: list[tuple[datetime, int, str, float, int]] = []
     with Path(path).open(newline="") as handle:
@@ -82,6 +85,11 @@ def load(path: Path | str, *, days: float | None = None, limit: int | None = Non
     rows.sort(key=lambda r: (r[0], r[1]))
     if not rows:
         return Trace([], None, dropped)
+    if from_day:
+        first = rows[0][0]
+        rows = [row for row in rows if (row[0] - first).total_seconds() >= from_day * 86400]
+        if not rows:
+            return Trace([], None, dropped)
     start = rows[0][0]
     jobs: list[Job] = []
     for when, _, project, duration, gpus in rows:

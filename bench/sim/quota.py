@@ -761,6 +761,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--load", type=float, default=0.8, help="mean offered load as a fraction of the GPUs")
     parser.add_argument("--gpus", type=int, default=None, help="cluster size (overrides --load); multiple of 8")
     parser.add_argument("--days", type=float, default=None, help="only jobs submitted in the first D days")
+    parser.add_argument("--from-day", dest="from_day", type=float, default=0.0,
+                        help="start the window D days after the trace's first job (the fleet starts empty there)")
     parser.add_argument("--limit", type=int, default=None, help="only the first N jobs")
     parser.add_argument("--notice", type=float, default=30.0, help="preemption notice, simulated seconds")
     parser.add_argument("--checkpoint", type=float, default=600.0,
@@ -798,7 +800,7 @@ def main_quota(argv: list[str] | None = None) -> int:
         if policy not in POLICIES:
             print(f"unknown policy {policy!r}; known: {', '.join(POLICIES)}", file=sys.stderr)
             return 2
-    trace = load(args.jobs, days=args.days, limit=args.limit)
+    trace = load(args.jobs, days=args.days, limit=args.limit, from_day=args.from_day)
     if len(trace.jobs) < 2:
         print("the trace selection has fewer than two jobs", file=sys.stderr)
         return 2

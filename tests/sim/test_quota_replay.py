@@ -164,3 +164,18 @@ def test_reservations_replay_completes_and_reports_gang_waits(tmp_path, capsys):
     without = json.loads((tmp_path / "philly_quota_ours.json").read_text())["figures"]
     assert with_them["reservations"] and not without["reservations"]
     assert {"in_quota_gang_ttg_s", "reservation_cycles", "reserved_jobs"} <= set(with_them)
+
+
+def test_a_later_window_of_the_trace_starts_at_zero_from_its_first_job():
+    """``--from-day D``: the jobs submitted D days or more after the trace's first, counted from the first of
+    them (arrival 0), ``--days`` and ``--limit`` applied within the window."""
+    from bench.sim.philly import load
+
+    whole = load(DEFAULT_TRACE)
+    later = load(DEFAULT_TRACE, from_day=24, days=2, limit=5000)
+    assert later.jobs and later.jobs[0].arrival == 0.0
+    assert all(job.arrival < 2 * 86400 for job in later.jobs) and len(later.jobs) <= 5000
+    offset = (later.start - whole.start).total_seconds()
+    assert offset >= 24 * 86400
+    assert not [job for job in whole.jobs if 24 * 86400 <= job.arrival < offset]  # nothing skipped in between
+    assert load(DEFAULT_TRACE, from_day=10_000).jobs == []
