@@ -452,8 +452,9 @@ class Isolation:
 
     def host_limits(self, devices: list[dict], spec: dict | None = None) -> tuple[int, int]:
         """(milli-CPUs, memory bytes) of a run: what its lease asked for on this node (the spec's ``cpu_milli``
-        and ``memory_mib``, each on its own), else the leased share of GPUs (a whole GPU 1, a share its milli,
-        a MIG instance its memory slots of 8) times the node's CPU and memory per GPU. 0: no limit (a node
+        and ``memory_mib``, each on its own), else the leased share of GPUs (a whole GPU 1; a share or a MIG
+        instance the ``gpu_fraction`` the manager records, its milli or its memory of its GPU's, else its milli
+        / its memory slots of 8) times the node's CPU and memory per GPU. 0: no limit (a node
         whose per-GPU figures are unknown). A limit is never under ``CPU_MILLI_MIN`` / ``MEMORY_BYTES_MIN``."""
         spec = spec or {}
         gpus = 0.0
