@@ -9,8 +9,11 @@ With ``isolation = "uid"`` (the default ``"auto"`` when the agent runs as root) 
   kept in ``STATE_DIR/isolation.json`` (0600), so a tenant keeps its uid across restarts and never shares
   one with another tenant;
 - is in its own **cgroup** (``Cgroups``: v2 where the memory, cpu and pids controllers are available, v1
-  otherwise) with a CPU quota, a memory limit and a pids limit derived from the lease (the leased share of
-  the node's GPUs times the node's CPUs and memory per GPU);
+  otherwise) with a CPU quota, a memory limit and a pids limit derived from the lease: the host CPU and
+  memory the lease asked for on this node (the workload's ``cpu_milli`` / ``memory_mib``, set by the broker
+  from ``gpu.cpu_milli_per_unit`` / ``gpu.host_memory_mib_per_unit``), else the leased share of the node's
+  GPUs times the node's CPUs and memory per GPU (``host_limits``; the container runtimes pass the same as
+  ``--cpus`` / ``--memory``);
 - reaches only its **leased GPUs' device nodes**: on v1 the devices controller allows the usual character
   devices, ``nvidiactl``, ``nvidia-uvm*``, ``nvidia-modeset`` and ``nvidia<N>`` of the leased GPUs only; on
   v2 (no devices controller without BPF) every other ``nvidia<N>`` is masked with ``/dev/null`` in the run's
@@ -68,6 +71,10 @@ PRIVATE_RUN = "/run"  # the node's services' unix sockets (PostgreSQL's, a conta
 NETWORKS = ("node", "closed-local")  # workload_network: see LocalServicesFirewall
 PIDS_MAX = 4096
 CPU_PERIOD_US = 100_000
+# the smallest limits applied: 10 milli-CPUs is a quota of 1 ms per period (the kernel refuses less; Docker's
+# --cpus 0.01), 6 MiB is Docker's smallest --memory
+CPU_MILLI_MIN = 10
+MEMORY_BYTES_MIN = 6 << 20
 MODES = ("auto", "uid", "none")
 
 
@@ -443,18 +450,31 @@ class Isolation:
     def uid_for(self, spec: dict) -> int:
         return self.uid_map.uid_for(self.tenant_of(spec))
 
-    def limits(self, devices: list[dict]) -> Limits:
-        """The run's limits from its lease: the leased share of GPUs (a whole GPU 1, a share its milli, a MIG
-        instance its memory slots of 8) times the node's CPU and memory per GPU; the leased GPUs' nodes."""
+    def host_limits(self, devices: list[dict], spec: dict | None = None) -> tuple[int, int]:
+        """(milli-CPUs, memory bytes) of a run: what its lease asked for on this node (the spec's ``cpu_milli``
+        and ``memory_mib``, each on its own), else the leased share of GPUs (a whole GPU 1; a share or a MIG
+        instance the ``gpu_fraction`` the manager records, its milli or its memory of its GPU's, else its milli
+        / its memory slots of 8) times the node's CPU and memory per GPU. 0: no limit (a node
+        whose per-GPU figures are unknown). A limit is never under ``CPU_MILLI_MIN`` / ``MEMORY_BYTES_MIN``."""
+        spec = spec or {}
         gpus = 0.0
         for device in devices:
-            if device["kind"] == "share":
+            if device.get("gpu_fraction"):  # the manager's: a share's milli, a MIG instance's memory of its GPU's
+                gpus += device["gpu_fraction"]
+            elif device["kind"] == "share":
                 gpus += device.get("milli", 1000) / 1000
             elif device["kind"] == "mig":
                 gpus += device.get("slots", 1) / 8
             else:
                 gpus += 1
         gpus = max(gpus, 1 / 8)
+        cpu = int(spec.get("cpu_milli") or 0) or int(self.cpu_milli_per_gpu * gpus)
+        memory = (int(spec.get("memory_mib") or 0) << 20) or int(self.memory_bytes_per_gpu * gpus)
+        return (max(cpu, CPU_MILLI_MIN) if cpu else 0), (max(memory, MEMORY_BYTES_MIN) if memory else 0)
+
+    def limits(self, devices: list[dict], spec: dict | None = None) -> Limits:
+        """The run's limits from its lease (``host_limits``) and the leased GPUs' device nodes."""
+        cpu_milli, memory_bytes = self.host_limits(devices, spec)
         rules = []
         for index in sorted({d["gpu_index"] for d in devices if d.get("gpu_index") is not None}):
             with contextlib.suppress(OSError):
@@ -466,8 +486,7 @@ class Isolation:
                 node = os.stat(self.device_dir / name)
                 if stat.S_ISCHR(node.st_mode):
                     rules.append(f"c {os.major(node.st_rdev)}:{os.minor(node.st_rdev)} rwm")
-        return Limits(cpu_milli=int(self.cpu_milli_per_gpu * gpus), memory_bytes=int(self.memory_bytes_per_gpu * gpus),
-                      pids=self.pids_max, devices=tuple(rules))
+        return Limits(cpu_milli=cpu_milli, memory_bytes=memory_bytes, pids=self.pids_max, devices=tuple(rules))
 
     def masked_devices(self, devices: list[dict]) -> list[str]:
         """The GPU device nodes a run must not reach (every ``nvidia<N>`` of ``device_dir`` not leased)."""
@@ -506,7 +525,7 @@ class Isolation:
         exposed = list(dict.fromkeys(exposed))
         cgroup = self.cgroup_name(workload)
         try:
-            procs = self.cgroups.create(cgroup, self.limits(workload["devices"])) if self.cgroups else []
+            procs = self.cgroups.create(cgroup, self.limits(workload["devices"], spec)) if self.cgroups else []
         except OSError as error:
             raise IsolationError(f"cannot make the workload's cgroup under {self.cgroups.root}: {error}") from error
         masks = [] if self.cgroups and self.cgroups.restricts_devices else self.masked_devices(workload["devices"])

@@ -219,7 +219,12 @@ MAX_ARGS = 256
 MAX_INSTANCES = 16
 MAX_RESTARTS = 100
 SPEC_FIELDS = ("instances", "command", "image", "args", "env", "secret_env", "scope", "workdir", "checkpoint_dir",
-               "restart_policy", "max_restarts", "restart_count", "port", "host_port", "perf")
+               "restart_policy", "max_restarts", "restart_count", "port", "host_port", "perf", "cpu_milli",
+               "memory_mib")
+# the host CPU (milli-CPUs) and memory (MiB) a lease asked for on this node (its per-unit ask times the units it
+# holds here, set by the broker): the workload's cgroup / --cpus / --memory; 0 = the node's share per GPU
+MAX_CPU_MILLI = 16_384_000
+MAX_MEMORY_MIB = 1 << 28
 # an ``env`` name that says it holds a credential is refused: such values go in ``secret_env``, which is never
 # shown (docs/security.md, "Workload secrets"). A word of the name (split at "_") or the whole name.
 SECRET_WORDS = ("TOKEN", "TOKENS", "SECRET", "SECRETS", "PASSWORD", "PASSWD", "KEY", "KEYS", "APIKEY", "CREDENTIAL",
@@ -352,13 +357,15 @@ def spec_from_json(body: object, roots: list[Path], *, resolve: bool = False) ->
             raise InvalidRequest("host_port maps an interactive workload's port: give port too", field="host_port")
         host_port = integer("host_port", 0, 1024, 65535)
     perf = perf_from_json(body.get("perf"))
+    host = {"cpu_milli": integer("cpu_milli", 0, 0, MAX_CPU_MILLI),
+            "memory_mib": integer("memory_mib", 0, 0, MAX_MEMORY_MIB)}
     return {"instances": list(instances), "command": command, "image": image, "args": args, "env": env,
             "secret_env": secret_env, "scope": scope,
             "workdir": check_path("workdir", body.get("workdir"), roots, resolve=resolve),
             "checkpoint_dir": check_path("checkpoint_dir", body.get("checkpoint_dir"), roots, resolve=resolve),
             "restart_policy": policy, "max_restarts": integer("max_restarts", 3, 0, MAX_RESTARTS),
             "restart_count": integer("restart_count", 0, 0, 1_000_000), "port": port, "host_port": host_port,
-            "perf": perf}
+            "perf": perf, **host}
 
 
 def perf_from_json(value: object) -> dict | None:

@@ -87,6 +87,17 @@ def device_env(instances: list[dict]) -> dict[str, str]:
     return env
 
 
+def cpus_flag(milli: int) -> str:
+    """Milli-CPUs as the engines' ``--cpus`` decimal, exactly: 500 → ``0.5``, 2000 → ``2``, 1250 → ``1.25``."""
+    whole, part = divmod(int(milli), 1000)
+    return f"{whole}.{part:03d}".rstrip("0").rstrip(".")
+
+
+def memory_flag(memory_bytes: int) -> str:
+    """Bytes as the engines' ``--memory`` (Docker's and Podman's units: ``m`` MiB, ``b`` bytes)."""
+    return f"{memory_bytes >> 20}m" if memory_bytes % (1 << 20) == 0 else f"{memory_bytes}b"
+
+
 # -- runtimes -------------------------------------------------------------------------------------
 class Runtime(abc.ABC):
     """How a workload run is started and ended. ``argv`` is the command line it runs (tests check it);
@@ -145,7 +156,9 @@ class ContainerRuntime(Runtime):
     env file (0600, never argv: ``ps`` shows argv to every user). A share adds ``--ipc=host`` and its GPU's
     MPS pipe directory (``CUDA_MPS_PIPE_DIRECTORY`` of the workload's environment when the agent runs that
     GPU's MPS control daemon, ``agent.mps``; else ``mps_pipe_directory``), as MPS clients need. The
-    checkpoint and working directories are mounted at the same paths. The engine CLI stays attached
+    checkpoint and working directories are mounted at the same paths. The workload's host limits (the
+    manager's ``workload["limits"]``: the lease's CPU and memory ask on this node, else the node's share per
+    leased GPU, ``Isolation.host_limits``) become ``--cpus`` and ``--memory``. The engine CLI stays attached
     (``--sig-proxy`` is its default), so the SIGTERM at a notice reaches the container's process; the
     SIGKILL at the deadline also runs ``ENGINE kill`` on the container, which the CLI's death alone does not
     stop.
@@ -192,6 +205,11 @@ class ContainerRuntime(Runtime):
         if self.cdi_devices:
             for device in devices:
                 argv += ["--device", device]
+        limits = workload.get("limits") or {}
+        if limits.get("cpu_milli"):
+            argv.append(f"--cpus={cpus_flag(limits['cpu_milli'])}")
+        if limits.get("memory_bytes"):
+            argv.append(f"--memory={memory_flag(limits['memory_bytes'])}")
         if any(d["kind"] == "share" for d in workload["devices"]):
             pipe = env.get("CUDA_MPS_PIPE_DIRECTORY") or self.mps_pipe_directory
             argv += ["--ipc=host", "-v", f"{pipe}:{pipe}", "-e", f"CUDA_MPS_PIPE_DIRECTORY={pipe}"]
@@ -350,6 +368,7 @@ class WorkloadManager:
         return {key: workload[key] for key in ("workload_id", "state", "spec", "devices", "runtime", "argv",
                                                 "notice", "stop", "next_start_at", "local_restarts", "runs",
                                                 "events", "created_at")} | {
+            "limits": workload.get("limits") or {"cpu_milli": 0, "memory_bytes": 0},
             "restart_count": workload["spec"]["restart_count"] + workload["local_restarts"],
             "log_bytes": sizes, "acked_seq": workload["acked_seq"]}
 
@@ -388,7 +407,9 @@ class WorkloadManager:
         existing = self.workloads.get(workload_id)
         if existing is not None:
             # (a workload kept by an agent from before secret_env and scope existed has neither key)
-            if {"secret_env": [], "scope": "", **existing["spec"]} == spec and self._secret_env(existing) == secret_env:
+            # (nor cpu_milli and memory_mib: the node's share per GPU, as then)
+            before = {"secret_env": [], "scope": "", "cpu_milli": 0, "memory_mib": 0, **existing["spec"]}
+            if before == spec and self._secret_env(existing) == secret_env:
                 return self._public(existing), False
             raise Conflict(f"workload {workload_id!r} exists with another definition", field="workload_id")
         for other in self.workloads.values():
@@ -409,6 +430,7 @@ class WorkloadManager:
                     "runtime": self.runtime.name, "argv": [], "state": "running", "created_at": now,
                     "notice": notice, "stop": None, "next_start_at": None, "local_restarts": 0, "runs": [],
                     "events": [], "seq": 0, "acked_seq": 0}
+        workload["limits"] = self._host_limits(workload)
         directory = self._dir(workload)
         directory.mkdir(parents=True, exist_ok=True)
         self._secret_env_write(workload, secret_env)
@@ -587,6 +609,13 @@ class WorkloadManager:
             fraction = 1.0
         return {"gpu_index": gpu["index"], "gpu_fraction": round(fraction, 4)}
 
+    def _host_limits(self, workload: dict) -> dict:
+        """The run's host CPU (milli-CPUs) and memory (bytes): the lease's ask on this node (the spec's
+        ``cpu_milli`` / ``memory_mib``), else the node's share per leased GPU (``Isolation.host_limits``); the
+        cgroup's limits (isolation ``uid``) and a container's ``--cpus`` / ``--memory``."""
+        cpu_milli, memory_bytes = self.isolation.host_limits(workload["devices"], workload["spec"])
+        return {"cpu_milli": cpu_milli, "memory_bytes": memory_bytes}
+
     def _units_file(self, workload: dict) -> Path:
         return (self._home(workload) if self._isolating() else self._dir(workload)) / "units"
 
@@ -693,6 +722,7 @@ class WorkloadManager:
         banner = (f"--- gpubroker: run {number} (RESTART_COUNT={restart_count}) at "
                   f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(now))}")
         env = self._env(workload, run["token"])
+        workload["limits"] = self._host_limits(workload)  # the container's --cpus / --memory (the cgroup's: prepare)
         try:
             launcher = None
             if self._isolating():

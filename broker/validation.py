@@ -331,6 +331,10 @@ def workload_split(value: object, shape: dict, *, scope: str) -> tuple[dict | No
         if name not in value:
             continue
         raise ValidationFailed(f"workload.{name} is set by the broker.", field=f"workload.{name}")
+    for name, ask in (("cpu_milli", "gpu.cpu_milli_per_unit"), ("memory_mib", "gpu.host_memory_mib_per_unit")):
+        if name in value:  # the node gets the lease's host ask (per unit × its units there) from the broker
+            raise ValidationFailed(f"workload.{name} is set by the broker from {ask}: ask for the host CPU and "
+                                   "memory per unit there.", field=f"workload.{name}")
     if shape["count"] > 1 and not shape["gang"]:
         raise ValidationFailed("A workload runs on one node: a lease of several devices needs gang: true.",
                                field="workload")

@@ -75,6 +75,7 @@ def lease_workload_start(*, lease_id: int) -> str:
             "max_restarts": agent_max_restarts(workload)}
     if placement is not None and placement.host_port is not None:
         body["host_port"] = placement.host_port
+    body.update(workload_host_ask(lease=workload.lease, units=len(allocations)))
     if workload.lease.group_key:  # a lease group's members meet through the rendezvous variables
         body["env"] = {**body.get("env", {}), **group_rendezvous_env(lease=workload.lease)}
     try:
@@ -123,6 +124,16 @@ def group_rendezvous_env(*, lease: Lease) -> dict[str, str]:
             "NNODES": str(len(distinct)), "NODE_RANK": str(distinct.index(nodes[rank].node_id)),
             "GPUBROKER_GROUP_NODES": ",".join(node.node_id for node in nodes),
             "GPUBROKER_GROUP_HOSTS": ",".join(hosts)}
+
+
+def workload_host_ask(*, lease: Lease, units: int) -> dict[str, int]:
+    """The host CPU and memory the lease asked for on its workload's node (``gpu.cpu_milli_per_unit`` /
+    ``gpu.host_memory_mib_per_unit`` times the units it holds there, what the scheduler reserved against the
+    node's ``host_cpu_milli`` / ``host_memory_mib``): the workload's ``cpu_milli`` / ``memory_mib``, which the
+    agent enforces (its cgroup, a container's ``--cpus`` / ``--memory``). A field the lease did not ask for is
+    left out: the node's share per leased GPU applies, and an agent from before these fields accepts the body."""
+    ask = {"cpu_milli": lease.cpu_milli_per_unit * units, "memory_mib": lease.host_memory_mib_per_unit * units}
+    return {name: value for name, value in ask.items() if value}
 
 
 class PortsExhausted(Exception):

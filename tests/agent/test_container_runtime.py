@@ -155,6 +155,24 @@ def test_an_agent_refuses_a_workload_on_an_instance_without_a_uuid_with_a_proble
     assert refused.value.field == "instances[0]" and manager.all() == []
 
 
+@pytest.mark.parametrize("engine", ["docker", "podman"])
+def test_the_host_limits_become_cpus_and_memory(tmp_path, sim, engine):
+    """The manager's ``limits`` (the lease's ask on the node, else its share per GPU) in the engines' syntax:
+    ``--cpus`` a decimal of CPUs, ``--memory`` MiB (``m``) or bytes (``b``); none without limits."""
+    whole = instance(sim, "w", kind="whole", gpu=sim.state["gpus"][2]["uuid"])
+    workload = {"workload_id": "wl", "spec": spec_from_json({"instances": ["w"], "image": "img"}, [tmp_path]),
+                "devices": [{"allocation_id": "w", "kind": "whole", "device_uuid": whole["device_uuid"],
+                             "gpu": whole["gpu"], "memory_mib": 0}]}
+    (tmp_path / "wl").mkdir()
+    for limits, expected in (({"cpu_milli": 500, "memory_bytes": 256 << 20}, ["--cpus=0.5", "--memory=256m"]),
+                             ({"cpu_milli": 2000, "memory_bytes": (1 << 30) + 1}, ["--cpus=2", "--memory=1073741825b"]),
+                             ({"cpu_milli": 1250, "memory_bytes": 0}, ["--cpus=1.25"]),
+                             ({"cpu_milli": 0, "memory_bytes": 0}, []), (None, [])):
+        argv = ContainerRuntime(engine).argv({**workload, "limits": limits}, {}, tmp_path / "wl")
+        assert [a for a in argv if a.startswith(("--cpus", "--memory"))] == expected, limits
+        assert argv.index("img") > max([argv.index(a) for a in expected], default=0)  # engine options: before
+
+
 def test_a_container_node_needs_an_image(tmp_path, sim):
     whole = instance(sim, "w", kind="whole", gpu=sim.state["gpus"][2]["uuid"])
     manager = WorkloadManager(tmp_path / "state", ContainerRuntime("docker"), roots=[tmp_path])
@@ -197,8 +215,11 @@ def test_the_agent_runs_the_engine_sigterms_it_at_the_notice_and_kills_the_conta
         mig = next(g for g in client.inventory()["gpus"] if g["mode"] == "mig")["uuid"]
         created = client.create("c-m", {"kind": "mig", "gpu": mig, "profile": "2g.20gb", "start": 0})
         started = client.workload_start("wl-c", {"instances": ["c-m"], "image": "busybox:1.36",
-                                                 "args": ["sh", "-c", "sleep 1000"], "restart_count": 1})
+                                                 "args": ["sh", "-c", "sleep 1000"], "restart_count": 1,
+                                                 "cpu_milli": 1500, "memory_mib": 3072})
         assert devices_of(started["argv"]) == [f"nvidia.com/gpu={created['device_uuid']}"]
+        assert "--cpus=1.5" in started["argv"] and "--memory=3072m" in started["argv"]  # the lease's host ask
+        assert started["limits"] == {"cpu_milli": 1500, "memory_bytes": 3072 << 20}
         deadline_wait = time.monotonic() + 10
         # the fake opens the log before it writes the line: wait for a whole line, not for the file (a loaded
         # machine once showed the file empty)
@@ -351,6 +372,13 @@ def test_podman_runs_a_share_workload_through_the_agent_sigterm_at_the_notice_an
         shutil.rmtree(mps_dir, ignore_errors=True)
 
 
+# what the container's cgroup says of its CPU and memory limits, v2 or v1 (busybox's sh and cat)
+LIMITS = ("echo cpu.max=$(cat /sys/fs/cgroup/cpu.max 2>/dev/null); echo memory.max=$(cat /sys/fs/cgroup/memory.max "
+          "2>/dev/null); echo quota=$(cat /sys/fs/cgroup/cpu/cpu.cfs_quota_us 2>/dev/null); "
+          "echo period=$(cat /sys/fs/cgroup/cpu/cpu.cfs_period_us 2>/dev/null); "
+          "echo memory=$(cat /sys/fs/cgroup/memory/memory.limit_in_bytes 2>/dev/null)")
+
+
 def test_podman_container_that_ignores_sigterm_is_killed_at_the_deadline_and_removed(tmp_path, monkeypatch, podman):
     for key, value in podman.items():
         monkeypatch.setenv(key, value)
@@ -362,12 +390,21 @@ def test_podman_container_that_ignores_sigterm_is_killed_at_the_deadline_and_rem
         client = agent.client(retries=0)
         whole = next(g for g in client.inventory()["gpus"] if g["mode"] == "whole")
         client.create("c-w", {"kind": "whole", "gpu": whole["uuid"]})
-        client.workload_start("wl-k", {"instances": ["c-w"], "image": IMAGE, "command": [
-            "/bin/sh", "-c", "trap 'echo ignoring SIGTERM' TERM; echo up; while true; do sleep 0.1; done"]})
+        started = client.workload_start("wl-k", {"instances": ["c-w"], "image": IMAGE, "command": [
+            "/bin/sh", "-c", f"{LIMITS}; trap 'echo ignoring SIGTERM' TERM; echo up; while true; do sleep 0.1; done"],
+            "cpu_milli": 500, "memory_mib": 256})
+        assert "--cpus=0.5" in started["argv"] and "--memory=256m" in started["argv"]
         deadline_wait = time.monotonic() + 60
         while "up" not in client.workload_logs("wl-k")["data"] and time.monotonic() < deadline_wait:
             assert client.workload("wl-k")["state"] == "running", client.workload_logs("wl-k", stream="stderr")
             time.sleep(0.1)
+        # the engine applied the lease's host ask: half a CPU, 256 MiB, in the container's own cgroup
+        seen = dict(line.split("=", 1) for line in client.workload_logs("wl-k")["data"].splitlines() if "=" in line)
+        if seen.get("cpu.max"):  # cgroup v2 in the container
+            assert seen["cpu.max"] == "50000 100000" and seen["memory.max"] == str(256 << 20), seen
+        else:  # v1 (this machine's hybrid hierarchy, runc)
+            assert (seen["quota"], seen["period"]) == ("50000", "100000"), seen
+            assert seen["memory"] == str(256 << 20), seen
         client.notice("c-w", time.time() + 2.0, "reclaimed")
         deadline_wait = time.monotonic() + 40
         while client.workload("wl-k")["state"] == "running" and time.monotonic() < deadline_wait:

@@ -213,21 +213,31 @@ def test_isolation_uid_per_tenant_kept_across_restarts_and_directories_owned(cli
 SLEEPER = "import time; print('up', flush=True); time.sleep(60)"
 
 
-def test_isolation_cgroup_holds_the_lease_limits_and_ends_with_the_run(client, agent):
-    require("cgroup v1 controllers (memory, cpu, pids, devices) under /sys/fs/cgroup", Cgroups().version == "v1",
-            "a machine with cgroup v1 (the v2 driver is tested on a cgroup2-shaped tree below)")
-    whole(client, "cg", 1)
-    client.workload_start("wl-cg", {"instances": ["cg"], "command": [sys.executable, "-c", SLEEPER]})
-    wait_for(lambda: "up" in client.workload_logs("wl-cg")["data"])
-    pid = child_of(client.workload("wl-cg")["runs"][0]["pid"])
+def cgroup_of(pid: int, workload_id: str) -> dict[str, Path]:
+    """The v1 groups a running process is in (controller -> directory), checked to be the workload's."""
     lines = {}
     for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
         _, names, path = line.split(":", 2)
         lines.update({name: path for name in names.split(",")})
     group = {}
     for controller in ("memory", "cpu", "pids", "devices"):  # nested under the agent's own group
-        assert lines[controller].endswith("/gpubroker/wl-cg"), (controller, lines)
+        assert lines[controller].endswith(f"/gpubroker/{workload_id}"), (controller, lines)
         group[controller] = Path("/sys/fs/cgroup") / controller / lines[controller].lstrip("/")
+    return group
+
+
+V1 = ("cgroup v1 controllers (memory, cpu, pids, devices) under /sys/fs/cgroup",
+      "a machine with cgroup v1 (the v2 driver is tested on a cgroup2-shaped tree below)")
+
+
+def test_isolation_cgroup_holds_the_lease_limits_and_ends_with_the_run(client, agent):
+    """No host ask in the workload: the node's share per leased GPU (a whole GPU of three: a third)."""
+    require(V1[0], Cgroups().version == "v1", V1[1])
+    whole(client, "cg", 1)
+    client.workload_start("wl-cg", {"instances": ["cg"], "command": [sys.executable, "-c", SLEEPER]})
+    wait_for(lambda: "up" in client.workload_logs("wl-cg")["data"])
+    pid = child_of(client.workload("wl-cg")["runs"][0]["pid"])
+    group = cgroup_of(pid, "wl-cg")
     gpus = 3  # the agent's GPUS: two A100s and an H100 -- one whole GPU is a third of the node
     memory = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // (1 << 20) // gpus << 20
     assert int((group["memory"] / "memory.limit_in_bytes").read_text()) == memory // 4096 * 4096
@@ -236,9 +246,46 @@ def test_isolation_cgroup_holds_the_lease_limits_and_ends_with_the_run(client, a
     assert (group["pids"] / "pids.max").read_text().strip() == "4096"
     allowed = (group["devices"] / "devices.list").read_text().split("\n")
     assert "c 195:1 rwm" in allowed and "c 195:255 rwm" in allowed and "c 195:0 rwm" not in allowed
+    assert client.workload("wl-cg")["limits"] == {"cpu_milli": quota // 100, "memory_bytes": memory}
     client.workload_stop("wl-cg", grace_seconds=0)
     assert final(client, "wl-cg")["state"] == "stopped"
     assert not any(path.exists() for path in group.values())  # removed with the run
+    client.destroy("cg")
+
+
+def test_isolation_cgroup_holds_the_host_cpu_and_memory_the_lease_asked_for(client, agent):
+    """The broker sends the lease's host ask on this node (``cpu_milli``, ``memory_mib``): half a CPU and
+    256 MiB, whatever the node's share per GPU; read from the cgroup files while the run goes on. A bad ask is
+    refused with a problem naming the field, and nothing runs."""
+    require(V1[0], Cgroups().version == "v1", V1[1])
+    whole(client, "cg-ask", 1)
+    for bad, field in (({"cpu_milli": -1}, "cpu_milli"), ({"memory_mib": "256"}, "memory_mib"),
+                       ({"cpu_milli": True}, "cpu_milli"), ({"memory_mib": 1 << 40}, "memory_mib")):
+        with pytest.raises(AgentHTTPError) as refused:
+            client.workload_start("wl-ask-bad", {"instances": ["cg-ask"], "command": ["true"], **bad})
+        assert refused.value.status == 422 and refused.value.problem["field"] == field, refused.value.problem
+    client.workload_start("wl-ask", {"instances": ["cg-ask"], "command": [sys.executable, "-c", SLEEPER],
+                                     "cpu_milli": 500, "memory_mib": 256})
+    wait_for(lambda: "up" in client.workload_logs("wl-ask")["data"])
+    pid = child_of(client.workload("wl-ask")["runs"][0]["pid"])
+    group = cgroup_of(pid, "wl-ask")
+    quota = int((group["cpu"] / "cpu.cfs_quota_us").read_text())
+    period = int((group["cpu"] / "cpu.cfs_period_us").read_text())
+    assert (quota, period) == (50_000, 100_000) and quota / period == 0.5
+    assert int((group["memory"] / "memory.limit_in_bytes").read_text()) == 256 << 20
+    assert (group["pids"] / "pids.max").read_text().strip() == "4096"
+    allowed = (group["devices"] / "devices.list").read_text().split("\n")
+    assert "c 195:1 rwm" in allowed and "c 195:0 rwm" not in allowed  # the devices as without an ask
+    answer = client.workload("wl-ask")
+    assert answer["limits"] == {"cpu_milli": 500, "memory_bytes": 256 << 20}
+    assert (answer["spec"]["cpu_milli"], answer["spec"]["memory_mib"]) == (500, 256)
+    again = client.workload_start("wl-ask", {"instances": ["cg-ask"], "command": [sys.executable, "-c", SLEEPER],
+                                             "cpu_milli": 500, "memory_mib": 256})
+    assert again["runs"] == answer["runs"]  # the same body again: the workload as it is
+    client.workload_stop("wl-ask", grace_seconds=0)
+    assert final(client, "wl-ask")["state"] == "stopped"
+    assert not any(path.exists() for path in group.values())
+    client.destroy("cg-ask")
 
 
 def test_isolation_a_process_that_left_its_group_is_killed_with_the_run(client):
@@ -361,6 +408,22 @@ def test_isolation_on_v2_masks_every_gpu_not_leased(tmp_path, devices):
     limits = isolation.limits([{"kind": "share", "milli": 250, "gpu_index": 1}])
     assert "c 195:1 rwm" in limits.devices and "c 195:255 rwm" in limits.devices
     assert "c 195:0 rwm" not in limits.devices
+
+
+def test_isolation_host_limits_are_the_ask_else_the_share_of_the_nodes_per_gpu():
+    isolation = Isolation(mode="none", cpu_milli_per_gpu=8000, memory_bytes_per_gpu=64 << 30)
+    whole_gpu = {"kind": "whole", "gpu_index": 0, "gpu_fraction": 1.0}
+    assert isolation.host_limits([whole_gpu, whole_gpu]) == (16_000, 128 << 30)
+    # a share or MIG instance: its fraction of its GPU (as the manager records it), else milli / slots of 8
+    assert isolation.host_limits([{"kind": "share", "gpu_fraction": 0.25}]) == (2000, 16 << 30)
+    assert isolation.host_limits([{"kind": "share", "milli": 500}]) == (4000, 32 << 30)
+    assert isolation.host_limits([{"kind": "mig", "slots": 2}]) == (2000, 16 << 30)
+    # the lease's ask, each on its own; the floors (a 1 ms quota, 6 MiB)
+    assert isolation.host_limits([whole_gpu], {"cpu_milli": 500, "memory_mib": 256}) == (500, 256 << 20)
+    assert isolation.host_limits([whole_gpu], {"cpu_milli": 1500}) == (1500, 64 << 30)
+    assert isolation.host_limits([whole_gpu], {"memory_mib": 1024}) == (8000, 1 << 30)
+    assert isolation.host_limits([whole_gpu], {"cpu_milli": 1, "memory_mib": 1}) == (10, 6 << 20)
+    assert Isolation(mode="none").host_limits([whole_gpu]) == (0, 0)  # per-GPU figures unknown: no limit
 
 
 def test_isolation_masked_gpu_node_in_the_launchers_view_is_dev_null(tmp_path, devices):

@@ -5,6 +5,8 @@ policy the recent demand mix. The end-to-end tests run real simulated agents ove
 
 from __future__ import annotations
 
+import os
+import sys
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -12,7 +14,7 @@ import pytest
 from agent.sim import SimBackend, parse_gpu_specs
 from broker import services
 from broker.choices import LeaseState
-from broker.models import Allocation, Gpu, Lease, Node
+from broker.models import Allocation, Gpu, Lease, Node, Workload
 from broker.selectors import scheduler_demand, scheduler_snapshot
 from core.errors import ValidationFailed
 from tenants.access import Actor
@@ -220,3 +222,62 @@ def test_topology_gangs_land_inside_one_nvlink_domain_on_the_simulated_fleet(wor
             assert client.call("DELETE", f"/leases/{lease_id}")[0] == 202
     body = active(hungry)
     assert {node for node, _ in _domains(body["id"])} == {first_node}
+
+
+# the workload reads its own cgroup's limits (v1: its cpu and memory groups; v2: its one group) and prints them
+CGROUP_LIMITS = r"""
+import os, time
+lines = open("/proc/self/cgroup").read().splitlines()
+groups = dict((names, path) for _, names, path in (line.split(":", 2) for line in lines))
+def read(path):
+    try:
+        return open(path).read().strip()
+    except OSError:
+        return ""
+cpu = next((p for n, p in groups.items() if "cpu" in n.split(",")), None)
+memory = groups.get("memory")
+if cpu is not None and memory is not None:
+    print("quota", read(f"/sys/fs/cgroup/cpu{cpu}/cpu.cfs_quota_us"),
+          read(f"/sys/fs/cgroup/cpu{cpu}/cpu.cfs_period_us"), "memory",
+          read(f"/sys/fs/cgroup/memory{memory}/memory.limit_in_bytes"), flush=True)
+else:
+    print("cpu.max", read(f"/sys/fs/cgroup{groups.get('', '/')}/cpu.max"), "memory.max",
+          read(f"/sys/fs/cgroup{groups.get('', '/')}/memory.max"), flush=True)
+time.sleep(60)
+"""
+
+
+def test_topology_the_host_ask_reaches_the_workload_on_its_node(worker, workload_fleet, api, world):
+    """A lease of one A100 with half a CPU and 256 MiB of host memory per unit: the broker sends the ask to
+    the node with the workload (``cpu_milli``, ``memory_mib``), the agent's copy of the spec carries it, and
+    where the agent isolates its runs (root, cgroup v1 here) the run's cgroup holds it. A tenant cannot set
+    the workload's own fields: they come from the lease's ask."""
+    from agent.isolation import Cgroups
+    from broker.services import agent_client
+
+    make_quota(world.project, A100, deserved=2000, limit=2000, tenant_deserved=2000, tenant_limit=2000)
+    wait_until(lambda: Gpu.objects.filter(model=A100).count() == 2, timeout=60)
+    client = api("member")
+    gpu = {"kind": "whole", "model": A100, "cpu_milli_per_unit": 500, "host_memory_mib_per_unit": 256}
+    for name in ("cpu_milli", "memory_mib"):
+        status, problem = client.call("POST", "/leases", {"project": "vision", "gpu": gpu, "workload": {
+            "command": ["true"], name: 500}})
+        assert status == 400 and problem["field"] == f"workload.{name}", problem
+    status, body = client.call("POST", "/leases", {"project": "vision", "gpu": gpu, "duration_seconds": 600,
+                                                   "workload": {"command": [sys.executable, "-c", CGROUP_LIMITS]}})
+    assert status == 201, body
+    wait_until(lambda: client.call("GET", f"/leases/{body['id']}")[1]["workload"]["state"] == "running", timeout=60)
+    log = wait_until(lambda: next((line for line in client.call("GET", f"/leases/{body['id']}/logs")[1]["data"]
+                                   .splitlines() if line.startswith(("quota", "cpu.max"))), None), timeout=30)
+    workload = Workload.objects.select_related("node").get(lease_id=body["id"])
+    on_node = agent_client(workload.node).workload(workload.agent_workload_id)
+    assert (on_node["spec"]["cpu_milli"], on_node["spec"]["memory_mib"]) == (500, 256)
+    assert on_node["limits"] == {"cpu_milli": 500, "memory_bytes": 256 << 20}
+    isolation = agent_client(workload.node).inventory()["isolation"]
+    if os.geteuid() == 0 and Cgroups().version == "v1":  # a root agent isolates its runs in v1 cgroups here
+        assert (isolation["mode"], isolation["cgroup"]) == ("uid", "v1"), isolation
+    if isolation.get("mode") == "uid" and isolation.get("cgroup") == "v1":  # this machine's agents (root)
+        assert log.split() == ["quota", "50000", "100000", "memory", str(256 << 20)], log
+    elif isolation.get("mode") == "uid" and isolation.get("cgroup") == "v2":
+        assert log.split() == ["cpu.max", "50000", "100000", "memory.max", str(256 << 20)], log
+    assert client.call("DELETE", f"/leases/{body['id']}")[0] == 202
