@@ -15,10 +15,11 @@ Policies (all on one pool of 8-GPU ``V100-32GB`` nodes, whole GPUs):
             capacity (weight 1), reclaim: a ``preempt-then-place`` decision's victims get ``notice``
             seconds, lose the work since their last checkpoint, and go back to the queue with their
             original submission time; the reclaiming job starts ``notice`` seconds after the decision.
-            ``--reservations off`` (the default, as the broker ships: ``LEASE_RESERVATIONS`` off); ``on``: the
-            core's reservations and backfill from durations (``broker.scheduler.reserve``; the trace's run
-            times stand for the requested durations and the running jobs' ends are the replay's own);
-            ``both``: the two side by side (``philly_quota_ours_reserve.json`` beside ``philly_quota_ours``).
+            ``--reservations on`` (the default, as the broker ships: ``LEASE_RESERVATIONS`` on): the core's
+            reservations and backfill from durations (``broker.scheduler.reserve``; the trace's run times stand
+            for the requested durations and the running jobs' ends are the replay's own); ``off``: none;
+            ``both``: the two side by side (``philly_quota_ours_reserve.json``, with them, beside
+            ``philly_quota_ours``, without).
 
 Partitions (= deserved): proportional to each project's share of the trace's GPU-time, by largest
 remainder to whole GPUs summing to the cluster size, with a floor of the project's largest job (else
@@ -780,9 +781,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--estimate-every", type=int, default=0,
                         help="estimate the start of every N-th job when it first waits and measure the error, under "
                              "the policy ours (0: off)")
-    parser.add_argument("--reservations", choices=("on", "off", "both"), default="off",
+    parser.add_argument("--reservations", choices=("on", "off", "both"), default="on",
                         help="ours: the core's reservations and backfill from durations (the broker's "
-                             "LEASE_RESERVATIONS, default off); both: ours replayed with and without, side by side")
+                             "LEASE_RESERVATIONS, default on); both: ours replayed with and without, side by side")
     parser.add_argument("--reserve-after", type=float, default=600.0,
                         help="a job reserves once it has waited this long (the broker's "
                              "LEASE_RESERVE_AFTER_SECONDS, 600)")
@@ -842,7 +843,7 @@ def main_quota(argv: list[str] | None = None) -> int:
         command = command_line(["-m bench.sim", "quota", *(sys.argv[2:] if argv is None else argv)])
         both = args.reservations == "both"
         for result in results:
-            # the shipped setting (reservations off) keeps the plain name; with them on, beside it: _reserve
+            # without reservations: the plain name; with them (as shipped since wave 14), beside it: _reserve
             on = both and result.policy == "ours" and result.reservations
             name = f"philly_quota_{result.policy}{'_reserve' if on else ''}"
             write(name, {"trace": str(args.jobs), **asdict(result)},

@@ -140,7 +140,7 @@ def test_fair_share_live_reservation_named_and_short_lease_backfills(world, sett
     # node-a: four GPUs, two held until +600 s; a 4-GPU lease waits and reserves the node from then: a younger
     # 1-GPU lease of an hour waits, one of 300 s backfills (it ends first); the reservation shows in the lease's
     # reason (API and portal) and its estimated start is the reservation's time. Off: the hour lease takes a GPU.
-    settings.LEASE_RESERVATIONS = True  # off as shipped
+    settings.LEASE_RESERVATIONS = True  # as shipped
     settings.LEASE_RESERVE_AFTER_SECONDS = 0  # reserve at once (600 s by default)
     fleet(4)
     make_quota(world.project, H100, deserved=8000, limit=8000)
