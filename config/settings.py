@@ -334,6 +334,9 @@ LEASE_PREEMPTION_BACKOFF_PROTECT_SECONDS = env_int("LEASE_PREEMPTION_BACKOFF_PRO
 # younger leases go there only if they end by then. Off (the default until the full Philly replay shows no guarantee
 # broken and the longest gang wait not longer: it broke one and doubled it): no reservation, the decisions as before
 LEASE_RESERVATIONS = env_bool("LEASE_RESERVATIONS", False)
+# elastic leases (docs/scheduling.md "Elastic leases and reclaim by need"): one shrunk under reclaim grows back toward
+# its count on capacity a cycle leaves idle, over quota (false: a shrunk elastic lease stays at its size)
+LEASE_ELASTIC_GROW = env_bool("LEASE_ELASTIC_GROW", True)
 # ... once a lease has waited this long (Slurm's bf_min_age_reserve: one that would start within minutes anyway idles
 # no GPUs for a reservation)
 LEASE_RESERVE_AFTER_SECONDS = env_int("LEASE_RESERVE_AFTER_SECONDS", 600, minimum=0)
