@@ -83,10 +83,10 @@ class LeaseHour:
 
 
 def held_pieces(events: Iterable[tuple], *, until: datetime) -> list[tuple[datetime, datetime, bool]]:
-    """``held_intervals`` cut at every resize (an elastic lease shrunk or grown back while it held: ``events`` as (time, to_state)
-    or (time, to_state, resized), a resize being an event to ``active`` whose reason starts ``resized:``, written by
-    ``broker.services.elastic``): [(start, end, resized)], ``resized`` True for every piece of an interval that was
-    cut at least once (its pieces are billed by what each held, ``lease_hours``)."""
+    """``held_intervals`` cut at every resize (an elastic lease shrunk or grown back while it held: ``events`` as
+    (time, to_state) or (time, to_state, resized), a resize being an event to ``active`` whose reason starts
+    ``resized:``, written by ``broker.services.elastic``): [(start, end, resized)], ``resized`` True for every piece
+    of an interval that was cut at least once (its pieces are billed by what each held, ``lease_hours``)."""
     edges: list[list] = []  # [at, real, interval number]
     was, number = False, 0
     for event in events:

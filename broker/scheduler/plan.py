@@ -23,6 +23,9 @@ For each request:
    keeping only those needed. Evaluated on the state and undone when it does not help.
 5. Otherwise the request waits, with the reason.
 
+Last, elastic growth (``Scheduler._grow``): an elastic allocation shrunk below its ``count`` takes units back on
+what every request left idle, over quota (``DecisionMode.GROW``, in ``Scheduler.grown``).
+
 Lease groups (``Request.group``): the members of a group are served together where the first of them stands,
 each as above; all placed in one decision, or none (everything undone: the group reserves nothing), see
 ``Scheduler._try_group``. Ageing: a group that has waited ``Snapshot.group_reserve_after_seconds`` is served

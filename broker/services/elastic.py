@@ -1,7 +1,9 @@
 """Elastic leases (``Lease.min_count``): a shrink decided by the schedule cycle (``DecisionMode.SHRINK``) applied to
 the database — the units given back freed at once, a ``LeaseEvent`` active → active naming the old and new size,
 audited — and, after commit, on the node: the workload told its new size (``GPUBROKER_UNITS`` file and SIGUSR1) and
-the freed instances destroyed (docs/leasing.md "Elastic leases")."""
+the freed instances destroyed (docs/leasing.md "Elastic leases"). A growth (``DecisionMode.GROW``: a shrunk lease
+takes units back when capacity frees) likewise: its allocations made, a ``resized`` event, audited; after commit the
+instances made on the node and the workload told its new size and devices."""
 
 from __future__ import annotations
 
