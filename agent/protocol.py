@@ -492,6 +492,11 @@ class AgentClient:
         return self.request("POST", f"/v1/workloads/{quote(workload_id, safe='')}/stop",
                             {"grace_seconds": grace_seconds, "reason": reason})
 
+    def workload_grow(self, workload_id: str, instances: list[str]) -> dict:
+        """Instances of the node join the workload's devices (an elastic lease took units back): its units file and
+        SIGUSR1 (``POST /v1/workloads/{id}/grow``)."""
+        return self.request("POST", f"/v1/workloads/{quote(workload_id, safe='')}/grow", {"instances": instances})
+
     def workload_logs(self, workload_id: str, *, stream: str = "stdout", offset: int | None = None,
                       tail: int | None = None, limit: int | None = None) -> dict:
         query = {"stream": stream, "offset": offset, "tail": tail, "limit": limit}

@@ -400,6 +400,33 @@ async def workload_get(request: web.Request) -> web.Response:
     return web.json_response(await node.call(_manager(node).status, _workload_id(request)))
 
 
+async def workload_grow(request: web.Request) -> web.Response:
+    """``{"instances": [allocation_id, ...]}``: instances of this node join the workload's devices (an elastic lease
+    took units back): its units file and SIGUSR1, as a shrink (``WorkloadManager.grow``)."""
+    node = _node(request)
+    manager = _manager(node)
+    workload_id = _workload_id(request)
+    body = await _json_body(request)
+    items = body.get("instances") if isinstance(body, dict) else None
+    if not isinstance(items, list) or not 1 <= len(items) <= MAX_BATCH or not all(
+            isinstance(item, str) and ALLOCATION_ID.match(item) for item in items):
+        raise InvalidRequest(f"instances must be a list of 1 to {MAX_BATCH} allocation ids", field="instances")
+
+    def grow():
+        instances = []
+        for position, allocation_id in enumerate(items):
+            try:
+                instances.append(node.backend.instance(allocation_id))
+            except NotFound:
+                raise NotFound(f"no instance {allocation_id!r} on this node", field=f"instances[{position}]") from None
+        return manager.grow(workload_id, instances)
+
+    workload = await node.call(grow)
+    node.kick()
+    logger.info("workload %s grew by %s", workload_id, ",".join(items))
+    return web.json_response(workload)
+
+
 async def workload_stop(request: web.Request) -> web.Response:
     """``{"grace_seconds": 10, "reason": "..."}``: SIGTERM now, SIGKILL after the grace."""
     node = _node(request)
@@ -655,6 +682,7 @@ def node_app(node: AgentNode) -> web.Application:
     app.router.add_get("/v1/workloads/{workload_id}", workload_get)
     app.router.add_put("/v1/workloads/{workload_id}", workload_put)
     app.router.add_post("/v1/workloads/{workload_id}/stop", workload_stop)
+    app.router.add_post("/v1/workloads/{workload_id}/grow", workload_grow)
     app.router.add_get("/v1/workloads/{workload_id}/logs", workload_logs)
     app.router.add_route("*", "/v1/workloads/{workload_id}/port/{tail:.*}", workload_port, name=RELAY_ROUTE)
     app.router.add_get("/v1/workloads/{workload_id}/shell", workload_shell)

@@ -526,6 +526,40 @@ class WorkloadManager:
             self._save()
         return resized
 
+    def grow(self, workload_id: str, instances: list[dict]) -> dict:
+        """An elastic lease took units back (``POST /v1/workloads/{id}/grow``): ``instances`` (inventory entries of
+        this node, each new to the workload) join its devices; as a shrink does, its units file gets the new size
+        and devices and its process group SIGUSR1; its next run starts with them (``GPUBROKER_UNITS``,
+        ``CUDA_VISIBLE_DEVICES``). A workload that is not active, or an instance it already has or another active
+        workload runs on: ``Conflict``, nothing changed. Returns the workload."""
+        workload = self.get(workload_id)
+        if workload["state"] not in ACTIVE:
+            raise Conflict(f"workload {workload_id!r} is {workload['state']}: nothing to grow", field="workload_id")
+        for position, instance in enumerate(instances):
+            allocation_id = instance["allocation_id"]
+            for other in self.workloads.values():
+                if other["state"] in ACTIVE and allocation_id in other["spec"]["instances"]:
+                    raise Conflict(f"instance {allocation_id!r} already runs workload {other['workload_id']!r}",
+                                   field=f"instances[{position}]")
+        if not instances:
+            return self._public(workload)
+        now = self.clock()
+        added = [i["allocation_id"] for i in instances]
+        workload["spec"] = {**workload["spec"], "instances": [*workload["spec"]["instances"], *added]}
+        workload["devices"] = [*workload["devices"], *(
+            {"allocation_id": i["allocation_id"], "kind": i["kind"], "device_uuid": i["device_uuid"], "gpu": i["gpu"],
+             "memory_mib": i.get("memory_mib", 0), **self._gpu_facts(i)} for i in instances)]
+        uuids = [d["device_uuid"] for d in workload["devices"]]
+        workload["access"] = {**workload["access"], "CUDA_VISIBLE_DEVICES": ",".join(uuids)}
+        self._write_units(workload, now)
+        self._event(workload, "resized", now, detail=f"instance(s) {', '.join(added)} taken back; "
+                                                     f"{len(uuids)} unit(s) now")
+        run = workload["runs"][-1] if workload["runs"] else None
+        if workload["state"] == "running" and run and run["pid"] is not None and run["ended_at"] is None:
+            _signal_group(run["pid"], signal.SIGUSR1)
+        self._save()
+        return self._public(workload)
+
     def tick(self) -> bool:
         """Reap exits, send SIGKILL at deadlines, restart after back-off. True when something changed."""
         now = self.clock()

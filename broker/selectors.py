@@ -461,7 +461,8 @@ def lease_dry_run(*, actor: Actor, project: object, gpu: object, workload_class:
 
     scheduler = Scheduler(snapshot, workload=scheduler_demand(now=now),  # as the cycle plans
                           reservations=settings.LEASE_RESERVATIONS,
-                          reserve_after_seconds=settings.LEASE_RESERVE_AFTER_SECONDS)
+                          reserve_after_seconds=settings.LEASE_RESERVE_AFTER_SECONDS,
+                          grow=False)  # elastic growth comes after every request: it changes no request's answer
     decisions = scheduler.schedule(requests, now=now.timestamp())
     decision = next(d for d in decisions if d.request == "preview")
     estimate = None

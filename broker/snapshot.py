@@ -51,7 +51,8 @@ _SNAPSHOT = ("SELECT pg_snapshot_xmin(s)::text::bigint, pg_snapshot_xmax(s)::tex
 def _allocation_sql(where: str) -> str:
     return ("SELECT a.lease_id, a.gpu_id, a.milli, a.memory_mib, a.mig_profile, a.mig_start, a.tier, a.preemptible, "  # noqa: S608
             "l.project_id, l.tenant_id, EXTRACT(EPOCH FROM COALESCE(l.active_at, l.queued_at))::float8, l.priority, "
-            "l.group_key, a.id, l.cpu_milli_per_unit, l.host_memory_mib_per_unit, l.min_count "
+            "l.group_key, a.id, l.cpu_milli_per_unit, l.host_memory_mib_per_unit, l.min_count, l.count, l.gang, "
+            "l.state "
             "FROM broker_allocation a JOIN broker_lease l ON l.id = a.lease_id "
             "JOIN broker_gpu g ON g.id = a.gpu_id "
             f"WHERE a.freed_at IS NULL AND g.lost_at IS NULL AND l.state <> %s {where} ORDER BY a.id")
@@ -268,7 +269,10 @@ class SnapshotCache:
                         priority=priority, group=core_group(tenant_id, group_key),
                         cpu_milli=cpu_per_unit * len(units), host_memory_mib=memory_per_unit * len(units),
                         # an elastic lease (whole GPUs or shares) may give back units down to its minimum
-                        min_units=head[16] if not head[4] else 0)
+                        min_units=head[16] if not head[4] else 0,
+                        # an ACTIVE elastic lease shrunk below its count grows back toward it (``Scheduler._grow``)
+                        grow_to=head[17] if head[16] and not head[4] and head[19] == LeaseState.ACTIVE else 0,
+                        grow_spread=not head[18])
                     if started_at is not None:  # one without a start is dated by the cycle's clock: built anew
                         built[pk] = allocation
                 dated.append((first, allocation))

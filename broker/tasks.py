@@ -75,6 +75,19 @@ def lease_shrink_run(lease_id: int, allocation_ids: list[int]) -> int:
     return services.lease_shrink_apply(lease_id=lease_id, allocation_ids=allocation_ids)
 
 
+@shared_task(name="broker.lease_grow_run", bind=True, acks_late=True, max_retries=AGENT_RETRIES)
+def lease_grow_run(self, lease_id: int, allocation_ids: list[int]) -> int:
+    """The instances of the units an elastic lease took back: created on their nodes, its workload told its new
+    size. A node that does not answer: retried; after the last retry the units still pending are freed again."""
+    try:
+        return services.lease_grow_apply(lease_id=lease_id, allocation_ids=allocation_ids)
+    except AgentUnreachable as error:
+        if self.request.retries < AGENT_RETRIES:
+            raise self.retry(countdown=_backoff(self.request.retries)) from error
+        logger.warning("lease %s: the units it took back were not made (%s); freed again", lease_id, error)
+        return services.lease_grow_give_up(lease_id=lease_id, allocation_ids=allocation_ids)
+
+
 @shared_task(name="broker.lease_notice_run", bind=True, acks_late=True, max_retries=AGENT_RETRIES)
 def lease_notice_run(self, lease_id: int) -> None:
     try:
@@ -150,7 +163,7 @@ tasks_register(
     "broker",
     schedule_cycle=schedule_cycle, leases_provision_run=leases_provision_run, lease_provision_run=lease_provision_run,
     lease_release_run=lease_release_run, allocations_destroy_run=allocations_destroy_run,
-    lease_notice_run=lease_notice_run, lease_shrink_run=lease_shrink_run,
+    lease_notice_run=lease_notice_run, lease_shrink_run=lease_shrink_run, lease_grow_run=lease_grow_run,
     lease_workload_start_run=lease_workload_start_run,
     workload_placement_log_keep_run=workload_placement_log_keep_run, lease_expire_due=lease_expire_due,
     reconcile=reconcile)

@@ -338,6 +338,9 @@ LEASE_RESERVATIONS = env_bool("LEASE_RESERVATIONS", True)
 # ... once a lease has waited this long (Slurm's bf_min_age_reserve: one that would start within minutes anyway idles
 # no GPUs for a reservation)
 LEASE_RESERVE_AFTER_SECONDS = env_int("LEASE_RESERVE_AFTER_SECONDS", 600, minimum=0)
+# elastic leases (docs/scheduling.md "Elastic leases and reclaim by need"): one shrunk under reclaim grows back toward
+# its count on capacity a cycle leaves idle, over quota (false: a shrunk elastic lease stays at its size)
+LEASE_ELASTIC_GROW = env_bool("LEASE_ELASTIC_GROW", True)
 # estimated start times: the placement tries one cycle's estimate makes at most (docs/scheduling.md)
 LEASE_ESTIMATE_TRIES = env_int("LEASE_ESTIMATE_TRIES", 2000, minimum=0)
 # the demand mix the placement policy keeps room for (docs/scheduling.md "Topology, host resources and the demand

@@ -83,10 +83,10 @@ class LeaseHour:
 
 
 def held_pieces(events: Iterable[tuple], *, until: datetime) -> list[tuple[datetime, datetime, bool]]:
-    """``held_intervals`` cut at every resize (an elastic lease shrunk while it held: ``events`` as (time, to_state)
-    or (time, to_state, resized), a resize being an event to ``active`` whose reason starts ``resized:``, written by
-    ``broker.services.elastic``): [(start, end, resized)], ``resized`` True for every piece of an interval that was
-    cut at least once (its pieces are billed by what each held, ``lease_hours``)."""
+    """``held_intervals`` cut at every resize (an elastic lease shrunk or grown back while it held: ``events`` as
+    (time, to_state) or (time, to_state, resized), a resize being an event to ``active`` whose reason starts
+    ``resized:``, written by ``broker.services.elastic``): [(start, end, resized)], ``resized`` True for every piece
+    of an interval that was cut at least once (its pieces are billed by what each held, ``lease_hours``)."""
     edges: list[list] = []  # [at, real, interval number]
     was, number = False, 0
     for event in events:
@@ -127,7 +127,10 @@ def lease_hours(events: Iterable[tuple], units: Iterable[HeldUnit], *, start: da
       and in an hour where a piece of a cut interval lies, those pieces count by what each held: the row's seconds
       are the plain pieces' seconds plus the cut pieces' milli-seconds divided by the row's ``gpu_milli``
       (rounded to the microsecond), so ``seconds x gpu_milli`` (what invoices, reports and budgets sum) bills a
-      lease shrunk from 8 GPUs to 6 at t 8 GPUs before t and 6 after;
+      lease shrunk from 8 GPUs to 6 at t 8 GPUs before t and 6 after; an hour in which one grew back (a cut piece
+      held more than the row's first interval) gets the most a cut piece held as its ``gpu_milli`` (and memory),
+      its seconds ``(plain x first milli + cut milli-seconds) / that``: a lease grown from 6 to 8 at t is billed 6
+      GPUs before t and 8 after, and the seconds stay within the hour;
     - an hour whose first interval held no allocation gives no row;
     - nothing is billed after the lease's end (``ends_at``, None: open): the expiry task that ends it runs up to
       its period later, and the held intervals stop at the end time whatever its lag (issue 29)."""
@@ -135,6 +138,7 @@ def lease_hours(events: Iterable[tuple], units: Iterable[HeldUnit], *, start: da
     seconds: dict[datetime, Decimal] = {}
     plain: dict[datetime, Decimal] = {}
     cut_ms: dict[datetime, Decimal] = {}
+    cut_top: dict[datetime, tuple[int, int]] = {}  # the most milli (and memory) a cut piece in the hour held
     held: dict[datetime, list[HeldUnit]] = {}
     for begin, finish, resized in held_pieces(events, until=until):
         if ends_at is not None:
@@ -143,11 +147,14 @@ def lease_hours(events: Iterable[tuple], units: Iterable[HeldUnit], *, start: da
             continue
         during = [u for u in units if u.created_at <= begin and (u.freed_at is None or u.freed_at > begin)]
         milli = sum(u.milli for u in during)
+        memory = sum(u.memory_mib for u in during)
         for bucket, piece in split_hours(begin, finish, window=(start, until)):
             exact = Decimal(str(piece))
             seconds[bucket] = seconds.get(bucket, Decimal(0)) + exact
             if resized:
                 cut_ms[bucket] = cut_ms.get(bucket, Decimal(0)) + exact * milli
+                top = cut_top.get(bucket, (0, 0))
+                cut_top[bucket] = (max(top[0], milli), max(top[1], memory))
             else:
                 plain[bucket] = plain.get(bucket, Decimal(0)) + exact
             held.setdefault(bucket, during)
@@ -158,12 +165,19 @@ def lease_hours(events: Iterable[tuple], units: Iterable[HeldUnit], *, start: da
             continue
         first = during[0]
         gpu_milli = sum(u.milli for u in during)
+        memory_mib = sum(u.memory_mib for u in during)
         total = seconds[bucket]
         if bucket in cut_ms and gpu_milli:
-            total = (plain.get(bucket, Decimal(0)) + cut_ms[bucket] / gpu_milli).quantize(MICROSECOND,
-                                                                                          rounding=ROUND_HALF_UP)
+            top_milli, top_memory = cut_top[bucket]
+            if top_milli <= gpu_milli:
+                total = (plain.get(bucket, Decimal(0)) + cut_ms[bucket] / gpu_milli).quantize(MICROSECOND,
+                                                                                              rounding=ROUND_HALF_UP)
+            else:  # it grew in the hour: the row holds the most it held, its seconds scaled to match
+                total = ((plain.get(bucket, Decimal(0)) * gpu_milli + cut_ms[bucket]) / top_milli).quantize(
+                    MICROSECOND, rounding=ROUND_HALF_UP)
+                gpu_milli, memory_mib = top_milli, max(memory_mib, top_memory)
         rows.append(LeaseHour(hour_start=bucket, seconds=min(total, Decimal(3600)), tier=first.tier,
                               kind=first.kind, mig_profile=first.mig_profile,
-                              gpu_milli=gpu_milli, memory_mib=sum(u.memory_mib for u in during),
+                              gpu_milli=gpu_milli, memory_mib=memory_mib,
                               over_quota=first.preemptible))
     return rows

@@ -34,7 +34,7 @@ WITH lease AS (
        AND (%(tenant)s::bigint IS NULL OR l.tenant_id = %(tenant)s::bigint)
 ),
 event AS (  -- events before ``until`` in (at, id) order; ``was`` is whether the lease held before this one;
-           -- ``resized``: an elastic lease shrunk (held_pieces: a cut of the held interval)
+           -- ``resized``: an elastic lease shrunk or grown (held_pieces: a cut of the held interval)
     SELECT e.lease_id, e.at, e.id, e.to_state = ANY(%(holding)s) AS holds,
            (e.to_state = 'active' AND e.reason LIKE 'resized:%%') AS resized,
            coalesce(lag(e.to_state = ANY(%(holding)s)) OVER (PARTITION BY e.lease_id ORDER BY e.at, e.id), false) AS was
@@ -83,6 +83,8 @@ hourly AS (  -- per lease-hour: all the pieces' seconds; what the first interval
            sum(CASE WHEN resized THEN seconds * coalesce(gpu_milli, 0) END)
                OVER (PARTITION BY lease_id, hour) AS cut_ms,
            sum(CASE WHEN NOT resized THEN seconds END) OVER (PARTITION BY lease_id, hour) AS plain,
+           max(CASE WHEN resized THEN coalesce(gpu_milli, 0) END) OVER (PARTITION BY lease_id, hour) AS top_milli,
+           max(CASE WHEN resized THEN coalesce(memory_mib, 0) END) OVER (PARTITION BY lease_id, hour) AS top_memory,
            row_number() OVER (PARTITION BY lease_id, hour ORDER BY begin_at) AS nth
       FROM piece
 )
@@ -91,8 +93,17 @@ INSERT INTO billing_allocationusage AS u (tenant_id, project_id, lease_id, hour_
                                           metered_at, labels)
 SELECT lease.tenant_id, lease.project_id, hourly.lease_id, hourly.hour,
        least(CASE WHEN hourly.cut_ms IS NULL OR hourly.gpu_milli = 0 THEN hourly.total
-                  ELSE round(coalesce(hourly.plain, 0) + hourly.cut_ms / hourly.gpu_milli, 6) END, 3600), hourly.tier,
-       hourly.kind, hourly.mig_profile, hourly.gpu_milli, hourly.memory_mib, lease.workload_class,
+                  WHEN hourly.top_milli <= hourly.gpu_milli
+                       THEN round(coalesce(hourly.plain, 0) + hourly.cut_ms / hourly.gpu_milli, 6)
+                  -- it grew in the hour: the most a cut piece held, the seconds scaled to match (lease_hours)
+                  ELSE round((coalesce(hourly.plain, 0) * hourly.gpu_milli + hourly.cut_ms) / hourly.top_milli, 6)
+             END, 3600), hourly.tier,
+       hourly.kind, hourly.mig_profile,
+       CASE WHEN hourly.cut_ms IS NOT NULL AND hourly.gpu_milli > 0 AND hourly.top_milli > hourly.gpu_milli
+            THEN hourly.top_milli ELSE hourly.gpu_milli END,
+       CASE WHEN hourly.cut_ms IS NOT NULL AND hourly.gpu_milli > 0 AND hourly.top_milli > hourly.gpu_milli
+            THEN greatest(hourly.memory_mib, hourly.top_memory) ELSE hourly.memory_mib END,
+       lease.workload_class,
        hourly.over_quota, lease.profiling, %(now)s, lease.labels
   FROM hourly
   JOIN lease ON lease.id = hourly.lease_id

@@ -23,6 +23,9 @@ For each request:
    keeping only those needed. Evaluated on the state and undone when it does not help.
 5. Otherwise the request waits, with the reason.
 
+Last, elastic growth (``Scheduler._grow``): an elastic allocation shrunk below its ``count`` takes units back on
+what every request left idle, over quota (``DecisionMode.GROW``, in ``Scheduler.grown``).
+
 Lease groups (``Request.group``): the members of a group are served together where the first of them stands,
 each as above; all placed in one decision, or none (everything undone: the group reserves nothing), see
 ``Scheduler._try_group``. Ageing: a group that has waited ``Snapshot.group_reserve_after_seconds`` is served
@@ -71,8 +74,12 @@ class Scheduler:
 
     def __init__(self, snapshot: Snapshot, *, policy: Policy | str = "default", seed: int = 0, workload=None,
                  reservations: bool = False, ends: dict[str, float] | None = None, reservation_limit: int = 4,
-                 reserve_after_seconds: float = 0.0):
+                 reserve_after_seconds: float = 0.0, grow: bool = True):
         self.snapshot = snapshot
+        # elastic growth (``_grow``): a shrunk elastic allocation takes units back on what the cycle left idle
+        self.grow = grow
+        self.grown: list[Decision] = []  # the last schedule()'s growth decisions (``DecisionMode.GROW``)
+        self._vacating: set[str] = set()  # GPUs a reclaim of this cycle frees only once its victims leave
         # reservations and conservative backfill from lease durations (``broker.scheduler.reserve``); ``ends``: the
         # running allocations' expected ends when they are not the snapshot's (the simulator keeps its own)
         self.reservations = reservations
@@ -274,6 +281,8 @@ class Scheduler:
         by_project: dict[str, list[Request]] = {}
         self._running_at_start = set(self.cluster.allocations)  # a reclaim's victims must be among these
         self._reserved = {}
+        self.grown = []
+        self._vacating = set()
         groups: dict[str, list[Request]] = {}
         leaders: list[Request] = []
         for request in sorted(requests, key=lambda r: (-r.priority, r.submitted_at, r.id)):
@@ -332,6 +341,8 @@ class Scheduler:
             self._held.open_all()
             self.reserved = self._held.reservations
             self._held = None
+        if self.grow and self.cluster.growable:  # the lowest priority: what every request left idle
+            self.grown = self._grow(decisions, requests, now=now)
         ordered = []
         waiting_position = 0
         for request_id in served:
@@ -677,8 +688,152 @@ class Scheduler:
             cpu_milli=need.cpu_milli,
             host_memory_mib=need.host_memory_mib,
             group=request.group,
-            min_units=_elastic_min(request.shape),
+            min_units=(elastic := _elastic_min(request.shape)),
+            grow_to=request.shape.count if elastic else 0,
+            grow_spread=bool(elastic) and not request.shape.gang,
         )
+
+    # -- elastic growth ---------------------------------------------------------------------------
+    def _grow(self, decisions: dict[str, Decision], requests: list[Request], *, now: float) -> list[Decision]:
+        """Elastic leases shrunk under reclaim grow back toward their ``count`` (``Allocation.grow_to``) on the
+        capacity this cycle left idle, after every request was decided: the lowest priority. Growing is borrowing
+        over quota, as the elastic lease's own placement was (an elastic lease shrinks only while it borrows): the
+        added units are preemptible, within the project's and the tenant's ``limit``, never for a project of
+        over-quota weight 0, within the cohorts' bounds. Not grown: an allocation placed in this cycle or touched by
+        one of its reclaims; never onto a GPU a reclaim of this cycle frees (its victims still hold it) or one a
+        reservation holds; never on a tier where a request still waiting could use the idle capacity (it passes
+        its quota check there and fits now: it waits for something else, a group's other member, an ageing
+        group's reservation, and keeps the capacity). Order: the fair share of the over-quota pass — the project
+        with the least borrowed use per weight first (``over_share``), re-ranked after each growth (ties: the
+        project id) — then, within a project, the highest priority, the oldest, the id. One decision per
+        allocation per cycle, for as many units as fit (``_grow_one``)."""
+        touched: set[str] = set()
+        for decision in decisions.values():
+            touched.update(decision.victims)
+            touched.update(allocation_id for allocation_id, _ in decision.shrunk)
+        allocations = self.cluster.allocations
+        candidates = [allocations[allocation_id] for allocation_id in sorted(self.cluster.growable)
+                      if allocation_id in self._running_at_start and allocation_id not in touched]
+        if not candidates:
+            return []
+        blocked = set(self._vacating)
+        for reservation in self.reserved:
+            blocked.update(reservation.gpus)
+        waiting = [request for request in requests
+                   if (found := decisions.get(request.id)) is not None and found.mode == DecisionMode.WAITING]
+        usable: dict[str, bool] = {}  # tier -> a waiting request could use its idle capacity now
+        grown = []
+        while candidates:
+            allocation = min(candidates, key=lambda a: (self.over_share(a.project, a.tier), a.project, -a.priority,
+                                                        a.started_at, a.id))
+            candidates.remove(allocation)
+            tier = allocation.tier
+            if tier not in usable:
+                usable[tier] = self._waiting_could_use(tier, waiting)
+            if usable[tier]:
+                continue
+            decision = self._grow_one(allocation, blocked)
+            if decision is not None:
+                grown.append(decision)
+        return grown
+
+    def _waiting_could_use(self, tier: str, waiting: list[Request]) -> bool:
+        """Whether one of the ``waiting`` requests passes its quota check on ``tier`` and fits there now."""
+        tried: set[tuple] = set()
+        for request in waiting:
+            for model, need in self.tiers_for(request):
+                if model != tier or need.key() in tried:
+                    continue
+                reason, in_quota = self.quota_check(request, tier, need)
+                if reason or (not in_quota and request.workload_class == WorkloadClass.INTERACTIVE):
+                    continue
+                tried.add(need.key())
+                if self._find(need) is not None:
+                    return True
+        return False
+
+    def _grow_quota(self, allocation: Allocation, want: int, milli: int) -> int:
+        """How many of ``want`` units of ``milli`` the allocation's project and tenant may borrow more on its tier:
+        within their ``limit``, none for a project of weight 0, within the cohorts' bounds."""
+        if not self.snapshot.enforce_quotas:
+            return want
+        tier = allocation.tier
+        quota = self.quotas.get((allocation.project, tier))
+        if quota is None or quota.weight == 0 or milli <= 0:
+            return 0
+        count = min(want, (quota.limit - sum(self.cluster.project_usage.get((allocation.project, tier), (0, 0))))
+                    // milli)
+        tenant_quota = self.tenant_quotas.get((allocation.tenant, tier))
+        if tenant_quota is not None:
+            used = sum(self.cluster.tenant_usage.get((allocation.tenant, tier), (0, 0)))
+            count = min(count, (tenant_quota.limit - used) // milli)
+        if self._cohort_members:
+            while count > 0 and self.cohort_check(allocation.tenant, tier, count * milli) is not None:
+                count -= 1
+        return max(count, 0)
+
+    def _grow_one(self, allocation: Allocation, blocked: set[str]) -> Decision | None:
+        """Grow one shrunk elastic allocation by the units that fit, of its own shape (a whole GPU of its model, or
+        a share of its milli and memory on a shared GPU of its model, one per GPU): first on the nodes it holds
+        (its node first, each node's GPUs in order); an allocation that is not a gang then on other nodes of its
+        pools, those in one of its NVLink domains first, by node id and GPU order. Its host CPU and memory per
+        unit come along on its node. Applied to the working state; None when nothing fits."""
+        cluster = self.cluster
+        gpus, nodes = cluster.gpus, cluster.nodes
+        held = len(allocation.units)
+        first = allocation.units[0]
+        first_gpu = gpus[first.gpu]
+        milli, memory = first.milli, first.memory_mib
+        whole = milli == FULL and (first_gpu.gpu.mode != GpuMode.SHARED or memory >= first_gpu.memory_mib)
+        want = self._grow_quota(allocation, allocation.grow_to - held, milli)
+        if want <= 0:
+            return None
+        cpu = allocation.cpu_milli // held
+        host_memory = allocation.host_memory_mib // held
+        home = nodes[allocation.node]
+        mine = {unit.gpu for unit in allocation.units}
+        held_nodes = cluster._nodes_of(allocation)
+        order = [gpu for node_id in held_nodes for gpu in nodes[node_id].gpus]
+        if allocation.grow_spread:
+            domains = {gpus[unit.gpu].gpu.nvlink_domain for unit in allocation.units} - {""}
+            pools = {nodes[node_id].node.pool for node_id in held_nodes}
+            elsewhere = [gpu for gpu in gpus.values() if gpu.gpu.model == allocation.tier
+                         and gpu.gpu.node not in held_nodes and nodes[gpu.gpu.node].node.pool in pools]
+            elsewhere.sort(key=lambda gpu: (gpu.gpu.nvlink_domain not in domains, gpu.gpu.node, gpu.position))
+            order += elsewhere
+        added: list[Unit] = []
+        for gpu in order:
+            if len(added) == want:
+                break
+            state = gpu.gpu
+            if state.model != allocation.tier or state.id in blocked or nodes[state.node].node.cordoned:
+                continue
+            if whole:
+                if not gpu.fits_whole():
+                    continue
+                unit = Unit(state.id, FULL, gpu.memory_mib)
+            else:
+                if state.id in mine or not gpu.fits_share(milli, memory):
+                    continue
+                unit = Unit(state.id, milli, memory)
+            if state.node == home.node.id and (cpu or host_memory):
+                count = sum(1 for other in added if gpus[other.gpu].gpu.node == home.node.id) + 1
+                if ((home.node.cpu_milli and home.free_cpu_milli < cpu * count)
+                        or (home.node.memory_mib and home.free_memory_mib < host_memory * count)):
+                    continue
+            added.append(unit)
+        if not added:
+            return None
+        size = held + len(added)
+        bigger = replace(allocation, units=(*allocation.units, *added), cpu_milli=cpu * size,
+                         host_memory_mib=host_memory * size)
+        cluster.remove(allocation.id)
+        cluster.apply(bigger)
+        nodes_added = sorted({gpus[unit.gpu].gpu.node for unit in added})
+        return Decision(allocation.id, DecisionMode.GROW,
+                        f"grown on {allocation.tier}: {allocation.id} ({allocation.project}) from {held} to {size} "
+                        f"units of its {allocation.grow_to} (capacity freed; over quota, preemptible) on "
+                        f"{', '.join(nodes_added)}", allocation=bigger, grown=tuple(added))
 
     # -- reclaim ----------------------------------------------------------------------------------
     def min_runtime(self, allocation: Allocation) -> float:
@@ -754,6 +909,7 @@ class Scheduler:
         if best is None:
             return None
         _, node_id, victims, taken = best
+        self._vacating.update(unit.gpu for unit in (taken or [u for v in victims for u in v.units]))
         if taken:
             victim = victims[0]
             smaller = _without(victim, taken)
@@ -838,6 +994,7 @@ class Scheduler:
         found = self._find(need)
         allocation = self._allocation(request, tier, need, found, preemptible=False, now=now)
         self.cluster.apply(allocation)
+        self._vacating.update(unit.gpu for victim in removed for unit in victim.units)
         names = ", ".join(f"{v.id} ({v.project})" for v in removed)
         return Decision(request.id, DecisionMode.PREEMPT,
                         f"in quota on {tier}: reclaiming from over-quota work: {names}",

@@ -172,6 +172,9 @@ class ClusterState:
     warm: dict[str, WarmInstance] = field(default_factory=dict)
     warm_units: dict[str, Unit] = field(default_factory=dict)
     warm_index: dict[tuple[str, str], list[tuple[str, int, int, str]]] = field(default_factory=dict)
+    # the ids of the elastic allocations holding fewer units than they asked for (``Allocation.grow_to``): the
+    # growth pass's candidates, kept as allocations come and go so that a cycle without any skips it at no cost
+    growable: dict[str, None] = field(default_factory=dict)
 
     @classmethod
     def from_snapshot(cls, snapshot: Snapshot, *, legacy_classes: bool = False) -> ClusterState:
@@ -299,6 +302,11 @@ class ClusterState:
         node.free_cpu_milli -= allocation.cpu_milli
         node.free_memory_mib -= allocation.host_memory_mib
         self.allocations[allocation.id] = allocation
+        if allocation.grow_to:
+            if allocation.grow_to > len(allocation.units):
+                self.growable[allocation.id] = None
+            else:
+                self.growable.pop(allocation.id, None)
         column = 1 if allocation.preemptible else 0
         milli = allocation.milli
         for usage, key in ((self.project_usage, (allocation.project, allocation.tier)),
@@ -310,6 +318,8 @@ class ClusterState:
 
     def remove(self, allocation_id: str) -> Allocation:
         allocation = self.allocations.pop(allocation_id)
+        if allocation.grow_to:
+            self.growable.pop(allocation_id, None)
         node = self.nodes[allocation.node]
         for unit in allocation.units:
             self._apply_unit(self.gpus[unit.gpu], unit, sign=-1)

@@ -58,6 +58,9 @@ class DecisionMode(StrEnum):
     # an elastic over-quota allocation gives back units (``Decision.shrunk``); the request starts once they are freed
     SHRINK = "shrink-then-place"
     WAITING = "waiting"
+    # an elastic allocation that was shrunk takes units back toward its ``count`` on capacity the cycle left idle
+    # (``Decision.grown``; not a request's decision: ``Scheduler.grown``)
+    GROW = "grow"
 
 
 @_quick_init
@@ -163,6 +166,11 @@ class Allocation:
     # many instead of preempting it whole (0: not elastic). Out of the repr, so that the decisions digests of the
     # benchmarks (SHA-256 of each decision's repr) stay comparable with those recorded before it existed
     min_units: int = field(default=0, repr=False)
+    # an elastic lease's requested number of units (``Shape.count``): holding fewer (it was shrunk), it grows back
+    # toward it on idle capacity (``DecisionMode.GROW``; 0: it never grows). ``grow_spread``: its units may be on
+    # other nodes than those it holds (a request that is not a gang). Both out of the repr, as ``min_units``
+    grow_to: int = field(default=0, repr=False)
+    grow_spread: bool = field(default=False, repr=False)
 
     @property
     def milli(self) -> int:
@@ -278,3 +286,5 @@ class Decision:
     # a shrink (``DecisionMode.SHRINK``): each elastic allocation shrunk and the units it gives back (out of the repr
     # as ``Allocation.min_units``; equality compares it)
     shrunk: tuple[tuple[str, tuple[Unit, ...]], ...] = field(default=(), repr=False)
+    # a growth (``DecisionMode.GROW``, ``request`` the allocation's id, ``allocation`` it grown): the units added
+    grown: tuple[Unit, ...] = field(default=(), repr=False)

@@ -28,7 +28,14 @@ from broker.services.cycle import (
     schedule_cycle,
     schedule_cycle_wait,
 )
-from broker.services.elastic import lease_shrink, lease_shrink_apply
+from broker.services.elastic import (
+    lease_grow,
+    lease_grow_apply,
+    lease_grow_give_up,
+    lease_shrink,
+    lease_shrink_apply,
+    leases_shrunk_exist,
+)
 from broker.services.groups import allocations_free
 from broker.services.nodes import (
     ENROLL_PREFIX,
@@ -116,6 +123,9 @@ __all__ = [
     "lease_expire_due",
     "lease_expiries_upcoming",
     "lease_group_release",
+    "lease_grow",
+    "lease_grow_apply",
+    "lease_grow_give_up",
     "lease_notice",
     "lease_notice_seconds",
     "lease_preempt",
@@ -136,6 +146,7 @@ __all__ = [
     "leases_provision_give_up",
     "leases_release_all",
     "leases_resume_stuck",
+    "leases_shrunk_exist",
     "leases_unhold",
     "node_cordon",
     "node_enroll",

@@ -34,7 +34,7 @@ from broker.selectors import (
     scheduler_demand,
     scheduler_inputs,
 )
-from broker.services.elastic import lease_shrink
+from broker.services.elastic import lease_grow, lease_shrink, leases_shrunk_exist
 from broker.services.fairshare import usage_history_record
 from broker.services.groups import allocations_free, group_leaving, group_preempted
 from broker.services.provisioning import release_instances_quietly, workloads_start_after
@@ -95,8 +95,8 @@ def _schedule_cycle_locked(now: datetime, counts: dict) -> dict:
             lease.queue_position = None
         update_each(Lease, held, ["reason", "queue_position"], state=LeaseState.QUEUED)
         queued = [lease for lease in queued if (lease.tenant_id, lease.group_key) not in leaving]
-    if not queued:
-        return counts
+    if not queued and not (settings.LEASE_ELASTIC_GROW and leases_shrunk_exist()):
+        return counts  # (an elastic lease shrunk below its count: a cycle with no request may grow it back)
     counts["seen"] = len(queued)
     # this process's snapshot kept since its last cycle, with only what changed since read again (by the
     # change log's transaction ids: broker/snapshot.py); read whole the first time and on any doubt
@@ -111,7 +111,8 @@ def _schedule_cycle_locked(now: datetime, counts: dict) -> dict:
     # the placement policy keeps room for the recent demand mix (the shapes asked lately), as in the simulator;
     # reservations come from the running leases' expiries
     scheduler = Scheduler(snapshot, workload=scheduler_demand(now=now), reservations=settings.LEASE_RESERVATIONS,
-                          reserve_after_seconds=settings.LEASE_RESERVE_AFTER_SECONDS)
+                          reserve_after_seconds=settings.LEASE_RESERVE_AFTER_SECONDS,
+                          grow=settings.LEASE_ELASTIC_GROW)
     decisions = scheduler.schedule(requests, now=now.timestamp())
     # what waits gets an estimated start: the plan continued over the running leases' expiries (the working state
     # is this cycle's own; the placements below are written from the decisions)
@@ -158,6 +159,10 @@ def _schedule_cycle_locked(now: datetime, counts: dict) -> dict:
     # what waits, why, and when it may start: one statement for all whose reason, place or estimate changed (still
     # queued only)
     update_each(Lease, waiting, ["reason", "queue_position", "estimated_start"], state=LeaseState.QUEUED)
+    # last, as the core decided them: shrunk elastic leases take units back on what every request left idle
+    for decision in scheduler.grown:
+        if lease_grow(lease_id=int(decision.request), decision=decision, gpus=gpus, now=now) is not None:
+            counts["grow"] = counts.get("grow", 0) + 1
     # a cycle that decided something, with the span it held the lock (wall clock; the scale-out test checks
     # that no two of these overlap across scheduler workers: tests/deploy/test_scaleout.py)
     logger.info("schedule cycle ran from %.6f to %.6f: %s", started, time.time(), counts)

@@ -530,3 +530,35 @@ def test_an_elastic_workload_given_one_instance_back_keeps_running_told_its_new_
     assert workload["state"] == "running" and "resized" in [e["kind"] for e in workload["events"]]
     client.destroy("el-m")  # the last one, destroyed plainly: the workload stops
     assert final(client, "wl-el")["state"] == "stopped"
+
+
+def test_an_elastic_workload_that_takes_units_back_is_told_its_new_size(client):
+    """Issue 32 item 6: ``POST /v1/workloads/{id}/grow`` with an instance of the node: it joins the workload's devices,
+    the units file holds the new size and devices, SIGUSR1; an instance the node lacks, or one another workload
+    runs on, is refused naming it, nothing changed."""
+    trap = ("import json, os, signal, time\n"
+            "def usr1(signum, frame):\n"
+            "    os.write(1, ('resized ' + open(os.environ['GPUBROKER_UNITS_FILE']).read().strip() + '\\n').encode())\n"
+            "signal.signal(signal.SIGUSR1, usr1)\n"
+            "print('up', os.environ['GPUBROKER_UNITS'], flush=True)\n"
+            "while True: time.sleep(0.05)\n")
+    mig, share = mig_and_share(client, "gr")
+    client.workload_start("wl-gr", {"instances": ["gr-m"], "command": [sys.executable, "-c", trap]})
+    wait_for(lambda: "up 1" in client.workload_logs("wl-gr")["data"])
+    with pytest.raises(AgentHTTPError) as missing:
+        client.workload_grow("wl-gr", ["gr-none"])
+    assert missing.value.status == 404 and missing.value.problem["field"] == "instances[0]"
+    with pytest.raises(AgentHTTPError) as bad:
+        client.request("POST", "/v1/workloads/wl-gr/grow", {"instances": "gr-s"})
+    assert bad.value.status == 422 and bad.value.problem["field"] == "instances"
+    grown = client.workload_grow("wl-gr", ["gr-s"])
+    assert [d["allocation_id"] for d in grown["devices"]] == ["gr-m", "gr-s"]
+    line = wait_for(lambda: next((x for x in client.workload_logs("wl-gr")["data"].splitlines()
+                                  if x.startswith("resized ")), None))
+    told = json.loads(line.removeprefix("resized "))
+    assert told["units"] == 2 and told["devices"] == [mig["device_uuid"], share["device_uuid"]]
+    with pytest.raises(AgentHTTPError) as taken:  # already its own
+        client.workload_grow("wl-gr", ["gr-s"])
+    assert taken.value.status == 409 and taken.value.problem["field"] == "instances[0]"
+    client.workload_stop("wl-gr", grace_seconds=0)
+    final(client, "wl-gr")

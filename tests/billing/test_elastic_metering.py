@@ -80,3 +80,57 @@ def test_a_lease_shrunk_from_8_to_6_gpus_is_billed_8_before_and_6_after_to_the_c
     [line] = Invoice.objects.get(tenant=world.acme).lines.filter(kind=LineKind.USAGE)
     assert line.gpu_hours == Decimal("12.666667") and line.unit_price == Decimal("4")
     assert line.amount_minor == 5067
+
+
+def test_a_lease_shrunk_then_grown_back_is_billed_by_what_it_held_in_each_piece(world):
+    """8 GPUs from 10:00, shrunk to 6 at 10:30, grown back to 8 at 11:15 (the cycle's ``lease_grow``), released at
+    12:00: 8 x 1800 + 6 x 1800 GPU-seconds in hour 10, 6 x 900 + 8 x 2700 in hour 11 — the hour that began at 6
+    GPUs is billed on 8 (the most it held), its seconds scaled (3375 s), not 4500 s cut to 3600."""
+    from broker.scheduler import Allocation as CoreAllocation
+    from broker.scheduler import Decision, DecisionMode
+    from broker.selectors import scheduler_snapshot
+
+    actor = Actor(user=world.member, tenant=world.acme, role=Role.MEMBER)
+    with time_machine.travel(t(1, 9, 59), tick=False):
+        lease, _ = services.lease_request(actor=actor, project="vision", duration_seconds=7200,
+                                          gpu={"kind": "whole", "model": "H100-80GB", "count": 8, "min_count": 6})
+        services.schedule_cycle()
+    for allocation in Allocation.objects.filter(lease=lease):
+        with time_machine.travel(t(1, 10), tick=False):
+            services.allocation_ready(allocation=allocation, instance={"device_uuid": "X"}, now=t(1, 10))
+    last = list(Allocation.objects.filter(lease=lease).order_by("-pk")[:2])
+    units = tuple(Unit(f"g{a.gpu_id}", a.milli, a.memory_mib) for a in last)
+    with time_machine.travel(t(1, 10, 30), tick=False):
+        assert services.lease_shrink(lease_id=lease.pk, units=units, claimant=lease.pk, now=t(1, 10, 30))
+    gpus = {gpu.id: gpu for gpu in scheduler_snapshot(now=t(1, 11, 15)).gpus}
+    grown = Decision(str(lease.pk), DecisionMode.GROW, "grown", grown=units, allocation=CoreAllocation(
+        str(lease.pk), str(lease.project_id), str(lease.tenant_id), "H100-80GB", "n1", units, True))
+    with time_machine.travel(t(1, 11, 15), tick=False):
+        added = services.lease_grow(lease_id=lease.pk, decision=grown, gpus=gpus, now=t(1, 11, 15))
+    assert len(added) == 2 and Allocation.objects.filter(lease=lease, freed_at__isnull=True).count() == 8
+    assert LeaseEvent.objects.filter(lease=lease).latest("pk").reason.startswith("resized: 6 → 8 units")
+    # never beyond its count: growing again is refused, nothing written
+    with time_machine.travel(t(1, 11, 20), tick=False):
+        assert services.lease_grow(lease_id=lease.pk, decision=grown, gpus=gpus, now=t(1, 11, 20)) is None
+    with time_machine.travel(t(1, 12), tick=False):
+        services.lease_release(lease=Lease.objects.get(pk=lease.pk), actor="user:max", now=t(1, 12))
+        services.allocations_free(lease=Lease.objects.get(pk=lease.pk), now=t(1, 12), to=LeaseState.RELEASED,
+                                  reason="released")
+    billing.usage_meter_window(start=t(1, 10), end=t(1, 12), now=t(1, 13))
+    rows = {row.hour_start.hour: row for row in AllocationUsage.objects.filter(lease=lease)}
+    assert (rows[10].gpu_milli, rows[10].seconds) == (8000, Decimal("3150"))  # 8 x 1800 + 6 x 1800 = 8 x 3150
+    assert (rows[11].gpu_milli, rows[11].seconds) == (8000, Decimal("3375"))  # 6 x 900 + 8 x 2700 = 8 x 3375
+    # the reference (lease_hours) agrees with the statement
+    from billing.core.metering import HeldUnit, lease_hours
+
+    events = list(LeaseEvent.objects.filter(lease=lease).order_by("at", "pk").values_list("at", "to_state", "reason"))
+    held = [HeldUnit(a.pk, a.created_at, a.freed_at, a.tier, a.kind, a.mig_profile, a.milli, a.memory_mib,
+                     a.preemptible) for a in Allocation.objects.filter(lease=lease).order_by("pk")]
+    reference = lease_hours([(at, state, reason.startswith("resized:")) for at, state, reason in events], held,
+                            start=t(1, 10), until=t(1, 12))
+    assert [(r.hour_start.hour, r.gpu_milli, r.seconds) for r in reference] == [(10, 8000, Decimal("3150")),
+                                                                                (11, 8000, Decimal("3375"))]
+    # invoiced: 25,200 + 27,000 GPU-seconds = 14.5 GPU-hours at 4.00 = 58.00 USD
+    billing.invoice_run(period=date(2026, 1, 1), now=t(2, 12, month=2))
+    [line] = Invoice.objects.get(tenant=world.acme).lines.filter(kind=LineKind.USAGE)
+    assert line.gpu_hours == Decimal("14.5") and line.amount_minor == 5800

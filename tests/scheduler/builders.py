@@ -138,15 +138,17 @@ def held(
     priority: int = 0,
     tenant: str = "acme",
     min_units: int = 0,
+    grow_to: int = 0,
+    cpu_milli: int = 0,
 ) -> Allocation:
     """An existing whole-GPU allocation on ``gpu_ids`` (all on one node, ``<node>-g<i>`` ids); ``min_units``: an
-    elastic one's minimum."""
+    elastic one's minimum; ``grow_to``: the count it asked for (it grows back toward it)."""
     gpu_ids = (gpu_ids,) if isinstance(gpu_ids, str) else tuple(gpu_ids)
     memory = model_get(tier).memory_mib
     units = tuple(Unit(gpu_id, FULL, memory) for gpu_id in gpu_ids)
     node = gpu_ids[0].rsplit("-g", 1)[0]
     return Allocation(allocation_id, project, tenant, tier, node, units, preemptible, started_at, priority,
-                      min_units=min_units)
+                      cpu_milli=cpu_milli, min_units=min_units, grow_to=grow_to)
 
 
 def warm(warm_id: str, gpu_id: str, profile: str, start: int) -> WarmInstance:
