@@ -61,10 +61,11 @@ _SPEC = re.compile(r"^(?P<model>[^:]+):(?P<count>\d+)(?::(?P<mode>whole|mig|shar
 
 # The driver's framebuffer reservation (MiB): nvmlDeviceGetMemoryInfo_v2's ``reserved``, which no process can
 # allocate. Recorded on a real NVIDIA H100 80GB HBM3 (driver 580.159.04, MIG disabled, idle): 480 MiB of
-# 81,559 (tests/agent/data/h100_nvml.json, issue 28). No other model has been read on real hardware yet: their
-# reservation is estimated as the same fraction of the nameplate (``reserved_mib``), until a recording of
-# that model replaces the estimate here.
-RECORDED_RESERVED_MIB = {"H100-80GB": 480}
+# 81,559 (tests/agent/data/h100_nvml.json, issue 28); on a real NVIDIA H200 (same driver, MIG disabled, idle):
+# 616 MiB of 143,771 (the hwcheck report tests/agent/data/h200_hwcheck_2026-11-27.json, inventory_memory_fields).
+# Every other model's reservation is estimated as the H100's fraction of the nameplate (``reserved_mib``), until
+# a recording of that model replaces the estimate here.
+RECORDED_RESERVED_MIB = {"H100-80GB": 480, "H200-141GB": 616}
 _RECORDED_FRACTION = (480, 81_559)  # the H100's reservation / nameplate
 
 

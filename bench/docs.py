@@ -523,7 +523,41 @@ def _tiering_held_out() -> str:
             + "".join(f" ({c['arch']} {c['task']} {c['precision']} b{c['batch']} {c['mode']}: model {c['bound']}, "
                       f"measured {c['measured_bound']})" for c in unseen["contradicting_cases"])
             + f". The fitted architectures' cases measured again on that machine (its ÷ the fitted rows): {again}."
-            + _run_to_run())
+            + _run_to_run() + _other_gpus(f.get("other_gpus") or {}))
+
+
+def _other_gpus(others: dict) -> str:
+    """The constants as fitted scored on another GPU model's check rows (``tiering_error``'s ``other_gpus``: an
+    H200); nothing when the results file has none (recorded before it)."""
+    order = ["eager, all", "eager inference, batch >= 8", "eager inference, batch < 8", "eager decode",
+             "graph decode", "graph inference", "own-eager decode"]
+
+    def ratios(figures: dict) -> str:
+        return "; ".join(f"{name} {v['median']:.2f} ({v['range'][0]:.2f} – {v['range'][1]:.2f}, {v['cases']} cases)"
+                         for name, v in figures.items())
+
+    text = ""
+    for key, other in others.items():
+        subsets, ratio = other["subsets"], other["predicted_over_measured"]
+        rows = [[name, subsets[name]["throughput"]["cases"], _error_cell(subsets[name]["throughput"]),
+                 f"{ratio[name]['median']:.2f}" if name in ratio else "–", _error_cell(subsets[name]["memory"])]
+                for name in order if name in subsets]
+        memory = other["memory_rows"]
+        text += ("\n\n" + table([f"subset ({key}, never fitted on: {other['rows']} rows, "
+                                 f"{len(other['architectures'])} architectures)", "cases",
+                                 "throughput: median abs. error (measured ÷ predicted)", "predicted ÷ measured, median",
+                                 "peak memory"], rows) + "\n\n"
+                 + f"Predicted ÷ measured throughput per mode: {ratios(other['predicted_over_measured_by_mode'])}; "
+                   f"the fitted architectures alone: {ratios(other['fitted_architectures_by_mode'])}. The same cases "
+                   f"on {', '.join(other['reference'])} (check rows), measured ratio ÷ the model's ratio between the "
+                   f"two GPUs: {ratios(other['scaling_by_mode'])}. Peak memory within 15 % on {memory['within']} of "
+                   f"{memory['rows']} rows"
+                 + "".join(f" (not: {o['case']}, {o['measured_mib']:,.0f} MiB measured, {o['predicted_mib']:,.0f} "
+                           "predicted)" for o in memory["outside"])
+                 + f"; predicted bound contradicting the measured one: {other['contradictions']} row(s)"
+                 + "".join(f" ({c['arch']} {c['task']} {c['precision']} b{c['batch']} {c['mode']}: model {c['bound']}, "
+                           f"measured {c['measured_bound']})" for c in other["contradicting_cases"]) + ".")
+    return text
 
 
 def _run_to_run() -> str:

@@ -356,7 +356,7 @@ def run_measured(args) -> dict:
     """The model against measured GPUs (the rows in gpus/data/): cross-validated by architecture (fit on the
     others, score on each), in sample, and the model before regimes; the tier decisions the measurements change;
     the forest's regret and misses with the measured truth and with the model as truth, side by side."""
-    from gpus.measured import cross_validate, errors, held_out, load
+    from gpus.measured import cross_validate, errors, held_out, load, other_gpus
 
     began = time.monotonic()
     rows = load()
@@ -365,6 +365,10 @@ def run_measured(args) -> dict:
     unseen = held_out(rows)
     unseen["memory_rows"] = memory_rows(unseen["cases"])
     unseen["contradicting_cases"] = [c for c in unseen.pop("cases") if c["contradicts"]]
+    others = other_gpus(rows)
+    for other in others.values():
+        other["memory_rows"] = memory_rows(other["cases"])
+        other["contradicting_cases"] = [c for c in other.pop("cases") if c["contradicts"]]
     held, truth_of = measured_truths(rows, cv["folds"])
     slices = candidates()
     changed = decisions_changed(held, truth_of, slices)
@@ -383,7 +387,8 @@ def run_measured(args) -> dict:
                                 "contradicting_cases": [c for c in cv["cases"] if c["contradicts"]],
                                 "folds": cv["folds"]},
             "in_sample": {"subsets": in_sample["subsets"], "contradictions": in_sample["contradictions"]},
-            "before_regimes": _summary_before(rows), "held_out": unseen, "cases": cv["cases"], "decisions": changed,
+            "before_regimes": _summary_before(rows), "held_out": unseen, "other_gpus": others, "cases": cv["cases"],
+            "decisions": changed,
             "forest": forest, "seconds": round(time.monotonic() - began, 1)}
 
 
@@ -428,6 +433,26 @@ def print_measured(result: dict) -> None:
     print("  the fitted architectures' cases measured again there (measured ÷ measured, per mode): "
           + "; ".join(f"{mode} {v['cases']} cases, median {v['median']}, range {v['range']}"
                       for mode, v in unseen["reproduced"].items()))
+    def ratios(figures):
+        return "; ".join(f"{name} {v['median']} ({v['range'][0]} – {v['range'][1]}, {v['cases']} cases)"
+                         for name, v in figures.items())
+
+    for key, other in result.get("other_gpus", {}).items():
+        show(f"another GPU model, never fitted on: {key} ({other['rows']} rows, {len(other['architectures'])} "
+             "architectures, gpus/data/ CHECK_FILES), scored by the constants as fitted:", other["subsets"])
+        print(f"  predicted ÷ measured throughput, median (range), per mode: "
+              f"{ratios(other['predicted_over_measured_by_mode'])}")
+        print(f"    the fitted architectures alone: {ratios(other['fitted_architectures_by_mode'])}")
+        print(f"    per subset: {ratios(other['predicted_over_measured'])}")
+        print(f"  the same cases measured on {', '.join(other['reference'])} (check rows), measured ratio ÷ the "
+              f"model's ratio between the two GPUs: {ratios(other['scaling_by_mode'])}")
+        rows = other["memory_rows"]
+        print(f"  peak memory within {MEMORY_TOLERANCE:.0%}: {rows['within']} of {rows['rows']} rows"
+              + "".join(f"\n    {o['case']}: measured {o['measured_mib']:,.0f} MiB, predicted {o['predicted_mib']:,.0f}"
+                        for o in rows["outside"]))
+        print(f"  predicted bound contradicting the measured one: {other['contradictions']}"
+              + "".join(f"\n    {c['arch']} {c['task']} {c['precision']} b{c['batch']} {c['mode']}: "
+                        f"model {c['bound']}, measured {c['measured_bound']}" for c in other["contradicting_cases"]))
     show("the model before regimes (every row as an engine, the priors):", result["before_regimes"])
     d = result["decisions"]
     print(f"tier decisions ({len(MEASURED_TARGETS)} targets per measured case, {d['decisions']} in all): "

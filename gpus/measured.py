@@ -16,6 +16,10 @@ library's).
   measured ÷ predicted, throughput and memory, and whether the predicted bound (host or GPU) contradicts
   the measured one (``measured_bound``).
 - ``cross_validate(rows)``: fit on every architecture but one, score on that one (each architecture in turn).
+- ``held_out()``: the constants as fitted on the check rows (``CHECK_FILES``) of architectures they never saw, on
+  the GPU models they were fitted on; ``other_gpus()``: on the check rows of a GPU model no fitted row was
+  measured on (an H200), with the measured ÷ modelled ratio between that GPU and a fitted model's check machine.
+- ``results_csv(path)``: a ``bench/device_perf.py`` results file as a ``gpus/data`` CSV.
 
 Standard library only.
 """
@@ -33,9 +37,10 @@ from gpus.performance import CONTEXT_MIB, FITTED, Constants, Workload, estimate,
 DATA = Path(__file__).resolve().parent / "data"
 # the GPU each file was measured on (the file names say it for people; this says it for the code)
 FILES = {"h100-80gb-hbm3-2026-11-26.csv": "H100-80GB"}
-# measured to check the model, never fitted on: another H100 (bench/device_perf.py --held-out, 2026-11-27), the
-# five architectures above again and 24 the constants have never seen (``held_out``)
-CHECK_FILES = {"h100-80gb-hbm3-2026-11-27.csv": "H100-80GB"}
+# measured to check the model, never fitted on (bench/device_perf.py --held-out, 2026-11-27, lent machines): another
+# H100, the five architectures above again and 24 the constants have never seen (``held_out``); an H200, the same
+# 29 architectures on a GPU model no fitted row was measured on (``other_gpus``)
+CHECK_FILES = {"h100-80gb-hbm3-2026-11-27.csv": "H100-80GB", "h200-141gb-2026-11-27.csv": "H200-141GB"}
 COLUMNS = ("arch", "task", "precision", "batch", "seq", "image", "mode", "step_s", "throughput", "peak_mib", "spread")
 MODES = ("eager", "graph", "own-eager")
 REGIME_OF_MODE = {"eager": "eager", "graph": "engine", "own-eager": "eager"}
@@ -121,10 +126,12 @@ def load_check() -> list[Measurement]:
 
 def held_out(fitted: list[Measurement] | None = None) -> dict:
     """The model as fitted (``FITTED``: on ``FILES`` alone) scored on the check rows of architectures it was never
-    fitted on, and how the check rows of the fitted architectures compare with the fitted rows of the same cases
-    (another machine, another day: measured ÷ measured per mode)."""
+    fitted on, on the GPU models it was fitted on (another GPU model's rows are ``other_gpus``'), and how the check
+    rows of the fitted architectures compare with the fitted rows of the same cases (another machine, another day:
+    measured ÷ measured per mode)."""
     fitted = fitted if fitted is not None else load()
-    check = load_check()
+    models = {r.slice_key for r in fitted}
+    check = [r for r in load_check() if r.slice_key in models]
     seen = {r.architecture for r in fitted}
     unseen = [r for r in check if r.architecture not in seen]
     scored = errors(unseen, FITTED, context=check)
@@ -139,6 +146,74 @@ def held_out(fitted: list[Measurement] | None = None) -> dict:
                                   "range": [round(min(v), 3), round(max(v), 3)],
                                   "median_abs_difference": round(statistics.median(abs(x - 1) for x in v), 4)}
                            for mode, v in sorted(again.items())}}
+
+
+def _ratios(values: list[float]) -> dict:
+    return {"cases": len(values), "median": round(statistics.median(values), 3),
+            "range": [round(min(values), 3), round(max(values), 3)]}
+
+
+def other_gpus(fitted: list[Measurement] | None = None) -> dict:
+    """The model as fitted (``FITTED``) on the check rows of each GPU model that no fitted row was measured on
+    (slice key → figures): its error per subset as ``errors`` gives it (every architecture: the fitted ones were
+    fitted on another GPU), the median predicted ÷ measured throughput per subset and per mode (``eager``,
+    ``graph``, ``own-eager``), the same for the fitted architectures alone, and the scaling ``fill`` relies on:
+    for each case also measured on a fitted model's check machine, measured ratio ÷ predicted ratio between
+    the two GPUs (per mode; 1 when the model scales a measurement to the other GPU exactly)."""
+    fitted = fitted if fitted is not None else load()
+    models, seen = {r.slice_key for r in fitted}, {r.architecture for r in fitted}
+    check = load_check()
+    reference = {(r.case[1:], r.mode): r for r in check if r.slice_key in models}
+    out = {}
+    for key in sorted({r.slice_key for r in check} - models):
+        rows = [r for r in check if r.slice_key == key]
+        scored = errors(rows, FITTED, context=rows)
+        ratio = {id(r): predicted(r).throughput / r.throughput for r in rows}
+        by_subset: dict[str, list[float]] = {}
+        by_mode: dict[str, list[float]] = {}
+        by_mode_seen: dict[str, list[float]] = {}
+        scaling: dict[str, list[float]] = {}
+        for row in rows:
+            for subset in (row.subset, "eager, all") if row.mode == "eager" else (row.subset,):
+                by_subset.setdefault(subset, []).append(ratio[id(row)])
+            by_mode.setdefault(row.mode, []).append(ratio[id(row)])
+            if row.architecture in seen:
+                by_mode_seen.setdefault(row.mode, []).append(ratio[id(row)])
+            other = reference.get((row.case[1:], row.mode))
+            if other is not None:
+                modelled = predicted(row).throughput / predicted(other).throughput
+                scaling.setdefault(row.mode, []).append((row.throughput / other.throughput) / modelled)
+        out[key] = {"rows": len(rows), "architectures": sorted({r.architecture for r in rows}),
+                    "reference": sorted({r.slice_key for r in reference.values()}),
+                    "subsets": scored["subsets"], "cases": scored["cases"], "contradictions": scored["contradictions"],
+                    "predicted_over_measured": {name: _ratios(v) for name, v in sorted(by_subset.items())},
+                    "predicted_over_measured_by_mode": {mode: _ratios(v) for mode, v in sorted(by_mode.items())},
+                    "fitted_architectures_by_mode": {mode: _ratios(v) for mode, v in sorted(by_mode_seen.items())},
+                    "scaling_by_mode": {mode: _ratios(v) for mode, v in sorted(scaling.items())}}
+    return out
+
+
+def results_csv(path: Path) -> str:
+    """A ``bench/device_perf.py`` results file's rows as a ``gpus/data`` CSV (``COLUMNS``, the run's order, a value
+    as the file has it; an empty cell where a peak was not taken). One slice per file, since the CSV has no slice
+    column (``FILES`` / ``CHECK_FILES`` name it): ``ValueError`` naming the field when a file mixes slices or
+    holds a dry run's rows (they measure no GPU)."""
+    import io
+    import json
+
+    rows = json.loads(Path(path).read_text())["figures"]["rows"]
+    if any(row.get("dry_run") for row in rows):
+        raise ValueError("dry_run: a dry run's rows measure no GPU")
+    if len({row.get("slice") for row in rows}) > 1:
+        raise ValueError(f"slice: one per file, not {sorted({str(row.get('slice')) for row in rows})}")
+    for row in rows:
+        row_of(row, str(row.get("slice")))  # each row as the loader will read it, or the field's error
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(COLUMNS)
+    for row in rows:
+        writer.writerow(["" if row.get(name) is None else row[name] for name in COLUMNS])
+    return out.getvalue()
 
 
 def load_results(path: Path, *, dry_run: bool = False) -> list[Measurement]:

@@ -72,15 +72,22 @@ class MigProfile:
         object.__setattr__(self, "gpu_milli", 1000 if slices == COMPUTE_SLICES else slices * 1000 // COMPUTE_SLICES)
 
 
-# Usable memory (MiB) by memory-slot count per model: 1 slot, 2 slots, 4 slots, 8 slots. A100 and H100
-# values as `nvidia-smi mig -lgip` reports them; H100-NVL and H200 scaled from the H100 ratios (the
-# agent's nvml backend reads the real sizes from the device).
+# Usable memory (MiB) by memory-slot count per model: 1 slot, 2 slots, 4 slots, 8 slots (the agent's nvml
+# backend reads the real sizes from the device; these rows are what the broker plans and bills with).
+# - A100-40GB, A100-80GB, H100-80GB: as `nvidia-smi mig -lgip` reports them (no profile probe of these
+#   models is recorded in the repository yet).
+# - H100-NVL-94GB: scaled from the H100-80GB ratios (never read on real hardware).
+# - H200-141GB: measured, NVML's memorySizeMB for each GPU-instance profile on a real NVIDIA H200 (driver
+#   580.159.04, MIG disabled, read-only probe bench/mig_profiles.py, 2026-11-27:
+#   tests/agent/data/h200_mig_profiles_2026-11-27.json): 1_SLICE 16,384; 1_SLICE_REV2 and 2_SLICE 33,280;
+#   3_SLICE and 4_SLICE 71,424; 7_SLICE 143,360. The H100-ratio scaling it replaces had 17,920 / 35,968 /
+#   72,192 for the first three (too large by 1,536, 2,688 and 768 MiB).
 _MEMORY_BY_SLOTS: dict[str, tuple[int, int, int, int]] = {
     "A100-40GB": (4_864, 9_856, 20_096, 40_320),
     "A100-80GB": (9_728, 19_968, 40_192, 80_896),
     "H100-80GB": (9_984, 20_096, 40_320, 81_152),
     "H100-NVL-94GB": (11_776, 23_680, 47_488, 95_488),
-    "H200-141GB": (17_920, 35_968, 72_192, 143_360),
+    "H200-141GB": (16_384, 33_280, 71_424, 143_360),
 }
 # The name each model gives a shape: (1-slot GB, 2-slot GB, 4-slot GB, 8-slot GB) in the profile name.
 _NAME_GB: dict[str, tuple[int, int, int, int]] = {

@@ -12,15 +12,20 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
 from agent.hwcheck import process_group_alive
+from agent.nvml_backend import model_for_device_name
+from agent.sim import RECORDED_RESERVED_MIB
 from core.processes import ROOT
+from gpus.catalogue import model_get
 from gpus.mig import profiles_for
 
 DEFAULT_CHECKS = ("agent_start", "inventory", "inventory_memory_fields", "inventory_share_enforcement",
@@ -340,3 +345,41 @@ def test_hwcheck_readme_commands_run_as_documented(tmp_path):
             assert "NVML is not available" in checks["agent_start"]["detail"], command
             if "--mps" in argv:
                 assert {"mps_shares", "mps_memory_cap", "mig_profiles"} <= set(checks)
+
+
+# The reports of real GPUs kept from lent machines (``sh bench/device_check.sh --mps``), and the order every check
+# of such a run comes in (a report of an older agent.hwcheck may lack a check added since: the H100's has no
+# inventory_host_topology)
+RECORDED_REPORTS = sorted((Path(__file__).parent / "data").glob("*_hwcheck_*.json"))
+RECORDED_ORDER = (*DEFAULT_CHECKS[:-1], "mps_shares", "mps_memory_cap", "mig_profiles", "cleanup")
+
+
+@pytest.mark.parametrize("path", RECORDED_REPORTS, ids=lambda path: path.name)
+def test_recorded_real_gpu_reports_are_what_the_catalogue_the_sim_and_the_docs_say(path):
+    """Each kept report passed on a real GPU with the nvml backend, and what it read is what the rest of the
+    project says of that model: the catalogue's nameplate memory, the sim's recorded reservation, and
+    docs/agent-protocol.md's "On a real ..." paragraph (its counts and memory figures, and the file's name)."""
+    report = json.loads(path.read_text())
+    checks = checks_of(report)
+    assert (report["backend"], report["truth"], report["passed"]) == ("nvml", "nvidia-smi", True)
+    assert list(checks) == [name for name in RECORDED_ORDER if name in checks]
+    assert {c["status"] for c in checks.values()} <= {"PASS", "SKIP"}
+    model = model_for_device_name(report["gpu"]["name"])
+    assert model is not None and model.code == report["gpu"]["model"]
+    total, reserved, usable = map(int, re.fullmatch(r"0: (\d+) - (\d+) = (\d+) MiB",
+                                                    checks["inventory_memory_fields"]["detail"]).groups())
+    assert (total - reserved, total, reserved) == (usable, model_get(model.code).memory_mib,
+                                                   RECORDED_RESERVED_MIB[model.code])
+    counts = {status: sum(c["status"] == status for c in checks.values()) for status in ("PASS", "FAIL", "SKIP")}
+    doc = (ROOT / "docs" / "agent-protocol.md").read_text()
+    paragraph = next(p for p in doc.split("\n\n")
+                     if p.startswith("**On a real ") and path.name.split("_")[0] in p.lower() and path.name in p)
+    assert (f"**{counts['PASS']} passed, {counts['FAIL']} failed, {counts['SKIP']} skipped in "
+            f"{report['seconds']:.1f} s**") in paragraph.replace("\n", " ")
+    assert f"{total:,} MiB total, {reserved} reserved" in paragraph.replace("\n", " ")
+    if "inventory_host_topology" in checks:
+        data = checks["inventory_host_topology"]["data"]
+        assert (data["host_cpu_milli"], data["host_memory_mib"]) == (data["readings"]["cpu_milli"],
+                                                                      data["readings"]["memory_mib"])
+        assert f"{data['host_cpu_milli']:,} milli-CPU and {data['host_memory_mib']:,} MiB" in paragraph.replace(
+            "\n", " ")

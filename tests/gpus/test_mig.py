@@ -1,14 +1,20 @@
+import json
+from pathlib import Path
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from agent.nvml_backend import GI_PROFILE_SHAPES, model_for_device_name
 from gpus.mig import (
     COMPUTE_SLICES,
+    SHAPE_BY_KEY,
     MigPlacement,
     UnknownProfile,
     free_starts,
     layout_problem,
     maximal_layouts,
+    mig_rows,
     profile_get,
     profiles_for,
 )
@@ -129,3 +135,42 @@ def test_mig_property_layout_problem_agrees_with_definition(requests):
                 for p in layout)
     )
     assert (layout_problem(layout) is None) == expected_valid
+
+
+# The MIG profile probes recorded on lent machines (bench/mig_profiles.py: NVML's answer for each GPU-instance
+# profile constant, read-only). The rows of gpus/mig.py for a recorded model must be what NVML said.
+MIG_PROBES = sorted((Path(__file__).parents[1] / "agent" / "data").glob("*_mig_profiles_*.json"))
+
+
+@pytest.mark.parametrize("path", MIG_PROBES, ids=lambda path: path.name)
+def test_mig_table_matches_the_recorded_nvml_profiles(path):
+    recording = json.loads(path.read_text())
+    for gpu in recording["gpus"]:
+        model = model_for_device_name(gpu["name"])
+        assert model is not None, gpu["name"]
+        ours = {p.shape.key: p for p in profiles_for(model.code)}
+        answered = {row["constant"]: row for row in gpu["profiles"] if "error" not in row}
+        # every shape we offer is one NVML offers, and the other way round for the shapes we name
+        assert {GI_PROFILE_SHAPES[c] for c in answered if c in GI_PROFILE_SHAPES} == set(ours)
+        for constant, row in answered.items():
+            if constant not in GI_PROFILE_SHAPES:
+                continue
+            shape = SHAPE_BY_KEY[GI_PROFILE_SHAPES[constant]]
+            profile = ours[shape.key]
+            assert (row["sliceCount"], row["instanceCount"]) == (shape.compute_slices, shape.max_per_gpu), constant
+            assert profile.memory_mib == row["memorySizeMB"], (model.code, profile.name, constant)
+        # memory by memory-slot count, as the table is kept
+        by_slots = {}
+        for constant, row in answered.items():
+            if constant in GI_PROFILE_SHAPES:
+                by_slots.setdefault(SHAPE_BY_KEY[GI_PROFILE_SHAPES[constant]].memory_slots, set()).add(
+                    row["memorySizeMB"])
+        assert all(len(sizes) == 1 for sizes in by_slots.values()), by_slots
+        assert mig_rows(model.code)["memory_mib"] == tuple(by_slots[slots].pop() for slots in (1, 2, 4, 8))
+
+
+def test_mig_h200_memory_is_the_measured_answer():
+    assert [(p.name, p.memory_mib) for p in profiles_for("H200-141GB")] == [
+        ("1g.18gb", 16_384), ("1g.18gb+me", 16_384), ("1g.35gb", 33_280), ("2g.35gb", 33_280),
+        ("3g.71gb", 71_424), ("4g.71gb", 71_424), ("7g.141gb", 143_360),
+    ]

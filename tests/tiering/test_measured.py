@@ -2,6 +2,7 @@
 
 import json
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -204,6 +205,57 @@ def test_device_perf_dry_run_writes_rows_the_loader_reads(tmp_path):
     assert load_results(path) == []  # a dry run measured no GPU: never fitted on
 
 
+H200_RUN = Path(__file__).parent / "data" / "device_perf_h200_2026-11-27.json"
+
+
+def test_the_h200_check_file_is_the_recorded_run_and_never_fitted_on():
+    """gpus/data/h200-141gb-2026-11-27.csv is the lent H200's ``bench/device_perf.py --held-out`` results file
+    (kept in tests/tiering/data/) written by ``results_csv``, a check file of its own GPU model."""
+    from gpus.measured import CHECK_FILES, DATA, FILES, load_check, results_csv
+
+    assert (DATA / "h200-141gb-2026-11-27.csv").read_text() == results_csv(H200_RUN)
+    assert CHECK_FILES["h200-141gb-2026-11-27.csv"] == "H200-141GB" and "h200-141gb-2026-11-27.csv" not in FILES
+    rows = [r for r in load_check() if r.slice_key == "H200-141GB"]
+    assert len(rows) == 147 and len({r.architecture for r in rows}) == 29
+    assert [sum(r.mode == mode for r in rows) for mode in ("eager", "graph", "own-eager")] == [84, 49, 14]
+    assert all(r.slice_key == "H100-80GB" for r in load())  # the fit never sees it
+
+
+def test_results_csv_refuses_a_dry_run_and_mixed_slices(tmp_path):
+    from gpus.measured import results_csv
+
+    run = json.loads(H200_RUN.read_text())
+    for change, field in (({"dry_run": True}, "dry_run"), ({"slice": "H100-80GB"}, "slice"), ({"mode": "x"}, "mode")):
+        bad = json.loads(json.dumps(run))
+        bad["figures"]["rows"][3].update(change)
+        path = tmp_path / "bad.json"
+        path.write_text(json.dumps(bad))
+        with pytest.raises(ValueError, match=field):
+            results_csv(path)
+
+
+def test_another_gpu_model_is_scored_apart_from_the_held_out_architectures():
+    """The H200's rows do not enter ``held_out`` (the H100 check machine's 24 unseen architectures); ``other_gpus``
+    scores them on their own: the figures docs/tiering.md §2.4 quotes."""
+    from gpus.measured import held_out, other_gpus
+
+    unseen = held_out()
+    assert unseen["rows"] == 105 and len(unseen["architectures"]) == 24
+    others = other_gpus()
+    assert list(others) == ["H200-141GB"]
+    h200 = others["H200-141GB"]
+    assert (h200["rows"], len(h200["architectures"]), h200["reference"]) == (147, 29, ["H100-80GB"])
+    ratio, by_mode = h200["predicted_over_measured"], h200["predicted_over_measured_by_mode"]
+    quoted = {"eager, all": 1.089, "graph decode": 1.005, "graph inference": 2.181, "eager decode": 1.087}
+    assert {name: ratio[name]["median"] for name in quoted} == pytest.approx(quoted, abs=0.001)
+    assert {mode: v["median"] for mode, v in by_mode.items()} == pytest.approx(
+        {"eager": 1.089, "graph": 1.132, "own-eager": 0.668}, abs=0.001)
+    assert h200["subsets"]["eager, all"]["throughput"]["median_abs_error"] == pytest.approx(0.187, abs=0.001)
+    assert h200["subsets"]["graph decode"]["throughput"]["median_abs_error"] == pytest.approx(0.164, abs=0.001)
+    scaling = {mode: v["median"] for mode, v in h200["scaling_by_mode"].items()}
+    assert scaling == pytest.approx({"eager": 0.982, "graph": 0.967, "own-eager": 1.4}, abs=0.001)
+
+
 def test_device_perf_reads_mig_devices_it_finds_and_names_their_slices():
     from bench.device_perf import parse_mig_listing
 
@@ -251,6 +303,11 @@ def test_the_documented_measured_command_prints_and_records_the_cross_validated_
     figures = json.loads(path.read_text())["figures"]
     cv = figures["cross_validated"]["subsets"]
     assert cv["eager, all"]["throughput"]["cases"] == 24 and cv["graph decode"]["throughput"]["cases"] == 8
+    # the H200's check rows, a GPU model never fitted on, reported as their own subset (docs/tiering.md §2.4)
+    assert "another GPU model, never fitted on: H200-141GB (147 rows" in done.stdout
+    h200 = figures["other_gpus"]["H200-141GB"]
+    assert h200["rows"] == 147 and h200["memory_rows"]["rows"] == 84 and "cases" not in h200
+    assert figures["held_out"]["rows"] == 105
     # the figures gpus.measured.expected_error quotes are these
     assert cv["graph decode"]["throughput"]["median_abs_error"] == pytest.approx(CROSS_VALIDATED_ERROR["graph decode"],
                                                                                  abs=0.001)
@@ -258,3 +315,21 @@ def test_the_documented_measured_command_prints_and_records_the_cross_validated_
                                                                                  abs=0.001)
     assert cv["eager inference"]["throughput"]["median_abs_error"] == pytest.approx(
         CROSS_VALIDATED_ERROR["eager inference"], abs=0.001)
+
+
+def test_the_docs_render_another_gpu_models_table_once_the_results_have_it():
+    """``python -m bench docs``: the tiering_held_out block gains the H200's table when tiering_error.json is
+    re-recorded with ``other_gpus``; a file recorded before it renders as it did."""
+    from bench import docs
+    from bench.tiering import memory_rows
+    from gpus.measured import other_gpus
+
+    others = other_gpus()
+    for other in others.values():
+        other["memory_rows"] = memory_rows(other["cases"])
+        other["contradicting_cases"] = [c for c in other.pop("cases") if c["contradicts"]]
+    text = docs._other_gpus(others)
+    assert "| subset (H200-141GB, never fitted on: 147 rows, 29 architectures) |" in text
+    assert "| graph decode | 32 | 16 % (0.66 – 1.51) | 1.00 | – |" in text
+    assert "Peak memory within 15 % on 81 of 84 rows" in text
+    assert docs._other_gpus({}) == ""
