@@ -260,6 +260,18 @@ class Cgroups:
             (devices / "devices.allow").write_text(rule)
         return procs
 
+    def deny_device(self, name: str, rule: str) -> bool:
+        """Take one device rule (``"c 195:1 rwm"``) out of the workload's v1 devices group at once: an open of it
+        fails from now on (EPERM); a descriptor already open stays usable (``WorkloadManager`` evicts its holder).
+        False where there is nothing to deny it in (v2, no cgroups, or no group: no run is going)."""
+        if self.version != "v1":
+            return False
+        try:
+            (self.parents["devices"] / name / "devices.deny").write_text(rule)
+        except OSError:
+            return False
+        return True
+
     def groups(self, name: str) -> list[Path]:
         if self.version == "v2":
             return [self.root / CGROUP_PARENT / name]
@@ -468,6 +480,21 @@ class Isolation:
                     rules.append(f"c {os.major(node.st_rdev)}:{os.minor(node.st_rdev)} rwm")
         return Limits(cpu_milli=int(self.cpu_milli_per_gpu * gpus), memory_bytes=int(self.memory_bytes_per_gpu * gpus),
                       pids=self.pids_max, devices=tuple(rules))
+
+    def revoke_device(self, workload: dict, index: int) -> str:
+        """A GPU the workload gave back (an elastic lease's shrink): its device node ``nvidia<index>`` denied to
+        the workload's devices cgroup at once (v1). Returns the rule denied, or "" where no cgroup controls
+        devices (v2, isolation none, not a character device): there only the eviction of its holders applies."""
+        if not (self.enabled and self.cgroups is not None and self.cgroups.restricts_devices):
+            return ""
+        try:
+            node = os.stat(self.device_dir / f"nvidia{index}")
+        except OSError:
+            return ""
+        if not stat.S_ISCHR(node.st_mode):
+            return ""
+        rule = f"c {os.major(node.st_rdev)}:{os.minor(node.st_rdev)} rwm"
+        return rule if self.cgroups.deny_device(self.cgroup_name(workload), rule) else ""
 
     def masked_devices(self, devices: list[dict]) -> list[str]:
         """The GPU device nodes a run must not reach (every ``nvidia<N>`` of ``device_dir`` not leased)."""
