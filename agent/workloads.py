@@ -22,6 +22,9 @@ with symbolic links resolved), restart policy and, for interactive leases, a por
 - at a preemption notice writes the deadline (unix seconds) into ``GPUB_DEADLINE_FILE`` and sends
   SIGTERM to the process group; at the deadline SIGKILL (and to whatever is left in an isolated run's
   cgroup). A stop does the same with its grace period, its kill time in the deadline file;
+- at an elastic lease's shrink (``shrink``) tells the workload its new size (units file, SIGUSR1), denies it the
+  device given back (v1 devices cgroup) and SIGKILLs, after ``shrink_grace_seconds``, each of its processes
+  still holding that device (``_revoke``, ``_evict_due``);
 - restarts a failed run (policy ``on-failure``) with exponential back-off, up to ``max_restarts``;
 - keeps every workload in ``STATE_DIR/workloads.json`` (temp file, fsync, rename) before answering, so
   after ``kill -9`` and a restart it finds each one: still running (its pid and the process start time
@@ -561,8 +564,9 @@ class WorkloadManager:
         each active workload on it that holds other instances drops it from its devices, finds its new size and
         devices in its units file (``GPUBROKER_UNITS_FILE``: ``{"units": n, "devices": [uuid, ...], "at": t}``) and
         gets SIGUSR1; its next run starts with them (``GPUBROKER_UNITS``, ``CUDA_VISIBLE_DEVICES``). A workload
-        with nothing else left is stopped, as ``release`` does. Whatever still runs on the device given back is
-        killed when the backend destroys the instance. Returns the workloads resized."""
+        with nothing else left is stopped, as ``release`` does. The device given back is taken from it
+        (``_revoke``: denied to its cgroup now, its holders SIGKILLed after ``shrink_grace_seconds``). Returns the
+        workloads resized."""
         now = self.clock()
         resized = []
         for workload in list(self.workloads.values()):
