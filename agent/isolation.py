@@ -481,20 +481,30 @@ class Isolation:
         return Limits(cpu_milli=int(self.cpu_milli_per_gpu * gpus), memory_bytes=int(self.memory_bytes_per_gpu * gpus),
                       pids=self.pids_max, devices=tuple(rules))
 
-    def revoke_device(self, workload: dict, index: int) -> str:
-        """A GPU the workload gave back (an elastic lease's shrink): its device node ``nvidia<index>`` denied to
-        the workload's devices cgroup at once (v1). Returns the rule denied, or "" where no cgroup controls
-        devices (v2, isolation none, not a character device): there only the eviction of its holders applies."""
-        if not (self.enabled and self.cgroups is not None and self.cgroups.restricts_devices):
+    def revoke_device(self, workload: dict, index: int, pids: set[int] = frozenset()) -> str:
+        """A GPU the workload gave back (an elastic lease's shrink), taken from its running processes at once: on
+        v1 its device node ``nvidia<index>`` is denied to the workload's devices cgroup; without a devices
+        controller (v2, no cgroups) ``/dev/null`` is bound over the node in each mount namespace of ``pids`` (the
+        run's processes) other than the agent's, as the launcher masks the GPUs not leased. Returns what was
+        done (for the workload's event), or "" where nothing could be (isolation none, not a character device,
+        no group, no namespace entered): there only the eviction of its holders applies. Either way a
+        descriptor already open stays usable."""
+        if not self.enabled:
             return ""
+        path = self.device_dir / f"nvidia{index}"
         try:
-            node = os.stat(self.device_dir / f"nvidia{index}")
+            node = os.stat(path)
         except OSError:
             return ""
         if not stat.S_ISCHR(node.st_mode):
             return ""
-        rule = f"c {os.major(node.st_rdev)}:{os.minor(node.st_rdev)} rwm"
-        return rule if self.cgroups.deny_device(self.cgroup_name(workload), rule) else ""
+        if self.cgroups is not None and self.cgroups.restricts_devices:
+            rule = f"c {os.major(node.st_rdev)}:{os.minor(node.st_rdev)} rwm"
+            denied = self.cgroups.deny_device(self.cgroup_name(workload), rule)
+            return f"denied to its cgroup ({rule})" if denied else ""
+        masked = mask_in_namespaces(pids, path)
+        where = "its mount namespace" if masked == 1 else f"its {masked} mount namespaces"
+        return f"masked with /dev/null in {where}" if masked else ""
 
     def masked_devices(self, devices: list[dict]) -> list[str]:
         """The GPU device nodes a run must not reach (every ``nvidia<N>`` of ``device_dir`` not leased)."""
@@ -570,6 +580,49 @@ class Isolation:
         if plan.get("private_run"):
             argv.append("--private-run")
         return [*argv, "--"]
+
+
+def mask_in_namespaces(pids, path: Path) -> int:
+    """``/dev/null`` bound over ``path`` in the mount namespace of each of ``pids`` that is not the agent's own
+    (each namespace once), by this file run as ``--mask-in-namespace FD PATH`` (``setns`` needs a single-threaded
+    process; the agent has threads). The namespace is held by a descriptor opened while the pid was checked to
+    be the same process (start time before and after), so a pid reused meanwhile is never entered. Returns how
+    many namespaces were masked."""
+    try:
+        own = os.stat("/proc/self/ns/mnt").st_ino
+    except OSError:
+        return 0
+    handles: dict[int, int] = {}
+    masked = 0
+    try:
+        for pid in sorted(pids):
+            before = _start_time(pid)
+            try:
+                handle = os.open(f"/proc/{pid}/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
+            except OSError:
+                continue
+            inode = os.fstat(handle).st_ino
+            if before is None or _start_time(pid) != before or inode == own or inode in handles:
+                os.close(handle)
+                continue
+            handles[inode] = handle
+        for handle in handles.values():
+            with contextlib.suppress(OSError, subprocess.SubprocessError):
+                done = subprocess.run([sys.executable, "-I", str(LAUNCHER), "--mask-in-namespace", str(handle),
+                                       str(path)], pass_fds=(handle,), capture_output=True, timeout=10, check=False)
+                masked += done.returncode == 0
+    finally:
+        for handle in handles.values():
+            os.close(handle)
+    return masked
+
+
+def _start_time(pid: int) -> str | None:
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return raw[raw.rindex(")") + 2:].split()[19]
 
 
 # -- the launcher (runs as root in the shim's child, then becomes the workload) ---------------------
@@ -689,5 +742,17 @@ def launch(argv: list[str]) -> None:
         raise SystemExit(127 if error.errno == errno.ENOENT else 126) from None
 
 
+def mask_in_namespace(argv: list[str]) -> None:
+    """``--mask-in-namespace FD PATH``: enter the mount namespace FD (inherited from the agent) and bind
+    ``/dev/null`` over PATH there (``mask_in_namespaces``)."""
+    handle, path = int(argv[0]), argv[1]
+    libc = _libc()
+    _check(libc.setns(handle, CLONE_NEWNS), "setns(CLONE_NEWNS)")
+    _mount(libc, "/dev/null", path, None, MS_BIND)
+
+
 if __name__ == "__main__":
-    launch(sys.argv[1:])
+    if sys.argv[1:2] == ["--mask-in-namespace"]:
+        mask_in_namespace(sys.argv[2:])
+    else:
+        launch(sys.argv[1:])

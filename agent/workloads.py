@@ -742,14 +742,16 @@ class WorkloadManager:
             self._event(workload, "revoked", now, detail=f"instance {allocation_id} given back: no device node "
                                                          f"{node} and no NVML here, nothing to deny or evict")
             return
-        denied = self.isolation.revoke_device(workload, index) if self._isolating() else ""
+        denied = ""
+        if self._isolating():  # v1: its devices cgroup; else its mount namespace: no new open from now on
+            denied = self.isolation.revoke_device(workload, index, self._members(workload, run))
         grace = self.shrink_grace_seconds
         workload.setdefault("evictions", []).append({
             "allocation_id": allocation_id, "gpu": given["gpu"], "gpu_index": index, "device": str(node),
             "run": run["run"], "at": now, "due": now + grace, "grace_seconds": grace})
         self._event(workload, "revoked", now, detail=(
             f"instance {allocation_id} given back: {node} "
-            f"{f'denied to its cgroup ({denied})' if denied else 'not denied (no devices cgroup)'}; "
+            f"{denied or 'not taken from its processes (no devices cgroup, no mount namespace of its own)'}; "
             f"a process still holding it after {grace:g} s is killed"))
 
     def _evict_due(self, workload: dict, run: dict, now: float) -> bool:
@@ -782,10 +784,7 @@ class WorkloadManager:
                                eviction["gpu"], exc_info=True)
         if identity is None and not nvml:
             return
-        members = session_members(run["pid"])
-        if self._isolating() and self.isolation.cgroups is not None:
-            members |= self.isolation.cgroups.pids(self.isolation.cgroup_name(workload))
-        members.discard(os.getpid())
+        members = self._members(workload, run)
         try:
             main = {int(p) for p in Path(f"/proc/{run['pid']}/task/{run['pid']}/children").read_text().split()}
         except (OSError, ValueError):
@@ -802,6 +801,14 @@ class WorkloadManager:
             self._event(workload, "evicted", now, run=run["run"], pid=pid, device=str(path),
                         detail=f"evicted pid {pid} from the device given back ({path}, instance "
                                f"{eviction['allocation_id']}): {held} after {eviction['grace_seconds']:g} s{ending}")
+
+    def _members(self, workload: dict, run: dict) -> set[int]:
+        """The run's processes: its process group and session (the shim leads both) and, isolated, its cgroup's."""
+        members = session_members(run["pid"])
+        if self._isolating() and self.isolation.cgroups is not None:
+            members |= self.isolation.cgroups.pids(self.isolation.cgroup_name(workload))
+        members.discard(os.getpid())
+        return members
 
     def _secret_env_write(self, workload: dict, values: dict[str, str]) -> None:
         """The workload's secret values in its directory, readable by the agent's user only (written before

@@ -288,6 +288,48 @@ def test_isolation_a_gpu_given_back_by_a_shrink_is_denied_to_the_running_workloa
     assert final(client, "wl-rv")["state"] == "stopped"
 
 
+STAT_GPUS = """
+import os, signal, sys, time
+def seen(tag):
+    nodes = [os.stat(f"{sys.argv[1]}/nvidia{n}").st_rdev for n in (0, 1)]
+    os.write(1, (tag + " " + " ".join(f"{os.major(r)}:{os.minor(r)}" for r in nodes) + "\\n").encode())
+signal.signal(signal.SIGUSR1, lambda signum, frame: seen("after"))
+seen("before")
+while True:
+    time.sleep(0.05)
+"""
+
+
+def test_isolation_without_a_devices_cgroup_a_gpu_given_back_is_masked_in_the_runs_namespace(
+        tmp_path, shared, devices):
+    """cgroup v2 has no devices controller (here: no cgroups at all, ``--cgroup-root`` an empty directory): at a
+    shrink the agent binds /dev/null over the GPU given back inside the running workload's own mount namespace
+    (``setns`` from a helper), before telling it; the node's own view and the GPU kept are untouched."""
+    empty = tmp_path / "no-cgroups"
+    empty.mkdir()
+    agent = AgentProcess(tmp_path / "agent", gpus=GPUS, extra=(
+        "--workload-root", str(shared), "--device-dir", str(devices), "--cgroup-root", str(empty))).start()
+    try:
+        client = agent.client(retries=0)
+        assert client.inventory()["isolation"]["devices"] == "namespace"
+        whole(client, "ns0", 0)
+        whole(client, "ns1", 1)
+        client.workload_start("wl-ns", {"instances": ["ns0", "ns1"], "scope": "acme/vision",
+                                        "command": [sys.executable, "-c", STAT_GPUS, str(devices)]})
+        line = lambda tag: next((x for x in client.workload_logs("wl-ns")["data"].splitlines()  # noqa: E731
+                                 if x.startswith(tag + " ")), None)
+        assert wait_for(lambda: line("before")) == "before 195:0 195:1"
+        client.destroy("ns1", resize=True)
+        assert wait_for(lambda: line("after")) == "after 195:0 1:3"  # in its view: /dev/null
+        assert os.stat(devices / "nvidia1").st_rdev == os.makedev(195, 1)  # the node's view: the GPU
+        [revoked] = [e for e in client.workload("wl-ns")["events"] if e["kind"] == "revoked"]
+        assert f"{devices}/nvidia1 masked with /dev/null in its mount namespace;" in revoked["detail"]
+        client.workload_stop("wl-ns", grace_seconds=0)
+        assert final(client, "wl-ns")["state"] == "stopped"
+    finally:
+        agent.stop()
+
+
 def test_isolation_a_process_that_left_its_group_is_killed_with_the_run(client):
     """``setsid`` takes a process out of the run's process group (SIGKILL to the group misses it); the
     cgroup does not let it go."""

@@ -126,7 +126,7 @@ def test_a_process_still_holding_the_device_given_back_is_killed_after_the_grace
     workload = client.workload("wl-ev")
     assert workload["state"] == "running" and len(workload["runs"]) == 1
     [revoked] = events(client, "wl-ev", "revoked")
-    assert "not denied (no devices cgroup)" in revoked["detail"] and "after 1 s" in revoked["detail"]
+    assert "not taken from its processes (no devices cgroup" in revoked["detail"] and "after 1 s" in revoked["detail"]
     [evicted] = events(client, "wl-ev", "evicted")
     assert evicted["pid"] == kids[1] and evicted["device"] == str(agent.devices / "nvidia1")
     assert evicted["detail"] == (f"evicted pid {kids[1]} from the device given back ({agent.devices}/nvidia1, "
@@ -273,7 +273,7 @@ def test_isolated_a_holder_that_left_the_session_is_found_in_the_cgroup_and_kill
     wait_for(lambda: not alive(kids[1]), timeout=10)
     assert alive(kids[0])
     [revoked] = events(client, "wl-is", "revoked")
-    assert "not denied (no devices cgroup)" in revoked["detail"]  # a stand-in file is no character device
+    assert "not taken from its processes" in revoked["detail"]  # a stand-in file is no character device
     assert [e["pid"] for e in events(client, "wl-is", "evicted")] == [kids[1]]
     client.workload_stop("wl-is", grace_seconds=0)
     wait_for(lambda: client.workload("wl-is")["state"] == "stopped")
