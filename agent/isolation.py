@@ -14,7 +14,9 @@ With ``isolation = "uid"`` (the default ``"auto"`` when the agent runs as root) 
 - reaches only its **leased GPUs' device nodes**: on v1 the devices controller allows the usual character
   devices, ``nvidiactl``, ``nvidia-uvm*``, ``nvidia-modeset`` and ``nvidia<N>`` of the leased GPUs only; on
   v2 (no devices controller without BPF) every other ``nvidia<N>`` is masked with ``/dev/null`` in the run's
-  own mount namespace;
+  own mount namespace; a GPU an elastic lease gives back is taken the same ways from the running workload at
+  once (``Isolation.revoke_device``: ``devices.deny`` on v1, ``/dev/null`` bound over it in its namespace
+  otherwise);
 - sees a **private file-system view** (a mount namespace of its own, made by the launcher below as root
   before it drops to the uid): ``/proc`` mounted again with ``hidepid=invisible`` (no other user's process,
   command line or environment is visible), an empty private ``/tmp``, ``/var/tmp`` and ``/dev/shm``, and
