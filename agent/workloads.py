@@ -22,9 +22,10 @@ with symbolic links resolved), restart policy and, for interactive leases, a por
 - at a preemption notice writes the deadline (unix seconds) into ``GPUB_DEADLINE_FILE`` and sends
   SIGTERM to the process group; at the deadline SIGKILL (and to whatever is left in an isolated run's
   cgroup). A stop does the same with its grace period, its kill time in the deadline file;
-- at an elastic lease's shrink (``shrink``) tells the workload its new size (units file, SIGUSR1), denies it the
-  device given back (v1 devices cgroup) and SIGKILLs, after ``shrink_grace_seconds``, each of its processes
-  still holding that device (``_revoke``, ``_evict_due``);
+- at an elastic lease's shrink (``shrink``) tells the workload its new size (units file, SIGUSR1), takes the
+  device given back from it at once (isolated: v1 ``devices.deny``, else ``/dev/null`` bound over it in its mount
+  namespace) and SIGKILLs, after ``shrink_grace_seconds``, each of its processes still holding that device
+  (``_revoke``, ``_evict_due``);
 - restarts a failed run (policy ``on-failure``) with exponential back-off, up to ``max_restarts``;
 - keeps every workload in ``STATE_DIR/workloads.json`` (temp file, fsync, rename) before answering, so
   after ``kill -9`` and a restart it finds each one: still running (its pid and the process start time
@@ -565,7 +566,7 @@ class WorkloadManager:
         devices in its units file (``GPUBROKER_UNITS_FILE``: ``{"units": n, "devices": [uuid, ...], "at": t}``) and
         gets SIGUSR1; its next run starts with them (``GPUBROKER_UNITS``, ``CUDA_VISIBLE_DEVICES``). A workload
         with nothing else left is stopped, as ``release`` does. The device given back is taken from it
-        (``_revoke``: denied to its cgroup now, its holders SIGKILLed after ``shrink_grace_seconds``). Returns the
+        (``_revoke``: denied to it now, its holders SIGKILLed after ``shrink_grace_seconds``). Returns the
         workloads resized."""
         now = self.clock()
         resized = []
@@ -724,10 +725,10 @@ class WorkloadManager:
 
     def _revoke(self, workload: dict, allocation_id: str, now: float) -> None:
         """An instance given back by a shrink (``shrink``): when none of the workload's other instances is on its
-        GPU, that GPU's device node is denied to the workload's cgroup at once (v1 devices controller:
-        ``Isolation.revoke_device``) and an eviction is due after ``shrink_grace_seconds``: ``_evict_due`` kills
-        each process of the run that still holds the device then. Kept in the workload (``evictions``, saved
-        with it), so an agent restarted meanwhile still evicts."""
+        GPU, that GPU's device node is taken from the isolated run at once (``Isolation.revoke_device``: its v1
+        devices cgroup, or its mount namespace) and an eviction is due after ``shrink_grace_seconds``:
+        ``_evict_due`` kills each process of the run that still holds the device then. Kept in the workload
+        (``evictions``, saved with it), so an agent restarted meanwhile still evicts."""
         given = next((d for d in workload["devices"] if d["allocation_id"] == allocation_id), None)
         if given is None or given.get("gpu_index") is None:
             return
