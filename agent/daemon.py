@@ -24,6 +24,8 @@ Configuration: a TOML file (``--config``) and/or flags (flags win)::
     workload_roots = ["/srv/gpubroker"]           # working and checkpoint directories must lie under one
                                                   # of these (default: STATE_DIR/work)
     restart_backoff_seconds = 1.0                 # first back-off of an on-failure restart (doubles, ≤ 60 s)
+    shrink_grace_seconds = 10.0                   # an elastic lease's device given back (DELETE ?resize=1): a
+                                                  # process of its workload still holding it is killed after this
     workload_log_max_bytes = 16777216             # a workload's stdout (and its stderr) keeps at most this
                                                   # much on the node, the newest bytes (4 KiB .. 1 GiB)
     container_devices = "cdi"                     # docker/podman: "cdi" (--device nvidia.com/gpu=<UUID>) or
@@ -113,6 +115,7 @@ class AgentConfig:
     workload_runtime: str = "process"
     workload_roots: list = field(default_factory=list)
     restart_backoff_seconds: float = 1.0
+    shrink_grace_seconds: float = 10.0
     workload_log_max_bytes: int = 16 * 1024 * 1024
     container_devices: str = "cdi"
     mps_control: str = "nvidia-cuda-mps-control"
@@ -164,6 +167,10 @@ class AgentConfig:
                 raise ValueError(f"workload_roots must be absolute paths, got {root!r}")
         if not isinstance(self.restart_backoff_seconds, int | float) or not 0 < self.restart_backoff_seconds <= 60:
             raise ValueError("restart_backoff_seconds must be a number of seconds in (0, 60]")
+        if (not isinstance(self.shrink_grace_seconds, int | float) or isinstance(self.shrink_grace_seconds, bool)
+                or not 0 <= self.shrink_grace_seconds <= 3600):
+            raise ValueError("shrink_grace_seconds must be a number of seconds 0..3600, "
+                             f"got {self.shrink_grace_seconds!r}")
         if (not isinstance(self.workload_log_max_bytes, int) or isinstance(self.workload_log_max_bytes, bool)
                 or not 4096 <= self.workload_log_max_bytes <= 1 << 30):
             raise ValueError("workload_log_max_bytes must be a number of bytes from 4096 to 1073741824")
@@ -276,10 +283,12 @@ def build_workloads(config: AgentConfig, state_dir: Path | None = None, backend:
     manager = WorkloadManager(state, runtime,
                               roots=[Path(r) for r in config.workload_roots] or None,
                               backoff_seconds=config.restart_backoff_seconds,
+                              shrink_grace_seconds=config.shrink_grace_seconds,
                               log_max_bytes=config.workload_log_max_bytes,
                               isolation=build_isolation(config, state, node_gpu_count(config, backend), uid_map))
     if backend is not None:
         manager.gpu_lookup = lambda uuid: next((g for g in backend.inventory()["gpus"] if g["uuid"] == uuid), None)
+        manager.gpu_processes = getattr(backend, "compute_pids", None)  # NVML's view of a GPU's processes, if any
     return manager
 
 
@@ -584,12 +593,15 @@ def add_topology_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def add_workload_flags(parser: argparse.ArgumentParser) -> None:
-    """``--workload-runtime``, ``--workload-root`` (repeatable), ``--restart-backoff`` and
-    ``--workload-log-max-bytes``, shared with ``agent.fleet``."""
+    """``--workload-runtime``, ``--workload-root`` (repeatable), ``--restart-backoff``, ``--shrink-grace-seconds``
+    and ``--workload-log-max-bytes``, shared with ``agent.fleet``."""
     parser.add_argument("--workload-runtime", dest="workload_runtime", choices=("process", "docker", "podman"))
     parser.add_argument("--workload-root", dest="workload_roots", action="append", metavar="PATH",
                         help="working and checkpoint directories must lie under one (default STATE_DIR/work)")
     parser.add_argument("--restart-backoff", dest="restart_backoff_seconds", type=float, metavar="SECONDS")
+    parser.add_argument("--shrink-grace-seconds", dest="shrink_grace_seconds", type=float, metavar="SECONDS",
+                        help="a device an elastic lease gave back: a process of its workload still holding it "
+                             "is killed after this (default 10)")
     parser.add_argument("--workload-log-max-bytes", dest="workload_log_max_bytes", type=int, metavar="BYTES",
                         help="a workload's stdout (and its stderr) keeps at most this much, the newest bytes")
     parser.add_argument("--container-devices", dest="container_devices", choices=("cdi", "none"),

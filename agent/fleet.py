@@ -57,7 +57,8 @@ class Fleet:
                  workload_runtime: str = "process", workload_roots: list[str] | None = None,
                  restart_backoff_seconds: float = 1.0, workload_log_max_bytes: int = 16 * 1024 * 1024,
                  broker_timeout_seconds: float = 10.0, isolation: dict | None = None,
-                 nvlink_domain_size: int | None = None, host_cpu_milli: int = 0, host_memory_mib: int = 0):
+                 nvlink_domain_size: int | None = None, host_cpu_milli: int = 0, host_memory_mib: int = 0,
+                 shrink_grace_seconds: float = 10.0):
         if nodes < 1:
             raise ValueError("--nodes must be at least 1")
         self.shapes = [parse_gpu_specs(shape) for shape in shapes or ["h100-80gb:8:mig"]]
@@ -86,7 +87,7 @@ class Fleet:
                 node_id=node_id, listen=f"{host}:{port}", broker_url=broker_url, enrollment_token=enrollment_token,
                 state_dir=str(directory), hostname=node_id, advertise_url=self.url(node_id),
                 workload_runtime=workload_runtime, workload_roots=list(workload_roots or []),
-                restart_backoff_seconds=restart_backoff_seconds,
+                restart_backoff_seconds=restart_backoff_seconds, shrink_grace_seconds=shrink_grace_seconds,
                 workload_log_max_bytes=workload_log_max_bytes, **(isolation or {})).validate()
             backend = ShareEnforcingBackend(backend, None, reason=FLEET_MPS_REASON)  # shares: honestly unenforced
             self.nodes.append(AgentNode(node_id, backend, secret, node_id, metrics_token=metrics_token,
@@ -211,6 +212,7 @@ def main(argv: list[str] | None = None) -> int:
                       mode_change_latency_seconds=args.mode_change_latency_seconds,
                       workload_runtime=args.workload_runtime or "process", workload_roots=args.workload_roots,
                       restart_backoff_seconds=args.restart_backoff_seconds or 1.0,
+                      shrink_grace_seconds=10.0 if args.shrink_grace_seconds is None else args.shrink_grace_seconds,
                       workload_log_max_bytes=args.workload_log_max_bytes or 16 * 1024 * 1024,
                       broker_timeout_seconds=args.broker_timeout,
                       nvlink_domain_size=args.nvlink_domain_size, host_cpu_milli=args.host_cpu_milli or 0,

@@ -17,7 +17,9 @@ With ``isolation = "uid"`` (the default ``"auto"`` when the agent runs as root) 
 - reaches only its **leased GPUs' device nodes**: on v1 the devices controller allows the usual character
   devices, ``nvidiactl``, ``nvidia-uvm*``, ``nvidia-modeset`` and ``nvidia<N>`` of the leased GPUs only; on
   v2 (no devices controller without BPF) every other ``nvidia<N>`` is masked with ``/dev/null`` in the run's
-  own mount namespace;
+  own mount namespace; a GPU an elastic lease gives back is taken the same ways from the running workload at
+  once (``Isolation.revoke_device``: ``devices.deny`` on v1, ``/dev/null`` bound over it in its namespace
+  otherwise);
 - sees a **private file-system view** (a mount namespace of its own, made by the launcher below as root
   before it drops to the uid): ``/proc`` mounted again with ``hidepid=invisible`` (no other user's process,
   command line or environment is visible), an empty private ``/tmp``, ``/var/tmp`` and ``/dev/shm``, and
@@ -267,6 +269,18 @@ class Cgroups:
             (devices / "devices.allow").write_text(rule)
         return procs
 
+    def deny_device(self, name: str, rule: str) -> bool:
+        """Take one device rule (``"c 195:1 rwm"``) out of the workload's v1 devices group at once: an open of it
+        fails from now on (EPERM); a descriptor already open stays usable (``WorkloadManager`` evicts its holder).
+        False where there is nothing to deny it in (v2, no cgroups, or no group: no run is going)."""
+        if self.version != "v1":
+            return False
+        try:
+            (self.parents["devices"] / name / "devices.deny").write_text(rule)
+        except OSError:
+            return False
+        return True
+
     def groups(self, name: str) -> list[Path]:
         if self.version == "v2":
             return [self.root / CGROUP_PARENT / name]
@@ -488,6 +502,31 @@ class Isolation:
                     rules.append(f"c {os.major(node.st_rdev)}:{os.minor(node.st_rdev)} rwm")
         return Limits(cpu_milli=cpu_milli, memory_bytes=memory_bytes, pids=self.pids_max, devices=tuple(rules))
 
+    def revoke_device(self, workload: dict, index: int, pids: set[int] = frozenset()) -> str:
+        """A GPU the workload gave back (an elastic lease's shrink), taken from its running processes at once: on
+        v1 its device node ``nvidia<index>`` is denied to the workload's devices cgroup; without a devices
+        controller (v2, no cgroups) ``/dev/null`` is bound over the node in each mount namespace of ``pids`` (the
+        run's processes) other than the agent's, as the launcher masks the GPUs not leased. Returns what was
+        done (for the workload's event), or "" where nothing could be (isolation none, not a character device,
+        no group, no namespace entered): there only the eviction of its holders applies. Either way a
+        descriptor already open stays usable."""
+        if not self.enabled:
+            return ""
+        path = self.device_dir / f"nvidia{index}"
+        try:
+            node = os.stat(path)
+        except OSError:
+            return ""
+        if not stat.S_ISCHR(node.st_mode):
+            return ""
+        if self.cgroups is not None and self.cgroups.restricts_devices:
+            rule = f"c {os.major(node.st_rdev)}:{os.minor(node.st_rdev)} rwm"
+            denied = self.cgroups.deny_device(self.cgroup_name(workload), rule)
+            return f"denied to its cgroup ({rule})" if denied else ""
+        masked = mask_in_namespaces(pids, path)
+        where = "its mount namespace" if masked == 1 else f"its {masked} mount namespaces"
+        return f"masked with /dev/null in {where}" if masked else ""
+
     def masked_devices(self, devices: list[dict]) -> list[str]:
         """The GPU device nodes a run must not reach (every ``nvidia<N>`` of ``device_dir`` not leased)."""
         leased = {f"nvidia{d['gpu_index']}" for d in devices if d.get("gpu_index") is not None}
@@ -562,6 +601,49 @@ class Isolation:
         if plan.get("private_run"):
             argv.append("--private-run")
         return [*argv, "--"]
+
+
+def mask_in_namespaces(pids, path: Path) -> int:
+    """``/dev/null`` bound over ``path`` in the mount namespace of each of ``pids`` that is not the agent's own
+    (each namespace once), by this file run as ``--mask-in-namespace FD PATH`` (``setns`` needs a single-threaded
+    process; the agent has threads). The namespace is held by a descriptor opened while the pid was checked to
+    be the same process (start time before and after), so a pid reused meanwhile is never entered. Returns how
+    many namespaces were masked."""
+    try:
+        own = os.stat("/proc/self/ns/mnt").st_ino
+    except OSError:
+        return 0
+    handles: dict[int, int] = {}
+    masked = 0
+    try:
+        for pid in sorted(pids):
+            before = _start_time(pid)
+            try:
+                handle = os.open(f"/proc/{pid}/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
+            except OSError:
+                continue
+            inode = os.fstat(handle).st_ino
+            if before is None or _start_time(pid) != before or inode == own or inode in handles:
+                os.close(handle)
+                continue
+            handles[inode] = handle
+        for handle in handles.values():
+            with contextlib.suppress(OSError, subprocess.SubprocessError):
+                done = subprocess.run([sys.executable, "-I", str(LAUNCHER), "--mask-in-namespace", str(handle),
+                                       str(path)], pass_fds=(handle,), capture_output=True, timeout=10, check=False)
+                masked += done.returncode == 0
+    finally:
+        for handle in handles.values():
+            os.close(handle)
+    return masked
+
+
+def _start_time(pid: int) -> str | None:
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return raw[raw.rindex(")") + 2:].split()[19]
 
 
 # -- the launcher (runs as root in the shim's child, then becomes the workload) ---------------------
@@ -681,5 +763,17 @@ def launch(argv: list[str]) -> None:
         raise SystemExit(127 if error.errno == errno.ENOENT else 126) from None
 
 
+def mask_in_namespace(argv: list[str]) -> None:
+    """``--mask-in-namespace FD PATH``: enter the mount namespace FD (inherited from the agent) and bind
+    ``/dev/null`` over PATH there (``mask_in_namespaces``)."""
+    handle, path = int(argv[0]), argv[1]
+    libc = _libc()
+    _check(libc.setns(handle, CLONE_NEWNS), "setns(CLONE_NEWNS)")
+    _mount(libc, "/dev/null", path, None, MS_BIND)
+
+
 if __name__ == "__main__":
-    launch(sys.argv[1:])
+    if sys.argv[1:2] == ["--mask-in-namespace"]:
+        mask_in_namespace(sys.argv[2:])
+    else:
+        launch(sys.argv[1:])

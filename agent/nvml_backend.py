@@ -312,6 +312,24 @@ class NvmlBackend(Backend):
             raise Unavailable(f"could not write the state file {self._state_path}: {error}") from error
         return copy.deepcopy(instance)
 
+    def compute_pids(self, gpu_uuid: str) -> set[int]:
+        """The pids NVML lists as compute processes on the GPU (and, where the binding has it, as MPS clients):
+        pids of the driver's view (the node's PID namespace; an agent in another one sees other numbers, and
+        ``WorkloadManager`` only kills those that are its workload's processes). Empty when NVML cannot say."""
+        gpu = self._by_uuid.get(gpu_uuid)
+        if gpu is None:
+            return set()
+        found: set[int] = set()
+        for name in ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetMPSComputeRunningProcesses"):
+            query = getattr(self.nvml, name, None)
+            if query is None:
+                continue
+            try:
+                found |= {int(p.pid) for p in query(gpu.handle)}
+            except Exception:  # NVML errors (not supported, GPU lost): what the other call says still counts
+                logger.debug("%s on GPU %s failed", name, gpu_uuid, exc_info=True)
+        return found
+
     def set_mode(self, gpu_uuid: str, mode: str) -> dict:
         gpu = self._by_uuid.get(gpu_uuid)
         if gpu is None:

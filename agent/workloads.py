@@ -22,6 +22,10 @@ with symbolic links resolved), restart policy and, for interactive leases, a por
 - at a preemption notice writes the deadline (unix seconds) into ``GPUB_DEADLINE_FILE`` and sends
   SIGTERM to the process group; at the deadline SIGKILL (and to whatever is left in an isolated run's
   cgroup). A stop does the same with its grace period, its kill time in the deadline file;
+- at an elastic lease's shrink (``shrink``) tells the workload its new size (units file, SIGUSR1), takes the
+  device given back from it at once (isolated: v1 ``devices.deny``, else ``/dev/null`` bound over it in its mount
+  namespace) and SIGKILLs, after ``shrink_grace_seconds``, each of its processes still holding that device
+  (``_revoke``, ``_evict_due``);
 - restarts a failed run (policy ``on-failure``) with exponential back-off, up to ``max_restarts``;
 - keeps every workload in ``STATE_DIR/workloads.json`` (temp file, fsync, rename) before answering, so
   after ``kill -9`` and a restart it finds each one: still running (its pid and the process start time
@@ -46,6 +50,7 @@ import re
 import secrets
 import shlex
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -69,6 +74,7 @@ BASE_ENV = ("PATH", "LANG", "LC_ALL", "HOME", "TMPDIR", "TZ")
 PROCESS_ENV = ("LD_LIBRARY_PATH",)  # a plain process also keeps the node's library path (CUDA's libraries)
 HOME_DIR = "home"  # an isolated workload's own directory, owned by its uid: its HOME and its deadline file
 ENGINE_ENV_PREFIXES = ("DOCKER_", "CONTAINER_", "CONTAINERS_", "PODMAN_")
+SHRINK_GRACE = 10.0  # a device given back (shrink): a process of the workload still holding it is killed after this
 
 
 def device_env(instances: list[dict]) -> dict[str, str]:
@@ -284,16 +290,97 @@ def _signal_group(pid: int, signum: int) -> bool:
         return False
 
 
+def session_members(leader: int) -> set[int]:
+    """Every live process in the process group or the session ``leader`` leads (a run's shim leads both)."""
+    found = set()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            raw = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = raw[raw.rindex(")") + 2:].split()  # state, ppid, pgrp, session, ...
+        if fields[0] != "Z" and leader in (int(fields[2]), int(fields[3])):
+            found.add(int(entry.name))
+    return found
+
+
+def device_identity(path: Path) -> tuple | None:
+    """What an open descriptor of ``path`` looks like to ``stat``: a character device by its number (whatever
+    path a process's own view gives it), anything else (a test's stand-in file) by its inode. None: no such node."""
+    try:
+        info = os.stat(path)
+    except OSError:
+        return None
+    if stat.S_ISCHR(info.st_mode):
+        return ("c", info.st_rdev)
+    return ("f", info.st_dev, info.st_ino)
+
+
+def holds_device(pid: int, identity: tuple, path: Path) -> str:
+    """How process ``pid`` holds the device: ``"open"`` (a descriptor in ``/proc/<pid>/fd``), ``"mapped"`` (a
+    mapping of it in ``/proc/<pid>/maps``, which outlives the descriptor), or "" (not at all, or gone)."""
+    directory = f"/proc/{pid}/fd"
+    try:
+        descriptors = os.listdir(directory)
+    except OSError:
+        return ""
+    for descriptor in descriptors:
+        try:
+            info = os.stat(f"{directory}/{descriptor}")  # follows the magic link to the file the descriptor is
+        except OSError:
+            continue
+        if identity[0] == "c" and stat.S_ISCHR(info.st_mode) and info.st_rdev == identity[1]:
+            return "open"
+        if identity[0] == "f" and (info.st_dev, info.st_ino) == identity[1:]:
+            return "open"
+    try:
+        with open(f"/proc/{pid}/maps") as maps:
+            if any(line.rstrip("\n").endswith(f" {path}") for line in maps):
+                return "mapped"
+    except OSError:
+        pass
+    return ""
+
+
+def _kill_holder(pid: int, identity: tuple | None, path: Path, nvml: set[int]) -> str:
+    """SIGKILL to ``pid`` if it still holds the device (looked at again through a pidfd, so a pid reused since
+    the scan is never signalled). Returns how it held it, or "" when it did not (any more)."""
+    try:
+        handle = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return ""
+    except OSError:  # no pidfd (an old kernel): the scan's answer and the pid as they are
+        handle = None
+    try:
+        how = (holds_device(pid, identity, path) if identity else "") or ("NVML" if pid in nvml else "")
+        if how:
+            if handle is not None:
+                signal.pidfd_send_signal(handle, signal.SIGKILL)
+            else:
+                os.kill(pid, signal.SIGKILL)
+        return how
+    except (ProcessLookupError, PermissionError):
+        return ""
+    finally:
+        if handle is not None:
+            os.close(handle)
+
+
 # -- the manager ----------------------------------------------------------------------------------
 class WorkloadManager:
     def __init__(self, state_dir: Path, runtime: Runtime | None = None, *, roots: list[Path] | None = None,
                  backoff_seconds: float = 1.0, backoff_cap: float = 60.0, log_max_bytes: int = LOG_MAX_BYTES,
-                 clock=time.time, isolation: Isolation | None = None):
+                 clock=time.time, isolation: Isolation | None = None, shrink_grace_seconds: float = SHRINK_GRACE):
         self.state_dir = Path(state_dir)
         # a plain process runs as its tenant's user with isolation "uid" (agent.isolation); "none" is reported
         self.isolation = isolation or Isolation(mode="none", state_dir=self.state_dir)
         # GPU uuid -> its inventory entry (index, memory_mib): set by the daemon, for device nodes and limits
         self.gpu_lookup = None
+        # GPU uuid -> pids of its compute processes (NVML; the nvml backend's ``compute_pids``): set by the daemon
+        self.gpu_processes = None
+        self.shrink_grace_seconds = shrink_grace_seconds  # a device given back: its holders are killed after this
         self.directory = self.state_dir / "workloads"
         self.directory.mkdir(parents=True, exist_ok=True)
         self.runtime = runtime or ProcessRuntime()
@@ -500,8 +587,9 @@ class WorkloadManager:
         each active workload on it that holds other instances drops it from its devices, finds its new size and
         devices in its units file (``GPUBROKER_UNITS_FILE``: ``{"units": n, "devices": [uuid, ...], "at": t}``) and
         gets SIGUSR1; its next run starts with them (``GPUBROKER_UNITS``, ``CUDA_VISIBLE_DEVICES``). A workload
-        with nothing else left is stopped, as ``release`` does. Whatever still runs on the device given back is
-        killed when the backend destroys the instance. Returns the workloads resized."""
+        with nothing else left is stopped, as ``release`` does. The device given back is taken from it
+        (``_revoke``: denied to it now, its holders SIGKILLed after ``shrink_grace_seconds``). Returns the
+        workloads resized."""
         now = self.clock()
         resized = []
         for workload in list(self.workloads.values()):
@@ -511,6 +599,7 @@ class WorkloadManager:
             if len(instances) <= 1:
                 self.stop(workload["workload_id"], grace_seconds=0, reason=f"instance {allocation_id} destroyed")
                 continue
+            self._revoke(workload, allocation_id, now)  # its device node denied now, its holders evicted later
             workload["spec"] = {**workload["spec"], "instances": [i for i in instances if i != allocation_id]}
             workload["devices"] = [d for d in workload["devices"] if d["allocation_id"] != allocation_id]
             uuids = [d["device_uuid"] for d in workload["devices"]]
@@ -574,6 +663,7 @@ class WorkloadManager:
             if workload["state"] != "running":
                 continue
             run = workload["runs"][-1]
+            changed |= self._evict_due(workload, run, now)  # a device given back and still held: SIGKILL
             ended = self._ended(workload, run)
             if ended is None:
                 kill_at = min(t for t in (workload["notice"] and workload["notice"]["deadline"],
@@ -695,6 +785,94 @@ class WorkloadManager:
         for pid in self.isolation.cgroups.pids(self.isolation.cgroup_name(workload)):
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signal.SIGKILL)
+
+    def _revoke(self, workload: dict, allocation_id: str, now: float) -> None:
+        """An instance given back by a shrink (``shrink``): when none of the workload's other instances is on its
+        GPU, that GPU's device node is taken from the isolated run at once (``Isolation.revoke_device``: its v1
+        devices cgroup, or its mount namespace) and an eviction is due after ``shrink_grace_seconds``:
+        ``_evict_due`` kills each process of the run that still holds the device then. Kept in the workload
+        (``evictions``, saved with it), so an agent restarted meanwhile still evicts."""
+        given = next((d for d in workload["devices"] if d["allocation_id"] == allocation_id), None)
+        if given is None or given.get("gpu_index") is None:
+            return
+        index = given["gpu_index"]
+        if any(d.get("gpu_index") == index for d in workload["devices"] if d["allocation_id"] != allocation_id):
+            return  # another of its instances is on that GPU (MIG, a share): its device node stays its own
+        run = workload["runs"][-1] if workload["runs"] else None
+        if workload["state"] != "running" or run is None or run["pid"] is None or run["ended_at"] is not None:
+            return  # no run going: the next one's cgroup allows only the devices left
+        node = self.isolation.device_dir / f"nvidia{index}"
+        if device_identity(node) is None and self.gpu_processes is None:
+            self._event(workload, "revoked", now, detail=f"instance {allocation_id} given back: no device node "
+                                                         f"{node} and no NVML here, nothing to deny or evict")
+            return
+        denied = ""
+        if self._isolating():  # v1: its devices cgroup; else its mount namespace: no new open from now on
+            denied = self.isolation.revoke_device(workload, index, self._members(workload, run))
+        grace = self.shrink_grace_seconds
+        workload.setdefault("evictions", []).append({
+            "allocation_id": allocation_id, "gpu": given["gpu"], "gpu_index": index, "device": str(node),
+            "run": run["run"], "at": now, "due": now + grace, "grace_seconds": grace})
+        self._event(workload, "revoked", now, detail=(
+            f"instance {allocation_id} given back: {node} "
+            f"{denied or 'not taken from its processes (no devices cgroup, no mount namespace of its own)'}; "
+            f"a process still holding it after {grace:g} s is killed"))
+
+    def _evict_due(self, workload: dict, run: dict, now: float) -> bool:
+        """Each due eviction of a device given back (``_revoke``): SIGKILL to every process of the run (its process
+        group and session, and its cgroup when isolated) that still has the device open or mapped, or that NVML
+        lists as a compute process on the GPU. Only those: the rest of the workload keeps running on the units
+        it kept. The run's main process is no exception: killed, its run ends and the restart policy applies.
+        True when an eviction was done or dropped (the run it was for has ended)."""
+        pending = workload.get("evictions")
+        if not pending:
+            return False
+        due = [e for e in pending if e["run"] != run["run"] or run["ended_at"] is not None or now >= e["due"]]
+        if not due:
+            return False
+        workload["evictions"] = [e for e in pending if e not in due]
+        for eviction in due:
+            if eviction["run"] == run["run"] and run["ended_at"] is None:
+                self._evict(workload, run, eviction, now)
+        return True
+
+    def _evict(self, workload: dict, run: dict, eviction: dict, now: float) -> None:
+        path = Path(eviction["device"])
+        identity = device_identity(path)
+        nvml: set[int] = set()
+        if self.gpu_processes is not None:
+            try:
+                nvml = set(self.gpu_processes(eviction["gpu"]))
+            except Exception:  # NVML's own errors: the descriptors are still looked at
+                logger.warning("workload %s: NVML's compute processes of GPU %s unknown", workload["workload_id"],
+                               eviction["gpu"], exc_info=True)
+        if identity is None and not nvml:
+            return
+        members = self._members(workload, run)
+        try:
+            main = {int(p) for p in Path(f"/proc/{run['pid']}/task/{run['pid']}/children").read_text().split()}
+        except (OSError, ValueError):
+            main = set()
+        for pid in sorted(members):
+            how = _kill_holder(pid, identity, path, nvml)
+            if not how:
+                continue
+            held = {"open": "still open", "mapped": "still mapped",
+                    "NVML": "still a compute process on the GPU (NVML)"}[how]
+            ending = "; the workload's main process: its run ends" if pid in main else ""
+            logger.warning("workload %s: killed pid %s, which held %s %s s after it was given back",
+                           workload["workload_id"], pid, path, f"{eviction['grace_seconds']:g}")
+            self._event(workload, "evicted", now, run=run["run"], pid=pid, device=str(path),
+                        detail=f"evicted pid {pid} from the device given back ({path}, instance "
+                               f"{eviction['allocation_id']}): {held} after {eviction['grace_seconds']:g} s{ending}")
+
+    def _members(self, workload: dict, run: dict) -> set[int]:
+        """The run's processes: its process group and session (the shim leads both) and, isolated, its cgroup's."""
+        members = session_members(run["pid"])
+        if self._isolating() and self.isolation.cgroups is not None:
+            members |= self.isolation.cgroups.pids(self.isolation.cgroup_name(workload))
+        members.discard(os.getpid())
+        return members
 
     def _secret_env_write(self, workload: dict, values: dict[str, str]) -> None:
         """The workload's secret values in its directory, readable by the agent's user only (written before

@@ -64,7 +64,8 @@ def lease_shrink(*, lease_id: int, units: tuple, claimant: int, now: datetime) -
 def lease_shrink_apply(*, lease_id: int, allocation_ids: list[int]) -> int:
     """After commit: each node of the freed instances is told to destroy them with ``resize`` — the workload that
     still holds other instances of the lease is told its new size and devices and signalled (SIGUSR1), not stopped
-    (a process of it still on a freed device is not killed: the workload is trusted to leave it, docs/leasing.md);
+    (the node denies it the freed device and kills a process of it still holding it after its shrink grace:
+    docs/agent-protocol.md);
     then a cycle is asked for, to place the claimant. Returns the
     destroy calls answered (best effort: an unreachable node's instance is an orphan the reconcile destroys)."""
     from agent.protocol import AgentUnreachable

@@ -26,12 +26,25 @@ def test_config_file_with_flags_winning(tmp_path):
     ('node_id = "n"\nnvlink_domain_size = 65\n', "nvlink_domain_size must be an integer -1..64"),
     ('node_id = "n"\nhost_cpu_milli = -1\n', "host_cpu_milli must be an integer"),
     ('node_id = "n"\nbackend = "nvml"\nhost_memory_mib = 1024\n', "a real node reports its own"),
+    ('node_id = "n"\nshrink_grace_seconds = -1\n', "shrink_grace_seconds must be a number of seconds 0..3600"),
+    ('node_id = "n"\nshrink_grace_seconds = "soon"\n', "shrink_grace_seconds must be a number"),
 ])
 def test_bad_configuration_is_named(tmp_path, text, words):
     path = tmp_path / "agent.toml"
     path.write_text(text)
     with pytest.raises(ValueError, match=words):
         load_config(str(path), {})
+
+
+def test_shrink_grace_reaches_the_workload_manager(tmp_path):
+    """``shrink_grace_seconds`` (``--shrink-grace-seconds``): how long a device an elastic lease gave back may stay
+    open before its holders are killed (agent.workloads ``_revoke``); 10 s unless configured."""
+    from agent.daemon import build_workloads
+
+    assert load_config(None, {"node_id": "n"}).shrink_grace_seconds == 10.0
+    config = load_config(None, {"node_id": "n", "shrink_grace_seconds": 2.5, "isolation": "none"})
+    manager = build_workloads(config, tmp_path)
+    assert manager.shrink_grace_seconds == 2.5 and manager.gpu_processes is None
 
 
 def test_the_command_refuses_bad_input_with_exit_2(tmp_path):

@@ -288,6 +288,95 @@ def test_isolation_cgroup_holds_the_host_cpu_and_memory_the_lease_asked_for(clie
     client.destroy("cg-ask")
 
 
+PROBE_GPUS = """
+import errno, json, os, signal, sys, time
+def probe(tag):
+    found = {}
+    for n in (0, 1):
+        try:
+            os.close(os.open(f"{sys.argv[1]}/nvidia{n}", os.O_RDWR))
+            found[n] = "ok"
+        except OSError as error:
+            found[n] = errno.errorcode[error.errno]
+    os.write(1, (tag + " " + json.dumps(found) + "\\n").encode())
+signal.signal(signal.SIGUSR1, lambda signum, frame: probe("after"))
+probe("before")
+while True:
+    time.sleep(0.05)
+"""
+
+
+def test_isolation_a_gpu_given_back_by_a_shrink_is_denied_to_the_running_workload_at_once(client, devices):
+    """An elastic lease's ``DELETE ?resize=1``: the device node of the GPU given back leaves the workload's devices
+    cgroup before it is told (SIGUSR1), so from then on no open of it succeeds; the GPU it kept still opens (the
+    stand-in has no driver behind it: ENXIO, not EPERM). Its holders are evicted after the grace
+    (tests/agent/test_shrink_eviction.py)."""
+    require("cgroup v1 controllers (memory, cpu, pids, devices) under /sys/fs/cgroup", Cgroups().version == "v1",
+            "a machine with cgroup v1 (v2 has no devices controller: a shrink only evicts there)")
+    whole(client, "rv0", 0)
+    whole(client, "rv1", 1)
+    client.workload_start("wl-rv", {"instances": ["rv0", "rv1"], "scope": "acme/vision",
+                                    "command": [sys.executable, "-c", PROBE_GPUS, str(devices)]})
+    seen = lambda tag: next((json.loads(x.split(" ", 1)[1]) for x in  # noqa: E731
+                             client.workload_logs("wl-rv")["data"].splitlines() if x.startswith(tag + " ")), None)
+    assert wait_for(lambda: seen("before")) == {"0": "ENXIO", "1": "ENXIO"}
+    pid = child_of(client.workload("wl-rv")["runs"][0]["pid"])
+    path = next(line.split(":", 2)[2] for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines()
+                if "devices" in line.split(":")[1].split(","))
+    listed = Path("/sys/fs/cgroup/devices") / path.lstrip("/") / "devices.list"
+    assert {"c 195:0 rwm", "c 195:1 rwm"} <= set(listed.read_text().splitlines())
+    client.destroy("rv1", resize=True)
+    assert wait_for(lambda: seen("after")) == {"0": "ENXIO", "1": "EPERM"}
+    allowed = set(listed.read_text().splitlines())
+    assert "c 195:0 rwm" in allowed and "c 195:1 rwm" not in allowed and "c 195:255 rwm" in allowed
+    [revoked] = [e for e in client.workload("wl-rv")["events"] if e["kind"] == "revoked"]
+    assert f"{devices}/nvidia1 denied to its cgroup (c 195:1 rwm)" in revoked["detail"]
+    client.workload_stop("wl-rv", grace_seconds=0)
+    assert final(client, "wl-rv")["state"] == "stopped"
+
+
+STAT_GPUS = """
+import os, signal, sys, time
+def seen(tag):
+    nodes = [os.stat(f"{sys.argv[1]}/nvidia{n}").st_rdev for n in (0, 1)]
+    os.write(1, (tag + " " + " ".join(f"{os.major(r)}:{os.minor(r)}" for r in nodes) + "\\n").encode())
+signal.signal(signal.SIGUSR1, lambda signum, frame: seen("after"))
+seen("before")
+while True:
+    time.sleep(0.05)
+"""
+
+
+def test_isolation_without_a_devices_cgroup_a_gpu_given_back_is_masked_in_the_runs_namespace(
+        tmp_path, shared, devices):
+    """cgroup v2 has no devices controller (here: no cgroups at all, ``--cgroup-root`` an empty directory): at a
+    shrink the agent binds /dev/null over the GPU given back inside the running workload's own mount namespace
+    (``setns`` from a helper), before telling it; the node's own view and the GPU kept are untouched."""
+    empty = tmp_path / "no-cgroups"
+    empty.mkdir()
+    agent = AgentProcess(tmp_path / "agent", gpus=GPUS, extra=(
+        "--workload-root", str(shared), "--device-dir", str(devices), "--cgroup-root", str(empty))).start()
+    try:
+        client = agent.client(retries=0)
+        assert client.inventory()["isolation"]["devices"] == "namespace"
+        whole(client, "ns0", 0)
+        whole(client, "ns1", 1)
+        client.workload_start("wl-ns", {"instances": ["ns0", "ns1"], "scope": "acme/vision",
+                                        "command": [sys.executable, "-c", STAT_GPUS, str(devices)]})
+        line = lambda tag: next((x for x in client.workload_logs("wl-ns")["data"].splitlines()  # noqa: E731
+                                 if x.startswith(tag + " ")), None)
+        assert wait_for(lambda: line("before")) == "before 195:0 195:1"
+        client.destroy("ns1", resize=True)
+        assert wait_for(lambda: line("after")) == "after 195:0 1:3"  # in its view: /dev/null
+        assert os.stat(devices / "nvidia1").st_rdev == os.makedev(195, 1)  # the node's view: the GPU
+        [revoked] = [e for e in client.workload("wl-ns")["events"] if e["kind"] == "revoked"]
+        assert f"{devices}/nvidia1 masked with /dev/null in its mount namespace;" in revoked["detail"]
+        client.workload_stop("wl-ns", grace_seconds=0)
+        assert final(client, "wl-ns")["state"] == "stopped"
+    finally:
+        agent.stop()
+
+
 def test_isolation_a_process_that_left_its_group_is_killed_with_the_run(client):
     """``setsid`` takes a process out of the run's process group (SIGKILL to the group misses it); the
     cgroup does not let it go."""

@@ -15,6 +15,7 @@ import ctypes
 import json
 import sys
 import threading
+import types
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
@@ -102,6 +103,7 @@ class FakeGpu:
     bus_id: str = ""
     nvlinks: list[str] = field(default_factory=list)
     fabric: tuple[bytes, int] | None = None
+    processes: list[int] = field(default_factory=list)  # pids of its compute processes
 
 
 def _ptr(kind, address: int):
@@ -216,6 +218,11 @@ class FakeNvml:
         if index is None:
             raise pynvml.NVMLError_NotFound()
         return _ptr(pynvml.c_nvmlDevice_t, 0x1000 * (index + 1))
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle):
+        gpu, _, _ = self._device(handle)
+        self._call("nvmlDeviceGetComputeRunningProcesses", gpu)
+        return [types.SimpleNamespace(pid=pid, usedGpuMemory=1 << 30) for pid in gpu.processes]
 
     def nvmlDeviceGetName(self, handle):
         gpu, _, _ = self._device(handle)
@@ -857,6 +864,17 @@ def test_nvml_backend_keeps_an_instance_whose_gpu_instance_is_in_use(backend, fa
     with pytest.raises(Conflict):
         backend.destroy("a1")
     assert [i["allocation_id"] for i in backend.inventory()["instances"]] == ["a1"]
+
+
+def test_nvml_backend_compute_pids_are_nvmls_processes_on_the_gpu_and_none_when_it_cannot_say(backend, fake):
+    """What the agent's eviction of a device given back (agent.workloads ``_evict``) asks NVML: the GPU's compute
+    processes; an NVML error or an unknown GPU is no process (the descriptors are still looked at)."""
+    fake.gpus[1].processes = [4242, 4343]
+    assert backend.compute_pids(L4) == {4242, 4343}
+    assert backend.compute_pids(H100) == set()
+    assert backend.compute_pids("GPU-nowhere") == set()
+    fake.fail["nvmlDeviceGetComputeRunningProcesses"] = pynvml.NVMLError_NotSupported
+    assert backend.compute_pids(L4) == set()
 
 
 # --- state across restarts, vanished instances, notices ---
