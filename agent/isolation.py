@@ -281,6 +281,43 @@ class Cgroups:
             return False
         return True
 
+    def resize(self, name: str, cpu_milli: int, memory_bytes: int) -> str:
+        """A running workload's CPU and memory limits changed in place (an elastic lease's resize): v2
+        ``cpu.max`` / ``memory.max``, v1 the CFS quota / ``memory.limit_in_bytes``. Returns "" when done, else
+        what was refused (a memory limit under the group's current use: the kernel keeps the old one)."""
+        quota = cpu_milli * CPU_PERIOD_US // 1000
+        try:
+            if self.version == "v2":
+                group = self.root / CGROUP_PARENT / name
+                (group / "cpu.max").write_text(f"{quota} {CPU_PERIOD_US}" if quota else f"max {CPU_PERIOD_US}")
+            elif self.version == "v1":
+                (self.parents["cpu"] / name / "cpu.cfs_quota_us").write_text(str(quota) if quota else "-1")
+            else:
+                return ""
+        except OSError as error:
+            return f"CPU limit not changed: {error.strerror}"
+        try:
+            if self.version == "v2":
+                (self.root / CGROUP_PARENT / name / "memory.max").write_text(
+                    str(memory_bytes) if memory_bytes else "max")
+            else:
+                (self.parents["memory"] / name / "memory.limit_in_bytes").write_text(
+                    str(memory_bytes) if memory_bytes else "-1")
+        except OSError as error:
+            return f"memory limit not changed: {error.strerror}"
+        return ""
+
+    def allow_device(self, name: str, rule: str) -> bool:
+        """Give one device rule back to the workload's v1 devices group (an elastic lease grew onto that GPU again,
+        or onto a new one): an open of it succeeds from now on. False where there is no v1 group to write."""
+        if self.version != "v1":
+            return False
+        try:
+            (self.parents["devices"] / name / "devices.allow").write_text(rule)
+        except OSError:
+            return False
+        return True
+
     def groups(self, name: str) -> list[Path]:
         if self.version == "v2":
             return [self.root / CGROUP_PARENT / name]
@@ -527,6 +564,29 @@ class Isolation:
         where = "its mount namespace" if masked == 1 else f"its {masked} mount namespaces"
         return f"masked with /dev/null in {where}" if masked else ""
 
+    def grant_device(self, workload: dict, index: int, pids: set[int] = frozenset()) -> str:
+        """A GPU the workload took (an elastic lease's growth), opened to its running processes at once: the
+        inverse of ``revoke_device`` — on v1 its device node allowed in the workload's devices cgroup; without a
+        devices controller the ``/dev/null`` bound over it (by the launcher, which masks every GPU not leased, or
+        by a revoke) unmounted in each mount namespace of ``pids``. Returns what was done, "" where nothing was
+        (then the workload reaches the GPU from its next run)."""
+        if not self.enabled:
+            return ""
+        path = self.device_dir / f"nvidia{index}"
+        try:
+            node = os.stat(path)
+        except OSError:
+            return ""
+        if not stat.S_ISCHR(node.st_mode):
+            return ""
+        if self.cgroups is not None and self.cgroups.restricts_devices:
+            rule = f"c {os.major(node.st_rdev)}:{os.minor(node.st_rdev)} rwm"
+            allowed = self.cgroups.allow_device(self.cgroup_name(workload), rule)
+            return f"allowed in its cgroup ({rule})" if allowed else ""
+        opened = mask_in_namespaces(pids, path, unmask=True)
+        where = "its mount namespace" if opened == 1 else f"its {opened} mount namespaces"
+        return f"unmasked in {where}" if opened else ""
+
     def masked_devices(self, devices: list[dict]) -> list[str]:
         """The GPU device nodes a run must not reach (every ``nvidia<N>`` of ``device_dir`` not leased)."""
         leased = {f"nvidia{d['gpu_index']}" for d in devices if d.get("gpu_index") is not None}
@@ -603,12 +663,13 @@ class Isolation:
         return [*argv, "--"]
 
 
-def mask_in_namespaces(pids, path: Path) -> int:
+def mask_in_namespaces(pids, path: Path, *, unmask: bool = False) -> int:
     """``/dev/null`` bound over ``path`` in the mount namespace of each of ``pids`` that is not the agent's own
     (each namespace once), by this file run as ``--mask-in-namespace FD PATH`` (``setns`` needs a single-threaded
-    process; the agent has threads). The namespace is held by a descriptor opened while the pid was checked to
+    process; the agent has threads); ``unmask``: the masks over ``path`` unmounted instead
+    (``--unmask-in-namespace``). The namespace is held by a descriptor opened while the pid was checked to
     be the same process (start time before and after), so a pid reused meanwhile is never entered. Returns how
-    many namespaces were masked."""
+    many namespaces were changed."""
     try:
         own = os.stat("/proc/self/ns/mnt").st_ino
     except OSError:
@@ -629,8 +690,9 @@ def mask_in_namespaces(pids, path: Path) -> int:
             handles[inode] = handle
         for handle in handles.values():
             with contextlib.suppress(OSError, subprocess.SubprocessError):
-                done = subprocess.run([sys.executable, "-I", str(LAUNCHER), "--mask-in-namespace", str(handle),
-                                       str(path)], pass_fds=(handle,), capture_output=True, timeout=10, check=False)
+                verb = "--unmask-in-namespace" if unmask else "--mask-in-namespace"
+                done = subprocess.run([sys.executable, "-I", str(LAUNCHER), verb, str(handle), str(path)],
+                                      pass_fds=(handle,), capture_output=True, timeout=10, check=False)
                 masked += done.returncode == 0
     finally:
         for handle in handles.values():
@@ -772,8 +834,33 @@ def mask_in_namespace(argv: list[str]) -> None:
     _mount(libc, "/dev/null", path, None, MS_BIND)
 
 
+MNT_DETACH = 2
+
+
+def unmask_in_namespace(argv: list[str]) -> None:
+    """``--unmask-in-namespace FD PATH``: enter the mount namespace FD and unmount every ``/dev/null`` bound over
+    PATH there (the launcher's mask of a GPU not leased, a revoke's), so PATH is the device node again. Exit 1
+    when PATH was not masked there."""
+    handle, path = int(argv[0]), argv[1]
+    libc = _libc()
+    _check(libc.setns(handle, CLONE_NEWNS), "setns(CLONE_NEWNS)")
+    null = os.stat("/dev/null").st_rdev
+    undone = 0
+    for _ in range(8):  # a mask per revoke, and the launcher's: never more than a few
+        try:
+            if os.stat(path).st_rdev != null:
+                break
+        except OSError:
+            break
+        _check(libc.umount2(path.encode(), MNT_DETACH), f"umount {path}")
+        undone += 1
+    raise SystemExit(0 if undone else 1)
+
+
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--mask-in-namespace"]:
         mask_in_namespace(sys.argv[2:])
+    elif sys.argv[1:2] == ["--unmask-in-namespace"]:
+        unmask_in_namespace(sys.argv[2:])
     else:
         launch(sys.argv[1:])

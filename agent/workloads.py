@@ -604,6 +604,7 @@ class WorkloadManager:
             workload["devices"] = [d for d in workload["devices"] if d["allocation_id"] != allocation_id]
             uuids = [d["device_uuid"] for d in workload["devices"]]
             workload["access"] = {**workload["access"], "CUDA_VISIBLE_DEVICES": ",".join(uuids)}
+            self._resize_limits(workload, len(instances), now)
             self._write_units(workload, now)
             self._event(workload, "resized", now, detail=f"instance {allocation_id} given back; "
                                                          f"{len(uuids)} unit(s) left")
@@ -640,6 +641,8 @@ class WorkloadManager:
              "memory_mib": i.get("memory_mib", 0), **self._gpu_facts(i)} for i in instances)]
         uuids = [d["device_uuid"] for d in workload["devices"]]
         workload["access"] = {**workload["access"], "CUDA_VISIBLE_DEVICES": ",".join(uuids)}
+        self._grant(workload, workload["devices"][-len(instances):], now)
+        self._resize_limits(workload, len(workload["devices"]) - len(instances), now)
         self._write_units(workload, now)
         self._event(workload, "resized", now, detail=f"instance(s) {', '.join(added)} taken back; "
                                                      f"{len(uuids)} unit(s) now")
@@ -817,6 +820,58 @@ class WorkloadManager:
             f"instance {allocation_id} given back: {node} "
             f"{denied or 'not taken from its processes (no devices cgroup, no mount namespace of its own)'}; "
             f"a process still holding it after {grace:g} s is killed"))
+
+    def _resize_limits(self, workload: dict, before: int, now: float) -> None:
+        """After a shrink or a growth from ``before`` units: the lease's host ask (``cpu_milli`` / ``memory_mib`` in
+        the spec, the per-unit ask times the units at the start) scaled to the units it holds now, as the scheduler
+        reserves it, and the run's limits with it (``workload["limits"]``); a running isolated run's cgroup is
+        given them at once (``Cgroups.resize``: CPU and memory only; a memory limit under what the run already uses
+        is refused by the kernel and kept, with an event saying so). A container keeps the limits it started with
+        until its next run. Without an ask the node's share per GPU follows the devices as before."""
+        after = len(workload["devices"])
+        if before <= 0 or after == before:
+            return
+        spec = workload["spec"]
+        scaled = {name: spec[name] * after // before for name in ("cpu_milli", "memory_mib") if spec.get(name)}
+        if scaled:
+            workload["spec"] = {**spec, **scaled}
+        workload["limits"] = self._host_limits(workload)
+        run = workload["runs"][-1] if workload["runs"] else None
+        if (workload["state"] != "running" or run is None or run["ended_at"] is not None or not self._isolating()
+                or self.isolation.cgroups is None):
+            return
+        refused = self.isolation.cgroups.resize(self.isolation.cgroup_name(workload), workload["limits"]["cpu_milli"],
+                                                workload["limits"]["memory_bytes"])
+        self._event(workload, "limits", now, detail=(
+            f"cgroup resized for {after} unit(s): {workload['limits']['cpu_milli']} milli-CPU, "
+            f"{workload['limits']['memory_bytes'] >> 20} MiB" + (f" ({refused})" if refused else "")))
+
+    def _grant(self, workload: dict, devices: list[dict], now: float) -> None:
+        """Devices an elastic lease took (``grow``): an eviction still pending for one of their GPUs (given back by
+        a shrink and taken again within the grace) is dropped, and the running isolated run may open them from
+        now on (``Isolation.grant_device``: its v1 devices cgroup, or the masks in its mount namespace). Without a
+        run going, the next run's launch opens them anyway."""
+        indexes = sorted({d["gpu_index"] for d in devices if d.get("gpu_index") is not None})
+        if not indexes:
+            return
+        pending = workload.get("evictions") or []
+        kept = [e for e in pending if e.get("gpu_index") not in indexes]
+        for eviction in pending:
+            if eviction not in kept:
+                self._event(workload, "revoked", now, detail=f"eviction from {eviction['device']} dropped: the "
+                                                             "lease took that GPU back")
+        if pending:
+            workload["evictions"] = kept
+        run = workload["runs"][-1] if workload["runs"] else None
+        if (workload["state"] != "running" or run is None or run["pid"] is None or run["ended_at"] is not None
+                or not self._isolating()):
+            return
+        members = self._members(workload, run)
+        for index in indexes:
+            opened = self.isolation.grant_device(workload, index, members)
+            if opened:
+                self._event(workload, "granted", now, detail=f"{self.isolation.device_dir / f'nvidia{index}'} "
+                                                             f"{opened}")
 
     def _evict_due(self, workload: dict, run: dict, now: float) -> bool:
         """Each due eviction of a device given back (``_revoke``): SIGKILL to every process of the run (its process

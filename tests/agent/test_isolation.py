@@ -288,6 +288,38 @@ def test_isolation_cgroup_holds_the_host_cpu_and_memory_the_lease_asked_for(clie
     client.destroy("cg-ask")
 
 
+def test_isolation_an_elastic_resize_scales_the_asked_cpu_and_memory_in_the_running_cgroup(client, agent):
+    """Two units asked 1 CPU and 512 MiB (the lease's ask per unit × 2): a shrink to one unit halves the running
+    cgroup's CPU quota and memory limit at once, as the scheduler's reservation shrinks; growing back restores
+    them. The spec's ask and the workload's ``limits`` follow."""
+    require(V1[0], Cgroups().version == "v1", V1[1])
+    whole(client, "rs0", 0)
+    whole(client, "rs1", 1)
+    client.workload_start("wl-rs", {"instances": ["rs0", "rs1"], "command": [sys.executable, "-c", SLEEPER],
+                                    "cpu_milli": 1000, "memory_mib": 512})
+    wait_for(lambda: "up" in client.workload_logs("wl-rs")["data"])
+    group = cgroup_of(child_of(client.workload("wl-rs")["runs"][0]["pid"]), "wl-rs")
+
+    def limits():
+        return (int((group["cpu"] / "cpu.cfs_quota_us").read_text()),
+                int((group["memory"] / "memory.limit_in_bytes").read_text()) >> 20)
+
+    assert limits() == (100_000, 512)
+    client.destroy("rs1", resize=True)
+    assert limits() == (50_000, 256)
+    answer = client.workload("wl-rs")
+    assert answer["limits"] == {"cpu_milli": 500, "memory_bytes": 256 << 20}
+    assert (answer["spec"]["cpu_milli"], answer["spec"]["memory_mib"]) == (500, 256)
+    assert [e["detail"] for e in answer["events"] if e["kind"] == "limits"] == [
+        "cgroup resized for 1 unit(s): 500 milli-CPU, 256 MiB"]
+    whole(client, "rs1b", 1)
+    client.workload_grow("wl-rs", ["rs1b"])
+    assert limits() == (100_000, 512)
+    assert client.workload("wl-rs")["limits"] == {"cpu_milli": 1000, "memory_bytes": 512 << 20}
+    client.workload_stop("wl-rs", grace_seconds=0)
+    assert final(client, "wl-rs")["state"] == "stopped"
+
+
 PROBE_GPUS = """
 import errno, json, os, signal, sys, time
 def probe(tag):
@@ -331,6 +363,18 @@ def test_isolation_a_gpu_given_back_by_a_shrink_is_denied_to_the_running_workloa
     assert "c 195:0 rwm" in allowed and "c 195:1 rwm" not in allowed and "c 195:255 rwm" in allowed
     [revoked] = [e for e in client.workload("wl-rv")["events"] if e["kind"] == "revoked"]
     assert f"{devices}/nvidia1 denied to its cgroup (c 195:1 rwm)" in revoked["detail"]
+    # the lease grows back onto that GPU (``POST /v1/workloads/{id}/grow``) within the grace: the device is
+    # allowed again before the workload is told, and the eviction still pending for it is dropped
+    whole(client, "rv1b", 1)
+    client.workload_grow("wl-rv", ["rv1b"])
+    assert wait_for(lambda: [x for x in client.workload_logs("wl-rv")["data"].splitlines()
+                             if x.startswith("after ")][1:]) == ['after {"0": "ENXIO", "1": "ENXIO"}']
+    assert "c 195:1 rwm" in set(listed.read_text().splitlines())
+    events = client.workload("wl-rv")["events"]
+    assert [e["detail"] for e in events if e["kind"] == "granted"] == [
+        f"{devices}/nvidia1 allowed in its cgroup (c 195:1 rwm)"]
+    assert any("eviction from" in e["detail"] and "dropped" in e["detail"] for e in events if e["kind"] == "revoked")
+    assert client.workload("wl-rv")["state"] == "running"
     client.workload_stop("wl-rv", grace_seconds=0)
     assert final(client, "wl-rv")["state"] == "stopped"
 
@@ -371,6 +415,13 @@ def test_isolation_without_a_devices_cgroup_a_gpu_given_back_is_masked_in_the_ru
         assert os.stat(devices / "nvidia1").st_rdev == os.makedev(195, 1)  # the node's view: the GPU
         [revoked] = [e for e in client.workload("wl-ns")["events"] if e["kind"] == "revoked"]
         assert f"{devices}/nvidia1 masked with /dev/null in its mount namespace;" in revoked["detail"]
+        # grown back onto that GPU: the masks are unmounted in its namespace, it sees the device node again
+        whole(client, "ns1b", 1)
+        client.workload_grow("wl-ns", ["ns1b"])
+        assert wait_for(lambda: [x for x in client.workload_logs("wl-ns")["data"].splitlines()
+                                 if x.startswith("after ")][1:]) == ["after 195:0 195:1"]
+        assert [e["detail"] for e in client.workload("wl-ns")["events"] if e["kind"] == "granted"] == [
+            f"{devices}/nvidia1 unmasked in its mount namespace"]
         client.workload_stop("wl-ns", grace_seconds=0)
         assert final(client, "wl-ns")["state"] == "stopped"
     finally:
