@@ -100,6 +100,8 @@ INTERACTIVE_MAX_S = 3600  # a 1-GPU job shorter than this is interactive (a sess
 INFERENCE_MIN_S = 86400  # a 1-GPU job running a day or more is inference (a long-lived service)
 BURST_S = 60  # a 1-GPU job with another of its project this close is part of a sweep, not a session
 CHECKPOINT_S = 600  # a preempted or suspended job keeps its work up to its last checkpoint
+RESERVE_AFTER_S = 600  # a job reserves once it has waited this long (the broker's LEASE_RESERVE_AFTER_SECONDS)
+RESERVE_LIMIT = 4  # the core's holders per cycle (``Scheduler(reservation_limit=4)``)
 SAMPLE_S = 3600  # the month's time series: one point per hour
 HEADLINE_LOAD = 0.8
 PRICE_MINOR = 420  # the seeded list price of an H100-80GB GPU-hour (billing seed_prices: 4.20 USD)
@@ -183,8 +185,9 @@ class ReplayScheduler(Scheduler):
     A failed reclaim puts the version back where it was: its what-ifs undid themselves. ``tests/sim`` replays a
     window with and without the memo and compares every figure."""
 
-    def __init__(self, snapshot: Snapshot):
-        super().__init__(snapshot)
+    def __init__(self, snapshot: Snapshot, *, reservations: bool = False, ends: dict[str, float] | None = None):
+        super().__init__(snapshot, reservations=reservations, ends=ends,
+                         reserve_after_seconds=RESERVE_AFTER_S if reservations else 0.0)
         self.version = 0
         self._failed_reclaim: dict[tuple, int] = {}
         self._reasons: dict[tuple, tuple[int, str]] = {}
@@ -263,7 +266,9 @@ class Job:
     def __init__(self, index, project, arrival, duration, shape, klass, series, offset):
         self.index, self.project, self.arrival, self.remaining = index, project, arrival, duration
         self.shape, self.klass, self.series, self.offset = shape, klass, series, offset
-        self.request = Request(f"j{index:06d}", project, TENANT, shape, submitted_at=arrival, workload_class=klass)
+        # the run time stands for the lease's requested duration (reservations and backfill plan with it)
+        self.request = Request(f"j{index:06d}", project, TENANT, shape, submitted_at=arrival, workload_class=klass,
+                               duration_seconds=math.ceil(duration))
         self.held = 0.0  # seconds held in earlier segments (the series position)
         self.seg_start = None
         self.token = 0
@@ -282,7 +287,7 @@ class Replay:
     def __init__(self, *, loop: str, days: float, load_factor: float, tick: float, cold_mig: float,
                  cold_whole: float, warm_bind: float, price_minor: int, history_hours: float, queue_cap: int,
                  start_day: float = 0.0, cycle: float = 60.0, human_delay: float = 1800.0,
-                 checkpoint: float = CHECKPOINT_S, plan_on_wait: float = PLAN_ON_WAIT_S):
+                 checkpoint: float = CHECKPOINT_S, plan_on_wait: float = PLAN_ON_WAIT_S, reservations: bool = True):
         if loop not in SETTINGS:
             raise ValueError(f"unknown setting {loop!r}; use {', '.join(SETTINGS)}")
         self.loop, self.tick, self.cold_mig = loop, tick, cold_mig
@@ -290,6 +295,11 @@ class Replay:
         self.price_minor, self.history_seconds, self.queue_cap = price_minor, history_hours * 3600, queue_cap
         self.human_delay, self.checkpoint = human_delay, checkpoint
         self.plan_on_wait = plan_on_wait
+        # the core's reservations and backfill from durations, as the broker ships them (LEASE_RESERVATIONS);
+        # ``ends``: each running job's end (its start + what is left of its run time), which the core plans with
+        self.reservations = reservations and loop not in ("static", "fifo")
+        self.ends: dict[str, float] = {}
+        self.reserved_jobs: set[str] = set()
         self.load_factor = load_factor
         trace = load(DEFAULT_TRACE, days=start_day + days)
         skip = start_day * 86400
@@ -334,7 +344,7 @@ class Replay:
         quotas += (QuotaSpec(WARM, "_platform", MODEL, 0, gpus * FULL, 1),)
         self.base = Snapshot(nodes=tuple(nodes), gpus=tuple(devices), quotas=quotas,
                              enforce_quotas=loop != "fifo")
-        self.scheduler = ReplayScheduler(self.base)
+        self.scheduler = ReplayScheduler(self.base, reservations=self.reservations, ends=self.ends)
         self.by_id = {j.request.id: j for j in self.jobs}
         self.queue: dict[str, Job] = {}
         self.heap: list = []
@@ -404,6 +414,7 @@ class Replay:
                 self.slow_in_quota[(label, job.klass.value)] += 1
             self.stats["warm_binds" if warm else "cold_starts"] += 1
         self.push(now + job.remaining, _COMPLETE, job.request.id, job.token)
+        self.ends[job.request.id] = now + job.remaining
 
     def _release_hold(self, job: Job) -> None:
         self.held[job.project] -= job.milli
@@ -441,6 +452,7 @@ class Replay:
         ran = now - job.seg_start
         self._meter(job, now)
         self.scheduler.cluster.remove(job.request.id)
+        self.ends.pop(job.request.id, None)
         self._release_hold(job)
         job.token += 1
         if requeue:
@@ -532,16 +544,30 @@ class Replay:
         (project, shape) the oldest two waiting: what one cycle can place of a group is a prefix, and a cycle
         that placed something is followed by another. Otherwise only what arrived or was requeued since the last
         cycle: capacity only shrank, so what waited then waits now (the scheduler would say so again)."""
+        out = self._holders()
         if not self.freed:
-            return [job.request for job in self.fresh if job.request.id in self.queue]
+            held = {request.id for request in out}
+            return out + [job.request for job in self.fresh if job.request.id in self.queue
+                          and job.request.id not in held]
         seen: Counter = Counter()
-        out = []
+        for request in out:
+            seen[(request.project, request.shape)] += 1
+        chosen = {request.id for request in out}
         for job in sorted(self.queue.values(), key=lambda j: (j.waiting_since, j.index)):
             key = (job.project, job.shape)
-            if seen[key] < 2:
+            if seen[key] < 2 and job.request.id not in chosen:
                 seen[key] += 1
                 out.append(job.request)
         return out
+
+    def _holders(self) -> list[Request]:
+        """With reservations: the oldest waiting requests by submission (what the core's holders are chosen from,
+        ``broker.scheduler.reserve``: the oldest, at most four), passed to every cycle as the live cycle passes the
+        whole queue, so a reservation is not lost in a cycle that would otherwise see only the new arrivals."""
+        if not self.reservations or not self.queue:
+            return []
+        oldest = sorted(self.queue.values(), key=lambda j: (j.request.submitted_at, j.request.id))[:2 * RESERVE_LIMIT]
+        return [job.request for job in oldest]
 
     def _schedule(self, now: float) -> None:
         if not self.freed and not self.fresh:
@@ -552,6 +578,9 @@ class Replay:
             return
         placed = False
         decisions = self.scheduler.schedule(requests, now=now)
+        if self.scheduler.reserved:
+            self.stats["reservation_cycles"] += 1
+            self.reserved_jobs.update(r.request for r in self.scheduler.reserved)
         if self.wait_modes and not self.wait_seen:
             self.wait_seen = any(mode in self.wait_modes for _, mode in pool_waits(self.scheduler, requests, decisions))
         for decision in decisions:
@@ -571,6 +600,7 @@ class Replay:
             self.stats["warm_held_s"] += max(0.0, now - ready) * self._last_warm_milli.pop(allocation_id, 0) / FULL
             return
         job = self.by_id[allocation_id]
+        self.ends.pop(allocation_id, None)
         if not job.over:
             self.violations += 1  # an in-quota lease preempted: a guarantee broken
         ran = now - job.seg_start
@@ -765,7 +795,8 @@ class Replay:
         gpus = tuple(replace(g, mode=mode) if g.id == gpu_id else g for g in self.base.gpus)
         self.base = replace(self.base, gpus=gpus)
         allocations = tuple(self.scheduler.cluster.allocations.values())
-        self.scheduler = ReplayScheduler(replace(self.base, allocations=allocations))
+        self.scheduler = ReplayScheduler(replace(self.base, allocations=allocations), reservations=self.reservations,
+                                         ends=self.ends)
 
     # -- figures -------------------------------------------------------------------------------------
     def _result(self, wall: float, cpu: float) -> dict:
@@ -821,6 +852,9 @@ class Replay:
             "planner_runs": {"timer": s["plans_on_timer"], "on_wait": s["plans_on_wait"]},
             "warm_binds": s["warm_binds"],
             "in_quota_violations": self.violations,
+            "reservations": self.reservations,
+            "reservation_cycles": s["reservation_cycles"],
+            "reserved_jobs": len(self.reserved_jobs),
             "proposed": dict(sorted(self.proposed.items())),
             "applied": dict(sorted(self.applied.items())),
             "refused_by_conditional_checks": dict(sorted(self.refused.items())),
@@ -871,6 +905,9 @@ def main_capacity(argv: list[str] | None = None) -> int:
     parser.add_argument("--plan-on-wait", type=float, default=PLAN_ON_WAIT_S,
                         help="where the pool kinds are auto, a request waiting for a mode an idle GPU could be "
                              "switched to runs the planner, at most once per this many s (0: on the timer only)")
+    parser.add_argument("--reservations", choices=("on", "off"), default="on",
+                        help="the core's reservations and backfill from durations in every setting with quotas "
+                             "(the broker's LEASE_RESERVATIONS, on as shipped; static and fifo never reserve)")
     parser.add_argument("--cold-mig", type=float, default=30.0, help="seconds of a cold MIG create + start")
     parser.add_argument("--cold-whole", type=float, default=10.0, help="seconds of a cold whole-GPU start")
     parser.add_argument("--warm-bind", type=float, default=0.5, help="seconds of a warm bind")
@@ -907,7 +944,8 @@ def main_capacity(argv: list[str] | None = None) -> int:
     kwargs = dict(days=args.days, tick=args.tick, cold_mig=args.cold_mig, cold_whole=args.cold_whole,
                   warm_bind=args.warm_bind, price_minor=args.price, history_hours=args.history_hours,
                   queue_cap=args.queue_cap, start_day=args.start_day, cycle=args.cycle,
-                  human_delay=args.human_delay, checkpoint=args.checkpoint, plan_on_wait=args.plan_on_wait)
+                  human_delay=args.human_delay, checkpoint=args.checkpoint, plan_on_wait=args.plan_on_wait,
+                  reservations=args.reservations == "on")
     work = [(setting, load_factor, kwargs) for load_factor in loads for setting in settings]
     if args.jobs > 1:
         with ProcessPoolExecutor(args.jobs) as pool:
