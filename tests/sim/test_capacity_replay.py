@@ -132,12 +132,19 @@ def test_the_replay_scheduler_remembers_without_changing_a_decision(monkeypatch)
     the month's CPU): every figure equals a replay through the plain scheduling core."""
     from bench.sim import capacity
 
-    remembered = Replay(loop="off", **BUSY_KW)
+    remembered = Replay(loop="off", reservations=False, **BUSY_KW)
     fast = remembered.run()
     assert remembered.scheduler.memo_hits > 0  # the window exercises the memo
-    monkeypatch.setattr(capacity, "ReplayScheduler", capacity.Scheduler)
-    plain = Replay(loop="off", **BUSY_KW).run()
-    assert _figures(fast) == _figures(plain)
+    with_reservations = Replay(loop="off", **BUSY_KW).run()  # as shipped
+
+    def plain_core(snapshot, *, reservations=False, ends=None):
+        return capacity.Scheduler(snapshot, reservations=reservations, ends=ends,
+                                  reserve_after_seconds=capacity.RESERVE_AFTER_S if reservations else 0.0)
+
+    monkeypatch.setattr(capacity, "ReplayScheduler", plain_core)
+    assert _figures(fast) == _figures(Replay(loop="off", reservations=False, **BUSY_KW).run())
+    assert _figures(with_reservations) == _figures(Replay(loop="off", **BUSY_KW).run())
+    assert with_reservations["reservations"] and with_reservations["reserved_jobs"] > 0
 
 
 def test_the_planner_runs_on_a_wait_only_where_the_pool_kinds_apply_on_their_own():
