@@ -455,7 +455,8 @@ class DefaultPolicy(Policy):
     """Ours: minimise the increase of the node's *stranded* capacity (``node_stranding``): FGD's idea,
     measured by how many copies of each typical need the node could still take given its free GPU,
     CPU and memory together, with GPUs stranded behind exhausted CPU or memory weighted 0.25 when the task
-    placed takes whole GPUs and 0.05 when it takes a share or no GPU (``host_weight_*``).
+    placed takes whole GPUs, 0.05 when it takes a share and 1 when it takes no GPU (``host_weight_*``: a
+    CPU-only task should spend the cores of nodes whose GPUs cannot use them).
     The increase is counted in steps of ``quantum`` milli-GPU, and placements within one step tie; ties go
     to the lowest node id (in the openb replay, the seed's node order), which spreads near-equal
     placements over the fleet instead of packing them (best-fit tie-breaking cost 0.1-0.4 points on the
@@ -466,14 +467,18 @@ class DefaultPolicy(Policy):
     A second term (weight ``remainder_weight``) adds the change of the expected waste of the GPUs the
     placement touches (``remainder_waste``: what mixtures of the typical one-GPU shapes would leave of each
     GPU's free capacity), so that a share goes where the hole it leaves is likely to be filled (a 320 into
-    a 350 hole rather than a 530 one, which a 470 can still fill). Both terms are summed before the
-    quantisation; with this term the step is 60 milli-GPU (docs/scheduling.md: the openb traces)."""
+    a 350 hole rather than a 530 one, which a 470 can still fill). A hole is valued by the shapes its GPU's
+    model and the node's free CPU and memory can still take (``_remainder_table``): on a node whose cores are
+    spent it is all waste, so a placement that spends the cores some shape needed (a CPU-only task too) pays
+    for every hole of the node it starves. Both terms are summed before the quantisation; with this term the
+    step is 60 milli-GPU (docs/scheduling.md: the openb traces)."""
 
     name = "default"
     # weight of GPUs stranded behind exhausted CPU / memory, by the kind of the task placed: whole GPUs, and
-    # shares (or CPU-only work); chosen on the openb traces, docs/scheduling.md
+    # shares, and CPU-only work; chosen on the openb traces, docs/scheduling.md
     host_weight_whole = 0.25
     host_weight_share = 0.05
+    host_weight_cpu_only = 1.0
     quantum = 60.0  # milli-GPU
     mig_best_fit_weight = 1.0
     remainder_weight = 1.0  # the look-ahead over one-GPU shape mixtures (``remainder_waste``)
@@ -558,7 +563,10 @@ class DefaultPolicy(Policy):
         gpu_before, host_before = self._stranding(node, before, node.free_cpu_milli, node.free_memory_mib)
         gpu_after, host_after = self._stranding(node, after, node.free_cpu_milli - need.cpu_milli,
                                                 node.free_memory_mib - need.host_memory_mib)
-        host_weight = self.host_weight_whole if need.kind == Kind.WHOLE else self.host_weight_share
+        if need.count == 0:
+            host_weight = self.host_weight_cpu_only
+        else:
+            host_weight = self.host_weight_whole if need.kind == Kind.WHOLE else self.host_weight_share
         delta = (gpu_after - gpu_before) + host_weight * (host_after - host_before)
         if self._remainder is not None and self.remainder_weight:
             delta += self.remainder_weight * self._remainder_delta(node, before, after, need)
