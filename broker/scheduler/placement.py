@@ -455,7 +455,8 @@ class DefaultPolicy(Policy):
     """Ours: minimise the increase of the node's *stranded* capacity (``node_stranding``): FGD's idea,
     measured by how many copies of each typical need the node could still take given its free GPU,
     CPU and memory together, with GPUs stranded behind exhausted CPU or memory weighted 0.25 when the task
-    placed takes whole GPUs and 0.05 when it takes a share or no GPU (``host_weight_*``).
+    placed takes whole GPUs, 0.05 when it takes a share and 1 when it takes no GPU (``host_weight_*``: a
+    CPU-only task should spend the cores of nodes whose GPUs cannot use them).
     The increase is counted in steps of ``quantum`` milli-GPU, and placements within one step tie; ties go
     to the lowest node id (in the openb replay, the seed's node order), which spreads near-equal
     placements over the fleet instead of packing them (best-fit tie-breaking cost 0.1-0.4 points on the
@@ -466,14 +467,18 @@ class DefaultPolicy(Policy):
     A second term (weight ``remainder_weight``) adds the change of the expected waste of the GPUs the
     placement touches (``remainder_waste``: what mixtures of the typical one-GPU shapes would leave of each
     GPU's free capacity), so that a share goes where the hole it leaves is likely to be filled (a 320 into
-    a 350 hole rather than a 530 one, which a 470 can still fill). Both terms are summed before the
-    quantisation; with this term the step is 60 milli-GPU (docs/scheduling.md: the openb traces)."""
+    a 350 hole rather than a 530 one, which a 470 can still fill). A hole is valued by the shapes its GPU's
+    model and the node's free CPU and memory can still take (``_remainder_table``): on a node whose cores are
+    spent it is all waste, so a placement that spends the cores some shape needed (a CPU-only task too) pays
+    for every hole of the node it starves. Both terms are summed before the quantisation; with this term the
+    step is 60 milli-GPU (docs/scheduling.md: the openb traces)."""
 
     name = "default"
     # weight of GPUs stranded behind exhausted CPU / memory, by the kind of the task placed: whole GPUs, and
-    # shares (or CPU-only work); chosen on the openb traces, docs/scheduling.md
+    # shares, and CPU-only work; chosen on the openb traces, docs/scheduling.md
     host_weight_whole = 0.25
     host_weight_share = 0.05
+    host_weight_cpu_only = 1.0
     quantum = 60.0  # milli-GPU
     mig_best_fit_weight = 1.0
     remainder_weight = 1.0  # the look-ahead over one-GPU shape mixtures (``remainder_waste``)
@@ -490,6 +495,12 @@ class DefaultPolicy(Policy):
         # for every placement of a task: skipped
         one_gpu = any(n.count == 1 and n.kind != Kind.MIG for n, _ in self.workload)
         self._remainder = remainder_waste(self.workload, stop=self.remainder_stop) if one_gpu else None
+        # the look-ahead per GPU model and free host capacity: only the one-GPU shapes that model and the node's
+        # free CPU and memory can still take (``_remainder_table``)
+        self._one_gpu = [(n, p) for n, p in self.workload
+                         if n.count == 1 and n.kind in (Kind.WHOLE, Kind.SHARE) and 0 < n.milli <= FULL]
+        self._tables: dict[tuple, list[float]] = {}  # by the indices of the shapes that still fit
+        self._table_of: dict[tuple, list[float]] = {}  # by (model, free CPU, free memory)
 
     def _stranding(self, node: NodeState, free: list[int], free_cpu: int, free_memory: int) -> tuple[float, float]:
         """``node_stranding``, memoised: it depends only on the free capacity per GPU model (and whether CPU
@@ -552,13 +563,53 @@ class DefaultPolicy(Policy):
         gpu_before, host_before = self._stranding(node, before, node.free_cpu_milli, node.free_memory_mib)
         gpu_after, host_after = self._stranding(node, after, node.free_cpu_milli - need.cpu_milli,
                                                 node.free_memory_mib - need.host_memory_mib)
-        host_weight = self.host_weight_whole if need.kind == Kind.WHOLE else self.host_weight_share
+        if need.count == 0:
+            host_weight = self.host_weight_cpu_only
+        else:
+            host_weight = self.host_weight_whole if need.kind == Kind.WHOLE else self.host_weight_share
         delta = (gpu_after - gpu_before) + host_weight * (host_after - host_before)
-        remainder = self._remainder
-        if units and remainder is not None and self.remainder_weight:
-            delta += self.remainder_weight * sum(remainder[a] - remainder[b]
-                                                 for a, b in zip(after, before, strict=True) if a != b)
+        if self._remainder is not None and self.remainder_weight:
+            delta += self.remainder_weight * self._remainder_delta(node, before, after, need)
         return round(delta / self.quantum) if self.quantum else delta
+
+    def _remainder_table(self, model: str, free_cpu: int | None, free_memory: int | None) -> list[float]:
+        """``remainder_waste`` over the one-GPU shapes that a GPU of ``model`` on a node with this much free CPU
+        and memory (None: not tracked) can still take; memoised by that set of shapes. With none left every
+        free milli is waste: a hole on a node whose cores are spent is lost whatever its size."""
+        key = (model, free_cpu, free_memory)
+        table = self._table_of.get(key)
+        if table is None:
+            fitting = tuple(index for index, (need, _) in enumerate(self._one_gpu)
+                            if need.allows(model) and (free_cpu is None or need.cpu_milli <= free_cpu)
+                            and (free_memory is None or need.host_memory_mib <= free_memory))
+            table = self._tables.get(fitting)
+            if table is None:
+                table = self._tables[fitting] = remainder_waste([self._one_gpu[index] for index in fitting],
+                                                                stop=self.remainder_stop)
+            self._table_of[key] = table
+        return table
+
+    def _remainder_delta(self, node: NodeState, before: list[int], after: list[int], need: Need) -> float:
+        """The change of the look-ahead's expected waste over the node's GPUs: each GPU's hole valued by the
+        shapes that its model and the node's free CPU and memory can still take, before and after the placement.
+        When the placement leaves the node's host capacity for the same shapes, only the GPUs it touches change;
+        when it spends CPU or memory that some shape needed (a CPU-only task too), every GPU's hole is revalued."""
+        tracks_cpu, tracks_memory = bool(node.node.cpu_milli), bool(node.node.memory_mib)
+        cpu_before = node.free_cpu_milli if tracks_cpu else None
+        memory_before = node.free_memory_mib if tracks_memory else None
+        cpu_after = cpu_before - need.cpu_milli if tracks_cpu else None
+        memory_after = memory_before - need.host_memory_mib if tracks_memory else None
+        total = 0.0
+        tables: dict[str, tuple[list[float], list[float]]] = {}
+        for gpu, a, b in zip(node.gpus, after, before, strict=True):
+            pair = tables.get(gpu.gpu.model)
+            if pair is None:
+                pair = tables[gpu.gpu.model] = (self._remainder_table(gpu.gpu.model, cpu_before, memory_before),
+                                                self._remainder_table(gpu.gpu.model, cpu_after, memory_after))
+            table_before, table_after = pair
+            if a != b or table_before is not table_after:
+                total += table_after[a] - table_before[b]
+        return total
 
     def _mig_score(self, node: NodeState, units: tuple[Unit, ...]) -> float:
         gpus = {gpu.gpu.id: gpu for gpu in node.gpus}

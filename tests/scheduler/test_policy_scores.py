@@ -132,3 +132,29 @@ def test_default_without_one_gpu_shapes_adds_no_remainder_term():
     assert DefaultPolicy()._remainder is None
     assert DefaultPolicy(workload=[(_whole(8, 32_000), 1.0)])._remainder is None
     assert DefaultPolicy(workload=WORKLOAD)._remainder is not None
+
+
+def test_default_values_a_hole_by_the_shapes_the_node_can_still_feed():
+    """The look-ahead counts only the one-GPU shapes the node's free CPU can still take: with 2 cores left a 530
+    hole is all waste (a 470 needs 4), with 8 cores it is what a 470 leaves of it."""
+    policy = DefaultPolicy(workload=[(_share(470, 4_000), 1.0)])
+    fed, starved = policy._remainder_table("T4", 8_000, None), policy._remainder_table("T4", 2_000, None)
+    assert fed is policy._remainder_table("T4", 9_000, None)  # one table per set of shapes that fit
+    assert starved[530] == 530 and fed[530] < 530
+    # a model the shape does not allow: nothing fits either
+    only_t4 = DefaultPolicy(workload=[(_share(470, 4_000, ("T4",)), 1.0)])
+    assert only_t4._remainder_table("G2", 8_000, None)[530] == 530
+
+
+def test_default_keeps_the_cores_that_feed_open_holes_from_cpu_only_work():
+    """A CPU-only task goes to the node whose open hole it does not starve: on the node with 8 cores, spending 6
+    leaves too few for the 470 that could fill its 530 hole; the node with 40 cores keeps enough."""
+    policy = DefaultPolicy(workload=[(_share(470, 4_000), 0.5), (Need(Kind.SHARE, 0, (), 0, 0, None, True, 6_000, 0),
+                                                                 0.5)])
+    cpu_only = Need(Kind.SHARE, 0, (), 0, 0, None, True, 6_000, 0)
+    tight = _node("T4", [470, FULL], cpu=64_000, free_cpu=8_000)
+    roomy = _node("T4", [470, FULL], cpu=64_000, free_cpu=40_000)
+    assert policy.score(None, tight, (), cpu_only) > policy.score(None, roomy, (), cpu_only)
+    free = [530, FULL]
+    assert policy._remainder_delta(tight, free, free, cpu_only) > 0  # the look-ahead alone says so too
+    assert policy._remainder_delta(roomy, free, free, cpu_only) == 0
