@@ -287,7 +287,7 @@ class Replay:
     def __init__(self, *, loop: str, days: float, load_factor: float, tick: float, cold_mig: float,
                  cold_whole: float, warm_bind: float, price_minor: int, history_hours: float, queue_cap: int,
                  start_day: float = 0.0, cycle: float = 60.0, human_delay: float = 1800.0,
-                 checkpoint: float = CHECKPOINT_S, plan_on_wait: float = PLAN_ON_WAIT_S, reservations: bool = True):
+                 checkpoint: float = CHECKPOINT_S, plan_on_wait: float = PLAN_ON_WAIT_S, reservations: bool = False):
         if loop not in SETTINGS:
             raise ValueError(f"unknown setting {loop!r}; use {', '.join(SETTINGS)}")
         self.loop, self.tick, self.cold_mig = loop, tick, cold_mig
@@ -295,8 +295,9 @@ class Replay:
         self.price_minor, self.history_seconds, self.queue_cap = price_minor, history_hours * 3600, queue_cap
         self.human_delay, self.checkpoint = human_delay, checkpoint
         self.plan_on_wait = plan_on_wait
-        # the core's reservations and backfill from durations, as the broker ships them (LEASE_RESERVATIONS);
-        # ``ends``: each running job's end (its start + what is left of its run time), which the core plans with
+        # the core's reservations and backfill from durations, as the broker ships them (LEASE_RESERVATIONS), on
+        # request only: a month with them took over three times the CPU (docs/capacity.md); ``ends``: each running
+        # job's end (its start + what is left of its run time), which the core plans with
         self.reservations = reservations and loop not in ("static", "fifo")
         self.ends: dict[str, float] = {}
         self.reserved_jobs: set[str] = set()
@@ -905,9 +906,10 @@ def main_capacity(argv: list[str] | None = None) -> int:
     parser.add_argument("--plan-on-wait", type=float, default=PLAN_ON_WAIT_S,
                         help="where the pool kinds are auto, a request waiting for a mode an idle GPU could be "
                              "switched to runs the planner, at most once per this many s (0: on the timer only)")
-    parser.add_argument("--reservations", choices=("on", "off"), default="on",
+    parser.add_argument("--reservations", choices=("on", "off"), default="off",
                         help="the core's reservations and backfill from durations in every setting with quotas "
-                             "(the broker's LEASE_RESERVATIONS, on as shipped; static and fifo never reserve)")
+                             "(the broker ships LEASE_RESERVATIONS on; here off by default: a month with them "
+                             "takes over three times the CPU; static and fifo never reserve)")
     parser.add_argument("--cold-mig", type=float, default=30.0, help="seconds of a cold MIG create + start")
     parser.add_argument("--cold-whole", type=float, default=10.0, help="seconds of a cold whole-GPU start")
     parser.add_argument("--warm-bind", type=float, default=0.5, help="seconds of a warm bind")
