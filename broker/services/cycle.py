@@ -161,7 +161,8 @@ def _schedule_cycle_locked(now: datetime, counts: dict) -> dict:
     update_each(Lease, waiting, ["reason", "queue_position", "estimated_start"], state=LeaseState.QUEUED)
     # last, as the core decided them: shrunk elastic leases take units back on what every request left idle
     for decision in scheduler.grown:
-        if lease_grow(lease_id=int(decision.request), decision=decision, gpus=gpus, now=now) is not None:
+        if lease_grow(lease_id=int(decision.request), decision=decision, gpus=gpus, now=now,
+                      fields=ALLOCATION_FIELDS, rows=_allocation_rows) is not None:
             counts["grow"] = counts.get("grow", 0) + 1
     # a cycle that decided something, with the span it held the lock (wall clock; the scale-out test checks
     # that no two of these overlap across scheduler workers: tests/deploy/test_scaleout.py)

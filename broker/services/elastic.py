@@ -93,7 +93,7 @@ def leases_shrunk_exist() -> bool:
             .filter(live__lt=F("count")).exists())
 
 
-def lease_grow(*, lease_id: int, decision, gpus: dict, now: datetime) -> list[int] | None:
+def lease_grow(*, lease_id: int, decision, gpus: dict, now: datetime, fields: tuple, rows) -> list[int] | None:
     """Inside the cycle's transaction: the ACTIVE elastic lease ``lease_id``, shrunk below its ``count``, takes
     units back (``decision``: the core's ``DecisionMode.GROW``, its ``grown`` units; ``gpus``: the snapshot's GPUs by
     the core's id):
@@ -103,8 +103,10 @@ def lease_grow(*, lease_id: int, decision, gpus: dict, now: datetime) -> list[in
     and the workload is told its new size and devices (``lease_grow_apply``). Returns the allocation ids made, or
     None when nothing was done (the lease left ACTIVE, it was resized since the cycle read it, or the database
     refuses a GPU: planned on capacity not yet vacated; the next cycle tries again)."""
-    from broker.services.cycle import ALLOCATION_FIELDS, _allocation_rows
     from broker.services.transitions import insert_rows
+
+    # ``fields`` / ``rows``: the cycle's allocation columns and row builder, passed in (this module is imported by
+    # the cycle, never the other way)
 
     lease = Lease.objects.select_for_update().filter(pk=lease_id).first()
     if lease is None or lease.state != LeaseState.ACTIVE or not lease.min_count:
@@ -117,8 +119,7 @@ def lease_grow(*, lease_id: int, decision, gpus: dict, now: datetime) -> list[in
     added = replace(decision, allocation=replace(decision.allocation, units=units, preemptible=True))
     try:
         with transaction.atomic():
-            insert_rows(Allocation, ALLOCATION_FIELDS, sorted(_allocation_rows(lease.pk, added, gpus, now),
-                                                              key=lambda row: row[1]))
+            insert_rows(Allocation, fields, sorted(rows(lease.pk, added, gpus, now), key=lambda row: row[1]))
     except IntegrityError:
         logger.info("lease %s: growth refused by the database (capacity not yet vacated)", lease.pk)
         return None

@@ -14,10 +14,13 @@ from broker import services
 from broker.choices import LeaseState
 from broker.models import Allocation, Lease, LeaseEvent
 from broker.scheduler import Unit
+from broker.services.cycle import ALLOCATION_FIELDS, _allocation_rows
 from tenants.access import Actor
 from tenants.audit import AuditEvent
 from tenants.choices import Role
 from tests.factories import make_quota, make_world
+
+ROWS = {"fields": ALLOCATION_FIELDS, "rows": _allocation_rows}  # the cycle's row builder, as it passes it
 
 
 def t(day, hour, minute=0, second=0, month=1):
@@ -106,12 +109,12 @@ def test_a_lease_shrunk_then_grown_back_is_billed_by_what_it_held_in_each_piece(
     grown = Decision(str(lease.pk), DecisionMode.GROW, "grown", grown=units, allocation=CoreAllocation(
         str(lease.pk), str(lease.project_id), str(lease.tenant_id), "H100-80GB", "n1", units, True))
     with time_machine.travel(t(1, 11, 15), tick=False):
-        added = services.lease_grow(lease_id=lease.pk, decision=grown, gpus=gpus, now=t(1, 11, 15))
+        added = services.lease_grow(lease_id=lease.pk, decision=grown, gpus=gpus, now=t(1, 11, 15), **ROWS)
     assert len(added) == 2 and Allocation.objects.filter(lease=lease, freed_at__isnull=True).count() == 8
     assert LeaseEvent.objects.filter(lease=lease).latest("pk").reason.startswith("resized: 6 → 8 units")
     # never beyond its count: growing again is refused, nothing written
     with time_machine.travel(t(1, 11, 20), tick=False):
-        assert services.lease_grow(lease_id=lease.pk, decision=grown, gpus=gpus, now=t(1, 11, 20)) is None
+        assert services.lease_grow(lease_id=lease.pk, decision=grown, gpus=gpus, now=t(1, 11, 20), **ROWS) is None
     with time_machine.travel(t(1, 12), tick=False):
         services.lease_release(lease=Lease.objects.get(pk=lease.pk), actor="user:max", now=t(1, 12))
         services.allocations_free(lease=Lease.objects.get(pk=lease.pk), now=t(1, 12), to=LeaseState.RELEASED,
