@@ -211,6 +211,9 @@ def test_isolation_uid_per_tenant_kept_across_restarts_and_directories_owned(cli
 
 
 SLEEPER = "import time; print('up', flush=True); time.sleep(60)"
+# an elastic workload: told its new size by SIGUSR1 (whose default action would end it), it carries on
+ELASTIC_SLEEPER = ("import signal, time; signal.signal(signal.SIGUSR1, lambda *_: None); print('up', flush=True); "
+                   "time.sleep(60)")
 
 
 def cgroup_of(pid: int, workload_id: str) -> dict[str, Path]:
@@ -295,7 +298,7 @@ def test_isolation_an_elastic_resize_scales_the_asked_cpu_and_memory_in_the_runn
     require(V1[0], Cgroups().version == "v1", V1[1])
     whole(client, "rs0", 0)
     whole(client, "rs1", 1)
-    client.workload_start("wl-rs", {"instances": ["rs0", "rs1"], "command": [sys.executable, "-c", SLEEPER],
+    client.workload_start("wl-rs", {"instances": ["rs0", "rs1"], "command": [sys.executable, "-c", ELASTIC_SLEEPER],
                                     "cpu_milli": 1000, "memory_mib": 512})
     wait_for(lambda: "up" in client.workload_logs("wl-rs")["data"])
     group = cgroup_of(child_of(client.workload("wl-rs")["runs"][0]["pid"]), "wl-rs")
