@@ -269,14 +269,15 @@ class Cgroups:
             (devices / "devices.allow").write_text(rule)
         return procs
 
-    def deny_device(self, name: str, rule: str) -> bool:
-        """Take one device rule (``"c 195:1 rwm"``) out of the workload's v1 devices group at once: an open of it
-        fails from now on (EPERM); a descriptor already open stays usable (``WorkloadManager`` evicts its holder).
-        False where there is nothing to deny it in (v2, no cgroups, or no group: no run is going)."""
+    def device_rule(self, name: str, rule: str, *, allow: bool) -> bool:
+        """One device rule (``"c 195:1 rwm"``) taken out of (``allow`` False: an open of it fails from now on,
+        EPERM; a descriptor already open stays usable, ``WorkloadManager`` evicts its holder) or given back to
+        (True: an elastic lease grew onto that GPU) the workload's v1 devices group at once. False where there is
+        nothing to write it in (v2, no cgroups, or no group: no run is going)."""
         if self.version != "v1":
             return False
         try:
-            (self.parents["devices"] / name / "devices.deny").write_text(rule)
+            (self.parents["devices"] / name / ("devices.allow" if allow else "devices.deny")).write_text(rule)
         except OSError:
             return False
         return True
@@ -306,17 +307,6 @@ class Cgroups:
         except OSError as error:
             return f"memory limit not changed: {error.strerror}"
         return ""
-
-    def allow_device(self, name: str, rule: str) -> bool:
-        """Give one device rule back to the workload's v1 devices group (an elastic lease grew onto that GPU again,
-        or onto a new one): an open of it succeeds from now on. False where there is no v1 group to write."""
-        if self.version != "v1":
-            return False
-        try:
-            (self.parents["devices"] / name / "devices.allow").write_text(rule)
-        except OSError:
-            return False
-        return True
 
     def groups(self, name: str) -> list[Path]:
         if self.version == "v2":
@@ -547,22 +537,7 @@ class Isolation:
         done (for the workload's event), or "" where nothing could be (isolation none, not a character device,
         no group, no namespace entered): there only the eviction of its holders applies. Either way a
         descriptor already open stays usable."""
-        if not self.enabled:
-            return ""
-        path = self.device_dir / f"nvidia{index}"
-        try:
-            node = os.stat(path)
-        except OSError:
-            return ""
-        if not stat.S_ISCHR(node.st_mode):
-            return ""
-        if self.cgroups is not None and self.cgroups.restricts_devices:
-            rule = f"c {os.major(node.st_rdev)}:{os.minor(node.st_rdev)} rwm"
-            denied = self.cgroups.deny_device(self.cgroup_name(workload), rule)
-            return f"denied to its cgroup ({rule})" if denied else ""
-        masked = mask_in_namespaces(pids, path)
-        where = "its mount namespace" if masked == 1 else f"its {masked} mount namespaces"
-        return f"masked with /dev/null in {where}" if masked else ""
+        return self._device_access(workload, index, pids, allow=False)
 
     def grant_device(self, workload: dict, index: int, pids: set[int] = frozenset()) -> str:
         """A GPU the workload took (an elastic lease's growth), opened to its running processes at once: the
@@ -570,6 +545,11 @@ class Isolation:
         devices controller the ``/dev/null`` bound over it (by the launcher, which masks every GPU not leased, or
         by a revoke) unmounted in each mount namespace of ``pids``. Returns what was done, "" where nothing was
         (then the workload reaches the GPU from its next run)."""
+        return self._device_access(workload, index, pids, allow=True)
+
+    def _device_access(self, workload: dict, index: int, pids, *, allow: bool) -> str:
+        """``revoke_device`` (``allow`` False) and ``grant_device`` (True): one GPU's device node changed for the
+        running workload, in its v1 devices cgroup or in the mount namespaces of ``pids``."""
         if not self.enabled:
             return ""
         path = self.device_dir / f"nvidia{index}"
@@ -581,11 +561,11 @@ class Isolation:
             return ""
         if self.cgroups is not None and self.cgroups.restricts_devices:
             rule = f"c {os.major(node.st_rdev)}:{os.minor(node.st_rdev)} rwm"
-            allowed = self.cgroups.allow_device(self.cgroup_name(workload), rule)
-            return f"allowed in its cgroup ({rule})" if allowed else ""
-        opened = mask_in_namespaces(pids, path, unmask=True)
-        where = "its mount namespace" if opened == 1 else f"its {opened} mount namespaces"
-        return f"unmasked in {where}" if opened else ""
+            done = self.cgroups.device_rule(self.cgroup_name(workload), rule, allow=allow)
+            return (f"{'allowed in' if allow else 'denied to'} its cgroup ({rule})") if done else ""
+        changed = mask_in_namespaces(pids, path, unmask=allow)
+        where = "its mount namespace" if changed == 1 else f"its {changed} mount namespaces"
+        return (f"unmasked in {where}" if allow else f"masked with /dev/null in {where}") if changed else ""
 
     def masked_devices(self, devices: list[dict]) -> list[str]:
         """The GPU device nodes a run must not reach (every ``nvidia<N>`` of ``device_dir`` not leased)."""
