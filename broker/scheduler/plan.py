@@ -80,6 +80,8 @@ class Scheduler:
         self.grow = grow
         self.grown: list[Decision] = []  # the last schedule()'s growth decisions (``DecisionMode.GROW``)
         self._vacating: set[str] = set()  # GPUs a reclaim of this cycle frees only once its victims leave
+        # (tier, wanted mode) -> the tier's GPUs in another mode, found once a cycle (``_other_modes``)
+        self._other_mode_gpus: dict[tuple[str, str], list] = {}
         # reservations and conservative backfill from lease durations (``broker.scheduler.reserve``); ``ends``: the
         # running allocations' expected ends when they are not the snapshot's (the simulator keeps its own)
         self.reservations = reservations
@@ -283,6 +285,7 @@ class Scheduler:
         self._reserved = {}
         self.grown = []
         self._vacating = set()
+        self._other_mode_gpus = {}
         groups: dict[str, list[Request]] = {}
         leaders: list[Request] = []
         for request in sorted(requests, key=lambda r: (-r.priority, r.submitted_at, r.id)):
@@ -1134,11 +1137,14 @@ class Scheduler:
         """The ``tier`` GPUs in another mode than ``wanted`` (issue 29: whole-GPU requests waited "forever" on an
         all-MIG pool with no word of the modes): "; 20 H100-80GB are in MIG mode (20 idle): the capacity loop can
         switch one to whole"; "" when there are none."""
+        others = self._other_mode_gpus.get((tier, wanted))
+        if others is None:  # a GPU's mode holds for the cycle: scan the fleet once per (tier, mode) a cycle
+            others = self._other_mode_gpus[(tier, wanted)] = [
+                state for state in self.cluster.gpus.values()
+                if state.gpu.model == tier and state.gpu.mode.value != wanted]
         counts: dict[str, list[int]] = {}
-        for state in self.cluster.gpus.values():
+        for state in others:
             gpu = state.gpu
-            if gpu.model != tier or gpu.mode.value == wanted:
-                continue
             idle = not gpu.closed and state.compute_used == 0 and state.used_milli == 0 and state.units == 0
             seen = counts.setdefault(gpu.mode.value, [0, 0])
             seen[0] += 1
