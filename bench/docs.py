@@ -125,6 +125,13 @@ CAPACITY_HEADERS = ["setting", "offered load", "fleet alloc %", "useful share %"
                     "in-quota violations", "USD per useful GPU-h", "CPU s"]
 
 
+def _alone(figures: dict) -> str:
+    """The in-quota p95 under the former rule (a request alone against its project's holdings, its project's own
+    backlog ignored), where the results file has it."""
+    alone = figures["ttg_p95_s"].get("in_quota_alone")
+    return "" if alone is None else f" ({alone} s by the former rule that ignores the project's own backlog)"
+
+
 @renderer("capacity")
 def _capacity() -> str:
     """The six settings side by side on the same arrivals at load 0.8 (``capacity_<setting>``), and the
@@ -141,7 +148,8 @@ def _capacity() -> str:
             + f"{off['gpus']:,} H100 GPUs ({off['mig_gpus_at_start']} in MIG mode at the start), "
               f"{off['window_days']:g} days, {off['jobs']:,} jobs: {classes}. "
               f"The shipped default against static partitions: useful share × {useful:.2f}, in-quota p95 time "
-              f"to GPU {default['ttg_p95_s']['in_quota']} s, {default['in_quota_violations']} in-quota violations. "
+              f"to GPU {default['ttg_p95_s']['in_quota']} s{_alone(default)}, {default['in_quota_violations']} "
+              "in-quota violations. "
               f"`auto` against `off`: idle allocated GPU-hours {off['idle_allocated_gpu_hours']:,.0f} → "
               f"{auto['idle_allocated_gpu_hours']:,.0f} ({idle * 100:+.1f} %), mean JCT {off['jct_s']['mean']:,.0f} → "
               f"{auto['jct_s']['mean']:,.0f} s, {auto['preemptions']:,} preemptions losing "

@@ -246,6 +246,7 @@ class Job:
         "first_start",
         "held",
         "in_quota",
+        "in_quota_alone",
         "index",
         "klass",
         "milli",
@@ -279,7 +280,11 @@ class Job:
         self.over = False
         self.done = False
         self.warm = False
-        self.in_quota = False  # its project's holdings plus it stayed within its deserved share at arrival
+        # covered by its project's guarantee at arrival: the project's holdings, plus every job of the project
+        # already waiting (the core serves a project's own requests in submission order, so all of them come
+        # first), plus it stayed within the deserved share
+        self.in_quota = False
+        self.in_quota_alone = False  # the former rule: the holdings plus it alone, the project's backlog ignored
         self.completed_at = None
 
 
@@ -360,12 +365,13 @@ class Replay:
         self.stats = Counter()
         self.slow_in_quota: Counter = Counter()  # (shape label, class) -> in-quota starts over SLOW_IN_QUOTA_S
         self.ttg: dict[str, list[float]] = {"cold": [], "warm": [], "mig": [], "whole": [], "in_quota": [],
-                                            "over_quota": []}
+                                            "over_quota": [], "in_quota_alone": []}
         self.waits: list[float] = []
         self.touched: set[str] = set()
         self.violations = 0
         self.mig_gpus_initial = sum(1 for d in devices if d.mode == GpuMode.MIG)
         self.held: Counter = Counter()  # project -> milli its jobs hold now
+        self.backlog: Counter = Counter()  # project -> milli its waiting jobs ask for
         self.held_total = 0
         self.open_advice: dict[tuple, float] = {}  # advise: a proposal's decision -> when first made
         self.freed = True  # capacity may have grown since the last cycle: every waiting group is a candidate
@@ -398,7 +404,8 @@ class Replay:
         job.seg_start = now
         job.token += 1
         job.noticed_at = None
-        self.queue.pop(job.request.id, None)
+        if self.queue.pop(job.request.id, None) is not None:
+            self.backlog[job.project] -= self._ask(job)
         self.held[job.project] += job.milli
         self.held_total += job.milli
         if job.first_start is None:
@@ -409,6 +416,8 @@ class Replay:
             self.ttg["warm" if warm else "cold"].append(wait + provision)
             self.ttg["mig" if job.shape.kind == Kind.MIG else "whole"].append(wait + provision)
             self.ttg["in_quota" if job.in_quota else "over_quota"].append(wait + provision)
+            if job.in_quota_alone:
+                self.ttg["in_quota_alone"].append(wait + provision)
             if job.in_quota and wait + provision > SLOW_IN_QUOTA_S:  # what holds the in-quota p95 (issue 30)
                 shape = job.shape
                 label = f"mig {shape.profile}" if shape.kind == Kind.MIG else f"whole x{shape.count}"
@@ -416,6 +425,10 @@ class Replay:
             self.stats["warm_binds" if warm else "cold_starts"] += 1
         self.push(now + job.remaining, _COMPLETE, job.request.id, job.token)
         self.ends[job.request.id] = now + job.remaining
+
+    def _ask(self, job: Job) -> int:
+        """The milli ``job`` asks for (every unit)."""
+        return self._unit_milli(job.shape) * job.shape.count
 
     def _release_hold(self, job: Job) -> None:
         self.held[job.project] -= job.milli
@@ -469,6 +482,7 @@ class Replay:
         self.stats["preemptions"] += 1
         job.waiting_since = now
         self.queue[job.request.id] = job
+        self.backlog[job.project] += self._ask(job)
         self.fresh.append(job)
 
     # -- the loop ------------------------------------------------------------------------------------
@@ -491,11 +505,13 @@ class Replay:
                 when, kind, _, key, token = heapq.heappop(self.heap)
                 if kind == _ARRIVE:
                     job = self.by_id[key]
-                    job.in_quota = self.held[job.project] + self._unit_milli(job.shape) * job.shape.count \
-                        <= self.deserved.get(job.project, 0)
+                    deserved = self.deserved.get(job.project, 0)
+                    job.in_quota_alone = self.held[job.project] + self._ask(job) <= deserved
+                    job.in_quota = self.held[job.project] + self.backlog[job.project] + self._ask(job) <= deserved
                     self.history.append((when, _demand_shape(job.shape), job.shape.count))
                     if not self._bind_warm(job, now):
                         self.queue[key] = job
+                        self.backlog[job.project] += self._ask(job)
                         self.fresh.append(job)
                 elif kind == _COMPLETE:
                     job = self.by_id[key]
