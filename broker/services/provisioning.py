@@ -93,14 +93,25 @@ def allocations_ready(*, items: list[tuple[Allocation, dict]], now: datetime) ->
         if unknown:
             node_of.update(Allocation.objects.filter(lease_id__in=unknown, freed_at__isnull=True)
                            .values_list("lease_id", "gpu__node__node_id"))
+        # a group starts at the instant its last instance was recorded: another node's task may have taken the
+        # locks before this one with a later clock reading than this one's ``now``
+        group_of = {lease.pk: (lease.tenant_id, lease.group_key) for lease in starting if lease.group_key}
+        latest: dict[tuple, datetime] = {}
+        if group_of:
+            for lease_id, ready_at in Allocation.objects.filter(lease_id__in=group_of, freed_at__isnull=True) \
+                    .values_list("lease_id", "ready_at"):
+                key = group_of[lease_id]
+                latest[key] = max(latest.get(key, ready_at), ready_at)
         active, events = [], []
         for lease in starting:
             reason = f"running on {node_of.get(lease.pk, 'its node')}"
+            at = now
             if lease.group_key:
                 reason += f" (lease group '{lease.group_key}': every member running)"
-            active.append(Lease(pk=lease.pk, state=LeaseState.ACTIVE, reason=reason, active_at=now,
-                                ends_at=now + timedelta(seconds=lease.duration_seconds)))
-            events.append((lease.pk, LeaseState.PROVISIONING.value, LeaseState.ACTIVE.value, reason, "worker", now))
+                at = max(now, latest.get((lease.tenant_id, lease.group_key), now))
+            active.append(Lease(pk=lease.pk, state=LeaseState.ACTIVE, reason=reason, active_at=at,
+                                ends_at=at + timedelta(seconds=lease.duration_seconds)))
+            events.append((lease.pk, LeaseState.PROVISIONING.value, LeaseState.ACTIVE.value, reason, "worker", at))
         update_each(Lease, active, ["state", "reason", "active_at", "ends_at"])
         insert_rows(LeaseEvent, ["lease", "from_state", "to_state", "reason", "actor", "at"], events)
     if active:

@@ -284,6 +284,7 @@ def staff_billing_steps(step, world: World, staff: str, invoice_id: int) -> None
     step(tax, "get", 200, tax.format(**acme), token=staff)
     step(tax, "get", 404, tax.format(**nobody), token=staff)
     step(tax, "put", 404, tax.format(**nobody), token=staff, body={})
+    step(tax, "post", 404, tax.format(**nobody), token=staff, body=vat)  # the fuzzer, an owner, gets 403 only
     _bodies_refused(step, staff, [(grants, "post", grants.format(**acme)), (tax, "post", tax.format(**acme)),
                                   (tax, "put", tax.format(**acme))])
     rate_id = made["rates"][0]["id"]
