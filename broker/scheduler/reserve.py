@@ -3,12 +3,16 @@
 A lease's requested duration, and a running lease's expiry, is a promise the plan counts on. Each cycle (with
 ``Scheduler(reservations=True)``; the broker's ``LEASE_RESERVATIONS``, default on):
 
-1. **Who**: the oldest (submission time, then id) requests not in a lease group that are in quota on some tier and
-   fit on none of those now (``holders``), up to ``Scheduler.reservation_limit`` (4) of them, each once it has waited
-   ``Scheduler.reserve_after_seconds`` (the broker's ``LEASE_RESERVE_AFTER_SECONDS``, 600; Slurm's
-   ``bf_min_age_reserve``: a request that would start within minutes anyway idles no GPUs for a reservation): those
-   that would otherwise starve behind smaller work that keeps taking each GPU as it frees. Each later one is
-   computed with the GPUs of the earlier ones closed, so no two count on the same GPUs.
+1. **Who**: the oldest (submission time, then id) requests that are in quota on some tier and fit on none of those
+   now, and lease groups (``Request.group``) in quota whose members do not fit together now (``holders``; a group's
+   age is its oldest member's submission, and it stands in that order among the requests), up to
+   ``Scheduler.reservation_limit`` (4) of them together, each once it has waited ``Scheduler.reserve_after_seconds``
+   (the broker's ``LEASE_RESERVE_AFTER_SECONDS``, 600; Slurm's ``bf_min_age_reserve``: a request that would start
+   within minutes anyway idles no GPUs for a reservation): those that would otherwise starve behind smaller work that
+   keeps taking each GPU as it frees. Each later one is computed with the GPUs of the earlier ones closed, so no two
+   count on the same GPUs. A group is in quota on the tiers where all its members that may run there, together, stay
+   within their projects' and tenant's guarantee and limit (``group_tiers``: a member that may run on several tiers
+   counts on each); a group that ageing placed this cycle holds none, one that ageing left waiting may hold one.
 2. **Where and when** (``earliest``): the running allocations leave at their expected ends (``Scheduler.ends``: the
    snapshot's ``ends_at``, the simulator's own; those placed this cycle at ``now`` + their request's duration;
    unknown: never), earliest first, ties by id. After each batch of ends the nodes they touched are checked with
@@ -16,18 +20,26 @@ A lease's requested duration, and a running lease's expiry, is a promise the pla
    runtime and not protected by the back-off); the first time a node holds the request (its lowest id among those
    that do at that time) is the reservation: that node's GPUs the request's units would take there (every GPU of
    the node when it asks for host CPU or memory), from that time. A request that may spread over nodes is checked
-   with the whole tier's reclaimable work out and the placement search itself. No known end makes room: no
-   reservation (the decisions are those without reservations).
+   with the whole tier's reclaimable work out and the placement search itself. A lease group (``earliest_group``):
+   after each batch of ends that touches a node of its tiers, with the reclaimable over-quota work of those tiers
+   out, its members are placed in turn by the placement search (each on the first of its in-quota tiers where it
+   fits, the earlier members holding their capacity); the first time all fit, the GPUs they would take (a member
+   that asks for host CPU or memory: its whole node) are the group's reservation from that time. No known end makes
+   room: no reservation (the decisions are those without reservations).
 3. **Backfill**: the reserved GPUs are closed to every other request for the rest of the cycle (``Gpu.closed``:
    nothing new fits there, other GPUs of the node stay open, over quota as well), except for a request whose own
    duration ends by the reservation's start, which is tried on them when it fits nowhere else. Work without a
    known duration never backfills onto reserved capacity. So nothing placed this cycle delays the reservation.
-4. **Released**: when its holder is placed (or reclaims) in this cycle the GPUs open again. A reservation lives in
-   one cycle's plan only and is recomputed from the next snapshot, so it leaves with its request.
+   A group's reservation is open to its members only while the group is tried (``Held.group``), all or nothing.
+4. **Released**: when its holder is placed (or reclaims) in this cycle the GPUs open again; a group's when the group
+   is placed (or its members reclaim). A reservation lives in one cycle's plan only and is recomputed from the next
+   snapshot, so it leaves with its request.
 
-A holder's waiting reason names it ("reserved 8 V100-32GB GPUs on node n0003 from … (in 3600 s)"), and its
-estimated start is the reservation's time (``broker.scheduler.estimate``). Pure: the what-ifs are undone, the GPUs
-closed are opened again before ``schedule`` returns.
+A holder's waiting reason names it ("reserved 8 V100-32GB GPUs on node n0003 from … (in 3600 s)"; every member of
+a group: "group train reserved 16 L4 GPUs on nodes n1, n2 from …"), and its estimated start is the reservation's
+time (``broker.scheduler.estimate``; every member of a group the same). Pure: the what-ifs are undone, the GPUs
+closed are opened again before ``schedule`` returns; without groups in the input the decisions are those before
+group reservations.
 """
 
 from __future__ import annotations
@@ -41,7 +53,8 @@ from broker.scheduler.types import Allocation, Decision, DecisionMode, Request
 
 @dataclass(frozen=True, slots=True)
 class Reservation:
-    """GPUs held for one waiting request from ``start`` on: within the cycle, nothing that ends later goes there."""
+    """GPUs held for one waiting request (or one lease group) from ``start`` on: within the cycle, nothing that ends
+    later goes there."""
 
     request: str
     tier: str
