@@ -115,9 +115,10 @@ def holders(scheduler, requests: list[Request], *, now: float, aged: frozenset[s
     for group, members in groups.items():
         if group in scheduler._decided_groups and group not in aged:
             continue  # ageing placed it (or it reclaims) in this cycle
-        members.sort(key=lambda r: (r.submitted_at, r.id))
-        if members[0].submitted_at <= since:
-            candidates.append((members[0].submitted_at, members[0].id, members[0], members))
+        members.sort(key=lambda r: (-r.priority, r.submitted_at, r.id))  # the order the cycle tries them in
+        oldest = min(members, key=lambda r: (r.submitted_at, r.id))
+        if oldest.submitted_at <= since:
+            candidates.append((oldest.submitted_at, oldest.id, oldest, members))
     candidates.sort(key=lambda item: (item[0], item[1]))
     for _submitted, _id, request, members in candidates:
         if members:
@@ -158,7 +159,7 @@ def group_tiers(scheduler, members: list[Request]) -> list[list[tuple[str, Need]
     over tiers may be left out: conservative). A tier an aged lease group holds against the group's oldest member
     is left out, as for a request alone."""
     reserved = scheduler._reserved
-    oldest = members[0].submitted_at
+    oldest = min(member.submitted_at for member in members)
     options: list[list[tuple[str, Need]]] = []
     need_on: dict[str, dict[tuple[str, str], int]] = {}
     for member in members:
@@ -216,6 +217,30 @@ def _place_members(scheduler, members: tuple[Request, ...] | list[Request], tier
                 cluster.remove(allocation.id)
             return None
     return placed
+
+
+def _group_starts(scheduler, members, *, at: float) -> list[Allocation] | None:
+    """The members' allocations when the group, tried at ``at`` on the working state as ``Scheduler._try_group``
+    tries it in its in-quota pass, is placed or reclaims: every member in turn placed within its guarantee or
+    reclaiming over-quota work (``Scheduler._try_now``); None when a member waits or is over quota. Tiers held by
+    an aged lease group no older than this one do not count (ageing serves this one first then). The working state
+    is as it was afterwards."""
+    cluster = scheduler.cluster
+    allocations_before, warm_before = dict(cluster.allocations), dict(cluster.warm)
+    vacating, held_tiers = set(scheduler._vacating), scheduler._reserved
+    oldest = min(member.submitted_at for member in members)
+    scheduler._reserved = {tier: since for tier, since in held_tiers.items() if since < oldest}
+    done: list[Decision] = []
+    try:
+        for member in members:
+            decision = scheduler._try_now(member, now=at, allow_over_quota=False)
+            if decision is None or decision.mode == DecisionMode.WAITING:
+                return None
+            done.append(decision)
+        return [decision.allocation for decision in done]
+    finally:
+        scheduler._undo(done, allocations_before, warm_before)
+        scheduler._vacating, scheduler._reserved = vacating, held_tiers
 
 
 def _group_fits_now(scheduler, members, tiers, *, now: float) -> bool:
@@ -375,15 +400,18 @@ def earliest_group(scheduler, request: Request, members: tuple[Request, ...], ti
                 continue  # nothing the group could use changed since the last try
             before = out
             gone = [cluster.remove(allocation_id) for allocation_id in out]
-            try:
+            try:  # a cheap test first: room for every member with all reclaimable work gone
                 placed = _place_members(scheduler, members, tiers, at=at)
                 if placed is not None:
-                    found = (at, placed)
                     for allocation in reversed(placed):
                         cluster.remove(allocation.id)
             finally:
                 for allocation in reversed(gone):
                     cluster.apply(allocation)
+            if placed is not None:  # then the group as the cycle tries it then: it starts, or reclaims to
+                started = _group_starts(scheduler, members, at=at)
+                if started is not None:
+                    found = (at, started)
     finally:
         for allocation in reversed(removed):
             cluster.apply(allocation)
