@@ -471,9 +471,10 @@ class Scheduler:
         and every member waits, naming the member that does not fit: the group takes nothing and smaller
         requests behind it are served as if it were not there (a group that holds a reservation has its GPUs
         open to its members only while they are tried, and releases it once placed: ``Held.group``). None: some
-        member is over quota and the in-quota pass defers the whole group. When a member needs a reclaim, no member starts: the reclaiming
-        members give their victims notice and the others wait (their capacity held for the rest of this
-        cycle), so the whole group is placed together in a later cycle once the victims have left."""
+        member is over quota and the in-quota pass defers the whole group. When a member needs a reclaim, no
+        member starts: the reclaiming members give their victims notice and the others wait (their capacity held
+        for the rest of this cycle), so the whole group is placed together in a later cycle once the victims have
+        left."""
         if self._held is not None and self._held.by_group:  # the group's reservation open to its members only
             return self._held.group(members[0].group, lambda: self._try_group_now(
                 members, now=now, allow_over_quota=allow_over_quota), now=now)
