@@ -23,8 +23,10 @@ A lease's requested duration, and a running lease's expiry, is a promise the pla
    with the whole tier's reclaimable work out and the placement search itself. A lease group (``earliest_group``):
    after each batch of ends that touches a node of its tiers, with the reclaimable over-quota work of those tiers
    out, its members are placed in turn by the placement search (each on the first of its in-quota tiers where it
-   fits, the earlier members holding their capacity); the first time all fit, the GPUs they would take (a member
-   that asks for host CPU or memory: its whole node) are the group's reservation from that time. No known end makes
+   fits, the earlier members holding their capacity); when all fit, the group is tried as the cycle would try it
+   then (``_group_starts``: each member in its try order placed within its guarantee or reclaiming, with the
+   reclaimable work in place); the first time it starts so, the GPUs its members take (a member that asks for host
+   CPU or memory: its whole node) are the group's reservation from that time. No known end makes
    room: no reservation (the decisions are those without reservations).
 3. **Backfill**: the reserved GPUs are closed to every other request for the rest of the cycle (``Gpu.closed``:
    nothing new fits there, other GPUs of the node stay open, over quota as well), except for a request whose own
