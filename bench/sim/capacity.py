@@ -597,7 +597,7 @@ class Replay:
         decisions = self.scheduler.schedule(requests, now=now)
         if self.scheduler.reserved:
             self.stats["reservation_cycles"] += 1
-            self.reserved_jobs.update(r.request for r in self.scheduler.reserved)
+            self.reserved_jobs.update(job for r in self.scheduler.reserved for job in r.requests)
         if self.wait_modes and not self.wait_seen:
             self.wait_seen = any(mode in self.wait_modes for _, mode in pool_waits(self.scheduler, requests, decisions))
         for decision in decisions:

@@ -477,7 +477,7 @@ class Replay:
         r.requests_passed += len(requests)
         if self.scheduler.reserved:
             r.reservation_cycles += 1
-            self.reserved_jobs.update(r.request for r in self.scheduler.reserved)
+            self.reserved_jobs.update(job for r in self.scheduler.reserved for job in r.requests)
         for decision in decisions:
             if decision.mode != DecisionMode.WAITING:
                 self._apply(decision, now)

@@ -11,7 +11,8 @@ to then plus its duration. A request's estimate is the first such time: ``now`` 
 ageing group's reservation held it back), None when it does not fit before the known expiries run out (work
 without an end, a request no fleet could hold) or the search budget (``budget`` placement tries) is spent. The
 cycle's reservations (``broker.scheduler.reserve``) are kept: their holders are tried first, and a holder's estimate
-is at the latest its reservation's start, which the plan promises.
+is at the latest its reservation's start, which the plan promises. The members of a lease group that holds one all
+get the same estimate: when the last of them fits in the replay, at the latest the reservation's start.
 
 It counts neither reclaim nor future arrivals nor releases before expiry, so it is an estimate: the Philly replay
 measures its error (``bench/sim/philly.py``; docs/scheduling.md, "Estimated start times"). Pure: the working
@@ -38,7 +39,8 @@ def estimated_starts(scheduler, requests: list[Request], decisions: list[Decisio
     estimates: dict[str, float | None] = {request.id: None for request in waiting}
     if not waiting:
         return estimates
-    reserved = {r.request: r.start for r in scheduler.reserved if r.request in estimates}
+    # a lease group's reservation is every member's
+    reserved = {member: r.start for r in scheduler.reserved for member in r.requests if member in estimates}
     if reserved:  # the plan holds GPUs for them from their reservation's start: they go first, and start then at
         # the latest
         waiting.sort(key=lambda request: (request.id not in reserved, reserved.get(request.id, 0.0)))
@@ -66,9 +68,16 @@ def estimated_starts(scheduler, requests: list[Request], decisions: list[Decisio
         for allocation in reversed(removed):
             if allocation.id not in mine:
                 cluster.apply(allocation)
-    for request_id, start in reserved.items():
-        at = estimates[request_id]
-        estimates[request_id] = start if at is None else min(at, start)
+    for reservation in scheduler.reserved:
+        if reservation.group:  # the members start together: when the last of them fits, at the latest then
+            ats = [estimates[m] for m in reservation.members if m in estimates]
+            at = None if not ats or None in ats else max(ats)
+            for member in reservation.members:
+                if member in estimates:
+                    estimates[member] = reservation.start if at is None else min(at, reservation.start)
+        elif reservation.request in estimates:
+            at = estimates[reservation.request]
+            estimates[reservation.request] = reservation.start if at is None else min(at, reservation.start)
     return estimates
 
 

@@ -33,8 +33,9 @@ first and, while it does not fit, reserves the tiers it needs against younger re
 (``Scheduler._serve_aged_groups``), so a stream of small requests cannot starve it.
 
 Reservations (``Scheduler(reservations=True)``; ``broker.scheduler.reserve``): before the passes, the oldest in-quota
-requests that fit nowhere now hold the GPUs where they will fit first as the running work reaches its expected end;
-for the rest of the cycle those GPUs take only their holder and work that ends by then (``_try`` → ``Held.decide``).
+requests and lease groups that fit nowhere now hold the GPUs where they will fit first (a group: all its members
+together) as the running work reaches its expected end; for the rest of the cycle those GPUs take only their holder
+and work that ends by then (``_try`` → ``Held.decide``; a group's members: ``_try_group`` → ``Held.group``).
 """
 
 from __future__ import annotations
@@ -94,6 +95,7 @@ class Scheduler:
         self.cluster = ClusterState.from_snapshot(snapshot, legacy_classes=self.policy.uses_random)
         self._running_at_start: set[str] = set(self.cluster.allocations)  # reset by each schedule()
         self._reserved: dict[str, float] = {}  # tier -> since when an aged group holds it (reset by schedule())
+        self._decided_groups: set[str] = set()  # the groups ageing decided in this cycle (reset by schedule())
         self.placer = Placer(self.cluster, self.policy)
         self.quotas = {(q.project, q.tier): _Quota(q.deserved_milli, q.limit_milli, q.weight) for q in snapshot.quotas}
         self.tenant_quotas = {
@@ -301,10 +303,18 @@ class Scheduler:
                 decisions[decision.request] = decision
                 served.append(decision.request)
 
-        decided = self._serve_aged_groups(groups, now=now, record=record)
+        decided = self._decided_groups = self._serve_aged_groups(groups, now=now, record=record)
         self.reserved = ()
         if self.reservations:  # the oldest in-quota requests that cannot start hold GPUs from when they will fit
-            self._held = reserve(self, requests, now=now, limit=self.reservation_limit)
+            aged = frozenset(key for key in decided
+                             if all(decisions[m.id].mode == DecisionMode.WAITING for m in groups[key]))
+            self._held = reserve(self, requests, now=now, limit=self.reservation_limit, aged=aged)
+            for key in aged:  # ageing decided them before: their reasons name their reservation now
+                words = self._held.words_for(key, now) if self._held is not None else None
+                if words is not None:
+                    for member in groups[key]:
+                        found = decisions[member.id]
+                        decisions[member.id] = Decision(found.request, found.mode, f"{found.reason}; {words}")
         for request in leaders:
             if request.group and request.group in decided:
                 continue
@@ -458,11 +468,19 @@ class Scheduler:
         """Decisions for a lease group, all in one: every member is tried in turn on the working state (its
         own tiers, quota check and placement, as a request alone; the members placed before it count in its
         quota use and occupy their capacity). When one member must wait, everything the group did is undone
-        and every member waits, naming the member that does not fit: the group reserves nothing and smaller
-        requests behind it are served as if it were not there. None: some member is over quota and the
-        in-quota pass defers the whole group. When a member needs a reclaim, no member starts: the reclaiming
-        members give their victims notice and the others wait (their capacity held for the rest of this
-        cycle), so the whole group is placed together in a later cycle once the victims have left."""
+        and every member waits, naming the member that does not fit: the group takes nothing and smaller
+        requests behind it are served as if it were not there (a group that holds a reservation has its GPUs
+        open to its members only while they are tried, and releases it once placed: ``Held.group``). None: some
+        member is over quota and the in-quota pass defers the whole group. When a member needs a reclaim, no
+        member starts: the reclaiming members give their victims notice and the others wait (their capacity held
+        for the rest of this cycle), so the whole group is placed together in a later cycle once the victims have
+        left."""
+        if self._held is not None and self._held.by_group:  # the group's reservation open to its members only
+            return self._held.group(members[0].group, lambda: self._try_group_now(
+                members, now=now, allow_over_quota=allow_over_quota), now=now)
+        return self._try_group_now(members, now=now, allow_over_quota=allow_over_quota)
+
+    def _try_group_now(self, members: list[Request], *, now: float, allow_over_quota: bool) -> list[Decision] | None:
         if len(members) == 1:
             decision = self._try(members[0], now=now, allow_over_quota=allow_over_quota)
             return None if decision is None else [decision]
