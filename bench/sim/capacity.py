@@ -181,7 +181,7 @@ class ReplayScheduler(Scheduler):
     reason (``_no_fit_reason``: a pass over every GPU). A failed reclaim leaves the state as it found it, and its
     answer depends only on the state, the tier, the need, the request's group and ``now``; a reason on the state,
     the tier and the need. So both are kept per (tier, need[, group]) with the state's version (a counter that every
-    ``apply`` / ``remove`` of the working state moves), and forgotten at every ``schedule`` call (``now`` moves).
+    ``apply`` / ``remove`` / ``replace_gpus`` of the working state moves), and forgotten at every ``schedule`` call (``now`` moves).
     A failed reclaim puts the version back where it was: its what-ifs undid themselves. ``tests/sim`` replays a
     window with and without the memo and compares every figure."""
 
@@ -193,7 +193,8 @@ class ReplayScheduler(Scheduler):
         self._reasons: dict[tuple, tuple[int, str]] = {}
         self.memo_hits = 0
         cluster = self.cluster
-        for name in ("apply", "remove", "apply_warm", "remove_warm"):
+        # ``replace_gpus`` too: a reservation closes and opens GPUs with it, which changes what a reclaim finds
+        for name in ("apply", "remove", "apply_warm", "remove_warm", "replace_gpus"):
             setattr(cluster, name, self._counted(getattr(cluster, name)))
 
     def _counted(self, method):
