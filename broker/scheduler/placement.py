@@ -454,7 +454,7 @@ def remainder_waste(workload: list[tuple[Need, float]], *, stop: float = 0.05) -
 class DefaultPolicy(Policy):
     """Ours: minimise the increase of the node's *stranded* capacity (``node_stranding``): FGD's idea,
     measured by how many copies of each typical need the node could still take given its free GPU,
-    CPU and memory together, with GPUs stranded behind exhausted CPU or memory weighted 0.25 when the task
+    CPU and memory together, with GPUs stranded behind exhausted CPU or memory weighted 0.1 when the task
     placed takes whole GPUs, 0.05 when it takes a share and 1 when it takes no GPU (``host_weight_*``: a
     CPU-only task should spend the cores of nodes whose GPUs cannot use them).
     The increase is counted in steps of ``quantum`` milli-GPU, and placements within one step tie; ties go
@@ -471,18 +471,26 @@ class DefaultPolicy(Policy):
     model and the node's free CPU and memory can still take (``_remainder_table``): on a node whose cores are
     spent it is all waste, so a placement that spends the cores some shape needed (a CPU-only task too) pays
     for every hole of the node it starves. Both terms are summed before the quantisation; with this term the
-    step is 60 milli-GPU (docs/scheduling.md: the openb traces)."""
+    step is 60 milli-GPU (docs/scheduling.md: the openb traces).
+
+    A third term (weight ``balance_weight``, in its own steps of ``quantum``) is the change of the node's GPU
+    capacity that its free CPU could not feed at the demand mix's CPU per GPU (``_balance``): stranding counts
+    one shape's copies at a time, this term the mixture, so CPU-heavy tasks go where cores are plentiful beside
+    the GPUs and CPU-light ones where they are scarce. Without a demand mix that asks for CPU it is skipped."""
 
     name = "default"
     # weight of GPUs stranded behind exhausted CPU / memory, by the kind of the task placed: whole GPUs, and
     # shares, and CPU-only work; chosen on the openb traces, docs/scheduling.md
-    host_weight_whole = 0.25
+    host_weight_whole = 0.1  # 0.25 before the balance term, which now carries most of the CPU stranding
     host_weight_share = 0.05
     host_weight_cpu_only = 1.0
     quantum = 60.0  # milli-GPU
     mig_best_fit_weight = 1.0
     remainder_weight = 1.0  # the look-ahead over one-GPU shape mixtures (``remainder_waste``)
     remainder_stop = 0.05  # its probability that a hole receives no further task
+    # the CPU balance term (``_balance``): GPU capacity of a node that its free CPU could not feed at the demand
+    # mix's CPU per GPU, weighted by this, in its own steps of ``quantum``; chosen on the openb traces
+    balance_weight = 1.5
 
     def __init__(self, *, seed: int = 0, workload: list[tuple[Need, float]] | None = None):
         super().__init__(seed=seed, workload=workload)
@@ -501,6 +509,12 @@ class DefaultPolicy(Policy):
                          if n.count == 1 and n.kind in (Kind.WHOLE, Kind.SHARE) and 0 < n.milli <= FULL]
         self._tables: dict[tuple, list[float]] = {}  # by the indices of the shapes that still fit
         self._table_of: dict[tuple, list[float]] = {}  # by (model, free CPU, free memory)
+        # the demand mix's CPU per milli-GPU (the tasks that take GPUs, by their frequencies); None without a mix
+        # that asks for both (the live cycle with no demand history): no balance term
+        gpu_needs = [(n, p) for n, p in self.workload if n.total_milli > 0 and n.kind != Kind.MIG]
+        gpu_milli = sum(p * n.total_milli for n, p in gpu_needs)
+        cpu_milli = sum(p * n.cpu_milli for n, p in gpu_needs)
+        self._cpu_per_gpu_milli = cpu_milli / gpu_milli if gpu_milli > 0 and cpu_milli > 0 else None
 
     def _stranding(self, node: NodeState, free: list[int], free_cpu: int, free_memory: int) -> tuple[float, float]:
         """``node_stranding``, memoised: it depends only on the free capacity per GPU model (and whether CPU
@@ -570,7 +584,20 @@ class DefaultPolicy(Policy):
         delta = (gpu_after - gpu_before) + host_weight * (host_after - host_before)
         if self._remainder is not None and self.remainder_weight:
             delta += self.remainder_weight * self._remainder_delta(node, before, after, need)
-        return round(delta / self.quantum) if self.quantum else delta
+        score = round(delta / self.quantum) if self.quantum else delta
+        if self._cpu_per_gpu_milli is not None and self.balance_weight and node.node.cpu_milli:
+            balance = self.balance_weight * (self._balance(sum(after), node.free_cpu_milli - need.cpu_milli)
+                                             - self._balance(sum(before), node.free_cpu_milli))
+            score += round(balance / self.quantum) if self.quantum else balance
+        return score
+
+    def _balance(self, free_milli: int, free_cpu: int) -> float:
+        """GPU capacity (milli) of a node that its free CPU could not feed if the demand mix filled it: the free
+        GPU beyond what the free CPU buys at the mix's CPU per GPU. Stranding counts copies of one shape at a time
+        (a node's cores feed seven 11-core tasks *or* five 18-core ones); this term sees the mixture, so a
+        CPU-heavy task goes where cores are plentiful beside its GPUs and a CPU-light one where they are scarce."""
+        assert self._cpu_per_gpu_milli is not None
+        return max(0.0, free_milli - free_cpu / self._cpu_per_gpu_milli)
 
     def _remainder_table(self, model: str, free_cpu: int | None, free_memory: int | None) -> list[float]:
         """``remainder_waste`` over the one-GPU shapes that a GPU of ``model`` on a node with this much free CPU

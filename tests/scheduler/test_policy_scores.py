@@ -158,3 +158,25 @@ def test_default_keeps_the_cores_that_feed_open_holes_from_cpu_only_work():
     free = [530, FULL]
     assert policy._remainder_delta(tight, free, free, cpu_only) > 0  # the look-ahead alone says so too
     assert policy._remainder_delta(roomy, free, free, cpu_only) == 0
+
+
+def test_default_balance_sends_cpu_heavy_work_where_cores_are_plentiful():
+    """The balance term sees the demand mix's CPU per GPU (here 12 cores a GPU): a 2-core task goes to the node
+    whose free cores could feed only half its free GPUs, a 20-core one to the node with cores to spare."""
+    policy = DefaultPolicy(workload=[(_whole(1, 8_000), 0.5), (_whole(1, 16_000), 0.5)])
+    assert policy._cpu_per_gpu_milli == 12.0
+    poor = _node("G2", [0, 0, 0, 0], cpu=96_000, free_cpu=24_000)
+    rich = _node("G2", [0, 0, 0, 0], cpu=96_000, free_cpu=96_000)
+    unit = (Unit("n/0", FULL, 0),)
+    light, heavy = _whole(1, 2_000), _whole(1, 20_000)
+    assert policy._balance(3_000, 22_000) - policy._balance(4_000, 24_000) < 0  # the light task on the poor node
+    assert policy._balance(3_000, 76_000) - policy._balance(4_000, 96_000) == 0
+    assert policy.score(None, poor, unit, light) < policy.score(None, rich, unit, light)
+    assert policy.score(None, rich, unit, heavy) < policy.score(None, poor, unit, heavy)
+
+
+def test_default_without_a_cpu_mix_adds_no_balance_term():
+    """The live cycle without demand history (or a mix that asks for no CPU) decides as before."""
+    assert DefaultPolicy()._cpu_per_gpu_milli is None
+    assert DefaultPolicy(workload=[(_whole(1, 0), 1.0)])._cpu_per_gpu_milli is None
+    assert DefaultPolicy(workload=[(CPU_ONLY, 1.0)])._cpu_per_gpu_milli is None
