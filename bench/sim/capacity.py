@@ -181,7 +181,8 @@ class ReplayScheduler(Scheduler):
     reason (``_no_fit_reason``: a pass over every GPU). A failed reclaim leaves the state as it found it, and its
     answer depends only on the state, the tier, the need, the request's group and ``now``; a reason on the state,
     the tier and the need. So both are kept per (tier, need[, group]) with the state's version (a counter that every
-    ``apply`` / ``remove`` / ``replace_gpus`` of the working state moves), and forgotten at every ``schedule`` call (``now`` moves).
+    ``apply`` / ``remove`` / ``replace_gpus`` of the working state moves), and forgotten at every ``schedule`` call
+    (``now`` moves).
     A failed reclaim puts the version back where it was: its what-ifs undid themselves. ``tests/sim`` replays a
     window with and without the memo and compares every figure."""
 
