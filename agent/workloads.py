@@ -56,7 +56,7 @@ import sys
 import time
 from pathlib import Path
 
-from agent.isolation import Isolation, IsolationError
+from agent.isolation import Isolation, IsolationError, mask_in_namespaces
 from agent.protocol import WORKLOAD_ID, Conflict, InvalidRequest, NotFound
 from agent.shim import log_read
 
@@ -135,6 +135,16 @@ class Runtime(abc.ABC):
 
     def kill(self, workload: dict) -> None:  # noqa: B027 - optional hook
         """Besides SIGKILL to the process group: end what it does not reach."""
+
+    def pids(self, workload: dict) -> set[int]:
+        """The run's processes the process group and session do not hold (a container's, which its engine
+        started): none for a plain process."""
+        return set()
+
+    def update_limits(self, workload: dict, cpu_milli: int, memory_bytes: int) -> str:
+        """The running run's CPU and memory limits changed where its own cgroup is not the agent's to write (a
+        container's, through its engine); "" when there is nothing to do, else what was done or refused."""
+        return ""
 
 
 class ProcessRuntime(Runtime):
@@ -247,6 +257,39 @@ class ContainerRuntime(Runtime):
                                timeout=30, check=False)
 
 
+    def _engine(self, *args: str) -> subprocess.CompletedProcess | None:
+        try:
+            return subprocess.run([self.engine, *args], stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                                  timeout=30, check=False, env=self.process_env({}))
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+
+    def pids(self, workload: dict) -> set[int]:
+        """The container's processes, as the host sees them: its first process (``ENGINE inspect``
+        ``{{.State.Pid}}``, the ``--init`` process) and every descendant of it. Empty when the engine knows no
+        such running container."""
+        done = self._engine("inspect", "--format", "{{.State.Pid}}", self.container_name(workload))
+        try:
+            first = int(done.stdout.strip()) if done is not None and done.returncode == 0 else 0
+        except ValueError:
+            first = 0
+        return descendants(first) if first > 0 else set()
+
+    def update_limits(self, workload: dict, cpu_milli: int, memory_bytes: int) -> str:
+        """``ENGINE update --cpus --memory`` on the running container (a shrink or a growth of its lease)."""
+        argv = ["update", f"--cpus={cpus_flag(cpu_milli)}"] if cpu_milli else ["update"]
+        if memory_bytes:
+            argv.append(f"--memory={memory_flag(memory_bytes)}")
+        if len(argv) == 1:
+            return ""
+        done = self._engine(*argv, self.container_name(workload))
+        if done is None:
+            return f"`{self.engine} update` could not run"
+        if done.returncode != 0:
+            return f"`{self.engine} update` refused: {(done.stderr or done.stdout).strip()[-300:]}"
+        return f"{self.engine} update"
+
+
 def build_runtime(name: str) -> Runtime:
     if name == "process":
         return ProcessRuntime()
@@ -303,6 +346,30 @@ def session_members(leader: int) -> set[int]:
         fields = raw[raw.rindex(")") + 2:].split()  # state, ppid, pgrp, session, ...
         if fields[0] != "Z" and leader in (int(fields[2]), int(fields[3])):
             found.add(int(entry.name))
+    return found
+
+
+def descendants(root: int) -> set[int]:
+    """``root`` and every live process below it (by parent pid)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            raw = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = raw[raw.rindex(")") + 2:].split()  # state, ppid, ...
+        if fields[0] != "Z":
+            children.setdefault(int(fields[1]), []).append(int(entry.name))
+    if not Path(f"/proc/{root}").exists():
+        return set()
+    found, todo = set(), [root]
+    while todo:
+        pid = todo.pop()
+        if pid not in found:
+            found.add(pid)
+            todo.extend(children.get(pid, ()))
     return found
 
 
@@ -812,6 +879,8 @@ class WorkloadManager:
         denied = ""
         if self._isolating():  # v1: its devices cgroup; else its mount namespace: no new open from now on
             denied = self.isolation.revoke_device(workload, index, self._members(workload, run))
+        elif self.runtime.name != "process":  # a container: its mount namespace, entered through its processes
+            denied = _masked_words(mask_in_namespaces(self.runtime.pids(workload), node), unmask=False)
         grace = self.shrink_grace_seconds
         workload.setdefault("evictions", []).append({
             "allocation_id": allocation_id, "gpu": given["gpu"], "gpu_index": index, "device": str(node),
@@ -826,8 +895,8 @@ class WorkloadManager:
         the spec, the per-unit ask times the units at the start) scaled to the units it holds now, as the scheduler
         reserves it, and the run's limits with it (``workload["limits"]``); a running isolated run's cgroup is
         given them at once (``Cgroups.resize``: CPU and memory only; a memory limit under what the run already uses
-        is refused by the kernel and kept, with an event saying so). A container keeps the limits it started with
-        until its next run. Without an ask the node's share per GPU follows the devices as before."""
+        is refused by the kernel and kept, with an event saying so). A running container is given them by its engine
+        (``ENGINE update``). Without an ask the node's share per GPU follows the devices as before."""
         after = len(workload["devices"])
         if before <= 0 or after == before:
             return
@@ -837,8 +906,17 @@ class WorkloadManager:
             workload["spec"] = {**spec, **scaled}
         workload["limits"] = self._host_limits(workload)
         run = workload["runs"][-1] if workload["runs"] else None
-        if (workload["state"] != "running" or run is None or run["ended_at"] is not None or not self._isolating()
-                or self.isolation.cgroups is None):
+        if workload["state"] != "running" or run is None or run["ended_at"] is not None:
+            return
+        if self.runtime.name != "process":  # a container's cgroup is its engine's: ``ENGINE update``
+            done = self.runtime.update_limits(workload, workload["limits"]["cpu_milli"],
+                                              workload["limits"]["memory_bytes"])
+            if done:
+                self._event(workload, "limits", now, detail=(
+                    f"container resized for {after} unit(s): {workload['limits']['cpu_milli']} milli-CPU, "
+                    f"{workload['limits']['memory_bytes'] >> 20} MiB ({done})"))
+            return
+        if not self._isolating() or self.isolation.cgroups is None:
             return
         refused = self.isolation.cgroups.resize(self.isolation.cgroup_name(workload), workload["limits"]["cpu_milli"],
                                                 workload["limits"]["memory_bytes"])
@@ -863,12 +941,17 @@ class WorkloadManager:
         if pending:
             workload["evictions"] = kept
         run = workload["runs"][-1] if workload["runs"] else None
+        container = self.runtime.name != "process"
         if (workload["state"] != "running" or run is None or run["pid"] is None or run["ended_at"] is not None
-                or not self._isolating()):
+                or not (self._isolating() or container)):
             return
         members = self._members(workload, run)
         for index in indexes:
-            opened = self.isolation.grant_device(workload, index, members)
+            if container:  # a mask a shrink left in its namespace comes off; a GPU never in it waits for a new run
+                opened = _masked_words(mask_in_namespaces(members, self.isolation.device_dir / f"nvidia{index}",
+                                                          unmask=True), unmask=True)
+            else:
+                opened = self.isolation.grant_device(workload, index, members)
             if opened:
                 self._event(workload, "granted", now, detail=f"{self.isolation.device_dir / f'nvidia{index}'} "
                                                              f"{opened}")
@@ -926,6 +1009,7 @@ class WorkloadManager:
         members = session_members(run["pid"])
         if self._isolating() and self.isolation.cgroups is not None:
             members |= self.isolation.cgroups.pids(self.isolation.cgroup_name(workload))
+        members |= self.runtime.pids(workload)  # a container's: its engine started them, not the run's shim
         members.discard(os.getpid())
         return members
 
@@ -1121,3 +1205,11 @@ class WorkloadManager:
 
     def command_line(self, workload_id: str) -> str:
         return shlex.join(self.get(workload_id)["argv"])
+
+
+def _masked_words(changed: int, *, unmask: bool) -> str:
+    """What ``mask_in_namespaces`` did, for a workload's event ("" when nothing)."""
+    if not changed:
+        return ""
+    where = "its mount namespace" if changed == 1 else f"its {changed} mount namespaces"
+    return f"unmasked in {where}" if unmask else f"masked with /dev/null in {where}"

@@ -289,7 +289,7 @@ def podman(tmp_path_factory) -> dict[str, str]:
     env = {"CONTAINERS_CONF": str(root / "containers.conf"), "CONTAINERS_STORAGE_CONF": str(root / "storage.conf")}
     with tarfile.open(root / "rootfs.tar", "w") as tar:  # a rootfs of one static binary and its applets
         tar.add(BUSYBOX, arcname="bin/busybox")
-        for applet in ("sh", "sleep", "echo", "env", "cat", "ls", "sort", "grep"):
+        for applet in ("sh", "sleep", "echo", "env", "cat", "ls", "sort", "grep", "wc"):
             link = tarfile.TarInfo(f"bin/{applet}")
             link.type, link.linkname = tarfile.SYMTYPE, "busybox"
             tar.addfile(link)
@@ -421,5 +421,80 @@ def test_podman_container_that_ignores_sigterm_is_killed_at_the_deadline_and_rem
                 break
             time.sleep(0.5)
         assert "gpub-wl-k" not in listed
+    finally:
+        agent.stop()
+
+
+# an elastic container: a child holds the stand-in node of GPU 1, the main shell only GPU 0's; both ignore SIGUSR1;
+# on a probe file the main shell reads GPU 1's node anew (its size: 4096, or 0 once /dev/null is bound over it)
+ELASTIC = r"""
+trap '' USR1
+( exec 3<"$DEV/nvidia1"; echo $$ > "$CK/holder"; while true; do sleep 0.1; done ) &
+exec 4<"$DEV/nvidia0"
+echo up
+while true; do
+  sleep 0.1
+  if [ -e "$CK/probe" ] && [ ! -e "$CK/seen" ]; then cat "$DEV/nvidia1" | wc -c > "$CK/seen.tmp"; echo > "$CK/seen"; fi
+done
+"""
+
+
+def test_podman_a_shrink_masks_the_device_given_back_in_the_container_kills_its_holder_and_resizes_it(
+        tmp_path, monkeypatch, podman):
+    """Issue 32: a container's processes are its engine's, outside the run's session, so a shrink used to leave the
+    GPU given back (now another tenant's) in the container. The agent now finds them (``ENGINE inspect`` and the
+    descendants of the container's first process), binds ``/dev/null`` over the node in the container's mount
+    namespace at once, SIGKILLs after the grace the one still holding it, leaves the rest running on the GPU kept,
+    and ``podman update``s the container's CPU and memory to the units left."""
+    for key, value in podman.items():
+        monkeypatch.setenv(key, value)
+    checkpoint = tmp_path / "ck"
+    devices = checkpoint / "dev"  # under the checkpoint directory: mounted into the container at the same path
+    devices.mkdir(parents=True)
+    for index in (0, 1):
+        (devices / f"nvidia{index}").write_bytes(b"\0" * 4096)
+    agent = AgentProcess(tmp_path / "a", gpus="a100-80gb:2:whole", extra=(
+        "--workload-runtime", "podman", "--container-devices", "none", "--workload-root", str(tmp_path),
+        "--device-dir", str(devices), "--shrink-grace-seconds", "1", "--mps-control", ""))
+    agent.start()
+    try:
+        client = agent.client(retries=0)
+        gpus = {g["index"]: g["uuid"] for g in client.inventory()["gpus"]}
+        for n in (0, 1):
+            client.create(f"el-{n}", {"kind": "whole", "gpu": gpus[n]})
+        started = client.workload_start("wl-el", {
+            "instances": ["el-0", "el-1"], "image": IMAGE, "command": ["/bin/sh", "-c", ELASTIC],
+            "env": {"DEV": str(devices), "CK": str(checkpoint)}, "checkpoint_dir": str(checkpoint),
+            "cpu_milli": 1000, "memory_mib": 512})
+        assert "--cpus=1" in started["argv"] and "--memory=512m" in started["argv"]
+        deadline_wait = time.monotonic() + 60
+        while not (checkpoint / "holder").exists() and time.monotonic() < deadline_wait:
+            assert client.workload("wl-el")["state"] == "running", client.workload_logs("wl-el", stream="stderr")
+            time.sleep(0.1)
+        assert "up" in client.workload_logs("wl-el")["data"]
+        client.destroy("el-1", resize=True)
+        events = lambda kind: [e for e in client.workload("wl-el")["events"] if e["kind"] == kind]  # noqa: E731
+        [revoked] = events("revoked")
+        assert "masked with /dev/null in its mount namespace" in revoked["detail"], revoked
+        (checkpoint / "probe").write_text("")  # the container opens GPU 1's node anew: /dev/null now
+        deadline_wait = time.monotonic() + 20
+        while not (checkpoint / "seen").exists() and time.monotonic() < deadline_wait:
+            time.sleep(0.1)
+        assert (checkpoint / "seen.tmp").read_text().strip() == "0"
+        assert (devices / "nvidia1").stat().st_size == 4096  # the node's own view is unchanged
+        deadline_wait = time.monotonic() + 20
+        while not events("evicted") and time.monotonic() < deadline_wait:
+            time.sleep(0.1)
+        evicted = events("evicted")
+        assert evicted and all(e["device"] == str(devices / "nvidia1") for e in evicted), evicted
+        time.sleep(1.5)
+        workload = client.workload("wl-el")
+        assert workload["state"] == "running" and len(workload["runs"]) == 1, workload  # the main shell goes on
+        [limits] = events("limits")
+        assert limits["detail"] == "container resized for 1 unit(s): 500 milli-CPU, 256 MiB (podman update)", limits
+        client.workload_stop("wl-el", grace_seconds=0)
+        deadline_wait = time.monotonic() + 40
+        while client.workload("wl-el")["state"] == "running" and time.monotonic() < deadline_wait:
+            time.sleep(0.1)
     finally:
         agent.stop()
