@@ -333,9 +333,8 @@ def _signal_group(pid: int, signum: int) -> bool:
         return False
 
 
-def session_members(leader: int) -> set[int]:
-    """Every live process in the process group or the session ``leader`` leads (a run's shim leads both)."""
-    found = set()
+def _live_processes():
+    """(pid, ppid, process group, session) of every process that is not a zombie, from ``/proc/<pid>/stat``."""
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
@@ -344,24 +343,20 @@ def session_members(leader: int) -> set[int]:
         except OSError:
             continue
         fields = raw[raw.rindex(")") + 2:].split()  # state, ppid, pgrp, session, ...
-        if fields[0] != "Z" and leader in (int(fields[2]), int(fields[3])):
-            found.add(int(entry.name))
-    return found
+        if fields[0] != "Z":
+            yield int(entry.name), int(fields[1]), int(fields[2]), int(fields[3])
+
+
+def session_members(leader: int) -> set[int]:
+    """Every live process in the process group or the session ``leader`` leads (a run's shim leads both)."""
+    return {pid for pid, _ppid, group, session in _live_processes() if leader in (group, session)}
 
 
 def descendants(root: int) -> set[int]:
     """``root`` and every live process below it (by parent pid)."""
     children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            raw = (entry / "stat").read_text()
-        except OSError:
-            continue
-        fields = raw[raw.rindex(")") + 2:].split()  # state, ppid, ...
-        if fields[0] != "Z":
-            children.setdefault(int(fields[1]), []).append(int(entry.name))
+    for pid, ppid, _group, _session in _live_processes():
+        children.setdefault(ppid, []).append(pid)
     if not Path(f"/proc/{root}").exists():
         return set()
     found, todo = set(), [root]
