@@ -711,8 +711,33 @@ class WorkloadManager:
         run = workload["runs"][-1] if workload["runs"] else None
         if workload["state"] == "running" and run and run["pid"] is not None and run["ended_at"] is None:
             _signal_group(run["pid"], signal.SIGUSR1)
+            if self.runtime.name != "process":  # an engine adds no device to a running container: a new run does
+                grace = self.shrink_grace_seconds
+                workload["regrow"] = {"run": run["run"], "due": now + grace}
+                self._event(workload, "regrow", now, run=run["run"], detail=(
+                    f"the container restarts with its {len(uuids)} device(s) in {grace:g} s: an engine cannot add a "
+                    "device to a running container"))
         self._save()
         return self._public(workload)
+
+    def _regrow_due(self, workload: dict, run: dict, now: float) -> bool:
+        """A container's run ended ``shrink_grace_seconds`` after a growth (``grow``), so that its next run starts
+        with every device it holds now: SIGKILL to its process group and ``ENGINE kill``; ``_run_ended`` starts the
+        next run at once, whatever the restart policy. True when it was done or dropped."""
+        regrow = workload.get("regrow")
+        if not regrow:
+            return False
+        if regrow["run"] != run["run"] or run["ended_at"] is not None:
+            del workload["regrow"]
+            return True
+        if now < regrow["due"] or run.get("kill_at"):
+            return False
+        del workload["regrow"]
+        run["regrow"] = True
+        _signal_group(run["pid"], signal.SIGKILL)
+        self.runtime.kill(workload)
+        self._event(workload, "regrown", now, run=run["run"], detail="ended for a new run with the devices grown onto")
+        return True
 
     def tick(self) -> bool:
         """Reap exits, send SIGKILL at deadlines, restart after back-off. True when something changed."""
@@ -729,6 +754,7 @@ class WorkloadManager:
                 continue
             run = workload["runs"][-1]
             changed |= self._evict_due(workload, run, now)  # a device given back and still held: SIGKILL
+            changed |= self._regrow_due(workload, run, now)  # a container grown onto more devices: a new run
             ended = self._ended(workload, run)
             if ended is None:
                 kill_at = min(t for t in (workload["notice"] and workload["notice"]["deadline"],
@@ -1084,8 +1110,9 @@ class WorkloadManager:
         self._children[process.pid] = process
         ticks = process_start_ticks(process.pid)
         run["pid"], run["start_ticks"] = process.pid, ticks[0] if ticks else None
+        regrown = number > 1 and workload["runs"][-2].get("outcome") == "regrown"
         self._event(workload, "started" if number == 1 else "restarted", now, run=number, pid=process.pid,
-                    restart_count=restart_count)
+                    restart_count=restart_count, **({"regrown": True} if regrown else {}))
 
     def _ended(self, workload: dict, run: dict) -> dict | None:
         """How the run ended, or None while it runs."""
@@ -1127,6 +1154,10 @@ class WorkloadManager:
             run["outcome"] = "preempted"
             self._event(workload, "exited", run["ended_at"], **data)
             self._finish(workload, "preempted", run["ended_at"], detail=workload["notice"]["reason"])
+        elif run.get("regrow"):  # ended by the agent after a growth (``_regrow_due``): the next run at once
+            run["outcome"] = "regrown"
+            workload["state"], workload["next_start_at"] = "backoff", now
+            self._event(workload, "exited", run["ended_at"], **data)
         elif run["exit_code"] == 0:
             run["outcome"] = "succeeded"
             self._event(workload, "exited", run["ended_at"], **data)

@@ -431,7 +431,7 @@ ELASTIC = r"""
 trap '' USR1
 ( exec 3<"$DEV/nvidia1"; echo $$ > "$CK/holder"; while true; do sleep 0.1; done ) &
 exec 4<"$DEV/nvidia0"
-echo up
+echo "up visible=$CUDA_VISIBLE_DEVICES"
 while true; do
   sleep 0.1
   if [ -e "$CK/probe" ] && [ ! -e "$CK/seen" ]; then cat "$DEV/nvidia1" | wc -c > "$CK/seen.tmp"; echo > "$CK/seen"; fi
@@ -492,6 +492,23 @@ def test_podman_a_shrink_masks_the_device_given_back_in_the_container_kills_its_
         assert workload["state"] == "running" and len(workload["runs"]) == 1, workload  # the main shell goes on
         [limits] = events("limits")
         assert limits["detail"] == "container resized for 1 unit(s): 500 milli-CPU, 256 MiB (podman update)", limits
+        # the lease grows back onto GPU 1: an engine adds no device to a running container, so after the grace the
+        # container ends and the next run starts at once with both devices (whatever the restart policy)
+        grown = client.create("el-2", {"kind": "whole", "gpu": gpus[1]})
+        client.workload_grow("wl-el", ["el-2"])
+        [regrow] = events("regrow")
+        assert "restarts with its 2 device(s) in 1 s" in regrow["detail"], regrow
+        deadline_wait = time.monotonic() + 60
+        while client.workload("wl-el")["runs"][-1]["run"] < 2 or client.workload_logs("wl-el")["data"].count(
+                "up visible") < 2:
+            assert time.monotonic() < deadline_wait, client.workload("wl-el")
+            time.sleep(0.1)
+        workload = client.workload("wl-el")
+        assert workload["state"] == "running" and workload["runs"][0]["outcome"] == "regrown", workload
+        assert [e for e in workload["events"] if e["kind"] == "restarted"][-1].get("regrown") is True
+        last = client.workload_logs("wl-el")["data"].splitlines()
+        assert f"up visible={gpus[0]},{grown['device_uuid']}" in last[-1] or any(
+            f"up visible={gpus[0]},{grown['device_uuid']}" in line for line in last), last
         client.workload_stop("wl-el", grace_seconds=0)
         deadline_wait = time.monotonic() + 40
         while client.workload("wl-el")["state"] == "running" and time.monotonic() < deadline_wait:
