@@ -18,7 +18,7 @@ A layout is a tuple of ``MigPlacement(profile, start)``. ``layout_problem`` retu
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import cache
+from functools import cache, lru_cache
 
 MEMORY_SLOTS = 8
 COMPUTE_SLICES = 7
@@ -133,6 +133,7 @@ class UnknownProfile(KeyError):
     pass
 
 
+@lru_cache(maxsize=1024)  # the scheduler looks a profile up per MIG unit it applies; the catalogue is fixed
 def profile_get(model: str, name: str) -> MigProfile:
     """The profile ``name`` (``3g.40gb``; a ``MIG `` prefix and case are ignored) of ``model``."""
     wanted = name.strip().removeprefix("MIG ").lower()

@@ -126,6 +126,7 @@ class Policy:
         self.rng = _random.Random(seed)
         self.workload = list(workload or [])  # a copy: later changes by the caller do not leak in
         self._demand: dict[str, list[tuple[MigProfile, float]]] = {}
+        self._stranding_of: dict[tuple[str, int, int], float] = {}  # ``_mig_stranding``'s memo
 
     # How a node's units are chosen for a multi-unit need: by default tightest GPUs first.
     def unit_order(self, gpu: GpuState, unit: Unit) -> tuple:
@@ -650,11 +651,21 @@ class DefaultPolicy(Policy):
         delta = 0.0
         for gpu_id, (mask, compute) in layout.items():
             gpu = gpus[gpu_id]
-            demand = self._demand.get(gpu.gpu.model)
-            if demand is None:  # the workload is fixed for the policy's life
-                demand = self._demand[gpu.gpu.model] = mig_demand(gpu.gpu.model, self.workload)
-            delta += mig_stranding(mask, compute, demand) - mig_stranding(gpu.slot_mask, gpu.compute_used, demand)
+            delta += (self._mig_stranding(gpu.gpu.model, mask, compute)
+                      - self._mig_stranding(gpu.gpu.model, gpu.slot_mask, gpu.compute_used))
         return delta
+
+    def _mig_stranding(self, model: str, slot_mask: int, compute_used: int) -> float:
+        """``mig_stranding`` of a ``model`` GPU with this layout under the policy's demand, memoised: the workload
+        is fixed for the policy's life and a GPU has few layouts (8 memory slots, 7 compute slices)."""
+        key = (model, slot_mask, compute_used)
+        value = self._stranding_of.get(key)
+        if value is None:
+            demand = self._demand.get(model)
+            if demand is None:
+                demand = self._demand[model] = mig_demand(model, self.workload)
+            value = self._stranding_of[key] = mig_stranding(slot_mask, compute_used, demand)
+        return value
 
 
 POLICIES: dict[str, type[Policy]] = {

@@ -297,8 +297,10 @@ class ClusterState:
     def apply(self, allocation: Allocation) -> None:
         """Hold the capacity of ``allocation`` (raises ValueError if it does not fit: a bug upstream)."""
         node = self.nodes[allocation.node]
+        gpus, apply_unit, milli = self.gpus, self._apply_unit, 0
         for unit in allocation.units:
-            self._apply_unit(self.gpus[unit.gpu], unit, sign=1)
+            apply_unit(gpus[unit.gpu], unit, 1)
+            milli += unit.milli  # ``allocation.milli``, summed on the way
         node.free_cpu_milli -= allocation.cpu_milli
         node.free_memory_mib -= allocation.host_memory_mib
         self.allocations[allocation.id] = allocation
@@ -308,10 +310,15 @@ class ClusterState:
             else:
                 self.growable.pop(allocation.id, None)
         column = 1 if allocation.preemptible else 0
-        milli = allocation.milli
-        for usage, key in ((self.project_usage, (allocation.project, allocation.tier)),
-                           (self.tenant_usage, (allocation.tenant, allocation.tier))):
-            usage.setdefault(key, [0, 0])[column] += milli
+        tier = allocation.tier
+        usage = self.project_usage.get((allocation.project, tier))
+        if usage is None:
+            usage = self.project_usage[(allocation.project, tier)] = [0, 0]
+        usage[column] += milli
+        usage = self.tenant_usage.get((allocation.tenant, tier))
+        if usage is None:
+            usage = self.tenant_usage[(allocation.tenant, tier)] = [0, 0]
+        usage[column] += milli
         if not self._bulk:
             for node_id in self._nodes_of(allocation):
                 self._index(node_id)
@@ -396,16 +403,19 @@ class ClusterState:
     def _apply_unit(self, gpu: GpuState, unit: Unit, sign: int) -> None:
         if gpu.gpu.mode == _MIG:
             profile = profile_get(gpu.gpu.model, unit.mig_profile)
-            mask = MigPlacement(unit.mig_start, profile).slot_mask
+            start = unit.mig_start
             if sign > 0:
-                if unit.mig_start not in gpu.free_starts(profile):  # what is held stays, closed or not
+                # ``start in gpu.free_starts(profile)``, inline (what is held stays, closed or not)
+                if (start not in profile.starts or (gpu.slot_mask >> start) & ((1 << profile.memory_slots) - 1)
+                        or gpu.compute_used + profile.compute_slices > COMPUTE_SLICES
+                        or (profile.shape.media_extensions and gpu.media_used)):
                     layout = self.mig_layout(gpu)
                     problem = layout_problem((*layout, MigPlacement(unit.mig_start, profile)))
                     raise ValueError(f"MIG unit {profile.name}@{unit.mig_start} does not fit {gpu.gpu.id}: "
                                      f"{problem or 'layout of this cycle conflicts'}")
-                gpu.slot_mask |= mask
+                gpu.slot_mask |= ((1 << profile.memory_slots) - 1) << start
             else:
-                gpu.slot_mask &= ~mask
+                gpu.slot_mask &= ~(((1 << profile.memory_slots) - 1) << start)
             gpu.compute_used += sign * profile.compute_slices
             gpu.media_used += sign * int(profile.shape.media_extensions)
         else:
