@@ -174,6 +174,10 @@ class Lease(models.Model):
     # outcome
     tier = models.CharField(max_length=32, blank=True)
     over_quota = models.BooleanField(default=False)
+    # whether its project's guarantee covered it when the scheduler first saw it, counting the project's requests
+    # ahead of it (``Scheduler.covered``); written once, by that cycle; null: placed before any cycle recorded it.
+    # Billing samples time to GPU only where it is not False (``billing.core.slo``)
+    guarantee_covered = models.BooleanField(null=True, blank=True)
     queue_position = models.PositiveIntegerField(null=True, blank=True)
     requested_at = models.DateTimeField(default=timezone.now)
     queued_at = models.DateTimeField(null=True, blank=True)  # last time it (re)entered the queue

@@ -188,20 +188,21 @@ class QueuedLease:
     reasons and the write need, as plain attributes. ``core_request`` takes it or a ``Lease``."""
 
     __slots__ = ("avoid_nodes", "count", "cpu_milli_per_unit", "duration_seconds", "estimated_start", "gang",
-                 "group_key", "host_memory_mib_per_unit", "kind", "memory_mib", "milli", "min_count", "models_allowed",
-                 "pk",
+                 "group_key", "guarantee_covered", "host_memory_mib_per_unit", "kind", "memory_mib", "milli",
+                 "min_count", "models_allowed", "pk",
                  "priority", "profile", "project_id", "project_slug", "queue_position", "reason", "submitted_at",
                  "tenant_id", "workload_class")
     COLUMNS = ("pk", "tenant_id", "project_id", "project__slug", "kind", "count", "profile", "milli", "memory_mib",
                "models_allowed", "gang", "avoid_nodes", "submitted_at", "priority", "workload_class", "group_key",
                "reason", "queue_position", "duration_seconds", "estimated_start", "cpu_milli_per_unit",
-               "host_memory_mib_per_unit", "min_count")
+               "host_memory_mib_per_unit", "min_count", "guarantee_covered")
 
     def __init__(self, row: tuple):
         (self.pk, self.tenant_id, self.project_id, self.project_slug, self.kind, self.count, self.profile, self.milli,
          self.memory_mib, self.models_allowed, self.gang, self.avoid_nodes, self.submitted_at, self.priority,
          self.workload_class, self.group_key, self.reason, self.queue_position, self.duration_seconds,
-         self.estimated_start, self.cpu_milli_per_unit, self.host_memory_mib_per_unit, self.min_count) = row
+         self.estimated_start, self.cpu_milli_per_unit, self.host_memory_mib_per_unit, self.min_count,
+         self.guarantee_covered) = row
 
 
 def queued_leases(queryset: QuerySet[Lease]) -> list[QueuedLease]:

@@ -1,8 +1,12 @@
 """SLO measurement from lease events (pure functions, no database).
 
 - **Time to GPU** of in-quota requests: seconds from the REQUESTED event to the first ACTIVE event, for
-  leases requested in the period and first placed within their project's guarantee (not over quota);
-  the p95 is the nearest-rank 95th percentile.
+  leases requested in the period, first placed within their project's guarantee (not over quota) and covered
+  by it when requested: the scheduler records whether the project's guaranteed use, plus the project's own
+  requests ahead of the lease, plus the lease fit the deserved share (``Lease.guarantee_covered``). A lease that
+  waited behind its own project's queue is the project's wait, not the platform's: it is not sampled (counted in
+  ``SloFigures.not_covered``); one with nothing recorded (placed before the scheduler recorded it) is. The p95 is
+  the nearest-rank 95th percentile.
 - **Availability** of active leases: time held ÷ (time held + time lost involuntarily). A lease that
   leaves ACTIVE/PREEMPTED for FAILED (instance vanished, node silent, agent failure) lost the time from
   that moment until its planned end, clipped to the period.
@@ -32,11 +36,13 @@ class LeaseHistory:
     over_quota: bool
     ends_at: datetime | None
     events: Sequence[tuple[datetime, str, str, str]]  # (at, from_state, to_state, actor)
+    covered: bool | None = None  # covered by the guarantee when requested, its project's queue counted (None: unknown)
 
 
 @dataclass
 class SloFigures:
     ttg_samples: list[float] = field(default_factory=list)
+    not_covered: list[int] = field(default_factory=list)  # in-quota leases left out: not covered when requested
     held_seconds: float = 0.0
     lost_seconds: float = 0.0
     losses: list[dict] = field(default_factory=list)
@@ -68,7 +74,10 @@ def measure(histories: Iterable[LeaseHistory], *, start: datetime, end: datetime
         if start <= lease.requested_at < end and not lease.over_quota:
             first_active = next((at for at, _f, to, _a in events if to == "active"), None)
             if first_active is not None and first_active < end:
-                figures.ttg_samples.append((first_active - lease.requested_at).total_seconds())
+                if lease.covered is False:
+                    figures.not_covered.append(lease.lease_id)
+                else:
+                    figures.ttg_samples.append((first_active - lease.requested_at).total_seconds())
         held_from: datetime | None = None
         for index, (at, _from, to, _actor) in enumerate(events):
             if to in HOLDING:

@@ -52,15 +52,16 @@ def _histories(tenant: Tenant, start: datetime, end: datetime) -> list[slo.Lease
     leases = list(Lease.objects.filter(tenant=tenant, requested_at__lt=end)
                   .filter(Q(finished_at__isnull=True) | Q(finished_at__gte=start))
                   .annotate(first_over_quota=Coalesce(Subquery(first_placement), "over_quota"))
-                  .order_by("pk").values_list("pk", "requested_at", "first_over_quota", "ends_at"))
+                  .order_by("pk").values_list("pk", "requested_at", "first_over_quota", "ends_at", "guarantee_covered"))
     events: dict[int, list] = defaultdict(list)
     for lease_id, at, from_state, to_state, actor in (
             LeaseEvent.objects.filter(lease_id__in=[row[0] for row in leases], at__lt=end)
             .order_by("lease_id", "at", "pk").values_list("lease_id", "at", "from_state", "to_state", "actor")
             .iterator(chunk_size=5000)):
         events[lease_id].append((at, from_state, to_state, actor))
-    return [slo.LeaseHistory(lease_id=pk, requested_at=requested, over_quota=over, ends_at=ends, events=events[pk])
-            for pk, requested, over, ends in leases]
+    return [slo.LeaseHistory(lease_id=pk, requested_at=requested, over_quota=over, ends_at=ends, events=events[pk],
+                             covered=covered)
+            for pk, requested, over, ends, covered in leases]
 
 
 def period_parse(value: str) -> date:
@@ -95,6 +96,8 @@ def slo_evaluate(*, tenant: Tenant, period: date, now: datetime | None = None) -
         item["target"] = targets[metric]
     evidence["losses"] = figures.losses[:50]
     evidence["short_notices"] = figures.short_notices[:50]
+    # in-quota leases whose wait was their own project's queue (not covered by the guarantee when requested)
+    evidence["not_covered"] = {"leases": len(figures.not_covered), "ids": figures.not_covered[:50]}
     evidence["period"] = {"from": start.isoformat(), "to": until.isoformat()}
 
     def dec(value: float | None, places: str = "0.001") -> Decimal | None:

@@ -234,9 +234,14 @@ class LeaseOutput(serializers.ModelSerializer):
     class Meta:
         model = Lease
         fields = ["id", "project", "state", "reason", "decision", "queue_position", "estimated_start", "gpu",
-                  "workload_class", "priority", "duration_seconds", "tier", "over_quota", "requested_at", "active_at",
-                  "ends_at", "notice_deadline", "finished_at", "labels"]
+                  "workload_class", "priority", "duration_seconds", "tier", "over_quota", "guarantee_covered",
+                  "requested_at", "active_at", "ends_at", "notice_deadline", "finished_at", "labels"]
         extra_kwargs = {"labels": {"help_text": "cost allocation labels set at the request"},
+                        "guarantee_covered": {"help_text": "Whether the project's guarantee covered the request when "
+                                                           "the scheduler first saw it, counting the project's own "
+                                                           "requests ahead of it; only covered leases are time-to-GPU "
+                                                           "samples of the SLO (docs/billing.md, \"SLO evaluation\"). "
+                                                           "Null until a schedule cycle has seen it."},
                         "decision": {"help_text": "How the GPU shape was chosen when the request let the broker "
                                                   "choose it (gpu kind auto: the slice, its prediction and "
                                                   "confidence); kept for the lease's life, unlike reason, "
@@ -277,6 +282,7 @@ class LeaseOutput(serializers.ModelSerializer):
             "estimated_start": self.get_estimated_start(instance), "gpu": self.get_gpu(instance),
             "workload_class": str(instance.workload_class), "priority": instance.priority,
             "duration_seconds": instance.duration_seconds, "tier": instance.tier, "over_quota": instance.over_quota,
+            "guarantee_covered": instance.guarantee_covered,
             **{name: moment(value) if value is not None else None for name, value in (
                 ("requested_at", instance.requested_at), ("active_at", instance.active_at),
                 ("ends_at", instance.ends_at), ("notice_deadline", instance.notice_deadline),

@@ -156,6 +156,46 @@ class Scheduler:
         return self.reserved[0] if self.reserved else None
 
     # -- quota ------------------------------------------------------------------------------------
+    def covered(self, requests: list[Request]) -> dict[str, bool]:
+        """Whether each request is covered by its project's guarantee *counting the project's work ahead of it*
+        (call before ``schedule``, on the state as read): on some tier the request may run on, the project's
+        guaranteed use (its in-quota allocations), plus every request of the project ahead of it in the project's
+        own order (priority, then submission time, then id: the order ``schedule`` serves one project in) that may
+        run on that tier, plus the request itself, is within the project's deserved share of the tier, and its
+        tenant's guaranteed use plus the request is within the tenant's deserved share where the tenant has one
+        (``quota_check``'s in-quota rule, with the project's own queue added).
+
+        A request that is in quota only once its own project's earlier requests have run is not covered: its wait
+        is the project's own queue, which neither the scheduler nor the capacity loop reorders. The service records
+        this once per lease, on the first cycle that sees it, and billing samples time to GPU only for covered
+        leases (``billing.core.slo``); the capacity replay counts its in-quota arrivals by a like rule. Without quota
+        enforcement every request is covered."""
+        if not self.snapshot.enforce_quotas:
+            return {request.id: True for request in requests}
+        ahead: dict[tuple[str, str], int] = {}
+        usage, tenant_usage = self.cluster.project_usage, self.cluster.tenant_usage
+        out: dict[str, bool] = {}
+        for request in sorted(requests, key=lambda r: (-r.priority, r.submitted_at, r.id)):
+            tiers = self.tiers_for(request)
+            covered = False
+            for tier, need in tiers:
+                quota = self.quotas.get((request.project, tier))
+                if quota is None:
+                    continue
+                amount = need.total_milli
+                used = usage.get((request.project, tier), (0, 0))[0] + ahead.get((request.project, tier), 0)
+                if used + amount > quota.deserved:
+                    continue
+                tenant_quota = self.tenant_quotas.get((request.tenant, tier))
+                if tenant_quota is None or tenant_usage.get((request.tenant, tier), (0, 0))[0] + amount <= (
+                        tenant_quota.deserved):
+                    covered = True
+                    break
+            out[request.id] = covered
+            for tier, need in tiers:  # it may run on any of them: it is ahead of the project's later work on each
+                ahead[(request.project, tier)] = ahead.get((request.project, tier), 0) + need.total_milli
+        return out
+
     def quota_check(self, request: Request, tier: str, need: Need) -> tuple[str | None, bool]:
         """(reason it must wait, in_quota)."""
         if not self.snapshot.enforce_quotas:

@@ -113,6 +113,10 @@ def _schedule_cycle_locked(now: datetime, counts: dict) -> dict:
     scheduler = Scheduler(snapshot, workload=scheduler_demand(now=now), reservations=settings.LEASE_RESERVATIONS,
                           reserve_after_seconds=settings.LEASE_RESERVE_AFTER_SECONDS,
                           grow=settings.LEASE_ELASTIC_GROW)
+    # whether the project's guarantee covers each lease counting the project's own requests ahead of it: recorded
+    # once, on the first cycle that sees the lease, from the state as read (billing samples time to GPU by it)
+    fresh = [lease for lease in queued if lease.guarantee_covered is None]
+    covered = scheduler.covered(requests) if fresh else {}
     decisions = scheduler.schedule(requests, now=now.timestamp())
     # what waits gets an estimated start: the plan continued over the running leases' expiries (the working state
     # is this cycle's own; the placements below are written from the decisions)
@@ -128,6 +132,9 @@ def _schedule_cycle_locked(now: datetime, counts: dict) -> dict:
     gpus = {gpu.id: gpu for gpu in snapshot.gpus}  # what the plan placed on: model, mode, node
     placements = [(by_id[d.request], d) for d in decisions if d.mode == DecisionMode.PLACED]
     placed, refused = _place_all(placements, gpus, now)
+    if fresh:
+        update_columns(Lease, [lease.pk for lease in fresh],
+                       {"guarantee_covered": [covered[str(lease.pk)] for lease in fresh]})
     counts["placed"] = len(placed)
     if refused:  # planned on capacity the database says is taken (not yet vacated, or a stale snapshot)
         counts["refused"] = len(refused)

@@ -1,0 +1,55 @@
+"""The schedule cycle records once per lease whether its project's guarantee covered it, counting the project's own
+requests ahead of it (``Lease.guarantee_covered``; billing samples time to GPU by it: docs/billing.md)."""
+
+import pytest
+
+from broker import services
+from broker.choices import LeaseState
+from broker.models import Lease
+from tests.factories import make_quota, make_world
+
+
+@pytest.fixture
+def world(db):
+    world = make_world()
+    token = services.enrollment_token_create()
+    services.node_enroll(node_id="n1", token=token, address="http://127.0.0.1:9/n/n1", inventory={"gpus": [
+        {"index": i, "uuid": f"GPU-h100-{i}", "model": "H100-80GB", "mode": "whole", "memory_mib": 81559}
+        for i in range(4)]})
+    make_quota(world.project, deserved=2000, limit=2000)  # two GPUs guaranteed, no borrowing beyond them
+    return world
+
+
+def ask(world, who="member", priority=0):
+    response = world.client(who).post("/api/v1/leases", {"project": "vision", "gpu": {"kind": "whole"},
+                                                         "priority": priority}, format="json")
+    assert response.status_code == 201, response.json()
+    return response.json()["id"]
+
+
+def test_the_cycle_records_coverage_once_counting_the_projects_own_queue(world):
+    first = [ask(world) for _ in range(3)]
+    assert set(Lease.objects.values_list("guarantee_covered", flat=True)) == {None}  # not known before a cycle
+    services.schedule_cycle()
+    rows = dict(Lease.objects.values_list("pk", "guarantee_covered"))
+    assert [rows[pk] for pk in first] == [True, True, False]
+    states = dict(Lease.objects.values_list("pk", "state"))
+    assert states[first[2]] == LeaseState.QUEUED  # the third waits behind its own project's two
+    # an admin's urgent request comes ahead of the waiting one in the project's order, but the guarantee is held
+    urgent = ask(world, "admin", priority=50)
+    services.schedule_cycle()
+    rows = dict(Lease.objects.values_list("pk", "guarantee_covered"))
+    assert rows[urgent] is False and rows[first[2]] is False  # written once: the later cycle leaves it
+
+
+def test_the_api_and_the_portal_say_whether_the_lease_is_covered(world, client):
+    from tests.portal.test_pages import login, text
+
+    leases = [ask(world) for _ in range(3)]
+    answer = world.client("member").get(f"/api/v1/leases/{leases[0]}").json()
+    assert answer["guarantee_covered"] is None
+    services.schedule_cycle()
+    assert world.client("member").get(f"/api/v1/leases/{leases[0]}").json()["guarantee_covered"] is True
+    assert world.client("member").get(f"/api/v1/leases/{leases[2]}").json()["guarantee_covered"] is False
+    page = text(login(client, world.member.username).get(f"/leases/{leases[2]}"))
+    assert "not covered when requested" in page and "its wait is not an SLO sample" in page
