@@ -11,8 +11,9 @@ to then plus its duration. A request's estimate is the first such time: ``now`` 
 ageing group's reservation held it back), None when it does not fit before the known expiries run out (work
 without an end, a request no fleet could hold) or the search budget (``budget`` placement tries) is spent. The
 cycle's reservations (``broker.scheduler.reserve``) are kept: their holders are tried first, and a holder's estimate
-is at the latest its reservation's start, which the plan promises. The members of a lease group that holds one all
-get the same estimate: when the last of them fits in the replay, at the latest the reservation's start.
+is at the latest its reservation's start, which the plan promises. The members of a lease group all get the same
+estimate: when the last of them fits in the replay (each member is tried on its own there, in queue order), at the
+latest the group's reservation's start where it holds one.
 
 It counts neither reclaim nor future arrivals nor releases before expiry, so it is an estimate: the Philly replay
 measures its error (``bench/sim/philly.py``; docs/scheduling.md, "Estimated start times"). Pure: the working
@@ -78,6 +79,19 @@ def estimated_starts(scheduler, requests: list[Request], decisions: list[Decisio
         elif reservation.request in estimates:
             at = estimates[reservation.request]
             estimates[reservation.request] = reservation.start if at is None else min(at, reservation.start)
+    # a lease group without a reservation starts together too: every member when the last of them fits in the
+    # replay (None when one of them never does)
+    held = {reservation.group for reservation in scheduler.reserved if reservation.group}
+    groups: dict[str, list[str]] = {}
+    for request in waiting:
+        if request.group and request.group not in held:
+            groups.setdefault(request.group, []).append(request.id)
+    for members in groups.values():
+        if len(members) > 1:
+            ats = [estimates[member] for member in members]
+            at = None if None in ats else max(ats)
+            for member in members:
+                estimates[member] = at
     return estimates
 
 

@@ -220,3 +220,24 @@ def test_group_reservations_without_known_ends_change_no_decision(scenario):
     on = Scheduler(snap, reservations=True)
     assert on.schedule(requests, now=20.0) == off
     assert on.reserved == ()
+
+
+def test_a_group_without_a_reservation_is_estimated_to_start_when_its_last_member_fits():
+    # reservations off: the replay tries each member on its own; n1 frees at t=100 and n3 at t=1000, so one member
+    # fits at 100 and the other only at 1000 (n2 stays busy): the group starts together, at 1000
+    snap = _fleet()
+    snap = replace(snap, ends_at={**snap.ends_at, **{f"b{i}": 5000.0 for i in range(6)}})
+    queue = [_member("m0", 1), _member("m1", 2)]
+    scheduler = Scheduler(snap, reservations=False)
+    decisions = scheduler.schedule(queue, now=10.0)
+    assert all(decision.mode == DecisionMode.WAITING for decision in decisions)
+    estimates = estimated_starts(scheduler, queue, decisions, now=10.0)
+    assert estimates == {"m0": 1000.0, "m1": 1000.0}
+    # a member that never fits before the known expiries run out leaves the whole group without an estimate: only
+    # n1's leases end (t=100), and the member placed there first has no end of its own
+    never = replace(snap, ends_at={f"a{i}": 100.0 for i in range(4)})
+    queue = [replace(_member("m0", 1), duration_seconds=0), _member("m1", 2)]
+    scheduler = Scheduler(never, reservations=False)
+    decisions = scheduler.schedule(queue, now=10.0)
+    estimates = estimated_starts(scheduler, queue, decisions, now=10.0)
+    assert estimates == {"m0": None, "m1": None}
