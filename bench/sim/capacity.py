@@ -282,11 +282,13 @@ class Job:
         self.over = False
         self.done = False
         self.warm = False
-        # covered by its project's guarantee at arrival: the project's holdings, plus every job of the project
-        # already waiting (the core serves a project's own requests in submission order, so all of them come
-        # first), plus it stayed within the deserved share
+        # covered by its project's guarantee at arrival, as the service records it for billing's SLO
+        # (``Scheduler.covered``): the project's guaranteed (in-quota) holdings, plus every job of the project already
+        # waiting (the core serves a project's own requests in submission order, so all of them come first), plus
+        # it, within the deserved share
         self.in_quota = False
-        self.in_quota_alone = False  # the former rule: the holdings plus it alone, the project's backlog ignored
+        # the first rule (waves 12-14): all the project's holdings (borrowed too) plus it alone, the backlog ignored
+        self.in_quota_alone = False
         self.completed_at = None
 
 
@@ -373,6 +375,7 @@ class Replay:
         self.violations = 0
         self.mig_gpus_initial = sum(1 for d in devices if d.mode == GpuMode.MIG)
         self.held: Counter = Counter()  # project -> milli its jobs hold now
+        self.guaranteed: Counter = Counter()  # project -> milli its jobs hold within quota (not preemptible) now
         self.backlog: Counter = Counter()  # project -> milli its waiting jobs ask for
         self.held_total = 0
         self.open_advice: dict[tuple, float] = {}  # advise: a proposal's decision -> when first made
@@ -409,6 +412,8 @@ class Replay:
         if self.queue.pop(job.request.id, None) is not None:
             self.backlog[job.project] -= self._ask(job)
         self.held[job.project] += job.milli
+        if not job.over:
+            self.guaranteed[job.project] += job.milli
         self.held_total += job.milli
         if job.first_start is None:
             job.first_start = now
@@ -434,6 +439,8 @@ class Replay:
 
     def _release_hold(self, job: Job) -> None:
         self.held[job.project] -= job.milli
+        if not job.over:
+            self.guaranteed[job.project] -= job.milli
         self.held_total -= job.milli
         self.freed = True
 
@@ -509,7 +516,8 @@ class Replay:
                     job = self.by_id[key]
                     deserved = self.deserved.get(job.project, 0)
                     job.in_quota_alone = self.held[job.project] + self._ask(job) <= deserved
-                    job.in_quota = self.held[job.project] + self.backlog[job.project] + self._ask(job) <= deserved
+                    job.in_quota = (self.guaranteed[job.project] + self.backlog[job.project] + self._ask(job)
+                                    <= deserved)
                     self.history.append((when, _demand_shape(job.shape), job.shape.count))
                     if not self._bind_warm(job, now):
                         self.queue[key] = job
