@@ -391,6 +391,10 @@ class LeasePreview:
     # when it waits: when it would start, were the running leases to leave at their expiry (``estimate``); None
     # when it does not wait, or no estimate can be made
     estimated_start: datetime | None = None
+    # whether the project's guarantee would cover it, its own queued requests ahead of it counted (``Scheduler.
+    # covered``, what the first cycle records on the lease): only covered leases are time-to-GPU samples of the SLO;
+    # None when the preview does not plan (a suspended tenant)
+    guarantee_covered: bool | None = None
 
 
 def lease_preview(*, actor: Actor, project: object, gpu: object, workload_class: object = "training",
@@ -434,6 +438,8 @@ def lease_dry_run(*, actor: Actor, project: object, gpu: object, workload_class:
     fitting = tuple(units)
     resolved = dict(gpu)  # shape_from accepted it: an object
 
+    covered: bool | None = None
+
     def result(outcome: str, reason: str, tier: str, over: bool, position: int | None,
                victims: tuple[str, ...] = (), estimate: datetime | None = None) -> DryRun:
         reason = reason.replace(f"project {target.pk} ", f"project '{target.slug}' ")  # the tenant's words
@@ -441,7 +447,7 @@ def lease_dry_run(*, actor: Actor, project: object, gpu: object, workload_class:
             reason = f"{choice.reason}; {reason}"
         if tier and resolved.get("model", "auto") == "auto":
             resolved["model"] = tier
-        preview = LeasePreview(outcome, reason, tier, over, position, units.get(tier, 0), resolved, estimate)
+        preview = LeasePreview(outcome, reason, tier, over, position, units.get(tier, 0), resolved, estimate, covered)
         return DryRun(preview, target, shape, dict(gpu), fitting, victims)
 
     if not actor.tenant.is_active:  # its requests would be held, not scheduled
@@ -464,6 +470,7 @@ def lease_dry_run(*, actor: Actor, project: object, gpu: object, workload_class:
                           reservations=settings.LEASE_RESERVATIONS,
                           reserve_after_seconds=settings.LEASE_RESERVE_AFTER_SECONDS,
                           grow=False)  # elastic growth comes after every request: it changes no request's answer
+    covered = scheduler.covered(requests)["preview"]  # before the plan: on the state as read, as the cycle does
     decisions = scheduler.schedule(requests, now=now.timestamp())
     decision = next(d for d in decisions if d.request == "preview")
     estimate = None

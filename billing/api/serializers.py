@@ -284,6 +284,11 @@ class QuoteOutput(serializers.Serializer):
     units_milli = serializers.IntegerField(help_text="what it counts against the quota of tier")
     over_quota = serializers.BooleanField()
     preemption_risk = serializers.CharField(help_text="what over_quota means for this request, in a sentence")
+    guarantee_covered = serializers.BooleanField(
+        allow_null=True, help_text="whether the project's guarantee would cover it, the project's own queued requests "
+                                   "ahead of it counted: only covered leases are time-to-GPU samples of the SLO "
+                                   "(docs/billing.md, \"SLO evaluation\"); null when no plan was made (a suspended "
+                                   "tenant)")
     preemption_notice_seconds = serializers.IntegerField(allow_null=True, help_text="the notice it would get "
                                                          "before a preemption (over quota only)")
     queue_position = serializers.IntegerField(allow_null=True)

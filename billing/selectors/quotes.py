@@ -101,6 +101,10 @@ class LeaseQuote:
         return self.preview.over_quota
 
     @property
+    def guarantee_covered(self) -> bool | None:
+        return self.preview.guarantee_covered
+
+    @property
     def queue_position(self) -> int | None:
         return self.preview.queue_position
 

@@ -53,3 +53,27 @@ def test_the_api_and_the_portal_say_whether_the_lease_is_covered(world, client):
     assert world.client("member").get(f"/api/v1/leases/{leases[2]}").json()["guarantee_covered"] is False
     page = text(login(client, world.member.username).get(f"/leases/{leases[2]}"))
     assert "not covered when requested" in page and "its wait is not an SLO sample" in page
+
+
+def test_the_quote_says_whether_the_guarantee_would_cover_it(world, client):
+    def quote():
+        response = world.client("member").post("/api/v1/quotes", {"project": "vision", "gpu": {"kind": "whole"}},
+                                               format="json")
+        assert response.status_code == 200, response.json()
+        return response.json()
+
+    assert quote()["guarantee_covered"] is True
+    ask(world)
+    assert quote()["guarantee_covered"] is True  # one queued ahead: two of two guaranteed GPUs
+    ask(world)
+    answer = quote()  # two queued ahead take the whole guarantee
+    assert answer["guarantee_covered"] is False
+    # the portal's preview says so beside "within the guaranteed quota" (the two ahead are only queued: by the quota
+    # alone this one is within it)
+    from tests.portal.test_pages import login, text
+
+    login(client, world.member.username)
+    page = text(client.get("/leases/preview", {"project": "vision", "gpu.kind": "whole", "gpu.model": "H100-80GB",
+                                               "duration_seconds": "3600"}))
+    assert ("Within the guaranteed quota : never preempted. The project's own requests queued ahead of it take its "
+            "guarantee: its wait would not count toward the time-to-GPU SLO.") in page
