@@ -116,7 +116,11 @@ def _schedule_cycle_locked(now: datetime, counts: dict) -> dict:
     # whether the project's guarantee covers each lease counting the project's own requests ahead of it: recorded
     # once, on the first cycle that sees the lease, from the state as read (billing samples time to GPU by it)
     fresh = [lease for lease in queued if lease.guarantee_covered is None]
-    covered = scheduler.covered(requests) if fresh else {}
+    new = {lease.pk for lease in fresh}
+    if fresh:
+        covered = scheduler.covered(requests)
+        for lease in fresh:  # written with the lease's placement or its waiting reason below, else on its own
+            lease.guarantee_covered = covered[str(lease.pk)]
     decisions = scheduler.schedule(requests, now=now.timestamp())
     # what waits gets an estimated start: the plan continued over the running leases' expiries (the working state
     # is this cycle's own; the placements below are written from the decisions)
@@ -132,9 +136,6 @@ def _schedule_cycle_locked(now: datetime, counts: dict) -> dict:
     gpus = {gpu.id: gpu for gpu in snapshot.gpus}  # what the plan placed on: model, mode, node
     placements = [(by_id[d.request], d) for d in decisions if d.mode == DecisionMode.PLACED]
     placed, refused = _place_all(placements, gpus, now)
-    if fresh:
-        update_columns(Lease, [lease.pk for lease in fresh],
-                       {"guarantee_covered": [covered[str(lease.pk)] for lease in fresh]})
     counts["placed"] = len(placed)
     if refused:  # planned on capacity the database says is taken (not yet vacated, or a stale snapshot)
         counts["refused"] = len(refused)
@@ -160,12 +161,22 @@ def _schedule_cycle_locked(now: datetime, counts: dict) -> dict:
             reason = _tenant_terms(decision.reason, lease)
             at = estimates.get(decision.request)
             estimate = None if at is None else datetime.fromtimestamp(at, tz=UTC)
-        if (lease.reason, lease.queue_position, lease.estimated_start) != (reason, decision.queue_position, estimate):
+        if (lease.reason, lease.queue_position, lease.estimated_start) != (reason, decision.queue_position,
+                                                                            estimate) or lease.pk in new:
             lease.reason, lease.queue_position, lease.estimated_start = reason, decision.queue_position, estimate
             waiting.append(lease)
-    # what waits, why, and when it may start: one statement for all whose reason, place or estimate changed (still
-    # queued only)
-    update_each(Lease, waiting, ["reason", "queue_position", "estimated_start"], state=LeaseState.QUEUED)
+    # what waits, why, and when it may start: one statement for all whose reason, place or estimate changed, and for
+    # those seen for the first time, with their guarantee's coverage (still queued only)
+    update_each(Lease, waiting, ["reason", "queue_position", "estimated_start", "guarantee_covered"],
+                state=LeaseState.QUEUED)
+    # the coverage of the first-seen leases neither placed above nor left waiting (bound to warm instances: placed
+    # by their own write)
+    if fresh:
+        written = set(placed).union(lease.pk for lease in waiting)
+        unwritten = [lease for lease in fresh if lease.pk not in written]
+        if unwritten:
+            update_columns(Lease, [lease.pk for lease in unwritten],
+                           {"guarantee_covered": [lease.guarantee_covered for lease in unwritten]})
     # last, as the core decided them: shrunk elastic leases take units back on what every request left idle
     for decision in scheduler.grown:
         if lease_grow(lease_id=int(decision.request), decision=decision, gpus=gpus, now=now,
@@ -292,7 +303,7 @@ def _place_many(placements: list, gpus: dict, now: datetime) -> list[int]:
     if partial:  # a member released since the cycle read it: its group is not placed without it this cycle
         raise IntegrityError(f"lease group(s) {sorted(key for _, key in partial)} changed since the cycle read them")
     rows, changed, events, by_node, warm = [], [], [], {}, []
-    reasons, tiers, over_quota = [], [], []  # per lease changed, its new column values
+    reasons, tiers, over_quota, covered = [], [], [], []  # per lease changed, its new column values
     provisioning, queued = LeaseState.PROVISIONING.value, LeaseState.QUEUED.value
     for lease, decision in placements:
         if lease.pk not in claimed:
@@ -306,6 +317,7 @@ def _place_many(placements: list, gpus: dict, now: datetime) -> list[int]:
         reasons.append(decision.reason)
         tiers.append(allocation.tier)
         over_quota.append(allocation.preemptible)
+        covered.append(lease.guarantee_covered)  # the cycle's record for a lease seen for the first time
         events.append((lease.pk, queued, provisioning, decision.reason, "scheduler", now))
         by_node.setdefault(gpus[allocation.units[0].gpu].node, []).append(lease.pk)
     # set-based: one COPY of the allocations, one UPDATE of the leases, one COPY of their events. The rows in
@@ -314,7 +326,7 @@ def _place_many(placements: list, gpus: dict, now: datetime) -> list[int]:
     insert_rows(Allocation, ALLOCATION_FIELDS, rows)
     update_columns(Lease, changed, {"state": [provisioning] * len(changed), "reason": reasons, "tier": tiers,
                                     "over_quota": over_quota, "queue_position": [None] * len(changed),
-                                    "estimated_start": [None] * len(changed)})
+                                    "estimated_start": [None] * len(changed), "guarantee_covered": covered})
     insert_rows(LeaseEvent, EVENT_FIELDS, events)
     # a group member bound to warm instances starts only with its group: while a sibling is made the cold way it
     # stays PROVISIONING, and the sibling's instances being recorded starts them all (allocations_ready)

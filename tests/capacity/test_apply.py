@@ -58,6 +58,7 @@ def test_a_cycle_binds_a_warm_member_without_the_agent(world):
     member.refresh_from_db()
     assert member.lease_id == lease.pk and member.state == AllocationState.READY and member.bound_at is not None
     assert list(lease.events.values_list("to_state", flat=True)) [-3:] == ["queued", "provisioning", "active"]
+    assert lease.guarantee_covered is True  # recorded for a warm bind too (its own write: docs/billing.md)
 
 
 def test_a_warm_member_removed_under_a_cycle_refuses_that_placement(world, monkeypatch):
