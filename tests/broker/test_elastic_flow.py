@@ -29,6 +29,13 @@ def four_running(live_server, tmp_path, transactional_db, shared):
     process = start_fleet(live_server.url, tmp_path / "fleet", 1, "a100-80gb:4:whole",
                           extra=("--workload-root", str(shared)))
     yield process
+    # a workload runs in a session of its own and outlives its agent (by design): stop what still runs, or the
+    # elastic workload (a loop with no end) is left behind after the test
+    for node in Node.objects.all():
+        client = agent_client(node)
+        for workload in client.workloads():
+            if workload["state"] in ("running", "backoff"):  # agent.workloads.ACTIVE
+                client.workload_stop(workload["workload_id"], grace_seconds=0, reason="test teardown")
     stop_fleet(process)
 
 
