@@ -206,8 +206,9 @@ def describe(event: dict) -> str:
     """One agent event as a lease event's reason."""
     kind, run = event.get("kind"), event.get("run")
     if kind in ("started", "restarted"):
-        why = " after a failure" if kind == "restarted" and not event.get("regrown") else (
-            " with the devices its lease grew onto" if kind == "restarted" else "")
+        why = ""
+        if kind == "restarted":  # by the agent after a growth (a container's new devices), else after a failure
+            why = " with the devices its lease grew onto" if event.get("regrown") else " after a failure"
         return (f"workload {kind}{why} (run {run}, pid {event.get('pid')}, "
                 f"RESTART_COUNT={event.get('restart_count')})")
     if kind == "exited":

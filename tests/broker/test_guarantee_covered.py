@@ -7,15 +7,13 @@ from broker import services
 from broker.choices import LeaseState
 from broker.models import Lease
 from tests.factories import make_quota, make_world
+from tests.portal.test_pages import fleet_node
 
 
 @pytest.fixture
 def world(db):
     world = make_world()
-    token = services.enrollment_token_create()
-    services.node_enroll(node_id="n1", token=token, address="http://127.0.0.1:9/n/n1", inventory={"gpus": [
-        {"index": i, "uuid": f"GPU-h100-{i}", "model": "H100-80GB", "mode": "whole", "memory_mib": 81559}
-        for i in range(4)]})
+    fleet_node("n1", mode="whole", gpus=4)  # four H100s on a node whose agent answers nothing
     make_quota(world.project, deserved=2000, limit=2000)  # two GPUs guaranteed, no borrowing beyond them
     return world
 
