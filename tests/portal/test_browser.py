@@ -31,6 +31,14 @@ VIEWPORT = {"width": 1366, "height": 860}  # a common laptop (issue 29: each pag
 pytestmark = [real_parts.CHROMIUM, pytest.mark.slow]  # skipped locally without Chromium, failed in CI
 
 
+def expect(locator):
+    """Playwright's waiting assertion: a check right after a click or a navigation waits for the page (up to 5 s)
+    instead of racing it (a bare `is_visible()` answers at once and failed CI once on a page still loading)."""
+    from playwright.sync_api import expect as playwright_expect
+
+    return playwright_expect(locator)
+
+
 @pytest.fixture
 def browser():
     os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")  # Playwright's sync API runs an event loop
@@ -200,12 +208,12 @@ def test_browser_login_is_required_and_errors_are_shown(live_server, browser):
     page.get_by_label("Username").fill("alice")
     page.get_by_label("Password").fill("wrong")
     page.get_by_role("button", name="Sign in").click()
-    assert page.get_by_role("alert").is_visible()  # the error is shown, not hidden
+    expect(page.get_by_role("alert")).to_be_visible()  # the error is shown, not hidden
     page.get_by_label("Password").fill("pw-alice")
     page.get_by_role("button", name="Sign in").click()
     page.wait_for_url(f"{live_server.url}/")
-    assert page.get_by_role("heading", name="Acme").is_visible()
-    assert page.get_by_text("Vision").first.is_visible()
+    expect(page.get_by_role("heading", name="Acme")).to_be_visible()
+    expect(page.get_by_text("Vision").first).to_be_visible()
     assert page.get_by_text("Secret").count() == 0  # the other tenant's project
     page.get_by_role("button", name="Log out").click()
     page.goto(f"{live_server.url}/")
@@ -289,7 +297,7 @@ def test_browser_request_a_mig_slice_watch_it_turn_active_and_release_it(live_se
     assert allocation.device_uuid.startswith("MIG-") and allocation.device_uuid in device.inner_text()
     assert f"CUDA_VISIBLE_DEVICES={allocation.device_uuid}" in live.locator("pre.access").inner_text()
     # the actions arrived with the state: renew and release
-    assert page.get_by_role("button", name="Renew").is_visible()
+    expect(page.get_by_role("button", name="Renew")).to_be_visible()
     live.locator(".spark svg").wait_for(timeout=30_000)  # utilisation from DCGM metrics, also without a reload
     assert page.evaluate("window.__sameDocument") is True
     shoot(page, "lease")
@@ -338,7 +346,7 @@ def test_browser_request_a_mig_slice_watch_it_turn_active_and_release_it(live_se
     page.get_by_text("Release…").click()
     page.get_by_role("button", name="Yes, release it").click()
     page.locator('#lease-live[data-state="released"]').wait_for(timeout=30_000)
-    assert page.get_by_text("This lease is finished.").is_visible()
+    expect(page.get_by_text("This lease is finished.")).to_be_visible()
     assert "being released" not in page.content()  # nothing on the page still says it is under way
     assert Lease.objects.get(pk=lease.pk).state == "released"
     assert not Allocation.objects.filter(lease=lease, freed_at__isnull=True).exists()
@@ -388,7 +396,7 @@ def test_browser_request_with_a_workload_and_follow_its_log(live_server, browser
     page.get_by_label("Whole GPU").check()
     page.get_by_label("GPU model").select_option("A100-80GB")
     page.get_by_label("Workload class").select_option("interactive")
-    assert not page.get_by_label("Command").is_visible()  # folded away: a bare lease needs none of it
+    expect(page.get_by_label("Command")).to_be_hidden()  # folded away: a bare lease needs none of it
     page.get_by_text("Run a workload on it").click()
     page.get_by_label("Command").fill(f"{sys.executable} -u job.py")
     page.get_by_label("Environment").fill("GREETING=<b>hello</b>")
@@ -398,7 +406,7 @@ def test_browser_request_with_a_workload_and_follow_its_log(live_server, browser
     preview.get_by_text("workdir '/etc' is outside the allowed roots").wait_for()  # the live preview checks it
     page.get_by_label("Working directory").fill(str(root))
     page.get_by_label("Checkpoint directory").fill(str(root / "ckpt"))
-    assert not page.get_by_label("At most (failure restarts)").is_visible()  # only for on-failure
+    expect(page.get_by_label("At most (failure restarts)")).to_be_hidden()  # only for on-failure
     page.get_by_label("Restart policy").select_option("on-failure")
     page.get_by_label("At most (failure restarts)").fill("1")
     page.get_by_label("Port to open").fill("18888")  # shown for an interactive lease
@@ -463,8 +471,8 @@ def test_browser_viewer_cannot_request_and_another_tenant_gets_404(live_server, 
     outsider = open_page(browser, live_server.url, "bob")
     response = outsider.goto(f"{live_server.url}/leases/{lease.pk}")
     assert response.status == 404
-    assert outsider.get_by_role("heading", name="Not found").is_visible()
-    assert outsider.get_by_text("No such lease.").is_visible()
+    expect(outsider.get_by_role("heading", name="Not found")).to_be_visible()
+    expect(outsider.get_by_text("No such lease.")).to_be_visible()
     assert "1g.10gb" not in outsider.content()
 
 
@@ -484,18 +492,18 @@ def test_browser_token_create_use_and_revoke(live_server, browser, portal_world)
     page.get_by_role("button", name="Create token").click()
     secret = page.get_by_label("Your token").input_value()
     assert secret.startswith("gpub_")
-    assert page.get_by_text("this is the only time the secret is shown").is_visible()
+    expect(page.get_by_text("this is the only time the secret is shown")).to_be_visible()
     assert api_status(base, secret) == 200  # it works
     shoot(page, "token-created")
     page.get_by_role("link", name="Done").click()
     row = page.locator("tr", has_text="training pipeline")
     assert secret not in page.content()  # never shown again, only its prefix
-    assert row.get_by_text("Active").is_visible()
+    expect(row.get_by_text("Active")).to_be_visible()
     shoot(page, "tokens")
     row.get_by_text("Revoke…").click()
     row.get_by_role("button", name="Yes, revoke").click()
     page.get_by_text("revoked: it stops working now").wait_for()
-    assert page.locator("tr", has_text="training pipeline").get_by_text("Revoked").is_visible()
+    expect(page.locator("tr", has_text="training pipeline").get_by_text("Revoked")).to_be_visible()
     assert api_status(base, secret) == 401
 
 
@@ -550,12 +558,12 @@ def test_browser_usage_invoice_and_billing_reports(live_server, browser, portal_
 
     page = open_page(browser, live_server.url, "max")
     page.goto(f"{live_server.url}/usage?month={month:%Y-%m}")
-    assert page.get_by_role("img", name="GPU-hours per day").is_visible()
-    assert page.get_by_role("row", name=re.compile(r"^llm ")).is_visible()
+    expect(page.get_by_role("img", name="GPU-hours per day")).to_be_visible()
+    expect(page.get_by_role("row", name=re.compile(r"^llm "))).to_be_visible()
     shoot(page, "usage")
     page.get_by_role("link", name="Invoices").click()
     page.get_by_role("link", name=f"{month:%B %Y}").click()
-    assert page.get_by_role("heading", name=re.compile(f"Invoice {invoice.number}")).is_visible()
+    expect(page.get_by_role("heading", name=re.compile(f"Invoice {invoice.number}"))).to_be_visible()
     with page.expect_download() as download:
         page.get_by_role("link", name="Download PDF").click()
     assert download.value.suggested_filename == f"{invoice.number}.pdf"
@@ -564,20 +572,20 @@ def test_browser_usage_invoice_and_billing_reports(live_server, browser, portal_
 
     staff = open_page(browser, live_server.url, "root")
     staff.goto(f"{live_server.url}/ops/billing?month={month:%Y-%m}")
-    assert staff.get_by_role("heading", name="SLO attainment").is_visible()
-    assert staff.get_by_role("row", name=re.compile(r"^acme ")).first.is_visible()
+    expect(staff.get_by_role("heading", name="SLO attainment")).to_be_visible()
+    expect(staff.get_by_role("row", name=re.compile(r"^acme ")).first).to_be_visible()
     shoot(staff, "billing-report")
     # issue 33: the invoice's staff page, a credit note issued from its form (an error first, shown by its field)
     staff.get_by_role("link", name=invoice.number).first.click()
-    assert staff.get_by_role("heading", name=re.compile(f"Invoice {invoice.number}")).is_visible()
+    expect(staff.get_by_role("heading", name=re.compile(f"Invoice {invoice.number}"))).to_be_visible()
     staff.get_by_label(f"Amount ({invoice.currency})").fill("1.00")
     staff.get_by_label("Memo (printed on the credit note)").fill("double-metered hour")
     staff.get_by_role("button", name="Issue credit note").click()
-    assert staff.get_by_text(re.compile("reason must be one of")).is_visible()
+    expect(staff.get_by_text(re.compile("reason must be one of"))).to_be_visible()
     staff.get_by_label("Reason").select_option("duplicate")
     staff.get_by_role("button", name="Issue credit note").click()
-    assert staff.get_by_text(re.compile(f"Credit note {invoice.number}-CN01 issued")).is_visible()
-    assert staff.get_by_role("row", name=re.compile(f"^{invoice.number}-CN01 ")).is_visible()
+    expect(staff.get_by_text(re.compile(f"Credit note {invoice.number}-CN01 issued"))).to_be_visible()
+    expect(staff.get_by_role("row", name=re.compile(f"^{invoice.number}-CN01 "))).to_be_visible()
     shoot(staff, "billing-invoice-credit-note")
     staff.context.close()
 
