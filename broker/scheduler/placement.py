@@ -138,18 +138,19 @@ class Policy:
             return []
         if need.count == 0:
             return [()] if not node.gpus or not need.models or not node.models.isdisjoint(need.models) else []
-        per_gpu = [(gpu, gpu_options(gpu, need)) for gpu in node.gpus]
-        per_gpu = [(gpu, units) for gpu, units in per_gpu if units]
         if need.count == 1:
+            # one option per distinct GPU state (``GpuState.key``: within a node, two GPUs of one key offer the
+            # same units), the first GPU of each in the node's order; a GPU whose state was seen is not evaluated
             options: list[tuple[Unit, ...]] = []
             seen: set[tuple] = set()
-            for gpu, units in per_gpu:
-                for unit in units:
-                    key = (gpu.signature(), unit.mig_start)
-                    if key not in seen:
-                        seen.add(key)
-                        options.append((unit,))
+            for gpu in node.gpus:
+                key = gpu.key or gpu.canonical()  # kept current by ``ClusterState``; a bare GpuState has none
+                if key not in seen:
+                    seen.add(key)
+                    options += [(unit,) for unit in gpu_options(gpu, need)]
             return options
+        per_gpu = [(gpu, gpu_options(gpu, need)) for gpu in node.gpus]
+        per_gpu = [(gpu, units) for gpu, units in per_gpu if units]
         if need.kind == Kind.MIG:
             return self._multi_mig(per_gpu, need)
         ranked = sorted(per_gpu, key=lambda item: self.unit_order(item[0], item[1][0]))
@@ -229,7 +230,8 @@ class BestFitPolicy(Policy):
 
     def score(self, cluster, node, units, need):
         gpu_total = FULL * max(1, len(node.gpus))
-        score = sum(_after(node, units)) / gpu_total
+        # ``sum(_after(node, units))``, without the per-GPU list: integers, so the same sum
+        score = (sum([gpu.free_milli for gpu in node.gpus]) - sum([unit.milli for unit in units])) / gpu_total
         if node.node.cpu_milli:
             score += (node.free_cpu_milli - need.cpu_milli) / node.node.cpu_milli
         return score
@@ -640,6 +642,14 @@ class DefaultPolicy(Policy):
         return total
 
     def _mig_score(self, node: NodeState, units: tuple[Unit, ...]) -> float:
+        if len(units) == 1:  # the common case, without the maps below (the same value: 0.0 + x is x)
+            unit = units[0]
+            gpu = next(gpu for gpu in node.gpus if gpu.gpu.id == unit.gpu)
+            model, mask, compute = gpu.gpu.model, gpu.slot_mask, gpu.compute_used
+            profile = profile_get(model, unit.mig_profile)
+            return (self._mig_stranding(model, mask | (((1 << profile.memory_slots) - 1) << unit.mig_start),
+                                        compute + profile.compute_slices)
+                    - self._mig_stranding(model, mask, compute))
         gpus = {gpu.gpu.id: gpu for gpu in node.gpus}
         layout: dict[str, list[int]] = {}
         for unit in units:

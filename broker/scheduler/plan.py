@@ -40,6 +40,7 @@ and work that ends by then (``_try`` → ``Held.decide``; a group's members: ``_
 
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass, replace
 
 from broker.scheduler.fairshare import back_off_words, protected_until, share_key, weights_scale
@@ -81,8 +82,11 @@ class Scheduler:
         self.grow = grow
         self.grown: list[Decision] = []  # the last schedule()'s growth decisions (``DecisionMode.GROW``)
         self._vacating: set[str] = set()  # GPUs a reclaim of this cycle frees only once its victims leave
-        # (tier, wanted mode) -> the tier's GPUs in another mode, found once a cycle (``_other_modes``)
-        self._other_mode_gpus: dict[tuple[str, str], list] = {}
+        # (tier, wanted mode) -> the tier's GPUs in each other mode, counted once a cycle (``_other_modes``)
+        self._other_mode_gpus: dict[tuple[str, str], dict[str, int]] = {}
+        # (tier, wanted mode) -> (``ClusterState.changes`` when worded, the words): waiting requests in a row
+        # without a change between them share one count of the fleet's GPUs
+        self._other_mode_text: dict[tuple[str, str], tuple[int, str]] = {}
         # reservations and conservative backfill from lease durations (``broker.scheduler.reserve``); ``ends``: the
         # running allocations' expected ends when they are not the snapshot's (the simulator keeps its own)
         self.reservations = reservations
@@ -328,6 +332,7 @@ class Scheduler:
         self.grown = []
         self._vacating = set()
         self._other_mode_gpus = {}
+        self._other_mode_text = {}
         groups: dict[str, list[Request]] = {}
         leaders: list[Request] = []
         for request in sorted(requests, key=lambda r: (-r.priority, r.submitted_at, r.id)):
@@ -476,17 +481,19 @@ class Scheduler:
         recomputed: serving one project changes no other's key (in-quota use grows only with its own
         admissions, over-quota use likewise; reclaim takes over-quota work, which the guarantee key does
         not count)."""
-        heads = {project: 0 for project in queues}
-        keys = {project: project_key(queues[project][0]) for project in queues}
-        while keys:
-            project = min(keys, key=lambda p: (keys[p], p))
-            request = queues[project][heads[project]]
-            serve(request)
-            heads[project] += 1
-            if heads[project] == len(queues[project]):
-                del keys[project]
+        # a heap of (key, project, position of its head): one entry per project with requests left, so the
+        # smallest entry is the smallest (key, project) of a scan of every project's key, at log cost per step
+        heap = [(project_key(queue[0]), project, 0) for project, queue in queues.items()]
+        heapq.heapify(heap)
+        while heap:
+            _key, project, head = heap[0]
+            queue = queues[project]
+            serve(queue[head])
+            head += 1
+            if head == len(queue):
+                heapq.heappop(heap)
             else:
-                keys[project] = project_key(queues[project][heads[project]])
+                heapq.heapreplace(heap, (project_key(queue[head]), project, head))
 
     def _guarantee_key(self, request: Request) -> float:
         """The part of its guarantee (``deserved``) the request's project already uses, on the best of the
@@ -1195,20 +1202,32 @@ class Scheduler:
         """The ``tier`` GPUs in another mode than ``wanted`` (issue 29: whole-GPU requests waited "forever" on an
         all-MIG pool with no word of the modes): "; 20 H100-80GB are in MIG mode (20 idle): the capacity loop can
         switch one to whole"; "" when there are none."""
-        others = self._other_mode_gpus.get((tier, wanted))
-        if others is None:  # a GPU's mode holds for the cycle: scan the fleet once per (tier, mode) a cycle
-            others = self._other_mode_gpus[(tier, wanted)] = [
-                state for state in self.cluster.gpus.values()
-                if state.gpu.model == tier and state.gpu.mode.value != wanted]
-        counts: dict[str, list[int]] = {}
-        for state in others:
-            gpu = state.gpu
-            idle = not gpu.closed and state.compute_used == 0 and state.used_milli == 0 and state.units == 0
-            seen = counts.setdefault(gpu.mode.value, [0, 0])
-            seen[0] += 1
-            seen[1] += idle
-        if not counts:
+        cached = self._other_mode_text.get((tier, wanted))
+        if cached is not None and cached[0] == self.cluster.changes:  # no GPU changed since: the same words
+            return cached[1]
+        text = self._other_modes_now(tier, wanted)
+        self._other_mode_text[(tier, wanted)] = (self.cluster.changes, text)
+        return text
+
+    def _other_modes_now(self, tier: str, wanted: str) -> str:
+        totals = self._other_mode_gpus.get((tier, wanted))
+        if totals is None:  # a GPU's mode holds for the cycle: count the fleet once per (tier, mode) a cycle
+            totals = self._other_mode_gpus[(tier, wanted)] = {}
+            for state in self.cluster.gpus.values():
+                mode = state.gpu.mode.value
+                if state.gpu.model == tier and mode != wanted:
+                    totals[mode] = totals.get(mode, 0) + 1
+        if not totals:
             return ""
+        # the idle ones from the class index (``ClassInfo.idle``: every node of a class has the same idle GPUs), so
+        # a waiting request costs the live classes, not the fleet's GPUs
+        cluster = self.cluster
+        idle_by_mode = dict.fromkeys(totals, 0)
+        for class_id, members in cluster.by_signature.items():
+            for (model, mode), idle in cluster.class_info[class_id].idle:
+                if model == tier and mode in idle_by_mode:
+                    idle_by_mode[mode] += idle * len(members)
+        counts = {mode: (total, idle_by_mode[mode]) for mode, total in totals.items()}
         parts = [f"{total} {tier} {'is' if total == 1 else 'are'} in {'MIG' if mode == 'mig' else mode} mode "
                  f"({idle} idle)" for mode, (total, idle) in sorted(counts.items())]
         return "; " + ", ".join(parts) + f": the capacity loop can switch one to {wanted}"
