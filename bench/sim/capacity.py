@@ -13,6 +13,9 @@ Model (assumptions, stated in docs/capacity.md):
   (``gpu_milli`` < 1000: the smallest H100 MIG profile with that many slices; whole: a whole GPU);
 - utilisation: each lease replays one GenAI container series (``agent/data/genai_series.json.gz``, 60 s
   samples, chosen and offset by the job index), continuing across preemptions;
+- quotas (static's partitions, every other setting's guarantee) are set ahead of the month they serve: each
+  project's share of the GPU-time of the 30 days before the window (as many as the trace has; ``--quotas
+  window``: the window's own GPU-time, an oracle no operator has, wave 16's rule), at least its largest job;
 - the fleet starts with a static split: whole nodes in MIG mode in proportion to the window's MIG demand
   (what an operator would configure by hand), the rest whole;
 - time to GPU = queue wait + provisioning: a cold MIG create ``--cold-mig`` s, a cold whole GPU ``--cold-whole``
@@ -101,6 +104,7 @@ INFERENCE_MIN_S = 86400  # a 1-GPU job running a day or more is inference (a lon
 BURST_S = 60  # a 1-GPU job with another of its project this close is part of a sweep, not a session
 CHECKPOINT_S = 600  # a preempted or suspended job keeps its work up to its last checkpoint
 RESERVE_AFTER_S = 600  # a job reserves once it has waited this long (the broker's LEASE_RESERVE_AFTER_SECONDS)
+QUOTA_HISTORY_DAYS = 30  # the history an operator sizes quotas from (the days before the window, as many as there are)
 RESERVE_LIMIT = 4  # the core's holders per cycle (``Scheduler(reservation_limit=4)``)
 SAMPLE_S = 3600  # the month's time series: one point per hour
 HEADLINE_LOAD = 0.8
@@ -296,7 +300,8 @@ class Replay:
     def __init__(self, *, loop: str, days: float, load_factor: float, tick: float, cold_mig: float,
                  cold_whole: float, warm_bind: float, price_minor: int, history_hours: float, queue_cap: int,
                  start_day: float = 0.0, cycle: float = 60.0, human_delay: float = 1800.0,
-                 checkpoint: float = CHECKPOINT_S, plan_on_wait: float = PLAN_ON_WAIT_S, reservations: bool = False):
+                 checkpoint: float = CHECKPOINT_S, plan_on_wait: float = PLAN_ON_WAIT_S, reservations: bool = False,
+                 quotas: str = "before"):
         if loop not in SETTINGS:
             raise ValueError(f"unknown setting {loop!r}; use {', '.join(SETTINGS)}")
         self.loop, self.tick, self.cold_mig = loop, tick, cold_mig
@@ -313,6 +318,12 @@ class Replay:
         self.load_factor = load_factor
         trace = load(DEFAULT_TRACE, days=start_day + days)
         skip = start_day * 86400
+        # quotas are set ahead of the month they serve: from the GPU-time of the days before the window (up to
+        # QUOTA_HISTORY_DAYS); "window": from the window's own GPU-time, an oracle no operator has (wave 16's rule)
+        if quotas not in ("before", "window"):
+            raise ValueError(f"unknown quota sizing {quotas!r}; use before or window")
+        history = [job for job in trace.jobs if skip - QUOTA_HISTORY_DAYS * 86400 <= job.arrival < skip]
+        self.quotas_from = "before" if quotas == "before" and history else "window"
         trace.jobs = [replace(job, index=i, arrival=job.arrival - skip)
                       for i, job in enumerate(j for j in trace.jobs if j.arrival >= skip)]
         self.end = days * 86400
@@ -345,7 +356,8 @@ class Replay:
             for g in range(PER_NODE):
                 devices.append(Gpu(f"n{n:04d}/{g}", f"n{n:04d}", MODEL, mode, g))
         self.gpus = gpus
-        parts = quota_sim.partitions(trace, gpus)
+        parts = quota_sim.partitions(trace, gpus, sized_from=history if self.quotas_from == "before" else None)
+        self.partitions = parts
         self.deserved = {p: n * FULL for p, n in parts.items()}
         if loop == "static":  # each project owns its partition: deserved = limit, no borrowing
             quotas = tuple(QuotaSpec(p, TENANT, MODEL, n * FULL, n * FULL, 0) for p, n in parts.items())
@@ -844,6 +856,8 @@ class Replay:
             "classes": {k: {"jobs": n, "share_pct": round(100 * n / max(len(self.jobs), 1), 1)}
                         for k, n in sorted(self.classes.items())},
             "gpus": self.gpus,
+            "quotas_from": self.quotas_from,
+            "partitions": self.partitions,
             "mig_gpus_at_start": self.mig_gpus_initial,
             "window_days": round(self.end / 86400, 2),
             "fleet_gpu_hours": round(capacity_s / hours, 1),
@@ -947,6 +961,11 @@ def main_capacity(argv: list[str] | None = None) -> int:
                         help="advise: seconds until a person applies a proposal that is still open")
     parser.add_argument("--checkpoint", type=float, default=float(CHECKPOINT_S),
                         help="seconds between checkpoints: a preempted or suspended job keeps the work up to the last")
+    parser.add_argument("--quotas", choices=("before", "window"), default="before",
+                        help="what sizes the projects' quotas (static's partitions, everyone's guarantee): the "
+                             f"GPU-time of the {QUOTA_HISTORY_DAYS} days before the window, as an operator sets them "
+                             "ahead (default; the window's own when none are before it), or the window's own "
+                             "GPU-time (an oracle: every partition fits the month it serves)")
     parser.add_argument("--jobs", type=int, default=1, help="runs in parallel (processes)")
     parser.add_argument("--json-dir", type=Path, default=None,
                         help="write capacity_<setting>.json (load 0.8) or capacity_load<pct>_<setting>.json here")
@@ -973,7 +992,7 @@ def main_capacity(argv: list[str] | None = None) -> int:
                   warm_bind=args.warm_bind, price_minor=args.price, history_hours=args.history_hours,
                   queue_cap=args.queue_cap, start_day=args.start_day, cycle=args.cycle,
                   human_delay=args.human_delay, checkpoint=args.checkpoint, plan_on_wait=args.plan_on_wait,
-                  reservations=args.reservations == "on")
+                  reservations=args.reservations == "on", quotas=args.quotas)
     work = [(setting, load_factor, kwargs) for load_factor in loads for setting in settings]
     if args.jobs > 1:
         with ProcessPoolExecutor(args.jobs) as pool:

@@ -97,14 +97,19 @@ def cluster_size(trace: Trace, load_factor: float) -> int:
     return max(math.ceil(wanted / GPUS_PER_NODE), math.ceil(largest / GPUS_PER_NODE)) * GPUS_PER_NODE
 
 
-def partitions(trace: Trace, gpus: int, *, floor: bool = True) -> dict[str, int]:
+def partitions(trace: Trace, gpus: int, *, floor: bool = True, sized_from: list | None = None) -> dict[str, int]:
     """Whole GPUs per project proportional to its GPU-time (largest remainder), summing to ``gpus``;
-    with ``floor`` each project gets at least its largest job."""
+    with ``floor`` each project gets at least its largest job. ``sized_from``: the jobs whose GPU-time sets the
+    shares (an operator's history) instead of the trace's own; a project of the trace absent from them has its
+    floor, one present only in them keeps its share (a quota set for a team that went quiet)."""
     share: dict[str, float] = {}
     largest: dict[str, int] = {}
-    for job in trace.jobs:
+    for job in trace.jobs if sized_from is None else sized_from:
         share[job.project] = share.get(job.project, 0.0) + job.gpu_seconds
+    for job in trace.jobs:
+        share.setdefault(job.project, 0.0)
         largest[job.project] = max(largest.get(job.project, 0), job.gpus)
+    largest = {project: largest.get(project, 0) for project in share}
     minimum = largest if floor else dict.fromkeys(share, 0)
     if sum(minimum.values()) > gpus:
         raise ValueError(f"{gpus} GPUs cannot hold every project's largest job ({sum(minimum.values())} needed)")

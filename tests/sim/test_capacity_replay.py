@@ -71,6 +71,20 @@ def test_advise_applies_nothing_until_a_person_has_had_the_human_delay():
     assert never["proposed"] and not never["applied"]
 
 
+def test_quotas_are_sized_from_the_days_before_the_window_unless_there_are_none():
+    """An operator sets quotas ahead of the month they serve (issue 30's believable cluster): from the GPU-time of
+    the days before the window; at the trace's start, with nothing before, from the window itself (the oracle)."""
+    kw = {**SETTINGS_KW, "days": 0.25}
+    before = Replay(loop="static", start_day=20, **kw)
+    oracle = Replay(loop="static", start_day=20, quotas="window", **kw)
+    assert before.quotas_from == "before" and oracle.quotas_from == "window"
+    assert sum(before.partitions.values()) == sum(oracle.partitions.values()) == before.gpus
+    assert before.partitions != oracle.partitions
+    assert Replay(loop="static", **kw).quotas_from == "window"  # day 0: no history
+    with pytest.raises(ValueError, match="quota sizing"):
+        Replay(loop="static", quotas="guess", **kw)
+
+
 def test_classes_come_from_duration_gpu_count_and_bursts():
     jobs = [Job(0, "a", 0.0, 600.0, 1),  # alone, short: interactive
             Job(1, "b", 1000.0, 600.0, 1), Job(2, "b", 1000.0 + BURST_S, 600.0, 1),  # a burst: training

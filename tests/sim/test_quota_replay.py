@@ -129,6 +129,18 @@ def test_partitions_are_proportional_whole_and_hold_the_largest_job():
     assert quota.partitions(trace, 32, floor=False)["c"] < 8
 
 
+def test_partitions_sized_from_an_earlier_history_as_an_operator_sets_them():
+    """Shares from the history's GPU-time, floors from the window's jobs: a project new in the window gets its
+    largest job; one only in the history keeps its share (a quota set for a team that went quiet)."""
+    window = trace_of(("a", 0, 1000, 1), ("b", 10, 8000, 1), ("c", 30, 100, 4))
+    history = trace_of(("a", 0, 9000, 1), ("b", 10, 1000, 1), ("quiet", 20, 2000, 1)).jobs
+    parts = quota.partitions(window, 32, sized_from=history)
+    assert sum(parts.values()) == 32
+    assert parts["c"] == 4  # nothing in the history: its floor, its 4-GPU job
+    assert parts["a"] > parts["quiet"] > parts["b"] >= 1  # the history's order, not the window's
+    assert quota.partitions(window, 32)["b"] > quota.partitions(window, 32)["a"]  # the window's own (an oracle)
+
+
 def test_command_line_on_the_philly_trace(tmp_path, capsys):
     code = quota.main_quota(["--jobs", str(DEFAULT_TRACE), "--limit", "400", "--policy", "all", "--json-dir",
                              str(tmp_path)])
