@@ -114,15 +114,20 @@ def _capacity_row(r: dict) -> list:
     return [r["setting"], r["offered_load"], r["fleet_allocation_pct"], r["useful_share_pct"],
             f"{r['idle_allocated_gpu_hours']:,.0f}", f"{r['idle_allocated_cost_minor'] / 100:,.0f}",
             r["ttg_p95_s"]["in_quota"], r["ttg_p95_s"]["over_quota"], r["queue_wait_s"]["p50"],
-            r["queue_wait_s"]["p95"], r["jct_s"]["mean"], r["preemptions"], r["gpu_hours_lost_to_preemption"],
+            r["queue_wait_s"]["p95"], r["jct_s"]["mean"], f"{r['completed']:,} / {r['jobs']:,}", r["preemptions"],
+            r["gpu_hours_lost_to_preemption"],
             f"{r['warm_holding_cost_minor'] / 100:,.0f}", r["in_quota_violations"],
             f"{r['cost_per_useful_gpu_hour_minor'] / 100:,.2f}", r["cpu_seconds"]]
 
 
 CAPACITY_HEADERS = ["setting", "offered load", "fleet alloc %", "useful share %", "idle allocated GPU-h",
                     "idle cost (USD)", "in-quota p95 TTG s", "over-quota p95 TTG s", "wait p50 s", "wait p95 s",
-                    "JCT mean s", "preemptions", "GPU-h lost to preemption", "warm holding (USD)",
+                    "JCT mean s", "jobs completed", "preemptions", "GPU-h lost to preemption", "warm holding (USD)",
                     "in-quota violations", "USD per useful GPU-h", "CPU s"]
+
+
+_QUOTAS_FROM = {"before": "the GPU-time of the days before the window (set ahead, as an operator sets them)",
+                "window": "the window's own GPU-time (an oracle: every static partition fits the month it serves)"}
 
 
 def _alone(figures: dict) -> str:
@@ -146,7 +151,8 @@ def _capacity() -> str:
                         sorted(off["classes"].items()))
     return (provenance(*names) + "\n\n" + table(CAPACITY_HEADERS, rows) + "\n\n"
             + f"{off['gpus']:,} H100 GPUs ({off['mig_gpus_at_start']} in MIG mode at the start), "
-              f"{off['window_days']:g} days, {off['jobs']:,} jobs: {classes}. "
+              f"{off['window_days']:g} days, {off['jobs']:,} jobs: {classes}. Quotas sized from "
+              f"{_QUOTAS_FROM[off.get('quotas_from', 'window')]}. "
               f"The shipped default against static partitions: useful share × {useful:.2f}, in-quota p95 time "
               f"to GPU {default['ttg_p95_s']['in_quota']} s{_alone(default)}, {default['in_quota_violations']} "
               "in-quota violations. "
@@ -166,11 +172,13 @@ def _capacity_headline() -> str:
              "default": "**the shipped default** (the loop acting where no tenant is touched)"}
     rows = [[words[s], figures[s]["fleet_allocation_pct"], figures[s]["useful_share_pct"],
              figures[s]["ttg_p95_s"]["in_quota"], f"{figures[s]['queue_wait_s']['p95'] / 3600:.1f} h",
-             f"{figures[s]['jct_s']['mean'] / 3600:.1f} h", figures[s]["in_quota_violations"]] for s in picked]
+             f"{figures[s]['jct_s']['mean'] / 3600:.1f} h", f"{figures[s]['completed']:,} of {figures[s]['jobs']:,}",
+             figures[s]["in_quota_violations"]] for s in picked]
     return (f"A month of Philly arrivals on {f['gpus']:,} simulated H100s at 80 % offered load, the same arrivals for "
-            "each setting (`python -m bench.sim capacity`, [docs/capacity.md](docs/capacity.md)):\n\n"
+            f"each setting, quotas sized from {_QUOTAS_FROM[f.get('quotas_from', 'window')]} "
+            "(`python -m bench.sim capacity`, [docs/capacity.md](docs/capacity.md)):\n\n"
             + table(["setting", "fleet allocated %", "useful share %", "in-quota p95 time to GPU s", "p95 wait",
-                     "mean completion", "in-quota violations"], rows))
+                     "mean completion (of the jobs completed)", "jobs completed", "in-quota violations"], rows))
 
 
 @renderer("capacity_loads")

@@ -43,6 +43,7 @@ import gzip
 import heapq
 import json
 import math
+import re
 import sys
 import time
 from collections import Counter, deque
@@ -244,6 +245,13 @@ def _demand_shape(shape: Shape) -> DemandShape:
     return DemandShape(MODEL, Kind.WHOLE)
 
 
+def _reason_kind(reason: str) -> str:
+    """A waiting reason without its numbers and names: what kind of wait it was ("" when the job never waited in a
+    cycle: it started in the first cycle that saw it, after the cycle's debounce or a cold start)."""
+    text = reason.removeprefix("waiting: ").split(";")[0]
+    return re.sub(r"\d[\d,.]*|j\d+|[0-9a-f]{6}", "N", text)[:90] or "(started in its first cycle)"
+
+
 class Job:
     __slots__ = (
         "arrival",
@@ -255,6 +263,7 @@ class Job:
         "in_quota_alone",
         "index",
         "klass",
+        "last_reason",
         "milli",
         "noticed_at",
         "offset",
@@ -294,6 +303,7 @@ class Job:
         # the first rule (waves 12-14): all the project's holdings (borrowed too) plus it alone, the backlog ignored
         self.in_quota_alone = False
         self.completed_at = None
+        self.last_reason = ""  # the core's last waiting reason for it (what held a slow in-quota start)
 
 
 class Replay:
@@ -380,6 +390,7 @@ class Replay:
         self.refused: Counter = Counter()
         self.stats = Counter()
         self.slow_in_quota: Counter = Counter()  # (shape label, class) -> in-quota starts over SLOW_IN_QUOTA_S
+        self.slow_in_quota_reasons: Counter = Counter()  # the kind of their last waiting reason (``_reason_kind``)
         self.ttg: dict[str, list[float]] = {"cold": [], "warm": [], "mig": [], "whole": [], "in_quota": [],
                                             "over_quota": [], "in_quota_alone": []}
         self.waits: list[float] = []
@@ -441,6 +452,7 @@ class Replay:
                 shape = job.shape
                 label = f"mig {shape.profile}" if shape.kind == Kind.MIG else f"whole x{shape.count}"
                 self.slow_in_quota[(label, job.klass.value)] += 1
+                self.slow_in_quota_reasons[_reason_kind(job.last_reason)] += 1
             self.stats["warm_binds" if warm else "cold_starts"] += 1
         self.push(now + job.remaining, _COMPLETE, job.request.id, job.token)
         self.ends[job.request.id] = now + job.remaining
@@ -580,9 +592,13 @@ class Replay:
 
     def _candidates(self) -> list[Request]:
         """What one cycle may place. After capacity grew (a completion, a preemption, a loop change), per
-        (project, shape) the oldest two waiting: what one cycle can place of a group is a prefix, and a cycle
-        that placed something is followed by another. Otherwise only what arrived or was requeued since the last
-        cycle: capacity only shrank, so what waited then waits now (the scheduler would say so again)."""
+        (project, shape) the oldest waiting: as many as the project's guarantee still covers (its deserved share
+        less its guaranteed holdings, in requests of that shape: the live cycle, which reads the whole queue,
+        places all of them at once, reclaiming where it must), plus two: what one cycle can place of a group
+        beyond that is a prefix, and a cycle that placed something is followed by another. Otherwise only what
+        arrived or was requeued since the last cycle: capacity only shrank, so what waited then waits now (the
+        scheduler would say so again). Wave 16 passed two per (project, shape) whatever the guarantee, so a
+        sweep of a project with a large guarantee started two requests per cycle, in quota or not."""
         out = self._holders()
         if not self.freed:
             held = {request.id for request in out}
@@ -592,9 +608,14 @@ class Replay:
         for request in out:
             seen[(request.project, request.shape)] += 1
         chosen = {request.id for request in out}
+        limits: dict[tuple, int] = {}
         for job in sorted(self.queue.values(), key=lambda j: (j.waiting_since, j.index)):
             key = (job.project, job.shape)
-            if seen[key] < 2 and job.request.id not in chosen:
+            limit = limits.get(key)
+            if limit is None:
+                covered = self.deserved.get(job.project, 0) - self.guaranteed[job.project]
+                limit = limits[key] = 2 + max(0, covered) // max(self._ask(job), 1)
+            if seen[key] < limit and job.request.id not in chosen:
                 seen[key] += 1
                 out.append(job.request)
         return out
@@ -624,6 +645,7 @@ class Replay:
             self.wait_seen = any(mode in self.wait_modes for _, mode in pool_waits(self.scheduler, requests, decisions))
         for decision in decisions:
             if decision.mode == DecisionMode.WAITING:
+                self.by_id[decision.request].last_reason = decision.reason
                 continue
             for victim in decision.victims:
                 self._lose(victim, now)
@@ -876,6 +898,7 @@ class Replay:
             "ttg_n": {k: len(v) for k, v in self.ttg.items()},
             # in-quota requests whose time to GPU passed the issue's 60 s target, by shape and class
             "in_quota_over_60s": {f"{label} ({klass})": n for (label, klass), n in sorted(self.slow_in_quota.items())},
+            "in_quota_over_60s_by_reason": dict(self.slow_in_quota_reasons.most_common()),
             "queue_wait_s": {"mean": round(sum(self.waits) / max(len(self.waits), 1), 1),
                              "p50": round(pct(self.waits, 0.50), 1),
                              "p95": round(pct(self.waits, 0.95), 1)},

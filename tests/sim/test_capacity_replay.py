@@ -134,7 +134,7 @@ def test_the_class_shares_docs_capacity_md_quotes_for_days_20_to_50():
     assert shares[WorkloadClass.INTERACTIVE] == 5010 and shares[WorkloadClass.INFERENCE] == 436
 
 
-BUSY_KW = {**SETTINGS_KW, "days": 2, "start_day": 24}  # a congested window: in-quota work reclaims borrowed GPUs
+BUSY_KW = {**SETTINGS_KW, "days": 2, "start_day": 30}  # a congested window: in-quota work reclaims borrowed GPUs
 
 
 def _figures(result: dict) -> dict:
