@@ -50,7 +50,8 @@ def machine() -> dict[str, Any]:
 
 def commit() -> dict[str, Any]:
     """The commit the figures were produced at; ``dirty`` when tracked files had uncommitted changes (results files
-    aside: a run that writes several of them must not call its own later files dirty)."""
+    and the plots benchmarks draw into docs/img aside: a run that writes several of them must not call its own later
+    files dirty; ``python -m bench run capacity capacity_loads`` called the second dirty for the first's plot)."""
 
     def git(*args: str) -> str:
         return subprocess.run(["git", *args], capture_output=True, text=True, cwd=ROOT, check=True).stdout.strip()
@@ -61,7 +62,8 @@ def commit() -> dict[str, Any]:
     if told:
         return {"commit": told, "dirty": False}
     try:
-        changed = git("status", "--porcelain", "--untracked-files=no", "--", ".", ":(exclude)bench/results")
+        changed = git("status", "--porcelain", "--untracked-files=no", "--", ".", ":(exclude)bench/results",
+                      ":(exclude)docs/img")
         return {"commit": git("rev-parse", "HEAD"), "dirty": bool(changed)}
     except (OSError, subprocess.CalledProcessError):
         return {"commit": "unknown", "dirty": None}
