@@ -268,6 +268,7 @@ def staff_billing_steps(step, world: World, staff: str, invoice_id: int) -> None
     draft = Invoice.objects.create(tenant=world.acme, period=date(2026, 2, 1), currency="USD", subtotal_minor=0,
                                    total_minor=0, computed_at=timezone.now())  # payments wait for finalisation
     step(payments, "post", 409, payments.format(id=draft.pk), token=staff, body={"amount_minor": 1})
+    step(payments, "post", 404, payments.format(id=999999999), token=staff, body={"amount_minor": 1})
     step(void, "post", 404, void.format(id=999999999), token=staff, body={"memo": "x"})
 
     grants, tax, rate = (f"{v1}/tenants/{{slug}}/credit-grants", f"{v1}/tenants/{{slug}}/tax",
