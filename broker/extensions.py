@@ -199,3 +199,44 @@ def pool_wait_listened() -> bool:
 def pool_wait_tell(wait: PoolWait) -> None:
     for listener in list(_pool_wait_listeners):
         listener(wait)
+
+
+# -- reclaim across modes (issue 30): a GPU emptied for an in-quota lease of another mode ----------------------
+@dataclass(frozen=True)
+class ModeSwitchFor:
+    """A schedule cycle found no room for an in-quota lease in its mode and chose a GPU of another mode, idle or held
+    only by over-quota leases it has just given notice (``broker.scheduler.DecisionMode.SWITCH``). The listener (the
+    capacity loop) closes the GPU to the scheduler and switches it once those leases have left. Told inside the
+    cycle's transaction, under its lock."""
+
+    gpu: int  # the GPU's primary key
+    to_mode: str  # whole, mig or shared
+    leases: tuple[int, ...]  # the over-quota leases given notice to empty it (none: it was idle)
+    lease: int  # the in-quota lease it is for
+    reason: str  # the core's words
+    now: datetime
+
+
+ModeSwitchModes = Callable[[frozenset[str], datetime], frozenset[tuple[str, str]]]
+ModeSwitchListener = Callable[[ModeSwitchFor], None]
+_mode_switchers: list[tuple[ModeSwitchModes, ModeSwitchListener]] = []
+
+
+def mode_switch_register(modes: ModeSwitchModes, listener: ModeSwitchListener) -> Callable[[], None]:
+    """``modes(models, now)``: the (model, mode) pairs to which the listener switches GPUs on its own (the cycle lets
+    the core reclaim across modes only there); ``listener(switch)`` carries out each switch a cycle decides. The last
+    registered answers."""
+    return _register(_mode_switchers, (modes, listener))
+
+
+def mode_switch_modes(models: frozenset[str], now: datetime) -> frozenset[tuple[str, str]]:
+    """The pairs of ``models`` a GPU may be switched to for in-quota work; none without a listener."""
+    if not _mode_switchers:
+        return frozenset()
+    return _mode_switchers[-1][0](models, now)
+
+
+def mode_switch_tell(switch: ModeSwitchFor) -> None:
+    if not _mode_switchers:
+        raise RuntimeError("a switch decided with no listener to carry it out")  # mode_switch_modes said none
+    _mode_switchers[-1][1](switch)

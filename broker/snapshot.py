@@ -83,6 +83,7 @@ class SnapshotCache:
         self.nodes: dict[int, object] = {}  # pk → core Node
         self.node_ids: dict[int, str] = {}  # pk → node id
         self.gpus: dict[int, tuple] = {}  # pk → (core Gpu, node pk)
+        self.switching: dict[int, str] = {}  # pk → the mode a GPU is being switched to (``Gpu.mode_target``)
         self.leases: dict[int, tuple] = {}  # lease pk → (first allocation id, its row, the lease's units)
         self.warm: dict[int, object] = {}  # allocation pk → core WarmInstance
         self._nodes = self._gpus = self._allocations = None  # tuples built from the above, None when stale
@@ -173,6 +174,7 @@ class SnapshotCache:
             gpus = list(gpus)
             for pk in gpus:
                 self.gpus.pop(pk, None)
+                self.switching.pop(pk, None)
             self._gpus_from(cursor, "AND id = ANY(%s)", [gpus])
             self._gpus = None
             # an allocation record carries its GPU's node, and a lost or closed GPU's allocations and warm members
@@ -221,6 +223,10 @@ class SnapshotCache:
         for pk, node, model, mode, index, nvlink_domain, target, memory_mib in cursor.fetchall():
             self.gpus[pk] = (CoreGpu(f"g{pk}", node_ids[node], model, modes[mode], index, nvlink_domain,
                                      bool(target), memory_mib), node)
+            if target:  # the mode it is being switched to (the core waits for it rather than reclaim again)
+                self.switching[pk] = target
+            else:
+                self.switching.pop(pk, None)
 
     def _leases_from(self, cursor, where: str, params: list) -> None:
         from broker.scheduler import Unit
@@ -290,7 +296,8 @@ class SnapshotCache:
                         cohorts=cohorts, project_pools=project_pools, min_runtime_by_tenant=min_runtime_by_tenant,
                         warm=tuple(self.warm[pk] for pk in sorted(self.warm)), prices=prices,
                         price_labels=tier_price_labels(prices),
-                        group_reserve_after_seconds=settings.LEASE_GROUP_RESERVE_AFTER_SECONDS)
+                        group_reserve_after_seconds=settings.LEASE_GROUP_RESERVE_AFTER_SECONDS,
+                        switching={f"g{pk}": target for pk, target in sorted(self.switching.items())})
 
     # -- pruning ------------------------------------------------------------------------------------------------
     def prune(self, *, wall: float) -> int:

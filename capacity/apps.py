@@ -18,3 +18,9 @@ class CapacityConfig(AppConfig):
         from capacity.services import plan_on_wait
 
         extensions.pool_wait_register(plan_on_wait)
+        # reclaim across modes: where the loop switches GPUs on its own, a cycle may empty one of over-quota work for
+        # an in-quota lease of another mode; the loop carries the switch out (``services.mode_switch_for``)
+        from capacity.selectors import switch_modes_in_force
+        from capacity.services import mode_switch_for
+
+        extensions.mode_switch_register(switch_modes_in_force, mode_switch_for)

@@ -75,6 +75,26 @@ def _merge(base: Policy, row: CapacityPolicy) -> Policy:
     return replace(base, scope=row.scope, idle_rules=_rules(row.idle_rules or {}, base.idle_rules), **values)
 
 
+def switch_modes_in_force(models: frozenset[str], now: datetime) -> frozenset[tuple[str, str]]:
+    """The (model, mode) pairs of ``models`` to which the loop switches a GPU on its own, so that a schedule cycle
+    may empty one of over-quota work for an in-quota lease of that mode (``broker.extensions.mode_switch_register``):
+    ``mig`` where MIG layout is ``auto``, ``whole`` and ``shared`` where mode switch is, each model under its pool's
+    policy (scope ``pool:<model>``) else the platform's. One small read: the cycle asks every time."""
+    builtin = Policy(**{name: Mode(mode) for name, mode in builtin_modes().items()})
+    rows = {row.scope: row for row in CapacityPolicy.objects.filter(
+        Q(scope="") | Q(scope__in=[f"pool:{model}" for model in models]))}
+    default = _merge(builtin, rows[""]) if "" in rows else builtin
+    pairs = set()
+    for model in models:
+        row = rows.get(f"pool:{model}")
+        policy = _merge(default, row) if row is not None else default
+        if policy.mig_layout == Mode.AUTO:
+            pairs.add((model, CoreMode.MIG.value))
+        if policy.mode_switch == Mode.AUTO:
+            pairs.update({(model, CoreMode.WHOLE.value), (model, CoreMode.SHARED.value)})
+    return frozenset(pairs)
+
+
 def builtin_modes() -> dict[str, str]:
     """Each kind's mode where no policy row says otherwise: ``settings.CAPACITY_DEFAULT_MODE`` for every kind
     where it is set, else the planner's ``DEFAULT_MODES`` (auto where only idle capacity is touched)."""
@@ -164,11 +184,15 @@ def capacity_snapshot(*, now: datetime) -> tuple[CapacitySnapshot, SnapshotNotes
 
 
 def _gpus(now: datetime, leases: dict[int, Lease]) -> tuple[CapacityGpu, ...]:
-    """GPUs of ready, uncordoned nodes that are not lost and not already changing mode, with their live
-    instances (lease held) and warm pool members. ``leases`` is filled with the live leases read."""
+    """GPUs of ready, uncordoned nodes that are not lost, with their live instances (lease held) and warm pool
+    members. ``leases`` is filled with the live leases read. A GPU already changing mode is there in the mode it is
+    being switched to, empty and ``changing`` (what it still holds is leaving): the queue waiting for it is fitted
+    on it, and nothing is proposed for it."""
     rows = list(Gpu.objects.filter(lost_at__isnull=True, node__status=NodeStatus.READY, node__cordoned=False,
                                    mode_target="")
                 .select_related("node").order_by("node__node_id", "index"))
+    changing = list(Gpu.objects.filter(lost_at__isnull=True, node__status=NodeStatus.READY, node__cordoned=False)
+                    .exclude(mode_target="").select_related("node").order_by("node__node_id", "index"))
     live = (Allocation.objects.filter(gpu__in=rows, freed_at__isnull=True).select_related("lease")
             .order_by("pk"))
     instances: dict[int, list[Instance]] = defaultdict(list)
@@ -194,7 +218,9 @@ def _gpus(now: datetime, leases: dict[int, Lease]) -> tuple[CapacityGpu, ...]:
     return tuple(CapacityGpu(id=f"g{gpu.pk}", node=gpu.node.node_id, model=gpu.model, mode=CoreMode(gpu.mode),
                              instances=tuple(instances[gpu.pk]), warm=tuple(warm[gpu.pk]),
                              mode_since=(gpu.mode_since or gpu.node.enrolled_at).timestamp(), pool=gpu.node.pool)
-                 for gpu in rows)
+                 for gpu in rows) + tuple(
+        CapacityGpu(id=f"g{gpu.pk}", node=gpu.node.node_id, model=gpu.model, mode=CoreMode(gpu.mode_target),
+                    mode_since=now.timestamp(), pool=gpu.node.pool, changing=True) for gpu in changing)
 
 
 def _resumable(lease_ids: set[int]) -> set[int]:

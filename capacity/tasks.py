@@ -16,5 +16,12 @@ def plan_run() -> dict:
     return services.plan_run()
 
 
-# the services send it by name (core.task_registry): plan_on_wait would otherwise import this module back
-tasks_register("capacity", plan_run=plan_run)
+@shared_task(name="capacity.drains_run", acks_late=True)
+def drains_run() -> dict:
+    """Sent by a schedule cycle's reclaim across modes (``services.mode_switch_for``) for the end of its leases'
+    notice: the GPU is switched once they have left."""
+    return services.drains_run()
+
+
+# the services send them by name (core.task_registry): plan_on_wait would otherwise import this module back
+tasks_register("capacity", plan_run=plan_run, drains_run=drains_run)

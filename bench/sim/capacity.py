@@ -27,6 +27,10 @@ Model (assumptions, stated in docs/capacity.md):
   ``capacity.planner.types.DEFAULT_MODES``: its ``auto`` kinds applied, its advice left unread), ``auto``
   (every kind applied, idle training suspended: checkpoint, requeue, resume when capacity frees). Applied
   proposals pass the live service's conditional checks (a GPU must still be idle, a lease still held);
+- reclaim across modes, as the live cycle does with the capacity loop installed: where mode switch or MIG layout is
+  ``auto`` (``default``, ``auto``), an in-quota request that fits nowhere in its mode empties a GPU of another mode
+  (idle, or held by over-quota work only) and has it switched (``Scheduler._switch_for``, ``DecisionMode.SWITCH``);
+  the switch is made at once, as every switch here, and the request placed by the next cycle (``--cycle`` s later);
 - the planner also runs on a wait, as the live service does (issue 30): where mode switch or MIG layout is
   ``auto``, a cycle that leaves a request waiting for a mode an idle GPU could be switched to
   (``broker.scheduler.pool_wait``) runs it, at most once per ``--plan-on-wait`` s counting every run;
@@ -229,6 +233,21 @@ class ReplayScheduler(Scheduler):
             self._failed_reclaim[key] = before
         return found
 
+    def _switch_for(self, request, tier, need, *, now):
+        """A reclaim across modes that found nothing, kept as a failed reclaim is (its answer depends on the same)."""
+        if request.id in self.cluster.allocations:
+            return super()._switch_for(request, tier, need, now=now)
+        key = ("switch", tier, need, request.group)
+        if self._failed_reclaim.get(key) == self.version:
+            self.memo_hits += 1
+            return None
+        before = self.version
+        found = super()._switch_for(request, tier, need, now=now)
+        if found is None:
+            self.version = before  # what it tried was put back
+            self._failed_reclaim[key] = before
+        return found
+
     def _no_fit_reason(self, tier, need):
         key = (tier, need)
         known = self._reasons.get(key)
@@ -246,8 +265,9 @@ def _demand_shape(shape: Shape) -> DemandShape:
 
 
 def _reason_kind(reason: str) -> str:
-    """A waiting reason without its numbers and names: what kind of wait it was ("" when the job never waited in a
-    cycle: it started in the first cycle that saw it, after the cycle's debounce or a cold start)."""
+    """A waiting reason without its numbers and names: what kind of wait it was ("(started in its first cycle)" when
+    the job never waited in a cycle: it started in the first cycle that saw it, after the cycle's debounce or a cold
+    start)."""
     text = reason.removeprefix("waiting: ").split(";")[0]
     return re.sub(r"\d[\d,.]*|j\d+|[0-9a-f]{6}", "N", text)[:90] or "(started in its first cycle)"
 
@@ -374,8 +394,17 @@ class Replay:
         else:
             quotas = tuple(QuotaSpec(p, TENANT, MODEL, n * FULL, gpus * FULL, 1) for p, n in parts.items())
         quotas += (QuotaSpec(WARM, "_platform", MODEL, 0, gpus * FULL, 1),)
+        self.policy = self._policy()
+        # reclaim across modes (``Scheduler._switch_for``): where the loop switches modes on its own (the pool kinds
+        # on ``auto``), an in-quota request that fits nowhere in its mode empties a GPU of another mode and has it
+        # switched, as the live cycle does with the capacity loop installed
+        switch_modes = frozenset(
+            (MODEL, mode) for mode, kind in ((GpuMode.MIG, self.policy.mig_layout),
+                                             (GpuMode.WHOLE, self.policy.mode_switch),
+                                             (GpuMode.SHARED, self.policy.mode_switch))
+            if loop in PLANNED and kind == Mode.AUTO)
         self.base = Snapshot(nodes=tuple(nodes), gpus=tuple(devices), quotas=quotas,
-                             enforce_quotas=loop != "fifo")
+                             enforce_quotas=loop != "fifo", switch_modes=switch_modes)
         self.scheduler = ReplayScheduler(self.base, reservations=self.reservations, ends=self.ends)
         self.by_id = {j.request.id: j for j in self.jobs}
         self.queue: dict[str, Job] = {}
@@ -405,7 +434,6 @@ class Replay:
         self.freed = True  # capacity may have grown since the last cycle: every waiting group is a candidate
         self.fresh: list[Job] = []  # arrived or requeued since the last cycle
         self.timeline: list[tuple[float, float, int]] = []  # (hour, allocated % of the fleet, waiting jobs)
-        self.policy = self._policy()
         # the planner on a wait (issue 30): where the pool kinds apply on their own, a request left waiting that an
         # idle GPU of another mode would serve asks for a planner run, at most one per ``plan_on_wait`` s
         self.wait_modes = frozenset(
@@ -416,6 +444,9 @@ class Replay:
         self.last_plan = -math.inf
         self.wake_at = -math.inf  # a wake-up event is pushed for then (the debounce's end)
         self._last_warm_milli = {}
+        # the planner snapshot's records kept from one run to the next (``_snapshot``)
+        self._instances: dict[str, tuple] = {}
+        self._gpu_records: dict[str, tuple] = {}
 
     @staticmethod
     def _unit_milli(shape: Shape) -> int:
@@ -643,15 +674,31 @@ class Replay:
             self.reserved_jobs.update(job for r in self.scheduler.reserved for job in r.requests)
         if self.wait_modes and not self.wait_seen:
             self.wait_seen = any(mode in self.wait_modes for _, mode in pool_waits(self.scheduler, requests, decisions))
+        switches = {}
         for decision in decisions:
             if decision.mode == DecisionMode.WAITING:
                 self.by_id[decision.request].last_reason = decision.reason
                 continue
             for victim in decision.victims:
                 self._lose(victim, now)
+                if decision.switch:
+                    self.stats["switch_victims"] += 1
+            if decision.mode == DecisionMode.SWITCH:  # reclaim across modes: emptied, switched, placed next cycle
+                self.by_id[decision.request].last_reason = decision.reason
+                switches[decision.switch[0]] = GpuMode(decision.switch[1])
+                continue
             self._start(self.by_id[decision.request], decision.allocation, now, warm=False)
             placed = True
-        if placed:
+        if switches:
+            # the switch as the capacity loop carries it out (at once here, as every switch and preemption of this
+            # replay); its request is placed by the next cycle, woken for it
+            self._switch_all(switches)
+            for gpu_id in switches:
+                self.mode_since[gpu_id] = now
+            self.stats["mode_switches"] += len(switches)
+            self.stats["switches_for_in_quota"] += len(switches)
+            self.push(now + self.cycle, _WAKE, "")
+        if placed or switches:
             self.freed = True  # more of a group may fit: the next cycle looks at every group again
 
     def _lose(self, allocation_id: str, now: float) -> None:
@@ -699,9 +746,13 @@ class Replay:
 
     # -- the planner ------------------------------------------------------------------------------------
     def _snapshot(self, now: float) -> CapacitySnapshot:
+        """The planner's snapshot of the replay now. The records of what did not change since the last one are
+        the same objects: an allocation's instances while its segment and notice are the same, a GPU's record
+        while its mode and what it holds are (most of the fleet from one planner run to the next)."""
         cluster = self.scheduler.cluster
-        instances: dict[str, list] = {gpu_id: [] for gpu_id in cluster.gpus}
-        warm: dict[str, list] = {gpu_id: [] for gpu_id in cluster.gpus}
+        instances: dict[str, list] = {}
+        warm: dict[str, list] = {}
+        made_before, made = self._instances, {}
         utilisation = []
         training = self.loop == "auto"  # training series only where its reclaim (suspension) is on
         window = 3600 if training else 1800
@@ -709,19 +760,36 @@ class Replay:
             if allocation.id in self.warm:
                 ready, profile = self.warm[allocation.id]
                 unit = allocation.units[0]
-                warm[unit.gpu].append(WarmInstance(allocation.id, profile, unit.mig_start, ready <= now))
+                warm.setdefault(unit.gpu, []).append(WarmInstance(allocation.id, profile, unit.mig_start,
+                                                                  ready <= now))
                 continue
             job = self.by_id[allocation.id]
-            for unit in allocation.units:
-                instances[unit.gpu].append(Instance(allocation.id, job.project, not allocation.preemptible,
-                                                    job.klass, unit.mig_profile, unit.mig_start, unit.milli,
-                                                    started_at=job.seg_start, noticed_at=job.noticed_at))
+            key = (job.seg_start, job.noticed_at, allocation.preemptible, allocation.units)
+            entry = made_before.get(allocation.id)
+            if entry is None or entry[0] != key:
+                entry = (key, [(unit.gpu, Instance(allocation.id, job.project, not allocation.preemptible, job.klass,
+                                                   unit.mig_profile, unit.mig_start, unit.milli,
+                                                   started_at=job.seg_start, noticed_at=job.noticed_at))
+                               for unit in allocation.units])
+            made[allocation.id] = entry
+            for gpu_id, instance in entry[1]:
+                instances.setdefault(gpu_id, []).append(instance)
             if job.seg_start is not None and now - job.seg_start >= window and (
                     job.klass != WorkloadClass.TRAINING or allocation.preemptible or training):
                 utilisation.append(self._trailing(job, now, window))
-        gpus = tuple(CapacityGpu(gpu_id, state.gpu.node, MODEL, state.gpu.mode, tuple(instances[gpu_id]),
-                                 tuple(warm[gpu_id]), self.mode_since.get(gpu_id, 0.0))
-                     for gpu_id, state in cluster.gpus.items())
+        self._instances = made
+        records, gpus, no = self._gpu_records, [], ()
+        for gpu_id, state in cluster.gpus.items():
+            held = tuple(instances.get(gpu_id, no))
+            warm_here = tuple(warm.get(gpu_id, no))
+            # the instances by identity: a cached record holds them, so their ids are not reused meanwhile
+            key = (state.gpu.mode, self.mode_since.get(gpu_id, 0.0), tuple(map(id, held)), warm_here)
+            entry = records.get(gpu_id)
+            if entry is None or entry[0] != key:
+                entry = records[gpu_id] = (key, CapacityGpu(gpu_id, state.gpu.node, MODEL, state.gpu.mode, held,
+                                                            warm_here, key[1]))
+            gpus.append(entry[1])
+        gpus = tuple(gpus)
         while self.history and self.history[0][0] < now - self.history_seconds:
             self.history.popleft()
         arrivals: Counter = Counter()
@@ -853,7 +921,11 @@ class Replay:
 
     def _switch(self, gpu_id: str, mode: GpuMode) -> None:
         """Change a GPU's mode: a new scheduler state from the snapshot with the current allocations."""
-        gpus = tuple(replace(g, mode=mode) if g.id == gpu_id else g for g in self.base.gpus)
+        self._switch_all({gpu_id: mode})
+
+    def _switch_all(self, modes: dict[str, GpuMode]) -> None:
+        """Change GPUs' modes (GPU id -> its new mode) in one new scheduler state."""
+        gpus = tuple(replace(g, mode=modes[g.id]) if g.id in modes else g for g in self.base.gpus)
         self.base = replace(self.base, gpus=gpus)
         allocations = tuple(self.scheduler.cluster.allocations.values())
         self.scheduler = ReplayScheduler(replace(self.base, allocations=allocations), reservations=self.reservations,
@@ -913,6 +985,9 @@ class Replay:
             "preempted_idle": s["preempted_idle"],
             "preempted_by_scheduler": s["preempted_by_scheduler"],
             "mode_switches": s["mode_switches"],
+            # reclaim across modes: the GPUs the scheduler had switched for in-quota work, the leases it preempted so
+            "switches_for_in_quota": s["switches_for_in_quota"],
+            "switch_victims": s["switch_victims"],
             "planner_runs": {"timer": s["plans_on_timer"], "on_wait": s["plans_on_wait"]},
             "warm_binds": s["warm_binds"],
             "in_quota_violations": self.violations,

@@ -45,6 +45,7 @@ from dataclasses import dataclass, replace
 
 from broker.scheduler.fairshare import back_off_words, protected_until, share_key, weights_scale
 from broker.scheduler.placement import Need, Placer, Policy, need_for, node_accepts, policy_get
+from broker.scheduler.pool_wait import WANTED_MODE
 from broker.scheduler.reserve import Held, Reservation, reserve
 from broker.scheduler.state import FULL, ClusterState
 from broker.scheduler.types import (
@@ -62,6 +63,41 @@ from gpus.catalogue import MODELS
 from gpus.mig import COMPUTE_SLICES
 
 _RECLAIMING = (DecisionMode.PREEMPT, DecisionMode.SHRINK)  # a decision whose request starts once capacity is freed
+_MODE_WORD = {GpuMode.WHOLE: "whole", GpuMode.MIG: "MIG", GpuMode.SHARED: "shared"}
+
+
+class _SwitchRoom:
+    """What a GPU being switched to ``mode`` has left for the waiting requests of one cycle (``Scheduler._switch_for``):
+    MIG compute slices and memory slots (a count, not a layout: a sum that fits may still find no common layout, and
+    then a request placed after the switch reclaims again), the one whole unit, or a share's milli and memory."""
+
+    __slots__ = ("compute", "memory_mib", "milli", "mode", "slots", "tier")
+
+    def __init__(self, tier: str, mode: GpuMode, memory_mib: int):
+        self.tier, self.mode = tier, mode
+        self.compute, self.slots, self.milli, self.memory_mib = COMPUTE_SLICES, 8, FULL, memory_mib
+
+    def take(self, need: Need, node) -> bool:
+        """Take one unit of ``need`` (False: no room left, or ``node`` does not take it)."""
+        if node is not None and not node_accepts(node, need):
+            return False
+        if need.kind == Kind.MIG:
+            profile = need.profile
+            if profile is None or profile.compute_slices > self.compute or profile.memory_slots > self.slots:
+                return False
+            self.compute -= profile.compute_slices
+            self.slots -= profile.memory_slots
+            return True
+        if need.kind == Kind.WHOLE:
+            if self.milli < FULL:
+                return False
+            self.milli = 0
+            return True
+        if need.milli > self.milli or need.memory_mib > self.memory_mib:
+            return False
+        self.milli -= need.milli
+        self.memory_mib -= need.memory_mib
+        return True
 
 
 @dataclass
@@ -82,8 +118,11 @@ class Scheduler:
         self.grow = grow
         self.grown: list[Decision] = []  # the last schedule()'s growth decisions (``DecisionMode.GROW``)
         self._vacating: set[str] = set()  # GPUs a reclaim of this cycle frees only once its victims leave
+        # reclaim across modes (``_switch_for``): per GPU being switched, the room its new mode has left this cycle
+        self._switch_room: dict[str, _SwitchRoom] = {}
+        self._reclaimable_seen: tuple | None = None  # ((request id, tier, need), the last ``_reclaim``'s candidates)
         # (tier, wanted mode) -> the tier's GPUs in each other mode, counted once a cycle (``_other_modes``)
-        self._other_mode_gpus: dict[tuple[str, str], dict[str, int]] = {}
+        self._other_mode_counts: dict[tuple[str, str], dict[str, int]] = {}
         # (tier, wanted mode) -> (``ClusterState.changes`` when worded, the words): waiting requests in a row
         # without a change between them share one count of the fleet's GPUs
         self._other_mode_text: dict[tuple[str, str], tuple[int, str]] = {}
@@ -331,7 +370,8 @@ class Scheduler:
         self._reserved = {}
         self.grown = []
         self._vacating = set()
-        self._other_mode_gpus = {}
+        self._switch_room = self._rooms_switching()
+        self._other_mode_counts = {}
         self._other_mode_text = {}
         groups: dict[str, list[Request]] = {}
         leaders: list[Request] = []
@@ -628,6 +668,11 @@ class Scheduler:
             reclaimed = self._reclaim(request, tier, need, now=now)
             if reclaimed:
                 return reclaimed
+            if self.snapshot.switch_modes:
+                switched = self._switch_for(request, tier, need, now=now)
+                self._reclaimable_seen = None
+                if switched:
+                    return switched
             reasons.append(self._no_fit_reason(tier, need) + self._protected_words(tier, now)
                            + self._min_runtime_words(tier, need, now))
         if over_quota_candidates:
@@ -914,7 +959,9 @@ class Scheduler:
                 return found
         return self.snapshot.min_runtime_seconds
 
-    def _reclaim(self, request: Request, tier: str, need: Need, *, now: float) -> Decision | None:
+    def _reclaimable(self, request: Request, tier: str, need: Need, *, now: float) -> list[Allocation]:
+        """The over-quota allocations of ``tier`` a reclaim for ``request`` may take (past their minimum runtime, not
+        protected by the back-off, in the request's pools, not of its own group), in the victim order."""
         candidates = [
             a for a in self.cluster.allocations.values()
             if a.preemptible and a.tier == tier and a.started_at + self.min_runtime(a) <= now and a.id != request.id
@@ -928,7 +975,7 @@ class Scheduler:
         if candidates and self.snapshot.preempted_at:  # the back-off: work reclaimed again and again runs a while
             candidates = [a for a in candidates if self.protected(a, now) is None]
         if not candidates:
-            return None
+            return candidates
         # the preferred victims first: the project furthest above its fair share (ties: the project whose
         # newest borrowed work is youngest, then the project id), and within a project the lowest priority,
         # then the youngest. Priority compares allocations of one project only: a project cannot shield
@@ -944,6 +991,14 @@ class Scheduler:
                                              allocation.started_at)
         candidates.sort(key=lambda a: (share[a.project], -newest[a.project], a.project, a.priority,
                                        -a.started_at, a.id))
+        return candidates
+
+    def _reclaim(self, request: Request, tier: str, need: Need, *, now: float) -> Decision | None:
+        candidates = self._reclaimable(request, tier, need, now=now)
+        # what a reclaim across modes of the same request reads next when this one finds nothing (the state as now)
+        self._reclaimable_seen = ((request.id, tier, need), candidates)
+        if not candidates:
+            return None
         if not need.gang and need.count > 1:
             return self._reclaim_spread(request, tier, need, candidates, now=now)
         rank = {allocation.id: position for position, allocation in enumerate(candidates)}
@@ -998,6 +1053,116 @@ class Scheduler:
         return Decision(request.id, DecisionMode.PREEMPT,
                         f"in quota on {tier}: reclaiming from over-quota work: {names}",
                         allocation=allocation, victims=tuple(v.id for v in victims))
+
+    # -- reclaim across modes ------------------------------------------------------------------------
+    def _switch_for(self, request: Request, tier: str, need: Need, *, now: float) -> Decision | None:
+        """Reclaim across modes, for an in-quota request of one unit that neither fits nor reclaims in its own mode
+        (``Snapshot.switch_modes`` names the tier and that mode; not a group's member).
+
+        First, a GPU of ``tier`` already being switched to that mode (in this cycle, or the snapshot's
+        ``switching``) with room left for the request: it waits for that switch. Else the GPU of another mode that
+        holds the least over-quota capacity: an idle one, or one held only by reclaimable over-quota allocations that
+        sit on it alone (a lease spread over other GPUs is never thrown away for one unit); then the fewest victims,
+        the best ranked in the victim order, the GPU id. Its victims leave the working state and the GPU is closed
+        for the rest of the cycle (``DecisionMode.SWITCH``: the capacity loop switches it once they have left, and
+        the request starts on it at a later cycle). None: no such GPU."""
+        wanted = WANTED_MODE[need.kind]
+        if (tier, wanted) not in self.snapshot.switch_modes or request.group or need.count != 1:
+            return None
+        cluster = self.cluster
+        for gpu_id, room in self._switch_room.items():
+            if room.tier == tier and room.mode == wanted and room.take(need, cluster.nodes[cluster.gpus[gpu_id]
+                                                                                          .gpu.node]):
+                gpu = cluster.gpus[gpu_id].gpu
+                return self._waiting(request, f"in quota on {tier}: waits for GPU {gpu.index} on {gpu.node}, which "
+                                              f"is being switched to {_MODE_WORD[wanted]} mode for in-quota work")
+        options: list[tuple[tuple, str, list[Allocation]]] = []
+        for gpu_id in self._idle_other_mode(tier, wanted, need):
+            options.append(((0, 0, (), gpu_id), gpu_id, []))
+        seen = self._reclaimable_seen
+        if seen is not None and seen[0] == (request.id, tier, need):
+            candidates = seen[1]
+        else:
+            candidates = self._reclaimable(request, tier, need, now=now)
+        by_gpu: dict[str, list[Allocation]] = {}
+        for allocation in candidates:
+            first = allocation.units[0].gpu
+            if all(unit.gpu == first for unit in allocation.units):
+                by_gpu.setdefault(first, []).append(allocation)
+        rank = {allocation.id: position for position, allocation in enumerate(candidates)}
+        for gpu_id, victims in by_gpu.items():
+            state = cluster.gpus[gpu_id]
+            if state.gpu.mode == wanted or state.gpu.closed or state.units != sum(len(v.units) for v in victims):
+                continue  # its own mode (the reclaim within it found nothing), or it holds more than these
+            node = cluster.nodes[state.gpu.node]
+            if node.node.cordoned or node.node.id in need.avoid or (need.pools and node.node.pool not in need.pools):
+                continue
+            options.append(((sum(v.milli for v in victims), len(victims), sorted(rank[v.id] for v in victims), gpu_id),
+                            gpu_id, victims))
+        options.sort(key=lambda option: option[0])
+        for _, gpu_id, victims in options:
+            state = cluster.gpus[gpu_id]
+            for victim in victims:
+                cluster.remove(victim.id)
+            if not node_accepts(cluster.nodes[state.gpu.node], need):  # its host CPU or memory, even then
+                for victim in reversed(victims):
+                    cluster.apply(victim)
+                continue
+            gpu = state.gpu
+            cluster.replace_gpus([replace(gpu, closed=True)])
+            self._vacating.add(gpu_id)
+            room = _SwitchRoom(tier, wanted, state.memory_mib)
+            room.take(need, None)
+            self._switch_room[gpu_id] = room
+            # its ask counts as its project's and tenant's use in quota for the rest of the cycle, as a reclaim's
+            # placement does: a later request of the project is judged with it (the working state is the cycle's; the
+            # replay builds a new one once it has made the switch)
+            for usage in (cluster.project_usage.setdefault((request.project, tier), [0, 0]),
+                          cluster.tenant_usage.setdefault((request.tenant, tier), [0, 0])):
+                usage[0] += need.total_milli
+            where = f"GPU {gpu.index} on {gpu.node} ({_MODE_WORD[gpu.mode]} mode)"
+            if victims:
+                names = ", ".join(f"{v.id} ({v.project})" for v in victims)
+                reason = (f"in quota on {tier}: no room in {_MODE_WORD[wanted]} mode; {where} is emptied of over-quota "
+                          f"work: {names}, and switched to {_MODE_WORD[wanted]} mode for it")
+            else:
+                reason = (f"in quota on {tier}: no room in {_MODE_WORD[wanted]} mode; {where} is idle and switched to "
+                          f"{_MODE_WORD[wanted]} mode for it")
+            return Decision(request.id, DecisionMode.SWITCH, reason, victims=tuple(v.id for v in victims),
+                            switch=(gpu_id, wanted.value))
+        return None
+
+    def _rooms_switching(self) -> dict[str, _SwitchRoom]:
+        """The GPUs the snapshot says are being switched (``Snapshot.switching``), each with its new mode's room."""
+        rooms = {}
+        for gpu_id, target in sorted(self.snapshot.switching.items()):
+            state = self.cluster.gpus.get(gpu_id)
+            if state is not None:
+                rooms[gpu_id] = _SwitchRoom(state.gpu.model, GpuMode(target), state.memory_mib)
+        return rooms
+
+    def _idle_other_mode(self, tier: str, wanted: GpuMode, need: Need) -> list[str]:
+        """One idle GPU of ``tier`` per node class in a mode other than ``wanted``, open, on a node that takes
+        ``need`` (the class's lowest such node): the class index, not the fleet's GPUs."""
+        cluster, found = self.cluster, []
+        for class_id, members in cluster.by_signature.items():
+            info = cluster.class_info[class_id]
+            if info.cordoned or (need.pools and info.pool not in need.pools):
+                continue
+            if not any(model == tier and mode != wanted.value and idle for (model, mode), idle in info.idle):
+                continue
+            for node_id in sorted(members):
+                node = cluster.nodes[node_id]
+                if not node_accepts(node, need):
+                    continue
+                for state in node.gpus:
+                    gpu = state.gpu
+                    if (gpu.model == tier and gpu.mode != wanted and not gpu.closed and state.units == 0
+                            and state.used_milli == 0):
+                        found.append(gpu.id)
+                        break
+                break
+        return found
 
     def _shrink_on(self, node_id: str, victim: Allocation, need: Need) -> tuple[Unit, ...] | None:
         """The fewest units of the elastic allocation ``victim`` on ``node_id`` (its last placed first, never
@@ -1210,9 +1375,9 @@ class Scheduler:
         return text
 
     def _other_modes_now(self, tier: str, wanted: str) -> str:
-        totals = self._other_mode_gpus.get((tier, wanted))
+        totals = self._other_mode_counts.get((tier, wanted))
         if totals is None:  # a GPU's mode holds for the cycle: count the fleet once per (tier, mode) a cycle
-            totals = self._other_mode_gpus[(tier, wanted)] = {}
+            totals = self._other_mode_counts[(tier, wanted)] = {}
             for state in self.cluster.gpus.values():
                 mode = state.gpu.mode.value
                 if state.gpu.model == tier and mode != wanted:

@@ -561,12 +561,12 @@ class Held:
             self.close(before)
         if backfilled is None or backfilled.mode == DecisionMode.WAITING:
             return self._blocked(request, decision, now=now)
-        used = {unit.gpu for unit in backfilled.allocation.units}
+        used = ({unit.gpu for unit in backfilled.allocation.units} if backfilled.allocation is not None
+                else {backfilled.switch[0]} if backfilled.switch else set())
         onto = [r for r in self.by_request.values() if r.request in before and used.intersection(r.gpus)]
         words = "".join(f"; backfilled: ends by the start of the reservation on {r.node} ({r.start - now:.0f} s "
                         "from now)" for r in onto)
-        return Decision(backfilled.request, backfilled.mode, backfilled.reason + words,
-                        allocation=backfilled.allocation, victims=backfilled.victims, warm=backfilled.warm)
+        return replace(backfilled, reason=backfilled.reason + words)
 
     def _blocked(self, request: Request, decision: Decision, *, now: float) -> Decision:
         """A waiting decision that also names the reservations on its tiers it may not use (the free GPUs it may

@@ -57,6 +57,10 @@ class DecisionMode(StrEnum):
     PREEMPT = "preempt-then-place"
     # an elastic over-quota allocation gives back units (``Decision.shrunk``); the request starts once they are freed
     SHRINK = "shrink-then-place"
+    # reclaim across modes: a GPU of another mode, idle or held only by reclaimable over-quota work, is emptied
+    # (``Decision.victims`` given notice) and switched to the mode the request needs (``Decision.switch``); the
+    # request starts once the switch is done (``Scheduler._switch_for``)
+    SWITCH = "switch-then-place"
     WAITING = "waiting"
     # an elastic allocation that was shrunk takes units back toward its ``count`` on capacity the cycle left idle
     # (``Decision.grown``; not a request's decision: ``Scheduler.grown``)
@@ -271,6 +275,12 @@ class Snapshot:
     # minimum runtime per tenant (its SLO contract's), seconds before its over-quota work may be reclaimed;
     # absent: ``min_runtime_seconds``
     min_runtime_by_tenant: dict[str, float] = field(default_factory=dict)
+    # reclaim across modes (``Scheduler._switch_for``): the (GPU model, mode) pairs to which a GPU may be emptied of
+    # over-quota work and switched for an in-quota request that fits nowhere in its own mode (where the capacity
+    # loop's mode switch or MIG layout is ``auto``: it carries the switch out). Empty: reclaim stays within a mode
+    switch_modes: frozenset[tuple[str, GpuMode]] = frozenset()
+    # GPUs whose mode is being changed (closed to new work): GPU id -> the mode they are switched to
+    switching: dict[str, str] = field(default_factory=dict)
 
 
 @_quick_init
@@ -288,3 +298,5 @@ class Decision:
     shrunk: tuple[tuple[str, tuple[Unit, ...]], ...] = field(default=(), repr=False)
     # a growth (``DecisionMode.GROW``, ``request`` the allocation's id, ``allocation`` it grown): the units added
     grown: tuple[Unit, ...] = field(default=(), repr=False)
+    # a switch (``DecisionMode.SWITCH``): (the GPU's id, the mode it is switched to); no allocation yet
+    switch: tuple[str, str] = ()

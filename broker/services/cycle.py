@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import re
 import time
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 from django.conf import settings
@@ -22,6 +23,7 @@ from broker.choices import (
 )
 from broker.models import Allocation, Lease, LeaseEvent
 from broker.scheduler import DecisionMode
+from broker.scheduler import GpuMode as CoreMode
 from broker.scheduler.collector import collector_paused
 from broker.scheduler.estimate import estimated_starts
 from broker.scheduler.plan import Scheduler
@@ -105,6 +107,12 @@ def _schedule_cycle_locked(now: datetime, counts: dict) -> dict:
     cache.prune(wall=started)
     # fair share with history (the decayed use moved on to now), the back-off's preemptions, the expiries
     snapshot = scheduler_inputs(snapshot, now=now, history=usage_history_record(snapshot=snapshot, now=now))
+    # reclaim across modes where the capacity loop switches GPUs on its own: only a tier with a guarantee on it can
+    # have in-quota work, so those are the models asked about (not the fleet's GPUs, read at every cycle)
+    tiers = frozenset(q.tier for q in snapshot.quotas) | frozenset(q.tier for q in snapshot.tenant_quotas)
+    switch_modes = extensions.mode_switch_modes(tiers, now) if tiers else frozenset()
+    if switch_modes:
+        snapshot = replace(snapshot, switch_modes=frozenset((model, CoreMode(mode)) for model, mode in switch_modes))
     by_id = {str(lease.pk): lease for lease in queued}
     shapes: dict = {}
     requests = [core_request(lease, shapes) for lease in queued]
@@ -152,6 +160,15 @@ def _schedule_cycle_locked(now: datetime, counts: dict) -> dict:
             notice = _preempt(decision, now)
             reason = _reclaim_reason(lease, decision)
             estimate = now + timedelta(seconds=notice)  # the victims' notice, at the longest
+        elif decision.mode == DecisionMode.SWITCH:
+            counts["switch"] = counts.get("switch", 0) + 1
+            notice = _preempt(decision, now) if decision.victims else 0
+            gpu_id, mode = decision.switch
+            extensions.mode_switch_tell(extensions.ModeSwitchFor(
+                gpu=int(gpu_id.lstrip("g")), to_mode=mode, leases=tuple(int(v) for v in decision.victims),
+                lease=lease.pk, reason=decision.reason, now=now))
+            reason = _switch_reason(lease, decision, gpus[gpu_id].model)
+            estimate = now + timedelta(seconds=notice)  # the victims' notice, at the longest, then the switch
         elif decision.mode == DecisionMode.SHRINK:
             counts["shrink"] = counts.get("shrink", 0) + 1
             reason = _shrink(lease, decision, now)
@@ -207,6 +224,20 @@ def _reclaim_reason(lease: QueuedLease, decision) -> str:
     mine = f" (yours: lease {', '.join(own)})" if own else ""
     return (f"waiting: in quota on {tier}: {len(victims)} over-quota lease(s) given notice{mine}; starts when "
             "they have left")
+
+
+def _switch_reason(lease: QueuedLease, decision, tier: str) -> str:
+    """Why an in-quota request waits for a GPU of another mode to be switched for it, naming only the tenant's own
+    leases among those given notice."""
+    mode = "MIG" if decision.switch[1] == "mig" else decision.switch[1]
+    if not decision.victims:
+        return (f"waiting: in quota on {tier}: no room in {mode} mode; an idle {tier} GPU is being switched to {mode} "
+                "mode for it")
+    victims = list(Lease.objects.filter(pk__in=[int(v) for v in decision.victims]).values_list("pk", "tenant_id"))
+    own = [str(pk) for pk, tenant_id in victims if tenant_id == lease.tenant_id]
+    mine = f" (yours: lease {', '.join(own)})" if own else ""
+    return (f"waiting: in quota on {tier}: no room in {mode} mode; a {tier} GPU is being emptied of {len(victims)} "
+            f"over-quota lease(s) given notice{mine} and switched to {mode} mode for it; starts when it is done")
 
 
 def _shrink(lease: QueuedLease, decision, now: datetime) -> str:

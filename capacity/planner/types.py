@@ -95,6 +95,9 @@ class CapacityGpu:
     warm: tuple[WarmInstance, ...] = ()
     mode_since: float = 0.0  # when the GPU entered its mode (rebalancing leaves recent switches alone)
     pool: str = ""  # its node's pool (``Node.pool``): a request bound to pools is served only there
+    # being switched to ``mode`` (a drain or a switch under way): capacity of that mode the queue waits for, so the
+    # queue is fitted on it; no adjustment touches it (no other switch, no warm member)
+    changing: bool = False
 
     @property
     def idle(self) -> bool:

@@ -33,7 +33,7 @@ from capacity.services.common import LOOP, AdjustmentConflict
 from capacity.services.decisions import adjustment_accept, adjustment_reject
 from capacity.services.effects import effects_measure
 from capacity.services.idle_opt_in import idle_opt_in_set, suspend_opt_out_set
-from capacity.services.mode_switch import drains_finish
+from capacity.services.mode_switch import drains_finish, drains_run, mode_switch_for
 from capacity.services.policies import IDLE_CLASSES, RULE_KEYS, policy_delete, policy_set
 from capacity.services.run import (
     PLAN_LOCK,
@@ -46,7 +46,7 @@ from capacity.services.run import (
 
 __all__ = [
     "IDLE_CLASSES", "LOOP", "PLAN_LOCK", "RULE_KEYS", "AdjustmentConflict", "adjustment_accept", "adjustment_apply",
-    "adjustment_reject", "adjustments_record", "applying_sweep", "drains_finish", "effects_measure", "fingerprint",
-    "idle_opt_in_set", "plan_on_wait", "plan_run", "plan_soon_clear", "policy_delete", "policy_set",
-    "suspend_opt_out_set",
+    "adjustment_reject", "adjustments_record", "applying_sweep", "drains_finish", "drains_run", "effects_measure",
+    "fingerprint", "idle_opt_in_set", "mode_switch_for", "plan_on_wait", "plan_run", "plan_soon_clear",
+    "policy_delete", "policy_set", "suspend_opt_out_set",
 ]

@@ -5,16 +5,20 @@ holders with their promised notice; ``drains_finish`` switches once they have le
 
 from __future__ import annotations
 
+import hashlib
+import json
 from datetime import datetime, timedelta
 
 from django.db import transaction
 
 from broker.choices import AllocationState, LeaseState, NodeStatus
+from broker.extensions import ModeSwitchFor
 from broker.models import Allocation, Gpu, Lease
-from capacity.choices import AdjustmentKind, AdjustmentState
+from capacity.choices import AdjustmentKind, AdjustmentState, LoopMode
 from capacity.models import Adjustment
-from capacity.services.common import LOOP, _cycle_lock, _finish, _gpu_of
+from capacity.services.common import LOOP, _audit, _cycle_lock, _finish, _gpu_of
 from capacity.services.warm_pool import _destroy_warm
+from core.task_registry import task
 
 
 def mode_apply(adjustment: Adjustment, now: datetime) -> None:
@@ -100,3 +104,79 @@ def drains_finish(*, now: datetime) -> int:
         _switch_now(adjustment, now)
         count += 1
     return count
+
+
+# -- reclaim across modes (issue 30) ------------------------------------------------------------------------------
+def mode_switch_for(switch: ModeSwitchFor) -> Adjustment:
+    """A schedule cycle's reclaim across modes (``broker.extensions.ModeSwitchFor``), carried out as a drain-then-
+    switch the loop applied: the row (applying, ``auto``, the drained leases as its risk) and the GPU closed to the
+    scheduler (``Gpu.mode_target``) in the cycle's own transaction, where the cycle has already given the leases
+    their notice. ``drains_finish`` switches the GPU once they have left: its task is sent for the end of the
+    longest notice (at once for an idle GPU). An open proposal of the same change (a drain the planner advised) is
+    taken over rather than doubled."""
+    from capacity.services.run import proposal_identity
+
+    gpu = Gpu.objects.select_for_update(no_key=True, of=("self",)).get(pk=switch.gpu)
+    kind = AdjustmentKind.MIG_LAYOUT if switch.to_mode == "mig" else AdjustmentKind.MODE_SWITCH
+    target = f"gpu:g{gpu.pk}"
+    change = {"gpu": f"g{gpu.pk}", "from_mode": gpu.mode, "to_mode": switch.to_mode, "drain": bool(switch.leases),
+              "slots": [], "model": gpu.model}
+    risk = sorted(switch.leases)
+    body = proposal_identity(kind, target, change, [str(r) for r in risk])
+    print_ = hashlib.sha256(json.dumps(body, sort_keys=True, default=str).encode()).hexdigest()
+    tenants = sorted(set(Lease.objects.filter(pk__in=[*risk, switch.lease]).values_list("tenant_id", flat=True)))
+    reason = (f"for in-quota lease {switch.lease}, which fits nowhere in {switch.to_mode} mode: the schedule cycle "
+              f"reclaims across modes; " + (f"drain over-quota lease(s) {', '.join(map(str, risk))}, then switch"
+                                             if risk else f"the GPU is idle in {gpu.mode} mode; switch it"))
+    values = {"kind": kind, "target": target, "state": AdjustmentState.APPLYING, "mode": LoopMode.AUTO,
+              "reason": reason, "change": change, "risk": risk, "tenant_ids": tenants, "gpu": gpu,
+              "evidence": {"start": switch.now.timestamp(), "end": switch.now.timestamp(),
+                           "figures": {"from_mode": gpu.mode, "to_mode": switch.to_mode, "for lease": switch.lease,
+                                       "over-quota leases drained": len(risk)}},
+              "last_seen_at": switch.now, "decided_at": switch.now, "applied_by": LOOP,
+              "outcome": (f"draining lease(s) {', '.join(map(str, risk))}; the switch follows once they have left"
+                          if risk else "switching the idle GPU")}
+    row = Adjustment.objects.select_for_update().filter(fingerprint=print_, state=AdjustmentState.PROPOSED).first()
+    if row is None:
+        row = Adjustment.objects.create(fingerprint=print_, proposed_at=switch.now, **values)
+    else:
+        for name, value in values.items():
+            setattr(row, name, value)
+        row.save()
+    # warm members: the core chose a GPU with none, but one may have been added since the cycle read the fleet
+    warm = list(Allocation.objects.filter(gpu=gpu, freed_at__isnull=True, lease__isnull=True).values_list("pk",
+                                                                                                       flat=True))
+    if warm:
+        Allocation.objects.filter(pk__in=warm).update(state=AllocationState.RELEASING)
+        transaction.on_commit(lambda: _destroy_warm(warm, switch.now))
+    gpu.mode_target = switch.to_mode
+    gpu.save(update_fields=["mode_target"])
+    _audit("adjustment.apply", None, {"actor": LOOP, "state": row.state, "outcome": row.outcome,
+                                      "for_lease": switch.lease}, adjustment=row)
+    notice = 0
+    if risk:
+        deadlines = Lease.objects.filter(pk__in=risk, notice_deadline__isnull=False).values_list(
+            "notice_deadline", flat=True)
+        notice = max(((deadline - switch.now).total_seconds() for deadline in deadlines), default=0)
+    transaction.on_commit(lambda: task("capacity", "drains_run").apply_async(countdown=max(0.0, notice) + 1.0))
+    return row
+
+
+DRAINS_LOOK_AGAIN_SECONDS = 3.0  # while a drain for in-quota work waits for its leases' release
+DRAINS_LOOK_FOR_SECONDS = 600  # and for at most this long after it began (then the loop's timer looks)
+
+
+def drains_run(*, now: datetime | None = None) -> dict:
+    """The task a reclaim across modes sends for the end of its leases' notice: ``drains_finish``, and while a
+    drain begun in the last ``DRAINS_LOOK_FOR_SECONDS`` still waits (a release under way on its node), the same
+    task again in ``DRAINS_LOOK_AGAIN_SECONDS``."""
+    from django.utils import timezone
+
+    now = now or timezone.now()
+    switched = drains_finish(now=now)
+    waiting = Adjustment.objects.filter(
+        state=AdjustmentState.APPLYING, kind__in=(AdjustmentKind.MODE_SWITCH, AdjustmentKind.MIG_LAYOUT),
+        decided_at__gte=now - timedelta(seconds=DRAINS_LOOK_FOR_SECONDS)).exists()
+    if waiting:
+        task("capacity", "drains_run").apply_async(countdown=DRAINS_LOOK_AGAIN_SECONDS)
+    return {"switched": switched, "waiting": int(waiting)}

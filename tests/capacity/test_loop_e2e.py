@@ -91,7 +91,12 @@ def loop_set(**values):
 
 def test_a_queue_of_mig_requests_on_whole_gpus_switches_a_gpu_and_drains(loop, api, world):
     """Two 3g.40gb requests wait on a node whose H100s are whole; the planner (mode switch and MIG layout on
-    auto) switches an idle GPU to MIG through the agent; the queue drains onto it."""
+    auto) switches an idle GPU to MIG through the agent; the queue drains onto it. The project has no guarantee:
+    the requests are over quota, so the schedule cycle does not switch a GPU for them itself (an in-quota lease:
+    the next test)."""
+    from tenants import services as tenant_services
+
+    tenant_services.quota_set(project=world.project, tier="H100-80GB", deserved_gpu_milli=0, limit_gpu_milli=2000)
     loop(("h100-80gb:2:whole",))
     loop_set(mode_switch="auto", mig_layout="auto", warm_pool="off", idle_reclaim="off", right_size="off",
              quota_advice="off")
@@ -212,3 +217,46 @@ def test_a_waiting_whole_gpu_lease_gets_its_switch_from_the_cycle_not_the_timer(
     assert gpu.mode == "whole" and Allocation.objects.get(lease_id=pk).gpu_id == gpu.pk
     # well within the timer's period (CAPACITY_PLAN_SECONDS, 60 s), which never ran
     assert (lease.active_at - lease.requested_at).total_seconds() < 30
+
+
+def test_an_in_quota_mig_lease_empties_a_whole_gpu_of_over_quota_work_and_starts_on_it(loop, api, world):
+    """Reclaim across modes (issue 30): both H100s are whole and held by globex, one of them over its guarantee
+    (preemptible). Acme's in-quota MIG lease fits nowhere as the fleet is. The schedule cycle itself (no planner
+    run) gives the over-quota lease its notice and closes that GPU; the loop switches it to MIG once the lease has
+    left (its drain task), and the MIG lease starts on it. The other GPU, held within quota, is left alone."""
+    loop(("h100-80gb:2:whole",))
+    loop_set(mode_switch="auto", mig_layout="auto", warm_pool="off", idle_reclaim="off", right_size="off",
+             quota_advice="off")
+    whole = {"kind": "whole", "count": 1, "model": "H100-80GB"}
+    body = {"project": "secret", "gpu": whole, "duration_seconds": 3600}
+    held = []
+    for _ in range(2):  # the first within secret's 1-GPU guarantee, the second over it
+        status, made = api("outsider").call("POST", "/leases", body)
+        assert status == 201, made
+        held.append(made["id"])
+        wait_until(lambda pk=made["id"]: lease_of(pk).state == LeaseState.ACTIVE, timeout=30)
+    inside, over = held
+    assert Allocation.objects.get(lease_id=over).preemptible and not Allocation.objects.get(lease_id=inside).preemptible
+    victim_gpu = Allocation.objects.get(lease_id=over).gpu
+
+    pk = request(api, {"kind": "mig", "profile": "1g.10gb", "model": "H100-80GB"})
+    switch = wait_until(lambda: Adjustment.objects.filter(kind="mig_layout", gpu=victim_gpu).first(), timeout=30)
+    assert switch.mode == "auto" and switch.risk == [over] and switch.applied_by == "capacity-loop"
+    assert f"for in-quota lease {pk}" in switch.reason
+    lease = lease_of(pk)
+    assert lease.state == LeaseState.QUEUED and "switched to MIG mode for it" in lease.reason, lease.reason
+    assert "yours" not in lease.reason and str(over) not in lease.reason  # another tenant's lease is not named
+    assert lease_of(over).state in (LeaseState.PREEMPTED, LeaseState.RELEASED, LeaseState.QUEUED)
+    assert "for in-quota work (another tenant)" in " ".join(lease_of(over).events.values_list("reason", flat=True))
+
+    wait_until(lambda: lease_of(pk).state == LeaseState.ACTIVE, timeout=60)
+    assert Allocation.objects.get(lease_id=pk).gpu_id == victim_gpu.pk
+    gpu = Gpu.objects.get(pk=victim_gpu.pk)
+    assert gpu.mode == "mig" and gpu.mode_target == ""
+    reported = {g["uuid"]: g["mode"] for g in agent_of(Node.objects.get()).inventory()["gpus"]}
+    assert reported[gpu.uuid] == "mig"
+    switch.refresh_from_db()
+    assert switch.state == "applied", switch.outcome
+    assert lease_of(inside).state == LeaseState.ACTIVE  # in-quota work is never touched
+    # the preempted lease went back to the queue (over quota, nothing idle for it now)
+    assert lease_of(over).state == LeaseState.QUEUED

@@ -1,6 +1,9 @@
 """The planner on a wait (issue 30): a schedule cycle that leaves a request waiting for a mode an idle GPU could be
 switched to sends the planner's task once it commits, instead of leaving the request to the planner's timer — only
-where that pool's kind is ``auto``, and at most once per ``CAPACITY_PLAN_ON_WAIT_SECONDS`` (any run counts)."""
+where that pool's kind is ``auto``, and at most once per ``CAPACITY_PLAN_ON_WAIT_SECONDS`` (any run counts).
+
+The project here has no guarantee, so its leases borrow (over quota): an in-quota lease gets its switch from the
+cycle itself, which reclaims across modes (tests/capacity/test_switch_for_in_quota.py)."""
 
 from __future__ import annotations
 
@@ -23,9 +26,13 @@ MIG = {"kind": "mig", "profile": "3g.40gb", "model": "H100-80GB"}
 
 @pytest.fixture
 def world(db, settings):
+    from tenants import services as tenant_services
+
     settings.CAPACITY_PLAN_ON_WAIT_SECONDS = 10
     capacity_services.plan_soon_clear()
-    yield make_world()
+    world = make_world()
+    tenant_services.quota_set(project=world.project, tier="H100-80GB", deserved_gpu_milli=0, limit_gpu_milli=2000)
+    yield world
     capacity_services.plan_soon_clear()
 
 

@@ -327,6 +327,16 @@ def decision_problems(requests: list[Request], decisions: list[Decision], snap: 
                 problems.append(f"{decision.request}: waiting reason {decision.reason!r}")
             if decision.allocation is not None or decision.victims:
                 problems.append(f"{decision.request}: waiting with an allocation or victims")
+        elif decision.mode == DecisionMode.SWITCH:  # reclaim across modes: no allocation until the GPU is switched
+            if decision.allocation is not None or len(decision.switch) != 2 or decision.queue_position:
+                problems.append(f"{decision.request}: switch {decision.switch} with an allocation or a position")
+            gpu = next((g for g in snap.gpus if g.id == decision.switch[0]), None) if decision.switch else None
+            if gpu is None or gpu.mode.value == decision.switch[1] or gpu.closed:
+                problems.append(f"{decision.request}: switch of {decision.switch} (a GPU of another mode, open)")
+            held_there = {a.id for a in snap.allocations for unit in a.units if gpu and unit.gpu == gpu.id}
+            if held_there != set(decision.victims):
+                left = held_there - set(decision.victims)
+                problems.append(f"{decision.request}: switch of {gpu and gpu.id} leaves {left}")
         else:
             if decision.allocation is None or decision.allocation.id != decision.request:
                 problems.append(f"{decision.request}: {decision.mode} without its allocation")
@@ -339,7 +349,7 @@ def decision_problems(requests: list[Request], decisions: list[Decision], snap: 
                 problems.append(f"{decision.request}: preempt without victims")
             if decision.allocation is not None and decision.allocation.preemptible:
                 problems.append(f"{decision.request}: reclaimed capacity given to preemptible work")
-        elif decision.victims:
+        elif decision.victims and decision.mode != DecisionMode.SWITCH:
             problems.append(f"{decision.request}: {decision.mode} with victims {decision.victims}")
         for victim in decision.victims:
             if victim not in snapshot_ids:

@@ -150,6 +150,9 @@ def test_the_replay_scheduler_remembers_without_changing_a_decision(monkeypatch)
     fast = remembered.run()
     assert remembered.scheduler.memo_hits > 0  # the window exercises the memo
     with_reservations = Replay(loop="off", reservations=True, **BUSY_KW).run()  # as the broker ships
+    # the shipped default reclaims across modes too (its failed tries are remembered like failed reclaims)
+    switching = Replay(loop="default", reservations=False, **BUSY_KW).run()
+    assert switching["switches_for_in_quota"] > 0
 
     def plain_core(snapshot, *, reservations=False, ends=None):
         return capacity.Scheduler(snapshot, reservations=reservations, ends=ends,
@@ -158,6 +161,7 @@ def test_the_replay_scheduler_remembers_without_changing_a_decision(monkeypatch)
     monkeypatch.setattr(capacity, "ReplayScheduler", plain_core)
     assert _figures(fast) == _figures(Replay(loop="off", reservations=False, **BUSY_KW).run())
     assert _figures(with_reservations) == _figures(Replay(loop="off", reservations=True, **BUSY_KW).run())
+    assert _figures(switching) == _figures(Replay(loop="default", reservations=False, **BUSY_KW).run())
     assert with_reservations["reservations"] and with_reservations["reserved_jobs"] > 0
 
 
