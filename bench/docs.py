@@ -169,7 +169,8 @@ def _capacity_headline() -> str:
     figures = {setting: load(f"capacity_{setting}")["figures"] for setting in picked}
     f = figures["default"]
     words = {"static": "static partitions (each project owns its quota)", "off": "quotas with borrowing, no loop",
-             "default": "**the shipped default** (the loop acting where no tenant is touched)"}
+             "default": "**the shipped default** (the loop acting on idle capacity; in-quota work reclaims borrowed "
+                        "GPUs of any mode)"}
     rows = [[words[s], figures[s]["fleet_allocation_pct"], figures[s]["useful_share_pct"],
              figures[s]["ttg_p95_s"]["in_quota"], f"{figures[s]['queue_wait_s']['p95'] / 3600:.1f} h",
              f"{figures[s]['jct_s']['mean'] / 3600:.1f} h", f"{figures[s]['completed']:,} of {figures[s]['jobs']:,}",

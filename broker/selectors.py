@@ -245,15 +245,18 @@ def core_request(lease: Lease | QueuedLease, shapes: dict | None = None):
 def scheduler_inputs(snapshot, *, now: datetime, history: dict | None = None):
     """``snapshot`` with what the core plans with beyond the fleet: the fair share's half-life and each project's
     decayed borrowed use (``history``: the rows the cycle has just moved on; else read and decayed to ``now``
-    without writing), the preemption back-off's settings and the recent preemptions per lease, and the running
-    leases' expiries (for estimated starts; a preempted lease's notice deadline). docs/scheduling.md."""
+    without writing), the preemption back-off's settings and the recent preemptions per lease, the running
+    leases' expiries (for estimated starts; a preempted lease's notice deadline), and the (model, mode) pairs a
+    GPU may be switched to for in-quota work (reclaim across modes). docs/scheduling.md."""
     from dataclasses import replace
 
     from django.conf import settings
     from django.db import connection
     from django.db.models import Q
 
+    from broker import extensions
     from broker.models import ProjectUsageHistory
+    from broker.scheduler import GpuMode as CoreMode
     from broker.scheduler import UsageHistory
     from broker.scheduler.fairshare import usage_decayed
 
@@ -278,6 +281,10 @@ def scheduler_inputs(snapshot, *, now: datetime, history: dict | None = None):
                            [LeaseState.PREEMPTED, since])
             for lease_id, at in cursor.fetchall():
                 preempted[str(lease_id)] = (*preempted.get(str(lease_id), ()), at)
+    # reclaim across modes where the capacity loop switches GPUs on its own (``broker.extensions.mode_switch_modes``):
+    # only a tier with a guarantee on it can have in-quota work, so those are the models asked about
+    tiers = frozenset(q.tier for q in snapshot.quotas) | frozenset(q.tier for q in snapshot.tenant_quotas)
+    switch_modes = extensions.mode_switch_modes(tiers, now) if tiers else frozenset()
     ends = {}
     for pk, ends_at, deadline in Lease.objects.filter(
             Q(ends_at__isnull=False) | Q(notice_deadline__isnull=False),
@@ -288,7 +295,7 @@ def scheduler_inputs(snapshot, *, now: datetime, history: dict | None = None):
     return replace(snapshot, usage_half_life_seconds=half_life, usage_history=usage, backoff_preemptions=count,
                    backoff_window_seconds=window,
                    backoff_protect_seconds=settings.LEASE_PREEMPTION_BACKOFF_PROTECT_SECONDS, preempted_at=preempted,
-                   ends_at=ends)
+                   ends_at=ends, switch_modes=frozenset((model, CoreMode(mode)) for model, mode in switch_modes))
 
 
 DEMAND_SAMPLE = 5000  # the most recent leases a demand mix is drawn from
@@ -489,6 +496,13 @@ def lease_dry_run(*, actor: Actor, project: object, gpu: object, workload_class:
         tier = decision.allocation.tier
         return result("reclaims", f"in quota on {tier}: starts once over-quota work of other projects has had its "
                                   f"preemption notice", tier, False, None, tuple(decision.victims))
+    if decision.mode == DecisionMode.SWITCH:  # reclaim across modes: a GPU of another mode emptied and switched
+        tier = next(gpu.model for gpu in snapshot.gpus if gpu.id == decision.switch[0])
+        mode = "MIG" if decision.switch[1] == "mig" else decision.switch[1]
+        emptied = ("once over-quota work of other projects has had its preemption notice and the GPU it held has been"
+                   if decision.victims else "once an idle GPU has been")
+        return result("reclaims", f"in quota on {tier}: no room in {mode} mode; starts {emptied} switched to {mode} "
+                                  "mode for it", tier, False, None, tuple(decision.victims))
     if decision.mode == DecisionMode.SHRINK:  # an elastic over-quota lease gives back units: no notice to wait for
         tier = decision.allocation.tier
         return result("reclaims", f"in quota on {tier}: starts once an elastic over-quota lease has given back "

@@ -6,7 +6,6 @@ from __future__ import annotations
 import logging
 import re
 import time
-from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 from django.conf import settings
@@ -23,7 +22,6 @@ from broker.choices import (
 )
 from broker.models import Allocation, Lease, LeaseEvent
 from broker.scheduler import DecisionMode
-from broker.scheduler import GpuMode as CoreMode
 from broker.scheduler.collector import collector_paused
 from broker.scheduler.estimate import estimated_starts
 from broker.scheduler.plan import Scheduler
@@ -107,12 +105,6 @@ def _schedule_cycle_locked(now: datetime, counts: dict) -> dict:
     cache.prune(wall=started)
     # fair share with history (the decayed use moved on to now), the back-off's preemptions, the expiries
     snapshot = scheduler_inputs(snapshot, now=now, history=usage_history_record(snapshot=snapshot, now=now))
-    # reclaim across modes where the capacity loop switches GPUs on its own: only a tier with a guarantee on it can
-    # have in-quota work, so those are the models asked about (not the fleet's GPUs, read at every cycle)
-    tiers = frozenset(q.tier for q in snapshot.quotas) | frozenset(q.tier for q in snapshot.tenant_quotas)
-    switch_modes = extensions.mode_switch_modes(tiers, now) if tiers else frozenset()
-    if switch_modes:
-        snapshot = replace(snapshot, switch_modes=frozenset((model, CoreMode(mode)) for model, mode in switch_modes))
     by_id = {str(lease.pk): lease for lease in queued}
     shapes: dict = {}
     requests = [core_request(lease, shapes) for lease in queued]

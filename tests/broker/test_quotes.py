@@ -257,6 +257,21 @@ def test_quote_reclaims_waits_at_most_the_victims_notice(world, settings):
     assert Lease.objects.get(pk=over.pk).state == "active"  # nobody was given notice
 
 
+def test_quote_reclaims_across_modes_as_the_cycle_would(world):
+    """The only GPU is in MIG mode and idle: an in-quota whole-GPU request would have it switched by the cycle (reclaim
+    across modes, the loop's mode switch on ``auto`` by default); the quote says so, and writes nothing. With the
+    pool's switch only advised, it waits as before."""
+    from capacity import services as capacity_services
+
+    fleet(mode="mig")
+    before = counts()
+    answer = quote(world, WHOLE)
+    assert answer["outcome"] == "reclaims" and "switched to whole mode for it" in answer["reason"], answer
+    assert "an idle GPU" in answer["reason"] and nothing_written(before)
+    capacity_services.policy_set(scope="pool:H100-80GB", values={"mode_switch": "advise"})
+    assert quote(world, WHOLE)["outcome"] == "waits"
+
+
 # -- budget ----------------------------------------------------------------------------------------------------
 def test_quote_budget_refuse_has_the_figures_the_request_refuses_with(world):
     fleet()

@@ -178,6 +178,26 @@ def test_planner_poisson_pool_size_is_the_smallest_n_with_miss_under_5_percent(e
     assert poisson_pool_size(expected, 50) == size
 
 
+def test_planner_fits_the_queue_on_a_gpu_being_switched_and_proposes_nothing_for_that_gpu():
+    """A GPU changing mode (a drain or a switch under way: the schedule cycle's reclaim across modes) is capacity of
+    the mode it is being switched to: the queue waiting for it is fitted there, so no second GPU is switched for it;
+    and nothing is proposed for the changing GPU itself (no warm member, no rebalance, no other switch)."""
+    changing = replace(gpu(1, GpuMode.MIG), changing=True)
+    queue = (Waiting("r1", "p1", MIG3, waited_seconds=600), Waiting("r2", "p1", MIG3, waited_seconds=300))
+    history = History(NOW - 3600, NOW, (Arrivals(MIG1, 120), Arrivals(WHOLE, 500)))
+    snapshot = CapacitySnapshot(gpus=(gpu(0, GpuMode.WHOLE, lease("busy")), changing, gpu(2)), queue=queue,
+                                history=history, prices=(Price(H100, 7000),),
+                                policies=(replace(AUTO, warm_target_p95_seconds=1, cold_provision_seconds=30),))
+    adjustments = plan_capacity(snapshot, now=NOW)
+    assert not of(adjustments, AdjustmentKind.MIG_LAYOUT) and not of(adjustments, AdjustmentKind.MODE_SWITCH)
+    assert all(adjustment.change.gpu != "g1" for adjustment in adjustments)
+    assert all(slot.gpu != "g1" for adjustment in adjustments for slot in adjustment.change.slots)
+    # a third 3g does not fit the changing GPU's two halves: the idle whole GPU is switched for it
+    more = replace(snapshot, queue=(*queue, Waiting("r3", "p1", MIG3, waited_seconds=100)))
+    layouts = of(plan_capacity(more, now=NOW), AdjustmentKind.MIG_LAYOUT)
+    assert [layout.change.gpu for layout in layouts] == ["g2"]
+
+
 def test_planner_sizes_a_warm_pool_from_arrivals_and_places_it_on_idle_mig_gpus():
     # 120 arrivals of 1g in an hour, refill 30 s: 1 expected per refill -> 4 warm (P(X >= 4) = 1.9 %); the
     # 1 s SLO needs the pool, though 4 members hold more instance time (4 h/h) than they save (0.95 h/h)
