@@ -177,36 +177,39 @@ def test_an_idle_interactive_lease_is_noticed_then_released(loop, api, world, se
 
 
 def test_the_default_policy_switches_an_idle_gpu_for_a_waiting_whole_gpu_lease(loop, api, world):
-    """No policy set (the demo's case after ``make run``): a whole-H100 request waits on a node whose H100s
-    are all in MIG mode; the loop's first run switches an idle one to whole mode itself (mode switch is
-    ``auto`` by default, no tenant is touched) and the lease starts on it — no proposal left to expire."""
+    """No policy set (the demo's case after ``make run``): an in-quota whole-H100 request on a node whose H100s
+    are all in MIG mode. The schedule cycle takes an idle one for it (reclaim across modes, with mode switch
+    ``auto`` by default: no tenant is touched), the loop switches it to whole mode, and the lease starts on it —
+    nobody ran the planner. A planner run afterwards finds nothing more to do: no proposal left to expire."""
     loop(("h100-80gb:2:mig",))
     from capacity.models import CapacityPolicy
 
     assert not CapacityPolicy.objects.exists()
     pk = request(api, {"kind": "whole", "model": "H100-80GB"})
-    wait_until(lambda: lease_of(pk).state == LeaseState.QUEUED and lease_of(pk).reason, timeout=30)
-
-    counts = capacity_services.plan_run()
-    switch = Adjustment.objects.get(kind="mode_switch")
-    assert switch.mode == "auto" and switch.state == "applied" and switch.applied_by == "capacity-loop", (
-        switch.outcome, counts)
-    gpu = Gpu.objects.get(pk=int(switch.change["gpu"].lstrip("g")))
-    assert gpu.mode == "whole"
     wait_until(lambda: lease_of(pk).state == LeaseState.ACTIVE, timeout=30)
-    assert Allocation.objects.get(lease_id=pk).gpu_id == gpu.pk
+    switch = Adjustment.objects.get(kind="mode_switch")
+    assert switch.mode == "auto" and switch.state == "applied" and switch.applied_by == "capacity-loop", switch.outcome
+    assert f"for in-quota lease {pk}" in switch.reason
+    gpu = Gpu.objects.get(pk=int(switch.change["gpu"].lstrip("g")))
+    assert gpu.mode == "whole" and Allocation.objects.get(lease_id=pk).gpu_id == gpu.pk
+
+    capacity_services.plan_run()
+    assert Adjustment.objects.filter(kind__in=("mode_switch", "mig_layout")).count() == 1
     # nothing of a tenant's was decided for them: what stays open is advice only (here: none)
     assert not Adjustment.objects.filter(state="proposed").exclude(mode="advise").exists()
 
 
 @pytest.mark.parametrize("worker_settings", [{"CAPACITY_PLAN_ON_WAIT_SECONDS": "2"}])
 def test_a_waiting_whole_gpu_lease_gets_its_switch_from_the_cycle_not_the_timer(loop, api, world, worker_settings):
-    """Issue 30: the same demo case, and nobody runs the planner — no beat here, no call from the test. The worker's
-    schedule cycle leaves the whole-H100 lease waiting on the all-MIG node, sees an idle GPU it could have in whole
-    mode, and sends the planner's task after it commits (``capacity.services.plan_on_wait``); the planner's switch
-    asks for a cycle, which places the lease."""
+    """Issue 30: the same demo case for borrowed work (the project has no guarantee, so the cycle does not switch a
+    GPU for it itself), and nobody runs the planner — no beat here, no call from the test. The worker's schedule
+    cycle leaves the whole-H100 lease waiting on the all-MIG node, sees an idle GPU it could have in whole mode, and
+    sends the planner's task after it commits (``capacity.services.plan_on_wait``); the planner's switch asks for a
+    cycle, which places the lease."""
     from capacity.services import plan_soon_clear
+    from tenants import services as tenant_services
 
+    tenant_services.quota_set(project=world.project, tier="H100-80GB", deserved_gpu_milli=0, limit_gpu_milli=2000)
     plan_soon_clear()
     loop(("h100-80gb:2:mig",))
     pk = request(api, {"kind": "whole", "model": "H100-80GB"})
