@@ -21,6 +21,7 @@ from capacity.models import Adjustment
 from capacity.selectors import capacity_snapshot
 from tenants.access import Actor
 from tenants.choices import Role
+from tests.capacity.test_plan_on_wait import a_node, cycle
 from tests.factories import make_world
 
 WHOLE = {"kind": "whole", "model": "H100-80GB"}
@@ -56,14 +57,6 @@ def drains(monkeypatch):
     return sent
 
 
-def a_node(mode: str, gpus: int = 2) -> list[Gpu]:
-    token = services.enrollment_token_create(uses=1)
-    services.node_enroll(node_id="node-a", token=token, address="http://127.0.0.1:9/n/node-a", inventory={
-        "gpus": [{"index": i, "uuid": f"GPU-{i}", "model": "H100-80GB", "mode": mode, "memory_mib": 81559}
-                 for i in range(gpus)]})
-    return list(Gpu.objects.order_by("pk"))
-
-
 def ask(world, shape: dict, *, tenant="acme", project="vision") -> Lease:
     if tenant == "acme":
         actor = Actor(user=world.member, tenant=world.acme, role=Role.MEMBER)
@@ -71,11 +64,6 @@ def ask(world, shape: dict, *, tenant="acme", project="vision") -> Lease:
         actor = Actor(user=world.outsider, tenant=world.globex, role=Role.OWNER)
     lease, _ = services.lease_request(actor=actor, project=project, gpu=shape, duration_seconds=600)
     return lease
-
-
-def cycle(capture) -> dict:
-    with capture(execute=True):
-        return services.schedule_cycle()
 
 
 def test_an_idle_gpu_of_another_mode_is_switched_by_the_cycle_for_an_in_quota_lease(
