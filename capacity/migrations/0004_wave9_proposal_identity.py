@@ -1,4 +1,4 @@
-"""Open proposals are keyed by their decision, not its details (``capacity.services.run.proposal_identity``):
+"""Open proposals are keyed by their decision, not its details (``capacity.services.common.proposal_identity``):
 the open rows get the new fingerprint, so the loop's next run refreshes them instead of expiring them and
 making them anew. Where two open rows are now the same decision the newest stays open and the others expire
 (the partial unique index allows one open row per fingerprint). Decided rows keep their fingerprint: they
@@ -11,7 +11,7 @@ from django.db import migrations
 
 
 def _identity(kind: str, target: str, change: dict, risk: list) -> dict:
-    # a copy of capacity.services.run.proposal_identity as of this migration (migrations do not import services)
+    # a copy of capacity.services.common.proposal_identity as of this migration (migrations do not import services)
     if kind == "warm_pool":
         what = {"grow": int(change.get("size_after", 0)) > int(change.get("size_before", 0))}
     elif kind in ("mode_switch", "mig_layout"):

@@ -3,6 +3,8 @@ row, the schedule cycle's lock, and the one audit helper."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 from datetime import datetime
 
 from django.db import connection, transaction
@@ -64,3 +66,29 @@ def _cycle_lock() -> None:
 
 def _gpu_of(adjustment: Adjustment) -> int:
     return int(str(adjustment.change["gpu"]).lstrip("g"))
+
+
+def proposal_identity(kind: str, target: str, change: dict, risk: list | tuple) -> dict:
+    """What makes two proposals the same decision for a person: the kind, the target and the direction of
+    the change — not the details the planner recomputes every run (a warm pool's slots and exact size, a
+    layout's slots, the figures). A warm pool grows or shrinks; a GPU goes to a mode (draining which leases);
+    a lease gets a reclaim step; a lease would fit a profile; a quota goes up or down."""
+    if kind == "warm_pool":
+        what = {"grow": int(change.get("size_after", 0)) > int(change.get("size_before", 0))}
+    elif kind in ("mode_switch", "mig_layout"):
+        what = {"to_mode": change.get("to_mode", ""), "drain": sorted(str(r) for r in risk)}
+    elif kind == "idle_reclaim":
+        what = {"step": change.get("step", "")}
+    elif kind == "right_size":
+        what = {"model": change.get("model", ""), "profile": change.get("profile", "")}
+    elif kind == "quota_advice":
+        what = {"raise": int(change.get("size_after", 0)) > int(change.get("size_before", 0))}
+    else:
+        what = {"change": change}
+    return {"kind": kind, "target": target, **what}
+
+
+def identity_print(kind: str, target: str, change: dict, risk: list | tuple) -> str:
+    """The fingerprint of a proposal's open row (``Adjustment.fingerprint``): its ``proposal_identity``, hashed."""
+    body = proposal_identity(kind, target, change, risk)
+    return hashlib.sha256(json.dumps(body, sort_keys=True, default=str).encode()).hexdigest()

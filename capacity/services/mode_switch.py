@@ -5,8 +5,6 @@ holders with their promised notice; ``drains_finish`` switches once they have le
 
 from __future__ import annotations
 
-import hashlib
-import json
 from datetime import datetime, timedelta
 
 from django.db import transaction
@@ -16,7 +14,7 @@ from broker.extensions import ModeSwitchFor
 from broker.models import Allocation, Gpu, Lease
 from capacity.choices import AdjustmentKind, AdjustmentState, LoopMode
 from capacity.models import Adjustment
-from capacity.services.common import LOOP, _audit, _cycle_lock, _finish, _gpu_of
+from capacity.services.common import LOOP, _audit, _cycle_lock, _finish, _gpu_of, identity_print
 from capacity.services.warm_pool import _destroy_warm
 from core.task_registry import task
 
@@ -114,16 +112,13 @@ def mode_switch_for(switch: ModeSwitchFor) -> Adjustment:
     their notice. ``drains_finish`` switches the GPU once they have left: its task is sent for the end of the
     longest notice (at once for an idle GPU). An open proposal of the same change (a drain the planner advised) is
     taken over rather than doubled."""
-    from capacity.services.run import proposal_identity
-
     gpu = Gpu.objects.select_for_update(no_key=True, of=("self",)).get(pk=switch.gpu)
     kind = AdjustmentKind.MIG_LAYOUT if switch.to_mode == "mig" else AdjustmentKind.MODE_SWITCH
     target = f"gpu:g{gpu.pk}"
     change = {"gpu": f"g{gpu.pk}", "from_mode": gpu.mode, "to_mode": switch.to_mode, "drain": bool(switch.leases),
               "slots": [], "model": gpu.model}
     risk = sorted(switch.leases)
-    body = proposal_identity(kind, target, change, [str(r) for r in risk])
-    print_ = hashlib.sha256(json.dumps(body, sort_keys=True, default=str).encode()).hexdigest()
+    print_ = identity_print(kind, target, change, [str(r) for r in risk])
     tenants = sorted(set(Lease.objects.filter(pk__in=[*risk, switch.lease]).values_list("tenant_id", flat=True)))
     reason = (f"for in-quota lease {switch.lease}, which fits nowhere in {switch.to_mode} mode: the schedule cycle "
               f"reclaims across modes; " + (f"drain over-quota lease(s) {', '.join(map(str, risk))}, then switch"

@@ -3,8 +3,6 @@ the ``auto`` ones applied, drains finished, interrupted rows failed, effects mea
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 from dataclasses import asdict
 from datetime import datetime, timedelta
@@ -25,7 +23,7 @@ from capacity.planner import AdjustmentKind as PlannerKind
 from capacity.planner import Mode, plan_capacity
 from capacity.selectors import capacity_snapshot, policies_in_force
 from capacity.services.applying import adjustment_apply, applying_sweep
-from capacity.services.common import LOOP, AdjustmentConflict
+from capacity.services.common import LOOP, AdjustmentConflict, identity_print
 from capacity.services.effects import effects_measure
 from capacity.services.mode_switch import drains_finish
 from capacity.services.right_size import price_for_tenant
@@ -120,31 +118,10 @@ def plan_on_wait(wait: PoolWait) -> bool:
     return True
 
 
-def proposal_identity(kind: str, target: str, change: dict, risk: list | tuple) -> dict:
-    """What makes two proposals the same decision for a person: the kind, the target and the direction of
-    the change — not the details the planner recomputes every run (a warm pool's slots and exact size, a
-    layout's slots, the figures). A warm pool grows or shrinks; a GPU goes to a mode (draining which leases);
-    a lease gets a reclaim step; a lease would fit a profile; a quota goes up or down."""
-    if kind == "warm_pool":
-        what = {"grow": int(change.get("size_after", 0)) > int(change.get("size_before", 0))}
-    elif kind in ("mode_switch", "mig_layout"):
-        what = {"to_mode": change.get("to_mode", ""), "drain": sorted(str(r) for r in risk)}
-    elif kind == "idle_reclaim":
-        what = {"step": change.get("step", "")}
-    elif kind == "right_size":
-        what = {"model": change.get("model", ""), "profile": change.get("profile", "")}
-    elif kind == "quota_advice":
-        what = {"raise": int(change.get("size_after", 0)) > int(change.get("size_before", 0))}
-    else:
-        what = {"change": change}
-    return {"kind": kind, "target": target, **what}
-
-
 def fingerprint(proposal: Proposal) -> str:
     """The key of a proposal's open row (``proposal_identity``): proposed again by later runs while its
     evidence holds, the row stays open and is refreshed instead of expiring and being made anew."""
-    body = proposal_identity(proposal.kind.value, proposal.target, asdict(proposal.change), proposal.risk)
-    return hashlib.sha256(json.dumps(body, sort_keys=True, default=str).encode()).hexdigest()
+    return identity_print(proposal.kind.value, proposal.target, asdict(proposal.change), proposal.risk)
 
 
 def _who(proposal: Proposal) -> dict:

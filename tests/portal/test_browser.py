@@ -227,9 +227,13 @@ def test_browser_request_a_mig_slice_watch_it_turn_active_and_release_it(live_se
     base = live_server.url
     # some work of both tenants on the fleet already, so that the map and the dashboard have something to show
     from broker.services import lease_request
+    from capacity.services import policy_set
     from tenants.access import Actor
     from tenants.choices import Role
 
+    # the operator keeps H100 mode switches as advice here, so vision's whole-H100 lease below waits with its reason
+    # (with the default, the cycle would have an idle H100 switched to whole mode for it: docs/scheduling.md)
+    policy_set(scope="pool:H100-80GB", values={"mode_switch": "advise"})
     acme_admin = Actor(user=portal_world.admin, tenant=portal_world.acme, role=Role.ADMIN)
     globex = Actor(user=portal_world.outsider, tenant=portal_world.globex, role=Role.OWNER)
     lease_request(actor=acme_admin, project="llm", gpu={"kind": "mig", "profile": "3g.40gb"}, duration_seconds=7200)
