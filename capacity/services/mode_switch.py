@@ -119,14 +119,16 @@ def mode_switch_for(switch: ModeSwitchFor) -> Adjustment:
               "slots": [], "model": gpu.model}
     risk = sorted(switch.leases)
     print_ = identity_print(kind, target, change, [str(r) for r in risk])
-    tenants = sorted(set(Lease.objects.filter(pk__in=[*risk, switch.lease]).values_list("tenant_id", flat=True)))
-    reason = (f"for in-quota lease {switch.lease}, which fits nowhere in {switch.to_mode} mode: the schedule cycle "
-              f"reclaims across modes; " + (f"drain over-quota lease(s) {', '.join(map(str, risk))}, then switch"
-                                             if risk else f"the GPU is idle in {gpu.mode} mode; switch it"))
+    # whom it concerns: the tenants whose leases it drains (they see the row, as a planner drain's); the lease it is
+    # for is another tenant's business, so it is named only in the audit trail (staff's), never in the row
+    tenants = sorted(set(Lease.objects.filter(pk__in=risk).values_list("tenant_id", flat=True)))
+    reason = (f"for an in-quota lease that fits nowhere in {switch.to_mode} mode: the schedule cycle reclaims across "
+              f"modes; " + (f"drain over-quota lease(s) {', '.join(map(str, risk))}, then switch" if risk
+                            else f"the GPU is idle in {gpu.mode} mode; switch it"))
     values = {"kind": kind, "target": target, "state": AdjustmentState.APPLYING, "mode": LoopMode.AUTO,
               "reason": reason, "change": change, "risk": risk, "tenant_ids": tenants, "gpu": gpu,
               "evidence": {"start": switch.now.timestamp(), "end": switch.now.timestamp(),
-                           "figures": {"from_mode": gpu.mode, "to_mode": switch.to_mode, "for lease": switch.lease,
+                           "figures": {"from_mode": gpu.mode, "to_mode": switch.to_mode,
                                        "over-quota leases drained": len(risk)}},
               "last_seen_at": switch.now, "decided_at": switch.now, "applied_by": LOOP,
               "outcome": (f"draining lease(s) {', '.join(map(str, risk))}; the switch follows once they have left"
