@@ -8,6 +8,11 @@ from gpus.performance import SPECS
 from pipelines.models import ModelSplit, Pipeline, PipelinePlan
 from tenants.api.serializers import StrictSerializer
 
+# "not only spaces", the same in the validator (Python's ``re``) and in the OpenAPI pattern a client checks with an
+# ECMAScript regex: Python's ``\s`` also holds the separators U+001C-U+001F and U+0085, ECMAScript's holds U+FEFF,
+# so a bare ``\S`` let a fuzzer send a name of one U+001F that the schema allowed and the validator refused
+VISIBLE = r"[^\s\u001c-\u001f\u0085\ufeff]"
+
 
 class NumberField(serializers.FloatField):
     """A JSON number, as the document says: no string coerced into one (``"3"`` is refused)."""
@@ -45,7 +50,7 @@ class StageInput(StrictSerializer):
     """A stage runs one model: a registered workload (its auto-tiering profiles), a catalogue architecture
     (profiled by the performance model) or measured rows."""
 
-    name = serializers.RegexField(r"\S", max_length=100, help_text="unique in the pipeline; not only spaces")
+    name = serializers.RegexField(VISIBLE, max_length=100, help_text="unique in the pipeline; not only spaces")
     architecture = serializers.ChoiceField(choices=sorted(ARCHITECTURES), required=False)
     workload = serializers.CharField(max_length=64, required=False,
                                      help_text="a registered workload (auto-tiering): its profile rows give the "
@@ -65,9 +70,9 @@ class PipelineInput(StrictSerializer):
     """An inference pipeline: stages, the edges between them, an end-to-end SLO and an arrival rate."""
 
     project = serializers.CharField(max_length=100)
-    name = serializers.RegexField(r"\S", max_length=100, help_text="not only spaces")
+    name = serializers.RegexField(VISIBLE, max_length=100, help_text="not only spaces")
     stages = serializers.ListField(child=StageInput(), min_length=1, max_length=24)
-    edges = serializers.ListField(child=serializers.ListField(child=serializers.RegexField(r"\S", max_length=100),
+    edges = serializers.ListField(child=serializers.ListField(child=serializers.RegexField(VISIBLE, max_length=100),
                                                               min_length=2, max_length=2),
                                   required=False, default=list, max_length=600,
                                   help_text="[from, to] pairs of stage names: no loop, no cycle")

@@ -67,6 +67,10 @@ def test_a_pipeline_is_planned_by_esg_within_its_slo(world):
     ({"stages": [{"name": "a", "profile": [{"tier": "L4", "latency_ms": "3"}]}], "edges": []}, 400,
      "stages[0].profile[0].latency_ms"),
     ({"name": "   "}, 400, "name"),
+    # separators and a byte-order mark are no name either, whichever regex engine reads the pattern: Python's \s
+    # holds U+001C-U+001F and U+0085, ECMAScript's U+FEFF (a fuzzer sent "\u001f", which the schema's \S allowed)
+    ({"name": "\u001f"}, 400, "name"),
+    ({"name": "\ufeff\u0085"}, 400, "name"),
     ({"slo_ms": -1}, 400, "slo_ms"),
     ({"tiers": ["Z80"]}, 400, "tiers[0]"),
 ])
@@ -75,6 +79,16 @@ def test_bad_pipelines_are_refused_naming_the_field(world, change, status, field
     assert answer.status_code == status and answer["Content-Type"].startswith("application/problem+json")
     assert answer.json()["field"] == field, answer.json()
     assert not Pipeline.objects.exists()
+
+
+def test_the_name_pattern_the_document_states_is_the_one_the_validator_applies(world):
+    from pipelines.api.serializers import VISIBLE
+
+    document = world.client("member").get("/api/schema/", {"format": "json"}).json()
+    body = document["paths"]["/api/v1/pipelines"]["post"]["requestBody"]["content"]["application/json"]["schema"]
+    pipeline = document["components"]["schemas"][body["$ref"].rsplit("/", 1)[1]]
+    stage = document["components"]["schemas"][pipeline["properties"]["stages"]["items"]["$ref"].rsplit("/", 1)[1]]
+    assert pipeline["properties"]["name"]["pattern"] == stage["properties"]["name"]["pattern"] == VISIBLE
 
 
 def test_a_blank_edge_end_is_refused_as_the_document_says(world):
