@@ -213,7 +213,6 @@ class ModeSwitchFor:
     to_mode: str  # whole, mig or shared
     leases: tuple[int, ...]  # the over-quota leases given notice to empty it (none: it was idle)
     lease: int  # the in-quota lease it is for
-    reason: str  # the core's words
     now: datetime
 
 

@@ -188,11 +188,10 @@ def _gpus(now: datetime, leases: dict[int, Lease]) -> tuple[CapacityGpu, ...]:
     members. ``leases`` is filled with the live leases read. A GPU already changing mode is there in the mode it is
     being switched to, empty and ``changing`` (what it still holds is leaving): the queue waiting for it is fitted
     on it, and nothing is proposed for it."""
-    rows = list(Gpu.objects.filter(lost_at__isnull=True, node__status=NodeStatus.READY, node__cordoned=False,
-                                   mode_target="")
-                .select_related("node").order_by("node__node_id", "index"))
-    changing = list(Gpu.objects.filter(lost_at__isnull=True, node__status=NodeStatus.READY, node__cordoned=False)
-                    .exclude(mode_target="").select_related("node").order_by("node__node_id", "index"))
+    every = list(Gpu.objects.filter(lost_at__isnull=True, node__status=NodeStatus.READY, node__cordoned=False)
+                 .select_related("node").order_by("node__node_id", "index"))
+    rows = [gpu for gpu in every if not gpu.mode_target]
+    changing = [gpu for gpu in every if gpu.mode_target]
     live = (Allocation.objects.filter(gpu__in=rows, freed_at__isnull=True).select_related("lease")
             .order_by("pk"))
     instances: dict[int, list[Instance]] = defaultdict(list)

@@ -17,10 +17,10 @@ def plan_run() -> dict:
 
 
 @shared_task(name="capacity.drains_run", acks_late=True)
-def drains_run() -> dict:
+def drains_run(adjustment: int | None = None) -> dict:
     """Sent by a schedule cycle's reclaim across modes (``services.mode_switch_for``) for the end of its leases'
     notice: the GPU is switched once they have left."""
-    return services.drains_run()
+    return services.drains_run(adjustment=adjustment)
 
 
 # the services send them by name (core.task_registry): plan_on_wait would otherwise import this module back

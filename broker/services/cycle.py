@@ -158,7 +158,7 @@ def _schedule_cycle_locked(now: datetime, counts: dict) -> dict:
             gpu_id, mode = decision.switch
             extensions.mode_switch_tell(extensions.ModeSwitchFor(
                 gpu=int(gpu_id.lstrip("g")), to_mode=mode, leases=tuple(int(v) for v in decision.victims),
-                lease=lease.pk, reason=decision.reason, now=now))
+                lease=lease.pk, now=now))
             reason = _switch_reason(lease, decision, gpus[gpu_id].model)
             estimate = now + timedelta(seconds=notice)  # the victims' notice, at the longest, then the switch
         elif decision.mode == DecisionMode.SHRINK:

@@ -155,7 +155,8 @@ def mode_switch_for(switch: ModeSwitchFor) -> Adjustment:
         deadlines = Lease.objects.filter(pk__in=risk, notice_deadline__isnull=False).values_list(
             "notice_deadline", flat=True)
         notice = max(((deadline - switch.now).total_seconds() for deadline in deadlines), default=0)
-    transaction.on_commit(lambda: task("capacity", "drains_run").apply_async(countdown=max(0.0, notice) + 1.0))
+    transaction.on_commit(lambda: task("capacity", "drains_run").apply_async(
+        countdown=max(0.0, notice) + 1.0, kwargs={"adjustment": row.pk}))
     return row
 
 
@@ -163,17 +164,20 @@ DRAINS_LOOK_AGAIN_SECONDS = 3.0  # while a drain for in-quota work waits for its
 DRAINS_LOOK_FOR_SECONDS = 600  # and for at most this long after it began (then the loop's timer looks)
 
 
-def drains_run(*, now: datetime | None = None) -> dict:
-    """The task a reclaim across modes sends for the end of its leases' notice: ``drains_finish``, and while a
-    drain begun in the last ``DRAINS_LOOK_FOR_SECONDS`` still waits (a release under way on its node), the same
-    task again in ``DRAINS_LOOK_AGAIN_SECONDS``."""
+def drains_run(*, adjustment: int | None = None, now: datetime | None = None) -> dict:
+    """The task a reclaim across modes sends for the end of its leases' notice: ``drains_finish``, and while its
+    drain (``adjustment``; None: any), begun in the last ``DRAINS_LOOK_FOR_SECONDS``, still waits (a release under
+    way on its node), the same task again in ``DRAINS_LOOK_AGAIN_SECONDS`` — one chain per switch, ending with it,
+    so that switches decided together do not each poll for all."""
     from django.utils import timezone
 
     now = now or timezone.now()
     switched = drains_finish(now=now)
-    waiting = Adjustment.objects.filter(
+    pending = Adjustment.objects.filter(
         state=AdjustmentState.APPLYING, kind__in=(AdjustmentKind.MODE_SWITCH, AdjustmentKind.MIG_LAYOUT),
-        decided_at__gte=now - timedelta(seconds=DRAINS_LOOK_FOR_SECONDS)).exists()
+        decided_at__gte=now - timedelta(seconds=DRAINS_LOOK_FOR_SECONDS))
+    waiting = (pending if adjustment is None else pending.filter(pk=adjustment)).exists()
     if waiting:
-        task("capacity", "drains_run").apply_async(countdown=DRAINS_LOOK_AGAIN_SECONDS)
+        task("capacity", "drains_run").apply_async(countdown=DRAINS_LOOK_AGAIN_SECONDS,
+                                                   kwargs={} if adjustment is None else {"adjustment": adjustment})
     return {"switched": switched, "waiting": int(waiting)}

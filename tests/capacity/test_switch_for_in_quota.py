@@ -53,7 +53,7 @@ def agent(monkeypatch):
 def drains(monkeypatch):
     """The drain task as the listener sends it: its countdown recorded, not queued (the tests run it)."""
     sent: list[float] = []
-    monkeypatch.setattr(tasks.drains_run, "apply_async", lambda countdown=0: sent.append(countdown))
+    monkeypatch.setattr(tasks.drains_run, "apply_async", lambda countdown=0, kwargs=None: sent.append(countdown))
     return sent
 
 
