@@ -103,6 +103,12 @@ BENCHMARKS: tuple[Benchmark, ...] = (
               tuple(f"capacity_load{pct}_{setting}" for pct in (60, 95) for setting in ("static", "off", "default")),
               "nothing (pure replay)", 8,
               measures=("capacity/planner", "broker/scheduler", "gpus")),
+    Benchmark("idle_structure", "the capacity month's idle GPU-hours by class and stretch length, and the most an idle "
+              "rule acting after W minutes could remove (an upper bound from the work alone)",
+              ("bench/idle_structure.py",), ("bench/idle_structure.py", "--quick"), ("idle_structure",),
+              "nothing (pure)", 1,
+              measures=("bench/sim/capacity.py", "bench/sim/philly.py", "agent/data/genai_series.json.gz",
+                        "bench/traces/philly")),
     Benchmark("billing", "a month's close (metering + invoice_run) for 1,000 tenants on 10,000 GPUs",
               ("bench/billing.py", "--workers", "2"), ("bench/billing.py", "--quick", "--workers", "2"), ("billing",),
               "PostgreSQL", 15,

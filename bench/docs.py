@@ -194,6 +194,42 @@ def _capacity_loads() -> str:
     return provenance(*names) + "\n\n" + table(CAPACITY_HEADERS, rows)
 
 
+@renderer("idle_structure")
+def _idle_structure() -> str:
+    """Where the month's idle GPU-hours are and the most a rule acting after W minutes could remove
+    (``idle_structure``), beside what ``off`` and ``auto`` measured (``capacity_off``, ``capacity_auto``)."""
+    f = load("idle_structure")["figures"]
+    off, auto = load("capacity_off")["figures"], load("capacity_auto")["figures"]
+    classes = table(["class", "GPU-h of work in the window", "idle GPU-h (under 5 %)", "idle share %",
+                     "at 0 % share %", "share of all idle %"],
+                    [[k, f"{r['work_gpu_hours']:,.0f}", f"{r['idle_gpu_hours']:,.0f}", r["idle_share_pct"],
+                      r["idle_zero_share_pct"], r["share_of_idle_pct"]] for k, r in f["by_class"].items()])
+    durations = table(["training jobs running", "GPU-h of work", "idle share % (under 5 %)", "at 0 % share %"],
+                      [[k, f"{r['work_gpu_hours']:,.0f}", r["idle_share_pct"], r["idle_zero_share_pct"]]
+                       for k, r in f["training_by_duration"].items()])
+    stretches = table(["idle stretch", *f["idle_by_stretch_length_pct"]],
+                      [["share of idle GPU-h %", *f["idle_by_stretch_length_pct"].values()]])
+    reach = table(["a rule acting after (window + notice)", *(f"{w} min" for w in f["reachable_share_pct"])],
+                  [["at most removable, % of idle GPU-h", *f["reachable_share_pct"].values()]])
+    rules = "; ".join(f"{k} {v} %" for k, v in f["auto_rules_reachable_pct"].items())
+    halving = f["halving_needs_window_min_at_most"]
+    change = (auto["idle_allocated_gpu_hours"] - off["idle_allocated_gpu_hours"]) / off["idle_allocated_gpu_hours"]
+    return (provenance("idle_structure", "capacity_off", "capacity_auto") + "\n\n"
+            + f"{f['jobs']:,} jobs, {f['work_gpu_hours']:,.0f} GPU-h of work inside the {f['days']:g}-day window "
+              f"(each run as if started on arrival), {f['idle_gpu_hours']:,.0f} of them idle: "
+              f"{f['idle_share_pct']} % under {f['idle_threshold_pct']} % engine activity, "
+              f"{f['idle_zero_share_pct']} % at exactly 0 %, in {f['idle_stretches']:,} idle stretches. "
+              "Measured by the replay: `off` "
+              f"{off['idle_allocated_gpu_hours']:,.0f} idle allocated GPU-h, `auto` "
+              f"{auto['idle_allocated_gpu_hours']:,.0f} ({change * 100:+.1f} %).\n\n"
+            + classes + "\n\n" + durations + "\n\n" + stretches + "\n\n" + reach + "\n\n"
+            + f"`auto`'s rules, each applied to every lease it could touch (upper bounds): {rules}. Halving the idle "
+              + (f"GPU-hours needs a rule acting within {halving} min of idle, even if a resumed job skipped the rest "
+                 "of its idle stretch." if halving else
+                 "GPU-hours is out of reach of every window measured, even if a resumed job skipped the rest of its "
+                 "idle stretch."))
+
+
 @renderer("capacity_live")
 def _capacity_live() -> str:
     f = load("capacity_live")["figures"]

@@ -5,6 +5,7 @@ holding cost priced at the general price book. Nothing here writes."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from decimal import ROUND_HALF_UP, Decimal
@@ -15,7 +16,7 @@ from django.db.models import Case, QuerySet, When
 from billing.core.pricing import format_money
 from capacity.choices import OPEN_STATES, AdjustmentKind, AdjustmentState
 from capacity.models import Adjustment
-from capacity.selectors import builtin_modes, warm_holding
+from capacity.selectors import builtin_modes, leases_of_tenant, warm_holding
 from core.errors import ApplicationError
 
 HOUR = Decimal(3600)
@@ -40,6 +41,36 @@ def expected_gain(adjustment: Adjustment) -> dict:
         "priced_with": adjustment.priced_with,
         "time_to_gpu_seconds": adjustment.gain_time_to_gpu_seconds,
     }
+
+
+_LEASE_LIST = re.compile(r"lease\(s\) (\d+(?:, \d+)*)")
+
+
+def _lease_list_seen(text: str, own: set[int]) -> str:
+    """``text`` with each "lease(s) 12, 34" naming only ``own`` leases by id and counting the others."""
+
+    def seen(match: re.Match) -> str:
+        ids = [int(part) for part in match.group(1).split(", ")]
+        mine = [str(i) for i in ids if i in own]
+        others = len(ids) - len(mine)
+        parts = [", ".join(mine)] if mine else []
+        if others:
+            parts.append(f"{others} of another tenant" if others == 1 else f"{others} of other tenants")
+        return "lease(s) " + " and ".join(parts)
+
+    return _LEASE_LIST.sub(seen, text)
+
+
+def seen_by(adjustment: Adjustment, tenant_id: int | None) -> dict:
+    """The fields that name leases (``risk``, ``reason``, ``outcome``) as the tenant ``tenant_id`` may read
+    them (None: staff, everything). A drain that touches the leases of several tenants is seen by each of
+    them (``tenant_ids``); each sees its own leases by id and only a count of the others'."""
+    fields = {"risk": list(adjustment.risk), "reason": adjustment.reason, "outcome": adjustment.outcome}
+    if tenant_id is None or not adjustment.risk or set(adjustment.tenant_ids or ()) <= {tenant_id}:
+        return fields
+    own = leases_of_tenant(tenant_id, adjustment.risk)
+    return {"risk": [lease for lease in adjustment.risk if lease in own],
+            "reason": _lease_list_seen(adjustment.reason, own), "outcome": _lease_list_seen(adjustment.outcome, own)}
 
 
 def may_decide(adjustment: Adjustment, *, user, actor) -> bool:
@@ -106,12 +137,16 @@ class AdjustmentRow:
     gpu_hours: Decimal
     money: str
     can_decide: bool
+    reason: str  # as the reader may read it (``seen_by``)
+    outcome: str
 
 
 def adjustment_row(adjustment: Adjustment, *, user, actor) -> AdjustmentRow:
+    """``actor``: the tenant reading (None for staff outside any tenant)."""
     money = money_text(adjustment.gain_money_minor, adjustment.currency) if adjustment.gain_money_minor else ""
+    seen = seen_by(adjustment, actor.tenant.pk if actor is not None else None)
     return AdjustmentRow(adjustment, gpu_hours(adjustment.gain_gpu_seconds), money,
-                         may_decide(adjustment, user=user, actor=actor))
+                         may_decide(adjustment, user=user, actor=actor), seen["reason"], seen["outcome"])
 
 
 def adjustment_rows(rows, *, user, actor) -> list[AdjustmentRow]:

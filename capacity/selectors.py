@@ -443,6 +443,11 @@ def adjustment_list(*, actor: Actor | None, staff: bool = False, kind: str = "",
     return rows
 
 
+def leases_of_tenant(tenant_id: int, lease_ids) -> set[int]:
+    """Which of ``lease_ids`` are the tenant's."""
+    return set(Lease.objects.filter(pk__in=list(lease_ids), tenant_id=tenant_id).values_list("pk", flat=True))
+
+
 def adjustment_get(*, actor: Actor | None, pk: int, staff: bool = False) -> Adjustment:
     found = adjustment_list(actor=actor, staff=staff).filter(pk=pk).first()
     if found is None:

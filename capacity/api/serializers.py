@@ -63,7 +63,9 @@ class AdjustmentOutput(serializers.ModelSerializer):
     evidence = ObjectField()
     effect = ObjectField(allow_null=True, help_text="measured after it was applied (null until then)")
     expected_gain = serializers.SerializerMethodField()
-    risk = serializers.ListField(child=serializers.IntegerField(), help_text="ids of the leases it touches")
+    risk = serializers.ListField(child=serializers.IntegerField(),
+                                 help_text="ids of the leases it touches (a tenant sees only its own here; a drain's "
+                                           "reason and outcome count another tenant's leases without naming them)")
     lease = serializers.IntegerField(source="lease_id", allow_null=True)
     project = serializers.SlugRelatedField(slug_field="slug", read_only=True, allow_null=True)
 
@@ -75,6 +77,13 @@ class AdjustmentOutput(serializers.ModelSerializer):
     @extend_schema_field(ExpectedGainOutput)
     def get_expected_gain(self, obj) -> dict:
         return ExpectedGainOutput(presenters.expected_gain(obj)).data
+
+    def to_representation(self, instance) -> dict:
+        """As the reader may read it: ``context["viewer_tenant"]``, the reading tenant's id (absent or None for
+        staff), sees another tenant's leases in a drain counted, not named (``presenters.seen_by``)."""
+        data = super().to_representation(instance)
+        data.update(presenters.seen_by(instance, self.context.get("viewer_tenant")))
+        return data
 
 
 class AdjustmentRejectInput(StrictSerializer):

@@ -54,6 +54,11 @@ def _adjustment(request, pk: int):
     return selectors.adjustment_get(actor=request.actor, pk=pk, staff=is_staff(request))
 
 
+def _seen(request) -> dict:
+    """The serializer context that shows an adjustment as the reader may read it (``presenters.seen_by``)."""
+    return {"viewer_tenant": None if is_staff(request) else request.actor.tenant.pk}
+
+
 # -- adjustments (tenants and staff) ----------------------------------------------------------------------
 class AdjustmentListApi(APIView):
     permission_classes = [StaffOrTenantPermission]
@@ -71,7 +76,7 @@ class AdjustmentListApi(APIView):
                                          kind=_choice(request, "kind", list(AdjustmentKind.values)),
                                          state=_choice(request, "state", list(AdjustmentState.values)),
                                          open_only=_flag(request, "open"))
-        return paginate(self, request, rows, s.AdjustmentOutput)
+        return paginate(self, request, rows, s.AdjustmentOutput, context=_seen(request))
 
 
 class AdjustmentDetailApi(APIView):
@@ -79,7 +84,7 @@ class AdjustmentDetailApi(APIView):
 
     @extend_schema(responses=s.AdjustmentOutput, summary="One adjustment with its evidence and outcome")
     def get(self, request, pk: int):
-        return Response(s.AdjustmentOutput(_adjustment(request, pk)).data)
+        return Response(s.AdjustmentOutput(_adjustment(request, pk), context=_seen(request)).data)
 
 
 class AdjustmentAcceptApi(APIView):
@@ -92,7 +97,7 @@ class AdjustmentAcceptApi(APIView):
     def post(self, request, pk: int):
         adjustment = _adjustment(request, pk)
         adjustment = services.adjustment_accept(adjustment=adjustment, user=request.user, actor=request.actor)
-        return Response(s.AdjustmentOutput(adjustment).data)
+        return Response(s.AdjustmentOutput(adjustment, context=_seen(request)).data)
 
 
 class AdjustmentRejectApi(APIView):
@@ -107,7 +112,7 @@ class AdjustmentRejectApi(APIView):
         adjustment = _adjustment(request, pk)
         adjustment = services.adjustment_reject(adjustment=adjustment, user=request.user, actor=request.actor,
                                                 reason=data["reason"])
-        return Response(s.AdjustmentOutput(adjustment).data)
+        return Response(s.AdjustmentOutput(adjustment, context=_seen(request)).data)
 
 
 # -- platform staff: policies, the fleet, a planner run ---------------------------------------------------

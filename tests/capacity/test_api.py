@@ -4,6 +4,7 @@ policies, read the fleet and run the planner. Errors are problem+json naming the
 
 from __future__ import annotations
 
+import re
 import uuid
 
 import pytest
@@ -98,6 +99,32 @@ def test_api_adjustments_a_tenant_sees_its_advice_and_changes_touching_its_lease
         problem(world.client("admin").post(f"/api/v1/adjustments/{rows[name].pk}/accept"), 404, "id")
         problem(world.client("admin").post(f"/api/v1/adjustments/{rows[name].pk}/reject", {}, format="json"), 404)
     assert world.client("owner").get(f"/api/v1/adjustments/{rows['touching'].pk}").json()["kind"] == "mode_switch"
+
+
+def test_api_a_drain_touching_two_tenants_names_to_each_only_its_own_leases(world):
+    """One GPU held by an over-quota lease of each tenant: both see the drain, each its own lease by id and the
+    other's only counted (in ``risk``, the reason and the outcome); staff see both ids."""
+    acme_lease, globex_lease = a_lease(world), a_lease(world, "globex")
+    both = sorted([acme_lease.pk, globex_lease.pk])
+    listed = ", ".join(map(str, both))
+    row = adjustment("mode_switch", tenant_ids=[world.acme.pk, world.globex.pk], risk=both, state="applying",
+                     reason=f"for an in-quota lease: drain over-quota lease(s) {listed}, then switch",
+                     outcome=f"draining lease(s) {listed}; the switch follows once they have left",
+                     change={"gpu": "g1", "from_mode": "whole", "to_mode": "mig", "drain": True})
+    for client, own, other in ((world.client("viewer"), acme_lease.pk, globex_lease.pk),
+                               (world.client("outsider"), globex_lease.pk, acme_lease.pk)):
+        body = client.get(f"/api/v1/adjustments/{row.pk}").json()
+        assert body["risk"] == [own]
+        assert body["reason"] == f"for an in-quota lease: drain over-quota lease(s) {own} and 1 of another tenant, " \
+                                 "then switch"
+        assert body["outcome"] == f"draining lease(s) {own} and 1 of another tenant; the switch follows once they " \
+                                  "have left"
+        listed_row = next(r for r in client.get("/api/v1/adjustments").json()["results"] if r["id"] == row.pk)
+        assert listed_row == body
+        assert other not in body["risk"]
+        assert re.findall(r"\d+", body["reason"] + body["outcome"]) == [str(own), "1", str(own), "1"]
+    staff = staff_client().get(f"/api/v1/adjustments/{row.pk}").json()
+    assert staff["risk"] == both and listed in staff["reason"] and listed in staff["outcome"]
 
 
 def test_api_adjustments_staff_see_every_tenants_by_session_and_by_token(world, rows):

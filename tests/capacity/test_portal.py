@@ -66,6 +66,19 @@ def advice(world):
 
 
 # -- tenants ---------------------------------------------------------------------------------------------------
+def test_advice_page_names_only_the_tenants_own_leases_in_a_drain_that_touches_another_tenant(world):
+    mine, theirs = a_lease(world), a_lease(world, "globex")
+    row = adjustment("mode_switch", tenant_ids=[world.acme.pk, world.globex.pk], risk=[mine.pk, theirs.pk],
+                     gain_money_minor=0, state="applying",
+                     reason=f"drain over-quota lease(s) {mine.pk}, {theirs.pk}, then switch",
+                     outcome=f"draining lease(s) {mine.pk}, {theirs.pk}; the switch follows once they have left")
+    cell = unescape(re.search(r'<td class="reason">(.*?)</td>', row_html(login("ann").get("/advice"), row.pk),
+                              re.S).group(1))
+    assert f"drain over-quota lease(s) {mine.pk} and 1 of another tenant, then switch" in cell
+    assert f"draining lease(s) {mine.pk} and 1 of another tenant; the switch follows" in cell
+    assert re.findall(r"\d+", cell) == [str(mine.pk), "1", str(mine.pk), "1"]  # no other lease id anywhere
+
+
 def test_advice_page_lists_the_tenants_items_open_first_with_buttons_where_allowed(world, advice):
     page = login("ann").get("/advice")  # acme's admin
     assert page.status_code == 200
