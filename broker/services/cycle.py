@@ -199,12 +199,27 @@ def _schedule_cycle_locked(now: datetime, counts: dict) -> dict:
 
 def _tenant_terms(reason: str, lease: QueuedLease) -> str:
     """A core reason in the tenant's words: its project by slug, not by the core's internal id; a lease group by
-    its key, its members (the core's requests) as leases — a group is one tenant's, so they are all its own."""
+    its key, its members (the core's requests) as leases — a group is one tenant's, so they are all its own; the
+    leases a group would have reclaimed in the same cycle (any tenant's) its own by id, another tenant's counted."""
     reason = reason.replace(f"project {lease.project_id} ", f"project '{lease.project_slug}' ")
     if lease.group_key:
         reason = reason.replace(f"group {core_group(lease.tenant_id, lease.group_key)}", f"group '{lease.group_key}'")
         reason = re.sub(r"\brequest (\d+)\b", r"lease \1", reason)
+        placed = _PLACED_THIS_CYCLE.search(reason)
+        if placed:  # the leases a group would have reclaimed: any tenant's, so its own by id and the others counted
+            ids = [int(part) for part in placed.group(1).split(", ")]
+            own = set(Lease.objects.filter(pk__in=ids, tenant_id=lease.tenant_id).values_list("pk", flat=True))
+            mine = [str(pk) for pk in ids if pk in own]
+            others = len(ids) - len(mine)
+            words = [f"lease {', '.join(mine)}"] if mine else []
+            if others:
+                words.append(f"{others} lease(s) of another tenant" if not mine else f"{others} of another tenant")
+            reason = reason[:placed.start(1)] + " and ".join(words) + reason[placed.end(1):]
     return reason
+
+
+# the core's words for a group that would reclaim what the same cycle placed (``Scheduler._try_group_now``)
+_PLACED_THIS_CYCLE = re.compile(r"placed in this cycle \((\d+(?:, \d+)*)\)")
 
 
 def _reclaim_reason(lease: QueuedLease, decision) -> str:

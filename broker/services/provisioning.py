@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextvars
 import logging
+import re
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta
 
@@ -37,6 +38,27 @@ def allocation_spec(allocation: Allocation) -> dict:
         return {"kind": "share", "gpu": allocation.gpu.uuid, "milli": allocation.milli,
                 "memory_mib": allocation.memory_mib}
     return {"kind": "whole", "gpu": allocation.gpu.uuid}
+
+
+_AGENT_NAMES = re.compile(r"\b(allocation|workload) '([^']*)'")
+
+
+def agent_detail_seen(detail: str, lease: Lease) -> str:
+    """An agent's refusal (``detail`` of its problem) as the lease's tenant may read it in the lease's reason and
+    events: the agent names what holds a GPU or a port ("GPU 0 is held by allocation 'alloc-7'", "host port 8080
+    is taken by workload 'lease-41-a9'"), which may be another tenant's; a name not of this lease becomes "another
+    lease's". The raw text stays in the log (staff)."""
+    if not detail or not _AGENT_NAMES.search(detail):
+        return detail
+    own = {f"alloc-{pk}" for pk in Allocation.objects.filter(lease=lease).values_list("pk", flat=True)}  # instance_id
+
+    def seen(match: re.Match) -> str:
+        name = match.group(2)
+        if name in own or name.startswith(f"lease-{lease.pk}-a"):  # its own instance, its own workload's runs
+            return match.group(0)
+        return f"{match.group(1)} of another lease"
+
+    return _AGENT_NAMES.sub(seen, detail)
 
 
 def agent_client(node: Node):
@@ -230,7 +252,8 @@ def leases_provision(*, lease_ids: list[int]) -> dict[str, int]:
         counts["active"] = allocations_ready(items=ready, now=timezone.now())["active"]
     for lease_id, detail in refused.items():
         lease = Lease.objects.get(pk=lease_id)
-        reason = f"the node refused the instance ({detail}); requeued"
+        logger.info("lease %s: the node refused the instance: %s", lease_id, detail)
+        reason = f"the node refused the instance ({agent_detail_seen(detail, lease)}); requeued"
         if lease.group_key:  # its whole group goes back with it (the siblings' instances destroyed)
             counts["requeued"] += lease_group_requeue(lease=lease, reason=reason, now=timezone.now())
             continue

@@ -32,7 +32,7 @@ from django.utils import timezone
 from broker.choices import AllocationState, LeaseState
 from broker.models import Lease, LeaseEvent, Node, Workload, WorkloadPlacement
 from broker.services.groups import allocations_free
-from broker.services.provisioning import agent_client, release_instances_quietly
+from broker.services.provisioning import agent_client, agent_detail_seen, release_instances_quietly
 from broker.services.transitions import lease_release, lease_transition, requeue_reason
 from broker.services.triggers import enqueue
 from broker.workload_secrets import secret_env_open
@@ -82,9 +82,10 @@ def lease_workload_start(*, lease_id: int) -> str:
         answer = agent_client(node).workload_start(agent_id, body)
     except AgentHTTPError as error:
         detail = error.problem.get("detail") or str(error)
+        logger.info("lease %s: the node refused workload %s: %s", lease_id, agent_id, detail)
         Workload.objects.filter(pk=workload.pk).update(state="failed", ended_at=timezone.now())
         lease_release(lease=workload.lease, actor=f"agent:{node.node_id}", final=LeaseState.FAILED,
-                      reason=f"the node refused the workload ({detail})")
+                      reason=f"the node refused the workload ({agent_detail_seen(detail, workload.lease)})")
         return "failed"
     logger.info("lease %s: workload %s on %s: %s", lease_id, agent_id, node.node_id, answer["state"])
     return answer["state"]
