@@ -22,10 +22,10 @@ GROUPS: list[tuple[str, str, tuple[str, ...]]] = [
      (r"pipelines(/|$)", r"model-splits(/|$)")),
     ("capacity", "The capacity loop's advice to the tenant: accept or reject it; a project's opt-in to idle reclaim",
      (r"adjustments(/|$)", r"projects/\{[^}]+\}/idle-reclaim$")),
-    ("tenancy", "The caller's tenant: projects, quotas, members, API tokens, SSH keys, SLO contracts, sign-in "
-     "settings, its audit trail, exports and closure",
+    ("tenancy", "The caller's tenant: projects, quotas, members and invitations, API tokens, SSH keys, SLO "
+     "contracts, sign-in settings, its audit trail, exports and closure",
      (r"tenant$", r"tenant/", r"projects(/|$)", r"quotas$", r"members(/|$)", r"tokens(/|$)", r"ssh-keys(/|$)",
-      r"slo-contracts$", r"audit-events$")),
+      r"slo-contracts$", r"audit-events$", r"invitations(/|$)")),
     ("notifications", "Signed webhooks: endpoints, secret rotation, deliveries", (r"webhooks(/|$)",)),
     ("staff: billing", "Platform staff: price books, billing terms, credit notes, voids, payments, refunds, "
                        "credit grants and taxes, every tenant's FOCUS export",

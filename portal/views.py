@@ -128,6 +128,7 @@ class DashboardView(TenantView):
             "projects": projects,
             "leases": leases,
             "can_use": actor.can("use"),
+            "invitations_waiting": selectors.invitations_for_user(user=request.user).count(),
             "spend": dashboard_spend(actor),
             "advice": advice_panel(actor=actor),
             "credit": credit_balance(actor=actor, now=timezone.now()),
@@ -396,6 +397,7 @@ class MembersView(TenantView):
             "form": form,
             "values": values or {},
             "tab": "members",
+            "invitations": list(selectors.invitation_list(actor=actor)) if actor.can("manage") else [],
         }
         return render(request, self.template_name, context, status=status)
 
@@ -406,14 +408,55 @@ class MembersView(TenantView):
 class MemberInviteView(MembersView):
     def post(self, request):
         try:
-            membership = services.membership_invite(actor=self.actor, username=request.POST.get("username", ""),
+            invitation = services.membership_invite(actor=self.actor, username=request.POST.get("username", ""),
                                                     role=request.POST.get("role", ""))
         except ApplicationError as error:
             return self.render_page(request, errors=forms.FieldErrors(error, shown={"username", "role"}),
                                     form="invite", values=request.POST, status=error.status)
-        messages.success(request, f"{membership.user.get_username()} is now a {membership.role} of "
-                                  f"{self.actor.tenant.name}.")
+        messages.success(request, f"Invitation for {invitation.username} as {invitation.role} recorded: they join "
+                                  f"{self.actor.tenant.name} when they accept it (under Invitations, once signed in).")
         return redirect("portal:members")
+
+
+class InvitationRevokeView(MembersView):
+    def post(self, request, pk: int):
+        invitation = selectors.invitation_get(actor=self.actor, pk=pk)
+        try:
+            services.invitation_revoke(actor=self.actor, invitation=invitation)
+        except ApplicationError as error:
+            messages.error(request, error.message)
+        else:
+            messages.success(request, f"The invitation for {invitation.username} is revoked.")
+        return redirect("portal:members")
+
+
+class InvitationsView(PortalView):
+    """The signed-in user's own pending invitations, any tenant's, to accept or decline (a user of no tenant yet
+    comes here from the "No tenant yet" page)."""
+
+    template_name = "portal/invitations.html"
+
+    def get(self, request):
+        return render(request, self.template_name,
+                      {"invitations": list(selectors.invitations_for_user(user=request.user))})
+
+
+class InvitationDecideView(PortalView):
+    decision = "accept"
+
+    def post(self, request, pk: int):
+        invitation = selectors.invitation_for_user(user=request.user, pk=pk)
+        try:
+            services.invitation_decide(user=request.user, invitation=invitation, accept=self.decision == "accept")
+        except ApplicationError as error:
+            messages.error(request, error.message)
+            return redirect("portal:invitations")
+        if self.decision == "accept":
+            request.session[selectors.SESSION_TENANT_KEY] = invitation.tenant.slug
+            messages.success(request, f"You are now a {invitation.role} of {invitation.tenant.name}.")
+            return redirect("portal:dashboard")
+        messages.success(request, f"You declined the invitation to {invitation.tenant.name}.")
+        return redirect("portal:invitations")
 
 
 class MemberRoleView(MembersView):

@@ -540,3 +540,19 @@ class TenantExportAdmin(admin.ModelAdmin):
 
     def has_add_permission(self, request):
         return False
+
+
+# -- invitations (wave 19: a member joins when they accept) ----------------------------------------------------
+from tenants.models import Invitation  # noqa: E402
+
+
+@admin.register(Invitation)
+class InvitationAdmin(ServiceAdmin):
+    """Tenants' invitations: read-only (an admin invites and revokes in the portal or the API; the user accepts or
+    declines there)."""
+
+    list_display = ["username", "tenant", "role", "state", "invited_by", "created_at", "decided_at"]
+    list_filter = ["state", "role"]
+    search_fields = ["username", "tenant__slug"]
+    fields = list_display
+    readonly_fields = fields

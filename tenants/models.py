@@ -436,6 +436,44 @@ class TenantSignIn(models.Model):
         return f"sign-in of {self.tenant_id}"
 
 
+class Invitation(models.Model):
+    """An admin's invitation of a user, by username, to the tenant with a role: the user becomes a member only
+    when they accept it (``tenants.services.invitation_accept``), never on the admin's word alone. Recorded
+    whether or not a user of that name exists yet (the inviter learns nothing of other tenants' users from it);
+    the user of that name sees it, in the portal (``/invitations``) and the API (``/api/v1/invitations``)."""
+
+    tenant_lookup = "tenant"
+
+    class State(models.TextChoices):
+        PENDING = "pending"
+        ACCEPTED = "accepted"
+        DECLINED = "declined"
+        REVOKED = "revoked"
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="invitations")
+    username = models.CharField(max_length=150)
+    role = models.CharField(max_length=16, choices=Role.choices)
+    invited_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True,
+                                   related_name="+")
+    state = models.CharField(max_length=16, choices=State.choices, default=State.PENDING)
+    created_at = models.DateTimeField(default=timezone.now)
+    decided_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["tenant_id", "-created_at", "id"]
+        constraints = [
+            models.UniqueConstraint(fields=["tenant", "username"], condition=Q(state="pending"),
+                                    name="invitation_one_pending_per_username"),
+            models.CheckConstraint(condition=Q(role__in=Role.values), name="invitation_role_valid"),
+            models.CheckConstraint(condition=Q(state__in=["pending", "accepted", "declined", "revoked"]),
+                                   name="invitation_state_valid"),
+            models.CheckConstraint(condition=Q(username__regex=r"\S"), name="invitation_username_not_blank"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.username} to {self.tenant_id} as {self.role} ({self.state})"
+
+
 class SshKey(models.Model):
     """A user's SSH public key: how they reach their leases through the broker's SSH gateway
     (``broker.ssh_gateway``; docs/leasing.md, "SSH"). The key is the user's, not a tenant's: it reaches the leases

@@ -42,7 +42,7 @@ from core.errors import Conflict, NotFound, PermissionDenied, ValidationFailed
 from tenants.access import Actor, restrict
 from tenants.audit import audit_record
 from tenants.choices import Role, TenantStatus
-from tenants.models import ApiToken, AuditEvent, Membership, Project, Tenant, TenantExport
+from tenants.models import ApiToken, AuditEvent, Invitation, Membership, Project, Tenant, TenantExport
 
 ExportPart = Callable[[Tenant], dict[str, bytes]]  # tenant → {path inside the zip: content}
 ClosureCheck = Callable[[Tenant], str | None]  # tenant → why it cannot close now, or None
@@ -253,6 +253,7 @@ def tenant_close(*, actor: Actor, confirm: str, now: datetime | None = None) -> 
             user.save()
         ApiToken.objects.filter(tenant=tenant, revoked_at__isnull=True).update(revoked_at=now)
         Membership.objects.filter(tenant=tenant).delete()
+        Invitation.objects.filter(tenant=tenant).delete()  # usernames it named: personal data, and nothing to join
         with connection.cursor() as cursor:
             cursor.execute("SET LOCAL gpubroker.audit_pseudonymise = 'on'")
         for old, new in renamed.items():

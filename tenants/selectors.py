@@ -4,10 +4,20 @@ from __future__ import annotations
 
 from django.db.models import QuerySet
 
-from core.errors import NotFound
+from core.errors import NotFound, PermissionDenied
 from tenants.access import Actor, project_scope, restrict
 from tenants.choices import ROLE_RANK, Role
-from tenants.models import ApiToken, Cohort, Membership, Project, Quota, SloContract, Tenant, TenantQuota
+from tenants.models import (
+    ApiToken,
+    Cohort,
+    Invitation,
+    Membership,
+    Project,
+    Quota,
+    SloContract,
+    Tenant,
+    TenantQuota,
+)
 
 SESSION_TENANT_KEY = "tenant_slug"
 
@@ -88,6 +98,43 @@ def membership_get(*, actor: Actor, pk: int) -> Membership:
     if membership is None:
         raise NotFound("No such member in this tenant.")
     return membership
+
+
+def invitation_list(*, actor: Actor) -> QuerySet[Invitation]:
+    """The tenant's pending invitations, for its admins and owners (who is invited is theirs to know; a member's
+    or viewer's read is refused, as the audit trail's)."""
+    if ROLE_RANK[Role(actor.role)] < ROLE_RANK[Role.ADMIN] or actor.project_ids is not None:
+        raise PermissionDenied("Invitations are for the tenant's admins and owners (and not for a token limited to "
+                               "projects).")
+    return restrict(Invitation.objects.filter(state=Invitation.State.PENDING), actor).order_by("-created_at", "-pk")
+
+
+def invitation_get(*, actor: Actor, pk: int) -> Invitation:
+    """One invitation of the tenant, in any state (revoking one no longer pending is a conflict, not a miss)."""
+    invitation_list(actor=actor)  # the same rule: admins and owners
+    invitation = restrict(Invitation.objects.filter(pk=pk), actor).first()
+    if invitation is None:
+        raise NotFound("No such invitation in this tenant.", field="id")
+    return invitation
+
+
+def invitations_for_user(*, user) -> QuerySet[Invitation]:
+    """The pending invitations naming ``user`` (any tenant's, open ones): theirs to accept or decline."""
+    if not user.is_authenticated:
+        return Invitation.objects.none()
+    return (Invitation.objects.filter(username=user.get_username(), state=Invitation.State.PENDING,
+                                      tenant__closed_at__isnull=True)
+            .select_related("tenant", "invited_by").order_by("-created_at", "-pk"))
+
+
+def invitation_for_user(*, user, pk: int) -> Invitation:
+    """One invitation naming ``user``, in any state (deciding one no longer pending is a conflict); another
+    user's is not found."""
+    invitation = (Invitation.objects.filter(pk=pk, username=user.get_username()).select_related("tenant").first()
+                  if user.is_authenticated else None)
+    if invitation is None:
+        raise NotFound("No such invitation.", field="id")
+    return invitation
 
 
 def api_token_list(*, actor: Actor) -> QuerySet[ApiToken]:

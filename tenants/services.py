@@ -15,7 +15,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import Q, Sum
 from django.utils import timezone
 
-from core.errors import Conflict, PermissionDenied, QuotaExceeded, ValidationFailed
+from core.errors import Conflict, NotFound, PermissionDenied, QuotaExceeded, ValidationFailed
 from gpus.catalogue import UnknownModel, model_get
 from tenants.access import Actor, restrict
 from tenants.audit import audit_record
@@ -24,6 +24,7 @@ from tenants.extensions import TenantStatusChange, tenant_status_listeners
 from tenants.models import (
     ApiToken,
     Cohort,
+    Invitation,
     Membership,
     Project,
     Quota,
@@ -365,20 +366,66 @@ def membership_remove(*, actor: Actor, membership: Membership) -> None:
         audit_record(tenant=actor.tenant, by=actor.user, action="member.remove", target=str(membership.user_id))
 
 
-def membership_invite(*, actor: Actor, username: str, role: str) -> Membership:
-    """Add an existing user to the actor's tenant (admins; only owners add owners)."""
+def membership_invite(*, actor: Actor, username: str, role: str, now: datetime | None = None) -> Invitation:
+    """Invite a user, by username, to the actor's tenant with ``role`` (admins; only owners invite owners). The
+    user joins only when they accept (``invitation_accept``). The answer is the same whether or not a user of
+    that name exists (the invitation waits for one): an admin learns nothing of another tenant's users, and
+    nobody is made a member of a tenant without saying yes."""
     actor.require("manage")
     if role not in Role.values:
         raise ValidationFailed(f"role must be one of {', '.join(Role.values)}.", field="role")
     if role == Role.OWNER:
         actor.require("own")
-    user = get_user_model().objects.filter(username=(username or "").strip()).first()
-    if user is None:
-        raise ValidationFailed(f"No user named {username!r}; they must sign in once or be created first.",
-                               field="username")
-    if Membership.objects.filter(tenant=actor.tenant, user=user).exists():
-        raise Conflict(f"{user.get_username()} is already a member of '{actor.tenant.slug}'.", field="username")
-    return membership_add(tenant=actor.tenant, user=user, role=role, by_user=actor.user)
+    username = (username or "").strip()
+    if not username or len(username) > 150:
+        raise ValidationFailed("username must be 1 to 150 characters.", field="username")
+    if Membership.objects.filter(tenant=actor.tenant, user__username=username).exists():
+        raise Conflict(f"{username} is already a member of '{actor.tenant.slug}'.", field="username")
+    try:
+        with transaction.atomic():
+            invitation = Invitation.objects.create(tenant=actor.tenant, username=username, role=role,
+                                                   invited_by=actor.user, created_at=now or timezone.now())
+    except IntegrityError:
+        raise Conflict(f"{username} has an invitation to '{actor.tenant.slug}' already; revoke it to change "
+                       "the role.", field="username") from None
+    audit_record(tenant=actor.tenant, by=actor.user, action="member.invite", target=username, data={"role": role})
+    return invitation
+
+
+def invitation_revoke(*, actor: Actor, invitation: Invitation, now: datetime | None = None) -> Invitation:
+    """Withdraw a pending invitation of the actor's tenant (admins; an owner's invitation by owners)."""
+    actor.require("manage")
+    if invitation.role == Role.OWNER:
+        actor.require("own")
+    if Invitation.objects.filter(pk=invitation.pk, tenant=actor.tenant, state=Invitation.State.PENDING).update(
+            state=Invitation.State.REVOKED, decided_at=now or timezone.now()) != 1:
+        raise Conflict("The invitation is no longer pending.", field="id")
+    audit_record(tenant=actor.tenant, by=actor.user, action="member.invite_revoke", target=invitation.username,
+                 data={"role": invitation.role})
+    invitation.refresh_from_db()
+    return invitation
+
+
+def invitation_decide(*, user, invitation: Invitation, accept: bool, now: datetime | None = None) -> Invitation:
+    """The invited user accepts (becomes a member with the invitation's role) or declines. Only the user the
+    invitation names, only while it is pending; audited in the tenant's trail."""
+    if not user.is_authenticated or invitation.username != user.get_username():
+        raise NotFound("No such invitation.", field="id")
+    now = now or timezone.now()
+    with transaction.atomic(durable=True):
+        locked = Invitation.objects.select_for_update().filter(pk=invitation.pk).first()
+        if locked is None or locked.state != Invitation.State.PENDING:
+            raise Conflict("The invitation is no longer pending (accepted, declined or revoked).", field="id")
+        if locked.tenant.closed_at is not None:
+            raise Conflict("That tenant is closed.", field="id")
+        locked.state = Invitation.State.ACCEPTED if accept else Invitation.State.DECLINED
+        locked.decided_at = now
+        locked.save(update_fields=["state", "decided_at"])
+        if accept and not Membership.objects.filter(tenant=locked.tenant, user=user).exists():
+            Membership.objects.create(user=user, tenant=locked.tenant, role=locked.role)
+        audit_record(tenant=locked.tenant, by=user, action="member.add" if accept else "member.invite_decline",
+                     target=user.get_username(), data={"role": locked.role, "invitation": locked.pk})
+    return locked
 
 
 # --- API tokens --------------------------------------------------------------------------------

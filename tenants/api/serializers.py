@@ -4,7 +4,17 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from tenants.choices import Role, TokenScope
-from tenants.models import ApiToken, Membership, Project, Quota, SloContract, SloCreditStep, Tenant, TenantQuota
+from tenants.models import (
+    ApiToken,
+    Invitation,
+    Membership,
+    Project,
+    Quota,
+    SloContract,
+    SloCreditStep,
+    Tenant,
+    TenantQuota,
+)
 from tenants.selectors import project_slugs
 
 
@@ -151,6 +161,25 @@ class TenantQuotaOutput(serializers.ModelSerializer):
 class QuotasOutput(serializers.Serializer):
     tenant = TenantQuotaOutput(many=True)
     projects = QuotaOutput(many=True)
+
+
+class InvitationOutput(serializers.ModelSerializer):
+    tenant = serializers.CharField(source="tenant.slug", help_text="the tenant it invites to")
+    tenant_name = serializers.CharField(source="tenant.name")
+    invited_by = serializers.SerializerMethodField(help_text="the inviting admin's username; null once they are gone")
+
+    class Meta:
+        model = Invitation
+        fields = ["id", "tenant", "tenant_name", "username", "role", "state", "invited_by", "created_at",
+                  "decided_at"]
+
+    def get_invited_by(self, invitation: Invitation) -> str | None:
+        return invitation.invited_by.get_username() if invitation.invited_by else None
+
+
+class InvitationCreateInput(StrictSerializer):
+    username = serializers.CharField(max_length=150, help_text="who is invited: they join when they accept")
+    role = serializers.ChoiceField(choices=Role.choices, help_text="only owners invite owners")
 
 
 class MembershipOutput(serializers.ModelSerializer):

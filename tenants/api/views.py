@@ -93,6 +93,63 @@ class MemberListApi(APIView):
         return paginate(self, request, selectors.membership_list(actor=request.actor), s.MembershipOutput)
 
 
+class TenantInvitationListApi(APIView):
+    """The tenant's pending invitations (admins), and a new one."""
+
+    def required_action(self, request) -> str:
+        # a read is a read (the selector keeps it to admins and owners); inviting is managing
+        return "view" if request.method in ("GET", "HEAD", "OPTIONS") else "manage"
+
+    @extend_schema(responses=paginated(s.InvitationOutput), parameters=PAGE_PARAMETERS,
+                   operation_id="v1_tenant_invitations_list", summary="The tenant's pending invitations (admins)")
+    def get(self, request):
+        return paginate(self, request, selectors.invitation_list(actor=request.actor), s.InvitationOutput)
+
+    @extend_schema(request=s.InvitationCreateInput,
+                   responses={201: s.InvitationOutput, 409: problem("Already a member, or invited already")},
+                   summary="Invite a user by username: they join when they accept (the answer is the same whether "
+                           "or not such a user exists yet)")
+    def post(self, request):
+        data = parse(s.InvitationCreateInput, request)
+        invitation = services.membership_invite(actor=request.actor, username=data["username"], role=data["role"])
+        return Response(s.InvitationOutput(invitation).data, status=status.HTTP_201_CREATED)
+
+
+class TenantInvitationDetailApi(APIView):
+    def required_action(self, request) -> str:
+        return "manage"
+
+    @extend_schema(responses={204: None, 409: problem("No longer pending")},
+                   summary="Revoke a pending invitation (admins; an owner's by owners)")
+    def delete(self, request, pk: int):
+        services.invitation_revoke(actor=request.actor,
+                                   invitation=selectors.invitation_get(actor=request.actor, pk=pk))
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+class InvitationListApi(APIView):
+    """The calling user's own pending invitations, any tenant's."""
+
+    @extend_schema(responses=paginated(s.InvitationOutput), parameters=PAGE_PARAMETERS,
+                   operation_id="v1_invitations_list",
+                   summary="Your pending invitations to tenants (accept or decline each)")
+    def get(self, request):
+        return paginate(self, request, selectors.invitations_for_user(user=request.user), s.InvitationOutput)
+
+
+class InvitationDecideApi(APIView):
+    write_action = "self"  # one's own membership (not by a read-only token)
+    decision = "accept"
+
+    @extend_schema(request=None, responses={200: s.InvitationOutput, 409: problem("No longer pending")},
+                   summary="Accept (become a member with its role) or decline one of your invitations")
+    def post(self, request, pk: int):
+        invitation = selectors.invitation_for_user(user=request.user, pk=pk)
+        invitation = services.invitation_decide(user=request.user, invitation=invitation,
+                                                accept=self.decision == "accept")
+        return Response(s.InvitationOutput(invitation).data)
+
+
 class MemberDetailApi(APIView):
     def required_action(self, request) -> str:
         if request.method == "DELETE":

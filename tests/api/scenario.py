@@ -202,6 +202,7 @@ def scripted_session(url: str, contract: Contract) -> set[tuple[str, str, int]]:
     step(hook, "delete", 204, at, token=owner)
     step(hook, "get", 404, at, token=owner)  # gone
     capacity_steps(step, world)
+    invitation_steps(step, world)
     money_steps(step, world)
     allocation_steps(step, world, contract.invoice_id)
     workload_steps(step, world, node["secret"])
@@ -315,6 +316,27 @@ def offboarding_steps(step, world: World) -> None:
     Membership.objects.create(user=person, tenant=leaving, role=Role.OWNER)
     _, again = make_token(leaving, person)
     step(f"{v1}/tenant/exports", "post", 409, token=again)
+
+
+def invitation_steps(step, world: World) -> None:
+    """Acme's admin invites globex's owner and a name nobody has (the same answer), invites again (409), revokes
+    one (again: 409); bob lists his invitations, accepts one (again: 409) and declines another (again: 409)."""
+    v1, admin, bob = "/api/v1", world.tokens["admin"], world.tokens["outsider"]
+    listing, one = f"{v1}/tenant/invitations", f"{v1}/tenant/invitations/{{id}}"
+    step(listing, "get", 200, token=admin)
+    mine = step(listing, "post", 201, token=admin, body={"username": "bob", "role": "viewer"})
+    step(listing, "post", 409, token=admin, body={"username": "bob", "role": "member"})  # one pending per name
+    ghost = step(listing, "post", 201, token=admin, body={"username": "contract-ghost", "role": "viewer"})
+    step(one, "delete", 204, f"{v1}/tenant/invitations/{ghost['id']}", token=admin)
+    step(one, "delete", 409, f"{v1}/tenant/invitations/{ghost['id']}", token=admin)  # revoked already
+    step(f"{v1}/invitations", "get", 200, token=bob)
+    accept, decline = f"{v1}/invitations/{{id}}/accept", f"{v1}/invitations/{{id}}/decline"
+    step(accept, "post", 200, f"{v1}/invitations/{mine['id']}/accept", token=bob)
+    step(accept, "post", 409, f"{v1}/invitations/{mine['id']}/accept", token=bob)
+    # globex invites acme's member; he declines, then cannot decline again
+    other = step(listing, "post", 201, token=bob, body={"username": "max", "role": "viewer"})
+    step(decline, "post", 200, f"{v1}/invitations/{other['id']}/decline", token=world.tokens["member"])
+    step(decline, "post", 409, f"{v1}/invitations/{other['id']}/decline", token=world.tokens["member"])
 
 
 def capacity_steps(step, world: World) -> None:

@@ -8,7 +8,7 @@ import pytest
 from django.urls import URLPattern
 
 from tenants.api.urls import urlpatterns
-from tenants.models import ApiToken, Membership, Project, SshKey, TenantExport
+from tenants.models import ApiToken, Invitation, Membership, Project, SshKey, TenantExport
 
 
 def _other_ids(world):
@@ -18,6 +18,8 @@ def _other_ids(world):
         "token": ApiToken.objects.filter(user=world.outsider).first().pk,
         "export": TenantExport.objects.get_or_create(tenant=world.globex, requested_by=world.outsider)[0].pk,
         "ssh_key": _outsider_ssh_key(world),
+        # globex's invitation of a name nobody has: not acme's to revoke, nobody's of acme to accept
+        "invitation": Invitation.objects.get_or_create(tenant=world.globex, username="zed", role="viewer")[0].pk,
     }
 
 
@@ -45,12 +47,15 @@ CASES = [
     ("api-quotas", "get", "/api/v1/quotas?project={slug}", None),
     ("api-ssh-key", "get", "/api/v1/ssh-keys/{ssh_key}", None),  # another user's key, of any tenant: not found
     ("api-ssh-key", "delete", "/api/v1/ssh-keys/{ssh_key}", None),
+    ("api-tenant-invitation", "delete", "/api/v1/tenant/invitations/{invitation}", None),
+    ("api-invitation-accept", "post", "/api/v1/invitations/{invitation}/accept", None),  # another user's
+    ("api-invitation-decline", "post", "/api/v1/invitations/{invitation}/decline", None),
     ("api-tenant-export", "get", "/api/v1/tenant/exports/{export}", None),
     ("api-tenant-export-archive", "get", "/api/v1/tenant/exports/{export}/archive", None),
 ]
 # Routes without an object id: their lists must not contain the other tenant's objects.
 LIST_ROUTES = {"api-tenant", "api-projects", "api-quotas", "api-members", "api-tokens", "api-slo-contracts",
-               "api-ssh-keys",
+               "api-ssh-keys", "api-tenant-invitations", "api-invitations",
                "api-tenant-sign-in", "api-audit-events", "api-tenant-exports",
                "api-tenant-close"}  # closes the caller's own tenant: test_offboarding.py
 
@@ -95,7 +100,8 @@ def test_isolation_other_tenants_objects_are_404(world, who, name, method, path,
     if response.status_code == 403:
         # A role that may not write at all is refused before any lookup: the answer is the same for an
         # object that does not exist, so it reveals nothing about the other tenant.
-        missing = path.format(slug="no-such-project", member=10**9, token=10**9, export=10**9, ssh_key=10**9)
+        missing = path.format(slug="no-such-project", member=10**9, token=10**9, export=10**9, ssh_key=10**9,
+                              invitation=10**9)
         assert getattr(world.client(who), method)(missing, body, format="json").status_code == 403
     else:
         assert response.status_code == 404, (url, response.content)
@@ -104,6 +110,7 @@ def test_isolation_other_tenants_objects_are_404(world, who, name, method, path,
     assert Membership.objects.get(user=world.outsider).role == "owner"
     assert ApiToken.objects.filter(user=world.outsider, revoked_at__isnull=True).exists()
     assert SshKey.objects.filter(user=world.outsider).exists()
+    assert not Invitation.objects.filter(tenant=world.globex).exclude(state="pending").exists()
 
 
 def test_isolation_lists_hold_only_own_objects(world):
@@ -124,6 +131,9 @@ def test_isolation_lists_hold_only_own_objects(world):
     audit = client.get("/api/v1/audit-events?limit=500").json()["results"]
     assert audit and {e["actor"] for e in audit} <= {"alice", "ann", "max", "vic", None}
     assert "bob" not in {e["actor"] for e in audit} and "globex" not in {e["object"] for e in audit}
+    Invitation.objects.create(tenant=world.globex, username="zed", role="viewer")
+    assert client.get("/api/v1/tenant/invitations").json()["results"] == []
+    assert client.get("/api/v1/invitations").json()["results"] == []  # alice is invited nowhere
 
 
 def test_isolation_same_slug_in_two_tenants_resolves_to_own(world):

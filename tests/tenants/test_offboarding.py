@@ -27,7 +27,7 @@ from tenants import offboarding, services
 from tenants.access import Actor
 from tenants.audit import audit_record
 from tenants.choices import Role, TenantStatus
-from tenants.models import ApiToken, AuditEvent, Membership, Tenant, TenantExport
+from tenants.models import ApiToken, AuditEvent, Invitation, Membership, Tenant, TenantExport
 from tests.factories import api_client, make_member
 
 MIG = {"kind": "mig", "profile": "1g.10gb"}
@@ -176,6 +176,8 @@ def test_close_issues_final_invoice_removes_personal_data_keeps_financial_record
         broker.allocations_free(lease=Lease.objects.get(pk=lease.pk), now=end, to=LeaseState.RELEASED,
                                 reason="released")
     client = world.client("owner")
+    assert client.post("/api/v1/tenant/invitations", {"username": "bob", "role": "viewer"},
+                       format="json").status_code == 201  # a pending invitation: a username, nothing to join
     with time_machine.travel(end + timedelta(minutes=5), tick=False):
         closed = client.post("/api/v1/tenant/close", {"confirm": "acme"}, format="json")
         assert closed.status_code == 200, closed.json()
@@ -199,6 +201,8 @@ def test_close_issues_final_invoice_removes_personal_data_keeps_financial_record
     assert users.get(pk=both.pk).username == "sam" and users.get(pk=both.pk).is_active
     assert Membership.objects.filter(user=both, tenant=world.globex).exists()
     assert not Membership.objects.filter(tenant=tenant).exists()
+    assert not Invitation.objects.filter(tenant=tenant).exists()
+    assert world.client("outsider").get("/api/v1/invitations").json()["results"] == []
     assert not ApiToken.objects.filter(tenant=tenant, revoked_at__isnull=True).exists()
     assert not AuditEvent.objects.filter(tenant=tenant, target="max").exists()  # replaced by the pseudonym
     assert AuditEvent.objects.filter(tenant=tenant, target=max_now.username, action="member.add").exists()

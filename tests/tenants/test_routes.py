@@ -68,6 +68,14 @@ ROUTES: dict[str, Route] = {
     "api-members": Route("api", "/api/v1/members", READ),
     "api-member": Route("api", "/api/v1/members/{id}", {"get": None, "patch": {"role": "viewer"}, "delete": None},
                         obj="member"),
+    # invitations: the tenant's admins invite and revoke; the named user alone accepts or declines (its own, any
+    # tenant's: another user's invitation is not found, whatever their role)
+    "api-tenant-invitations": Route("api", "/api/v1/tenant/invitations",
+                                    {"get": None, "post": {"username": "zoe", "role": "viewer"}}),
+    "api-tenant-invitation": Route("api", "/api/v1/tenant/invitations/{id}", {"delete": None}, obj="invitation"),
+    "api-invitations": Route("api", "/api/v1/invitations", READ),
+    "api-invitation-accept": Route("api", "/api/v1/invitations/{id}/accept", {"post": None}, obj="invitation"),
+    "api-invitation-decline": Route("api", "/api/v1/invitations/{id}/decline", {"post": None}, obj="invitation"),
     "api-tokens": Route("api", "/api/v1/tokens", {"get": None, "post": {"name": "t", "scopes": ["read"]}}),
     "api-token": Route("api", "/api/v1/tokens/{id}", {"get": None, "delete": None}, obj="token"),
     "api-ssh-keys": Route("api", "/api/v1/ssh-keys", {"get": None, "post": {"name": "k", "public_key": SSH_KEY}}),
@@ -262,6 +270,14 @@ ROUTES: dict[str, Route] = {
     "portal:member-invite": Route("portal", "/settings/members/invite",
                                   {"post": {"username": "bob", "role": "viewer"}}),
     "portal:member-role": Route("portal", "/settings/members/{id}/role", {"post": {"role": "viewer"}}, obj="member"),
+    "portal:invitation-revoke": Route("portal", "/settings/members/invitations/{id}/revoke", {"post": {}},
+                                      obj="invitation"),
+    "portal:invitations": Route("portal", "/invitations", READ),
+    # a user's own invitations: the viewer's session finds another user's not found (404), as everyone does
+    "portal:invitation-accept": Route("portal", "/invitations/{id}/accept", {"post": {}}, obj="invitation",
+                                      viewer={"post": 404}),
+    "portal:invitation-decline": Route("portal", "/invitations/{id}/decline", {"post": {}}, obj="invitation",
+                                       viewer={"post": 404}),
     "portal:member-projects": Route("portal", "/settings/members/{id}/projects", {"post": {"scope": "all"}},
                                     obj="member"),
     "portal:member-remove": Route("portal", "/settings/members/{id}/remove", {"post": {}}, obj="member"),
@@ -493,7 +509,13 @@ def objects(world, settings, tmp_path):
         return SshKey.objects.create(user=user, name="laptop", public_key=key.export_public_key().decode().strip(),
                                      fingerprint=key.get_fingerprint("sha256")).pk
 
+    def invitation(tenant, username):
+        from tenants.models import Invitation
+
+        return Invitation.objects.create(tenant=tenant, username=username, role="viewer").pk
+
     own["ssh_key"] = ssh_key(world.admin)
+    own["invitation"] = invitation(world.acme, "zed")
     own["adjustment"] = adjustment(world.acme, own["lease"])
     own["export"] = export(world.acme)
     own.update(planned(world.acme, world.member, world.project))
@@ -511,6 +533,7 @@ def objects(world, settings, tmp_path):
                   "credit_note": credit_note(world.globex),
                   "spend_alert_rule": spend_alert_rule(world.globex),
                   "export": export(world.globex), "ssh_key": ssh_key(world.outsider),
+                  "invitation": invitation(world.globex, "zed"),
                   **planned(world.globex, world.outsider, world.other_project)},
     }
 
@@ -610,6 +633,9 @@ def test_routes_nothing_changed_for_the_other_tenant(world, objects):
     from tenants.models import SshKey
 
     assert SshKey.objects.filter(pk=objects["own"]["ssh_key"]).exists()
+    from tenants.models import Invitation
+
+    assert Invitation.objects.get(pk=objects["own"]["invitation"]).state == "pending"
     from broker.models import Lease
 
     assert Lease.objects.get(pk=objects["own"]["lease"]).state == "queued"
