@@ -25,7 +25,9 @@ from infra import run
 from tests.support.processes import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
-STARTUP_SECONDS = 120  # a fresh clone migrates, collects static files and seeds once; later runs take ~15 s
+# a fresh clone migrates, collects static files and seeds once (later runs take ~15 s): on wave 19's slower Xeon,
+# beside the rest of the suite, that took over 120 s; the first-hour test allows 240 s for the same start
+STARTUP_SECONDS = 240
 
 
 def _group_alive(pgid: int) -> bool:
