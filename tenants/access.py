@@ -120,6 +120,13 @@ def project_scope(*, token_project_ids, member_project_ids) -> frozenset[int] | 
     return frozenset.intersection(*limits)
 
 
+def require_admin_read(actor: Actor, what: str) -> None:
+    """A read kept to the tenant's admins and owners, never to a project-limited actor (the audit trail, the
+    pending invitations): ``what`` opens the refusal ("The audit trail is")."""
+    if ROLE_RANK[Role(actor.role)] < ROLE_RANK[Role.ADMIN] or actor.project_ids is not None:
+        raise PermissionDenied(f"{what} for the tenant's admins and owners (and not for a token limited to projects).")
+
+
 def restrict(queryset: QuerySet, actor: Actor) -> QuerySet:
     """Only the rows of ``queryset`` that belong to the actor's tenant, and, for a project-scoped token or a
     project-limited member, of the rows that belong to a project (the model's ``project_lookup``) only its

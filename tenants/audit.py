@@ -12,9 +12,7 @@ from typing import Any
 
 from django.db.models import Q, QuerySet
 
-from core.errors import PermissionDenied
-from tenants.access import Actor, restrict
-from tenants.choices import ROLE_RANK, Role
+from tenants.access import Actor, require_admin_read, restrict
 from tenants.models import AuditEvent, Tenant
 
 
@@ -38,9 +36,7 @@ def audit_event_list(*, actor: Actor, username: str = "", kind: str = "", target
     """The tenant's audit trail, newest first, for its admins and owners (through ``restrict``: another
     tenant's events and the platform's own are never in it). ``kind`` matches an action exactly or as a dotted
     prefix (``token`` matches ``token.create`` and ``token.use``); ``since`` inclusive, ``until`` exclusive."""
-    if ROLE_RANK[Role(actor.role)] < ROLE_RANK[Role.ADMIN] or actor.project_ids is not None:
-        raise PermissionDenied("The audit trail is for the tenant's admins and owners (and not for a token "
-                               "limited to projects).")
+    require_admin_read(actor, "The audit trail is")
     events = restrict(AuditEvent.objects.select_related("actor"), actor)
     if username:
         events = events.filter(actor__username=username)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from django.db.models import QuerySet
 
-from core.errors import NotFound, PermissionDenied
-from tenants.access import Actor, project_scope, restrict
+from core.errors import NotFound
+from tenants.access import Actor, project_scope, require_admin_read, restrict
 from tenants.choices import ROLE_RANK, Role
 from tenants.models import (
     ApiToken,
@@ -103,15 +103,13 @@ def membership_get(*, actor: Actor, pk: int) -> Membership:
 def invitation_list(*, actor: Actor) -> QuerySet[Invitation]:
     """The tenant's pending invitations, for its admins and owners (who is invited is theirs to know; a member's
     or viewer's read is refused, as the audit trail's)."""
-    if ROLE_RANK[Role(actor.role)] < ROLE_RANK[Role.ADMIN] or actor.project_ids is not None:
-        raise PermissionDenied("Invitations are for the tenant's admins and owners (and not for a token limited to "
-                               "projects).")
+    require_admin_read(actor, "Invitations are")
     return restrict(Invitation.objects.filter(state=Invitation.State.PENDING), actor).order_by("-created_at", "-pk")
 
 
 def invitation_get(*, actor: Actor, pk: int) -> Invitation:
     """One invitation of the tenant, in any state (revoking one no longer pending is a conflict, not a miss)."""
-    invitation_list(actor=actor)  # the same rule: admins and owners
+    require_admin_read(actor, "Invitations are")
     invitation = restrict(Invitation.objects.filter(pk=pk), actor).first()
     if invitation is None:
         raise NotFound("No such invitation in this tenant.", field="id")

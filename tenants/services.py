@@ -368,7 +368,7 @@ def membership_remove(*, actor: Actor, membership: Membership) -> None:
 
 def membership_invite(*, actor: Actor, username: str, role: str, now: datetime | None = None) -> Invitation:
     """Invite a user, by username, to the actor's tenant with ``role`` (admins; only owners invite owners). The
-    user joins only when they accept (``invitation_accept``). The answer is the same whether or not a user of
+    user joins only when they accept (``invitation_decide``). The answer is the same whether or not a user of
     that name exists (the invitation waits for one): an admin learns nothing of another tenant's users, and
     nobody is made a member of a tenant without saying yes."""
     actor.require("manage")
