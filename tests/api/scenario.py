@@ -1,9 +1,9 @@
-"""What the contract tests need besides make_world(), and a scripted session over HTTP that produces the
-statuses a fuzzer does not reach on its own: the 2xx of detail routes, renew, release, invoice documents,
-enrollment and a signed heartbeat; 402 from a refusing spend cap; each documented 409; a quote's 200/403/404;
-the capacity loop's adjustments (decided twice: 409), a project's idle reclaim opt-in (a member's 403) and the
-loop's platform-staff API, and the money API (spend caps; price books and billing terms, staff only), with a staff
-member's token (the fuzzer acts as an owner, whom every staff endpoint refuses).
+"""What the contract tests need besides make_world(), and a scripted session over HTTP that produces, with the contract
+test's hand-written cases, every documented status without the fuzzer's help: the 2xx of detail routes, renew,
+release, invoice documents, enrollment and a signed heartbeat; 402 from a refusing spend cap; each documented 409; a
+quote's 200/403/404; the capacity loop's adjustments (decided twice: 409), a project's idle reclaim opt-in (a
+member's 403) and the loop's platform-staff API, and the money API (spend caps; price books and billing terms, staff
+only), with a staff member's token (the fuzzer acts as an owner, whom every staff endpoint refuses).
 
 Only three writes bypass the services, each standing in for a part these tests do not run: the invoice
 (``invoice_run`` needs a metered month), a lease's placement (the scheduler and a node agent) and the
@@ -107,7 +107,8 @@ def scripted_session(url: str, contract: Contract) -> set[tuple[str, str, int]]:
 
     v1 = "/api/v1"
     for read in ("tenant", "projects", "leases", "members", "tokens", "invoices", "slo-contracts", "quotas",
-                 "offers", "usage"):  # every read answers 200 without relying on the fuzzer's draws
+                 "offers", "usage", "credit-notes", "credits", "ssh-keys", "webhooks", "workloads", "pipelines",
+                 "tenant/exports", "tenant/sign-in"):  # every read answers 200 without relying on the fuzzer's draws
         step(f"{v1}/{read}", "get", 200, token=owner)
     step(f"{v1}/tenant", "patch", 200, token=owner, body={"name": "Acme"})
     step(f"{v1}/projects", "post", 201, token=owner, body={"slug": "scratch", "name": "Scratch"})
@@ -234,6 +235,7 @@ def staff_sign_in_steps(step, world: World, staff: str) -> None:
     step(sign_in, "patch", 409, acme, token=staff, body={"allowed_email_domains": ["globex.example"]})
     step(f"{v1}/tenant/sign-in", "patch", 409, token=world.tokens["owner"],
          body={"allowed_email_domains": ["globex.example"]})
+    step(f"{v1}/tenant/sign-in", "patch", 200, token=world.tokens["owner"], body={})  # nothing changes
     step(sign_in, "get", 404, sign_in.format(slug="nobody"), token=staff)
     step(sign_in, "patch", 404, sign_in.format(slug="nobody"), token=staff, body={})
     _bodies_refused(step, staff, [(sign_in, "patch", globex)])
@@ -250,6 +252,9 @@ def staff_billing_steps(step, world: World, staff: str, invoice_id: int) -> None
     refunds = f"{v1}/billing/payments/{{id}}/refunds"
     here = {"id": invoice_id}
     step(balance, "get", 200, balance.format(**here), token=staff)
+    step(balance, "get", 404, balance.format(id=999999999), token=staff)
+    step(notes, "post", 404, notes.format(id=999999999), token=staff,
+         body={"reason": "duplicate", "memo": "x", "amount_minor": 1})
     note = step(notes, "post", 201, notes.format(**here), token=staff,
                 body={"reason": "duplicate", "memo": "contract", "amount_minor": 1})
     step(f"{v1}/credit-notes/{{id}}", "get", 200, f"{v1}/credit-notes/{note['id']}", token=owner)
@@ -305,6 +310,9 @@ def offboarding_steps(step, world: World) -> None:
     step(f"{v1}/audit-events", "get", 200, token=owner)
     step(f"{v1}/tenant/close", "post", 409, token=owner, body={"confirm": world.acme.slug})  # a lease runs
     made = step(f"{v1}/tenant/exports", "post", 202, token=owner)
+    step(f"{v1}/tenant/exports/{{id}}", "get", 200, f"{v1}/tenant/exports/{made['id']}", token=owner)
+    step(f"{v1}/tenant/exports/{{id}}/archive", "get", 409, f"{v1}/tenant/exports/{made['id']}/archive",
+         token=owner)  # not built yet
     tenant_export_build(export_id=made["id"])
     step(f"{v1}/tenant/exports/{{id}}/archive", "get", 200, f"{v1}/tenant/exports/{made['id']}/archive",
          token=owner)
@@ -489,6 +497,9 @@ def workload_steps(step, world: World, secret: str) -> None:
     assert logs["data"] == "" and logs["node"] is None
     wrong = step(f"{v1}/leases/{{id}}/logs", "get", 400, f"{v1}/leases/{lease['id']}/logs?placement=2", token=owner)
     assert wrong["field"] == "placement"  # it has had no placement yet: only 1 names one
+    # a sample of a lease that is not running (it waits) is refused
+    step(f"{v1}/leases/{{id}}/samples", "post", 409, f"{v1}/leases/{lease['id']}/samples", token=owner,
+         body={"throughput": 1.0})
     step(f"{v1}/leases/{{id}}", "delete", 202, f"{v1}/leases/{lease['id']}", token=owner)
     report = f"{v1}/agents/contract-node/workloads"
     body = json.dumps({"workloads": []}).encode()
@@ -525,6 +536,7 @@ def pipeline_steps(step, world: World, capped: str) -> None:
     step(f"{v1}/pipelines/{{id}}/plans/{{plan_id}}/apply", "post", 409, f"{at}/apply", token=owner, body={})
     step(f"{v1}/pipelines/{{id}}/plans/{{plan_id}}/release", "post", 409, f"{at}/release", token=owner)
     step(f"{v1}/pipelines", "post", 422, token=owner, body={**body, "edges": [["detect", "nowhere"]]})
+    step(f"{v1}/pipelines", "post", 404, token=owner, body={**body, "project": "nowhere"})
     unpriced = step(f"{v1}/pipelines", "post", 201, token=owner, body={**body, "name": "unpriced", "tiers": ["L4"]})
     step(f"{v1}/pipelines/{{id}}/plans", "post", 409, f"{v1}/pipelines/{unpriced['id']}/plans", token=owner,
          body={})  # the price list holds nothing for its tiers today
@@ -563,6 +575,8 @@ def tiering_steps(step, world: World, running_id: int, capped: str) -> None:
         "name": "contract-bert", "architecture": "bert-base", "task": "inference", "precision": "int8",
         "batch_size": 8, "seq_len": 128, "target_throughput": 400.0})
     step(f"{v1}/workloads/{{name}}", "get", 200, f"{v1}/workloads/contract-bert", token=owner)
+    step(f"{v1}/workloads/{{name}}", "patch", 200, f"{v1}/workloads/contract-bert", token=owner,
+         body={"regime": "engine"})
     step(f"{v1}/workloads/{{name}}/profiles", "get", 200, f"{v1}/workloads/contract-bert/profiles", token=owner)
     step(f"{v1}/workloads/{{name}}/prediction", "post", 200, f"{v1}/workloads/contract-bert/prediction",
          token=owner)

@@ -1,6 +1,7 @@
 """Schemathesis against the live API (a gunicorn process on 127.0.0.1, a seeded tenant's owner token): no 5xx,
-every answer conforms to the OpenAPI document, and every documented status is produced, by the fuzzer or by
-the hand-written cases below. Needs no network; fails (never skips) when schemathesis is missing."""
+every answer conforms to the OpenAPI document, and every documented status is produced by the scripted session
+(``tests.api.scenario``) or the hand-written cases below, not left to the fuzzer's time-bounded draws. Needs no
+network; fails (never skips) when schemathesis is missing."""
 
 from __future__ import annotations
 
@@ -98,7 +99,10 @@ def test_api_schemathesis_live_server_conforms_and_every_status_is_produced(worl
             cwd=tmp_path, env=env, capture_output=True, text=True, timeout=MAX_SECONDS + 120)
         (tmp_path / "schemathesis.txt").write_text(run.stdout + run.stderr)
         assert run.returncode == 0, run.stdout[-12000:] + run.stderr[-3000:]
-        produced |= _har_statuses(har, schema)
+        assert _har_statuses(har, schema), "the fuzzer's report holds no request"
+        # every documented status comes from the scripted session and the cases below, never from the fuzzer's
+        # draws: its run stops at a time budget, so what it reaches varies with the machine (a 404 it produced
+        # only with an id the route does not match went missing on a slower one)
         produced |= _hand_written_cases(url, schema, world)
     produced |= _sweep(schema, f"postgres://postgres@127.0.0.1:{free_port()}/gpubroker", 503, world,
                        **CONTRACT_SERVER_ENV)
