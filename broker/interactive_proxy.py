@@ -55,6 +55,27 @@ def problem(error: Refused) -> web.Response:
                              headers=error.headers)
 
 
+def _session_complete(request) -> None:
+    """The portal's middleware rules for a session, applied here (the relay does not pass through Django's
+    middleware): one that needs a second factor and has not passed it, or one opened with a local password a
+    tenant of the user's has since switched off, reaches no workload."""
+    from django.contrib.auth import BACKEND_SESSION_KEY
+
+    from tenants.otp import second_factor_enrolled, second_factor_passed, second_factor_required
+    from tenants.sso import BACKEND_PATH, password_sign_in_blocker
+
+    user = request.user
+    if not second_factor_passed(request) and (second_factor_enrolled(user) or second_factor_required(user)):
+        raise Refused(403, "second_factor_required", "Second factor required",
+                      "This session has not passed the second factor: finish signing in to the portal, or use an "
+                      "API token.")
+    backend = request.session.get(BACKEND_SESSION_KEY)
+    if backend and backend != BACKEND_PATH and not user.is_staff and password_sign_in_blocker(user) is not None:
+        raise Refused(401, "not_authenticated", "Not authenticated",
+                      "This tenant signs its members in through single sign-on; sign in again that way.",
+                      headers={"WWW-Authenticate": 'Bearer realm="api"'})
+
+
 def authorize(*, lease_id: int, authorization: str, cookies: dict[str, str], remote_addr: str) -> tuple[dict, bool]:
     """(the relay target, whether the session authenticated it) for one request, or ``Refused``. Runs in a worker
     thread (Django's ORM is synchronous); the database connection is closed when it is stale, as a request's is."""
@@ -102,6 +123,7 @@ def authorize(*, lease_id: int, authorization: str, cookies: dict[str, str], rem
                 raise Refused(401, "not_authenticated", "Not authenticated",
                               "Sign in to the portal, or send Authorization: Bearer <token>.",
                               headers={"WWW-Authenticate": 'Bearer realm="api"'})
+            _session_complete(request)
             by_session = True
         actor = actor_for_request(request)
         if actor is None:

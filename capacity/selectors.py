@@ -430,10 +430,13 @@ def _prices(now: datetime) -> tuple[tuple[Price, ...], str]:
 # -- what people see ---------------------------------------------------------------------------------------
 def adjustment_list(*, actor: Actor | None, staff: bool = False, kind: str = "", state: str = "",
                     open_only: bool = False) -> QuerySet[Adjustment]:
-    """Staff: every adjustment. A tenant: its own advice and every change that touched one of its leases."""
+    """Staff: every adjustment. A tenant: its own advice and every change that touched one of its leases; an
+    actor limited to projects does not see advice on another project."""
     rows = Adjustment.objects.select_related("tenant", "project", "lease", "gpu__node").order_by("-proposed_at", "-pk")
     if not staff:
         rows = rows.filter(Q(tenant=actor.tenant) | Q(tenant_ids__contains=[actor.tenant.pk]))
+        if actor.project_ids is not None:
+            rows = rows.filter(Q(project__isnull=True) | Q(project_id__in=list(actor.project_ids)))
     if kind:
         rows = rows.filter(kind=kind)
     if state:

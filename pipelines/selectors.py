@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from django.db.models import Q
+
 from core.errors import NotFound
 from pipelines.models import ModelSplit, Pipeline, PipelinePlan
 from tenants.access import Actor, restrict
@@ -25,7 +27,12 @@ def plan_list(*, actor: Actor, pipeline: Pipeline):
 
 
 def model_split_list(*, actor: Actor):
-    return ModelSplit.objects.filter(tenant=actor.tenant).order_by("-pk")
+    """The tenant's model splits; an actor limited to projects does not see one applied in another project
+    (its leases are another project's)."""
+    splits = ModelSplit.objects.filter(tenant=actor.tenant)
+    if actor.project_ids is not None:
+        splits = splits.filter(Q(project__isnull=True) | Q(project_id__in=sorted(actor.project_ids)))
+    return splits.order_by("-pk")
 
 
 def plan_get(*, actor: Actor, pipeline: Pipeline, pk: int) -> PipelinePlan:
@@ -36,7 +43,7 @@ def plan_get(*, actor: Actor, pipeline: Pipeline, pk: int) -> PipelinePlan:
 
 
 def model_split_get(*, actor: Actor, pk: int) -> ModelSplit:
-    found = ModelSplit.objects.filter(tenant=actor.tenant, pk=pk).first()
+    found = model_split_list(actor=actor).filter(pk=pk).first()
     if found is None:
         raise NotFound("No such model split in this tenant.", field="id")
     return found

@@ -28,7 +28,7 @@ from pipelines.planner.profiles import (
     generation_profile_for,
     profile_for,
 )
-from tenants.access import Actor
+from tenants.access import Actor, restrict
 from tenants.audit import audit_record
 from tenants.models import Project, Quota
 
@@ -210,7 +210,7 @@ def _pure(pipeline: Pipeline) -> tuple[esg.Pipeline, dict[str, dict[tuple[str, i
 def pipeline_create(*, actor: Actor, project: str, name: str, stages, edges, slo_ms, rate_rps,
                     tiers=None) -> Pipeline:
     actor.require("use")
-    target = Project.objects.filter(tenant=actor.tenant, slug=project).first()
+    target = restrict(Project.objects.all(), actor).filter(slug=project).first()
     if target is None:
         raise NotFound(f"No project {project!r} in this tenant.", field="project")
     if not isinstance(name, str) or not 1 <= len(name.strip()) <= 100:
@@ -401,7 +401,7 @@ def _fleet(actor: Actor, gpus, candidates) -> tuple[list, dict]:
 
         project = None
         if candidates.get("project"):
-            project = Project.objects.filter(tenant=actor.tenant, slug=candidates["project"]).first()
+            project = restrict(Project.objects.all(), actor).filter(slug=candidates["project"]).first()
             if project is None:
                 raise NotFound(f"No project {candidates['project']!r} in this tenant.", field="candidates.project")
         models = tuple(candidates.get("models") or ())
@@ -546,7 +546,7 @@ def model_split_apply(*, actor: Actor, split: ModelSplit, project: str,
             raise Conflict(f"The split is {split.state}; plan it again to apply.", field="state")
         if not split.feasible:
             raise Conflict("The split found no groups that fit: it is not applied.", field="feasible")
-        target = Project.objects.filter(tenant=actor.tenant, slug=project).first()
+        target = restrict(Project.objects.all(), actor).filter(slug=project).first()
         if target is None:
             raise NotFound(f"No project {project!r} in this tenant.", field="project")
         pins = _split_pins(split)

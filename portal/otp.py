@@ -16,6 +16,7 @@ from tenants.otp import (
     recovery_codes_regenerate,
     second_factor_enrolled,
     second_factor_mark_passed,
+    second_factor_passed,
     second_factor_required,
     second_factor_verify,
     totp_device_confirm,
@@ -85,7 +86,7 @@ class RecoveryCodesView(LoginRequiredMixin, View):
 
     def post(self, request):
         try:
-            codes = recovery_codes_regenerate(user=request.user)
+            codes = recovery_codes_regenerate(user=request.user, factor_passed=second_factor_passed(request))
         except ApplicationError as error:
             return render(request, "registration/2fa_verify.html", {"error": error.message, "next": "/"},
                           status=error.status)

@@ -436,6 +436,27 @@ class TenantSignIn(models.Model):
         return f"sign-in of {self.tenant_id}"
 
 
+class SsoIdentity(models.Model):
+    """Which account an identity provider's subject signs in as (``tenants.sso.sso_member_sign_in``): made at
+    that subject's first single sign-on, and from then on the only way the provider reaches an account. An
+    existing account is linked by its e-mail address only when taking it over gives the provider nothing it does
+    not already hold: a member of the signing-in tenant and of no other, never platform staff (docs/security.md).
+    Deleted with the user, and when a closure pseudonymises them."""
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="sso_identities")
+    issuer = models.URLField(max_length=300)
+    subject = models.CharField(max_length=255)
+    tenant = models.ForeignKey(Tenant, on_delete=models.SET_NULL, null=True, blank=True, related_name="+",
+                               help_text="the tenant whose provider made the link (a record; not a rule)")
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["issuer", "subject"], name="ssoidentity_one_per_subject")]
+
+    def __str__(self) -> str:
+        return f"{self.issuer} {self.subject}"
+
+
 class Invitation(models.Model):
     """An admin's invitation of a user, by username, to the tenant with a role: the user becomes a member only
     when they accept it (``tenants.services.invitation_accept``), never on the admin's word alone. Recorded

@@ -42,7 +42,17 @@ from core.errors import Conflict, NotFound, PermissionDenied, ValidationFailed
 from tenants.access import Actor, restrict
 from tenants.audit import audit_record
 from tenants.choices import Role, TenantStatus
-from tenants.models import ApiToken, AuditEvent, Invitation, Membership, Project, Tenant, TenantExport
+from tenants.models import (
+    ApiToken,
+    AuditEvent,
+    Invitation,
+    Membership,
+    Project,
+    SsoIdentity,
+    Tenant,
+    TenantExport,
+    TenantSignIn,
+)
 
 ExportPart = Callable[[Tenant], dict[str, bytes]]  # tenant → {path inside the zip: content}
 ClosureCheck = Callable[[Tenant], str | None]  # tenant → why it cannot close now, or None
@@ -252,6 +262,11 @@ def tenant_close(*, actor: Actor, confirm: str, now: datetime | None = None) -> 
             user.is_active = False
             user.save()
         ApiToken.objects.filter(tenant=tenant, revoked_at__isnull=True).update(revoked_at=now)
+        # nobody signs in to it again: its provider off and its domains free; the links of the people it
+        # pseudonymises go with their names
+        TenantSignIn.objects.filter(tenant=tenant).update(sso_enabled=False, local_passwords_disabled=False,
+                                                          allowed_email_domains=[])
+        SsoIdentity.objects.filter(user__in=[m.user for m in memberships if not m.user.is_active]).delete()
         Membership.objects.filter(tenant=tenant).delete()
         Invitation.objects.filter(tenant=tenant).delete()  # usernames it named: personal data, and nothing to join
         with connection.cursor() as cursor:

@@ -167,11 +167,16 @@ def second_factor_verify(*, user, code: str) -> str:
     return "recovery"
 
 
-def recovery_codes_regenerate(*, user) -> list[str]:
-    """Ten fresh recovery codes, the old ones void. Audited."""
+def recovery_codes_regenerate(*, user, factor_passed: bool) -> list[str]:
+    """Ten fresh recovery codes, the old ones void: only for a session that has passed the second factor
+    (``factor_passed``: ``second_factor_passed(request)``), or a password alone would mint codes that pass it.
+    Audited."""
     with transaction.atomic(durable=True):
         if not TotpDevice.objects.filter(user=user, confirmed_at__isnull=False).exists():
             raise Conflict("Set up an authenticator first.", field="code")
+        if not factor_passed:
+            raise SecondFactorRefused("Pass the second factor first: new recovery codes are for a session that "
+                                      "has.", field="code")
         codes = _recovery_codes_make(user)
         audit_record(tenant=None, by=user, action="second_factor.recovery_codes", target=user.get_username())
     return codes

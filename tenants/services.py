@@ -293,10 +293,12 @@ def membership_change_role(*, actor: Actor, membership: Membership, role: str) -
         if role not in PROJECT_LIMITABLE_ROLES:
             changes["project_ids"] = None  # admins and owners reach the whole tenant
         Membership.objects.filter(pk=membership.pk, tenant=actor.tenant).update(**changes)
+        revoked = _invitations_of_revoke(actor.tenant, membership.user_id, role=role)
         audit_record(tenant=actor.tenant, by=actor.user, action="member.role", target=str(membership.user_id),
                      data={"old": membership.role, "new": role,
                            **({"projects_cleared": True} if membership.project_ids is not None
-                              and "project_ids" in changes else {})})
+                              and "project_ids" in changes else {}),
+                           **({"invitations_revoked": revoked} if revoked else {})})
     membership.refresh_from_db()
     return membership
 
@@ -363,7 +365,21 @@ def membership_remove(*, actor: Actor, membership: Membership) -> None:
             revoked_at=now
         )
         Membership.objects.filter(pk=membership.pk, tenant=actor.tenant).delete()
-        audit_record(tenant=actor.tenant, by=actor.user, action="member.remove", target=str(membership.user_id))
+        revoked = _invitations_of_revoke(actor.tenant, membership.user_id, role=None)
+        audit_record(tenant=actor.tenant, by=actor.user, action="member.remove", target=str(membership.user_id),
+                     data={"invitations_revoked": revoked} if revoked else {})
+
+
+def _invitations_of_revoke(tenant: Tenant, user_id: int, *, role: str | None) -> int:
+    """Revoke the pending invitations a member issued that their new ``role`` (None: removed) could not issue
+    now: an invitation is only as good as its inviter's standing (owners invite owners; admins the rest). In the
+    caller's transaction; how many."""
+    pending = Invitation.objects.filter(tenant=tenant, invited_by_id=user_id, state=Invitation.State.PENDING)
+    if role == Role.OWNER:
+        return 0
+    if role == Role.ADMIN:
+        pending = pending.filter(role=Role.OWNER)
+    return pending.update(state=Invitation.State.REVOKED, decided_at=timezone.now())
 
 
 def membership_invite(*, actor: Actor, username: str, role: str, now: datetime | None = None) -> Invitation:
@@ -418,6 +434,9 @@ def invitation_decide(*, user, invitation: Invitation, accept: bool, now: dateti
             raise Conflict("The invitation is no longer pending (accepted, declined or revoked).", field="id")
         if locked.tenant.closed_at is not None:
             raise Conflict("That tenant is closed.", field="id")
+        if accept and not locked.tenant.is_active:
+            raise Conflict(f"'{locked.tenant.slug}' is suspended and takes no new members now; the invitation "
+                           "waits until it is active again.", field="id")
         locked.state = Invitation.State.ACCEPTED if accept else Invitation.State.DECLINED
         locked.decided_at = now
         locked.save(update_fields=["state", "decided_at"])

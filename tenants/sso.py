@@ -26,13 +26,14 @@ from django.contrib.auth import get_user_model
 from django.contrib.auth.backends import ModelBackend
 from django.core.exceptions import SuspiciousOperation
 from django.db import transaction
+from django.db.models import Q
 from mozilla_django_oidc.auth import OIDCAuthenticationBackend
 
 from core.errors import ApplicationError, Conflict, PermissionDenied, ValidationFailed
 from tenants.access import Actor
 from tenants.audit import audit_record
 from tenants.choices import PROJECT_LIMITABLE_ROLES, ROLE_RANK, Role
-from tenants.models import Membership, Project, Tenant, TenantSignIn
+from tenants.models import Membership, Project, SsoIdentity, Tenant, TenantSignIn
 from tenants.sealing import secret_open, secret_seal
 from tenants.selectors import project_slugs
 from tenants.services import project_ids_for_slugs
@@ -114,7 +115,7 @@ def _is_loopback(host: str | None) -> bool:
         return False
 
 
-def _validate_domains(values, *, tenant: Tenant) -> list[str]:
+def _validate_domains(values, *, tenant: Tenant, claimed: list[str], by) -> list[str]:
     if not isinstance(values, list | tuple) or not all(isinstance(v, str) for v in values):
         raise ValidationFailed("allowed_email_domains must be a list of domain names.", field="allowed_email_domains")
     domains = sorted({v.strip().lower() for v in values})
@@ -128,6 +129,15 @@ def _validate_domains(values, *, tenant: Tenant) -> list[str]:
         clash = sorted(set(other) & set(domains))
         raise Conflict(f"allowed_email_domains: {', '.join(clash)} already belongs to another tenant's single "
                        "sign-on.", field="allowed_email_domains")
+    if isinstance(by, Actor) and not by.user.is_staff:
+        # an owner may claim a domain only where no account of another tenant, and no staff account, has an
+        # address: the sign-in page sends that domain's people to this tenant's provider (staff assign the rest)
+        others = get_user_model().objects.filter(
+            Q(is_staff=True) | Q(pk__in=Membership.objects.exclude(tenant=tenant).values("user_id")))
+        for domain in sorted(set(domains) - set(claimed)):
+            if others.filter(email__iendswith=f"@{domain}").exists():
+                raise Conflict(f"allowed_email_domains: accounts outside {tenant.name} have addresses in {domain}; "
+                               "ask the platform's staff to assign it.", field="allowed_email_domains")
     return domains
 
 
@@ -137,9 +147,9 @@ def _validate_group_roles(value) -> dict[str, str]:
     for group, role in value.items():
         if not isinstance(group, str) or not group.strip() or len(group) > 200:
             raise ValidationFailed("group_roles: every group name must be 1-200 characters.", field="group_roles")
-        if role not in Role.values:
-            raise ValidationFailed(f"group_roles: '{role}' (for group '{group}') must be one of "
-                                   f"{', '.join(Role.values)}.", field="group_roles")
+        if role not in Role.values or role == Role.OWNER:
+            raise ValidationFailed(f"group_roles: '{role}' (for group '{group}') must be one of admin, member, "
+                                   "viewer (owners are made by owners).", field="group_roles")
     return dict(value)
 
 
@@ -213,7 +223,8 @@ def sign_in_update(*, tenant: Tenant, by, changes: dict[str, Any]) -> TenantSign
                                        field="client_secret")
             sign_in.client_secret_sealed = secret_seal(secret)
         if "allowed_email_domains" in changes:
-            sign_in.allowed_email_domains = _validate_domains(changes["allowed_email_domains"], tenant=tenant)
+            sign_in.allowed_email_domains = _validate_domains(
+                changes["allowed_email_domains"], tenant=tenant, claimed=sign_in.allowed_email_domains, by=by)
         if "default_role" in changes:
             if changes["default_role"] not in Role.values or changes["default_role"] == Role.OWNER:
                 raise ValidationFailed("default_role must be one of admin, member, viewer.", field="default_role")
@@ -243,7 +254,8 @@ def _role_for(sign_in: TenantSignIn, groups) -> tuple[Role, list[str]]:
     matched = [group for group in (groups or []) if isinstance(group, str) and group in sign_in.group_roles]
     if not matched:
         return Role(sign_in.default_role), []
-    return max((Role(sign_in.group_roles[g]) for g in matched), key=lambda role: ROLE_RANK[role]), matched
+    role = max((Role(sign_in.group_roles[g]) for g in matched), key=lambda role: ROLE_RANK[role])
+    return (Role.ADMIN if role == Role.OWNER else role), matched  # a mapping stored before owners were refused
 
 
 def _projects_for(sign_in: TenantSignIn, groups, role: str) -> tuple[list[int] | None, list[str]]:
@@ -257,14 +269,51 @@ def _projects_for(sign_in: TenantSignIn, groups, role: str) -> tuple[list[int] |
     return sorted({pk for group in mapped for pk in sign_in.group_projects[group] if pk in existing}), mapped
 
 
+def _sso_account(*, sign_in: TenantSignIn, subject: str, email: str, claims: dict[str, Any]):
+    """The account this subject of the tenant's provider signs in as, and whether it was created: the one linked
+    to (issuer, subject); else a new account when no account has the address; else the account of that address,
+    linked now, only when the provider gains nothing by it (a member of this tenant and of no other, not staff:
+    otherwise any owner naming an address in their provider would sign in as its holder). Inside the caller's
+    transaction; refuses (``SsoRefused``) before writing."""
+    tenant = sign_in.tenant
+    users = get_user_model().objects
+    link = (SsoIdentity.objects.select_for_update().select_related("user")
+            .filter(issuer=sign_in.issuer, subject=subject).first())
+    if link is not None:
+        return link.user, False
+    found = list(users.select_for_update().filter(email__iexact=email).order_by("pk")[:2])
+    if len(found) > 1:
+        raise SsoRefused(f"More than one account has the address {email}; ask the platform's staff to merge them.")
+    if not found:
+        user = users.create_user(username=email[:150], email=email,
+                                 first_name=str(claims.get("given_name") or "")[:150],
+                                 last_name=str(claims.get("family_name") or "")[:150])
+        user.set_unusable_password()
+        user.save(update_fields=["password"])
+        created = True
+    else:
+        user, created = found[0], False
+        tenants = set(Membership.objects.filter(user=user).values_list("tenant_id", flat=True))
+        if user.is_staff or tenants != {tenant.pk}:
+            raise SsoRefused(f"An account with the address {email} already exists and {tenant.name}'s provider "
+                             "may not take it over: sign in with its password (a member of this tenant only "
+                             "is linked at their first single sign-on); nothing was created.")
+    SsoIdentity.objects.create(user=user, issuer=sign_in.issuer, subject=subject, tenant=tenant)
+    return user, created
+
+
 def sso_member_sign_in(*, sign_in: TenantSignIn, subject: str, claims: dict[str, Any]):
     """The user the provider vouched for, made a member of the tenant just in time. Refuses (``SsoRefused``),
-    writing nothing, an e-mail that is missing, unverified or outside the allowed domains. A new member gets the
-    role of their highest mapped group, else the default role; a member's role follows the mapped groups at each
+    writing nothing, an e-mail that is missing, unverified or outside the allowed domains; a closed tenant; a new
+    member of a suspended tenant; platform staff (they sign in with their password and second factor); an
+    existing account the provider may not take over (``_sso_account``). A new member gets the role of their
+    highest mapped group, else the default role (never owner); a member's role follows the mapped groups at each
     sign-in (never an owner's: owners are managed in the broker). When the tenant maps groups to projects, a
     member's or viewer's projects are those of their mapped groups, set at each sign-in. One transaction with its
     audit rows."""
     tenant = sign_in.tenant
+    if tenant.closed_at is not None:
+        raise SsoRefused(f"{tenant.name} is closed; nobody signs in to it.")
     email = str(claims.get("email") or "").strip().lower()
     if not email or "@" not in email:
         raise SsoRefused("The identity provider sent no e-mail address; ask it to release the 'email' claim.")
@@ -275,23 +324,17 @@ def sso_member_sign_in(*, sign_in: TenantSignIn, subject: str, claims: dict[str,
         raise SsoRefused(f"{email} is not in a domain {tenant.name} allows for single sign-on "
                          f"({', '.join(sign_in.allowed_email_domains)}); nothing was created.")
     role, matched = _role_for(sign_in, claims.get("groups"))
-    users = get_user_model().objects
     with transaction.atomic(durable=True):
-        found = list(users.select_for_update().filter(email__iexact=email).order_by("pk")[:2])
-        if len(found) > 1:
-            raise SsoRefused(f"More than one account has the address {email}; ask the platform's staff to merge "
-                             "them.")
-        created = not found
-        if created:
-            user = users.create_user(username=email[:150], email=email,
-                                     first_name=str(claims.get("given_name") or "")[:150],
-                                     last_name=str(claims.get("family_name") or "")[:150])
-            user.set_unusable_password()
-            user.save(update_fields=["password"])
-        else:
-            user = found[0]
+        user, created = _sso_account(sign_in=sign_in, subject=subject, email=email, claims=claims)
+        if user.is_staff:
+            raise SsoRefused("Platform staff sign in with their password and second factor, not through a "
+                             "tenant's provider.")
+        if not user.is_active:
+            raise SsoRefused(f"The account of {email} is disabled; ask the platform's staff.")
         membership = Membership.objects.select_for_update().filter(user=user, tenant=tenant).first()
         if membership is None:
+            if not tenant.is_active:
+                raise SsoRefused(f"{tenant.name} is suspended and takes no new members; nothing was created.")
             project_ids, _mapped = _projects_for(sign_in, claims.get("groups"), role)
             membership = Membership.objects.create(user=user, tenant=tenant, role=role, project_ids=project_ids)
             audit_record(tenant=tenant, by=user, action="membership.create", target=email,

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from broker.extensions import GpuChoice, GpuRequest
 from core.errors import ApplicationError, NotFound, ValidationFailed
+from tenants.access import restrict
 from tenants.models import Project, Quota
 from tiering.models import ProfilingRun, ProfilingState, Workload
 
@@ -58,7 +59,7 @@ def auto_resolve(request: GpuRequest) -> GpuChoice:
         raise NotFound(f"No workload named {name!r}; register it first (POST /api/v1/workloads).",
                        field="gpu.workload")
     target_throughput, target_latency = _target(gpu, "target_throughput"), _target(gpu, "target_latency_ms")
-    project = Project.objects.filter(tenant=request.actor.tenant, slug=request.project).first() \
+    project = restrict(Project.objects.all(), request.actor).filter(slug=request.project).first() \
         if isinstance(request.project, str) else None
     if project is None:
         raise NotFound(f"No project {request.project!r} in this tenant.", field="project")

@@ -35,7 +35,7 @@ from core.errors import ApplicationError, Conflict, NotFound, ValidationFailed
 from core.prometheus import Prometheus, PrometheusError
 from core.task_registry import task
 from gpus.performance import Slice, regime_infer, slice_from_key
-from tenants.access import Actor
+from tenants.access import Actor, restrict
 from tenants.models import ApiToken, Membership, Project
 from tiering.models import LeaseSample, ProfilingLease, ProfilingRun, ProfilingState, Provenance, Workload
 
@@ -119,7 +119,7 @@ def profiling_start(*, actor: Actor, workload: Workload, project: object, slices
     window = settings.TIERING_PROFILING_WINDOW_SECONDS if window_seconds is None else window_seconds
     if isinstance(window, bool) or not isinstance(window, int) or not 5 <= window <= 3600:
         raise ValidationFailed("window_seconds must be a whole number from 5 to 3600.", field="window_seconds")
-    if not isinstance(project, str) or not Project.objects.filter(tenant=actor.tenant, slug=project).exists():
+    if not isinstance(project, str) or not restrict(Project.objects.all(), actor).filter(slug=project).exists():
         raise NotFound(f"No project {project!r} in this tenant.", field="project")
     chosen = _slices_clean(slices, workload)
     if ProfilingRun.objects.filter(workload=workload, state=ProfilingState.RUNNING).exists():

@@ -14,7 +14,7 @@ from capacity.models import Adjustment
 from capacity.services.applying import adjustment_apply
 from capacity.services.common import AdjustmentConflict, _audit, _finish, _state
 from capacity.services.quota_advice import quota_advice_apply
-from core.errors import ApplicationError, PermissionDenied, ValidationFailed
+from core.errors import ApplicationError, NotFound, PermissionDenied, ValidationFailed
 
 
 def _may_decide(adjustment: Adjustment, *, user, actor) -> None:
@@ -25,6 +25,10 @@ def _may_decide(adjustment: Adjustment, *, user, actor) -> None:
     own = actor is not None and adjustment.tenant_id == actor.tenant.pk
     if not own or adjustment.kind not in (AdjustmentKind.IDLE_RECLAIM, AdjustmentKind.RIGHT_SIZE):
         raise PermissionDenied("Only platform staff decide this adjustment.", field="id")
+    if actor.project_ids is not None:  # an actor limited to projects decides only their advice (another's: 404)
+        project_id = adjustment.project_id or (adjustment.lease.project_id if adjustment.lease_id else None)
+        if project_id not in actor.project_ids:
+            raise NotFound("No such adjustment.", field="id")
     actor.require("release" if adjustment.kind == AdjustmentKind.IDLE_RECLAIM else "manage")
 
 

@@ -17,7 +17,13 @@ READ_ONLY_TOKEN = "This API token has read scope only."
 
 
 def is_staff(request) -> bool:
-    return bool(request.user and request.user.is_authenticated and request.user.is_staff)
+    """A staff member acting as staff: by session, or by a token of theirs that is not limited to projects (a
+    token that names projects, a CI job's, acts only inside them, never on the platform: docs/tenancy.md)."""
+    from tenants.models import ApiToken
+
+    token = getattr(request, "auth", None)
+    return bool(request.user and request.user.is_authenticated and request.user.is_staff
+                and not (isinstance(token, ApiToken) and token.project_ids is not None))
 
 
 class StaffOrTenantPermission(permissions.BasePermission):

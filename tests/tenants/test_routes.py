@@ -356,8 +356,8 @@ ALLOWED = {
                     "is checked before anything is written (tests/tenants/test_sso.py)",
     "sso-logout": "ends the caller's own session",
     "2fa-verify": "the signed-in user's own second factor (login required; tests/tenants/test_second_factor.py)",
-    "2fa-recovery-codes": "replaces the signed-in user's own recovery codes (login required; "
-                          "tests/tenants/test_second_factor.py)",
+    "2fa-recovery-codes": "replaces the signed-in user's own recovery codes (a session that has passed the second "
+                          "factor; tests/tenants/test_second_factor.py, tests/test_write_attacks.py)",
     "2fa-setup": "sets up the signed-in user's own authenticator (login required; "
                  "tests/tenants/test_second_factor.py)",
     "api-schema": "the OpenAPI document: public, describes routes, holds no data",
