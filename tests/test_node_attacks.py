@@ -129,11 +129,8 @@ def test_a_replayed_workload_report_is_refused(world):
     assert again.status_code == 401
 
 
-@known_defect("an agent event's time has no lower bound; one dated before the placement changes the billed hours")
-def test_a_nodes_backdated_workload_event_does_not_change_what_the_lease_is_billed(world):
-    """The agent chooses each event's ``at`` (``workloads_report`` caps it at now only). An event with the lease's
-    current state (active) dated before the lease's capacity was placed opens the held interval there, before any
-    allocation existed: the allocation meter then finds nothing held for the whole interval."""
+def _placed_at_ten(world) -> tuple[Node, Lease, Workload]:
+    """acme's lease with a workload on node-a: requested 10:00, placed 10:05, ready (ACTIVE) 10:06, claimed."""
     make_quota(world.project)
     node = _enroll("node-a")
     with time_machine.travel(t(10, 0), tick=False):
@@ -145,6 +142,15 @@ def test_a_nodes_backdated_workload_event_does_not_change_what_the_lease_is_bill
         for allocation in Allocation.objects.filter(lease=lease):
             services.allocation_ready(allocation=allocation, instance={}, now=t(10, 6))
         workload = _claim(Lease.objects.get(pk=lease.pk))
+    return node, lease, workload
+
+
+@known_defect("an agent event's time has no lower bound; one dated before the placement changes the billed hours")
+def test_a_nodes_backdated_workload_event_does_not_change_what_the_lease_is_billed(world):
+    """The agent chooses each event's ``at`` (``workloads_report`` caps it at now only). An event with the lease's
+    current state (active) dated before the lease's capacity was placed opens the held interval there, before any
+    allocation existed: the allocation meter then finds nothing held for the whole interval."""
+    node, lease, workload = _placed_at_ten(world)
     assert Lease.objects.get(pk=lease.pk).state == "active"
     honest = Decimal(114 * 60)  # held from the ACTIVE event at 10:06 to 12:00 (allocation created 10:05)
     with time_machine.travel(t(10, 7), tick=False):
@@ -162,17 +168,7 @@ def test_a_nodes_backdated_workload_event_does_not_change_what_the_lease_is_bill
 def test_a_nodes_backdated_workload_end_does_not_end_the_lease_before_it_started(world):
     """The agent chooses the run's ``ended_at``; ``_workload_ended`` releases the lease at
     ``min(ended_at, now)`` with no lower bound: an end dated before the lease became active."""
-    make_quota(world.project)
-    node = _enroll("node-a")
-    with time_machine.travel(t(10, 0), tick=False):
-        lease, _ = services.lease_request(actor=_acme(world), project="vision", gpu=H100, workload=WORKLOAD,
-                                          duration_seconds=4 * 3600)
-    with time_machine.travel(t(10, 5), tick=False):
-        services.schedule_cycle()
-    with time_machine.travel(t(10, 6), tick=False):
-        for allocation in Allocation.objects.filter(lease=lease):
-            services.allocation_ready(allocation=allocation, instance={}, now=t(10, 6))
-        workload = _claim(Lease.objects.get(pk=lease.pk))
+    node, lease, workload = _placed_at_ten(world)
     with time_machine.travel(t(11, 30), tick=False):
         answer, _, _ = _report(node, workload.agent_workload_id, state="succeeded", events=[
             {"seq": 1, "at": t(9, 0).timestamp(), "kind": "exited", "exit_code": 0, "run": 1}],
